@@ -1,0 +1,222 @@
+"""The numpy backend: the reference every device backend is tested against, and the fallback.
+
+Dequantization is ``gguf.quants.dequantize`` (the gguf package's reference of
+the GGML block layouts, ggml-common.h); products are float32 ``np.matmul``
+(BLAS, multi-threaded).
+
+Memory policy for weights: an F32 weight is used in place (a view of the
+memory-mapped file, never copied). Any other type is dequantized to float32
+on first use and kept, up to a budget of ``COOKTOP_CPU_CACHE`` bytes (default:
+a quarter of physical memory, at most 8 GiB; ``0`` disables the cache);
+past the budget a weight is dequantized again on every call (slow but bounded).
+Peak RSS is therefore about file size + min(budget, float32 size of the
+weights) + activations + KV cache.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+
+from ..errors import UnsupportedOpError
+from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, ROPE_NEOX, row_bytes, type_name
+
+#: Every GGML type the numpy backend runs (all that gguf.quants.dequantize handles, tested).
+CPU_TYPES: tuple[T, ...] = (
+    T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
+    T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+    T.IQ4_NL, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S,
+)
+
+
+def _parse_bytes(text: str) -> int:
+    """Parse ``"512MiB"``, ``"8GiB"``, ``"1000000"`` into bytes."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    s = text.strip().lower().replace("ib", "").replace("b", "")
+    if s and s[-1] in units:
+        return int(float(s[:-1]) * units[s[-1]])
+    return int(float(s))
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def default_cache_budget() -> int:
+    """Bytes of float32 dequantized weights the numpy backend may keep (see module doc)."""
+    env = os.environ.get("COOKTOP_CPU_CACHE")
+    if env:
+        return _parse_bytes(env)
+    return min(8 << 30, _physical_memory() // 4)
+
+
+def dequantize(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> np.ndarray:
+    """Dequantize raw GGML data to float32 of numpy-order ``shape`` (gguf.quants.dequantize)."""
+    if ggml_type == T.F32:
+        return np.asarray(raw).view(np.float32).reshape(shape)
+    out = quants.dequantize(np.asarray(raw).view(np.uint8), ggml_type)
+    return np.asarray(out, dtype=np.float32).reshape(shape)
+
+
+class CpuDevice(Device):
+    """The numpy device. Tensors are numpy arrays; ops run synchronously."""
+
+    def __init__(self, info: DeviceInfo, cache_budget: int | None = None):
+        super().__init__(info)
+        self.cache_budget = default_cache_budget() if cache_budget is None else cache_budget
+        self.cache_bytes = 0
+        self._cache: dict[int, np.ndarray] = {}
+
+    # -- memory -----------------------------------------------------------
+    def upload(self, data, ggml_type, shape):
+        ggml_type = T(ggml_type)
+        self.check("matmul", ggml_type)
+        shape = tuple(int(s) for s in shape)
+        nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes(ggml_type, shape[-1])
+        arr = np.asarray(data)
+        if arr.nbytes != nbytes:
+            raise UnsupportedOpError(
+                f"{type_name(ggml_type)} tensor of shape {list(shape)} needs {nbytes} bytes, got {arr.nbytes}")
+        if ggml_type == T.F32:
+            handle = arr.view(np.float32).reshape(shape)
+        else:  # raw blocks, one row of bytes per weight row
+            handle = arr.view(np.uint8).reshape(int(np.prod(shape[:-1])), -1)
+        self._count_alloc(0)  # weights are views of the mapped file: no copy
+        return DeviceTensor(self, handle, shape, ggml_type)
+
+    def empty(self, shape, ggml_type=T.F32):
+        dtype = np.int32 if ggml_type == T.I32 else np.float32
+        arr = np.empty(shape, dtype=dtype)
+        self._count_alloc(arr.nbytes)
+        return DeviceTensor(self, arr, shape, ggml_type)
+
+    def write(self, t, data):
+        self._a(t)[...] = np.asarray(data).reshape(t.shape)
+
+    def read(self, t):
+        return np.array(self._a(t), copy=True)
+
+    @staticmethod
+    def _a(t: DeviceTensor) -> np.ndarray:
+        """The numpy view of an activation tensor (honouring ``head`` views)."""
+        return t.handle[: t.shape[0]] if t.handle.shape[0] != t.shape[0] else t.handle
+
+    def weight_f32(self, w: DeviceTensor) -> np.ndarray:
+        """float32 [n_out, n_in] of a weight, cached within the budget (module doc)."""
+        if w.ggml_type == T.F32:
+            return w.handle
+        key = id(w.handle)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        f = dequantize(w.handle, w.ggml_type, w.shape)
+        if self.cache_bytes + f.nbytes <= self.cache_budget:
+            self._cache[key] = f
+            self.cache_bytes += f.nbytes
+        return f
+
+    # -- ops --------------------------------------------------------------
+    def matmul(self, out, x, w):
+        np.matmul(self._a(x), self.weight_f32(w).T, out=self._a(out))
+
+    def rmsnorm(self, out, x, w, eps):
+        xa = self._a(x)
+        ms = np.mean(xa * xa, axis=-1, keepdims=True, dtype=np.float32)
+        np.multiply(xa * (1.0 / np.sqrt(ms + np.float32(eps))), self._a(w), out=self._a(out))
+
+    def rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
+        xa = self._a(x)
+        n = xa.shape[0]
+        v = xa.reshape(n, -1, head_dim)
+        p = self._a(pos).astype(np.float64)
+        half = n_rot // 2
+        inv = float(freq_base) ** (-2.0 * np.arange(half) / n_rot)
+        theta = (p[:, None] * float(freq_scale) * inv[None, :])  # [n, half]
+        cos = np.cos(theta)[:, None, :].astype(np.float32)
+        sin = np.sin(theta)[:, None, :].astype(np.float32)
+        if mode == ROPE_NEOX:
+            a, b = v[..., :half], v[..., half:n_rot]
+        else:
+            a, b = v[..., 0:n_rot:2], v[..., 1:n_rot:2]
+        ra = a * cos - b * sin
+        rb = a * sin + b * cos
+        o = self._a(out).reshape(n, -1, head_dim)
+        if o is not v:
+            o[..., n_rot:] = v[..., n_rot:]
+        if mode == ROPE_NEOX:
+            o[..., :half], o[..., half:n_rot] = ra, rb
+        else:
+            o[..., 0:n_rot:2], o[..., 1:n_rot:2] = ra, rb
+
+    def kv_store(self, cache, x, pos):
+        cache.handle[self._a(pos)] = self._a(x)
+
+    def attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
+        qa = self._a(q)
+        p = self._a(pos)
+        n = qa.shape[0]
+        hd = qa.shape[1] // n_head
+        g = n_head // n_head_kv
+        n_kv = int(p.max()) + 1
+        k = k_cache.handle[:n_kv].reshape(n_kv, n_head_kv, hd).transpose(1, 2, 0)  # [hkv, hd, n_kv]
+        v = v_cache.handle[:n_kv].reshape(n_kv, n_head_kv, hd).transpose(1, 0, 2)  # [hkv, n_kv, hd]
+        qh = qa.reshape(n, n_head_kv, g, hd).transpose(1, 0, 2, 3).reshape(n_head_kv, n * g, hd)
+        s = np.matmul(qh, k) * np.float32(scale)  # [hkv, n*g, n_kv]
+        s = s.reshape(n_head_kv, n, g, n_kv)
+        mask = np.arange(n_kv)[None, :] > p[:, None]  # [n, n_kv]
+        s += np.where(mask, np.float32(-np.inf), np.float32(0))[None, :, None, :]
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        o = np.matmul(s.reshape(n_head_kv, n * g, n_kv), v)  # [hkv, n*g, hd]
+        self._a(out)[...] = o.reshape(n_head_kv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, n_head * hd)
+
+    def silu_mul(self, out, gate, up):
+        ga = self._a(gate)
+        np.multiply(ga / (1.0 + np.exp(-ga)), self._a(up), out=self._a(out))
+
+    def add(self, out, a, b):
+        np.add(self._a(a), self._a(b), out=self._a(out))
+
+    def get_rows(self, out, table, ids):
+        rows = table.handle[self._a(ids)]
+        self._a(out)[...] = dequantize(rows, table.ggml_type, (len(rows), table.shape[-1]))
+
+
+def cpu_info() -> DeviceInfo:
+    """DeviceInfo of the numpy device (host memory, core count)."""
+    import platform
+    cpu_name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu_name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = _physical_memory()
+    return DeviceInfo(
+        backend="cpu", index=0, name=cpu_name, vendor="numpy " + np.__version__, device_type="cpu",
+        platform="numpy", driver_version=np.__version__, global_mem_bytes=mem, max_alloc_bytes=mem,
+        compute_units=os.cpu_count(), fp16=True, int8=False,
+        types=tuple(type_name(t) for t in CPU_TYPES), ops=OPS)
+
+
+class CpuBackend(Backend):
+    """The numpy backend family: always available, one device."""
+
+    name = "cpu"
+    install_hint = ""
+
+    def probe(self) -> ProbeResult:
+        return ProbeResult("cpu", True, [cpu_info()])
+
+    def open(self, index: int = 0) -> CpuDevice:
+        return CpuDevice(cpu_info())

@@ -1,0 +1,222 @@
+"""Backend discovery and device selection.
+
+Each family (``cpu``, ``opencl``, ``vulkan``) is probed once per process. A
+probe never raises: a missing package (F_k false), a missing driver or no
+device (H_k false), or ``COOKTOP_DISABLE`` becomes an unavailable
+:class:`ProbeResult` with a reason and an install hint. A family is usable
+when H_k AND F_k; numpy ``cpu`` always is.
+
+Every opened device is smoke-tested once (a small matmul per supported weight
+type and an rmsnorm, against the numpy reference); a device that computes
+wrong answers is marked FAIL and never chosen by ``auto``.
+
+Selectors (``--device`` / ``COOKTOP_DEVICE``): ``auto``, ``cpu``, ``opencl``
+(its first device), ``opencl:1``, ``vulkan:0``, or a comma list of these.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+
+from ..errors import DeviceError
+from .base import Backend, Device, ProbeResult
+from .cpu import CpuBackend
+
+#: Family name -> "module:Class" of its Backend, in priority order for ``auto``.
+FAMILIES: dict[str, str] = {
+    "opencl": "cooktop.backends.opencl:OpenCLBackend",
+    "vulkan": "cooktop.backends.vulkan:VulkanBackend",
+    "cpu": "cooktop.backends.cpu:CpuBackend",
+}
+
+#: How to make each family available, shown when it is not.
+INSTALL_HINTS: dict[str, str] = {
+    "opencl": "pip install 'cooktop[opencl]' and an OpenCL driver (Debian/Ubuntu: apt-get install pocl-opencl-icd "
+              "for CPUs, mesa-opencl-icd / intel-opencl-icd / rocm-opencl-runtime for GPUs)",
+    "vulkan": "apt-get install libvulkan1 mesa-vulkan-drivers, then build kp: make setup "
+              "(scripts/install-kompute.sh, see README)",
+    "cpu": "",
+}
+
+_lock = threading.RLock()
+_backends: dict[str, Backend] = {}
+_probes: dict[str, ProbeResult] = {}
+_devices: dict[str, Device] = {}
+_smoke: dict[str, "SmokeResult"] = {}
+
+
+def disabled_families() -> set[str]:
+    """Families named in ``COOKTOP_DISABLE`` (comma list), lower-case."""
+    return {s.strip().lower() for s in os.environ.get("COOKTOP_DISABLE", "").split(",") if s.strip()}
+
+
+def _load_backend(family: str) -> Backend:
+    mod_name, cls_name = FAMILIES[family].split(":")
+    return getattr(importlib.import_module(mod_name), cls_name)()
+
+
+def probe(family: str, refresh: bool = False) -> ProbeResult:
+    """Probe one family once (cached). Never raises."""
+    with _lock:
+        if family in _probes and not refresh:
+            return _probes[family]
+        hint = INSTALL_HINTS.get(family, "")
+        if family not in FAMILIES:
+            res = ProbeResult(family, False, reason=f"unknown backend {family!r}")
+        elif family != "cpu" and family in disabled_families():
+            res = ProbeResult(family, False, reason="disabled by COOKTOP_DISABLE", hint="unset COOKTOP_DISABLE")
+        else:
+            try:
+                backend = _load_backend(family)
+            except Exception as e:  # noqa: BLE001 - a probe never raises
+                res = ProbeResult(family, False, reason=f"cannot load the {family} backend: "
+                                  f"{type(e).__name__}: {e}", hint=hint)
+            else:
+                try:
+                    res = backend.probe()
+                except Exception as e:  # noqa: BLE001
+                    res = ProbeResult(family, False, reason=f"probe failed: {type(e).__name__}: {e}")
+                _backends[family] = backend
+                if not res.hint:
+                    res.hint = hint
+                if res.available and not res.devices:
+                    res.available = False
+                    res.reason = res.reason or "no device found"
+        _probes[family] = res
+        return res
+
+
+def probe_all(refresh: bool = False) -> dict[str, ProbeResult]:
+    """Probe every family; dict in the order of :data:`FAMILIES` with ``cpu`` last."""
+    return {f: probe(f, refresh) for f in FAMILIES}
+
+
+def reset() -> None:
+    """Forget probes, opened devices and smoke tests (tests use this after changing the environment)."""
+    with _lock:
+        for d in _devices.values():
+            try:
+                d.close()
+            except Exception:  # noqa: BLE001
+                pass
+        _backends.clear()
+        _probes.clear()
+        _devices.clear()
+        _smoke.clear()
+
+
+def valid_selectors() -> list[str]:
+    """Every selector naming a usable device now, e.g. ``["cpu", "opencl:0"]``."""
+    out = []
+    for fam, res in probe_all().items():
+        if res.available:
+            out += [d.selector for d in res.devices]
+    return out
+
+
+def parse_selector(sel: str) -> tuple[str, int]:
+    """``"opencl:1"`` -> ``("opencl", 1)``; ``"opencl"`` -> ``("opencl", 0)``; ``"cpu"`` -> ``("cpu", 0)``.
+
+    Raises:
+        DeviceError: not a valid selector, the family is unusable, or the index is out of range.
+    """
+    s = sel.strip().lower()
+    fam, _, idx = s.partition(":")
+    if fam not in FAMILIES:
+        raise DeviceError(f"unknown device {sel!r}: valid devices are {', '.join(valid_selectors())} "
+                          f"(or auto)")
+    try:
+        index = int(idx) if idx else 0
+    except ValueError:
+        raise DeviceError(f"bad device index in {sel!r}: expected e.g. {fam}:0") from None
+    res = probe(fam)
+    if not res.available:
+        raise DeviceError(f"device {sel!r} is unavailable: {res.reason}"
+                          + (f"; to enable: {res.hint}" if res.hint else ""))
+    if not any(d.index == index for d in res.devices):
+        raise DeviceError(f"no device {sel!r}: valid devices are {', '.join(valid_selectors())}")
+    return fam, index
+
+
+def open_device(sel: str) -> Device:
+    """Open (once, cached) the device a single selector names.
+
+    Raises:
+        DeviceError: see :func:`parse_selector`, or the device fails to open.
+    """
+    fam, index = parse_selector(sel)
+    key = f"{fam}:{index}"
+    with _lock:
+        if key not in _devices:
+            if fam == "cpu":
+                _devices[key] = CpuBackend().open(0)
+            else:
+                try:
+                    _devices[key] = _backends[fam].open(index)
+                except DeviceError:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    raise DeviceError(f"cannot open {key}: {type(e).__name__}: {e}") from e
+        return _devices[key]
+
+
+def auto_selectors() -> list[str]:
+    """What ``auto`` means on this machine: the first GPU-like device that passes its
+    smoke test, else ``cpu``. CPU-type OpenCL/Vulkan devices (PoCL, lavapipe) are
+    used only when named (see README: numpy is faster than both on this machine).
+    """
+    for fam, res in probe_all().items():
+        if fam == "cpu" or not res.available:
+            continue
+        for info in res.devices:
+            if info.device_type in ("gpu", "igpu", "accelerator"):
+                if smoke_test(info.selector).ok:
+                    return [info.selector]
+    return ["cpu"]
+
+
+def resolve(selector: str | None) -> list[str]:
+    """Expand a ``--device`` value (or ``COOKTOP_DEVICE``, or ``auto``) into single selectors.
+
+    Raises:
+        DeviceError: any element names no usable device (message lists the valid ones).
+    """
+    sel = selector if selector is not None else os.environ.get("COOKTOP_DEVICE", "auto")
+    parts = [p.strip() for p in (sel or "auto").split(",") if p.strip()] or ["auto"]
+    out: list[str] = []
+    for p in parts:
+        if p.lower() == "auto":
+            out += auto_selectors()
+        else:
+            fam, idx = parse_selector(p)
+            out.append("cpu" if fam == "cpu" else f"{fam}:{idx}")
+    return out
+
+
+class SmokeResult:
+    """Outcome of a device smoke test: ``ok`` and a one-line ``detail``."""
+
+    def __init__(self, ok: bool, detail: str):
+        self.ok = ok
+        self.detail = detail
+
+    def __repr__(self) -> str:
+        return f"SmokeResult({'PASS' if self.ok else 'FAIL'}: {self.detail})"
+
+
+def smoke_test(sel: str) -> SmokeResult:
+    """Run (once, cached) the smoke test of a device; never raises."""
+    from .smoke import run_smoke_test
+
+    with _lock:
+        if sel in _smoke:
+            return _smoke[sel]
+        try:
+            dev = open_device(sel)
+            ok, detail = run_smoke_test(dev)
+        except Exception as e:  # noqa: BLE001 - a broken driver is a FAIL, not a crash
+            ok, detail = False, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        _smoke[sel] = SmokeResult(ok, detail)
+        return _smoke[sel]

@@ -1,0 +1,38 @@
+"""Typed errors of cooktop.
+
+Every error a user can cause (bad file, bad flag, too long a prompt, a device
+out of memory) is a :class:`CooktopError` with a one-line message that says
+what was wrong and what to do. The CLI prints ``error: <message>`` and exits
+with code 1; the server maps the types to HTTP status codes. Nothing else is
+caught: an exception that is not a ``CooktopError`` is a bug.
+"""
+
+from __future__ import annotations
+
+
+class CooktopError(Exception):
+    """Base of every user-facing error; ``str(e)`` is a complete one-line message."""
+
+
+class GGUFError(CooktopError):
+    """The model file is not a readable GGUF (foreign, truncated or corrupt)."""
+
+
+class UnsupportedModelError(CooktopError):
+    """A readable GGUF that cooktop cannot run (architecture, tensor type, missing key)."""
+
+
+class ContextOverflowError(CooktopError):
+    """A prompt (or an eval) does not fit in the context window ``n_ctx``."""
+
+
+class DeviceError(CooktopError):
+    """A device selector names no usable device, or a device failed."""
+
+
+class DeviceOutOfMemoryError(DeviceError):
+    """An allocation did not fit in a device's memory."""
+
+
+class UnsupportedOpError(CooktopError):
+    """A backend was asked for an (op, GGML type) pair it cannot run."""

@@ -1,0 +1,70 @@
+"""Shared fixtures: where the shared data lives, device fixtures, and COOKTOP_REQUIRE.
+
+``COOKTOP_REQUIRE`` (comma list, e.g. ``shared,opencl,vulkan``) turns the skip
+of a test that needs a missing resource into a failure, so a broken install
+can never pass as green. ``.ci/run`` sets it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED = pathlib.Path(os.environ.get("COOKTOP_SHARED", ROOT.parent / "shared"))
+
+
+def required() -> set[str]:
+    """Resources named in COOKTOP_REQUIRE."""
+    return {s.strip().lower() for s in os.environ.get("COOKTOP_REQUIRE", "").split(",") if s.strip()}
+
+
+def skip_or_fail(resource: str, why: str) -> None:
+    """Skip with a message naming what is missing, or fail when COOKTOP_REQUIRE names ``resource``."""
+    if resource in required():
+        pytest.fail(f"required resource {resource!r} missing (COOKTOP_REQUIRE): {why}", pytrace=False)
+    pytest.skip(f"{resource} missing: {why}")
+
+
+@pytest.fixture(scope="session")
+def shared() -> pathlib.Path:
+    """The ``../shared`` folder (models, reference, vocab); skips when absent."""
+    if not (SHARED / "models" / "stories260K.gguf").exists():
+        skip_or_fail("shared", f"no shared data at {SHARED} (set COOKTOP_SHARED)")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def stories(shared) -> pathlib.Path:
+    return shared / "models" / "stories260K.gguf"
+
+
+def open_family_device(family: str):
+    """Open the first usable device of ``family`` (cpu, opencl, vulkan) or skip/fail naming why."""
+    from cooktop.backends import registry
+
+    res = registry.probe(family)
+    if not res.available:
+        skip_or_fail(family, f"{res.reason}; to enable: {res.hint}")
+    sel = res.devices[0].selector
+    return registry.open_device(sel)
+
+
+@pytest.fixture(scope="session", params=["cpu", "opencl", "vulkan"])
+def any_device(request):
+    """Each usable device family in turn (first device of each)."""
+    return open_family_device(request.param)
+
+
+@pytest.fixture(scope="session", params=["opencl", "vulkan"])
+def gpu_device(request):
+    """Each device backend (not numpy) in turn; parity tests compare it with numpy."""
+    return open_family_device(request.param)
+
+
+@pytest.fixture(scope="session")
+def cpu_device():
+    from cooktop.backends import registry
+    return registry.open_device("cpu")
