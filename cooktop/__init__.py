@@ -1,0 +1,33 @@
+"""cooktop: one GGUF model file, any stove.
+
+Public API (llama-cpp-python names)::
+
+    from cooktop import Llama
+    llm = Llama(model_path="model.gguf", n_ctx=512, n_gpu_layers=-1, device="opencl")
+    llm.create_completion("Once upon a time", max_tokens=32)
+
+``load()`` returns the lower-level :class:`cooktop.engine.Engine`;
+``list_devices()`` probes every backend family.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .api import Llama  # noqa: E402
+from .errors import CooktopError  # noqa: E402
+
+
+def load(model_path, **kwargs):
+    """Open a GGUF and place it on devices; see :func:`cooktop.engine.load`."""
+    from .engine import load as _load
+    return _load(model_path, **kwargs)
+
+
+def list_devices(refresh: bool = False):
+    """Probe every backend family: ``{family: ProbeResult}`` (never raises)."""
+    from .backends.registry import probe_all
+    return probe_all(refresh)
+
+
+__all__ = ["Llama", "CooktopError", "load", "list_devices", "__version__"]

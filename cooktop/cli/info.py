@@ -1,0 +1,90 @@
+"""``cooktop info``: what a GGUF holds (architecture, parameters, types, KV cache size)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import click
+
+from ..model.config import load_config
+from ..model.gguf import open_gguf
+from .main import cli
+
+
+def model_info(path: str, n_ctx: int) -> dict:
+    """Summary dict of a GGUF: architecture, config, parameter count, file size (bytes),
+    tensor-type histogram (type -> tensor count and bytes), KV cache bytes for ``n_ctx``.
+
+    Raises:
+        GGUFError, UnsupportedModelError.
+    """
+    gf = open_gguf(path)
+    cfg = load_config(gf)
+    hist: dict[str, dict[str, int]] = collections.defaultdict(lambda: {"tensors": 0, "bytes": 0, "params": 0})
+    for t in gf.tensors.values():
+        h = hist[t.ggml_type.name]
+        h["tensors"] += 1
+        h["bytes"] += t.n_bytes
+        h["params"] += t.n_elements
+    n_params = sum(t.n_elements for t in gf.tensors.values())
+    n_ctx = n_ctx if n_ctx > 0 else cfg.n_ctx_train
+    return {
+        "path": os.path.abspath(path),
+        "name": gf.metadata.get("general.name", ""),
+        "architecture": cfg.arch,
+        "gguf_version": gf.version,
+        "file_size_bytes": gf.file_size,
+        "n_params": n_params,
+        "n_tensors": len(gf.tensors),
+        "config": cfg.to_dict(),
+        "tensor_types": dict(sorted(hist.items())),
+        "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
+        "n_ctx": n_ctx,
+        "kv_cache_bytes": {"f32": cfg.kv_cache_bytes(n_ctx, 4), "f16": cfg.kv_cache_bytes(n_ctx, 2)},
+    }
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.2f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else (f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.1f} K")
+
+
+@cli.command("info")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-c", "--ctx-size", "n_ctx", default=0, help="Context size for the KV cache figure (0 = n_ctx_train).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def info_cmd(model: str, n_ctx: int, as_json: bool) -> None:
+    """Describe a GGUF model file."""
+    info = model_info(model, n_ctx)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    c = info["config"]
+    lines = [
+        f"model:          {info['path']}",
+        f"name:           {info['name']}",
+        f"architecture:   {info['architecture']} (GGUF v{info['gguf_version']}, tokenizer {info['tokenizer']})",
+        f"parameters:     {_params(info['n_params'])} ({info['n_params']:,})",
+        f"file size:      {_size(info['file_size_bytes'])} ({info['file_size_bytes']:,} bytes)",
+        f"n_ctx_train:    {c['n_ctx_train']}",
+        f"n_embd:         {c['n_embd']}    n_layer: {c['n_layer']}    n_ff: {c['n_ff']}    n_vocab: {c['n_vocab']}",
+        f"n_head:         {c['n_head']}    n_head_kv: {c['n_head_kv']}    head_dim: {c['head_dim']}    "
+        f"n_rot: {c['n_rot']}",
+        f"rope_freq_base: {c['rope_freq_base']:g}    rope_freq_scale: {c['rope_freq_scale']:g}    "
+        f"rms_eps: {c['rms_eps']:g}    tied output: {c['tied_output']}",
+        f"KV cache:       {_size(info['kv_cache_bytes']['f32'])} at n_ctx {info['n_ctx']} (f32; "
+        f"{_size(info['kv_cache_bytes']['f16'])} as f16)",
+        "tensor types:",
+    ]
+    for name, h in info["tensor_types"].items():
+        lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  {_params(h['params'])} params")
+    click.echo("\n".join(lines))

@@ -1,0 +1,296 @@
+"""The generation loop: load a model, evaluate prompts in n_batch chunks, decode, stream.
+
+:func:`load` opens the GGUF, resolves the devices, plans the placement and
+uploads the weights. :class:`Engine` keeps the context (the tokens whose K/V
+are in the cache), evaluates new tokens in chunks of ``n_batch`` (reusing the
+longest common prefix with what is cached, as llama-cpp-python does), then
+decodes one token at a time. Generation stops at an end-of-generation token
+(``stop``), after ``n_predict`` tokens or at the end of the context
+(``length``), or at a stop string (``stop``); it never raises mid-generation
+for a full context. Text is streamed through an incremental UTF-8 decoder,
+so a character split across tokens is held back until complete.
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import logging
+import os
+import time
+from typing import Iterator
+
+import numpy as np
+
+from .backends import registry
+from .backends.base import Device
+from .errors import ContextOverflowError, CooktopError
+from .model.config import ModelConfig, load_config
+from .model.gguf import GGUFFile, open_gguf
+from .model.llama import LlamaModel
+from .model.placement import Placement, plan
+from .model.sampling import Sampler, SamplingParams
+from .model.tokenizer import Tokenizer
+
+log = logging.getLogger("cooktop")
+
+
+@dataclasses.dataclass
+class Timings:
+    """llama.cpp-style timings (milliseconds; token counts)."""
+
+    load_ms: float = 0.0
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    eval_n: int = 0
+    eval_ms: float = 0.0
+    sample_ms: float = 0.0
+    ttft_ms: float = 0.0
+
+    def lines(self) -> list[str]:
+        """Printable lines in the shape of llama.cpp's ``llama_perf_context_print``."""
+        def rate(n: int, ms: float) -> str:
+            per = ms / n if n else 0.0
+            tps = 1000.0 * n / ms if ms > 0 else 0.0
+            return f"({per:8.2f} ms per token, {tps:8.2f} tokens per second)"
+        total = self.prompt_ms + self.eval_ms + self.sample_ms
+        return [
+            f"cooktop:        load time = {self.load_ms:10.2f} ms",
+            f"cooktop: prompt eval time = {self.prompt_ms:10.2f} ms / {self.prompt_n:5d} tokens "
+            + rate(self.prompt_n, self.prompt_ms),
+            f"cooktop:        eval time = {self.eval_ms:10.2f} ms / {self.eval_n:5d} runs   "
+            + rate(self.eval_n, self.eval_ms),
+            f"cooktop:      sample time = {self.sample_ms:10.2f} ms",
+            f"cooktop: time to first token = {self.ttft_ms:7.2f} ms",
+            f"cooktop:       total time = {total:10.2f} ms / {self.prompt_n + self.eval_n:5d} tokens",
+        ]
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """What :meth:`Engine.generate` produced: ids, text, why it stopped, timings."""
+
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "stop" or "length"
+    timings: Timings
+
+
+def default_n_ctx(cfg: ModelConfig, n_ctx: int) -> int:
+    """``n_ctx <= 0`` means the training context capped at 4096 (llama.cpp's default), else ``n_ctx``."""
+    return min(cfg.n_ctx_train, 4096) if n_ctx <= 0 else n_ctx
+
+
+class Engine:
+    """A loaded model plus tokenizer and context state.
+
+    Attributes:
+        gf, cfg, tokenizer, model, placement, devices.
+        tokens: the context (token ids whose K/V are cached), len <= n_ctx.
+        n_ctx, n_batch: context length and prompt chunk size (tokens).
+    """
+
+    def __init__(self, gf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer, model: LlamaModel,
+                 devices: dict[str, Device], load_ms: float):
+        self.gf, self.cfg, self.tokenizer, self.model = gf, cfg, tokenizer, model
+        self.placement: Placement = model.placement
+        self.devices = devices
+        self.n_ctx, self.n_batch = model.n_ctx, model.n_batch
+        self.tokens: list[int] = []
+        self.load_ms = load_ms
+
+    # -- evaluation ---------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the context (the cache is overwritten on the next eval)."""
+        self.tokens = []
+
+    def eval(self, tokens: list[int], logits_all: bool = False) -> np.ndarray:
+        """Append ``tokens`` to the context, evaluating them in ``n_batch`` chunks.
+
+        Returns:
+            float32 [len(tokens), n_vocab] when ``logits_all`` (the model must
+            be loaded with logits_all), else float32 [1, n_vocab] of the last token.
+        Raises:
+            ContextOverflowError: the context would exceed ``n_ctx``.
+            ValueError: a token id out of range.
+        """
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            raise ValueError("eval needs at least one token")
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{len(self.tokens) + len(tokens)} tokens do not fit in the context of n_ctx = {self.n_ctx} "
+                f"tokens ({len(self.tokens)} already in it); raise n_ctx (-c) or shorten the prompt")
+        bad = [t for t in tokens if not 0 <= t < self.cfg.n_vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} out of range 0..{self.cfg.n_vocab - 1}")
+        outs = []
+        for i in range(0, len(tokens), self.n_batch):
+            chunk = tokens[i:i + self.n_batch]
+            out = self.model.forward(np.array(chunk), len(self.tokens), logits_all)
+            self.tokens += chunk
+            outs.append(out)
+        return np.concatenate(outs) if logits_all else outs[-1]
+
+    def _prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
+        """Evaluate ``prompt`` reusing the cached common prefix.
+
+        Returns:
+            (float32 [n_vocab] logits of its last token, number of tokens evaluated)
+        """
+        common = 0
+        for a, b in zip(self.tokens, prompt):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(prompt) - 1)  # re-evaluate at least one token for its logits
+        self.tokens = self.tokens[:common]
+        return self.eval(prompt[common:])[-1], len(prompt) - common
+
+    # -- generation ---------------------------------------------------------
+    def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams,
+                 stop: list[str] | None = None) -> Iterator[str]:
+        """Stream the continuation of ``prompt_tokens`` as text pieces.
+
+        After the iterator is exhausted, ``self.result`` holds a :class:`GenerationResult`.
+
+        Args:
+            prompt_tokens: ids (BOS included if wanted); 1..n_ctx tokens.
+            n_predict: max tokens to generate; < 0 means until the context is full.
+            params: sampling settings.
+            stop: strings that end generation (not included in the output).
+        Raises:
+            ContextOverflowError: the prompt alone does not fit in ``n_ctx`` (before anything runs).
+        """
+        if not prompt_tokens:
+            raise CooktopError("the prompt is empty: give at least one token (or let BOS be added)")
+        if len(prompt_tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_tokens)} tokens but the context holds n_ctx = {self.n_ctx}; "
+                f"raise -c / n_ctx (the model was trained with {self.cfg.n_ctx_train}) or shorten the prompt")
+        stop = [s for s in (stop or []) if s]
+        timings = Timings(load_ms=self.load_ms)
+        sampler = Sampler(params)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        generated: list[int] = []
+        text_out: list[str] = []
+        pending = ""
+        hit = False
+        finish = "length"
+        self.result = GenerationResult(generated, "", finish, timings)
+
+        t0 = time.perf_counter()
+        logits, timings.prompt_n = self._prefill(list(prompt_tokens))
+        timings.prompt_ms = (time.perf_counter() - t0) * 1e3
+        history = list(prompt_tokens)
+        first = True
+        while n_predict < 0 or len(generated) < n_predict:
+            ts = time.perf_counter()
+            tok = sampler.sample(logits, history)
+            timings.sample_ms += (time.perf_counter() - ts) * 1e3
+            if first:
+                timings.ttft_ms = (time.perf_counter() - t0) * 1e3
+                first = False
+            if self.tokenizer.is_eog(tok):
+                finish = "stop"
+                break
+            generated.append(tok)
+            history.append(tok)
+            pending += decoder.decode(self.tokenizer.token_to_piece(tok))
+            emit, hit = _split_stop(pending, stop)
+            if emit:
+                text_out.append(emit)
+                yield emit
+            pending = pending[len(emit):]
+            if hit:
+                finish = "stop"
+                pending = ""
+                break
+            if n_predict >= 0 and len(generated) >= n_predict:
+                break
+            if len(self.tokens) >= self.n_ctx:
+                finish = "length"
+                break
+            te = time.perf_counter()
+            logits = self.eval([tok])[-1]
+            timings.eval_ms += (time.perf_counter() - te) * 1e3
+            timings.eval_n += 1
+        tail = "" if hit else pending + decoder.decode(b"", final=True)
+        if tail:
+            text_out.append(tail)
+            yield tail
+        self.result = GenerationResult(generated, "".join(text_out), finish, timings)
+
+    def close(self) -> None:
+        """Release the model's device buffers."""
+        self.model.close()
+
+
+def _split_stop(text: str, stop: list[str]) -> tuple[str, bool]:
+    """Return (the prefix of ``text`` safe to emit, whether a stop string was found)."""
+    if not stop:
+        return text, False
+    hits = [text.find(s) for s in stop if s in text]
+    if hits:
+        return text[:min(hits)], True
+    hold = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return text[:len(text) - hold], False
+
+
+def parse_split(split: str | list[float] | None) -> list[float] | None:
+    """``"3,1"`` -> ``[3.0, 1.0]`` (``--split`` / ``--tensor-split``)."""
+    if split is None or isinstance(split, list):
+        return split
+    try:
+        return [float(s) for s in str(split).split(",") if s.strip()]
+    except ValueError:
+        raise CooktopError(f"bad --split {split!r}: expected comma-separated numbers such as 3,1") from None
+
+
+def load(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, device: str | None = None,
+         n_gpu_layers: int = -1, split: str | list[float] | None = None, logits_all: bool = False) -> Engine:
+    """Open a GGUF and place it on devices.
+
+    Args:
+        model_path: path of a llama-family GGUF.
+        n_ctx: context length in tokens (<= 0: training context capped at 4096).
+        n_batch: max tokens per forward call (prompt chunk size).
+        device: ``--device`` selector(s) (default ``COOKTOP_DEVICE`` or ``auto``).
+        n_gpu_layers: units to offload (llama.cpp semantics, -1 = all); see model/placement.py.
+        split: proportions for several devices.
+        logits_all: keep logits for every position (needed for ``eval(..., logits_all=True)``).
+    Raises:
+        GGUFError, UnsupportedModelError, DeviceError, DeviceOutOfMemoryError.
+    """
+    t0 = time.perf_counter()
+    gf = open_gguf(model_path)
+    cfg = load_config(gf)
+    tokenizer = Tokenizer.from_gguf(gf.reader)
+    n_ctx = default_n_ctx(cfg, n_ctx)
+    if n_batch <= 0:
+        raise CooktopError(f"n_batch must be positive, got {n_batch}")
+    n_batch = min(n_batch, n_ctx)
+    selectors = registry.resolve(device)
+
+    def supports(sel: str, op: str, ty) -> bool:
+        return registry.open_device(sel).supports(op, ty)
+
+    def memory(sel: str):
+        return registry.open_device(sel).info.global_mem_bytes
+
+    placement = plan(gf, cfg, selectors, n_gpu_layers, parse_split(split), supports, memory)
+    for note in placement.notes:
+        log.warning(note)
+    devices = {sel: registry.open_device(sel) for sel in placement.devices()}
+    for sel in devices:
+        if sel != "cpu":
+            res = registry.smoke_test(sel)
+            if not res.ok:
+                log.warning("%s failed its smoke test (%s); using it because it was named", sel, res.detail)
+    model = LlamaModel(gf, cfg, placement, devices, n_ctx, n_batch, logits_all)
+    return Engine(gf, cfg, tokenizer, model, devices, (time.perf_counter() - t0) * 1e3)

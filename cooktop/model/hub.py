@@ -1,0 +1,139 @@
+"""Resolve models from the Hugging Face Hub cache (``-hf REPO[:FILE]``, the default model).
+
+Downloads go through ``huggingface_hub.hf_hub_download`` (honours
+``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, ``HF_HUB_CACHE``); a file already in the
+cache is used without the network. ``python -m cooktop.model.hub --seed FILE``
+puts a local copy of the default model into the cache (after checking its
+sha256), so the default model works on machines without internet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import pathlib
+import shutil
+import sys
+
+from ..errors import CooktopError
+
+DEFAULT_REPO = "ggml-org/tiny-llamas"
+DEFAULT_FILE = "stories260K.gguf"
+#: sha256 of ggml-org/tiny-llamas stories260K.gguf (shared/models/README.md).
+DEFAULT_SHA256 = "270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d"
+#: Revision name used for seeded snapshots (a commit-hash-shaped placeholder).
+SEED_REVISION = "0" * 40
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def parse_hf(spec: str, hf_file: str | None = None) -> tuple[str, str]:
+    """``"owner/repo:file.gguf"`` (or ``spec`` + ``--hf-file``) -> ``(repo, file)``.
+
+    Raises:
+        CooktopError: no file name given or the repo id is malformed.
+    """
+    repo, _, file = spec.partition(":")
+    file = hf_file or file
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise CooktopError(f"bad -hf repo {spec!r}: expected OWNER/REPO[:FILE.gguf]")
+    if not file:
+        raise CooktopError(f"-hf {spec!r} names no file: use -hf {repo}:FILE.gguf or --hf-file FILE.gguf")
+    return repo, file
+
+
+def _cache_dir() -> pathlib.Path:
+    from huggingface_hub import constants
+    return pathlib.Path(constants.HF_HUB_CACHE)
+
+
+def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str | None = None) -> str:
+    """Local path of ``repo/filename``: from the cache, else downloaded.
+
+    Args:
+        sha256: when given, the file must have this hash (checked after download
+            and for the default model).
+    Raises:
+        CooktopError: not cached and the download failed (offline, not found), or a hash mismatch.
+    """
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    except ImportError as e:  # pragma: no cover - a declared dependency
+        raise CooktopError(f"huggingface_hub is needed for -hf and the default model: {e}") from None
+    if sha256 is None and (repo, filename) == (DEFAULT_REPO, DEFAULT_FILE):
+        sha256 = DEFAULT_SHA256
+    try:
+        path = hf_hub_download(repo, filename, local_files_only=True)
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        try:
+            path = hf_hub_download(repo, filename)
+        except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
+            endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CooktopError(
+                f"cannot get {filename} from {repo} ({endpoint}): {first}; "
+                f"pass a local file with -m, or seed the cache: python -m cooktop.model.hub --seed FILE") from None
+    if sha256 and sha256_file(path) != sha256:
+        raise CooktopError(f"{path}: sha256 does not match the expected {sha256}; delete it and download again")
+    return path
+
+
+def seed(src: str | os.PathLike, repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE,
+         sha256: str | None = DEFAULT_SHA256) -> str:
+    """Copy a local file into the HF cache as ``repo/filename`` (idempotent).
+
+    Layout (huggingface_hub's cache): ``models--OWNER--REPO/blobs/<sha256>``,
+    ``snapshots/<rev>/<filename>`` linking to the blob, ``refs/main`` = rev.
+    Returns the snapshot path. Raises CooktopError on a hash mismatch.
+    """
+    digest = sha256_file(src)
+    if sha256 and digest != sha256:
+        raise CooktopError(f"{src}: sha256 {digest} is not the expected {sha256}")
+    root = _cache_dir() / ("models--" + repo.replace("/", "--"))
+    blob = root / "blobs" / digest
+    snap = root / "snapshots" / SEED_REVISION / filename
+    refs = root / "refs" / "main"
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    if not blob.exists():
+        tmp = blob.with_suffix(".incomplete")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, blob)
+    snap.parent.mkdir(parents=True, exist_ok=True)
+    if not snap.exists():
+        try:
+            snap.symlink_to(os.path.relpath(blob, snap.parent))
+        except OSError:
+            shutil.copyfile(blob, snap)
+    refs.parent.mkdir(parents=True, exist_ok=True)
+    if not refs.exists():
+        refs.write_text(SEED_REVISION)
+    return str(snap)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cooktop.model.hub --seed FILE [--repo R --file F]``."""
+    ap = argparse.ArgumentParser(prog="python -m cooktop.model.hub", description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", required=True, help="local GGUF to put into the HF cache")
+    ap.add_argument("--repo", default=DEFAULT_REPO)
+    ap.add_argument("--file", default=DEFAULT_FILE)
+    a = ap.parse_args(argv)
+    try:
+        sha = DEFAULT_SHA256 if (a.repo, a.file) == (DEFAULT_REPO, DEFAULT_FILE) else None
+        print(seed(a.seed, a.repo, a.file, sha))
+    except CooktopError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

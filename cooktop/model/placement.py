@@ -1,0 +1,170 @@
+"""Which device runs each repeating block and the output head.
+
+Offloadable units are the ``n_layer`` blocks plus the output head
+(output_norm + output). ``n_gpu_layers = N`` follows current llama.cpp: the
+head is offloaded first, then blocks from the last one backwards (N = 1:
+head only; N = n_layer + 1: everything; N < 0 or N > n_layer + 1: all;
+N = 0: nothing). The token embedding lookup always stays on the host.
+
+The offloaded units are divided among the accelerator devices in proportion
+to ``split`` (contiguous ranges in device order, llama.cpp's layer split), or
+to each device's memory when no split is given. A unit holding a weight type
+its device cannot run stays on the host (``cpu``) with a reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from ..errors import DeviceError
+from .config import ModelConfig
+from .gguf import GGUFFile
+
+HOST = "cpu"
+
+
+@dataclasses.dataclass
+class Placement:
+    """Device selector of each block and of the head, plus why units stayed on the host.
+
+    Attributes:
+        blocks: selector per block index (len n_layer).
+        head: selector of the output head.
+        notes: human-readable reasons (e.g. "block 3 stays on cpu: opencl:0 cannot run matmul on IQ2_XS").
+    """
+
+    blocks: list[str]
+    head: str
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def segments(self) -> list[tuple[str, list[int], bool]]:
+        """Consecutive runs ``(selector, block indices, has_head)`` in execution order."""
+        out: list[tuple[str, list[int], bool]] = []
+        for i, sel in enumerate(self.blocks):
+            if out and out[-1][0] == sel:
+                out[-1][1].append(i)
+            else:
+                out.append((sel, [i], False))
+        if out and out[-1][0] == self.head:
+            out[-1] = (self.head, out[-1][1], True)
+        else:
+            out.append((self.head, [], True))
+        return out
+
+    def devices(self) -> list[str]:
+        """Distinct selectors used, in execution order."""
+        seen: list[str] = []
+        for sel in self.blocks + [self.head]:
+            if sel not in seen:
+                seen.append(sel)
+        return seen
+
+    def n_offloaded(self) -> int:
+        """Units (blocks + head) not on the host."""
+        return sum(s != HOST for s in self.blocks) + (self.head != HOST)
+
+    def summary(self) -> str:
+        """One line, e.g. ``offloaded 6/6 layers: opencl:0 blocks 0-4 + output``."""
+        n_units = len(self.blocks) + 1
+        parts = []
+        for sel, blocks, head in self.segments():
+            if sel == HOST:
+                continue
+            desc = f"blocks {blocks[0]}-{blocks[-1]}" if len(blocks) > 1 else (
+                f"block {blocks[0]}" if blocks else "")
+            if head:
+                desc = f"{desc} + output" if desc else "output"
+            parts.append(f"{sel} {desc}")
+        where = ", ".join(parts) if parts else "all on cpu"
+        return f"offloaded {self.n_offloaded()}/{n_units} layers: {where}"
+
+
+def unit_types(gf: GGUFFile, cfg: ModelConfig, unit: int | str) -> set:
+    """GGML types of the matrix weights of block ``unit`` (int) or of ``"head"``."""
+    from .llama import BLOCK_TENSORS, head_tensor_names
+
+    if unit == "head":
+        names = head_tensor_names(cfg)
+    else:
+        names = tuple(f"blk.{unit}.{n}.weight" for n in BLOCK_TENSORS)
+    return {gf.tensor(n).ggml_type for n in names}
+
+
+def offloaded_units(n_layer: int, n_gpu_layers: int) -> tuple[list[int], bool]:
+    """Which blocks are offloaded for ``n_gpu_layers`` (llama.cpp order), and whether the head is.
+
+    Returns:
+        (sorted block indices, head offloaded)
+    """
+    if n_gpu_layers < 0 or n_gpu_layers > n_layer + 1:
+        n_gpu_layers = n_layer + 1
+    if n_gpu_layers == 0:
+        return [], False
+    n_blocks = n_gpu_layers - 1
+    return list(range(n_layer - n_blocks, n_layer)), True
+
+
+def split_contiguous(blocks: list[int], weights: list[float]) -> list[list[int]]:
+    """Divide ``blocks`` into ``len(weights)`` contiguous ranges in proportion to ``weights``."""
+    total = sum(weights)
+    if total <= 0:
+        raise DeviceError("--split proportions must add up to more than 0")
+    out, start, acc = [], 0, 0.0
+    for i, w in enumerate(weights):
+        acc += w
+        end = len(blocks) if i == len(weights) - 1 else round(acc / total * len(blocks))
+        out.append(blocks[start:end])
+        start = end
+    return out
+
+
+def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int,
+         split: list[float] | None, supports: Callable[[str, str, object], bool],
+         memory: Callable[[str], int | None] | None = None) -> Placement:
+    """Assign every block and the head to a device.
+
+    Args:
+        selectors: resolved device selectors in order (``cpu`` alone means no offload).
+        n_gpu_layers: llama.cpp semantics (module doc).
+        split: proportions per selector, or None (by device memory, equal if unknown).
+        supports: ``supports(selector, op, ggml_type)`` of each device.
+        memory: device memory in bytes per selector (for the default split).
+    Raises:
+        DeviceError: ``split`` has the wrong length.
+    """
+    blocks = [HOST] * cfg.n_layer
+    head = HOST
+    notes: list[str] = []
+    targets = [s for s in selectors if s != HOST] if selectors != [HOST] else []
+    if HOST in selectors and targets:
+        targets = list(selectors)  # an explicit cpu in a list takes a share like any device
+    if split is not None and targets and len(split) != len(targets):
+        raise DeviceError(f"--split has {len(split)} values but --device names {len(targets)} devices "
+                          f"({','.join(targets)})")
+    if not targets:
+        return Placement(blocks, head, notes)
+    off_blocks, off_head = offloaded_units(cfg.n_layer, n_gpu_layers)
+    if split is None:
+        mems = [(memory(s) if memory else None) or 1 for s in targets]
+        split = [float(m) for m in mems]
+    ranges = split_contiguous(off_blocks, split)
+    for sel, rng in zip(targets, ranges):
+        for b in rng:
+            blocks[b] = sel
+    if off_head:
+        head = targets[-1]
+    for i, sel in enumerate(blocks):
+        if sel != HOST:
+            bad = [t for t in unit_types(gf, cfg, i) if not supports(sel, "matmul", t)]
+            if bad:
+                notes.append(f"block {i} stays on cpu: {sel} cannot run matmul on "
+                             f"{', '.join(sorted(t.name for t in bad))}")
+                blocks[i] = HOST
+    if head != HOST:
+        bad = [t for t in unit_types(gf, cfg, "head") if not supports(head, "matmul", t)]
+        if bad:
+            notes.append(f"output head stays on cpu: {head} cannot run matmul on "
+                         f"{', '.join(sorted(t.name for t in bad))}")
+            head = HOST
+    return Placement(blocks, head, notes)
