@@ -1,0 +1,321 @@
+"""The OpenCL backend (pyopencl): every device of every OpenCL platform.
+
+Four cut points, tinygrad-style: allocate (``empty``/``upload``: ``cl.Buffer``),
+copy in (``write``: non-blocking ``enqueue_copy``), copy out (``read``: the only
+blocking ``enqueue_copy``), compile/launch (:mod:`.opencl_kernels`: programs
+built once per device and cached, ``Kernel`` objects kept).
+
+Weights are uploaded once as raw GGML blocks (F32/F16 as plain arrays) and
+dequantized inside the kernels; activations and the KV cache are device
+buffers. Each device has one in-order queue; ops are enqueued without waiting.
+A ``head(n)`` view shares its root's buffer: kernels take their row counts from
+the shapes passed at enqueue time.
+
+``probe()`` imports pyopencl lazily and never raises; it builds nothing (a
+driver that lists devices but cannot compile is caught by the smoke test).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
+from .base import OPS, ROPE_NEOX, ROPE_NORMAL, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, \
+    row_bytes, type_name
+from .opencl_kernels import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, KernelCache, clear_cache
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = ("pip install 'cooktop[opencl]' and an OpenCL driver (Debian/Ubuntu: apt-get install "
+                "pocl-opencl-icd for CPUs, mesa-opencl-icd / intel-opencl-icd / rocm-opencl-runtime for GPUs)")
+
+#: OpenCL extension constants pyopencl may not name.
+CL_DEVICE_SUB_GROUP_SIZES_INTEL = 0x4108
+
+_INT8_EXTENSIONS = ("cl_khr_integer_dot_product", "cl_arm_integer_dot_product_int8",
+                    "cl_intel_subgroup_matrix_multiply_accumulate")
+
+
+def _ceil_to(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def _safe(fn, default=None):
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - drivers answer some queries with errors
+        return default
+
+
+def _device_type(cl: Any, dev: Any) -> str:
+    t = int(dev.type)
+    if t & cl.device_type.GPU:
+        return "igpu" if _safe(lambda: bool(dev.host_unified_memory), False) else "gpu"
+    if t & cl.device_type.CPU:
+        return "cpu"
+    if t & cl.device_type.ACCELERATOR:
+        return "accelerator"
+    return "accelerator"
+
+
+def _subgroup_size(cl: Any, dev: Any, extensions: str) -> tuple[int | None, str]:
+    """Sub-group (warp/wavefront/SIMD) width and where it came from."""
+    if "cl_intel_required_subgroup_size" in extensions:
+        sizes = _safe(lambda: dev.get_info(CL_DEVICE_SUB_GROUP_SIZES_INTEL))
+        if sizes:
+            return int(max(sizes)), "CL_DEVICE_SUB_GROUP_SIZES_INTEL"
+    if "cl_nv_device_attribute_query" in extensions:
+        w = _safe(lambda: dev.get_info(cl.device_info.WARP_SIZE_NV))
+        if w:
+            return int(w), "CL_DEVICE_WARP_SIZE_NV"
+    if "cl_amd_device_attribute_query" in extensions:
+        w = _safe(lambda: dev.get_info(cl.device_info.WAVEFRONT_WIDTH_AMD))
+        if w:
+            return int(w), "CL_DEVICE_WAVEFRONT_WIDTH_AMD"
+    w = _safe(lambda: dev.get_info(cl.device_info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE))
+    if w:
+        return int(w), "CL_DEVICE_PREFERRED_WORK_GROUP_SIZE_MULTIPLE (estimate)"
+    return None, "unknown (replaced by the kernel's preferred work-group multiple when opened)"
+
+
+def device_info(cl: Any, platform: Any, dev: Any, index: int, p_index: int, d_index: int) -> DeviceInfo:
+    """The :class:`DeviceInfo` of one pyopencl device (no kernel is built)."""
+    ext = _safe(lambda: dev.extensions, "") or ""
+    sg, sg_src = _subgroup_size(cl, dev, ext)
+    return DeviceInfo(
+        backend="opencl", index=index, name=_safe(lambda: dev.name.strip(), "?"),
+        vendor=_safe(lambda: dev.vendor.strip(), ""), device_type=_device_type(cl, dev),
+        platform=f"{_safe(lambda: platform.name.strip(), '?')} ({_safe(lambda: platform.version.strip(), '')})",
+        driver_version=_safe(lambda: dev.driver_version.strip(), ""),
+        global_mem_bytes=_safe(lambda: int(dev.global_mem_size)),
+        max_alloc_bytes=_safe(lambda: int(dev.max_mem_alloc_size)),
+        compute_units=_safe(lambda: int(dev.max_compute_units)),
+        max_workgroup_size=_safe(lambda: int(dev.max_work_group_size)),
+        subgroup_size=sg, fp16="cl_khr_fp16" in ext, int8=any(e in ext for e in _INT8_EXTENSIONS),
+        types=tuple(type_name(t) for t in OPENCL_TYPES), ops=OPS,
+        extra={"platform_index": p_index, "device_index": d_index, "subgroup_size_source": sg_src,
+               "opencl_c_version": _safe(lambda: dev.opencl_c_version.strip(), ""),
+               "local_mem_bytes": _safe(lambda: int(dev.local_mem_size))})
+
+
+class OpenCLBackend(Backend):
+    """The pyopencl backend family: every device of every platform, indexed across platforms."""
+
+    name = "opencl"
+    install_hint = INSTALL_HINT
+
+    def __init__(self) -> None:
+        self._devices: list[tuple[Any, Any, DeviceInfo]] = []  # (platform, device, info)
+
+    def probe(self) -> ProbeResult:
+        """List every OpenCL device; never raises (see module doc)."""
+        try:
+            try:
+                import pyopencl as cl
+            except ImportError as e:
+                return ProbeResult("opencl", False, reason=f"pyopencl is not installed ({e})", hint=INSTALL_HINT)
+            try:
+                platforms = cl.get_platforms()
+            except Exception as e:  # noqa: BLE001 - PLATFORM_NOT_FOUND_KHR when no ICD is installed
+                return ProbeResult("opencl", False, reason=f"no OpenCL platform found (no driver/ICD installed: "
+                                   f"{type(e).__name__}: {str(e).strip()[:200]})", hint=INSTALL_HINT)
+            self._devices = []
+            notes = []
+            for pi, plat in enumerate(platforms):
+                try:
+                    devs = plat.get_devices()
+                except Exception as e:  # noqa: BLE001 - DEVICE_NOT_FOUND on an empty platform
+                    notes.append(f"platform {pi} ({_safe(lambda: plat.name, '?')}): {type(e).__name__}: {e}")
+                    continue
+                for di, dev in enumerate(devs):
+                    info = device_info(cl, plat, dev, len(self._devices), pi, di)
+                    self._devices.append((plat, dev, info))
+            infos = [d[2] for d in self._devices]
+            if not infos:
+                return ProbeResult("opencl", False, reason="no OpenCL device found"
+                                   + (f" ({'; '.join(notes)})" if notes else ""), hint=INSTALL_HINT)
+            return ProbeResult("opencl", True, infos)
+        except Exception as e:  # noqa: BLE001 - a probe never raises
+            return ProbeResult("opencl", False, reason=f"OpenCL probe failed: {type(e).__name__}: {e}",
+                               hint=INSTALL_HINT)
+
+    def open(self, index: int) -> "OpenCLDevice":
+        """Open device ``index`` of the last probe (probing first if needed).
+
+        Raises:
+            DeviceError: no such device, or the context/queue cannot be created.
+        """
+        if not self._devices:
+            res = self.probe()
+            if not res.available:
+                raise DeviceError(f"cannot open opencl:{index}: {res.reason}")
+        if not 0 <= index < len(self._devices):
+            raise DeviceError(f"no device opencl:{index}: {len(self._devices)} OpenCL device(s) found")
+        _, dev, info = self._devices[index]
+        return OpenCLDevice(info, dev)
+
+
+class OpenCLDevice(Device):
+    """One OpenCL device: a context, one in-order queue, lazily built kernels.
+
+    Tensors' handles are ``cl.Buffer`` objects; a ``head`` view shares its root's buffer.
+    """
+
+    def __init__(self, info: DeviceInfo, cl_device: Any):
+        import pyopencl as cl
+
+        super().__init__(info)
+        self._cl = cl
+        self.cl_device = cl_device
+        try:
+            self.ctx = cl.Context([cl_device])
+            self.queue = cl.CommandQueue(self.ctx, cl_device)
+        except Exception as e:  # noqa: BLE001
+            raise DeviceError(f"cannot open {info.selector} ({info.name}): {type(e).__name__}: {e}") from e
+        shape = CPU_SHAPE if info.device_type == "cpu" else GPU_SHAPE
+        if info.max_workgroup_size is not None and info.max_workgroup_size < 64:
+            shape = CPU_SHAPE
+        self.shape = shape
+        self.kernels = KernelCache(self.ctx, cl_device, shape, os.environ.get("COOKTOP_OPENCL_OPTIONS", ""))
+        self._mf = cl.mem_flags
+
+    # -- memory -----------------------------------------------------------
+    def _alloc(self, nbytes: int, hostbuf: np.ndarray | None = None) -> Any:
+        cl = self._cl
+        size = max(int(nbytes), 4)
+        limit = self.info.max_alloc_bytes
+        if limit is not None and size > limit:
+            raise DeviceOutOfMemoryError(
+                f"{self.info.selector} ({self.info.name}): cannot allocate {size} bytes: the device allows at "
+                f"most {limit} bytes per buffer (global memory {self.info.global_mem_bytes} bytes)")
+        try:
+            if hostbuf is not None and hostbuf.nbytes:
+                buf = cl.Buffer(self.ctx, self._mf.READ_ONLY | self._mf.COPY_HOST_PTR, hostbuf=hostbuf)
+            else:
+                buf = cl.Buffer(self.ctx, self._mf.READ_WRITE, size)
+        except (cl.MemoryError, cl.RuntimeError, cl.LogicError) as e:
+            if isinstance(e, cl.MemoryError) or "ALLOCATION" in str(e).upper() or "OUT_OF" in str(e).upper():
+                raise DeviceOutOfMemoryError(
+                    f"{self.info.selector} ({self.info.name}): cannot allocate {size} bytes (device limit "
+                    f"{limit} bytes per buffer, {self.info.global_mem_bytes} bytes in all): {e}") from e
+            raise DeviceError(f"{self.info.selector}: buffer of {size} bytes failed: {e}") from e
+        self._count_alloc(size)
+        return buf
+
+    def upload(self, data, ggml_type, shape):
+        ggml_type = T(ggml_type)
+        self.check("matmul", ggml_type)
+        shape = tuple(int(s) for s in shape)
+        nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes(ggml_type, shape[-1])
+        arr = np.ascontiguousarray(data)
+        if arr.nbytes != nbytes:
+            raise UnsupportedOpError(
+                f"{type_name(ggml_type)} tensor of shape {list(shape)} needs {nbytes} bytes, got {arr.nbytes}")
+        return DeviceTensor(self, self._alloc(nbytes, arr.view(np.uint8).reshape(-1)), shape, ggml_type)
+
+    def empty(self, shape, ggml_type=T.F32):
+        ggml_type = T(ggml_type)
+        if ggml_type not in (T.F32, T.I32):
+            raise UnsupportedOpError(f"empty() makes F32 or I32 tensors, not {type_name(ggml_type)}")
+        shape = tuple(int(s) for s in shape)
+        return DeviceTensor(self, self._alloc(int(np.prod(shape, dtype=np.int64)) * 4), shape, ggml_type)
+
+    def write(self, t, data):
+        dtype = np.int32 if t.ggml_type == T.I32 else np.float32
+        host = np.array(data, dtype=dtype, copy=True, order="C")  # owned copy: the copy is asynchronous
+        if host.size != int(np.prod(t.shape)):
+            raise ValueError(f"write of {host.size} values into {t!r}")
+        self._cl.enqueue_copy(self.queue, t.handle, host, is_blocking=False)
+
+    def read(self, t):
+        dtype = np.int32 if t.ggml_type == T.I32 else np.float32
+        if t.ggml_type not in (T.F32, T.I32):
+            raise UnsupportedOpError(f"read() returns F32/I32 tensors, not {type_name(t.ggml_type)}")
+        host = np.empty(t.shape, dtype=dtype)
+        self._cl.enqueue_copy(self.queue, host, t.handle, is_blocking=True)
+        return host
+
+    def finish(self) -> None:
+        """Wait for every enqueued command (benchmarks; ops never need it)."""
+        self.queue.finish()
+
+    def close(self):
+        try:
+            self.queue.finish()
+        except Exception:  # noqa: BLE001
+            pass
+        clear_cache(self.ctx)
+        self.kernels = None  # type: ignore[assignment]
+
+    # -- ops --------------------------------------------------------------
+    def matmul(self, out, x, w):
+        n_tok, n_in = x.shape
+        n_out = w.shape[0]
+        if w.shape[-1] != n_in or out.shape != (n_tok, n_out):
+            raise ValueError(f"matmul shapes: out {list(out.shape)}, x {list(x.shape)}, w {list(w.shape)}")
+        k = self.kernels.weights(w.ggml_type) if w.ggml_type in OPENCL_TYPES else None
+        if k is None:
+            self.check("matmul", w.ggml_type)
+        s = self.shape
+        if n_tok == 1:
+            k.mul_mv(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
+                     w.handle, x.handle, out.handle, n_in, n_out)
+        else:
+            k.mul_mm(self.queue, (_ceil_to(n_out, s.mm_tm), (n_tok + s.mm_tn - 1) // s.mm_tn), (s.mm_tm, 1),
+                     w.handle, x.handle, out.handle, n_in, n_out, n_tok)
+
+    def get_rows(self, out, table, ids):
+        n_ids = ids.shape[0]
+        n_rows, n = table.shape
+        if out.shape != (n_ids, n):
+            raise ValueError(f"get_rows shapes: out {list(out.shape)}, table {list(table.shape)}, ids {n_ids}")
+        if table.ggml_type not in OPENCL_TYPES:
+            self.check("get_rows", table.ggml_type)
+        k = self.kernels.weights(table.ggml_type)
+        nu = n // 32 + (1 if table.ggml_type in FLOAT_TYPES else 0)
+        k.get_rows(self.queue, (nu, n_ids), None, table.handle, ids.handle, out.handle, n, n_rows, n_ids)
+
+    def rmsnorm(self, out, x, w, eps):
+        n_rows, n = x.shape
+        ls = self.shape.rn_ls
+        self.kernels.ops().rmsnorm(self.queue, (ls, n_rows), (ls, 1), out.handle, x.handle, w.handle, n, eps)
+
+    def rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
+        if mode not in (ROPE_NORMAL, ROPE_NEOX):
+            raise UnsupportedOpError(f"rope mode {mode} is not supported (0 = normal, 2 = NeoX)")
+        if n_rot % 2 or n_rot > head_dim or head_dim % 2:
+            raise ValueError(f"rope: n_rot {n_rot} must be even and <= head_dim {head_dim}")
+        n_tok, width = x.shape
+        self.kernels.ops().rope(self.queue, (head_dim // 2, width // head_dim, n_tok), None,
+                                out.handle, x.handle, pos.handle, head_dim, n_rot, freq_base, freq_scale, mode)
+
+    def kv_store(self, cache, x, pos):
+        n_tok, dim = x.shape
+        self.kernels.ops().kv_store(self.queue, (_ceil_to(dim, 16), n_tok), (16, 1),
+                                    cache.handle, x.handle, pos.handle, dim, cache.shape[0])
+
+    def attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
+        n_tok, width = q.shape
+        if n_head % n_head_kv or width % n_head:
+            raise ValueError(f"attention: n_head {n_head} must be a multiple of n_head_kv {n_head_kv} "
+                             f"and divide the width {width}")
+        head_dim = width // n_head
+        ls = self.shape.at_ls
+        self.kernels.attention(head_dim)(self.queue, (ls, n_head, n_tok), (ls, 1, 1), out.handle, q.handle,
+                                         k_cache.handle, v_cache.handle, pos.handle, n_head, n_head_kv, scale)
+
+    def _elementwise(self, knl, out, a, b):
+        n = int(np.prod(out.shape))
+        ls = self.shape.ew_ls
+        knl(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, a.handle, b.handle, n)
+
+    def silu_mul(self, out, gate, up):
+        self._elementwise(self.kernels.ops().silu_mul, out, gate, up)
+
+    def add(self, out, a, b):
+        self._elementwise(self.kernels.ops().add, out, a, b)

@@ -1,0 +1,204 @@
+"""OpenCL programs of the opencl backend: sources, build options, a build cache, launch sizes.
+
+The OpenCL C sources live in ``cooktop/shaders/opencl/*.cl``, one file per op
+family. A weight-type program is ``dequant.cl`` + ``matmul.cl`` built with
+``-DW_<TYPE>`` (e.g. ``-DW_Q4_K``), the way ggml builds one shader per type
+from ``-D`` defines; launch-shape constants (``MV_LS``...) are defines too, so
+the compiler sees fixed loop bounds.
+
+Programs are built once per (context, device, source, options) and kept in a
+process-wide cache (pyopencl also caches binaries on disk). A build failure
+raises :class:`~cooktop.errors.DeviceError` carrying the first lines of the
+build log, so a broken driver (e.g. PoCL 3.0-rc2's ``unknown target CPU
+'generic'``) is reported, not crashed on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.resources
+import threading
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ..errors import DeviceError
+
+#: Weight types with device kernels (matmul, get_rows), in base.DEVICE_WEIGHT_TYPES order.
+OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
+
+#: Types whose rows may end in a partial 32-value unit (any n_in); others need n_in % block == 0.
+FLOAT_TYPES = (T.F32, T.F16)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchShape:
+    """Work-group shape constants compiled into the kernels (all powers of two).
+
+    mv_ls: work-items sharing one output row in ``mul_mv``; mv_r: rows per group.
+    mm_tm: rows (= work-items) per group in ``mul_mm``; mm_tn: tokens per tile;
+    mm_uc: 32-value units per staged x tile. rn_ls: rmsnorm group size.
+    at_ls: keys per attention chunk (= group size). ew_ls: elementwise group size.
+    """
+
+    mv_ls: int = 8
+    mv_r: int = 4
+    mm_tm: int = 16
+    mm_tn: int = 8
+    mm_uc: int = 4
+    rn_ls: int = 16
+    at_ls: int = 16
+    ew_ls: int = 64
+
+    def defines(self) -> str:
+        """``-D`` options for the launch constants."""
+        return (f"-DMV_LS={self.mv_ls} -DMV_R={self.mv_r} -DMM_TM={self.mm_tm} -DMM_TN={self.mm_tn} "
+                f"-DMM_UC={self.mm_uc} -DRN_LS={self.rn_ls} -DAT_LS={self.at_ls}")
+
+
+#: CPU devices (PoCL): work-items of a group run vectorized on one core, so small groups
+#: with many units each; GPU devices: wider groups. Measured with scripts/bench_opencl.py.
+CPU_SHAPE = LaunchShape()
+GPU_SHAPE = LaunchShape(mv_ls=32, mv_r=2, mm_tm=64, mm_tn=8, mm_uc=2, rn_ls=64, at_ls=32, ew_ls=64)
+
+
+def read_source(*names: str) -> str:
+    """Concatenated text of ``cooktop/shaders/opencl/<name>`` files."""
+    base = importlib.resources.files("cooktop.shaders") / "opencl"
+    return "\n".join((base / n).read_text() for n in names)
+
+
+_cache_lock = threading.Lock()
+_program_cache: dict[tuple[Any, ...], Any] = {}
+
+
+def _log_head(text: str, n_lines: int = 4) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip() and not set(ln.strip()) <= set("=-~^ ")]
+    return " | ".join(lines[:n_lines])[:600]
+
+
+def build_program(ctx: Any, device: Any, source: str, options: str, what: str) -> Any:
+    """Build (once, cached) ``source`` with ``options`` for ``device`` in ``ctx``.
+
+    Args:
+        ctx, device: ``pyopencl.Context`` and ``pyopencl.Device``.
+        what: a name for error messages, e.g. ``"matmul Q4_K"``.
+    Returns:
+        the built ``pyopencl.Program``.
+    Raises:
+        DeviceError: the build failed; the message holds the first lines of the build log.
+    """
+    import pyopencl as cl
+
+    key = (ctx.int_ptr, device.int_ptr, hashlib.sha1(source.encode()).hexdigest(), options)
+    with _cache_lock:
+        prg = _program_cache.get(key)
+        if prg is not None:
+            return prg
+    prg = None
+    try:
+        prg = cl.Program(ctx, source)
+        prg.build(options=options, devices=[device])
+    except Exception as e:  # noqa: BLE001 - pyopencl raises RuntimeError/LogicError/...
+        log = ""
+        try:
+            log = prg.get_build_info(device, cl.program_build_info.LOG) if prg is not None else ""
+        except Exception:  # noqa: BLE001
+            pass
+        detail = _log_head(log or str(e))
+        raise DeviceError(f"OpenCL build of the {what} kernels failed on {device.name.strip()}: "
+                          f"{type(e).__name__}: {detail}") from e
+    with _cache_lock:
+        _program_cache[key] = prg
+    return prg
+
+
+def clear_cache(ctx: Any | None = None) -> None:
+    """Drop cached programs (of one context, or all)."""
+    with _cache_lock:
+        for k in [k for k in _program_cache if ctx is None or k[0] == ctx.int_ptr]:
+            del _program_cache[k]
+
+
+class WeightKernels:
+    """The three kernels of one weight type on one device: ``mul_mv``, ``mul_mm``, ``get_rows``."""
+
+    __slots__ = ("mul_mv", "mul_mm", "get_rows")
+
+    def __init__(self, prg: Any):
+        self.mul_mv = prg.mul_mv
+        self.mul_mm = prg.mul_mm
+        self.get_rows = prg.get_rows
+        i32 = np.int32
+        self.mul_mv.set_scalar_arg_dtypes([None, None, None, i32, i32])
+        self.mul_mm.set_scalar_arg_dtypes([None, None, None, i32, i32, i32])
+        self.get_rows.set_scalar_arg_dtypes([None, None, None, i32, i32, i32])
+
+
+class OpKernels:
+    """Kernels of the float ops (rmsnorm, rope, add, silu_mul, kv_store) on one device."""
+
+    __slots__ = ("rmsnorm", "rope", "add", "silu_mul", "kv_store")
+
+    def __init__(self, prg: Any):
+        i32, f32 = np.int32, np.float32
+        self.rmsnorm = prg.rmsnorm
+        self.rmsnorm.set_scalar_arg_dtypes([None, None, None, i32, f32])
+        self.rope = prg.rope
+        self.rope.set_scalar_arg_dtypes([None, None, None, i32, i32, f32, f32, i32])
+        self.add = prg.add
+        self.add.set_scalar_arg_dtypes([None, None, None, i32])
+        self.silu_mul = prg.silu_mul
+        self.silu_mul.set_scalar_arg_dtypes([None, None, None, i32])
+        self.kv_store = prg.kv_store
+        self.kv_store.set_scalar_arg_dtypes([None, None, None, i32, i32])
+
+
+class KernelCache:
+    """Per-device lazy builder: weight-type kernels, op kernels, attention per head_dim.
+
+    Kernel objects are created once and kept (never looked up per call).
+    """
+
+    def __init__(self, ctx: Any, device: Any, shape: LaunchShape, extra_options: str = ""):
+        self.ctx = ctx
+        self.device = device
+        self.shape = shape
+        self.options = (shape.defines() + " -cl-mad-enable " + extra_options).strip()
+        self._weights: dict[T, WeightKernels] = {}
+        self._ops: OpKernels | None = None
+        self._attn: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def weights(self, ggml_type: T) -> WeightKernels:
+        """Kernels for weights of ``ggml_type`` (built on first use)."""
+        k = self._weights.get(ggml_type)
+        if k is None:
+            with self._lock:
+                src = read_source("dequant.cl", "matmul.cl")
+                prg = build_program(self.ctx, self.device, src, f"{self.options} -DW_{ggml_type.name}",
+                                    f"matmul {ggml_type.name}")
+                k = self._weights[ggml_type] = WeightKernels(prg)
+        return k
+
+    def ops(self) -> OpKernels:
+        """Kernels of the float ops (built on first use)."""
+        if self._ops is None:
+            with self._lock:
+                src = read_source("norm.cl", "rope.cl", "elementwise.cl")
+                self._ops = OpKernels(build_program(self.ctx, self.device, src, self.options, "float op"))
+        return self._ops
+
+    def attention(self, head_dim: int) -> Any:
+        """The attention kernel compiled for ``head_dim`` (built on first use)."""
+        k = self._attn.get(head_dim)
+        if k is None:
+            with self._lock:
+                prg = build_program(self.ctx, self.device, read_source("attention.cl"),
+                                    f"{self.options} -DHEAD_DIM={head_dim}", f"attention (head_dim {head_dim})")
+                k = prg.attention
+                k.set_scalar_arg_dtypes([None, None, None, None, None, np.int32, np.int32, np.float32])
+                self._attn[head_dim] = k
+        return k

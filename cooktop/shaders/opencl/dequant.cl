@@ -1,0 +1,171 @@
+// Dequantization of GGML weight rows, one "unit" of 32 values at a time.
+//
+// Block layouts and formulas: ggml-common.h (block_q4_0 ... block_q6_K) and
+// ggml-quants.c dequantize_row_*; checked against gguf.quants.dequantize by
+// tests/test_ops_parity.py. Exactly one W_<TYPE> macro is defined by the host
+// (cooktop/backends/opencl_kernels.py). Every type exposes:
+//   ROW_BYTES(n)              bytes of a row of n values
+//   deq_unit(row, u, &a, &b)  values 32u..32u+15 -> a, 32u+16..32u+31 -> b (float32)
+// K-quants (256-value super-blocks) are split into their eight 32-value
+// sub-blocks, so every kernel loops over n_in / 32 units whatever the type.
+// F32/F16 rows may end in a partial unit: W_FLOAT is defined and deq_elem(row, i)
+// reads one value for the tail.
+
+#define LOAD_HALF(p) vload_half(0, (const global half *)(p))
+
+#if defined(W_F32)
+#define W_FLOAT 1
+#define ROW_BYTES(n) ((size_t)(n) * 4)
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const global float *r = (const global float *)row;
+    *a = vload16(2 * u, r);
+    *b = vload16(2 * u + 1, r);
+}
+inline float deq_elem(const global uchar *row, int i) { return ((const global float *)row)[i]; }
+
+#elif defined(W_F16)
+#define W_FLOAT 1
+#define ROW_BYTES(n) ((size_t)(n) * 2)
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const global half *r = (const global half *)row;
+    *a = vload_half16(2 * u, r);
+    *b = vload_half16(2 * u + 1, r);
+}
+inline float deq_elem(const global uchar *row, int i) { return vload_half(i, (const global half *)row); }
+
+#elif defined(W_Q8_0)
+// block_q8_0 {half d; int8 qs[32]} (34 bytes): y = d * qs
+#define ROW_BYTES(n) ((size_t)(n) / 32 * 34)
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const global uchar *p = row + (size_t)u * 34;
+    const float d = LOAD_HALF(p);
+    const global char *q = (const global char *)(p + 2);
+    *a = convert_float16(vload16(0, q)) * d;
+    *b = convert_float16(vload16(1, q)) * d;
+}
+
+#elif defined(W_Q4_0)
+// block_q4_0 {half d; uint8 qs[16]} (18 bytes): y[j] = d*((qs[j]&15)-8), y[j+16] = d*((qs[j]>>4)-8)
+#define ROW_BYTES(n) ((size_t)(n) / 32 * 18)
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const global uchar *p = row + (size_t)u * 18;
+    const float d = LOAD_HALF(p);
+    const uchar16 q = vload16(0, p + 2);
+    *a = (convert_float16(q & (uchar)15) - 8.0f) * d;
+    *b = (convert_float16(q >> (uchar)4) - 8.0f) * d;
+}
+
+#elif defined(W_Q4_1)
+// block_q4_1 {half d; half m; uint8 qs[16]} (20 bytes): y = d*q + m
+#define ROW_BYTES(n) ((size_t)(n) / 32 * 20)
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const global uchar *p = row + (size_t)u * 20;
+    const float d = LOAD_HALF(p), m = LOAD_HALF(p + 2);
+    const uchar16 q = vload16(0, p + 4);
+    *a = convert_float16(q & (uchar)15) * d + m;
+    *b = convert_float16(q >> (uchar)4) * d + m;
+}
+
+#elif defined(W_Q5_0) || defined(W_Q5_1)
+// block_q5_0 {half d; uint8 qh[4]; uint8 qs[16]} (22 bytes): y = d*(q - 16)
+// block_q5_1 {half d; half m; uint8 qh[4]; uint8 qs[16]} (24 bytes): y = d*q + m
+// q[j] = (qs[j]&15) | bit j of qh << 4; q[j+16] = (qs[j]>>4) | bit j+16 of qh << 4
+#if defined(W_Q5_0)
+#define Q5_BYTES 22
+#define Q5_QH 2
+#else
+#define Q5_BYTES 24
+#define Q5_QH 4
+#endif
+#define ROW_BYTES(n) ((size_t)(n) / 32 * Q5_BYTES)
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const global uchar *p = row + (size_t)u * Q5_BYTES;
+    const float d = LOAD_HALF(p);
+    const uchar4 h = vload4(0, p + Q5_QH);
+    const uint qh = (uint)h.s0 | ((uint)h.s1 << 8) | ((uint)h.s2 << 16) | ((uint)h.s3 << 24);
+    const uint16 sh = (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const uint16 hl = ((((uint16)qh) >> sh) & 1u) << 4;
+    const uint16 hh = ((((uint16)qh) >> (sh + 16u)) & 1u) << 4;
+    const uchar16 q = vload16(0, p + Q5_QH + 4);
+    const float16 fa = convert_float16(convert_uint16(q & (uchar)15) | hl);
+    const float16 fb = convert_float16(convert_uint16(q >> (uchar)4) | hh);
+#if defined(W_Q5_0)
+    *a = (fa - 16.0f) * d;
+    *b = (fb - 16.0f) * d;
+#else
+    const float m = LOAD_HALF(p + 2);
+    *a = fa * d + m;
+    *b = fb * d + m;
+#endif
+}
+
+#elif defined(W_Q4_K) || defined(W_Q5_K)
+// block_q4_K {half d; half dmin; uint8 scales[12]; uint8 qs[128]} (144 bytes)
+// block_q5_K {half d; half dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128]} (176 bytes)
+// Sub-block s (0..7) of 32 values: 6-bit scale/min from get_scale_min_k4(s);
+// quants are the low (s even) or high (s odd) nibbles of qs[32*(s/2) .. +32];
+// Q5_K adds bit s of qh[l] as bit 4. y = d*sc*q - dmin*m.
+#if defined(W_Q4_K)
+#define QK_BYTES 144
+#define QK_QS 16
+#else
+#define QK_BYTES 176
+#define QK_QS 48
+#endif
+#define ROW_BYTES(n) ((size_t)(n) / 256 * QK_BYTES)
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const int s = u & 7;
+    const global uchar *p = row + (size_t)(u >> 3) * QK_BYTES;
+    const float d = LOAD_HALF(p), dmin = LOAD_HALF(p + 2);
+    const global uchar *sc = p + 4;
+    // get_scale_min_k4 (ggml-quants.c), written with selects
+    const int lo = s < 4;
+    const uchar x0 = sc[lo ? s : s + 4];
+    const uchar x1 = sc[lo ? s + 4 : s - 4];
+    const uchar x2 = sc[s];
+    const int scale = lo ? (x0 & 63) : ((x0 & 15) | ((x1 >> 6) << 4));
+    const int mn = lo ? (x1 & 63) : ((x0 >> 4) | ((x2 >> 6) << 4));
+    const float dl = d * (float)scale, ml = dmin * (float)mn;
+    const global uchar *q = p + QK_QS + 32 * (s >> 1);
+    const uchar sh = (uchar)(4 * (s & 1));
+    uchar16 qa = (vload16(0, q) >> sh) & (uchar)15;
+    uchar16 qb = (vload16(1, q) >> sh) & (uchar)15;
+#if defined(W_Q5_K)
+    const uchar hs = (uchar)s;
+    qa |= ((vload16(0, p + 16) >> hs) & (uchar)1) << (uchar)4;
+    qb |= ((vload16(1, p + 16) >> hs) & (uchar)1) << (uchar)4;
+#endif
+    *a = convert_float16(qa) * dl - ml;
+    *b = convert_float16(qb) * dl - ml;
+}
+
+#elif defined(W_Q6_K)
+// block_q6_K {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes)
+// Sub-block s: half h = s/4, r = s%4; ql[64h + 32(r&1) + l] low (r<2) or high nibble,
+// bits 2r..2r+1 of qh[32h + l] as bits 4..5, minus 32; scale scales[8h + 2r + l/16].
+#define ROW_BYTES(n) ((size_t)(n) / 256 * 210)
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const int s = u & 7, h = s >> 2, r = s & 3;
+    const global uchar *p = row + (size_t)(u >> 3) * 210;
+    const float d = LOAD_HALF(p + 208);
+    const global char *sc = (const global char *)(p + 192) + 8 * h + 2 * r;
+    const float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
+    const global uchar *ql = p + 64 * h + 32 * (r & 1);
+    const global uchar *qh = p + 128 + 32 * h;
+    const uchar nsh = (uchar)(4 * (r >> 1)), hsh = (uchar)(2 * r);
+    const uchar16 qa = ((vload16(0, ql) >> nsh) & (uchar)15) | (((vload16(0, qh) >> hsh) & (uchar)3) << (uchar)4);
+    const uchar16 qb = ((vload16(1, ql) >> nsh) & (uchar)15) | (((vload16(1, qh) >> hsh) & (uchar)3) << (uchar)4);
+    *a = (convert_float16(qa) - 32.0f) * d0;
+    *b = (convert_float16(qb) - 32.0f) * d1;
+}
+
+#else
+#error "define one W_<TYPE> (see cooktop/backends/opencl_kernels.py)"
+#endif
+
+inline float hsum16(float16 v) {
+    float8 s8 = v.lo + v.hi;
+    float4 s4 = s8.lo + s8.hi;
+    float2 s2 = s4.lo + s4.hi;
+    return s2.x + s2.y;
+}

@@ -1,0 +1,26 @@
+// Elementwise ops on f32 activations; global size n rounded up to the local size.
+
+// out = a + b (out may alias a)
+__kernel void add(global float *out, const global float *a, const global float *b, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) out[i] = a[i] + b[i];
+}
+
+// out = silu(gate) * up = gate / (1 + exp(-gate)) * up  (SwiGLU)
+__kernel void silu_mul(global float *out, const global float *gate, const global float *up, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + exp(-g)) * up[i];
+    }
+}
+
+// cache[pos[t], j] = x[t, j]; cache f32 [n_ctx, dim], x f32 [n_tok, dim]; global (dim, n_tok).
+// Positions outside [0, n_ctx) are dropped (the host checks them before enqueueing).
+__kernel void kv_store(global float *cache, const global float *x, const global int *pos,
+                       const int dim, const int n_ctx) {
+    const int j = get_global_id(0);
+    const int t = get_global_id(1);
+    const int p = pos[t];
+    if (j < dim && p >= 0 && p < n_ctx) cache[(size_t)p * dim + j] = x[(size_t)t * dim + j];
+}

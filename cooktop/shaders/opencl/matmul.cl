@@ -1,0 +1,108 @@
+// Matrix products with weights in GGML block layout, and get_rows.
+// Prepended by dequant.cl (one weight type per program, W_<TYPE>).
+//
+// y f32 [n_tok, n_out] = x f32 [n_tok, n_in] @ W[n_out, n_in]^T
+//
+// mul_mv (n_tok == 1, decode): local size (MV_LS, MV_R): MV_LS work-items share
+//   one output row, each streams units u = lid, lid+MV_LS, ... dequantizing in
+//   registers; partial sums are reduced in local memory.
+// mul_mm (n_tok > 1, prompt): local size (MM_TM): each work-item owns one output
+//   row and MM_TN tokens; the group stages a tile x[MM_TN][MM_UC*32] in local
+//   memory, and each dequantized weight unit is reused for all MM_TN tokens.
+
+__kernel void mul_mv(const global uchar *w, const global float *x, global float *y,
+                     const int n_in, const int n_out) {
+    const int lid = get_local_id(0);
+    const int lr = get_local_id(1);
+    const int row = get_global_id(1);
+    const int nu = n_in / 32;
+    local float red[MV_R][MV_LS];
+    float16 acc = (float16)(0.0f);
+    float tail = 0.0f;
+    if (row < n_out) {
+        const global uchar *wr = w + (size_t)row * ROW_BYTES(n_in);
+        for (int u = lid; u < nu; u += MV_LS) {
+            float16 a, b;
+            deq_unit(wr, u, &a, &b);
+            acc = mad(a, vload16(2 * u, x), acc);
+            acc = mad(b, vload16(2 * u + 1, x), acc);
+        }
+#ifdef W_FLOAT
+        for (int i = nu * 32 + lid; i < n_in; i += MV_LS) tail += deq_elem(wr, i) * x[i];
+#endif
+    }
+    red[lr][lid] = hsum16(acc) + tail;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = MV_LS / 2; s > 0; s >>= 1) {
+        if (lid < s) red[lr][lid] += red[lr][lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0 && row < n_out) y[row] = red[lr][0];
+}
+
+#define MM_TW (MM_UC * 32)
+
+__kernel void mul_mm(const global uchar *w, const global float *x, global float *y,
+                     const int n_in, const int n_out, const int n_tok) {
+    const int lid = get_local_id(0);
+    const int row = get_global_id(0);
+    const int t0 = get_group_id(1) * MM_TN;
+    const int nu = n_in / 32;
+    const int nt = min(MM_TN, n_tok - t0);
+    local float xs[MM_TN * MM_TW];
+    float16 acc[MM_TN];
+    for (int t = 0; t < MM_TN; t++) acc[t] = (float16)(0.0f);
+    const global uchar *wr = w + (size_t)min(row, n_out - 1) * ROW_BYTES(n_in);
+
+    for (int u0 = 0; u0 < nu; u0 += MM_UC) {
+        const int nc = min(MM_UC, nu - u0) * 32;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = lid; i < MM_TN * MM_TW; i += MM_TM) {
+            const int t = i / MM_TW, c = i % MM_TW;
+            xs[i] = (t < nt && c < nc) ? x[(size_t)(t0 + t) * n_in + u0 * 32 + c] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int uu = 0; uu < nc / 32; uu++) {
+            float16 a, b;
+            deq_unit(wr, u0 + uu, &a, &b);
+            for (int t = 0; t < MM_TN; t++) {
+                const local float *xt = xs + t * MM_TW + uu * 32;
+                acc[t] = mad(a, vload16(0, xt), acc[t]);
+                acc[t] = mad(b, vload16(1, xt), acc[t]);
+            }
+        }
+    }
+    if (row >= n_out) return;
+    for (int t = 0; t < nt; t++) {
+        float s = hsum16(acc[t]);
+#ifdef W_FLOAT
+        const global float *xr = x + (size_t)(t0 + t) * n_in;
+        for (int i = nu * 32; i < n_in; i++) s += deq_elem(wr, i) * xr[i];
+#endif
+        y[(size_t)(t0 + t) * n_out + row] = s;
+    }
+}
+
+// out f32 [n_ids, n_in]: out[i] = dequantize(table[ids[i]]); global (n_in/32 (+1 for float tails), n_ids).
+// ids are clamped to [0, n_rows) so a bad id cannot read outside the table.
+__kernel void get_rows(const global uchar *w, const global int *ids, global float *out,
+                       const int n_in, const int n_rows, const int n_ids) {
+    const int u = get_global_id(0);
+    const int i = get_global_id(1);
+    const int nu = n_in / 32;
+    if (i >= n_ids) return;
+    const int id = clamp(ids[i], 0, n_rows - 1);
+    const global uchar *wr = w + (size_t)id * ROW_BYTES(n_in);
+    global float *o = out + (size_t)i * n_in;
+    if (u < nu) {
+        float16 a, b;
+        deq_unit(wr, u, &a, &b);
+        vstore16(a, 2 * u, o);
+        vstore16(b, 2 * u + 1, o);
+    }
+#ifdef W_FLOAT
+    else if (u == nu) {
+        for (int k = nu * 32; k < n_in; k++) o[k] = deq_elem(wr, k);
+    }
+#endif
+}
