@@ -1,0 +1,52 @@
+# cooktop: `make run` sets everything up and generates text; `make test` runs the tests.
+# Setup (scripts/setup.sh) is idempotent: the second run takes seconds.
+#   make setup                      system packages (apt), .venv, the project + extras, kp
+#   make setup-compare              also the `compare` extra (llama-cpp-python, built from source)
+#   make run [PROMPT=... N=64]      setup, then generate with the default model
+#   make test [PYTEST_ARGS=...]     setup, then pytest
+#   make shaders                    compile the Vulkan GLSL shaders to SPIR-V
+#   make bench                      setup, then `cooktop bench`
+# Variables passed on the command line (COOKTOP_EXTRAS=compare, PYTHON=python3.11,
+# COOKTOP_SHARED=/path) reach scripts/setup.sh through the environment.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+COOKTOP := $(VENV)/bin/cooktop
+PROMPT ?= Once upon a time
+N ?= 64
+PYTEST_ARGS ?=
+comma := ,
+
+.DEFAULT_GOAL := help
+.PHONY: help setup setup-compare run test shaders bench
+
+help:
+	@sed -n '1,10s/^# \{0,1\}//p' Makefile
+
+setup:
+	bash scripts/setup.sh
+
+setup-compare:
+	COOKTOP_EXTRAS="$(if $(COOKTOP_EXTRAS),$(COOKTOP_EXTRAS)$(comma))compare" bash scripts/setup.sh
+
+run: setup
+	$(COOKTOP) run -p "$(PROMPT)" -n $(N)
+
+# pytest exits 5 when it collects no test: that fails `make test` too, by name.
+test: setup
+	@echo "$(PY) -m pytest -q $(PYTEST_ARGS)"; \
+	$(PY) -m pytest -q $(PYTEST_ARGS) || { rc=$$?; \
+		if [ $$rc -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit 5)" >&2; fi; \
+		exit $$rc; }
+
+shaders:
+	@test -x $(PY) || { echo "make shaders: no $(PY); run 'make setup' first" >&2; exit 1; }
+	$(PY) scripts/build_shaders.py
+
+bench: setup
+	@if $(COOKTOP) bench --help >/dev/null 2>&1; then \
+		$(COOKTOP) bench; \
+	else \
+		echo "make bench: 'cooktop bench' is not available yet (issue 6); nothing was measured" >&2; exit 2; \
+	fi

@@ -1,0 +1,92 @@
+"""Fast checks of the setup machinery: scripts parse, Makefile targets, pyproject, numpy < 2.
+
+The full setup (apt, venv, kp build) is checked by running it on a clean clone;
+these tests only guard against the cheap mistakes that would break it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+SCRIPTS = [ROOT / "scripts" / "setup.sh", ROOT / ".ci" / "run"]
+
+
+def _pyproject() -> dict:
+    """pyproject.toml as a dict (tomllib on 3.11+, tomli on 3.10)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def _make_targets() -> dict[str, list[str]]:
+    """Rule lines of the Makefile: target -> prerequisites."""
+    rules = {}
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        m = re.match(r"^([A-Za-z][\w-]*)\s*:(?!=)\s*(.*)$", line)
+        if m:
+            rules[m.group(1)] = m.group(2).split()
+    return rules
+
+
+@pytest.mark.parametrize("script", SCRIPTS + sorted((ROOT / "scripts").glob("*.sh")), ids=lambda p: p.name)
+def test_shell_script_syntax(script):
+    assert script.exists(), f"{script} missing"
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_ci_run_is_executable_and_calls_make_test():
+    ci = ROOT / ".ci" / "run"
+    assert os.access(ci, os.X_OK), ".ci/run must be executable"
+    text = ci.read_text()
+    assert "set -euo pipefail" in text
+    assert re.search(r"^make test\s*$", text, re.M), ".ci/run must run the README's test command"
+    require = re.search(r'COOKTOP_REQUIRE="([^"]+)"', text)
+    assert require and {"shared", "opencl", "vulkan", "glslc"} <= set(require.group(1).split(","))
+    assert "HF_HUB_OFFLINE=1" in text
+
+
+def test_makefile_targets():
+    rules = _make_targets()
+    for target in ("setup", "run", "test", "shaders", "bench"):
+        assert target in rules, f"Makefile has no {target!r} target"
+    assert "setup" in rules["run"] and "setup" in rules["test"], "run and test must depend on setup"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_makefile_dry_run_commands():
+    out = subprocess.run(["make", "-n", "-C", str(ROOT), "run", "test"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "bash scripts/setup.sh" in out.stdout
+    assert '.venv/bin/cooktop run -p "Once upon a time" -n 64' in out.stdout
+    assert ".venv/bin/python -m pytest -q" in out.stdout
+
+
+def test_pyproject_script_and_extras():
+    meta = _pyproject()["project"]
+    assert meta["scripts"]["cooktop"] == "cooktop.cli.main:main"
+    extras = meta["optional-dependencies"]
+    for name in ("opencl", "vulkan", "server", "dev", "bench", "compare"):
+        assert name in extras, f"extra {name!r} missing"
+    assert any(dep.replace(" ", "") == "kp==0.9.0" for dep in extras["vulkan"])
+    numpy_dep = next(d for d in meta["dependencies"] if d.startswith("numpy"))
+    assert "<2" in numpy_dep.replace(" ", "")
+
+
+def test_numpy_below_2():
+    import numpy
+
+    major = int(numpy.__version__.split(".")[0])
+    assert major < 2, f"numpy {numpy.__version__} in {sys.prefix}: kp 0.9.0 needs numpy < 2"
