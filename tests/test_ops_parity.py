@@ -1,0 +1,219 @@
+"""Per-op parity of every device backend with the numpy reference (ggml test-backend-ops style).
+
+Each op runs on ``gpu_device`` (OpenCL, Vulkan) and on the numpy ``cpu_device``
+from the same inputs (for weights: the same raw GGML blocks), and the results
+are compared by ``nmse``: <= 1e-7 for float ops and F32/F16 weights, <= 5e-4
+for quantized matmul (ggml's bounds). Buffers are allocated for the largest
+chunk and used through ``head(n)`` views, as the engine does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from cooktop.backends.base import DEVICE_WEIGHT_TYPES, ROPE_NEOX, ROPE_NORMAL, nmse
+from cooktop.backends.blocks import random_weight
+
+FLOAT_BOUND = 1e-7
+QUANT_BOUND = 5e-4
+FLOAT_WEIGHTS = (T.F32, T.F16)
+K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
+N_ROWS = (1, 3, 129, 1000)
+MAX_TOK = 64
+
+# The numpy backend caches dequantized weights keyed by id(handle); keeping every
+# tensor uploaded to it alive for the session stops ids from being reused.
+_keep: list = []
+
+
+def _n_ins(ty: T) -> tuple[int, ...]:
+    """Odd row lengths: 7 blocks of 32, or 1 and 3 super-blocks of 256 for K-quants."""
+    return (256, 512 + 256) if ty in K_TYPES else (32 * 7,)
+
+
+def _bound(ty: T) -> float:
+    return FLOAT_BOUND if ty in FLOAT_WEIGHTS else QUANT_BOUND
+
+
+def _act(dev, data: np.ndarray, rows: int | None = None):
+    """A device tensor of ``rows`` (default: len(data)) rows holding ``data`` in its head; returns the head view."""
+    data = np.asarray(data)
+    rows = rows or data.shape[0]
+    ty = T.I32 if data.dtype == np.int32 else T.F32
+    t = dev.empty((rows,) + data.shape[1:], ty)
+    _keep.append(t)
+    v = t.head(data.shape[0])
+    dev.write(v, data)
+    return v
+
+
+def _out(dev, shape, rows: int | None = None):
+    t = dev.empty(((rows or shape[0]),) + tuple(shape[1:]))
+    _keep.append(t)
+    return t.head(shape[0])
+
+
+def _both(gpu_device, cpu_device, fn):
+    """Run ``fn(dev)`` (which returns the output tensor) on both devices; return (device, reference) arrays."""
+    got = gpu_device.read(fn(gpu_device))
+    ref = cpu_device.read(fn(cpu_device))
+    return got, ref
+
+
+@pytest.mark.parametrize("n_tok", [1, 7, 64])
+@pytest.mark.parametrize("ty", DEVICE_WEIGHT_TYPES, ids=lambda t: t.name)
+def test_matmul(gpu_device, cpu_device, ty, n_tok):
+    rng = np.random.default_rng(100 + int(ty) * 7 + n_tok)
+    for n_in in _n_ins(ty):
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        for n_out in N_ROWS:
+            raw = random_weight(ty, (n_out, n_in), rng)
+
+            def run(dev):
+                w = dev.upload(raw, ty, (n_out, n_in))
+                _keep.append(w)
+                out = _out(dev, (n_tok, n_out), MAX_TOK)
+                dev.matmul(out, _act(dev, x, MAX_TOK), w)
+                return out
+
+            got, ref = _both(gpu_device, cpu_device, run)
+            assert got.shape == (n_tok, n_out)
+            err = nmse(got, ref)
+            assert err <= _bound(ty), f"{ty.name} n_in={n_in} n_out={n_out} n_tok={n_tok}: nmse {err:.2e}"
+
+
+@pytest.mark.parametrize("ty", DEVICE_WEIGHT_TYPES, ids=lambda t: t.name)
+def test_get_rows(gpu_device, cpu_device, ty):
+    rng = np.random.default_rng(200 + int(ty))
+    for n_in in _n_ins(ty):
+        for n_rows in (3, 1000):
+            raw = random_weight(ty, (n_rows, n_in), rng)
+            ids = np.array([0, n_rows - 1, 1 % n_rows, *rng.integers(0, n_rows, 4)], dtype=np.int32)
+
+            def run(dev):
+                table = dev.upload(raw, ty, (n_rows, n_in))
+                _keep.append(table)
+                out = _out(dev, (len(ids), n_in), MAX_TOK)
+                dev.get_rows(out, table, _act(dev, ids, MAX_TOK))
+                return out
+
+            got, ref = _both(gpu_device, cpu_device, run)
+            # dequantization is exact in float32: demand the float bound for every type
+            assert nmse(got, ref) <= FLOAT_BOUND, f"{ty.name} n_in={n_in} n_rows={n_rows}"
+
+
+def test_get_rows_activation_table(gpu_device, cpu_device):
+    """get_rows from an F32 activation tensor made with empty/write (not upload)."""
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((50, 100)).astype(np.float32)
+    ids = np.array([49, 0, 7, 7], dtype=np.int32)
+
+    def run(dev):
+        out = _out(dev, (4, 100), 8)
+        dev.get_rows(out, _act(dev, table), _act(dev, ids, 8))
+        return out
+
+    got, ref = _both(gpu_device, cpu_device, run)
+    np.testing.assert_array_equal(got, table[ids])
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("n_tok,n", [(1, 224), (7, 4096), (64, 100)])
+def test_rmsnorm(gpu_device, cpu_device, n_tok, n):
+    rng = np.random.default_rng(n + n_tok)
+    x = (rng.standard_normal((n_tok, n)) * 3).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32)
+
+    def run(dev):
+        out = _out(dev, (n_tok, n), MAX_TOK)
+        wt = dev.upload(w, T.F32, (n,))
+        _keep.append(wt)
+        dev.rmsnorm(out, _act(dev, x, MAX_TOK), wt, 1e-5)
+        return out
+
+    got, ref = _both(gpu_device, cpu_device, run)
+    assert nmse(got, ref) <= FLOAT_BOUND
+
+
+@pytest.mark.parametrize("mode", [ROPE_NORMAL, ROPE_NEOX])
+@pytest.mark.parametrize("n_rot", [64, 32])
+@pytest.mark.parametrize("n_tok", [1, 7])
+def test_rope(gpu_device, cpu_device, mode, n_rot, n_tok):
+    head_dim, n_head = 64, 8
+    rng = np.random.default_rng(n_rot + n_tok + mode)
+    x = rng.standard_normal((n_tok, n_head * head_dim)).astype(np.float32)
+    pos = np.arange(5, 5 + n_tok, dtype=np.int32)
+    for freq_base, freq_scale in ((10000.0, 1.0), (500000.0, 0.25)):
+        for in_place in (False, True):
+            def run(dev):
+                xt = _act(dev, x, MAX_TOK)
+                out = xt if in_place else _out(dev, x.shape, MAX_TOK)
+                dev.rope(out, xt, _act(dev, pos, MAX_TOK), head_dim, n_rot, freq_base, freq_scale, mode)
+                return out
+
+            got, ref = _both(gpu_device, cpu_device, run)
+            assert nmse(got, ref) <= FLOAT_BOUND, f"base {freq_base} scale {freq_scale} in_place {in_place}"
+            if n_rot < head_dim:  # dimensions past n_rot pass through untouched
+                g = got.reshape(n_tok, n_head, head_dim)[..., n_rot:]
+                np.testing.assert_array_equal(g, x.reshape(n_tok, n_head, head_dim)[..., n_rot:])
+
+
+def test_kv_store(gpu_device, cpu_device):
+    n_ctx, dim = 32, 128
+    rng = np.random.default_rng(5)
+    prefill = rng.standard_normal((n_ctx, dim)).astype(np.float32)
+    x = rng.standard_normal((7, dim)).astype(np.float32)
+    pos = np.arange(5, 12, dtype=np.int32)
+
+    def run(dev):
+        cache = _act(dev, prefill)
+        dev.kv_store(cache, _act(dev, x, MAX_TOK), _act(dev, pos, MAX_TOK))
+        return cache
+
+    got, ref = _both(gpu_device, cpu_device, run)
+    expect = prefill.copy()
+    expect[5:12] = x
+    np.testing.assert_array_equal(got, expect)
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(8, 2, 64), (4, 4, 48), (8, 8, 8)])
+@pytest.mark.parametrize("n_tok,p0", [(1, 0), (7, 5), (64, 0), (1, 100)])
+def test_attention(gpu_device, cpu_device, n_head, n_head_kv, head_dim, n_tok, p0):
+    """Causal GQA attention of a chunk at positions p0.. over a cache pre-filled before p0."""
+    n_ctx = 128
+    rng = np.random.default_rng(n_head * 31 + head_dim + n_tok + p0)
+    kv_dim = n_head_kv * head_dim
+    k = (rng.standard_normal((n_ctx, kv_dim)) * 2).astype(np.float32)
+    v = rng.standard_normal((n_ctx, kv_dim)).astype(np.float32)
+    q = (rng.standard_normal((n_tok, n_head * head_dim)) * 2).astype(np.float32)
+    pos = np.arange(p0, p0 + n_tok, dtype=np.int32)
+    scale = 1.0 / np.sqrt(head_dim)
+
+    def run(dev):
+        out = _out(dev, q.shape, MAX_TOK)
+        dev.attention(out, _act(dev, q, MAX_TOK), _act(dev, k), _act(dev, v), _act(dev, pos, MAX_TOK),
+                      n_head, n_head_kv, scale)
+        return out
+
+    got, ref = _both(gpu_device, cpu_device, run)
+    assert nmse(got, ref) <= FLOAT_BOUND
+
+
+@pytest.mark.parametrize("op", ["add", "silu_mul"])
+@pytest.mark.parametrize("shape", [(1, 224), (7, 5632), (64, 1000)])
+def test_elementwise(gpu_device, cpu_device, op, shape):
+    rng = np.random.default_rng(shape[0])
+    a = (rng.standard_normal(shape) * 4).astype(np.float32)
+    b = rng.standard_normal(shape).astype(np.float32)
+    for in_place in (False, True):
+        def run(dev):
+            at = _act(dev, a, MAX_TOK)
+            out = at if in_place else _out(dev, shape, MAX_TOK)
+            getattr(dev, op)(out, at, _act(dev, b, MAX_TOK))
+            return out
+
+        got, ref = _both(gpu_device, cpu_device, run)
+        assert nmse(got, ref) <= FLOAT_BOUND
