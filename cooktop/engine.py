@@ -148,6 +148,20 @@ class Engine:
         return self.eval(prompt[common:])[-1], len(prompt) - common
 
     # -- generation ---------------------------------------------------------
+    def check_prompt(self, prompt_tokens: list[int]) -> None:
+        """Raise before any work when a prompt cannot be generated from.
+
+        Raises:
+            CooktopError: the prompt is empty.
+            ContextOverflowError: it has more than ``n_ctx`` tokens.
+        """
+        if not prompt_tokens:
+            raise CooktopError("the prompt is empty: give at least one token (or let BOS be added)")
+        if len(prompt_tokens) > self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_tokens)} tokens but the context holds n_ctx = {self.n_ctx}; "
+                f"raise -c / n_ctx (the model was trained with {self.cfg.n_ctx_train}) or shorten the prompt")
+
     def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams,
                  stop: list[str] | None = None) -> Iterator[str]:
         """Stream the continuation of ``prompt_tokens`` as text pieces.
@@ -162,12 +176,7 @@ class Engine:
         Raises:
             ContextOverflowError: the prompt alone does not fit in ``n_ctx`` (before anything runs).
         """
-        if not prompt_tokens:
-            raise CooktopError("the prompt is empty: give at least one token (or let BOS be added)")
-        if len(prompt_tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(prompt_tokens)} tokens but the context holds n_ctx = {self.n_ctx}; "
-                f"raise -c / n_ctx (the model was trained with {self.cfg.n_ctx_train}) or shorten the prompt")
+        self.check_prompt(prompt_tokens)
         stop = [s for s in (stop or []) if s]
         timings = Timings(load_ms=self.load_ms)
         sampler = Sampler(params)
@@ -185,6 +194,9 @@ class Engine:
         history = list(prompt_tokens)
         first = True
         while n_predict < 0 or len(generated) < n_predict:
+            if len(self.tokens) >= self.n_ctx:  # every generated token must fit in the context
+                finish = "length"
+                break
             ts = time.perf_counter()
             tok = sampler.sample(logits, history)
             timings.sample_ms += (time.perf_counter() - ts) * 1e3
@@ -207,9 +219,6 @@ class Engine:
                 pending = ""
                 break
             if n_predict >= 0 and len(generated) >= n_predict:
-                break
-            if len(self.tokens) >= self.n_ctx:
-                finish = "length"
                 break
             te = time.perf_counter()
             logits = self.eval([tok])[-1]

@@ -42,10 +42,11 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         prompt = prompt.encode("utf-8").decode("unicode_escape").encode("latin-1").decode("utf-8")
     eng = _engine.load(path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                        n_gpu_layers=parse_ngl(n_gpu_layers), split=split)
+    tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=special)
+    eng.check_prompt(tokens)
     click.echo(f"cooktop: {path}: {eng.placement.summary()}", err=True)
     for note in eng.placement.notes:
         click.echo(f"cooktop: {note}", err=True)
-    tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=special)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
     out = sys.stdout
