@@ -5,13 +5,16 @@ file copies no tensor data). Around it, this module checks what the reader
 does not, so that a foreign, truncated or corrupt file becomes one clear
 :class:`~cooktop.errors.GGUFError` instead of a traceback from deep inside:
 magic and version, a header that ends early, unknown tensor types, tensors
-with a zero-size dimension or extending past the end of the file, and an
-alignment that is not a power of two. (GGUF format: ggml docs/gguf.md.)
+with a zero-size dimension, rows that are not whole blocks, misaligned data or
+data extending past the end of the file, and an alignment that is not a power
+of two. When ``GGUFReader`` itself fails, :func:`_diagnose` walks the header
+with bounds checks to name the defect. (GGUF format: ggml docs/gguf.md.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
 import struct
 from typing import Any
@@ -23,6 +26,15 @@ from ..errors import GGUFError, UnsupportedModelError
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
+#: GGML_MAX_DIMS (ggml.h).
+MAX_DIMS = 4
+#: Byte sizes of the scalar GGUF value types (ggml docs/gguf.md).
+_SCALAR_SIZES = {
+    GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.BOOL: 1,
+    GGUFValueType.UINT16: 2, GGUFValueType.INT16: 2,
+    GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4, GGUFValueType.FLOAT32: 4,
+    GGUFValueType.UINT64: 8, GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,12 +76,14 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
         _precheck(self.path)
+        self.file_size = os.path.getsize(self.path)
         try:
             self.reader = GGUFReader(self.path, "r")
-        except (ValueError, IndexError, KeyError, struct.error, TypeError, OverflowError, EOFError) as e:
-            raise GGUFError(f"{self.path}: corrupt or truncated GGUF header ({_describe(e)}); "
+        except Exception as e:  # noqa: BLE001 - the reader's errors on a bad file are untyped
+            # Walk the header ourselves for a precise message; else report the reader's.
+            _diagnose(self.path, self.file_size)
+            raise GGUFError(f"{self.path}: corrupt GGUF header ({_describe(e)}); "
                             "re-download or re-convert the model") from None
-        self.file_size = os.path.getsize(self.path)
         self.version = int(self.reader.fields["GGUF.version"].parts[-1][0])
         self.metadata: dict[str, Any] = {}
         for key, field in self.reader.fields.items():
@@ -80,32 +94,13 @@ class GGUFFile:
             except Exception as e:  # noqa: BLE001 - any decoding failure is a corrupt file
                 raise GGUFError(f"{self.path}: metadata key {key!r} is unreadable ({_describe(e)})") from None
         align = self.metadata.get("general.alignment", 32)
-        if not isinstance(align, int) or align <= 0 or align & (align - 1):
-            raise GGUFError(f"{self.path}: general.alignment = {align!r} is not a power of two; the file is corrupt")
+        _check_alignment(self.path, align)
         self.tensors: dict[str, TensorInfo] = {}
         for t in self.reader.tensors:
-            self.tensors[t.name] = self._tensor(t)
-
-    def _tensor(self, t) -> TensorInfo:
-        try:
-            ggml_type = GGMLQuantizationType(int(t.tensor_type))
-        except ValueError:
-            raise GGUFError(f"{self.path}: tensor {t.name!r} has unknown GGML type id {int(t.tensor_type)}; "
-                            "the file is corrupt or needs a newer cooktop") from None
-        shape = tuple(int(s) for s in reversed(list(t.shape)))
-        if any(s <= 0 for s in shape):
-            raise GGUFError(f"{self.path}: tensor {t.name!r} has a zero-size dimension {list(shape)}; "
-                            "the file is corrupt")
-        block, size = GGML_QUANT_SIZES[ggml_type]
-        if shape[-1] % block:
-            raise GGUFError(f"{self.path}: tensor {t.name!r} of type {ggml_type.name} has rows of {shape[-1]} "
-                            f"values, not a multiple of its block size {block}")
-        n_bytes = int(np.prod(shape[:-1], dtype=np.int64)) * (shape[-1] // block) * size
-        end = int(t.data_offset) + n_bytes
-        if end > self.file_size:
-            raise GGUFError(f"{self.path}: tensor {t.name!r} extends past the end of the file "
-                            f"(needs bytes up to {end}, file has {self.file_size}); the file is truncated")
-        return TensorInfo(t.name, ggml_type, shape, t.data, n_bytes)
+            ggml_type, shape, n_bytes = _check_tensor(
+                self.path, t.name, int(t.tensor_type), [int(d) for d in t.shape], int(t.data_offset),
+                int(self.reader.data_offset), align, self.file_size)
+            self.tensors[t.name] = TensorInfo(t.name, ggml_type, shape, t.data, n_bytes)
 
     @property
     def architecture(self) -> str:
@@ -132,6 +127,144 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
+def _check_alignment(path: str, align: Any) -> None:
+    """``general.alignment`` must be a positive power of two (GGUF spec)."""
+    if isinstance(align, bool) or not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise GGUFError(f"{path}: general.alignment = {align!r} is not a power of two; the file is corrupt")
+
+
+def _check_tensor(path: str, name: str, type_id: int, ne: list[int], data_at: int, data_start: int,
+                  align: int, file_size: int) -> tuple[GGMLQuantizationType, tuple[int, ...], int]:
+    """Validate one tensor-info record.
+
+    Args:
+        ne: GGUF dimensions (``ne[0]`` = row length, GGML order).
+        data_at: absolute file offset of the tensor's data; data_start: of the data section.
+    Returns:
+        (GGML type, numpy-order shape, size in bytes).
+    Raises:
+        GGUFError: unknown type, bad dimension count, zero-size dimension, rows not a
+            multiple of the block size, misaligned or extending past the end of the file.
+    """
+    try:
+        ggml_type = GGMLQuantizationType(type_id)
+        block, size = GGML_QUANT_SIZES[ggml_type]
+    except (ValueError, KeyError):
+        raise GGUFError(f"{path}: tensor {name!r} has unknown GGML type id {type_id}; "
+                        "the file is corrupt or needs a newer cooktop") from None
+    shape = tuple(reversed(ne))
+    if not 1 <= len(shape) <= MAX_DIMS:
+        raise GGUFError(f"{path}: tensor {name!r} has {len(shape)} dimensions (GGML allows 1 to {MAX_DIMS}); "
+                        "the file is corrupt")
+    if any(s <= 0 for s in shape):
+        raise GGUFError(f"{path}: tensor {name!r} has a zero-size dimension {list(shape)}; the file is corrupt")
+    if shape[-1] % block:
+        raise GGUFError(f"{path}: tensor {name!r} of type {ggml_type.name} has rows of {shape[-1]} "
+                        f"values, not a multiple of its block size {block}")
+    if (data_at - data_start) % align:
+        raise GGUFError(f"{path}: tensor {name!r} data offset {data_at - data_start} is not a multiple of "
+                        f"the alignment {align}; the file is corrupt")
+    n_bytes = int(np.prod(shape[:-1], dtype=np.int64)) * (shape[-1] // block) * size
+    end = data_at + n_bytes
+    if end > file_size:
+        raise GGUFError(f"{path}: tensor {name!r} extends past the end of the file "
+                        f"(needs bytes up to {end}, file has {file_size}); the file is truncated or corrupt")
+    return ggml_type, shape, n_bytes
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over a memory-mapped file (for :func:`_diagnose`)."""
+
+    def __init__(self, buf, path: str):
+        self.buf, self.path, self.pos = buf, path, 0
+
+    def take(self, n: int, what: str) -> bytes:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise GGUFError(f"{self.path}: truncated GGUF header: the file ends inside {what} "
+                            f"(offset {self.pos}, file has {len(self.buf)} bytes); re-download the model")
+        b = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def u32(self, what: str) -> int:
+        return struct.unpack("<I", self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return struct.unpack("<Q", self.take(8, what))[0]
+
+    def string(self, what: str) -> str:
+        raw = self.take(self.u64(what), what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise GGUFError(f"{self.path}: {what} is not valid UTF-8; the file is corrupt") from None
+
+    def skip_value(self, vtype: int, what: str) -> Any:
+        """Skip (and return scalars and strings of) a metadata value of type ``vtype``."""
+        try:
+            vt = GGUFValueType(vtype)
+        except ValueError:
+            raise GGUFError(f"{self.path}: {what} has unknown value type {vtype}; the file is corrupt") from None
+        if vt in _SCALAR_SIZES:
+            raw = self.take(_SCALAR_SIZES[vt], what)
+            return struct.unpack("<I", raw)[0] if vt == GGUFValueType.UINT32 else raw
+        if vt == GGUFValueType.STRING:
+            return self.string(what)
+        etype, count = self.u32(what), self.u64(what)
+        if etype == GGUFValueType.STRING:
+            if count * 8 > len(self.buf) - self.pos:  # each string has at least its u64 length
+                self.take(count * 8, what)
+            for _ in range(count):
+                self.string(what)
+        elif etype in _SCALAR_SIZES:
+            self.take(count * _SCALAR_SIZES[GGUFValueType(etype)], what)
+        else:
+            for _ in range(count):
+                self.skip_value(etype, what)
+        return None
+
+
+def _diagnose(path: str, file_size: int) -> None:
+    """Walk the header (GGUF spec: ggml docs/gguf.md) with bounds checks and raise
+    :class:`GGUFError` naming the first defect found; return if none is found.
+
+    Used when ``GGUFReader`` fails, whose own errors do not say what is wrong.
+    """
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        cur = _Cursor(buf, path)
+        cur.take(8, "the magic and version")
+        n_tensors = cur.u64("the tensor count")
+        n_kv = cur.u64("the metadata count")
+        align: Any = 32
+        for i in range(n_kv):
+            key = cur.string(f"metadata key #{i}")
+            vtype = cur.u32(f"the type of metadata key {key!r}")
+            value = cur.skip_value(vtype, f"metadata key {key!r}")
+            if key == "general.alignment":
+                if vtype != GGUFValueType.UINT32:
+                    raise GGUFError(f"{path}: general.alignment has value type {vtype}, not UINT32; "
+                                    "the file is corrupt")
+                align = value
+        infos = []
+        for i in range(n_tensors):
+            name = cur.string(f"the name of tensor #{i}")
+            what = f"the info of tensor {name!r}"
+            n_dims = cur.u32(what)
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise GGUFError(f"{path}: tensor {name!r} has {n_dims} dimensions (GGML allows 1 to {MAX_DIMS}); "
+                                "the file is corrupt")
+            ne = [cur.u64(what) for _ in range(n_dims)]
+            infos.append((name, cur.u32(what), ne, cur.u64(what)))
+        _check_alignment(path, align)
+        data_start = -(-cur.pos // align) * align
+        seen: set[str] = set()
+        for name, type_id, ne, offset in infos:
+            if name in seen:
+                raise GGUFError(f"{path}: tensor name {name!r} appears twice; the file is corrupt")
+            seen.add(name)
+            _check_tensor(path, name, type_id, ne, data_start + offset, data_start, align, file_size)
+
+
 def _precheck(path: str) -> None:
     """Checks before the reader touches the file: exists, magic, version."""
     if not os.path.exists(path):
@@ -139,13 +272,18 @@ def _precheck(path: str) -> None:
     if os.path.isdir(path):
         raise GGUFError(f"{path}: is a directory, not a GGUF file")
     size = os.path.getsize(path)
+    if size == 0:
+        raise GGUFError(f"{path}: the file is empty (0 bytes), not a GGUF model; re-download it")
     with open(path, "rb") as f:
-        head = f.read(8)
+        head = f.read(9)
     if len(head) < 4 or head[:4] != GGUF_MAGIC:
-        raise GGUFError(f"{path}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF'); "
+        kind = ""
+        if len(head) == 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] < size:
+            kind = " (it looks like a safetensors file)"
+        raise GGUFError(f"{path}: not a GGUF file{kind}: magic {head[:4]!r}, expected b'GGUF'; "
                         "convert the model with llama.cpp's convert_hf_to_gguf.py")
     if len(head) < 8 or size < 24:
-        raise GGUFError(f"{path}: truncated GGUF header ({size} bytes)")
+        raise GGUFError(f"{path}: truncated GGUF header: the file has only {size} bytes; re-download the model")
     version = struct.unpack("<I", head[4:8])[0]
     if version not in SUPPORTED_VERSIONS:
         raise GGUFError(f"{path}: GGUF version {version} is not supported (supported: 2, 3)")

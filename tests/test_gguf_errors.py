@@ -1,0 +1,231 @@
+"""Malformed model files: every one ends ``cooktop info`` and ``cooktop run`` with
+exit code 1 and a single ``error: ...`` line naming the problem (issue #2).
+
+The files are made here, in ``tmp_path``: by rewriting stories260K with
+``gguf.GGUFWriter`` (metadata changes) or by patching bytes of a copy of it at
+offsets taken from its parsed header (tensor-info fields).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+from cooktop.errors import GGUFError, UnsupportedModelError
+from cooktop.model.config import load_config
+from cooktop.model.gguf import open_gguf
+
+COOKTOP = [str(pathlib.Path(sys.executable).parent / "cooktop")]
+
+
+# -- builders -----------------------------------------------------------------
+def rewrite(src: pathlib.Path, dst: pathlib.Path, drop: tuple[str, ...] = (), arch: str | None = None) -> None:
+    """Copy the GGUF ``src`` to ``dst`` with GGUFWriter, dropping metadata keys
+    ``drop`` and optionally changing ``general.architecture``."""
+    r = GGUFReader(src)
+    w = GGUFWriter(dst, arch=arch or r.fields["general.architecture"].contents())
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key in drop or key in ("general.architecture", "general.alignment"):
+            continue
+        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def tensor_info_offsets(path: pathlib.Path, name: str) -> dict[str, int]:
+    """File offsets of the fields of tensor ``name``'s info record (GGUF spec:
+    name (u64 len + bytes), n_dims u32, dims u64[n_dims], type u32, offset u64)."""
+    r = GGUFReader(path)
+    t = next(t for t in r.tensors if t.name == name)
+    start = t.field.offset
+    n_dims_at = start + 8 + len(name.encode())
+    dims_at = n_dims_at + 4
+    type_at = dims_at + 8 * len(t.shape)
+    return {"n_dims": n_dims_at, "dims": dims_at, "type": type_at, "offset": type_at + 4,
+            "data_offset": int(r.data_offset), "data_start": int(t.data_offset), "n_bytes": int(t.n_bytes)}
+
+
+def kv_value_offset(path: pathlib.Path, key: str) -> int:
+    """File offset of the (scalar) value of metadata ``key``."""
+    r = GGUFReader(path)
+    f = r.fields[key]
+    return f.offset + 8 + len(key.encode()) + 4
+
+
+def patched(src: pathlib.Path, dst: pathlib.Path, patches: list[tuple[int, bytes]], size: int | None = None):
+    data = bytearray(src.read_bytes())
+    for off, b in patches:
+        data[off:off + len(b)] = b
+    if size is not None:
+        data = data[:size]
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+LAST = "output.weight"  # the tensor whose offset is patched
+
+
+def make_case(name: str, stories: pathlib.Path, d: pathlib.Path) -> pathlib.Path:
+    """Write the malformed file of case ``name`` under ``d``; return its path."""
+    p = d / f"{name}.gguf"
+    if name == "text_file":
+        p.write_text("This is not a model.\nJust some text.\n")
+    elif name == "safetensors":
+        header = b'{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+        p.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    elif name == "empty":
+        p.write_bytes(b"")
+    elif name == "header_few_bytes":
+        p.write_bytes(b"GGUF\x03\x00")
+    elif name == "header_cut":  # magic/version/counts fine, file ends inside the metadata
+        patched(stories, p, [], size=1000)
+    elif name == "data_cut":  # valid header, file ends in the middle of the tensor data
+        info = tensor_info_offsets(stories, LAST)
+        patched(stories, p, [], size=(info["data_offset"] + stories.stat().st_size) // 2)
+    elif name == "past_end":  # one tensor's offset points beyond the end of the file
+        info = tensor_info_offsets(stories, LAST)
+        far = (stories.stat().st_size - info["data_offset"] + 4096) // 32 * 32
+        patched(stories, p, [(info["offset"], struct.pack("<Q", far))])
+    elif name == "zero_dim":
+        info = tensor_info_offsets(stories, "blk.0.attn_q.weight")
+        patched(stories, p, [(info["dims"] + 8, struct.pack("<Q", 0))])
+    elif name == "unknown_type":
+        info = tensor_info_offsets(stories, "blk.0.attn_q.weight")
+        patched(stories, p, [(info["type"], struct.pack("<I", 99))])
+    elif name == "alignment_48":
+        base = d / "aligned_base.gguf"
+        r = GGUFReader(stories)
+        w = GGUFWriter(base, arch="llama")
+        w.add_custom_alignment(64)
+        for key, field in r.fields.items():
+            if key.startswith("GGUF.") or key == "general.architecture":
+                continue
+            sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+        for t in r.tensors:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        patched(base, p, [(kv_value_offset(base, "general.alignment"), struct.pack("<I", 48))])
+    elif name == "missing_key":
+        rewrite(stories, p, drop=("llama.embedding_length",))
+    elif name == "arch_gpt2":
+        rewrite(stories, p, arch="gpt2")
+    elif name == "arch_mamba":
+        rewrite(stories, p, arch="mamba")
+    elif name == "directory":
+        p = d / "model_dir.gguf"
+        p.mkdir()
+    elif name == "nonexistent":
+        p = d / "does_not_exist.gguf"
+    else:  # pragma: no cover
+        raise KeyError(name)
+    return p
+
+
+#: case -> (words the message must contain (lower case), error type raised by open_gguf/load_config)
+CASES: dict[str, tuple[tuple[str, ...], type]] = {
+    "text_file": (("not a gguf", "magic"), GGUFError),
+    "safetensors": (("not a gguf", "magic", "safetensors"), GGUFError),
+    "empty": (("empty",), GGUFError),
+    "header_few_bytes": (("truncated", "header"), GGUFError),
+    "header_cut": (("truncated", "header"), GGUFError),
+    "data_cut": (("truncated", "past the end"), GGUFError),
+    "past_end": (("past the end", LAST), GGUFError),
+    "zero_dim": (("zero-size", "blk.0.attn_q.weight"), GGUFError),
+    "unknown_type": (("unknown ggml type", "99", "blk.0.attn_q.weight"), GGUFError),
+    "alignment_48": (("general.alignment", "48", "power of two"), GGUFError),
+    "missing_key": (("missing", "llama.embedding_length"), UnsupportedModelError),
+    "arch_gpt2": (("unsupported architecture", "gpt2"), UnsupportedModelError),
+    "arch_mamba": (("unsupported architecture", "mamba"), UnsupportedModelError),
+    "directory": (("directory",), GGUFError),
+    "nonexistent": (("no such file",), GGUFError),
+}
+
+
+@pytest.fixture(scope="module")
+def cases(stories, tmp_path_factory) -> dict[str, pathlib.Path]:
+    d = tmp_path_factory.mktemp("bad_gguf")
+    return {name: make_case(name, stories, d) for name in CASES}
+
+
+def _check_message(msg: str, words: tuple[str, ...]) -> None:
+    low = msg.lower()
+    for w in words:
+        assert w.lower() in low, f"{w!r} not in {msg!r}"
+
+
+# -- the loader ---------------------------------------------------------------
+def test_builders_start_from_a_valid_file(stories, tmp_path):
+    """The rewrite helper itself produces a loadable model (so the cases test one defect each)."""
+    p = tmp_path / "copy.gguf"
+    rewrite(stories, p)
+    cfg = load_config(open_gguf(p))
+    assert (cfg.n_embd, cfg.n_layer, cfg.n_vocab) == (64, 5, 512)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_open_raises_typed_error(cases, case):
+    words, etype = CASES[case]
+    with pytest.raises(etype) as ei:
+        load_config(open_gguf(cases[case]))
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert str(cases[case]) in msg
+    _check_message(msg, words)
+
+
+# -- the CLI ------------------------------------------------------------------
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([*COOKTOP, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def _assert_one_error_line(res: subprocess.CompletedProcess, words: tuple[str, ...], only_line: bool = True):
+    assert res.returncode == 1, (res.returncode, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert len(errors) == 1, res.stderr
+    if only_line:
+        assert lines == errors, res.stderr
+    _check_message(errors[0], words)
+
+
+@pytest.fixture(scope="module")
+def cli_results(cases) -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    """``cooktop info`` and ``cooktop run`` on every case, run a few at a time (each takes ~0.5 s)."""
+    jobs = {}
+    for case, path in cases.items():
+        jobs[(case, "info")] = ("info", str(path))
+        jobs[(case, "run")] = ("run", "-m", str(path), "-p", "hi", "-n", "1", "--device", "cpu")
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = {key: pool.submit(_cli, *args) for key, args in jobs.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+@pytest.mark.parametrize("command", ["info", "run"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cli_fails_cleanly(cli_results, case, command):
+    _assert_one_error_line(cli_results[(case, command)], CASES[case][0])
+
+
+def test_prompt_longer_than_context(stories):
+    long_prompt = "Once upon a time there was a little girl who liked to play in the park. " * 4
+    res = _cli("run", "-m", str(stories), "-c", "16", "-p", long_prompt, "-n", "4", "--device", "cpu")
+    _assert_one_error_line(res, ("n_ctx = 16", "prompt"), only_line=False)
