@@ -13,7 +13,7 @@ def model_options(f):
     f = click.option("--hf-file", "hf_file", default=None, help="File in the -hf repository.")(f)
     f = click.option("-hf", "--hf-repo", "hf_repo", default=None,
                      help="Hugging Face repo OWNER/REPO[:FILE], fetched into the HF cache.")(f)
-    f = click.option("-m", "--model", "model", default=None, type=click.Path(dir_okay=False),
+    f = click.option("-m", "--model", "model", default=None, type=click.Path(),
                      help="Path of a GGUF model (default: stories260K from ggml-org/tiny-llamas).")(f)
     return f
 

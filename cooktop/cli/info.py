@@ -59,7 +59,7 @@ def _params(n: int) -> str:
 
 
 @cli.command("info")
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=click.Path())
 @click.option("-c", "--ctx-size", "n_ctx", default=0, help="Context size for the KV cache figure (0 = n_ctx_train).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def info_cmd(model: str, n_ctx: int, as_json: bool) -> None:
