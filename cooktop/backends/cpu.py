@@ -16,6 +16,7 @@ weights) + activations + KV cache.
 from __future__ import annotations
 
 import os
+import weakref
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -111,6 +112,9 @@ class CpuDevice(Device):
         """float32 [n_out, n_in] of a weight, cached within the budget (module doc)."""
         if w.ggml_type == T.F32:
             return w.handle
+        # Keyed by id(handle); the entry is dropped when the handle is garbage
+        # collected (weakref.finalize), so a later weight that reuses the id never
+        # sees a stale dequantization, and closed models give their memory back.
         key = id(w.handle)
         cached = self._cache.get(key)
         if cached is not None:
@@ -119,7 +123,14 @@ class CpuDevice(Device):
         if self.cache_bytes + f.nbytes <= self.cache_budget:
             self._cache[key] = f
             self.cache_bytes += f.nbytes
+            weakref.finalize(w.handle, self._evict, key)
         return f
+
+    def _evict(self, key: int) -> None:
+        """Forget the cached float32 copy of a weight whose handle was collected."""
+        f = self._cache.pop(key, None)
+        if f is not None:
+            self.cache_bytes -= f.nbytes
 
     # -- ops --------------------------------------------------------------
     def matmul(self, out, x, w):
