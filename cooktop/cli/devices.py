@@ -1,0 +1,83 @@
+"""``cooktop devices``: every backend family and device, usable or why not, smoke test PASS/FAIL."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from tabulate import tabulate
+
+from ..backends import registry
+from .main import cli
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / (1 << 30):.2f} GiB"
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "\u2026"
+
+
+def devices_report(smoke: bool = True) -> dict:
+    """JSON-ready report: per family ``available``, ``reason``, ``hint``, and per device the
+    :class:`~cooktop.backends.base.DeviceInfo` fields plus ``smoke_test`` (``PASS``/``FAIL``) and
+    ``smoke_detail``; ``auto`` is what ``--device auto`` picks. Never raises.
+    """
+    out: dict = {"families": {}, "auto": None}
+    for fam, res in registry.probe_all().items():
+        entry = {"available": res.available, "reason": res.reason, "hint": res.hint, "devices": []}
+        for info in res.devices:
+            d = info.to_dict()
+            err = res.errors.get(info.index)
+            if smoke and res.available:
+                st = registry.smoke_test(info.selector)
+                d["smoke_test"] = "PASS" if st.ok else "FAIL"
+                d["smoke_detail"] = st.detail
+            elif err:
+                d["smoke_test"], d["smoke_detail"] = "FAIL", err
+            d["usable"] = res.available and d.get("smoke_test", "PASS") == "PASS"
+            entry["devices"].append(d)
+        out["families"][fam] = entry
+    try:
+        out["auto"] = registry.auto_selectors()
+    except Exception as e:  # noqa: BLE001 - the report itself never fails
+        out["auto"] = f"error: {e}"
+    return out
+
+
+@cli.command("devices")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--no-smoke", is_flag=True, help="Skip the smoke tests (faster).")
+def devices_cmd(as_json: bool, no_smoke: bool) -> None:
+    """List compute devices of every backend (cpu, opencl, vulkan) and test each one."""
+    rep = devices_report(smoke=not no_smoke)
+    if as_json:
+        click.echo(json.dumps(rep, indent=2, default=str))
+        return
+    rows = []
+    for fam, e in rep["families"].items():
+        if not e["devices"]:
+            rows.append([fam, "-", "no", _short(e["reason"], 40), "", "", "", "", "", "", ""])
+            continue
+        for d in e["devices"]:
+            rows.append([
+                d["selector"], d["device_type"], "yes" if d["usable"] else "no",
+                _short(d["name"], 40),
+                _short(f"{d['platform']} {d['driver_version']}".strip(), 36),
+                _gib(d["global_mem_bytes"]), _gib(d["max_alloc_bytes"]),
+                d["compute_units"] or "?", f"{d['max_workgroup_size'] or '?'}/{d['subgroup_size'] or '?'}",
+                ("fp16 " if d["fp16"] else "") + ("int8" if d["int8"] else ""),
+                d.get("smoke_test", "-"),
+            ])
+    click.echo(tabulate(rows, headers=["device", "type", "usable", "name", "platform / driver", "memory",
+                                       "max alloc", "CUs", "wg/sg", "features", "smoke"]))
+    click.echo("")
+    for fam, e in rep["families"].items():
+        for d in e["devices"]:
+            click.echo(f"{d['selector']}: types {' '.join(d['types'])}")
+            if d.get("smoke_test") == "FAIL":
+                click.echo(f"{d['selector']}: smoke test FAILED: {d['smoke_detail']} (never chosen by auto)")
+        if not e["available"]:
+            click.echo(f"{fam}: unavailable: {e['reason']}" + (f"\n  to enable: {e['hint']}" if e["hint"] else ""))
+    click.echo(f"auto selects: {rep['auto']}")

@@ -1,0 +1,45 @@
+"""``cooktop synth``: write a llama GGUF with random weights in a real model's shape."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from ..model import synth
+from .main import cli
+
+
+@cli.command("synth")
+@click.option("--shape", type=click.Choice(sorted(synth.SHAPES)), default=None, help="Named model shape.")
+@click.option("--n-embd", type=int, default=None)
+@click.option("--n-layer", type=int, default=None)
+@click.option("--n-head", type=int, default=None)
+@click.option("--n-head-kv", type=int, default=None)
+@click.option("--n-ff", type=int, default=None)
+@click.option("--n-vocab", type=int, default=None)
+@click.option("--type", "file_type", type=click.Choice(synth.FILE_TYPES), default="Q4_0", show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="GGUF file to write.")
+def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, file_type, seed, output):
+    """Write a synthetic llama-architecture GGUF (random weights, SPM-shaped vocabulary).
+
+    Start from --shape and override any dimension, or give all of
+    --n-embd --n-layer --n-head --n-ff (--n-head-kv defaults to --n-head, --n-vocab to 32000).
+    """
+    if shape:
+        base = synth.SHAPES[shape]
+    else:
+        missing = [f for f, v in (("--n-embd", n_embd), ("--n-layer", n_layer), ("--n-head", n_head),
+                                  ("--n-ff", n_ff)) if v is None]
+        if missing:
+            raise click.UsageError(f"give --shape or all of {', '.join(missing)}")
+        base = synth.Shape(n_embd, n_layer, n_head, n_head_kv or n_head, n_ff, n_vocab or 32000)
+    over = {k: v for k, v in dict(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
+                                  n_ff=n_ff, n_vocab=n_vocab).items() if v is not None}
+    import dataclasses
+    s = dataclasses.replace(base, **over)
+    t0 = time.perf_counter()
+    n = synth.write(output, s, file_type, seed=seed, name=f"synthetic {shape or 'custom'} {file_type}")
+    click.echo(f"wrote {output}: {n / 1e9:.2f} B parameters ({n:,}), {file_type}, "
+               f"{time.perf_counter() - t0:.1f} s", err=True)

@@ -1,0 +1,155 @@
+"""Synthetic llama GGUF files with random weights, in the shapes of real models.
+
+So benchmarks need no downloads: ``cooktop synth --shape tinyllama-1.1b --type Q4_0 -o x.gguf``.
+Weights are Gaussian (std 0.02, norms 1.0) quantized with ``gguf.quants.quantize``
+where the gguf package can (F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); K-quants are
+random valid blocks (``backends/blocks.py``). ``Q4_K_M`` follows llama.cpp's
+mixture (src/llama-quant.cpp): Q6_K for ``output`` and for ``attn_v`` /
+``ffn_down`` of the blocks where ``use_more_bits`` holds, Q4_K elsewhere.
+The vocabulary is SPM-shaped: ``<unk> <s> </s>``, 256 byte tokens
+``<0x00>..<0xFF>``, then ``n_vocab - 259`` distinct pieces with descending scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import string
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFWriter, TokenType
+
+from ..backends.blocks import random_weight
+from ..errors import CooktopError
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """Hyperparameters of a synthetic model (llama.cpp names)."""
+
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int = 2048
+    rope_freq_base: float = 10000.0
+    tied: bool = False
+
+
+#: Named shapes with the dimensions and GQA ratios of the real models.
+SHAPES: dict[str, Shape] = {
+    "stories15m": Shape(288, 6, 6, 6, 768, 32000, 256),
+    "smollm-135m": Shape(576, 30, 9, 3, 1536, 49152, 2048, 10000.0, tied=True),
+    "tinyllama-1.1b": Shape(2048, 22, 32, 4, 5632, 32000, 2048),
+    "llama-3.2-1b": Shape(2048, 16, 32, 8, 8192, 128256, 131072, 500000.0, tied=True),
+}
+
+#: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
+FILE_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
+
+#: llama_ftype values for general.file_type (llama.h).
+_FTYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 15, "Q5_K": 17,
+          "Q6_K": 18, "Q4_K_M": 15}
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's choice of blocks that get more bits in the _M mixtures (llama-quant.cpp)."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def tensor_type(file_type: str, name: str, layer: int | None, n_layer: int) -> T:
+    """GGML type of tensor ``name`` in a file of ``file_type``."""
+    if file_type != "Q4_K_M":
+        return T[file_type]
+    if name == "output":
+        return T.Q6_K
+    if name in ("attn_v", "ffn_down") and layer is not None and use_more_bits(layer, n_layer):
+        return T.Q6_K
+    return T.Q4_K
+
+
+def vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """SPM-shaped tokens, scores and token types (llama.cpp TokenType values)."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
+    letters = string.ascii_lowercase
+    pieces = itertools.chain(
+        ("\u2581" + c for c in letters), iter(letters + string.digits + string.punctuation),
+        ("\u2581" + "".join(p) for k in itertools.count(2) for p in itertools.product(letters, repeat=k)))
+    need = n_vocab - len(tokens)
+    tokens += list(itertools.islice(pieces, need))
+    types += [TokenType.NORMAL] * need
+    scores = [0.0] * 259 + [-float(i) for i in range(need)]
+    return tokens, scores, [int(t) for t in types]
+
+
+def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, name: str = "synthetic") -> int:
+    """Write a llama GGUF with random weights; returns the parameter count.
+
+    Raises:
+        CooktopError: unknown ``file_type`` or a width not divisible by its block size.
+    """
+    if file_type not in FILE_TYPES:
+        raise CooktopError(f"unknown --type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
+    rng = np.random.default_rng(seed)
+    s = shape
+    head_dim = s.n_embd // s.n_head
+    w = GGUFWriter(os.fspath(path), "llama")
+    w.add_name(name)
+    w.add_context_length(s.n_ctx_train)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(s.rope_freq_base)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(_FTYPE[file_type])
+    tokens, scores, types = vocab(s.n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    n_params = 0
+
+    def add(tname: str, shp: tuple[int, ...], ty: T | None) -> None:
+        nonlocal n_params
+        n_params += int(np.prod(shp))
+        if ty is None:  # norm weights: F32 ones
+            w.add_tensor(tname, np.ones(shp, dtype=np.float32))
+            return
+        try:
+            data = random_weight(ty, shp, rng, scale=0.02)
+        except CooktopError as e:
+            raise CooktopError(f"{tname}: {e}") from None
+        if ty in (T.F32, T.F16):
+            w.add_tensor(tname, data.view(np.float32) if ty == T.F32 else data.view(np.float16))
+        else:
+            w.add_tensor(tname, data, raw_dtype=ty)
+
+    add("token_embd.weight", (s.n_vocab, s.n_embd), tensor_type(file_type, "token_embd", None, s.n_layer))
+    add("output_norm.weight", (s.n_embd,), None)
+    if not s.tied:
+        add("output.weight", (s.n_vocab, s.n_embd), tensor_type(file_type, "output", None, s.n_layer))
+    kv = s.n_head_kv * head_dim
+    for i in range(s.n_layer):
+        for tname, shp in (("attn_q", (s.n_embd, s.n_embd)), ("attn_k", (kv, s.n_embd)),
+                           ("attn_v", (kv, s.n_embd)), ("attn_output", (s.n_embd, s.n_embd)),
+                           ("ffn_gate", (s.n_ff, s.n_embd)), ("ffn_up", (s.n_ff, s.n_embd)),
+                           ("ffn_down", (s.n_embd, s.n_ff))):
+            add(f"blk.{i}.{tname}.weight", shp, tensor_type(file_type, tname, i, s.n_layer))
+        add(f"blk.{i}.attn_norm.weight", (s.n_embd,), None)
+        add(f"blk.{i}.ffn_norm.weight", (s.n_embd,), None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return n_params
