@@ -28,7 +28,8 @@ from .errors import ContextOverflowError, CooktopError
 from .model.config import ModelConfig, load_config
 from .model.gguf import GGUFFile, open_gguf
 from .model.llama import LlamaModel
-from .model.placement import Placement, plan
+from .model.budget import device_limits
+from .model.placement import Placement, place
 from .model.sampling import Sampler, SamplingParams
 from .model.tokenizer import Tokenizer
 
@@ -261,8 +262,32 @@ def parse_split(split: str | list[float] | None) -> list[float] | None:
         raise CooktopError(f"bad --split {split!r}: expected comma-separated numbers such as 3,1") from None
 
 
+def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
+             split: str | list[float] | None, n_ctx: int, n_batch: int, logits_all: bool) -> Placement:
+    """Placement of a model on resolved devices, from their probed capabilities and memory.
+
+    Probing only: no device allocation happens here.
+    """
+    def info(sel: str):
+        fam, idx = registry.parse_selector(sel)
+        if fam == "cpu":
+            return registry.probe("cpu").devices[0]
+        return next(d for d in registry.probe(fam).devices if d.index == idx)
+
+    def supports(sel: str, op: str, ty) -> bool:
+        i = info(sel)
+        return op in i.ops and (op not in ("matmul", "get_rows") or ty.name in i.types)
+
+    def limits(sel: str):
+        i = info(sel)
+        return device_limits(sel, i.global_mem_bytes, i.max_alloc_bytes)
+
+    return place(gf, cfg, selectors, n_gpu_layers, parse_split(split), supports, limits, n_ctx, n_batch,
+                 logits_all)
+
+
 def load(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, device: str | None = None,
-         n_gpu_layers: int = -1, split: str | list[float] | None = None, logits_all: bool = False) -> Engine:
+         n_gpu_layers: int | str = -1, split: str | list[float] | None = None, logits_all: bool = False) -> Engine:
     """Open a GGUF and place it on devices.
 
     Args:
@@ -270,7 +295,8 @@ def load(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, d
         n_ctx: context length in tokens (<= 0: training context capped at 4096).
         n_batch: max tokens per forward call (prompt chunk size).
         device: ``--device`` selector(s) (default ``COOKTOP_DEVICE`` or ``auto``).
-        n_gpu_layers: units to offload (llama.cpp semantics, -1 = all); see model/placement.py.
+        n_gpu_layers: units to offload (llama.cpp semantics, -1 = all, "auto" = as many as
+            fit); see model/placement.py.
         split: proportions for several devices.
         logits_all: keep logits for every position (needed for ``eval(..., logits_all=True)``).
     Raises:
@@ -286,13 +312,7 @@ def load(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, d
     n_batch = min(n_batch, n_ctx)
     selectors = registry.resolve(device)
 
-    def supports(sel: str, op: str, ty) -> bool:
-        return registry.open_device(sel).supports(op, ty)
-
-    def memory(sel: str):
-        return registry.open_device(sel).info.global_mem_bytes
-
-    placement = plan(gf, cfg, selectors, n_gpu_layers, parse_split(split), supports, memory)
+    placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all)
     for note in placement.notes:
         log.warning(note)
     devices = {sel: registry.open_device(sel) for sel in placement.devices()}

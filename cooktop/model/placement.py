@@ -37,6 +37,8 @@ class Placement:
     blocks: list[str]
     head: str
     notes: list[str] = dataclasses.field(default_factory=list)
+    budgets: list = dataclasses.field(default_factory=list)  # list[budget.DeviceBudget], set by place()
+    n_gpu_layers: int = 0  # the N this placement realises (resolved from "auto")
 
     def segments(self) -> list[tuple[str, list[int], bool]]:
         """Consecutive runs ``(selector, block indices, has_head)`` in execution order."""
@@ -168,3 +170,47 @@ def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int
                          f"{', '.join(sorted(t.name for t in bad))}")
             head = HOST
     return Placement(blocks, head, notes)
+
+
+def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
+          split: list[float] | None, supports: Callable[[str, str, object], bool],
+          limits: Callable[[str], tuple[int | None, int | None]],
+          n_ctx: int, n_batch: int, logits_all: bool) -> Placement:
+    """:func:`plan` plus memory: resolve ``-ngl auto`` and refuse what cannot fit.
+
+    ``n_gpu_layers == "auto"`` picks the largest N (n_layer + 1 down to 0) whose
+    every device budget fits (``model/budget.py``). An explicit N that does not
+    fit is refused before anything is allocated.
+
+    Args:
+        limits: ``limits(selector) -> (memory bytes, max allocation bytes)`` (None = unknown).
+    Raises:
+        DeviceOutOfMemoryError: an explicit N does not fit a device (message names it and the sizes).
+        DeviceError: bad ``split``.
+    """
+    from ..errors import DeviceOutOfMemoryError
+    from .budget import budgets
+
+    def host_free(sel: str):
+        return (None, None) if sel == HOST else limits(sel)
+
+    def memory(sel: str):
+        return limits(sel)[0]
+
+    candidates = range(cfg.n_layer + 1, -1, -1) if n_gpu_layers == "auto" else [int(n_gpu_layers)]
+    last = None
+    for n in candidates:
+        p = plan(gf, cfg, selectors, n, split, supports, memory)
+        p.n_gpu_layers = n
+        p.budgets = budgets(gf, cfg, p, n_ctx, n_batch, logits_all, host_free)
+        bad = [b for b in p.budgets if not b.fits]
+        if not bad:
+            if n_gpu_layers == "auto":
+                p.notes.append(f"-ngl auto chose {n} of {cfg.n_layer + 1} layers")
+            return p
+        last = bad[0]
+    if n_gpu_layers == "auto":  # N = 0 puts nothing on devices, so it always fits
+        raise AssertionError("unreachable: -ngl 0 always fits")
+    raise DeviceOutOfMemoryError(
+        f"-ngl {n_gpu_layers} does not fit on {last.selector}: {last.why_not}; "
+        f"use -ngl auto, a smaller -ngl, a smaller -c, or another device")

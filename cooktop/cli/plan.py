@@ -1,0 +1,90 @@
+"""``cooktop plan``: where each layer would go and what it costs, without loading anything."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from tabulate import tabulate
+
+from ..backends import registry
+from ..engine import default_n_ctx, plan_for
+from ..model.config import load_config
+from ..model.gguf import open_gguf
+from .common import device_options, model_options, parse_ngl, resolve_model
+from .main import cli
+
+PLAN_SCHEMA_VERSION = 1
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.1f}"
+
+
+def _ranges(blocks: list[int]) -> str:
+    if not blocks:
+        return "-"
+    out, start = [], blocks[0]
+    for a, b in zip(blocks, blocks[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}-{a}" if a != start else f"{a}")
+            start = b
+    return ",".join(out)
+
+
+def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_layers, split) -> dict:
+    """The ``--json`` document (schema in README "cooktop plan --json")."""
+    gf = open_gguf(model)
+    cfg = load_config(gf)
+    n_ctx = default_n_ctx(cfg, n_ctx)
+    n_batch = min(n_batch, n_ctx)
+    selectors = registry.resolve(device)
+    p = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, False)
+    return {
+        "schema": PLAN_SCHEMA_VERSION,
+        "model": model,
+        "n_layer": cfg.n_layer,
+        "n_ctx": n_ctx,
+        "n_batch": n_batch,
+        "devices_requested": selectors,
+        "n_gpu_layers": p.n_gpu_layers,
+        "n_offloaded": p.n_offloaded(),
+        "summary": p.summary(),
+        "blocks": p.blocks,
+        "head": p.head,
+        "devices": [
+            {"device": b.selector, "blocks": b.blocks, "head": b.head, "weight_bytes": b.weight_bytes,
+             "kv_bytes": b.kv_bytes, "scratch_bytes": b.scratch_bytes, "total_bytes": b.total_bytes,
+             "memory_bytes": b.memory_bytes, "usable_bytes": b.usable_bytes,
+             "max_alloc_bytes": b.max_alloc_bytes, "largest_alloc_bytes": b.largest_alloc_bytes,
+             "fits": b.fits}
+            for b in p.budgets
+        ],
+        "host_reasons": p.notes,
+    }
+
+
+@cli.command("plan")
+@model_options
+@click.option("-c", "--ctx-size", "n_ctx", default=0, help="Context size in tokens (0 = from the model, <= 4096).")
+@click.option("-b", "--batch-size", "n_batch", default=512, show_default=True)
+@device_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema, see README).")
+def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, split, as_json):
+    """Show the placement of a model's layers on devices (per-device memory, fits or not)."""
+    path = resolve_model(model, hf_repo, hf_file)
+    rep = plan_report(path, n_ctx, n_batch, device, parse_ngl(n_gpu_layers), split)
+    if as_json:
+        click.echo(json.dumps(rep, indent=2))
+        return
+    click.echo(f"{rep['model']}: n_layer {rep['n_layer']}, n_ctx {rep['n_ctx']}, n_batch {rep['n_batch']}, "
+               f"-ngl {rep['n_gpu_layers']}")
+    rows = [[d["device"], _ranges(d["blocks"]), "yes" if d["head"] else "", _mib(d["weight_bytes"]),
+             _mib(d["kv_bytes"]), _mib(d["scratch_bytes"]), _mib(d["total_bytes"]),
+             _mib(d["usable_bytes"]) if d["device"] != "cpu" else "host", "yes" if d["fits"] else "NO"]
+            for d in rep["devices"]]
+    click.echo(tabulate(rows, headers=["device", "blocks", "output", "weights MiB", "KV MiB", "scratch MiB",
+                                       "total MiB", "usable MiB", "fits"]))
+    click.echo(rep["summary"])
+    for r in rep["host_reasons"]:
+        click.echo(f"note: {r}")

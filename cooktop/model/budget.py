@@ -1,0 +1,143 @@
+"""Memory a placement needs on each device, and whether it fits.
+
+Per device (bytes), for the blocks and head placed on it (the same buffers
+``model/llama.py`` ``Segment`` allocates):
+
+- weights: the GGUF byte size of each tensor (raw GGML blocks, uploaded as is);
+- KV cache: ``2 x n_head_kv x head_dim x n_ctx x 4`` per block (float32 cache);
+- scratch: ``4 x n_batch x (5 n_embd + 2 n_embd_kv + 2 n_ff + 1)`` per segment,
+  plus for the head ``4 x (1 + n_embd + R x n_vocab)`` with R = n_batch when
+  logits_all else 1.
+
+A device fits when the total is within its usable memory (probed global memory
+minus a reserve of ``COOKTOP_MEMORY_RESERVE`` percent, default 5) and no single
+buffer exceeds its maximum allocation size. ``COOKTOP_DEVICE_MEMORY``
+overrides probed sizes to simulate small devices:
+``opencl:0=512MiB,vulkan:0=2GiB/256MiB`` (memory, optionally ``/`` max allocation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ..backends.cpu import _parse_bytes
+from ..errors import DeviceError
+from .config import ModelConfig
+from .gguf import GGUFFile
+
+
+@dataclasses.dataclass
+class DeviceBudget:
+    """What one device holds under a placement (bytes) and whether it fits."""
+
+    selector: str
+    blocks: list[int]
+    head: bool
+    weight_bytes: int
+    kv_bytes: int
+    scratch_bytes: int
+    largest_alloc_bytes: int
+    memory_bytes: int | None
+    usable_bytes: int | None
+    max_alloc_bytes: int | None
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.scratch_bytes
+
+    @property
+    def why_not(self) -> str:
+        """Empty when it fits, else the reason."""
+        if self.usable_bytes is not None and self.total_bytes > self.usable_bytes:
+            return (f"needs {self.total_bytes / 2**20:.1f} MiB but {self.usable_bytes / 2**20:.1f} MiB is usable "
+                    f"({self.memory_bytes / 2**20:.1f} MiB minus reserve)")
+        if self.max_alloc_bytes is not None and self.largest_alloc_bytes > self.max_alloc_bytes:
+            return (f"largest buffer {self.largest_alloc_bytes / 2**20:.1f} MiB exceeds the maximum allocation "
+                    f"{self.max_alloc_bytes / 2**20:.1f} MiB")
+        return ""
+
+    @property
+    def fits(self) -> bool:
+        return not self.why_not
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(total_bytes=self.total_bytes, fits=self.fits, why_not=self.why_not)
+        return d
+
+
+def memory_overrides() -> dict[str, tuple[int, int | None]]:
+    """Parse ``COOKTOP_DEVICE_MEMORY`` into selector -> (memory, max alloc or None).
+
+    Raises:
+        DeviceError: malformed value.
+    """
+    out: dict[str, tuple[int, int | None]] = {}
+    raw = os.environ.get("COOKTOP_DEVICE_MEMORY", "")
+    for item in filter(None, (s.strip() for s in raw.split(","))):
+        sel, eq, val = item.partition("=")
+        try:
+            mem, _, mx = val.partition("/")
+            out[sel.strip().lower()] = (_parse_bytes(mem), _parse_bytes(mx) if mx else None)
+        except ValueError:
+            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected e.g. opencl:0=512MiB "
+                              "or vulkan:0=2GiB/256MiB") from None
+        if not eq:
+            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected SELECTOR=SIZE")
+    return out
+
+
+def reserve_fraction() -> float:
+    """Fraction of device memory kept free (``COOKTOP_MEMORY_RESERVE`` percent, default 5)."""
+    try:
+        return float(os.environ.get("COOKTOP_MEMORY_RESERVE", "5")) / 100.0
+    except ValueError:
+        raise DeviceError("COOKTOP_MEMORY_RESERVE must be a number of percent, e.g. 5") from None
+
+
+def device_limits(sel: str, probed_mem: int | None, probed_max_alloc: int | None) -> tuple[int | None, int | None]:
+    """(memory, max allocation) of a device after ``COOKTOP_DEVICE_MEMORY`` overrides."""
+    ov = memory_overrides().get(sel)
+    if ov is None:
+        return probed_mem, probed_max_alloc
+    mem, mx = ov
+    return mem, (mx if mx is not None else (min(mem, probed_max_alloc) if probed_max_alloc else mem))
+
+
+def segment_scratch_bytes(cfg: ModelConfig, n_batch: int, head: bool, logits_all: bool) -> tuple[int, int]:
+    """(total scratch bytes, largest scratch buffer) of one segment (module doc formula)."""
+    B, E, K, F = n_batch, cfg.n_embd, cfg.n_embd_kv, cfg.n_ff
+    sizes = [4 * B * E] * 5 + [4 * B * K] * 2 + [4 * B * F] * 2 + [4 * B]
+    if head:
+        sizes += [4, 4 * E, 4 * (B if logits_all else 1) * cfg.n_vocab]
+    return sum(sizes), max(sizes)
+
+
+def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int, logits_all: bool,
+            limits) -> list[DeviceBudget]:
+    """One :class:`DeviceBudget` per device of ``placement`` (cpu included).
+
+    Args:
+        limits: ``limits(selector) -> (memory bytes | None, max alloc bytes | None)``.
+    """
+    from .llama import BLOCK_TENSORS, head_tensor_names
+
+    out = []
+    kv_block = 2 * n_ctx * cfg.n_embd_kv * 4
+    for sel in placement.devices():
+        blocks = [i for i, s in enumerate(placement.blocks) if s == sel]
+        head = placement.head == sel
+        names = [f"blk.{i}.{n}.weight" for i in blocks for n in BLOCK_TENSORS]
+        if head:
+            names += list(head_tensor_names(cfg))
+        sizes = [gf.tensor(n).n_bytes for n in names]
+        n_segments = sum(1 for s, _, _ in placement.segments() if s == sel)
+        scratch, largest_scratch = segment_scratch_bytes(cfg, n_batch, head, logits_all)
+        scratch *= n_segments
+        largest = max(sizes + [kv_block // 2 if blocks else 0, largest_scratch])
+        mem, mx = limits(sel)
+        usable = None if mem is None else int(mem * (1.0 - reserve_fraction()))
+        out.append(DeviceBudget(sel, blocks, head, sum(sizes), kv_block * len(blocks), scratch, largest,
+                                mem, usable, mx))
+    return out
