@@ -55,33 +55,61 @@ def _cache_dir() -> pathlib.Path:
     return pathlib.Path(constants.HF_HUB_CACHE)
 
 
+def _request_errors() -> tuple[type[BaseException], ...]:
+    """Exception types of a failed hub request: huggingface_hub's own (OSError
+    subclasses), its HTTP client's (``httpx2`` in huggingface_hub 2.x, ``httpx``
+    in 1.x; ``requests`` errors are OSErrors), and ValueError for bad arguments."""
+    import importlib
+
+    errs: list[type[BaseException]] = [OSError, ValueError]
+    for mod in ("httpx2", "httpx"):
+        try:
+            errs.append(importlib.import_module(mod).HTTPError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
 def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str | None = None) -> str:
     """Local path of ``repo/filename``: from the cache, else downloaded.
+
+    The cache is tried first without any network access. Before downloading,
+    one HEAD request (no retries) checks that the endpoint answers, so an
+    unreachable endpoint fails at once rather than after huggingface_hub's
+    retry back-off (about 25 s of "Retrying in 8s" warnings).
 
     Args:
         sha256: when given, the file must have this hash (checked after download
             and for the default model).
     Raises:
-        CooktopError: not cached and the download failed (offline, not found), or a hash mismatch.
+        CooktopError: not cached and the download failed (offline, unreachable,
+            not found), or a hash mismatch. One line, saying what to do.
     """
     try:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+        from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
     except ImportError as e:  # pragma: no cover - a declared dependency
         raise CooktopError(f"huggingface_hub is needed for -hf and the default model: {e}") from None
     if sha256 is None and (repo, filename) == (DEFAULT_REPO, DEFAULT_FILE):
         sha256 = DEFAULT_SHA256
+    errors = _request_errors()
+    hint = "pass a local file with -m, or seed the cache: python -m cooktop.model.hub --seed FILE"
     try:
         path = hf_hub_download(repo, filename, local_files_only=True)
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+    except errors:
+        if constants.is_offline_mode():
+            raise CooktopError(f"{filename} from {repo} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
+                               f"and HF_HUB_OFFLINE is set; unset it to download, or {hint}") from None
+        endpoint = constants.ENDPOINT
         try:
+            get_hf_file_metadata(hf_hub_url(repo, filename))  # fail fast: no retries
             path = hf_hub_download(repo, filename)
-        except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
-            endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CooktopError(
-                f"cannot get {filename} from {repo} ({endpoint}): {first}; "
-                f"pass a local file with -m, or seed the cache: python -m cooktop.model.hub --seed FILE") from None
+        except errors as e:
+            raise CooktopError(f"cannot get {filename} from {repo} ({endpoint}): {_first_line(e)}; {hint}") from None
     if sha256 and sha256_file(path) != sha256:
         raise CooktopError(f"{path}: sha256 does not match the expected {sha256}; delete it and download again")
     return path
