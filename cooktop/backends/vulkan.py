@@ -1,0 +1,557 @@
+"""The Vulkan backend, through Kompute's Python bindings (``kp`` 0.9.0).
+
+Design (DESIGN.md, "Kompute"):
+
+- **Shaders**: GLSL compute shaders in ``cooktop/shaders/vulkan/*.comp``, one
+  source per op family, variants by ``-D`` defines (``mul_mat_vec_q4_0``,
+  ``mul_mm_q4_k``, ...) listed in ``variants.json`` and compiled to SPIR-V by
+  ``scripts/build_shaders.py``; the ``.spv`` files ship in the package.
+- **Tensors**: weights are raw GGML blocks uploaded once as a uint32 view
+  (padded to 4 bytes plus one zero word) into a ``storage`` (device-only)
+  tensor through a temporary host tensor; activations and KV cache are
+  ``storage`` tensors too. The shaders unpack bytes and halves from 32-bit
+  words: kp 0.9.0 creates its logical device with no features enabled, so
+  8/16-bit storage cannot be used even where the driver offers it.
+- **Ops are recorded, not run**: every op appends ``(algorithm, push
+  constants)`` to a pending list. :meth:`VulkanDevice.read` appends the
+  read-back and executes the list as one ``kp.Sequence``. The list's
+  signature (algorithm ids + push constants) is looked up in an LRU cache of
+  recorded sequences, so an op list seen before (every decode step: the
+  per-token position and token id live in device tensors written through
+  :meth:`write`, never in push constants) is *replayed* without re-recording.
+- **write()**: the data goes into a host-visible staging tensor (one per
+  destination and per write occurrence in the pending list, kept for reuse)
+  and a ``copy`` dispatch inside the sequence moves it into the storage
+  tensor; only ``t``'s own elements are copied, so a ``head(n)`` view leaves
+  the other rows alone. **read()**: a ``copy`` dispatch into a ``device``
+  tensor followed by ``OpTensorSyncLocal`` (which records the barriers the
+  host read needs), then a copy out of its staging memory.
+- **Pipelines** (``Manager.algorithm``) are created once per (shader variant,
+  bound tensors, workgroup count) and cached for the device's lifetime; so
+  are the tensors they bind (buffers are freed by :meth:`close`). Workgroup
+  counts are rounded up to a power of two of the rows so that prompt chunks
+  of different lengths share pipelines; shaders bounds-check with the exact
+  sizes from the push constants.
+- **Push constants**: one uint32 array per dispatch (floats bit-cast), its
+  size asserted <= 128 bytes (the Vulkan minimum of ``maxPushConstantsSize``).
+  kp 0.9.0's ``Manager.algorithm`` picks the push-constant element type from
+  the *spec constants'* dtype (a binding bug), so an empty uint32 spec-constant
+  array is passed.
+
+Known limit of kp 0.9.0: ``OpAlgoDispatch`` records only a transfer->compute
+barrier before each dispatch, not compute->compute, and its Python API has
+no memory-barrier op. Lavapipe executes dispatches in order, so this is exact
+there; on other devices a 1-element ``OpTensorSyncLocal`` is recorded between
+dispatches, which gives an execution dependency (the only portable stand-in
+kp offers).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import os
+import pathlib
+import struct
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
+from .base import (DEVICE_WEIGHT_TYPES, OPS, ROPE_NEOX, ROPE_NORMAL, Backend, Device, DeviceInfo, DeviceTensor,
+                   ProbeResult, row_bytes, type_name)
+from .vulkan_info import VkDeviceFacts, VulkanInfoError, query_devices
+
+SHADER_DIR = pathlib.Path(__file__).resolve().parents[1] / "shaders" / "vulkan"
+
+#: GGML weight types with shader variants (matmul and get_rows).
+VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES
+
+#: Push-constant limit in bytes: the minimum maxPushConstantsSize every Vulkan device has.
+MAX_PUSH_BYTES = 128
+
+#: Token count from which matmul uses the tiled mul_mm shader instead of mul_mat_vec.
+MM_MIN_TOKENS = 8
+
+#: Rows per workgroup of mul_mat_vec (its NROWS define).
+MMV_NROWS = 4
+
+#: Recorded sequences kept per device (LRU).
+MAX_SEQUENCES = 64
+
+#: Max workgroups of a grid-stride shader (copy, fill, add, silu_mul).
+MAX_STRIDE_GROUPS = 512
+
+_ATTN_MAX_HEAD_DIM = 256
+
+INSTALL_HINT = ("build kp 0.9.0: scripts/install-kompute.sh .venv/bin/python (needs cmake g++ libvulkan-dev "
+                "libfmt-dev pybind11-dev, numpy<2), and a Vulkan driver (apt-get install mesa-vulkan-drivers "
+                "for lavapipe on the CPU)")
+
+_facts_cache: list[VkDeviceFacts] | None = None
+
+
+def _import_kp():
+    """Import kp (raises ImportError with the original message when it is absent or broken)."""
+    import kp  # noqa: PLC0415 - optional dependency
+    return kp
+
+
+def numpy_problem() -> str | None:
+    """Why the installed numpy cannot drive kp 0.9.0, or None."""
+    major = int(np.__version__.split(".")[0])
+    if major >= 2:
+        return (f"numpy {np.__version__} is installed, but kp 0.9.0 silently corrupts tensors under numpy 2 "
+                f"(pip install 'numpy<2')")
+    return None
+
+
+def device_facts(refresh: bool = False) -> list[VkDeviceFacts]:
+    """Vulkan physical devices (cached per process; see :mod:`.vulkan_info`).
+
+    Raises:
+        VulkanInfoError: no libvulkan or no driver.
+    """
+    global _facts_cache
+    if _facts_cache is None or refresh:
+        _facts_cache = query_devices()
+    return _facts_cache
+
+
+@functools.lru_cache(maxsize=None)
+def load_spirv(name: str) -> bytes:
+    """The shipped SPIR-V of shader variant ``name`` (e.g. ``"mul_mat_vec_q4_0"``).
+
+    Raises:
+        DeviceError: the ``.spv`` file is missing (broken install: run ``make shaders``).
+    """
+    path = SHADER_DIR / f"{name}.spv"
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise DeviceError(f"missing Vulkan shader {path} ({e}); reinstall cooktop or run `make shaders`") from e
+
+
+def variants() -> list[dict[str, Any]]:
+    """The shader variants of ``variants.json``: ``{"name", "source", "defines"}`` each."""
+    return json.loads((SHADER_DIR / "variants.json").read_text())["variants"]
+
+
+@functools.lru_cache(maxsize=4096)
+def f32_bits(x: float) -> int:
+    """The IEEE-754 float32 bits of ``x`` as an unsigned int (push constants are uint32)."""
+    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
+
+
+def pack_push(values: tuple[int, ...]) -> np.ndarray:
+    """uint32 push-constant array of ``values`` (already bit-cast ints).
+
+    Raises:
+        AssertionError: more than :data:`MAX_PUSH_BYTES` bytes (the GLSL block would not fit).
+    """
+    arr = np.array(values, dtype=np.uint32)
+    assert arr.nbytes <= MAX_PUSH_BYTES, f"push constants of {arr.nbytes} bytes > {MAX_PUSH_BYTES}"
+    return arr
+
+
+def _bucket(n: int, cap: int) -> int:
+    """``n`` rounded up to a power of two, at most ``cap`` (and at least ``n``)."""
+    return max(n, min(1 << max(0, (n - 1).bit_length()), cap))
+
+
+def _grid(n_groups: int) -> list[int]:
+    """A workgroup count for ``n_groups`` linear groups (split over y past 65535; see common.glsl)."""
+    n_groups = max(1, int(n_groups))
+    if n_groups <= 65535:
+        return [n_groups, 1, 1]
+    gx = 65535
+    return [gx, (n_groups + gx - 1) // gx, 1]
+
+
+def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
+    """DeviceInfo of one Vulkan device. ``compute_units`` is unknown (Vulkan does not report it)."""
+    mem = f.memory_bytes or None
+    return DeviceInfo(
+        backend="vulkan", index=f.index, name=f.name, vendor=f.vendor, device_type=f.device_type,
+        platform=f"Vulkan {f.api_version}",
+        driver_version=(f"{f.driver_name} {f.driver_info}".strip() or str(f.driver_version)),
+        global_mem_bytes=mem,
+        max_alloc_bytes=min(x for x in (f.max_storage_buffer_range, mem) if x) if (f.max_storage_buffer_range or mem)
+        else None,
+        compute_units=None, max_workgroup_size=f.max_workgroup_invocations or None, subgroup_size=f.subgroup_size,
+        fp16=f.shader_float16, int8=f.shader_int8,
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS,
+        extra={"vendor_id": f.vendor_id, "device_id": f.device_id, "memory_heaps": [list(h) for h in f.heaps],
+               "max_storage_buffer_range": f.max_storage_buffer_range,
+               "max_push_constants_size": f.max_push_constants_size,
+               "max_compute_shared_memory": f.max_shared_memory,
+               "storage_buffer_8bit": f.storage_buffer_8bit, "storage_buffer_16bit": f.storage_buffer_16bit,
+               "features_enabled_by_kp": False, "info_source": "libvulkan"})
+
+
+def kp_props_to_info(index: int, props: dict) -> DeviceInfo:
+    """DeviceInfo from kp's ``get_device_properties()`` alone (libvulkan unreadable through ctypes):
+    device type, memory, maxStorageBufferRange, subgroup size and 8/16-bit storage are unknown."""
+    return DeviceInfo(
+        backend="vulkan", index=index, name=str(props.get("device_name", f"vulkan device {index}")),
+        device_type="gpu", max_workgroup_size=props.get("max_work_group_invocations"),
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS, extra={"info_source": "kp"})
+
+
+class VulkanBackend(Backend):
+    """The Vulkan family: every physical device libvulkan lists, run through kp 0.9.0."""
+
+    name = "vulkan"
+    install_hint = INSTALL_HINT
+
+    def __init__(self):
+        self._infos: list[DeviceInfo] = []
+
+    def probe(self) -> ProbeResult:
+        """Import kp, check numpy, list devices through libvulkan (kp as fallback). Never raises."""
+        try:
+            _import_kp()
+        except Exception as e:  # noqa: BLE001 - a probe never raises
+            return ProbeResult("vulkan", False, reason=f"kp (Kompute) is not importable: {type(e).__name__}: {e}",
+                               hint=INSTALL_HINT)
+        bad = numpy_problem()
+        if bad:
+            return ProbeResult("vulkan", False, reason=bad, hint="pip install 'numpy<2'")
+        try:
+            self._infos = [facts_to_info(f) for f in device_facts()]
+        except VulkanInfoError as e:
+            try:
+                kp = _import_kp()
+                mgr = kp.Manager()
+                props = mgr.list_devices() if hasattr(mgr, "list_devices") else [mgr.get_device_properties()]
+                mgr.destroy()
+                self._infos = [kp_props_to_info(i, p) for i, p in enumerate(props)]
+            except Exception as e2:  # noqa: BLE001
+                return ProbeResult("vulkan", False, reason=f"no Vulkan device: {e}; kp: {type(e2).__name__}: {e2}",
+                                   hint=INSTALL_HINT)
+        except Exception as e:  # noqa: BLE001
+            return ProbeResult("vulkan", False, reason=f"Vulkan probe failed: {type(e).__name__}: {e}",
+                               hint=INSTALL_HINT)
+        if not self._infos:
+            return ProbeResult("vulkan", False, reason="the Vulkan loader lists no device", hint=INSTALL_HINT)
+        return ProbeResult("vulkan", True, list(self._infos))
+
+    def open(self, index: int = 0) -> "VulkanDevice":
+        """Open device ``index`` (a kp.Manager on that physical device).
+
+        Raises:
+            DeviceError: no such device or kp cannot open it.
+        """
+        if not self._infos:
+            res = self.probe()
+            if not res.available:
+                raise DeviceError(f"vulkan is unavailable: {res.reason}")
+        info = next((i for i in self._infos if i.index == index), None)
+        if info is None:
+            raise DeviceError(f"no device vulkan:{index} (found {len(self._infos)})")
+        try:
+            return VulkanDevice(info)
+        except DeviceError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise DeviceError(f"cannot open vulkan:{index} ({info.name}): {type(e).__name__}: {e}") from e
+
+
+class VulkanDevice(Device):
+    """One Vulkan device driven by a ``kp.Manager`` (module docstring: design).
+
+    Counters for tests and benchmarks: ``n_recordings`` (sequences recorded),
+    ``n_replays`` (cached sequences replayed), ``n_pipelines`` (algorithms created).
+    """
+
+    def __init__(self, info: DeviceInfo):
+        super().__init__(info)
+        self._kp = _import_kp()
+        self.mgr = self._kp.Manager(info.index)
+        self._no_spec = np.zeros(0, dtype=np.uint32)
+        self._algos: dict[tuple, tuple[Any, tuple]] = {}
+        self._pending: list[tuple] = []          # (kind, obj, push tuple)
+        self._seqs: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        self._staging: dict[tuple[int, int], tuple[Any, np.ndarray]] = {}
+        self._readback: dict[int, Any] = {}
+        self._write_counts: collections.Counter = collections.Counter()
+        self._tensors: list[Any] = []            # keep every kp tensor alive (their ids key the caches)
+        self.n_recordings = 0
+        self.n_replays = 0
+        self.n_pipelines = 0
+        ex = info.extra
+        self.max_buffer_bytes: int | None = ex.get("max_storage_buffer_range") or None
+        env = os.environ.get("COOKTOP_VULKAN_BARRIERS")
+        self._barriers = (env == "1") if env in ("0", "1") else info.device_type != "cpu"
+        self._barrier_t = None
+
+    # -- memory -----------------------------------------------------------
+    def _alloc_check(self, nbytes: int, what: str) -> None:
+        if self.max_buffer_bytes and nbytes > self.max_buffer_bytes:
+            raise DeviceOutOfMemoryError(
+                f"{what} needs one buffer of {nbytes} bytes, more than {self.info.selector}'s "
+                f"maxStorageBufferRange of {self.max_buffer_bytes} bytes")
+        mem = self.info.global_mem_bytes
+        if mem and self.allocated_bytes + nbytes > mem:
+            raise DeviceOutOfMemoryError(
+                f"{what} needs {nbytes} bytes but {self.info.selector} has {mem - self.allocated_bytes} of "
+                f"{mem} bytes left")
+
+    def _tensor(self, arr: np.ndarray, kind: str) -> Any:
+        try:
+            t = self.mgr.tensor_t(arr, getattr(self._kp.TensorTypes, kind))
+        except Exception as e:  # noqa: BLE001 - vk::OutOfDeviceMemory and friends
+            raise DeviceOutOfMemoryError(f"{self.info.selector} cannot allocate {arr.nbytes} bytes: {e}") from e
+        self._tensors.append(t)
+        return t
+
+    def upload(self, data, ggml_type, shape):
+        """Weights to a storage tensor as raw GGML blocks (uint32 view, zero-padded + one word).
+
+        Raises:
+            UnsupportedOpError: a type without shaders, or ``data`` of the wrong size.
+            DeviceOutOfMemoryError: over maxStorageBufferRange or device memory.
+        """
+        ggml_type = T(ggml_type)
+        self.check("matmul", ggml_type)
+        shape = tuple(int(s) for s in shape)
+        nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes(ggml_type, shape[-1])
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if raw.nbytes != nbytes:
+            raise UnsupportedOpError(
+                f"{type_name(ggml_type)} tensor of shape {list(shape)} needs {nbytes} bytes, got {raw.nbytes}")
+        n_words = (nbytes + 3) // 4 + 1  # one zero word past the end: unaligned 32-bit loads stay in bounds
+        self._alloc_check(n_words * 4, f"{type_name(ggml_type)} weight {list(shape)}")
+        words = np.zeros(n_words, dtype=np.uint32)
+        words.view(np.uint8)[:nbytes] = raw
+        staging = self.mgr.tensor_t(words, self._kp.TensorTypes.host)
+        t = self._tensor(np.zeros(n_words, dtype=np.uint32), "storage")
+        self.mgr.sequence().eval(self._kp.OpTensorCopy([staging, t]))
+        staging.destroy()
+        self._count_alloc(n_words * 4)
+        return DeviceTensor(self, t, shape, ggml_type)
+
+    def empty(self, shape, ggml_type=T.F32):
+        """A storage (device-only) F32 or I32 tensor. Raises DeviceOutOfMemoryError."""
+        ggml_type = T(ggml_type)
+        if ggml_type not in (T.F32, T.I32):
+            raise UnsupportedOpError(f"empty() makes F32 or I32 tensors, not {type_name(ggml_type)}")
+        shape = tuple(int(s) for s in shape)
+        n = max(1, int(np.prod(shape, dtype=np.int64)))
+        self._alloc_check(4 * n, f"{type_name(ggml_type)} tensor {list(shape)}")
+        dtype = np.int32 if ggml_type == T.I32 else np.float32
+        t = self._tensor(np.zeros(n, dtype=dtype), "storage")
+        self._count_alloc(4 * n)
+        return DeviceTensor(self, t, shape, ggml_type)
+
+    def zeros(self, shape, ggml_type=T.F32):
+        """``empty`` then a fill dispatch (no host staging buffer for the whole tensor)."""
+        t = self.empty(shape, ggml_type)
+        n = int(np.prod(t.shape, dtype=np.int64))
+        self._dispatch("fill", (t,), self._stride_groups(t), (n, 0))
+        return t
+
+    def write(self, t, data):
+        """Enqueue a host-to-device copy of ``data`` into ``t`` (see module doc: staging + copy dispatch).
+
+        Raises:
+            DeviceError: ``data`` has a different element count than ``t``.
+        """
+        n = int(np.prod(t.shape, dtype=np.int64))
+        dtype = np.int32 if t.ggml_type == T.I32 else np.float32
+        arr = np.asarray(data)
+        if arr.size != n:
+            raise DeviceError(f"write of {arr.size} values into a tensor of shape {list(t.shape)}")
+        root = t.root.handle
+        k = self._write_counts[id(root)]
+        self._write_counts[id(root)] += 1
+        st = self._staging.get((id(root), k))
+        if st is None:
+            size = int(root.size())
+            kt = self._tensor(np.zeros(size, dtype=dtype), "host")
+            st = (kt, kt.data())
+            self._staging[(id(root), k)] = st
+        st[1][:n] = arr.reshape(-1).astype(dtype, copy=False)
+        self._dispatch_raw("copy", (st[0], root), self._stride_grid(int(root.size())), (n,))
+
+    def read(self, t):
+        """Run everything pending (one sequence, replayed when seen before) and return ``t`` from the host."""
+        n = int(np.prod(t.shape, dtype=np.int64))
+        root = t.root.handle
+        rb = self._readback.get(id(root))
+        if rb is None:
+            dtype = np.int32 if t.ggml_type == T.I32 else np.float32
+            rb = self._tensor(np.zeros(int(root.size()), dtype=dtype), "device")
+            self._readback[id(root)] = rb
+        self._dispatch_raw("copy", (root, rb), self._stride_grid(int(root.size())), (n,))
+        self._pending.append(("sync", rb, ()))
+        self.flush()
+        return np.array(rb.data()[:n]).reshape(t.shape)
+
+    def flush(self) -> None:
+        """Execute the pending op list now (replaying its recorded sequence when cached)."""
+        if not self._pending:
+            return
+        sig = tuple((kind, id(obj), push) for kind, obj, push in self._pending)
+        seq = self._seqs.get(sig)
+        if seq is None:
+            seq = self._record(self._pending)
+            self._seqs[sig] = seq
+            if len(self._seqs) > MAX_SEQUENCES:
+                _, old = self._seqs.popitem(last=False)
+                old.destroy()
+        else:
+            self._seqs.move_to_end(sig)
+            self.n_replays += 1
+        self._pending = []
+        self._write_counts.clear()
+        seq.eval()
+
+    def _record(self, ops: list[tuple]) -> Any:
+        kp = self._kp
+        seq = self.mgr.sequence()
+        first = True
+        for kind, obj, push in ops:
+            if kind == "algo":
+                if self._barriers and not first:
+                    seq.record(kp.OpTensorSyncLocal([self._barrier_tensor()]))
+                seq.record(kp.OpAlgoDispatch(obj, pack_push(push)))
+                first = False
+            else:
+                seq.record(kp.OpTensorSyncLocal([obj]))
+        self.n_recordings += 1
+        return seq
+
+    def _barrier_tensor(self) -> Any:
+        if self._barrier_t is None:
+            self._barrier_t = self._tensor(np.zeros(1, dtype=np.uint32), "device")
+        return self._barrier_t
+
+    def close(self) -> None:
+        """Destroy sequences, pipelines, buffers and the kp.Manager."""
+        for seq in self._seqs.values():
+            seq.destroy()
+        self._seqs.clear()
+        self._algos.clear()
+        self._staging.clear()
+        self._readback.clear()
+        self._tensors.clear()
+        self._pending = []
+        if self.mgr is not None:
+            self.mgr.destroy()
+            self.mgr = None
+
+    # -- dispatch ---------------------------------------------------------
+    def _stride_grid(self, n: int) -> list[int]:
+        return _grid(min(MAX_STRIDE_GROUPS, (n + 255) // 256))
+
+    def _stride_groups(self, t: DeviceTensor) -> list[int]:
+        return self._stride_grid(int(t.root.handle.size()))
+
+    def _dispatch(self, variant: str, tensors: tuple[DeviceTensor, ...], grid: list[int],
+                  push: tuple[int, ...]) -> None:
+        for x in tensors:
+            if x.device is not self:
+                raise DeviceError(f"{variant}: tensor {x!r} lives on another device than {self.info.selector}")
+        self._dispatch_raw(variant, tuple(x.handle for x in tensors), grid, push)
+
+    def _dispatch_raw(self, variant: str, handles: tuple, grid: list[int], push: tuple[int, ...]) -> None:
+        key = (variant, tuple(map(id, handles)), tuple(grid))
+        entry = self._algos.get(key)
+        if entry is None:
+            algo = self.mgr.algorithm(list(handles), load_spirv(variant), grid, self._no_spec, pack_push(push))
+            entry = (algo, handles)
+            self._algos[key] = entry
+            self.n_pipelines += 1
+        self._pending.append(("algo", entry[0], push))
+
+    # -- ops --------------------------------------------------------------
+    @staticmethod
+    def _rows(t: DeviceTensor) -> int:
+        return t.shape[0] if len(t.shape) > 1 else 1
+
+    @staticmethod
+    def _row_cap(t: DeviceTensor) -> int:
+        return t.root.shape[0] if len(t.root.shape) > 1 else 1
+
+    def matmul(self, out, x, w):
+        """``out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T``: mul_mat_vec for n < 8, else tiled mul_mm.
+
+        Raises:
+            UnsupportedOpError: weight type without shaders or mismatched shapes.
+        """
+        self.check("matmul", w.ggml_type)
+        n_out, n_in = w.shape[0], w.shape[-1]
+        n = self._rows(x)
+        if x.shape[-1] != n_in or out.shape[-1] != n_out or self._rows(out) != n:
+            raise UnsupportedOpError(f"matmul shapes do not match: x {list(x.shape)}, w {list(w.shape)}, "
+                                     f"out {list(out.shape)}")
+        if n_in % 32:
+            raise UnsupportedOpError(f"matmul on {self.info.selector} needs rows of a multiple of 32 values, "
+                                     f"got {n_in}")
+        rb = row_bytes(w.ggml_type, n_in)
+        tname = type_name(w.ggml_type).lower()
+        nb = _bucket(n, self._row_cap(x))
+        if n >= MM_MIN_TOKENS:
+            grid = _grid(((nb + 31) // 32) * ((n_out + 31) // 32))
+            self._dispatch(f"mul_mm_{tname}", (w, x, out), grid, (n_in, n_out, n, rb))
+        else:
+            grid = _grid(nb * ((n_out + MMV_NROWS - 1) // MMV_NROWS))
+            self._dispatch(f"mul_mat_vec_{tname}", (w, x, out), grid, (n_in, n_out, n, rb))
+
+    def rmsnorm(self, out, x, w, eps):
+        n_embd = x.shape[-1]
+        n = self._rows(x)
+        self._dispatch("rmsnorm", (x, w, out), _grid(_bucket(n, self._row_cap(x))), (n_embd, n, f32_bits(eps)))
+
+    def rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
+        if mode not in (ROPE_NORMAL, ROPE_NEOX):
+            raise UnsupportedOpError(f"rope mode {mode} is not supported (0 = normal, 2 = NeoX)")
+        if n_rot % 2 or not 0 < n_rot <= head_dim or head_dim % 2 or x.shape[-1] % head_dim:
+            raise UnsupportedOpError(f"rope: n_rot {n_rot} / head_dim {head_dim} do not fit rows of {x.shape[-1]}")
+        n = self._rows(x)
+        n_heads = x.shape[-1] // head_dim
+        nb = _bucket(n, self._row_cap(x))
+        grid = _grid((nb * n_heads * (head_dim // 2) + 63) // 64)
+        self._dispatch("rope", (x, pos, out), grid,
+                       (n, n_heads, head_dim, n_rot, f32_bits(freq_base), f32_bits(freq_scale), mode))
+
+    def kv_store(self, cache, x, pos):
+        n = self._rows(x)
+        kv_dim = x.shape[-1]
+        if cache.shape[-1] != kv_dim:
+            raise UnsupportedOpError(f"kv_store: cache rows of {cache.shape[-1]} values, x rows of {kv_dim}")
+        nb = _bucket(n, self._row_cap(x))
+        self._dispatch("kv_store", (cache, x, pos), _grid((nb * kv_dim + 63) // 64), (n, kv_dim, cache.shape[0]))
+
+    def attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
+        if n_head % n_head_kv:
+            raise UnsupportedOpError(f"attention: n_head {n_head} is not a multiple of n_head_kv {n_head_kv}")
+        head_dim = q.shape[-1] // n_head
+        if head_dim > _ATTN_MAX_HEAD_DIM or k_cache.shape[-1] != n_head_kv * head_dim:
+            raise UnsupportedOpError(f"attention: head_dim {head_dim} (max {_ATTN_MAX_HEAD_DIM}) or cache rows of "
+                                     f"{k_cache.shape[-1]} values do not fit n_head_kv {n_head_kv}")
+        n = self._rows(q)
+        nb = _bucket(n, self._row_cap(q))
+        self._dispatch("attention", (q, k_cache, v_cache, pos, out), _grid(nb * n_head),
+                       (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale)))
+
+    def silu_mul(self, out, gate, up):
+        n = int(np.prod(out.shape, dtype=np.int64))
+        self._dispatch("silu_mul", (gate, up, out), self._stride_groups(out), (n,))
+
+    def add(self, out, a, b):
+        n = int(np.prod(out.shape, dtype=np.int64))
+        self._dispatch("add", (a, b, out), self._stride_groups(out), (n,))
+
+    def get_rows(self, out, table, ids):
+        self.check("get_rows", table.ggml_type)
+        n = table.shape[-1]
+        k = int(np.prod(ids.shape, dtype=np.int64))
+        n_items = n if table.ggml_type in (T.F32, T.F16) else n // 32  # values or 32-value units
+        nb = _bucket(k, int(np.prod(ids.root.shape, dtype=np.int64)))
+        grid = _grid(nb * ((n_items + 31) // 32))
+        self._dispatch(f"get_rows_{type_name(table.ggml_type).lower()}", (table, ids, out), grid,
+                       (n, k, row_bytes(table.ggml_type, n), table.shape[0]))

@@ -1,0 +1,310 @@
+"""What the Vulkan driver says about each physical device, read through libvulkan with ctypes.
+
+Kompute's ``kp`` 0.9.0 exposes only a device's name, workgroup limits and
+timestamp support (``Manager.get_device_properties()``), and creating a
+``kp.Manager`` per probe is slow (it opens a logical device). This module
+creates a bare ``VkInstance`` (Vulkan 1.1, no layers, no extensions), lists
+the physical devices in the order ``kp.Manager(index)`` uses
+(``vkEnumeratePhysicalDevices``), and reads:
+
+- ``VkPhysicalDeviceProperties``: name, vendorID, deviceID, deviceType,
+  driverVersion, and from ``VkPhysicalDeviceLimits`` ``maxStorageBufferRange``,
+  ``maxPushConstantsSize``, ``maxComputeSharedMemorySize``,
+  ``maxComputeWorkGroupInvocations``;
+- ``VkPhysicalDeviceMemoryProperties``: the memory heaps (size, device-local flag);
+- ``VkPhysicalDeviceSubgroupProperties.subgroupSize`` (Vulkan 1.1 core);
+- ``VkPhysicalDevice16BitStorageFeatures``, ``VkPhysicalDevice8BitStorageFeatures``,
+  ``VkPhysicalDeviceShaderFloat16Int8Features`` (each read only when the
+  device reports the matching extension; otherwise ``False``);
+- ``VkPhysicalDeviceDriverProperties`` (driver name and info, when
+  ``VK_KHR_driver_properties`` is present).
+
+Struct layouts are the C structs of the Vulkan headers (vulkan_core.h); the
+``VkPhysicalDeviceLimits`` members before ``maxComputeWorkGroupInvocations``
+are spelled out field by field below so their offsets follow from C layout
+rules. When libvulkan cannot be loaded or the instance cannot be created,
+:func:`query_devices` raises :class:`VulkanInfoError` and the caller falls
+back to kp's properties: then memory heaps, maxStorageBufferRange, subgroup
+size and 8/16-bit storage are unknown (``None``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+
+c_u32 = ctypes.c_uint32
+c_i32 = ctypes.c_int32
+c_u64 = ctypes.c_uint64
+c_f32 = ctypes.c_float
+c_size = ctypes.c_size_t
+c_p = ctypes.c_void_p
+
+VK_SUCCESS = 0
+VK_API_VERSION_1_1 = (1 << 22) | (1 << 12)
+VK_MEMORY_HEAP_DEVICE_LOCAL_BIT = 1
+_S_APPLICATION_INFO = 0
+_S_INSTANCE_CREATE_INFO = 1
+_S_FEATURES_2 = 1000059000
+_S_PROPERTIES_2 = 1000059001
+_S_SUBGROUP_PROPERTIES = 1000094000
+_S_16BIT_STORAGE_FEATURES = 1000083000
+_S_8BIT_STORAGE_FEATURES = 1000177000
+_S_FLOAT16_INT8_FEATURES = 1000082000
+_S_DRIVER_PROPERTIES = 1000196000
+
+#: VkPhysicalDeviceType -> cooktop DeviceInfo.device_type
+DEVICE_TYPES = {0: "accelerator", 1: "igpu", 2: "gpu", 3: "accelerator", 4: "cpu"}
+
+#: PCI vendor ids (and Khronos ids for software drivers: 0x10005 is Mesa).
+VENDORS = {0x1002: "AMD", 0x1010: "ImgTec", 0x10DE: "NVIDIA", 0x13B5: "ARM", 0x5143: "Qualcomm",
+           0x8086: "Intel", 0x106B: "Apple", 0x10005: "Mesa"}
+
+
+class VulkanInfoError(RuntimeError):
+    """libvulkan is missing or refused to create an instance."""
+
+
+class _Limits(ctypes.Structure):
+    """VkPhysicalDeviceLimits up to maxComputeWorkGroupInvocations (vulkan_core.h order)."""
+
+    _fields_ = [
+        ("maxImageDimension1D", c_u32), ("maxImageDimension2D", c_u32), ("maxImageDimension3D", c_u32),
+        ("maxImageDimensionCube", c_u32), ("maxImageArrayLayers", c_u32), ("maxTexelBufferElements", c_u32),
+        ("maxUniformBufferRange", c_u32), ("maxStorageBufferRange", c_u32), ("maxPushConstantsSize", c_u32),
+        ("maxMemoryAllocationCount", c_u32), ("maxSamplerAllocationCount", c_u32),
+        ("bufferImageGranularity", c_u64), ("sparseAddressSpaceSize", c_u64),
+        ("maxBoundDescriptorSets", c_u32), ("maxPerStageDescriptorSamplers", c_u32),
+        ("maxPerStageDescriptorUniformBuffers", c_u32), ("maxPerStageDescriptorStorageBuffers", c_u32),
+        ("maxPerStageDescriptorSampledImages", c_u32), ("maxPerStageDescriptorStorageImages", c_u32),
+        ("maxPerStageDescriptorInputAttachments", c_u32), ("maxPerStageResources", c_u32),
+        ("maxDescriptorSetSamplers", c_u32), ("maxDescriptorSetUniformBuffers", c_u32),
+        ("maxDescriptorSetUniformBuffersDynamic", c_u32), ("maxDescriptorSetStorageBuffers", c_u32),
+        ("maxDescriptorSetStorageBuffersDynamic", c_u32), ("maxDescriptorSetSampledImages", c_u32),
+        ("maxDescriptorSetStorageImages", c_u32), ("maxDescriptorSetInputAttachments", c_u32),
+        ("maxVertexInputAttributes", c_u32), ("maxVertexInputBindings", c_u32),
+        ("maxVertexInputAttributeOffset", c_u32), ("maxVertexInputBindingStride", c_u32),
+        ("maxVertexOutputComponents", c_u32), ("maxTessellationGenerationLevel", c_u32),
+        ("maxTessellationPatchSize", c_u32), ("maxTessellationControlPerVertexInputComponents", c_u32),
+        ("maxTessellationControlPerVertexOutputComponents", c_u32),
+        ("maxTessellationControlPerPatchOutputComponents", c_u32),
+        ("maxTessellationControlTotalOutputComponents", c_u32),
+        ("maxTessellationEvaluationInputComponents", c_u32), ("maxTessellationEvaluationOutputComponents", c_u32),
+        ("maxGeometryShaderInvocations", c_u32), ("maxGeometryInputComponents", c_u32),
+        ("maxGeometryOutputComponents", c_u32), ("maxGeometryOutputVertices", c_u32),
+        ("maxGeometryTotalOutputComponents", c_u32), ("maxFragmentInputComponents", c_u32),
+        ("maxFragmentOutputAttachments", c_u32), ("maxFragmentDualSrcAttachments", c_u32),
+        ("maxFragmentCombinedOutputResources", c_u32), ("maxComputeSharedMemorySize", c_u32),
+        ("maxComputeWorkGroupCount", c_u32 * 3), ("maxComputeWorkGroupInvocations", c_u32),
+    ]
+
+
+class _Properties(ctypes.Structure):
+    """VkPhysicalDeviceProperties with the limits struct cut after the fields we read,
+    followed by enough padding for the rest (the whole C struct is 824 bytes)."""
+
+    _fields_ = [("apiVersion", c_u32), ("driverVersion", c_u32), ("vendorID", c_u32), ("deviceID", c_u32),
+                ("deviceType", c_i32), ("deviceName", ctypes.c_char * 256), ("pipelineCacheUUID", ctypes.c_ubyte * 16),
+                ("limits", _Limits), ("_rest", ctypes.c_ubyte * 1024)]
+
+
+class _MemoryType(ctypes.Structure):
+    _fields_ = [("propertyFlags", c_u32), ("heapIndex", c_u32)]
+
+
+class _MemoryHeap(ctypes.Structure):
+    _fields_ = [("size", c_u64), ("flags", c_u32)]
+
+
+class _MemoryProperties(ctypes.Structure):
+    """VkPhysicalDeviceMemoryProperties."""
+
+    _fields_ = [("memoryTypeCount", c_u32), ("memoryTypes", _MemoryType * 32),
+                ("memoryHeapCount", c_u32), ("memoryHeaps", _MemoryHeap * 16)]
+
+
+class _Chain(ctypes.Structure):
+    """Header of every extensible struct (sType, pNext) followed by up to 8 uint32 members."""
+
+    _fields_ = [("sType", c_i32), ("pNext", c_p), ("v", c_u32 * 8)]
+
+
+class _DriverProperties(ctypes.Structure):
+    _fields_ = [("sType", c_i32), ("pNext", c_p), ("driverID", c_u32), ("driverName", ctypes.c_char * 256),
+                ("driverInfo", ctypes.c_char * 256), ("conformanceVersion", ctypes.c_ubyte * 4)]
+
+
+class _Properties2(ctypes.Structure):
+    _fields_ = [("sType", c_i32), ("pNext", c_p), ("properties", _Properties)]
+
+
+class _Features2(ctypes.Structure):
+    """VkPhysicalDeviceFeatures2: the 55 VkBool32 of VkPhysicalDeviceFeatures follow pNext."""
+
+    _fields_ = [("sType", c_i32), ("pNext", c_p), ("features", c_u32 * 55)]
+
+
+class _AppInfo(ctypes.Structure):
+    _fields_ = [("sType", c_i32), ("pNext", c_p), ("pApplicationName", ctypes.c_char_p), ("applicationVersion", c_u32),
+                ("pEngineName", ctypes.c_char_p), ("engineVersion", c_u32), ("apiVersion", c_u32)]
+
+
+class _InstanceInfo(ctypes.Structure):
+    _fields_ = [("sType", c_i32), ("pNext", c_p), ("flags", c_u32), ("pApplicationInfo", ctypes.POINTER(_AppInfo)),
+                ("enabledLayerCount", c_u32), ("ppEnabledLayerNames", c_p),
+                ("enabledExtensionCount", c_u32), ("ppEnabledExtensionNames", c_p)]
+
+
+class _ExtensionProperties(ctypes.Structure):
+    _fields_ = [("extensionName", ctypes.c_char * 256), ("specVersion", c_u32)]
+
+
+@dataclasses.dataclass
+class VkDeviceFacts:
+    """One physical device as libvulkan reports it (sizes in bytes)."""
+
+    index: int
+    name: str
+    vendor_id: int
+    device_id: int
+    device_type: str
+    api_version: str
+    driver_version: int
+    driver_name: str = ""
+    driver_info: str = ""
+    heaps: list[tuple[int, bool]] = dataclasses.field(default_factory=list)  # (size, device_local)
+    max_storage_buffer_range: int = 0
+    max_push_constants_size: int = 0
+    max_shared_memory: int = 0
+    max_workgroup_invocations: int = 0
+    subgroup_size: int | None = None
+    storage_buffer_8bit: bool = False
+    storage_buffer_16bit: bool = False
+    shader_float16: bool = False
+    shader_int8: bool = False
+    extensions: tuple[str, ...] = ()
+
+    @property
+    def vendor(self) -> str:
+        """Vendor name from the PCI id (or ``0x....`` when unknown)."""
+        return VENDORS.get(self.vendor_id, f"0x{self.vendor_id:04x}")
+
+    @property
+    def memory_bytes(self) -> int:
+        """Device memory: the sum of device-local heaps (all heaps when none is device-local)."""
+        local = [s for s, dl in self.heaps if dl]
+        return sum(local) if local else sum(s for s, _ in self.heaps)
+
+
+def _load() -> ctypes.CDLL:
+    names = ["libvulkan.so.1", ctypes.util.find_library("vulkan") or "libvulkan.so", "vulkan-1.dll",
+             "libvulkan.dylib", "libMoltenVK.dylib"]
+    errors = []
+    for n in names:
+        try:
+            return ctypes.CDLL(n)
+        except OSError as e:
+            errors.append(str(e))
+    raise VulkanInfoError("cannot load libvulkan (" + "; ".join(errors[:2]) + ")")
+
+
+def _version(v: int) -> str:
+    return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+
+
+def query_devices() -> list[VkDeviceFacts]:
+    """List every Vulkan physical device with the facts of the module docstring.
+
+    Returns:
+        devices in ``vkEnumeratePhysicalDevices`` order (the index kp.Manager takes).
+    Raises:
+        VulkanInfoError: libvulkan missing, or instance creation / enumeration failed.
+    """
+    vk = _load()
+    vk.vkCreateInstance.argtypes = [ctypes.POINTER(_InstanceInfo), c_p, ctypes.POINTER(c_p)]
+    vk.vkCreateInstance.restype = c_i32
+    vk.vkDestroyInstance.argtypes = [c_p, c_p]
+    vk.vkEnumeratePhysicalDevices.argtypes = [c_p, ctypes.POINTER(c_u32), ctypes.POINTER(c_p)]
+    vk.vkEnumeratePhysicalDevices.restype = c_i32
+    vk.vkGetPhysicalDeviceProperties.argtypes = [c_p, ctypes.POINTER(_Properties)]
+    vk.vkGetPhysicalDeviceMemoryProperties.argtypes = [c_p, ctypes.POINTER(_MemoryProperties)]
+    vk.vkGetPhysicalDeviceProperties2.argtypes = [c_p, ctypes.POINTER(_Properties2)]
+    vk.vkGetPhysicalDeviceFeatures2.argtypes = [c_p, ctypes.POINTER(_Features2)]
+    vk.vkEnumerateDeviceExtensionProperties.argtypes = [c_p, c_p, ctypes.POINTER(c_u32), c_p]
+    vk.vkEnumerateDeviceExtensionProperties.restype = c_i32
+
+    app = _AppInfo(_S_APPLICATION_INFO, None, b"cooktop", 1, b"cooktop", 1, VK_API_VERSION_1_1)
+    ci = _InstanceInfo(_S_INSTANCE_CREATE_INFO, None, 0, ctypes.pointer(app), 0, None, 0, None)
+    inst = c_p()
+    rc = vk.vkCreateInstance(ctypes.byref(ci), None, ctypes.byref(inst))
+    if rc != VK_SUCCESS:
+        raise VulkanInfoError(f"vkCreateInstance failed (VkResult {rc}): no Vulkan driver (ICD) installed?")
+    try:
+        n = c_u32(0)
+        rc = vk.vkEnumeratePhysicalDevices(inst, ctypes.byref(n), None)
+        if rc != VK_SUCCESS:
+            raise VulkanInfoError(f"vkEnumeratePhysicalDevices failed (VkResult {rc})")
+        handles = (c_p * n.value)()
+        if n.value:
+            vk.vkEnumeratePhysicalDevices(inst, ctypes.byref(n), handles)
+        return [_facts(vk, i, handles[i]) for i in range(n.value)]
+    finally:
+        vk.vkDestroyInstance(inst, None)
+
+
+def _facts(vk: ctypes.CDLL, index: int, pd: int) -> VkDeviceFacts:
+    props = _Properties()
+    vk.vkGetPhysicalDeviceProperties(pd, ctypes.byref(props))
+    mem = _MemoryProperties()
+    vk.vkGetPhysicalDeviceMemoryProperties(pd, ctypes.byref(mem))
+    lim = props.limits
+
+    n_ext = c_u32(0)
+    vk.vkEnumerateDeviceExtensionProperties(pd, None, ctypes.byref(n_ext), None)
+    exts_arr = (_ExtensionProperties * n_ext.value)()
+    vk.vkEnumerateDeviceExtensionProperties(pd, None, ctypes.byref(n_ext), exts_arr)
+    exts = tuple(e.extensionName.decode(errors="replace") for e in exts_arr)
+
+    facts = VkDeviceFacts(
+        index=index, name=props.deviceName.decode(errors="replace"), vendor_id=props.vendorID,
+        device_id=props.deviceID, device_type=DEVICE_TYPES.get(props.deviceType, "accelerator"),
+        api_version=_version(props.apiVersion), driver_version=props.driverVersion,
+        heaps=[(mem.memoryHeaps[i].size, bool(mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT))
+               for i in range(mem.memoryHeapCount)],
+        max_storage_buffer_range=lim.maxStorageBufferRange, max_push_constants_size=lim.maxPushConstantsSize,
+        max_shared_memory=lim.maxComputeSharedMemorySize,
+        max_workgroup_invocations=lim.maxComputeWorkGroupInvocations, extensions=exts)
+
+    if props.apiVersion < VK_API_VERSION_1_1:
+        return facts  # Properties2/Features2 are core only from 1.1
+    # properties2: subgroup size (+ driver name)
+    sub = _Chain(_S_SUBGROUP_PROPERTIES, None)
+    drv = _DriverProperties(_S_DRIVER_PROPERTIES, None)
+    if "VK_KHR_driver_properties" in exts:
+        sub.pNext = ctypes.cast(ctypes.pointer(drv), c_p)
+    p2 = _Properties2(_S_PROPERTIES_2, ctypes.cast(ctypes.pointer(sub), c_p))
+    vk.vkGetPhysicalDeviceProperties2(pd, ctypes.byref(p2))
+    facts.subgroup_size = int(sub.v[0]) or None
+    if "VK_KHR_driver_properties" in exts:
+        facts.driver_name = drv.driverName.decode(errors="replace")
+        facts.driver_info = drv.driverInfo.decode(errors="replace")
+
+    # features2: 16-bit storage (core 1.1), 8-bit storage and float16/int8 (extensions)
+    s16 = _Chain(_S_16BIT_STORAGE_FEATURES, None)
+    s8 = _Chain(_S_8BIT_STORAGE_FEATURES, None)
+    f16i8 = _Chain(_S_FLOAT16_INT8_FEATURES, None)
+    chain = [s16]
+    if "VK_KHR_8bit_storage" in exts:
+        chain.append(s8)
+    if "VK_KHR_shader_float16_int8" in exts:
+        chain.append(f16i8)
+    for a, b in zip(chain, chain[1:]):
+        a.pNext = ctypes.cast(ctypes.pointer(b), c_p)
+    f2 = _Features2(_S_FEATURES_2, ctypes.cast(ctypes.pointer(chain[0]), c_p))
+    vk.vkGetPhysicalDeviceFeatures2(pd, ctypes.byref(f2))
+    facts.storage_buffer_16bit = bool(s16.v[0])
+    facts.storage_buffer_8bit = bool(s8.v[0])
+    facts.shader_float16 = bool(f16i8.v[0])
+    facts.shader_int8 = bool(f16i8.v[1])
+    return facts

@@ -1,0 +1,86 @@
+#version 450
+// Causal multi-head attention over the KV cache with GQA (llama.cpp grouping):
+// query row i of head h attends to cache rows 0..pos[i] of kv head h / (n_head / n_head_kv);
+// out = softmax(q k^T * scale) v, softmax in float32.
+// q, out f32 [n, n_head * head_dim]; k, v f32 [n_ctx, n_head_kv * head_dim]; pos int32 [n].
+// One workgroup of 64 per (row, head). Keys are processed in chunks of KC: scores of a
+// chunk go to shared memory, then an online softmax (running max and sum, rescaling
+// the accumulators; flash-attention style) adds the chunk's weighted values. Each
+// invocation owns output dims tid, tid + 64, ... (head_dim <= 256).
+#extension GL_GOOGLE_include_directive : require
+#define WG 64
+#define KC 256
+layout(local_size_x = WG) in;
+layout(std430, binding = 0) readonly buffer QBuf { float Q[]; };
+layout(std430, binding = 1) readonly buffer KBuf { float K[]; };
+layout(std430, binding = 2) readonly buffer VBuf { float V[]; };
+layout(std430, binding = 3) readonly buffer PBuf { int P[]; };
+layout(std430, binding = 4) writeonly buffer OBuf { float O[]; };
+layout(push_constant) uniform PC {
+    uint n; uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint scale_bits;
+} pc;
+#include "common.glsl"
+
+shared float qs[256];
+shared float S[KC];
+shared float red[WG];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint g = flat_group();
+    uint h = g % pc.n_head;
+    uint row = g / pc.n_head;
+    if (row >= pc.n) return;  // uniform over the workgroup
+    uint hd = pc.head_dim;
+    uint hkv = h / (pc.n_head / pc.n_head_kv);
+    uint qo = row * pc.n_head * hd + h * hd;
+    uint kv_stride = pc.n_head_kv * hd;
+    uint ko = hkv * hd;
+    float scale = uintBitsToFloat(pc.scale_bits);
+    int p = P[row];
+    uint n_kv = uint(clamp(p + 1, 1, int(pc.n_ctx)));
+    for (uint d = tid; d < hd; d += WG) qs[d] = Q[qo + d];
+    barrier();
+
+    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    float m = -1.0 / 0.0;  // running max (-inf)
+    float l = 0.0;         // running sum of exp
+    for (uint c0 = 0u; c0 < n_kv; c0 += KC) {
+        uint cn = min(uint(KC), n_kv - c0);
+        float lmax = -1.0 / 0.0;
+        for (uint j = tid; j < cn; j += WG) {
+            uint kr = (c0 + j) * kv_stride + ko;
+            float s = 0.0;
+            for (uint d = 0u; d < hd; d++) s += qs[d] * K[kr + d];
+            s *= scale;
+            S[j] = s;
+            lmax = max(lmax, s);
+        }
+        red[tid] = lmax;
+        barrier();
+        for (uint st = WG / 2u; st > 0u; st >>= 1) {
+            if (tid < st) red[tid] = max(red[tid], red[tid + st]);
+            barrier();
+        }
+        float m_new = max(m, red[0]);
+        float corr = exp(m - m_new);
+        l *= corr;
+        for (uint a = 0u; a < 4u; a++) acc[a] *= corr;
+        for (uint j = 0u; j < cn; j++) {
+            float pj = exp(S[j] - m_new);
+            l += pj;
+            uint vr = (c0 + j) * kv_stride + ko;
+            for (uint a = 0u; a < 4u; a++) {
+                uint d = tid + a * WG;
+                if (d < hd) acc[a] += pj * V[vr + d];
+            }
+        }
+        m = m_new;
+        barrier();  // S and red are reused by the next chunk
+    }
+    float inv = 1.0 / l;
+    for (uint a = 0u; a < 4u; a++) {
+        uint d = tid + a * WG;
+        if (d < hd) O[qo + d] = acc[a] * inv;
+    }
+}

@@ -1,0 +1,186 @@
+// Dequantization of one 32-value "unit" of a weight row, per GGML type.
+//
+// Every supported type splits a row into units of 32 consecutive values:
+// one block of F32/F16 (32 values), Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, or one
+// 32-value sub-block of the 256-value super-blocks of Q4_K, Q5_K, Q6_K.
+// unit_values(row_off, u, v) writes the 32 float values of unit `u` of the
+// row that starts at byte `row_off` into v[0..31].
+//
+// Block layouts and formulas: ggml-common.h (block_q4_0 ... block_q6_K) and
+// ggml-quants.c dequantize_row_*; checked against gguf.quants.dequantize by
+// tests/test_vulkan.py and the parity tests.
+//
+// Needs common.glsl with HAS_WEIGHTS, and exactly one TYPE_* define.
+
+#if defined(TYPE_F32)
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint base = (row_off >> 2) + u * 32u;  // F32 rows are 4-byte aligned
+    for (uint i = 0u; i < 32u; i++) v[i] = uintBitsToFloat(W[base + i]);
+}
+#elif defined(TYPE_F16)
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint off = row_off + u * 64u;
+    for (uint i = 0u; i < 16u; i++) {
+        vec2 h = unpackHalf2x16(w_u32(off + 4u * i));
+        v[2u * i] = h.x;
+        v[2u * i + 1u] = h.y;
+    }
+}
+#elif defined(TYPE_Q8_0)
+// block_q8_0 (34 bytes): f16 d; int8 qs[32]. x = d * qs[i]
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint off = row_off + u * 34u;
+    float d = w_f16(off);
+    for (uint j = 0u; j < 8u; j++) {
+        uint q = w_u32(off + 2u + 4u * j);
+        for (uint k = 0u; k < 4u; k++) v[4u * j + k] = d * float(int(q << (24u - 8u * k)) >> 24);
+    }
+}
+#elif defined(TYPE_Q4_0)
+// block_q4_0 (18 bytes): f16 d; uint8 qs[16]. x[j] = d*((qs[j]&15)-8), x[j+16] = d*((qs[j]>>4)-8)
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint off = row_off + u * 18u;
+    float d = w_f16(off);
+    for (uint j = 0u; j < 4u; j++) {
+        uint q = w_u32(off + 2u + 4u * j);
+        for (uint k = 0u; k < 4u; k++) {
+            uint b = (q >> (8u * k)) & 0xFFu;
+            v[4u * j + k] = d * (float(b & 15u) - 8.0);
+            v[4u * j + k + 16u] = d * (float(b >> 4) - 8.0);
+        }
+    }
+}
+#elif defined(TYPE_Q4_1)
+// block_q4_1 (20 bytes): f16 d, m; uint8 qs[16]. x = d*q + m
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint off = row_off + u * 20u;
+    float d = w_f16(off);
+    float m = w_f16(off + 2u);
+    for (uint j = 0u; j < 4u; j++) {
+        uint q = w_u32(off + 4u + 4u * j);
+        for (uint k = 0u; k < 4u; k++) {
+            uint b = (q >> (8u * k)) & 0xFFu;
+            v[4u * j + k] = d * float(b & 15u) + m;
+            v[4u * j + k + 16u] = d * float(b >> 4) + m;
+        }
+    }
+}
+#elif defined(TYPE_Q5_0)
+// block_q5_0 (22 bytes): f16 d; uint8 qh[4]; uint8 qs[16].
+// x[j] = d*((qs[j]&15 | bit j of qh << 4) - 16), x[j+16] = d*((qs[j]>>4 | bit j+16 of qh << 4) - 16)
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint off = row_off + u * 22u;
+    float d = w_f16(off);
+    uint qh = w_u32(off + 2u);
+    for (uint j = 0u; j < 4u; j++) {
+        uint q = w_u32(off + 6u + 4u * j);
+        for (uint k = 0u; k < 4u; k++) {
+            uint l = 4u * j + k;
+            uint b = (q >> (8u * k)) & 0xFFu;
+            v[l] = d * (float((b & 15u) | (((qh >> l) & 1u) << 4)) - 16.0);
+            v[l + 16u] = d * (float((b >> 4) | (((qh >> (l + 16u)) & 1u) << 4)) - 16.0);
+        }
+    }
+}
+#elif defined(TYPE_Q5_1)
+// block_q5_1 (24 bytes): f16 d, m; uint8 qh[4]; uint8 qs[16]. x = d*q + m, q as Q5_0 without -16
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint off = row_off + u * 24u;
+    float d = w_f16(off);
+    float m = w_f16(off + 2u);
+    uint qh = w_u32(off + 4u);
+    for (uint j = 0u; j < 4u; j++) {
+        uint q = w_u32(off + 8u + 4u * j);
+        for (uint k = 0u; k < 4u; k++) {
+            uint l = 4u * j + k;
+            uint b = (q >> (8u * k)) & 0xFFu;
+            v[l] = d * float((b & 15u) | (((qh >> l) & 1u) << 4)) + m;
+            v[l + 16u] = d * float((b >> 4) | (((qh >> (l + 16u)) & 1u) << 4)) + m;
+        }
+    }
+}
+#elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
+// get_scale_min_k4 of ggml-quants.c: 6-bit scale and min of sub-block s from scales[12]
+void scale_min_k4(uint soff, uint s, out float sc, out float mn) {
+    if (s < 4u) {
+        sc = float(w_u8(soff + s) & 63u);
+        mn = float(w_u8(soff + s + 4u) & 63u);
+    } else {
+        uint a = w_u8(soff + s + 4u);
+        sc = float((a & 15u) | ((w_u8(soff + s - 4u) >> 6) << 4));
+        mn = float((a >> 4) | ((w_u8(soff + s) >> 6) << 4));
+    }
+}
+#if defined(TYPE_Q4_K)
+// block_q4_K (144 bytes): f16 d, dmin; uint8 scales[12]; uint8 qs[128].
+// Sub-block s (32 values): nibbles (low for even s, high for odd) of qs[32*(s/2) + l];
+// x = d*sc[s]*q - dmin*m[s]
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint s = u & 7u;
+    uint off = row_off + (u >> 3) * 144u;
+    float d = w_f16(off);
+    float dmin = w_f16(off + 2u);
+    float sc, mn;
+    scale_min_k4(off + 4u, s, sc, mn);
+    float d1 = d * sc;
+    float m1 = dmin * mn;
+    uint qoff = off + 16u + 32u * (s >> 1);
+    uint sh = (s & 1u) * 4u;
+    for (uint j = 0u; j < 8u; j++) {
+        uint q = w_u32(qoff + 4u * j);
+        for (uint k = 0u; k < 4u; k++) v[4u * j + k] = d1 * float((q >> (8u * k + sh)) & 15u) - m1;
+    }
+}
+#else
+// block_q5_K (176 bytes): f16 d, dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128].
+// As Q4_K plus a fifth bit: bit s of qh[l] adds 16.
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint s = u & 7u;
+    uint off = row_off + (u >> 3) * 176u;
+    float d = w_f16(off);
+    float dmin = w_f16(off + 2u);
+    float sc, mn;
+    scale_min_k4(off + 4u, s, sc, mn);
+    float d1 = d * sc;
+    float m1 = dmin * mn;
+    uint qoff = off + 48u + 32u * (s >> 1);
+    uint sh = (s & 1u) * 4u;
+    for (uint j = 0u; j < 8u; j++) {
+        uint q = w_u32(qoff + 4u * j);
+        uint h = w_u32(off + 16u + 4u * j);
+        for (uint k = 0u; k < 4u; k++) {
+            uint qq = ((q >> (8u * k + sh)) & 15u) | (((h >> (8u * k + s)) & 1u) << 4);
+            v[4u * j + k] = d1 * float(qq) - m1;
+        }
+    }
+}
+#endif
+#elif defined(TYPE_Q6_K)
+// block_q6_K (210 bytes): uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d (offset 208).
+// Unit s: half h = s/4, quarter k = s%4; for l < 32:
+//   low 4 bits: ql[64h + l + 32*(k&1)], low nibble for k < 2 else high nibble
+//   high 2 bits: (qh[32h + l] >> 2k) & 3;  x = d * scales[8h + l/16 + 2k] * (q - 32)
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint s = u & 7u;
+    uint off = row_off + (u >> 3) * 210u;
+    uint h = s >> 2;
+    uint k = s & 3u;
+    float d = w_f16(off + 208u);
+    float d0 = d * float(w_i8(off + 192u + 8u * h + 2u * k));
+    float d1 = d * float(w_i8(off + 192u + 8u * h + 2u * k + 1u));
+    uint qloff = off + 64u * h + 32u * (k & 1u);
+    uint qhoff = off + 128u + 32u * h;
+    uint sl = (k >> 1) * 4u;
+    for (uint j = 0u; j < 8u; j++) {
+        uint ql = w_u32(qloff + 4u * j);
+        uint qh = w_u32(qhoff + 4u * j);
+        for (uint i = 0u; i < 4u; i++) {
+            uint l = 4u * j + i;
+            int q = int(((ql >> (8u * i + sl)) & 15u) | (((qh >> (8u * i + 2u * k)) & 3u) << 4)) - 32;
+            v[l] = (l < 16u ? d0 : d1) * float(q);
+        }
+    }
+}
+#else
+#error "define one TYPE_* (F32 F16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)"
+#endif

@@ -1,0 +1,58 @@
+#version 450
+// Matrix-vector product for few tokens (decode): Y[t, r] = sum_k X[t, k] * W[r, k]
+// (llama.cpp mul_mat_vec). W [n_out, n_in] raw GGML blocks (type from TYPE_*),
+// X f32 [n_tok, n_in], Y f32 [n_tok, n_out]. One workgroup computes NROWS rows
+// of one token: its WG invocations stride over the 32-value units of the rows,
+// dequantize each unit in registers (dequant.glsl) and reduce in shared memory.
+// Grid: n_tok * ceil(n_out / NROWS) workgroups (flat_group()).
+#extension GL_GOOGLE_include_directive : require
+#ifndef WG
+#define WG 32
+#endif
+#ifndef NROWS
+#define NROWS 4
+#endif
+layout(local_size_x = WG) in;
+layout(std430, binding = 0) readonly buffer WBuf { uint W[]; };
+layout(std430, binding = 1) readonly buffer XBuf { float X[]; };
+layout(std430, binding = 2) writeonly buffer YBuf { float Y[]; };
+layout(push_constant) uniform PC { uint n_in; uint n_out; uint n_tok; uint row_bytes; } pc;
+#define HAS_WEIGHTS
+#include "common.glsl"
+#include "dequant.glsl"
+
+shared float red[NROWS * WG];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint n_groups = (pc.n_out + NROWS - 1u) / NROWS;
+    uint g = flat_group();
+    uint tok = g / n_groups;
+    uint r0 = (g % n_groups) * NROWS;
+    if (tok >= pc.n_tok) return;  // uniform over the workgroup
+    uint n_units = pc.n_in / 32u;
+    float acc[NROWS];
+    for (uint r = 0u; r < NROWS; r++) acc[r] = 0.0;
+    for (uint u = tid; u < n_units; u += WG) {
+        float xv[32];
+        uint xo = tok * pc.n_in + u * 32u;
+        for (uint i = 0u; i < 32u; i++) xv[i] = X[xo + i];
+        for (uint r = 0u; r < NROWS; r++) {
+            uint row = min(r0 + r, pc.n_out - 1u);  // clamped rows are computed and dropped
+            float v[32];
+            unit_values(row * pc.row_bytes, u, v);
+            float s = 0.0;
+            for (uint i = 0u; i < 32u; i++) s += v[i] * xv[i];
+            acc[r] += s;
+        }
+    }
+    for (uint r = 0u; r < NROWS; r++) red[r * WG + tid] = acc[r];
+    barrier();
+    for (uint s = WG / 2u; s > 0u; s >>= 1) {
+        if (tid < s) {
+            for (uint r = 0u; r < NROWS; r++) red[r * WG + tid] += red[r * WG + tid + s];
+        }
+        barrier();
+    }
+    if (tid < NROWS && r0 + tid < pc.n_out) Y[tok * pc.n_out + r0 + tid] = red[tid * WG];
+}

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Compile cooktop's Vulkan compute shaders (GLSL) to SPIR-V with glslc.
+
+The variants are listed in ``cooktop/shaders/vulkan/variants.json``: each has a
+``name`` (the ``.spv`` file name, systematic like ggml's: ``mul_mat_vec_q4_0``),
+a ``source`` (``.comp`` file) and ``defines`` (passed as ``-DNAME=VALUE``).
+Every variant is compiled with the same flags (:data:`FLAGS`), so the output is
+deterministic for a given glslc; the glslc version is recorded in the
+manifest, and ``tests/test_vulkan.py`` recompiles each variant and fails when
+a shipped ``.spv`` differs (a stale shader).
+
+Usage::
+
+    python scripts/build_shaders.py            # (re)build every .spv
+    python scripts/build_shaders.py --check    # exit 1 if any .spv is stale
+    python scripts/build_shaders.py --list     # print the variants
+
+``make shaders`` runs the first form. glslc comes from the shaderc project
+(Debian/Ubuntu: ``apt-get install glslc``; also in the Vulkan SDK).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+SHADER_DIR = pathlib.Path(__file__).resolve().parents[1] / "cooktop" / "shaders" / "vulkan"
+MANIFEST = SHADER_DIR / "variants.json"
+
+#: glslc flags used for every variant (Vulkan 1.1 is what kp 0.9.0 creates its instance with).
+FLAGS = ["-fshader-stage=compute", "--target-env=vulkan1.1", "-O"]
+
+#: Weight types with shader variants, and the op families that take a weight type.
+TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+TYPED = ["mul_mat_vec", "mul_mm", "get_rows"]
+PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add", "copy"]
+
+
+def default_variants() -> list[dict]:
+    """The variant list written by ``--init``: every typed op x weight type, then the float ops."""
+    out = [{"name": f"{op}_{t.lower()}", "source": f"{op}.comp", "defines": {f"TYPE_{t}": "1"}}
+           for op in TYPED for t in TYPES]
+    out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in PLAIN]
+    out.append({"name": "fill", "source": "copy.comp", "defines": {"FILL": "1"}})
+    return out
+
+
+def glslc_path() -> str | None:
+    """Path of glslc, or None."""
+    return shutil.which("glslc")
+
+
+def glslc_version(glslc: str) -> str:
+    """First line of ``glslc --version`` (e.g. ``shaderc 2023.2-1``)."""
+    out = subprocess.run([glslc, "--version"], capture_output=True, text=True, check=True).stdout
+    return out.splitlines()[0].strip()
+
+
+def load_manifest() -> dict:
+    """The parsed variants.json: ``{"glslc": str, "flags": [...], "variants": [...]}``."""
+    return json.loads(MANIFEST.read_text())
+
+
+def compile_variant(glslc: str, variant: dict, out: pathlib.Path) -> None:
+    """Compile one variant to ``out``.
+
+    Raises:
+        RuntimeError: glslc failed (its message included).
+    """
+    cmd = [glslc, *FLAGS, f"-I{SHADER_DIR}"]
+    cmd += [f"-D{k}={v}" for k, v in variant["defines"].items()]
+    cmd += [str(SHADER_DIR / variant["source"]), "-o", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"glslc failed on {variant['name']}: {r.stderr.strip()}")
+
+
+def stale_variants(glslc: str) -> list[str]:
+    """Names of variants whose shipped ``.spv`` differs from a fresh compile (or is missing)."""
+    stale = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for v in load_manifest()["variants"]:
+            fresh = pathlib.Path(tmp) / f"{v['name']}.spv"
+            compile_variant(glslc, v, fresh)
+            shipped = SHADER_DIR / f"{v['name']}.spv"
+            if not shipped.exists() or shipped.read_bytes() != fresh.read_bytes():
+                stale.append(v["name"])
+    return stale
+
+
+def build(glslc: str) -> int:
+    """Compile every variant into SHADER_DIR and record the glslc version; returns the count."""
+    manifest = load_manifest()
+    for v in manifest["variants"]:
+        compile_variant(glslc, v, SHADER_DIR / f"{v['name']}.spv")
+    manifest["glslc"] = glslc_version(glslc)
+    manifest["flags"] = FLAGS
+    MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
+    return len(manifest["variants"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="report stale .spv files, write nothing")
+    ap.add_argument("--list", action="store_true", help="list the variants")
+    ap.add_argument("--init", action="store_true", help="rewrite variants.json with the default variant list")
+    args = ap.parse_args(argv)
+    if args.init:
+        MANIFEST.write_text(json.dumps({"glslc": "", "flags": FLAGS, "variants": default_variants()}, indent=1) + "\n")
+    if args.list:
+        for v in load_manifest()["variants"]:
+            print(v["name"], v["source"], " ".join(f"-D{k}={x}" for k, x in v["defines"].items()))
+        return 0
+    glslc = glslc_path()
+    if glslc is None:
+        print("error: glslc not found (apt-get install glslc, or the Vulkan SDK)", file=sys.stderr)
+        return 1
+    try:
+        if args.check:
+            stale = stale_variants(glslc)
+            if stale:
+                print("stale: " + " ".join(stale) + " (run: python scripts/build_shaders.py)", file=sys.stderr)
+                return 1
+            print("all SPIR-V up to date")
+            return 0
+        n = build(glslc)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"compiled {n} shader variants into {SHADER_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
