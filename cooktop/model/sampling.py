@@ -84,6 +84,7 @@ class Sampler:
             ids, lg, probs = ids[:keep], lg[:keep], probs[:keep]
         if p.min_p > 0.0:
             keep = probs >= p.min_p * probs[0]
+            keep[0] = True  # min_keep = 1 (llama.cpp), even for min_p > 1
             ids, lg = ids[keep], lg[keep]
         probs = np.exp((lg - lg[0]) / p.temperature)
         return ids, probs / probs.sum()
