@@ -108,16 +108,25 @@ def offloaded_units(n_layer: int, n_gpu_layers: int) -> tuple[list[int], bool]:
 
 
 def split_contiguous(blocks: list[int], weights: list[float]) -> list[list[int]]:
-    """Divide ``blocks`` into ``len(weights)`` contiguous ranges in proportion to ``weights``."""
-    total = sum(weights)
-    if total <= 0:
-        raise DeviceError("--split proportions must add up to more than 0")
-    out, start, acc = [], 0, 0.0
-    for i, w in enumerate(weights):
-        acc += w
-        end = len(blocks) if i == len(weights) - 1 else round(acc / total * len(blocks))
-        out.append(blocks[start:end])
-        start = end
+    """Divide ``blocks`` into ``len(weights)`` contiguous ranges in proportion to ``weights``.
+
+    As llama.cpp's layer split (llama-model.cpp): block j of n goes to the first
+    device whose cumulative share exceeds j / n (``upper_bound`` on the shares).
+    """
+    import bisect
+
+    total = float(sum(weights))
+    if total <= 0 or any(w < 0 for w in weights):
+        raise DeviceError("--split proportions must be >= 0 and add up to more than 0")
+    cum, acc = [], 0.0
+    for w in weights:
+        acc += w / total
+        cum.append(acc)
+    out: list[list[int]] = [[] for _ in weights]
+    n = len(blocks)
+    for j, b in enumerate(blocks):
+        d = min(bisect.bisect_right(cum, j / n), len(weights) - 1)
+        out[d].append(b)
     return out
 
 

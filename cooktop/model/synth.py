@@ -87,8 +87,12 @@ def vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, name: str = "synthetic") -> int:
+def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, name: str = "synthetic",
+          overrides: dict[str, T] | None = None) -> int:
     """Write a llama GGUF with random weights; returns the parameter count.
+
+    ``overrides`` maps a tensor name (e.g. ``blk.0.ffn_up.weight``) to a GGML type
+    that replaces the file type's choice (tests use it to make mixed files).
 
     Raises:
         CooktopError: unknown ``file_type`` or a width not divisible by its block size.
@@ -123,6 +127,8 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
     def add(tname: str, shp: tuple[int, ...], ty: T | None) -> None:
         nonlocal n_params
         n_params += int(np.prod(shp))
+        if overrides and tname in overrides:
+            ty = overrides[tname]
         if ty is None:  # norm weights: F32 ones
             w.add_tensor(tname, np.ones(shp, dtype=np.float32))
             return
