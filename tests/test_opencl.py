@@ -198,7 +198,7 @@ def test_broken_platform_is_marked_fail(fresh_registry, monkeypatch):
         dev = real_open(self, index)
         if dev.info.name == broken_name:
             # empty launch-size defines: every kernel source fails to compile, with a real build log
-            dev.kernels = KernelCache(dev.ctx, dev.cl_device, dev.shape, "-URN_LS -DRN_LS= -UMV_LS -DMV_LS=")
+            dev.kernels = KernelCache(dev.ctx, dev.cl_device, dev.shape, "-DRN_LS= -DMV_LS=")
         return dev
 
     monkeypatch.setattr(opencl.OpenCLBackend, "probe", probe)
