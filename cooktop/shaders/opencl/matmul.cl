@@ -16,7 +16,9 @@ __kernel void mul_mv(const global uchar *w, const global float *x, global float 
     const int lr = get_local_id(1);
     const int row = get_global_id(1);
     const int nu = n_in / 32;
+#if MV_LS > 1
     local float red[MV_R][MV_LS];
+#endif
     float16 acc = (float16)(0.0f);
     float tail = 0.0f;
     if (row < n_out) {
@@ -31,6 +33,7 @@ __kernel void mul_mv(const global uchar *w, const global float *x, global float 
         for (int i = nu * 32 + lid; i < n_in; i += MV_LS) tail += deq_elem(wr, i) * x[i];
 #endif
     }
+#if MV_LS > 1
     red[lr][lid] = hsum16(acc) + tail;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int s = MV_LS / 2; s > 0; s >>= 1) {
@@ -38,6 +41,9 @@ __kernel void mul_mv(const global uchar *w, const global float *x, global float 
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     if (lid == 0 && row < n_out) y[row] = red[lr][0];
+#else
+    if (row < n_out) y[row] = hsum16(acc) + tail;
+#endif
 }
 
 #define MM_TW (MM_UC * 32)
