@@ -1,0 +1,316 @@
+"""The Vulkan (Kompute kp 0.9.0) backend: probe, install failures, shaders, replay, storage.
+
+Per-op parity with numpy for every backend is in test_ops_parity.py; this file
+tests what is Vulkan's own: the probe and its failure reasons, the shipped
+SPIR-V being up to date, push-constant sizes, the record-once-replay cache of
+sequences (with a decode-like layer checked against numpy each step), and the
+device-only storage tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from cooktop.backends import registry
+from cooktop.backends.base import ROPE_NEOX, nmse
+from cooktop.backends.blocks import random_weight
+from cooktop.errors import DeviceOutOfMemoryError
+from conftest import ROOT, skip_or_fail
+
+vulkan = pytest.importorskip("cooktop.backends.vulkan")
+
+
+@pytest.fixture
+def fresh_registry():
+    """An empty registry for one test; the session's opened devices are put back afterwards
+    (registry.reset() would close the device the session-scoped fixtures hold)."""
+    saved = {name: dict(getattr(registry, name)) for name in ("_backends", "_probes", "_devices", "_smoke")}
+    for name in saved:
+        getattr(registry, name).clear()
+    yield registry
+    for key, dev in list(registry._devices.items()):
+        if saved["_devices"].get(key) is not dev:
+            dev.close()
+    for name, d in saved.items():
+        getattr(registry, name).clear()
+        getattr(registry, name).update(d)
+
+
+@pytest.fixture(scope="module")
+def vk():
+    """The first Vulkan device (skip, or fail under COOKTOP_REQUIRE=vulkan, when absent)."""
+    res = registry.probe("vulkan")
+    if not res.available:
+        skip_or_fail("vulkan", f"{res.reason}; to enable: {res.hint}")
+    return registry.open_device(res.devices[0].selector)
+
+
+# -- probe ------------------------------------------------------------------
+
+def test_probe_fields(vk):
+    info = vk.info
+    assert info.backend == "vulkan" and info.selector == f"vulkan:{info.index}"
+    assert info.global_mem_bytes and info.global_mem_bytes > 0
+    assert info.max_workgroup_size and info.max_workgroup_size >= 128
+    assert info.extra["max_storage_buffer_range"] >= 1 << 27  # Vulkan's minimum is 2^27 bytes
+    assert info.extra["max_push_constants_size"] >= vulkan.MAX_PUSH_BYTES
+    assert set(info.types) == {t.name for t in vulkan.VULKAN_TYPES}
+    assert info.max_alloc_bytes <= info.global_mem_bytes
+    if "llvmpipe" in info.name:  # Mesa lavapipe: Vulkan on the CPU
+        assert info.device_type == "cpu"
+        assert info.vendor == "Mesa"
+        assert info.subgroup_size in (4, 8, 16)
+        assert info.extra["storage_buffer_16bit"] is True and info.extra["storage_buffer_8bit"] is True
+    else:
+        assert info.device_type in ("gpu", "igpu", "cpu", "accelerator")
+
+
+def test_probe_is_cached_and_fast(vk):
+    import time
+    t0 = time.perf_counter()
+    res = vulkan.VulkanBackend().probe()
+    assert res.available and res.devices[0].name == vk.info.name
+    assert time.perf_counter() - t0 < 1.0  # facts are cached per process; no kp.Manager is created
+
+
+def test_disabled_by_env(fresh_registry, monkeypatch, cpu_device):
+    monkeypatch.setenv("COOKTOP_DISABLE", "vulkan")
+    res = fresh_registry.probe("vulkan")
+    assert not res.available
+    assert "COOKTOP_DISABLE" in res.reason
+    assert not any(s.startswith("vulkan") for s in fresh_registry.valid_selectors())
+    cpu = fresh_registry.open_device("cpu")
+    x = cpu.empty((1, 4))
+    cpu.write(x, np.array([[1, 2, 3, 4]], dtype=np.float32))
+    cpu.add(x, x, x)
+    np.testing.assert_array_equal(cpu.read(x), [[2, 4, 6, 8]])
+
+
+def test_kp_absent(fresh_registry, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kp", None)  # `import kp` raises ImportError
+    res = fresh_registry.probe("vulkan")
+    assert not res.available
+    assert "kp" in res.reason and "not importable" in res.reason
+    assert "install-kompute.sh" in res.hint
+    assert fresh_registry.probe("cpu").available
+
+
+def test_numpy2_reported(monkeypatch):
+    monkeypatch.setattr(vulkan.np, "__version__", "2.0.1")
+    res = vulkan.VulkanBackend().probe()
+    if "not importable" in res.reason:
+        skip_or_fail("vulkan", res.reason)
+    assert not res.available
+    assert "numpy 2.0.1" in res.reason and "numpy<2" in res.reason
+
+
+def test_smoke_test_passes(vk):
+    result = registry.smoke_test(vk.info.selector)
+    assert result.ok, result.detail
+    for name in vk.info.types:
+        assert name in result.detail
+
+
+# -- shaders ----------------------------------------------------------------
+
+def _manifest() -> dict:
+    return json.loads((vulkan.SHADER_DIR / "variants.json").read_text())
+
+
+def test_every_variant_ships_spirv():
+    names = {v["name"] for v in _manifest()["variants"]}
+    for t in vulkan.VULKAN_TYPES:
+        for op in ("mul_mat_vec", "mul_mm", "get_rows"):
+            assert f"{op}_{t.name.lower()}" in names
+    for name in names:
+        spv = vulkan.load_spirv(name)
+        assert spv[:4] == b"\x03\x02\x23\x07", f"{name}.spv is not SPIR-V"  # magic 0x07230203, little-endian
+
+
+def test_spirv_not_stale():
+    """Recompile every variant with the same glslc flags; the shipped .spv must be identical."""
+    glslc = shutil.which("glslc")
+    if glslc is None:
+        skip_or_fail("glslc", "glslc not on PATH (apt-get install glslc)")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import build_shaders
+    finally:
+        sys.path.pop(0)
+    version = build_shaders.glslc_version(glslc)
+    recorded = _manifest()["glslc"]
+    if version != recorded:
+        pytest.skip(f"SPIR-V was built with {recorded!r}, this glslc is {version!r}: bytes may differ")
+    stale = build_shaders.stale_variants(glslc)
+    assert not stale, f"stale SPIR-V: {stale}; run `make shaders` (python scripts/build_shaders.py)"
+
+
+def _push_block_words(source: str, defines: dict) -> int:
+    """Number of 32-bit members of the push-constant block of a .comp file under ``defines``
+    (honours plain ``#ifdef NAME`` / ``#else`` / ``#endif`` around the block)."""
+    active, stack = [], []
+    for line in (vulkan.SHADER_DIR / source).read_text().splitlines():
+        m = re.match(r"\s*#(ifdef|ifndef|if|elif|else|endif)\b\s*(\w*)", line)
+        if m and m.group(1) in ("ifdef", "ifndef"):
+            stack.append((m.group(2) in defines) == (m.group(1) == "ifdef"))
+        elif m and m.group(1) == "if":
+            stack.append(None)  # an expression: keep both branches (no push block lives in one)
+        elif m and m.group(1) in ("else", "elif"):
+            stack[-1] = None if stack[-1] is None else not stack[-1]
+        elif m:
+            stack.pop()
+        elif all(x is not False for x in stack):
+            active.append(line)
+    blocks = re.findall(r"layout\(push_constant\) uniform \w+ \{([^}]*)\}", "\n".join(active))
+    assert len(blocks) == 1, f"{source}: {len(blocks)} push-constant blocks under {defines}"
+    return len(re.findall(r"\b(?:uint|int|float)\s+\w+\s*;", blocks[0]))
+
+
+def test_push_constants_fit_and_match(vk, monkeypatch):
+    """Every dispatch pushes exactly the GLSL block's size, and it is <= 128 bytes."""
+    variants = {v["name"]: v for v in _manifest()["variants"]}
+    seen: dict[str, int] = {}
+    orig = vk._dispatch_raw
+
+    def spy(variant, handles, grid, push):
+        seen[variant] = len(push)
+        return orig(variant, handles, grid, push)
+
+    monkeypatch.setattr(vk, "_dispatch_raw", spy)
+    _decode_layer_run(vk, n_steps=1)
+    xb, yb = vk.zeros((16, 256)), vk.empty((16, 256))
+    vk.matmul(yb, xb, vk.upload(random_weight(T.Q4_0, (256, 256), np.random.default_rng(0)), T.Q4_0, (256, 256)))
+    vk.read(yb)
+    assert {"copy", "fill", "rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add"} <= set(seen)
+    assert any(v.startswith("mul_mm_") for v in seen) and any(v.startswith("mul_mat_vec_") for v in seen)
+    for variant, n in seen.items():
+        words = _push_block_words(variants[variant]["source"], variants[variant]["defines"])
+        assert n == words, f"{variant}: host pushes {n} words, GLSL block has {words}"
+        assert 4 * n <= vulkan.MAX_PUSH_BYTES
+    assert vulkan.pack_push(tuple(range(32))).nbytes == 128
+    with pytest.raises(AssertionError):
+        vulkan.pack_push(tuple(range(33)))
+    assert vulkan.f32_bits(1.0) == 0x3F800000
+
+
+# -- record once, replay -----------------------------------------------------
+
+def _decode_layer_run(dev, n_steps: int, seed: int = 7):
+    """Run ``n_steps`` decode steps of a small llama layer (Q4_0 / Q6_K weights) on ``dev``.
+
+    Per-token values (token id, position) go through ``write`` only, so the op
+    list is identical every step. Returns the list of per-step outputs f32 [1, n_embd].
+    """
+    rng = np.random.default_rng(seed)
+    n_embd, n_head, n_head_kv, n_ff, n_ctx, n_vocab = 256, 4, 2, 512, 16, 40
+    hd = n_embd // n_head
+    kv = n_head_kv * hd
+    emb = random_weight(T.Q8_0, (n_vocab, n_embd), rng)
+    ws = {name: (random_weight(ty, shape, rng, scale=0.3), ty, shape) for name, ty, shape in (
+        ("wq", T.Q4_0, (n_embd, n_embd)), ("wk", T.Q4_K, (kv, n_embd)), ("wv", T.Q6_K, (kv, n_embd)),
+        ("wo", T.Q5_0, (n_embd, n_embd)), ("gate", T.Q4_1, (n_ff, n_embd)), ("up", T.Q5_K, (n_ff, n_embd)),
+        ("down", T.F16, (n_embd, n_ff)))}
+    norm = (1 + 0.1 * rng.standard_normal(n_embd)).astype(np.float32)
+    w = {k: dev.upload(raw, ty, shape) for k, (raw, ty, shape) in ws.items()}
+    tok_embd = dev.upload(emb, T.Q8_0, (n_vocab, n_embd))
+    norm_t = dev.upload(norm, T.F32, (n_embd,))
+    k_cache, v_cache = dev.zeros((n_ctx, kv)), dev.zeros((n_ctx, kv))
+    ids, pos = dev.empty((8,), T.I32), dev.empty((8,), T.I32)
+    x, h, q, k, v, a = (dev.empty((8, n)) for n in (n_embd, n_embd, n_embd, kv, kv, n_embd))
+    g, u = dev.empty((8, n_ff)), dev.empty((8, n_ff))
+    outs = []
+    for step in range(n_steps):
+        dev.write(ids.head(1), np.array([(3 * step + 1) % n_vocab], dtype=np.int32))
+        dev.write(pos.head(1), np.array([step], dtype=np.int32))
+        i1, p1, x1, h1, q1, k1, v1, a1, g1, u1 = (t.head(1) for t in (ids, pos, x, h, q, k, v, a, g, u))
+        dev.get_rows(x1, tok_embd, i1)
+        dev.rmsnorm(h1, x1, norm_t, 1e-5)
+        dev.matmul(q1, h1, w["wq"])
+        dev.matmul(k1, h1, w["wk"])
+        dev.matmul(v1, h1, w["wv"])
+        dev.rope(q1, q1, p1, hd, hd, 10000.0, 1.0, ROPE_NEOX)
+        dev.rope(k1, k1, p1, hd, hd, 10000.0, 1.0, ROPE_NEOX)
+        dev.kv_store(k_cache, k1, p1)
+        dev.kv_store(v_cache, v1, p1)
+        dev.attention(a1, q1, k_cache, v_cache, p1, n_head, n_head_kv, 1.0 / np.sqrt(hd))
+        dev.matmul(h1, a1, w["wo"])
+        dev.add(x1, x1, h1)
+        dev.rmsnorm(h1, x1, norm_t, 1e-5)
+        dev.matmul(g1, h1, w["gate"])
+        dev.matmul(u1, h1, w["up"])
+        dev.silu_mul(g1, g1, u1)
+        dev.matmul(h1, g1, w["down"])
+        dev.add(x1, x1, h1)
+        outs.append(dev.read(x1))
+    return outs
+
+
+def test_replay_cache_replays_decode_steps(vk, cpu_device):
+    """Six decode steps: the step's sequence is recorded once and replayed; every step matches numpy."""
+    rec0, rep0 = vk.n_recordings, vk.n_replays
+    got = _decode_layer_run(vk, n_steps=6)
+    ref = _decode_layer_run(cpu_device, n_steps=6)
+    for step, (a, b) in enumerate(zip(got, ref)):
+        assert nmse(a, b) <= 5e-4, f"step {step}: nmse {nmse(a, b):.2e}"
+    assert not np.allclose(got[0], got[1])  # steps differ: per-token values really reached the device
+    # step 0 also runs the zeros() fills with it (its own list); steps 1..5 are one identical list
+    assert vk.n_recordings - rec0 == 2
+    assert vk.n_replays - rep0 == 4
+
+
+def test_replay_with_explicit_barriers(vk, cpu_device, monkeypatch):
+    """The barrier path recorded for non-CPU devices (1-element OpTensorSyncLocal between dispatches)
+    computes the same results."""
+    monkeypatch.setattr(vk, "_barriers", True)
+    monkeypatch.setattr(vk, "_seqs", type(vk._seqs)())
+    got = _decode_layer_run(vk, n_steps=2, seed=9)
+    ref = _decode_layer_run(cpu_device, n_steps=2, seed=9)
+    for a, b in zip(got, ref):
+        assert nmse(a, b) <= 5e-4
+
+
+# -- storage tensors ---------------------------------------------------------
+
+def test_tensors_are_device_only_storage(vk):
+    kp = sys.modules["kp"]
+    t = vk.empty((4, 8))
+    w = vk.upload(np.arange(64, dtype=np.float32), T.F32, (8, 8))
+    assert t.handle.tensor_type() == kp.TensorTypes.storage
+    assert w.handle.tensor_type() == kp.TensorTypes.storage
+    data = np.arange(32, dtype=np.float32).reshape(4, 8)
+    vk.write(t, data)
+    np.testing.assert_array_equal(vk.read(t), data)
+    # a write through a head view leaves the other rows alone
+    vk.write(t.head(1), -np.ones((1, 8), dtype=np.float32))
+    back = vk.read(t)
+    np.testing.assert_array_equal(back[0], -1)
+    np.testing.assert_array_equal(back[1:], data[1:])
+    # two writes to one tensor in a single pending list each reach their op
+    s = vk.empty((1, 8))
+    vk.write(s, np.ones((1, 8), dtype=np.float32))
+    vk.add(t.head(1), s, s)
+    vk.write(s, np.full((1, 8), 5, dtype=np.float32))
+    vk.add(s, s, s)
+    np.testing.assert_array_equal(vk.read(t.head(1)), 2)
+    np.testing.assert_array_equal(vk.read(s), 10)
+    z = vk.zeros((3, 5), T.I32)
+    np.testing.assert_array_equal(vk.read(z), np.zeros((3, 5), dtype=np.int32))
+
+
+def test_allocations_counted_and_bounded(vk):
+    n0, b0 = vk.n_allocs, vk.allocated_bytes
+    vk.empty((16, 16))
+    vk.upload(np.zeros((4, 34), dtype=np.uint8), T.Q8_0, (4, 32))
+    assert vk.n_allocs == n0 + 2
+    assert vk.allocated_bytes - b0 == 16 * 16 * 4 + (4 * 34 + 4)
+    limit = vk.info.extra["max_storage_buffer_range"]
+    with pytest.raises(DeviceOutOfMemoryError, match=str(limit)):
+        vk.empty((limit // 4 + 1024,))
+    assert vk.n_allocs == n0 + 2  # the refused allocation is not counted
