@@ -43,8 +43,8 @@ class LaunchShape:
     at_ls: keys per attention chunk (= group size). ew_ls: elementwise group size.
     """
 
-    mv_ls: int = 8
-    mv_r: int = 4
+    mv_ls: int = 1
+    mv_r: int = 8
     mm_tm: int = 16
     mm_tn: int = 8
     mm_uc: int = 4
@@ -58,10 +58,12 @@ class LaunchShape:
                 f"-DMM_UC={self.mm_uc} -DRN_LS={self.rn_ls} -DAT_LS={self.at_ls}")
 
 
-#: CPU devices (PoCL): work-items of a group run vectorized on one core, so small groups
-#: with many units each; GPU devices: wider groups. Measured with scripts/bench_opencl.py.
+#: CPU devices (PoCL): a work-group runs on one core, and explicit float16 vectors are
+#: its SIMD, so one output row per work-item (mv_ls=1, no local reduction) was fastest
+#: (Q4_K decode 2-3x faster than 8 work-items per row on PoCL 3.1). GPU devices:
+#: work-groups share rows (ggml's layout); not measured here (no GPU on the dev machine).
 CPU_SHAPE = LaunchShape()
-GPU_SHAPE = LaunchShape(mv_ls=32, mv_r=2, mm_tm=64, mm_tn=8, mm_uc=2, rn_ls=64, at_ls=32, ew_ls=64)
+GPU_SHAPE = LaunchShape(mv_ls=16, mv_r=4, mm_tm=64, mm_tn=8, mm_uc=2, rn_ls=64, at_ls=32, ew_ls=64)
 
 
 def read_source(*names: str) -> str:

@@ -41,6 +41,13 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
 }
 inline float deq_elem(const global uchar *row, int i) { return ((const global float *)row)[i]; }
 
+#define QKV 32
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    float16 a, b;
+    deq_unit(row, ib, &a, &b);
+    return mad(b, vload16(2 * ib + 1, x), mad(a, vload16(2 * ib, x), acc));
+}
+
 #elif defined(W_F16)
 #define W_FLOAT 1
 #define ROW_BYTES(n) ((size_t)(n) * 2)
@@ -51,6 +58,13 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
 }
 inline float deq_elem(const global uchar *row, int i) { return half_bits_to_float(((const global ushort *)row)[i]); }
 
+#define QKV 32
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    float16 a, b;
+    deq_unit(row, ib, &a, &b);
+    return mad(b, vload16(2 * ib + 1, x), mad(a, vload16(2 * ib, x), acc));
+}
+
 #elif defined(W_Q8_0)
 // block_q8_0 {half d; int8 qs[32]} (34 bytes): y = d * qs
 #define ROW_BYTES(n) ((size_t)(n) / 32 * 34)
@@ -60,6 +74,14 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
     const global char *q = (const global char *)(p + 2);
     *a = convert_float16(vload16(0, q)) * d;
     *b = convert_float16(vload16(1, q)) * d;
+}
+#define QKV 32
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    const global uchar *p = row + (size_t)ib * 34;
+    const global char *q = (const global char *)(p + 2);
+    const float16 t = convert_float16(vload16(0, q)) * vload16(2 * ib, x)
+                    + convert_float16(vload16(1, q)) * vload16(2 * ib + 1, x);
+    return mad((float16)LOAD_HALF(p), t, acc);
 }
 
 #elif defined(W_Q4_0)
@@ -72,6 +94,15 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
     *a = (convert_float16(q & (uchar)15) - 8.0f) * d;
     *b = (convert_float16(q >> (uchar)4) - 8.0f) * d;
 }
+#define QKV 32
+// d * sum((q - 8) x) folded as d * (q.x - 8 sum(x))
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    const global uchar *p = row + (size_t)ib * 18;
+    const uchar16 q = vload16(0, p + 2);
+    const float16 xa = vload16(2 * ib, x), xb = vload16(2 * ib + 1, x);
+    const float16 t = convert_float16(q & (uchar)15) * xa + convert_float16(q >> (uchar)4) * xb - 8.0f * (xa + xb);
+    return mad((float16)LOAD_HALF(p), t, acc);
+}
 
 #elif defined(W_Q4_1)
 // block_q4_1 {half d; half m; uint8 qs[16]} (20 bytes): y = d*q + m
@@ -82,6 +113,14 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
     const uchar16 q = vload16(0, p + 4);
     *a = convert_float16(q & (uchar)15) * d + m;
     *b = convert_float16(q >> (uchar)4) * d + m;
+}
+#define QKV 32
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    const global uchar *p = row + (size_t)ib * 20;
+    const uchar16 q = vload16(0, p + 4);
+    const float16 xa = vload16(2 * ib, x), xb = vload16(2 * ib + 1, x);
+    const float16 t = convert_float16(q & (uchar)15) * xa + convert_float16(q >> (uchar)4) * xb;
+    return mad((float16)LOAD_HALF(p), t, mad((float16)LOAD_HALF(p + 2), xa + xb, acc));
 }
 
 #elif defined(W_Q5_0) || defined(W_Q5_1)
@@ -96,17 +135,22 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
 #define Q5_QH 4
 #endif
 #define ROW_BYTES(n) ((size_t)(n) / 32 * Q5_BYTES)
-inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
-    const global uchar *p = row + (size_t)u * Q5_BYTES;
-    const float d = LOAD_HALF(p);
+// raw 5-bit quants of block u: values 0..15 -> fa, 16..31 -> fb
+inline void q5_raw(const global uchar *p, float16 *fa, float16 *fb) {
     const uchar4 h = vload4(0, p + Q5_QH);
     const uint qh = (uint)h.s0 | ((uint)h.s1 << 8) | ((uint)h.s2 << 16) | ((uint)h.s3 << 24);
     const uint16 sh = (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const uint16 hl = ((((uint16)qh) >> sh) & 1u) << 4;
     const uint16 hh = ((((uint16)qh) >> (sh + 16u)) & 1u) << 4;
     const uchar16 q = vload16(0, p + Q5_QH + 4);
-    const float16 fa = convert_float16(convert_uint16(q & (uchar)15) | hl);
-    const float16 fb = convert_float16(convert_uint16(q >> (uchar)4) | hh);
+    *fa = convert_float16(convert_uint16(q & (uchar)15) | hl);
+    *fb = convert_float16(convert_uint16(q >> (uchar)4) | hh);
+}
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const global uchar *p = row + (size_t)u * Q5_BYTES;
+    const float d = LOAD_HALF(p);
+    float16 fa, fb;
+    q5_raw(p, &fa, &fb);
 #if defined(W_Q5_0)
     *a = (fa - 16.0f) * d;
     *b = (fb - 16.0f) * d;
@@ -114,6 +158,18 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
     const float m = LOAD_HALF(p + 2);
     *a = fa * d + m;
     *b = fb * d + m;
+#endif
+}
+#define QKV 32
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    const global uchar *p = row + (size_t)ib * Q5_BYTES;
+    float16 fa, fb;
+    q5_raw(p, &fa, &fb);
+    const float16 xa = vload16(2 * ib, x), xb = vload16(2 * ib + 1, x);
+#if defined(W_Q5_0)
+    return mad((float16)LOAD_HALF(p), fa * xa + fb * xb - 16.0f * (xa + xb), acc);
+#else
+    return mad((float16)LOAD_HALF(p), fa * xa + fb * xb, mad((float16)LOAD_HALF(p + 2), xa + xb, acc));
 #endif
 }
 
@@ -156,6 +212,43 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
     *a = convert_float16(qa) * dl - ml;
     *b = convert_float16(qb) * dl - ml;
 }
+#define QKV 256
+// A whole super-block: the eight 6-bit scales/mins decoded at once (get_scale_min_k4
+// for j < 4 and j >= 4 as vectors), then 4 x 64 values: y = dl*q - ml per sub-block.
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    const global uchar *p = row + (size_t)ib * QK_BYTES;
+    const float d = LOAD_HALF(p), dmin = LOAD_HALF(p + 2);
+    const uchar4 s0 = vload4(0, p + 4), s1 = vload4(1, p + 4), s2 = vload4(2, p + 4);
+    const float4 sc_lo = convert_float4(s0 & (uchar)63), mn_lo = convert_float4(s1 & (uchar)63);
+    const float4 sc_hi = convert_float4((s2 & (uchar)15) | ((s0 >> (uchar)6) << (uchar)4));
+    const float4 mn_hi = convert_float4((s2 >> (uchar)4) | ((s1 >> (uchar)6) << (uchar)4));
+    const float8 dl = d * (float8)(sc_lo, sc_hi), ml = dmin * (float8)(mn_lo, mn_hi);
+    const global float *xb = x + (size_t)ib * 256;
+    const global uchar *qs = p + QK_QS;
+#if defined(W_Q5_K)
+    const uchar16 ha = vload16(0, p + 16), hb = vload16(1, p + 16);
+#endif
+    for (int j = 0; j < 4; j++) {
+        const uchar16 qa = vload16(0, qs + 32 * j), qb = vload16(1, qs + 32 * j);
+        uchar16 q0a = qa & (uchar)15, q0b = qb & (uchar)15, q1a = qa >> (uchar)4, q1b = qb >> (uchar)4;
+#if defined(W_Q5_K)
+        const uchar s0 = (uchar)(2 * j), s1 = (uchar)(2 * j + 1);
+        q0a |= ((ha >> s0) & (uchar)1) << (uchar)4;
+        q0b |= ((hb >> s0) & (uchar)1) << (uchar)4;
+        q1a |= ((ha >> s1) & (uchar)1) << (uchar)4;
+        q1b |= ((hb >> s1) & (uchar)1) << (uchar)4;
+#endif
+        const float16 x0a = vload16(0, xb + 64 * j), x0b = vload16(1, xb + 64 * j);
+        const float16 x1a = vload16(2, xb + 64 * j), x1b = vload16(3, xb + 64 * j);
+        const float16 t0 = convert_float16(q0a) * x0a + convert_float16(q0b) * x0b;
+        const float16 t1 = convert_float16(q1a) * x1a + convert_float16(q1b) * x1b;
+        acc = mad((float16)dl[2 * j], t0, acc);
+        acc = mad((float16)dl[2 * j + 1], t1, acc);
+        acc = mad((float16)(-ml[2 * j]), x0a + x0b, acc);
+        acc = mad((float16)(-ml[2 * j + 1]), x1a + x1b, acc);
+    }
+    return acc;
+}
 
 #elif defined(W_Q6_K)
 // block_q6_K {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d} (210 bytes)
@@ -175,6 +268,34 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
     const uchar16 qb = ((vload16(1, ql) >> nsh) & (uchar)15) | (((vload16(1, qh) >> hsh) & (uchar)3) << (uchar)4);
     *a = (convert_float16(qa) - 32.0f) * d0;
     *b = (convert_float16(qb) - 32.0f) * d1;
+}
+#define QKV 256
+// A whole super-block: two halves of 128 values, each four groups r of 32 (module comment above).
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    const global uchar *p = row + (size_t)ib * 210;
+    const float d = LOAD_HALF(p + 208);
+    const global float *xb = x + (size_t)ib * 256;
+    for (int h = 0; h < 2; h++) {
+        const global uchar *ql = p + 64 * h;
+        const global uchar *qh = p + 128 + 32 * h;
+        const float8 sc = d * convert_float8(vload8(0, (const global char *)(p + 192) + 8 * h));
+        const uchar16 la = vload16(0, ql), lb = vload16(1, ql), lc = vload16(2, ql), ld = vload16(3, ql);
+        const uchar16 ha = vload16(0, qh), hb = vload16(1, qh);
+        const global float *xh = xb + 128 * h;
+#define Q6_GROUP(r, lo_a, lo_b, nsh)                                                                   \
+        {                                                                                              \
+            const uchar16 qa = ((lo_a >> (uchar)nsh) & (uchar)15) | (((ha >> (uchar)(2 * r)) & (uchar)3) << (uchar)4); \
+            const uchar16 qb = ((lo_b >> (uchar)nsh) & (uchar)15) | (((hb >> (uchar)(2 * r)) & (uchar)3) << (uchar)4); \
+            acc = mad((float16)sc[2 * r], (convert_float16(qa) - 32.0f) * vload16(2 * r, xh), acc);       \
+            acc = mad((float16)sc[2 * r + 1], (convert_float16(qb) - 32.0f) * vload16(2 * r + 1, xh), acc); \
+        }
+        Q6_GROUP(0, la, lb, 0)
+        Q6_GROUP(1, lc, ld, 0)
+        Q6_GROUP(2, la, lb, 4)
+        Q6_GROUP(3, lc, ld, 4)
+#undef Q6_GROUP
+    }
+    return acc;
 }
 
 #else

@@ -4,8 +4,10 @@
 // y f32 [n_tok, n_out] = x f32 [n_tok, n_in] @ W[n_out, n_in]^T
 //
 // mul_mv (n_tok == 1, decode): local size (MV_LS, MV_R): MV_LS work-items share
-//   one output row, each streams units u = lid, lid+MV_LS, ... dequantizing in
-//   registers; partial sums are reduced in local memory.
+//   one output row, each streams blocks ib = lid, lid+MV_LS, ... (dot_block:
+//   dequantized in registers, scales folded out of the inner products); partial
+//   sums are reduced in local memory. MV_LS == 1 (CPU devices) is one row per
+//   work-item with no reduction.
 // mul_mm (n_tok > 1, prompt): local size (MM_TM): each work-item owns one output
 //   row and MM_TN tokens; the group stages a tile x[MM_TN][MM_UC*32] in local
 //   memory, and each dequantized weight unit is reused for all MM_TN tokens.
@@ -15,7 +17,7 @@ __kernel void mul_mv(const global uchar *w, const global float *x, global float 
     const int lid = get_local_id(0);
     const int lr = get_local_id(1);
     const int row = get_global_id(1);
-    const int nu = n_in / 32;
+    const int nb = n_in / QKV;
 #if MV_LS > 1
     local float red[MV_R][MV_LS];
 #endif
@@ -23,14 +25,9 @@ __kernel void mul_mv(const global uchar *w, const global float *x, global float 
     float tail = 0.0f;
     if (row < n_out) {
         const global uchar *wr = w + (size_t)row * ROW_BYTES(n_in);
-        for (int u = lid; u < nu; u += MV_LS) {
-            float16 a, b;
-            deq_unit(wr, u, &a, &b);
-            acc = mad(a, vload16(2 * u, x), acc);
-            acc = mad(b, vload16(2 * u + 1, x), acc);
-        }
+        for (int ib = lid; ib < nb; ib += MV_LS) acc = dot_block(wr, ib, x, acc);
 #ifdef W_FLOAT
-        for (int i = nu * 32 + lid; i < n_in; i += MV_LS) tail += deq_elem(wr, i) * x[i];
+        for (int i = nb * QKV + lid; i < n_in; i += MV_LS) tail += deq_elem(wr, i) * x[i];
 #endif
     }
 #if MV_LS > 1
