@@ -90,6 +90,8 @@ def make_case(name: str, stories: pathlib.Path, d: pathlib.Path) -> pathlib.Path
         p.write_bytes(b"")
     elif name == "header_few_bytes":
         p.write_bytes(b"GGUF\x03\x00")
+    elif name == "version_4":
+        patched(stories, p, [(4, struct.pack("<I", 4))])
     elif name == "header_cut":  # magic/version/counts fine, file ends inside the metadata
         patched(stories, p, [], size=1000)
     elif name == "data_cut":  # valid header, file ends in the middle of the tensor data
@@ -102,6 +104,9 @@ def make_case(name: str, stories: pathlib.Path, d: pathlib.Path) -> pathlib.Path
     elif name == "zero_dim":
         info = tensor_info_offsets(stories, "blk.0.attn_q.weight")
         patched(stories, p, [(info["dims"] + 8, struct.pack("<Q", 0))])
+    elif name == "huge_dim":  # 2**62 rows: the byte count must not overflow into something that fits
+        info = tensor_info_offsets(stories, "blk.0.attn_q.weight")
+        patched(stories, p, [(info["dims"] + 8, struct.pack("<Q", 2**62))])
     elif name == "unknown_type":
         info = tensor_info_offsets(stories, "blk.0.attn_q.weight")
         patched(stories, p, [(info["type"], struct.pack("<I", 99))])
@@ -144,10 +149,12 @@ CASES: dict[str, tuple[tuple[str, ...], type]] = {
     "safetensors": (("not a gguf", "magic", "safetensors"), GGUFError),
     "empty": (("empty",), GGUFError),
     "header_few_bytes": (("truncated", "header"), GGUFError),
+    "version_4": (("version 4", "not supported"), GGUFError),
     "header_cut": (("truncated", "header"), GGUFError),
     "data_cut": (("truncated", "past the end"), GGUFError),
     "past_end": (("past the end", LAST), GGUFError),
     "zero_dim": (("zero-size", "blk.0.attn_q.weight"), GGUFError),
+    "huge_dim": (("past the end", "blk.0.attn_q.weight"), GGUFError),
     "unknown_type": (("unknown ggml type", "99", "blk.0.attn_q.weight"), GGUFError),
     "alignment_48": (("general.alignment", "48", "power of two"), GGUFError),
     "missing_key": (("missing", "llama.embedding_length"), UnsupportedModelError),

@@ -14,6 +14,7 @@ with bounds checks to name the defect. (GGUF format: ggml docs/gguf.md.)
 from __future__ import annotations
 
 import dataclasses
+import math
 import mmap
 import os
 import struct
@@ -164,7 +165,7 @@ def _check_tensor(path: str, name: str, type_id: int, ne: list[int], data_at: in
     if (data_at - data_start) % align:
         raise GGUFError(f"{path}: tensor {name!r} data offset {data_at - data_start} is not a multiple of "
                         f"the alignment {align}; the file is corrupt")
-    n_bytes = int(np.prod(shape[:-1], dtype=np.int64)) * (shape[-1] // block) * size
+    n_bytes = math.prod(shape[:-1]) * (shape[-1] // block) * size  # exact: no int64 overflow
     end = data_at + n_bytes
     if end > file_size:
         raise GGUFError(f"{path}: tensor {name!r} extends past the end of the file "
