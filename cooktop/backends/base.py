@@ -318,6 +318,18 @@ class Device(ABC):
     def get_rows(self, out: DeviceTensor, table: DeviceTensor, ids: DeviceTensor) -> None:
         """``out[i] = dequantize(table[ids[i]])``; table [n_rows, n] any supported type, ids I32 [k]."""
 
+    def copy(self, out: DeviceTensor, x: DeviceTensor) -> None:
+        """``out = x`` elementwise, f32 of equal shapes (``cooktop bench --ops`` measures the
+        device's practical memory bandwidth with it: 2 x nbytes moved per call).
+
+        Not part of the forward pass, so not abstract: a backend without a copy kernel
+        keeps this default.
+
+        Raises:
+            UnsupportedOpError: the backend has no copy kernel.
+        """
+        raise UnsupportedOpError(f"{self.info.selector} ({self.info.name}): copy is not supported on this backend")
+
 
 class Backend(ABC):
     """A backend family: probes its devices (never raising) and opens one.

@@ -199,6 +199,9 @@ class CpuDevice(Device):
         rows = table.handle[self._a(ids)]
         self._a(out)[...] = dequantize(rows, table.ggml_type, (len(rows), table.shape[-1]))
 
+    def copy(self, out, x):
+        np.copyto(self._a(out), self._a(x))
+
 
 def cpu_info() -> DeviceInfo:
     """DeviceInfo of the numpy device (host memory, core count)."""

@@ -1,0 +1,410 @@
+"""pp / tg / pg throughput with llama-bench's semantics, over a sweep of parameters.
+
+Tests (llama-bench, examples/llama-bench/llama-bench.cpp):
+
+- ``ppP``: evaluate ``P`` random valid token ids from an empty context in
+  ``n_batch`` chunks; t/s = P / seconds.
+- ``tgN``: from an empty context, evaluate ``N`` tokens one after another
+  (one forward pass each, no sampling); t/s = N / seconds.
+- ``ppP+tgN``: ``ppP`` then ``tgN`` in the same context; t/s = (P + N) / seconds.
+
+Each (test, configuration) gets one warm-up run (not counted: it compiles
+kernels, records sequences, fills the numpy backend's dequantized-weight
+cache), then ``reps`` timed runs; the result is the mean and sample standard
+deviation of the per-run tokens/s. Token ids come from a generator seeded
+per test, so every engine evaluates the same ids.
+
+The sweep is the product of models x devices x ``-ngl`` x ``-b`` x ``-ts``.
+A device element may join several devices with ``+`` (``opencl:0+vulkan:0``),
+which splits the offloaded layers among them in proportion to ``-ts``
+(``3/1``; default: by device memory). Each (model, device, ngl, n_batch, ts)
+is loaded once and reused for all its tests. A configuration that cannot
+load (unavailable device, out of memory) or fails while running becomes a
+record with ``error`` set, not an exception.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from ..errors import CooktopError
+
+log = logging.getLogger("cooktop")
+
+#: Backend column of cooktop's device families (llama.cpp rows say "llama.cpp").
+BACKEND_NAMES = {"cpu": "numpy", "opencl": "opencl", "vulkan": "vulkan"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TestSpec:
+    """One llama-bench test: ``n_prompt`` prompt tokens then ``n_gen`` generated tokens."""
+
+    __test__ = False  # not a pytest class
+
+    n_prompt: int
+    n_gen: int
+
+    @property
+    def name(self) -> str:
+        """``pp512``, ``tg128`` or ``pp512+tg128`` (llama-bench's test names)."""
+        parts = ([f"pp{self.n_prompt}"] if self.n_prompt else []) + ([f"tg{self.n_gen}"] if self.n_gen else [])
+        return "+".join(parts)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens evaluated per run (the numerator of t/s)."""
+        return self.n_prompt + self.n_gen
+
+
+def make_tests(n_prompt: list[int], n_gen: list[int], pg: list[tuple[int, int]]) -> list[TestSpec]:
+    """llama-bench's test list: a pp test per ``-p`` > 0, a tg test per ``-n`` > 0, a pg test per ``-pg``.
+
+    Raises:
+        CooktopError: a negative count, or no test at all.
+    """
+    if any(v < 0 for v in n_prompt + n_gen + [x for p in pg for x in p]):
+        raise CooktopError("-p, -n and -pg take token counts >= 0")
+    tests = [TestSpec(p, 0) for p in n_prompt if p > 0] + [TestSpec(0, n) for n in n_gen if n > 0]
+    tests += [TestSpec(p, n) for p, n in pg if p > 0 or n > 0]
+    if not tests:
+        raise CooktopError("nothing to measure: every -p, -n and -pg is 0")
+    return list(dict.fromkeys(tests))
+
+
+@dataclasses.dataclass
+class ModelFacts:
+    """llama-bench's model columns: description, size (bytes of tensor data), parameter count."""
+
+    path: str
+    desc: str
+    size_bytes: int
+    n_params: int
+    n_vocab: int
+    file_type: str
+
+
+#: llama_ftype -> name (llama.h), for the model description.
+_FTYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
+           11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small",
+           15: "Q4_K - Medium", 16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 32: "BF16"}
+
+
+def _count_label(n: int) -> str:
+    """``1.1B``, ``135M``, ``292K`` (the size part of llama.cpp's model description)."""
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B"
+    return f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+def model_facts(path: str) -> ModelFacts:
+    """Open a GGUF's metadata (nothing is loaded onto a device).
+
+    Raises:
+        GGUFError, UnsupportedModelError: the file cannot be run.
+    """
+    from ..model.config import load_config
+    from ..model.gguf import open_gguf
+
+    gf = open_gguf(path)
+    cfg = load_config(gf)
+    ft = gf.metadata.get("general.file_type")
+    if ft is not None:
+        ftype = _FTYPES.get(int(ft), f"ftype {int(ft)}")
+    else:  # the most common weight type
+        counts: dict[str, int] = {}
+        for t in gf.tensors.values():
+            counts[t.ggml_type.name] = counts.get(t.ggml_type.name, 0) + t.n_bytes
+        ftype = max(counts, key=counts.get)
+    n_params = sum(t.n_elements for t in gf.tensors.values())
+    size = sum(t.n_bytes for t in gf.tensors.values())
+    return ModelFacts(os.path.abspath(path), f"{cfg.arch} {_count_label(n_params)} {ftype}", size, n_params,
+                      cfg.n_vocab, ftype)
+
+
+@dataclasses.dataclass
+class Result:
+    """One (model, configuration, test) measurement: the per-run samples, or the error.
+
+    ``samples_s`` are seconds per timed run; ``paired_ts`` the llama.cpp tokens/s measured
+    interleaved with these runs (``--vs llama.cpp``), from which :attr:`ratio` comes.
+    """
+
+    model: ModelFacts
+    backend: str
+    device: str
+    device_name: str
+    ngl: Any
+    n_batch: int
+    split: str | None
+    test: TestSpec
+    samples_s: list[float] = dataclasses.field(default_factory=list)
+    error: str | None = None
+    placement: str = ""
+    load_ms: float = 0.0
+    paired_ts: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def samples_ts(self) -> list[float]:
+        """Tokens per second of each timed run."""
+        return [self.test.n_tokens / s for s in self.samples_s if s > 0]
+
+    @property
+    def avg_ts(self) -> float | None:
+        """Mean tokens/s (None without samples)."""
+        ts = self.samples_ts
+        return statistics.fmean(ts) if ts else None
+
+    @property
+    def stddev_ts(self) -> float | None:
+        """Sample standard deviation of tokens/s (0 for a single run; None without samples)."""
+        ts = self.samples_ts
+        return statistics.stdev(ts) if len(ts) > 1 else (0.0 if ts else None)
+
+    @property
+    def ratio(self) -> float | None:
+        """This engine's mean t/s over the paired llama.cpp runs' mean t/s (``--vs``), else None."""
+        if not self.paired_ts or self.avg_ts is None:
+            return None
+        return self.avg_ts / statistics.fmean(self.paired_ts)
+
+
+class Runner(Protocol):
+    """An engine under test: evaluates prompt chunks and single tokens from an empty context."""
+
+    backend: str
+    device: str
+    device_name: str
+    placement: str
+    load_ms: float
+
+    def reset(self) -> None: ...
+    def prompt(self, tokens: list[int]) -> None: ...
+    def decode(self, token: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class CooktopRunner:
+    """cooktop's engine on one configuration (``engine.load`` once).
+
+    Raises (from the constructor):
+        CooktopError: the device is unavailable, the model does not fit, ...
+    """
+
+    def __init__(self, path: str, device: str, ngl: Any, n_batch: int, split: str | None, n_ctx: int):
+        from .. import engine
+
+        sels = device.replace("+", ",")
+        self.device = device
+        self.backend = "+".join(BACKEND_NAMES.get(s.split(":")[0], s) for s in device.split("+"))
+        self.device_name = device_names(device)
+        self.eng = engine.load(path, n_ctx=n_ctx, n_batch=n_batch, device=sels, n_gpu_layers=ngl,
+                               split=split.replace("/", ",") if split else None)
+        self.placement = self.eng.placement.summary()
+        self.load_ms = self.eng.load_ms
+
+    def reset(self) -> None:
+        self.eng.reset()
+
+    def prompt(self, tokens: list[int]) -> None:
+        self.eng.eval(tokens)
+
+    def decode(self, token: int) -> None:
+        self.eng.eval([token])
+
+    def close(self) -> None:
+        self.eng.close()
+
+
+def device_names(device: str) -> str:
+    """Probed names of the devices in a sweep element (``+``-joined); never raises."""
+    from ..backends import registry
+
+    names = []
+    for sel in device.split("+"):
+        fam, _, idx = sel.strip().lower().partition(":")
+        try:
+            res = registry.probe(fam)
+            i = int(idx) if idx else 0
+            names.append(next((d.name for d in res.devices if d.index == i), "?"))
+        except Exception:  # noqa: BLE001 - a label, not a check
+            names.append("?")
+    return " + ".join(names)
+
+
+def run_once(runner: Runner, test: TestSpec, tokens: list[int]) -> float:
+    """One run of ``test`` from an empty context; returns seconds (wall clock, perf_counter)."""
+    runner.reset()
+    t0 = time.perf_counter()
+    if test.n_prompt:
+        runner.prompt(tokens[:test.n_prompt])
+    for tok in tokens[test.n_prompt:]:
+        runner.decode(tok)
+    return time.perf_counter() - t0
+
+
+def tokens_for(test: TestSpec, n_vocab: int, seed: int) -> list[int]:
+    """The ``n_tokens`` ids a test evaluates: uniform in ``[0, n_vocab)``, seeded (numpy PCG64)."""
+    rng = np.random.default_rng([seed, test.n_prompt, test.n_gen])
+    return [int(t) for t in rng.integers(0, n_vocab, test.n_tokens)]
+
+
+@dataclasses.dataclass
+class BenchParams:
+    """A sweep: every combination of the list-valued fields (``-m``, ``--device``, ``-ngl``, ``-b``, ``-ts``)."""
+
+    models: list[str]
+    tests: list[TestSpec]
+    devices: list[str]
+    ngl: list[Any]
+    n_batch: list[int]
+    split: list[str | None] = dataclasses.field(default_factory=lambda: [None])
+    reps: int = 5
+    seed: int = 1234
+
+    def configs(self) -> list[tuple[str, Any, int, str | None]]:
+        """(device, ngl, n_batch, split) of every sweep point, device outermost."""
+        return list(itertools.product(self.devices, self.ngl, self.n_batch, self.split))
+
+
+def _error_text(e: BaseException) -> str:
+    msg = str(e).splitlines()[0] if str(e) else ""
+    return msg if isinstance(e, CooktopError) else f"{type(e).__name__}: {msg}"
+
+
+def run_bench(params: BenchParams, vs: Callable[[str, int, int], Runner] | None = None,
+              progress: bool = False, facts: dict[str, ModelFacts] | None = None) -> list[Result]:
+    """Measure every test on every sweep point; with ``vs``, interleave a reference engine.
+
+    Args:
+        params: the sweep.
+        vs: ``vs(model_path, n_ctx, n_batch) -> Runner`` of the reference (llama.cpp), or None.
+            Its runs alternate with each configuration's (warm-up of both, then one
+            run of each per repetition); its records pool all its runs for a
+            (model, n_batch, test), and each cooktop record keeps the paired runs
+            for its ratio.
+        progress: a tqdm bar on stderr.
+        facts: model facts already read (path -> facts); read here otherwise.
+    Returns:
+        Results in sweep order (reference records after each model's configurations).
+    Raises:
+        CooktopError: a model file cannot be read (before anything is measured).
+    """
+    facts = facts or {p: model_facts(p) for p in params.models}
+    configs = params.configs()
+    n_ctx = max(t.n_tokens for t in params.tests)
+    per_run = 2 if vs else 1
+    total = len(params.models) * len(configs) * len(params.tests) * (params.reps + 1) * per_run
+    bar = _progress_bar(total, progress)
+    results: list[Result] = []
+    try:
+        for path in params.models:
+            mf = facts[path]
+            refs: dict[int, Runner | str] = {}
+            ref_results: dict[tuple[int, TestSpec], Result] = {}
+            for device, ngl, n_batch, split in configs:
+                bar.set_description(f"{os.path.basename(path)} {device} ngl={ngl} b={n_batch}")
+                ref = None
+                if vs is not None:
+                    ref = refs.get(n_batch)
+                    if ref is None:
+                        try:
+                            ref = vs(path, n_ctx, n_batch)
+                        except Exception as e:  # noqa: BLE001 - becomes error records
+                            ref = f"{_error_text(e)}"
+                        refs[n_batch] = ref
+                    for t in params.tests:
+                        if (n_batch, t) not in ref_results:
+                            r = Result(mf, "llama.cpp", "cpu", getattr(ref, "device_name", "cpu"), 0, n_batch,
+                                       None, t, error=ref if isinstance(ref, str) else None,
+                                       placement=getattr(ref, "placement", ""), load_ms=getattr(ref, "load_ms", 0))
+                            ref_results[(n_batch, t)] = r
+                    if isinstance(ref, str):
+                        ref = None
+                try:
+                    runner: Runner | None = CooktopRunner(path, device, ngl, n_batch, split, n_ctx)
+                    err = None
+                except Exception as e:  # noqa: BLE001 - an unavailable device is a record, not a crash
+                    runner, err = None, _error_text(e)
+                    log.warning("%s on %s: %s", os.path.basename(path), device, err)
+                backend = runner.backend if runner else "+".join(
+                    BACKEND_NAMES.get(s.split(":")[0].lower(), s) for s in device.split("+"))
+                for t in params.tests:
+                    res = Result(mf, backend, device, runner.device_name if runner else device_names(device),
+                                 ngl, n_batch, split, t, error=err,
+                                 placement=runner.placement if runner else "", load_ms=runner.load_ms if runner else 0)
+                    results.append(res)
+                    ref_res = ref_results.get((n_batch, t))
+                    if runner is None:
+                        bar.update((params.reps + 1) * per_run)
+                        continue
+                    _measure(runner, ref, res, ref_res, t, params, mf.n_vocab, bar)
+                if runner is not None:
+                    runner.close()
+            results.extend(ref_results.values())
+            for ref in refs.values():
+                if not isinstance(ref, str):
+                    ref.close()
+    finally:
+        bar.close()
+    return results
+
+
+def _measure(runner: Runner, ref: Runner | None, res: Result, ref_res: Result | None, t: TestSpec,
+             params: BenchParams, n_vocab: int, bar: Any) -> None:
+    """Warm-up then ``reps`` runs of ``t``, alternating with ``ref`` when given; fills the results."""
+    tokens = tokens_for(t, n_vocab, params.seed)
+    engines = [(runner, res)] + ([(ref, ref_res)] if ref is not None and ref_res is not None else [])
+    alive = {id(r): True for r, _ in engines}
+    for rep in range(params.reps + 1):  # rep 0 is the warm-up
+        paired = None
+        for r, out in engines:
+            if not alive[id(r)]:
+                bar.update(1)
+                continue
+            try:
+                s = run_once(r, t, tokens)
+            except Exception as e:  # noqa: BLE001 - a failing backend is a record
+                out.error = _error_text(e)
+                alive[id(r)] = False
+                log.warning("%s %s: %s", out.device, t.name, out.error)
+            else:
+                if rep:
+                    out.samples_s.append(s)
+                    if r is ref:
+                        paired = t.n_tokens / s
+            bar.update(1)
+        if paired is not None and alive[id(runner)]:
+            res.paired_ts.append(paired)
+
+
+class _NoBar:
+    """Stand-in for a tqdm bar when ``--progress`` is off."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_description(self, desc: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    """A tqdm bar on stderr counting runs (warm-ups included), or a no-op."""
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        raise CooktopError("--progress needs tqdm: pip install 'cooktop[bench]'") from None
+    return tqdm(total=total, file=sys.stderr, unit="run", dynamic_ncols=True)

@@ -1,0 +1,187 @@
+"""``cooktop bench``: llama-bench for cooktop (pp / tg / pg sweeps), ``--ops`` roofline, ``--plot``, ``--vs``.
+
+Every list-valued flag takes comma lists and the sweep is every combination.
+``--device cpu,opencl`` benchmarks each device separately; ``opencl:0+vulkan:0``
+is one configuration split over both devices (in proportion to ``-ts 3/1``,
+default by device memory).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..backends import registry
+from ..errors import CooktopError
+from .common import parse_ngl, resolve_model
+from .main import cli
+
+
+def _ints(value: str, flag: str) -> list[int]:
+    try:
+        return [int(v) for v in str(value).split(",") if v.strip()]
+    except ValueError:
+        raise CooktopError(f"bad {flag} {value!r}: expected integers separated by commas, e.g. 128,512") from None
+
+
+def _pg(values: tuple[str, ...]) -> list[tuple[int, int]]:
+    out = []
+    for v in values:
+        parts = _ints(v, "-pg")
+        if len(parts) != 2:
+            raise CooktopError(f"bad -pg {v!r}: expected PROMPT,GEN token counts, e.g. 512,128")
+        out.append((parts[0], parts[1]))
+    return out
+
+
+def _devices(value: str | None) -> list[str]:
+    """Sweep elements of ``--device``: ``auto`` expands to what it picks; ``a+b`` stays one element.
+
+    Unavailable devices are kept (they become error records)."""
+    out = []
+    for part in [p.strip() for p in (value or "auto").split(",") if p.strip()]:
+        if part.lower() == "auto":
+            out.append("+".join(registry.auto_selectors()))
+        else:
+            out.append("+".join(_canonical(s) for s in part.split("+")))
+    return list(dict.fromkeys(out))
+
+
+def _canonical(sel: str) -> str:
+    """``opencl`` -> ``opencl:0`` when the device exists; anything else unchanged (it will be an error row)."""
+    try:
+        fam, idx = registry.parse_selector(sel)
+    except CooktopError:
+        return sel.strip().lower()
+    return "cpu" if fam == "cpu" else f"{fam}:{idx}"
+
+
+def _emit(text: str) -> None:
+    click.echo(text)
+
+
+@cli.command("bench")
+@click.option("-m", "--model", "models", multiple=True,
+              help="GGUF model path(s); comma list or repeated (default: stories260K, cached download).")
+@click.option("-p", "--n-prompt", "n_prompt", default="512", show_default=True, help="Prompt tokens (pp tests).")
+@click.option("-n", "--n-gen", "n_gen", default="128", show_default=True, help="Generated tokens (tg tests).")
+@click.option("-pg", "pg", multiple=True, help="PROMPT,GEN: a pp+tg test (repeatable).")
+@click.option("-r", "--repetitions", "reps", default=5, show_default=True, help="Timed runs per test.")
+@click.option("--device", "-dev", "device", default=None, envvar="COOKTOP_DEVICE",
+              help="Comma list swept over: auto, cpu, opencl, opencl:1, vulkan:0, or a split like opencl:0+vulkan:0.")
+@click.option("-ngl", "--n-gpu-layers", "ngl", default="-1", show_default=True,
+              help="Layers to offload (comma list; -1 = all, auto = as many as fit).")
+@click.option("-b", "--batch-size", "n_batch", default="512", show_default=True, help="Prompt chunk size (comma list).")
+@click.option("-ts", "--tensor-split", "split", default=None,
+              help="Proportions for a + split, slash-separated, e.g. 3/1 (comma list).")
+@click.option("-o", "--output", "fmt", type=click.Choice(["md", "csv", "json", "jsonl"]), default="md",
+              show_default=True)
+@click.option("--progress", is_flag=True, help="Show progress on stderr (tqdm).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Write a bar chart of t/s to this PNG (matplotlib).")
+@click.option("--vs", "vs", default=None, help="Also run llama.cpp (llama-cpp-python) interleaved: --vs llama.cpp.")
+@click.option("--seed", default=1234, show_default=True, help="Seed of the random token ids.")
+@click.option("--ops", is_flag=True, help="Op-level roofline instead: copy bandwidth, matmul per type, rmsnorm.")
+@click.option("--quick", is_flag=True, help="--ops: fewer shapes, shorter timing (about 20 s per device).")
+@click.option("--shape", default="tinyllama-1.1b", show_default=True,
+              help="--ops: model shape of the matmuls (cooktop synth shapes).")
+@click.option("--types", default=None, help="--ops: comma list of weight types (default: every supported one).")
+def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fmt, progress, plot_path, vs, seed,
+              ops, quick, shape, types):
+    """Measure prompt processing (pp) and generation (tg) speed, like llama.cpp's llama-bench."""
+    from ..bench import machine
+
+    if ops:
+        _ops(device, quick, shape, types, fmt, progress)
+        return
+    from ..bench import report, runner
+
+    vs_factory = None
+    if vs:
+        from ..bench import vs_llamacpp
+        try:
+            vs_factory = vs_llamacpp.factory(vs)
+        except vs_llamacpp.LlamaCppUnavailable:
+            click.echo(f"To compare with llama.cpp, {vs_llamacpp.INSTALL_HINT}", err=True)
+            raise
+    if reps < 1:
+        raise CooktopError(f"-r must be at least 1, got {reps}")
+    paths = [p.strip() for m in models for p in m.split(",") if p.strip()] or [resolve_model(None, None, None)]
+    tests = runner.make_tests(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), _pg(pg))
+    batches = _ints(n_batch, "-b")
+    if any(b <= 0 for b in batches):
+        raise CooktopError(f"-b takes positive chunk sizes, got {n_batch}")
+    params = runner.BenchParams(
+        models=paths, tests=tests, devices=_devices(device),
+        ngl=[parse_ngl(v.strip()) for v in str(ngl).split(",") if v.strip()], n_batch=batches,
+        split=[s.strip() for s in split.split(",")] if split else [None], reps=reps, seed=seed)
+    facts = {p: runner.model_facts(p) for p in paths}  # a bad file fails here, before any work
+    results = runner.run_bench(params, vs=vs_factory, progress=progress, facts=facts)
+    info = machine.machine_info()
+    if fmt == "md":
+        _emit(report.to_markdown(results))
+    elif fmt == "csv":
+        _emit(report.to_csv(results).rstrip("\n"))
+    elif fmt == "json":
+        _emit(report.to_json(results, info))
+    else:
+        _emit(report.to_jsonl(results, info))
+    for r in results:
+        if r.error and fmt != "md":
+            click.echo(f"warning: {r.device} {r.test.name}: {r.error}", err=True)
+    if plot_path:
+        report.plot(results, plot_path, machine.short_label(info))
+        click.echo(f"cooktop: wrote {plot_path}", err=True)
+    if all(r.avg_ts is None for r in results):
+        click.echo("error: no configuration could be measured (see the errors above)", err=True)
+        sys.exit(1)
+
+
+def _ops(device, quick, shape, types, fmt, progress) -> None:
+    """``--ops``: the roofline tables (md) or records (json/jsonl/csv)."""
+    import csv
+    import io
+    import json
+
+    from ..bench import machine, ops
+
+    plan = ops.make_plan(shape, quick, types.split(",") if types else None)
+    if device:
+        sels = [s.strip().lower() for s in device.split(",") if s.strip()]
+    else:
+        sels = registry.valid_selectors()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(file=sys.stderr, unit="op", dynamic_ncols=True)
+
+    def tick(msg: str) -> None:
+        if bar is not None:
+            bar.set_description(msg)
+            bar.update(1)
+
+    try:
+        res = ops.bench_ops(sels, plan, tick)
+    finally:
+        if bar is not None:
+            bar.close()
+    info = machine.machine_info()
+    if fmt == "md":
+        _emit(f"cooktop bench --ops: {shape} shapes on {machine.short_label(info)}\n")
+        _emit(ops.ops_markdown(res))
+    elif fmt == "json":
+        _emit(json.dumps(ops.ops_records(res, info), indent=2))
+    elif fmt == "jsonl":
+        _emit("\n".join(json.dumps(r) for r in ops.ops_records(res, info)))
+    else:
+        recs = ops.ops_records(res)
+        buf = io.StringIO()
+        keys = list(dict.fromkeys(k for r in recs for k in r))
+        w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+        w.writeheader()
+        w.writerows(recs)
+        _emit(buf.getvalue().rstrip("\n"))
+    if all(d.error for d in res):
+        click.echo("error: no device could be measured", err=True)
+        sys.exit(1)
