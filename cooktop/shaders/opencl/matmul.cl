@@ -9,8 +9,9 @@
 //   sums are reduced in local memory. MV_LS == 1 (CPU devices) is one row per
 //   work-item with no reduction.
 // mul_mm (n_tok > 1, prompt): local size (MM_TM): each work-item owns one output
-//   row and MM_TN tokens; the group stages a tile x[MM_TN][MM_UC*32] in local
-//   memory, and each dequantized weight unit is reused for all MM_TN tokens.
+//   row and MM_TN tokens, and each dequantized weight unit (32 values, in registers)
+//   is reused for all MM_TN tokens. With MM_LOCAL (GPUs) the group stages a tile
+//   x[MM_TN][MM_UC*32] in local memory; without it (CPUs) x is read through the cache.
 
 __kernel void mul_mv(const global uchar *w, const global float *x, global float *y,
                      const int n_in, const int n_out) {
@@ -45,6 +46,8 @@ __kernel void mul_mv(const global uchar *w, const global float *x, global float 
 
 #define MM_TW (MM_UC * 32)
 
+#if MM_LOCAL
+// GPU flavour: the group stages x[MM_TN][MM_UC*32] in local memory for all its rows.
 __kernel void mul_mm(const global uchar *w, const global float *x, global float *y,
                      const int n_in, const int n_out, const int n_tok) {
     const int lid = get_local_id(0);
@@ -75,12 +78,38 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
             }
         }
     }
+#else
+// CPU flavour: no barriers (PoCL would spill the accumulators to per-work-item
+// context arrays across them); x rows are read through the cache, which holds them
+// for all the work-items of the group. Tokens past n_tok re-read the last row.
+__kernel void mul_mm(const global uchar *w, const global float *x, global float *y,
+                     const int n_in, const int n_out, const int n_tok) {
+    const int row = get_global_id(0);
+    const int t0 = get_group_id(1) * MM_TN;
+    const int nu = n_in / 32;
+    const int nt = min(MM_TN, n_tok - t0);
+    float16 acc[MM_TN];
+    const global float *xr[MM_TN];
+    for (int t = 0; t < MM_TN; t++) {
+        acc[t] = (float16)(0.0f);
+        xr[t] = x + (size_t)(t0 + min(t, nt - 1)) * n_in;
+    }
+    const global uchar *wr = w + (size_t)min(row, n_out - 1) * ROW_BYTES(n_in);
+    for (int u = 0; u < nu; u++) {
+        float16 a, b;
+        deq_unit(wr, u, &a, &b);
+        for (int t = 0; t < MM_TN; t++) {
+            acc[t] = mad(a, vload16(2 * u, xr[t]), acc[t]);
+            acc[t] = mad(b, vload16(2 * u + 1, xr[t]), acc[t]);
+        }
+    }
+#endif
     if (row >= n_out) return;
     for (int t = 0; t < nt; t++) {
         float s = hsum16(acc[t]);
 #ifdef W_FLOAT
-        const global float *xr = x + (size_t)(t0 + t) * n_in;
-        for (int i = nu * 32; i < n_in; i++) s += deq_elem(wr, i) * xr[i];
+        const global float *xt = x + (size_t)(t0 + t) * n_in;
+        for (int i = nu * 32; i < n_in; i++) s += deq_elem(wr, i) * xt[i];
 #endif
         y[(size_t)(t0 + t) * n_out + row] = s;
     }
