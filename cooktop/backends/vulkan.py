@@ -76,7 +76,7 @@ MAX_PUSH_BYTES = 128
 MM_MIN_TOKENS = 8
 
 #: Rows per workgroup of mul_mat_vec (its NROWS define).
-MMV_NROWS = 4
+MMV_NROWS = 8
 
 #: Recorded sequences kept per device (LRU).
 MAX_SEQUENCES = 64

@@ -30,6 +30,10 @@ uint w_u16(uint off) {
 float w_f16(uint off) {
     return unpackHalf2x16(w_u16(off)).x;
 }
+// uint32 at a byte offset `off` known to be a multiple of 4 (one load)
+uint w_u32a(uint off) {
+    return W[off >> 2];
+}
 // little-endian uint32 at even byte offset `off` (may straddle two words)
 uint w_u32(uint off) {
     uint i = off >> 2;

@@ -11,17 +11,18 @@
 // tests/test_vulkan.py and the parity tests.
 //
 // Needs common.glsl with HAS_WEIGHTS, and exactly one TYPE_* define.
+#extension GL_EXT_control_flow_attributes : require
 
 #if defined(TYPE_F32)
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint base = (row_off >> 2) + u * 32u;  // F32 rows are 4-byte aligned
-    for (uint i = 0u; i < 32u; i++) v[i] = uintBitsToFloat(W[base + i]);
+    [[unroll]] for (uint i = 0u; i < 32u; i++) v[i] = uintBitsToFloat(W[base + i]);
 }
 #elif defined(TYPE_F16)
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint off = row_off + u * 64u;
-    for (uint i = 0u; i < 16u; i++) {
-        vec2 h = unpackHalf2x16(w_u32(off + 4u * i));
+    [[unroll]] for (uint i = 0u; i < 16u; i++) {
+        vec2 h = unpackHalf2x16(w_u32a(off + 4u * i));  // 64-byte units: aligned
         v[2u * i] = h.x;
         v[2u * i + 1u] = h.y;
     }
@@ -31,9 +32,9 @@ void unit_values(uint row_off, uint u, out float v[32]) {
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint off = row_off + u * 34u;
     float d = w_f16(off);
-    for (uint j = 0u; j < 8u; j++) {
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
         uint q = w_u32(off + 2u + 4u * j);
-        for (uint k = 0u; k < 4u; k++) v[4u * j + k] = d * float(int(q << (24u - 8u * k)) >> 24);
+        [[unroll]] for (uint k = 0u; k < 4u; k++) v[4u * j + k] = d * float(int(q << (24u - 8u * k)) >> 24);
     }
 }
 #elif defined(TYPE_Q4_0)
@@ -41,9 +42,9 @@ void unit_values(uint row_off, uint u, out float v[32]) {
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint off = row_off + u * 18u;
     float d = w_f16(off);
-    for (uint j = 0u; j < 4u; j++) {
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
         uint q = w_u32(off + 2u + 4u * j);
-        for (uint k = 0u; k < 4u; k++) {
+        [[unroll]] for (uint k = 0u; k < 4u; k++) {
             uint b = (q >> (8u * k)) & 0xFFu;
             v[4u * j + k] = d * (float(b & 15u) - 8.0);
             v[4u * j + k + 16u] = d * (float(b >> 4) - 8.0);
@@ -54,11 +55,12 @@ void unit_values(uint row_off, uint u, out float v[32]) {
 // block_q4_1 (20 bytes): f16 d, m; uint8 qs[16]. x = d*q + m
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint off = row_off + u * 20u;
-    float d = w_f16(off);
-    float m = w_f16(off + 2u);
-    for (uint j = 0u; j < 4u; j++) {
-        uint q = w_u32(off + 4u + 4u * j);
-        for (uint k = 0u; k < 4u; k++) {
+    vec2 dm = unpackHalf2x16(w_u32a(off));  // 20-byte blocks: every field 4-byte aligned
+    float d = dm.x;
+    float m = dm.y;
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        uint q = w_u32a(off + 4u + 4u * j);
+        [[unroll]] for (uint k = 0u; k < 4u; k++) {
             uint b = (q >> (8u * k)) & 0xFFu;
             v[4u * j + k] = d * float(b & 15u) + m;
             v[4u * j + k + 16u] = d * float(b >> 4) + m;
@@ -72,9 +74,9 @@ void unit_values(uint row_off, uint u, out float v[32]) {
     uint off = row_off + u * 22u;
     float d = w_f16(off);
     uint qh = w_u32(off + 2u);
-    for (uint j = 0u; j < 4u; j++) {
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
         uint q = w_u32(off + 6u + 4u * j);
-        for (uint k = 0u; k < 4u; k++) {
+        [[unroll]] for (uint k = 0u; k < 4u; k++) {
             uint l = 4u * j + k;
             uint b = (q >> (8u * k)) & 0xFFu;
             v[l] = d * (float((b & 15u) | (((qh >> l) & 1u) << 4)) - 16.0);
@@ -86,12 +88,13 @@ void unit_values(uint row_off, uint u, out float v[32]) {
 // block_q5_1 (24 bytes): f16 d, m; uint8 qh[4]; uint8 qs[16]. x = d*q + m, q as Q5_0 without -16
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint off = row_off + u * 24u;
-    float d = w_f16(off);
-    float m = w_f16(off + 2u);
-    uint qh = w_u32(off + 4u);
-    for (uint j = 0u; j < 4u; j++) {
-        uint q = w_u32(off + 8u + 4u * j);
-        for (uint k = 0u; k < 4u; k++) {
+    vec2 dm = unpackHalf2x16(w_u32a(off));  // 24-byte blocks: every field 4-byte aligned
+    float d = dm.x;
+    float m = dm.y;
+    uint qh = w_u32a(off + 4u);
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        uint q = w_u32a(off + 8u + 4u * j);
+        [[unroll]] for (uint k = 0u; k < 4u; k++) {
             uint l = 4u * j + k;
             uint b = (q >> (8u * k)) & 0xFFu;
             v[l] = d * float((b & 15u) | (((qh >> l) & 1u) << 4)) + m;
@@ -100,15 +103,18 @@ void unit_values(uint row_off, uint u, out float v[32]) {
     }
 }
 #elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
-// get_scale_min_k4 of ggml-quants.c: 6-bit scale and min of sub-block s from scales[12]
-void scale_min_k4(uint soff, uint s, out float sc, out float mn) {
+// get_scale_min_k4 of ggml-quants.c: 6-bit scale and min of sub-block s from scales[12],
+// given as three little-endian words s0 = scales[0..3], s1 = scales[4..7], s2 = scales[8..11].
+// K-quant super-blocks (144 / 176 bytes) keep every field 4-byte aligned.
+void scale_min_k4(uint s0, uint s1, uint s2, uint s, out float sc, out float mn) {
+    uint sh = (s & 3u) * 8u;
     if (s < 4u) {
-        sc = float(w_u8(soff + s) & 63u);
-        mn = float(w_u8(soff + s + 4u) & 63u);
+        sc = float((s0 >> sh) & 63u);
+        mn = float((s1 >> sh) & 63u);
     } else {
-        uint a = w_u8(soff + s + 4u);
-        sc = float((a & 15u) | ((w_u8(soff + s - 4u) >> 6) << 4));
-        mn = float((a >> 4) | ((w_u8(soff + s) >> 6) << 4));
+        uint a = (s2 >> sh) & 0xFFu;
+        sc = float((a & 15u) | (((s0 >> sh) >> 6 & 3u) << 4));
+        mn = float((a >> 4) | (((s1 >> sh) >> 6 & 3u) << 4));
     }
 }
 #if defined(TYPE_Q4_K)
@@ -118,17 +124,18 @@ void scale_min_k4(uint soff, uint s, out float sc, out float mn) {
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint s = u & 7u;
     uint off = row_off + (u >> 3) * 144u;
-    float d = w_f16(off);
-    float dmin = w_f16(off + 2u);
+    vec2 dm = unpackHalf2x16(w_u32a(off));
+    float d = dm.x;
+    float dmin = dm.y;
     float sc, mn;
-    scale_min_k4(off + 4u, s, sc, mn);
+    scale_min_k4(w_u32a(off + 4u), w_u32a(off + 8u), w_u32a(off + 12u), s, sc, mn);
     float d1 = d * sc;
     float m1 = dmin * mn;
     uint qoff = off + 16u + 32u * (s >> 1);
     uint sh = (s & 1u) * 4u;
-    for (uint j = 0u; j < 8u; j++) {
-        uint q = w_u32(qoff + 4u * j);
-        for (uint k = 0u; k < 4u; k++) v[4u * j + k] = d1 * float((q >> (8u * k + sh)) & 15u) - m1;
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint q = w_u32a(qoff + 4u * j);
+        [[unroll]] for (uint k = 0u; k < 4u; k++) v[4u * j + k] = d1 * float((q >> (8u * k + sh)) & 15u) - m1;
     }
 }
 #else
@@ -137,18 +144,19 @@ void unit_values(uint row_off, uint u, out float v[32]) {
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint s = u & 7u;
     uint off = row_off + (u >> 3) * 176u;
-    float d = w_f16(off);
-    float dmin = w_f16(off + 2u);
+    vec2 dm = unpackHalf2x16(w_u32a(off));
+    float d = dm.x;
+    float dmin = dm.y;
     float sc, mn;
-    scale_min_k4(off + 4u, s, sc, mn);
+    scale_min_k4(w_u32a(off + 4u), w_u32a(off + 8u), w_u32a(off + 12u), s, sc, mn);
     float d1 = d * sc;
     float m1 = dmin * mn;
     uint qoff = off + 48u + 32u * (s >> 1);
     uint sh = (s & 1u) * 4u;
-    for (uint j = 0u; j < 8u; j++) {
-        uint q = w_u32(qoff + 4u * j);
-        uint h = w_u32(off + 16u + 4u * j);
-        for (uint k = 0u; k < 4u; k++) {
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint q = w_u32a(qoff + 4u * j);
+        uint h = w_u32a(off + 16u + 4u * j);
+        [[unroll]] for (uint k = 0u; k < 4u; k++) {
             uint qq = ((q >> (8u * k + sh)) & 15u) | (((h >> (8u * k + s)) & 1u) << 4);
             v[4u * j + k] = d1 * float(qq) - m1;
         }
@@ -171,10 +179,10 @@ void unit_values(uint row_off, uint u, out float v[32]) {
     uint qloff = off + 64u * h + 32u * (k & 1u);
     uint qhoff = off + 128u + 32u * h;
     uint sl = (k >> 1) * 4u;
-    for (uint j = 0u; j < 8u; j++) {
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
         uint ql = w_u32(qloff + 4u * j);
         uint qh = w_u32(qhoff + 4u * j);
-        for (uint i = 0u; i < 4u; i++) {
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
             uint l = 4u * j + i;
             int q = int(((ql >> (8u * i + sl)) & 15u) | (((qh >> (8u * i + 2u * k)) & 3u) << 4)) - 32;
             v[l] = (l < 16u ? d0 : d1) * float(q);

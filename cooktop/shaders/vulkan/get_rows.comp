@@ -5,6 +5,7 @@
 // F32 / F16 tables (any n): one invocation per value, grid k * ceil(n / 32).
 // Workgroups of 32. Ids outside [0, n_rows) are clamped (never read out of bounds).
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 32) in;
 layout(std430, binding = 0) readonly buffer WBuf { uint W[]; };
 layout(std430, binding = 1) readonly buffer IdBuf { int ids[]; };

@@ -8,6 +8,7 @@
 // reused by 32 tokens; then each invocation accumulates a 4 x 4 block in registers.
 // Grid: ceil(n_tok / 32) * ceil(n_out / 32) workgroups (flat_group()).
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer WBuf { uint W[]; };
 layout(std430, binding = 1) readonly buffer XBuf { float X[]; };
