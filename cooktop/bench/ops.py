@@ -2,8 +2,8 @@
 
 Per device:
 
-1. **copy** of a large float32 buffer (256 MiB, or 1/8 of the device memory if
-   smaller; 64 MiB with ``--quick``): the practical peak bandwidth,
+1. **copy** of a large float32 buffer (256 MiB, or 1/8 of the device memory or its
+   largest allocation if smaller; 64 MiB with ``--quick``): the practical peak bandwidth,
    GB/s = 2 x bytes (read + write) / seconds (STREAM's "copy" convention).
    Devices without a copy kernel report that, and percentages are then taken
    relative to the best bandwidth measured among their 1-token matmuls.
@@ -207,8 +207,9 @@ def bench_ops(selectors: list[str], plan: OpsPlan, tick: Callable[[str], None] |
     ops = {d.device: d for d in out}
     for sel, dev in devs.items():  # copy first: the peak
         tick(f"{sel} copy")
-        cap = dev.info.global_mem_bytes
-        nbytes = min(plan.copy_bytes, cap // 8) if cap else plan.copy_bytes
+        caps = [c for c in (dev.info.global_mem_bytes and dev.info.global_mem_bytes // 8,
+                            dev.info.max_alloc_bytes) if c]
+        nbytes = min([plan.copy_bytes] + caps)
         try:
             row = _copy_row(dev, nbytes, plan.min_time)
         except Exception as e:  # noqa: BLE001 - a broken op is a row, not a crash

@@ -178,7 +178,8 @@ def plot(results: list[Result], path: str, machine_label: str, width_px: int = 1
         if log:
             ax.set_yscale("log")
         ax.margins(y=0.15)
-        ax.set_title(model, fontsize=10)
+        if len(models) > 1:
+            ax.set_title(model, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="best")
     fig.suptitle(f"cooktop bench: {', '.join(models)}\n{machine_label}", fontsize=11)

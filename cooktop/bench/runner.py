@@ -271,8 +271,12 @@ class BenchParams:
     seed: int = 1234
 
     def configs(self) -> list[tuple[str, Any, int, str | None]]:
-        """(device, ngl, n_batch, split) of every sweep point, device outermost."""
-        return list(itertools.product(self.devices, self.ngl, self.n_batch, self.split))
+        """(device, ngl, n_batch, split) of every sweep point, device outermost.
+
+        ``split`` applies to ``+``-joined devices only (None for a single device)."""
+        points = ((d, g, b, s if "+" in d else None)
+                  for d, g, b, s in itertools.product(self.devices, self.ngl, self.n_batch, self.split))
+        return list(dict.fromkeys(points))
 
 
 def _error_text(e: BaseException) -> str:

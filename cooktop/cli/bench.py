@@ -148,7 +148,7 @@ def _ops(device, quick, shape, types, fmt, progress) -> None:
 
     plan = ops.make_plan(shape, quick, types.split(",") if types else None)
     if device:
-        sels = [s.strip().lower() for s in device.split(",") if s.strip()]
+        sels = list(dict.fromkeys(_canonical(s) for s in device.split(",") if s.strip()))
     else:
         sels = registry.valid_selectors()
     bar = None
