@@ -9,6 +9,7 @@ offsets taken from its parsed header (tensor-info fields).
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import pathlib
 import struct
@@ -27,9 +28,10 @@ COOKTOP = [str(pathlib.Path(sys.executable).parent / "cooktop")]
 
 
 # -- builders -----------------------------------------------------------------
-def rewrite(src: pathlib.Path, dst: pathlib.Path, drop: tuple[str, ...] = (), arch: str | None = None) -> None:
+def rewrite(src: pathlib.Path, dst: pathlib.Path, drop: tuple[str, ...] = (), arch: str | None = None,
+            extra: list[tuple[str, object, GGUFValueType]] = ()) -> None:
     """Copy the GGUF ``src`` to ``dst`` with GGUFWriter, dropping metadata keys
-    ``drop`` and optionally changing ``general.architecture``."""
+    ``drop``, adding ``extra`` (key, value, type) and optionally changing ``general.architecture``."""
     r = GGUFReader(src)
     w = GGUFWriter(dst, arch=arch or r.fields["general.architecture"].contents())
     for key, field in r.fields.items():
@@ -37,6 +39,8 @@ def rewrite(src: pathlib.Path, dst: pathlib.Path, drop: tuple[str, ...] = (), ar
             continue
         sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
         w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for key, value, vtype in extra:
+        w.add_key_value(key, value, vtype)
     for t in r.tensors:
         w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
@@ -133,6 +137,15 @@ def make_case(name: str, stories: pathlib.Path, d: pathlib.Path) -> pathlib.Path
         rewrite(stories, p, arch="gpt2")
     elif name == "arch_mamba":
         rewrite(stories, p, arch="mamba")
+    elif name == "ff_mismatch":  # metadata n_ff 100, tensors built for 172
+        patched(stories, p, [(kv_value_offset(stories, "llama.feed_forward_length"), struct.pack("<I", 100))])
+    elif name == "layers_missing":  # block_count 9, tensors for 5 blocks
+        patched(stories, p, [(kv_value_offset(stories, "llama.block_count"), struct.pack("<I", 9))])
+    elif name == "context_zero":
+        patched(stories, p, [(kv_value_offset(stories, "llama.context_length"), struct.pack("<I", 0))])
+    elif name == "embd_string":  # a number stored as a string
+        rewrite(stories, p, drop=("llama.embedding_length",),
+                extra=[("llama.embedding_length", "sixty-four", GGUFValueType.STRING)])
     elif name == "directory":
         p = d / "model_dir.gguf"
         p.mkdir()
@@ -160,6 +173,10 @@ CASES: dict[str, tuple[tuple[str, ...], type]] = {
     "missing_key": (("missing", "llama.embedding_length"), UnsupportedModelError),
     "arch_gpt2": (("unsupported architecture", "gpt2"), UnsupportedModelError),
     "arch_mamba": (("unsupported architecture", "mamba"), UnsupportedModelError),
+    "ff_mismatch": (("blk.0.ffn_gate.weight", "shape", "n_ff 100"), UnsupportedModelError),
+    "layers_missing": (("missing tensor", "blk.5.", "block_count = 9"), UnsupportedModelError),
+    "context_zero": (("llama.context_length", "= 0"), UnsupportedModelError),
+    "embd_string": (("llama.embedding_length", "sixty-four", "not a single number"), UnsupportedModelError),
     "directory": (("directory",), GGUFError),
     "nonexistent": (("no such file",), GGUFError),
 }
@@ -198,9 +215,50 @@ def test_open_raises_typed_error(cases, case):
 
 
 # -- the CLI ------------------------------------------------------------------
+# Every case runs through the real entry point (cooktop.cli.main:main, what the
+# ``cooktop`` script calls) in one Python process (_DRIVER), which costs one import
+# instead of one per command; a subset also runs as separate ``cooktop`` processes,
+# and the two must agree.
+
+#: Cases also run as one ``cooktop`` process per command.
+SUBPROCESS_CASES = ("text_file", "data_cut", "arch_gpt2", "directory")
+
+_DRIVER = r"""
+import contextlib, io, json, logging, sys, traceback
+from cooktop.cli.main import main
+results = []
+for args in json.loads(sys.stdin.read()):
+    logging.root.handlers.clear()  # the CLI's basicConfig binds the sys.stderr of its first call
+    err, out, rc = io.StringIO(), io.StringIO(), 0
+    sys.argv = ["cooktop", *args]
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            main()
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # what the interpreter would do with an uncaught exception
+            traceback.print_exc()
+            rc = 1
+    results.append({"returncode": rc, "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, HF_HUB_OFFLINE="1")
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([*COOKTOP, *args], capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run([*COOKTOP, *args], capture_output=True, text=True, timeout=60, env=_env())
+
+
+def _cli_batch(jobs: list[tuple[str, ...]]) -> list[subprocess.CompletedProcess]:
+    """Run each argument list through cooktop's entry point in one subprocess."""
+    res = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps(jobs), capture_output=True, text=True,
+                         timeout=60 + 5 * len(jobs), env=_env())
+    assert res.returncode == 0, res.stderr
+    return [subprocess.CompletedProcess(args, r["returncode"], "", r["stderr"])
+            for args, r in zip(jobs, json.loads(res.stdout.strip().splitlines()[-1]))]
 
 
 def _assert_one_error_line(res: subprocess.CompletedProcess, words: tuple[str, ...], only_line: bool = True):
@@ -214,13 +272,25 @@ def _assert_one_error_line(res: subprocess.CompletedProcess, words: tuple[str, .
     _check_message(errors[0], words)
 
 
-@pytest.fixture(scope="module")
-def cli_results(cases) -> dict[tuple[str, str], subprocess.CompletedProcess]:
-    """``cooktop info`` and ``cooktop run`` on every case, run a few at a time (each takes ~0.5 s)."""
+def _jobs(cases) -> dict[tuple[str, str], tuple[str, ...]]:
     jobs = {}
     for case, path in cases.items():
         jobs[(case, "info")] = ("info", str(path))
         jobs[(case, "run")] = ("run", "-m", str(path), "-p", "hi", "-n", "1", "--device", "cpu")
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def cli_results(cases) -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    """``cooktop info`` and ``cooktop run`` on every case (entry point, one process)."""
+    jobs = _jobs(cases)
+    return dict(zip(jobs, _cli_batch(list(jobs.values()))))
+
+
+@pytest.fixture(scope="module")
+def cli_subprocess_results(cases) -> dict[tuple[str, str], subprocess.CompletedProcess]:
+    """The same for SUBPROCESS_CASES, one ``cooktop`` process per command (~0.5 s each)."""
+    jobs = {k: v for k, v in _jobs(cases).items() if k[0] in SUBPROCESS_CASES}
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = {key: pool.submit(_cli, *args) for key, args in jobs.items()}
         return {key: f.result() for key, f in futures.items()}
@@ -230,6 +300,14 @@ def cli_results(cases) -> dict[tuple[str, str], subprocess.CompletedProcess]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_cli_fails_cleanly(cli_results, case, command):
     _assert_one_error_line(cli_results[(case, command)], CASES[case][0])
+
+
+@pytest.mark.parametrize("command", ["info", "run"])
+@pytest.mark.parametrize("case", SUBPROCESS_CASES)
+def test_cooktop_process_fails_cleanly(cli_subprocess_results, cli_results, case, command):
+    res = cli_subprocess_results[(case, command)]
+    _assert_one_error_line(res, CASES[case][0])
+    assert res.stderr == cli_results[(case, command)].stderr  # the in-process driver is faithful
 
 
 def test_prompt_longer_than_context(stories):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from ..errors import UnsupportedModelError
 from .gguf import GGUFFile
 
@@ -72,6 +74,58 @@ def _get(md: dict, key: str, path: str, default: Any = None, required: bool = Fa
     return default
 
 
+def _num(md: dict, key: str, path: str, kind: type = int, default: Any = None, required: bool = False,
+         minimum: float | None = None) -> Any:
+    """Metadata number ``key`` as ``kind`` (int or float), checked against ``minimum``.
+
+    Raises:
+        UnsupportedModelError: missing (when required), not a number (e.g. a string or a
+            per-layer array), not an integer for ``kind=int``, or below ``minimum``.
+    """
+    v = _get(md, key, path, default, required)
+    if v is None or v is default:
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        text = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+        raise UnsupportedModelError(f"{path}: metadata key {key!r} = {text} is not a single number")
+    if kind is int and float(v) != int(v):
+        raise UnsupportedModelError(f"{path}: metadata key {key!r} = {v!r} is not an integer")
+    v = kind(v)
+    if minimum is not None and v < minimum:
+        raise UnsupportedModelError(f"{path}: metadata key {key!r} = {v!r} is invalid (must be >= {minimum:g})")
+    return v
+
+
+def _check_tensors(f: GGUFFile, cfg: "ModelConfig") -> None:
+    """Check that every tensor the llama forward pass uses exists with the shape the
+    metadata implies (numpy order ``[n_out, n_in]``; names from llama.cpp's LLM_ARCH_LLAMA).
+
+    Raises:
+        UnsupportedModelError: a missing tensor or a shape that contradicts the metadata.
+    """
+    E, F, V = cfg.n_embd, cfg.n_ff, cfg.n_vocab
+    Q, K = cfg.n_head * cfg.head_dim, cfg.n_embd_kv
+    expected: dict[str, tuple[int, ...]] = {"token_embd.weight": (V, E), "output_norm.weight": (E,)}
+    if not cfg.tied_output:
+        expected["output.weight"] = (V, E)
+    for i in range(cfg.n_layer):
+        b = f"blk.{i}."
+        expected.update({
+            b + "attn_norm.weight": (E,), b + "attn_q.weight": (Q, E), b + "attn_k.weight": (K, E),
+            b + "attn_v.weight": (K, E), b + "attn_output.weight": (E, Q), b + "ffn_norm.weight": (E,),
+            b + "ffn_gate.weight": (F, E), b + "ffn_up.weight": (F, E), b + "ffn_down.weight": (E, F),
+        })
+    for name, shape in expected.items():
+        t = f.tensors.get(name)
+        if t is None:
+            raise UnsupportedModelError(f"{f.path}: missing tensor {name!r} ({cfg.arch}.block_count = {cfg.n_layer})")
+        if tuple(t.shape) != shape:
+            raise UnsupportedModelError(
+                f"{f.path}: tensor {name!r} has shape {list(t.shape)}, but the metadata implies {list(shape)} "
+                f"(n_embd {E}, n_ff {F}, n_head {cfg.n_head}, n_head_kv {cfg.n_head_kv}, head_dim {cfg.head_dim}, "
+                f"n_vocab {V}); the file is inconsistent")
+
+
 def load_config(f: GGUFFile) -> ModelConfig:
     """Build the :class:`ModelConfig` of an opened GGUF.
 
@@ -85,25 +139,28 @@ def load_config(f: GGUFFile) -> ModelConfig:
             f"{f.path}: unsupported architecture {arch!r}; cooktop runs llama-family models "
             f"(general.architecture: {', '.join(SUPPORTED_ARCHITECTURES)})")
     md, p = f.metadata, f.path
-    n_embd = int(_get(md, f"{arch}.embedding_length", p, required=True))
-    n_layer = int(_get(md, f"{arch}.block_count", p, required=True))
-    n_head = int(_get(md, f"{arch}.attention.head_count", p, required=True))
-    n_ff = int(_get(md, f"{arch}.feed_forward_length", p, required=True))
-    n_ctx_train = int(_get(md, f"{arch}.context_length", p, required=True))
-    n_head_kv = int(_get(md, f"{arch}.attention.head_count_kv", p, n_head))
-    if n_head <= 0 or n_embd % n_head:
+    n_embd = _num(md, f"{arch}.embedding_length", p, required=True, minimum=1)
+    n_layer = _num(md, f"{arch}.block_count", p, required=True, minimum=1)
+    n_head = _num(md, f"{arch}.attention.head_count", p, required=True, minimum=1)
+    n_ff = _num(md, f"{arch}.feed_forward_length", p, required=True, minimum=1)
+    n_ctx_train = _num(md, f"{arch}.context_length", p, required=True, minimum=1)
+    n_head_kv = _num(md, f"{arch}.attention.head_count_kv", p, default=n_head, minimum=1)
+    if n_embd % n_head:
         raise UnsupportedModelError(f"{p}: n_head = {n_head} does not divide n_embd = {n_embd}")
-    if n_head_kv <= 0 or n_head % n_head_kv:
+    if n_head % n_head_kv:
         raise UnsupportedModelError(f"{p}: n_head_kv = {n_head_kv} does not divide n_head = {n_head}")
-    head_dim = int(_get(md, f"{arch}.attention.key_length", p, n_embd // n_head))
-    n_rot = int(_get(md, f"{arch}.rope.dimension_count", p, head_dim))
+    head_dim = _num(md, f"{arch}.attention.key_length", p, default=n_embd // n_head, minimum=1)
+    if n_head * head_dim != n_embd:
+        raise UnsupportedModelError(f"{p}: attention.key_length = {head_dim} with n_head = {n_head} is not "
+                                    f"n_embd = {n_embd}; cooktop needs n_head * head_dim == n_embd")
+    n_rot = _num(md, f"{arch}.rope.dimension_count", p, default=head_dim, minimum=0)
     if n_rot % 2 or n_rot > head_dim:
         raise UnsupportedModelError(f"{p}: rope dimension count {n_rot} must be even and <= head_dim {head_dim}")
     scale = 1.0
     scaling_type = _get(md, f"{arch}.rope.scaling.type", p, "none")
-    factor = _get(md, f"{arch}.rope.scaling.factor", p, None)
+    factor = _num(md, f"{arch}.rope.scaling.factor", p, float, None, minimum=0.0)
     if factor is None and f"{arch}.rope.scale_linear" in md:
-        factor, scaling_type = md[f"{arch}.rope.scale_linear"], "linear"
+        factor, scaling_type = _num(md, f"{arch}.rope.scale_linear", p, float, minimum=0.0), "linear"
     if scaling_type == "linear" and factor:
         scale = 1.0 / float(factor)
     elif scaling_type not in ("none", "linear"):
@@ -116,12 +173,14 @@ def load_config(f: GGUFFile) -> ModelConfig:
     if toks is not None and len(toks) != n_vocab:
         raise UnsupportedModelError(
             f"{p}: vocabulary has {len(toks)} tokens but token_embd has {n_vocab} rows")
-    return ModelConfig(
+    cfg = ModelConfig(
         arch=arch, n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layer=n_layer,
         n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_rot=n_rot, head_dim=head_dim,
-        rope_freq_base=float(_get(md, f"{arch}.rope.freq_base", p, 10000.0)),
+        rope_freq_base=float(_num(md, f"{arch}.rope.freq_base", p, float, 10000.0, minimum=1e-30)),
         rope_freq_scale=scale,
-        rms_eps=float(_get(md, f"{arch}.attention.layer_norm_rms_epsilon", p, 1e-5)),
+        rms_eps=float(_num(md, f"{arch}.attention.layer_norm_rms_epsilon", p, float, 1e-5, minimum=0.0)),
         rope_mode=0,
         tied_output="output.weight" not in tensors,
     )
+    _check_tensors(f, cfg)
+    return cfg
