@@ -166,6 +166,9 @@ def test_write_read_and_head_view(fresh_registry):
     ids = dev.empty((4,), T.I32)
     dev.write(ids, np.array([3, 1, 4, 1]))
     np.testing.assert_array_equal(dev.read(ids), [3, 1, 4, 1])
+    c = dev.empty((2, 4))
+    dev.copy(c, t.head(2))
+    np.testing.assert_array_equal(dev.read(c), -data[:2])
 
 
 def test_registry_smoke_test_pocl(fresh_registry):

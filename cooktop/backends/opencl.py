@@ -18,6 +18,7 @@ driver that lists devices but cannot compile is caught by the smoke test).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any
 
@@ -228,7 +229,7 @@ class OpenCLDevice(Device):
     def write(self, t, data):
         dtype = np.int32 if t.ggml_type == T.I32 else np.float32
         host = np.array(data, dtype=dtype, copy=True, order="C")  # owned copy: the copy is asynchronous
-        if host.size != int(np.prod(t.shape)):
+        if host.size != math.prod(t.shape):
             raise ValueError(f"write of {host.size} values into {t!r}")
         self._cl.enqueue_copy(self.queue, t.handle, host, is_blocking=False)
 
@@ -310,7 +311,7 @@ class OpenCLDevice(Device):
                                          k_cache.handle, v_cache.handle, pos.handle, n_head, n_head_kv, scale)
 
     def _elementwise(self, knl, out, a, b):
-        n = int(np.prod(out.shape))
+        n = math.prod(out.shape)
         ls = self.shape.ew_ls
         knl(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, a.handle, b.handle, n)
 
@@ -319,3 +320,9 @@ class OpenCLDevice(Device):
 
     def add(self, out, a, b):
         self._elementwise(self.kernels.ops().add, out, a, b)
+
+    def copy(self, out, x):
+        """``out = x`` (f32, equal shapes) as a device-side buffer copy, enqueued."""
+        if out.shape != x.shape:
+            raise ValueError(f"copy shapes: out {list(out.shape)}, x {list(x.shape)}")
+        self._cl.enqueue_copy(self.queue, out.handle, x.handle, byte_count=math.prod(x.shape) * 4)
