@@ -95,12 +95,18 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
         xr[t] = x + (size_t)(t0 + min(t, nt - 1)) * n_in;
     }
     const global uchar *wr = w + (size_t)min(row, n_out - 1) * ROW_BYTES(n_in);
-    for (int u = 0; u < nu; u++) {
-        float16 a, b;
-        deq_unit(wr, u, &a, &b);
-        for (int t = 0; t < MM_TN; t++) {
-            acc[t] = mad(a, vload16(2 * u, xr[t]), acc[t]);
-            acc[t] = mad(b, vload16(2 * u + 1, xr[t]), acc[t]);
+    // blocks, then their QKV/32 units unrolled: a K-quant super-block's scale decoding
+    // becomes constant-indexed and shared by its eight units
+    for (int ib = 0; ib < nu / (QKV / 32); ib++) {
+#pragma unroll
+        for (int s = 0; s < QKV / 32; s++) {
+            const int u = ib * (QKV / 32) + s;
+            float16 a, b;
+            deq_unit(wr, u, &a, &b);
+            for (int t = 0; t < MM_TN; t++) {
+                acc[t] = mad(a, vload16(2 * u, xr[t]), acc[t]);
+                acc[t] = mad(b, vload16(2 * u + 1, xr[t]), acc[t]);
+            }
         }
     }
 #endif
