@@ -10,6 +10,10 @@
 // sub-blocks, so every kernel loops over n_in / 32 units whatever the type.
 // F32/F16 rows may end in a partial unit: W_FLOAT is defined and deq_elem(row, i)
 // reads one value for the tail.
+//   QKV                       values per block (32, or 256 for K-quants)
+//   dot_block(row, ib, x, acc)  acc + the products of block ib with x (matrix-vector)
+// K-quants also have block_scales(row, ib) -> float16 and deq_sub(row, ib, s, scales, &a, &b)
+// so mul_mm decodes a super-block's scales once for its eight units.
 
 // IEEE half -> float by bit manipulation: PoCL's vload_half is a slow library call
 // (1.5x slower Q4_0 decode when used for the block scales). Exact for every input,
@@ -45,7 +49,7 @@ inline float deq_elem(const global uchar *row, int i) { return ((const global fl
 inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
     float16 a, b;
     deq_unit(row, ib, &a, &b);
-    return mad(b, vload16(2 * ib + 1, x), mad(a, vload16(2 * ib, x), acc));
+    return fma(b, vload16(2 * ib + 1, x), fma(a, vload16(2 * ib, x), acc));
 }
 
 #elif defined(W_F16)
@@ -62,7 +66,7 @@ inline float deq_elem(const global uchar *row, int i) { return half_bits_to_floa
 inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
     float16 a, b;
     deq_unit(row, ib, &a, &b);
-    return mad(b, vload16(2 * ib + 1, x), mad(a, vload16(2 * ib, x), acc));
+    return fma(b, vload16(2 * ib + 1, x), fma(a, vload16(2 * ib, x), acc));
 }
 
 #elif defined(W_Q8_0)
@@ -81,7 +85,7 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
     const global char *q = (const global char *)(p + 2);
     const float16 t = convert_float16(vload16(0, q)) * vload16(2 * ib, x)
                     + convert_float16(vload16(1, q)) * vload16(2 * ib + 1, x);
-    return mad((float16)LOAD_HALF(p), t, acc);
+    return fma((float16)LOAD_HALF(p), t, acc);
 }
 
 #elif defined(W_Q4_0)
@@ -101,7 +105,7 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
     const uchar16 q = vload16(0, p + 2);
     const float16 xa = vload16(2 * ib, x), xb = vload16(2 * ib + 1, x);
     const float16 t = convert_float16(q & (uchar)15) * xa + convert_float16(q >> (uchar)4) * xb - 8.0f * (xa + xb);
-    return mad((float16)LOAD_HALF(p), t, acc);
+    return fma((float16)LOAD_HALF(p), t, acc);
 }
 
 #elif defined(W_Q4_1)
@@ -120,7 +124,7 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
     const uchar16 q = vload16(0, p + 4);
     const float16 xa = vload16(2 * ib, x), xb = vload16(2 * ib + 1, x);
     const float16 t = convert_float16(q & (uchar)15) * xa + convert_float16(q >> (uchar)4) * xb;
-    return mad((float16)LOAD_HALF(p), t, mad((float16)LOAD_HALF(p + 2), xa + xb, acc));
+    return fma((float16)LOAD_HALF(p), t, fma((float16)LOAD_HALF(p + 2), xa + xb, acc));
 }
 
 #elif defined(W_Q5_0) || defined(W_Q5_1)
@@ -167,9 +171,9 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
     q5_raw(p, &fa, &fb);
     const float16 xa = vload16(2 * ib, x), xb = vload16(2 * ib + 1, x);
 #if defined(W_Q5_0)
-    return mad((float16)LOAD_HALF(p), fa * xa + fb * xb - 16.0f * (xa + xb), acc);
+    return fma((float16)LOAD_HALF(p), fa * xa + fb * xb - 16.0f * (xa + xb), acc);
 #else
-    return mad((float16)LOAD_HALF(p), fa * xa + fb * xb, mad((float16)LOAD_HALF(p + 2), xa + xb, acc));
+    return fma((float16)LOAD_HALF(p), fa * xa + fb * xb, fma((float16)LOAD_HALF(p + 2), xa + xb, acc));
 #endif
 }
 
@@ -242,12 +246,36 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
         const float16 x1a = vload16(2, xb + 64 * j), x1b = vload16(3, xb + 64 * j);
         const float16 t0 = convert_float16(q0a) * x0a + convert_float16(q0b) * x0b;
         const float16 t1 = convert_float16(q1a) * x1a + convert_float16(q1b) * x1b;
-        acc = mad((float16)dl[2 * j], t0, acc);
-        acc = mad((float16)dl[2 * j + 1], t1, acc);
-        acc = mad((float16)(-ml[2 * j]), x0a + x0b, acc);
-        acc = mad((float16)(-ml[2 * j + 1]), x1a + x1b, acc);
+        acc = fma((float16)dl[2 * j], t0, acc);
+        acc = fma((float16)dl[2 * j + 1], t1, acc);
+        acc = fma((float16)(-ml[2 * j]), x0a + x0b, acc);
+        acc = fma((float16)(-ml[2 * j + 1]), x1a + x1b, acc);
     }
     return acc;
+}
+
+// Super-block scales for mul_mm: (d*sc[0..7], dmin*m[0..7]); deq_sub(s) then needs no decoding.
+inline float16 block_scales(const global uchar *row, int ib) {
+    const global uchar *p = row + (size_t)ib * QK_BYTES;
+    const float d = LOAD_HALF(p), dmin = LOAD_HALF(p + 2);
+    const uchar4 s0 = vload4(0, p + 4), s1 = vload4(1, p + 4), s2 = vload4(2, p + 4);
+    const float4 sc_lo = convert_float4(s0 & (uchar)63), mn_lo = convert_float4(s1 & (uchar)63);
+    const float4 sc_hi = convert_float4((s2 & (uchar)15) | ((s0 >> (uchar)6) << (uchar)4));
+    const float4 mn_hi = convert_float4((s2 >> (uchar)4) | ((s1 >> (uchar)6) << (uchar)4));
+    return (float16)(d * (float8)(sc_lo, sc_hi), dmin * (float8)(mn_lo, mn_hi));
+}
+inline void deq_sub(const global uchar *row, int ib, int s, float16 scv, float16 *a, float16 *b) {
+    const global uchar *p = row + (size_t)ib * QK_BYTES;
+    const global uchar *q = p + QK_QS + 32 * (s >> 1);
+    const uchar sh = (uchar)(4 * (s & 1));
+    uchar16 qa = (vload16(0, q) >> sh) & (uchar)15;
+    uchar16 qb = (vload16(1, q) >> sh) & (uchar)15;
+#if defined(W_Q5_K)
+    qa |= ((vload16(0, p + 16) >> (uchar)s) & (uchar)1) << (uchar)4;
+    qb |= ((vload16(1, p + 16) >> (uchar)s) & (uchar)1) << (uchar)4;
+#endif
+    *a = fma(convert_float16(qa), (float16)scv[s], (float16)(-scv[8 + s]));
+    *b = fma(convert_float16(qb), (float16)scv[s], (float16)(-scv[8 + s]));
 }
 
 #elif defined(W_Q6_K)
@@ -286,8 +314,8 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
         {                                                                                              \
             const uchar16 qa = ((lo_a >> (uchar)nsh) & (uchar)15) | (((ha >> (uchar)(2 * r)) & (uchar)3) << (uchar)4); \
             const uchar16 qb = ((lo_b >> (uchar)nsh) & (uchar)15) | (((hb >> (uchar)(2 * r)) & (uchar)3) << (uchar)4); \
-            acc = mad((float16)sc[2 * r], (convert_float16(qa) - 32.0f) * vload16(2 * r, xh), acc);       \
-            acc = mad((float16)sc[2 * r + 1], (convert_float16(qb) - 32.0f) * vload16(2 * r + 1, xh), acc); \
+            acc = fma((float16)sc[2 * r], (convert_float16(qa) - 32.0f) * vload16(2 * r, xh), acc);       \
+            acc = fma((float16)sc[2 * r + 1], (convert_float16(qb) - 32.0f) * vload16(2 * r + 1, xh), acc); \
         }
         Q6_GROUP(0, la, lb, 0)
         Q6_GROUP(1, lc, ld, 0)
@@ -296,6 +324,23 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
 #undef Q6_GROUP
     }
     return acc;
+}
+
+// Super-block scales for mul_mm: d * scales[0..15]; deq_sub(s) then needs no decoding.
+inline float16 block_scales(const global uchar *row, int ib) {
+    const global uchar *p = row + (size_t)ib * 210;
+    return LOAD_HALF(p + 208) * convert_float16(vload16(0, (const global char *)(p + 192)));
+}
+inline void deq_sub(const global uchar *row, int ib, int s, float16 scv, float16 *a, float16 *b) {
+    const int h = s >> 2, r = s & 3;
+    const global uchar *p = row + (size_t)ib * 210;
+    const global uchar *ql = p + 64 * h + 32 * (r & 1);
+    const global uchar *qh = p + 128 + 32 * h;
+    const uchar nsh = (uchar)(4 * (r >> 1)), hsh = (uchar)(2 * r);
+    const uchar16 qa = ((vload16(0, ql) >> nsh) & (uchar)15) | (((vload16(0, qh) >> hsh) & (uchar)3) << (uchar)4);
+    const uchar16 qb = ((vload16(1, ql) >> nsh) & (uchar)15) | (((vload16(1, qh) >> hsh) & (uchar)3) << (uchar)4);
+    *a = (convert_float16(qa) - 32.0f) * scv[8 * h + 2 * r];
+    *b = (convert_float16(qb) - 32.0f) * scv[8 * h + 2 * r + 1];
 }
 
 #else

@@ -73,8 +73,8 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
             deq_unit(wr, u0 + uu, &a, &b);
             for (int t = 0; t < MM_TN; t++) {
                 const local float *xt = xs + t * MM_TW + uu * 32;
-                acc[t] = mad(a, vload16(0, xt), acc[t]);
-                acc[t] = mad(b, vload16(1, xt), acc[t]);
+                acc[t] = fma(a, vload16(0, xt), acc[t]);
+                acc[t] = fma(b, vload16(1, xt), acc[t]);
             }
         }
     }
@@ -90,25 +90,39 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
     const int nt = min(MM_TN, n_tok - t0);
     float16 acc[MM_TN];
     const global float *xr[MM_TN];
+#pragma unroll
     for (int t = 0; t < MM_TN; t++) {
         acc[t] = (float16)(0.0f);
         xr[t] = x + (size_t)(t0 + min(t, nt - 1)) * n_in;
     }
     const global uchar *wr = w + (size_t)min(row, n_out - 1) * ROW_BYTES(n_in);
-    // blocks, then their QKV/32 units unrolled: a K-quant super-block's scale decoding
-    // becomes constant-indexed and shared by its eight units
-    for (int ib = 0; ib < nu / (QKV / 32); ib++) {
+#if QKV == 256
+    // K-quants: a super-block's scales decoded once, its eight units unrolled
+    for (int ib = 0; ib < nu / 8; ib++) {
+        const float16 scv = block_scales(wr, ib);
 #pragma unroll
-        for (int s = 0; s < QKV / 32; s++) {
-            const int u = ib * (QKV / 32) + s;
+        for (int s = 0; s < 8; s++) {
+            const int u = ib * 8 + s;
             float16 a, b;
-            deq_unit(wr, u, &a, &b);
+            deq_sub(wr, ib, s, scv, &a, &b);
+#pragma unroll
             for (int t = 0; t < MM_TN; t++) {
-                acc[t] = mad(a, vload16(2 * u, xr[t]), acc[t]);
-                acc[t] = mad(b, vload16(2 * u + 1, xr[t]), acc[t]);
+                acc[t] = fma(a, vload16(2 * u, xr[t]), acc[t]);
+                acc[t] = fma(b, vload16(2 * u + 1, xr[t]), acc[t]);
             }
         }
     }
+#else
+    for (int u = 0; u < nu; u++) {
+        float16 a, b;
+        deq_unit(wr, u, &a, &b);
+#pragma unroll
+        for (int t = 0; t < MM_TN; t++) {
+            acc[t] = fma(a, vload16(2 * u, xr[t]), acc[t]);
+            acc[t] = fma(b, vload16(2 * u + 1, xr[t]), acc[t]);
+        }
+    }
+#endif
 #endif
     if (row >= n_out) return;
     for (int t = 0; t < nt; t++) {
