@@ -51,6 +51,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import math
 import os
 import pathlib
 import struct
@@ -68,6 +69,10 @@ SHADER_DIR = pathlib.Path(__file__).resolve().parents[1] / "shaders" / "vulkan"
 
 #: GGML weight types with shader variants (matmul and get_rows).
 VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES
+
+#: Shader variant names per weight type, e.g. VARIANTS["mul_mat_vec"][T.Q4_0] == "mul_mat_vec_q4_0".
+VARIANTS: dict[str, dict[T, str]] = {op: {t: f"{op}_{t.name.lower()}" for t in VULKAN_TYPES}
+                                     for op in ("mul_mat_vec", "mul_mm", "get_rows")}
 
 #: Push-constant limit in bytes: the minimum maxPushConstantsSize every Vulkan device has.
 MAX_PUSH_BYTES = 128
@@ -317,7 +322,7 @@ class VulkanDevice(Device):
         ggml_type = T(ggml_type)
         self.check("matmul", ggml_type)
         shape = tuple(int(s) for s in shape)
-        nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes(ggml_type, shape[-1])
+        nbytes = math.prod(shape[:-1]) * row_bytes(ggml_type, shape[-1])
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         if raw.nbytes != nbytes:
             raise UnsupportedOpError(
@@ -339,7 +344,7 @@ class VulkanDevice(Device):
         if ggml_type not in (T.F32, T.I32):
             raise UnsupportedOpError(f"empty() makes F32 or I32 tensors, not {type_name(ggml_type)}")
         shape = tuple(int(s) for s in shape)
-        n = max(1, int(np.prod(shape, dtype=np.int64)))
+        n = max(1, math.prod(shape))
         self._alloc_check(4 * n, f"{type_name(ggml_type)} tensor {list(shape)}")
         dtype = np.int32 if ggml_type == T.I32 else np.float32
         t = self._tensor(np.zeros(n, dtype=dtype), "storage")
@@ -349,7 +354,7 @@ class VulkanDevice(Device):
     def zeros(self, shape, ggml_type=T.F32):
         """``empty`` then a fill dispatch (no host staging buffer for the whole tensor)."""
         t = self.empty(shape, ggml_type)
-        n = int(np.prod(t.shape, dtype=np.int64))
+        n = math.prod(t.shape)
         self._dispatch("fill", (t,), self._stride_groups(t), (n, 0))
         return t
 
@@ -359,7 +364,7 @@ class VulkanDevice(Device):
         Raises:
             DeviceError: ``data`` has a different element count than ``t``.
         """
-        n = int(np.prod(t.shape, dtype=np.int64))
+        n = math.prod(t.shape)
         dtype = np.int32 if t.ggml_type == T.I32 else np.float32
         arr = np.asarray(data)
         if arr.size != n:
@@ -378,7 +383,7 @@ class VulkanDevice(Device):
 
     def read(self, t):
         """Run everything pending (one sequence, replayed when seen before) and return ``t`` from the host."""
-        n = int(np.prod(t.shape, dtype=np.int64))
+        n = math.prod(t.shape)
         root = t.root.handle
         rb = self._readback.get(id(root))
         if rb is None:
@@ -482,7 +487,8 @@ class VulkanDevice(Device):
         Raises:
             UnsupportedOpError: weight type without shaders or mismatched shapes.
         """
-        self.check("matmul", w.ggml_type)
+        if w.ggml_type not in VARIANTS["mul_mm"]:
+            self.check("matmul", w.ggml_type)
         n_out, n_in = w.shape[0], w.shape[-1]
         n = self._rows(x)
         if x.shape[-1] != n_in or out.shape[-1] != n_out or self._rows(out) != n:
@@ -492,14 +498,13 @@ class VulkanDevice(Device):
             raise UnsupportedOpError(f"matmul on {self.info.selector} needs rows of a multiple of 32 values, "
                                      f"got {n_in}")
         rb = row_bytes(w.ggml_type, n_in)
-        tname = type_name(w.ggml_type).lower()
         nb = _bucket(n, self._row_cap(x))
         if n >= MM_MIN_TOKENS:
             grid = _grid(((nb + 31) // 32) * ((n_out + 31) // 32))
-            self._dispatch(f"mul_mm_{tname}", (w, x, out), grid, (n_in, n_out, n, rb))
+            self._dispatch(VARIANTS["mul_mm"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb))
         else:
             grid = _grid(nb * ((n_out + MMV_NROWS - 1) // MMV_NROWS))
-            self._dispatch(f"mul_mat_vec_{tname}", (w, x, out), grid, (n_in, n_out, n, rb))
+            self._dispatch(VARIANTS["mul_mat_vec"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb))
 
     def rmsnorm(self, out, x, w, eps):
         n_embd = x.shape[-1]
@@ -539,19 +544,20 @@ class VulkanDevice(Device):
                        (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale)))
 
     def silu_mul(self, out, gate, up):
-        n = int(np.prod(out.shape, dtype=np.int64))
+        n = math.prod(out.shape)
         self._dispatch("silu_mul", (gate, up, out), self._stride_groups(out), (n,))
 
     def add(self, out, a, b):
-        n = int(np.prod(out.shape, dtype=np.int64))
+        n = math.prod(out.shape)
         self._dispatch("add", (a, b, out), self._stride_groups(out), (n,))
 
     def get_rows(self, out, table, ids):
-        self.check("get_rows", table.ggml_type)
+        if table.ggml_type not in VARIANTS["get_rows"]:
+            self.check("get_rows", table.ggml_type)
         n = table.shape[-1]
-        k = int(np.prod(ids.shape, dtype=np.int64))
+        k = math.prod(ids.shape)
         n_items = n if table.ggml_type in (T.F32, T.F16) else n // 32  # values or 32-value units
-        nb = _bucket(k, int(np.prod(ids.root.shape, dtype=np.int64)))
+        nb = _bucket(k, math.prod(ids.root.shape))
         grid = _grid(nb * ((n_items + 31) // 32))
-        self._dispatch(f"get_rows_{type_name(table.ggml_type).lower()}", (table, ids, out), grid,
+        self._dispatch(VARIANTS["get_rows"][table.ggml_type], (table, ids, out), grid,
                        (n, k, row_bytes(table.ggml_type, n), table.shape[0]))

@@ -18,8 +18,10 @@ layout(push_constant) uniform PC { uint n_in; uint n_out; uint n_tok; uint row_b
 #include "common.glsl"
 #include "dequant.glsl"
 
-shared float Ws[32 * 33];  // [row][k], padded against bank conflicts
-shared float Xs[32 * 33];  // [token][k]
+// k-major tiles of vec4: Wv[k * 8 + r / 4] holds column k of rows r..r+3, Xv the same for
+// tokens; the inner product then needs two 16-byte shared loads per 16 multiply-adds.
+shared vec4 Wv[32 * 8];
+shared vec4 Xv[32 * 8];
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -29,42 +31,38 @@ void main() {
     uint r0 = (g % n_rb) * 32u;
     if (t0 >= pc.n_tok) return;  // uniform over the workgroup
     uint n_units = pc.n_in / 32u;
-    uint tr = (tid & 7u) * 4u;   // this invocation's 4 rows
-    uint tt = (tid >> 3) * 4u;   // and 4 tokens
-    float acc[16];
-    for (uint i = 0u; i < 16u; i++) acc[i] = 0.0;
+    uint tr = tid & 7u;   // this invocation's rows 4*tr .. 4*tr+3
+    uint tt = tid >> 3;   // and tokens 4*tt .. 4*tt+3
+    vec4 acc[4] = vec4[4](vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0));  // acc[j][i]: token 4tt+j, row 4tr+i
     for (uint u = 0u; u < n_units; u++) {
         if (tid < 32u) {
             uint row = min(r0 + tid, pc.n_out - 1u);
             float v[32];
             unit_values(row * pc.row_bytes, u, v);
-            for (uint i = 0u; i < 32u; i++) Ws[tid * 33u + i] = v[i];
+            [[unroll]] for (uint i = 0u; i < 32u; i++) Wv[i * 8u + (tid >> 2)][tid & 3u] = v[i];
         } else {
             uint c = tid - 32u;
-            for (uint j = 0u; j < 32u; j++) {
+            [[unroll]] for (uint j = 0u; j < 32u; j++) {
                 uint tok = min(t0 + j, pc.n_tok - 1u);
-                Xs[j * 33u + c] = X[tok * pc.n_in + u * 32u + c];
+                Xv[c * 8u + (j >> 2)][j & 3u] = X[tok * pc.n_in + u * 32u + c];
             }
         }
         barrier();
-        for (uint k = 0u; k < 32u; k++) {
-            float a0 = Ws[(tr + 0u) * 33u + k], a1 = Ws[(tr + 1u) * 33u + k];
-            float a2 = Ws[(tr + 2u) * 33u + k], a3 = Ws[(tr + 3u) * 33u + k];
-            for (uint j = 0u; j < 4u; j++) {
-                float b = Xs[(tt + j) * 33u + k];
-                acc[j * 4u + 0u] += a0 * b;
-                acc[j * 4u + 1u] += a1 * b;
-                acc[j * 4u + 2u] += a2 * b;
-                acc[j * 4u + 3u] += a3 * b;
-            }
+        [[unroll]] for (uint k = 0u; k < 32u; k++) {
+            vec4 a = Wv[k * 8u + tr];
+            vec4 b = Xv[k * 8u + tt];
+            acc[0] += a * b.x;
+            acc[1] += a * b.y;
+            acc[2] += a * b.z;
+            acc[3] += a * b.w;
         }
         barrier();
     }
-    for (uint j = 0u; j < 4u; j++) {
-        uint tok = t0 + tt + j;
-        for (uint i = 0u; i < 4u; i++) {
-            uint row = r0 + tr + i;
-            if (tok < pc.n_tok && row < pc.n_out) Y[tok * pc.n_out + row] = acc[j * 4u + i];
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        uint tok = t0 + 4u * tt + j;
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            uint row = r0 + 4u * tr + i;
+            if (tok < pc.n_tok && row < pc.n_out) Y[tok * pc.n_out + row] = acc[j][i];
         }
     }
 }
