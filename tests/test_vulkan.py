@@ -314,3 +314,15 @@ def test_allocations_counted_and_bounded(vk):
     with pytest.raises(DeviceOutOfMemoryError, match=str(limit)):
         vk.empty((limit // 4 + 1024,))
     assert vk.n_allocs == n0 + 2  # the refused allocation is not counted
+
+
+def test_weights_are_not_read_or_written(vk):
+    from cooktop.errors import DeviceError
+    w = vk.upload(np.ones(32, dtype=np.float32), T.F32, (1, 32))
+    with pytest.raises(DeviceError, match="is a weight"):
+        vk.read(w)
+    with pytest.raises(DeviceError, match="is a weight"):
+        vk.write(w, np.zeros(32, dtype=np.float32))
+    t = vk.empty((2, 3))
+    with pytest.raises(DeviceError, match="write of 5 values"):
+        vk.write(t, np.zeros(5, dtype=np.float32))

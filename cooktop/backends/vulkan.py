@@ -283,6 +283,7 @@ class VulkanDevice(Device):
         self._readback: dict[int, Any] = {}
         self._write_counts: collections.Counter = collections.Counter()
         self._tensors: list[Any] = []            # keep every kp tensor alive (their ids key the caches)
+        self._weights: set[int] = set()          # ids of uploaded (uint32) weight tensors
         self.n_recordings = 0
         self.n_replays = 0
         self.n_pipelines = 0
@@ -335,6 +336,7 @@ class VulkanDevice(Device):
         t = self._tensor(np.zeros(n_words, dtype=np.uint32), "storage")
         self.mgr.sequence().eval(self._kp.OpTensorCopy([staging, t]))
         staging.destroy()
+        self._weights.add(id(t))
         self._count_alloc(n_words * 4)
         return DeviceTensor(self, t, shape, ggml_type)
 
@@ -362,8 +364,9 @@ class VulkanDevice(Device):
         """Enqueue a host-to-device copy of ``data`` into ``t`` (see module doc: staging + copy dispatch).
 
         Raises:
-            DeviceError: ``data`` has a different element count than ``t``.
+            DeviceError: ``data`` has a different element count than ``t``, or ``t`` is a weight.
         """
+        self._check_activation(t, "write")
         n = math.prod(t.shape)
         dtype = np.int32 if t.ggml_type == T.I32 else np.float32
         arr = np.asarray(data)
@@ -382,7 +385,12 @@ class VulkanDevice(Device):
         self._dispatch_raw("copy", (st[0], root), self._stride_grid(int(root.size())), (n,))
 
     def read(self, t):
-        """Run everything pending (one sequence, replayed when seen before) and return ``t`` from the host."""
+        """Run everything pending (one sequence, replayed when seen before) and return ``t`` from the host.
+
+        Raises:
+            DeviceError: ``t`` is a weight (weights are never read back).
+        """
+        self._check_activation(t, "read")
         n = math.prod(t.shape)
         root = t.root.handle
         rb = self._readback.get(id(root))
@@ -394,6 +402,13 @@ class VulkanDevice(Device):
         self._pending.append(("sync", rb, ()))
         self.flush()
         return np.array(rb.data()[:n]).reshape(t.shape)
+
+    def _check_activation(self, t: DeviceTensor, what: str) -> None:
+        if t.device is not self:
+            raise DeviceError(f"{what}: tensor {t!r} lives on another device than {self.info.selector}")
+        if t.ggml_type not in (T.F32, T.I32) or id(t.root.handle) in self._weights:
+            raise DeviceError(f"{what}: {t!r} is a weight; only F32/I32 tensors made by empty() can be "
+                              f"written and read")
 
     def flush(self) -> None:
         """Execute the pending op list now (replaying its recorded sequence when cached)."""
@@ -507,11 +522,17 @@ class VulkanDevice(Device):
             self._dispatch(VARIANTS["mul_mat_vec"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb))
 
     def rmsnorm(self, out, x, w, eps):
+        """rmsnorm.comp: one workgroup of 64 per row; x, out f32 [n, n_embd], w f32 [n_embd] (see Device.rmsnorm)."""
         n_embd = x.shape[-1]
         n = self._rows(x)
         self._dispatch("rmsnorm", (x, w, out), _grid(_bucket(n, self._row_cap(x))), (n_embd, n, f32_bits(eps)))
 
     def rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
+        """rope.comp: one invocation per rotated pair or copied pair of dims (see Device.rope).
+
+        Raises:
+            UnsupportedOpError: mode other than 0 / 2, odd or too large n_rot, rows not whole heads.
+        """
         if mode not in (ROPE_NORMAL, ROPE_NEOX):
             raise UnsupportedOpError(f"rope mode {mode} is not supported (0 = normal, 2 = NeoX)")
         if n_rot % 2 or not 0 < n_rot <= head_dim or head_dim % 2 or x.shape[-1] % head_dim:
@@ -524,6 +545,10 @@ class VulkanDevice(Device):
                        (n, n_heads, head_dim, n_rot, f32_bits(freq_base), f32_bits(freq_scale), mode))
 
     def kv_store(self, cache, x, pos):
+        """kv_store.comp: ``cache[pos[i], :] = x[i, :]``; cache f32 [n_ctx, n_kv_dim], x f32 [n, n_kv_dim].
+
+        Positions outside [0, n_ctx) are skipped on the device (the engine raises ContextOverflowError first).
+        """
         n = self._rows(x)
         kv_dim = x.shape[-1]
         if cache.shape[-1] != kv_dim:
@@ -532,6 +557,12 @@ class VulkanDevice(Device):
         self._dispatch("kv_store", (cache, x, pos), _grid((nb * kv_dim + 63) // 64), (n, kv_dim, cache.shape[0]))
 
     def attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
+        """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows.
+
+        q, out f32 [n, n_head * head_dim]; caches f32 [n_ctx, n_head_kv * head_dim]; head_dim <= 256.
+        Raises:
+            UnsupportedOpError: n_head not a multiple of n_head_kv, head_dim > 256, cache rows mismatched.
+        """
         if n_head % n_head_kv:
             raise UnsupportedOpError(f"attention: n_head {n_head} is not a multiple of n_head_kv {n_head_kv}")
         head_dim = q.shape[-1] // n_head
@@ -544,14 +575,20 @@ class VulkanDevice(Device):
                        (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale)))
 
     def silu_mul(self, out, gate, up):
+        """silu_mul.comp: ``out = gate * sigmoid(gate) * up``, f32 [n, n_ff] (``out`` may be ``gate``)."""
         n = math.prod(out.shape)
         self._dispatch("silu_mul", (gate, up, out), self._stride_groups(out), (n,))
 
     def add(self, out, a, b):
+        """add.comp: ``out = a + b``, f32 (``out`` may be ``a``)."""
         n = math.prod(out.shape)
         self._dispatch("add", (a, b, out), self._stride_groups(out), (n,))
 
     def get_rows(self, out, table, ids):
+        """get_rows.comp: ``out[i] = dequantize(table[ids[i]])``; table [n_rows, n], ids I32 [k], out f32 [k, n].
+
+        Ids outside [0, n_rows) are clamped on the device (they cannot be checked without a sync).
+        """
         if table.ggml_type not in VARIANTS["get_rows"]:
             self.check("get_rows", table.ggml_type)
         n = table.shape[-1]
