@@ -232,6 +232,7 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
 #if defined(W_Q5_K)
     const uchar16 ha = vload16(0, p + 16), hb = vload16(1, p + 16);
 #endif
+#pragma unroll
     for (int j = 0; j < 4; j++) {
         const uchar16 qa = vload16(0, qs + 32 * j), qb = vload16(1, qs + 32 * j);
         uchar16 q0a = qa & (uchar)15, q0b = qb & (uchar)15, q1a = qa >> (uchar)4, q1b = qb >> (uchar)4;
@@ -303,6 +304,7 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
     const global uchar *p = row + (size_t)ib * 210;
     const float d = LOAD_HALF(p + 208);
     const global float *xb = x + (size_t)ib * 256;
+#pragma unroll
     for (int h = 0; h < 2; h++) {
         const global uchar *ql = p + 64 * h;
         const global uchar *qh = p + 128 + 32 * h;
