@@ -306,9 +306,13 @@ class OpenCLDevice(Device):
             raise ValueError(f"attention: n_head {n_head} must be a multiple of n_head_kv {n_head_kv} "
                              f"and divide the width {width}")
         head_dim = width // n_head
-        ls = self.shape.at_ls
-        self.kernels.attention(head_dim)(self.queue, (ls, n_head, n_tok), (ls, 1, 1), out.handle, q.handle,
-                                         k_cache.handle, v_cache.handle, pos.handle, n_head, n_head_kv, scale)
+        knl = self.kernels.attention(head_dim)
+        args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, n_head, n_head_kv, scale)
+        if self.shape.at_serial:
+            knl(self.queue, (n_head, n_tok), (1, 1), *args)  # many groups: all cores busy
+        else:
+            ls = self.shape.at_ls
+            knl(self.queue, (ls, n_head, n_tok), (ls, 1, 1), *args)
 
     def _elementwise(self, knl, out, a, b):
         n = math.prod(out.shape)

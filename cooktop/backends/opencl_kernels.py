@@ -43,6 +43,8 @@ class LaunchShape:
     at_ls: keys per attention chunk (= group size). ew_ls: elementwise group size.
     mm_local: 1 to stage x tiles in local memory in ``mul_mm`` (GPUs), 0 to read x
     through the cache without barriers (CPUs: PoCL spills registers across barriers).
+    at_serial: 1 for one work-item per (head, token) in ``attention`` (CPUs), 0 for a
+    work-group of at_ls work-items sharing the keys (GPUs).
     """
 
     mv_ls: int = 1
@@ -54,11 +56,13 @@ class LaunchShape:
     at_ls: int = 16
     ew_ls: int = 64
     mm_local: int = 0
+    at_serial: int = 1
 
     def defines(self) -> str:
         """``-D`` options for the launch constants."""
         return (f"-DMV_LS={self.mv_ls} -DMV_R={self.mv_r} -DMM_TM={self.mm_tm} -DMM_TN={self.mm_tn} "
-                f"-DMM_UC={self.mm_uc} -DMM_LOCAL={self.mm_local} -DRN_LS={self.rn_ls} -DAT_LS={self.at_ls}")
+                f"-DMM_UC={self.mm_uc} -DMM_LOCAL={self.mm_local} -DRN_LS={self.rn_ls} -DAT_LS={self.at_ls} "
+                f"-DAT_SERIAL={self.at_serial}")
 
 
 #: CPU devices (PoCL): a work-group runs on one core, and explicit float16 vectors are
@@ -66,7 +70,8 @@ class LaunchShape:
 #: (Q4_K decode 2-3x faster than 8 work-items per row on PoCL 3.1). GPU devices:
 #: work-groups share rows (ggml's layout); not measured here (no GPU on the dev machine).
 CPU_SHAPE = LaunchShape()
-GPU_SHAPE = LaunchShape(mv_ls=16, mv_r=4, mm_tm=64, mm_tn=8, mm_uc=2, rn_ls=64, at_ls=32, ew_ls=64, mm_local=1)
+GPU_SHAPE = LaunchShape(mv_ls=16, mv_r=4, mm_tm=64, mm_tn=8, mm_uc=2, rn_ls=64, at_ls=32, ew_ls=64, mm_local=1,
+                        at_serial=0)
 
 
 def read_source(*names: str) -> str:

@@ -4,6 +4,84 @@
 // Keys are taken AT_LS at a time (one per work-item); an online softmax in float32
 // (running max m, running sum l, rescaled accumulator) combines the chunks.
 // Global (AT_LS, n_head, n_tok), local (AT_LS, 1, 1); AT_LS a power of two.
+//
+// AT_SERIAL (CPU devices): one work-item per (head, token) walks every key itself,
+// with the head's q and output accumulator in vector registers; no barriers, which
+// PoCL turns into work-item loops with spilled state (7x slower decode).
+// Global (n_head, n_tok), any local size.
+
+#if AT_SERIAL
+
+#if HEAD_DIM % 16 == 0
+#define VW 16
+#define VT float16
+#define VLOAD(i, p) vload16(i, p)
+#define VSTORE(v, i, p) vstore16(v, i, p)
+#define VSUM(v) vsum16(v)
+#elif HEAD_DIM % 8 == 0
+#define VW 8
+#define VT float8
+#define VLOAD(i, p) vload8(i, p)
+#define VSTORE(v, i, p) vstore8(v, i, p)
+#define VSUM(v) vsum4((v).lo + (v).hi)
+#elif HEAD_DIM % 4 == 0
+#define VW 4
+#define VT float4
+#define VLOAD(i, p) vload4(i, p)
+#define VSTORE(v, i, p) vstore4(v, i, p)
+#define VSUM(v) vsum4(v)
+#else
+#define VW 1
+#define VT float
+#define VLOAD(i, p) ((p)[i])
+#define VSTORE(v, i, p) ((p)[i] = (v))
+#define VSUM(v) (v)
+#endif
+#define NV (HEAD_DIM / VW)
+
+inline float vsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+inline float vsum16(float16 v) { float8 a = v.lo + v.hi; return vsum4(a.lo + a.hi); }
+
+__kernel void attention(global float *out, const global float *q, const global float *kc,
+                        const global float *vc, const global int *pos,
+                        const int n_head, const int n_head_kv, const float scale) {
+    const int h = get_global_id(0);
+    const int t = get_global_id(1);
+    if (h >= n_head) return;
+    const int kv_dim = n_head_kv * HEAD_DIM;
+    const int hk = h / (n_head / n_head_kv);
+    const int n_kv = pos[t] + 1;
+    const size_t qoff = ((size_t)t * n_head + h) * HEAD_DIM;
+    VT qv[NV], acc[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        qv[i] = VLOAD(i, q + qoff);
+        acc[i] = (VT)(0.0f);
+    }
+    float m = -INFINITY, l = 0.0f;
+    const global float *kr = kc + hk * HEAD_DIM;
+    const global float *vr = vc + hk * HEAD_DIM;
+    for (int k = 0; k < n_kv; k++, kr += kv_dim, vr += kv_dim) {
+        VT d = (VT)(0.0f);
+#pragma unroll
+        for (int i = 0; i < NV; i++) d = fma(qv[i], VLOAD(i, kr), d);
+        const float s = VSUM(d) * scale;
+        // online softmax with one exp per key: e = exp(-|s - m|) is the factor of
+        // whichever of (old sum, new key) is below the new maximum
+        const float m_new = fmax(m, s);
+        const float e = exp(-fabs(s - m));
+        const float alpha = s > m ? e : 1.0f, p = s > m ? 1.0f : e;
+        l = fma(l, alpha, p);
+#pragma unroll
+        for (int i = 0; i < NV; i++) acc[i] = fma((VT)(p), VLOAD(i, vr), acc[i] * alpha);
+        m = m_new;
+    }
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int i = 0; i < NV; i++) VSTORE(acc[i] * inv, i, out + qoff);
+}
+
+#else
 
 #define HPI ((HEAD_DIM + AT_LS - 1) / AT_LS)
 
@@ -76,3 +154,5 @@ __kernel void attention(global float *out, const global float *q, const global f
         if (d < HEAD_DIM) out[qoff + d] = acc[j] * inv;
     }
 }
+
+#endif
