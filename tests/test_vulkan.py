@@ -326,3 +326,21 @@ def test_weights_are_not_read_or_written(vk):
     t = vk.empty((2, 3))
     with pytest.raises(DeviceError, match="write of 5 values"):
         vk.write(t, np.zeros(5, dtype=np.float32))
+
+
+@pytest.mark.parametrize("ty", [T.F32, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3, 40])
+def test_float_matmul_rows_of_any_length(vk, cpu_device, ty, n_tok):
+    """stories260K has n_ff = 172: F32/F16 rows that are not whole 32-value units (mul_mat_vec and mul_mm)."""
+    rng = np.random.default_rng(n_tok)
+    n_out, n_in = 37, 172
+    raw = random_weight(ty, (n_out, n_in), rng)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    outs = []
+    for dev in (vk, cpu_device):
+        w = dev.upload(raw, ty, (n_out, n_in))
+        xt, y = dev.empty((64, n_in)).head(n_tok), dev.empty((64, n_out)).head(n_tok)
+        dev.write(xt, x)
+        dev.matmul(y, xt, w)
+        outs.append(dev.read(y))
+    assert nmse(outs[0], outs[1]) <= 1e-7

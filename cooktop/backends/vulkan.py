@@ -509,9 +509,6 @@ class VulkanDevice(Device):
         if x.shape[-1] != n_in or out.shape[-1] != n_out or self._rows(out) != n:
             raise UnsupportedOpError(f"matmul shapes do not match: x {list(x.shape)}, w {list(w.shape)}, "
                                      f"out {list(out.shape)}")
-        if n_in % 32:
-            raise UnsupportedOpError(f"matmul on {self.info.selector} needs rows of a multiple of 32 values, "
-                                     f"got {n_in}")
         rb = row_bytes(w.ggml_type, n_in)
         nb = _bucket(n, self._row_cap(x))
         if n >= MM_MIN_TOKENS:

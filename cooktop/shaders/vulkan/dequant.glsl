@@ -18,11 +18,20 @@ void unit_values(uint row_off, uint u, out float v[32]) {
     uint base = (row_off >> 2) + u * 32u;  // F32 rows are 4-byte aligned
     [[unroll]] for (uint i = 0u; i < 32u; i++) v[i] = uintBitsToFloat(W[base + i]);
 }
+// One value k of a float row, for rows whose length is not a multiple of 32.
+#define FLOAT_TYPE 1
+float value_at(uint row_off, uint k) {
+    return uintBitsToFloat(W[(row_off >> 2) + k]);
+}
 #elif defined(TYPE_F16)
+#define FLOAT_TYPE 1
+float value_at(uint row_off, uint k) {
+    return w_f16(row_off + 2u * k);
+}
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint off = row_off + u * 64u;
     [[unroll]] for (uint i = 0u; i < 16u; i++) {
-        vec2 h = unpackHalf2x16(w_u32a(off + 4u * i));  // 64-byte units: aligned
+        vec2 h = unpackHalf2x16(w_u32(off + 4u * i));  // rows of odd length are only 2-byte aligned
         v[2u * i] = h.x;
         v[2u * i + 1u] = h.y;
     }

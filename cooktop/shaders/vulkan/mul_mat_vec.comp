@@ -5,6 +5,7 @@
 // rows of one token: its invocations stride over the 32-value units of the rows,
 // dequantize each unit in registers (dequant.glsl), reuse the unit's x values for
 // all NROWS rows, and reduce in shared memory.
+// F32 / F16 rows of any length: the values past the last whole unit are added one by one.
 // Grid: n_tok * ceil(n_out / NROWS) workgroups (flat_group()).
 // WG 16 x NROWS 8 measured fastest on lavapipe (2 cores, 256-bit SIMD: two
 // subgroups of 8 lanes per workgroup); GPUs would like WG >= 32.
@@ -50,6 +51,13 @@ void main() {
             acc[r] += s;
         }
     }
+#ifdef FLOAT_TYPE
+    // F32 / F16 rows may end in a partial unit: its values one by one
+    for (uint k = n_units * 32u + tid; k < pc.n_in; k += WG) {
+        float xk = X[tok * pc.n_in + k];
+        [[unroll]] for (uint r = 0u; r < NROWS; r++) acc[r] += value_at(min(r0 + r, pc.n_out - 1u) * pc.row_bytes, k) * xk;
+    }
+#endif
     for (uint r = 0u; r < NROWS; r++) red[r * WG + tid] = acc[r];
     barrier();
     for (uint s = WG / 2u; s > 0u; s >>= 1) {

@@ -30,7 +30,7 @@ void main() {
     uint t0 = (g / n_rb) * 32u;
     uint r0 = (g % n_rb) * 32u;
     if (t0 >= pc.n_tok) return;  // uniform over the workgroup
-    uint n_units = pc.n_in / 32u;
+    uint n_units = (pc.n_in + 31u) / 32u;  // a partial last unit only for F32 / F16 rows
     uint tr = tid & 7u;   // this invocation's rows 4*tr .. 4*tr+3
     uint tt = tid >> 3;   // and tokens 4*tt .. 4*tt+3
     vec4 acc[4] = vec4[4](vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0));  // acc[j][i]: token 4tt+j, row 4tr+i
@@ -38,13 +38,18 @@ void main() {
         if (tid < 32u) {
             uint row = min(r0 + tid, pc.n_out - 1u);
             float v[32];
+#ifdef FLOAT_TYPE
+            if (u * 32u + 32u > pc.n_in) {
+                for (uint i = 0u; i < 32u; i++) v[i] = u * 32u + i < pc.n_in ? value_at(row * pc.row_bytes, u * 32u + i) : 0.0;
+            } else
+#endif
             unit_values(row * pc.row_bytes, u, v);
             [[unroll]] for (uint i = 0u; i < 32u; i++) Wv[i * 8u + (tid >> 2)][tid & 3u] = v[i];
         } else {
             uint c = tid - 32u;
             [[unroll]] for (uint j = 0u; j < 32u; j++) {
                 uint tok = min(t0 + j, pc.n_tok - 1u);
-                Xv[c * 8u + (j >> 2)][j & 3u] = X[tok * pc.n_in + u * 32u + c];
+                Xv[c * 8u + (j >> 2)][j & 3u] = u * 32u + c < pc.n_in ? X[tok * pc.n_in + u * 32u + c] : 0.0;
             }
         }
         barrier();
