@@ -55,7 +55,12 @@ def bench_matmul(dev, ty: T, n: int, repeat: int, reps: int) -> None:
 
     dt = best_of(decode, reps) / repeat
     nbytes = n * row_bytes(ty, n)
-    print(f"{ty.name:5s} mul_mat_vec {n}x{n}: {dt * 1e3:8.3f} ms  {nbytes / dt / 1e9:6.2f} GB/s")
+    # baseline in the same session: numpy float32 mat-vec over `repeat` distinct matrices (BLAS)
+    wf = [rng.standard_normal((n, n)).astype(np.float32) for _ in range(min(repeat, 4))]
+    xf = rng.standard_normal(n).astype(np.float32)
+    dt_np = best_of(lambda: [m @ xf for m in wf], reps) / len(wf)
+    print(f"{ty.name:5s} mul_mat_vec {n}x{n}: {dt * 1e3:8.3f} ms  {nbytes / dt / 1e9:6.2f} GB/s   "
+          f"(baseline numpy f32 mat-vec: {dt_np * 1e3:.3f} ms, {4 * n * n / dt_np / 1e9:.2f} GB/s)")
 
     def prompt():
         for w in ws[:4]:
@@ -64,6 +69,19 @@ def bench_matmul(dev, ty: T, n: int, repeat: int, reps: int) -> None:
 
     dt = best_of(prompt, max(1, reps // 3)) / 4
     print(f"{ty.name:5s} mul_mm 64 tokens {n}x{n}: {dt * 1e3:8.2f} ms  {2 * 64 * n * n / dt / 1e9:6.2f} GFLOP/s")
+
+
+def bench_dispatch(dev, n: int, reps: int) -> None:
+    """Cost of one tiny dispatch inside a replayed sequence (the driver's fixed cost per op)."""
+    a = dev.zeros((1, 64))
+
+    def run():
+        for _ in range(n):
+            dev.add(a, a, a)
+        dev.read(a)
+
+    dt = best_of(run, reps)
+    print(f"{n} tiny add dispatches in one replayed sequence: {dt * 1e3:.2f} ms ({dt / n * 1e6:.1f} us/dispatch)")
 
 
 def bench_overhead(dev, n_layers: int, steps: int) -> None:
@@ -148,6 +166,7 @@ def main() -> None:
     print(f"{dev.info.selector}: {dev.info.name} ({dev.info.driver_version})")
     for name in args.types.split(","):
         bench_matmul(dev, T[name.strip()], args.n, args.repeat, args.reps)
+    bench_dispatch(dev, 379, args.reps)
     bench_overhead(dev, args.layers, max(args.reps, 10))
 
 

@@ -43,7 +43,7 @@ barrier before each dispatch, not compute->compute, and its Python API has
 no memory-barrier op. Lavapipe executes dispatches in order, so this is exact
 there; on other devices a 1-element ``OpTensorSyncLocal`` is recorded between
 dispatches, which gives an execution dependency (the only portable stand-in
-kp offers).
+kp offers). ``COOKTOP_VULKAN_BARRIERS=1`` / ``0`` forces this on / off.
 """
 
 from __future__ import annotations
