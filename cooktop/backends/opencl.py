@@ -292,8 +292,8 @@ class OpenCLDevice(Device):
         if n_rot % 2 or n_rot > head_dim or head_dim % 2:
             raise ValueError(f"rope: n_rot {n_rot} must be even and <= head_dim {head_dim}")
         n_tok, width = x.shape
-        self.kernels.ops().rope(self.queue, (head_dim // 2, width // head_dim, n_tok), None,
-                                out.handle, x.handle, pos.handle, head_dim, n_rot, freq_base, freq_scale, mode)
+        self.kernels.ops().rope(self.queue, (head_dim // 2, n_tok), None, out.handle, x.handle, pos.handle,
+                                head_dim, n_rot, freq_base, freq_scale, mode, width // head_dim)
 
     def kv_store(self, cache, x, pos):
         n_tok, dim = x.shape
