@@ -1,5 +1,9 @@
 """The Vulkan backend, through Kompute's Python bindings (``kp`` 0.9.0).
 
+Modules: this one (backend, device, ops), :mod:`.vulkan_info` (device facts
+through libvulkan, DeviceInfo), :mod:`.vulkan_shaders` (variants, SPIR-V,
+push constants, grid sizes).
+
 Design (DESIGN.md, "Kompute"):
 
 - **Shaders**: GLSL compute shaders in ``cooktop/shaders/vulkan/*.comp``, one
@@ -49,33 +53,19 @@ kp offers). ``COOKTOP_VULKAN_BARRIERS=1`` / ``0`` forces this on / off.
 from __future__ import annotations
 
 import collections
-import functools
-import json
 import math
 import os
-import pathlib
-import struct
 from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
-from .base import (DEVICE_WEIGHT_TYPES, OPS, ROPE_NEOX, ROPE_NORMAL, Backend, Device, DeviceInfo, DeviceTensor,
+from .base import (ROPE_NEOX, ROPE_NORMAL, Backend, Device, DeviceInfo, DeviceTensor,
                    ProbeResult, row_bytes, type_name)
-from .vulkan_info import VkDeviceFacts, VulkanInfoError, query_devices
-
-SHADER_DIR = pathlib.Path(__file__).resolve().parents[1] / "shaders" / "vulkan"
-
-#: GGML weight types with shader variants (matmul and get_rows).
-VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES
-
-#: Shader variant names per weight type, e.g. VARIANTS["mul_mat_vec"][T.Q4_0] == "mul_mat_vec_q4_0".
-VARIANTS: dict[str, dict[T, str]] = {op: {t: f"{op}_{t.name.lower()}" for t in VULKAN_TYPES}
-                                     for op in ("mul_mat_vec", "mul_mm", "get_rows")}
-
-#: Push-constant limit in bytes: the minimum maxPushConstantsSize every Vulkan device has.
-MAX_PUSH_BYTES = 128
+from .vulkan_info import VkDeviceFacts, VulkanInfoError, facts_to_info, kp_props_to_info, query_devices
+from .vulkan_shaders import (MAX_PUSH_BYTES, SHADER_DIR, VARIANTS, VULKAN_TYPES, bucket, f32_bits,  # noqa: F401
+                             load_spirv, pack_push, variants, workgroups)
 
 #: Token count from which matmul uses the tiled mul_mm shader instead of mul_mat_vec.
 MM_MIN_TOKENS = 8
@@ -123,86 +113,6 @@ def device_facts(refresh: bool = False) -> list[VkDeviceFacts]:
     if _facts_cache is None or refresh:
         _facts_cache = query_devices()
     return _facts_cache
-
-
-@functools.lru_cache(maxsize=None)
-def load_spirv(name: str) -> bytes:
-    """The shipped SPIR-V of shader variant ``name`` (e.g. ``"mul_mat_vec_q4_0"``).
-
-    Raises:
-        DeviceError: the ``.spv`` file is missing (broken install: run ``make shaders``).
-    """
-    path = SHADER_DIR / f"{name}.spv"
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise DeviceError(f"missing Vulkan shader {path} ({e}); reinstall cooktop or run `make shaders`") from e
-
-
-def variants() -> list[dict[str, Any]]:
-    """The shader variants of ``variants.json``: ``{"name", "source", "defines"}`` each."""
-    return json.loads((SHADER_DIR / "variants.json").read_text())["variants"]
-
-
-@functools.lru_cache(maxsize=4096)
-def f32_bits(x: float) -> int:
-    """The IEEE-754 float32 bits of ``x`` as an unsigned int (push constants are uint32)."""
-    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
-
-
-def pack_push(values: tuple[int, ...]) -> np.ndarray:
-    """uint32 push-constant array of ``values`` (already bit-cast ints).
-
-    Raises:
-        AssertionError: more than :data:`MAX_PUSH_BYTES` bytes (the GLSL block would not fit).
-    """
-    arr = np.array(values, dtype=np.uint32)
-    assert arr.nbytes <= MAX_PUSH_BYTES, f"push constants of {arr.nbytes} bytes > {MAX_PUSH_BYTES}"
-    return arr
-
-
-def _bucket(n: int, cap: int) -> int:
-    """``n`` rounded up to a power of two, at most ``cap`` (and at least ``n``)."""
-    return max(n, min(1 << max(0, (n - 1).bit_length()), cap))
-
-
-def _grid(n_groups: int) -> list[int]:
-    """A workgroup count for ``n_groups`` linear groups (split over y past 65535; see common.glsl)."""
-    n_groups = max(1, int(n_groups))
-    if n_groups <= 65535:
-        return [n_groups, 1, 1]
-    gx = 65535
-    return [gx, (n_groups + gx - 1) // gx, 1]
-
-
-def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
-    """DeviceInfo of one Vulkan device. ``compute_units`` is unknown (Vulkan does not report it)."""
-    mem = f.memory_bytes or None
-    return DeviceInfo(
-        backend="vulkan", index=f.index, name=f.name, vendor=f.vendor, device_type=f.device_type,
-        platform=f"Vulkan {f.api_version}",
-        driver_version=(f"{f.driver_name} {f.driver_info}".strip() or str(f.driver_version)),
-        global_mem_bytes=mem,
-        max_alloc_bytes=min(x for x in (f.max_storage_buffer_range, mem) if x) if (f.max_storage_buffer_range or mem)
-        else None,
-        compute_units=None, max_workgroup_size=f.max_workgroup_invocations or None, subgroup_size=f.subgroup_size,
-        fp16=f.shader_float16, int8=f.shader_int8,
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS,
-        extra={"vendor_id": f.vendor_id, "device_id": f.device_id, "memory_heaps": [list(h) for h in f.heaps],
-               "max_storage_buffer_range": f.max_storage_buffer_range,
-               "max_push_constants_size": f.max_push_constants_size,
-               "max_compute_shared_memory": f.max_shared_memory,
-               "storage_buffer_8bit": f.storage_buffer_8bit, "storage_buffer_16bit": f.storage_buffer_16bit,
-               "features_enabled_by_kp": False, "info_source": "libvulkan"})
-
-
-def kp_props_to_info(index: int, props: dict) -> DeviceInfo:
-    """DeviceInfo from kp's ``get_device_properties()`` alone (libvulkan unreadable through ctypes):
-    device type, memory, maxStorageBufferRange, subgroup size and 8/16-bit storage are unknown."""
-    return DeviceInfo(
-        backend="vulkan", index=index, name=str(props.get("device_name", f"vulkan device {index}")),
-        device_type="gpu", max_workgroup_size=props.get("max_work_group_invocations"),
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS, extra={"info_source": "kp"})
 
 
 class VulkanBackend(Backend):
@@ -465,7 +375,7 @@ class VulkanDevice(Device):
 
     # -- dispatch ---------------------------------------------------------
     def _stride_grid(self, n: int) -> list[int]:
-        return _grid(min(MAX_STRIDE_GROUPS, (n + 255) // 256))
+        return workgroups(min(MAX_STRIDE_GROUPS, (n + 255) // 256))
 
     def _stride_groups(self, t: DeviceTensor) -> list[int]:
         return self._stride_grid(int(t.root.handle.size()))
@@ -510,19 +420,19 @@ class VulkanDevice(Device):
             raise UnsupportedOpError(f"matmul shapes do not match: x {list(x.shape)}, w {list(w.shape)}, "
                                      f"out {list(out.shape)}")
         rb = row_bytes(w.ggml_type, n_in)
-        nb = _bucket(n, self._row_cap(x))
+        nb = bucket(n, self._row_cap(x))
         if n >= MM_MIN_TOKENS:
-            grid = _grid(((nb + 31) // 32) * ((n_out + 31) // 32))
+            grid = workgroups(((nb + 31) // 32) * ((n_out + 31) // 32))
             self._dispatch(VARIANTS["mul_mm"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb))
         else:
-            grid = _grid(nb * ((n_out + MMV_NROWS - 1) // MMV_NROWS))
+            grid = workgroups(nb * ((n_out + MMV_NROWS - 1) // MMV_NROWS))
             self._dispatch(VARIANTS["mul_mat_vec"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb))
 
     def rmsnorm(self, out, x, w, eps):
         """rmsnorm.comp: one workgroup of 64 per row; x, out f32 [n, n_embd], w f32 [n_embd] (see Device.rmsnorm)."""
         n_embd = x.shape[-1]
         n = self._rows(x)
-        self._dispatch("rmsnorm", (x, w, out), _grid(_bucket(n, self._row_cap(x))), (n_embd, n, f32_bits(eps)))
+        self._dispatch("rmsnorm", (x, w, out), workgroups(bucket(n, self._row_cap(x))), (n_embd, n, f32_bits(eps)))
 
     def rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
         """rope.comp: one invocation per rotated pair or copied pair of dims (see Device.rope).
@@ -536,8 +446,8 @@ class VulkanDevice(Device):
             raise UnsupportedOpError(f"rope: n_rot {n_rot} / head_dim {head_dim} do not fit rows of {x.shape[-1]}")
         n = self._rows(x)
         n_heads = x.shape[-1] // head_dim
-        nb = _bucket(n, self._row_cap(x))
-        grid = _grid((nb * n_heads * (head_dim // 2) + 63) // 64)
+        nb = bucket(n, self._row_cap(x))
+        grid = workgroups((nb * n_heads * (head_dim // 2) + 63) // 64)
         self._dispatch("rope", (x, pos, out), grid,
                        (n, n_heads, head_dim, n_rot, f32_bits(freq_base), f32_bits(freq_scale), mode))
 
@@ -550,8 +460,8 @@ class VulkanDevice(Device):
         kv_dim = x.shape[-1]
         if cache.shape[-1] != kv_dim:
             raise UnsupportedOpError(f"kv_store: cache rows of {cache.shape[-1]} values, x rows of {kv_dim}")
-        nb = _bucket(n, self._row_cap(x))
-        self._dispatch("kv_store", (cache, x, pos), _grid((nb * kv_dim + 63) // 64), (n, kv_dim, cache.shape[0]))
+        nb = bucket(n, self._row_cap(x))
+        self._dispatch("kv_store", (cache, x, pos), workgroups((nb * kv_dim + 63) // 64), (n, kv_dim, cache.shape[0]))
 
     def attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
         """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows.
@@ -567,8 +477,8 @@ class VulkanDevice(Device):
             raise UnsupportedOpError(f"attention: head_dim {head_dim} (max {_ATTN_MAX_HEAD_DIM}) or cache rows of "
                                      f"{k_cache.shape[-1]} values do not fit n_head_kv {n_head_kv}")
         n = self._rows(q)
-        nb = _bucket(n, self._row_cap(q))
-        self._dispatch("attention", (q, k_cache, v_cache, pos, out), _grid(nb * n_head),
+        nb = bucket(n, self._row_cap(q))
+        self._dispatch("attention", (q, k_cache, v_cache, pos, out), workgroups(nb * n_head),
                        (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale)))
 
     def silu_mul(self, out, gate, up):
@@ -591,7 +501,7 @@ class VulkanDevice(Device):
         n = table.shape[-1]
         k = math.prod(ids.shape)
         n_items = n if table.ggml_type in (T.F32, T.F16) else n // 32  # values or 32-value units
-        nb = _bucket(k, math.prod(ids.root.shape))
-        grid = _grid(nb * ((n_items + 31) // 32))
+        nb = bucket(k, math.prod(ids.root.shape))
+        grid = workgroups(nb * ((n_items + 31) // 32))
         self._dispatch(VARIANTS["get_rows"][table.ggml_type], (table, ids, out), grid,
                        (n, k, row_bytes(table.ggml_type, n), table.shape[0]))

@@ -34,6 +34,9 @@ import ctypes
 import ctypes.util
 import dataclasses
 
+from .base import OPS, DeviceInfo, type_name
+from .vulkan_shaders import VULKAN_TYPES
+
 c_u32 = ctypes.c_uint32
 c_i32 = ctypes.c_int32
 c_u64 = ctypes.c_uint64
@@ -308,3 +311,33 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int) -> VkDeviceFacts:
     facts.shader_float16 = bool(f16i8.v[0])
     facts.shader_int8 = bool(f16i8.v[1])
     return facts
+
+
+def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
+    """DeviceInfo of one Vulkan device. ``compute_units`` is unknown (Vulkan does not report it)."""
+    mem = f.memory_bytes or None
+    return DeviceInfo(
+        backend="vulkan", index=f.index, name=f.name, vendor=f.vendor, device_type=f.device_type,
+        platform=f"Vulkan {f.api_version}",
+        driver_version=(f"{f.driver_name} {f.driver_info}".strip() or str(f.driver_version)),
+        global_mem_bytes=mem,
+        max_alloc_bytes=min(x for x in (f.max_storage_buffer_range, mem) if x) if (f.max_storage_buffer_range or mem)
+        else None,
+        compute_units=None, max_workgroup_size=f.max_workgroup_invocations or None, subgroup_size=f.subgroup_size,
+        fp16=f.shader_float16, int8=f.shader_int8,
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS,
+        extra={"vendor_id": f.vendor_id, "device_id": f.device_id, "memory_heaps": [list(h) for h in f.heaps],
+               "max_storage_buffer_range": f.max_storage_buffer_range,
+               "max_push_constants_size": f.max_push_constants_size,
+               "max_compute_shared_memory": f.max_shared_memory,
+               "storage_buffer_8bit": f.storage_buffer_8bit, "storage_buffer_16bit": f.storage_buffer_16bit,
+               "features_enabled_by_kp": False, "info_source": "libvulkan"})
+
+
+def kp_props_to_info(index: int, props: dict) -> DeviceInfo:
+    """DeviceInfo from kp's ``get_device_properties()`` alone (libvulkan unreadable through ctypes):
+    device type, memory, maxStorageBufferRange, subgroup size and 8/16-bit storage are unknown."""
+    return DeviceInfo(
+        backend="vulkan", index=index, name=str(props.get("device_name", f"vulkan device {index}")),
+        device_type="gpu", max_workgroup_size=props.get("max_work_group_invocations"),
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS, extra={"info_source": "kp"})

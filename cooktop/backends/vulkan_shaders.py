@@ -1,0 +1,84 @@
+"""Shader variants, SPIR-V loading, push constants and grid sizes of the Vulkan backend.
+
+The GLSL sources and compiled ``.spv`` live in ``cooktop/shaders/vulkan``;
+``variants.json`` lists each variant (name, source, ``-D`` defines) and
+``scripts/build_shaders.py`` compiles them. Push constants are one uint32
+array per dispatch (floats bit-cast with :func:`f32_bits`), at most
+:data:`MAX_PUSH_BYTES`; large grids are split over y (``flat_group()`` in
+common.glsl).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import struct
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ..errors import DeviceError
+from .base import DEVICE_WEIGHT_TYPES
+
+SHADER_DIR = pathlib.Path(__file__).resolve().parents[1] / "shaders" / "vulkan"
+
+#: GGML weight types with shader variants (matmul and get_rows).
+VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES
+
+#: Shader variant names per weight type, e.g. VARIANTS["mul_mat_vec"][T.Q4_0] == "mul_mat_vec_q4_0".
+VARIANTS: dict[str, dict[T, str]] = {op: {t: f"{op}_{t.name.lower()}" for t in VULKAN_TYPES}
+                                     for op in ("mul_mat_vec", "mul_mm", "get_rows")}
+
+#: Push-constant limit in bytes: the minimum maxPushConstantsSize every Vulkan device has.
+MAX_PUSH_BYTES = 128
+
+@functools.lru_cache(maxsize=None)
+def load_spirv(name: str) -> bytes:
+    """The shipped SPIR-V of shader variant ``name`` (e.g. ``"mul_mat_vec_q4_0"``).
+
+    Raises:
+        DeviceError: the ``.spv`` file is missing (broken install: run ``make shaders``).
+    """
+    path = SHADER_DIR / f"{name}.spv"
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise DeviceError(f"missing Vulkan shader {path} ({e}); reinstall cooktop or run `make shaders`") from e
+
+
+def variants() -> list[dict[str, Any]]:
+    """The shader variants of ``variants.json``: ``{"name", "source", "defines"}`` each."""
+    return json.loads((SHADER_DIR / "variants.json").read_text())["variants"]
+
+
+@functools.lru_cache(maxsize=4096)
+def f32_bits(x: float) -> int:
+    """The IEEE-754 float32 bits of ``x`` as an unsigned int (push constants are uint32)."""
+    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
+
+
+def pack_push(values: tuple[int, ...]) -> np.ndarray:
+    """uint32 push-constant array of ``values`` (already bit-cast ints).
+
+    Raises:
+        AssertionError: more than :data:`MAX_PUSH_BYTES` bytes (the GLSL block would not fit).
+    """
+    arr = np.array(values, dtype=np.uint32)
+    assert arr.nbytes <= MAX_PUSH_BYTES, f"push constants of {arr.nbytes} bytes > {MAX_PUSH_BYTES}"
+    return arr
+
+
+def bucket(n: int, cap: int) -> int:
+    """``n`` rounded up to a power of two, at most ``cap`` (and at least ``n``)."""
+    return max(n, min(1 << max(0, (n - 1).bit_length()), cap))
+
+
+def workgroups(n_groups: int) -> list[int]:
+    """A workgroup count for ``n_groups`` linear groups (split over y past 65535; see common.glsl)."""
+    n_groups = max(1, int(n_groups))
+    if n_groups <= 65535:
+        return [n_groups, 1, 1]
+    gx = 65535
+    return [gx, (n_groups + gx - 1) // gx, 1]
