@@ -218,6 +218,52 @@ def test_broken_platform_is_marked_fail(fresh_registry, monkeypatch):
     assert registry.resolve(good.selector) == [good.selector]
 
 
+@pytest.mark.parametrize("ty", DEVICE_WEIGHT_TYPES, ids=lambda t: t.name)
+def test_gpu_launch_shape_on_pocl(fresh_registry, ty):
+    """The GPU flavours of the kernels (work-groups sharing a row in mul_mv, local-memory
+    tiles in mul_mm, work-group attention) checked on PoCL against numpy."""
+    from cooktop.backends.base import nmse
+    from cooktop.backends.blocks import random_weight
+    from cooktop.backends.cpu import dequantize
+    from cooktop.backends.opencl_kernels import GPU_SHAPE, KernelCache
+
+    info = _pocl_info()
+    dev = registry.open_device(info.selector)
+    gpu = type(dev)(info, dev.cl_device)
+    gpu.shape = GPU_SHAPE
+    gpu.kernels = KernelCache(gpu.ctx, gpu.cl_device, GPU_SHAPE)
+    rng = np.random.default_rng(int(ty))
+    n_in = 512 if ty.name.endswith("_K") else 96
+    for n_tok, n_out in ((1, 67), (9, 130)):
+        raw = random_weight(ty, (n_out, n_in), rng)
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        xt, y = gpu.empty((n_tok, n_in)), gpu.empty((n_tok, n_out))
+        gpu.write(xt, x)
+        gpu.matmul(y, xt, gpu.upload(raw, ty, (n_out, n_in)))
+        ref = x.astype(np.float64) @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
+        assert nmse(gpu.read(y), ref) < 1e-10, (n_tok, n_out)
+    if ty == T.F32:  # the float ops with work-group reductions, once
+        cpu = registry.open_device("cpu")
+        n_head, n_head_kv, hd, n_tok = 4, 2, 48, 5
+        arrays = [rng.standard_normal((n_tok, n_head * hd)).astype(np.float32),
+                  rng.standard_normal((40, n_head_kv * hd)).astype(np.float32),
+                  rng.standard_normal((40, n_head_kv * hd)).astype(np.float32),
+                  np.arange(33, 33 + n_tok, dtype=np.int32)]
+        outs = []
+        for d in (gpu, cpu):
+            ts = []
+            for a in arrays:
+                t = d.empty(a.shape, T.I32 if a.dtype == np.int32 else T.F32)
+                d.write(t, a)
+                ts.append(t)
+            o, r = d.empty((n_tok, n_head * hd)), d.empty((n_tok, n_head * hd))
+            d.attention(o, *ts, n_head, n_head_kv, 0.3)
+            d.rmsnorm(r, ts[0], d.upload(np.full(n_head * hd, 0.5, np.float32), T.F32, (n_head * hd,)), 1e-6)
+            outs.append((d.read(o), d.read(r)))
+        assert nmse(outs[0][0], outs[1][0]) < 1e-7
+        assert nmse(outs[0][1], outs[1][1]) < 1e-7
+
+
 _SUBPROCESS = """
 import json
 from cooktop.backends import registry

@@ -29,8 +29,11 @@ _keep: list = []
 
 
 def _n_ins(ty: T) -> tuple[int, ...]:
-    """Odd row lengths: 7 blocks of 32, or 1 and 3 super-blocks of 256 for K-quants."""
-    return (256, 512 + 256) if ty in K_TYPES else (32 * 7,)
+    """Odd row lengths: 7 blocks of 32, or 1 and 3 super-blocks of 256 for K-quants;
+    float rows also end in a partial 32-value unit (100)."""
+    if ty in K_TYPES:
+        return (256, 512 + 256)
+    return (32 * 7, 100) if ty in FLOAT_WEIGHTS else (32 * 7,)
 
 
 def _bound(ty: T) -> float:
