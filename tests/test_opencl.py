@@ -69,6 +69,20 @@ def test_probe_fields_pocl(fresh_registry):
     assert [d.index for d in registry.probe("opencl").devices] == list(range(len(registry.probe("opencl").devices)))
 
 
+def test_subgroup_estimate_from_kernel(fresh_registry):
+    """A driver that does not tell its SIMD width gets the kernel's preferred multiple once built."""
+    base = _pocl_info()
+    info = dataclasses.replace(base, subgroup_size=None, extra={})
+    dev = type(registry.open_device(base.selector))(info, registry.open_device(base.selector).cl_device)
+    assert dev.info.subgroup_size is None
+    x = dev.empty((1, 16))
+    dev.write(x, np.ones((1, 16)))
+    dev.rmsnorm(x, x, dev.upload(np.ones(16, np.float32), T.F32, (16,)), 1e-5)
+    np.testing.assert_allclose(dev.read(x), 1.0, rtol=1e-5)
+    assert dev.info.subgroup_size >= 1
+    assert "CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE" in dev.info.extra["subgroup_size_source"]
+
+
 def test_disabled_by_env(fresh_registry, monkeypatch):
     monkeypatch.setenv("COOKTOP_DISABLE", "opencl")
     registry.reset()

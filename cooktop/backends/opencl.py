@@ -182,7 +182,7 @@ class OpenCLDevice(Device):
         if info.max_workgroup_size is not None and info.max_workgroup_size < 64:
             shape = CPU_SHAPE
         self.shape = shape
-        self.kernels = KernelCache(self.ctx, cl_device, shape, os.environ.get("COOKTOP_OPENCL_OPTIONS", ""))
+        self.kernels = KernelCache(self.ctx, cl_device, shape, os.environ.get("COOKTOP_OPENCL_OPTIONS", ""), info)
         self._mf = cl.mem_flags
 
     # -- memory -----------------------------------------------------------

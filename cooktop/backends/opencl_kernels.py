@@ -172,7 +172,9 @@ class KernelCache:
     Kernel objects are created once and kept (never looked up per call).
     """
 
-    def __init__(self, ctx: Any, device: Any, shape: LaunchShape, extra_options: str = ""):
+    def __init__(self, ctx: Any, device: Any, shape: LaunchShape, extra_options: str = "",
+                 info: Any = None):
+        self.info = info  # DeviceInfo to complete (subgroup_size) once a kernel exists
         self.ctx = ctx
         self.device = device
         self.shape = shape
@@ -183,6 +185,17 @@ class KernelCache:
         self._ops: OpKernels | None = None
         self._attn: dict[int, Any] = {}
         self._lock = threading.Lock()
+
+    def _estimate_subgroup(self, knl: Any) -> None:
+        """Fill ``info.subgroup_size`` from a kernel's preferred work-group multiple (a warp estimate)."""
+        import pyopencl as cl
+
+        try:
+            m = knl.get_work_group_info(cl.kernel_work_group_info.PREFERRED_WORK_GROUP_SIZE_MULTIPLE, self.device)
+        except Exception:  # noqa: BLE001 - an estimate only
+            return
+        self.info.subgroup_size = int(m)
+        self.info.extra["subgroup_size_source"] = "CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE of rmsnorm (estimate)"
 
     def weights(self, ggml_type: T) -> WeightKernels:
         """Kernels for weights of ``ggml_type`` (built on first use)."""
@@ -200,7 +213,10 @@ class KernelCache:
         if self._ops is None:
             with self._lock:
                 src = read_source("norm.cl", "rope.cl", "elementwise.cl")
-                self._ops = OpKernels(build_program(self.ctx, self.device, src, self.options, "float op"))
+                ops = OpKernels(build_program(self.ctx, self.device, src, self.options, "float op"))
+                if self.info is not None and self.info.subgroup_size is None:
+                    self._estimate_subgroup(ops.rmsnorm)
+                self._ops = ops
         return self._ops
 
     def attention(self, head_dim: int) -> Any:
