@@ -13,6 +13,13 @@ the shapes passed at enqueue time.
 
 ``probe()`` imports pyopencl lazily and never raises; it builds nothing (a
 driver that lists devices but cannot compile is caught by the smoke test).
+
+Kernels come in two flavours chosen by device type (see
+:class:`~.opencl_kernels.LaunchShape`): CPU devices (PoCL) run one output row /
+one (head, token) per work-item with explicit float16 vectors and no barriers;
+GPU devices share rows and keys across work-groups with local-memory reductions.
+Both are tested on PoCL (tests/test_opencl.py). ``COOKTOP_OPENCL_OPTIONS`` adds
+build options (e.g. for driver workarounds).
 """
 
 from __future__ import annotations
