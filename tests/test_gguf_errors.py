@@ -98,6 +98,9 @@ def make_case(name: str, stories: pathlib.Path, d: pathlib.Path) -> pathlib.Path
         patched(stories, p, [(4, struct.pack("<I", 4))])
     elif name == "header_cut":  # magic/version/counts fine, file ends inside the metadata
         patched(stories, p, [], size=1000)
+    elif name == "array_count":  # 2**40 scores: gguf's reader alone would loop (and allocate) for ever
+        at = kv_value_offset(stories, "tokenizer.ggml.scores") + 4  # after the element type
+        patched(stories, p, [(at, struct.pack("<Q", 2**40))])
     elif name == "data_cut":  # valid header, file ends in the middle of the tensor data
         info = tensor_info_offsets(stories, LAST)
         patched(stories, p, [], size=(info["data_offset"] + stories.stat().st_size) // 2)
@@ -164,6 +167,7 @@ CASES: dict[str, tuple[tuple[str, ...], type]] = {
     "header_few_bytes": (("truncated", "header"), GGUFError),
     "version_4": (("version 4", "not supported"), GGUFError),
     "header_cut": (("truncated", "header"), GGUFError),
+    "array_count": (("corrupt", "tokenizer.ggml.scores"), GGUFError),
     "data_cut": (("truncated", "past the end"), GGUFError),
     "past_end": (("past the end", LAST), GGUFError),
     "zero_dim": (("zero-size", "blk.0.attn_q.weight"), GGUFError),
@@ -314,3 +318,39 @@ def test_prompt_longer_than_context(stories):
     long_prompt = "Once upon a time there was a little girl who liked to play in the park. " * 4
     res = _cli("run", "-m", str(stories), "-c", "16", "-p", long_prompt, "-n", "4", "--device", "cpu")
     _assert_one_error_line(res, ("n_ctx = 16", "prompt"), only_line=False)
+
+
+def test_random_header_corruption_never_escapes(stories, tmp_path):
+    """Byte flips, 64-bit garbage and truncations in the header: each file loads or raises
+    a CooktopError, quickly (the gguf reader alone loops for ever on some corrupt counts)."""
+    import random
+    import time
+
+    from cooktop.errors import CooktopError
+
+    src = stories.read_bytes()
+    header_end = tensor_info_offsets(stories, "output.weight")["data_offset"]
+    rng = random.Random(2)
+    p = tmp_path / "fuzz.gguf"
+    outcomes = {"ok": 0, "error": 0}
+    for i in range(200):
+        b = bytearray(src)
+        mode = i % 3
+        if mode == 0:
+            for _ in range(rng.randint(1, 4)):
+                b[rng.randrange(header_end)] = rng.randrange(256)
+        elif mode == 1:
+            pos = rng.randrange(header_end) // 8 * 8
+            b[pos:pos + 8] = rng.randrange(2**64).to_bytes(8, "little")
+        else:
+            b = b[:rng.randrange(len(b))]
+        p.write_bytes(bytes(b))
+        t0 = time.monotonic()
+        try:
+            load_config(open_gguf(p))
+            outcomes["ok"] += 1
+        except CooktopError as e:
+            assert "\n" not in str(e)
+            outcomes["error"] += 1
+        assert time.monotonic() - t0 < 5, f"mutation {i} (mode {mode}) took too long"
+    assert outcomes["error"] > 100, outcomes

@@ -105,17 +105,20 @@ def _check_tensors(f: GGUFFile, cfg: "ModelConfig") -> None:
     """
     E, F, V = cfg.n_embd, cfg.n_ff, cfg.n_vocab
     Q, K = cfg.n_head * cfg.head_dim, cfg.n_embd_kv
-    expected: dict[str, tuple[int, ...]] = {"token_embd.weight": (V, E), "output_norm.weight": (E,)}
-    if not cfg.tied_output:
-        expected["output.weight"] = (V, E)
-    for i in range(cfg.n_layer):
-        b = f"blk.{i}."
-        expected.update({
-            b + "attn_norm.weight": (E,), b + "attn_q.weight": (Q, E), b + "attn_k.weight": (K, E),
-            b + "attn_v.weight": (K, E), b + "attn_output.weight": (E, Q), b + "ffn_norm.weight": (E,),
-            b + "ffn_gate.weight": (F, E), b + "ffn_up.weight": (F, E), b + "ffn_down.weight": (E, F),
-        })
-    for name, shape in expected.items():
+
+    def expected():  # lazily: a corrupt block_count (say 2**31) must not build a huge table
+        yield "token_embd.weight", (V, E)
+        yield "output_norm.weight", (E,)
+        if not cfg.tied_output:
+            yield "output.weight", (V, E)
+        for i in range(cfg.n_layer):
+            b = f"blk.{i}."
+            yield from ((b + "attn_norm.weight", (E,)), (b + "attn_q.weight", (Q, E)), (b + "attn_k.weight", (K, E)),
+                        (b + "attn_v.weight", (K, E)), (b + "attn_output.weight", (E, Q)),
+                        (b + "ffn_norm.weight", (E,)), (b + "ffn_gate.weight", (F, E)),
+                        (b + "ffn_up.weight", (F, E)), (b + "ffn_down.weight", (E, F)))
+
+    for name, shape in expected():
         t = f.tensors.get(name)
         if t is None:
             raise UnsupportedModelError(f"{f.path}: missing tensor {name!r} ({cfg.arch}.block_count = {cfg.n_layer})")
