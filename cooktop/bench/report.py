@@ -40,10 +40,11 @@ def params_text(n: int) -> str:
 
 
 def ts_text(r: Result) -> str:
-    """``mean ± sd`` tokens/s with llama-bench's two decimals."""
+    """``mean ± sd`` tokens/s with llama-bench's two decimals (three below 1 t/s)."""
     if r.avg_ts is None:
         return "error" if r.error else "-"
-    return f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"
+    d = 2 if r.avg_ts >= 1 else 3
+    return f"{r.avg_ts:.{d}f} ± {r.stddev_ts:.{d}f}"
 
 
 def record(r: Result, machine: dict[str, Any] | None) -> dict[str, Any]:
