@@ -183,6 +183,7 @@ def test_missing_file_on_server(server, tmp_path):
     assert "error" in out, out
     msg = out["error"]
     assert "nope.gguf" in msg and "owner/repo" in msg and "-m" in msg and "\n" not in msg
+    assert "not found (HTTP 404)" in msg
 
 
 def test_unreachable_endpoint_fails_fast(tmp_path):

@@ -71,6 +71,12 @@ def _request_errors() -> tuple[type[BaseException], ...]:
 
 
 def _first_line(e: BaseException) -> str:
+    """A one-line reason for a failed request (HTTP status made explicit)."""
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if status == 404:
+        return "not found (HTTP 404): check the repo and file names"
+    if status in (401, 403):
+        return f"access denied (HTTP {status}): the repo may be gated or private; set HF_TOKEN"
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
