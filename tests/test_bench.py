@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import sys
 
 import numpy as np
@@ -220,3 +221,43 @@ def test_vs_without_llama_cpp_says_how_to_install(stories, tmp_path):
     assert "pip install 'cooktop[compare]'" in r.stderr and "CMAKE_ARGS" in r.stderr
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+class _FakeRef:
+    """A reference engine that logs its calls (for the interleaving order) and takes a fixed time."""
+
+    backend, device, device_name, placement, load_ms = "llama.cpp", "cpu", "fake", "", 0.0
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def reset(self):
+        self.log.append("ref")
+
+    def prompt(self, tokens):
+        time.sleep(0.002 * len(tokens))
+
+    def decode(self, token):
+        time.sleep(0.002)
+
+    def close(self):
+        pass
+
+
+def test_vs_runs_alternate_with_cooktop(stories, monkeypatch):
+    from cooktop.bench import runner
+
+    log: list[str] = []
+    orig_reset = runner.CooktopRunner.reset
+    monkeypatch.setattr(runner.CooktopRunner, "reset", lambda self: (log.append("ours"), orig_reset(self)))
+    params = runner.BenchParams(models=[str(stories)], tests=make_tests([16], [4], []), devices=["cpu"], ngl=[-1],
+                                n_batch=[512], reps=3)
+    res = runner.run_bench(params, vs=lambda path, n_ctx, n_batch: _FakeRef(log))
+    assert log == ["ours", "ref"] * 8  # warm-up + 3 reps, per test, strictly alternating
+    ours = [r for r in res if r.backend == "numpy"]
+    ref = [r for r in res if r.backend == "llama.cpp"]
+    assert [r.test.name for r in ours] == [r.test.name for r in ref] == ["pp16", "tg4"]
+    for o, f in zip(ours, ref):
+        assert len(o.samples_s) == len(f.samples_s) == 3 and o.paired_ts == f.samples_ts
+        assert o.ratio == pytest.approx(o.avg_ts / f.avg_ts)
+    assert 0 < ref[0].avg_ts <= 16 / 0.032 * 1.05  # sleeps only last longer
