@@ -107,6 +107,53 @@ def test_pyopencl_missing(fresh_registry, monkeypatch):
     assert registry.resolve("auto") == ["cpu"]
 
 
+class _FakeCL:
+    """A stand-in pyopencl module for probe edge cases (no ICD, an empty platform)."""
+
+    class LogicError(Exception):
+        pass
+
+    class device_type:  # noqa: N801 - mirrors pyopencl
+        CPU, GPU, ACCELERATOR = 2, 4, 8
+
+    def __init__(self, platforms=None, error=None):
+        self._platforms, self._error = platforms or [], error
+
+    def get_platforms(self):
+        if self._error:
+            raise self._error
+        return self._platforms
+
+
+class _EmptyPlatform:
+    name, version = "Empty Platform", "OpenCL 3.0"
+
+    def get_devices(self):
+        raise _FakeCL.LogicError("clGetDeviceIDs failed: DEVICE_NOT_FOUND")
+
+
+def test_probe_no_icd(monkeypatch):
+    from cooktop.backends.opencl import OpenCLBackend
+
+    fake = _FakeCL(error=_FakeCL.LogicError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR"))
+    monkeypatch.setitem(sys.modules, "pyopencl", fake)
+    res = OpenCLBackend().probe()
+    assert not res.available
+    assert "no OpenCL platform found" in res.reason and "PLATFORM_NOT_FOUND_KHR" in res.reason
+    assert "pocl-opencl-icd" in res.hint
+
+
+def test_probe_empty_platform(monkeypatch):
+    from cooktop.backends.opencl import OpenCLBackend
+
+    monkeypatch.setitem(sys.modules, "pyopencl", _FakeCL([_EmptyPlatform()]))
+    res = OpenCLBackend().probe()
+    assert not res.available
+    assert "no OpenCL device found" in res.reason and "DEVICE_NOT_FOUND" in res.reason
+    with pytest.raises(DeviceError, match="no OpenCL device"):
+        OpenCLBackend().open(0)
+
+
 def test_build_failure_raises_device_error(fresh_registry):
     from cooktop.backends.opencl_kernels import build_program
 
