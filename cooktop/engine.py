@@ -75,6 +75,7 @@ class GenerationResult:
     text: str
     finish_reason: str  # "stop" or "length"
     timings: Timings
+    seed: int = -1  # the seed the sampler used (drawn when -1 was asked)
 
 
 def default_n_ctx(cfg: ModelConfig, n_ctx: int) -> int:
@@ -229,7 +230,7 @@ class Engine:
         if tail:
             text_out.append(tail)
             yield tail
-        self.result = GenerationResult(generated, "".join(text_out), finish, timings)
+        self.result = GenerationResult(generated, "".join(text_out), finish, timings, sampler.seed)
 
     def close(self) -> None:
         """Release the model's device buffers."""

@@ -346,3 +346,13 @@ def test_control_looking_tokens(stories_tok):
     assert t.token_to_piece(ing) == b"" and t.token_to_piece(ing, special=True) == b"<|im_end|>"
     assert t.tokenize("hi<|im_end|>", add_bos=False, special=True)[-1] == ing
     assert ing not in t.tokenize("hi<|im_end|>", add_bos=False, special=False)
+
+
+def test_corrupt_byte_token_rejected(stories_tok):
+    """A BYTE token whose text is not <0xNN> is a corrupt vocabulary: a clear error, not a traceback."""
+    v = stories_tok.vocab if hasattr(stories_tok, "vocab") else stories_tok._vocab
+    tokens = list(v.tokens)
+    byte_id = int(np.flatnonzero(v.token_types == 6)[0])
+    tokens[byte_id] = "<0xZZ>"
+    with pytest.raises(UnsupportedModelError, match=r"byte token .*<0xZZ>.*corrupt"):
+        Tokenizer(dataclasses.replace(v, tokens=tokens))

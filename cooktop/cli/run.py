@@ -59,6 +59,6 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     out.flush()
     res = eng.result
     click.echo("", err=True)
-    click.echo(f"cooktop: finish reason: {res.finish_reason}; seed {seed}", err=True)
+    click.echo(f"cooktop: finish reason: {res.finish_reason}; seed {res.seed}", err=True)
     for line in res.timings.lines():
         click.echo(line, err=True)

@@ -244,6 +244,20 @@ def load_vocab(reader) -> Vocab:
     )
 
 
+def _byte_token_value(text: bytes, token_id: int) -> bytes:
+    """The byte of a BYTE token ``<0xNN>``.
+
+    Raises:
+        UnsupportedModelError: the text is not of that form (a corrupt vocabulary).
+    """
+    if len(text) == 6 and text.startswith(b"<0x") and text.endswith(b">"):
+        try:
+            return bytes([int(text[3:5], 16)])
+        except ValueError:
+            pass
+    raise UnsupportedModelError(f"byte token {token_id} is {text!r}, not <0xNN>: the vocabulary is corrupt")
+
+
 class Tokenizer:
     """llama.cpp's SPM tokenizer and detokenizer over a :class:`Vocab`.
 
@@ -310,7 +324,7 @@ class Tokenizer:
             elif ty == TOKEN_TYPE_NORMAL:
                 p = t.replace(_ESCAPED_SPACE, _SPACE)
             elif ty == TOKEN_TYPE_BYTE:
-                p = bytes([int(t[3:5], 16)]) if len(t) == 6 and t.startswith(b"<0x") else b""
+                p = _byte_token_value(t, i)
             else:  # UNUSED, UNDEFINED and unknown types print nothing
                 p = b""
             pieces.append(p)
