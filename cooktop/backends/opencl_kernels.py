@@ -66,9 +66,11 @@ class LaunchShape:
 
 
 #: CPU devices (PoCL): a work-group runs on one core, and explicit float16 vectors are
-#: its SIMD, so one output row per work-item (mv_ls=1, no local reduction) was fastest
-#: (Q4_K decode 2-3x faster than 8 work-items per row on PoCL 3.1). GPU devices:
-#: work-groups share rows (ggml's layout); not measured here (no GPU on the dev machine).
+#: its SIMD, so one output row per work-item (mv_ls=1, no local reduction) and no
+#: barriers in mul_mm/attention. On PoCL 3.1 (2 cores) 1x8 rows beat 2x8 and 4x4 by
+#: 5-10% in mul_mv, and mm_tn=8 beat 4 and 16 in mul_mm (scripts/bench_opencl.py).
+#: GPU devices: work-groups share rows and keys (ggml's layout); checked for correctness
+#: on PoCL only (no GPU on the dev machine), launch sizes not tuned.
 CPU_SHAPE = LaunchShape()
 GPU_SHAPE = LaunchShape(mv_ls=16, mv_r=4, mm_tm=64, mm_tn=8, mm_uc=2, rn_ls=64, at_ls=32, ew_ls=64, mm_local=1,
                         at_serial=0)
