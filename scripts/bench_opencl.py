@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as T
 from cooktop.backends import registry
 from cooktop.backends.blocks import random_weight
 
-SHAPES = ((2048, 2048), (5632, 2048))  # [n_out, n_in]: TinyLlama attn_q and ffn_gate
+SHAPES = ((2048, 2048), (5632, 2048), (2048, 5632))  # [n_out, n_in]: TinyLlama attn_q, ffn_gate, ffn_down
 
 
 def best_of(fn, n: int, reps: int = 5, sync=None) -> float:
