@@ -186,6 +186,8 @@ class VulkanDevice(Device):
         self._kp = _import_kp()
         self.mgr = self._kp.Manager(info.index)
         self._no_spec = np.zeros(0, dtype=np.uint32)
+        # mul_mat_vec's workgroup size (spec constant 0): one subgroup, at least NROWS invocations
+        self._mmv_spec = np.array([max(info.subgroup_size or 32, MMV_NROWS)], dtype=np.uint32)
         self._algos: dict[tuple, tuple[Any, tuple]] = {}
         self._pending: list[tuple] = []          # (kind, obj, push tuple)
         self._seqs: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
@@ -202,6 +204,9 @@ class VulkanDevice(Device):
         env = os.environ.get("COOKTOP_VULKAN_BARRIERS")
         self._barriers = (env == "1") if env in ("0", "1") else info.device_type != "cpu"
         self._barrier_t = None
+        # workgroups per token of a mat-vec: on CPU drivers a few per core (each costs ~20 us on
+        # lavapipe), on GPUs one per 8 rows (no cap)
+        self._mmv_target_wgs = 4 * (os.cpu_count() or 2) if info.device_type == "cpu" else 1 << 30
 
     # -- memory -----------------------------------------------------------
     def _alloc_check(self, nbytes: int, what: str) -> None:
@@ -292,7 +297,7 @@ class VulkanDevice(Device):
             st = (kt, kt.data())
             self._staging[(id(root), k)] = st
         st[1][:n] = arr.reshape(-1).astype(dtype, copy=False)
-        self._dispatch_raw("copy", (st[0], root), self._stride_grid(int(root.size())), (n,))
+        self._dispatch_raw("copy", (st[0], root), self._stride_grid(n, int(root.size())), (n,))
 
     def read(self, t):
         """Run everything pending (one sequence, replayed when seen before) and return ``t`` from the host.
@@ -308,7 +313,7 @@ class VulkanDevice(Device):
             dtype = np.int32 if t.ggml_type == T.I32 else np.float32
             rb = self._tensor(np.zeros(int(root.size()), dtype=dtype), "device")
             self._readback[id(root)] = rb
-        self._dispatch_raw("copy", (root, rb), self._stride_grid(int(root.size())), (n,))
+        self._dispatch_raw("copy", (root, rb), self._stride_grid(n, int(root.size())), (n,))
         self._pending.append(("sync", rb, ()))
         self.flush()
         return np.array(rb.data()[:n]).reshape(t.shape)
@@ -374,11 +379,14 @@ class VulkanDevice(Device):
             self.mgr = None
 
     # -- dispatch ---------------------------------------------------------
-    def _stride_grid(self, n: int) -> list[int]:
-        return workgroups(min(MAX_STRIDE_GROUPS, (n + 255) // 256))
+    def _stride_grid(self, n: int, cap: int) -> list[int]:
+        """Workgroups of 256 for a grid-stride loop over ``n`` elements of an allocation of ``cap``:
+        sized for ``n`` rounded up to a power of two (so chunk lengths share pipelines), at most
+        MAX_STRIDE_GROUPS (lavapipe pays per workgroup, so a 1-token op must not launch a batch-sized grid)."""
+        return workgroups(min(MAX_STRIDE_GROUPS, (bucket(n, cap) + 255) // 256))
 
     def _stride_groups(self, t: DeviceTensor) -> list[int]:
-        return self._stride_grid(int(t.root.handle.size()))
+        return self._stride_grid(math.prod(t.shape), int(t.root.handle.size()))
 
     def _dispatch(self, variant: str, tensors: tuple[DeviceTensor, ...], grid: list[int],
                   push: tuple[int, ...]) -> None:
@@ -391,7 +399,8 @@ class VulkanDevice(Device):
         key = (variant, tuple(map(id, handles)), tuple(grid))
         entry = self._algos.get(key)
         if entry is None:
-            algo = self.mgr.algorithm(list(handles), load_spirv(variant), grid, self._no_spec, pack_push(push))
+            spec = self._mmv_spec if variant.startswith("mul_mat_vec_") else self._no_spec
+            algo = self.mgr.algorithm(list(handles), load_spirv(variant), grid, spec, pack_push(push))
             entry = (algo, handles)
             self._algos[key] = entry
             self.n_pipelines += 1
@@ -425,8 +434,10 @@ class VulkanDevice(Device):
             grid = workgroups(((nb + 31) // 32) * ((n_out + 31) // 32))
             self._dispatch(VARIANTS["mul_mm"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb))
         else:
-            grid = workgroups(nb * ((n_out + MMV_NROWS - 1) // MMV_NROWS))
-            self._dispatch(VARIANTS["mul_mat_vec"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb))
+            n_groups = (n_out + MMV_NROWS - 1) // MMV_NROWS
+            gpw = max(1, n_groups // self._mmv_target_wgs)
+            grid = workgroups(nb * ((n_groups + gpw - 1) // gpw))
+            self._dispatch(VARIANTS["mul_mat_vec"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb, gpw))
 
     def rmsnorm(self, out, x, w, eps):
         """rmsnorm.comp: one workgroup of 64 per row; x, out f32 [n, n_embd], w f32 [n_embd] (see Device.rmsnorm)."""

@@ -4,24 +4,28 @@
 // X f32 [n_tok, n_in], Y f32 [n_tok, n_out]. One workgroup of WG computes NROWS
 // rows of one token: its invocations stride over the 32-value units of the rows,
 // dequantize each unit in registers (dequant.glsl), reuse the unit's x values for
-// all NROWS rows, and reduce in shared memory.
+// all NROWS rows, and reduce with subgroupAdd plus one shared-memory step
+// (needs subgroup arithmetic in compute shaders, Vulkan 1.1; the probe checks it).
 // F32 / F16 rows of any length: the values past the last whole unit are added one by one.
-// Grid: n_tok * ceil(n_out / NROWS) workgroups (flat_group()).
-// WG 16 x NROWS 8 measured fastest on lavapipe (2 cores, 256-bit SIMD: two
-// subgroups of 8 lanes per workgroup); GPUs would like WG >= 32.
+// A workgroup handles groups_per_wg consecutive groups of NROWS rows (1 on GPUs; more on
+// CPU drivers such as lavapipe, which pay a fixed cost per workgroup).
+// Grid: n_tok * ceil(ceil(n_out / NROWS) / groups_per_wg) workgroups (flat_group()).
+// On lavapipe (subgroups of 8 lanes) a barrier-free one-subgroup workgroup is about twice
+// as fast as a shared-memory tree reduction: its barriers were the expensive part.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
-#ifndef WG
-#define WG 16
-#endif
+#extension GL_KHR_shader_subgroup_arithmetic : require
 #ifndef NROWS
 #define NROWS 8
 #endif
-layout(local_size_x = WG) in;
+// The workgroup size is specialization constant 0, set by the host to the device's
+// subgroup size (32 when not specialized), so that usually one subgroupAdd reduces it.
+layout(local_size_x_id = 0) in;
+#define WG gl_WorkGroupSize.x
 layout(std430, binding = 0) readonly buffer WBuf { uint W[]; };
 layout(std430, binding = 1) readonly buffer XBuf { float X[]; };
 layout(std430, binding = 2) writeonly buffer YBuf { float Y[]; };
-layout(push_constant) uniform PC { uint n_in; uint n_out; uint n_tok; uint row_bytes; } pc;
+layout(push_constant) uniform PC { uint n_in; uint n_out; uint n_tok; uint row_bytes; uint groups_per_wg; } pc;
 #define HAS_WEIGHTS
 #include "common.glsl"
 #include "dequant.glsl"
@@ -30,41 +34,59 @@ shared float red[NROWS * WG];
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
-    uint n_groups = (pc.n_out + NROWS - 1u) / NROWS;
+    uint n_groups = (pc.n_out + NROWS - 1u) / NROWS;          // row groups of NROWS
+    uint n_wg = (n_groups + pc.groups_per_wg - 1u) / pc.groups_per_wg;  // workgroups per token
     uint g = flat_group();
-    uint tok = g / n_groups;
-    uint r0 = (g % n_groups) * NROWS;
+    uint tok = g / n_wg;
     if (tok >= pc.n_tok) return;  // uniform over the workgroup
+    uint gi0 = (g % n_wg) * pc.groups_per_wg;
+    uint gi1 = min(gi0 + pc.groups_per_wg, n_groups);
     uint n_units = pc.n_in / 32u;
-    float acc[NROWS];
-    [[unroll]] for (uint r = 0u; r < NROWS; r++) acc[r] = 0.0;
-    for (uint u = tid; u < n_units; u += WG) {
-        float xv[32];
-        uint xo = tok * pc.n_in + u * 32u;
-        [[unroll]] for (uint i = 0u; i < 32u; i++) xv[i] = X[xo + i];
-        [[unroll]] for (uint r = 0u; r < NROWS; r++) {
-            uint row = min(r0 + r, pc.n_out - 1u);  // clamped rows are computed and dropped
-            float v[32];
-            unit_values(row * pc.row_bytes, u, v);
-            float s = 0.0;
-            [[unroll]] for (uint i = 0u; i < 32u; i++) s += v[i] * xv[i];
-            acc[r] += s;
+    for (uint gi = gi0; gi < gi1; gi++) {
+        uint r0 = gi * NROWS;
+        float acc[NROWS];
+        [[unroll]] for (uint r = 0u; r < NROWS; r++) acc[r] = 0.0;
+        for (uint u = tid; u < n_units; u += WG) {
+            float xv[32];
+            uint xo = tok * pc.n_in + u * 32u;
+            [[unroll]] for (uint i = 0u; i < 32u; i++) xv[i] = X[xo + i];
+            [[unroll]] for (uint r = 0u; r < NROWS; r++) {
+                uint row = min(r0 + r, pc.n_out - 1u);  // clamped rows are computed and dropped
+                float v[32];
+                unit_values(row * pc.row_bytes, u, v);
+                float s = 0.0;
+                [[unroll]] for (uint i = 0u; i < 32u; i++) s += v[i] * xv[i];
+                acc[r] += s;
+            }
         }
-    }
 #ifdef FLOAT_TYPE
-    // F32 / F16 rows may end in a partial unit: its values one by one
-    for (uint k = n_units * 32u + tid; k < pc.n_in; k += WG) {
-        float xk = X[tok * pc.n_in + k];
-        [[unroll]] for (uint r = 0u; r < NROWS; r++) acc[r] += value_at(min(r0 + r, pc.n_out - 1u) * pc.row_bytes, k) * xk;
-    }
-#endif
-    for (uint r = 0u; r < NROWS; r++) red[r * WG + tid] = acc[r];
-    barrier();
-    for (uint s = WG / 2u; s > 0u; s >>= 1) {
-        if (tid < s) {
-            for (uint r = 0u; r < NROWS; r++) red[r * WG + tid] += red[r * WG + tid + s];
+        // F32 / F16 rows may end in a partial unit: its values one by one
+        for (uint k = n_units * 32u + tid; k < pc.n_in; k += WG) {
+            float xk = X[tok * pc.n_in + k];
+            [[unroll]] for (uint r = 0u; r < NROWS; r++) {
+                acc[r] += value_at(min(r0 + r, pc.n_out - 1u) * pc.row_bytes, k) * xk;
+            }
         }
-        barrier();
+#endif
+        // reduce: subgroupAdd; when the workgroup is one subgroup (the host sizes it so),
+        // no barrier at all (lavapipe pays for every barrier), else one shared-memory step
+        if (gl_NumSubgroups == 1u) {
+            [[unroll]] for (uint r = 0u; r < NROWS; r++) {
+                float t = subgroupAdd(acc[r]);
+                if (tid == r && r0 + r < pc.n_out) Y[tok * pc.n_out + r0 + r] = t;
+            }
+        } else {
+            [[unroll]] for (uint r = 0u; r < NROWS; r++) {
+                float t = subgroupAdd(acc[r]);
+                if (gl_SubgroupInvocationID == 0u) red[r * WG + gl_SubgroupID] = t;
+            }
+            barrier();
+            if (tid < NROWS && r0 + tid < pc.n_out) {
+                float t = 0.0;
+                for (uint i = 0u; i < gl_NumSubgroups; i++) t += red[tid * WG + i];
+                Y[tok * pc.n_out + r0 + tid] = t;
+            }
+            barrier();  // red is reused by the next row group
+        }
     }
-    if (tid < NROWS && r0 + tid < pc.n_out) Y[tok * pc.n_out + r0 + tid] = red[tid * WG];
 }
