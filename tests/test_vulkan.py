@@ -68,6 +68,7 @@ def test_probe_fields(vk):
         assert info.vendor == "Mesa"
         assert info.subgroup_size in (4, 8, 16)
         assert info.extra["storage_buffer_16bit"] is True and info.extra["storage_buffer_8bit"] is True
+        assert info.extra["subgroup_arithmetic"] is True and "matmul" in info.ops
     else:
         assert info.device_type in ("gpu", "igpu", "cpu", "accelerator")
 

@@ -12,7 +12,8 @@ the physical devices in the order ``kp.Manager(index)`` uses
   ``maxPushConstantsSize``, ``maxComputeSharedMemorySize``,
   ``maxComputeWorkGroupInvocations``;
 - ``VkPhysicalDeviceMemoryProperties``: the memory heaps (size, device-local flag);
-- ``VkPhysicalDeviceSubgroupProperties.subgroupSize`` (Vulkan 1.1 core);
+- ``VkPhysicalDeviceSubgroupProperties``: subgroupSize, and whether compute
+  shaders have subgroup arithmetic (Vulkan 1.1 core);
 - ``VkPhysicalDevice16BitStorageFeatures``, ``VkPhysicalDevice8BitStorageFeatures``,
   ``VkPhysicalDeviceShaderFloat16Int8Features`` (each read only when the
   device reports the matching extension; otherwise ``False``);
@@ -182,6 +183,7 @@ class VkDeviceFacts:
     max_shared_memory: int = 0
     max_workgroup_invocations: int = 0
     subgroup_size: int | None = None
+    subgroup_arithmetic: bool = False  # subgroupAdd & co. in compute shaders (mul_mat_vec needs it)
     storage_buffer_8bit: bool = False
     storage_buffer_16bit: bool = False
     shader_float16: bool = False
@@ -289,6 +291,8 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int) -> VkDeviceFacts:
     p2 = _Properties2(_S_PROPERTIES_2, ctypes.cast(ctypes.pointer(sub), c_p))
     vk.vkGetPhysicalDeviceProperties2(pd, ctypes.byref(p2))
     facts.subgroup_size = int(sub.v[0]) or None
+    # supportedStages has VK_SHADER_STAGE_COMPUTE_BIT (0x20), supportedOperations ARITHMETIC (0x4)
+    facts.subgroup_arithmetic = bool(sub.v[1] & 0x20) and bool(sub.v[2] & 0x4)
     if "VK_KHR_driver_properties" in exts:
         facts.driver_name = drv.driverName.decode(errors="replace")
         facts.driver_info = drv.driverInfo.decode(errors="replace")
@@ -314,8 +318,13 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int) -> VkDeviceFacts:
 
 
 def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
-    """DeviceInfo of one Vulkan device. ``compute_units`` is unknown (Vulkan does not report it)."""
+    """DeviceInfo of one Vulkan device. ``compute_units`` is unknown (Vulkan does not report it).
+
+    Without subgroup arithmetic in compute shaders, ``matmul`` is left out of ``ops``
+    (mul_mat_vec reduces with subgroupAdd), so placement keeps layers off the device.
+    """
     mem = f.memory_bytes or None
+    ops = OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")
     return DeviceInfo(
         backend="vulkan", index=f.index, name=f.name, vendor=f.vendor, device_type=f.device_type,
         platform=f"Vulkan {f.api_version}",
@@ -325,8 +334,8 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
         else None,
         compute_units=None, max_workgroup_size=f.max_workgroup_invocations or None, subgroup_size=f.subgroup_size,
         fp16=f.shader_float16, int8=f.shader_int8,
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS,
-        extra={"vendor_id": f.vendor_id, "device_id": f.device_id, "memory_heaps": [list(h) for h in f.heaps],
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=ops,
+        extra={"subgroup_arithmetic": f.subgroup_arithmetic, "vendor_id": f.vendor_id, "device_id": f.device_id, "memory_heaps": [list(h) for h in f.heaps],
                "max_storage_buffer_range": f.max_storage_buffer_range,
                "max_push_constants_size": f.max_push_constants_size,
                "max_compute_shared_memory": f.max_shared_memory,
