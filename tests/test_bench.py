@@ -82,7 +82,7 @@ def test_result_statistics_and_markdown_error_note():
 
 # -- the command ----------------------------------------------------------------
 
-def test_bench_json_one_record_per_device_and_test(stories):
+def test_bench_json_one_record_per_device_and_test(stories, tmp_path):
     r = cooktop("bench", "-m", str(stories), "--device", "cpu,opencl,vulkan", "-p", "64", "-n", "16", "-r", "2",
                 "-o", "json")
     assert r.returncode == 0, r.stderr
@@ -107,6 +107,13 @@ def test_bench_json_one_record_per_device_and_test(stories):
             continue
         for x in rs:
             _check_samples(x, 2)
+    saved = tmp_path / "bench.json"
+    saved.write_text(r.stdout)
+    again = cooktop("bench", "--from", str(saved), "-o", "md")  # re-rendered, not re-measured
+    assert again.returncode == 0, again.stderr
+    table = [ln for ln in again.stdout.splitlines() if ln.startswith("| llama")]
+    assert len(table) == 6
+    assert all(f"{x['avg_ts']:.2f} ± " in again.stdout for x in recs if x["avg_ts"] and x["avg_ts"] >= 1)
     for family, why in missing:
         skip_or_fail(family, why)
 

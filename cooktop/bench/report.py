@@ -67,6 +67,31 @@ def record(r: Result, machine: dict[str, Any] | None) -> dict[str, Any]:
     return rec
 
 
+def from_records(recs: list[dict[str, Any]]) -> list[Result]:
+    """Rebuild results from json/jsonl records (``cooktop bench --from FILE``: re-render without re-measuring).
+
+    Raises:
+        CooktopError: a record lacks a field of :data:`FIELDS`.
+    """
+    from ..errors import CooktopError
+    from .runner import ModelFacts, TestSpec
+
+    out = []
+    for i, d in enumerate(recs):
+        try:
+            mf = ModelFacts(d["model_path"], d["model"], d["model_size"], d["model_n_params"], 0, d["model_type"])
+            ts = d["samples_ts"]
+            n = d["n_prompt"] + d["n_gen"]
+            paired = [d["llama_cpp_ts"]] if d.get("llama_cpp_ts") else []
+            out.append(Result(mf, d["backend"], d["device"], d["device_name"], d["n_gpu_layers"], d["n_batch"],
+                              d["tensor_split"], TestSpec(d["n_prompt"], d["n_gen"]),
+                              samples_s=list(d["samples_s"]) or [n / t for t in ts], error=d["error"],
+                              placement=d.get("placement", ""), load_ms=d.get("load_ms", 0.0), paired_ts=paired))
+        except (KeyError, TypeError) as e:
+            raise CooktopError(f"benchmark record {i} is not a cooktop bench record (missing {e})") from None
+    return out
+
+
 def to_json(results: list[Result], machine: dict[str, Any]) -> str:
     """A JSON array of :func:`record` s."""
     return json.dumps([record(r, machine) for r in results], indent=2)

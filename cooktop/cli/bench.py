@@ -81,22 +81,25 @@ def _emit(text: str) -> None:
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Write a bar chart of t/s to this PNG (matplotlib).")
 @click.option("--vs", "vs", default=None, help="Also run llama.cpp (llama-cpp-python) interleaved: --vs llama.cpp.")
+@click.option("--from", "from_file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Re-render the records of an earlier -o json/jsonl run (no measuring).")
 @click.option("--seed", default=1234, show_default=True, help="Seed of the random token ids.")
 @click.option("--ops", is_flag=True, help="Op-level roofline instead: copy bandwidth, matmul per type, rmsnorm.")
 @click.option("--quick", is_flag=True, help="--ops: fewer shapes, shorter timing (about 20 s per device).")
 @click.option("--shape", default="tinyllama-1.1b", show_default=True,
               help="--ops: model shape of the matmuls (cooktop synth shapes).")
 @click.option("--types", default=None, help="--ops: comma list of weight types (default: every supported one).")
-def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fmt, progress, plot_path, vs, seed,
-              ops, quick, shape, types):
+def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fmt, progress, plot_path, vs,
+              from_file, seed, ops, quick, shape, types):
     """Measure prompt processing (pp) and generation (tg) speed, like llama.cpp's llama-bench."""
-    from ..bench import machine
-
     if ops:
         _ops(device, quick, shape, types, fmt, progress)
         return
     from ..bench import report, runner
 
+    if from_file:
+        _render(*_load_records(from_file), fmt, plot_path)
+        return
     vs_factory = None
     if vs:
         from ..bench import vs_llamacpp
@@ -118,7 +121,36 @@ def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fm
         split=[s.strip() for s in split.split(",")] if split else [None], reps=reps, seed=seed)
     facts = {p: runner.model_facts(p) for p in paths}  # a bad file fails here, before any work
     results = runner.run_bench(params, vs=vs_factory, progress=progress, facts=facts)
-    info = machine.machine_info()
+    _render(results, None, fmt, plot_path)
+
+
+def _load_records(path: str):
+    """(results, recorded machine info) from a json (array) or jsonl file written by ``cooktop bench``."""
+    import json
+
+    from ..bench import report
+
+    text = open(path, encoding="utf-8").read()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            data = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as e:
+            raise CooktopError(f"--from {path}: not JSON or JSON lines ({e})") from None
+    if not isinstance(data, list):
+        raise CooktopError(f"--from {path}: expected a JSON array of bench records")
+    machine = data[0].get("machine") if data and isinstance(data[0], dict) else None
+    return report.from_records(data), machine
+
+
+def _render(results, info: dict | None, fmt: str, plot_path: str | None) -> None:
+    """Print ``results`` in ``fmt``, write the plot, exit 1 when nothing was measured.
+
+    ``info``: the machine the results come from (None: this one)."""
+    from ..bench import machine, report
+
+    info = info or machine.machine_info()
     if fmt == "md":
         _emit(report.to_markdown(results))
     elif fmt == "csv":
