@@ -191,9 +191,11 @@ def test_ops_opencl_quick():
 
 
 def _has_llama_cpp() -> bool:
+    import importlib
+
     try:
-        import llama_cpp  # noqa: F401
-    except Exception:  # noqa: BLE001
+        importlib.import_module("llama_cpp")
+    except Exception:  # noqa: BLE001 - ImportError, or OSError from its shared library
         return False
     return True
 

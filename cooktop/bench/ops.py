@@ -121,7 +121,7 @@ def make_plan(shape: str = "tinyllama-1.1b", quick: bool = False, types: list[st
         except KeyError as e:
             raise CooktopError(f"unknown GGML type {e.args[0]!r} in --types") from None
     if quick:
-        mm = ((f"n_embd x n_embd", s.n_embd, s.n_embd, (1, 32)), (f"n_ff x n_embd", s.n_ff, s.n_embd, (1,)))
+        mm = (("n_embd x n_embd", s.n_embd, s.n_embd, (1, 32)), ("n_ff x n_embd", s.n_ff, s.n_embd, (1,)))
         return OpsPlan(mm, (1, 32), s.n_embd, 64 << 20, 0.05, tys)
     mm = (("n_embd x n_embd", s.n_embd, s.n_embd, (1, 512)), ("n_ff x n_embd", s.n_ff, s.n_embd, (1, 512)),
           ("n_vocab x n_embd", s.n_vocab, s.n_embd, (1,)))
@@ -173,16 +173,13 @@ def _copy_row(dev: Device, nbytes: int, min_time: float) -> OpRow:
     shape = f"{n_rows} x {n_cols} f32 ({n_rows * n_cols * 4 >> 20} MiB)"
     x = dev.empty((n_rows, n_cols))
     out = dev.empty((n_rows, n_cols))
+    dev.write(x, np.ones((n_rows, n_cols), dtype=np.float32))
     try:
-        dev.write(x, np.ones((n_rows, n_cols), dtype=np.float32))
-        try:
-            dev.copy(out, x)
-        except UnsupportedOpError:
-            return OpRow("copy", "F32", shape, 0, None, 0, 0, note="not supported on this backend")
-        sec, k = time_call(dev, lambda: dev.copy(out, x), min_time)
-        return OpRow("copy", "F32", shape, 0, sec, 2 * n_rows * n_cols * 4, 0, k)
-    finally:
-        del x, out
+        dev.copy(out, x)
+    except UnsupportedOpError:
+        return OpRow("copy", "F32", shape, 0, None, 0, 0, note="not supported on this backend")
+    sec, k = time_call(dev, lambda: dev.copy(out, x), min_time)
+    return OpRow("copy", "F32", shape, 0, sec, 2 * n_rows * n_cols * 4, 0, k)
 
 
 def bench_ops(selectors: list[str], plan: OpsPlan, tick: Callable[[str], None] | None = None,
@@ -266,7 +263,6 @@ def _matmul_row(dev: Device, ty: T, host_w: np.ndarray, label: str, n_out: int, 
         dev.write(x, rng.standard_normal((n, n_in)).astype(np.float32))
         o = dev.empty((n, n_out))
         sec, k = time_call(dev, lambda: dev.matmul(o, x, w), plan.min_time)
-        del w, x, o
         return OpRow("matmul", name, shape, n, sec, nbytes, 2 * n * n_in * n_out, k)
     except Exception as e:  # noqa: BLE001 - a failing kernel is a row with a note
         return OpRow("matmul", name, shape, n, None, nbytes, 0, note=_err(e))

@@ -95,7 +95,7 @@ def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fm
     if ops:
         _ops(device, quick, shape, types, fmt, progress)
         return
-    from ..bench import report, runner
+    from ..bench import runner
 
     if from_file:
         _render(*_load_records(from_file), fmt, plot_path)
