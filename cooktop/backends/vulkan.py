@@ -11,7 +11,7 @@ Design (DESIGN.md, "Kompute"):
   ``mul_mm_q4_k``, ...) listed in ``variants.json`` and compiled to SPIR-V by
   ``scripts/build_shaders.py``; the ``.spv`` files ship in the package.
 - **Tensors**: weights are raw GGML blocks uploaded once as a uint32 view
-  (padded to 4 bytes plus one zero word) into a ``storage`` (device-only)
+  (zero-padded to 16 bytes plus 16) into a ``storage`` (device-only)
   tensor through a temporary host tensor; activations and KV cache are
   ``storage`` tensors too. The shaders unpack bytes and halves from 32-bit
   words: kp 0.9.0 creates its logical device with no features enabled, so
@@ -229,7 +229,7 @@ class VulkanDevice(Device):
         return t
 
     def upload(self, data, ggml_type, shape):
-        """Weights to a storage tensor as raw GGML blocks (uint32 view, zero-padded + one word).
+        """Weights to a storage tensor as raw GGML blocks (uint32 view, zero-padded to 16 bytes + 16).
 
         Raises:
             UnsupportedOpError: a type without shaders, or ``data`` of the wrong size.
@@ -243,7 +243,8 @@ class VulkanDevice(Device):
         if raw.nbytes != nbytes:
             raise UnsupportedOpError(
                 f"{type_name(ggml_type)} tensor of shape {list(shape)} needs {nbytes} bytes, got {raw.nbytes}")
-        n_words = (nbytes + 3) // 4 + 1  # one zero word past the end: unaligned 32-bit loads stay in bounds
+        # zero-padded to 16 bytes plus one spare uvec4: shaders read 16-byte words (common.glsl)
+        n_words = (nbytes + 15) // 16 * 4 + 4
         self._alloc_check(n_words * 4, f"{type_name(ggml_type)} weight {list(shape)}")
         words = np.zeros(n_words, dtype=np.uint32)
         words.view(np.uint8)[:nbytes] = raw
@@ -261,7 +262,7 @@ class VulkanDevice(Device):
         if ggml_type not in (T.F32, T.I32):
             raise UnsupportedOpError(f"empty() makes F32 or I32 tensors, not {type_name(ggml_type)}")
         shape = tuple(int(s) for s in shape)
-        n = max(1, math.prod(shape))
+        n = max(4, (math.prod(shape) + 3) // 4 * 4)  # padded to 4 values: shaders may read vec4s
         self._alloc_check(4 * n, f"{type_name(ggml_type)} tensor {list(shape)}")
         dtype = np.int32 if ggml_type == T.I32 else np.float32
         t = self._tensor(np.zeros(n, dtype=dtype), "storage")

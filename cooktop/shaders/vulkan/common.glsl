@@ -1,7 +1,7 @@
 // Shared helpers of cooktop's Vulkan compute shaders.
 //
-// Weights are raw GGML blocks (ggml-common.h) stored in a uint32 buffer
-// (`W`, the byte stream padded with at least one extra zero word), because
+// Weights are raw GGML blocks (ggml-common.h) stored in a uvec4 buffer
+// (`W4`, the byte stream zero-padded to 16 bytes plus one spare uvec4), because
 // kp 0.9.0 enables no 8/16-bit storage features: bytes, halves and unaligned
 // words are unpacked from 32-bit loads here. Every block size of the
 // supported types is even, so half-precision fields sit at even offsets.
@@ -14,9 +14,21 @@ uint flat_group() {
 }
 
 #ifdef HAS_WEIGHTS
+// The weight buffer is declared `uvec4 W4[]`: one 16-byte load serves four words (on
+// lavapipe, where every load of a lane costs the same whatever its width, this
+// matters); buffers are padded to 16 bytes plus one spare uvec4.
+
+// 16 bytes at a byte offset `off` that is a multiple of 16
+uvec4 w_u128a(uint off) {
+    return W4[off >> 4];
+}
+// uint32 at a byte offset `off` that is a multiple of 4
+uint w_u32a(uint off) {
+    return W4[off >> 4][(off >> 2) & 3u];
+}
 // byte at byte offset `off`
 uint w_u8(uint off) {
-    return (W[off >> 2] >> ((off & 3u) << 3)) & 0xFFu;
+    return (w_u32a(off & ~3u) >> ((off & 3u) << 3)) & 0xFFu;
 }
 // int8 at byte offset `off`
 int w_i8(uint off) {
@@ -24,21 +36,16 @@ int w_i8(uint off) {
 }
 // little-endian uint16 at even byte offset `off`
 uint w_u16(uint off) {
-    return (W[off >> 2] >> ((off & 2u) << 3)) & 0xFFFFu;
+    return (w_u32a(off & ~3u) >> ((off & 2u) << 3)) & 0xFFFFu;
 }
 // float16 at even byte offset `off`
 float w_f16(uint off) {
     return unpackHalf2x16(w_u16(off)).x;
 }
-// uint32 at a byte offset `off` known to be a multiple of 4 (one load)
-uint w_u32a(uint off) {
-    return W[off >> 2];
-}
 // little-endian uint32 at even byte offset `off` (may straddle two words)
 uint w_u32(uint off) {
-    uint i = off >> 2;
-    uint a = W[i];
-    uint b = W[i + 1u];
-    return (off & 2u) != 0u ? ((a >> 16) | (b << 16)) : a;
+    uint a = w_u32a(off & ~3u);
+    if ((off & 2u) == 0u) return a;
+    return (a >> 16) | (w_u32a((off & ~3u) + 4u) << 16);
 }
 #endif

@@ -15,13 +15,20 @@
 
 #if defined(TYPE_F32)
 void unit_values(uint row_off, uint u, out float v[32]) {
-    uint base = (row_off >> 2) + u * 32u;  // F32 rows are 4-byte aligned
-    [[unroll]] for (uint i = 0u; i < 32u; i++) v[i] = uintBitsToFloat(W[base + i]);
+    uint off = row_off + u * 128u;
+    if ((off & 15u) == 0u) {  // rows of a multiple of 4 values: 16-byte loads
+        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+            vec4 f = uintBitsToFloat(w_u128a(off + 16u * i));
+            v[4u * i] = f.x; v[4u * i + 1u] = f.y; v[4u * i + 2u] = f.z; v[4u * i + 3u] = f.w;
+        }
+    } else {
+        [[unroll]] for (uint i = 0u; i < 32u; i++) v[i] = uintBitsToFloat(w_u32a(off + 4u * i));
+    }
 }
 // One value k of a float row, for rows whose length is not a multiple of 32.
 #define FLOAT_TYPE 1
 float value_at(uint row_off, uint k) {
-    return uintBitsToFloat(W[(row_off >> 2) + k]);
+    return uintBitsToFloat(w_u32a(row_off + 4u * k));
 }
 #elif defined(TYPE_F16)
 #define FLOAT_TYPE 1
@@ -30,10 +37,19 @@ float value_at(uint row_off, uint k) {
 }
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint off = row_off + u * 64u;
-    [[unroll]] for (uint i = 0u; i < 16u; i++) {
-        vec2 h = unpackHalf2x16(w_u32(off + 4u * i));  // rows of odd length are only 2-byte aligned
-        v[2u * i] = h.x;
-        v[2u * i + 1u] = h.y;
+    if ((off & 15u) == 0u) {  // rows of a multiple of 8 values: 16-byte loads
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            uvec4 q = w_u128a(off + 16u * i);
+            vec2 a = unpackHalf2x16(q.x), b = unpackHalf2x16(q.y), c = unpackHalf2x16(q.z), d = unpackHalf2x16(q.w);
+            v[8u * i] = a.x; v[8u * i + 1u] = a.y; v[8u * i + 2u] = b.x; v[8u * i + 3u] = b.y;
+            v[8u * i + 4u] = c.x; v[8u * i + 5u] = c.y; v[8u * i + 6u] = d.x; v[8u * i + 7u] = d.y;
+        }
+    } else {
+        [[unroll]] for (uint i = 0u; i < 16u; i++) {
+            vec2 h = unpackHalf2x16(w_u32(off + 4u * i));  // rows of odd length are only 2-byte aligned
+            v[2u * i] = h.x;
+            v[2u * i + 1u] = h.y;
+        }
     }
 }
 #elif defined(TYPE_Q8_0)
@@ -129,45 +145,50 @@ void scale_min_k4(uint s0, uint s1, uint s2, uint s, out float sc, out float mn)
 #if defined(TYPE_Q4_K)
 // block_q4_K (144 bytes): f16 d, dmin; uint8 scales[12]; uint8 qs[128].
 // Sub-block s (32 values): nibbles (low for even s, high for odd) of qs[32*(s/2) + l];
-// x = d*sc[s]*q - dmin*m[s]
+// x = d*sc[s]*q - dmin*m[s]. 144-byte super-blocks keep every field 16-byte aligned.
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint s = u & 7u;
     uint off = row_off + (u >> 3) * 144u;
-    vec2 dm = unpackHalf2x16(w_u32a(off));
-    float d = dm.x;
-    float dmin = dm.y;
+    uvec4 hd = w_u128a(off);  // d, dmin | scales[0..3] | scales[4..7] | scales[8..11]
+    vec2 dm = unpackHalf2x16(hd.x);
     float sc, mn;
-    scale_min_k4(w_u32a(off + 4u), w_u32a(off + 8u), w_u32a(off + 12u), s, sc, mn);
-    float d1 = d * sc;
-    float m1 = dmin * mn;
+    scale_min_k4(hd.y, hd.z, hd.w, s, sc, mn);
+    float d1 = dm.x * sc;
+    float m1 = dm.y * mn;
     uint qoff = off + 16u + 32u * (s >> 1);
     uint sh = (s & 1u) * 4u;
-    [[unroll]] for (uint j = 0u; j < 8u; j++) {
-        uint q = w_u32a(qoff + 4u * j);
-        [[unroll]] for (uint k = 0u; k < 4u; k++) v[4u * j + k] = d1 * float((q >> (8u * k + sh)) & 15u) - m1;
+    [[unroll]] for (uint h = 0u; h < 2u; h++) {
+        uvec4 q4 = w_u128a(qoff + 16u * h);
+        [[unroll]] for (uint j = 0u; j < 4u; j++) {
+            uint q = q4[j];
+            [[unroll]] for (uint k = 0u; k < 4u; k++) v[16u * h + 4u * j + k] = d1 * float((q >> (8u * k + sh)) & 15u) - m1;
+        }
     }
 }
 #else
 // block_q5_K (176 bytes): f16 d, dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128].
-// As Q4_K plus a fifth bit: bit s of qh[l] adds 16.
+// As Q4_K plus a fifth bit: bit s of qh[l] adds 16. Fields 16-byte aligned.
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint s = u & 7u;
     uint off = row_off + (u >> 3) * 176u;
-    vec2 dm = unpackHalf2x16(w_u32a(off));
-    float d = dm.x;
-    float dmin = dm.y;
+    uvec4 hd = w_u128a(off);
+    vec2 dm = unpackHalf2x16(hd.x);
     float sc, mn;
-    scale_min_k4(w_u32a(off + 4u), w_u32a(off + 8u), w_u32a(off + 12u), s, sc, mn);
-    float d1 = d * sc;
-    float m1 = dmin * mn;
+    scale_min_k4(hd.y, hd.z, hd.w, s, sc, mn);
+    float d1 = dm.x * sc;
+    float m1 = dm.y * mn;
     uint qoff = off + 48u + 32u * (s >> 1);
     uint sh = (s & 1u) * 4u;
-    [[unroll]] for (uint j = 0u; j < 8u; j++) {
-        uint q = w_u32a(qoff + 4u * j);
-        uint h = w_u32a(off + 16u + 4u * j);
-        [[unroll]] for (uint k = 0u; k < 4u; k++) {
-            uint qq = ((q >> (8u * k + sh)) & 15u) | (((h >> (8u * k + s)) & 1u) << 4);
-            v[4u * j + k] = d1 * float(qq) - m1;
+    [[unroll]] for (uint h = 0u; h < 2u; h++) {
+        uvec4 q4 = w_u128a(qoff + 16u * h);
+        uvec4 h4 = w_u128a(off + 16u + 16u * h);
+        [[unroll]] for (uint j = 0u; j < 4u; j++) {
+            uint q = q4[j];
+            uint hb = h4[j];
+            [[unroll]] for (uint k = 0u; k < 4u; k++) {
+                uint qq = ((q >> (8u * k + sh)) & 15u) | (((hb >> (8u * k + s)) & 1u) << 4);
+                v[16u * h + 4u * j + k] = d1 * float(qq) - m1;
+            }
         }
     }
 }

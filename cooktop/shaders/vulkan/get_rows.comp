@@ -7,7 +7,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 32) in;
-layout(std430, binding = 0) readonly buffer WBuf { uint W[]; };
+layout(std430, binding = 0) readonly buffer WBuf { uvec4 W4[]; };
 layout(std430, binding = 1) readonly buffer IdBuf { int ids[]; };
 layout(std430, binding = 2) writeonly buffer OBuf { float O[]; };
 layout(push_constant) uniform PC { uint n; uint n_ids; uint row_bytes; uint n_rows; } pc;
@@ -28,7 +28,7 @@ void main() {
     if (i >= pc.n_ids || u >= n_items) return;
     uint row = uint(clamp(ids[i], 0, int(pc.n_rows) - 1));
 #if defined(TYPE_F32)
-    O[i * pc.n + u] = uintBitsToFloat(W[row * (pc.row_bytes >> 2) + u]);
+    O[i * pc.n + u] = uintBitsToFloat(w_u32a(row * pc.row_bytes + 4u * u));
 #elif defined(TYPE_F16)
     O[i * pc.n + u] = w_f16(row * pc.row_bytes + 2u * u);
 #else

@@ -22,8 +22,8 @@
 // subgroup size (32 when not specialized), so that usually one subgroupAdd reduces it.
 layout(local_size_x_id = 0) in;
 #define WG gl_WorkGroupSize.x
-layout(std430, binding = 0) readonly buffer WBuf { uint W[]; };
-layout(std430, binding = 1) readonly buffer XBuf { float X[]; };
+layout(std430, binding = 0) readonly buffer WBuf { uvec4 W4[]; };
+layout(std430, binding = 1) readonly buffer XBuf { vec4 X4[]; };  // allocations are padded to 4 floats
 layout(std430, binding = 2) writeonly buffer YBuf { float Y[]; };
 layout(push_constant) uniform PC { uint n_in; uint n_out; uint n_tok; uint row_bytes; uint groups_per_wg; } pc;
 #define HAS_WEIGHTS
@@ -49,7 +49,14 @@ void main() {
         for (uint u = tid; u < n_units; u += WG) {
             float xv[32];
             uint xo = tok * pc.n_in + u * 32u;
-            [[unroll]] for (uint i = 0u; i < 32u; i++) xv[i] = X[xo + i];
+            if ((xo & 3u) == 0u) {  // rows of a multiple of 4 values: 16-byte loads
+                [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                    vec4 f = X4[(xo >> 2) + i];
+                    xv[4u * i] = f.x; xv[4u * i + 1u] = f.y; xv[4u * i + 2u] = f.z; xv[4u * i + 3u] = f.w;
+                }
+            } else {
+                [[unroll]] for (uint i = 0u; i < 32u; i++) xv[i] = X4[(xo + i) >> 2][(xo + i) & 3u];
+            }
             [[unroll]] for (uint r = 0u; r < NROWS; r++) {
                 uint row = min(r0 + r, pc.n_out - 1u);  // clamped rows are computed and dropped
                 float v[32];
@@ -62,7 +69,8 @@ void main() {
 #ifdef FLOAT_TYPE
         // F32 / F16 rows may end in a partial unit: its values one by one
         for (uint k = n_units * 32u + tid; k < pc.n_in; k += WG) {
-            float xk = X[tok * pc.n_in + k];
+            uint xk_i = tok * pc.n_in + k;
+            float xk = X4[xk_i >> 2][xk_i & 3u];
             [[unroll]] for (uint r = 0u; r < NROWS; r++) {
                 acc[r] += value_at(min(r0 + r, pc.n_out - 1u) * pc.row_bytes, k) * xk;
             }

@@ -10,7 +10,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 64) in;
-layout(std430, binding = 0) readonly buffer WBuf { uint W[]; };
+layout(std430, binding = 0) readonly buffer WBuf { uvec4 W4[]; };
 layout(std430, binding = 1) readonly buffer XBuf { float X[]; };
 layout(std430, binding = 2) writeonly buffer YBuf { float Y[]; };
 layout(push_constant) uniform PC { uint n_in; uint n_out; uint n_tok; uint row_bytes; } pc;
