@@ -5,8 +5,9 @@
 #   1. system packages (apt-get, as root or through sudo), checked with dpkg first;
 #      `apt-get update` runs only when something is missing;
 #   2. the virtual environment .venv (Python >= 3.10, from $PYTHON, default python3);
-#   3. the project, editable, with extras opencl,server,dev,bench (+ $COOKTOP_EXTRAS);
-#   4. Kompute's `kp` 0.9.0 built offline by scripts/install-kompute.sh;
+#   3. the project, editable, with extras opencl,server,dev,bench;
+#   4. Kompute's `kp` 0.9.0 built offline by scripts/install-kompute.sh, then the
+#      optional extras named in $COOKTOP_EXTRAS;
 #   5. the default model (stories260K.gguf) seeded into the Hugging Face cache
 #      from ../shared/models when that folder exists, so `cooktop run` works offline.
 #
@@ -155,6 +156,27 @@ if ! "$py" -c 'import numpy, sys; sys.exit(int(numpy.__version__.split(".")[0]) 
     "$py" -m pip install -q "numpy<2"
 fi
 
+# ---------------------------------------------------------------- 4. Kompute (kp)
+if [ -f "$here/install-kompute.sh" ]; then
+    if ! bash "$here/install-kompute.sh" "$py"; then
+        failed vulkan "kp (Kompute 0.9.0) did not build/install; the Vulkan backend is off (see the output above)"
+    fi
+else
+    failed vulkan "scripts/install-kompute.sh is missing; kp (Vulkan backend) not installed"
+fi
+
+# ---------------------------------------------------------------- checks
+if ! "$py" -c 'import pyopencl' >/dev/null 2>&1; then
+    failed opencl "pyopencl does not import"
+elif ! "$py" -c 'import pyopencl as cl, sys; sys.exit(not cl.get_platforms())' >/dev/null 2>&1; then
+    failed opencl "pyopencl finds no OpenCL platform (install pocl-opencl-icd or a GPU driver)"
+fi
+if ! command -v glslc >/dev/null 2>&1; then
+    failed glslc "glslc (GLSL -> SPIR-V compiler) not found (apt-get install glslc)"
+fi
+
+# ---------------------------------------------------------------- 4b. optional extras
+# After kp: the extras (COOKTOP_EXTRAS) are optional, the backends are not.
 if [ -n "$more_extras" ]; then
     extra_stamp_file="$venv/.cooktop-setup-extras"
     extra_stamp="$(stamp_of "$base_extras,$more_extras")"
@@ -181,25 +203,6 @@ if [ -n "$more_extras" ]; then
             done
         fi
     fi
-fi
-
-# ---------------------------------------------------------------- 4. Kompute (kp)
-if [ -f "$here/install-kompute.sh" ]; then
-    if ! bash "$here/install-kompute.sh" "$py"; then
-        failed vulkan "kp (Kompute 0.9.0) did not build/install; the Vulkan backend is off (see the output above)"
-    fi
-else
-    failed vulkan "scripts/install-kompute.sh is missing; kp (Vulkan backend) not installed"
-fi
-
-# ---------------------------------------------------------------- checks
-if ! "$py" -c 'import pyopencl' >/dev/null 2>&1; then
-    failed opencl "pyopencl does not import"
-elif ! "$py" -c 'import pyopencl as cl, sys; sys.exit(not cl.get_platforms())' >/dev/null 2>&1; then
-    failed opencl "pyopencl finds no OpenCL platform (install pocl-opencl-icd or a GPU driver)"
-fi
-if ! command -v glslc >/dev/null 2>&1; then
-    failed glslc "glslc (GLSL -> SPIR-V compiler) not found (apt-get install glslc)"
 fi
 
 # ---------------------------------------------------------------- 5. default model
