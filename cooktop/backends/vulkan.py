@@ -42,6 +42,14 @@ Design (DESIGN.md, "Kompute"):
   the *spec constants'* dtype (a binding bug), so an empty uint32 spec-constant
   array is passed.
 
+Performance notes (lavapipe, measured with scripts/bench_vulkan.py and A/B runs of
+the shaders): lavapipe runs a workgroup's invocations in SIMD lanes of 8 and
+loads divergent addresses lane by lane, so the cost is the number of load
+instructions (16-byte loads cost the same as 4-byte ones: weights are read as
+uvec4 where the layout allows) and the number of barriers (mul_mat_vec reduces
+with subgroupAdd in one-subgroup workgroups, no barrier). A replayed sequence
+runs ~1.5x slower when the driver's threads were idle before it.
+
 Known limit of kp 0.9.0: ``OpAlgoDispatch`` records only a transfer->compute
 barrier before each dispatch, not compute->compute, and its Python API has
 no memory-barrier op. Lavapipe executes dispatches in order, so this is exact
