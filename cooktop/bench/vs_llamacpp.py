@@ -5,6 +5,10 @@ logical core count, ``n_batch = n_ubatch = -b`` (so prompt chunks match
 cooktop's) and ``logits_all=False``; tokens go through ``Llama.eval``, which
 removes cached positions past the context (``kv_cache_seq_rm``) and decodes
 in ``n_batch`` chunks, computing logits for the last token only.
+
+Each model is first run once in a child process (:func:`preflight`): a
+llama.cpp build that dies of an illegal instruction becomes an error record
+naming the signal and the rebuild command, not a dead benchmark.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import time
 from ..errors import CooktopError
 
 #: How to get llama-cpp-python, shown when it does not import.
-INSTALL_HINT = ("install llama-cpp-python (builds llama.cpp from source, about 3 minutes): "
-                "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install 'cooktop[compare]' "
-                "(CMAKE_ARGS=\"-DGGML_NATIVE=ON\" gives a CPU build tuned for this machine)")
+INSTALL_HINT = ("install llama-cpp-python (builds llama.cpp from source, 3 to 45 minutes): "
+                "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install 'cooktop[compare]' (a CPU build for this machine; "
+                "where that build dies of SIGILL, e.g. AMX in a VM, list the ISA instead: CMAKE_ARGS=\"-DGGML_NATIVE=OFF "
+                "-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF\")")
 
 #: ``--vs`` values understood.
 ENGINES = ("llama.cpp",)
@@ -91,6 +96,53 @@ class LlamaCppRunner:
         self.llm.close()
 
 
+_PREFLIGHT = """
+import sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=128, n_batch=64, n_ubatch=64, n_gpu_layers=0,
+                      n_threads=int(sys.argv[2]), logits_all=False, verbose=False)
+n_vocab = llm.n_vocab()
+llm.eval([(i * 7919) % n_vocab for i in range(64)])
+llm.eval([1])
+"""
+
+
+def preflight(path: str, n_threads: int | None = None, timeout: float = 300.0) -> None:
+    """Load ``path`` in llama.cpp and evaluate a 64-token chunk and one token in a *child* process.
+
+    A llama.cpp build whose CPU code uses instructions this machine cannot run
+    (e.g. AMX from ``-DGGML_NATIVE=ON`` on a VM that hides the AMX state) dies
+    of SIGILL; in-process that would kill the whole benchmark without a word.
+
+    Raises:
+        CooktopError: the child crashed (signal named, with the rebuild command) or failed.
+    """
+    import signal
+    import subprocess
+    import sys
+
+    n_threads = n_threads or os.cpu_count() or 1
+    try:
+        r = subprocess.run([sys.executable, "-c", _PREFLIGHT, str(path), str(n_threads)], capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise CooktopError(f"llama.cpp did not evaluate 65 tokens of {path} within {timeout:.0f} s") from None
+    if r.returncode < 0:
+        sig = signal.Signals(-r.returncode).name
+        hint = (" (an instruction this CPU or VM does not allow: rebuild llama-cpp-python without "
+                "-DGGML_NATIVE=ON, e.g. " + REBUILD_HINT + ")") if sig == "SIGILL" else ""
+        raise CooktopError(f"llama.cpp crashed with {sig} running {path}{hint}")
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        raise CooktopError(f"llama.cpp failed on {path}: {last}")
+
+
+#: A CPU build without AMX (whose tile state some VMs do not enable).
+REBUILD_HINT = ("CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON "
+                "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF\" pip install --force-reinstall --no-cache-dir "
+                "llama-cpp-python")
+
+
 def factory(engine: str):
     """``vs(path, n_ctx, n_batch) -> runner`` for ``--vs ENGINE``, checking the import first.
 
@@ -101,4 +153,17 @@ def factory(engine: str):
     if engine.strip().lower() not in ENGINES:
         raise CooktopError(f"--vs {engine!r}: only {', '.join(ENGINES)} is supported")
     import_llama_cpp()
-    return lambda path, n_ctx, n_batch: LlamaCppRunner(path, n_ctx, n_batch)
+    checked: dict[str, CooktopError | None] = {}
+
+    def make(path: str, n_ctx: int, n_batch: int) -> LlamaCppRunner:
+        if path not in checked:
+            try:
+                preflight(path)
+                checked[path] = None
+            except CooktopError as e:
+                checked[path] = e
+        if checked[path] is not None:
+            raise checked[path]
+        return LlamaCppRunner(path, n_ctx, n_batch)
+
+    return make
