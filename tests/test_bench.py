@@ -270,3 +270,23 @@ def test_vs_runs_alternate_with_cooktop(stories, monkeypatch):
         assert len(o.samples_s) == len(f.samples_s) == 3 and o.paired_ts == f.samples_ts
         assert o.ratio == pytest.approx(o.avg_ts / f.avg_ts)
     assert 0 < ref[0].avg_ts <= 16 / 0.032 * 1.05  # sleeps only last longer
+
+
+def test_vs_llama_cpp_that_crashes_is_an_error_record(stories, tmp_path):
+    fake = tmp_path / "llama_cpp"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import os, signal\n__version__ = '0.0-fake'\n"
+        "class Llama:\n"
+        "    def __init__(self, **kw):\n"
+        "        os.kill(os.getpid(), signal.SIGILL)  # what an AMX build does in a VM without AMX state\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    r = cooktop("bench", "--vs", "llama.cpp", "-m", str(stories), "--device", "cpu", "-p", "8", "-n", "2", "-r", "1",
+                "-o", "json", env=env)
+    assert r.returncode == 0, r.stderr
+    recs = json.loads(r.stdout)
+    ours = [x for x in recs if x["backend"] == "numpy"]
+    theirs = [x for x in recs if x["backend"] == "llama.cpp"]
+    assert len(ours) == len(theirs) == 2
+    assert all(x["error"] is None and x["ratio"] is None for x in ours)
+    assert all("crashed with SIGILL" in x["error"] and "GGML_NATIVE=OFF" in x["error"] for x in theirs)
