@@ -14,7 +14,8 @@
 # Environment:
 #   PYTHON           interpreter used to create the venv (default python3)
 #   COOKTOP_VENV     venv folder (default <repo>/.venv)
-#   COOKTOP_EXTRAS   more extras, comma list (e.g. compare: llama-cpp-python, a ~4 min build)
+#   COOKTOP_EXTRAS   more extras, comma list (e.g. compare: llama-cpp-python, which
+#                    builds llama.cpp: 10-26 min on 2 busy cores, once per pip cache)
 #   COOKTOP_SHARED   shared data folder (default <repo>/../shared)
 #   COOKTOP_REQUIRE  comma list (as in tests/conftest.py): a step that provides a
 #                    named resource (opencl, vulkan, glslc, shared, compare) and fails
@@ -189,7 +190,7 @@ if [ -n "$more_extras" ]; then
                 # downloads (curl, OpenSSL, multimodal and tools off).
                 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_OPENCL=OFF -DGGML_METAL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DFETCHCONTENT_FULLY_DISCONNECTED=ON}"
                 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-                say "extra compare builds llama.cpp from source (a few minutes on 2 cores)"
+                say "extra compare builds llama.cpp from source unless pip has the wheel cached (10+ min on 2 cores)"
                 ;;
         esac
         say "installing extras [$more_extras]"
