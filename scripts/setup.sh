@@ -17,10 +17,10 @@
 #   COOKTOP_EXTRAS   more extras, comma list (e.g. compare: llama-cpp-python, which
 #                    builds llama.cpp: 10-26 min on 2 busy cores, once per pip cache)
 #   COOKTOP_SHARED   shared data folder (default <repo>/../shared)
-#   COOKTOP_REQUIRE  comma list (as in tests/conftest.py): a step that provides a
-#                    named resource (opencl, vulkan, glslc, shared, compare) and fails
-#                    makes setup fail; otherwise it warns and setup goes on, since the
-#                    numpy backend works without any of them.
+#   COOKTOP_REQUIRE  comma list (as in tests/conftest.py): a failed step that provides
+#                    a named resource (opencl, vulkan, glslc, shared, or llama_cpp for
+#                    the compare extra) makes setup fail; otherwise setup warns and goes
+#                    on, since the numpy backend works without any of them.
 #   COOKTOP_SETUP_STRICT=1  every failed step is fatal.
 set -euo pipefail
 
@@ -200,6 +200,8 @@ if [ -n "$more_extras" ]; then
             say "extras [$more_extras] installed in $(( $(date +%s) - t_x )) s"
         else
             for x in ${more_extras//,/ }; do
+                # the resource the tests name for an extra (tests/test_bench.py: llama_cpp)
+                [ "$x" = compare ] && x=llama_cpp
                 failed "$x" "pip could not install extra(s) [$more_extras]"
             done
         fi
