@@ -138,8 +138,8 @@ def _load_records(path: str):
             data = [json.loads(line) for line in text.splitlines() if line.strip()]
         except json.JSONDecodeError as e:
             raise CooktopError(f"--from {path}: not JSON or JSON lines ({e})") from None
-    if not isinstance(data, list):
-        raise CooktopError(f"--from {path}: expected a JSON array of bench records")
+    if not isinstance(data, list) or not data:
+        raise CooktopError(f"--from {path}: expected a non-empty JSON array (or JSON lines) of bench records")
     machine = data[0].get("machine") if data and isinstance(data[0], dict) else None
     return report.from_records(data), machine
 
