@@ -257,6 +257,7 @@ def test_vs_runs_alternate_with_cooktop(stories, monkeypatch):
     from cooktop.bench import runner
 
     log: list[str] = []
+    monkeypatch.setattr(runner, "SETTLE_S", 0.0)
     orig_reset = runner.CooktopRunner.reset
     monkeypatch.setattr(runner.CooktopRunner, "reset", lambda self: (log.append("ours"), orig_reset(self)))
     params = runner.BenchParams(models=[str(stories)], tests=make_tests([16], [4], []), devices=["cpu"], ngl=[-1],

@@ -10,7 +10,9 @@ Tests (llama-bench, examples/llama-bench/llama-bench.cpp):
 
 Each (test, configuration) gets one warm-up run (not counted: it compiles
 kernels, records sequences, fills the numpy backend's dequantized-weight
-cache), then ``reps`` timed runs; the result is the mean and sample standard
+cache), then ``reps`` timed runs (with ``--vs``, the reference engine's runs
+alternate with these, each after a :data:`SETTLE_S` pause so that the other
+engine's spinning worker threads have gone to sleep); the result is the mean and sample standard
 deviation of the per-run tokens/s. Token ids come from a generator seeded
 per test, so every engine evaluates the same ids.
 
@@ -362,6 +364,11 @@ def run_bench(params: BenchParams, vs: Callable[[str, int, int], Runner] | None 
     return results
 
 
+#: Pause before each run when two engines alternate (seconds): thread pools that spin-wait after
+#: their work (OpenBLAS, OpenMP, PoCL) go to sleep first instead of competing with the next engine.
+SETTLE_S = 0.3
+
+
 def _measure(runner: Runner, ref: Runner | None, res: Result, ref_res: Result | None, t: TestSpec,
              params: BenchParams, n_vocab: int, bar: Any) -> None:
     """Warm-up then ``reps`` runs of ``t``, alternating with ``ref`` when given; fills the results."""
@@ -374,6 +381,8 @@ def _measure(runner: Runner, ref: Runner | None, res: Result, ref_res: Result | 
             if not alive[id(r)]:
                 bar.update(1)
                 continue
+            if len(engines) > 1:
+                time.sleep(SETTLE_S)
             try:
                 s = run_once(r, t, tokens)
             except Exception as e:  # noqa: BLE001 - a failing backend is a record
