@@ -177,6 +177,18 @@ if ! command -v glslc >/dev/null 2>&1; then
 fi
 
 # ---------------------------------------------------------------- 4b. optional extras
+# ggml_isa_flags: llama.cpp CPU ISA options for this CPU, GGML_NATIVE and AMX off.
+ggml_isa_flags() {
+    local flags out="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+    local pair
+    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+                avx512_vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+        case "$flags" in *" ${pair%%:*} "*) out+=" -DGGML_${pair##*:}=ON" ;; *) out+=" -DGGML_${pair##*:}=OFF" ;; esac
+    done
+    printf '%s' "$out"
+}
+
 # After kp: the extras (COOKTOP_EXTRAS) are optional, the backends are not.
 if [ -n "$more_extras" ]; then
     extra_stamp_file="$venv/.cooktop-setup-extras"
@@ -188,7 +200,10 @@ if [ -n "$more_extras" ]; then
             *,compare,*)
                 # llama-cpp-python builds llama.cpp from its sdist: CPU only, no
                 # downloads (curl, OpenSSL, multimodal and tools off).
-                export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_OPENCL=OFF -DGGML_METAL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DFETCHCONTENT_FULLY_DISCONNECTED=ON}"
+                # Not -march=native: some VMs report AMX but trap its instructions
+                # (SIGILL on any quantized model), so the ISA flags come from
+                # /proc/cpuinfo with AMX always off.
+                export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_OPENCL=OFF -DGGML_METAL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DFETCHCONTENT_FULLY_DISCONNECTED=ON $(ggml_isa_flags)}"
                 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
                 say "extra compare builds llama.cpp from source unless pip has the wheel cached (10+ min on 2 cores)"
                 ;;
