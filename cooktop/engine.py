@@ -269,11 +269,7 @@ def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers:
 
     Probing only: no device allocation happens here.
     """
-    def info(sel: str):
-        fam, idx = registry.parse_selector(sel)
-        if fam == "cpu":
-            return registry.probe("cpu").devices[0]
-        return next(d for d in registry.probe(fam).devices if d.index == idx)
+    info = registry.device_info
 
     def supports(sel: str, op: str, ty) -> bool:
         i = info(sel)

@@ -21,7 +21,7 @@ import os
 import threading
 
 from ..errors import DeviceError
-from .base import Backend, Device, ProbeResult
+from .base import Backend, Device, DeviceInfo, ProbeResult
 from .cpu import CpuBackend
 
 #: Family name -> "module:Class" of its Backend, in priority order for ``auto``.
@@ -162,19 +162,46 @@ def open_device(sel: str) -> Device:
         return _devices[key]
 
 
+#: Family whose CPU-type device ``auto`` prefers over numpy when no GPU passes.
+#: Measured on the 2-core dev machine (README "Benchmarks"): OpenCL on PoCL runs
+#: the 1.1B Q4_0 shape 2.3x (tg) and 2.6x (pp) faster than numpy and ties on
+#: stories260K; Vulkan on lavapipe is 10-50x slower than numpy, so it is never
+#: the CPU default.
+CPU_DEFAULT_FAMILY = "opencl"
+
+
 def auto_selectors() -> list[str]:
-    """What ``auto`` means on this machine: the first GPU-like device that passes its
-    smoke test, else ``cpu``. CPU-type OpenCL/Vulkan devices (PoCL, lavapipe) are
-    used only when named (see README: numpy is faster than both on this machine).
+    """What ``auto`` means on this machine.
+
+    1. the first GPU / iGPU / accelerator device (families in :data:`FAMILIES`
+       order) that passes its smoke test;
+    2. else the first CPU-type device of :data:`CPU_DEFAULT_FAMILY` (PoCL) that
+       passes its smoke test, because it beats numpy here (see above);
+    3. else ``cpu`` (numpy).
     """
-    for fam, res in probe_all().items():
+    probes = probe_all()
+    for fam, res in probes.items():
         if fam == "cpu" or not res.available:
             continue
         for info in res.devices:
-            if info.device_type in ("gpu", "igpu", "accelerator"):
-                if smoke_test(info.selector).ok:
-                    return [info.selector]
+            if info.device_type in ("gpu", "igpu", "accelerator") and smoke_test(info.selector).ok:
+                return [info.selector]
+    res = probes.get(CPU_DEFAULT_FAMILY)
+    if res is not None and res.available:
+        for info in res.devices:
+            if info.device_type == "cpu" and smoke_test(info.selector).ok:
+                return [info.selector]
     return ["cpu"]
+
+
+def device_info(sel: str) -> DeviceInfo:
+    """The probed :class:`DeviceInfo` a single selector names (no device is opened).
+
+    Raises:
+        DeviceError: see :func:`parse_selector`.
+    """
+    fam, idx = parse_selector(sel)
+    return next(d for d in probe(fam).devices if d.index == idx)
 
 
 def resolve(selector: str | None) -> list[str]:
