@@ -73,6 +73,8 @@ class Llama:
         self._engine = _engine.load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                                     n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all)
         self._scores = np.zeros((0, self._engine.cfg.n_vocab), dtype=np.float32)
+        self._engine.on_logits = self._store_logits
+        self._engine.on_truncate = self._drop_scores
         if verbose:
             import sys
             print(f"cooktop: loaded {self.model_path} in {self._engine.load_ms:.1f} ms; "
@@ -121,12 +123,26 @@ class Llama:
 
     @property
     def scores(self) -> np.ndarray:
-        """float32 [n_tokens, n_vocab]: logits after each context position.
+        """float32 [n_tokens, n_vocab]: row i holds the logits after context position i.
 
-        Every row when ``logits_all``; otherwise only the last evaluated row is
-        filled (others zero), as in llama-cpp-python.
+        Every row when ``logits_all``; otherwise only the rows of the last token
+        of each evaluation (prompt chunks, generated tokens) are filled and the
+        others are zero, as in llama-cpp-python.
         """
         return self._scores[: self.n_tokens]
+
+    def _store_logits(self, pos: int, rows: np.ndarray) -> None:
+        """Engine hook: logits of positions ``pos .. pos + len(rows) - 1``."""
+        end = pos + len(rows)
+        if self._scores.shape[0] < end:
+            grown = np.zeros((max(end, 2 * self._scores.shape[0]), self.n_vocab()), dtype=np.float32)
+            grown[: self._scores.shape[0]] = self._scores
+            self._scores = grown
+        self._scores[pos:end] = rows
+
+    def _drop_scores(self, n: int) -> None:
+        """Engine hook: the context shrank to ``n`` tokens; rows past it are stale."""
+        self._scores[n:] = 0.0
 
     # -- evaluation --------------------------------------------------------
     def reset(self) -> None:
@@ -138,18 +154,9 @@ class Llama:
 
         Raises:
             ContextOverflowError: more than ``n_ctx`` tokens in total.
+            InvalidTokenError: an empty list or an id outside ``0 .. n_vocab - 1``.
         """
-        start = self.n_tokens
-        logits = self._engine.eval(list(tokens), logits_all=self._logits_all)
-        end = self.n_tokens
-        if self._scores.shape[0] < end:
-            grown = np.zeros((max(end, 2 * self._scores.shape[0]), self.n_vocab()), dtype=np.float32)
-            grown[: self._scores.shape[0]] = self._scores
-            self._scores = grown
-        if self._logits_all:
-            self._scores[start:end] = logits
-        else:
-            self._scores[end - 1] = logits[-1]
+        self._engine.eval(list(tokens), logits_all=self._logits_all)
 
     # -- completion --------------------------------------------------------
     def create_completion(self, prompt: str | list[int], max_tokens: int | None = 16, temperature: float = 0.8,

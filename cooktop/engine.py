@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -31,7 +31,8 @@ from .model.llama import LlamaModel
 from .model.budget import device_limits
 from .model.placement import Placement, place
 from .model.sampling import Sampler, SamplingParams
-from .model.tokenizer import Tokenizer
+from .model.placement import parse_ngl
+from .model.tokenizer import InvalidTokenError, Tokenizer
 
 log = logging.getLogger("cooktop")
 
@@ -79,8 +80,25 @@ class GenerationResult:
 
 
 def default_n_ctx(cfg: ModelConfig, n_ctx: int) -> int:
-    """``n_ctx <= 0`` means the training context capped at 4096 (llama.cpp's default), else ``n_ctx``."""
-    return min(cfg.n_ctx_train, 4096) if n_ctx <= 0 else n_ctx
+    """``n_ctx == 0`` means the training context capped at 4096 (llama.cpp's default), else ``n_ctx``.
+
+    Raises:
+        CooktopError: ``n_ctx`` is negative.
+    """
+    if n_ctx < 0:
+        raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = from the model), got {n_ctx}")
+    return min(cfg.n_ctx_train, 4096) if n_ctx == 0 else n_ctx
+
+
+def check_batch(n_batch: int, n_ctx: int) -> int:
+    """The prompt chunk size actually used: ``min(n_batch, n_ctx)``.
+
+    Raises:
+        CooktopError: ``n_batch`` is not positive.
+    """
+    if n_batch <= 0:
+        raise CooktopError(f"n_batch (-b) must be positive, got {n_batch}")
+    return min(n_batch, n_ctx)
 
 
 class Engine:
@@ -100,11 +118,21 @@ class Engine:
         self.n_ctx, self.n_batch = model.n_ctx, model.n_batch
         self.tokens: list[int] = []
         self.load_ms = load_ms
+        #: Called as ``on_logits(pos, rows)`` after every forward pass: ``rows`` float32
+        #: [m, n_vocab] are the logits of positions ``pos .. pos + m - 1``.
+        self.on_logits: Callable[[int, np.ndarray], None] | None = None
+        #: Called as ``on_truncate(n)`` when the context shrinks to its first ``n`` tokens.
+        self.on_truncate: Callable[[int], None] | None = None
 
     # -- evaluation ---------------------------------------------------------
     def reset(self) -> None:
         """Forget the context (the cache is overwritten on the next eval)."""
-        self.tokens = []
+        self._truncate(0)
+
+    def _truncate(self, n: int) -> None:
+        self.tokens = self.tokens[:n]
+        if self.on_truncate is not None:
+            self.on_truncate(n)
 
     def eval(self, tokens: list[int], logits_all: bool = False) -> np.ndarray:
         """Append ``tokens`` to the context, evaluating them in ``n_batch`` chunks.
@@ -114,23 +142,29 @@ class Engine:
             be loaded with logits_all), else float32 [1, n_vocab] of the last token.
         Raises:
             ContextOverflowError: the context would exceed ``n_ctx``.
-            ValueError: a token id out of range.
+            InvalidTokenError: no tokens, or a token id out of range.
+            CooktopError: ``logits_all`` asked of a model loaded without it.
         """
         tokens = [int(t) for t in tokens]
         if not tokens:
-            raise ValueError("eval needs at least one token")
+            raise InvalidTokenError("eval needs at least one token")
+        if logits_all and not self.model.logits_all:
+            raise CooktopError("logits for every position need the model loaded with logits_all=True")
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
                 f"{len(self.tokens) + len(tokens)} tokens do not fit in the context of n_ctx = {self.n_ctx} "
                 f"tokens ({len(self.tokens)} already in it); raise n_ctx (-c) or shorten the prompt")
         bad = [t for t in tokens if not 0 <= t < self.cfg.n_vocab]
         if bad:
-            raise ValueError(f"token id {bad[0]} out of range 0..{self.cfg.n_vocab - 1}")
+            raise InvalidTokenError(f"token id {bad[0]} is out of range 0..{self.cfg.n_vocab - 1}")
         outs = []
         for i in range(0, len(tokens), self.n_batch):
             chunk = tokens[i:i + self.n_batch]
-            out = self.model.forward(np.array(chunk), len(self.tokens), logits_all)
+            pos = len(self.tokens)
+            out = self.model.forward(np.array(chunk), pos, logits_all)
             self.tokens += chunk
+            if self.on_logits is not None:
+                self.on_logits(pos if logits_all else len(self.tokens) - 1, out)
             outs.append(out)
         return np.concatenate(outs) if logits_all else outs[-1]
 
@@ -146,7 +180,7 @@ class Engine:
                 break
             common += 1
         common = min(common, len(prompt) - 1)  # re-evaluate at least one token for its logits
-        self.tokens = self.tokens[:common]
+        self._truncate(common)
         return self.eval(prompt[common:])[-1], len(prompt) - common
 
     # -- generation ---------------------------------------------------------
@@ -304,9 +338,8 @@ def load(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, d
     cfg = load_config(gf)
     tokenizer = Tokenizer.from_gguf(gf.reader)
     n_ctx = default_n_ctx(cfg, n_ctx)
-    if n_batch <= 0:
-        raise CooktopError(f"n_batch must be positive, got {n_batch}")
-    n_batch = min(n_batch, n_ctx)
+    n_batch = check_batch(n_batch, n_ctx)
+    n_gpu_layers = parse_ngl(n_gpu_layers)
     selectors = registry.resolve(device)
 
     placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all)

@@ -83,3 +83,16 @@ def test_greedy_continuation_stories(family, stories):
     assert out["choices"][0]["finish_reason"] == "length"
     assert llm._engine.result.tokens == case["greedy_tokens"]
     llm.close()
+
+
+@pytest.mark.parametrize("name", ["stories260K", "tiny-Q4_K_M"])
+def test_chunked_prefill_matches_llama_cpp(family, name):
+    """Prompt evaluated in chunks of 5 (n_past > 0 with n > 1 per forward) still matches the reference."""
+    ref, npz = load_ref(name)
+    case = ref["cases"][0]
+    llm = Llama(model_path=str(model_path(name)), n_ctx=512, n_batch=5, logits_all=True, verbose=False,
+                device=family, n_gpu_layers=-1)
+    llm.eval(case["prompt_tokens"] + case["greedy_tokens"])
+    err = nmse(llm.scores, npz[case["logits_key"]])
+    llm.close()
+    assert err <= bound(name), f"{name} on {family} in chunks of 5: nmse {err:.3e}"

@@ -82,11 +82,21 @@ def test_min_p(m, expected):
     assert kept(min_p=m) == expected
 
 
-@pytest.mark.parametrize("kw", [dict(min_p=1.5), dict(top_p=0.0), dict(top_p=-1.0), dict(top_k=1, min_p=2.0)])
-def test_out_of_range_filters_keep_the_best_token(kw):
+@pytest.mark.parametrize("kw", [dict(min_p=1.0), dict(top_p=0.0), dict(top_k=1, min_p=1.0)])
+def test_extreme_filters_keep_the_best_token(kw):
     """llama.cpp's min_keep = 1: an extreme filter still leaves the most likely token."""
     assert kept(**kw) == [3]
     assert sampler(seed=3, **kw).sample(LOGITS, []) == 3
+
+
+@pytest.mark.parametrize("kw,word", [(dict(min_p=1.5), "min_p"), (dict(top_p=-1.0), "top_p"),
+                                     (dict(top_p=2.0), "top_p"), (dict(repeat_penalty=0.0), "repeat_penalty"),
+                                     (dict(repeat_penalty=-1.1), "repeat_penalty"),
+                                     (dict(top_p=float("nan")), "top_p"), (dict(seed=2**40), "seed")])
+def test_out_of_range_settings_are_refused(kw, word):
+    from cooktop.errors import CooktopError
+    with pytest.raises(CooktopError, match=word):
+        SamplingParams(**kw)
 
 
 def test_filters_chain_in_llama_cpp_order():

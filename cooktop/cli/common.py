@@ -6,6 +6,7 @@ import click
 
 from ..errors import CooktopError
 from ..model import hub
+from ..model.placement import parse_ngl  # noqa: F401  (re-exported for the commands)
 
 
 def model_options(f):
@@ -38,13 +39,3 @@ def device_options(f):
     f = click.option("--device", "-dev", "device", default=None, envvar="COOKTOP_DEVICE",
                      help="auto, cpu, opencl, opencl:1, vulkan:0, or a comma list (COOKTOP_DEVICE).")(f)
     return f
-
-
-def parse_ngl(value: str) -> int | str:
-    """``-ngl`` value: an int, or ``"auto"``."""
-    if str(value).lower() == "auto":
-        return "auto"
-    try:
-        return int(value)
-    except ValueError:
-        raise CooktopError(f"bad -ngl {value!r}: expected an integer, -1 (all) or auto") from None

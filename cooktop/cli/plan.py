@@ -8,7 +8,7 @@ import click
 from tabulate import tabulate
 
 from ..backends import registry
-from ..engine import default_n_ctx, plan_for
+from ..engine import check_batch, default_n_ctx, plan_for
 from ..model.config import load_config
 from ..model.gguf import open_gguf
 from .common import device_options, model_options, parse_ngl, resolve_model
@@ -37,7 +37,7 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
     gf = open_gguf(model)
     cfg = load_config(gf)
     n_ctx = default_n_ctx(cfg, n_ctx)
-    n_batch = min(n_batch, n_ctx)
+    n_batch = check_batch(n_batch, n_ctx)
     selectors = registry.resolve(device)
     p = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, False)
     return {

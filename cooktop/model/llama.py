@@ -29,7 +29,7 @@ from gguf import GGMLQuantizationType as T
 from ..backends.base import Device, DeviceTensor
 from ..backends.cpu import dequantize
 from .config import ModelConfig
-from .gguf import GGUFFile
+from .gguf import GGUFFile, TensorInfo
 from .placement import Placement
 
 BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -39,6 +39,15 @@ BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
 def head_tensor_names(cfg: ModelConfig) -> tuple[str, str]:
     """GGUF names of the output norm and output matrix (``token_embd`` when tied)."""
     return "output_norm.weight", ("token_embd.weight" if cfg.tied_output else "output.weight")
+
+
+def upload(d: Device, t: TensorInfo) -> DeviceTensor:
+    """Upload a weight to ``d``: matrices as raw GGML blocks; 1-D norm weights as
+    float32 (dequantized on the host when stored as F16/BF16), since the
+    contract's rmsnorm takes f32 weights."""
+    if len(t.shape) == 1 and t.ggml_type != T.F32:
+        return d.upload(dequantize(t.data, t.ggml_type, t.shape), T.F32, t.shape)
+    return d.upload(t.data, t.ggml_type, t.shape)
 
 
 class Segment:
@@ -59,8 +68,7 @@ class Segment:
         for i in blocks:
             w = {}
             for name in BLOCK_TENSORS:
-                t = gf.tensor(f"blk.{i}.{name}.weight")
-                w[name] = d.upload(t.data, t.ggml_type, t.shape)
+                w[name] = upload(d, gf.tensor(f"blk.{i}.{name}.weight"))
             self.weights.append(w)
         E, K, F, B = cfg.n_embd, cfg.n_embd_kv, cfg.n_ff, n_batch
         self.k_cache = [d.zeros((n_ctx, K)) for _ in blocks]
@@ -71,9 +79,8 @@ class Segment:
         self.pos = d.empty((B,), T.I32)
         if head:
             norm_name, out_name = head_tensor_names(cfg)
-            tn, to = gf.tensor(norm_name), gf.tensor(out_name)
-            self.out_norm = d.upload(tn.data, tn.ggml_type, tn.shape)
-            self.output = d.upload(to.data, to.ggml_type, to.shape)
+            self.out_norm = upload(d, gf.tensor(norm_name))
+            self.output = upload(d, gf.tensor(out_name))
             self.last = d.empty((1,), T.I32)
             self.xl = d.empty((1, E))
             self.logits = d.empty((B if logits_all else 1, cfg.n_vocab))

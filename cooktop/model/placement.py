@@ -82,6 +82,22 @@ class Placement:
         return f"offloaded {self.n_offloaded()}/{n_units} layers: {where}"
 
 
+def parse_ngl(value: int | str) -> int | str:
+    """``-ngl`` / ``n_gpu_layers`` value: an int, or ``"auto"``.
+
+    Raises:
+        DeviceError: anything else.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise DeviceError(f"bad -ngl / n_gpu_layers {value!r}: expected an integer, -1 (all) or auto") from None
+
+
 def unit_types(gf: GGUFFile, cfg: ModelConfig, unit: int | str) -> set:
     """GGML types of the matrix weights of block ``unit`` (int) or of ``"head"``."""
     from .llama import BLOCK_TENSORS, head_tensor_names
@@ -163,8 +179,8 @@ def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int
     for sel, rng in zip(targets, ranges):
         for b in rng:
             blocks[b] = sel
-    if off_head:
-        head = targets[-1]
+    if off_head:  # the head goes where llama.cpp's rule puts layer n_layer: the last device with a share
+        head = [sel for sel, w in zip(targets, split) if w > 0][-1]
     for i, sel in enumerate(blocks):
         if sel != HOST:
             bad = [t for t in unit_types(gf, cfg, i) if not supports(sel, "matmul", t)]
@@ -210,11 +226,11 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
     last = None
     for n in candidates:
         p = plan(gf, cfg, selectors, n, split, supports, memory)
-        p.n_gpu_layers = n
+        p.n_gpu_layers = n if any(s != HOST for s in selectors) else 0
         p.budgets = budgets(gf, cfg, p, n_ctx, n_batch, logits_all, host_free)
         bad = [b for b in p.budgets if not b.fits]
         if not bad:
-            if n_gpu_layers == "auto":
+            if n_gpu_layers == "auto" and p.n_gpu_layers:
                 p.notes.append(f"-ngl auto chose {n} of {cfg.n_layer + 1} layers")
             return p
         last = bad[0]

@@ -13,8 +13,11 @@ negative one multiplied by it.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
+
+from ..errors import CooktopError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +36,26 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     seed: int | None = -1
+
+    def __post_init__(self) -> None:
+        """Validate ranges (llama.cpp's meaningful values).
+
+        Raises:
+            CooktopError: a value is not finite, top_p outside [0, 1], min_p outside
+                [0, 1], repeat_penalty <= 0, or a seed outside uint32 (other than -1/None).
+        """
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+            v = getattr(self, name)
+            if not math.isfinite(v):
+                raise CooktopError(f"{name} must be a finite number, got {v}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise CooktopError(f"top_p (--top-p) must be in [0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise CooktopError(f"min_p (--min-p) must be in [0, 1], got {self.min_p}")
+        if self.repeat_penalty <= 0:
+            raise CooktopError(f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty}")
+        if self.seed is not None and self.seed != -1 and not 0 <= self.seed < 2**32:
+            raise CooktopError(f"seed must be -1 (random) or in 0..{2**32 - 1}, got {self.seed}")
 
 
 class Sampler:
