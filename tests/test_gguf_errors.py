@@ -352,5 +352,5 @@ def test_random_header_corruption_never_escapes(stories, tmp_path):
         except CooktopError as e:
             assert "\n" not in str(e)
             outcomes["error"] += 1
-        assert time.monotonic() - t0 < 5, f"mutation {i} (mode {mode}) took too long"
+        assert time.monotonic() - t0 < 30, f"mutation {i} (mode {mode}) hangs"  # hang guard, not a timing
     assert outcomes["error"] > 100, outcomes
