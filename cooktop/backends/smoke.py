@@ -2,8 +2,8 @@
 
 Run once per device on first use and by ``cooktop devices``: a round trip of a
 small tensor (catches kp 0.9.0 under numpy 2, which reads [1,2,3] back as
-[1,1,1]), an rmsnorm, and a small matmul for every weight type the device
-claims, each compared with the numpy reference by nmse (bounds of ggml's
+[1,1,1]), an rmsnorm, and small matmuls of 1, 3 and 8 tokens (decode and
+matrix-matrix kernels) for every weight type the device claims, each compared with the numpy reference by nmse (bounds of ggml's
 test-backend-ops: 1e-7 float, 5e-4 quantized; loosened x10 here because
 the smoke test only has to catch broken drivers, not rounding).
 """
@@ -18,6 +18,10 @@ from .blocks import random_weight
 from .cpu import dequantize
 
 FLOAT_TYPES = {T.F32, T.F16, T.BF16}
+
+#: Token counts of the matmul check: 1 takes the decode (matrix-vector) kernels, 3 and 8
+#: the matrix-matrix ones (an odd count and a full small tile).
+MATMUL_TOKENS = (1, 3, 8)
 
 
 def run_smoke_test(dev: Device) -> tuple[bool, str]:
@@ -53,12 +57,16 @@ def run_smoke_test(dev: Device) -> tuple[bool, str]:
         except NotImplementedError:
             continue
         wq = dev.upload(raw, ty, (n_out, n_in))
-        y = dev.empty((n_tok, n_out))
-        dev.matmul(y, xt, wq)
-        ref = x.astype(np.float64) @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
-        err = nmse(dev.read(y), ref)
+        w_ref = dequantize(raw, ty, (n_out, n_in)).astype(np.float64)
         bound = 1e-6 if ty in FLOAT_TYPES else 5e-3
-        if not err <= bound:
-            return False, f"matmul {name} nmse {err:.2e} > {bound:.0e}"
+        for n in MATMUL_TOKENS:  # 1: the decode (matrix-vector) kernels; 3, 8: the matrix-matrix ones
+            xm = rng.standard_normal((n, n_in)).astype(np.float32)
+            xmt = dev.empty((n, n_in))
+            dev.write(xmt, xm)
+            y = dev.empty((n, n_out))
+            dev.matmul(y, xmt, wq)
+            err = nmse(dev.read(y), xm.astype(np.float64) @ w_ref.T)
+            if not err <= bound:
+                return False, f"matmul {name} with {n} token(s) nmse {err:.2e} > {bound:.0e}"
         checked.append(name)
-    return True, f"round trip, rmsnorm, matmul {' '.join(checked)}"
+    return True, f"round trip, rmsnorm, matmul {' '.join(checked)} (n_tokens {', '.join(map(str, MATMUL_TOKENS))})"

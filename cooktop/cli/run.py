@@ -7,9 +7,61 @@ import sys
 import click
 
 from .. import engine as _engine
+from ..errors import CooktopError
 from ..model.sampling import SamplingParams
 from .common import device_options, model_options, parse_ngl, resolve_model
 from .main import cli
+
+#: Single-character escapes of llama.cpp's ``string_process_escapes`` (common/common.cpp).
+_ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def process_escapes(text: str) -> str:
+    """Expand backslash escapes in ``text`` like llama.cpp's ``string_process_escapes``
+    (common/common.cpp), working on the UTF-8 bytes of ``text``.
+
+    ``\\n \\r \\t \\' \\" \\\\`` become the character; ``\\xNN`` (exactly two hex
+    digits) becomes the byte 0xNN; any other escape (``\\u4e2d``, ``\\q``), an
+    incomplete ``\\x`` and a trailing lone backslash are kept literally. (llama.cpp
+    parses ``NN`` with ``strtol``, which would also take `` f`` or ``-1``; cooktop
+    accepts hex digits only.) Non-ASCII text passes through unchanged. Text that
+    came from undecodable command-line bytes (surrogateescape) gets those bytes back.
+
+    Returns:
+        The expanded text, decoded as strict UTF-8.
+    Raises:
+        CooktopError: the bytes after expansion are not valid UTF-8 (e.g. a lone
+            ``\\xff``): cooktop refuses rather than silently replacing them.
+    """
+    try:
+        src = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as err:
+        raise CooktopError(f"the prompt has an unpaired surrogate at character {err.start}; "
+                           f"it is not valid text") from None
+    out = bytearray()
+    i, n = 0, len(src)
+    while i < n:
+        c = src[i]
+        if c != 0x5C or i + 1 >= n:  # not a backslash, or a trailing one: literal
+            out.append(c)
+            i += 1
+            continue
+        e = src[i + 1]
+        if e in _ESCAPES:
+            out += _ESCAPES[e]
+            i += 2
+        elif e == ord("x") and i + 3 < n and src[i + 2] in _HEX and src[i + 3] in _HEX:
+            out.append(int(src[i + 2:i + 4], 16))
+            i += 4
+        else:  # unknown or incomplete escape: keep backslash and character
+            out += src[i:i + 2]
+            i += 2
+    try:
+        return out.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CooktopError(f"the prompt after -e escape processing is not valid UTF-8 at byte {err.start} "
+                           f"(0x{out[err.start]:02x}); \\xNN escapes must spell whole UTF-8 characters") from None
 
 
 @cli.command("run")
@@ -28,7 +80,8 @@ from .main import cli
 @click.option("--repeat-penalty", default=1.0, show_default=True)
 @click.option("--repeat-last-n", default=64, show_default=True)
 @click.option("-s", "--seed", default=-1, show_default=True, help="RNG seed (-1 = random).")
-@click.option("-e", "--escape", is_flag=True, help="Process escapes (\\n, \\t) in the prompt.")
+@click.option("-e", "--escape", is_flag=True,
+              help="Process escapes (\\n \\r \\t \\' \\\" \\\\ \\xNN) in the prompt, like llama.cpp.")
 @click.option("--no-bos", is_flag=True, help="Do not prepend the BOS token.")
 @click.option("--special", is_flag=True, help="Parse special tokens (<s>) in the prompt.")
 @device_options
@@ -37,9 +90,12 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple)."""
     path = resolve_model(model, hf_repo, hf_file)
     if prompt_file is not None:
-        prompt = prompt_file.read()
+        try:
+            prompt = prompt_file.read()
+        except UnicodeDecodeError as err:
+            raise CooktopError(f"{prompt_file.name}: not valid UTF-8 text at byte {err.start}") from None
     if escape:
-        prompt = prompt.encode("utf-8").decode("unicode_escape").encode("latin-1").decode("utf-8")
+        prompt = process_escapes(prompt)
     eng = _engine.load(path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                        n_gpu_layers=parse_ngl(n_gpu_layers), split=split)
     tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=special)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import click
@@ -37,7 +38,6 @@ def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, file_typ
         base = synth.Shape(n_embd, n_layer, n_head, n_head_kv or n_head, n_ff, n_vocab or 32000)
     over = {k: v for k, v in dict(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
                                   n_ff=n_ff, n_vocab=n_vocab).items() if v is not None}
-    import dataclasses
     s = dataclasses.replace(base, **over)
     t0 = time.perf_counter()
     n = synth.write(output, s, file_type, seed=seed, name=f"synthetic {shape or 'custom'} {file_type}")

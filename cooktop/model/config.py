@@ -8,6 +8,7 @@ Keys are ``{arch}.*`` as written by llama.cpp's converters (gguf-py
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,22 @@ from .gguf import GGUFFile
 
 #: Architectures whose forward pass is ``model/llama.py`` (rope mode: normal).
 SUPPORTED_ARCHITECTURES = ("llama",)
+
+#: Global tensors the llama forward pass reads (``output.weight`` optional: tied to token_embd).
+GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight")
+
+#: Per-block tensors (``blk.N.<name>.weight``) the llama forward pass reads (llama.cpp LLM_ARCH_LLAMA).
+BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+                 "ffn_down")
+
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+#: What a known-but-unused tensor is, for the refusal message (llama.cpp tensor names).
+_KNOWN_UNUSED = {
+    "rope_freqs.weight": "rope frequency factors (Llama-3.1 rope scaling)",
+    "rope_factors_long.weight": "long rope factors (LongRoPE)",
+    "rope_factors_short.weight": "short rope factors (LongRoPE)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,13 +113,51 @@ def _num(md: dict, key: str, path: str, kind: type = int, default: Any = None, r
     return v
 
 
-def _check_tensors(f: GGUFFile, cfg: "ModelConfig") -> None:
-    """Check that every tensor the llama forward pass uses exists with the shape the
-    metadata implies (numpy order ``[n_out, n_in]``; names from llama.cpp's LLM_ARCH_LLAMA).
+def _check_unused(f: GGUFFile, cfg: "ModelConfig") -> None:
+    """Refuse any tensor the llama forward pass would silently ignore (a bias,
+    ``rope_freqs.weight``, an unknown ``blk.N.*`` tensor or a block index >= n_layer):
+    running without it would give wrong answers, not an error.
 
     Raises:
-        UnsupportedModelError: a missing tensor or a shape that contradicts the metadata.
+        UnsupportedModelError: naming the first such tensor.
     """
+    for name in f.tensors:
+        if name in GLOBAL_TENSORS:
+            continue
+        m = _BLOCK_RE.fullmatch(name)
+        if m and m.group(2) in BLOCK_TENSORS and int(m.group(1)) < cfg.n_layer:
+            continue
+        if name in _KNOWN_UNUSED:
+            what = _KNOWN_UNUSED[name]
+        elif name.endswith(".bias"):
+            what = "a bias"
+        elif m and m.group(2) in BLOCK_TENSORS:
+            what = f"block {m.group(1)} of a model with {cfg.arch}.block_count = {cfg.n_layer}"
+        else:
+            what = "a tensor the llama forward pass does not use"
+        raise UnsupportedModelError(f"{f.path}: tensor {name!r} ({what}) is not implemented by cooktop")
+
+
+def _check_tensors(f: GGUFFile, cfg: "ModelConfig") -> None:
+    """Check that every tensor the llama forward pass uses exists with the shape the
+    metadata implies (numpy order ``[n_out, n_in]``; names from llama.cpp's LLM_ARCH_LLAMA),
+    that there is no tensor it does not use, and that ``token_embd.weight`` has a type
+    the numpy backend dequantizes (the embedding lookup always runs on the host).
+
+    Norm weights (1-D) may be any float type (F32, F16, BF16): nothing checks them here.
+
+    Raises:
+        UnsupportedModelError: a missing or unused tensor, a shape that contradicts the
+            metadata, or a token_embd type outside ``cooktop.backends.cpu.CPU_TYPES``.
+    """
+    from ..backends.cpu import CPU_TYPES  # lazily: keep model/ importable without the backend
+
+    _check_unused(f, cfg)
+    emb = f.tensors["token_embd.weight"]
+    if emb.ggml_type not in CPU_TYPES:
+        raise UnsupportedModelError(
+            f"{f.path}: tensor 'token_embd.weight' has type {emb.ggml_type.name}, which cooktop cannot "
+            f"dequantize on the host for the embedding lookup (supported: {', '.join(t.name for t in CPU_TYPES)})")
     E, F, V = cfg.n_embd, cfg.n_ff, cfg.n_vocab
     Q, K = cfg.n_head * cfg.head_dim, cfg.n_embd_kv
 
@@ -134,7 +189,8 @@ def load_config(f: GGUFFile) -> ModelConfig:
 
     Raises:
         UnsupportedModelError: unsupported architecture, a missing required key,
-            or inconsistent values (e.g. n_head not dividing n_embd).
+            inconsistent values (e.g. n_head not dividing n_embd), value_length !=
+            key_length, or a tensor the forward pass does not use (see :func:`_check_tensors`).
     """
     arch = f.architecture
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -156,6 +212,11 @@ def load_config(f: GGUFFile) -> ModelConfig:
     if n_head * head_dim != n_embd:
         raise UnsupportedModelError(f"{p}: attention.key_length = {head_dim} with n_head = {n_head} is not "
                                     f"n_embd = {n_embd}; cooktop needs n_head * head_dim == n_embd")
+    v_len = _num(md, f"{arch}.attention.value_length", p, default=head_dim, minimum=1)
+    if v_len != head_dim:
+        raise UnsupportedModelError(
+            f"{p}: metadata key '{arch}.attention.value_length' = {v_len} differs from key_length = {head_dim}; "
+            f"cooktop does not implement value heads of another width")
     n_rot = _num(md, f"{arch}.rope.dimension_count", p, default=head_dim, minimum=0)
     if n_rot % 2 or n_rot > head_dim:
         raise UnsupportedModelError(f"{p}: rope dimension count {n_rot} must be even and <= head_dim {head_dim}")

@@ -16,10 +16,11 @@ import dataclasses
 import itertools
 import os
 import string
+import tempfile
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUFWriter, TokenType
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFWriter, TokenType
 
 from ..backends.blocks import random_weight
 from ..errors import CooktopError
@@ -87,22 +88,124 @@ def vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
+#: Vocabulary entries before the ordinary pieces: <unk> <s> </s> and 256 byte tokens.
+N_SPECIAL_VOCAB = 259
+
+
+def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None) -> list[tuple[str, tuple[int, ...], T | None]]:
+    """(tensor name, numpy-order shape, GGML type or None for an F32 norm) of every tensor, in file order."""
+    head_dim = s.n_embd // s.n_head
+    kv = s.n_head_kv * head_dim
+    plan: list[tuple[str, tuple[int, ...], T | None]] = [
+        ("token_embd.weight", (s.n_vocab, s.n_embd), tensor_type(file_type, "token_embd", None, s.n_layer)),
+        ("output_norm.weight", (s.n_embd,), None)]
+    if not s.tied:
+        plan.append(("output.weight", (s.n_vocab, s.n_embd), tensor_type(file_type, "output", None, s.n_layer)))
+    for i in range(s.n_layer):
+        for tname, shp in (("attn_q", (s.n_embd, s.n_embd)), ("attn_k", (kv, s.n_embd)),
+                           ("attn_v", (kv, s.n_embd)), ("attn_output", (s.n_embd, s.n_embd)),
+                           ("ffn_gate", (s.n_ff, s.n_embd)), ("ffn_up", (s.n_ff, s.n_embd)),
+                           ("ffn_down", (s.n_embd, s.n_ff))):
+            plan.append((f"blk.{i}.{tname}.weight", shp, tensor_type(file_type, tname, i, s.n_layer)))
+        plan.append((f"blk.{i}.attn_norm.weight", (s.n_embd,), None))
+        plan.append((f"blk.{i}.ffn_norm.weight", (s.n_embd,), None))
+    if overrides:
+        plan = [(n, shp, T(overrides[n]) if n in overrides else ty) for n, shp, ty in plan]
+    return plan
+
+
+def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None) -> None:
+    """Check that ``shape`` makes a llama GGUF cooktop (and llama.cpp) can load, before writing.
+
+    Rules: every dimension > 0; n_head divides n_embd and n_head_kv divides n_head;
+    head_dim = n_embd / n_head even (rope rotates pairs); n_vocab >= 260 (259 SPM
+    special and byte tokens plus one piece); every row width (n_embd, n_ff) a
+    multiple of the block size of the tensor's GGML type (GGML_QUANT_SIZES).
+
+    Raises:
+        CooktopError: unknown ``file_type`` or the first rule broken, in one line.
+    """
+    if file_type not in FILE_TYPES:
+        raise CooktopError(f"unknown --type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
+    s = shape
+    for field in ("n_embd", "n_layer", "n_head", "n_head_kv", "n_ff", "n_vocab", "n_ctx_train"):
+        v = getattr(s, field)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise CooktopError(f"synthetic shape: {field} = {v!r} must be a positive integer")
+    if s.n_embd % s.n_head:
+        raise CooktopError(f"synthetic shape: n_head = {s.n_head} does not divide n_embd = {s.n_embd}")
+    if s.n_head % s.n_head_kv:
+        raise CooktopError(f"synthetic shape: n_head_kv = {s.n_head_kv} does not divide n_head = {s.n_head}")
+    if (s.n_embd // s.n_head) % 2:
+        raise CooktopError(f"synthetic shape: head_dim = n_embd / n_head = {s.n_embd // s.n_head} must be even "
+                           f"(rope rotates pairs)")
+    if s.n_vocab < N_SPECIAL_VOCAB + 1:
+        raise CooktopError(f"synthetic shape: n_vocab = {s.n_vocab} must be >= {N_SPECIAL_VOCAB + 1} "
+                           f"(<unk> <s> </s>, 256 byte tokens and at least one piece)")
+    seen: set[tuple[int, T]] = set()
+    for tname, shp, ty in _plan(s, file_type, overrides):
+        if ty is None or (shp[-1], ty) in seen:
+            continue
+        seen.add((shp[-1], ty))
+        block = GGML_QUANT_SIZES[ty][0]
+        if shp[-1] % block:
+            width = "n_ff" if tname.endswith("ffn_down.weight") and len(shp) == 2 else "n_embd"
+            raise CooktopError(f"synthetic shape: {width} = {shp[-1]} ({tname}) is not a multiple of the "
+                               f"{ty.name} block size {block}")
+
+
+def _ones(shp: tuple[int, ...], ty: T) -> tuple[np.ndarray, T | None]:
+    """A norm weight of ones in GGML type ``ty`` (F32, F16 or BF16) and the raw_dtype GGUFWriter needs."""
+    if ty == T.F32:
+        return np.ones(shp, dtype=np.float32), None
+    if ty == T.F16:
+        return np.ones(shp, dtype=np.float16), None
+    if ty == T.BF16:  # bfloat16 1.0 = 0x3F80 (the high half of float32 1.0)
+        return np.full(shp, 0x3F80, dtype=np.uint16).view(np.uint8), T.BF16
+    raise CooktopError(f"norm weights can be F32, F16 or BF16, not {ty.name}")
+
+
 def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, name: str = "synthetic",
           overrides: dict[str, T] | None = None) -> int:
     """Write a llama GGUF with random weights; returns the parameter count.
 
     ``overrides`` maps a tensor name (e.g. ``blk.0.ffn_up.weight``) to a GGML type
-    that replaces the file type's choice (tests use it to make mixed files).
+    that replaces the file type's choice (tests use it to make mixed files; a norm
+    weight may be F32, F16 or BF16). The shape is checked by :func:`validate` before
+    anything is written; the file is written to a temporary name in the same folder
+    and renamed on success, so a failure leaves no file behind.
 
     Raises:
-        CooktopError: unknown ``file_type`` or a width not divisible by its block size.
+        CooktopError: unknown ``file_type``, a bad shape (see :func:`validate`), or the
+            file cannot be written (OSError).
     """
-    if file_type not in FILE_TYPES:
-        raise CooktopError(f"unknown --type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
+    validate(shape, file_type, overrides)
+    path = os.fspath(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                                   dir=os.path.dirname(os.path.abspath(path)))
+        os.close(fd)
+        umask = os.umask(0)  # mkstemp makes 0600; give the file the mode open() would have
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+    except OSError as e:
+        raise CooktopError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        n_params = _write(tmp, shape, file_type, seed, name, overrides)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise CooktopError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return n_params
+
+
+def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides: dict[str, T] | None) -> int:
+    """Body of :func:`write` for a validated shape; writes ``path`` directly."""
     rng = np.random.default_rng(seed)
-    s = shape
     head_dim = s.n_embd // s.n_head
-    w = GGUFWriter(os.fspath(path), "llama")
+    w = GGUFWriter(path, "llama")
     w.add_name(name)
     w.add_context_length(s.n_ctx_train)
     w.add_embedding_length(s.n_embd)
@@ -123,15 +226,12 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     n_params = 0
-
-    def add(tname: str, shp: tuple[int, ...], ty: T | None) -> None:
-        nonlocal n_params
+    for tname, shp, ty in _plan(s, file_type, overrides):
         n_params += int(np.prod(shp))
-        if overrides and tname in overrides:
-            ty = overrides[tname]
-        if ty is None:  # norm weights: F32 ones
-            w.add_tensor(tname, np.ones(shp, dtype=np.float32))
-            return
+        if len(shp) == 1:  # norm weights: ones
+            data, raw = _ones(shp, T.F32 if ty is None else ty)
+            w.add_tensor(tname, data, raw_dtype=raw)
+            continue
         try:
             data = random_weight(ty, shp, rng, scale=0.02)
         except CooktopError as e:
@@ -140,20 +240,6 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
             w.add_tensor(tname, data.view(np.float32) if ty == T.F32 else data.view(np.float16))
         else:
             w.add_tensor(tname, data, raw_dtype=ty)
-
-    add("token_embd.weight", (s.n_vocab, s.n_embd), tensor_type(file_type, "token_embd", None, s.n_layer))
-    add("output_norm.weight", (s.n_embd,), None)
-    if not s.tied:
-        add("output.weight", (s.n_vocab, s.n_embd), tensor_type(file_type, "output", None, s.n_layer))
-    kv = s.n_head_kv * head_dim
-    for i in range(s.n_layer):
-        for tname, shp in (("attn_q", (s.n_embd, s.n_embd)), ("attn_k", (kv, s.n_embd)),
-                           ("attn_v", (kv, s.n_embd)), ("attn_output", (s.n_embd, s.n_embd)),
-                           ("ffn_gate", (s.n_ff, s.n_embd)), ("ffn_up", (s.n_ff, s.n_embd)),
-                           ("ffn_down", (s.n_embd, s.n_ff))):
-            add(f"blk.{i}.{tname}.weight", shp, tensor_type(file_type, tname, i, s.n_layer))
-        add(f"blk.{i}.attn_norm.weight", (s.n_embd,), None)
-        add(f"blk.{i}.ffn_norm.weight", (s.n_embd,), None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
