@@ -349,3 +349,18 @@ def test_float_matmul_rows_of_any_length(vk, cpu_device, ty, n_tok):
         dev.matmul(y, xt, w)
         outs.append(dev.read(y))
     assert nmse(outs[0], outs[1]) <= 1e-7
+
+
+def test_release_gives_memory_back(vk, stories):
+    """Load/close cycles return device memory (no false out-of-memory in bench sweeps)."""
+    from cooktop import Llama
+
+    registry.smoke_test(vk.info.selector)  # once per process; its small buffers stay
+    before = vk.allocated_bytes
+    for _ in range(3):
+        llm = Llama(model_path=str(stories), n_ctx=64, verbose=False, device=vk.info.selector, n_gpu_layers=-1)
+        assert vk.allocated_bytes > before
+        out = llm.create_completion("Once upon a time", max_tokens=4, temperature=0)["choices"][0]["text"]
+        llm.close()
+        assert vk.allocated_bytes == before
+    assert out.startswith(", there was")

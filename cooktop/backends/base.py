@@ -265,6 +265,16 @@ class Device(ABC):
         self.write(t, np.zeros(shape, dtype=np.int32 if ggml_type == T.I32 else np.float32))
         return t
 
+    def release(self, tensors: list[DeviceTensor]) -> None:
+        """Free allocations made by :meth:`upload` / :meth:`empty` (views are ignored).
+
+        The tensors must not be used afterwards. The default relies on the
+        backend's storage being freed with its last Python reference (numpy,
+        pyopencl); backends that keep their own references (Kompute) override it.
+        Allocation counters stay cumulative (``n_allocs``), except where a backend
+        uses ``allocated_bytes`` for its own out-of-memory check.
+        """
+
     def close(self) -> None:
         """Release device resources (buffers, queues). The device is unusable afterwards."""
 

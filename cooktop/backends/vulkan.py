@@ -373,6 +373,35 @@ class VulkanDevice(Device):
             self._barrier_t = self._tensor(np.zeros(1, dtype=np.uint32), "device")
         return self._barrier_t
 
+    def release(self, tensors):
+        """Destroy the kp tensors of these allocations and every pipeline, sequence,
+        staging and readback buffer that refers to them; ``allocated_bytes`` goes down
+        by their size, so repeated load/close cycles do not exhaust the OOM check."""
+        self.flush()
+        doomed = {id(t.handle): t for t in tensors if t.base is None and t.device is self}
+        if not doomed:
+            return
+        for key in [k for k, (algo, handles) in self._algos.items() if any(id(h) in doomed for h in handles)]:
+            del self._algos[key]
+        for seq in self._seqs.values():  # sequences record pipelines by identity: drop them all
+            seq.destroy()
+        self._seqs.clear()
+        extra = []
+        for key in [k for k in self._staging if k[0] in doomed]:
+            extra.append(self._staging.pop(key)[0])
+        for key in [k for k in self._readback if k in doomed]:
+            extra.append(self._readback.pop(key))
+        for i in doomed:
+            self._write_counts.pop(i, None)
+            self._weights.discard(i)
+        gone = set(doomed) | {id(x) for x in extra}
+        self._tensors = [t for t in self._tensors if id(t) not in gone]
+        for t in list(doomed.values()):
+            self.allocated_bytes -= 4 * int(t.handle.size())
+            t.handle.destroy()
+        for x in extra:
+            x.destroy()
+
     def close(self) -> None:
         """Destroy sequences, pipelines, buffers and the kp.Manager."""
         for seq in self._seqs.values():

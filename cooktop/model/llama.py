@@ -41,6 +41,26 @@ def head_tensor_names(cfg: ModelConfig) -> tuple[str, str]:
     return "output_norm.weight", ("token_embd.weight" if cfg.tied_output else "output.weight")
 
 
+class _Tracking:
+    """A device wrapper that records every allocation (``upload``/``empty``/``zeros``) in ``allocs``."""
+
+    def __init__(self, device: Device, allocs: list[DeviceTensor]):
+        self._d, self._allocs = device, allocs
+
+    def _keep(self, t: DeviceTensor) -> DeviceTensor:
+        self._allocs.append(t)
+        return t
+
+    def upload(self, *a) -> DeviceTensor:
+        return self._keep(self._d.upload(*a))
+
+    def empty(self, *a) -> DeviceTensor:
+        return self._keep(self._d.empty(*a))
+
+    def zeros(self, *a) -> DeviceTensor:
+        return self._keep(self._d.zeros(*a))
+
+
 def upload(d: Device, t: TensorInfo) -> DeviceTensor:
     """Upload a weight to ``d``: matrices as raw GGML blocks; 1-D norm weights as
     float32 (dequantized on the host when stored as F16/BF16), since the
@@ -63,21 +83,35 @@ class Segment:
     def __init__(self, device: Device, blocks: list[int], head: bool, gf: GGUFFile, cfg: ModelConfig,
                  n_ctx: int, n_batch: int, logits_all: bool):
         self.device, self.blocks, self.head, self.cfg = device, blocks, head, cfg
-        d = device
+        self.allocations: list[DeviceTensor] = []
+        try:
+            self._allocate(gf, n_ctx, n_batch, logits_all)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Give every buffer of this segment back to its device."""
+        allocs, self.allocations = self.allocations, []
+        self.device.release(allocs)
+
+    def _allocate(self, gf: GGUFFile, n_ctx: int, n_batch: int, logits_all: bool) -> None:
+        cfg = self.cfg
+        d = _Tracking(self.device, self.allocations)
         self.weights: list[dict[str, DeviceTensor]] = []
-        for i in blocks:
+        for i in self.blocks:
             w = {}
             for name in BLOCK_TENSORS:
                 w[name] = upload(d, gf.tensor(f"blk.{i}.{name}.weight"))
             self.weights.append(w)
         E, K, F, B = cfg.n_embd, cfg.n_embd_kv, cfg.n_ff, n_batch
-        self.k_cache = [d.zeros((n_ctx, K)) for _ in blocks]
-        self.v_cache = [d.zeros((n_ctx, K)) for _ in blocks]
+        self.k_cache = [d.zeros((n_ctx, K)) for _ in self.blocks]
+        self.v_cache = [d.zeros((n_ctx, K)) for _ in self.blocks]
         self.x, self.xn, self.q, self.att, self.o = (d.empty((B, E)) for _ in range(5))
         self.k, self.v = d.empty((B, K)), d.empty((B, K))
         self.gate, self.up = d.empty((B, F)), d.empty((B, F))
         self.pos = d.empty((B,), T.I32)
-        if head:
+        if self.head:
             norm_name, out_name = head_tensor_names(cfg)
             self.out_norm = upload(d, gf.tensor(norm_name))
             self.output = upload(d, gf.tensor(out_name))
@@ -157,8 +191,12 @@ class LlamaModel:
         te = gf.tensor("token_embd.weight")
         self._embd = te
         self.segments: list[Segment] = []
-        for sel, blocks, head in placement.segments():
-            self.segments.append(Segment(devices[sel], blocks, head, gf, cfg, n_ctx, n_batch, logits_all))
+        try:
+            for sel, blocks, head in placement.segments():
+                self.segments.append(Segment(devices[sel], blocks, head, gf, cfg, n_ctx, n_batch, logits_all))
+        except BaseException:
+            self.close()
+            raise
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         """Token embedding lookup on the host: float32 [n, n_embd] for int [n] ids."""
@@ -191,5 +229,7 @@ class LlamaModel:
         return h
 
     def close(self) -> None:
-        """Drop device buffers (devices stay open in the registry)."""
+        """Give the device buffers back (devices stay open in the registry). Idempotent."""
+        for seg in self.segments:
+            seg.release()
         self.segments.clear()
