@@ -306,8 +306,7 @@ def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers:
     info = registry.device_info
 
     def supports(sel: str, op: str, ty) -> bool:
-        i = info(sel)
-        return op in i.ops and (op not in ("matmul", "get_rows") or ty.name in i.types)
+        return info(sel).supports(op, ty)
 
     def limits(sel: str):
         i = info(sel)
@@ -344,7 +343,7 @@ def load(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, d
 
     placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all)
     for note in placement.notes:
-        log.warning(note)
+        log.info(note)
     devices = {sel: registry.open_device(sel) for sel in placement.devices()}
     for sel in devices:
         if sel != "cpu":

@@ -112,6 +112,17 @@ class DeviceInfo:
     ops: tuple[str, ...] = OPS
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def supports(self, op: str, ggml_type: T | None = None) -> bool:
+        """True when ``op`` runs on this device with weights (or table) of ``ggml_type``.
+
+        ``ggml_type`` matters for ``matmul`` and ``get_rows``; other ops take float32.
+        """
+        if op not in self.ops:
+            return False
+        if ggml_type is None or op not in ("matmul", "get_rows"):
+            return True
+        return type_name(ggml_type) in self.types
+
     @property
     def selector(self) -> str:
         """The ``--device`` name of this device, e.g. ``opencl:0``."""
@@ -213,11 +224,7 @@ class Device(ABC):
 
         ``ggml_type`` matters for ``matmul`` and ``get_rows``; other ops take float32.
         """
-        if op not in self.info.ops:
-            return False
-        if ggml_type is None or op not in ("matmul", "get_rows"):
-            return True
-        return type_name(ggml_type) in self.info.types
+        return self.info.supports(op, ggml_type)
 
     def check(self, op: str, ggml_type: T) -> None:
         """Raise :class:`UnsupportedOpError` unless ``supports(op, ggml_type)``."""

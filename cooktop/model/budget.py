@@ -124,7 +124,7 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
     from .llama import BLOCK_TENSORS, head_tensor_names
 
     out = []
-    kv_block = 2 * n_ctx * cfg.n_embd_kv * 4
+    kv_block = cfg.kv_cache_bytes(n_ctx, 4) // cfg.n_layer  # K and V of one block, float32
     for sel in placement.devices():
         blocks = [i for i, s in enumerate(placement.blocks) if s == sel]
         head = placement.head == sel
