@@ -168,10 +168,12 @@ def test_synth_bad_shape_leaves_no_file(tmp_path, change, text):
 
 
 @pytest.mark.parametrize("file_type, change, text", [
-    ("Q4_0", dict(n_embd=48, n_head=4, n_head_kv=2), "n_embd = 48 (token_embd.weight) is not a multiple of the Q4_0 block size 32"),
+    ("Q4_0", dict(n_embd=48, n_head=4, n_head_kv=2),
+     "n_embd = 48 (token_embd.weight) is not a multiple of the Q4_0 block size 32"),
     ("Q8_0", dict(n_ff=80), "n_ff = 80 (blk.0.ffn_down.weight) is not a multiple of the Q8_0 block size 32"),
     ("Q4_K", dict(), "n_embd = 64 (token_embd.weight) is not a multiple of the Q4_K block size 256"),
-    ("Q4_K_M", dict(n_embd=256, n_ff=320), "n_ff = 320 (blk.0.ffn_down.weight) is not a multiple of the Q6_K block size 256"),
+    ("Q4_K_M", dict(n_embd=256, n_ff=320),
+     "n_ff = 320 (blk.0.ffn_down.weight) is not a multiple of the Q6_K block size 256"),
 ])
 def test_synth_block_size_named(tmp_path, file_type, change, text):
     import dataclasses

@@ -3,7 +3,8 @@
 Run once per device on first use and by ``cooktop devices``: a round trip of a
 small tensor (catches kp 0.9.0 under numpy 2, which reads [1,2,3] back as
 [1,1,1]), an rmsnorm, and small matmuls of 1, 3 and 8 tokens (decode and
-matrix-matrix kernels) for every weight type the device claims, each compared with the numpy reference by nmse (bounds of ggml's
+matrix-matrix kernels) for every weight type the device claims, each
+compared with the numpy reference by nmse (bounds of ggml's
 test-backend-ops: 1e-7 float, 5e-4 quantized; loosened x10 here because
 the smoke test only has to catch broken drivers, not rounding).
 """

@@ -27,6 +27,7 @@ def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, file_typ
 
     Start from --shape and override any dimension, or give all of
     --n-embd --n-layer --n-head --n-ff (--n-head-kv defaults to --n-head, --n-vocab to 32000).
+    A bad shape (see ``synth.validate``) ends with ``error: ...`` and exit code 1, writing nothing.
     """
     if shape:
         base = synth.SHAPES[shape]
