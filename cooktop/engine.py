@@ -123,6 +123,7 @@ class Engine:
         self.on_logits: Callable[[int, np.ndarray], None] | None = None
         #: Called as ``on_truncate(n)`` when the context shrinks to its first ``n`` tokens.
         self.on_truncate: Callable[[int], None] | None = None
+        self._epoch = 0  # bumped by every eval/truncation: a suspended generate() must not resume after one
 
     # -- evaluation ---------------------------------------------------------
     def reset(self) -> None:
@@ -130,6 +131,7 @@ class Engine:
         self._truncate(0)
 
     def _truncate(self, n: int) -> None:
+        self._epoch += 1
         self.tokens = self.tokens[:n]
         if self.on_truncate is not None:
             self.on_truncate(n)
@@ -146,6 +148,7 @@ class Engine:
             CooktopError: ``logits_all`` asked of a model loaded without it.
         """
         tokens = [int(t) for t in tokens]
+        self._epoch += 1
         if not tokens:
             raise InvalidTokenError("eval needs at least one token")
         if logits_all and not self.model.logits_all:
@@ -226,6 +229,7 @@ class Engine:
 
         t0 = time.perf_counter()
         logits, timings.prompt_n = self._prefill(list(prompt_tokens))
+        epoch = self._epoch
         timings.prompt_ms = (time.perf_counter() - t0) * 1e3
         history = list(prompt_tokens)
         first = True
@@ -256,8 +260,13 @@ class Engine:
                 break
             if n_predict >= 0 and len(generated) >= n_predict:
                 break
+            if self._epoch != epoch:
+                raise CooktopError("this generation was interrupted: the context was changed by another "
+                                   "eval or completion on the same model; finish a stream before starting "
+                                   "the next, or use one Llama per stream")
             te = time.perf_counter()
             logits = self.eval([tok])[-1]
+            epoch = self._epoch
             timings.eval_ms += (time.perf_counter() - te) * 1e3
             timings.eval_n += 1
         tail = "" if hit else pending + decoder.decode(b"", final=True)

@@ -91,3 +91,17 @@ def test_f16_norm_weights_are_converted(tmp_path):
         outs.append(m.scores.copy())
         m.close()
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
+def test_suspended_stream_refuses_to_resume_after_another_completion(llm):
+    """A half-consumed stream must not silently continue from another completion's state."""
+    stream = llm.create_completion("One day", max_tokens=16, temperature=0, stream=True)
+    next(stream), next(stream)
+    other = llm.create_completion(PROMPT, max_tokens=4, temperature=0)
+    assert other["choices"][0]["text"]
+    with pytest.raises(CooktopError, match="interrupted"):
+        list(stream)
+    # a fresh stream is fine and equals the non-streamed text
+    text = "".join(c["choices"][0]["text"] for c in llm.create_completion("One day", max_tokens=8, temperature=0,
+                                                                           stream=True))
+    assert text == llm.create_completion("One day", max_tokens=8, temperature=0)["choices"][0]["text"]

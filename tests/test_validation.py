@@ -314,3 +314,32 @@ def test_smoke_catches_a_kernel_broken_for_one_token_count(cpu_device, n):
     ok, detail = run_smoke_test(Recording(cpu_device, corrupt=n))
     assert not ok
     assert f"with {n} token(s)" in detail and "matmul F32" in detail
+
+
+def _cli(*args, env=None):
+    import os
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "cooktop.cli", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args,env,word", [
+    (["run", "-m", "{stories}", "-p", "hi", "-n", "-2", "--device", "cpu"], {}, "-n must be"),
+    (["run", "-m", "{stories}", "-p", "hi", "-n", "2", "--device", "cpu"], {"COOKTOP_CPU_CACHE": "xyz"},
+     "COOKTOP_CPU_CACHE"),
+    (["plan", "-m", "{stories}", "--device", "opencl", "-ngl", "auto"], {"COOKTOP_DEVICE_MEMORY": "opencl:0=-5MiB"},
+     "sizes must be positive"),
+    (["plan", "-m", "{stories}", "--device", "opencl", "-ngl", "auto"], {"COOKTOP_MEMORY_RESERVE": "200"},
+     "COOKTOP_MEMORY_RESERVE"),
+    (["bench", "-o", "badformat"], {}, "Invalid value for '-o'"),
+    (["run", "-f", "/nonexistent-prompt.txt"], {}, "No such file"),
+    (["bench", "-m", "{stories}", "-p", "8", "-n", "2", "-r", "1", "--plot", "/nonexistent-dir/x.png"], {},
+     "does not exist"),
+])
+def test_cli_bad_values_give_one_line_errors(stories, args, env, word):
+    r = _cli(*[a.replace("{stories}", str(stories)) for a in args], env=env)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and word in lines[-1], r.stderr
+    assert "Traceback" not in r.stderr

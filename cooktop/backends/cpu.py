@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-from ..errors import UnsupportedOpError
+from ..errors import CooktopError, UnsupportedOpError
 from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, ROPE_NEOX, row_bytes, type_name
 
 #: Every GGML type the numpy backend runs (all that gguf.quants.dequantize handles, tested).
@@ -53,7 +53,13 @@ def default_cache_budget() -> int:
     """Bytes of float32 dequantized weights the numpy backend may keep (see module doc)."""
     env = os.environ.get("COOKTOP_CPU_CACHE")
     if env:
-        return _parse_bytes(env)
+        try:
+            n = _parse_bytes(env)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise CooktopError(f"COOKTOP_CPU_CACHE={env!r} is not a size: use bytes or e.g. 512MiB, 8GiB (0 = off)")
+        return n
     return min(8 << 30, _physical_memory() // 4)
 
 

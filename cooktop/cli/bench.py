@@ -92,6 +92,11 @@ def _emit(text: str) -> None:
 def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fmt, progress, plot_path, vs,
               from_file, seed, ops, quick, shape, types):
     """Measure prompt processing (pp) and generation (tg) speed, like llama.cpp's llama-bench."""
+    if plot_path:
+        import os
+        folder = os.path.dirname(os.path.abspath(plot_path))
+        if not os.path.isdir(folder):
+            raise CooktopError(f"--plot {plot_path}: folder {folder} does not exist")
     if ops:
         _ops(device, quick, shape, types, fmt, progress)
         return
@@ -130,7 +135,12 @@ def _load_records(path: str):
 
     from ..bench import report
 
-    text = open(path, encoding="utf-8").read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        raise CooktopError(f"--from {path}: not a text file (expected the JSON written by cooktop bench -o json)") \
+            from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError:

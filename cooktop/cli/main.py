@@ -51,6 +51,21 @@ def _register() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    Usage errors (a bad option value, a missing file for ``-f``) end like every
+    other bad input: ``error: <message>`` on one line and exit code 1.
+    """
     _register()
-    cli()
+    try:
+        rc = cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        hint = ""
+        if isinstance(e, click.UsageError) and e.ctx is not None:
+            hint = f" (see: {e.ctx.command_path} --help)"
+        click.echo(f"error: {e.format_message()}{hint}".replace("\n", " "), err=True)
+        sys.exit(1)
+    sys.exit(rc if isinstance(rc, int) else 0)

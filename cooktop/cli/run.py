@@ -88,6 +88,8 @@ def process_escapes(text: str) -> str:
 def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, temperature, top_k, top_p,
             min_p, repeat_penalty, repeat_last_n, seed, escape, no_bos, special, device, n_gpu_layers, split):
     """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple)."""
+    if n_predict < -1:
+        raise CooktopError(f"-n must be >= -1 (-1 = until the context is full), got {n_predict}")
     path = resolve_model(model, hf_repo, hf_file)
     if prompt_file is not None:
         try:

@@ -85,15 +85,20 @@ def memory_overrides() -> dict[str, tuple[int, int | None]]:
                               "or vulkan:0=2GiB/256MiB") from None
         if not eq:
             raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected SELECTOR=SIZE")
+        if out[sel.strip().lower()][0] <= 0 or (out[sel.strip().lower()][1] or 1) <= 0:
+            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: sizes must be positive")
     return out
 
 
 def reserve_fraction() -> float:
     """Fraction of device memory kept free (``COOKTOP_MEMORY_RESERVE`` percent, default 5)."""
     try:
-        return float(os.environ.get("COOKTOP_MEMORY_RESERVE", "5")) / 100.0
+        pct = float(os.environ.get("COOKTOP_MEMORY_RESERVE", "5"))
     except ValueError:
-        raise DeviceError("COOKTOP_MEMORY_RESERVE must be a number of percent, e.g. 5") from None
+        pct = -1.0
+    if not 0.0 <= pct < 100.0:
+        raise DeviceError("COOKTOP_MEMORY_RESERVE must be a percentage in [0, 100), e.g. 5")
+    return pct / 100.0
 
 
 def device_limits(sel: str, probed_mem: int | None, probed_max_alloc: int | None) -> tuple[int | None, int | None]:
