@@ -220,3 +220,19 @@ def test_elementwise(gpu_device, cpu_device, op, shape):
 
         got, ref = _both(gpu_device, cpu_device, run)
         assert nmse(got, ref) <= FLOAT_BOUND
+
+
+@pytest.mark.parametrize("rows,n", [(1, 100), (3, 129), (7, 1000)])
+def test_copy(gpu_device, cpu_device, rows, n):
+    """copy (bench --ops's bandwidth kernel) is exact, also into/from head() views."""
+    rng = np.random.default_rng(rows * n)
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    outs = []
+    for dev in (cpu_device, gpu_device):
+        a, b = dev.empty((rows + 2, n)), dev.zeros((rows + 2, n))
+        dev.write(a.head(rows), x)
+        dev.copy(b.head(rows), a.head(rows))
+        outs.append(dev.read(b))
+    assert np.array_equal(outs[1][:rows], x)
+    assert np.array_equal(outs[1][rows:], np.zeros((2, n), np.float32))
+    assert np.array_equal(outs[0][:rows], outs[1][:rows])

@@ -540,6 +540,17 @@ class VulkanDevice(Device):
         n = math.prod(out.shape)
         self._dispatch("add", (a, b, out), self._stride_groups(out), (n,))
 
+    def copy(self, out, x):
+        """copy.comp: ``out = x`` (f32 or i32, same element count; the copy kernel of ``bench --ops``).
+
+        Raises:
+            UnsupportedOpError: different element counts.
+        """
+        n = math.prod(out.shape)
+        if math.prod(x.shape) != n:
+            raise UnsupportedOpError(f"copy of {list(x.shape)} into {list(out.shape)}: element counts differ")
+        self._dispatch("copy", (x, out), self._stride_groups(out), (n,))
+
     def get_rows(self, out, table, ids):
         """get_rows.comp: ``out[i] = dequantize(table[ids[i]])``; table [n_rows, n], ids I32 [k], out f32 [k, n].
 
