@@ -233,6 +233,28 @@ class Device(ABC):
                 f"{self.info.selector} ({self.info.name}) cannot run {op} on {type_name(ggml_type)} tensors")
 
     # -- memory -----------------------------------------------------------
+    def _weight_data(self, data: np.ndarray, ggml_type: T, shape: tuple[int, ...]
+                     ) -> tuple[T, tuple[int, ...], np.ndarray, int]:
+        """Common checks of :meth:`upload`: the type runs here and ``data`` holds exactly
+        the GGML bytes of ``shape``.
+
+        Returns:
+            (GGML type, shape as ints, ``data`` as a contiguous array (no copy when it
+            already is), byte count).
+        Raises:
+            UnsupportedOpError: unsupported type, a row that is not whole blocks, or a byte
+                count that does not match the shape.
+        """
+        ggml_type = T(ggml_type)
+        self.check("matmul", ggml_type)
+        shape = tuple(int(s) for s in shape)
+        nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes(ggml_type, shape[-1])
+        arr = np.ascontiguousarray(data)
+        if arr.nbytes != nbytes:
+            raise UnsupportedOpError(
+                f"{type_name(ggml_type)} tensor of shape {list(shape)} needs {nbytes} bytes, got {arr.nbytes}")
+        return ggml_type, shape, arr, nbytes
+
     @abstractmethod
     def upload(self, data: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> DeviceTensor:
         """Copy a weight to the device once, as raw GGML blocks.

@@ -22,8 +22,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-from ..errors import CooktopError, UnsupportedOpError
-from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, ROPE_NEOX, row_bytes, type_name
+from ..errors import CooktopError
+from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, ROPE_NEOX, type_name
 
 #: Every GGML type the numpy backend runs (all that gguf.quants.dequantize handles, tested).
 CPU_TYPES: tuple[T, ...] = (
@@ -82,14 +82,7 @@ class CpuDevice(Device):
 
     # -- memory -----------------------------------------------------------
     def upload(self, data, ggml_type, shape):
-        ggml_type = T(ggml_type)
-        self.check("matmul", ggml_type)
-        shape = tuple(int(s) for s in shape)
-        nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes(ggml_type, shape[-1])
-        arr = np.asarray(data)
-        if arr.nbytes != nbytes:
-            raise UnsupportedOpError(
-                f"{type_name(ggml_type)} tensor of shape {list(shape)} needs {nbytes} bytes, got {arr.nbytes}")
+        ggml_type, shape, arr, _ = self._weight_data(data, ggml_type, shape)
         if ggml_type == T.F32:
             handle = arr.view(np.float32).reshape(shape)
         else:  # raw blocks, one row of bytes per weight row

@@ -34,7 +34,7 @@ from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from .base import OPS, ROPE_NEOX, ROPE_NORMAL, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, \
-    row_bytes, type_name
+    type_name
 from .opencl_kernels import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, KernelCache, clear_cache
 
 log = logging.getLogger(__name__)
@@ -216,14 +216,7 @@ class OpenCLDevice(Device):
         return buf
 
     def upload(self, data, ggml_type, shape):
-        ggml_type = T(ggml_type)
-        self.check("matmul", ggml_type)
-        shape = tuple(int(s) for s in shape)
-        nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes(ggml_type, shape[-1])
-        arr = np.ascontiguousarray(data)
-        if arr.nbytes != nbytes:
-            raise UnsupportedOpError(
-                f"{type_name(ggml_type)} tensor of shape {list(shape)} needs {nbytes} bytes, got {arr.nbytes}")
+        ggml_type, shape, arr, nbytes = self._weight_data(data, ggml_type, shape)
         return DeviceTensor(self, self._alloc(nbytes, arr.view(np.uint8).reshape(-1)), shape, ggml_type)
 
     def empty(self, shape, ggml_type=T.F32):

@@ -243,14 +243,8 @@ class VulkanDevice(Device):
             UnsupportedOpError: a type without shaders, or ``data`` of the wrong size.
             DeviceOutOfMemoryError: over maxStorageBufferRange or device memory.
         """
-        ggml_type = T(ggml_type)
-        self.check("matmul", ggml_type)
-        shape = tuple(int(s) for s in shape)
-        nbytes = math.prod(shape[:-1]) * row_bytes(ggml_type, shape[-1])
-        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-        if raw.nbytes != nbytes:
-            raise UnsupportedOpError(
-                f"{type_name(ggml_type)} tensor of shape {list(shape)} needs {nbytes} bytes, got {raw.nbytes}")
+        ggml_type, shape, arr, nbytes = self._weight_data(data, ggml_type, shape)
+        raw = arr.view(np.uint8).reshape(-1)
         # zero-padded to 16 bytes plus one spare uvec4: shaders read 16-byte words (common.glsl)
         n_words = (nbytes + 15) // 16 * 4 + 4
         self._alloc_check(n_words * 4, f"{type_name(ggml_type)} weight {list(shape)}")
