@@ -333,6 +333,8 @@ def _cli(*args, env=None):
     (["plan", "-m", "{stories}", "--device", "opencl", "-ngl", "auto"], {"COOKTOP_MEMORY_RESERVE": "200"},
      "COOKTOP_MEMORY_RESERVE"),
     (["bench", "-o", "badformat"], {}, "Invalid value for '-o'"),
+    (["info", "{stories}", "-c", "-5"], {}, "n_ctx (-c) must be >= 0"),
+    (["run", "-m", "{stories}", "-p", "hi", "-c", "-5", "--device", "cpu"], {}, "n_ctx (-c) must be >= 0"),
     (["run", "-f", "/nonexistent-prompt.txt"], {}, "No such file"),
     (["bench", "-m", "{stories}", "-p", "8", "-n", "2", "-r", "1", "--plot", "/nonexistent-dir/x.png"], {},
      "does not exist"),

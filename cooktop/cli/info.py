@@ -8,6 +8,7 @@ import os
 
 import click
 
+from ..errors import CooktopError
 from ..model.config import load_config
 from ..model.gguf import open_gguf
 from .main import cli
@@ -18,7 +19,7 @@ def model_info(path: str, n_ctx: int) -> dict:
     tensor-type histogram (type -> tensor count and bytes), KV cache bytes for ``n_ctx``.
 
     Raises:
-        GGUFError, UnsupportedModelError.
+        GGUFError, UnsupportedModelError; CooktopError for a negative ``n_ctx``.
     """
     gf = open_gguf(path)
     cfg = load_config(gf)
@@ -29,6 +30,8 @@ def model_info(path: str, n_ctx: int) -> dict:
         h["bytes"] += t.n_bytes
         h["params"] += t.n_elements
     n_params = sum(t.n_elements for t in gf.tensors.values())
+    if n_ctx < 0:
+        raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = n_ctx_train), got {n_ctx}")
     n_ctx = n_ctx if n_ctx > 0 else cfg.n_ctx_train
     return {
         "path": os.path.abspath(path),
