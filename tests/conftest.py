@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pathlib
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -68,3 +69,38 @@ def gpu_device(request):
 def cpu_device():
     from cooktop.backends import registry
     return registry.open_device("cpu")
+
+
+def rewrite_gguf(src, dst, *, drop=(), arch=None, extra_kv=(), replace=None, add=None):
+    """Copy the GGUF ``src`` to ``dst`` with gguf's GGUFWriter, changing it on the way.
+
+    Args:
+        drop: metadata keys to leave out.
+        arch: a new ``general.architecture``.
+        extra_kv: (key, value, GGUFValueType) to add.
+        replace: tensor name -> (data, raw GGML type or None) replacing that tensor.
+        add: tensor name -> (data, raw GGML type or None) appended.
+    Returns:
+        ``dst``.
+    """
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    r = GGUFReader(src)
+    w = GGUFWriter(dst, arch=arch or r.fields["general.architecture"].contents())
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key in drop or key in ("general.architecture", "general.alignment"):
+            continue
+        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for key, value, vtype in extra_kv:
+        w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        data, raw = (replace or {}).get(t.name, (np.array(t.data), t.tensor_type))
+        w.add_tensor(t.name, data, raw_dtype=raw)
+    for name, (data, raw) in (add or {}).items():
+        w.add_tensor(name, data, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

@@ -24,29 +24,17 @@ from cooktop.errors import GGUFError, UnsupportedModelError
 from cooktop.model.config import load_config
 from cooktop.model.gguf import open_gguf
 
+from conftest import rewrite_gguf
+
 COOKTOP = [str(pathlib.Path(sys.executable).parent / "cooktop")]
 
 
 # -- builders -----------------------------------------------------------------
 def rewrite(src: pathlib.Path, dst: pathlib.Path, drop: tuple[str, ...] = (), arch: str | None = None,
             extra: list[tuple[str, object, GGUFValueType]] = ()) -> None:
-    """Copy the GGUF ``src`` to ``dst`` with GGUFWriter, dropping metadata keys
-    ``drop``, adding ``extra`` (key, value, type) and optionally changing ``general.architecture``."""
-    r = GGUFReader(src)
-    w = GGUFWriter(dst, arch=arch or r.fields["general.architecture"].contents())
-    for key, field in r.fields.items():
-        if key.startswith("GGUF.") or key in drop or key in ("general.architecture", "general.alignment"):
-            continue
-        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    for key, value, vtype in extra:
-        w.add_key_value(key, value, vtype)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    """Copy ``src`` to ``dst`` dropping metadata keys ``drop``, adding ``extra`` and
+    optionally changing ``general.architecture`` (conftest.rewrite_gguf)."""
+    rewrite_gguf(src, dst, drop=drop, arch=arch, extra_kv=extra)
 
 
 def tensor_info_offsets(path: pathlib.Path, name: str) -> dict[str, int]:

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFValueType
 
 from cooktop.backends.smoke import MATMUL_TOKENS, run_smoke_test
 from cooktop.cli.run import process_escapes
@@ -24,6 +24,8 @@ from cooktop.errors import CooktopError, UnsupportedModelError
 from cooktop.model import synth
 from cooktop.model.config import load_config
 from cooktop.model.gguf import open_gguf
+
+from conftest import rewrite_gguf
 
 #: A small valid llama: head_dim 16, GQA 2, vocabulary 260 (the SPM minimum).
 SMALL = synth.Shape(n_embd=64, n_layer=1, n_head=4, n_head_kv=2, n_ff=64, n_vocab=260, n_ctx_train=64)
@@ -46,27 +48,9 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
 def copy_with(src: pathlib.Path, dst: pathlib.Path, add: dict[str, tuple[np.ndarray, T | None]] = None,
               replace: dict[str, tuple[np.ndarray, T | None]] = None,
               extra_kv: list[tuple[str, object, GGUFValueType]] = ()) -> pathlib.Path:
-    """Copy the GGUF ``src`` to ``dst``, replacing tensors ``replace`` and appending
-    tensors ``add`` (name -> (data, raw_dtype or None)) and metadata ``extra_kv``."""
-    r = GGUFReader(src)
-    w = GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
-    for key, field in r.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
-            continue
-        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    for key, value, vtype in extra_kv:
-        w.add_key_value(key, value, vtype)
-    for t in r.tensors:
-        data, raw = (replace or {}).get(t.name, (np.array(t.data), t.tensor_type))
-        w.add_tensor(t.name, data, raw_dtype=raw)
-    for name, (data, raw) in (add or {}).items():
-        w.add_tensor(name, data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    """Copy ``src`` to ``dst``, replacing tensors ``replace`` and appending tensors ``add``
+    and metadata ``extra_kv`` (conftest.rewrite_gguf)."""
+    return rewrite_gguf(src, dst, extra_kv=extra_kv, replace=replace, add=add)
 
 
 @pytest.fixture
