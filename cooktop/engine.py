@@ -234,8 +234,7 @@ class Engine:
         history = list(prompt_tokens)
         first = True
         while n_predict < 0 or len(generated) < n_predict:
-            if len(self.tokens) >= self.n_ctx:  # every generated token must fit in the context
-                finish = "length"
+            if len(self.tokens) >= self.n_ctx:  # context full: every generated token must fit (finish "length")
                 break
             ts = time.perf_counter()
             tok = sampler.sample(logits, history)

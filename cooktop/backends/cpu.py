@@ -33,7 +33,7 @@ CPU_TYPES: tuple[T, ...] = (
 )
 
 
-def _parse_bytes(text: str) -> int:
+def parse_bytes(text: str) -> int:
     """Parse ``"512MiB"``, ``"8GiB"``, ``"1000000"`` into bytes."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     s = text.strip().lower().replace("ib", "").replace("b", "")
@@ -54,7 +54,7 @@ def default_cache_budget() -> int:
     env = os.environ.get("COOKTOP_CPU_CACHE")
     if env:
         try:
-            n = _parse_bytes(env)
+            n = parse_bytes(env)
         except ValueError:
             n = -1
         if n < 0:
@@ -157,7 +157,7 @@ class CpuDevice(Device):
         ra = a * cos - b * sin
         rb = a * sin + b * cos
         o = self._a(out).reshape(n, -1, head_dim)
-        if o is not v:
+        if n_rot < head_dim:  # dimensions past n_rot pass through
             o[..., n_rot:] = v[..., n_rot:]
         if mode == ROPE_NEOX:
             o[..., :half], o[..., half:n_rot] = ra, rb

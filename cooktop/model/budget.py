@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..backends.cpu import _parse_bytes
+from ..backends.cpu import parse_bytes
 from ..errors import DeviceError
 from .config import ModelConfig
 from .gguf import GGUFFile
@@ -79,7 +79,7 @@ def memory_overrides() -> dict[str, tuple[int, int | None]]:
         sel, eq, val = item.partition("=")
         try:
             mem, _, mx = val.partition("/")
-            out[sel.strip().lower()] = (_parse_bytes(mem), _parse_bytes(mx) if mx else None)
+            out[sel.strip().lower()] = (parse_bytes(mem), parse_bytes(mx) if mx else None)
         except ValueError:
             raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected e.g. opencl:0=512MiB "
                               "or vulkan:0=2GiB/256MiB") from None
