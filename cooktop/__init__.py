@@ -20,7 +20,7 @@ from .errors import CooktopError  # noqa: E402
 
 def load(model_path, **kwargs):
     """Open a GGUF and place it on devices; see :func:`cooktop.engine.load`."""
-    from .engine import load as _load
+    from .engine.generate import load as _load
     return _load(model_path, **kwargs)
 
 

@@ -19,8 +19,8 @@ from typing import Any, Iterator, TypedDict
 
 import numpy as np
 
-from . import engine as _engine
-from .model.sampling import SamplingParams
+from .engine import generate as _engine
+from .engine.sampling import SamplingParams
 
 
 class CompletionChoice(TypedDict):
@@ -53,7 +53,7 @@ class Llama:
         n_ctx: context length in tokens (0: from the model, capped at 4096).
         n_batch: prompt tokens per forward pass.
         n_gpu_layers: units to offload to the device(s) (llama.cpp semantics;
-            0 = none, -1 = all); see ``cooktop.model.placement``.
+            0 = none, -1 = all); see ``cooktop.runtime.placement``.
         seed: RNG seed for sampling; -1 = random.
         logits_all: keep logits for every evaluated position in :attr:`scores`.
         verbose: print load information to stderr.
@@ -83,7 +83,7 @@ class Llama:
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str, **kwargs: Any) -> "Llama":
         """Load ``filename`` from a Hugging Face repo (cached download), like llama-cpp-python."""
-        from .model.hub import resolve
+        from .tools.hub import resolve
         return cls(model_path=resolve(repo_id, filename), **kwargs)
 
     # -- tokens ------------------------------------------------------------

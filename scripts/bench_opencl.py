@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from cooktop.backends import registry
-from cooktop.backends.blocks import random_weight
+from cooktop.format.quants import random_weight
 
 SHAPES = ((2048, 2048), (5632, 2048), (2048, 5632))  # [n_out, n_in]: TinyLlama attn_q, ffn_gate, ffn_down
 

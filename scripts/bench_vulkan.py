@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType as T
 
 from cooktop.backends import registry
 from cooktop.backends.base import ROPE_NEOX, row_bytes
-from cooktop.backends.blocks import random_weight
+from cooktop.format.quants import random_weight
 
 
 def best_of(fn, reps: int) -> float:

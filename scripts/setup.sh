@@ -226,14 +226,14 @@ fi
 # ---------------------------------------------------------------- 5. default model
 model="$shared/models/stories260K.gguf"
 if [ -f "$model" ]; then
-    if "$py" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("cooktop.model.hub") is None)' >/dev/null 2>&1; then
-        if "$py" -m cooktop.model.hub --seed "$model"; then
+    if "$py" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("cooktop.tools.hub") is None)' >/dev/null 2>&1; then
+        if "$py" -m cooktop.tools.hub --seed "$model"; then
             say "default model seeded into the Hugging Face cache from $model"
         else
             failed shared "could not seed the Hugging Face cache from $model"
         fi
     else
-        failed shared "cooktop.model.hub is missing; the Hugging Face cache was not seeded"
+        failed shared "cooktop.tools.hub is missing; the Hugging Face cache was not seeded"
     fi
 else
     say "no $model; the default model comes from the Hugging Face Hub on first use (needs network)"

@@ -7,7 +7,7 @@ import pytest
 
 from cooktop import Llama
 from cooktop.errors import CooktopError, ContextOverflowError
-from cooktop.model.tokenizer import InvalidTokenError
+from cooktop.text.tokenizer import InvalidTokenError
 
 PROMPT = "Once upon a time"
 
@@ -77,7 +77,7 @@ def test_f16_norm_weights_are_converted(tmp_path):
     """A model whose 1-D norm weights are F16 runs and matches the same model with F32 norms."""
     from gguf import GGMLQuantizationType as T
 
-    from cooktop.model import synth
+    from cooktop.tools import synth
 
     shape = synth.Shape(64, 2, 4, 2, 128, 300, 128)
     names = ["output_norm.weight"] + [f"blk.{i}.{n}.weight" for i in range(2) for n in ("attn_norm", "ffn_norm")]

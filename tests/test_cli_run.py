@@ -104,7 +104,7 @@ def test_info_json(stories):
 def test_default_model_from_hf_cache(stories, tmp_path):
     """No -m: the default model comes from the (seeded) HF cache, offline."""
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-    seed = subprocess.run([sys.executable, "-m", "cooktop.model.hub", "--seed", str(stories)],
+    seed = subprocess.run([sys.executable, "-m", "cooktop.tools.hub", "--seed", str(stories)],
                           capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
     assert seed.returncode == 0, seed.stderr
     r = cooktop("run", "-p", PROMPT, "-n", "8", "--temp", "0", "--device", "cpu", env=env)

@@ -22,7 +22,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from cooktop.errors import GGUFError, UnsupportedModelError
 from cooktop.model.config import load_config
-from cooktop.model.gguf import open_gguf
+from cooktop.format.gguf import open_gguf
 
 from conftest import rewrite_gguf
 

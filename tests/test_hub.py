@@ -1,4 +1,4 @@
-"""``cooktop.model.hub``: downloads through a local Hub-compatible HTTP server.
+"""``cooktop.tools.hub``: downloads through a local Hub-compatible HTTP server.
 
 The server (``http.server`` on 127.0.0.1, random port) answers HEAD and GET of
 ``/{owner}/{repo}/resolve/{revision}/{filename}`` with the headers
@@ -25,7 +25,7 @@ import time
 import pytest
 
 from cooktop.errors import CooktopError
-from cooktop.model import hub
+from cooktop.tools import hub
 
 PYTHON = sys.executable
 COOKTOP = str(pathlib.Path(sys.executable).parent / "cooktop")
@@ -113,7 +113,7 @@ def _env(endpoint: str, cache: pathlib.Path, offline: bool = False) -> dict[str,
 _RESOLVE = """
 import json, sys
 from cooktop.errors import CooktopError
-from cooktop.model import hub
+from cooktop.tools import hub
 args = json.loads(sys.argv[1])
 try:
     print(json.dumps({"path": hub.resolve(*args)}))
@@ -207,7 +207,7 @@ def test_offline_without_cache(tmp_path):
 def test_seed_then_offline_resolve(stories, tmp_path):
     cache = tmp_path / "hub"
     env = _env("http://127.0.0.1:9", cache, offline=True)
-    res = subprocess.run([PYTHON, "-m", "cooktop.model.hub", "--seed", str(stories)], capture_output=True,
+    res = subprocess.run([PYTHON, "-m", "cooktop.tools.hub", "--seed", str(stories)], capture_output=True,
                          text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr
     seeded = pathlib.Path(res.stdout.strip())
@@ -220,7 +220,7 @@ def test_seed_refuses_wrong_file(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF not really")
     env = _env("http://127.0.0.1:9", tmp_path / "hub", offline=True)
-    res = subprocess.run([PYTHON, "-m", "cooktop.model.hub", "--seed", str(bad)], capture_output=True,
+    res = subprocess.run([PYTHON, "-m", "cooktop.tools.hub", "--seed", str(bad)], capture_output=True,
                          text=True, timeout=60, env=env)
     assert res.returncode == 1
     assert res.stderr.startswith("error: ") and "sha256" in res.stderr and "Traceback" not in res.stderr

@@ -14,10 +14,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter
 from gguf import quants
 
 from cooktop.backends.base import nmse, row_bytes
-from cooktop.backends.blocks import random_weight
+from cooktop.format.quants import random_weight
 from cooktop.backends.cpu import CPU_TYPES
 from cooktop.errors import GGUFError, UnsupportedOpError
-from cooktop.model.gguf import open_gguf
+from cooktop.format.gguf import open_gguf
 
 #: (n_out, n_in in blocks)
 SHAPES = ((1, 1), (3, 7), (129, 1), (129, 7))

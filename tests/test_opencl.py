@@ -287,8 +287,8 @@ def test_gpu_launch_shape_on_pocl(fresh_registry, ty):
     """The GPU flavours of the kernels (work-groups sharing a row in mul_mv, local-memory
     tiles in mul_mm, work-group attention) checked on PoCL against numpy."""
     from cooktop.backends.base import nmse
-    from cooktop.backends.blocks import random_weight
-    from cooktop.backends.cpu import dequantize
+    from cooktop.format.quants import random_weight
+    from cooktop.format.quants import dequantize
     from cooktop.backends.opencl_kernels import GPU_SHAPE, KernelCache
 
     info = _pocl_info()

@@ -14,7 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from cooktop.backends.base import DEVICE_WEIGHT_TYPES, ROPE_NEOX, ROPE_NORMAL, nmse
-from cooktop.backends.blocks import random_weight
+from cooktop.format.quants import random_weight
 
 FLOAT_BOUND = 1e-7
 QUANT_BOUND = 5e-4

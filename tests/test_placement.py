@@ -17,8 +17,8 @@ from gguf import GGMLQuantizationType as T
 from cooktop import Llama
 from cooktop.backends import registry
 from cooktop.backends.base import nmse
-from cooktop.model import synth
-from cooktop.model.placement import offloaded_units, split_contiguous
+from cooktop.tools import synth
+from cooktop.runtime.placement import offloaded_units, split_contiguous
 
 from conftest import SHARED, open_family_device
 
@@ -110,7 +110,7 @@ def plan_json(path, *args, env=None):
 
 
 def expected_auto_n(path, n_ctx, n_batch, mem, max_alloc):
-    """Largest N fitting, from the README formula, computed here independently of cooktop.model.budget."""
+    """Largest N fitting, from the README formula, computed here independently of cooktop.runtime.budget."""
     from gguf import GGUFReader
 
     r = GGUFReader(str(path))

@@ -1,4 +1,4 @@
-"""The sampler (cooktop.model.sampling) on hand-made distributions: greedy,
+"""The sampler (cooktop.engine.sampling) on hand-made distributions: greedy,
 top-k, top-p, min-p, temperature, repeat penalty (llama.cpp semantics,
 src/llama-sampling.cpp) and seeding."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cooktop.model.sampling import Sampler, SamplingParams
+from cooktop.engine.sampling import Sampler, SamplingParams
 
 #: token id -> probability; ids deliberately not in probability order.
 PROBS = {3: 0.40, 0: 0.25, 5: 0.15, 1: 0.10, 4: 0.06, 2: 0.04}

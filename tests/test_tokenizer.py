@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from cooktop.errors import CooktopError, UnsupportedModelError
-from cooktop.model.tokenizer import (
+from cooktop.text.tokenizer import (
     TOKEN_TYPE_BYTE,
     TOKEN_TYPE_USER_DEFINED,
     InvalidTokenError,

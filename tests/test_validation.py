@@ -2,7 +2,7 @@
 silently ignore, bad synthetic shapes, ``cooktop run -e`` escapes, and the smoke
 test's matmul token counts.
 
-Model files are made here, in ``tmp_path``, with ``cooktop.model.synth.write``
+Model files are made here, in ``tmp_path``, with ``cooktop.tools.synth.write``
 and copied with extra tensors / metadata through ``gguf.GGUFWriter``.
 """
 
@@ -21,9 +21,9 @@ from gguf import GGUFValueType
 from cooktop.backends.smoke import MATMUL_TOKENS, run_smoke_test
 from cooktop.cli.run import process_escapes
 from cooktop.errors import CooktopError, UnsupportedModelError
-from cooktop.model import synth
+from cooktop.tools import synth
 from cooktop.model.config import load_config
-from cooktop.model.gguf import open_gguf
+from cooktop.format.gguf import open_gguf
 
 from conftest import rewrite_gguf
 

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as T
 
 from cooktop.backends import registry
 from cooktop.backends.base import ROPE_NEOX, nmse
-from cooktop.backends.blocks import random_weight
+from cooktop.format.quants import random_weight
 from cooktop.errors import DeviceOutOfMemoryError
 from conftest import ROOT, skip_or_fail
 

@@ -36,9 +36,10 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 
 from ..errors import UnsupportedOpError
+from ..format.quants import row_bytes, type_name  # noqa: F401  (part of the backend contract)
 
 T = GGMLQuantizationType
 
@@ -51,29 +52,6 @@ ROPE_NEOX = 2
 
 #: The weight types every device backend must run (issue #3/#4 contract).
 DEVICE_WEIGHT_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
-
-
-def type_name(t: T | int) -> str:
-    """GGML type name, e.g. ``"Q4_K"`` for ``GGMLQuantizationType.Q4_K`` or 12."""
-    try:
-        return T(int(t)).name
-    except ValueError:
-        return f"type{int(t)}"
-
-
-def row_bytes(ggml_type: T, n: int) -> int:
-    """Bytes of one row of ``n`` values of ``ggml_type`` (GGML block layout, ggml-common.h).
-
-    Raises:
-        UnsupportedOpError: ``n`` is not a multiple of the type's block size
-            (ggml refuses such rows too).
-    """
-    block, size = GGML_QUANT_SIZES[ggml_type]
-    if n % block:
-        raise UnsupportedOpError(
-            f"a row of {n} values cannot be stored as {type_name(ggml_type)}: "
-            f"its length must be a multiple of the block size {block}")
-    return n // block * size
 
 
 def nmse(a: np.ndarray, ref: np.ndarray) -> float:

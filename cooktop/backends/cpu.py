@@ -20,27 +20,11 @@ import weakref
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf import quants
 
 from ..errors import CooktopError
+from ..format.quants import HOST_TYPES, dequantize
+from ..units import parse_bytes
 from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, ROPE_NEOX, type_name
-
-#: Every GGML type the numpy backend runs (all that gguf.quants.dequantize handles, tested).
-CPU_TYPES: tuple[T, ...] = (
-    T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
-    T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-    T.IQ4_NL, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S,
-)
-
-
-def parse_bytes(text: str) -> int:
-    """Parse ``"512MiB"``, ``"8GiB"``, ``"1000000"`` into bytes."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    s = text.strip().lower().replace("ib", "").replace("b", "")
-    if s and s[-1] in units:
-        return int(float(s[:-1]) * units[s[-1]])
-    return int(float(s))
-
 
 def _physical_memory() -> int:
     try:
@@ -63,12 +47,8 @@ def default_cache_budget() -> int:
     return min(8 << 30, _physical_memory() // 4)
 
 
-def dequantize(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> np.ndarray:
-    """Dequantize raw GGML data to float32 of numpy-order ``shape`` (gguf.quants.dequantize)."""
-    if ggml_type == T.F32:
-        return np.asarray(raw).view(np.float32).reshape(shape)
-    out = quants.dequantize(np.asarray(raw).view(np.uint8), ggml_type)
-    return np.asarray(out, dtype=np.float32).reshape(shape)
+#: Every GGML type the numpy backend runs: all the host can dequantize.
+CPU_TYPES = HOST_TYPES
 
 
 class CpuDevice(Device):

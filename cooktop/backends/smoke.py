@@ -15,8 +15,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from .base import Device, nmse
-from .blocks import random_weight
-from .cpu import dequantize
+from ..format.quants import random_weight
+from ..format.quants import dequantize
 
 FLOAT_TYPES = {T.F32, T.F16, T.BF16}
 

@@ -8,7 +8,7 @@ Per device:
    Devices without a copy kernel report that, and percentages are then taken
    relative to the best bandwidth measured among their 1-token matmuls.
 2. **matmul** for each weight type the device runs, at the shapes of a real model
-   (``cooktop.model.synth.SHAPES``, default tinyllama-1.1b): ``n_embd x n_embd``,
+   (``cooktop.tools.synth.SHAPES``, default tinyllama-1.1b): ``n_embd x n_embd``,
    ``n_ff x n_embd`` and ``n_vocab x n_embd`` at 1 token (matrix-vector: generation,
    bandwidth-bound), and the first two at 512 tokens (prompt processing,
    compute-bound; the output head runs on one row in a prompt, so it is not
@@ -19,7 +19,7 @@ Per device:
 Each row is the median over timed samples; a sample is ``k`` back-to-back calls
 followed by one device sync, divided by ``k`` (``k`` makes a sample last about
 20 ms), after two warm-up calls (kernel compilation, the numpy backend's
-dequantized-weight cache). Weights are :func:`cooktop.backends.blocks.random_weight`
+dequantized-weight cache). Weights are :func:`cooktop.format.quants.random_weight`
 blocks (up to 256 distinct rows, tiled to the full height: the bytes streamed
 are the same).
 
@@ -39,9 +39,9 @@ from gguf import GGMLQuantizationType as T
 
 from ..backends import registry
 from ..backends.base import DEVICE_WEIGHT_TYPES, Device, row_bytes, type_name
-from ..backends.blocks import random_weight
+from ..format.quants import random_weight
 from ..errors import CooktopError, UnsupportedOpError
-from ..model.synth import SHAPES, Shape
+from ..tools.synth import SHAPES, Shape
 
 
 @dataclasses.dataclass

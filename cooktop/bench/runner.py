@@ -114,7 +114,7 @@ def model_facts(path: str) -> ModelFacts:
         GGUFError, UnsupportedModelError: the file cannot be run.
     """
     from ..model.config import load_config
-    from ..model.gguf import open_gguf
+    from ..format.gguf import open_gguf
 
     gf = open_gguf(path)
     cfg = load_config(gf)
@@ -202,7 +202,7 @@ class CooktopRunner:
     """
 
     def __init__(self, path: str, device: str, ngl: Any, n_batch: int, split: str | None, n_ctx: int):
-        from .. import engine
+        from ..engine import generate as engine
 
         sels = device.replace("+", ",")
         self.device = device

@@ -10,7 +10,7 @@ import click
 
 from ..errors import CooktopError
 from ..model.config import load_config
-from ..model.gguf import open_gguf
+from ..format.gguf import open_gguf
 from .main import cli
 
 

@@ -8,9 +8,9 @@ import click
 from tabulate import tabulate
 
 from ..backends import registry
-from ..engine import check_batch, default_n_ctx, plan_for
+from ..runtime.loader import check_batch, default_n_ctx, plan_for
 from ..model.config import load_config
-from ..model.gguf import open_gguf
+from ..format.gguf import open_gguf
 from .common import device_options, model_options, parse_ngl, resolve_model
 from .main import cli
 

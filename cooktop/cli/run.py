@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from .. import engine as _engine
+from ..engine import generate as _engine
 from ..errors import CooktopError
-from ..model.sampling import SamplingParams
+from ..engine.sampling import SamplingParams
 from .common import device_options, model_options, parse_ngl, resolve_model
 from .main import cli
 

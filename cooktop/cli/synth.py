@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ..model import synth
+from ..tools import synth
 from .main import cli
 
 

@@ -1,0 +1,1 @@
+"""The model: its config from GGUF metadata and the forward pass."""

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UnsupportedModelError
-from .gguf import GGUFFile
+from ..format.gguf import GGUFFile
 
 #: Architectures whose forward pass is ``model/llama.py`` (rope mode: normal).
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -150,7 +150,7 @@ def _check_tensors(f: GGUFFile, cfg: "ModelConfig") -> None:
         UnsupportedModelError: a missing or unused tensor, a shape that contradicts the
             metadata, or a token_embd type outside ``cooktop.backends.cpu.CPU_TYPES``.
     """
-    from ..backends.cpu import CPU_TYPES  # lazily: keep model/ importable without the backend
+    from ..format.quants import HOST_TYPES as CPU_TYPES
 
     _check_unused(f, cfg)
     emb = f.tensors["token_embd.weight"]

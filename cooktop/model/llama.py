@@ -1,7 +1,7 @@
 """The llama transformer forward pass, written once against the backend op set.
 
 The model is cut into *segments*: runs of consecutive repeating blocks (and
-possibly the output head) that live on one device (``model/placement.py``
+possibly the output head) that live on one device (``runtime/placement.py``
 decides which). Each segment owns its weights (uploaded once, still in GGML
 block layout), the KV cache of its blocks and preallocated scratch buffers
 of ``n_batch`` rows. The token embedding lookup runs on the host; at a
@@ -27,10 +27,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..backends.base import Device, DeviceTensor
-from ..backends.cpu import dequantize
+from ..format.quants import dequantize
 from .config import ModelConfig
-from .gguf import GGUFFile, TensorInfo
-from .placement import Placement
+from ..format.gguf import GGUFFile, TensorInfo
 
 BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
@@ -176,24 +175,24 @@ class LlamaModel:
 
     Args:
         gf: the opened GGUF; cfg: its config.
-        placement: which device runs each block and the head.
-        devices: selector -> opened Device for every selector in ``placement``.
+        segments: ``(device, block indices, holds the head)`` per segment, in order
+            (``Placement.segments()`` with each selector opened).
         n_ctx: KV cache length (tokens); n_batch: max tokens per :meth:`forward`.
         logits_all: keep logits of every position (else only the last).
     Raises:
         UnsupportedOpError / DeviceOutOfMemoryError from the devices while uploading.
     """
 
-    def __init__(self, gf: GGUFFile, cfg: ModelConfig, placement: Placement, devices: dict[str, Device],
+    def __init__(self, gf: GGUFFile, cfg: ModelConfig, segments: list[tuple[Device, list[int], bool]],
                  n_ctx: int, n_batch: int, logits_all: bool = False):
-        self.gf, self.cfg, self.placement = gf, cfg, placement
+        self.gf, self.cfg = gf, cfg
         self.n_ctx, self.n_batch, self.logits_all = n_ctx, n_batch, logits_all
         te = gf.tensor("token_embd.weight")
         self._embd = te
         self.segments: list[Segment] = []
         try:
-            for sel, blocks, head in placement.segments():
-                self.segments.append(Segment(devices[sel], blocks, head, gf, cfg, n_ctx, n_batch, logits_all))
+            for device, blocks, head in segments:
+                self.segments.append(Segment(device, blocks, head, gf, cfg, n_ctx, n_batch, logits_all))
         except BaseException:
             self.close()
             raise

@@ -2,7 +2,7 @@
 
 Downloads go through ``huggingface_hub.hf_hub_download`` (honours
 ``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, ``HF_HUB_CACHE``); a file already in the
-cache is used without the network. ``python -m cooktop.model.hub --seed FILE``
+cache is used without the network. ``python -m cooktop.tools.hub --seed FILE``
 puts a local copy of the default model into the cache (after checking its
 sha256), so the default model works on machines without internet.
 """
@@ -103,7 +103,7 @@ def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str 
     if sha256 is None and (repo, filename) == (DEFAULT_REPO, DEFAULT_FILE):
         sha256 = DEFAULT_SHA256
     errors = _request_errors()
-    hint = "pass a local file with -m, or seed the cache: python -m cooktop.model.hub --seed FILE"
+    hint = "pass a local file with -m, or seed the cache: python -m cooktop.tools.hub --seed FILE"
     try:
         path = hf_hub_download(repo, filename, local_files_only=True)
     except errors:
@@ -154,8 +154,8 @@ def seed(src: str | os.PathLike, repo: str = DEFAULT_REPO, filename: str = DEFAU
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cooktop.model.hub --seed FILE [--repo R --file F]``."""
-    ap = argparse.ArgumentParser(prog="python -m cooktop.model.hub", description=__doc__.splitlines()[0])
+    """``python -m cooktop.tools.hub --seed FILE [--repo R --file F]``."""
+    ap = argparse.ArgumentParser(prog="python -m cooktop.tools.hub", description=__doc__.splitlines()[0])
     ap.add_argument("--seed", required=True, help="local GGUF to put into the HF cache")
     ap.add_argument("--repo", default=DEFAULT_REPO)
     ap.add_argument("--file", default=DEFAULT_FILE)

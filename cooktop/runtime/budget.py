@@ -21,10 +21,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..backends.cpu import parse_bytes
+from ..units import parse_bytes
 from ..errors import DeviceError
-from .config import ModelConfig
-from .gguf import GGUFFile
+from ..model.config import ModelConfig
+from ..format.gguf import GGUFFile
 
 
 @dataclasses.dataclass
@@ -126,7 +126,7 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
     Args:
         limits: ``limits(selector) -> (memory bytes | None, max alloc bytes | None)``.
     """
-    from .llama import BLOCK_TENSORS, head_tensor_names
+    from ..model.llama import BLOCK_TENSORS, head_tensor_names
 
     out = []
     kv_block = cfg.kv_cache_bytes(n_ctx, 4) // cfg.n_layer  # K and V of one block, float32

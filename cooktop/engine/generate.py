@@ -22,17 +22,15 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .backends import registry
-from .backends.base import Device
-from .errors import ContextOverflowError, CooktopError
-from .model.config import ModelConfig, load_config
-from .model.gguf import GGUFFile, open_gguf
-from .model.llama import LlamaModel
-from .model.budget import device_limits
-from .model.placement import Placement, place
-from .model.sampling import Sampler, SamplingParams
-from .model.placement import parse_ngl
-from .model.tokenizer import InvalidTokenError, Tokenizer
+from ..backends.base import Device
+from ..errors import ContextOverflowError, CooktopError
+from ..format.gguf import GGUFFile
+from ..model.config import ModelConfig
+from ..model.llama import LlamaModel
+from ..runtime.loader import LoadedModel, load_model
+from ..runtime.placement import Placement
+from ..text.tokenizer import InvalidTokenError, Tokenizer
+from .sampling import Sampler, SamplingParams
 
 log = logging.getLogger("cooktop")
 
@@ -79,28 +77,6 @@ class GenerationResult:
     seed: int = -1  # the seed the sampler used (drawn when -1 was asked)
 
 
-def default_n_ctx(cfg: ModelConfig, n_ctx: int) -> int:
-    """``n_ctx == 0`` means the training context capped at 4096 (llama.cpp's default), else ``n_ctx``.
-
-    Raises:
-        CooktopError: ``n_ctx`` is negative.
-    """
-    if n_ctx < 0:
-        raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = from the model), got {n_ctx}")
-    return min(cfg.n_ctx_train, 4096) if n_ctx == 0 else n_ctx
-
-
-def check_batch(n_batch: int, n_ctx: int) -> int:
-    """The prompt chunk size actually used: ``min(n_batch, n_ctx)``.
-
-    Raises:
-        CooktopError: ``n_batch`` is not positive.
-    """
-    if n_batch <= 0:
-        raise CooktopError(f"n_batch (-b) must be positive, got {n_batch}")
-    return min(n_batch, n_ctx)
-
-
 class Engine:
     """A loaded model plus tokenizer and context state.
 
@@ -111,9 +87,9 @@ class Engine:
     """
 
     def __init__(self, gf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer, model: LlamaModel,
-                 devices: dict[str, Device], load_ms: float):
+                 placement: Placement, devices: dict[str, Device], load_ms: float):
         self.gf, self.cfg, self.tokenizer, self.model = gf, cfg, tokenizer, model
-        self.placement: Placement = model.placement
+        self.placement = placement
         self.devices = devices
         self.n_ctx, self.n_batch = model.n_ctx, model.n_batch
         self.tokens: list[int] = []
@@ -295,68 +271,13 @@ def _split_stop(text: str, stop: list[str]) -> tuple[str, bool]:
     return text[:len(text) - hold], False
 
 
-def parse_split(split: str | list[float] | None) -> list[float] | None:
-    """``"3,1"`` -> ``[3.0, 1.0]`` (``--split`` / ``--tensor-split``)."""
-    if split is None or isinstance(split, list):
-        return split
-    try:
-        return [float(s) for s in str(split).split(",") if s.strip()]
-    except ValueError:
-        raise CooktopError(f"bad --split {split!r}: expected comma-separated numbers such as 3,1") from None
 
 
-def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
-             split: str | list[float] | None, n_ctx: int, n_batch: int, logits_all: bool) -> Placement:
-    """Placement of a model on resolved devices, from their probed capabilities and memory.
+def load(model_path: str | os.PathLike, **kwargs) -> Engine:
+    """:func:`cooktop.runtime.loader.load_model` wrapped in an :class:`Engine` (same arguments).
 
-    Probing only: no device allocation happens here.
-    """
-    info = registry.device_info
-
-    def supports(sel: str, op: str, ty) -> bool:
-        return info(sel).supports(op, ty)
-
-    def limits(sel: str):
-        i = info(sel)
-        return device_limits(sel, i.global_mem_bytes, i.max_alloc_bytes)
-
-    return place(gf, cfg, selectors, n_gpu_layers, parse_split(split), supports, limits, n_ctx, n_batch,
-                 logits_all)
-
-
-def load(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, device: str | None = None,
-         n_gpu_layers: int | str = -1, split: str | list[float] | None = None, logits_all: bool = False) -> Engine:
-    """Open a GGUF and place it on devices.
-
-    Args:
-        model_path: path of a llama-family GGUF.
-        n_ctx: context length in tokens (<= 0: training context capped at 4096).
-        n_batch: max tokens per forward call (prompt chunk size).
-        device: ``--device`` selector(s) (default ``COOKTOP_DEVICE`` or ``auto``).
-        n_gpu_layers: units to offload (llama.cpp semantics, -1 = all, "auto" = as many as
-            fit); see model/placement.py.
-        split: proportions for several devices.
-        logits_all: keep logits for every position (needed for ``eval(..., logits_all=True)``).
     Raises:
         GGUFError, UnsupportedModelError, DeviceError, DeviceOutOfMemoryError.
     """
-    t0 = time.perf_counter()
-    gf = open_gguf(model_path)
-    cfg = load_config(gf)
-    tokenizer = Tokenizer.from_gguf(gf.reader)
-    n_ctx = default_n_ctx(cfg, n_ctx)
-    n_batch = check_batch(n_batch, n_ctx)
-    n_gpu_layers = parse_ngl(n_gpu_layers)
-    selectors = registry.resolve(device)
-
-    placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all)
-    for note in placement.notes:
-        log.info(note)
-    devices = {sel: registry.open_device(sel) for sel in placement.devices()}
-    for sel in devices:
-        if sel != "cpu":
-            res = registry.smoke_test(sel)
-            if not res.ok:
-                log.warning("%s failed its smoke test (%s); using it because it was named", sel, res.detail)
-    model = LlamaModel(gf, cfg, placement, devices, n_ctx, n_batch, logits_all)
-    return Engine(gf, cfg, tokenizer, model, devices, (time.perf_counter() - t0) * 1e3)
+    m: LoadedModel = load_model(model_path, **kwargs)
+    return Engine(m.gf, m.cfg, m.tokenizer, m.model, m.placement, m.devices, m.load_ms)

@@ -1,4 +1,10 @@
-"""Valid random GGML weight blocks, for smoke tests, parity tests and synthetic models.
+"""GGML weight types and their block layouts (ggml-common.h): names, row sizes,
+dequantization to float32, the types the host can read, and valid random blocks.
+
+Dequantization is ``gguf.quants.dequantize`` (the gguf package's reference of
+the GGML block layouts).
+
+Random weights (for smoke tests, parity tests and synthetic models):
 
 Types that ``gguf.quants.quantize`` handles (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 Q5_1) are quantized from Gaussian values. The rest (K-quants, IQ types) are
@@ -10,10 +16,52 @@ offsets are from the block structs of ggml-common.h.
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants
 
-from .base import row_bytes
+from ..errors import UnsupportedOpError
+
+T = GGMLQuantizationType
+
+def type_name(t: T | int) -> str:
+    """GGML type name, e.g. ``"Q4_K"`` for ``GGMLQuantizationType.Q4_K`` or 12."""
+    try:
+        return T(int(t)).name
+    except ValueError:
+        return f"type{int(t)}"
+
+
+def row_bytes(ggml_type: T, n: int) -> int:
+    """Bytes of one row of ``n`` values of ``ggml_type`` (GGML block layout, ggml-common.h).
+
+    Raises:
+        UnsupportedOpError: ``n`` is not a multiple of the type's block size
+            (ggml refuses such rows too).
+    """
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    if n % block:
+        raise UnsupportedOpError(
+            f"a row of {n} values cannot be stored as {type_name(ggml_type)}: "
+            f"its length must be a multiple of the block size {block}")
+    return n // block * size
+
+
+#: Every GGML type the host can dequantize (all that gguf.quants.dequantize handles, tested); the numpy
+#: backend runs them all.
+HOST_TYPES: tuple[T, ...] = (
+    T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
+    T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+    T.IQ4_NL, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S,
+)
+
+
+def dequantize(raw: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> np.ndarray:
+    """Dequantize raw GGML data to float32 of numpy-order ``shape`` (gguf.quants.dequantize)."""
+    if ggml_type == T.F32:
+        return np.asarray(raw).view(np.float32).reshape(shape)
+    out = quants.dequantize(np.asarray(raw).view(np.uint8), ggml_type)
+    return np.asarray(out, dtype=np.float32).reshape(shape)
+
 
 #: Byte offsets of the float16 scale fields (d, dmin) in each block (ggml-common.h).
 _F16_FIELDS: dict[T, tuple[int, ...]] = {

@@ -18,8 +18,8 @@ import dataclasses
 from typing import Callable
 
 from ..errors import DeviceError
-from .config import ModelConfig
-from .gguf import GGUFFile
+from ..model.config import ModelConfig
+from ..format.gguf import GGUFFile
 
 HOST = "cpu"
 
@@ -100,7 +100,7 @@ def parse_ngl(value: int | str) -> int | str:
 
 def unit_types(gf: GGUFFile, cfg: ModelConfig, unit: int | str) -> set:
     """GGML types of the matrix weights of block ``unit`` (int) or of ``"head"``."""
-    from .llama import BLOCK_TENSORS, head_tensor_names
+    from ..model.llama import BLOCK_TENSORS, head_tensor_names
 
     if unit == "head":
         names = head_tensor_names(cfg)
@@ -204,7 +204,7 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
     """:func:`plan` plus memory: resolve ``-ngl auto`` and refuse what cannot fit.
 
     ``n_gpu_layers == "auto"`` picks the largest N (n_layer + 1 down to 0) whose
-    every device budget fits (``model/budget.py``). An explicit N that does not
+    every device budget fits (``runtime/budget.py``). An explicit N that does not
     fit is refused before anything is allocated.
 
     Args:

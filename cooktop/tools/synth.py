@@ -3,7 +3,7 @@
 So benchmarks need no downloads: ``cooktop synth --shape tinyllama-1.1b --type Q4_0 -o x.gguf``.
 Weights are Gaussian (std 0.02, norms 1.0) quantized with ``gguf.quants.quantize``
 where the gguf package can (F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); K-quants are
-random valid blocks (``backends/blocks.py``). ``Q4_K_M`` follows llama.cpp's
+random valid blocks (``format/quants.py``). ``Q4_K_M`` follows llama.cpp's
 mixture (src/llama-quant.cpp): Q6_K for ``output`` and for ``attn_v`` /
 ``ffn_down`` of the blocks where ``use_more_bits`` holds, Q4_K elsewhere.
 The vocabulary is SPM-shaped: ``<unk> <s> </s>``, 256 byte tokens
@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter, TokenType
 from gguf import GGMLQuantizationType as T
 
-from ..backends.blocks import random_weight
+from ..format.quants import random_weight
 from ..errors import CooktopError
 
 

@@ -1,0 +1,1 @@
+"""The engine: generation (``generate``) with sampling beside it (``sampling``)."""

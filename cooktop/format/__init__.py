@@ -1,0 +1,1 @@
+"""The file formats: GGUF files (``gguf``) and GGML weight block layouts (``quants``)."""

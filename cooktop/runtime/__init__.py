@@ -1,0 +1,1 @@
+"""The runtime: placement of a model on devices, memory budget, loading."""

@@ -1,0 +1,137 @@
+"""Loading: open a GGUF, read its config and vocabulary, resolve the devices, plan the
+placement and upload the weights.
+
+:func:`load_model` returns a :class:`LoadedModel` (no generation state);
+``cooktop.engine`` runs generation on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+from ..backends import registry
+from ..backends.base import Device
+from ..errors import CooktopError
+from ..format.gguf import GGUFFile, open_gguf
+from ..model.config import ModelConfig, load_config
+from ..model.llama import LlamaModel
+from ..text.tokenizer import Tokenizer
+from .budget import device_limits
+from .placement import Placement, parse_ngl, place
+
+log = logging.getLogger("cooktop")
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A model placed on devices, with its tokenizer; what :func:`load_model` returns.
+
+    Attributes:
+        gf: the opened GGUF; cfg: its config; tokenizer: its vocabulary.
+        model: the forward pass with its device buffers; placement: where each unit runs.
+        devices: selector -> opened Device; n_ctx, n_batch: tokens; load_ms: milliseconds.
+    """
+
+    gf: GGUFFile
+    cfg: ModelConfig
+    tokenizer: Tokenizer
+    model: LlamaModel
+    placement: Placement
+    devices: dict[str, Device]
+    n_ctx: int
+    n_batch: int
+    load_ms: float
+
+
+def default_n_ctx(cfg: ModelConfig, n_ctx: int) -> int:
+    """``n_ctx == 0`` means the training context capped at 4096 (llama.cpp's default), else ``n_ctx``.
+
+    Raises:
+        CooktopError: ``n_ctx`` is negative.
+    """
+    if n_ctx < 0:
+        raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = from the model), got {n_ctx}")
+    return min(cfg.n_ctx_train, 4096) if n_ctx == 0 else n_ctx
+
+
+def check_batch(n_batch: int, n_ctx: int) -> int:
+    """The prompt chunk size actually used: ``min(n_batch, n_ctx)``.
+
+    Raises:
+        CooktopError: ``n_batch`` is not positive.
+    """
+    if n_batch <= 0:
+        raise CooktopError(f"n_batch (-b) must be positive, got {n_batch}")
+    return min(n_batch, n_ctx)
+
+
+def parse_split(split: str | list[float] | None) -> list[float] | None:
+    """``"3,1"`` -> ``[3.0, 1.0]`` (``--split`` / ``--tensor-split``)."""
+    if split is None or isinstance(split, list):
+        return split
+    try:
+        return [float(s) for s in str(split).split(",") if s.strip()]
+    except ValueError:
+        raise CooktopError(f"bad --split {split!r}: expected comma-separated numbers such as 3,1") from None
+
+
+def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
+             split: str | list[float] | None, n_ctx: int, n_batch: int, logits_all: bool) -> Placement:
+    """Placement of a model on resolved devices, from their probed capabilities and memory.
+
+    Probing only: no device allocation happens here.
+    """
+    info = registry.device_info
+
+    def supports(sel: str, op: str, ty) -> bool:
+        return info(sel).supports(op, ty)
+
+    def limits(sel: str):
+        i = info(sel)
+        return device_limits(sel, i.global_mem_bytes, i.max_alloc_bytes)
+
+    return place(gf, cfg, selectors, n_gpu_layers, parse_split(split), supports, limits, n_ctx, n_batch,
+                 logits_all)
+
+
+def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, device: str | None = None,
+         n_gpu_layers: int | str = -1, split: str | list[float] | None = None, logits_all: bool = False) -> Engine:
+    """Open a GGUF and place it on devices.
+
+    Args:
+        model_path: path of a llama-family GGUF.
+        n_ctx: context length in tokens (<= 0: training context capped at 4096).
+        n_batch: max tokens per forward call (prompt chunk size).
+        device: ``--device`` selector(s) (default ``COOKTOP_DEVICE`` or ``auto``).
+        n_gpu_layers: units to offload (llama.cpp semantics, -1 = all, "auto" = as many as
+            fit); see runtime/placement.py.
+        split: proportions for several devices.
+        logits_all: keep logits for every position (needed for ``eval(..., logits_all=True)``).
+    Raises:
+        GGUFError, UnsupportedModelError, DeviceError, DeviceOutOfMemoryError.
+    """
+    t0 = time.perf_counter()
+    gf = open_gguf(model_path)
+    cfg = load_config(gf)
+    tokenizer = Tokenizer.from_gguf(gf.reader)
+    n_ctx = default_n_ctx(cfg, n_ctx)
+    n_batch = check_batch(n_batch, n_ctx)
+    n_gpu_layers = parse_ngl(n_gpu_layers)
+    selectors = registry.resolve(device)
+
+    placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all)
+    for note in placement.notes:
+        log.info(note)
+    devices = {sel: registry.open_device(sel) for sel in placement.devices()}
+    for sel in devices:
+        if sel != "cpu":
+            res = registry.smoke_test(sel)
+            if not res.ok:
+                log.warning("%s failed its smoke test (%s); using it because it was named", sel, res.detail)
+    segments = [(devices[sel], blocks, head) for sel, blocks, head in placement.segments()]
+    model = LlamaModel(gf, cfg, segments, n_ctx, n_batch, logits_all)
+    return LoadedModel(gf, cfg, tokenizer, model, placement, devices, n_ctx, n_batch,
+                       (time.perf_counter() - t0) * 1e3)

@@ -1,0 +1,1 @@
+"""Text: vocabularies and tokenizers (SPM; BPE and chat templates to come)."""
