@@ -12,10 +12,9 @@ Public API (llama-cpp-python names)::
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .api import Llama  # noqa: E402
-from .errors import CooktopError  # noqa: E402
+from .api import Llama
+from .errors import CooktopError
+from .version import __version__
 
 
 def load(model_path, **kwargs):

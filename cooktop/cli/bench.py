@@ -15,7 +15,7 @@ import click
 from ..backends import registry
 from ..errors import CooktopError
 from .common import parse_ngl, resolve_model
-from .main import cli
+from .group import cli
 
 
 def _ints(value: str, flag: str) -> list[int]:

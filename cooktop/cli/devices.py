@@ -8,7 +8,7 @@ import click
 from tabulate import tabulate
 
 from ..backends import registry
-from .main import cli
+from .group import cli
 
 
 def _gib(n: int | None) -> str:

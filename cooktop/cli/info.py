@@ -11,7 +11,7 @@ import click
 from ..errors import CooktopError
 from ..model.config import load_config
 from ..format.gguf import open_gguf
-from .main import cli
+from .group import cli
 
 
 def model_info(path: str, n_ctx: int) -> dict:

@@ -1,53 +1,24 @@
-"""The ``cooktop`` command: a click group whose subcommands live in sibling modules.
+"""The ``cooktop`` console script: registers the command modules on the group (``group.py``) and runs it.
 
-Every :class:`~cooktop.errors.CooktopError` ends the command with
-``error: <message>`` on stderr and exit code 1 (no traceback).
+Usage errors and :class:`~cooktop.errors.CooktopError` end with ``error: <message>`` on one line, exit 1.
 """
 
 from __future__ import annotations
 
-import logging
+import importlib
 import sys
 
 import click
 
-from .. import __version__
-from ..errors import CooktopError
+from .group import cli
 
-
-class CooktopGroup(click.Group):
-    """Maps cooktop's typed errors to a one-line message and exit code 1."""
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except CooktopError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
-        except BrokenPipeError:
-            sys.exit(0)
-
-
-@click.group(cls=CooktopGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="cooktop")
-@click.option("-v", "--verbose", is_flag=True, help="Log placement and device details to stderr.")
-def cli(verbose: bool) -> None:
-    """cooktop: run GGUF language models on any device (OpenCL, Vulkan, numpy)."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="cooktop: %(message)s", stream=sys.stderr)
+#: Command modules, each adding its command to ``cli`` when imported.
+COMMANDS = ("info", "run", "devices", "plan", "bench", "synth")
 
 
 def _register() -> None:
-    from . import info, run  # noqa: F401  (each module adds its command to `cli`)
-    for name in ("devices", "plan", "bench", "synth"):
-        try:
-            __import__(f"{__package__}.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__package__}.{name}":
-                raise
+    for name in COMMANDS:
+        importlib.import_module(f"{__package__}.{name}")
 
 
 def main() -> None:

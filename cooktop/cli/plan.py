@@ -12,7 +12,7 @@ from ..runtime.loader import check_batch, default_n_ctx, plan_for
 from ..model.config import load_config
 from ..format.gguf import open_gguf
 from .common import device_options, model_options, parse_ngl, resolve_model
-from .main import cli
+from .group import cli
 
 PLAN_SCHEMA_VERSION = 1
 

@@ -10,7 +10,7 @@ from ..engine import generate as _engine
 from ..errors import CooktopError
 from ..engine.sampling import SamplingParams
 from .common import device_options, model_options, parse_ngl, resolve_model
-from .main import cli
+from .group import cli
 
 #: Single-character escapes of llama.cpp's ``string_process_escapes`` (common/common.cpp).
 _ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}

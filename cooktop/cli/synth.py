@@ -8,7 +8,7 @@ import time
 import click
 
 from ..tools import synth
-from .main import cli
+from .group import cli
 
 
 @cli.command("synth")

@@ -1,0 +1,40 @@
+"""The ``cooktop`` click group every command module adds its command to.
+
+Every :class:`~cooktop.errors.CooktopError` ends the command with
+``error: <message>`` on stderr and exit code 1 (no traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from ..errors import CooktopError
+from ..version import __version__
+
+
+class CooktopGroup(click.Group):
+    """Maps cooktop's typed errors to a one-line message and exit code 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except CooktopError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except BrokenPipeError:
+            sys.exit(0)
+
+
+@click.group(cls=CooktopGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cooktop")
+@click.option("-v", "--verbose", is_flag=True, help="Log placement and device details to stderr.")
+def cli(verbose: bool) -> None:
+    """cooktop: run GGUF language models on any device (OpenCL, Vulkan, numpy)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="cooktop: %(message)s", stream=sys.stderr)

@@ -1,0 +1,121 @@
+"""The package's import graph: no cycles, and no import from a lower room into a higher one.
+
+Rooms, lowest first (a module may import its own room and any lower one):
+errors/units/version < format < backends < model, text < runtime < engine < tools < api
+< server, bench < cli. ``shaders`` holds package data only. The graph is built with ``ast``
+from every ``import`` statement, those inside functions included (a lazy import is still a
+dependency), so a cycle cannot hide behind one.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PKG = pathlib.Path(__file__).resolve().parents[1] / "cooktop"
+
+RANK = {
+    "errors": 0, "units": 0, "version": 0,
+    "shaders": 1, "format": 1,
+    "backends": 2,
+    "model": 3, "text": 3,
+    "runtime": 4,
+    "engine": 5,
+    "tools": 6,
+    "api": 7,
+    "server": 8, "bench": 8,
+    "cli": 9,
+}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``{module: {cooktop modules it imports}}`` for every module of the package."""
+    modules = {_module_name(p): p for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        base = name.split(".") if is_pkg else name.split(".")[:-1]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    anchor = base[:len(base) - node.level + 1]
+                    mod = ".".join(anchor + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                # `from pkg import sub` may name a submodule
+                targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+            for t in targets:
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and t.startswith("cooktop") and t != name:
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def room(module: str) -> str:
+    """``cooktop.model.config`` -> ``model``; the root package -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_room_has_a_rank():
+    rooms = {room(m) for m in import_graph()} - {"", "__main__"}
+    assert rooms <= set(RANK), f"rooms without a rank in this test: {sorted(rooms - set(RANK))}"
+
+
+def test_no_upward_imports():
+    bad = []
+    for mod, deps in import_graph().items():
+        r = room(mod)
+        if r in ("", "__main__"):  # the root package re-exports the public API; __main__ runs the CLI
+            continue
+        for d in deps:
+            if room(d) == "":
+                bad.append(f"{mod} imports the root package {d}")
+            elif RANK[room(d)] > RANK[r]:
+                bad.append(f"{mod} ({r}) imports {d} ({room(d)})")
+    assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(stack[stack.index(d):] + [d]))
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_graph_sees_lazy_and_relative_imports():
+    """The checker itself: it resolves relative and function-level imports (else it could pass vacuously)."""
+    g = import_graph()
+    assert "cooktop.format.gguf" in g["cooktop.model.config"]
+    assert "cooktop.backends.registry" in g["cooktop.runtime.loader"]
+    assert "cooktop.cli.group" in g["cooktop.cli.run"]
+    assert len(g) > 40
