@@ -6,6 +6,7 @@
 #   make test [PYTEST_ARGS=...]     setup, then pytest
 #   make shaders                    compile the Vulkan GLSL shaders to SPIR-V
 #   make bench                      setup, then `cooktop bench`
+#   make lint                       ruff (style, imports) and mypy on the package
 # Variables passed on the command line (COOKTOP_EXTRAS=compare, PYTHON=python3.11,
 # COOKTOP_SHARED=/path) reach scripts/setup.sh through the environment.
 
@@ -19,10 +20,10 @@ PYTEST_ARGS ?=
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-compare run test shaders bench
+.PHONY: help setup setup-compare run test shaders bench lint
 
 help:
-	@sed -n '1,10s/^# \{0,1\}//p' Makefile
+	@sed -n '1,12s/^# \{0,1\}//p' Makefile
 
 setup:
 	bash scripts/setup.sh
@@ -46,3 +47,8 @@ shaders:
 
 bench: setup
 	$(COOKTOP) bench --device cpu,opencl,vulkan -p 128 -n 32 -r 3
+
+lint:
+	@test -x $(PY) || { echo "make lint: no $(PY); run 'make setup' first" >&2; exit 1; }
+	$(VENV)/bin/ruff check cooktop tests scripts
+	$(VENV)/bin/mypy
