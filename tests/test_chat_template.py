@@ -350,17 +350,28 @@ def test_fallback_is_chatml_with_a_notice():
 
 
 def test_model_template_wins_without_options():
-    template, notice = resolve_template("{{ bos_token }}{{ messages[0].content }}", bos_token="<s>", eos_token="</s>")
-    assert notice is None
-    assert template.name == "the model's chat template (tokenizer.chat_template)"
-    assert template.render([{"role": "user", "content": "x"}]) == "<s>x"
-    assert template.chat_format is None
+    choice = resolve_template("{{ bos_token }}{{ messages[0].content }}", bos_token="<s>", eos_token="</s>")
+    assert choice.notice is None and choice.tool_use is None
+    assert choice.template.name == "the model's chat template (tokenizer.chat_template)"
+    assert choice.template.render([{"role": "user", "content": "x"}]) == "<s>x"
+    assert choice.template.chat_format is None
+    assert choice.for_request([{"type": "function"}]) is choice.template
 
 
-def test_tool_use_template_when_no_default():
-    template, notice = resolve_template(None, tool_use_template="T{{ messages | length }}")
-    assert template.render([{"role": "user", "content": "x"}]) == "T1"
-    assert "tool_use" in notice
+def test_tool_use_template():
+    # alone: used for everything, with a notice
+    choice = resolve_template(None, tool_use_template="T{{ messages | length }}")
+    assert choice.template.render([{"role": "user", "content": "x"}]) == "T1"
+    assert choice.notice == "the model has no default chat template; using its tool_use template, as llama.cpp does"
+    # beside the default one: for requests with tools only (llama.cpp)
+    choice = resolve_template("D", tool_use_template="T")
+    assert choice.notice is None
+    assert choice.for_request(None).render([]) == "D"
+    assert choice.for_request([]).render([]) == "D"
+    assert choice.for_request([{"type": "function", "function": {"name": "f"}}]).render([]) == "T"
+    assert choice.tool_use.name == "the model's tool-use chat template (tokenizer.chat_template.tool_use)"
+    # an explicit choice replaces both
+    assert resolve_template("D", tool_use_template="T", chat_format="chatml").tool_use is None
 
 
 def test_options_override_the_model_template(tmp_path):

@@ -49,7 +49,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import jinja2
 import jinja2.ext
@@ -61,6 +61,7 @@ from ..errors import ChatTemplateError
 __all__ = [
     "CHAT_FORMATS",
     "EOT_MARKERS",
+    "FALLBACK_FORMAT",
     "ChatFormat",
     "ChatTemplate",
     "TemplateChoice",
@@ -258,20 +259,25 @@ class ChatTemplate:
     def __init__(self, source: str, bos_token: str | None = "", eos_token: str | None = "", *,
                  name: str = "chat template", stop: Iterable[str] | None = None,
                  clock: Callable[[], _dt.datetime] | None = None) -> None:
-        self._flatten = False  # named formats (from_format) see string contents only
-        self.chat_format: str | None = None
         if not isinstance(source, str):
             raise ChatTemplateError(f"{name} must be text, got {type(source).__name__}")
+        self._setup(source, bos_token, eos_token, name,
+                    tuple(stop) if stop is not None else _markers_in(source), clock, _ENV, None)
+
+    def _setup(self, source: str, bos_token: str | None, eos_token: str | None, name: str,
+               stop: tuple[str, ...], clock: Callable[[], _dt.datetime] | None,
+               env: ImmutableSandboxedEnvironment, chat_format: str | None) -> None:
         self.source = source
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
         self.name = name
+        self.chat_format = chat_format
+        self._flatten = chat_format is not None  # named formats see string contents only
         self._clock = clock or _dt.datetime.now
-        self._template = self._compile(_ENV)
-        found = tuple(stop) if stop is not None else _markers_in(source)
-        if self.eos_token and self.eos_token not in found:
-            found += (self.eos_token,)
-        self.stop: tuple[str, ...] = found
+        self._template = self._compile(env)
+        if self.eos_token and self.eos_token not in stop:
+            stop += (self.eos_token,)
+        self.stop: tuple[str, ...] = stop
 
     def _compile(self, env: ImmutableSandboxedEnvironment) -> jinja2.Template:
         try:
@@ -308,20 +314,10 @@ class ChatTemplate:
         llama_chat_format.py).
         """
         fmt = _lookup_format(chat_format)
-        self = cls.__new__(cls)
-        self._flatten = True
-        self.chat_format = fmt.name
-        self.source = fmt.source
-        self.bos_token = bos_token or ""
-        self.eos_token = eos_token or ""
         label = fmt.name if fmt.name == chat_format else f"{chat_format} = {fmt.name}"
-        self.name = f"chat format {label!r}"
-        self._clock = clock or _dt.datetime.now
-        self._template = self._compile(_FORMAT_ENV)
-        stop = fmt.stop
-        if self.eos_token and self.eos_token not in stop:
-            stop += (self.eos_token,)
-        self.stop = stop
+        self = cls.__new__(cls)
+        self._setup(fmt.source, bos_token, eos_token, f"chat format {label!r}", fmt.stop, clock,
+                    _FORMAT_ENV, fmt.name)
         return self
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
@@ -652,19 +648,41 @@ def _lookup_format(name: str) -> ChatFormat:
 # --------------------------------------------------------------------------------------
 
 
-class TemplateChoice(NamedTuple):
+@dataclass(frozen=True)
+class TemplateChoice:
     """What :func:`resolve_template` chose.
 
     Attributes:
         template: the :class:`ChatTemplate` to render with.
-        notice: a one-line message for the log when the choice was not the
-            model's own template by the caller's request (a fallback), else ``None``.
+        notice: a one-line message for the log when the model's own template
+            was not used and the caller did not ask for another (a fallback),
+            else ``None``.
+        tool_use: the model's ``tokenizer.chat_template.tool_use`` when it has
+            one besides its default template and no option overrode them, else
+            ``None``; llama.cpp renders with it when a request has tools
+            (:meth:`for_request`).
     """
 
     template: ChatTemplate
-    notice: str | None
+    notice: str | None = None
+    tool_use: ChatTemplate | None = None
+
+    def for_request(self, tools: Sequence[Any] | None = None) -> ChatTemplate:
+        """The template for one request: ``tool_use`` when the request has tools and there is one.
+
+        Args:
+            tools: the request's ``tools`` (``None`` or empty: none).
+
+        Returns:
+            The :class:`ChatTemplate` to render that request with.
+
+        Semantics: llama.cpp common/chat.cpp (``common_chat_templates_apply_jinja``
+        picks ``template_tool_use`` when tools are given).
+        """
+        return self.tool_use if tools and self.tool_use is not None else self.template
 
 
+#: What a model without a chat template gets (llama.cpp common/chat.cpp, CHATML_TEMPLATE_SRC).
 FALLBACK_FORMAT = "chatml"
 
 _NAME_LIKE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -680,8 +698,9 @@ def resolve_template(model_template: str | None = None, *, chat_format: str | No
     In order: ``chat_template_file`` (``--chat-template-file``: jinja text from
     a file), ``chat_template`` (``--chat-template``: a format name, or jinja
     text), ``chat_format`` (``Llama(chat_format=...)``: a format name), the
-    model's ``tokenizer.chat_template``, the model's
-    ``tokenizer.chat_template.tool_use``, and last ``chatml``, which is what
+    model's ``tokenizer.chat_template`` (with its
+    ``tokenizer.chat_template.tool_use`` beside it for requests with tools),
+    the model's ``tokenizer.chat_template.tool_use`` alone, and last ``chatml``, which is what
     llama.cpp and llama-server use for a model without a template
     (llama-cpp-python falls back to ``llama-2`` instead); that last case comes
     with a notice.
@@ -699,7 +718,9 @@ def resolve_template(model_template: str | None = None, *, chat_format: str | No
         clock: for ``strftime_now`` (tests).
 
     Returns:
-        :class:`TemplateChoice` ``(template, notice)``.
+        :class:`TemplateChoice`: ``template``, ``notice`` (for the log, on a
+        fallback) and ``tool_use`` (the model's tool-use template beside its
+        default one; :meth:`TemplateChoice.for_request` picks per request).
 
     Raises:
         ChatTemplateError: more than one of ``chat_format``, ``chat_template``,
@@ -735,14 +756,15 @@ def resolve_template(model_template: str | None = None, *, chat_format: str | No
         return TemplateChoice(ChatTemplate(chat_template, name="--chat-template", **tokens), None)
     if chat_format is not None:
         return TemplateChoice(ChatTemplate.from_format(chat_format, **tokens), None)
+    tool_use = (ChatTemplate(tool_use_template, name="the model's tool-use chat template "
+                             "(tokenizer.chat_template.tool_use)", **tokens) if tool_use_template else None)
     if model_template:
         return TemplateChoice(
-            ChatTemplate(model_template, name="the model's chat template (tokenizer.chat_template)", **tokens), None)
-    if tool_use_template:
+            ChatTemplate(model_template, name="the model's chat template (tokenizer.chat_template)", **tokens),
+            None, tool_use)
+    if tool_use is not None:
         return TemplateChoice(
-            ChatTemplate(tool_use_template, name="the model's tool-use chat template "
-                         "(tokenizer.chat_template.tool_use)", **tokens),
-            "the model has no default chat template; using its tool_use template, as llama.cpp does")
+            tool_use, "the model has no default chat template; using its tool_use template, as llama.cpp does")
     return TemplateChoice(
         ChatTemplate.from_format(FALLBACK_FORMAT, **tokens),
         f"the model has no chat template (tokenizer.chat_template); using {FALLBACK_FORMAT!r}, as llama.cpp "
