@@ -36,3 +36,7 @@ class DeviceOutOfMemoryError(DeviceError):
 
 class UnsupportedOpError(CooktopError):
     """A backend was asked for an (op, GGML type) pair it cannot run."""
+
+
+class ChatTemplateError(CooktopError):
+    """A chat template failed to compile or refused a conversation (it raised, or hit an undefined or unsafe value)."""
