@@ -21,6 +21,7 @@ import numpy as np
 
 from .engine import generate as _engine
 from .engine.sampling import SamplingParams
+from .errors import CooktopError
 
 
 class CompletionChoice(TypedDict):
@@ -70,15 +71,24 @@ class Llama:
         self.verbose = verbose
         self.seed = seed
         self._logits_all = logits_all
-        self._engine = _engine.load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
-                                    n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all)
-        self._scores = np.zeros((0, self._engine.cfg.n_vocab), dtype=np.float32)
-        self._engine.on_logits = self._store_logits
-        self._engine.on_truncate = self._drop_scores
+        self._last: _engine.GenerationResult | None = None
+        self._engine_or_none: _engine.Engine | None = None
+        self._engine_or_none = _engine.load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
+                                            n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all,
+                                            keep_scores=True)
         if verbose:
             import sys
             print(f"cooktop: loaded {self.model_path} in {self._engine.load_ms:.1f} ms; "
                   f"{self._engine.placement.summary()}", file=sys.stderr)
+
+    @property
+    def _engine(self) -> "_engine.Engine":
+        """The engine, or CooktopError once :meth:`close` was called."""
+        eng = self._engine_or_none
+        if eng is None:
+            raise CooktopError(f"this Llama ({self.model_path}) is closed: close() was called or its "
+                               "with-block ended; create a new Llama to use the model again")
+        return eng
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str, **kwargs: Any) -> "Llama":
@@ -131,18 +141,10 @@ class Llama:
         """
         return self._scores[: self.n_tokens]
 
-    def _store_logits(self, pos: int, rows: np.ndarray) -> None:
-        """Engine hook: logits of positions ``pos .. pos + len(rows) - 1``."""
-        end = pos + len(rows)
-        if self._scores.shape[0] < end:
-            grown = np.zeros((max(end, 2 * self._scores.shape[0]), self.n_vocab()), dtype=np.float32)
-            grown[: self._scores.shape[0]] = self._scores
-            self._scores = grown
-        self._scores[pos:end] = rows
-
-    def _drop_scores(self, n: int) -> None:
-        """Engine hook: the context shrank to ``n`` tokens; rows past it are stale."""
-        self._scores[n:] = 0.0
+    @property
+    def _scores(self) -> np.ndarray:
+        """The default sequence's whole logits buffer (rows past ``n_tokens`` are zero)."""
+        return self._engine.seq.scores
 
     # -- evaluation --------------------------------------------------------
     def reset(self) -> None:
@@ -196,36 +198,48 @@ class Llama:
                                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
             return out
 
-        def usage() -> CompletionUsage:
-            n = len(eng.result.tokens)
+        def usage(res: _engine.GenerationResult) -> CompletionUsage:
+            n = len(res.tokens)
             return {"prompt_tokens": len(tokens), "completion_tokens": n, "total_tokens": len(tokens) + n}
 
         if stream:
             def it() -> Iterator[Completion]:
                 if prefix:
                     yield chunk(prefix, None)
-                for piece in gen:
-                    yield chunk(piece, None)
-                last = chunk("", eng.result.finish_reason)
-                last["usage"] = usage()
+                for step in gen:
+                    if step.text:
+                        yield chunk(step.text, None)
+                res = self._last = gen.result
+                last = chunk("", res.finish_reason)
+                last["usage"] = usage(res)
                 yield last
             return it()
-        for _ in gen:
-            pass
-        out = chunk(prefix + eng.result.text, eng.result.finish_reason)
-        out["usage"] = usage()
+        res = self._last = gen.drain()
+        out = chunk(prefix + res.text, res.finish_reason)
+        out["usage"] = usage(res)
         return out
 
     __call__ = create_completion
 
     @property
     def last_timings(self) -> "_engine.Timings":
-        """Timings of the last completion (milliseconds)."""
-        return self._engine.result.timings
+        """Timings of the last finished completion (milliseconds).
+
+        Raises:
+            CooktopError: no completion has finished yet, or the Llama is closed.
+        """
+        self._engine  # noqa: B018 - raises when closed
+        if self._last is None:
+            raise CooktopError("no completion has finished yet: last_timings has nothing to report")
+        return self._last.timings
 
     def close(self) -> None:
-        """Release device buffers."""
-        self._engine.close()
+        """Release the device buffers (model and context) now. Idempotent; afterwards every
+        other method raises ``CooktopError("... is closed ...")``. Dropping the last
+        reference (``del llm``) frees them too, at once."""
+        eng, self._engine_or_none = self._engine_or_none, None
+        if eng is not None:
+            eng.close()
 
     def __enter__(self) -> "Llama":
         return self

@@ -39,7 +39,7 @@ def test_scores_follow_completion_and_reset(llm):
     assert llm.n_tokens == n - 1  # the last generated token is sampled, not evaluated
     s = llm.scores
     assert s.shape[0] == llm.n_tokens and np.any(s[-1])
-    assert int(np.argmax(s[-1])) == llm._engine.result.tokens[-1]
+    assert int(np.argmax(s[-1])) == llm._last.tokens[-1]
     llm.reset()
     assert llm.scores.shape[0] == 0
     llm.eval([1])

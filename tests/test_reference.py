@@ -81,7 +81,7 @@ def test_greedy_continuation_stories(family, stories):
     assert out["usage"]["completion_tokens"] == len(case["greedy_tokens"])
     assert out["usage"]["prompt_tokens"] == len(case["prompt_tokens"])
     assert out["choices"][0]["finish_reason"] == "length"
-    assert llm._engine.result.tokens == case["greedy_tokens"]
+    assert llm._last.tokens == case["greedy_tokens"]
     llm.close()
 
 

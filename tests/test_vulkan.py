@@ -364,3 +364,32 @@ def test_release_gives_memory_back(vk, stories):
         llm.close()
         assert vk.allocated_bytes == before
     assert out.startswith(", there was")
+
+
+def test_release_on_del_without_gc(vk, stories):
+    """``del llm`` (no close(), cyclic collector off) gives the weights, scratch and KV cache
+    memory back at once; so does dropping an extra sequence."""
+    import gc
+
+    from cooktop import Llama
+
+    registry.smoke_test(vk.info.selector)
+    before = vk.allocated_bytes
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(2):
+            llm = Llama(model_path=str(stories), n_ctx=64, verbose=False, device=vk.info.selector,
+                        n_gpu_layers=-1)
+            out = llm.create_completion("Once upon a time", max_tokens=4, temperature=0)["choices"][0]["text"]
+            loaded = vk.allocated_bytes
+            seq = llm._engine.new_sequence()
+            # K and V of 5 blocks x n_ctx 64 x n_head_kv 4 x head_dim 8, float32
+            assert vk.allocated_bytes - loaded == llm._engine.cfg.kv_cache_bytes(64, 4) == 2 * 5 * 64 * 32 * 4
+            del seq
+            assert vk.allocated_bytes == loaded
+            del llm
+            assert vk.allocated_bytes == before
+    finally:
+        gc.enable()
+    assert out.startswith(", there was")

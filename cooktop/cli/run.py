@@ -110,12 +110,13 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     out = sys.stdout
     out.write(prompt)
     out.flush()
-    for piece in eng.generate(tokens, n_predict, params):
-        out.write(piece)
+    gen = eng.generate(tokens, n_predict, params)
+    for step in gen:
+        out.write(step.text)
         out.flush()
     out.write("\n")
     out.flush()
-    res = eng.result
+    res = gen.result
     click.echo("", err=True)
     click.echo(f"cooktop: finish reason: {res.finish_reason}; seed {res.seed}", err=True)
     for line in res.timings.lines():

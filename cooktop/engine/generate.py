@@ -1,14 +1,20 @@
 """The generation loop: load a model, evaluate prompts in n_batch chunks, decode, stream.
 
 :func:`load` opens the GGUF, resolves the devices, plans the placement and
-uploads the weights. :class:`Engine` keeps the context (the tokens whose K/V
-are in the cache), evaluates new tokens in chunks of ``n_batch`` (reusing the
-longest common prefix with what is cached, as llama-cpp-python does), then
-decodes one token at a time. Generation stops at an end-of-generation token
-(``stop``), after ``n_predict`` tokens or at the end of the context
-(``length``), or at a stop string (``stop``); it never raises mid-generation
-for a full context. Text is streamed through an incremental UTF-8 decoder,
-so a character split across tokens is held back until complete.
+uploads the weights. :class:`Engine` holds the loaded model and one default
+:class:`~cooktop.engine.sequence.Sequence`; :meth:`Engine.new_sequence` makes
+more (a KV cache each), and generations on different sequences interleave.
+
+:meth:`Engine.generate` returns a :class:`Generation`: an iterator of
+:class:`Step` values (token id, text piece; the last step has the finish
+reason) whose :class:`GenerationResult` is the generator's return value,
+kept on :attr:`Generation.result`. It evaluates the prompt in chunks of
+``n_batch`` (reusing the longest common prefix with what the sequence holds,
+as llama-cpp-python does), then decodes one token at a time. Generation stops
+at an end-of-generation token (``stop``), after ``n_predict`` tokens or at the
+end of the context (``length``), or at a stop string (``stop``); it never
+raises mid-generation for a full context. Text goes through an incremental
+UTF-8 decoder, so a character split across tokens is held back until complete.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Callable, Iterator
+from typing import Generator, Iterator
 
 import numpy as np
 
@@ -29,8 +35,9 @@ from ..model.config import ModelConfig
 from ..model.llama import LlamaModel
 from ..runtime.loader import LoadedModel, load_model
 from ..runtime.placement import Placement
-from ..text.tokenizer import InvalidTokenError, Tokenizer
+from ..text.tokenizer import Tokenizer
 from .sampling import Sampler, SamplingParams
+from .sequence import Sequence
 
 log = logging.getLogger("cooktop")
 
@@ -68,7 +75,7 @@ class Timings:
 
 @dataclasses.dataclass
 class GenerationResult:
-    """What :meth:`Engine.generate` produced: ids, text, why it stopped, timings."""
+    """What one generation produced: ids, text, why it stopped, timings."""
 
     tokens: list[int]
     text: str
@@ -77,90 +84,111 @@ class GenerationResult:
     seed: int = -1  # the seed the sampler used (drawn when -1 was asked)
 
 
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of a generation.
+
+    Attributes:
+        token: the sampled id, or None on the last step (which only ends the generation).
+        text: the text this step releases; may be "" while a UTF-8 character or a
+            possible stop string is incomplete. The steps' texts joined are the result's text.
+        finish_reason: None, except on the last step: "stop" or "length".
+    """
+
+    token: int | None
+    text: str
+    finish_reason: str | None = None
+
+
+class Generation(Iterator[Step]):
+    """The steps of one generation, as an iterator; the outcome is a value on it.
+
+    Iterate to run it (each ``next`` samples one token and evaluates it on the
+    sequence). When exhausted, :attr:`result` holds the :class:`GenerationResult`
+    (also the ``StopIteration.value``, so ``yield from`` gets it).
+
+    Attributes:
+        sequence: the sequence it runs on.
+        result: None until the last step has been taken.
+    """
+
+    def __init__(self, steps: Generator[Step, None, GenerationResult], sequence: Sequence):
+        self._steps = steps
+        self.sequence = sequence
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> Step:
+        try:
+            return next(self._steps)
+        except StopIteration as end:
+            if end.value is not None:
+                self.result = end.value
+            raise
+
+    def drain(self) -> GenerationResult:
+        """Run the remaining steps and return :attr:`result`.
+
+        Raises:
+            CooktopError: the generation was closed before its end.
+        """
+        for _ in self:
+            pass
+        if self.result is None:
+            raise CooktopError("this generation was closed before it finished: it has no result")
+        return self.result
+
+    def close(self) -> None:
+        """Stop early (no result); the sequence keeps what was evaluated so far."""
+        self._steps.close()
+
+
 class Engine:
-    """A loaded model plus tokenizer and context state.
+    """A loaded model plus tokenizer, with a default sequence.
 
     Attributes:
         gf, cfg, tokenizer, model, placement, devices.
-        tokens: the context (token ids whose K/V are cached), len <= n_ctx.
+        seq: the default :class:`Sequence` (what :meth:`eval`, :meth:`reset`,
+            :attr:`tokens` and :meth:`generate` without ``seq`` use).
         n_ctx, n_batch: context length and prompt chunk size (tokens).
+    Args:
+        keep_scores: the default sequence records every logits row (``Llama.scores``).
     """
 
     def __init__(self, gf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer, model: LlamaModel,
-                 placement: Placement, devices: dict[str, Device], load_ms: float):
+                 placement: Placement, devices: dict[str, Device], load_ms: float, keep_scores: bool = False):
         self.gf, self.cfg, self.tokenizer, self.model = gf, cfg, tokenizer, model
         self.placement = placement
         self.devices = devices
         self.n_ctx, self.n_batch = model.n_ctx, model.n_batch
-        self.tokens: list[int] = []
         self.load_ms = load_ms
-        #: Called as ``on_logits(pos, rows)`` after every forward pass: ``rows`` float32
-        #: [m, n_vocab] are the logits of positions ``pos .. pos + m - 1``.
-        self.on_logits: Callable[[int, np.ndarray], None] | None = None
-        #: Called as ``on_truncate(n)`` when the context shrinks to its first ``n`` tokens.
-        self.on_truncate: Callable[[int], None] | None = None
-        self._epoch = 0  # bumped by every eval/truncation: a suspended generate() must not resume after one
+        self.seq = Sequence(model, keep_scores)
 
-    # -- evaluation ---------------------------------------------------------
+    def new_sequence(self, keep_scores: bool = False) -> Sequence:
+        """Another sequence on this model: a KV cache of its own (``2 x n_layer x n_ctx x
+        n_head_kv x head_dim x 4`` bytes on the devices, not counted by the load-time budget).
+        Owned by the caller; freed by its ``close()`` or when dropped.
+
+        Raises:
+            CooktopError: the engine is closed. DeviceOutOfMemoryError: the cache does not fit.
+        """
+        return Sequence(self.model, keep_scores)
+
+    # -- evaluation on the default sequence ---------------------------------
+    @property
+    def tokens(self) -> list[int]:
+        """The default sequence's context (token ids whose K/V are cached)."""
+        return self.seq.tokens
+
     def reset(self) -> None:
-        """Forget the context (the cache is overwritten on the next eval)."""
-        self._truncate(0)
-
-    def _truncate(self, n: int) -> None:
-        self._epoch += 1
-        self.tokens = self.tokens[:n]
-        if self.on_truncate is not None:
-            self.on_truncate(n)
+        """Forget the default sequence's context."""
+        self.seq.reset()
 
     def eval(self, tokens: list[int], logits_all: bool = False) -> np.ndarray:
-        """Append ``tokens`` to the context, evaluating them in ``n_batch`` chunks.
-
-        Returns:
-            float32 [len(tokens), n_vocab] when ``logits_all`` (the model must
-            be loaded with logits_all), else float32 [1, n_vocab] of the last token.
-        Raises:
-            ContextOverflowError: the context would exceed ``n_ctx``.
-            InvalidTokenError: no tokens, or a token id out of range.
-            CooktopError: ``logits_all`` asked of a model loaded without it.
-        """
-        tokens = [int(t) for t in tokens]
-        self._epoch += 1
-        if not tokens:
-            raise InvalidTokenError("eval needs at least one token")
-        if logits_all and not self.model.logits_all:
-            raise CooktopError("logits for every position need the model loaded with logits_all=True")
-        if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{len(self.tokens) + len(tokens)} tokens do not fit in the context of n_ctx = {self.n_ctx} "
-                f"tokens ({len(self.tokens)} already in it); raise n_ctx (-c) or shorten the prompt")
-        bad = [t for t in tokens if not 0 <= t < self.cfg.n_vocab]
-        if bad:
-            raise InvalidTokenError(f"token id {bad[0]} is out of range 0..{self.cfg.n_vocab - 1}")
-        outs = []
-        for i in range(0, len(tokens), self.n_batch):
-            chunk = tokens[i:i + self.n_batch]
-            pos = len(self.tokens)
-            out = self.model.forward(np.array(chunk), pos, logits_all)
-            self.tokens += chunk
-            if self.on_logits is not None:
-                self.on_logits(pos if logits_all else len(self.tokens) - 1, out)
-            outs.append(out)
-        return np.concatenate(outs) if logits_all else outs[-1]
-
-    def _prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
-        """Evaluate ``prompt`` reusing the cached common prefix.
-
-        Returns:
-            (float32 [n_vocab] logits of its last token, number of tokens evaluated)
-        """
-        common = 0
-        for a, b in zip(self.tokens, prompt):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(prompt) - 1)  # re-evaluate at least one token for its logits
-        self._truncate(common)
-        return self.eval(prompt[common:])[-1], len(prompt) - common
+        """:meth:`Sequence.eval` on the default sequence."""
+        return self.seq.eval(tokens, logits_all)
 
     # -- generation ---------------------------------------------------------
     def check_prompt(self, prompt_tokens: list[int]) -> None:
@@ -178,39 +206,50 @@ class Engine:
                 f"raise -c / n_ctx (the model was trained with {self.cfg.n_ctx_train}) or shorten the prompt")
 
     def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams,
-                 stop: list[str] | None = None) -> Iterator[str]:
-        """Stream the continuation of ``prompt_tokens`` as text pieces.
+                 stop: list[str] | None = None, seq: Sequence | None = None) -> Generation:
+        """The continuation of ``prompt_tokens`` on ``seq``, as a :class:`Generation` of steps.
 
-        After the iterator is exhausted, ``self.result`` holds a :class:`GenerationResult`.
+        Nothing runs until the first ``next``. The sequence's context becomes the
+        prompt (its cached common prefix is reused) plus every generated token but
+        the last. Two generations on different sequences may be advanced in any
+        order; a generation whose sequence was evaluated or truncated by someone
+        else meanwhile raises ``CooktopError`` ("interrupted") at its next step.
 
         Args:
             prompt_tokens: ids (BOS included if wanted); 1..n_ctx tokens.
             n_predict: max tokens to generate; < 0 means until the context is full.
             params: sampling settings.
             stop: strings that end generation (not included in the output).
+            seq: the sequence to run on (default: :attr:`seq`).
         Raises:
-            ContextOverflowError: the prompt alone does not fit in ``n_ctx`` (before anything runs).
+            CooktopError: an empty prompt; ContextOverflowError: the prompt alone does not
+            fit in ``n_ctx`` (both now, before anything runs).
         """
         self.check_prompt(prompt_tokens)
-        stop = [s for s in (stop or []) if s]
+        seq = self.seq if seq is None else seq
+        stops = [s for s in (stop or []) if s]
+        steps = self._steps(seq, list(prompt_tokens), n_predict, Sampler(params), stops)
+        return Generation(steps, seq)
+
+    def _steps(self, seq: Sequence, prompt: list[int], n_predict: int, sampler: Sampler,
+               stop: list[str]) -> Generator[Step, None, GenerationResult]:
+        """The generation loop of :meth:`generate` (a generator returning its result)."""
         timings = Timings(load_ms=self.load_ms)
-        sampler = Sampler(params)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         generated: list[int] = []
         text_out: list[str] = []
         pending = ""
         hit = False
         finish = "length"
-        self.result = GenerationResult(generated, "", finish, timings)
 
         t0 = time.perf_counter()
-        logits, timings.prompt_n = self._prefill(list(prompt_tokens))
-        epoch = self._epoch
+        logits, timings.prompt_n = seq.prefill(prompt)
+        version = seq.version
         timings.prompt_ms = (time.perf_counter() - t0) * 1e3
-        history = list(prompt_tokens)
+        history = list(prompt)
         first = True
         while n_predict < 0 or len(generated) < n_predict:
-            if len(self.tokens) >= self.n_ctx:  # context full: every generated token must fit (finish "length")
+            if seq.n_past >= self.n_ctx:  # context full: every generated token must fit (finish "length")
                 break
             ts = time.perf_counter()
             tok = sampler.sample(logits, history)
@@ -225,33 +264,35 @@ class Engine:
             history.append(tok)
             pending += decoder.decode(self.tokenizer.token_to_piece(tok))
             emit, hit = _split_stop(pending, stop)
+            pending = pending[len(emit):]
             if emit:
                 text_out.append(emit)
-                yield emit
-            pending = pending[len(emit):]
+            yield Step(tok, emit)
             if hit:
                 finish = "stop"
                 pending = ""
                 break
             if n_predict >= 0 and len(generated) >= n_predict:
                 break
-            if self._epoch != epoch:
-                raise CooktopError("this generation was interrupted: the context was changed by another "
-                                   "eval or completion on the same model; finish a stream before starting "
-                                   "the next, or use one Llama per stream")
+            if seq.version != version:
+                raise CooktopError("this generation was interrupted: its sequence was changed by another "
+                                   "eval or completion meanwhile; finish a stream before starting the next "
+                                   "on the same sequence, or give each stream its own sequence (one Llama, "
+                                   "or Engine.new_sequence(), per stream)")
             te = time.perf_counter()
-            logits = self.eval([tok])[-1]
-            epoch = self._epoch
+            logits = seq.eval([tok])[-1]
+            version = seq.version
             timings.eval_ms += (time.perf_counter() - te) * 1e3
             timings.eval_n += 1
         tail = "" if hit else pending + decoder.decode(b"", final=True)
         if tail:
             text_out.append(tail)
-            yield tail
-        self.result = GenerationResult(generated, "".join(text_out), finish, timings, sampler.seed)
+        yield Step(None, tail, finish)
+        return GenerationResult(generated, "".join(text_out), finish, timings, sampler.seed)
 
     def close(self) -> None:
-        """Release the model's device buffers."""
+        """Release the default sequence's cache and the model's device buffers (idempotent)."""
+        self.seq.close()
         self.model.close()
 
 
@@ -271,13 +312,18 @@ def _split_stop(text: str, stop: list[str]) -> tuple[str, bool]:
     return text[:len(text) - hold], False
 
 
+def load(model_path: str | os.PathLike, *, keep_scores: bool = False, **kwargs) -> Engine:
+    """:func:`cooktop.runtime.loader.load_model` wrapped in an :class:`Engine` (same arguments),
+    with its default sequence (whose KV cache is allocated now).
 
-
-def load(model_path: str | os.PathLike, **kwargs) -> Engine:
-    """:func:`cooktop.runtime.loader.load_model` wrapped in an :class:`Engine` (same arguments).
-
+    Args:
+        keep_scores: the default sequence records every logits row (see :class:`Engine`).
     Raises:
         GGUFError, UnsupportedModelError, DeviceError, DeviceOutOfMemoryError.
     """
     m: LoadedModel = load_model(model_path, **kwargs)
-    return Engine(m.gf, m.cfg, m.tokenizer, m.model, m.placement, m.devices, m.load_ms)
+    try:
+        return Engine(m.gf, m.cfg, m.tokenizer, m.model, m.placement, m.devices, m.load_ms, keep_scores)
+    except BaseException:
+        m.model.close()
+        raise

@@ -1,0 +1,136 @@
+"""One sequence on a loaded model: its KV cache, the tokens it holds, and optionally its logits.
+
+A :class:`Sequence` is what one conversation (or one request, or one
+``Llama``) runs on. Several sequences of one :class:`~cooktop.model.llama.LlamaModel`
+share its weights and scratch buffers and have a KV cache each, so their
+evaluations and generations can interleave. A sequence has one writer at a
+time: :attr:`Sequence.version` changes with every evaluation or truncation, so
+a suspended generation notices that someone else moved its sequence.
+
+The sequence holds the model, never the reverse, and takes no callbacks: there
+is no reference cycle, so dropping the last reference frees its cache at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ContextOverflowError, CooktopError
+from ..model.llama import KVCache, LlamaModel
+from ..text.tokenizer import InvalidTokenError
+
+
+class Sequence:
+    """A KV cache of ``model`` plus what was evaluated into it.
+
+    Args:
+        model: the loaded model (not closed).
+        keep_scores: record the logits of every evaluated position in :attr:`scores`
+            (llama-cpp-python's ``Llama.scores``).
+    Attributes:
+        model, cache (:class:`KVCache`), version (bumped by every eval and truncation).
+    Raises:
+        CooktopError: the model is closed. DeviceOutOfMemoryError: the cache does not fit.
+    """
+
+    def __init__(self, model: LlamaModel, keep_scores: bool = False):
+        self.model = model
+        self.cache: KVCache = model.new_cache()
+        self.version = 0
+        self._scores = np.zeros((0, model.cfg.n_vocab), dtype=np.float32) if keep_scores else None
+
+    @property
+    def tokens(self) -> list[int]:
+        """Ids whose K/V are in the cache (the context), len <= n_ctx. Do not modify."""
+        return self.cache.tokens
+
+    @property
+    def n_past(self) -> int:
+        """Tokens in the context."""
+        return self.cache.n_past
+
+    @property
+    def scores(self) -> np.ndarray | None:
+        """float32 [capacity >= n_past, n_vocab]: row i holds the logits after position i
+        (zero where none were computed, and past ``n_past``); None without ``keep_scores``."""
+        return self._scores
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` tokens of the context (rows past them are forgotten)."""
+        self.version += 1
+        self.cache.truncate(n)
+        if self._scores is not None:
+            self._scores[max(n, 0):] = 0.0
+
+    def reset(self) -> None:
+        """Forget the context (the cache rows are overwritten by the next eval)."""
+        self.truncate(0)
+
+    def eval(self, tokens: list[int], logits_all: bool = False) -> np.ndarray:
+        """Append ``tokens`` to the context, evaluating them in ``n_batch`` chunks.
+
+        Returns:
+            float32 [len(tokens), n_vocab] when ``logits_all`` (the model must be
+            loaded with logits_all), else float32 [1, n_vocab] of the last token.
+        Raises:
+            ContextOverflowError: the context would exceed ``n_ctx``.
+            InvalidTokenError: no tokens, or a token id out of range.
+            CooktopError: ``logits_all`` asked of a model loaded without it; the model is closed.
+        """
+        model = self.model
+        tokens = [int(t) for t in tokens]
+        self.version += 1
+        if not tokens:
+            raise InvalidTokenError("eval needs at least one token")
+        if logits_all and not model.logits_all:
+            raise CooktopError("logits for every position need the model loaded with logits_all=True")
+        n_past = self.n_past
+        if n_past + len(tokens) > model.n_ctx:
+            raise ContextOverflowError(
+                f"{n_past + len(tokens)} tokens do not fit in the context of n_ctx = {model.n_ctx} "
+                f"tokens ({n_past} already in it); raise n_ctx (-c) or shorten the prompt")
+        n_vocab = model.cfg.n_vocab
+        bad = [t for t in tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise InvalidTokenError(f"token id {bad[0]} is out of range 0..{n_vocab - 1}")
+        outs = []
+        for i in range(0, len(tokens), model.n_batch):
+            chunk = tokens[i:i + model.n_batch]
+            pos = self.n_past
+            out = model.forward(np.array(chunk), pos, self.cache, logits_all)
+            self._record(pos if logits_all else self.n_past - 1, out)
+            outs.append(out)
+        return np.concatenate(outs) if logits_all else outs[-1]
+
+    def prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
+        """Make the context ``prompt``, reusing the longest common prefix with what is cached
+        (as llama-cpp-python does) and re-evaluating at least the last token.
+
+        Returns:
+            (float32 [n_vocab] logits of its last token, number of tokens evaluated)
+        Raises:
+            as :meth:`eval`.
+        """
+        common = 0
+        for a, b in zip(self.tokens, prompt):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(prompt) - 1)
+        self.truncate(common)
+        return self.eval(prompt[common:])[-1], len(prompt) - common
+
+    def _record(self, pos: int, rows: np.ndarray) -> None:
+        """Keep ``rows`` as the logits of positions ``pos .. pos + len(rows) - 1`` (keep_scores only)."""
+        if self._scores is None:
+            return
+        end = pos + len(rows)
+        if self._scores.shape[0] < end:
+            grown = np.zeros((max(end, 2 * self._scores.shape[0]), self._scores.shape[1]), dtype=np.float32)
+            grown[: self._scores.shape[0]] = self._scores
+            self._scores = grown
+        self._scores[pos:end] = rows
+
+    def close(self) -> None:
+        """Give the cache's device buffers back (idempotent; also done when collected)."""
+        self.cache.close()
