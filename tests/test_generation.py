@@ -156,3 +156,34 @@ def test_cache_of_another_model_is_refused(eng, stories):
             eng.model.forward([1], 0, e2.seq.cache)
     finally:
         e2.close()
+
+
+def test_two_threads_two_sequences(eng):
+    """Generations on two sequences in two threads take turns over the shared scratch
+    buffers (one forward at a time) and give the same tokens as run alone."""
+    import sys
+    import threading
+
+    prompts = [_prompt(eng, "Once upon a time"), _prompt(eng, "The little dog ran to the park and")]
+    alone = [eng.generate(p, 16, GREEDY).drain().tokens for p in prompts]
+    seqs = [eng.new_sequence(), eng.new_sequence()]
+    got: list = [[], []]
+
+    def work(i):
+        for _ in range(3):
+            got[i].append(eng.generate(prompts[i], 16, GREEDY, seq=seqs[i]).drain().tokens)
+            seqs[i].reset()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, inside forward passes
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert got == [[alone[0]] * 3, [alone[1]] * 3]
+    for s in seqs:
+        s.close()

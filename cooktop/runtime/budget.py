@@ -1,10 +1,12 @@
 """Memory a placement needs on each device, and whether it fits.
 
 Per device (bytes), for the blocks and head placed on it (the same buffers
-``model/llama.py`` ``Segment`` allocates):
+``model/llama.py`` ``Segment`` and ``KVCache`` allocate):
 
 - weights: the GGUF byte size of each tensor (raw GGML blocks, uploaded as is);
-- KV cache: ``2 x n_head_kv x head_dim x n_ctx x 4`` per block (float32 cache);
+- KV cache: ``2 x n_head_kv x head_dim x n_ctx x 4`` per block (float32 cache),
+  for one sequence (the engine's default one); each further sequence
+  (``Engine.new_sequence``) needs as much again;
 - scratch: ``4 x n_batch x (5 n_embd + 2 n_embd_kv + 2 n_ff + 1)`` per segment,
   plus for the head ``4 x (1 + n_embd + R x n_vocab)`` with R = n_batch when
   logits_all else 1.
