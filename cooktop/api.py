@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Iterator, TypedDict
+from collections.abc import Iterator
+from typing import Any, TypedDict
 
 import numpy as np
 
-from .engine import generate as _engine
+from .engine import generate as _generate
 from .engine.sampling import SamplingParams
 from .errors import CooktopError
 
@@ -71,9 +72,9 @@ class Llama:
         self.verbose = verbose
         self.seed = seed
         self._logits_all = logits_all
-        self._last: _engine.GenerationResult | None = None
-        self._engine_or_none: _engine.Engine | None = None
-        self._engine_or_none = _engine.load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
+        self._last: _generate.GenerationResult | None = None
+        self._engine_or_none: _generate.Engine | None = None
+        self._engine_or_none = _generate.load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                                             n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all,
                                             keep_scores=True)
         if verbose:
@@ -82,7 +83,7 @@ class Llama:
                   f"{self._engine.placement.summary()}", file=sys.stderr)
 
     @property
-    def _engine(self) -> "_engine.Engine":
+    def _engine(self) -> _generate.Engine:
         """The engine, or CooktopError once :meth:`close` was called."""
         eng = self._engine_or_none
         if eng is None:
@@ -91,7 +92,7 @@ class Llama:
         return eng
 
     @classmethod
-    def from_pretrained(cls, repo_id: str, filename: str, **kwargs: Any) -> "Llama":
+    def from_pretrained(cls, repo_id: str, filename: str, **kwargs: Any) -> Llama:
         """Load ``filename`` from a Hugging Face repo (cached download), like llama-cpp-python."""
         from .tools.hub import resolve
         return cls(model_path=resolve(repo_id, filename), **kwargs)
@@ -144,7 +145,9 @@ class Llama:
     @property
     def _scores(self) -> np.ndarray:
         """The default sequence's whole logits buffer (rows past ``n_tokens`` are zero)."""
-        return self._engine.seq.scores
+        scores = self._engine.seq.scores
+        assert scores is not None  # the default sequence keeps scores (load(keep_scores=True))
+        return scores
 
     # -- evaluation --------------------------------------------------------
     def reset(self) -> None:
@@ -198,7 +201,7 @@ class Llama:
                                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
             return out
 
-        def usage(res: _engine.GenerationResult) -> CompletionUsage:
+        def usage(res: _generate.GenerationResult) -> CompletionUsage:
             n = len(res.tokens)
             return {"prompt_tokens": len(tokens), "completion_tokens": n, "total_tokens": len(tokens) + n}
 
@@ -209,7 +212,7 @@ class Llama:
                 for step in gen:
                     if step.text:
                         yield chunk(step.text, None)
-                res = self._last = gen.result
+                res = self._last = gen.drain()  # exhausted: its result
                 last = chunk("", res.finish_reason)
                 last["usage"] = usage(res)
                 yield last
@@ -222,7 +225,7 @@ class Llama:
     __call__ = create_completion
 
     @property
-    def last_timings(self) -> "_engine.Timings":
+    def last_timings(self) -> _generate.Timings:
         """Timings of the last finished completion (milliseconds).
 
         Raises:
@@ -241,7 +244,7 @@ class Llama:
         if eng is not None:
             eng.close()
 
-    def __enter__(self) -> "Llama":
+    def __enter__(self) -> Llama:
         return self
 
     def __exit__(self, *exc: object) -> None:

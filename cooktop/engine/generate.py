@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Generator, Iterator
+from collections.abc import Generator, Iterator
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class Generation(Iterator[Step]):
         self.sequence = sequence
         self.result: GenerationResult | None = None
 
-    def __iter__(self) -> "Generation":
+    def __iter__(self) -> Generation:
         return self
 
     def __next__(self) -> Step:

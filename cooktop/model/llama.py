@@ -206,7 +206,7 @@ class KVCache:
         n_ctx: rows of each cache tensor (tokens).
     """
 
-    def __init__(self, model: "LlamaModel"):
+    def __init__(self, model: LlamaModel):
         self._model_key = model._key
         self.n_ctx = model.n_ctx
         self.tokens: list[int] = []
