@@ -12,7 +12,7 @@ Public API (llama-cpp-python names)::
 
 from __future__ import annotations
 
-from .api import Llama
+from .api import Llama, LlamaGrammar
 from .errors import CooktopError
 from .version import __version__
 
@@ -29,4 +29,4 @@ def list_devices(refresh: bool = False):
     return probe_all(refresh)
 
 
-__all__ = ["Llama", "CooktopError", "load", "list_devices", "__version__"]
+__all__ = ["Llama", "LlamaGrammar", "CooktopError", "load", "list_devices", "__version__"]

@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import numpy as np
 
@@ -93,11 +93,19 @@ class Step:
         text: the text this step releases; may be "" while a UTF-8 character or a
             possible stop string is incomplete. The steps' texts joined are the result's text.
         finish_reason: None, except on the last step: "stop" or "length".
+        logits: float32 [n_vocab], the raw logits ``token`` was sampled from (for
+            ``logprobs``); None on the last step. Read-only: do not modify.
     """
 
     token: int | None
     text: str
     finish_reason: str | None = None
+    logits: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
+
+
+#: A stopping criterion (llama-cpp-python's): ``(input_ids int [n], logits float32 [n_vocab]) -> bool``;
+#: True ends the generation (finish "stop") after the token just sampled.
+StoppingCriterion = Callable[[np.ndarray, np.ndarray], bool]
 
 
 class Generation(Iterator[Step]):
@@ -205,8 +213,9 @@ class Engine:
                 f"the prompt has {len(prompt_tokens)} tokens but the context holds n_ctx = {self.n_ctx}; "
                 f"raise -c / n_ctx (the model was trained with {self.cfg.n_ctx_train}) or shorten the prompt")
 
-    def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams,
-                 stop: list[str] | None = None, seq: Sequence | None = None) -> Generation:
+    def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams | Sampler,
+                 stop: list[str] | None = None, seq: Sequence | None = None,
+                 stopping_criteria: list[StoppingCriterion] | None = None) -> Generation:
         """The continuation of ``prompt_tokens`` on ``seq``, as a :class:`Generation` of steps.
 
         Nothing runs until the first ``next``. The sequence's context becomes the
@@ -218,9 +227,12 @@ class Engine:
         Args:
             prompt_tokens: ids (BOS included if wanted); 1..n_ctx tokens.
             n_predict: max tokens to generate; < 0 means until the context is full.
-            params: sampling settings.
+            params: sampling settings, or a :class:`Sampler` (with logits processors or a
+                grammar; one per generation, it keeps state).
             stop: strings that end generation (not included in the output).
             seq: the sequence to run on (default: :attr:`seq`).
+            stopping_criteria: callables ``(input_ids, logits) -> bool`` checked after each
+                token (llama-cpp-python's ``stopping_criteria``); True ends with "stop".
         Raises:
             CooktopError: an empty prompt; ContextOverflowError: the prompt alone does not
             fit in ``n_ctx`` (both now, before anything runs).
@@ -228,11 +240,12 @@ class Engine:
         self.check_prompt(prompt_tokens)
         seq = self.seq if seq is None else seq
         stops = [s for s in (stop or []) if s]
-        steps = self._steps(seq, list(prompt_tokens), n_predict, Sampler(params), stops)
+        sampler = params if isinstance(params, Sampler) else Sampler(params)
+        steps = self._steps(seq, list(prompt_tokens), n_predict, sampler, stops, list(stopping_criteria or []))
         return Generation(steps, seq)
 
     def _steps(self, seq: Sequence, prompt: list[int], n_predict: int, sampler: Sampler,
-               stop: list[str]) -> Generator[Step, None, GenerationResult]:
+               stop: list[str], criteria: list[StoppingCriterion]) -> Generator[Step, None, GenerationResult]:
         """The generation loop of :meth:`generate` (a generator returning its result)."""
         timings = Timings(load_ms=self.load_ms)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -267,10 +280,13 @@ class Engine:
             pending = pending[len(emit):]
             if emit:
                 text_out.append(emit)
-            yield Step(tok, emit)
+            yield Step(tok, emit, None, logits)
             if hit:
                 finish = "stop"
                 pending = ""
+                break
+            if criteria and any(bool(c(np.asarray(history, dtype=np.intc), logits)) for c in criteria):
+                finish = "stop"
                 break
             if n_predict >= 0 and len(generated) >= n_predict:
                 break

@@ -102,6 +102,33 @@ class Sequence:
             outs.append(out)
         return np.concatenate(outs) if logits_all else outs[-1]
 
+    def hidden_states(self, tokens: list[int]) -> np.ndarray:
+        """Make the context ``tokens`` (from position 0) and return their output-normed hidden states.
+
+        What llama.cpp pools into embeddings (``result_norm``); no logits are computed.
+
+        Returns:
+            float32 [len(tokens), n_embd].
+        Raises:
+            as :meth:`eval`.
+        """
+        model = self.model
+        tokens = [int(t) for t in tokens]
+        self.truncate(0)
+        if not tokens:
+            raise InvalidTokenError("an embedding needs at least one token")
+        if len(tokens) > model.n_ctx:
+            raise ContextOverflowError(f"{len(tokens)} tokens do not fit in the context of n_ctx = {model.n_ctx} "
+                                       "tokens; raise n_ctx (-c) or shorten the input")
+        n_vocab = model.cfg.n_vocab
+        bad = [t for t in tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise InvalidTokenError(f"token id {bad[0]} is out of range 0..{n_vocab - 1}")
+        outs = [model.forward(np.array(tokens[i:i + model.n_batch]), i, self.cache, embeddings=True)
+                for i in range(0, len(tokens), model.n_batch)]
+        self.version += 1
+        return np.concatenate(outs)
+
     def prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
         """Make the context ``prompt``, reusing the longest common prefix with what is cached
         (as llama-cpp-python does) and re-evaluating at least the last token.

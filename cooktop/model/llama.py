@@ -138,7 +138,7 @@ class Segment:
             self.logits = d.empty((B if logits_all else 1, cfg.n_vocab))
 
     def run(self, x_host: np.ndarray, pos_host: np.ndarray, logits_all: bool,
-            k_cache: list[DeviceTensor], v_cache: list[DeviceTensor]) -> np.ndarray:
+            k_cache: list[DeviceTensor], v_cache: list[DeviceTensor], embeddings: bool = False) -> np.ndarray:
         """Run this segment on ``n`` tokens of one sequence.
 
         Args:
@@ -147,9 +147,11 @@ class Segment:
             logits_all: head only: logits for every row, else for the last row.
             k_cache, v_cache: the sequence's cache of each block of this segment,
                 f32 [n_ctx, n_head_kv * head_dim] on this segment's device.
+            embeddings: head only: return the output-normed hidden states of every
+                row instead of logits (llama.cpp's ``result_norm``, what its embeddings pool).
         Returns:
             float32 [n, n_embd] activations after the last block, or, with the
-            head, logits float32 [n or 1, n_vocab].
+            head, logits float32 [n or 1, n_vocab] (``embeddings``: float32 [n, n_embd]).
         """
         d, cfg = self.device, self.cfg
         n = x_host.shape[0]
@@ -180,6 +182,9 @@ class Segment:
             d.add(x, x, o)
         if not self.head:
             return d.read(x)
+        if embeddings:
+            d.rmsnorm(xn, x, self.out_norm, cfg.rms_eps)
+            return d.read(xn)
         if logits_all:
             xl, logits = xn, self.logits.head(n)
             d.rmsnorm(xl, x, self.out_norm, cfg.rms_eps)
@@ -300,8 +305,8 @@ class LlamaModel:
         rows = np.asarray(te.data).reshape(te.shape[0], -1)[tokens]
         return dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
 
-    def forward(self, tokens: np.ndarray, n_past: int, cache: KVCache, logits_all: bool | None = None
-                ) -> np.ndarray:
+    def forward(self, tokens: np.ndarray, n_past: int, cache: KVCache, logits_all: bool | None = None,
+                embeddings: bool = False) -> np.ndarray:
         """Evaluate ``n <= n_batch`` tokens of one sequence at positions ``n_past .. n_past + n - 1``.
 
         Writes their K/V into ``cache`` and sets ``cache.tokens`` to its first ``n_past``
@@ -313,8 +318,10 @@ class LlamaModel:
             n_past: positions of ``cache`` to keep, <= ``cache.n_past``.
             cache: a cache made by this model's :meth:`new_cache`.
             logits_all: override of the model's setting for this call.
+            embeddings: return the output-normed hidden states instead of logits.
         Returns:
-            float32 [n, n_vocab] when logits_all, else float32 [1, n_vocab] (last token).
+            float32 [n, n_vocab] when logits_all, else float32 [1, n_vocab] (last token);
+            with ``embeddings``, float32 [n, n_embd].
         Raises:
             CooktopError: the model or the cache is closed, or the cache is another model's.
             ValueError: ``n`` or ``n_past`` out of range.
@@ -339,7 +346,7 @@ class LlamaModel:
         with self._lock:
             self._check_open()
             for seg, k, v in zip(self.segments, cache.k, cache.v):
-                h = seg.run(h, pos, la, k, v)
+                h = seg.run(h, pos, la, k, v, embeddings)
         cache.tokens.extend(int(t) for t in ids)
         return h
 

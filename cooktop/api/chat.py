@@ -1,0 +1,213 @@
+"""``Llama.create_chat_completion``: a conversation through the chat template, then a completion.
+
+The template is chosen once per ``Llama`` by
+:func:`cooktop.text.chat_template.resolve_template` (``chat_template_file``,
+``chat_template``, ``chat_format``, the model's ``tokenizer.chat_template``,
+else ``chatml`` with a logged notice, as llama.cpp does). The rendered prompt
+loses a leading BOS text the tokenizer adds anyway (llama.cpp
+``common/chat.cpp``), is tokenized with special tokens parsed, and generation
+stops at the template's end-of-turn strings as well as the caller's ``stop``.
+Responses are OpenAI's ``chat.completion`` / ``chat.completion.chunk``;
+``logprobs``/``top_logprobs`` give OpenAI's chat shape. Tool calls are passed
+to the template but not parsed out of the answer (the text comes back as content).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from ..errors import CooktopError
+from ..text.chat_template import TemplateChoice, resolve_template, strip_added_specials
+from .completion import MAX_TOP_LOGPROBS, n_predict_of, stop_list
+from ..engine.generate import Generation, Step
+from .logprobs import log_softmax, top_k
+from .grammar import GrammarError, from_response_format
+from .types import ChatCompletion, ChatCompletionChunk
+
+log = logging.getLogger("cooktop")
+
+
+def _token_entry(text: str, raw: bytes, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+
+class ChatMixin:
+    """Chat completion for :class:`cooktop.api.llama.Llama`."""
+
+    chat_template_override: str | None = None
+    chat_template_file: str | None = None
+
+    def chat_template_choice(self) -> TemplateChoice:
+        """The chat template this model renders with (resolved on first use; a fallback is logged once).
+
+        Raises:
+            ChatTemplateError: an unknown ``chat_format``, or a template that does not compile.
+        """
+        if self._chat is None:
+            md = self._gf.metadata
+            tk = self._tokenizer
+            bos = tk.token_to_piece(tk.bos_id, special=True).decode("utf-8", "replace") if tk.bos_id >= 0 else ""
+            eos = tk.token_to_piece(tk.eos_id, special=True).decode("utf-8", "replace") if tk.eos_id >= 0 else ""
+            tool_use = md.get("tokenizer.chat_template.tool_use")
+            choice = resolve_template(md.get("tokenizer.chat_template") or None, chat_format=self.chat_format,
+                                      chat_template=self.chat_template_override,
+                                      chat_template_file=self.chat_template_file,
+                                      tool_use_template=tool_use if isinstance(tool_use, str) else None,
+                                      bos_token=bos, eos_token=eos)
+            if choice.notice:
+                log.warning("%s", choice.notice)
+            self._chat = choice
+        return self._chat
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """The prompt text a conversation renders to (llama-server's ``/apply-template``).
+
+        Raises:
+            ChatTemplateError: the template refused the conversation or failed on it.
+        """
+        tmpl = self.chat_template_choice().for_request(tools)
+        return tmpl.render(messages, add_generation_prompt=add_generation_prompt, tools=tools or None, **kwargs)
+
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    **kwargs: Any) -> tuple[list[int], list[str]]:
+        """(prompt token ids, the template's stop strings) for a conversation.
+
+        Raises:
+            ChatTemplateError: see :meth:`apply_chat_template`.
+        """
+        tmpl = self.chat_template_choice().for_request(tools)
+        text = tmpl.render(messages, add_generation_prompt=True, tools=tools or None, **kwargs)
+        text = strip_added_specials(text, tmpl.bos_token, tmpl.eos_token, add_bos=self._tokenizer.vocab.add_bos)
+        return self.tokenize(text, add_bos=True, special=True), list(tmpl.stop)
+
+    def create_chat_completion(self, messages: list[dict[str, Any]], functions: Any = None,
+                               function_call: Any = None, tools: list[dict[str, Any]] | None = None,
+                               tool_choice: Any = None, temperature: float = 0.2, top_p: float = 0.95,
+                               top_k: int = 40, min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
+                               stop: str | list[str] | None = None, seed: int | None = None,
+                               response_format: dict[str, Any] | None = None, max_tokens: int | None = None,
+                               presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                               repeat_penalty: float = 1.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
+                               logits_processor: Any = None, grammar: Any = None,
+                               logit_bias: dict | None = None, logprobs: bool | None = None,
+                               top_logprobs: int | None = None, stopping_criteria: Any = None,
+                               ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
+        """Answer a conversation (OpenAI ``chat.completion``), llama-cpp-python's arguments.
+
+        Args:
+            messages: ``[{"role": ..., "content": ...}, ...]``.
+            functions, function_call, tool_choice: accepted; functions are passed as tools.
+            tools: passed to the template (answers are not parsed into tool calls).
+            response_format: ``{"type": "json_object"}`` (optionally ``"schema"``) or
+                ``{"type": "json_schema", "json_schema": {"schema": ...}}``: constrained output.
+            logprobs, top_logprobs: OpenAI chat logprobs (``top_logprobs`` 0..20).
+            Others as :meth:`create_completion` (temperature defaults to 0.2 here, as in llama-cpp-python).
+        Returns:
+            a ``chat.completion`` dict, or an iterator of ``chat.completion.chunk`` s when ``stream``
+            (the last carries ``usage`` as an extra key).
+        Raises:
+            ChatTemplateError: the template refused the conversation. ContextOverflowError: the
+            prompt does not fit. GrammarError: grammar and response_format both given, or bad.
+        """
+        eng = self._engine
+        if mirostat_mode:
+            raise CooktopError("mirostat sampling is not implemented in cooktop; use mirostat_mode=0")
+        if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
+                                         or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS):
+            raise CooktopError(f"top_logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, got {top_logprobs!r}")
+        rf = from_response_format(response_format)
+        if rf is not None and grammar is not None:
+            raise GrammarError("give either grammar or response_format, not both")
+        if tools is None and functions:
+            tools = [{"type": "function", "function": f} for f in functions]
+        tokens, template_stops = self.chat_prompt(messages, tools)
+        sampler = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                typical_p=typical_p, repeat_penalty=repeat_penalty,
+                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                logit_bias=logit_bias, seed=seed, logits_processor=logits_processor,
+                                grammar=rf if rf is not None else grammar)
+        stops = stop_list(stop) + [s for s in template_stops if s not in stop_list(stop)]
+        criteria = list(stopping_criteria) if stopping_criteria is not None else []
+        steps = eng.generate(tokens, n_predict_of(max_tokens), sampler, stops, stopping_criteria=criteria)
+        k = (top_logprobs or 0) if logprobs else None
+        chat = _Chat(self, steps, len(tokens), model or self.model_path, k)
+        return chat.chunks() if stream else chat.whole()
+
+
+class _Chat:
+    """Turns the steps of one generation into chat chunks or one ``chat.completion``."""
+
+    def __init__(self, llm: Any, steps: Generation, n_prompt: int, model: str, top: int | None):
+        self.llm, self.steps, self.n_prompt, self.model, self.top = llm, steps, n_prompt, model, top
+        self.id = f"chatcmpl-{uuid.uuid4()}"
+        self.created = int(time.time())
+        self.n_generated = 0
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.n_prompt, "completion_tokens": self.n_generated,
+                "total_tokens": self.n_prompt + self.n_generated}
+
+    def _logprob(self, step: Step) -> dict[str, Any] | None:
+        if self.top is None or step.token is None:
+            return None
+        lps = log_softmax(step.logits)
+        tk = self.llm._tokenizer
+
+        def entry(i: int, lp: float) -> dict[str, Any]:
+            raw = tk.token_to_piece(i)
+            return _token_entry(raw.decode("utf-8", "replace"), raw, lp)
+
+        e = entry(step.token, float(lps[step.token]))
+        e["top_logprobs"] = [entry(i, lp) for i, lp in top_k(lps, self.top)]
+        return e
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None, lp: list | None) -> ChatCompletionChunk:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "delta": delta,
+                             "logprobs": None if lp is None else {"content": lp, "refusal": None},
+                             "finish_reason": finish}]}
+
+    def chunks(self) -> Iterator[ChatCompletionChunk]:
+        """Role first, then content deltas, then an empty delta with ``finish_reason`` (and ``usage``)."""
+        try:
+            yield self._chunk({"role": "assistant", "content": ""}, None, None)
+            for step in self.steps:
+                if step.token is not None:
+                    self.n_generated += 1
+                e = self._logprob(step)
+                if step.text or e is not None:
+                    yield self._chunk({"content": step.text}, None, None if e is None else [e])
+                if step.finish_reason is not None:
+                    last = self._chunk({}, step.finish_reason, None)
+                    last["usage"] = self.usage()
+                    yield last
+        finally:
+            self.steps.close()
+            if self.steps.result is not None:
+                self.llm._last = self.steps.result
+
+    def whole(self) -> ChatCompletion:
+        """The non-streamed ``chat.completion``."""
+        texts, lps = [], []
+        finish = "length"
+        for step in self.steps:
+            if step.token is not None:
+                self.n_generated += 1
+            texts.append(step.text)
+            e = self._logprob(step)
+            if e is not None:
+                lps.append(e)
+            if step.finish_reason is not None:
+                finish = step.finish_reason
+        self.llm._last = self.steps.result
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(texts)},
+                             "logprobs": {"content": lps, "refusal": None} if self.top is not None else None,
+                             "finish_reason": finish}],
+                "usage": self.usage()}

@@ -1,0 +1,353 @@
+"""``cooktop.Llama``: a loaded model and its context, with llama-cpp-python's names and semantics.
+
+Code written for ``llama_cpp.Llama`` runs with only its import changed::
+
+    from cooktop import Llama
+    llm = Llama(model_path="stories260K.gguf", n_ctx=512)
+    out = llm.create_completion("Once upon a time", max_tokens=32, temperature=0)
+    print(out["choices"][0]["text"])
+
+The class is assembled from one mixin per concern: completions
+(:mod:`.completion`), chat (:mod:`.chat`), embeddings (:mod:`.embedding`).
+Response dicts follow llama-cpp-python's ``llama_types`` (OpenAI's schemas).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..engine import generate as _generate
+from ..errors import CooktopError
+from ..format.gguf import open_gguf
+from ..text.tokenizer import Tokenizer
+from . import options
+from .chat import ChatMixin
+from .completion import CompletionMixin
+from .embedding import EmbeddingMixin
+
+log = logging.getLogger("cooktop")
+
+
+@dataclasses.dataclass
+class LlamaState:
+    """What :meth:`Llama.save_state` returns: the context's tokens and logits rows.
+
+    ``load_state`` rebuilds the KV cache by evaluating ``input_ids`` again (same
+    values as the saved cache, at the cost of one prompt evaluation).
+    """
+
+    input_ids: np.ndarray
+    scores: np.ndarray
+    n_tokens: int
+    seed: int
+
+
+class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
+    """A loaded model and its context, llama-cpp-python style.
+
+    Every argument of ``llama_cpp.Llama`` is accepted (see :mod:`cooktop.api.options`).
+    Honoured: ``n_ctx`` (0: the model's, capped at 4096), ``n_batch``,
+    ``n_gpu_layers`` (0 none, -1 all), ``tensor_split`` (as cooktop's ``split``),
+    ``split_mode`` / ``main_gpu`` (``split_mode=0`` puts everything on device
+    number ``main_gpu`` of ``device``), ``seed`` (-1 or 0xFFFFFFFF: random),
+    ``logits_all``, ``embedding``, ``pooling_type``, ``n_threads`` /
+    ``n_threads_batch`` (BLAS threads of the numpy backend, process-wide),
+    ``last_n_tokens_size`` (penalty window), ``chat_format``, ``spm_infill``,
+    ``type_k``/``type_v`` (F32 only), ``vocab_only`` (tokenizer only),
+    ``verbose``. cooktop's own: ``device`` (``--device``), ``split``,
+    ``chat_template`` / ``chat_template_file`` (llama-server's ``--chat-template``,
+    ``--chat-template-file``: a format name or jinja text, a jinja file).
+
+    Raises:
+        GGUFError, UnsupportedModelError, DeviceError, ChatTemplateError (an
+        unknown ``chat_format``), UnsupportedArgumentError (all ``CooktopError``).
+    """
+
+    def __init__(self, model_path: str, *, n_gpu_layers: int = 0, split_mode: int = options.SPLIT_MODE_LAYER,
+                 main_gpu: int = 0, tensor_split: list[float] | None = None, vocab_only: bool = False,
+                 seed: int = -1, n_ctx: int = 512, n_batch: int = 512, n_threads: int | None = None,
+                 n_threads_batch: int | None = None, pooling_type: int = -1, logits_all: bool = False,
+                 embedding: bool = False, last_n_tokens_size: int = 64, chat_format: str | None = None,
+                 type_k: int | None = None, type_v: int | None = None, spm_infill: bool = False,
+                 verbose: bool = True, device: str | None = None, split: str | list[float] | None = None,
+                 chat_template: str | None = None, chat_template_file: str | None = None, **kwargs: Any):
+        self._engine_or_none: _generate.Engine | None = None
+        self._last: _generate.GenerationResult | None = None
+        self.model_path = os.fspath(model_path)
+        self.verbose = verbose
+        options.check_extra(kwargs)
+        options.check_kv_type("type_k", type_k)
+        options.check_kv_type("type_v", type_v)
+        options.pooling_name(pooling_type)
+        options.set_threads(n_threads_batch or n_threads)
+        self.seed = -1 if seed in (None, -1, 0xFFFFFFFF) else int(seed)
+        self.context_params = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                   n_threads_batch=n_threads_batch, pooling_type=pooling_type,
+                                   embeddings=embedding, logits_all=logits_all)
+        self.embedding_enabled = bool(embedding)
+        self.pooling_type = int(pooling_type)
+        self.last_n_tokens_size = int(last_n_tokens_size)
+        self.spm_infill = bool(spm_infill)
+        self.chat_format = chat_format
+        self.chat_template_override = chat_template
+        self.chat_template_file = chat_template_file
+        self._logits_all = logits_all
+        self._vocab_only = bool(vocab_only)
+        if tensor_split is not None and split is None:
+            split = [float(x) for x in tensor_split]
+        if vocab_only:
+            self._gf = open_gguf(self.model_path)
+            self._tokenizer = Tokenizer.from_gguf(self._gf.reader)
+            self._n_ctx = n_ctx
+        else:
+            if split_mode == options.SPLIT_MODE_NONE:
+                device = _one_device(device, main_gpu)
+            elif split_mode == options.SPLIT_MODE_ROW:
+                log.warning("Llama(split_mode=2) (row split) accepted, runs as split_mode=1: cooktop splits by layer")
+            self._engine_or_none = _generate.load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
+                                                n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all,
+                                                keep_scores=True)
+            self._gf, self._tokenizer = self._engine.gf, self._engine.tokenizer
+            self._n_ctx = self._engine.n_ctx
+        self._chat = None  # resolved chat template (TemplateChoice), on first use
+        if chat_format is not None or chat_template is not None or chat_template_file is not None:
+            self.chat_template_choice()  # an unknown name fails now
+        if verbose and self._engine_or_none is not None:
+            print(f"cooktop: loaded {self.model_path} in {self._engine.load_ms:.1f} ms; "
+                  f"{self._engine.placement.summary()}", file=sys.stderr)
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, additional_files: list[str] | None = None,
+                        local_dir: str | os.PathLike | None = None, local_dir_use_symlinks: Any = "auto",
+                        cache_dir: str | os.PathLike | None = None, **kwargs: Any) -> "Llama":
+        """Load a GGUF from a Hugging Face repo, like llama-cpp-python.
+
+        Args:
+            repo_id: ``owner/name``.
+            filename: a file name or a glob (``"*Q4_K_M.gguf"``) matching exactly one
+                GGUF of the repo (the first shard of a split model also matches);
+                ``None``: the repo's default quant, as ``-hf`` picks it.
+            additional_files: more files (names or globs) to download beside it.
+            local_dir: download into this folder instead of the cache.
+            local_dir_use_symlinks: accepted (huggingface_hub no longer uses it).
+            cache_dir: the Hugging Face cache folder (default: ``HF_HUB_CACHE``).
+            **kwargs: passed to :class:`Llama`.
+        Raises:
+            CooktopError: no file or several files match; the download failed (offline,
+                not found); plus what ``Llama(...)`` raises.
+        """
+        from ..tools import hub
+        path = hub.download(repo_id, filename, cache_dir=cache_dir, local_dir=local_dir)
+        for extra in additional_files or []:
+            hub.download(repo_id, extra, cache_dir=cache_dir, local_dir=local_dir)
+        return cls(model_path=path, **kwargs)
+
+    # -- guards ------------------------------------------------------------
+    @property
+    def _engine(self) -> _generate.Engine:
+        """The engine; CooktopError once :meth:`close` was called, or with ``vocab_only``."""
+        eng = self._engine_or_none
+        if eng is None:
+            if self._vocab_only and not self._closed:
+                raise CooktopError(f"this Llama ({self.model_path}) was loaded with vocab_only=True: it can "
+                                   "tokenize but not evaluate; load it without vocab_only to generate")
+            raise CooktopError(f"this Llama ({self.model_path}) is closed: close() was called or its "
+                               "with-block ended; create a new Llama to use the model again")
+        return eng
+
+    _closed = False
+
+    @property
+    def _tokenizer(self):
+        """The vocabulary (CooktopError once closed)."""
+        if self._closed:
+            self._engine  # noqa: B018 - raises the closed error
+        return self._tok
+
+    @_tokenizer.setter
+    def _tokenizer(self, value) -> None:
+        self._tok = value
+
+    # -- model facts -------------------------------------------------------
+    @property
+    def metadata(self) -> dict[str, str]:
+        """GGUF metadata as strings (llama-cpp-python's ``Llama.metadata``); arrays are left out."""
+        out = {}
+        for k, v in self._gf.metadata.items():
+            if isinstance(v, (list, tuple, np.ndarray)):
+                continue
+            out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+        return out
+
+    def n_ctx(self) -> int:
+        """Context length (tokens)."""
+        self._tokenizer  # noqa: B018 - raises when closed
+        return self._n_ctx
+
+    def n_embd(self) -> int:
+        """Embedding width (``n_embd``)."""
+        if not self._vocab_only:
+            return self._engine.cfg.n_embd
+        arch = self._gf.metadata.get("general.architecture", "llama")
+        return int(self._gf.metadata.get(f"{arch}.embedding_length", 0))
+
+    def n_vocab(self) -> int:
+        """Vocabulary size (tokens)."""
+        return self._tokenizer.n_vocab
+
+    def token_bos(self) -> int:
+        """Beginning-of-sequence token id (-1 if none)."""
+        return self._tokenizer.bos_id
+
+    def token_eos(self) -> int:
+        """End-of-sequence token id (-1 if none)."""
+        return self._tokenizer.eos_id
+
+    def token_nl(self) -> int:
+        """Id of the newline token (llama.cpp ``llama_token_nl``: the token of ``"\\n"``)."""
+        ids = self._tokenizer.tokenize(b"\n", add_bos=False, special=False)
+        return ids[-1] if ids else -1
+
+    def _special_id(self, key: str) -> int:
+        v = self._gf.metadata.get(f"tokenizer.ggml.{key}_token_id")
+        return int(v) if isinstance(v, int) and 0 <= v < self.n_vocab() else -1
+
+    def token_prefix(self) -> int:
+        """Fill-in-the-middle prefix token id (-1 if none)."""
+        return self._special_id("prefix")
+
+    def token_suffix(self) -> int:
+        """Fill-in-the-middle suffix token id (-1 if none)."""
+        return self._special_id("suffix")
+
+    def token_middle(self) -> int:
+        """Fill-in-the-middle middle token id (-1 if none)."""
+        return self._special_id("middle")
+
+    # -- tokens ------------------------------------------------------------
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of UTF-8 ``text`` (BOS prepended when ``add_bos`` and the vocabulary wants it;
+        ``special``: parse special-token texts such as ``<s>``)."""
+        return self._tokenizer.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes:
+        """UTF-8 bytes of ``tokens`` (control tokens omitted unless ``special``)."""
+        return self._tokenizer.detokenize([int(t) for t in tokens], special=special)
+
+    # -- context -----------------------------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        """Tokens in the context."""
+        return 0 if self._vocab_only and not self._closed else len(self._engine.tokens)
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        """int [n_tokens] ids in the context."""
+        return np.array(self._engine.tokens, dtype=np.intc)
+
+    @property
+    def scores(self) -> np.ndarray:
+        """float32 [n_tokens, n_vocab]: row i holds the logits after context position i.
+
+        Every row when ``logits_all``; otherwise only the rows of the last token
+        of each evaluation (prompt chunks, generated tokens) are filled and the
+        others are zero, as in llama-cpp-python.
+        """
+        return self._scores[: self.n_tokens]
+
+    @property
+    def _scores(self) -> np.ndarray:
+        """The default sequence's whole logits buffer (rows past ``n_tokens`` are zero)."""
+        return self._engine.seq.scores
+
+    def reset(self) -> None:
+        """Empty the context."""
+        self._engine.reset()
+
+    def eval(self, tokens: list[int]) -> None:
+        """Append ``tokens`` to the context and evaluate them (fills :attr:`scores`).
+
+        Raises:
+            ContextOverflowError: more than ``n_ctx`` tokens in total.
+            InvalidTokenError: an empty list or an id outside ``0 .. n_vocab - 1``.
+        """
+        self._engine.eval(list(tokens), logits_all=self._logits_all)
+
+    def set_seed(self, seed: int) -> None:
+        """The seed of the next completions (-1: random each time)."""
+        self.seed = -1 if seed in (None, -1, 0xFFFFFFFF) else int(seed)
+
+    def save_state(self) -> LlamaState:
+        """A copy of the context (tokens, logits rows, seed)."""
+        n = self.n_tokens
+        return LlamaState(self.input_ids.copy(), self.scores.copy(), n, self.seed)
+
+    def load_state(self, state: LlamaState) -> None:
+        """Restore a context saved by :meth:`save_state` (its KV cache is evaluated again).
+
+        Raises:
+            CooktopError: ``state`` is not a :class:`LlamaState`, or its scores do not match this model.
+        """
+        if not isinstance(state, LlamaState):
+            raise CooktopError(f"load_state takes what save_state returned, not {type(state).__name__}")
+        eng = self._engine
+        eng.reset()
+        if state.n_tokens:
+            if state.scores.shape[-1] != self.n_vocab():
+                raise CooktopError("this state was saved from a model with another vocabulary")
+            eng.eval([int(t) for t in state.input_ids[: state.n_tokens]], logits_all=self._logits_all)
+            rows = np.asarray(state.scores[: state.n_tokens], dtype=np.float32)
+            self._scores[: len(rows)] = rows
+        self.seed = state.seed
+
+    @property
+    def last_timings(self) -> _generate.Timings:
+        """Timings of the last finished completion (milliseconds).
+
+        Raises:
+            CooktopError: no completion has finished yet, or the Llama is closed.
+        """
+        self._engine  # noqa: B018 - raises when closed
+        if self._last is None:
+            raise CooktopError("no completion has finished yet: last_timings has nothing to report")
+        return self._last.timings
+
+    def close(self) -> None:
+        """Release the device buffers (model and context) now. Idempotent; afterwards every
+        other method raises ``CooktopError("... is closed ...")``. Dropping the last
+        reference (``del llm``) frees them too, at once."""
+        eng, self._engine_or_none = self._engine_or_none, None
+        self._closed = True
+        seq = self.__dict__.pop("_embd_seq", None)
+        if seq is not None:
+            seq.close()
+        if eng is not None:
+            eng.close()
+
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+
+def _one_device(device: str | None, main_gpu: int) -> str:
+    """``split_mode=0``: the ``main_gpu``-th device of the ``device`` selection (llama.cpp semantics).
+
+    Raises:
+        DeviceError: ``main_gpu`` is out of range.
+    """
+    from ..backends import registry
+    from ..errors import DeviceError
+    sels = registry.resolve(device)
+    if not 0 <= main_gpu < len(sels):
+        raise DeviceError(f"main_gpu={main_gpu} but only {len(sels)} device(s) are selected: {', '.join(sels)}")
+    return sels[main_gpu]
+
