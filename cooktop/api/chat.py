@@ -134,7 +134,8 @@ class ChatMixin:
                                 grammar=rf if rf is not None else grammar)
         stops = stop_list(stop) + [s for s in template_stops if s not in stop_list(stop)]
         criteria = list(stopping_criteria) if stopping_criteria is not None else []
-        steps = eng.generate(tokens, n_predict_of(max_tokens), sampler, stops, stopping_criteria=criteria)
+        steps = eng.generate(tokens, n_predict_of(max_tokens), sampler, stops, stopping_criteria=criteria,
+                             seq=self._active_seq)
         k = (top_logprobs or 0) if logprobs else None
         chat = _Chat(self, steps, len(tokens), model or self.model_path, k)
         return chat.chunks() if stream else chat.whole()

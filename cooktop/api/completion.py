@@ -159,7 +159,8 @@ class CompletionMixin:
                                 logit_bias=logit_bias, seed=seed, logits_processor=logits_processor,
                                 grammar=grammar)
         criteria = list(stopping_criteria) if stopping_criteria is not None else []
-        steps = eng.generate(tokens, n_predict, sampler, stop_list(stop), stopping_criteria=criteria)
+        steps = eng.generate(tokens, n_predict, sampler, stop_list(stop), stopping_criteria=criteria,
+                             seq=self._active_seq)
         prefix = ""
         if echo:
             prefix = prompt if isinstance(prompt, str) else self.detokenize(tokens).decode("utf-8", "replace")

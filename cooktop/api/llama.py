@@ -162,6 +162,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         return eng
 
     _closed = False
+    #: The sequence completions run on (None: the engine's default one); the server gives each slot its own.
+    _active_seq = None
 
     @property
     def _tokenizer(self):

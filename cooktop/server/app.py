@@ -1,0 +1,509 @@
+"""The OpenAI-compatible HTTP server (FastAPI): llama-server's endpoints and shapes.
+
+Endpoints: ``POST /v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``, ``/tokenize``, ``/detokenize``, ``/apply-template``;
+``GET /v1/models``, ``/health`` (503 while the model loads), ``/metrics``
+(Prometheus text), ``/props``. Generations run on the :class:`Scheduler`'s
+worker thread; handlers wait for their job's events. Streams are Server-Sent
+Events ending with ``data: [DONE]``; with ``stream_options.include_usage`` one
+usage chunk (``choices: []``) comes right before it. A non-streamed answer is
+assembled from the same chunks, so it always equals the joined stream. A
+client that disconnects cancels its job. Errors are OpenAI-shaped JSON
+(:func:`protocol.error_body`): 400 bad JSON or field, prompt over the context,
+template refusal; 401 missing/wrong ``--api-key``; 404 unknown model or route;
+503 loading or overloaded; 500 a bug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..version import __version__
+from . import protocol as P
+from .slots import END, ERROR, Job, Scheduler
+
+log = logging.getLogger("cooktop.server")
+
+OPEN_PATHS = ("/health", "/v1/health")
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    """What ``cooktop serve`` was asked for.
+
+    Attributes:
+        model_path: the GGUF; alias: the model name clients use (default: the file name).
+        llama_kwargs: arguments for :class:`cooktop.api.Llama`.
+        n_parallel: slots (``-np``); max_queue: waiting requests before 503.
+        api_key: Bearer key required on every endpoint but ``/health`` (None: open).
+    """
+
+    model_path: str
+    alias: str | None = None
+    llama_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    n_parallel: int = 1
+    max_queue: int = 256
+    api_key: str | None = None
+
+    @property
+    def model_id(self) -> str:
+        return self.alias or os.path.basename(self.model_path)
+
+
+class ServerState:
+    """The loaded model and its scheduler; ``loading`` until :meth:`load` finishes."""
+
+    def __init__(self, config: ServerConfig, llm: Any = None):
+        self.config = config
+        self.llm = llm
+        self.scheduler: Scheduler | None = None
+        self.load_error: str | None = None
+        self.started = time.time()
+        if llm is not None:
+            self.scheduler = Scheduler(llm, config.n_parallel, config.max_queue)
+
+    @property
+    def loading(self) -> bool:
+        return self.scheduler is None and self.load_error is None
+
+    def load(self) -> None:
+        """Load the model (on a thread at startup); a failure is kept for ``/health``."""
+        from ..api import Llama
+        try:
+            llm = Llama(model_path=self.config.model_path, verbose=False, embedding=True,
+                        **self.config.llama_kwargs)
+            llm.chat_template_choice()
+            self.scheduler = Scheduler(llm, self.config.n_parallel, self.config.max_queue)
+            self.llm = llm
+            log.info("model loaded: %s", self.config.model_path)
+        except Exception as e:  # noqa: BLE001 - reported by /health and every endpoint
+            self.load_error = f"{type(e).__name__}: {e}" if not isinstance(e, P.CooktopError) else str(e)
+            log.error("cannot load the model: %s", self.load_error)
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.close()
+        if self.llm is not None:
+            self.llm.close()
+
+
+def _error(exc: BaseException) -> JSONResponse:
+    status, kind = P.classify(exc)
+    if status == 500:
+        log.exception("internal error", exc_info=exc)
+        msg = f"internal error ({type(exc).__name__}: {exc}); this is a cooktop bug"
+    else:
+        msg = str(exc)
+    return JSONResponse(P.error_body(status, msg, kind, getattr(exc, "param", None)), status_code=status)
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def create_app(config: ServerConfig, llm: Any = None) -> FastAPI:
+    """The FastAPI application for ``config`` (``llm``: an already loaded model, else loaded at startup).
+
+    The model loads on a background thread when the app starts, so ``/health``
+    answers 503 meanwhile; the state is ``app.state.cooktop``.
+    """
+    state = ServerState(config, llm)
+
+    async def lifespan(app: FastAPI):
+        if state.loading:
+            threading.Thread(target=state.load, name="cooktop-load", daemon=True).start()
+        yield
+        state.close()
+
+    app = FastAPI(title="cooktop", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.cooktop = state
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        msg = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse(P.error_body(exc.status_code, msg, kind), status_code=exc.status_code)
+
+    @app.middleware("http")
+    async def gate(request: Request, call_next):
+        path = request.url.path
+        if path in OPEN_PATHS:
+            return await call_next(request)
+        if config.api_key:
+            auth = request.headers.get("authorization", "")
+            token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+            if not hmac.compare_digest(token.encode(), config.api_key.encode()):
+                return JSONResponse(P.error_body(401, "invalid or missing API key (Authorization: Bearer KEY)",
+                                                 "authentication_error"), status_code=401)
+        if state.load_error is not None:
+            return JSONResponse(P.error_body(500, f"the model failed to load: {state.load_error}", "server_error"),
+                                status_code=500)
+        if state.loading:
+            return JSONResponse(P.error_body(503, "Loading model", "unavailable_error"), status_code=503)
+        return await call_next(request)
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise P.HTTPError(400, f"the request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise P.HTTPError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    def check_model(body: dict[str, Any]) -> None:
+        name = body.get("model")
+        if name is None:
+            return
+        known = {config.model_id, config.model_path, os.path.basename(config.model_path),
+                 os.path.splitext(os.path.basename(config.model_path))[0]}
+        if name not in known:
+            raise P.HTTPError(404, f"model {name!r} not found; this server has {config.model_id!r}",
+                              "not_found_error", "model")
+
+    async def first_event(job: Job) -> tuple[str, Any]:
+        kind, payload = await job.queue.get()
+        if kind == ERROR:
+            raise payload
+        return kind, payload
+
+    async def collect(request: Request, job: Job, first: tuple[str, Any]) -> list[Any]:
+        """Every item of ``job`` (cancelling it if the client goes away)."""
+        items = []
+        kind, payload = first
+        while kind != END:
+            items.append(payload)
+            while True:
+                try:
+                    kind, payload = await asyncio.wait_for(job.queue.get(), timeout=0.5)
+                    break
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        job.cancel()
+                        raise asyncio.CancelledError from None
+            if kind == ERROR:
+                raise payload
+        return items
+
+    def record_usage(chunk: dict[str, Any]) -> None:
+        usage = chunk.get("usage")
+        if usage:
+            state.scheduler.metrics.prompt_tokens_total += usage["prompt_tokens"]
+            state.scheduler.metrics.tokens_predicted_total += usage["completion_tokens"]
+
+    def stream(job: Job, first: tuple[str, Any], include_usage: bool, obj: str) -> StreamingResponse:
+        cid = f"{'chatcmpl' if obj.startswith('chat') else 'cmpl'}-{uuid.uuid4()}"
+
+        async def events():
+            total: dict[str, int] | None = None
+            try:
+                kind, chunk = first
+                while kind != END:
+                    usage = chunk.pop("usage", None)
+                    if usage:
+                        record_usage({"usage": usage})
+                        total = _add_usage(total, usage)
+                    chunk["id"] = cid
+                    yield _sse(chunk)
+                    kind, chunk = await job.queue.get()
+                    if kind == ERROR:
+                        status, type_ = P.classify(chunk)
+                        yield _sse(P.error_body(status, str(chunk), type_))
+                        return
+                if include_usage:
+                    yield _sse({"id": cid, "object": obj, "created": int(time.time()), "model": config.model_id,
+                                "choices": [], "usage": total})
+                yield "data: [DONE]\n\n"
+            finally:
+                job.cancel()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def run(request: Request, endpoint: str, make, obj: str, body: dict[str, Any], assemble):
+        state.scheduler.metrics.requests_total[endpoint] += 1
+        want_stream = P.field(body, "stream", bool, False)
+        opts = body.get("stream_options") or {}
+        if not isinstance(opts, dict):
+            raise P.bad("stream_options", "expected an object")
+        job = state.scheduler.submit(make, asyncio.get_running_loop())
+        try:
+            first = await first_event(job)
+        except BaseException:
+            job.cancel()
+            raise
+        if want_stream:
+            return stream(job, first, bool(opts.get("include_usage")), obj)
+        try:
+            chunks = await collect(request, job, first)
+        finally:
+            job.cancel()
+        for c in chunks:
+            record_usage(c)
+        return JSONResponse(assemble(chunks))
+
+    def endpoint(fn):
+        async def wrapped(request: Request):
+            try:
+                return await fn(request)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - mapped to an OpenAI-shaped error
+                return _error(e)
+        wrapped.__name__ = fn.__name__
+        return wrapped
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    @endpoint
+    async def chat_completions(request: Request):
+        body = await body_of(request)
+        check_model(body)
+        args, n = P.chat_args(body), P.n_choices(body)
+        make = _choices(n, args, lambda llm, kw: llm.create_chat_completion(**kw), config.model_id)
+        return await run(request, "chat", make, "chat.completion.chunk", body, _assemble_chat)
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    @endpoint
+    async def completions(request: Request):
+        body = await body_of(request)
+        check_model(body)
+        prompts, args = P.completion_args(body)
+        n = P.n_choices(body)
+        if len(prompts) * n > P.MAX_N:
+            raise P.bad("n", f"{len(prompts)} prompts x n = {n} is more than {P.MAX_N} choices")
+        make = _prompt_choices(prompts, n, args, config.model_id)
+        return await run(request, "completions", make, "text_completion", body, _assemble_completion)
+
+    @app.post("/v1/embeddings")
+    @app.post("/embeddings")
+    @endpoint
+    async def embeddings(request: Request):
+        body = await body_of(request)
+        check_model(body)
+        if "input" not in body and "content" in body:  # llama-server's own field
+            body["input"] = body["content"]
+        inp = body.get("input")
+        fmt = body.get("encoding_format", "float")
+        if fmt != "float":
+            raise P.bad("encoding_format", f"only 'float' is supported, got {fmt!r}")
+        state.scheduler.metrics.requests_total["embeddings"] += 1
+        job = state.scheduler.submit(lambda llm: iter([llm.create_embedding(inp, model=config.model_id)]),
+                                     asyncio.get_running_loop())
+        first = await first_event(job)
+        (result,) = await collect(request, job, first)
+        state.scheduler.metrics.prompt_tokens_total += result["usage"]["prompt_tokens"]
+        return JSONResponse(result)
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    @endpoint
+    async def models(request: Request):
+        llm = state.llm
+        return {"object": "list", "data": [{
+            "id": config.model_id, "object": "model", "created": int(state.started), "owned_by": "cooktop",
+            "meta": {"n_vocab": llm.n_vocab(), "n_ctx": llm.n_ctx(), "n_embd": llm.n_embd(),
+                     "n_ctx_train": llm._engine.cfg.n_ctx_train, "size": os.path.getsize(config.model_path)}}]}
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health():
+        if state.load_error is not None:
+            return JSONResponse(P.error_body(500, f"the model failed to load: {state.load_error}", "server_error"),
+                                status_code=500)
+        if state.loading:
+            return JSONResponse(P.error_body(503, "Loading model", "unavailable_error"), status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    @endpoint
+    async def metrics(request: Request):
+        return PlainTextResponse(_prometheus(state), media_type="text/plain; version=0.0.4")
+
+    @app.get("/props")
+    @endpoint
+    async def props(request: Request):
+        llm = state.llm
+        tmpl = llm.chat_template_choice().template
+        return {"default_generation_settings": {"n_ctx": llm.n_ctx(), "params": {
+                    "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
+                    "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "n_predict": -1}},
+                "total_slots": len(state.scheduler.slots), "model_path": config.model_path,
+                "model_alias": config.model_id, "chat_template": tmpl.source, "bos_token": tmpl.bos_token,
+                "eos_token": tmpl.eos_token, "modalities": {"vision": False, "audio": False},
+                "build_info": f"cooktop {__version__}"}
+
+    @app.post("/tokenize")
+    @endpoint
+    async def tokenize(request: Request):
+        body = await body_of(request)
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise P.bad("content", "expected a string")
+        llm = state.llm
+        ids = llm.tokenize(content, add_bos=P.field(body, "add_special", bool, False),
+                           special=P.field(body, "parse_special", bool, True))
+        if P.field(body, "with_pieces", bool, False):
+            tk = llm._tokenizer
+            out = []
+            for i in ids:
+                raw = tk.token_to_piece(i, special=True)
+                try:
+                    piece: Any = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    piece = list(raw)
+                out.append({"id": i, "piece": piece})
+            return {"tokens": out}
+        return {"tokens": ids}
+
+    @app.post("/detokenize")
+    @endpoint
+    async def detokenize(request: Request):
+        body = await body_of(request)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise P.bad("tokens", "expected a list of token ids")
+        text = state.llm.detokenize(ids, special=True) if ids else b""
+        return {"content": text.decode("utf-8", errors="replace")}
+
+    @app.post("/apply-template")
+    @endpoint
+    async def apply_template(request: Request):
+        body = await body_of(request)
+        args = P.chat_args(body)
+        return {"prompt": state.llm.apply_chat_template(args["messages"], tools=args["tools"])}
+
+    return app
+
+
+def _add_usage(total: dict[str, int] | None, usage: dict[str, int]) -> dict[str, int]:
+    if total is None:
+        return dict(usage)
+    return {"prompt_tokens": total["prompt_tokens"], "completion_tokens": total["completion_tokens"]
+            + usage["completion_tokens"], "total_tokens": total["total_tokens"] + usage["completion_tokens"]}
+
+
+def _choices(n: int, args: dict[str, Any], call, model: str):
+    """A job making ``n`` streamed choices one after the other (choice i: seed + i)."""
+    def make(llm):
+        def gen():
+            for i in range(n):
+                kw = dict(args, stream=True, model=model)
+                if n > 1 and kw.get("seed") is not None:
+                    kw["seed"] = kw["seed"] + i
+                for chunk in call(llm, kw):
+                    chunk["choices"][0]["index"] = i
+                    yield chunk
+        return gen()
+    return make
+
+
+def _prompt_choices(prompts: list[Any], n: int, args: dict[str, Any], model: str):
+    """A job for ``/v1/completions``: ``n`` choices per prompt, indexed prompt-major as OpenAI does."""
+    def make(llm):
+        def gen():
+            idx = 0
+            for prompt in prompts:
+                for i in range(n):
+                    kw = dict(args, stream=True, model=model)
+                    if n > 1 and kw.get("seed") is not None:
+                        kw["seed"] = kw["seed"] + i
+                    for chunk in llm.create_completion(prompt, **kw):
+                        chunk["choices"][0]["index"] = idx
+                        yield chunk
+                    idx += 1
+        return gen()
+    return make
+
+
+def _assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``chat.completion`` from its stream (the same text the stream carries)."""
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for c in chunks:
+        ch = c["choices"][0]
+        slot = choices.setdefault(ch["index"], {"text": [], "finish": None, "lp": None})
+        slot["text"].append(ch["delta"].get("content") or "")
+        if ch.get("logprobs") is not None:
+            slot["lp"] = (slot["lp"] or []) + ch["logprobs"]["content"]
+        if ch["finish_reason"] is not None:
+            slot["finish"] = ch["finish_reason"]
+        if c.get("usage"):
+            usage = _add_usage(usage, c["usage"])
+    first = chunks[0]
+    return {"id": first["id"], "object": "chat.completion", "created": first["created"], "model": first["model"],
+            "choices": [{"index": i, "message": {"role": "assistant", "content": "".join(s["text"])},
+                         "logprobs": None if s["lp"] is None else {"content": s["lp"], "refusal": None},
+                         "finish_reason": s["finish"]} for i, s in sorted(choices.items())],
+            "usage": usage}
+
+
+def _assemble_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``text_completion`` from its stream."""
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for c in chunks:
+        ch = c["choices"][0]
+        slot = choices.setdefault(ch["index"], {"text": [], "finish": None, "lp": None})
+        slot["text"].append(ch["text"])
+        lp = ch.get("logprobs")
+        if lp is not None:
+            if slot["lp"] is None:
+                slot["lp"] = {k: [] for k in lp}
+            for k in lp:
+                slot["lp"][k] += lp[k]
+        if ch["finish_reason"] is not None:
+            slot["finish"] = ch["finish_reason"]
+        if c.get("usage"):
+            usage = _add_usage(usage, c["usage"])
+    first = chunks[0]
+    return {"id": first["id"], "object": "text_completion", "created": first["created"], "model": first["model"],
+            "choices": [{"index": i, "text": "".join(s["text"]), "logprobs": s["lp"], "finish_reason": s["finish"]}
+                        for i, s in sorted(choices.items())],
+            "usage": usage}
+
+
+def _prometheus(state: ServerState) -> str:
+    """Prometheus text exposition of the server's counters (llama-server's metric names)."""
+    s = state.scheduler
+    m = s.metrics
+    tps = m.tokens_predicted_total / m.step_seconds_total if m.step_seconds_total > 0 else 0.0
+    lines = [
+        "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.",
+        "# TYPE llamacpp:prompt_tokens_total counter",
+        f"llamacpp:prompt_tokens_total {m.prompt_tokens_total}",
+        "# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.",
+        "# TYPE llamacpp:tokens_predicted_total counter",
+        f"llamacpp:tokens_predicted_total {m.tokens_predicted_total}",
+        "# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.",
+        "# TYPE llamacpp:predicted_tokens_seconds gauge",
+        f"llamacpp:predicted_tokens_seconds {tps:.3f}",
+        "# HELP llamacpp:requests_processing Number of requests processing.",
+        "# TYPE llamacpp:requests_processing gauge",
+        f"llamacpp:requests_processing {s.busy}",
+        "# HELP llamacpp:requests_deferred Number of requests deferred (waiting in the queue).",
+        "# TYPE llamacpp:requests_deferred gauge",
+        f"llamacpp:requests_deferred {s.queue_depth}",
+        "# HELP cooktop:requests_total Requests received, by endpoint.",
+        "# TYPE cooktop:requests_total counter",
+    ]
+    for ep in ("chat", "completions", "embeddings"):
+        lines.append(f'cooktop:requests_total{{endpoint="{ep}"}} {m.requests_total[ep]}')
+    lines += ["# HELP cooktop:errors_total Generations that ended in an error.", "# TYPE cooktop:errors_total counter",
+              f"cooktop:errors_total {m.errors_total}"]
+    return "\n".join(lines) + "\n"

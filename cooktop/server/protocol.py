@@ -1,0 +1,194 @@
+"""OpenAI / llama-server request bodies to ``Llama`` arguments, and errors to OpenAI-shaped JSON.
+
+Requests are plain JSON objects checked here field by field, so every bad
+value becomes an HTTP 400 naming the field (not a validation dump). Sampling
+defaults are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p
+0.05, no token limit). llama-server's own fields (``top_k``, ``min_p``,
+``typical_p``, ``repeat_penalty``, ``repeat_last_n``, ``n_predict``,
+``grammar``, ``json_schema``) are accepted beside OpenAI's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..engine.grammar import GrammarError
+from ..errors import ChatTemplateError, ContextOverflowError, CooktopError
+from ..text.tokenizer import InvalidTokenError
+from .slots import OverloadedError
+
+MAX_N = 16  #: most choices per request
+
+
+class HTTPError(CooktopError):
+    """An error with its HTTP status and OpenAI error type."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.type, self.param = status, type_, param
+
+
+def error_body(status: int, message: str, type_: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object (``code`` is the HTTP status, as llama-server sends it)."""
+    return {"error": {"code": status, "message": message, "type": type_, "param": param}}
+
+
+def classify(exc: BaseException) -> tuple[int, str]:
+    """(HTTP status, OpenAI error type) for an exception raised while serving a request."""
+    if isinstance(exc, HTTPError):
+        return exc.status, exc.type
+    if isinstance(exc, OverloadedError):
+        return 503, "unavailable_error"
+    if isinstance(exc, ContextOverflowError):
+        return 400, "exceed_context_size_error"
+    if isinstance(exc, (ChatTemplateError, GrammarError, InvalidTokenError, CooktopError, TypeError)):
+        return 400, "invalid_request_error"
+    return 500, "server_error"
+
+
+def bad(param: str, message: str) -> HTTPError:
+    return HTTPError(400, f"{param}: {message}", param=param)
+
+
+def field(body: dict[str, Any], name: str, kinds: type | tuple[type, ...], default: Any = None, *,
+          minimum: float | None = None, maximum: float | None = None) -> Any:
+    """``body[name]`` checked against ``kinds`` (None -> ``default``).
+
+    Raises:
+        HTTPError: 400 naming the field, for a wrong type or a value out of range.
+    """
+    value = body.get(name)
+    if value is None:
+        return default
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in (
+        kinds if isinstance(kinds, tuple) else (kinds,)))
+    if not ok:
+        names = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+        raise bad(name, f"expected {names}, got {type(value).__name__} {value!r:.60}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad(name, f"must be a finite number, got {value}")
+    if minimum is not None and isinstance(value, (int, float)) and value < minimum:
+        raise bad(name, f"must be >= {minimum}, got {value}")
+    if maximum is not None and isinstance(value, (int, float)) and value > maximum:
+        raise bad(name, f"must be <= {maximum}, got {value}")
+    return value
+
+
+_NUM = (int, float)
+
+
+def sampling_args(body: dict[str, Any]) -> dict[str, Any]:
+    """Sampling keyword arguments shared by chat and completions (llama-server defaults).
+
+    Raises:
+        HTTPError: a field of the wrong type or out of range.
+    """
+    max_tokens = field(body, "max_completion_tokens", int, None)
+    if max_tokens is None:
+        max_tokens = field(body, "max_tokens", int, None)
+    if max_tokens is None:
+        max_tokens = field(body, "n_predict", int, -1)
+    stop = body.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and all(
+            isinstance(s, str) for s in stop))):
+        raise bad("stop", "expected a string or a list of strings")
+    bias = body.get("logit_bias")
+    if bias is not None and not isinstance(bias, (dict, list)):
+        raise bad("logit_bias", "expected an object mapping token ids to numbers")
+    if isinstance(bias, list):  # llama-server also takes [[id, bias], ...]
+        bias = {str(p[0]): (-math.inf if p[1] is False else p[1]) for p in bias
+                if isinstance(p, list) and len(p) == 2}
+    return dict(
+        max_tokens=max_tokens,
+        temperature=field(body, "temperature", _NUM, 0.8, minimum=0.0),
+        top_p=field(body, "top_p", _NUM, 0.95, minimum=0.0, maximum=1.0),
+        top_k=field(body, "top_k", int, 40),
+        min_p=field(body, "min_p", _NUM, 0.05, minimum=0.0, maximum=1.0),
+        typical_p=field(body, "typical_p", _NUM, 1.0, minimum=0.0, maximum=1.0),
+        repeat_penalty=field(body, "repeat_penalty", _NUM, 1.0, minimum=0.0),
+        presence_penalty=field(body, "presence_penalty", _NUM, 0.0, minimum=-2.0, maximum=2.0),
+        frequency_penalty=field(body, "frequency_penalty", _NUM, 0.0, minimum=-2.0, maximum=2.0),
+        seed=field(body, "seed", int, None),
+        stop=stop,
+        logit_bias=bias,
+    )
+
+
+def grammar_arg(body: dict[str, Any]) -> Any:
+    """llama-server's ``grammar`` (GBNF) or ``json_schema`` as a ``LlamaGrammar`` (None if neither)."""
+    from ..api.grammar import LlamaGrammar
+    grammar, schema = body.get("grammar"), body.get("json_schema")
+    if grammar is not None and schema is not None:
+        raise bad("grammar", "give either grammar or json_schema, not both")
+    if grammar is not None:
+        if not isinstance(grammar, str):
+            raise bad("grammar", "expected GBNF text")
+        return LlamaGrammar.from_string(grammar)
+    if schema is not None:
+        if not isinstance(schema, dict):
+            raise bad("json_schema", "expected a JSON schema object")
+        return LlamaGrammar.from_json_schema(schema)
+    return None
+
+
+def n_choices(body: dict[str, Any]) -> int:
+    """``n``: 1..MAX_N choices.
+
+    Raises:
+        HTTPError: out of range.
+    """
+    return field(body, "n", int, 1, minimum=1, maximum=MAX_N)
+
+
+def chat_args(body: dict[str, Any]) -> dict[str, Any]:
+    """``create_chat_completion`` keyword arguments from a ``/v1/chat/completions`` body.
+
+    Raises:
+        HTTPError: 400 for a missing or malformed field.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "expected a non-empty list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(f"messages[{i}]", "expected an object with a 'role' string")
+    args = sampling_args(body)
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad("tools", "expected a list")
+    logprobs = field(body, "logprobs", bool, False)
+    top = field(body, "top_logprobs", int, None, minimum=0, maximum=20)
+    grammar = grammar_arg(body)
+    rf = body.get("response_format")
+    if rf is not None and grammar is not None:
+        raise bad("response_format", "give either response_format or grammar/json_schema, not both")
+    args.update(messages=messages, tools=tools, logprobs=logprobs, top_logprobs=top,
+                response_format=rf, grammar=grammar)
+    return args
+
+
+def completion_args(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """(prompts, ``create_completion`` keyword arguments) from a ``/v1/completions`` body.
+
+    ``prompt`` may be a string, token ids, or a list of either (one choice each).
+
+    Raises:
+        HTTPError: 400 for a missing or malformed field.
+    """
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p)) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise bad("prompt", "expected a string, a list of token ids, or a list of those")
+    args = sampling_args(body)
+    lp = body.get("logprobs")
+    if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
+        raise bad("logprobs", f"expected an integer 0..20, got {lp!r}")
+    args.update(logprobs=lp, echo=field(body, "echo", bool, False), suffix=field(body, "suffix", str, None),
+                grammar=grammar_arg(body))
+    return prompts, args
