@@ -13,7 +13,8 @@ def model_options(f):
     """``-m/--model``, ``-hf/--hf-repo``, ``--hf-file`` (llama.cpp names)."""
     f = click.option("--hf-file", "hf_file", default=None, help="File in the -hf repository.")(f)
     f = click.option("-hf", "--hf-repo", "hf_repo", default=None,
-                     help="Hugging Face repo OWNER/REPO[:FILE], fetched into the HF cache.")(f)
+                     help="Hugging Face repo OWNER/REPO[:QUANT] (default quant Q4_K_M) or OWNER/REPO:FILE.gguf, "
+                          "fetched into the HF cache.")(f)
     f = click.option("-m", "--model", "model", default=None, type=click.Path(),
                      help="Path of a GGUF model (default: stories260K from ggml-org/tiny-llamas).")(f)
     return f
@@ -26,7 +27,8 @@ def resolve_model(model: str | None, hf_repo: str | None, hf_file: str | None) -
     if model:
         return model
     if hf_repo:
-        return hub.resolve(*hub.parse_hf(hf_repo, hf_file))
+        repo, file, tag = hub.parse_hf_spec(hf_repo, hf_file)
+        return hub.download(repo, file, tag=tag)
     return hub.resolve()
 
 
@@ -39,3 +41,71 @@ def device_options(f):
     f = click.option("--device", "-dev", "device", default=None, envvar="COOKTOP_DEVICE",
                      help="auto, cpu, opencl, opencl:1, vulkan:0, or a comma list (COOKTOP_DEVICE).")(f)
     return f
+
+
+# -- llama.cpp's multi-letter short flags --------------------------------------------------------
+# click tries an argument as a whole option name before splitting it into short options, so
+# registering "-cnv" keeps it from being read as "-c nv" (llama.cpp's common/arg.cpp names).
+
+#: Flags accepted for llama.cpp compatibility that change nothing in cooktop: dest -> (flags, why).
+NOT_SUPPORTED = {
+    "flash_attn": (("-fa", "--flash-attn"), "cooktop's attention kernels are its own"),
+    "cache_type_k": (("-ctk", "--cache-type-k"), "the KV cache is f32"),
+    "cache_type_v": (("-ctv", "--cache-type-v"), "the KV cache is f32"),
+    "model_draft": (("-md", "--model-draft"), "cooktop has no speculative decoding"),
+    "main_gpu": (("-mg", "--main-gpu"), "choose the device with --device (-dev)"),
+    "split_mode": (("-sm", "--split-mode"), "cooktop splits by layer (--split / -ts)"),
+    "ubatch_size": (("-ub", "--ubatch-size"), "cooktop evaluates -b tokens per forward pass"),
+}
+
+
+def threads_option(f):
+    """``-t/--threads`` and ``-tb/--threads-batch``: BLAS threads of the numpy backend."""
+    f = click.option("-tb", "--threads-batch", "threads_batch", type=int, default=None,
+                     help="Threads for prompt processing (numpy backend; default: as -t).")(f)
+    f = click.option("-t", "--threads", "threads", type=int, default=None,
+                     help="CPU threads of the numpy backend (BLAS); default: all cores.")(f)
+    return f
+
+
+def compat_options(f):
+    """llama.cpp flags cooktop accepts but does not act on (see :func:`check_compat`).
+
+    ``-fa`` takes an optional value, as in llama.cpp (on/off/auto).
+    """
+    for dest, (flags, _why) in reversed(list(NOT_SUPPORTED.items())):
+        if dest == "flash_attn":
+            f = click.option(*flags, dest, is_flag=False, flag_value="on", default=None,
+                             help="[on|off|auto] (llama.cpp flag; not supported in cooktop)")(f)
+        else:
+            f = click.option(*flags, dest, default=None, help="(llama.cpp flag; not supported in cooktop)")(f)
+    return f
+
+
+def check_compat(values: dict) -> None:
+    """Say once per given flag that it is not supported (the run goes on without it).
+
+    ``-ctk f32``, ``-mg 0`` and ``-sm layer`` are what cooktop does anyway and pass silently.
+    """
+    for dest, (flags, why) in NOT_SUPPORTED.items():
+        v = values.get(dest)
+        if v is None or (dest == "flash_attn" and str(v).lower() in ("off", "auto")):
+            continue
+        if (dest in ("cache_type_k", "cache_type_v") and str(v).lower() == "f32") or \
+                (dest == "main_gpu" and str(v) == "0") or (dest == "split_mode" and str(v) == "layer"):
+            continue
+        shown = f" {v}"
+        click.echo(f"cooktop: {flags[0]}{shown} ({flags[1]}) is not supported by cooktop, ignored: {why}", err=True)
+
+
+def read_prompt_file(prompt_file) -> str:
+    """The text of ``-f FILE`` without one trailing newline (as llama-cli reads it).
+
+    Raises:
+        CooktopError: the file is not UTF-8 text.
+    """
+    try:
+        text = prompt_file.read()
+    except UnicodeDecodeError as err:
+        raise CooktopError(f"{prompt_file.name}: not valid UTF-8 text at byte {err.start}") from None
+    return text[:-1] if text.endswith("\n") else text

@@ -7,9 +7,11 @@ import sys
 import click
 
 from ..engine import generate as _engine
-from ..errors import CooktopError
 from ..engine.sampling import SamplingParams
-from .common import device_options, model_options, parse_ngl, resolve_model
+from ..errors import CooktopError
+from .chat import chat_loop, chat_options, open_chat_model
+from .common import (check_compat, compat_options, device_options, model_options, parse_ngl, read_prompt_file,
+                     resolve_model, threads_option)
 from .group import cli
 
 #: Single-character escapes of llama.cpp's ``string_process_escapes`` (common/common.cpp).
@@ -80,27 +82,48 @@ def process_escapes(text: str) -> str:
 @click.option("--repeat-penalty", default=1.0, show_default=True)
 @click.option("--repeat-last-n", default=64, show_default=True)
 @click.option("-s", "--seed", default=-1, show_default=True, help="RNG seed (-1 = random).")
-@click.option("-e", "--escape", is_flag=True,
-              help="Process escapes (\\n \\r \\t \\' \\\" \\\\ \\xNN) in the prompt, like llama.cpp.")
+@click.option("-e", "--escape/--no-escape", "escape", default=True, show_default=True,
+              help="Process escapes (\\n \\r \\t \\' \\\" \\\\ \\xNN) in -p, as llama.cpp does by default.")
 @click.option("--no-bos", is_flag=True, help="Do not prepend the BOS token.")
-@click.option("--special", is_flag=True, help="Parse special tokens (<s>) in the prompt.")
+@click.option("--special", is_flag=True, hidden=True,
+              help="(Kept for compatibility: special tokens in the prompt are always parsed, as in llama-cli.)")
+@click.option("-cnv", "--conversation", "conversation", flag_value=True, default=None,
+              help="Conversation mode through the chat template (same as cooktop chat).")
+@click.option("-no-cnv", "--no-conversation", "conversation", flag_value=False,
+              help="Plain completion (the default).")
+@chat_options
+@threads_option
 @device_options
+@compat_options
 def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, temperature, top_k, top_p,
-            min_p, repeat_penalty, repeat_last_n, seed, escape, no_bos, special, device, n_gpu_layers, split):
-    """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple)."""
+            min_p, repeat_penalty, repeat_last_n, seed, escape, no_bos, special, conversation, system,
+            chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, **compat):
+    """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple).
+
+    Special tokens in the prompt (``<s>``, ``<|im_start|>``) are parsed, escapes
+    are processed (``--no-escape`` to keep them), and ``-f`` drops one trailing
+    newline of the file, as llama-cli does. ``-cnv`` (or ``-sys``) starts a
+    conversation instead (see ``cooktop chat``).
+    """
+    check_compat(compat)
     if n_predict < -1:
         raise CooktopError(f"-n must be >= -1 (-1 = until the context is full), got {n_predict}")
     path = resolve_model(model, hf_repo, hf_file)
     if prompt_file is not None:
-        try:
-            prompt = prompt_file.read()
-        except UnicodeDecodeError as err:
-            raise CooktopError(f"{prompt_file.name}: not valid UTF-8 text at byte {err.start}") from None
+        prompt = read_prompt_file(prompt_file)
     if escape:
         prompt = process_escapes(prompt)
+    if conversation or (conversation is None and system is not None):
+        llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
+                              chat_template, chat_template_file)
+        gen = dict(max_tokens=n_predict, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   repeat_penalty=repeat_penalty)
+        sys.exit(chat_loop(llm, gen, system, prompt or None))
+    from ..api.options import set_threads
+    set_threads(threads_batch or threads)
     eng = _engine.load(path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                        n_gpu_layers=parse_ngl(n_gpu_layers), split=split)
-    tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=special)
+    tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=True)
     eng.check_prompt(tokens)
     click.echo(f"cooktop: {path}: {eng.placement.summary()}", err=True)
     for note in eng.placement.notes:

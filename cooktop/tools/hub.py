@@ -10,9 +10,11 @@ sha256), so the default model works on machines without internet.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import os
 import pathlib
+import re
 import shutil
 import sys
 
@@ -41,13 +43,131 @@ def parse_hf(spec: str, hf_file: str | None = None) -> tuple[str, str]:
     Raises:
         CooktopError: no file name given or the repo id is malformed.
     """
-    repo, _, file = spec.partition(":")
-    file = hf_file or file
-    if repo.count("/") != 1 or not all(repo.split("/")):
-        raise CooktopError(f"bad -hf repo {spec!r}: expected OWNER/REPO[:FILE.gguf]")
+    repo, file, tag = parse_hf_spec(spec, hf_file)
     if not file:
         raise CooktopError(f"-hf {spec!r} names no file: use -hf {repo}:FILE.gguf or --hf-file FILE.gguf")
     return repo, file
+
+
+def parse_hf_spec(spec: str, hf_file: str | None = None) -> tuple[str, str | None, str | None]:
+    """``-hf`` as llama.cpp reads it: ``owner/repo[:QUANT]`` or ``owner/repo:FILE.gguf``.
+
+    Returns:
+        ``(repo, file or None, quant tag or None)``: a part after ``:`` ending in
+        ``.gguf`` is a file name (cooktop's older form), anything else a quant tag
+        (``Q4_K_M``, ``q8_0``); ``--hf-file`` wins over both.
+    Raises:
+        CooktopError: a malformed repo id or an empty tag.
+    """
+    repo, colon, rest = spec.partition(":")
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise CooktopError(f"bad -hf repo {spec!r}: expected OWNER/REPO[:QUANT] or OWNER/REPO:FILE.gguf")
+    if colon and not rest:
+        raise CooktopError(f"-hf {spec!r} has an empty quant tag after ':'; use -hf {repo}:Q4_K_M, "
+                           f"-hf {repo} (the default quant) or --hf-file FILE.gguf")
+    if hf_file:
+        return repo, hf_file, None
+    if rest.lower().endswith(".gguf"):
+        return repo, rest, None
+    return repo, None, rest or None
+
+
+#: Quant tags tried, in order, when ``-hf`` names none (Hugging Face's default for llama.cpp is Q4_K_M).
+DEFAULT_QUANTS = ("Q4_K_M", "Q4_0", "Q8_0")
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+def pick_gguf(files: list[str], tag: str | None, repo: str = "the repo") -> str:
+    """The GGUF of a repo for a quant tag, as ``-hf owner/repo[:QUANT]`` picks it in llama.cpp.
+
+    Projector files (``mmproj``) and all but the first shard of a split model are
+    skipped. A tag matches a file name containing it between separators, case
+    insensitive (``Q4_K`` does not match ``Q4_K_M``). Without a tag: the first of
+    :data:`DEFAULT_QUANTS` present, else the only (or first, sorted) GGUF.
+
+    Raises:
+        CooktopError: no GGUF, or none with the tag (the message lists the tags there are).
+    """
+    ggufs = sorted(f for f in files if f.lower().endswith(".gguf") and "mmproj" not in os.path.basename(f).lower())
+    ggufs = [f for f in ggufs if not (_SHARD.search(f) and int(_SHARD.search(f).group(1)) != 1)]
+    if not ggufs:
+        raise CooktopError(f"{repo} has no GGUF file")
+
+    def with_tag(t: str) -> list[str]:
+        rx = re.compile(rf"(^|[-._/]){re.escape(t)}([-.]|$)", re.IGNORECASE)
+        return [f for f in ggufs if rx.search(os.path.basename(f))]
+
+    if tag:
+        hits = with_tag(tag)
+        if not hits:
+            names = ", ".join(os.path.basename(f) for f in ggufs[:12])
+            raise CooktopError(f"{repo} has no GGUF for quant {tag!r}; it has: {names}")
+        return min(hits, key=lambda f: (len(f), f))
+    for t in DEFAULT_QUANTS:
+        hits = with_tag(t)
+        if hits:
+            return min(hits, key=lambda f: (len(f), f))
+    return ggufs[0]
+
+
+def cached_files(repo: str, cache_dir: str | os.PathLike | None = None) -> list[str]:
+    """File names of ``repo`` in the local Hugging Face cache (every snapshot), sorted."""
+    root = pathlib.Path(cache_dir) if cache_dir else _cache_dir()
+    snaps = root / ("models--" + repo.replace("/", "--")) / "snapshots"
+    out: set[str] = set()
+    if snaps.is_dir():
+        for snap in snaps.iterdir():
+            for p in snap.rglob("*"):
+                if p.is_file() or p.is_symlink():
+                    out.add(p.relative_to(snap).as_posix())
+    return sorted(out)
+
+
+def repo_files(repo: str, cache_dir: str | os.PathLike | None = None) -> list[str]:
+    """File names of ``repo``: the Hub's listing when reachable, else what the cache holds.
+
+    Raises:
+        CooktopError: neither the Hub nor the cache knows the repo.
+    """
+    from huggingface_hub import constants
+    cached = cached_files(repo, cache_dir)
+    if constants.is_offline_mode():
+        if cached:
+            return cached
+        raise CooktopError(f"{repo} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; unset it to "
+                           "download, or pass a local file with -m")
+    try:
+        from huggingface_hub import list_repo_files
+        return sorted(set(list_repo_files(repo)) | set(cached))
+    except _request_errors() as e:
+        if cached:
+            return cached
+        raise CooktopError(f"cannot list the files of {repo} ({constants.ENDPOINT}): {_first_line(e)}") from None
+
+
+def download(repo: str, filename: str | None = None, *, tag: str | None = None,
+             cache_dir: str | os.PathLike | None = None, local_dir: str | os.PathLike | None = None) -> str:
+    """Local path of one GGUF of ``repo``: ``filename`` (a name or a glob), else the file for ``tag``.
+
+    Args:
+        filename: exact name, or a glob such as ``"*q8_0.gguf"`` (llama-cpp-python's
+            ``from_pretrained``) that must match one file (the first shard of a split model counts once).
+        tag: quant tag when ``filename`` is None (see :func:`pick_gguf`).
+        cache_dir, local_dir: as ``huggingface_hub.hf_hub_download``.
+    Raises:
+        CooktopError: no or several matches; download failures (see :func:`resolve`).
+    """
+    if filename is not None and not any(c in filename for c in "*?["):
+        return resolve(repo, filename, cache_dir=cache_dir, local_dir=local_dir)
+    files = repo_files(repo, cache_dir)
+    if filename is None:
+        return resolve(repo, pick_gguf(files, tag, repo), cache_dir=cache_dir, local_dir=local_dir)
+    hits = [f for f in files if fnmatch.fnmatch(f, filename) or fnmatch.fnmatch(os.path.basename(f), filename)]
+    firsts = [f for f in hits if not (_SHARD.search(f) and int(_SHARD.search(f).group(1)) != 1)]
+    if len(firsts) != 1:
+        what = "no file" if not firsts else f"{len(firsts)} files ({', '.join(firsts[:6])})"
+        raise CooktopError(f"{filename!r} matches {what} in {repo}; give a pattern that matches exactly one")
+    return resolve(repo, firsts[0], cache_dir=cache_dir, local_dir=local_dir)
 
 
 def _cache_dir() -> pathlib.Path:
@@ -81,7 +201,8 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
-def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str | None = None) -> str:
+def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str | None = None, *,
+            cache_dir: str | os.PathLike | None = None, local_dir: str | os.PathLike | None = None) -> str:
     """Local path of ``repo/filename``: from the cache, else downloaded.
 
     The cache is tried first without any network access. Before downloading,
@@ -92,6 +213,7 @@ def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str 
     Args:
         sha256: when given, the file must have this hash (checked after download
             and for the default model).
+        cache_dir, local_dir: passed to ``hf_hub_download`` (another cache; a plain folder).
     Raises:
         CooktopError: not cached and the download failed (offline, unreachable,
             not found), or a hash mismatch. One line, saying what to do.
@@ -105,7 +227,7 @@ def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str 
     errors = _request_errors()
     hint = "pass a local file with -m, or seed the cache: python -m cooktop.tools.hub --seed FILE"
     try:
-        path = hf_hub_download(repo, filename, local_files_only=True)
+        path = hf_hub_download(repo, filename, local_files_only=True, cache_dir=cache_dir, local_dir=local_dir)
     except errors:
         if constants.is_offline_mode():
             raise CooktopError(f"{filename} from {repo} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
@@ -113,7 +235,7 @@ def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str 
         endpoint = constants.ENDPOINT
         try:
             get_hf_file_metadata(hf_hub_url(repo, filename))  # fail fast: no retries
-            path = hf_hub_download(repo, filename)
+            path = hf_hub_download(repo, filename, cache_dir=cache_dir, local_dir=local_dir)
         except errors as e:
             raise CooktopError(f"cannot get {filename} from {repo} ({endpoint}): {_first_line(e)}; {hint}") from None
     if sha256 and sha256_file(path) != sha256:

@@ -1,0 +1,64 @@
+"""``cooktop serve``: the OpenAI-compatible HTTP server (llama-server's flags)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+from ..errors import CooktopError
+from .common import check_compat, compat_options, device_options, model_options, parse_ngl, resolve_model, \
+    threads_option
+from .group import cli
+
+
+@cli.command("serve")
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", default=8080, show_default=True, help="Port to listen on.")
+@click.option("-c", "--ctx-size", "n_ctx", default=0, show_default=True,
+              help="Context size of each slot in tokens (0 = from the model, at most 4096).")
+@click.option("-b", "--batch-size", "n_batch", default=512, show_default=True, help="Prompt tokens per forward pass.")
+@click.option("-np", "--parallel", "n_parallel", default=1, show_default=True,
+              help="Slots: requests processed together, each with its own KV cache; more wait in a queue.")
+@click.option("--max-queue", default=256, show_default=True, help="Waiting requests before answering 503.")
+@click.option("-a", "--alias", default=None, help="Model name in the API (default: the file name).")
+@click.option("--api-key", default=None, envvar="LLAMA_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on every endpoint but /health (env LLAMA_API_KEY).")
+@click.option("--chat-template", default=None, help="Chat format name (chatml, llama3, ...) or jinja text.")
+@click.option("--chat-template-file", default=None, type=click.Path(), help="Jinja chat template file.")
+@click.option("-s", "--seed", default=-1, show_default=True, help="Default RNG seed (-1 = random).")
+@click.option("--embedding", "--embeddings", "embeddings", is_flag=True,
+              help="(Accepted: /v1/embeddings is always on in cooktop.)")
+@click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
+@threads_option
+@device_options
+@compat_options
+def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
+              chat_template, chat_template_file, seed, embeddings, metrics, threads, threads_batch, device,
+              n_gpu_layers, split, **compat):
+    """Serve a model over HTTP with an OpenAI-compatible API (like llama-server)."""
+    check_compat(compat)
+    try:
+        import uvicorn
+
+        from ..server.app import ServerConfig, create_app
+    except ImportError as e:
+        raise CooktopError(f"cooktop serve needs the server extra: pip install 'cooktop[server]' ({e})") from None
+    if not 1 <= port <= 65535:
+        raise CooktopError(f"--port must be in 1..65535, got {port}")
+    if n_parallel < 1:
+        raise CooktopError(f"-np must be >= 1, got {n_parallel}")
+    path = resolve_model(model, hf_repo, hf_file)
+    if not os.path.exists(path):
+        raise CooktopError(f"{path}: no such file")
+    kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
+                  seed=seed, n_threads=threads, n_threads_batch=threads_batch, chat_template=chat_template,
+                  chat_template_file=chat_template_file)
+    config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
+                          api_key=api_key)
+    logging.getLogger("cooktop.server").setLevel(logging.INFO)
+    click.echo(f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} "
+               f"({n_parallel} slot(s){', API key required' if api_key else ''})", err=True)
+    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
