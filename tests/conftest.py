@@ -104,3 +104,32 @@ def rewrite_gguf(src, dst, *, drop=(), arch=None, extra_kv=(), replace=None, add
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def require_modules(resource: str, *modules: str) -> None:
+    """Skip (or fail, when COOKTOP_REQUIRE names ``resource``) unless every module imports."""
+    import importlib
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            skip_or_fail(resource, f"python module {m} does not import ({e}); pip install -e '.[server,dev]'")
+
+
+@pytest.fixture(scope="session")
+def server_deps():
+    """fastapi + uvicorn + httpx (the ``server`` resource)."""
+    require_modules("server", "fastapi", "uvicorn", "httpx")
+
+
+@pytest.fixture(scope="session")
+def openai_client_dep(server_deps):
+    """The official ``openai`` client (the ``openai`` resource)."""
+    require_modules("openai", "openai")
+
+
+def with_chat_template(src, dst, template: str, extra=()):
+    """A copy of the GGUF ``src`` with ``tokenizer.chat_template`` set (plus ``extra`` (key, value, type))."""
+    from gguf import GGUFValueType
+    return rewrite_gguf(src, dst, drop=("tokenizer.chat_template",),
+                        extra_kv=[("tokenizer.chat_template", template, GGUFValueType.STRING), *extra])

@@ -89,9 +89,13 @@ def _emit(text: str) -> None:
 @click.option("--shape", default="tinyllama-1.1b", show_default=True,
               help="--ops: model shape of the matmuls (cooktop synth shapes).")
 @click.option("--types", default=None, help="--ops: comma list of weight types (default: every supported one).")
+@click.option("-t", "--threads", "threads", type=int, default=None,
+              help="CPU threads of the numpy backend (BLAS); default: all cores.")
 def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fmt, progress, plot_path, vs,
-              from_file, seed, ops, quick, shape, types):
+              from_file, seed, ops, quick, shape, types, threads):
     """Measure prompt processing (pp) and generation (tg) speed, like llama.cpp's llama-bench."""
+    from ..api.options import set_threads
+    set_threads(threads)
     if plot_path:
         import os
         folder = os.path.dirname(os.path.abspath(plot_path))

@@ -17,6 +17,7 @@ template refusal; 401 missing/wrong ``--api-key``; 404 unknown model or route;
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import hmac
 import json
@@ -27,6 +28,7 @@ import time
 import uuid
 from typing import Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -299,15 +301,18 @@ def create_app(config: ServerConfig, llm: Any = None) -> FastAPI:
         if "input" not in body and "content" in body:  # llama-server's own field
             body["input"] = body["content"]
         inp = body.get("input")
-        fmt = body.get("encoding_format", "float")
-        if fmt != "float":
-            raise P.bad("encoding_format", f"only 'float' is supported, got {fmt!r}")
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise P.bad("encoding_format", f"expected 'float' or 'base64', got {fmt!r}")
         state.scheduler.metrics.requests_total["embeddings"] += 1
         job = state.scheduler.submit(lambda llm: iter([llm.create_embedding(inp, model=config.model_id)]),
                                      asyncio.get_running_loop())
         first = await first_event(job)
         (result,) = await collect(request, job, first)
         state.scheduler.metrics.prompt_tokens_total += result["usage"]["prompt_tokens"]
+        if fmt == "base64":  # OpenAI's: little-endian float32 bytes, base64 (what the openai client asks for)
+            for d in result["data"]:
+                d["embedding"] = base64.b64encode(np.asarray(d["embedding"], dtype="<f4").tobytes()).decode()
         return JSONResponse(result)
 
     @app.get("/v1/models")

@@ -201,6 +201,7 @@ class Scheduler:
             self._free(slot)
             return
         t0 = time.perf_counter()
+        self.llm._active_seq = slot.seq  # a job may start a completion lazily, inside its iterator
         try:
             item = next(slot.it)
         except StopIteration:
@@ -213,6 +214,7 @@ class Scheduler:
             self._free(slot)
             return
         finally:
+            self.llm._active_seq = None
             self.metrics.step_seconds_total += time.perf_counter() - t0
         slot.n_steps += 1
         job.post(ITEM, item)

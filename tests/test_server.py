@@ -1,0 +1,319 @@
+"""``cooktop serve`` driven by the official ``openai`` client and by raw HTTP (httpx) on 127.0.0.1.
+
+One in-process server (uvicorn on a thread, ephemeral port) serves stories260K
+(no chat template: the chatml fallback) for the module; others are started
+for the API key, a model with a template, loading and overload cases.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+import threading
+import time
+
+import pytest
+
+from conftest import with_chat_template
+from serverutil import RunningServer
+
+PROMPT = "Once upon a time"
+CHAT = [{"role": "user", "content": "Tell me a story."}]
+
+
+@pytest.fixture(scope="module")
+def srv(stories, server_deps):
+    from cooktop.server.app import ServerConfig
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=2))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(srv, openai_client_dep):
+    from openai import OpenAI
+    c = OpenAI(api_key="unused", base_url=srv.base + "/v1", max_retries=0, timeout=120)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def http(srv):
+    import httpx
+    with httpx.Client(base_url=srv.base, timeout=120) as c:
+        yield c
+
+
+# -- the openai client ---------------------------------------------------------------------
+def test_chat_stream_equals_non_stream(client):
+    kw = dict(model="stories260K.gguf", messages=CHAT, max_tokens=40, temperature=0)
+    whole = client.chat.completions.create(**kw)
+    text = whole.choices[0].message.content
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert len(text) > 10 and whole.usage.completion_tokens == 40 and whole.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in chunks)  # no usage chunk unless asked
+
+
+def test_chat_stream_usage_chunk_once_before_done(client, http):
+    chunks = list(client.chat.completions.create(model="stories260K.gguf", messages=CHAT, max_tokens=12,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    usage = [c for c in chunks if c.usage is not None]
+    assert len(usage) == 1 and usage[0] is chunks[-1] and chunks[-1].choices == []
+    assert usage[0].usage.completion_tokens == 12 and usage[0].usage.total_tokens == usage[0].usage.prompt_tokens + 12
+    raw = http.post("/v1/chat/completions", json=dict(messages=CHAT, max_tokens=5, temperature=0, stream=True,
+                                                      stream_options={"include_usage": True})).text
+    events = [e for e in raw.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and '"usage"' in events[-2] and raw.count('"usage"') == 1
+
+
+def test_completion_stream_and_stop_strings_never_leak(client):
+    base = client.completions.create(model="stories260K.gguf", prompt=PROMPT, max_tokens=40, temperature=0)
+    full = base.choices[0].text
+    assert "Lily" in full
+    stop = "Lily"
+    whole = client.completions.create(model="stories260K.gguf", prompt=PROMPT, max_tokens=40, temperature=0,
+                                      stop=[stop, "zzz"])
+    text = whole.choices[0].text
+    assert text == full[:full.index(stop)] and whole.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(model="stories260K.gguf", prompt=PROMPT, max_tokens=40,
+                                            temperature=0, stop=[stop, "zzz"], stream=True))
+    deltas = [c.choices[0].text for c in chunks]
+    assert "".join(deltas) == text
+    assert stop not in "".join(deltas)
+
+
+def test_n_choices(client):
+    out = client.chat.completions.create(model="stories260K.gguf", messages=CHAT, max_tokens=8, temperature=0, n=3)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert len({c.message.content for c in out.choices}) == 1  # greedy: the same three times
+    chunks = list(client.completions.create(model="stories260K.gguf", prompt=PROMPT, max_tokens=6, n=2,
+                                            temperature=1.0, seed=5, stream=True))
+    assert {c.choices[0].index for c in chunks} == {0, 1}
+
+
+def test_logprobs(client):
+    out = client.chat.completions.create(model="stories260K.gguf", messages=CHAT, max_tokens=5, temperature=0,
+                                         logprobs=True, top_logprobs=3)
+    content = out.choices[0].logprobs.content
+    assert len(content) == 5
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob
+        assert math.isclose(e.logprob, e.top_logprobs[0].logprob)  # greedy picks the most likely
+    assert "".join(e.token for e in content) == out.choices[0].message.content
+    comp = client.completions.create(model="stories260K.gguf", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2)
+    lp = comp.choices[0].logprobs
+    assert len(lp.tokens) == 4 and len(lp.top_logprobs[0]) == 2 and lp.text_offset[0] == 0
+
+
+def test_embeddings(client):
+    out = client.embeddings.create(model="stories260K.gguf", input=["a cat", "a dog sat"])
+    assert [d.index for d in out.data] == [0, 1]
+    for d in out.data:
+        assert len(d.embedding) == 64
+        assert math.isclose(sum(x * x for x in d.embedding), 1.0, rel_tol=1e-5)
+    assert out.data[0].embedding != out.data[1].embedding
+    assert out.usage.prompt_tokens > 0
+
+
+def test_models(client):
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["stories260K.gguf"]
+
+
+def test_json_response_format(client):
+    out = client.chat.completions.create(model="stories260K.gguf", messages=CHAT, max_tokens=60, temperature=0,
+                                         response_format={"type": "json_schema", "json_schema": {
+                                             "name": "x", "schema": {"type": "object", "properties": {
+                                                 "name": {"type": "string", "maxLength": 10}},
+                                                 "required": ["name"], "additionalProperties": False}}})
+    obj = json.loads(out.choices[0].message.content)
+    assert list(obj) == ["name"] and isinstance(obj["name"], str)
+
+
+# -- raw HTTP: llama-server endpoints and errors -----------------------------------------------
+def test_health_props_metrics_tokenize(http):
+    assert http.get("/health").json() == {"status": "ok"}
+    props = http.get("/props").json()
+    assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 256
+    assert "<|im_start|>" in props["chat_template"]
+    toks = http.post("/tokenize", json={"content": PROMPT}).json()["tokens"]
+    assert http.post("/detokenize", json={"tokens": toks}).json()["content"].strip() == PROMPT
+    pieces = http.post("/tokenize", json={"content": PROMPT, "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == toks and "".join(p["piece"] for p in pieces).strip() == PROMPT
+    prompt = http.post("/apply-template", json={"messages": CHAT}).json()["prompt"]
+    assert prompt == "<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\n"
+    metrics = http.get("/metrics").text
+    for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
+                 "llamacpp:predicted_tokens_seconds", "llamacpp:requests_deferred", 'cooktop:requests_total{'):
+        assert name in metrics
+
+
+@pytest.mark.parametrize("path,body,status,words", [
+    ("/v1/chat/completions", b"{not json", 400, ["not valid JSON"]),
+    ("/v1/chat/completions", b"[1, 2]", 400, ["JSON object"]),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, ["messages"]),
+    ("/v1/chat/completions", {"messages": CHAT, "temperature": "hot"}, 400, ["temperature"]),
+    ("/v1/chat/completions", {"messages": CHAT, "model": "gpt-4o"}, 404, ["gpt-4o", "not found"]),
+    ("/v1/chat/completions", {"messages": CHAT, "n": 0}, 400, ["n"]),
+    ("/v1/chat/completions", {"messages": CHAT, "n": 99}, 400, ["n"]),
+    ("/v1/completions", {"prompt": "word " * 400}, 400, ["n_ctx = 256", "tokens"]),
+    ("/v1/completions", {"prompt": PROMPT, "grammar": "root ::= ("}, 400, ["grammar"]),
+    ("/v1/completions", {"prompt": 5}, 400, ["prompt"]),
+    ("/v1/embeddings", {"input": []}, 400, ["input"]),
+    ("/v1/nope", {}, 404, ["/v1/nope"]),
+])
+def test_errors_are_openai_shaped(http, path, body, status, words):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = http.post(path, headers={"content-type": "application/json"}, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == status and isinstance(err["type"], str)
+    for w in words:
+        assert w in err["message"], err["message"]
+
+
+def test_stream_error_before_first_byte_is_json(http):
+    r = http.post("/v1/completions", json={"prompt": "word " * 400, "stream": True})
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
+
+
+def test_client_disconnect_stops_generation(srv):
+    import httpx
+    sched = srv.state.scheduler
+    with httpx.Client(base_url=srv.base, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 100000, "temperature": 1,
+                                                       "stream": True}) as r:
+            it = r.iter_lines()
+            assert next(it).startswith("data: ")
+    deadline = time.monotonic() + 20
+    while sched.busy and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sched.busy == 0 and sched.queue_depth == 0
+    with httpx.Client(base_url=srv.base, timeout=60) as c:  # the server goes on
+        assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}).status_code == 200
+
+
+# -- other servers ---------------------------------------------------------------------------
+def test_api_key(stories, server_deps, openai_client_dep):
+    import httpx
+    from openai import AuthenticationError, OpenAI
+
+    from cooktop.server.app import ServerConfig
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=128, device="cpu"), api_key="s3cret"))
+    try:
+        assert httpx.get(s.base + "/health").status_code == 200  # open
+        for path in ("/v1/models", "/metrics", "/props"):
+            r = httpx.get(s.base + path)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        r = httpx.get(s.base + "/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        good = OpenAI(api_key="s3cret", base_url=s.base + "/v1", max_retries=0)
+        assert good.completions.create(model="stories260K.gguf", prompt=PROMPT, max_tokens=2).choices[0].text
+        with pytest.raises(AuthenticationError):
+            OpenAI(api_key="nope", base_url=s.base + "/v1", max_retries=0).models.list()
+    finally:
+        s.stop()
+
+
+def test_health_503_while_loading(stories, server_deps, monkeypatch):
+    import httpx
+
+    from cooktop.server.app import ServerConfig, ServerState
+    gate = threading.Event()
+    real = ServerState.load
+    monkeypatch.setattr(ServerState, "load", lambda self: (gate.wait(30), real(self)))
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=128, device="cpu")), wait_loaded=False)
+    try:
+        r = httpx.get(s.base + "/health")
+        assert r.status_code == 503 and r.json()["error"]["message"] == "Loading model"
+        assert httpx.post(s.base + "/v1/completions", json={"prompt": "x"}).status_code == 503
+        gate.set()
+        s.wait_loaded()
+        assert httpx.get(s.base + "/health").status_code == 200
+    finally:
+        gate.set()
+        s.stop()
+
+
+def test_overload_is_503(stories, server_deps):
+    import httpx
+
+    from cooktop.server.app import ServerConfig
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), max_queue=0))
+    try:
+        with httpx.Client(base_url=s.base, timeout=60) as c:
+            with c.stream("POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 100000,
+                                                           "stream": True}) as r:
+                next(r.iter_lines())
+                busy = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+                assert busy.status_code == 503 and "overloaded" in busy.json()["error"]["message"]
+    finally:
+        s.stop()
+
+
+def test_model_with_template_and_template_error(stories, tmp_path, server_deps):
+    """A GGUF with a template that refuses system messages (Gemma 2 style): 400 from the server."""
+    import httpx
+
+    from cooktop.server.app import ServerConfig
+    tmpl = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+            "{% endif %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    path = with_chat_template(stories, tmp_path / "tmpl.gguf", tmpl)
+    s = RunningServer(ServerConfig(str(path), llama_kwargs=dict(n_ctx=256, device="cpu")))
+    try:
+        with httpx.Client(base_url=s.base, timeout=60) as c:
+            assert c.post("/apply-template", json={"messages": CHAT}).json()["prompt"] == \
+                "<|user|>Tell me a story.</s><|assistant|>"
+            ok = c.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 8, "temperature": 0})
+            assert ok.status_code == 200, ok.text
+            r = c.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "x"}, *CHAT]})
+            assert r.status_code == 400
+            assert "System role not supported" in r.json()["error"]["message"]
+    finally:
+        s.stop()
+
+
+def test_load_32_concurrent_streams(srv, http):
+    """32 streaming clients at once (greedy): no failure, no lost chunk, each stream equals its
+    request's non-streamed answer."""
+    import httpx
+    prompts = [f"{PROMPT} {w}" for w in ("there", "a", "the", "Tom", "Lily", "in", "on", "she")] * 4
+    expected = {}
+    for p in set(prompts):
+        r = http.post("/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0})
+        expected[p] = r.json()["choices"][0]["text"]
+
+    def one(p: str) -> tuple[str, str, int]:
+        text, n_events, done = [], 0, False
+        with httpx.Client(base_url=srv.base, timeout=300) as c:
+            with c.stream("POST", "/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0,
+                                                           "stream": True}) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if not line:
+                        continue
+                    assert line.startswith("data: ")
+                    if line == "data: [DONE]":
+                        done = True
+                        continue
+                    event = json.loads(line[6:])
+                    assert "error" not in event, event
+                    text.append(event["choices"][0]["text"])
+                    n_events += 1
+        assert done
+        return p, "".join(text), n_events
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, prompts))
+    assert len(results) == 32
+    for p, text, n in results:
+        assert text == expected[p], p
+        assert n >= 2
