@@ -246,7 +246,8 @@ def test_cli_run_hf(server, stories, tmp_path):
 
 
 @pytest.mark.parametrize("spec,words", [("badrepo", ("bad -hf repo", "OWNER/REPO")),
-                                        ("owner/repo", ("names no file", "--hf-file"))])
+                                        ("owner/repo", ("not in the Hugging Face cache", "HF_HUB_OFFLINE")),
+                                        ("owner/repo:", ("empty quant tag",))])
 def test_cli_run_hf_bad_spec(tmp_path, spec, words):
     env = _env("http://127.0.0.1:9", tmp_path / "hub", offline=True)
     res = subprocess.run([COOKTOP, "run", "-hf", spec, "-p", "hi", "-n", "1"], capture_output=True, text=True,
@@ -276,10 +277,64 @@ def test_parse_hf():
 
 
 @pytest.mark.parametrize("spec", ["badrepo", "badrepo:f.gguf", "/repo:f.gguf", "owner/:f.gguf", "a/b/c:f.gguf",
-                                  "owner/repo", "owner/repo:"])
+                                  "owner/repo", "owner/repo:", "owner/repo:Q4_K_M"])
 def test_parse_hf_errors(spec):
     with pytest.raises(CooktopError) as ei:
         hub.parse_hf(spec)
     msg = str(ei.value)
     assert "\n" not in msg and spec.split(":")[0] in msg
     assert ("OWNER/REPO" in msg) or ("--hf-file" in msg)
+
+
+def test_parse_hf_spec_quant_tags():
+    """llama.cpp's -hf: the part after ':' is a quant tag unless it names a .gguf file."""
+    assert hub.parse_hf_spec("owner/repo") == ("owner/repo", None, None)
+    assert hub.parse_hf_spec("owner/repo:Q4_K_M") == ("owner/repo", None, "Q4_K_M")
+    assert hub.parse_hf_spec("owner/repo:f.gguf") == ("owner/repo", "f.gguf", None)
+    assert hub.parse_hf_spec("owner/repo:q8_0", "x.gguf") == ("owner/repo", "x.gguf", None)
+    with pytest.raises(CooktopError, match="empty quant tag"):
+        hub.parse_hf_spec("owner/repo:")
+
+
+FILES = ["README.md", "m-Q2_K.gguf", "m-Q4_K.gguf", "m-Q4_K_M.gguf", "m-Q8_0.gguf", "mmproj-m-Q4_K_M.gguf",
+         "big/m-Q6_K-00001-of-00002.gguf", "big/m-Q6_K-00002-of-00002.gguf"]
+
+
+@pytest.mark.parametrize("tag,want", [(None, "m-Q4_K_M.gguf"), ("Q4_K_M", "m-Q4_K_M.gguf"),
+                                      ("q4_k", "m-Q4_K.gguf"), ("Q8_0", "m-Q8_0.gguf"),
+                                      ("Q6_K", "big/m-Q6_K-00001-of-00002.gguf")])
+def test_pick_gguf(tag, want):
+    assert hub.pick_gguf(FILES, tag) == want
+
+
+def test_pick_gguf_defaults_and_errors():
+    assert hub.pick_gguf(["a-F16.gguf", "a-Q4_0.gguf"], None) == "a-Q4_0.gguf"
+    assert hub.pick_gguf(["only.gguf"], None) == "only.gguf"
+    with pytest.raises(CooktopError, match="no GGUF for quant 'Q3_K_S'.*m-Q2_K.gguf"):
+        hub.pick_gguf(FILES, "Q3_K_S", "owner/repo")
+    with pytest.raises(CooktopError, match="no GGUF file"):
+        hub.pick_gguf(["README.md"], None, "owner/repo")
+
+
+def _seed_cache(cache: pathlib.Path, repo: str, files: dict[str, pathlib.Path]) -> None:
+    root = cache / ("models--" + repo.replace("/", "--"))
+    snap = root / "snapshots" / COMMIT
+    for name, src in files.items():
+        (snap / name).parent.mkdir(parents=True, exist_ok=True)
+        (snap / name).write_bytes(src.read_bytes())
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(COMMIT)
+
+
+@pytest.mark.parametrize("spec,want", [("owner/repo", "Q4_K_M"), ("owner/repo:Q8_0", "Q8_0"),
+                                       ("owner/repo:q8_0", "Q8_0")])
+def test_cli_run_hf_quant_from_cache(stories, tmp_path, spec, want):
+    """-hf owner/repo[:QUANT] offline, from the cache: the file with the tag, Q4_K_M by default."""
+    tiny = pathlib.Path(str(stories)).parent / "tiny"
+    _seed_cache(tmp_path / "hub", "owner/repo", {"m-Q4_K_M.gguf": tiny / "tiny-Q4_K_M.gguf",
+                                                 "m-Q8_0.gguf": tiny / "tiny-Q8_0.gguf"})
+    env = _env("http://127.0.0.1:9", tmp_path / "hub", offline=True)
+    res = subprocess.run([COOKTOP, "run", "-hf", spec, "-p", "Once", "-n", "2", "--temp", "0", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    assert f"m-{want}.gguf" in res.stderr

@@ -56,6 +56,7 @@ NOT_SUPPORTED = {
     "main_gpu": (("-mg", "--main-gpu"), "choose the device with --device (-dev)"),
     "split_mode": (("-sm", "--split-mode"), "cooktop splits by layer (--split / -ts)"),
     "ubatch_size": (("-ub", "--ubatch-size"), "cooktop evaluates -b tokens per forward pass"),
+    "parallel": (("-np", "--parallel"), "one conversation runs at a time here; cooktop serve -np has slots"),
 }
 
 
@@ -68,12 +69,17 @@ def threads_option(f):
     return f
 
 
-def compat_options(f):
+def compat_options(f=None, *, exclude: tuple[str, ...] = ()):
     """llama.cpp flags cooktop accepts but does not act on (see :func:`check_compat`).
 
-    ``-fa`` takes an optional value, as in llama.cpp (on/off/auto).
+    ``-fa`` takes an optional value, as in llama.cpp (on/off/auto). ``exclude``:
+    names a command defines itself (``serve`` has ``parallel``).
     """
+    if f is None:
+        return lambda g: compat_options(g, exclude=exclude)
     for dest, (flags, _why) in reversed(list(NOT_SUPPORTED.items())):
+        if dest in exclude:
+            continue
         if dest == "flash_attn":
             f = click.option(*flags, dest, is_flag=False, flag_value="on", default=None,
                              help="[on|off|auto] (llama.cpp flag; not supported in cooktop)")(f)
@@ -92,7 +98,8 @@ def check_compat(values: dict) -> None:
         if v is None or (dest == "flash_attn" and str(v).lower() in ("off", "auto")):
             continue
         if (dest in ("cache_type_k", "cache_type_v") and str(v).lower() == "f32") or \
-                (dest == "main_gpu" and str(v) == "0") or (dest == "split_mode" and str(v) == "layer"):
+                (dest == "main_gpu" and str(v) == "0") or (dest == "split_mode" and str(v) == "layer") or \
+                (dest == "parallel" and str(v) == "1"):
             continue
         shown = f" {v}"
         click.echo(f"cooktop: {flags[0]}{shown} ({flags[1]}) is not supported by cooktop, ignored: {why}", err=True)

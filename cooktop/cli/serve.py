@@ -34,7 +34,7 @@ from .group import cli
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
 @threads_option
 @device_options
-@compat_options
+@compat_options(exclude=("parallel",))
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               chat_template, chat_template_file, seed, embeddings, metrics, threads, threads_batch, device,
               n_gpu_layers, split, **compat):
