@@ -9,14 +9,13 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import SHARED, rewrite_gguf, with_chat_template
 from gguf import GGUFValueType
 
 from cooktop import Llama, LlamaGrammar
 from cooktop.api.options import UnsupportedArgumentError
 from cooktop.engine.grammar import GrammarError
 from cooktop.errors import ChatTemplateError, ContextOverflowError, CooktopError
-
-from conftest import SHARED, rewrite_gguf, with_chat_template
 
 PROMPT = "Once upon a time"
 TUTORIAL = '''
@@ -124,7 +123,8 @@ def test_logit_bias_penalties_typical_seed(llm):
     banned = llm.create_completion(PROMPT, max_tokens=8, temperature=0, logit_bias={str(first): -100})
     assert banned["choices"][0]["text"] != base
     pen = llm.create_completion(PROMPT, max_tokens=40, temperature=0, frequency_penalty=2.0, presence_penalty=1.0)
-    assert pen["choices"][0]["text"] != llm.create_completion(PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"]
+    plain = llm.create_completion(PROMPT, max_tokens=40, temperature=0)
+    assert pen["choices"][0]["text"] != plain["choices"][0]["text"]
     a = llm.create_completion(PROMPT, max_tokens=16, temperature=1.0, typical_p=0.5, seed=7)
     b = llm.create_completion(PROMPT, max_tokens=16, temperature=1.0, typical_p=0.5, seed=7)
     assert a["choices"][0]["text"] == b["choices"][0]["text"]

@@ -14,7 +14,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import with_chat_template
 from serverutil import RunningServer
 

@@ -20,12 +20,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from ..engine.generate import Generation, Step
 from ..errors import CooktopError
 from ..text.chat_template import TemplateChoice, resolve_template, strip_added_specials
 from .completion import MAX_TOP_LOGPROBS, n_predict_of, stop_list
-from ..engine.generate import Generation, Step
-from .logprobs import log_softmax, top_k
 from .grammar import GrammarError, from_response_format
+from .logprobs import log_softmax, top_k
 from .types import ChatCompletion, ChatCompletionChunk
 
 log = logging.getLogger("cooktop")

@@ -18,12 +18,12 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..engine.generate import Generation, Step
 from ..engine.sampling import Sampler, SamplingParams
 from ..errors import CooktopError
 from ..text.exact import ExactTokenizer
-from ..engine.generate import Generation, Step
-from .logprobs import log_softmax, top_k
 from .grammar import LlamaGrammar, constraint_for
+from .logprobs import log_softmax, top_k
 from .types import Completion, CompletionLogprobs
 
 #: Most top-logprob alternatives per token (OpenAI allows 20 for chat; llama-server 'n_probs' has no cap).

@@ -32,12 +32,12 @@ class LlamaGrammar:
         self.kind, self.source = kind, source
 
     @classmethod
-    def from_string(cls, grammar: str, verbose: bool = True) -> "LlamaGrammar":
+    def from_string(cls, grammar: str, verbose: bool = True) -> LlamaGrammar:
         """A GBNF grammar (llama.cpp ``grammars/README.md``); Lark text is accepted too."""
         return cls("gbnf", grammar)
 
     @classmethod
-    def from_file(cls, file: str | os.PathLike, verbose: bool = True) -> "LlamaGrammar":
+    def from_file(cls, file: str | os.PathLike, verbose: bool = True) -> LlamaGrammar:
         """A GBNF grammar read from a file.
 
         Raises:
@@ -50,7 +50,7 @@ class LlamaGrammar:
             raise GrammarError(f"cannot read grammar file {file}: {e}") from None
 
     @classmethod
-    def from_json_schema(cls, json_schema: str | dict, verbose: bool = True) -> "LlamaGrammar":
+    def from_json_schema(cls, json_schema: str | dict, verbose: bool = True) -> LlamaGrammar:
         """Output that matches a JSON schema (JSON text or a dict)."""
         return cls("json_schema", json_schema)
 

@@ -125,7 +125,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str | None = None, additional_files: list[str] | None = None,
                         local_dir: str | os.PathLike | None = None, local_dir_use_symlinks: Any = "auto",
-                        cache_dir: str | os.PathLike | None = None, **kwargs: Any) -> "Llama":
+                        cache_dir: str | os.PathLike | None = None, **kwargs: Any) -> Llama:
         """Load a GGUF from a Hugging Face repo, like llama-cpp-python.
 
         Args:
@@ -332,7 +332,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         if eng is not None:
             eng.close()
 
-    def __enter__(self) -> "Llama":
+    def __enter__(self) -> Llama:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -18,8 +18,16 @@ from typing import Any, TextIO
 import click
 
 from ..errors import ContextOverflowError, CooktopError
-from .common import (check_compat, compat_options, device_options, model_options, parse_ngl, read_prompt_file,
-                     resolve_model, threads_option)
+from .common import (
+    check_compat,
+    compat_options,
+    device_options,
+    model_options,
+    parse_ngl,
+    read_prompt_file,
+    resolve_model,
+    threads_option,
+)
 from .group import cli
 
 GREEN, RESET = "\033[32m", "\033[0m"
@@ -32,7 +40,7 @@ def _colour(out: TextIO) -> bool:
 def _read_message(inp: TextIO, out: TextIO, colour: bool) -> str | None:
     """One user message (lines ending in a backslash continue it); None at end of input."""
     lines = []
-    out.write(("\n" + GREEN + "> " if colour else "\n> "))
+    out.write("\n" + GREEN + "> " if colour else "\n> ")
     out.flush()
     while True:
         line = inp.readline()

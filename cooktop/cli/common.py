@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from ..errors import CooktopError
-from ..tools import hub
 from ..runtime.placement import parse_ngl  # noqa: F401  (re-exported for the commands)
+from ..tools import hub
 
 
 def model_options(f):

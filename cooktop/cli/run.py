@@ -10,8 +10,16 @@ from ..engine import generate as _engine
 from ..engine.sampling import SamplingParams
 from ..errors import CooktopError
 from .chat import chat_loop, chat_options, open_chat_model
-from .common import (check_compat, compat_options, device_options, model_options, parse_ngl, read_prompt_file,
-                     resolve_model, threads_option)
+from .common import (
+    check_compat,
+    compat_options,
+    device_options,
+    model_options,
+    parse_ngl,
+    read_prompt_file,
+    resolve_model,
+    threads_option,
+)
 from .group import cli
 
 #: Single-character escapes of llama.cpp's ``string_process_escapes`` (common/common.cpp).

@@ -8,8 +8,15 @@ import os
 import click
 
 from ..errors import CooktopError
-from .common import check_compat, compat_options, device_options, model_options, parse_ngl, resolve_model, \
-    threads_option
+from .common import (
+    check_compat,
+    compat_options,
+    device_options,
+    model_options,
+    parse_ngl,
+    resolve_model,
+    threads_option,
+)
 from .group import cli
 
 
