@@ -1,0 +1,127 @@
+"""Server responses: jobs making n choices, non-streamed answers assembled from their stream, metrics text.
+
+A non-streamed answer is built from exactly the chunks a stream would carry,
+so the two can never differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def add_usage(total: dict[str, int] | None, usage: dict[str, int]) -> dict[str, int]:
+    if total is None:
+        return dict(usage)
+    return {"prompt_tokens": total["prompt_tokens"], "completion_tokens": total["completion_tokens"]
+            + usage["completion_tokens"], "total_tokens": total["total_tokens"] + usage["completion_tokens"]}
+
+
+def choices_job(n: int, args: dict[str, Any], call, model: str):
+    """A job making ``n`` streamed choices one after the other (choice i: seed + i)."""
+    def make(llm):
+        def gen():
+            for i in range(n):
+                kw = dict(args, stream=True, model=model)
+                if n > 1 and kw.get("seed") is not None:
+                    kw["seed"] = kw["seed"] + i
+                for chunk in call(llm, kw):
+                    chunk["choices"][0]["index"] = i
+                    yield chunk
+        return gen()
+    return make
+
+
+def prompt_choices_job(prompts: list[Any], n: int, args: dict[str, Any], model: str):
+    """A job for ``/v1/completions``: ``n`` choices per prompt, indexed prompt-major as OpenAI does."""
+    def make(llm):
+        def gen():
+            idx = 0
+            for prompt in prompts:
+                for i in range(n):
+                    kw = dict(args, stream=True, model=model)
+                    if n > 1 and kw.get("seed") is not None:
+                        kw["seed"] = kw["seed"] + i
+                    for chunk in llm.create_completion(prompt, **kw):
+                        chunk["choices"][0]["index"] = idx
+                        yield chunk
+                    idx += 1
+        return gen()
+    return make
+
+
+def assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``chat.completion`` from its stream (the same text the stream carries)."""
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for c in chunks:
+        ch = c["choices"][0]
+        slot = choices.setdefault(ch["index"], {"text": [], "finish": None, "lp": None})
+        slot["text"].append(ch["delta"].get("content") or "")
+        if ch.get("logprobs") is not None:
+            slot["lp"] = (slot["lp"] or []) + ch["logprobs"]["content"]
+        if ch["finish_reason"] is not None:
+            slot["finish"] = ch["finish_reason"]
+        if c.get("usage"):
+            usage = add_usage(usage, c["usage"])
+    first = chunks[0]
+    return {"id": first["id"], "object": "chat.completion", "created": first["created"], "model": first["model"],
+            "choices": [{"index": i, "message": {"role": "assistant", "content": "".join(s["text"])},
+                         "logprobs": None if s["lp"] is None else {"content": s["lp"], "refusal": None},
+                         "finish_reason": s["finish"]} for i, s in sorted(choices.items())],
+            "usage": usage}
+
+
+def assemble_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``text_completion`` from its stream."""
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for c in chunks:
+        ch = c["choices"][0]
+        slot = choices.setdefault(ch["index"], {"text": [], "finish": None, "lp": None})
+        slot["text"].append(ch["text"])
+        lp = ch.get("logprobs")
+        if lp is not None:
+            if slot["lp"] is None:
+                slot["lp"] = {k: [] for k in lp}
+            for k in lp:
+                slot["lp"][k] += lp[k]
+        if ch["finish_reason"] is not None:
+            slot["finish"] = ch["finish_reason"]
+        if c.get("usage"):
+            usage = add_usage(usage, c["usage"])
+    first = chunks[0]
+    return {"id": first["id"], "object": "text_completion", "created": first["created"], "model": first["model"],
+            "choices": [{"index": i, "text": "".join(s["text"]), "logprobs": s["lp"], "finish_reason": s["finish"]}
+                        for i, s in sorted(choices.items())],
+            "usage": usage}
+
+
+def prometheus(state: Any) -> str:
+    """Prometheus text exposition of the server's counters (llama-server's metric names)."""
+    s = state.scheduler
+    m = s.metrics
+    tps = m.tokens_predicted_total / m.step_seconds_total if m.step_seconds_total > 0 else 0.0
+    lines = [
+        "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.",
+        "# TYPE llamacpp:prompt_tokens_total counter",
+        f"llamacpp:prompt_tokens_total {m.prompt_tokens_total}",
+        "# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.",
+        "# TYPE llamacpp:tokens_predicted_total counter",
+        f"llamacpp:tokens_predicted_total {m.tokens_predicted_total}",
+        "# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.",
+        "# TYPE llamacpp:predicted_tokens_seconds gauge",
+        f"llamacpp:predicted_tokens_seconds {tps:.3f}",
+        "# HELP llamacpp:requests_processing Number of requests processing.",
+        "# TYPE llamacpp:requests_processing gauge",
+        f"llamacpp:requests_processing {s.busy}",
+        "# HELP llamacpp:requests_deferred Number of requests deferred (waiting in the queue).",
+        "# TYPE llamacpp:requests_deferred gauge",
+        f"llamacpp:requests_deferred {s.queue_depth}",
+        "# HELP cooktop:requests_total Requests received, by endpoint.",
+        "# TYPE cooktop:requests_total counter",
+    ]
+    for ep in ("chat", "completions", "embeddings"):
+        lines.append(f'cooktop:requests_total{{endpoint="{ep}"}} {m.requests_total[ep]}')
+    lines += ["# HELP cooktop:errors_total Generations that ended in an error.", "# TYPE cooktop:errors_total counter",
+              f"cooktop:errors_total {m.errors_total}"]
+    return "\n".join(lines) + "\n"
