@@ -78,7 +78,7 @@ class GrammarTokenizer:
         self._pieces = pieces
         self._exact = ExactTokenizer(tokenizer)
 
-        owner = self
+        exact = self._exact  # not self: no reference cycle through llguidance
 
         class _Wrapped:
             eos_token_id = tokenizer.eos_id
@@ -87,7 +87,7 @@ class GrammarTokenizer:
             special_token_ids = [i for i in range(n) if pieces[i].startswith(b"\xff")]
 
             def __call__(self, text: bytes) -> list[int]:
-                return owner.tokenize(text)
+                return exact.tokenize(text)
 
         try:
             self.lltok = llg.LLTokenizer(llg.TokenizerWrapper(_Wrapped()), n_vocab=n)

@@ -10,6 +10,7 @@ from typing import Any
 
 
 def add_usage(total: dict[str, int] | None, usage: dict[str, int]) -> dict[str, int]:
+    """Usage of several choices of one prompt: the prompt counted once, completion tokens summed."""
     if total is None:
         return dict(usage)
     return {"prompt_tokens": total["prompt_tokens"], "completion_tokens": total["completion_tokens"]
