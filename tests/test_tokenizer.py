@@ -253,12 +253,16 @@ def test_is_eog(spm):
 # --- errors -------------------------------------------------------------------------------
 
 
-def test_gpt2_vocab_rejected(shared):
-    reader = gguf.GGUFReader(shared / "vocab" / "ggml-vocab-gpt-2.gguf")
-    with pytest.raises(UnsupportedModelError, match="gpt2"):
-        load_vocab(reader)
-    with pytest.raises(UnsupportedModelError, match="gpt2"):
-        Tokenizer.from_gguf(reader)
+def test_unsupported_tokenizer_model_rejected(tmp_path):
+    """A tokenizer model cooktop does not have is named in the error (gpt2 is supported since BPE landed)."""
+    r = _write_gguf(tmp_path / "bert.gguf", {
+        "tokenizer.ggml.model": ("string", "bert"),
+        "tokenizer.ggml.tokens": ("array", ["[PAD]", "[UNK]", "a"]),
+    })
+    with pytest.raises(UnsupportedModelError, match="tokenizer model 'bert' is not supported"):
+        load_vocab(r)
+    with pytest.raises(UnsupportedModelError, match="'bert'"):
+        Tokenizer.from_gguf(r)
 
 
 def _write_gguf(path: pathlib.Path, kv: dict) -> gguf.GGUFReader:
