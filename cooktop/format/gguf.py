@@ -358,20 +358,21 @@ def _read_string_array(buf, pos: int, count: int, path: str, key: str) -> tuple[
         raise GGUFError(f"{path}: truncated or corrupt GGUF header: metadata key {key!r} has {count} strings, "
                         f"more than the file can hold; re-download the model")
     unpack = struct.Struct("<Q").unpack_from
-    out: list[bytes] = [b""] * count
-    for i in range(count):
-        if pos + 8 > end:
-            break
-        n = unpack(buf, pos)[0]
-        pos += 8
-        if n > end - pos:
-            break
-        out[i] = buf[pos:pos + n]
-        pos += n
-    else:
-        return out, pos
-    raise GGUFError(f"{path}: truncated or corrupt GGUF header: the file ends inside metadata key {key!r} "
-                    f"(string #{i}); re-download the model")
+    out: list[bytes] = []
+    append = out.append
+    start = pos
+    try:
+        for _ in range(count):  # no bounds checks in the loop: a length past the end shows below
+            n = unpack(buf, pos)[0]
+            pos += 8
+            append(buf[pos:pos + n])
+            pos += n
+    except struct.error:
+        pos = end + 1
+    if pos > end:
+        raise GGUFError(f"{path}: truncated or corrupt GGUF header: the file ends inside metadata key {key!r} "
+                        f"(an array of {count} strings from offset {start}); re-download the model")
+    return out, pos
 
 
 def read_raw_metadata(path: str | os.PathLike, keys: Any = None) -> dict[str, RawValue]:

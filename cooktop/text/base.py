@@ -9,6 +9,7 @@ how one raw-text fragment becomes ids, and what a NORMAL token prints.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -183,7 +184,7 @@ class BaseTokenizer:
         # token, like every end-of-generation text, is made CONTROL whatever the file says. Where
         # several texts match, llama.cpp takes the first its hash map yields; cooktop takes the first
         # in llama.cpp's list order (<|eot_id|> before <|end_of_text|>, <|im_end|> before <|endoftext|>).
-        types = vocab.token_types.tolist()
+        types = np.array(vocab.token_types, dtype=np.int32)  # a copy: the rules below change it
         ids = dict(vocab.special_ids)
         if vocab.eot_id is not None:
             ids["eot"] = vocab.eot_id
@@ -220,8 +221,8 @@ class BaseTokenizer:
         self._eog = frozenset(eog)
 
         # Special tokens for the partition, longest text first (llama.cpp cache_special_tokens).
-        cand = np.flatnonzero(np.isin(np.asarray(types), (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED,
-                                                          TOKEN_TYPE_UNKNOWN))).tolist()
+        cand = np.flatnonzero((types == TOKEN_TYPE_CONTROL) | (types == TOKEN_TYPE_USER_DEFINED)
+                              | (types == TOKEN_TYPE_UNKNOWN)).tolist()
         cand.sort(key=lambda i: -len(texts[i]))
         self._special = [(i, texts[i], types[i] == TOKEN_TYPE_USER_DEFINED) for i in cand]
         # Per-model strip attributes (llama.cpp load(), "set attributes by model/tokenizer/architecture name").
@@ -248,25 +249,29 @@ class BaseTokenizer:
             self._byte_tok.append(tid)
 
         # token -> piece, with and without special (llama_vocab::impl::token_to_piece).
-        ty = np.asarray(types, dtype=np.int64)
-        normal = np.flatnonzero(ty == TOKEN_TYPE_NORMAL).tolist()
-        pieces: list[bytes] = [b""] * len(texts)  # UNUSED, UNDEFINED and unknown types print nothing
-        for i, p in zip(normal, self._normal_pieces(normal)):
-            pieces[i] = p
+        is_normal = types == TOKEN_TYPE_NORMAL
+        if is_normal.all():
+            pieces = self._normal_pieces(range(len(texts)))
+        else:
+            pieces = [b""] * len(texts)  # UNUSED, UNDEFINED and unknown types print nothing
+            normal = np.flatnonzero(is_normal).tolist()
+            for i, p in zip(normal, self._normal_pieces(normal)):
+                pieces[i] = p
         pieces_sp = list(pieces)
-        for i in np.flatnonzero(ty != TOKEN_TYPE_NORMAL).tolist():
-            if types[i] in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN):
+        for i in np.flatnonzero(~is_normal).tolist():
+            ty = types[i]
+            if ty in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN):
                 pieces_sp[i] = texts[i]
-            elif types[i] == TOKEN_TYPE_USER_DEFINED:
+            elif ty == TOKEN_TYPE_USER_DEFINED:
                 pieces[i] = pieces_sp[i] = texts[i]
-            elif types[i] == TOKEN_TYPE_BYTE:
+            elif ty == TOKEN_TYPE_BYTE:
                 pieces[i] = pieces_sp[i] = byte_token_value(texts[i], i)
         self._pieces = pieces
         self._pieces_sp = pieces_sp
 
     # -- to be provided by the tokenizer type ---------------------------------------
 
-    def _normal_pieces(self, ids: list[int]) -> list[bytes]:
+    def _normal_pieces(self, ids: Sequence[int]) -> list[bytes]:
         """The bytes each NORMAL token of ``ids`` prints."""
         raise NotImplementedError
 
@@ -304,7 +309,7 @@ class BaseTokenizer:
     def token_type(self, token_id: int) -> int:
         """The token's type after llama.cpp's load-time rules (e.g. ``<|im_end|>`` is CONTROL)."""
         self._check_id(token_id)
-        return self._types[token_id]
+        return int(self._types[token_id])
 
     # -- tokenize -----------------------------------------------------------------------
 

@@ -26,8 +26,10 @@ from __future__ import annotations
 import bisect
 import codecs
 import heapq
-import itertools
 import re
+from collections.abc import Sequence
+
+import numpy as np
 
 from .base import BaseTokenizer
 from .pretokenize import PreTokenizer, pre_type, utf8_codepoints
@@ -96,21 +98,15 @@ class BpeTokenizer(BaseTokenizer):
         self._ranks = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1)))
         self._cache: dict[str, tuple[int, ...]] = {}
 
-    def _normal_pieces(self, ids: list[int]) -> list[bytes]:
+    def _normal_pieces(self, ids: Sequence[int]) -> list[bytes]:
         """The byte-to-unicode mapping undone (:func:`decode_text`), for all tokens in a few passes."""
         tokens, texts = self.vocab.tokens, self._texts
-        strs = [tokens[i] for i in ids]
+        strs = tokens if isinstance(ids, range) and len(ids) == len(tokens) else [tokens[i] for i in ids]
         big = "".join(strs)
         data = codecs.charmap_encode(big, "replace", _ENCODING_MAP)[0]  # one byte per character
-        out, pos = [], 0
-        for s in strs:
-            end = pos + len(s)
-            out.append(data[pos:end])
-            pos = end
-        ends = None
+        ends = np.cumsum(np.fromiter(map(len, strs), dtype=np.int64, count=len(strs))).tolist()
+        out = [data[a:b] for a, b in zip([0] + ends[:-1], ends)]
         for m in _UNMAPPED.finditer(big):  # tokens with a character outside the table: one by one
-            if ends is None:
-                ends = list(itertools.accumulate(len(s) for s in strs))
             k = bisect.bisect_right(ends, m.start())
             out[k] = decode_text(texts[ids[k]])
         return out

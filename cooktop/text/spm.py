@@ -23,6 +23,7 @@ Per raw-text fragment (between special tokens):
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 from .base import SPACE, BaseTokenizer
 from .vocab import Vocab
@@ -44,7 +45,7 @@ class SpmTokenizer(BaseTokenizer):
         super().__init__(vocab)
         self._scores = vocab.scores.astype("float32").tolist()
 
-    def _normal_pieces(self, ids: list[int]) -> list[bytes]:
+    def _normal_pieces(self, ids: Sequence[int]) -> list[bytes]:
         """``▁`` prints as a space."""
         texts = self._texts
         return [texts[i].replace(ESCAPED_SPACE, SPACE) for i in ids]
