@@ -15,6 +15,7 @@ Response dicts follow llama-cpp-python's ``llama_types`` (OpenAI's schemas).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -24,7 +25,7 @@ import numpy as np
 
 from ..engine import generate as _generate
 from ..errors import CooktopError
-from ..format.gguf import open_gguf
+from ..format.gguf import GGUFFile, read_raw_metadata
 from ..text.tokenizer import Tokenizer
 from . import options
 from .chat import ChatMixin
@@ -102,8 +103,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         if tensor_split is not None and split is None:
             split = [float(x) for x in tensor_split]
         if vocab_only:
-            self._gf = open_gguf(self.model_path)
-            self._tokenizer = Tokenizer.from_gguf(self._gf.reader)
+            self._gf: GGUFFile | _VocabFile = _VocabFile(self.model_path)  # only .metadata is used
+            self._tokenizer = Tokenizer.from_gguf(self._gf.raw)
             self._n_ctx = n_ctx
         else:
             if split_mode == options.SPLIT_MODE_NONE:
@@ -353,3 +354,27 @@ def _one_device(device: str | None, main_gpu: int) -> str:
         raise DeviceError(f"main_gpu={main_gpu} but only {len(sels)} device(s) are selected: {', '.join(sels)}")
     return sels[main_gpu]
 
+
+class _VocabFile:
+    """The file of a ``Llama(vocab_only=True)``: its metadata from one fast pass over the header
+    (:func:`~cooktop.format.gguf.read_raw_metadata`; no tensors, and not ``gguf.GGUFReader``,
+    whose per-string objects take seconds on a 150k-token vocabulary).
+
+    Raises:
+        GGUFError: not a readable GGUF.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.raw = read_raw_metadata(path)
+
+    @functools.cached_property
+    def metadata(self) -> dict[str, Any]:
+        """key -> value like ``GGUFFile.metadata``; strings decoded for display (invalid UTF-8 replaced)."""
+        def value(v: Any) -> Any:
+            if isinstance(v, bytes):
+                return v.decode("utf-8", "replace")
+            if isinstance(v, list):
+                return [value(x) for x in v]
+            return v.tolist() if isinstance(v, np.ndarray) else v
+        return {key: value(v.value) for key, v in self.raw.items()}

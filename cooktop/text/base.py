@@ -153,7 +153,8 @@ class BaseTokenizer:
         """The tokenizer of a GGUF file.
 
         Args:
-            source: a path, a :class:`~cooktop.format.gguf.GGUFFile` or a ``gguf.GGUFReader``.
+            source: a path, a :class:`~cooktop.format.gguf.GGUFFile`, a ``gguf.GGUFReader``, or
+                metadata read by :func:`~cooktop.format.gguf.read_raw_metadata`.
         Raises:
             UnsupportedModelError, GGUFError: see :func:`~cooktop.text.vocab.load_vocab`.
         """
@@ -217,7 +218,7 @@ class BaseTokenizer:
             i = eog_texts[b"</s>"]  # gemma4, plamo: </s> is a normal token
             eog.discard(i)
             types[i] = TOKEN_TYPE_NORMAL
-        self._types = types
+        self._types: list[int] = types.tolist()  # a list: cooktop.text.exact and engine.grammar read it
         self._eog = frozenset(eog)
 
         # Special tokens for the partition, longest text first (llama.cpp cache_special_tokens).
@@ -309,7 +310,12 @@ class BaseTokenizer:
     def token_type(self, token_id: int) -> int:
         """The token's type after llama.cpp's load-time rules (e.g. ``<|im_end|>`` is CONTROL)."""
         self._check_id(token_id)
-        return int(self._types[token_id])
+        return self._types[token_id]
+
+    @property
+    def token_types(self) -> list[int]:
+        """Every token's type after llama.cpp's load-time rules [n_vocab] (a copy)."""
+        return list(self._types)
 
     # -- tokenize -----------------------------------------------------------------------
 

@@ -121,7 +121,7 @@ def _source_path(source: Any) -> str:
     raise TypeError(f"expected a GGUF path, GGUFFile or gguf.GGUFReader, not {type(source).__name__}")
 
 
-def _text(md: dict[str, RawValue], key: str, default: str | None) -> str | None:
+def _text(md: Mapping[str, RawValue], key: str, default: str | None) -> str | None:
     """A string value decoded for display (invalid UTF-8 replaced), or ``default``."""
     v = md.get(key)
     if v is None:
@@ -131,7 +131,7 @@ def _text(md: dict[str, RawValue], key: str, default: str | None) -> str | None:
     return v.value.decode("utf-8", "replace")
 
 
-def _scalar(md: dict[str, RawValue], key: str, kind: type) -> Any:
+def _scalar(md: Mapping[str, RawValue], key: str, kind: type) -> Any:
     """An int or bool value, or None when absent."""
     v = md.get(key)
     if v is None:
@@ -141,7 +141,7 @@ def _scalar(md: dict[str, RawValue], key: str, kind: type) -> Any:
     return kind(v.value)
 
 
-def _array(md: dict[str, RawValue], key: str, n: int | None, *types: GGUFValueType) -> Any:
+def _array(md: Mapping[str, RawValue], key: str, n: int | None, *types: GGUFValueType) -> Any:
     """An array value of one of ``types`` with at least ``n`` entries, or None when absent."""
     v = md.get(key)
     if v is None:
@@ -160,7 +160,8 @@ def load_vocab(source: Any) -> Vocab:
     vocabulary; see :func:`cooktop.format.gguf.read_raw_metadata`).
 
     Args:
-        source: a path, a :class:`~cooktop.format.gguf.GGUFFile`, or a ``gguf.GGUFReader``.
+        source: a path, a :class:`~cooktop.format.gguf.GGUFFile`, a ``gguf.GGUFReader``, or
+            metadata already read by :func:`~cooktop.format.gguf.read_raw_metadata`.
     Returns:
         The :class:`Vocab`. Special ids absent from the file take llama.cpp's defaults for
         the tokenizer model; an id out of range keeps the default. ``add_bos_token``
@@ -173,7 +174,7 @@ def load_vocab(source: Any) -> Vocab:
             ``add_eos_token`` true without a valid id.
         GGUFError: the file is not a readable GGUF.
     """
-    md = read_raw_metadata(_source_path(source), _KEYS)
+    md = source if isinstance(source, Mapping) else read_raw_metadata(_source_path(source), _KEYS)
     model = _text(md, "tokenizer.ggml.model", None)
     if model is None:
         raise UnsupportedModelError(
