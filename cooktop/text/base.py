@@ -53,6 +53,7 @@ _BY_TEXT = {key: tuple(t.encode() for t in texts) for key, texts in {
 # gpt-oss: always rendered (llama.cpp sets them USER_DEFINED).
 _ALWAYS_USER_DEFINED = frozenset((b"<|channel|>", b"<|message|>", b"<|start|>", b"<|constrain|>"))
 
+
 class InvalidTokenError(CooktopError, ValueError):
     """A token id outside ``[0, n_vocab)`` was given to the detokenizer."""
 
@@ -225,7 +226,7 @@ class BaseTokenizer:
         cand = np.flatnonzero((types == TOKEN_TYPE_CONTROL) | (types == TOKEN_TYPE_USER_DEFINED)
                               | (types == TOKEN_TYPE_UNKNOWN)).tolist()
         cand.sort(key=lambda i: -len(texts[i]))
-        self._special = [(i, texts[i], types[i] == TOKEN_TYPE_USER_DEFINED) for i in cand]
+        self._special = [(i, texts[i], bool(types[i] == TOKEN_TYPE_USER_DEFINED)) for i in cand]
         # Per-model strip attributes (llama.cpp load(), "set attributes by model/tokenizer/architecture name").
         self._rstrip: set[int] = set()
         self._lstrip: set[int] = set()
