@@ -278,7 +278,7 @@ class Device(ABC):
             t.device = None
             t.extra = None
 
-    def _release(self, tensors: list[DeviceTensor]) -> None:
+    def _release(self, tensors: list[DeviceTensor]) -> None:  # noqa: B027 - an optional hook
         """Backend part of :meth:`release` (allocations of this device only); default: nothing."""
 
     def close(self) -> None:

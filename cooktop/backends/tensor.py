@@ -12,7 +12,7 @@ freed tensor's data goes with it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -20,8 +20,19 @@ from gguf import GGMLQuantizationType as T
 from ..errors import DeviceError, ShapeError
 from ..format.quants import row_bytes, type_name
 
-if TYPE_CHECKING:
-    from .base import Device
+
+class _Device(Protocol):
+    """What this module uses of :class:`cooktop.backends.base.Device` (which imports this module)."""
+
+    info: Any
+
+    def upload(self, data: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> DeviceTensor: ...
+
+    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor: ...
+
+    def zeros(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor: ...
+
+    def release(self, tensors: list[DeviceTensor]) -> None: ...
 
 
 class DeviceTensor:
@@ -37,21 +48,19 @@ class DeviceTensor:
         extra: the backend's own data for this allocation (ggml's ``extra``); ``None``
             until the backend sets it. Views leave it ``None``: backends use ``root.extra``.
         is_weight: made by :meth:`~.base.Device.upload` (never written or read back).
-        buffer: the :class:`DeviceBuffer` that owns it, if any.
     """
 
-    __slots__ = ("device", "handle", "shape", "ggml_type", "base", "extra", "is_weight", "buffer", "__weakref__")
+    __slots__ = ("device", "handle", "shape", "ggml_type", "base", "extra", "is_weight", "__weakref__")
 
-    def __init__(self, device: "Device", handle: Any, shape: tuple[int, ...], ggml_type: T,
-                 base: "DeviceTensor | None" = None):
-        self.device: Device | None = device
+    def __init__(self, device: _Device, handle: Any, shape: tuple[int, ...], ggml_type: T,
+                 base: DeviceTensor | None = None):
+        self.device: _Device | None = device
         self.handle = handle
         self.shape = tuple(int(s) for s in shape)
         self.ggml_type = T(ggml_type)
         self.base = base
         self.extra: Any = None
-        self.is_weight = base.is_weight if base is not None else False
-        self.buffer: DeviceBuffer | None = None
+        self.is_weight: bool = base.is_weight if base is not None else False
 
     @property
     def nbytes(self) -> int:
@@ -60,11 +69,11 @@ class DeviceTensor:
         return rows * row_bytes(self.ggml_type, self.shape[-1])
 
     @property
-    def root(self) -> "DeviceTensor":
+    def root(self) -> DeviceTensor:
         """The allocation this tensor (or view) lives in."""
         return self.base.root if self.base is not None else self
 
-    def head(self, n: int) -> "DeviceTensor":
+    def head(self, n: int) -> DeviceTensor:
         """A view of the first ``n`` rows (same storage), e.g. the current chunk of a batch buffer.
 
         Raises:
@@ -93,21 +102,21 @@ class DeviceBuffer:
 
     Attributes:
         device: the device it allocates on; name: a label for messages (e.g. ``blocks 0-3``).
-        tensors: the allocations it owns, in order.
+        tensors: the allocations it owns, in order (a tensor does not point back: no
+            reference cycle, so a dropped buffer's tensors go with it).
     """
 
-    def __init__(self, device: "Device", name: str = ""):
+    def __init__(self, device: _Device, name: str = ""):
         self.device = device
         self.name = name
         self.tensors: list[DeviceTensor] = []
         self.released = False
 
     def _own(self, t: DeviceTensor) -> DeviceTensor:
-        t.buffer = self
         self.tensors.append(t)
         return t
 
-    def _live(self) -> "Device":
+    def _live(self) -> _Device:
         if self.released:
             raise DeviceError(f"{self!r} was released: allocate from a new buffer")
         return self.device
@@ -139,7 +148,7 @@ class DeviceBuffer:
         tensors, self.tensors = self.tensors, []
         self.device.release(tensors)
 
-    def __enter__(self) -> "DeviceBuffer":
+    def __enter__(self) -> DeviceBuffer:
         return self
 
     def __exit__(self, *exc: object) -> None:
