@@ -27,15 +27,25 @@ class ContextOverflowError(CooktopError):
 
 
 class DeviceError(CooktopError):
-    """A device selector names no usable device, or a device failed."""
+    """A device selector names no usable device, a device failed, or a device was misused
+    (a tensor of another device or of a released buffer, a weight written or read back)."""
 
 
 class DeviceOutOfMemoryError(DeviceError):
     """An allocation did not fit in a device's memory."""
 
 
+class ShapeError(DeviceError, ValueError):
+    """A device op (or a write) was given tensors whose shapes or element counts do not fit.
+
+    Raised by the checks of :class:`cooktop.backends.base.Device` before any backend
+    runs, so every backend raises it with the same message; it is a ``ValueError`` too.
+    """
+
+
 class UnsupportedOpError(CooktopError):
-    """A backend was asked for an (op, GGML type) pair it cannot run."""
+    """A backend was asked for an (op, GGML type) pair it cannot run, or an op was given a
+    tensor of the wrong type (e.g. float positions) or an option it lacks (a rope mode)."""
 
 
 class ChatTemplateError(CooktopError):

@@ -13,6 +13,8 @@ import pathlib
 import numpy as np
 import pytest
 
+from cooktop.backends import registry
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = pathlib.Path(os.environ.get("COOKTOP_SHARED", ROOT.parent / "shared"))
 
@@ -43,9 +45,7 @@ def stories(shared) -> pathlib.Path:
 
 
 def open_family_device(family: str):
-    """Open the first usable device of ``family`` (cpu, opencl, vulkan) or skip/fail naming why."""
-    from cooktop.backends import registry
-
+    """Open the first usable device of ``family`` (a name of registry.FAMILIES) or skip/fail naming why."""
     res = registry.probe(family)
     if not res.available:
         skip_or_fail(family, f"{res.reason}; to enable: {res.hint}")
@@ -53,13 +53,13 @@ def open_family_device(family: str):
     return registry.open_device(sel)
 
 
-@pytest.fixture(scope="session", params=["cpu", "opencl", "vulkan"])
+@pytest.fixture(scope="session", params=list(registry.FAMILIES))
 def any_device(request):
-    """Each usable device family in turn (first device of each)."""
+    """Each usable device family in turn (first device of each; registry.FAMILIES)."""
     return open_family_device(request.param)
 
 
-@pytest.fixture(scope="session", params=["opencl", "vulkan"])
+@pytest.fixture(scope="session", params=registry.DEVICE_FAMILIES)
 def gpu_device(request):
     """Each device backend (not numpy) in turn; parity tests compare it with numpy."""
     return open_family_device(request.param)
@@ -67,7 +67,6 @@ def gpu_device(request):
 
 @pytest.fixture(scope="session")
 def cpu_device():
-    from cooktop.backends import registry
     return registry.open_device("cpu")
 
 

@@ -24,7 +24,7 @@ def no_gc():
 def _device_tensors(llm):
     """Every allocation (weights, scratch, KV cache) of ``llm``'s model and default sequence."""
     eng = llm._engine
-    out = [t for seg in eng.model.segments for t in seg.allocations]
+    out = [t for seg in eng.model.segments for t in seg.buffer.tensors]
     out += [t for per_seg in eng.seq.cache.k + eng.seq.cache.v for t in per_seg]
     return out
 

@@ -23,11 +23,6 @@ K_TYPES = (T.Q4_K, T.Q5_K, T.Q6_K)
 N_ROWS = (1, 3, 129, 1000)
 MAX_TOK = 64
 
-# The numpy backend caches dequantized weights keyed by id(handle); keeping every
-# tensor uploaded to it alive for the session stops ids from being reused.
-_keep: list = []
-
-
 def _n_ins(ty: T) -> tuple[int, ...]:
     """Odd row lengths: 7 blocks of 32, or 1 and 3 super-blocks of 256 for K-quants;
     float rows also end in a partial 32-value unit (100)."""
@@ -46,7 +41,6 @@ def _act(dev, data: np.ndarray, rows: int | None = None):
     rows = rows or data.shape[0]
     ty = T.I32 if data.dtype == np.int32 else T.F32
     t = dev.empty((rows,) + data.shape[1:], ty)
-    _keep.append(t)
     v = t.head(data.shape[0])
     dev.write(v, data)
     return v
@@ -54,7 +48,6 @@ def _act(dev, data: np.ndarray, rows: int | None = None):
 
 def _out(dev, shape, rows: int | None = None):
     t = dev.empty(((rows or shape[0]),) + tuple(shape[1:]))
-    _keep.append(t)
     return t.head(shape[0])
 
 
@@ -76,7 +69,6 @@ def test_matmul(gpu_device, cpu_device, ty, n_tok):
 
             def run(dev):
                 w = dev.upload(raw, ty, (n_out, n_in))
-                _keep.append(w)
                 out = _out(dev, (n_tok, n_out), MAX_TOK)
                 dev.matmul(out, _act(dev, x, MAX_TOK), w)
                 return out
@@ -97,7 +89,6 @@ def test_get_rows(gpu_device, cpu_device, ty):
 
             def run(dev):
                 table = dev.upload(raw, ty, (n_rows, n_in))
-                _keep.append(table)
                 out = _out(dev, (len(ids), n_in), MAX_TOK)
                 dev.get_rows(out, table, _act(dev, ids, MAX_TOK))
                 return out
@@ -132,7 +123,6 @@ def test_rmsnorm(gpu_device, cpu_device, n_tok, n):
     def run(dev):
         out = _out(dev, (n_tok, n), MAX_TOK)
         wt = dev.upload(w, T.F32, (n,))
-        _keep.append(wt)
         dev.rmsnorm(out, _act(dev, x, MAX_TOK), wt, 1e-5)
         return out
 

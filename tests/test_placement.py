@@ -56,7 +56,7 @@ def stories_numpy(stories):
     return logits(stories, "cpu", 0)[0]
 
 
-@pytest.mark.parametrize("family", ["opencl", "vulkan"])
+@pytest.mark.parametrize("family", registry.DEVICE_FAMILIES)
 @pytest.mark.parametrize("ngl", [0, 1, 2, 5, 6, 999])
 def test_logits_do_not_depend_on_ngl(stories, stories_numpy, family, ngl):
     open_family_device(family)
@@ -87,7 +87,7 @@ def test_q4_k_m_within_reference_at_every_placement(shared, device, ngl):
     assert nmse(got, want) <= 3e-3
 
 
-@pytest.mark.parametrize("family", ["opencl", "vulkan"])
+@pytest.mark.parametrize("family", registry.DEVICE_FAMILIES)
 def test_ngl_0_allocates_nothing_on_devices(stories, family):
     dev = open_family_device(family)
     before = (dev.n_allocs, dev.allocated_bytes)

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from cooktop import Llama
+from cooktop.backends import registry
 from cooktop.backends.base import nmse
 
 from conftest import SHARED, open_family_device
 
 TINY = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"]
-FAMILIES = ["cpu", "opencl", "vulkan"]
+FAMILIES = list(registry.FAMILIES)
 
 
 def bound(name: str) -> float:

@@ -1,10 +1,13 @@
-"""The backend contract: Backend (a family), Device (one stove), DeviceTensor, DeviceInfo.
+"""The backend contract: Backend (a family), Device (one stove and its stream), and,
+re-exported, DeviceTensor / DeviceBuffer (:mod:`.tensor`), DeviceInfo (:mod:`.info`).
 
 Every backend (numpy ``cpu``, ``opencl``, ``vulkan``) implements the same
 small op set, written the llama2.c way: each op writes into its first
-argument ``out`` and returns nothing. Ops are *enqueued*; only
-:meth:`Device.read` waits for the device. The forward pass
-(``cooktop.model.llama``) is written once against this contract.
+argument ``out`` and returns nothing. Ops are *enqueued*; :meth:`Device.read`
+and :meth:`Device.synchronize` wait for the device. The public ops check
+their arguments once, here, and call the backend's ``_op`` (see
+:class:`Device`). The forward pass (``cooktop.model.llama``) is written once
+against this contract.
 
 Shapes are numpy order (row-major, outermost first): a weight is
 ``[n_out, n_in]`` (GGUF lists the same tensor as ``ne = (n_in, n_out)``), an
@@ -31,20 +34,19 @@ get_rows   out[i] = dequantize(table[ids[i]])   (table any supported type)
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar, NoReturn
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from ..errors import UnsupportedOpError
+from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import row_bytes, type_name  # noqa: F401  (part of the backend contract)
+from .info import OPS, DeviceInfo, ProbeResult  # noqa: F401  (part of the backend contract)
+from .tensor import DeviceBuffer, DeviceTensor  # noqa: F401  (part of the backend contract)
 
 T = GGMLQuantizationType
-
-#: Op names of the contract, in the order above.
-OPS: tuple[str, ...] = ("matmul", "rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add", "get_rows")
 
 #: ggml rope modes (ggml.h GGML_ROPE_TYPE_*).
 ROPE_NORMAL = 0
@@ -63,126 +65,30 @@ def nmse(a: np.ndarray, ref: np.ndarray) -> float:
     return num / den if den > 0 else num
 
 
-@dataclasses.dataclass
-class DeviceInfo:
-    """What a device is and can do, as probed.
-
-    Memory fields are bytes; ``None`` means the driver did not tell.
-    ``device_type`` is one of ``gpu``, ``igpu``, ``cpu``, ``accelerator``.
-    ``types`` lists GGML type names the backend runs there, ``ops`` the op names.
-    """
-
-    backend: str
-    index: int
-    name: str
-    vendor: str = ""
-    device_type: str = "cpu"
-    platform: str = ""
-    driver_version: str = ""
-    global_mem_bytes: int | None = None
-    max_alloc_bytes: int | None = None
-    compute_units: int | None = None
-    max_workgroup_size: int | None = None
-    subgroup_size: int | None = None
-    fp16: bool = False
-    int8: bool = False
-    types: tuple[str, ...] = ()
-    ops: tuple[str, ...] = OPS
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def supports(self, op: str, ggml_type: T | None = None) -> bool:
-        """True when ``op`` runs on this device with weights (or table) of ``ggml_type``.
-
-        ``ggml_type`` matters for ``matmul`` and ``get_rows``; other ops take float32.
-        """
-        if op not in self.ops:
-            return False
-        if ggml_type is None or op not in ("matmul", "get_rows"):
-            return True
-        return type_name(ggml_type) in self.types
-
-    @property
-    def selector(self) -> str:
-        """The ``--device`` name of this device, e.g. ``opencl:0``."""
-        return self.backend if self.backend == "cpu" else f"{self.backend}:{self.index}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field plus ``selector``."""
-        d = dataclasses.asdict(self)
-        d["types"] = list(self.types)
-        d["ops"] = list(self.ops)
-        d["selector"] = self.selector
-        return d
-
-
-@dataclasses.dataclass
-class ProbeResult:
-    """A backend family's probe: its devices, or why there are none usable.
-
-    ``available`` is H_k AND F_k: the package and runtime load (F_k) and at least
-    one device was found (H_k). ``reason`` says why not; ``hint`` how to fix it.
-    ``errors`` maps a device index that failed to open to its error.
-    """
-
-    backend: str
-    available: bool
-    devices: list[DeviceInfo] = dataclasses.field(default_factory=list)
-    reason: str = ""
-    hint: str = ""
-    errors: dict[int, str] = dataclasses.field(default_factory=dict)
-
-
-class DeviceTensor:
-    """A tensor living on a device: a handle plus shape and GGML type.
-
-    Attributes:
-        device: the owning :class:`Device`.
-        handle: backend storage (numpy array, ``cl.Buffer``, ``kp.Tensor``...).
-        shape: numpy-order shape; for weights ``[n_out, n_in]`` in values.
-        ggml_type: ``F32`` for activations, ``I32`` for ids/positions, any
-            GGML type for weights.
-        base: the tensor this one is a view of (``None`` for an allocation).
-    """
-
-    __slots__ = ("device", "handle", "shape", "ggml_type", "base", "__weakref__")
-
-    def __init__(self, device: "Device", handle: Any, shape: tuple[int, ...], ggml_type: T,
-                 base: "DeviceTensor | None" = None):
-        self.device = device
-        self.handle = handle
-        self.shape = tuple(int(s) for s in shape)
-        self.ggml_type = T(ggml_type)
-        self.base = base
-
-    @property
-    def nbytes(self) -> int:
-        """Storage size in bytes (GGML block layout for quantized types)."""
-        rows = int(np.prod(self.shape[:-1])) if len(self.shape) > 1 else 1
-        return rows * row_bytes(self.ggml_type, self.shape[-1])
-
-    @property
-    def root(self) -> "DeviceTensor":
-        """The allocation this tensor (or view) lives in."""
-        return self.base.root if self.base is not None else self
-
-    def head(self, n: int) -> "DeviceTensor":
-        """A view of the first ``n`` rows (same storage), e.g. the current chunk of a batch buffer."""
-        if not 0 < n <= self.shape[0]:
-            raise ValueError(f"head({n}) of a tensor with {self.shape[0]} rows")
-        if n == self.shape[0]:
-            return self
-        return DeviceTensor(self.device, self.handle, (n,) + self.shape[1:], self.ggml_type, base=self.root)
-
-    def __repr__(self) -> str:
-        return f"DeviceTensor({self.device.info.selector}, {type_name(self.ggml_type)}, {list(self.shape)})"
+_F32, _I32 = T.F32, T.I32
 
 
 class Device(ABC):
-    """One opened compute device. Subclasses implement allocation and the op set.
+    """One opened compute device and its in-order stream of ops.
 
-    Allocation counters (``n_allocs``, ``allocated_bytes``) let tests assert that
-    ``-ngl 0`` allocates nothing on a device. Subclasses call
-    :meth:`_count_alloc` from :meth:`upload` and :meth:`empty`.
+    The public methods (:meth:`upload`, :meth:`empty`, :meth:`write`, :meth:`read`,
+    the ops) check their arguments here, once for every backend, and then call the
+    backend's ``_upload``, ``_empty``, ``_write``, ``_read``, ``_matmul``... (template
+    methods), so the same fault raises the same error everywhere:
+
+    - a tensor of another device or of a released buffer, writing or reading a weight:
+      :class:`~cooktop.errors.DeviceError`;
+    - a weight (or table) type the device does not run, an activation that is not F32
+      (positions and ids: I32), a rope mode other than 0 / 2:
+      :class:`~cooktop.errors.UnsupportedOpError`;
+    - shapes that do not fit together (or a write of the wrong element count):
+      :class:`~cooktop.errors.ShapeError` (a ``DeviceError`` and a ``ValueError``), its
+      message listing every shape and the op's rule.
+
+    Backends may still refuse what only they cannot do (e.g. Vulkan's head_dim > 256)
+    with UnsupportedOpError. Allocation counters (``n_allocs``, ``allocated_bytes``) let
+    tests assert that ``-ngl 0`` allocates nothing on a device; backends call
+    :meth:`_count_alloc` from ``_upload`` and ``_empty``.
     """
 
     info: DeviceInfo
@@ -210,6 +116,36 @@ class Device(ABC):
             raise UnsupportedOpError(
                 f"{self.info.selector} ({self.info.name}) cannot run {op} on {type_name(ggml_type)} tensors")
 
+    def _refuse(self, op: str, rule: str, *args: tuple[str, DeviceTensor, str]) -> NoReturn:
+        """Raise the error of the first fault among ``(name, tensor, kind)`` args: device,
+        then type (kind ``f32``, ``i32``, ``act`` = F32 or I32, ``weight`` = a type ``op``
+        runs here), else a ShapeError quoting ``rule``. Called only when a check failed."""
+        for name, t, _ in args:
+            if t.device is not self:
+                if t.device is None:
+                    raise DeviceError(f"{op}: {name} {t!r} belongs to a released buffer")
+                raise DeviceError(f"{op}: {name} {t!r} lives on another device than {self.info.selector}")
+        for name, t, kind in args:
+            if kind == "weight":
+                self.check(op, t.ggml_type)
+            elif kind == "act":
+                if t.ggml_type is not _F32 and t.ggml_type is not _I32:
+                    raise UnsupportedOpError(f"{op}: {name} must be F32 or I32, not {type_name(t.ggml_type)}")
+            elif t.ggml_type is not (_F32 if kind == "f32" else _I32):
+                raise UnsupportedOpError(f"{op}: {name} must be {kind.upper()}, not {type_name(t.ggml_type)}")
+        shapes = ", ".join(f"{name} {list(t.shape)}" for name, t, _ in args)
+        raise ShapeError(f"{op}: shapes do not fit: {shapes}; {rule}")
+
+    def _refuse_io(self, what: str, t: DeviceTensor) -> None:
+        """The checks of :meth:`write` / :meth:`read`: ``t`` lives here and is not a weight."""
+        if t.device is not self or t.is_weight:
+            if t.device is None:
+                raise DeviceError(f"{what}: {t!r} belongs to a released buffer")
+            if t.device is not self:
+                raise DeviceError(f"{what}: tensor {t!r} lives on another device than {self.info.selector}")
+            raise DeviceError(f"{what}: {t!r} is a weight; only F32/I32 tensors made by empty() can be "
+                              f"written and read")
+
     # -- memory -----------------------------------------------------------
     def _weight_data(self, data: np.ndarray, ggml_type: T, shape: tuple[int, ...]
                      ) -> tuple[T, tuple[int, ...], np.ndarray, int]:
@@ -233,7 +169,10 @@ class Device(ABC):
                 f"{type_name(ggml_type)} tensor of shape {list(shape)} needs {nbytes} bytes, got {arr.nbytes}")
         return ggml_type, shape, arr, nbytes
 
-    @abstractmethod
+    def buffer(self, name: str = "") -> DeviceBuffer:
+        """A new, empty :class:`DeviceBuffer` (arena) on this device; ``name`` labels it in messages."""
+        return DeviceBuffer(self, name)
+
     def upload(self, data: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> DeviceTensor:
         """Copy a weight to the device once, as raw GGML blocks.
 
@@ -242,62 +181,140 @@ class Device(ABC):
                 whose bytes are exactly the GGML layout of ``shape``.
             ggml_type: GGML type of the data.
             shape: numpy-order shape in *values*, e.g. ``[n_out, n_in]``.
+        Returns:
+            a tensor with ``is_weight`` set (never written or read back).
         Raises:
-            UnsupportedOpError: the device cannot hold this type.
+            UnsupportedOpError: the device cannot hold this type, or ``data`` has the wrong size.
             DeviceOutOfMemoryError: the allocation does not fit.
         """
+        ggml_type, shape, arr, nbytes = self._weight_data(data, ggml_type, shape)
+        t = self._upload(arr, ggml_type, shape, nbytes)
+        t.is_weight = True
+        return t
 
     @abstractmethod
+    def _upload(self, arr: np.ndarray, ggml_type: T, shape: tuple[int, ...], nbytes: int) -> DeviceTensor:
+        """Backend part of :meth:`upload`: ``arr`` is contiguous and holds exactly ``nbytes``."""
+
     def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor:
         """Allocate an uninitialized F32 (activations, KV cache) or I32 (ids, positions) tensor.
 
         Raises:
+            UnsupportedOpError: any other type.
+            ShapeError: no dimensions, or a negative one.
             DeviceOutOfMemoryError: the allocation does not fit.
         """
+        ggml_type = T(ggml_type)
+        if ggml_type is not _F32 and ggml_type is not _I32:
+            raise UnsupportedOpError(f"empty() makes F32 or I32 tensors, not {type_name(ggml_type)}")
+        shape = tuple(int(s) for s in shape)
+        if not shape or min(shape) < 0:
+            raise ShapeError(f"empty(): bad shape {list(shape)}")
+        return self._empty(shape, ggml_type)
 
     @abstractmethod
+    def _empty(self, shape: tuple[int, ...], ggml_type: T) -> DeviceTensor:
+        """Backend part of :meth:`empty` (``ggml_type`` is F32 or I32, ``shape`` ints >= 0)."""
+
     def write(self, t: DeviceTensor, data: np.ndarray) -> None:
-        """Enqueue a host-to-device copy of ``data`` (same element count and dtype as ``t``)."""
+        """Enqueue a host-to-device copy of ``data`` (``t``'s element count; converted to its dtype).
+
+        Raises:
+            DeviceError: ``t`` is a weight, of another device or released.
+            ShapeError: ``data`` has another element count than ``t``.
+        """
+        if t.device is not self or t.is_weight:
+            self._refuse_io("write", t)
+        arr = np.asarray(data)
+        if arr.size != math.prod(t.shape):
+            raise ShapeError(f"write of {arr.size} values into a tensor of shape {list(t.shape)}")
+        self._write(t, arr)
 
     @abstractmethod
+    def _write(self, t: DeviceTensor, data: np.ndarray) -> None:
+        """Backend part of :meth:`write` (``data`` has ``t``'s element count)."""
+
     def read(self, t: DeviceTensor) -> np.ndarray:
         """Wait for all enqueued work and return ``t`` as a new host array of ``t.shape``.
 
-        This is the only synchronization point of the contract.
+        Raises:
+            DeviceError: ``t`` is a weight, of another device or released.
+        """
+        if t.device is not self or t.is_weight:
+            self._refuse_io("read", t)
+        return self._read(t)
+
+    @abstractmethod
+    def _read(self, t: DeviceTensor) -> np.ndarray:
+        """Backend part of :meth:`read`."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait until every op enqueued so far has finished (``ggml_backend_synchronize``).
+
+        The forward pass never needs it (:meth:`read` waits); benchmarks time with it.
         """
 
     def zeros(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor:
         """``empty`` then fill with zeros."""
         t = self.empty(shape, ggml_type)
-        self.write(t, np.zeros(shape, dtype=np.int32 if ggml_type == T.I32 else np.float32))
+        self._write(t, np.zeros(t.shape, dtype=np.int32 if t.ggml_type == _I32 else np.float32))
         return t
 
     def release(self, tensors: list[DeviceTensor]) -> None:
-        """Free allocations made by :meth:`upload` / :meth:`empty` (views are ignored).
+        """Free allocations made by :meth:`upload` / :meth:`empty` (views and tensors of other
+        devices are ignored); the low level of :meth:`DeviceBuffer.release`.
 
-        The tensors must not be used afterwards. The default relies on the
-        backend's storage being freed with its last Python reference (numpy,
-        pyopencl); backends that keep their own references (Kompute) override it.
+        The tensors are unusable afterwards (``device`` becomes ``None``: an op on one raises
+        DeviceError). The backend's ``_release`` frees what it holds beyond the Python
+        references (the numpy and pyopencl storage goes with its last reference).
         Allocation counters stay cumulative (``n_allocs``), except where a backend
         uses ``allocated_bytes`` for its own out-of-memory check.
         """
+        roots = [t for t in tensors if t.base is None and t.device is self]
+        if roots:
+            self._release(roots)
+        for t in roots:
+            t.device = None
+            t.extra = None
+
+    def _release(self, tensors: list[DeviceTensor]) -> None:  # noqa: B027 - an optional hook
+        """Backend part of :meth:`release` (allocations of this device only); default: nothing."""
 
     def close(self) -> None:
         """Release device resources (buffers, queues). The device is unusable afterwards."""
 
-    # -- ops (enqueue, write into `out`) -----------------------------------
-    @abstractmethod
+    # -- ops (checked here, enqueued by the backend; each writes into `out`) ---
     def matmul(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor) -> None:
-        """``out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T`` for any supported ``w`` type."""
+        """``out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T`` for any supported ``w`` type.
 
-    @abstractmethod
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see the class doc.
+        """
+        xs, ws = x.shape, w.shape
+        if (out.device is not self or x.device is not self or w.device is not self
+                or out.ggml_type is not _F32 or x.ggml_type is not _F32
+                or (w.ggml_type is not _F32 and not w.is_weight)  # upload() checked a weight's type
+                or len(ws) != 2 or xs[1:] != ws[1:] or out.shape != (xs[0], ws[0])):
+            self._refuse("matmul", "want out [n, n_out], x [n, n_in], w [n_out, n_in]",
+                         ("out", out, "f32"), ("x", x, "f32"), ("w", w, "weight"))
+        self._matmul(out, x, w)
+
     def rmsnorm(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor, eps: float) -> None:
         """Per row: ``out = x / sqrt(mean(x^2) + eps) * w``; x, out f32 [n, n_embd], w f32 [n_embd].
 
         Formula: llama.cpp ``ggml_rms_norm`` followed by ``ggml_mul`` with the norm weight.
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
+        xs = x.shape
+        if (out.device is not self or x.device is not self or w.device is not self
+                or out.ggml_type is not _F32 or x.ggml_type is not _F32 or w.ggml_type is not _F32
+                or out.shape != xs or w.shape != xs[-1:]):
+            self._refuse("rmsnorm", "want out and x [n, n_embd], w [n_embd]",
+                         ("out", out, "f32"), ("x", x, "f32"), ("w", w, "f32"))
+        self._rmsnorm(out, x, w, eps)
 
-    @abstractmethod
     def rope(self, out: DeviceTensor, x: DeviceTensor, pos: DeviceTensor, head_dim: int, n_rot: int,
              freq_base: float, freq_scale: float, mode: int) -> None:
         """Rotary position embedding (ggml_rope_ext with ext_factor 0, attn_factor 1).
@@ -306,13 +323,40 @@ class Device(ABC):
         For dim pair i < n_rot/2: theta = pos * freq_scale * freq_base^(-2i/n_rot);
         mode 0 rotates (x[2i], x[2i+1]), mode 2 (NeoX) rotates (x[i], x[i + n_rot/2]).
         Dimensions >= n_rot pass through unchanged.
+
+        Raises:
+            UnsupportedOpError: ``mode`` other than 0 / 2.
+            ShapeError: odd ``head_dim`` or ``n_rot``, ``n_rot`` not in 1..head_dim, rows not whole heads.
+            DeviceError / UnsupportedOpError: see the class doc.
         """
+        if mode != ROPE_NORMAL and mode != ROPE_NEOX:
+            raise UnsupportedOpError(f"rope mode {mode} is not supported (0 = normal, 2 = NeoX)")
+        xs = x.shape
+        if (out.device is not self or x.device is not self or pos.device is not self
+                or out.ggml_type is not _F32 or x.ggml_type is not _F32 or pos.ggml_type is not _I32
+                or len(xs) != 2 or out.shape != xs or pos.shape != xs[:1]
+                or head_dim <= 0 or head_dim % 2 or n_rot % 2 or not 0 < n_rot <= head_dim or xs[1] % head_dim):
+            self._refuse("rope", f"want out and x [n, n_head * head_dim], pos [n], with head_dim {head_dim} and "
+                         f"n_rot {n_rot} even and 0 < n_rot <= head_dim",
+                         ("out", out, "f32"), ("x", x, "f32"), ("pos", pos, "i32"))
+        self._rope(out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode)
 
-    @abstractmethod
     def kv_store(self, cache: DeviceTensor, x: DeviceTensor, pos: DeviceTensor) -> None:
-        """``cache[pos[i], :] = x[i, :]``; cache f32 [n_ctx, n_kv_dim], x f32 [n, n_kv_dim]."""
+        """``cache[pos[i], :] = x[i, :]``; cache f32 [n_ctx, n_kv_dim], x f32 [n, n_kv_dim], pos I32 [n].
 
-    @abstractmethod
+        Positions outside ``[0, n_ctx)`` are the caller's fault (the engine raises
+        ContextOverflowError first); backends may skip or clamp them.
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see the class doc.
+        """
+        xs, cs = x.shape, cache.shape
+        if (cache.device is not self or x.device is not self or pos.device is not self
+                or cache.ggml_type is not _F32 or x.ggml_type is not _F32 or pos.ggml_type is not _I32
+                or len(xs) != 2 or cs[1:] != xs[1:] or pos.shape != xs[:1]):
+            self._refuse("kv_store", "want cache [n_ctx, n_kv_dim], x [n, n_kv_dim], pos [n]",
+                         ("cache", cache, "f32"), ("x", x, "f32"), ("pos", pos, "i32"))
+        self._kv_store(cache, x, pos)
+
     def attention(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
                   pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float) -> None:
         """Causal multi-head attention over the KV cache, with GQA.
@@ -321,30 +365,121 @@ class Device(ABC):
         Query row i of head h attends to cache rows 0..pos[i] of kv head
         ``h // (n_head / n_head_kv)`` (llama.cpp's GQA grouping):
         ``out = softmax(q k^T * scale) v`` with the softmax in float32.
-        """
-
-    @abstractmethod
-    def silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
-        """``out = gate * sigmoid(gate) * up`` elementwise, f32 [n, n_ff] (SwiGLU)."""
-
-    @abstractmethod
-    def add(self, out: DeviceTensor, a: DeviceTensor, b: DeviceTensor) -> None:
-        """``out = a + b`` elementwise, f32 (``out`` may be ``a``)."""
-
-    @abstractmethod
-    def get_rows(self, out: DeviceTensor, table: DeviceTensor, ids: DeviceTensor) -> None:
-        """``out[i] = dequantize(table[ids[i]])``; table [n_rows, n] any supported type, ids I32 [k]."""
-
-    def copy(self, out: DeviceTensor, x: DeviceTensor) -> None:
-        """``out = x`` elementwise, f32 of equal shapes (``cooktop bench --ops`` measures the
-        device's practical memory bandwidth with it: 2 x nbytes moved per call).
-
-        Not part of the forward pass, so not abstract: a backend without a copy kernel
-        keeps this default.
 
         Raises:
-            UnsupportedOpError: the backend has no copy kernel.
+            ShapeError: the shapes above do not hold, or n_head is not a multiple of n_head_kv.
+            DeviceError / UnsupportedOpError: see the class doc.
         """
+        qs, ks = q.shape, k_cache.shape
+        if (out.device is not self or q.device is not self or k_cache.device is not self
+                or v_cache.device is not self or pos.device is not self
+                or out.ggml_type is not _F32 or q.ggml_type is not _F32 or k_cache.ggml_type is not _F32
+                or v_cache.ggml_type is not _F32 or pos.ggml_type is not _I32
+                or len(qs) != 2 or out.shape != qs or v_cache.shape != ks or pos.shape != qs[:1]
+                or n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv or qs[1] % n_head
+                or ks[1:] != (n_head_kv * (qs[1] // n_head),)):
+            self._refuse("attention", f"want out and q [n, n_head * head_dim], k_cache and v_cache "
+                         f"[n_ctx, n_head_kv * head_dim], pos [n], with n_head {n_head} a multiple of "
+                         f"n_head_kv {n_head_kv}",
+                         ("out", out, "f32"), ("q", q, "f32"), ("k_cache", k_cache, "f32"),
+                         ("v_cache", v_cache, "f32"), ("pos", pos, "i32"))
+        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale)
+
+    def silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
+        """``out = gate * sigmoid(gate) * up`` elementwise, f32 [n, n_ff] (SwiGLU; ``out`` may be ``gate``).
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see the class doc.
+        """
+        if (out.device is not self or gate.device is not self or up.device is not self
+                or out.ggml_type is not _F32 or gate.ggml_type is not _F32 or up.ggml_type is not _F32
+                or gate.shape != out.shape or up.shape != out.shape):
+            self._refuse("silu_mul", "want out, gate and up of one shape",
+                         ("out", out, "f32"), ("gate", gate, "f32"), ("up", up, "f32"))
+        self._silu_mul(out, gate, up)
+
+    def add(self, out: DeviceTensor, a: DeviceTensor, b: DeviceTensor) -> None:
+        """``out = a + b`` elementwise, f32 (``out`` may be ``a``).
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see the class doc.
+        """
+        if (out.device is not self or a.device is not self or b.device is not self
+                or out.ggml_type is not _F32 or a.ggml_type is not _F32 or b.ggml_type is not _F32
+                or a.shape != out.shape or b.shape != out.shape):
+            self._refuse("add", "want out, a and b of one shape", ("out", out, "f32"), ("a", a, "f32"), ("b", b, "f32"))
+        self._add(out, a, b)
+
+    def get_rows(self, out: DeviceTensor, table: DeviceTensor, ids: DeviceTensor) -> None:
+        """``out[i] = dequantize(table[ids[i]])``; table [n_rows, n] any supported type, ids I32 [k],
+        out f32 [k, n]. Ids outside ``[0, n_rows)`` are the caller's fault (backends may clamp).
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see the class doc.
+        """
+        ts, ks = table.shape, ids.shape
+        if (out.device is not self or table.device is not self or ids.device is not self
+                or out.ggml_type is not _F32 or ids.ggml_type is not _I32
+                or (table.ggml_type is not _F32 and not table.is_weight)
+                or len(ts) != 2 or len(ks) != 1 or out.shape != (ks[0], ts[1])):
+            self._refuse("get_rows", "want out [k, n], table [n_rows, n], ids [k]",
+                         ("out", out, "f32"), ("table", table, "weight"), ("ids", ids, "i32"))
+        self._get_rows(out, table, ids)
+
+    def copy(self, out: DeviceTensor, x: DeviceTensor) -> None:
+        """``out = x`` elementwise, F32 or I32 of equal shapes and types (``cooktop bench --ops``
+        measures the device's practical memory bandwidth with it: 2 x nbytes moved per call).
+
+        Not part of the forward pass: a backend without a copy kernel keeps the default ``_copy``.
+
+        Raises:
+            UnsupportedOpError: the backend has no copy kernel, or the types differ.
+            DeviceError / ShapeError: see the class doc.
+        """
+        if (out.device is not self or x.device is not self or x.ggml_type is not out.ggml_type
+                or (out.ggml_type is not _F32 and out.ggml_type is not _I32) or x.shape != out.shape):
+            if x.ggml_type is not out.ggml_type and out.device is self and x.device is self:
+                raise UnsupportedOpError(f"copy: out is {type_name(out.ggml_type)} but x is {type_name(x.ggml_type)}")
+            self._refuse("copy", "want out and x of one shape", ("out", out, "act"), ("x", x, "act"))
+        self._copy(out, x)
+
+    # -- the backend's ops (arguments checked) -----------------------------
+    @abstractmethod
+    def _matmul(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor) -> None:
+        """Enqueue :meth:`matmul`."""
+
+    @abstractmethod
+    def _rmsnorm(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor, eps: float) -> None:
+        """Enqueue :meth:`rmsnorm`."""
+
+    @abstractmethod
+    def _rope(self, out: DeviceTensor, x: DeviceTensor, pos: DeviceTensor, head_dim: int, n_rot: int,
+              freq_base: float, freq_scale: float, mode: int) -> None:
+        """Enqueue :meth:`rope`."""
+
+    @abstractmethod
+    def _kv_store(self, cache: DeviceTensor, x: DeviceTensor, pos: DeviceTensor) -> None:
+        """Enqueue :meth:`kv_store`."""
+
+    @abstractmethod
+    def _attention(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
+                   pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float) -> None:
+        """Enqueue :meth:`attention`."""
+
+    @abstractmethod
+    def _silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
+        """Enqueue :meth:`silu_mul`."""
+
+    @abstractmethod
+    def _add(self, out: DeviceTensor, a: DeviceTensor, b: DeviceTensor) -> None:
+        """Enqueue :meth:`add`."""
+
+    @abstractmethod
+    def _get_rows(self, out: DeviceTensor, table: DeviceTensor, ids: DeviceTensor) -> None:
+        """Enqueue :meth:`get_rows`."""
+
+    def _copy(self, out: DeviceTensor, x: DeviceTensor) -> None:
+        """Enqueue :meth:`copy`; default: UnsupportedOpError (no copy kernel)."""
         raise UnsupportedOpError(f"{self.info.selector} ({self.info.name}): copy is not supported on this backend")
 
 

@@ -58,11 +58,9 @@ class CpuDevice(Device):
         super().__init__(info)
         self.cache_budget = default_cache_budget() if cache_budget is None else cache_budget
         self.cache_bytes = 0
-        self._cache: dict[int, np.ndarray] = {}
 
     # -- memory -----------------------------------------------------------
-    def upload(self, data, ggml_type, shape):
-        ggml_type, shape, arr, _ = self._weight_data(data, ggml_type, shape)
+    def _upload(self, arr, ggml_type, shape, nbytes):
         if ggml_type == T.F32:
             handle = arr.view(np.float32).reshape(shape)
         else:  # raw blocks, one row of bytes per weight row
@@ -70,17 +68,20 @@ class CpuDevice(Device):
         self._count_alloc(0)  # weights are views of the mapped file: no copy
         return DeviceTensor(self, handle, shape, ggml_type)
 
-    def empty(self, shape, ggml_type=T.F32):
+    def _empty(self, shape, ggml_type):
         dtype = np.int32 if ggml_type == T.I32 else np.float32
         arr = np.empty(shape, dtype=dtype)
         self._count_alloc(arr.nbytes)
         return DeviceTensor(self, arr, shape, ggml_type)
 
-    def write(self, t, data):
-        self._a(t)[...] = np.asarray(data).reshape(t.shape)
+    def _write(self, t, data):
+        self._a(t)[...] = data.reshape(t.shape)
 
-    def read(self, t):
+    def _read(self, t):
         return np.array(self._a(t), copy=True)
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: numpy ops run when called."""
 
     @staticmethod
     def _a(t: DeviceTensor) -> np.ndarray:
@@ -88,39 +89,42 @@ class CpuDevice(Device):
         return t.handle[: t.shape[0]] if t.handle.shape[0] != t.shape[0] else t.handle
 
     def weight_f32(self, w: DeviceTensor) -> np.ndarray:
-        """float32 [n_out, n_in] of a weight, cached within the budget (module doc)."""
+        """float32 [n_out, n_in] of a weight, cached within the budget (module doc).
+
+        The cached copy lives on the weight (``extra``: the array and the finalizer that
+        takes its bytes off ``cache_bytes``), so it goes when the weight is released or
+        garbage collected, whichever comes first.
+        """
         if w.ggml_type == T.F32:
             return w.handle
-        # Keyed by id(handle); the entry is dropped when the handle is garbage
-        # collected (weakref.finalize), so a later weight that reuses the id never
-        # sees a stale dequantization, and closed models give their memory back.
-        key = id(w.handle)
-        cached = self._cache.get(key)
-        if cached is not None:
-            return cached
+        if w.extra is not None:
+            return w.extra[0]
         f = dequantize(w.handle, w.ggml_type, w.shape)
         if self.cache_bytes + f.nbytes <= self.cache_budget:
-            self._cache[key] = f
             self.cache_bytes += f.nbytes
-            weakref.finalize(w.handle, self._evict, key)
+            w.extra = (f, weakref.finalize(w, self._uncache, f.nbytes))
         return f
 
-    def _evict(self, key: int) -> None:
-        """Forget the cached float32 copy of a weight whose handle was collected."""
-        f = self._cache.pop(key, None)
-        if f is not None:
-            self.cache_bytes -= f.nbytes
+    def _uncache(self, nbytes: int) -> None:
+        self.cache_bytes -= nbytes
+
+    def _release(self, tensors):
+        """Drop the cached float32 copies of these weights (the arrays go with their last reference)."""
+        for t in tensors:
+            if t.extra is not None:
+                t.extra[1]()
+                t.extra = None
 
     # -- ops --------------------------------------------------------------
-    def matmul(self, out, x, w):
+    def _matmul(self, out, x, w):
         np.matmul(self._a(x), self.weight_f32(w).T, out=self._a(out))
 
-    def rmsnorm(self, out, x, w, eps):
+    def _rmsnorm(self, out, x, w, eps):
         xa = self._a(x)
         ms = np.mean(xa * xa, axis=-1, keepdims=True, dtype=np.float32)
         np.multiply(xa * (1.0 / np.sqrt(ms + np.float32(eps))), self._a(w), out=self._a(out))
 
-    def rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
+    def _rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
         xa = self._a(x)
         n = xa.shape[0]
         v = xa.reshape(n, -1, head_dim)
@@ -144,10 +148,10 @@ class CpuDevice(Device):
         else:
             o[..., 0:n_rot:2], o[..., 1:n_rot:2] = ra, rb
 
-    def kv_store(self, cache, x, pos):
+    def _kv_store(self, cache, x, pos):
         cache.handle[self._a(pos)] = self._a(x)
 
-    def attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
         qa = self._a(q)
         p = self._a(pos)
         n = qa.shape[0]
@@ -167,18 +171,18 @@ class CpuDevice(Device):
         o = np.matmul(s.reshape(n_head_kv, n * g, n_kv), v)  # [hkv, n*g, hd]
         self._a(out)[...] = o.reshape(n_head_kv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, n_head * hd)
 
-    def silu_mul(self, out, gate, up):
+    def _silu_mul(self, out, gate, up):
         ga = self._a(gate)
         np.multiply(ga / (1.0 + np.exp(-ga)), self._a(up), out=self._a(out))
 
-    def add(self, out, a, b):
+    def _add(self, out, a, b):
         np.add(self._a(a), self._a(b), out=self._a(out))
 
-    def get_rows(self, out, table, ids):
+    def _get_rows(self, out, table, ids):
         rows = table.handle[self._a(ids)]
         self._a(out)[...] = dequantize(rows, table.ggml_type, (len(rows), table.shape[-1]))
 
-    def copy(self, out, x):
+    def _copy(self, out, x):
         np.copyto(self._a(out), self._a(x))
 
 

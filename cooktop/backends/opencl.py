@@ -32,9 +32,8 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
-from .base import OPS, ROPE_NEOX, ROPE_NORMAL, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, \
-    type_name
+from ..errors import DeviceError, DeviceOutOfMemoryError
+from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, type_name
 from .opencl_kernels import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, KernelCache, clear_cache
 
 log = logging.getLogger(__name__)
@@ -215,34 +214,25 @@ class OpenCLDevice(Device):
         self._count_alloc(size)
         return buf
 
-    def upload(self, data, ggml_type, shape):
-        ggml_type, shape, arr, nbytes = self._weight_data(data, ggml_type, shape)
+    def _upload(self, arr, ggml_type, shape, nbytes):
         return DeviceTensor(self, self._alloc(nbytes, arr.view(np.uint8).reshape(-1)), shape, ggml_type)
 
-    def empty(self, shape, ggml_type=T.F32):
-        ggml_type = T(ggml_type)
-        if ggml_type not in (T.F32, T.I32):
-            raise UnsupportedOpError(f"empty() makes F32 or I32 tensors, not {type_name(ggml_type)}")
-        shape = tuple(int(s) for s in shape)
+    def _empty(self, shape, ggml_type):
         return DeviceTensor(self, self._alloc(int(np.prod(shape, dtype=np.int64)) * 4), shape, ggml_type)
 
-    def write(self, t, data):
+    def _write(self, t, data):
         dtype = np.int32 if t.ggml_type == T.I32 else np.float32
         host = np.array(data, dtype=dtype, copy=True, order="C")  # owned copy: the copy is asynchronous
-        if host.size != math.prod(t.shape):
-            raise ValueError(f"write of {host.size} values into {t!r}")
         self._cl.enqueue_copy(self.queue, t.handle, host, is_blocking=False)
 
-    def read(self, t):
+    def _read(self, t):
         dtype = np.int32 if t.ggml_type == T.I32 else np.float32
-        if t.ggml_type not in (T.F32, T.I32):
-            raise UnsupportedOpError(f"read() returns F32/I32 tensors, not {type_name(t.ggml_type)}")
         host = np.empty(t.shape, dtype=dtype)
         self._cl.enqueue_copy(self.queue, host, t.handle, is_blocking=True)
         return host
 
-    def finish(self) -> None:
-        """Wait for every enqueued command (benchmarks; ops never need it)."""
+    def synchronize(self) -> None:
+        """Wait for every enqueued command (``clFinish``)."""
         self.queue.finish()
 
     def close(self):
@@ -254,14 +244,10 @@ class OpenCLDevice(Device):
         self.kernels = None  # type: ignore[assignment]
 
     # -- ops --------------------------------------------------------------
-    def matmul(self, out, x, w):
+    def _matmul(self, out, x, w):
         n_tok, n_in = x.shape
         n_out = w.shape[0]
-        if w.shape[-1] != n_in or out.shape != (n_tok, n_out):
-            raise ValueError(f"matmul shapes: out {list(out.shape)}, x {list(x.shape)}, w {list(w.shape)}")
-        k = self.kernels.weights(w.ggml_type) if w.ggml_type in OPENCL_TYPES else None
-        if k is None:
-            self.check("matmul", w.ggml_type)
+        k = self.kernels.weights(w.ggml_type)
         s = self.shape
         if n_tok == 1:
             k.mul_mv(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
@@ -270,41 +256,30 @@ class OpenCLDevice(Device):
             k.mul_mm(self.queue, (_ceil_to(n_out, s.mm_tm), (n_tok + s.mm_tn - 1) // s.mm_tn), (s.mm_tm, 1),
                      w.handle, x.handle, out.handle, n_in, n_out, n_tok)
 
-    def get_rows(self, out, table, ids):
+    def _get_rows(self, out, table, ids):
         n_ids = ids.shape[0]
         n_rows, n = table.shape
-        if out.shape != (n_ids, n):
-            raise ValueError(f"get_rows shapes: out {list(out.shape)}, table {list(table.shape)}, ids {n_ids}")
-        if table.ggml_type not in OPENCL_TYPES:
-            self.check("get_rows", table.ggml_type)
         k = self.kernels.weights(table.ggml_type)
         nu = n // 32 + (1 if table.ggml_type in FLOAT_TYPES else 0)
         k.get_rows(self.queue, (nu, n_ids), None, table.handle, ids.handle, out.handle, n, n_rows, n_ids)
 
-    def rmsnorm(self, out, x, w, eps):
+    def _rmsnorm(self, out, x, w, eps):
         n_rows, n = x.shape
         ls = self.shape.rn_ls
         self.kernels.ops().rmsnorm(self.queue, (ls, n_rows), (ls, 1), out.handle, x.handle, w.handle, n, eps)
 
-    def rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
-        if mode not in (ROPE_NORMAL, ROPE_NEOX):
-            raise UnsupportedOpError(f"rope mode {mode} is not supported (0 = normal, 2 = NeoX)")
-        if n_rot % 2 or n_rot > head_dim or head_dim % 2:
-            raise ValueError(f"rope: n_rot {n_rot} must be even and <= head_dim {head_dim}")
+    def _rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
         n_tok, width = x.shape
         self.kernels.ops().rope(self.queue, (head_dim // 2, n_tok), None, out.handle, x.handle, pos.handle,
                                 head_dim, n_rot, freq_base, freq_scale, mode, width // head_dim)
 
-    def kv_store(self, cache, x, pos):
+    def _kv_store(self, cache, x, pos):
         n_tok, dim = x.shape
         self.kernels.ops().kv_store(self.queue, (_ceil_to(dim, 16), n_tok), (16, 1),
                                     cache.handle, x.handle, pos.handle, dim, cache.shape[0])
 
-    def attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
         n_tok, width = q.shape
-        if n_head % n_head_kv or width % n_head:
-            raise ValueError(f"attention: n_head {n_head} must be a multiple of n_head_kv {n_head_kv} "
-                             f"and divide the width {width}")
         head_dim = width // n_head
         knl = self.kernels.attention(head_dim)
         args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, n_head, n_head_kv, scale)
@@ -319,14 +294,12 @@ class OpenCLDevice(Device):
         ls = self.shape.ew_ls
         knl(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, a.handle, b.handle, n)
 
-    def silu_mul(self, out, gate, up):
+    def _silu_mul(self, out, gate, up):
         self._elementwise(self.kernels.ops().silu_mul, out, gate, up)
 
-    def add(self, out, a, b):
+    def _add(self, out, a, b):
         self._elementwise(self.kernels.ops().add, out, a, b)
 
-    def copy(self, out, x):
-        """``out = x`` (f32, equal shapes) as a device-side buffer copy, enqueued."""
-        if out.shape != x.shape:
-            raise ValueError(f"copy shapes: out {list(out.shape)}, x {list(x.shape)}")
+    def _copy(self, out, x):
+        """``out = x`` as a device-side buffer copy, enqueued."""
         self._cl.enqueue_copy(self.queue, out.handle, x.handle, byte_count=math.prod(x.shape) * 4)

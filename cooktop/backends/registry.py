@@ -16,29 +16,49 @@ Selectors (``--device`` / ``COOKTOP_DEVICE``): ``auto``, ``cpu``, ``opencl``
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import threading
 
 from ..errors import DeviceError
 from .base import Backend, Device, DeviceInfo, ProbeResult
-from .cpu import CpuBackend
 
-#: Family name -> "module:Class" of its Backend, in priority order for ``auto``.
-FAMILIES: dict[str, str] = {
-    "opencl": "cooktop.backends.opencl:OpenCLBackend",
-    "vulkan": "cooktop.backends.vulkan:VulkanBackend",
-    "cpu": "cooktop.backends.cpu:CpuBackend",
-}
 
-#: How to make each family available, shown when it is not.
-INSTALL_HINTS: dict[str, str] = {
-    "opencl": "pip install 'cooktop[opencl]' and an OpenCL driver (Debian/Ubuntu: apt-get install pocl-opencl-icd "
-              "for CPUs, mesa-opencl-icd / intel-opencl-icd / rocm-opencl-runtime for GPUs)",
-    "vulkan": "apt-get install libvulkan1 mesa-vulkan-drivers, then build kp: make setup "
-              "(scripts/install-kompute.sh, see README)",
-    "cpu": "",
-}
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One backend family: everything the registry, ``cooktop bench`` and the tests need to know.
+
+    Attributes:
+        name: the selector prefix (``opencl`` in ``opencl:1``).
+        backend: ``"module:Class"`` of its :class:`~.base.Backend`, imported on first probe.
+        label: the ``backend`` column of ``cooktop bench`` (llama-bench's; ``numpy`` for ``cpu``).
+        install_hint: how to make it available, shown when it is not (also when its module
+            cannot even be imported).
+        reference: the numpy reference every other family is tested against (exactly one).
+    """
+
+    name: str
+    backend: str
+    label: str
+    install_hint: str = ""
+    reference: bool = False
+
+
+#: Every backend family, by name, in priority order for ``auto``. A new backend is one
+#: entry here plus its module; the CLI, the bench and the tests' device fixtures read this.
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("opencl", "cooktop.backends.opencl:OpenCLBackend", "opencl",
+           "pip install 'cooktop[opencl]' and an OpenCL driver (Debian/Ubuntu: apt-get install pocl-opencl-icd "
+           "for CPUs, mesa-opencl-icd / intel-opencl-icd / rocm-opencl-runtime for GPUs)"),
+    Family("vulkan", "cooktop.backends.vulkan:VulkanBackend", "vulkan",
+           "apt-get install libvulkan1 mesa-vulkan-drivers, then build kp: make setup "
+           "(scripts/install-kompute.sh, see README)"),
+    Family("cpu", "cooktop.backends.cpu:CpuBackend", "numpy", reference=True),
+)}
+
+#: The families tested against the numpy reference (every one but ``cpu``), in FAMILIES order.
+DEVICE_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if not f.reference)
 
 _lock = threading.RLock()
 _backends: dict[str, Backend] = {}
@@ -53,7 +73,7 @@ def disabled_families() -> set[str]:
 
 
 def _load_backend(family: str) -> Backend:
-    mod_name, cls_name = FAMILIES[family].split(":")
+    mod_name, cls_name = FAMILIES[family].backend.split(":")
     return getattr(importlib.import_module(mod_name), cls_name)()
 
 
@@ -62,10 +82,10 @@ def probe(family: str, refresh: bool = False) -> ProbeResult:
     with _lock:
         if family in _probes and not refresh:
             return _probes[family]
-        hint = INSTALL_HINTS.get(family, "")
+        hint = FAMILIES[family].install_hint if family in FAMILIES else ""
         if family not in FAMILIES:
             res = ProbeResult(family, False, reason=f"unknown backend {family!r}")
-        elif family != "cpu" and family in disabled_families():
+        elif not FAMILIES[family].reference and family in disabled_families():
             res = ProbeResult(family, False, reason="disabled by COOKTOP_DISABLE", hint="unset COOKTOP_DISABLE")
         else:
             try:
@@ -150,15 +170,12 @@ def open_device(sel: str) -> Device:
     key = f"{fam}:{index}"
     with _lock:
         if key not in _devices:
-            if fam == "cpu":
-                _devices[key] = CpuBackend().open(0)
-            else:
-                try:
-                    _devices[key] = _backends[fam].open(index)
-                except DeviceError:
-                    raise
-                except Exception as e:  # noqa: BLE001
-                    raise DeviceError(f"cannot open {key}: {type(e).__name__}: {e}") from e
+            try:
+                _devices[key] = _backends[fam].open(index)
+            except DeviceError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise DeviceError(f"cannot open {key}: {type(e).__name__}: {e}") from e
         return _devices[key]
 
 
@@ -181,7 +198,7 @@ def auto_selectors() -> list[str]:
     """
     probes = probe_all()
     for fam, res in probes.items():
-        if fam == "cpu" or not res.available:
+        if FAMILIES[fam].reference or not res.available:
             continue
         for info in res.devices:
             if info.device_type in ("gpu", "igpu", "accelerator") and smoke_test(info.selector).ok:

@@ -69,7 +69,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
-from .base import (ROPE_NEOX, ROPE_NORMAL, Backend, Device, DeviceInfo, DeviceTensor,
+from .base import (Backend, Device, DeviceInfo, DeviceTensor,
                    ProbeResult, row_bytes, type_name)
 from .vulkan_info import VkDeviceFacts, VulkanInfoError, facts_to_info, kp_props_to_info, query_devices
 from .vulkan_shaders import (MAX_PUSH_BYTES, SHADER_DIR, VARIANTS, VULKAN_TYPES, bucket, f32_bits,  # noqa: F401
@@ -94,6 +94,19 @@ INSTALL_HINT = ("build kp 0.9.0: scripts/install-kompute.sh .venv/bin/python (ne
                 "for lavapipe on the CPU)")
 
 _facts_cache: list[VkDeviceFacts] | None = None
+
+
+class _VkExtra:
+    """What a Vulkan activation tensor carries (``DeviceTensor.extra`` of its root): host
+    staging tensors, one per write occurrence in the pending list (``(kp tensor, its
+    numpy view)``), the readback tensor, and its writes since the last flush."""
+
+    __slots__ = ("staging", "readback", "writes")
+
+    def __init__(self) -> None:
+        self.staging: list[tuple[Any, np.ndarray]] = []
+        self.readback: Any = None
+        self.writes = 0
 
 
 def _import_kp():
@@ -199,11 +212,8 @@ class VulkanDevice(Device):
         self._algos: dict[tuple, tuple[Any, tuple]] = {}
         self._pending: list[tuple] = []          # (kind, obj, push tuple)
         self._seqs: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
-        self._staging: dict[tuple[int, int], tuple[Any, np.ndarray]] = {}
-        self._readback: dict[int, Any] = {}
-        self._write_counts: collections.Counter = collections.Counter()
-        self._tensors: list[Any] = []            # keep every kp tensor alive (their ids key the caches)
-        self._weights: set[int] = set()          # ids of uploaded (uint32) weight tensors
+        self._written: list[_VkExtra] = []       # tensors written since the last flush
+        self._tensors: list[Any] = []            # every kp tensor made here (destroyed by release/close)
         self.n_recordings = 0
         self.n_replays = 0
         self.n_pipelines = 0
@@ -236,14 +246,12 @@ class VulkanDevice(Device):
         self._tensors.append(t)
         return t
 
-    def upload(self, data, ggml_type, shape):
+    def _upload(self, arr, ggml_type, shape, nbytes):
         """Weights to a storage tensor as raw GGML blocks (uint32 view, zero-padded to 16 bytes + 16).
 
         Raises:
-            UnsupportedOpError: a type without shaders, or ``data`` of the wrong size.
             DeviceOutOfMemoryError: over maxStorageBufferRange or device memory.
         """
-        ggml_type, shape, arr, nbytes = self._weight_data(data, ggml_type, shape)
         raw = arr.view(np.uint8).reshape(-1)
         # zero-padded to 16 bytes plus one spare uvec4: shaders read 16-byte words (common.glsl)
         n_words = (nbytes + 15) // 16 * 4 + 4
@@ -254,22 +262,19 @@ class VulkanDevice(Device):
         t = self._tensor(np.zeros(n_words, dtype=np.uint32), "storage")
         self.mgr.sequence().eval(self._kp.OpTensorCopy([staging, t]))
         staging.destroy()
-        self._weights.add(id(t))
         self._count_alloc(n_words * 4)
         return DeviceTensor(self, t, shape, ggml_type)
 
-    def empty(self, shape, ggml_type=T.F32):
+    def _empty(self, shape, ggml_type):
         """A storage (device-only) F32 or I32 tensor. Raises DeviceOutOfMemoryError."""
-        ggml_type = T(ggml_type)
-        if ggml_type not in (T.F32, T.I32):
-            raise UnsupportedOpError(f"empty() makes F32 or I32 tensors, not {type_name(ggml_type)}")
-        shape = tuple(int(s) for s in shape)
         n = max(4, (math.prod(shape) + 3) // 4 * 4)  # padded to 4 values: shaders may read vec4s
         self._alloc_check(4 * n, f"{type_name(ggml_type)} tensor {list(shape)}")
         dtype = np.int32 if ggml_type == T.I32 else np.float32
         t = self._tensor(np.zeros(n, dtype=dtype), "storage")
         self._count_alloc(4 * n)
-        return DeviceTensor(self, t, shape, ggml_type)
+        dt = DeviceTensor(self, t, shape, ggml_type)
+        dt.extra = _VkExtra()
+        return dt
 
     def zeros(self, shape, ggml_type=T.F32):
         """``empty`` then a fill dispatch (no host staging buffer for the whole tensor)."""
@@ -278,61 +283,47 @@ class VulkanDevice(Device):
         self._dispatch("fill", (t,), self._stride_groups(t), (n, 0))
         return t
 
-    def write(self, t, data):
-        """Enqueue a host-to-device copy of ``data`` into ``t`` (see module doc: staging + copy dispatch).
-
-        Raises:
-            DeviceError: ``data`` has a different element count than ``t``, or ``t`` is a weight.
-        """
-        self._check_activation(t, "write")
+    def _write(self, t, arr):
+        """Enqueue a host-to-device copy of ``arr`` into ``t`` (see module doc: staging + copy dispatch)."""
         n = math.prod(t.shape)
         dtype = np.int32 if t.ggml_type == T.I32 else np.float32
-        arr = np.asarray(data)
-        if arr.size != n:
-            raise DeviceError(f"write of {arr.size} values into a tensor of shape {list(t.shape)}")
         root = t.root.handle
-        k = self._write_counts[id(root)]
-        self._write_counts[id(root)] += 1
-        st = self._staging.get((id(root), k))
-        if st is None:
+        ex = t.root.extra
+        k = ex.writes
+        ex.writes += 1
+        if k == 0:
+            self._written.append(ex)
+        if k == len(ex.staging):
             size = int(root.size())
             kt = self._tensor(np.zeros(size, dtype=dtype), "host")
-            st = (kt, kt.data())
-            self._staging[(id(root), k)] = st
+            ex.staging.append((kt, kt.data()))
+        st = ex.staging[k]
         st[1][:n] = arr.reshape(-1).astype(dtype, copy=False)
         self._dispatch_raw("copy", (st[0], root), self._stride_grid(n, int(root.size())), (n,))
 
-    def read(self, t):
-        """Run everything pending (one sequence, replayed when seen before) and return ``t`` from the host.
-
-        Raises:
-            DeviceError: ``t`` is a weight (weights are never read back).
-        """
-        self._check_activation(t, "read")
+    def _read(self, t):
+        """Run everything pending (one sequence, replayed when seen before) and return ``t`` from the host."""
         n = math.prod(t.shape)
         root = t.root.handle
-        rb = self._readback.get(id(root))
+        rb = t.root.extra.readback
         if rb is None:
             dtype = np.int32 if t.ggml_type == T.I32 else np.float32
             rb = self._tensor(np.zeros(int(root.size()), dtype=dtype), "device")
-            self._readback[id(root)] = rb
+            t.root.extra.readback = rb
         self._dispatch_raw("copy", (root, rb), self._stride_grid(n, int(root.size())), (n,))
         self._pending.append(("sync", rb, ()))
         self.flush()
         return np.array(rb.data()[:n]).reshape(t.shape)
 
-    def _check_activation(self, t: DeviceTensor, what: str) -> None:
-        if t.device is not self:
-            raise DeviceError(f"{what}: tensor {t!r} lives on another device than {self.info.selector}")
-        if t.ggml_type not in (T.F32, T.I32) or id(t.root.handle) in self._weights:
-            raise DeviceError(f"{what}: {t!r} is a weight; only F32/I32 tensors made by empty() can be "
-                              f"written and read")
+    def synchronize(self) -> None:
+        """Run the pending op list and wait for it (:meth:`flush`: ``Sequence.eval`` waits)."""
+        self.flush()
 
     def flush(self) -> None:
         """Execute the pending op list now (replaying its recorded sequence when cached)."""
         if not self._pending:
             return
-        sig = tuple((kind, id(obj), push) for kind, obj, push in self._pending)
+        sig = tuple(self._pending)  # (kind, kp object, push): kp objects hash by identity
         seq = self._seqs.get(sig)
         if seq is None:
             seq = self._record(self._pending)
@@ -344,7 +335,9 @@ class VulkanDevice(Device):
             self._seqs.move_to_end(sig)
             self.n_replays += 1
         self._pending = []
-        self._write_counts.clear()
+        for ex in self._written:
+            ex.writes = 0
+        self._written = []
         seq.eval()
 
     def _record(self, ops: list[tuple]) -> Any:
@@ -367,32 +360,28 @@ class VulkanDevice(Device):
             self._barrier_t = self._tensor(np.zeros(1, dtype=np.uint32), "device")
         return self._barrier_t
 
-    def release(self, tensors):
+    def _release(self, tensors):
         """Destroy the kp tensors of these allocations and every pipeline, sequence,
         staging and readback buffer that refers to them; ``allocated_bytes`` goes down
         by their size, so repeated load/close cycles do not exhaust the OOM check."""
         self.flush()
-        doomed = {id(t.handle): t for t in tensors if t.base is None and t.device is self}
-        if not doomed:
-            return
-        for key in [k for k, (algo, handles) in self._algos.items() if any(id(h) in doomed for h in handles)]:
+        doomed = {t.handle for t in tensors}  # kp tensors hash by identity
+        for key in [k for k, (algo, handles) in self._algos.items() if any(h in doomed for h in handles)]:
             del self._algos[key]
         for seq in self._seqs.values():  # sequences record pipelines by identity: drop them all
             seq.destroy()
         self._seqs.clear()
         extra = []
-        for key in [k for k in self._staging if k[0] in doomed]:
-            extra.append(self._staging.pop(key)[0])
-        for key in [k for k in self._readback if k in doomed]:
-            extra.append(self._readback.pop(key))
-        for i in doomed:
-            self._write_counts.pop(i, None)
-            self._weights.discard(i)
-        gone = set(doomed) | {id(x) for x in extra}
-        self._tensors = [t for t in self._tensors if id(t) not in gone]
-        for t in list(doomed.values()):
-            self.allocated_bytes -= 4 * int(t.handle.size())
-            t.handle.destroy()
+        for t in tensors:
+            if t.extra is not None:
+                extra += [st[0] for st in t.extra.staging]
+                extra += [t.extra.readback] if t.extra.readback is not None else []
+                t.extra = None
+        gone = doomed | set(extra)
+        self._tensors = [t for t in self._tensors if t not in gone]
+        for h in doomed:
+            self.allocated_bytes -= 4 * int(h.size())
+            h.destroy()
         for x in extra:
             x.destroy()
 
@@ -402,8 +391,7 @@ class VulkanDevice(Device):
             seq.destroy()
         self._seqs.clear()
         self._algos.clear()
-        self._staging.clear()
-        self._readback.clear()
+        self._written = []
         self._tensors.clear()
         self._pending = []
         if self.mgr is not None:
@@ -428,7 +416,7 @@ class VulkanDevice(Device):
         self._dispatch_raw(variant, tuple(x.handle for x in tensors), grid, push)
 
     def _dispatch_raw(self, variant: str, handles: tuple, grid: list[int], push: tuple[int, ...]) -> None:
-        key = (variant, tuple(map(id, handles)), tuple(grid))
+        key = (variant, handles, tuple(grid))  # kp tensors hash by identity
         entry = self._algos.get(key)
         if entry is None:
             spec = self._mmv_spec if variant.startswith("mul_mat_vec_") else self._no_spec
@@ -447,19 +435,10 @@ class VulkanDevice(Device):
     def _row_cap(t: DeviceTensor) -> int:
         return t.root.shape[0] if len(t.root.shape) > 1 else 1
 
-    def matmul(self, out, x, w):
-        """``out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T``: mul_mat_vec for n < 8, else tiled mul_mm.
-
-        Raises:
-            UnsupportedOpError: weight type without shaders or mismatched shapes.
-        """
-        if w.ggml_type not in VARIANTS["mul_mm"]:
-            self.check("matmul", w.ggml_type)
+    def _matmul(self, out, x, w):
+        """``out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T``: mul_mat_vec for n < 8, else tiled mul_mm."""
         n_out, n_in = w.shape[0], w.shape[-1]
         n = self._rows(x)
-        if x.shape[-1] != n_in or out.shape[-1] != n_out or self._rows(out) != n:
-            raise UnsupportedOpError(f"matmul shapes do not match: x {list(x.shape)}, w {list(w.shape)}, "
-                                     f"out {list(out.shape)}")
         rb = row_bytes(w.ggml_type, n_in)
         nb = bucket(n, self._row_cap(x))
         if n >= MM_MIN_TOKENS:
@@ -471,22 +450,14 @@ class VulkanDevice(Device):
             grid = workgroups(nb * ((n_groups + gpw - 1) // gpw))
             self._dispatch(VARIANTS["mul_mat_vec"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb, gpw))
 
-    def rmsnorm(self, out, x, w, eps):
+    def _rmsnorm(self, out, x, w, eps):
         """rmsnorm.comp: one workgroup of 64 per row; x, out f32 [n, n_embd], w f32 [n_embd] (see Device.rmsnorm)."""
         n_embd = x.shape[-1]
         n = self._rows(x)
         self._dispatch("rmsnorm", (x, w, out), workgroups(bucket(n, self._row_cap(x))), (n_embd, n, f32_bits(eps)))
 
-    def rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
-        """rope.comp: one invocation per rotated pair or copied pair of dims (see Device.rope).
-
-        Raises:
-            UnsupportedOpError: mode other than 0 / 2, odd or too large n_rot, rows not whole heads.
-        """
-        if mode not in (ROPE_NORMAL, ROPE_NEOX):
-            raise UnsupportedOpError(f"rope mode {mode} is not supported (0 = normal, 2 = NeoX)")
-        if n_rot % 2 or not 0 < n_rot <= head_dim or head_dim % 2 or x.shape[-1] % head_dim:
-            raise UnsupportedOpError(f"rope: n_rot {n_rot} / head_dim {head_dim} do not fit rows of {x.shape[-1]}")
+    def _rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
+        """rope.comp: one invocation per rotated pair or copied pair of dims (see Device.rope)."""
         n = self._rows(x)
         n_heads = x.shape[-1] // head_dim
         nb = bucket(n, self._row_cap(x))
@@ -494,64 +465,52 @@ class VulkanDevice(Device):
         self._dispatch("rope", (x, pos, out), grid,
                        (n, n_heads, head_dim, n_rot, f32_bits(freq_base), f32_bits(freq_scale), mode))
 
-    def kv_store(self, cache, x, pos):
+    def _kv_store(self, cache, x, pos):
         """kv_store.comp: ``cache[pos[i], :] = x[i, :]``; cache f32 [n_ctx, n_kv_dim], x f32 [n, n_kv_dim].
 
         Positions outside [0, n_ctx) are skipped on the device (the engine raises ContextOverflowError first).
         """
         n = self._rows(x)
         kv_dim = x.shape[-1]
-        if cache.shape[-1] != kv_dim:
-            raise UnsupportedOpError(f"kv_store: cache rows of {cache.shape[-1]} values, x rows of {kv_dim}")
         nb = bucket(n, self._row_cap(x))
         self._dispatch("kv_store", (cache, x, pos), workgroups((nb * kv_dim + 63) // 64), (n, kv_dim, cache.shape[0]))
 
-    def attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
         """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows.
 
         q, out f32 [n, n_head * head_dim]; caches f32 [n_ctx, n_head_kv * head_dim]; head_dim <= 256.
         Raises:
-            UnsupportedOpError: n_head not a multiple of n_head_kv, head_dim > 256, cache rows mismatched.
+            UnsupportedOpError: head_dim > 256.
         """
-        if n_head % n_head_kv:
-            raise UnsupportedOpError(f"attention: n_head {n_head} is not a multiple of n_head_kv {n_head_kv}")
         head_dim = q.shape[-1] // n_head
-        if head_dim > _ATTN_MAX_HEAD_DIM or k_cache.shape[-1] != n_head_kv * head_dim:
-            raise UnsupportedOpError(f"attention: head_dim {head_dim} (max {_ATTN_MAX_HEAD_DIM}) or cache rows of "
-                                     f"{k_cache.shape[-1]} values do not fit n_head_kv {n_head_kv}")
+        if head_dim > _ATTN_MAX_HEAD_DIM:
+            raise UnsupportedOpError(f"attention: head_dim {head_dim} is more than this backend's "
+                                     f"{_ATTN_MAX_HEAD_DIM}")
         n = self._rows(q)
         nb = bucket(n, self._row_cap(q))
         self._dispatch("attention", (q, k_cache, v_cache, pos, out), workgroups(nb * n_head),
                        (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale)))
 
-    def silu_mul(self, out, gate, up):
+    def _silu_mul(self, out, gate, up):
         """silu_mul.comp: ``out = gate * sigmoid(gate) * up``, f32 [n, n_ff] (``out`` may be ``gate``)."""
         n = math.prod(out.shape)
         self._dispatch("silu_mul", (gate, up, out), self._stride_groups(out), (n,))
 
-    def add(self, out, a, b):
+    def _add(self, out, a, b):
         """add.comp: ``out = a + b``, f32 (``out`` may be ``a``)."""
         n = math.prod(out.shape)
         self._dispatch("add", (a, b, out), self._stride_groups(out), (n,))
 
-    def copy(self, out, x):
-        """copy.comp: ``out = x`` (f32 or i32, same element count; the copy kernel of ``bench --ops``).
-
-        Raises:
-            UnsupportedOpError: different element counts.
-        """
+    def _copy(self, out, x):
+        """copy.comp: ``out = x`` (f32 or i32; the copy kernel of ``bench --ops``)."""
         n = math.prod(out.shape)
-        if math.prod(x.shape) != n:
-            raise UnsupportedOpError(f"copy of {list(x.shape)} into {list(out.shape)}: element counts differ")
         self._dispatch("copy", (x, out), self._stride_groups(out), (n,))
 
-    def get_rows(self, out, table, ids):
+    def _get_rows(self, out, table, ids):
         """get_rows.comp: ``out[i] = dequantize(table[ids[i]])``; table [n_rows, n], ids I32 [k], out f32 [k, n].
 
         Ids outside [0, n_rows) are clamped on the device (they cannot be checked without a sync).
         """
-        if table.ggml_type not in VARIANTS["get_rows"]:
-            self.check("get_rows", table.ggml_type)
         n = table.shape[-1]
         k = math.prod(ids.shape)
         n_items = n if table.ggml_type in (T.F32, T.F16) else n // 32  # values or 32-value units

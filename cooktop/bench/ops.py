@@ -17,7 +17,7 @@ Per device:
 3. **rmsnorm** of ``[n, n_embd]`` at 1 and 512 tokens: bytes = 2 x n x n_embd x 4 + n_embd x 4.
 
 Each row is the median over timed samples; a sample is ``k`` back-to-back calls
-followed by one device sync, divided by ``k`` (``k`` makes a sample last about
+followed by ``Device.synchronize()``, divided by ``k`` (``k`` makes a sample last about
 20 ms), after two warm-up calls (kernel compilation, the numpy backend's
 dequantized-weight cache). Weights are :func:`cooktop.format.quants.random_weight`
 blocks (up to 256 distinct rows, tiled to the full height: the bytes streamed
@@ -128,21 +128,12 @@ def make_plan(shape: str = "tinyllama-1.1b", quick: bool = False, types: list[st
     return OpsPlan(mm, (1, 512), s.n_embd, 256 << 20, 0.25, tys)
 
 
-def sync(dev: Device) -> None:
-    """Wait for every op enqueued on ``dev`` (OpenCL ``finish``, Vulkan ``flush``; numpy is synchronous)."""
-    for name in ("finish", "flush"):
-        fn = getattr(dev, name, None)
-        if callable(fn):
-            fn()
-            return
-
-
 def time_call(dev: Device, fn: Callable[[], None], min_time: float, max_samples: int = 15) -> tuple[float, int]:
     """Median seconds per call of ``fn`` on ``dev`` and the number of samples (module doc)."""
     for _ in range(2):  # warm-up: compile, cache
         t0 = time.perf_counter()
         fn()
-        sync(dev)
+        dev.synchronize()
         one = time.perf_counter() - t0
     k = max(1, min(100, int(0.02 / max(one, 1e-6))))
     samples: list[float] = []
@@ -151,7 +142,7 @@ def time_call(dev: Device, fn: Callable[[], None], min_time: float, max_samples:
         t0 = time.perf_counter()
         for _ in range(k):
             fn()
-        sync(dev)
+        dev.synchronize()
         samples.append((time.perf_counter() - t0) / k)
         elapsed = time.perf_counter() - start
         if (elapsed >= min_time and len(samples) >= 3) or (elapsed >= 4 * min_time + 1.0 and len(samples) >= 1):
@@ -171,14 +162,15 @@ def _copy_row(dev: Device, nbytes: int, min_time: float) -> OpRow:
     n_cols = 4096
     n_rows = max(1, nbytes // (4 * n_cols))
     shape = f"{n_rows} x {n_cols} f32 ({n_rows * n_cols * 4 >> 20} MiB)"
-    x = dev.empty((n_rows, n_cols))
-    out = dev.empty((n_rows, n_cols))
-    dev.write(x, np.ones((n_rows, n_cols), dtype=np.float32))
-    try:
-        dev.copy(out, x)
-    except UnsupportedOpError:
-        return OpRow("copy", "F32", shape, 0, None, 0, 0, note="not supported on this backend")
-    sec, k = time_call(dev, lambda: dev.copy(out, x), min_time)
+    with dev.buffer("bench --ops copy") as buf:
+        x = buf.empty((n_rows, n_cols))
+        out = buf.empty((n_rows, n_cols))
+        dev.write(x, np.ones((n_rows, n_cols), dtype=np.float32))
+        try:
+            dev.copy(out, x)
+        except UnsupportedOpError:
+            return OpRow("copy", "F32", shape, 0, None, 0, 0, note="not supported on this backend")
+        sec, k = time_call(dev, lambda: dev.copy(out, x), min_time)
     return OpRow("copy", "F32", shape, 0, sec, 2 * n_rows * n_cols * 4, 0, k)
 
 
@@ -258,11 +250,12 @@ def _matmul_row(dev: Device, ty: T, host_w: np.ndarray, label: str, n_out: int, 
     shape = f"{n_out} x {n_in} ({label})"
     nbytes = wbytes + 4 * n * (n_in + n_out)
     try:
-        w = dev.upload(host_w, ty, (n_out, n_in))
-        x = dev.empty((n, n_in))
-        dev.write(x, rng.standard_normal((n, n_in)).astype(np.float32))
-        o = dev.empty((n, n_out))
-        sec, k = time_call(dev, lambda: dev.matmul(o, x, w), plan.min_time)
+        with dev.buffer("bench --ops matmul") as buf:
+            w = buf.upload(host_w, ty, (n_out, n_in))
+            x = buf.empty((n, n_in))
+            dev.write(x, rng.standard_normal((n, n_in)).astype(np.float32))
+            o = buf.empty((n, n_out))
+            sec, k = time_call(dev, lambda: dev.matmul(o, x, w), plan.min_time)
         return OpRow("matmul", name, shape, n, sec, nbytes, 2 * n * n_in * n_out, k)
     except Exception as e:  # noqa: BLE001 - a failing kernel is a row with a note
         return OpRow("matmul", name, shape, n, None, nbytes, 0, note=_err(e))
@@ -271,11 +264,12 @@ def _matmul_row(dev: Device, ty: T, host_w: np.ndarray, label: str, n_out: int, 
 def _rmsnorm_row(dev: Device, n_embd: int, n: int, min_time: float, rng: np.random.Generator) -> OpRow:
     shape = f"{n} x {n_embd}"
     try:
-        x = dev.empty((n, n_embd))
-        dev.write(x, rng.standard_normal((n, n_embd)).astype(np.float32))
-        w = dev.upload(np.ones(n_embd, dtype=np.float32), T.F32, (n_embd,))
-        o = dev.empty((n, n_embd))
-        sec, k = time_call(dev, lambda: dev.rmsnorm(o, x, w, 1e-5), min_time)
+        with dev.buffer("bench --ops rmsnorm") as buf:
+            x = buf.empty((n, n_embd))
+            dev.write(x, rng.standard_normal((n, n_embd)).astype(np.float32))
+            w = buf.upload(np.ones(n_embd, dtype=np.float32), T.F32, (n_embd,))
+            o = buf.empty((n, n_embd))
+            sec, k = time_call(dev, lambda: dev.rmsnorm(o, x, w, 1e-5), min_time)
         return OpRow("rmsnorm", "F32", shape, n, sec, 4 * (2 * n * n_embd + n_embd), 0, k)
     except Exception as e:  # noqa: BLE001
         return OpRow("rmsnorm", "F32", shape, n, None, 0, 0, note=_err(e))

@@ -38,12 +38,13 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from ..backends.registry import FAMILIES
 from ..errors import CooktopError
 
 log = logging.getLogger("cooktop")
 
-#: Backend column of cooktop's device families (llama.cpp rows say "llama.cpp").
-BACKEND_NAMES = {"cpu": "numpy", "opencl": "opencl", "vulkan": "vulkan"}
+#: Backend column of cooktop's device families (llama.cpp rows say "llama.cpp"): registry.FAMILIES' labels.
+BACKEND_NAMES = {name: f.label for name, f in FAMILIES.items()}
 
 
 @dataclasses.dataclass(frozen=True)

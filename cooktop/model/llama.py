@@ -16,7 +16,7 @@ device holding the output head.
 Device buffers are given back by ``close()`` or, at the latest, when their
 owner (a :class:`Segment` or :class:`KVCache`) is dropped: nothing here holds
 a reference cycle, so ``del`` frees them at once (a ``weakref.finalize`` per
-owner calls :meth:`Device.release`, which backends that keep their own
+owner releases its :class:`DeviceBuffer`, which backends that keep their own
 references, such as Vulkan, need).
 
 Block (llama.cpp ``llm_build_llama``)::
@@ -38,7 +38,7 @@ import weakref
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ..backends.base import Device, DeviceTensor
+from ..backends.base import Device, DeviceBuffer, DeviceTensor
 from ..errors import CooktopError
 from ..format.quants import dequantize
 from .config import ModelConfig
@@ -53,35 +53,15 @@ def head_tensor_names(cfg: ModelConfig) -> tuple[str, str]:
     return "output_norm.weight", ("token_embd.weight" if cfg.tied_output else "output.weight")
 
 
-class _Tracking:
-    """A device wrapper that records every allocation (``upload``/``empty``/``zeros``) in ``allocs``."""
-
-    def __init__(self, device: Device, allocs: list[DeviceTensor]):
-        self._d, self._allocs = device, allocs
-
-    def _keep(self, t: DeviceTensor) -> DeviceTensor:
-        self._allocs.append(t)
-        return t
-
-    def upload(self, *a) -> DeviceTensor:
-        return self._keep(self._d.upload(*a))
-
-    def empty(self, *a) -> DeviceTensor:
-        return self._keep(self._d.empty(*a))
-
-    def zeros(self, *a) -> DeviceTensor:
-        return self._keep(self._d.zeros(*a))
-
-
-def _releaser(owner: object, device: Device, allocs: list[DeviceTensor]) -> weakref.finalize:
-    """A finalizer giving ``allocs`` back to ``device`` when ``owner`` is collected (or when
-    called; it runs at most once). Not run at interpreter exit, where devices may be gone."""
-    fin = weakref.finalize(owner, device.release, allocs)
+def _releaser(owner: object, buffer: DeviceBuffer) -> weakref.finalize:
+    """A finalizer releasing ``buffer`` when ``owner`` is collected (or when called; it runs
+    at most once). Not run at interpreter exit, where devices may be gone."""
+    fin = weakref.finalize(owner, buffer.release)
     fin.atexit = False
     return fin
 
 
-def upload(d: Device, t: TensorInfo) -> DeviceTensor:
+def upload(d: Device | DeviceBuffer, t: TensorInfo) -> DeviceTensor:
     """Upload a weight to ``d``: matrices as raw GGML blocks; 1-D norm weights as
     float32 (dequantized on the host when stored as F16/BF16), since the
     contract's rmsnorm takes f32 weights."""
@@ -103,8 +83,9 @@ class Segment:
     def __init__(self, device: Device, blocks: list[int], head: bool, gf: GGUFFile, cfg: ModelConfig,
                  n_batch: int, logits_all: bool):
         self.device, self.blocks, self.head, self.cfg = device, blocks, head, cfg
-        self.allocations: list[DeviceTensor] = []
-        self._release = _releaser(self, device, self.allocations)
+        #: the arena owning every weight and scratch buffer of this segment
+        self.buffer = device.buffer(f"blocks {blocks[0]}-{blocks[-1]}" if blocks else "head")
+        self._release = _releaser(self, self.buffer)
         try:
             self._allocate(gf, n_batch, logits_all)
         except BaseException:
@@ -117,7 +98,7 @@ class Segment:
 
     def _allocate(self, gf: GGUFFile, n_batch: int, logits_all: bool) -> None:
         cfg = self.cfg
-        d = _Tracking(self.device, self.allocations)
+        d = self.buffer
         self.weights: list[dict[str, DeviceTensor]] = []
         for i in self.blocks:
             w = {}
@@ -222,9 +203,8 @@ class KVCache:
         K = model.cfg.n_embd_kv
         try:
             for seg in model.segments:
-                allocs: list[DeviceTensor] = []
-                self._releases.append(_releaser(self, seg.device, allocs))
-                d = _Tracking(seg.device, allocs)
+                d = seg.device.buffer("KV cache")
+                self._releases.append(_releaser(self, d))
                 self.k.append([d.zeros((self.n_ctx, K)) for _ in seg.blocks])
                 self.v.append([d.zeros((self.n_ctx, K)) for _ in seg.blocks])
         except BaseException:

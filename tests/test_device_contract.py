@@ -1,0 +1,175 @@
+"""The device contract's roles, on every backend family (registry.FAMILIES):
+
+- every fault of an op or a copy raises the same exception type with the same message
+  on every backend (the checks live once in ``Device``; only the device's selector and
+  name differ, and are normalized away here);
+- a ``DeviceBuffer`` owns what it allocates and releases it once; released tensors are
+  refused with a DeviceError instead of reaching the backend;
+- ``synchronize()`` waits for enqueued work on every device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from cooktop.backends.cpu import CpuDevice, cpu_info
+from cooktop.errors import DeviceError, ShapeError, UnsupportedOpError
+from cooktop.format.quants import random_weight
+
+
+def _f32(dev, *shape):
+    return dev.empty(shape)
+
+
+def _i32(dev, n):
+    t = dev.empty((n,), T.I32)
+    dev.write(t, np.zeros(n, dtype=np.int32))
+    return t
+
+
+def _w(dev, n_out, n_in):
+    return dev.upload(np.ones((n_out, n_in), np.float32), T.F32, (n_out, n_in))
+
+
+#: a second numpy device, selector ``elsewhere:0``: its tensors are foreign everywhere
+_OTHER = CpuDevice(dataclasses.replace(cpu_info(), backend="elsewhere"))
+
+#: fault name -> (what to run on a device, exception type, message with <dev>/<name> for the device)
+FAULTS = {
+    "matmul n_in": (lambda d: d.matmul(_f32(d, 3, 5), _f32(d, 3, 64), _w(d, 5, 32)), ShapeError,
+                    "matmul: shapes do not fit: out [3, 5], x [3, 64], w [5, 32]; "
+                    "want out [n, n_out], x [n, n_in], w [n_out, n_in]"),
+    "matmul out": (lambda d: d.matmul(_f32(d, 3, 4), _f32(d, 3, 32), _w(d, 5, 32)), ShapeError,
+                   "matmul: shapes do not fit: out [3, 4], x [3, 32], w [5, 32]; "
+                   "want out [n, n_out], x [n, n_in], w [n_out, n_in]"),
+    "matmul x type": (lambda d: d.matmul(_f32(d, 3, 5), d.empty((3, 32), T.I32), _w(d, 5, 32)),
+                      UnsupportedOpError, "matmul: x must be F32, not I32"),
+    "matmul 1-D x": (lambda d: d.matmul(_f32(d, 5), _f32(d, 32), _w(d, 5, 32)), ShapeError,
+                     "matmul: shapes do not fit: out [5], x [32], w [5, 32]; "
+                     "want out [n, n_out], x [n, n_in], w [n_out, n_in]"),
+    "foreign tensor": (lambda d: d.add(_f32(d, 2, 3), _OTHER.empty((2, 3)), _f32(d, 2, 3)), DeviceError,
+                       "add: a DeviceTensor(elsewhere:0, F32, [2, 3]) lives on another device than <dev>"),
+    "unsupported weight type": (lambda d: d.upload(np.zeros((1, 36), np.uint8), T.Q8_1, (1, 32)),
+                                UnsupportedOpError, "<dev> (<name>) cannot run matmul on Q8_1 tensors"),
+    "weight of the wrong size": (lambda d: d.upload(np.zeros((1, 30), np.uint8), T.Q8_0, (1, 32)),
+                                 UnsupportedOpError, "Q8_0 tensor of shape [1, 32] needs 34 bytes, got 30"),
+    "empty of a block type": (lambda d: d.empty((2, 32), T.Q4_0), UnsupportedOpError,
+                              "empty() makes F32 or I32 tensors, not Q4_0"),
+    "empty of a negative shape": (lambda d: d.empty((2, -1)), ShapeError, "empty(): bad shape [2, -1]"),
+    "write size": (lambda d: d.write(_f32(d, 2, 3), np.zeros(5, np.float32)), ShapeError,
+                   "write of 5 values into a tensor of shape [2, 3]"),
+    "write a weight": (lambda d: d.write(_w(d, 1, 32), np.zeros(32, np.float32)), DeviceError,
+                       "write: DeviceTensor(<dev>, F32, [1, 32]) is a weight; only F32/I32 tensors made by "
+                       "empty() can be written and read"),
+    "read a weight": (lambda d: d.read(_w(d, 1, 32)), DeviceError,
+                      "read: DeviceTensor(<dev>, F32, [1, 32]) is a weight; only F32/I32 tensors made by "
+                      "empty() can be written and read"),
+    "rmsnorm weight": (lambda d: d.rmsnorm(_f32(d, 2, 8), _f32(d, 2, 8), d.upload(np.ones(4, np.float32),
+                                                                                  T.F32, (4,)), 1e-5),
+                       ShapeError, "rmsnorm: shapes do not fit: out [2, 8], x [2, 8], w [4]; "
+                                   "want out and x [n, n_embd], w [n_embd]"),
+    "rope mode": (lambda d: d.rope(_f32(d, 2, 8), _f32(d, 2, 8), _i32(d, 2), 8, 8, 1e4, 1.0, 1),
+                  UnsupportedOpError, "rope mode 1 is not supported (0 = normal, 2 = NeoX)"),
+    "rope n_rot": (lambda d: d.rope(_f32(d, 2, 8), _f32(d, 2, 8), _i32(d, 2), 8, 5, 1e4, 1.0, 0), ShapeError,
+                   "rope: shapes do not fit: out [2, 8], x [2, 8], pos [2]; want out and x "
+                   "[n, n_head * head_dim], pos [n], with head_dim 8 and n_rot 5 even and 0 < n_rot <= head_dim"),
+    "rope pos type": (lambda d: d.rope(_f32(d, 2, 8), _f32(d, 2, 8), _f32(d, 2), 8, 8, 1e4, 1.0, 0),
+                      UnsupportedOpError, "rope: pos must be I32, not F32"),
+    "kv_store width": (lambda d: d.kv_store(_f32(d, 16, 8), _f32(d, 2, 4), _i32(d, 2)), ShapeError,
+                       "kv_store: shapes do not fit: cache [16, 8], x [2, 4], pos [2]; "
+                       "want cache [n_ctx, n_kv_dim], x [n, n_kv_dim], pos [n]"),
+    "attention gqa": (lambda d: d.attention(_f32(d, 2, 12), _f32(d, 2, 12), _f32(d, 16, 8), _f32(d, 16, 8),
+                                            _i32(d, 2), 3, 2, 0.5), ShapeError,
+                      "attention: shapes do not fit: out [2, 12], q [2, 12], k_cache [16, 8], v_cache [16, 8], "
+                      "pos [2]; want out and q [n, n_head * head_dim], k_cache and v_cache "
+                      "[n_ctx, n_head_kv * head_dim], pos [n], with n_head 3 a multiple of n_head_kv 2"),
+    "add shapes": (lambda d: d.add(_f32(d, 2, 3), _f32(d, 2, 3), _f32(d, 3, 2)), ShapeError,
+                   "add: shapes do not fit: out [2, 3], a [2, 3], b [3, 2]; want out, a and b of one shape"),
+    "silu_mul shapes": (lambda d: d.silu_mul(_f32(d, 2, 3), _f32(d, 2, 3), _f32(d, 1, 3)), ShapeError,
+                        "silu_mul: shapes do not fit: out [2, 3], gate [2, 3], up [1, 3]; "
+                        "want out, gate and up of one shape"),
+    "get_rows ids type": (lambda d: d.get_rows(_f32(d, 2, 32), _w(d, 4, 32), _f32(d, 2)), UnsupportedOpError,
+                          "get_rows: ids must be I32, not F32"),
+    "get_rows out": (lambda d: d.get_rows(_f32(d, 3, 32), _w(d, 4, 32), _i32(d, 2)), ShapeError,
+                     "get_rows: shapes do not fit: out [3, 32], table [4, 32], ids [2]; "
+                     "want out [k, n], table [n_rows, n], ids [k]"),
+    "copy types": (lambda d: d.copy(_f32(d, 4), d.empty((4,), T.I32)), UnsupportedOpError,
+                   "copy: out is F32 but x is I32"),
+    "head": (lambda d: _f32(d, 2, 3).head(3), ShapeError, "head(3) of a tensor with 2 rows"),
+}
+
+
+def _normalized(dev, e: BaseException) -> str:
+    return str(e).replace(dev.info.name, "<name>").replace(dev.info.selector, "<dev>")
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_each_fault_raises_one_type_and_message_on_every_backend(any_device, fault):
+    run, etype, message = FAULTS[fault]
+    with pytest.raises(Exception) as ei:  # any type: the exact one is asserted next, with the message
+        run(any_device)
+    assert type(ei.value) is etype, f"{fault}: {type(ei.value).__name__}: {ei.value}"
+    assert _normalized(any_device, ei.value) == message
+
+
+def test_shape_error_is_a_value_error_and_a_device_error():
+    assert issubclass(ShapeError, ValueError) and issubclass(ShapeError, DeviceError)
+
+
+def test_buffer_owns_and_releases_once(any_device):
+    dev = any_device
+    buf = dev.buffer("test")
+    w = buf.upload(random_weight(T.Q8_0, (4, 64), np.random.default_rng(0)), T.Q8_0, (4, 64))
+    x, out = buf.zeros((2, 64)), buf.empty((2, 4))
+    assert buf.tensors == [w, x, out]
+    assert buf.nbytes == 4 * 68 + 2 * 64 * 4 + 2 * 4 * 4
+    dev.matmul(out, x, w)
+    np.testing.assert_array_equal(dev.read(out), np.zeros((2, 4), np.float32))
+    bytes_before = dev.allocated_bytes
+    buf.release()
+    buf.release()  # once: the second call does nothing
+    assert buf.released and buf.tensors == []
+    assert all(t.device is None for t in (w, x, out))
+    if dev.info.backend == "vulkan":  # the only backend that counts its memory down on release
+        assert dev.allocated_bytes < bytes_before
+    with pytest.raises(DeviceError, match="released buffer"):
+        dev.matmul(out, x, w)
+    with pytest.raises(DeviceError, match="released buffer"):
+        dev.read(out)
+    with pytest.raises(DeviceError, match="was released"):
+        buf.empty((1,))
+    with dev.buffer("scoped") as b2:  # a context manager releases on exit
+        t = b2.empty((1, 4))
+    assert b2.released and t.device is None
+
+
+def test_cpu_dequantized_copy_goes_with_its_buffer(cpu_device):
+    """The numpy backend's float32 copy of a quantized weight lives on the tensor (``extra``), not in
+    an id()-keyed table: releasing the buffer gives the budget back, and a new weight never sees it."""
+    before = cpu_device.cache_bytes
+    if cpu_device.cache_budget < before + 8 * 64 * 4:
+        pytest.skip("COOKTOP_CPU_CACHE budget too small to cache this weight")
+    with cpu_device.buffer() as buf:
+        w = buf.upload(random_weight(T.Q4_0, (8, 64), np.random.default_rng(1)), T.Q4_0, (8, 64))
+        cpu_device.weight_f32(w)
+        assert cpu_device.cache_bytes == before + 8 * 64 * 4 and w.extra is not None
+    assert cpu_device.cache_bytes == before and w.extra is None
+    del w
+    gc.collect()
+    assert cpu_device.cache_bytes == before  # the finalizer ran once, on release
+
+
+def test_synchronize_waits_for_enqueued_ops(any_device):
+    dev = any_device
+    with dev.buffer() as buf:
+        a = buf.empty((4, 256))
+        dev.write(a, np.ones((4, 256), np.float32))
+        for _ in range(3):
+            dev.add(a, a, a)
+        assert dev.synchronize() is None
+        np.testing.assert_array_equal(dev.read(a), np.full((4, 256), 8, np.float32))
