@@ -6,7 +6,7 @@ small op set, written the llama2.c way: each op writes into its first
 argument ``out`` and returns nothing. Ops are *enqueued*; :meth:`Device.read`
 and :meth:`Device.synchronize` wait for the device. The public ops check
 their arguments once, here, and call the backend's ``_op`` (see
-:class:`Device`). The forward pass (``cooktop.model.llama``) is written once
+:class:`Device`). The forward pass (``cooktop.model.forward``) is written once
 against this contract.
 
 Shapes are numpy order (row-major, outermost first): a weight is

@@ -32,7 +32,7 @@ from ..backends.base import Device
 from ..errors import ContextOverflowError, CooktopError
 from ..format.gguf import GGUFFile
 from ..model.config import ModelConfig
-from ..model.llama import LlamaModel
+from ..model.forward import LlamaModel
 from ..runtime.loader import LoadedModel, load_model
 from ..runtime.placement import Placement
 from ..text.tokenizer import Tokenizer

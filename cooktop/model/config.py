@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGUFFile
 
-#: Architectures whose forward pass is ``model/llama.py`` (rope mode: normal).
+#: Architectures whose forward pass is ``model/forward.py`` (rope mode: normal).
 SUPPORTED_ARCHITECTURES = ("llama",)
 
 #: Global tensors the llama forward pass reads (``output.weight`` optional: tied to token_embd).

@@ -1,7 +1,7 @@
 """Memory a placement needs on each device, and whether it fits.
 
 Per device (bytes), for the blocks and head placed on it (the same buffers
-``model/llama.py`` ``Segment`` and ``KVCache`` allocate):
+``model/forward.py`` ``Segment`` and ``KVCache`` allocate):
 
 - weights: the GGUF byte size of each tensor (raw GGML blocks, uploaded as is);
 - KV cache: ``2 x n_head_kv x head_dim x n_ctx x 4`` per block (float32 cache),
@@ -128,7 +128,7 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
     Args:
         limits: ``limits(selector) -> (memory bytes | None, max alloc bytes | None)``.
     """
-    from ..model.llama import BLOCK_TENSORS, head_tensor_names
+    from ..model.forward import BLOCK_TENSORS, head_tensor_names
 
     out = []
     kv_block = cfg.kv_cache_bytes(n_ctx, 4) // cfg.n_layer  # K and V of one block, float32

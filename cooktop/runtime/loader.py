@@ -17,7 +17,7 @@ from ..backends.base import Device
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, open_gguf
 from ..model.config import ModelConfig, load_config
-from ..model.llama import LlamaModel
+from ..model.forward import LlamaModel
 from ..text.tokenizer import Tokenizer
 from .budget import device_limits
 from .placement import Placement, parse_ngl, place

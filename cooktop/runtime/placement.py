@@ -100,7 +100,7 @@ def parse_ngl(value: int | str) -> int | str:
 
 def unit_types(gf: GGUFFile, cfg: ModelConfig, unit: int | str) -> set:
     """GGML types of the matrix weights of block ``unit`` (int) or of ``"head"``."""
-    from ..model.llama import BLOCK_TENSORS, head_tensor_names
+    from ..model.forward import BLOCK_TENSORS, head_tensor_names
 
     if unit == "head":
         names = head_tensor_names(cfg)
