@@ -1,4 +1,4 @@
-"""``cooktop synth``: write a llama GGUF with random weights in a real model's shape."""
+"""``cooktop synth``: write a GGUF with random weights in a real model's shape."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 
 import click
 
+from ..model.arch import ARCHITECTURES
 from ..tools import synth
 from .group import cli
 
@@ -20,10 +21,12 @@ from .group import cli
 @click.option("--n-ff", type=int, default=None)
 @click.option("--n-vocab", type=int, default=None)
 @click.option("--type", "file_type", type=click.Choice(synth.FILE_TYPES), default="Q4_0", show_default=True)
+@click.option("--arch", type=click.Choice(sorted(ARCHITECTURES)), default="llama", show_default=True,
+              help="general.architecture: the tensors written are the ones model/arch/<arch>.py declares.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="GGUF file to write.")
-def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, file_type, seed, output):
-    """Write a synthetic llama-architecture GGUF (random weights, SPM-shaped vocabulary).
+def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, file_type, arch, seed, output):
+    """Write a synthetic GGUF of architecture --arch (random weights, SPM-shaped vocabulary).
 
     Start from --shape and override any dimension, or give all of
     --n-embd --n-layer --n-head --n-ff (--n-head-kv defaults to --n-head, --n-vocab to 32000).
@@ -41,6 +44,6 @@ def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, file_typ
                                   n_ff=n_ff, n_vocab=n_vocab).items() if v is not None}
     s = dataclasses.replace(base, **over)
     t0 = time.perf_counter()
-    n = synth.write(output, s, file_type, seed=seed, name=f"synthetic {shape or 'custom'} {file_type}")
+    n = synth.write(output, s, file_type, seed=seed, name=f"synthetic {shape or 'custom'} {file_type}", arch=arch)
     click.echo(f"wrote {output}: {n / 1e9:.2f} B parameters ({n:,}), {file_type}, "
                f"{time.perf_counter() - t0:.1f} s", err=True)

@@ -1,7 +1,7 @@
 """One sequence on a loaded model: its KV cache, the tokens it holds, and optionally its logits.
 
 A :class:`Sequence` is what one conversation (or one request, or one
-``Llama``) runs on. Several sequences of one :class:`~cooktop.model.forward.LlamaModel`
+``Llama``) runs on. Several sequences of one :class:`~cooktop.model.forward.Model`
 share its weights and scratch buffers and have a KV cache each, so their
 evaluations and generations can interleave. A sequence has one writer at a
 time: :attr:`Sequence.version` changes with every evaluation or truncation, so
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ContextOverflowError, CooktopError
-from ..model.forward import KVCache, LlamaModel
+from ..model.forward import KVCache, Model
 from ..text.tokenizer import InvalidTokenError
 
 
@@ -33,7 +33,7 @@ class Sequence:
         CooktopError: the model is closed. DeviceOutOfMemoryError: the cache does not fit.
     """
 
-    def __init__(self, model: LlamaModel, keep_scores: bool = False):
+    def __init__(self, model: Model, keep_scores: bool = False):
         self.model = model
         self.cache: KVCache = model.new_cache()
         self.version = 0

@@ -1,12 +1,13 @@
-"""The llama transformer forward pass, written once against the backend op set.
+"""The transformer forward pass, written once against the backend op set; the
+architecture (``model/arch/<arch>.py``) supplies the tensors, the block and the head.
 
 The model is cut into *segments*: runs of consecutive repeating blocks (and
 possibly the output head) that live on one device (``runtime/placement.py``
 decides which). Each segment owns its weights (uploaded once, still in GGML
 block layout) and preallocated scratch buffers of ``n_batch`` rows. The K/V
 of a sequence live in a :class:`KVCache` (one per sequence, made by
-:meth:`LlamaModel.new_cache`, owned by whoever runs that sequence and passed
-to every :meth:`LlamaModel.forward`), so one loaded model serves many
+:meth:`Model.new_cache`, owned by whoever runs that sequence and passed
+to every :meth:`Model.forward`), so one loaded model serves many
 sequences; a lock makes forward passes of different threads take turns over
 the shared scratch buffers. The token embedding lookup runs on the host; at a
 segment boundary the activations (float32 [n_tokens, n_embd]) are read back
@@ -19,38 +20,30 @@ a reference cycle, so ``del`` frees them at once (a ``weakref.finalize`` per
 owner releases its :class:`DeviceBuffer`, which backends that keep their own
 references, such as Vulkan, need).
 
-Block (llama.cpp ``llm_build_llama``)::
+Per chunk of ``n`` tokens of one sequence (llama2.c's ``forward``)::
 
-    xn = rmsnorm(x) * attn_norm
-    q, k, v = xn @ Wq^T, xn @ Wk^T, xn @ Wv^T ; rope(q), rope(k)
-    cache[pos] = k, v ; a = attention(q, cache) ; x += a @ Wo^T
-    xn = rmsnorm(x) * ffn_norm ; x += (silu(xn @ Wg^T) * (xn @ Wu^T)) @ Wd^T
-
-Head: ``logits = (rmsnorm(x) * output_norm) @ Wout^T`` (Wout = token_embd when tied).
+    x = token_embd[tokens]                              (host)
+    for each block i:  arch.block(x, weights[i], cache.k[i], cache.v[i], pos)
+    xn = arch.final_norm(x)                             (last row only unless logits_all)
+    logits = arch.lm_head(xn)                           (embeddings: xn)
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import weakref
+from types import SimpleNamespace
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..backends.base import Device, DeviceBuffer, DeviceTensor
 from ..errors import CooktopError
-from ..format.quants import dequantize
-from .config import ModelConfig
 from ..format.gguf import GGUFFile, TensorInfo
-
-BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-
-
-def head_tensor_names(cfg: ModelConfig) -> tuple[str, str]:
-    """GGUF names of the output norm and output matrix (``token_embd`` when tied)."""
-    return "output_norm.weight", ("token_embd.weight" if cfg.tied_output else "output.weight")
+from ..format.quants import dequantize
+from .arch import Architecture, architecture
+from .arch.base import HEAD, MATRIX, Weights
+from .config import ModelConfig
 
 
 def _releaser(owner: object, buffer: DeviceBuffer) -> weakref.finalize:
@@ -61,11 +54,11 @@ def _releaser(owner: object, buffer: DeviceBuffer) -> weakref.finalize:
     return fin
 
 
-def upload(d: Device | DeviceBuffer, t: TensorInfo) -> DeviceTensor:
-    """Upload a weight to ``d``: matrices as raw GGML blocks; 1-D norm weights as
-    float32 (dequantized on the host when stored as F16/BF16), since the
-    contract's rmsnorm takes f32 weights."""
-    if len(t.shape) == 1 and t.ggml_type != T.F32:
+def upload(d: Device | DeviceBuffer, t: TensorInfo, as_f32: bool) -> DeviceTensor:
+    """Upload a weight to ``d``: matrices as raw GGML blocks; norm and bias weights
+    (``as_f32``) as float32, dequantized on the host when stored otherwise, since the
+    contract's rmsnorm and add take f32 operands."""
+    if as_f32 and t.ggml_type != T.F32:
         return d.upload(dequantize(t.data, t.ggml_type, t.shape), T.F32, t.shape)
     return d.upload(t.data, t.ggml_type, t.shape)
 
@@ -73,16 +66,17 @@ def upload(d: Device | DeviceBuffer, t: TensorInfo) -> DeviceTensor:
 class Segment:
     """Blocks ``blocks`` (and the head when ``head``) on one device: weights and scratch buffers.
 
-    Buffers (``B`` = n_batch rows, ``E`` = n_embd, ``K`` = n_head_kv * head_dim,
-    ``F`` = n_ff, ``V`` = n_vocab):
-    x, xn, q, att, o: f32 [B, E]; k, v: f32 [B, K]; gate, up: f32 [B, F];
-    pos: i32 [B]; head only: last (i32 [1]), logits f32 [B or 1, V].
+    Buffers (``B`` = n_batch rows): the architecture's scratch (``arch.scratch(cfg)``:
+    name -> f32 [B, width]; llama: x, xn, o [B, n_embd], q, att [B, n_embd_q], k, v
+    [B, n_embd_kv], gate, up [B, n_ff]); pos: i32 [B]; head only: last (i32 [1]),
+    xl (f32 [1, n_embd]), logits f32 [B or 1, n_vocab].
     The KV cache is not here: :meth:`run` takes the sequence's cache of these blocks.
     """
 
     def __init__(self, device: Device, blocks: list[int], head: bool, gf: GGUFFile, cfg: ModelConfig,
-                 n_batch: int, logits_all: bool):
+                 n_batch: int, logits_all: bool, arch: Architecture | None = None):
         self.device, self.blocks, self.head, self.cfg = device, blocks, head, cfg
+        self.arch = arch or architecture(cfg.arch)
         #: the arena owning every weight and scratch buffer of this segment
         self.buffer = device.buffer(f"blocks {blocks[0]}-{blocks[-1]}" if blocks else "head")
         self._release = _releaser(self, self.buffer)
@@ -97,25 +91,26 @@ class Segment:
         self._release()
 
     def _allocate(self, gf: GGUFFile, n_batch: int, logits_all: bool) -> None:
-        cfg = self.cfg
+        cfg, arch = self.cfg, self.arch
         d = self.buffer
-        self.weights: list[dict[str, DeviceTensor]] = []
-        for i in self.blocks:
+        uploaded: dict[str, DeviceTensor] = {}  # a tensor several units use is uploaded once
+
+        def weights(unit: int | str) -> Weights:
             w = {}
-            for name in BLOCK_TENSORS:
-                w[name] = upload(d, gf.tensor(f"blk.{i}.{name}.weight"))
-            self.weights.append(w)
-        E, K, F, B = cfg.n_embd, cfg.n_embd_kv, cfg.n_ff, n_batch
-        self.x, self.xn, self.q, self.att, self.o = (d.empty((B, E)) for _ in range(5))
-        self.k, self.v = d.empty((B, K)), d.empty((B, K))
-        self.gate, self.up = d.empty((B, F)), d.empty((B, F))
+            for key, (name, spec) in arch.unit_tensors(gf.tensors, unit).items():
+                if name not in uploaded:
+                    uploaded[name] = upload(d, gf.tensor(name), as_f32=spec.kind != MATRIX)
+                w[key] = uploaded[name]
+            return w
+
+        self.weights: list[Weights] = [weights(i) for i in self.blocks]
+        B = n_batch
+        self.scratch = {name: d.empty((B, width)) for name, width in arch.scratch(cfg).items()}
         self.pos = d.empty((B,), T.I32)
         if self.head:
-            norm_name, out_name = head_tensor_names(cfg)
-            self.out_norm = upload(d, gf.tensor(norm_name))
-            self.output = upload(d, gf.tensor(out_name))
+            self.head_weights = weights(HEAD)
             self.last = d.empty((1,), T.I32)
-            self.xl = d.empty((1, E))
+            self.xl = d.empty((1, cfg.n_embd))
             self.logits = d.empty((B if logits_all else 1, cfg.n_vocab))
 
     def run(self, x_host: np.ndarray, pos_host: np.ndarray, logits_all: bool,
@@ -134,55 +129,37 @@ class Segment:
             float32 [n, n_embd] activations after the last block, or, with the
             head, logits float32 [n or 1, n_vocab] (``embeddings``: float32 [n, n_embd]).
         """
-        d, cfg = self.device, self.cfg
+        d, cfg, arch = self.device, self.cfg, self.arch
         n = x_host.shape[0]
-        x, pos = self.x.head(n), self.pos.head(n)
-        d.write(x, x_host)
+        s = SimpleNamespace(**{name: buf.head(n) for name, buf in self.scratch.items()})
+        pos = self.pos.head(n)
+        d.write(s.x, x_host)
         d.write(pos, pos_host)
-        xn, q, att, o = self.xn.head(n), self.q.head(n), self.att.head(n), self.o.head(n)
-        k, v, gate, up = self.k.head(n), self.v.head(n), self.gate.head(n), self.up.head(n)
-        scale = 1.0 / math.sqrt(cfg.head_dim)
-        rope_args = (cfg.head_dim, cfg.n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, cfg.rope_mode)
         for j, w in enumerate(self.weights):
-            d.rmsnorm(xn, x, w["attn_norm"], cfg.rms_eps)
-            d.matmul(q, xn, w["attn_q"])
-            d.matmul(k, xn, w["attn_k"])
-            d.matmul(v, xn, w["attn_v"])
-            d.rope(q, q, pos, *rope_args)
-            d.rope(k, k, pos, *rope_args)
-            d.kv_store(k_cache[j], k, pos)
-            d.kv_store(v_cache[j], v, pos)
-            d.attention(att, q, k_cache[j], v_cache[j], pos, cfg.n_head, cfg.n_head_kv, scale)
-            d.matmul(o, att, w["attn_output"])
-            d.add(x, x, o)
-            d.rmsnorm(xn, x, w["ffn_norm"], cfg.rms_eps)
-            d.matmul(gate, xn, w["ffn_gate"])
-            d.matmul(up, xn, w["ffn_up"])
-            d.silu_mul(gate, gate, up)
-            d.matmul(o, gate, w["ffn_down"])
-            d.add(x, x, o)
+            arch.block(d, cfg, w, s, k_cache[j], v_cache[j], pos)
         if not self.head:
-            return d.read(x)
+            return d.read(s.x)
+        hw = self.head_weights
         if embeddings:
-            d.rmsnorm(xn, x, self.out_norm, cfg.rms_eps)
-            return d.read(xn)
+            arch.final_norm(d, cfg, hw, s.xn, s.x)
+            return d.read(s.xn)
         if logits_all:
-            xl, logits = xn, self.logits.head(n)
-            d.rmsnorm(xl, x, self.out_norm, cfg.rms_eps)
-        else:
-            xl, logits = self.xl, self.logits.head(1)
+            xn, logits = s.xn, self.logits.head(n)
+            arch.final_norm(d, cfg, hw, xn, s.x)
+        else:  # the last row only
+            xn, logits = self.xl, self.logits.head(1)
             d.write(self.last, np.array([n - 1], dtype=np.int32))
-            d.get_rows(xl, x, self.last)
-            d.rmsnorm(xl, xl, self.out_norm, cfg.rms_eps)
-        d.matmul(logits, xl, self.output)
+            d.get_rows(xn, s.x, self.last)
+            arch.final_norm(d, cfg, hw, xn, xn)
+        arch.lm_head(d, cfg, hw, logits, xn)
         return d.read(logits)
 
 
 class KVCache:
     """The K and V of one sequence on a loaded model, and the token ids they belong to.
 
-    Made by :meth:`LlamaModel.new_cache`; owned by whoever runs the sequence and
-    passed to :meth:`LlamaModel.forward`, which writes it. Several caches of one
+    Made by :meth:`Model.new_cache`; owned by whoever runs the sequence and
+    passed to :meth:`Model.forward`, which writes it. Several caches of one
     model are independent sequences.
 
     Attributes:
@@ -192,7 +169,7 @@ class KVCache:
         n_ctx: rows of each cache tensor (tokens).
     """
 
-    def __init__(self, model: LlamaModel):
+    def __init__(self, model: Model):
         self._model_key = model._key
         self.n_ctx = model.n_ctx
         self.tokens: list[int] = []
@@ -233,11 +210,11 @@ class KVCache:
         self.tokens = []
 
 
-class LlamaModel:
-    """A loaded llama model placed on devices (weights and scratch buffers; KV caches apart).
+class Model:
+    """A loaded model placed on devices (weights and scratch buffers; KV caches apart).
 
     Args:
-        gf: the opened GGUF; cfg: its config.
+        gf: the opened GGUF; cfg: its config (``cfg.arch`` names the architecture).
         segments: ``(device, block indices, holds the head)`` per segment, in order
             (``Placement.segments()`` with each selector opened).
         n_ctx: KV cache length of :meth:`new_cache` (tokens); n_batch: max tokens per :meth:`forward`.
@@ -248,7 +225,7 @@ class LlamaModel:
 
     def __init__(self, gf: GGUFFile, cfg: ModelConfig, segments: list[tuple[Device, list[int], bool]],
                  n_ctx: int, n_batch: int, logits_all: bool = False):
-        self.gf, self.cfg = gf, cfg
+        self.gf, self.cfg, self.arch = gf, cfg, architecture(cfg.arch)
         self.n_ctx, self.n_batch, self.logits_all = n_ctx, n_batch, logits_all
         self._key = object()  # identifies the caches made by this model
         self._lock = threading.Lock()  # one forward at a time: the scratch buffers are shared
@@ -258,7 +235,7 @@ class LlamaModel:
         self.segments: list[Segment] = []
         try:
             for device, blocks, head in segments:
-                self.segments.append(Segment(device, blocks, head, gf, cfg, n_batch, logits_all))
+                self.segments.append(Segment(device, blocks, head, gf, cfg, n_batch, logits_all, self.arch))
         except BaseException:
             self.close()
             raise

@@ -3,13 +3,15 @@
 Per device (bytes), for the blocks and head placed on it (the same buffers
 ``model/forward.py`` ``Segment`` and ``KVCache`` allocate):
 
-- weights: the GGUF byte size of each tensor (raw GGML blocks, uploaded as is);
+- weights: the tensors the architecture declares for those units (``model/arch``):
+  the GGUF byte size of each matrix (raw GGML blocks, uploaded as is), 4 bytes per
+  value for norm and bias weights (uploaded as float32);
 - KV cache: ``2 x n_head_kv x head_dim x n_ctx x 4`` per block (float32 cache),
   for one sequence (the engine's default one); each further sequence
   (``Engine.new_sequence``) needs as much again;
-- scratch: ``4 x n_batch x (5 n_embd + 2 n_embd_kv + 2 n_ff + 1)`` per segment,
-  plus for the head ``4 x (1 + n_embd + R x n_vocab)`` with R = n_batch when
-  logits_all else 1.
+- scratch: ``4 x n_batch x (sum of the architecture's scratch widths + 1)`` per segment
+  (llama: ``5 n_embd + 2 n_embd_kv + 2 n_ff``; the 1 is the positions), plus for the
+  head ``4 x (1 + n_embd + R x n_vocab)`` with R = n_batch when logits_all else 1.
 
 A device fits when the total is within its usable memory (probed global memory
 minus a reserve of ``COOKTOP_MEMORY_RESERVE`` percent, default 5) and no single
@@ -23,10 +25,14 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..units import parse_bytes
+import numpy as np
+
 from ..errors import DeviceError
-from ..model.config import ModelConfig
 from ..format.gguf import GGUFFile
+from ..model.arch import architecture
+from ..model.arch.base import MATRIX
+from ..model.config import ModelConfig
+from ..units import parse_bytes
 
 
 @dataclasses.dataclass
@@ -114,11 +120,23 @@ def device_limits(sel: str, probed_mem: int | None, probed_max_alloc: int | None
 
 def segment_scratch_bytes(cfg: ModelConfig, n_batch: int, head: bool, logits_all: bool) -> tuple[int, int]:
     """(total scratch bytes, largest scratch buffer) of one segment (module doc formula)."""
-    B, E, K, F = n_batch, cfg.n_embd, cfg.n_embd_kv, cfg.n_ff
-    sizes = [4 * B * E] * 5 + [4 * B * K] * 2 + [4 * B * F] * 2 + [4 * B]
+    B = n_batch
+    sizes = [4 * B * width for width in architecture(cfg.arch).scratch(cfg).values()] + [4 * B]
     if head:
-        sizes += [4, 4 * E, 4 * (B if logits_all else 1) * cfg.n_vocab]
+        sizes += [4, 4 * cfg.n_embd, 4 * (B if logits_all else 1) * cfg.n_vocab]
     return sum(sizes), max(sizes)
+
+
+def weight_bytes(gf: GGUFFile, cfg: ModelConfig, units: list[int | str]) -> dict[str, int]:
+    """GGUF name -> bytes on the device of every tensor of ``units`` (block indices and/or
+    ``"head"``), each tensor once (module doc)."""
+    arch = architecture(cfg.arch)
+    out: dict[str, int] = {}
+    for unit in units:
+        for name, spec in arch.unit_tensors(gf.tensors, unit).values():
+            t = gf.tensor(name)
+            out[name] = t.n_bytes if spec.kind == MATRIX else 4 * int(np.prod(t.shape))
+    return out
 
 
 def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int, logits_all: bool,
@@ -128,17 +146,12 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
     Args:
         limits: ``limits(selector) -> (memory bytes | None, max alloc bytes | None)``.
     """
-    from ..model.forward import BLOCK_TENSORS, head_tensor_names
-
     out = []
     kv_block = cfg.kv_cache_bytes(n_ctx, 4) // cfg.n_layer  # K and V of one block, float32
     for sel in placement.devices():
         blocks = [i for i, s in enumerate(placement.blocks) if s == sel]
         head = placement.head == sel
-        names = [f"blk.{i}.{n}.weight" for i in blocks for n in BLOCK_TENSORS]
-        if head:
-            names += list(head_tensor_names(cfg))
-        sizes = [gf.tensor(n).n_bytes for n in names]
+        sizes = list(weight_bytes(gf, cfg, [*blocks, *(["head"] if head else [])]).values())
         n_segments = sum(1 for s, _, _ in placement.segments() if s == sel)
         scratch, largest_scratch = segment_scratch_bytes(cfg, n_batch, head, logits_all)
         scratch *= n_segments

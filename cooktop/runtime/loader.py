@@ -17,7 +17,7 @@ from ..backends.base import Device
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, open_gguf
 from ..model.config import ModelConfig, load_config
-from ..model.forward import LlamaModel
+from ..model.forward import Model
 from ..text.tokenizer import Tokenizer
 from .budget import device_limits
 from .placement import Placement, parse_ngl, place
@@ -38,7 +38,7 @@ class LoadedModel:
     gf: GGUFFile
     cfg: ModelConfig
     tokenizer: Tokenizer
-    model: LlamaModel
+    model: Model
     placement: Placement
     devices: dict[str, Device]
     n_ctx: int
@@ -132,6 +132,6 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
             if not res.ok:
                 log.warning("%s failed its smoke test (%s); using it because it was named", sel, res.detail)
     segments = [(devices[sel], blocks, head) for sel, blocks, head in placement.segments()]
-    model = LlamaModel(gf, cfg, segments, n_ctx, n_batch, logits_all)
+    model = Model(gf, cfg, segments, n_ctx, n_batch, logits_all)
     return LoadedModel(gf, cfg, tokenizer, model, placement, devices, n_ctx, n_batch,
                        (time.perf_counter() - t0) * 1e3)

@@ -18,6 +18,8 @@ import dataclasses
 from typing import Callable
 
 from ..errors import DeviceError
+from ..model.arch import architecture
+from ..model.arch.base import MATRIX
 from ..model.config import ModelConfig
 from ..format.gguf import GGUFFile
 
@@ -99,14 +101,10 @@ def parse_ngl(value: int | str) -> int | str:
 
 
 def unit_types(gf: GGUFFile, cfg: ModelConfig, unit: int | str) -> set:
-    """GGML types of the matrix weights of block ``unit`` (int) or of ``"head"``."""
-    from ..model.forward import BLOCK_TENSORS, head_tensor_names
-
-    if unit == "head":
-        names = head_tensor_names(cfg)
-    else:
-        names = tuple(f"blk.{unit}.{n}.weight" for n in BLOCK_TENSORS)
-    return {gf.tensor(n).ggml_type for n in names}
+    """GGML types of the matrix weights of block ``unit`` (int) or of ``"head"``, from the
+    architecture's tensors (``model/arch``; norms and biases are uploaded as float32)."""
+    tensors = architecture(cfg.arch).unit_tensors(gf.tensors, unit)
+    return {gf.tensor(name).ggml_type for name, spec in tensors.values() if spec.kind == MATRIX}
 
 
 def offloaded_units(n_layer: int, n_gpu_layers: int) -> tuple[list[int], bool]:

@@ -1,7 +1,9 @@
-"""Synthetic llama GGUF files with random weights, in the shapes of real models.
+"""Synthetic GGUF files with random weights, in the shapes of real models.
 
 So benchmarks need no downloads: ``cooktop synth --shape tinyllama-1.1b --type Q4_0 -o x.gguf``.
-Weights are Gaussian (std 0.02, norms 1.0) quantized with ``gguf.quants.quantize``
+The tensors are those the architecture declares (``model/arch/<arch>.py``, llama by
+default), every one of them (optional ones included) except a tied ``output``.
+Weights are Gaussian (std 0.02; norms 1.0; biases Gaussian std 0.02 in F32) quantized with ``gguf.quants.quantize``
 where the gguf package can (F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1); K-quants are
 random valid blocks (``format/quants.py``). ``Q4_K_M`` follows llama.cpp's
 mixture (src/llama-quant.cpp): Q6_K for ``output`` and for ``attn_v`` /
@@ -22,8 +24,11 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter, TokenType
 from gguf import GGMLQuantizationType as T
 
-from ..format.quants import random_weight
 from ..errors import CooktopError
+from ..format.quants import random_weight
+from ..model.arch import architecture
+from ..model.arch.base import BIAS, MATRIX
+from ..model.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,30 +97,38 @@ def vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
 N_SPECIAL_VOCAB = 259
 
 
-def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None) -> list[tuple[str, tuple[int, ...], T | None]]:
-    """(tensor name, numpy-order shape, GGML type or None for an F32 norm) of every tensor, in file order."""
+def config(s: Shape, arch: str = "llama") -> ModelConfig:
+    """The :class:`ModelConfig` a file written from ``s`` will have (head_dim = n_rot = n_embd / n_head)."""
+    a = architecture(arch)
     head_dim = s.n_embd // s.n_head
-    kv = s.n_head_kv * head_dim
-    plan: list[tuple[str, tuple[int, ...], T | None]] = [
-        ("token_embd.weight", (s.n_vocab, s.n_embd), tensor_type(file_type, "token_embd", None, s.n_layer)),
-        ("output_norm.weight", (s.n_embd,), None)]
-    if not s.tied:
-        plan.append(("output.weight", (s.n_vocab, s.n_embd), tensor_type(file_type, "output", None, s.n_layer)))
-    for i in range(s.n_layer):
-        for tname, shp in (("attn_q", (s.n_embd, s.n_embd)), ("attn_k", (kv, s.n_embd)),
-                           ("attn_v", (kv, s.n_embd)), ("attn_output", (s.n_embd, s.n_embd)),
-                           ("ffn_gate", (s.n_ff, s.n_embd)), ("ffn_up", (s.n_ff, s.n_embd)),
-                           ("ffn_down", (s.n_embd, s.n_ff))):
-            plan.append((f"blk.{i}.{tname}.weight", shp, tensor_type(file_type, tname, i, s.n_layer)))
-        plan.append((f"blk.{i}.attn_norm.weight", (s.n_embd,), None))
-        plan.append((f"blk.{i}.ffn_norm.weight", (s.n_embd,), None))
+    return ModelConfig(arch=a.name, n_vocab=s.n_vocab, n_ctx_train=s.n_ctx_train, n_embd=s.n_embd,
+                       n_layer=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv, n_ff=s.n_ff, n_rot=head_dim,
+                       head_dim=head_dim, rope_freq_base=s.rope_freq_base, rms_eps=1e-5, rope_mode=a.rope_mode,
+                       tied_output=s.tied)
+
+
+def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str = "llama"
+          ) -> list[tuple[str, tuple[int, ...], T | None, str]]:
+    """(tensor name, numpy-order shape, GGML type or None for F32, kind) of every tensor, in file order.
+
+    Matrices get the file type's choice (:func:`tensor_type`), norm and bias weights None (F32),
+    unless ``overrides`` names them.
+    """
+    cfg = config(s, arch)
+    plan: list[tuple[str, tuple[int, ...], T | None, str]] = []
+    for name, spec in architecture(arch).expected(cfg):
+        if spec.tied_to is not None and s.tied:
+            continue
+        layer = int(name.split(".")[1]) if spec.per_block else None
+        ty = tensor_type(file_type, spec.key, layer, s.n_layer) if spec.kind == MATRIX else None
+        plan.append((name, spec.shape(cfg), ty, spec.kind))
     if overrides:
-        plan = [(n, shp, T(overrides[n]) if n in overrides else ty) for n, shp, ty in plan]
+        plan = [(n, shp, T(overrides[n]) if n in overrides else ty, k) for n, shp, ty, k in plan]
     return plan
 
 
-def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None) -> None:
-    """Check that ``shape`` makes a llama GGUF cooktop (and llama.cpp) can load, before writing.
+def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None, arch: str = "llama") -> None:
+    """Check that ``shape`` makes a GGUF of ``arch`` cooktop (and llama.cpp) can load, before writing.
 
     Rules: every dimension > 0; n_head divides n_embd and n_head_kv divides n_head;
     head_dim = n_embd / n_head even (rope rotates pairs); n_vocab >= 260 (259 SPM
@@ -123,8 +136,10 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
     multiple of the block size of the tensor's GGML type (GGML_QUANT_SIZES).
 
     Raises:
-        CooktopError: unknown ``file_type`` or the first rule broken, in one line.
+        CooktopError: unknown ``file_type`` or ``arch`` (UnsupportedModelError), or the first
+            rule broken, in one line.
     """
+    architecture(arch)
     if file_type not in FILE_TYPES:
         raise CooktopError(f"unknown --type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
     s = shape
@@ -143,7 +158,7 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
         raise CooktopError(f"synthetic shape: n_vocab = {s.n_vocab} must be >= {N_SPECIAL_VOCAB + 1} "
                            f"(<unk> <s> </s>, 256 byte tokens and at least one piece)")
     seen: set[tuple[int, T]] = set()
-    for tname, shp, ty in _plan(s, file_type, overrides):
+    for tname, shp, ty, _ in _plan(s, file_type, overrides, arch):
         if ty is None or (shp[-1], ty) in seen:
             continue
         seen.add((shp[-1], ty))
@@ -154,20 +169,21 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
                                f"{ty.name} block size {block}")
 
 
-def _ones(shp: tuple[int, ...], ty: T) -> tuple[np.ndarray, T | None]:
-    """A norm weight of ones in GGML type ``ty`` (F32, F16 or BF16) and the raw_dtype GGUFWriter needs."""
+def _vector(values: np.ndarray, ty: T) -> tuple[np.ndarray, T | None]:
+    """A norm or bias weight (float32 ``values``) in GGML type ``ty`` (F32, F16 or BF16) and the
+    raw_dtype GGUFWriter needs."""
     if ty == T.F32:
-        return np.ones(shp, dtype=np.float32), None
+        return values.astype(np.float32), None
     if ty == T.F16:
-        return np.ones(shp, dtype=np.float16), None
-    if ty == T.BF16:  # bfloat16 1.0 = 0x3F80 (the high half of float32 1.0)
-        return np.full(shp, 0x3F80, dtype=np.uint16).view(np.uint8), T.BF16
-    raise CooktopError(f"norm weights can be F32, F16 or BF16, not {ty.name}")
+        return values.astype(np.float16), None
+    if ty == T.BF16:  # bfloat16 = the high half of float32 (truncated)
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8), T.BF16
+    raise CooktopError(f"norm and bias weights can be F32, F16 or BF16, not {ty.name}")
 
 
 def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, name: str = "synthetic",
-          overrides: dict[str, T] | None = None) -> int:
-    """Write a llama GGUF with random weights; returns the parameter count.
+          overrides: dict[str, T] | None = None, arch: str = "llama") -> int:
+    """Write a GGUF of architecture ``arch`` with random weights; returns the parameter count.
 
     ``overrides`` maps a tensor name (e.g. ``blk.0.ffn_up.weight``) to a GGML type
     that replaces the file type's choice (tests use it to make mixed files; a norm
@@ -176,10 +192,10 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
     and renamed on success, so a failure leaves no file behind.
 
     Raises:
-        CooktopError: unknown ``file_type``, a bad shape (see :func:`validate`), or the
-            file cannot be written (OSError).
+        CooktopError: unknown ``file_type`` or ``arch``, a bad shape (see :func:`validate`), or
+            the file cannot be written (OSError).
     """
-    validate(shape, file_type, overrides)
+    validate(shape, file_type, overrides, arch)
     path = os.fspath(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
@@ -191,7 +207,7 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
     except OSError as e:
         raise CooktopError(f"cannot write {path}: {e.strerror or e}") from None
     try:
-        n_params = _write(tmp, shape, file_type, seed, name, overrides)
+        n_params = _write(tmp, shape, file_type, seed, name, overrides, arch)
         os.replace(tmp, path)
     except OSError as e:
         raise CooktopError(f"cannot write {path}: {e.strerror or e}") from None
@@ -201,11 +217,12 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
     return n_params
 
 
-def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides: dict[str, T] | None) -> int:
+def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides: dict[str, T] | None,
+           arch: str) -> int:
     """Body of :func:`write` for a validated shape; writes ``path`` directly."""
     rng = np.random.default_rng(seed)
     head_dim = s.n_embd // s.n_head
-    w = GGUFWriter(path, "llama")
+    w = GGUFWriter(path, arch)
     w.add_name(name)
     w.add_context_length(s.n_ctx_train)
     w.add_embedding_length(s.n_embd)
@@ -226,10 +243,11 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     n_params = 0
-    for tname, shp, ty in _plan(s, file_type, overrides):
+    for tname, shp, ty, kind in _plan(s, file_type, overrides, arch):
         n_params += int(np.prod(shp))
-        if len(shp) == 1:  # norm weights: ones
-            data, raw = _ones(shp, T.F32 if ty is None else ty)
+        if kind != MATRIX:  # norm weights: ones; biases: Gaussian
+            values = rng.normal(0.0, 0.02, shp) if kind == BIAS else np.ones(shp)
+            data, raw = _vector(values, T.F32 if ty is None else ty)
             w.add_tensor(tname, data, raw_dtype=raw)
             continue
         try:

@@ -1,0 +1,29 @@
+"""Model architectures, one module each (``llama.py`` is the llama architecture).
+
+``ARCHITECTURES[general.architecture]`` is the :class:`~.base.Architecture` descriptor:
+hyper-parameters, tensors, rope mode, block and head. A new architecture is a new
+module here plus one entry below (and, when its block needs one, a new backend op).
+"""
+
+from __future__ import annotations
+
+from ...errors import UnsupportedModelError
+from .base import Architecture
+from .llama import LLAMA
+
+#: general.architecture -> descriptor.
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA,)}
+
+
+def architecture(name: str, path: str = "") -> Architecture:
+    """The descriptor of ``general.architecture`` ``name``.
+
+    Raises:
+        UnsupportedModelError: ``name`` is not in :data:`ARCHITECTURES` (the message lists them).
+    """
+    arch = ARCHITECTURES.get(name)
+    if arch is None:
+        where = f"{path}: " if path else ""
+        raise UnsupportedModelError(f"{where}unsupported architecture {name!r}; cooktop runs "
+                                    f"{', '.join(sorted(ARCHITECTURES))} (general.architecture)")
+    return arch

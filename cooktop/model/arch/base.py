@@ -1,0 +1,183 @@
+"""What an architecture descriptor is: its tensors (:class:`TensorSpec`) and :class:`Architecture`.
+
+A descriptor says, as data and code, what llama.cpp spreads over ``src/llama-arch.cpp`` (tensor
+names), ``llama_model_<arch>::load_arch_hparams`` / ``load_arch_tensors``
+(src/models/<arch>.cpp: hyper-parameters, tensor shapes, required or not) and the
+graph builder of the same file (the block as a sequence of ops). Everything that
+depends on the tensor set reads it from here: config validation
+(``model/config.py``), the forward pass (``model/forward.py``), placement and the
+memory budget (``runtime/``) and synthetic models (``tools/synth.py``).
+
+Tensor names follow llama.cpp: ``blk.{i}.attn_q.weight`` for block ``i``. Block code
+reads a unit's weights from a dict keyed by the name without ``blk.{i}.`` and
+without ``.weight``: ``w["attn_q"]``, ``w["attn_q.bias"]``, ``w["output"]``. An
+optional tensor that the file lacks is simply not in the dict, so its op is skipped
+(``if "attn_q.bias" in w: ...``); a tied tensor (``output`` -> ``token_embd``) is
+the tensor it is tied to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Container, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+from ...backends.base import Device, DeviceTensor
+from ..hparams import Metadata, ModelConfig
+
+#: Tensor kinds: a matrix is uploaded in its GGML type and used by matmul (or get_rows);
+#: a norm or bias weight (1-D) is uploaded as float32 (dequantized on the host if need be).
+MATRIX, NORM, BIAS = "matrix", "norm", "bias"
+
+#: Units a tensor belongs to: the token embedding (looked up on the host), a repeating
+#: block (placed block by block) or the output head (placed as one unit).
+INPUT, BLOCK, HEAD = "input", "block", "head"
+
+#: A unit's weights on its device: key (name without ``blk.{i}.`` and ``.weight``) -> tensor.
+Weights = dict[str, DeviceTensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One tensor an architecture reads (llama.cpp ``create_tensor`` in ``load_arch_tensors``).
+
+    Attributes:
+        name: GGUF name; ``{i}`` stands for the block index (``blk.{i}.attn_q.weight``).
+            A name with ``{i}`` is per block; one without it is global.
+        shape: numpy-order shape ``[n_out, n_in]`` (GGUF ``ne`` reversed) from the config.
+        unit: :data:`INPUT`, :data:`BLOCK` or :data:`HEAD` (a global tensor with unit
+            BLOCK, such as ``rope_freqs``, is shared by every block).
+        kind: :data:`MATRIX`, :data:`NORM` or :data:`BIAS`.
+        required: False for llama.cpp's ``TENSOR_NOT_REQUIRED``: the file may lack it.
+        tied_to: name used in its place when the file lacks it (``output`` -> ``token_embd``,
+            llama.cpp's ``TENSOR_DUPLICATED``).
+    """
+
+    name: str
+    shape: Callable[[ModelConfig], tuple[int, ...]]
+    unit: str = BLOCK
+    kind: str = MATRIX
+    required: bool = True
+    tied_to: str | None = None
+
+    @property
+    def per_block(self) -> bool:
+        """True when the name carries the block index (``blk.{i}.``)."""
+        return "{i}" in self.name
+
+    @property
+    def key(self) -> str:
+        """The block code's name for it: ``blk.{i}.attn_q.weight`` -> ``attn_q``, ``blk.{i}.attn_q.bias`` ->
+        ``attn_q.bias``, ``output.weight`` -> ``output``."""
+        key = self.name.removeprefix("blk.{i}.")
+        return key.removesuffix(".weight")
+
+    def gguf_name(self, i: int | None = None) -> str:
+        """The tensor's name in the file (for block ``i`` when per block)."""
+        return self.name.format(i=i) if self.per_block else self.name
+
+
+def matrix(name: str, shape: Callable[[ModelConfig], tuple[int, ...]], **kw: Any) -> TensorSpec:
+    """A :data:`MATRIX` tensor (see :class:`TensorSpec` for ``kw``)."""
+    return TensorSpec(name, shape, kind=MATRIX, **kw)
+
+
+def norm(name: str, shape: Callable[[ModelConfig], tuple[int, ...]], **kw: Any) -> TensorSpec:
+    """A :data:`NORM` weight, uploaded as float32."""
+    return TensorSpec(name, shape, kind=NORM, **kw)
+
+
+def bias(name: str, shape: Callable[[ModelConfig], tuple[int, ...]], **kw: Any) -> TensorSpec:
+    """A :data:`BIAS`, uploaded as float32; usually optional (``required=False``)."""
+    return TensorSpec(name, shape, kind=BIAS, **kw)
+
+
+#: ``block(d, cfg, w, s, k_cache, v_cache, pos)``: enqueue one block on the ``n`` rows of ``s``.
+BlockFn = Callable[[Device, ModelConfig, Weights, SimpleNamespace, DeviceTensor, DeviceTensor, DeviceTensor],
+                   None]
+#: ``final_norm(d, cfg, w, xn, x)``: enqueue ``xn = norm(x)`` on the rows leaving the last block
+#: (llama.cpp's ``result_norm``: what embeddings pool, and the input of :data:`HeadFn`).
+NormFn = Callable[[Device, ModelConfig, Weights, DeviceTensor, DeviceTensor], None]
+#: ``lm_head(d, cfg, w, logits, xn)``: enqueue ``logits = output(xn)`` (llama.cpp's ``result_output``).
+HeadFn = Callable[[Device, ModelConfig, Weights, DeviceTensor, DeviceTensor], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """One ``general.architecture``: hyper-parameters, tensors, rope mode, block and head.
+
+    Attributes:
+        name: ``general.architecture`` (llama.cpp ``LLM_ARCH_*`` name).
+        tensors: every tensor it reads, global ones first, in file order.
+        rope_mode: ggml rope mode (``backends.base.ROPE_NORMAL`` / ``ROPE_NEOX``).
+        hparams: ``hparams(m: Metadata) -> {ModelConfig field: value}``: the keys llama.cpp
+            reads in ``load_arch_hparams`` (the shared ones are read by ``load_config``).
+        scratch: ``scratch(cfg) -> {name: row width}``: the float32 ``[n_batch, width]``
+            buffers a segment allocates for :attr:`block` (``x``, the residual stream, and
+            ``xn`` of width n_embd are required: the head uses them).
+        block: :data:`BlockFn`: one repeating block, ops enqueued on ``d``; ``s`` holds
+            the scratch buffers cut to the chunk's rows (``s.x`` in and out).
+        final_norm: :data:`NormFn`: the output norm, rows f32 [r, n_embd] (``xn`` may be ``x``).
+        lm_head: :data:`HeadFn`: normed rows ``xn`` f32 [r, n_embd] -> ``logits`` f32 [r, n_vocab].
+    """
+
+    name: str
+    tensors: tuple[TensorSpec, ...]
+    rope_mode: int
+    hparams: Callable[[Metadata], dict[str, Any]]
+    scratch: Callable[[ModelConfig], dict[str, int]]
+    block: BlockFn
+    final_norm: NormFn
+    lm_head: HeadFn
+
+    def __post_init__(self) -> None:
+        keys = [(s.unit, s.key) for s in self.tensors]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"architecture {self.name}: two tensors share a key in one unit")
+
+    def spec(self, name: str) -> TensorSpec | None:
+        """The spec of GGUF tensor ``name`` (``blk.3.attn_q.weight`` matches ``blk.{i}.attn_q.weight``),
+        or None when the architecture does not read it. Block index range is not checked here."""
+        if name.startswith("blk."):
+            idx, _, rest = name[4:].partition(".")
+            if idx.isdigit():
+                name = "blk.{i}." + rest
+        for s in self.tensors:
+            if s.name == name:
+                return s
+        return None
+
+    def unit_tensors(self, present: Container[str], unit: int | str) -> dict[str, tuple[str, TensorSpec]]:
+        """The tensors of block ``unit`` (an int) or of ``HEAD`` / ``INPUT`` that the file has.
+
+        Args:
+            present: the file's tensor names.
+        Returns:
+            key -> (GGUF name, spec); an absent optional tensor is left out, a tied one
+            names the tensor it is tied to.
+        """
+        kind = BLOCK if isinstance(unit, int) else unit
+        i = unit if isinstance(unit, int) else None
+        out: dict[str, tuple[str, TensorSpec]] = {}
+        for s in self.tensors:
+            if s.unit != kind:
+                continue
+            name = s.gguf_name(i)
+            if name not in present:
+                if s.tied_to is None or s.tied_to not in present:
+                    continue  # optional and absent (a missing required one is load_config's error)
+                name = s.tied_to
+            out[s.key] = (name, s)
+        return out
+
+    def expected(self, cfg: ModelConfig) -> Iterator[tuple[str, TensorSpec]]:
+        """(GGUF name, spec) of every tensor of a model of ``cfg``, lazily (a corrupt
+        block_count must not build a huge list): global tensors, then block by block."""
+        for s in self.tensors:
+            if not s.per_block:
+                yield s.name, s
+        for i in range(cfg.n_layer):
+            for s in self.tensors:
+                if s.per_block:
+                    yield s.gguf_name(i), s

@@ -1,0 +1,106 @@
+"""The llama architecture (``general.architecture = llama``): Llama 1/2, TinyLlama, SmolLM...
+
+Sources: llama.cpp src/models/llama.cpp (``load_arch_hparams``, ``load_arch_tensors``
+and the graph), src/llama-arch.cpp (tensor names); mlx-lm ``mlx_lm/models/llama.py``.
+
+Block::
+
+    xn = rmsnorm(x) * attn_norm
+    q, k, v = xn @ Wq^T, xn @ Wk^T, xn @ Wv^T ; rope(q), rope(k)
+    cache[pos] = k, v ; a = attention(q, cache) ; x += a @ Wo^T
+    xn = rmsnorm(x) * ffn_norm ; x += (silu(xn @ Wg^T) * (xn @ Wu^T)) @ Wd^T
+
+Head: ``logits = (rmsnorm(x) * output_norm) @ Wout^T`` (Wout = token_embd when tied).
+
+Not implemented yet (a file with them is refused by ``load_config``, never run without
+them): llama.cpp's optional biases (``attn_output``, ``ffn_*``), ``rope_freqs``
+(Llama 3.1 rope scaling) and the mixture-of-experts feed-forward.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+from ...backends.base import ROPE_NORMAL, Device, DeviceTensor
+from ..hparams import Metadata, ModelConfig
+from .base import HEAD, INPUT, Architecture, Weights, matrix, norm
+
+
+def hparams(m: Metadata) -> dict[str, Any]:
+    """The llama-only keys (llama.cpp ``llama_model_llama::load_arch_hparams``).
+
+    ``attention.layer_norm_rms_epsilon`` is required by llama.cpp; cooktop has always
+    accepted its absence with 1e-5 and keeps doing so.
+    """
+    return {"rms_eps": float(m.num("attention.layer_norm_rms_epsilon", float, 1e-5, minimum=0.0))}
+
+
+#: llama.cpp ``llama_model_llama::load_arch_tensors`` (dense feed-forward), numpy order [n_out, n_in].
+TENSORS = (
+    matrix("token_embd.weight", lambda c: (c.n_vocab, c.n_embd), unit=INPUT),
+    norm("output_norm.weight", lambda c: (c.n_embd,), unit=HEAD),
+    matrix("output.weight", lambda c: (c.n_vocab, c.n_embd), unit=HEAD, required=False,
+           tied_to="token_embd.weight"),
+    norm("blk.{i}.attn_norm.weight", lambda c: (c.n_embd,)),
+    matrix("blk.{i}.attn_q.weight", lambda c: (c.n_embd_q, c.n_embd)),
+    matrix("blk.{i}.attn_k.weight", lambda c: (c.n_embd_kv, c.n_embd)),
+    matrix("blk.{i}.attn_v.weight", lambda c: (c.n_embd_kv, c.n_embd)),
+    matrix("blk.{i}.attn_output.weight", lambda c: (c.n_embd, c.n_embd_q)),
+    norm("blk.{i}.ffn_norm.weight", lambda c: (c.n_embd,)),
+    matrix("blk.{i}.ffn_gate.weight", lambda c: (c.n_ff, c.n_embd)),
+    matrix("blk.{i}.ffn_up.weight", lambda c: (c.n_ff, c.n_embd)),
+    matrix("blk.{i}.ffn_down.weight", lambda c: (c.n_embd, c.n_ff)),
+)
+
+
+def scratch(cfg: ModelConfig) -> dict[str, int]:
+    """Row widths of the f32 [n_batch, width] buffers :func:`block` uses."""
+    E, Q, K, F = cfg.n_embd, cfg.n_embd_q, cfg.n_embd_kv, cfg.n_ff
+    return {"x": E, "xn": E, "q": Q, "att": Q, "o": E, "k": K, "v": K, "gate": F, "up": F}
+
+
+def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, k_cache: DeviceTensor,
+          v_cache: DeviceTensor, pos: DeviceTensor) -> None:
+    """One llama block on the ``n`` rows of ``s.x`` (f32 [n, n_embd], updated in place).
+
+    Args:
+        w: this block's weights (keys as in :data:`TENSORS`).
+        s: scratch buffers of :func:`scratch` cut to ``n`` rows.
+        k_cache, v_cache: f32 [n_ctx, n_embd_kv] of this block; rows ``pos`` are written.
+        pos: I32 [n] positions.
+    """
+    x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
+    rope = (cfg.head_dim, cfg.n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, cfg.rope_mode)
+    d.rmsnorm(xn, x, w["attn_norm"], cfg.rms_eps)
+    d.matmul(q, xn, w["attn_q"])
+    d.matmul(k, xn, w["attn_k"])
+    d.matmul(v, xn, w["attn_v"])
+    d.rope(q, q, pos, *rope)
+    d.rope(k, k, pos, *rope)
+    d.kv_store(k_cache, k, pos)
+    d.kv_store(v_cache, v, pos)
+    d.attention(att, q, k_cache, v_cache, pos, cfg.n_head, cfg.n_head_kv, 1.0 / math.sqrt(cfg.head_dim))
+    d.matmul(o, att, w["attn_output"])
+    d.add(x, x, o)
+    d.rmsnorm(xn, x, w["ffn_norm"], cfg.rms_eps)
+    d.matmul(gate, xn, w["ffn_gate"])
+    d.matmul(up, xn, w["ffn_up"])
+    d.silu_mul(gate, gate, up)
+    d.matmul(o, gate, w["ffn_down"])
+    d.add(x, x, o)
+
+
+def final_norm(d: Device, cfg: ModelConfig, w: Weights, xn: DeviceTensor, x: DeviceTensor) -> None:
+    """``xn = rmsnorm(x) * output_norm`` on rows f32 [r, n_embd] (``xn`` may be ``x``)."""
+    d.rmsnorm(xn, x, w["output_norm"], cfg.rms_eps)
+
+
+def lm_head(d: Device, cfg: ModelConfig, w: Weights, logits: DeviceTensor, xn: DeviceTensor) -> None:
+    """``logits f32 [r, n_vocab] = xn @ output^T`` for normed rows xn f32 [r, n_embd]."""
+    d.matmul(logits, xn, w["output"])
+
+
+LLAMA = Architecture(name="llama", tensors=TENSORS, rope_mode=ROPE_NORMAL, hparams=hparams, scratch=scratch,
+                     block=block, final_norm=final_norm, lm_head=lm_head)

@@ -1,0 +1,131 @@
+"""ModelConfig (the hyper-parameters of a model) and Metadata (typed reads of GGUF keys).
+
+This is the bottom of ``model/``: the architecture descriptors (``model/arch/``) and
+``model/config.py`` (``load_config``) both build on it, as llama.cpp's per-architecture
+code builds on ``llama_hparams`` (src/llama-hparams.h). ``ModelConfig`` is re-exported
+by ``model/config.py``, where most callers import it from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ..errors import UnsupportedModelError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters (llama.cpp names).
+
+    Attributes:
+        arch: ``general.architecture`` (a key of ``model.arch.ARCHITECTURES``).
+        n_vocab: vocabulary size (tokens).
+        n_ctx_train: context length the model was trained with (tokens).
+        n_embd: embedding width; n_layer: repeating blocks; n_head / n_head_kv:
+            query / key-value heads (GQA when different); n_ff: feed-forward width.
+        n_rot: rotary dimensions per head (``rope.dimension_count``, default head_dim).
+        head_dim: ``n_embd / n_head`` (or ``attention.key_length``).
+        rope_freq_base: theta base (default 10000); rope_freq_scale: 1 / linear scaling factor.
+        rms_eps: epsilon of RMSNorm.
+        rope_mode: ggml rope mode of the architecture (0 normal, 2 NeoX; ``Architecture.rope_mode``).
+        tied_output: True when there is no ``output.weight`` and ``token_embd`` is reused.
+
+    A hyper-parameter that only some architectures have (a sliding window, a logit
+    softcap) is added here with a neutral default, as llama.cpp's ``llama_hparams``
+    does, and set by that architecture's ``hparams`` function.
+    """
+
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_rot: int
+    head_dim: int
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    rms_eps: float = 1e-5
+    rope_mode: int = 0
+    tied_output: bool = False
+
+    @property
+    def n_embd_q(self) -> int:
+        """Width of one query row (and of the attention output): ``n_head * head_dim``."""
+        return self.n_head * self.head_dim
+
+    @property
+    def n_embd_kv(self) -> int:
+        """Width of one K (or V) row: ``n_head_kv * head_dim``."""
+        return self.n_head_kv * self.head_dim
+
+    def kv_cache_bytes(self, n_ctx: int, bytes_per_element: int = 4) -> int:
+        """KV cache size: 2 x n_layer x n_head_kv x head_dim x n_ctx x bytes per element (bytes)."""
+        return 2 * self.n_layer * self.n_head_kv * self.head_dim * n_ctx * bytes_per_element
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready (``cooktop info``)."""
+        return dataclasses.asdict(self)
+
+
+class Metadata:
+    """Typed reads of a GGUF's ``{arch}.*`` metadata keys, with errors that name the file and key.
+
+    Args:
+        md: the GGUF metadata (key -> decoded value).
+        arch: ``general.architecture``; ``name`` arguments below omit the ``{arch}.`` prefix
+            (``"attention.head_count"`` reads ``llama.attention.head_count``).
+        path: the file, for messages.
+    """
+
+    def __init__(self, md: dict[str, Any], arch: str, path: str):
+        self.md, self.arch, self.path = md, arch, path
+
+    def key(self, name: str) -> str:
+        """The full GGUF key of ``name``: ``{arch}.{name}``."""
+        return f"{self.arch}.{name}"
+
+    def has(self, name: str) -> bool:
+        """True when the file has ``{arch}.{name}``."""
+        return self.key(name) in self.md
+
+    def get(self, name: str, default: Any = None, required: bool = False) -> Any:
+        """The raw value of ``{arch}.{name}``, or ``default`` when absent.
+
+        Raises:
+            UnsupportedModelError: absent and ``required``.
+        """
+        key = self.key(name)
+        if key in self.md:
+            return self.md[key]
+        if required:
+            raise UnsupportedModelError(f"{self.path}: missing required metadata key {key!r}")
+        return default
+
+    def num(self, name: str, kind: type = int, default: Any = None, required: bool = False,
+            minimum: float | None = None) -> Any:
+        """``{arch}.{name}`` as ``kind`` (int or float), checked against ``minimum``; ``default`` when absent.
+
+        Raises:
+            UnsupportedModelError: missing (when required), not a number (e.g. a string or a
+                per-layer array), not an integer for ``kind=int``, or below ``minimum``.
+        """
+        key = self.key(name)
+        v = self.get(name, default, required)
+        if v is None or v is default:
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            text = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+            raise UnsupportedModelError(f"{self.path}: metadata key {key!r} = {text} is not a single number")
+        if kind is int and float(v) != int(v):
+            raise UnsupportedModelError(f"{self.path}: metadata key {key!r} = {v!r} is not an integer")
+        v = kind(v)
+        if minimum is not None and v < minimum:
+            raise UnsupportedModelError(
+                f"{self.path}: metadata key {key!r} = {v!r} is invalid (must be >= {minimum:g})")
+        return v
