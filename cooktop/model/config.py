@@ -41,14 +41,15 @@ def _check_unused(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
     for name in f.tensors:
         spec = arch.spec(name)
         m = _BLOCK_RE.fullmatch(name)
-        if spec is not None and (not spec.per_block or int(m.group(1)) < cfg.n_layer):
+        block = int(m.group(1)) if m else None
+        if spec is not None and (block is None or not spec.per_block or block < cfg.n_layer):
             continue
         if name in _KNOWN_UNUSED:
             what = _KNOWN_UNUSED[name]
         elif name.endswith(".bias"):
             what = "a bias"
         elif spec is not None:
-            what = f"block {m.group(1)} of a model with {cfg.arch}.block_count = {cfg.n_layer}"
+            what = f"block {block} of a model with {cfg.arch}.block_count = {cfg.n_layer}"
         else:
             what = f"a tensor the {cfg.arch} forward pass does not use"
         raise UnsupportedModelError(f"{f.path}: tensor {name!r} ({what}) is not implemented by cooktop")

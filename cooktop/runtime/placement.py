@@ -15,13 +15,13 @@ its device cannot run stays on the host (``cpu``) with a reason.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import DeviceError
+from ..format.gguf import GGUFFile
 from ..model.arch import architecture
 from ..model.arch.base import MATRIX
 from ..model.config import ModelConfig
-from ..format.gguf import GGUFFile
 
 HOST = "cpu"
 

@@ -1,0 +1,180 @@
+"""The architecture seam (``cooktop.model.arch``): the registry, the llama descriptor, and
+optional tensors: present -> validated, placed, budgeted, uploaded and used; absent -> their
+op is skipped.
+
+The optional-tensor tests register a variant of llama with one optional norm per block
+(``blk.{i}.attn_post_norm.weight``, applied to the attention output before the residual
+add, as Gemma's post-attention norm) in place of ``llama``, and run it on numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import rewrite_gguf
+
+from cooktop import Llama
+from cooktop.errors import UnsupportedModelError
+from cooktop.format.gguf import open_gguf
+from cooktop.model import arch as arch_pkg
+from cooktop.model.arch import ARCHITECTURES, architecture
+from cooktop.model.arch.base import BLOCK, HEAD, INPUT, MATRIX, NORM, norm
+from cooktop.model.arch.llama import LLAMA
+from cooktop.model.config import load_config
+from cooktop.runtime.budget import weight_bytes
+from cooktop.runtime.placement import unit_types
+from cooktop.tools import synth
+
+SMALL = synth.Shape(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=64, n_vocab=260, n_ctx_train=64)
+TOKENS = [1, 70, 80, 90, 100, 110, 120]
+
+
+def test_registry_and_unknown_architecture_lists_the_supported_ones():
+    assert ARCHITECTURES["llama"] is LLAMA and architecture("llama") is LLAMA
+    with pytest.raises(UnsupportedModelError) as e:
+        architecture("gpt2", "m.gguf")
+    assert str(e.value) == "m.gguf: unsupported architecture 'gpt2'; cooktop runs llama (general.architecture)"
+
+
+def test_synth_unknown_arch_is_refused(tmp_path):
+    with pytest.raises(UnsupportedModelError, match="unsupported architecture 'mamba'"):
+        synth.write(tmp_path / "x.gguf", SMALL, "F32", arch="mamba")
+    assert not list(tmp_path.iterdir())
+
+
+def test_llama_descriptor_matches_llama_cpp():
+    """Tensor names, units, kinds and shapes of llama.cpp's LLM_ARCH_LLAMA (dense), numpy order."""
+    cfg = synth.config(SMALL)
+    got = {s.name: (s.unit, s.kind, s.required, s.shape(cfg)) for s in LLAMA.tensors}
+    E, Q, K, F, V = 64, 64, 32, 64, 260
+    assert got == {
+        "token_embd.weight": (INPUT, MATRIX, True, (V, E)),
+        "output_norm.weight": (HEAD, NORM, True, (E,)),
+        "output.weight": (HEAD, MATRIX, False, (V, E)),
+        "blk.{i}.attn_norm.weight": (BLOCK, NORM, True, (E,)),
+        "blk.{i}.attn_q.weight": (BLOCK, MATRIX, True, (Q, E)),
+        "blk.{i}.attn_k.weight": (BLOCK, MATRIX, True, (K, E)),
+        "blk.{i}.attn_v.weight": (BLOCK, MATRIX, True, (K, E)),
+        "blk.{i}.attn_output.weight": (BLOCK, MATRIX, True, (E, Q)),
+        "blk.{i}.ffn_norm.weight": (BLOCK, NORM, True, (E,)),
+        "blk.{i}.ffn_gate.weight": (BLOCK, MATRIX, True, (F, E)),
+        "blk.{i}.ffn_up.weight": (BLOCK, MATRIX, True, (F, E)),
+        "blk.{i}.ffn_down.weight": (BLOCK, MATRIX, True, (E, F)),
+    }
+    assert LLAMA.rope_mode == 0 and cfg.rope_mode == 0
+    assert LLAMA.spec("blk.7.ffn_up.weight").key == "ffn_up" and LLAMA.spec("blk.7.ffn_up.bias") is None
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_unit_tensors_resolve_tied_output(tmp_path, tied):
+    p = tmp_path / "m.gguf"
+    synth.write(p, dataclasses.replace(SMALL, tied=tied), "Q8_0")
+    gf = open_gguf(p)
+    head = LLAMA.unit_tensors(gf.tensors, HEAD)
+    assert head["output"][0] == ("token_embd.weight" if tied else "output.weight")
+    assert head["output_norm"][0] == "output_norm.weight"
+    assert sorted(LLAMA.unit_tensors(gf.tensors, 1)) == sorted(
+        ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"])
+    assert load_config(gf).tied_output == tied
+
+
+# -- an optional tensor family -------------------------------------------------
+def _post_norm_block(d, cfg, w, s, k_cache, v_cache, pos):
+    """LLAMA.block with an optional post-attention norm."""
+    x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
+    rope = (cfg.head_dim, cfg.n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, cfg.rope_mode)
+    d.rmsnorm(xn, x, w["attn_norm"], cfg.rms_eps)
+    d.matmul(q, xn, w["attn_q"])
+    d.matmul(k, xn, w["attn_k"])
+    d.matmul(v, xn, w["attn_v"])
+    d.rope(q, q, pos, *rope)
+    d.rope(k, k, pos, *rope)
+    d.kv_store(k_cache, k, pos)
+    d.kv_store(v_cache, v, pos)
+    d.attention(att, q, k_cache, v_cache, pos, cfg.n_head, cfg.n_head_kv, cfg.head_dim ** -0.5)
+    d.matmul(o, att, w["attn_output"])
+    if "attn_post_norm" in w:
+        d.rmsnorm(o, o, w["attn_post_norm"], cfg.rms_eps)
+    d.add(x, x, o)
+    d.rmsnorm(xn, x, w["ffn_norm"], cfg.rms_eps)
+    d.matmul(gate, xn, w["ffn_gate"])
+    d.matmul(up, xn, w["ffn_up"])
+    d.silu_mul(gate, gate, up)
+    d.matmul(o, gate, w["ffn_down"])
+    d.add(x, x, o)
+
+
+POST_NORM = dataclasses.replace(
+    LLAMA, tensors=LLAMA.tensors + (norm("blk.{i}.attn_post_norm.weight", lambda c: (c.n_embd,), required=False),),
+    block=_post_norm_block)
+
+
+@pytest.fixture
+def plain(tmp_path):
+    p = tmp_path / "plain.gguf"
+    synth.write(p, SMALL, "F32", seed=5)
+    return p
+
+
+def _run(path, cpu_device, monkeypatch) -> tuple[np.ndarray, int]:
+    """Logits of TOKENS (every position) on numpy, and how many rmsnorm ops ran."""
+    calls = []
+    real = cpu_device.rmsnorm
+    monkeypatch.setattr(cpu_device, "rmsnorm", lambda *a: (calls.append(1), real(*a))[1])
+    llm = Llama(model_path=str(path), n_ctx=32, logits_all=True, verbose=False, device="cpu")
+    try:
+        llm.eval(TOKENS)
+        return llm.scores[:len(TOKENS)].copy(), len(calls)
+    finally:
+        llm.close()
+        monkeypatch.setattr(cpu_device, "rmsnorm", real)
+
+
+def test_absent_optional_tensor_skips_its_op(plain, cpu_device, monkeypatch):
+    ref, n_ref = _run(plain, cpu_device, monkeypatch)
+    monkeypatch.setitem(arch_pkg.ARCHITECTURES, "llama", POST_NORM)
+    got, n_got = _run(plain, cpu_device, monkeypatch)
+    assert n_ref == n_got == 2 * SMALL.n_layer + 1  # one chunk: 2 norms per block + the output norm
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_present_optional_tensor_is_checked_placed_budgeted_and_used(plain, tmp_path, cpu_device, monkeypatch):
+    ref, _ = _run(plain, cpu_device, monkeypatch)
+    monkeypatch.setitem(arch_pkg.ARCHITECTURES, "llama", POST_NORM)
+    # synth writes the optional tensors the descriptor declares (norms of ones, matrices as before)
+    full = tmp_path / "full.gguf"
+    synth.write(full, SMALL, "F32", seed=5)
+    gf = open_gguf(full)
+    assert {f"blk.{i}.attn_post_norm.weight" for i in range(SMALL.n_layer)} <= set(gf.tensors)
+    assert "attn_post_norm" in POST_NORM.unit_tensors(gf.tensors, 0)
+    assert unit_types(gf, load_config(gf), 0) == {synth.T.F32}  # norms are not matmul weights
+    cfg = load_config(gf)
+    assert set(weight_bytes(gf, cfg, [0])) == {n for n, _ in POST_NORM.unit_tensors(gf.tensors, 0).values()}
+    assert weight_bytes(gf, cfg, [1])["blk.1.attn_post_norm.weight"] == 4 * SMALL.n_embd
+    got, n = _run(full, cpu_device, monkeypatch)
+    assert n == 3 * SMALL.n_layer + 1
+    assert np.isfinite(got).all() and not np.allclose(got, ref, atol=1e-3)
+    # present in block 0 only: that block uses it, block 1 skips it
+    half = rewrite_gguf(plain, tmp_path / "half.gguf",
+                        add={"blk.0.attn_post_norm.weight": (np.ones(SMALL.n_embd, np.float32), None)})
+    _, n = _run(half, cpu_device, monkeypatch)
+    assert n == 2 * SMALL.n_layer + 2
+
+
+def test_optional_tensor_with_wrong_shape_is_refused(plain, tmp_path, monkeypatch):
+    monkeypatch.setitem(arch_pkg.ARCHITECTURES, "llama", POST_NORM)
+    bad = rewrite_gguf(plain, tmp_path / "bad.gguf",
+                       add={"blk.1.attn_post_norm.weight": (np.ones(SMALL.n_embd + 1, np.float32), None)})
+    with pytest.raises(UnsupportedModelError) as e:
+        load_config(open_gguf(bad))
+    assert "'blk.1.attn_post_norm.weight' has shape [65]" in str(e.value) and "implies [64]" in str(e.value)
+
+
+def test_without_the_variant_the_optional_tensor_is_refused(plain, tmp_path):
+    """The plain llama descriptor does not declare it: refused, never silently ignored."""
+    extra = rewrite_gguf(plain, tmp_path / "extra.gguf",
+                         add={"blk.0.attn_post_norm.weight": (np.ones(SMALL.n_embd, np.float32), None)})
+    with pytest.raises(UnsupportedModelError, match="does not use"):
+        load_config(open_gguf(extra))
