@@ -10,6 +10,7 @@ add, as Gemma's post-attention norm) in place of ``llama``, and run it on numpy.
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from cooktop.model.arch.base import BLOCK, HEAD, INPUT, MATRIX, NORM, norm
 from cooktop.model.arch.llama import LLAMA
 from cooktop.model.config import load_config
 from cooktop.runtime.budget import weight_bytes
-from cooktop.runtime.placement import unit_types
+from cooktop.runtime.placement import plan, unit_types
 from cooktop.tools import synth
 
 SMALL = synth.Shape(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=64, n_vocab=260, n_ctx_train=64)
@@ -78,6 +79,43 @@ def test_unit_tensors_resolve_tied_output(tmp_path, tied):
     assert sorted(LLAMA.unit_tensors(gf.tensors, 1)) == sorted(
         ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"])
     assert load_config(gf).tied_output == tied
+
+
+class _Recorder:
+    """A stand-in Device that records the name of every op called on it."""
+
+    def __init__(self):
+        self.seen: list[str] = []
+
+    def __getattr__(self, op):
+        return lambda *args: self.seen.append(op)
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_declared_ops_are_the_ops_block_and_head_call(name):
+    """block_ops / head_ops (read by placement) match the code, with every optional tensor present."""
+    a = ARCHITECTURES[name]
+    cfg = synth.config(SMALL, name)
+    keys = {s.key for s in a.tensors}
+    w = {k: object() for k in keys}
+    s = SimpleNamespace(**{k: object() for k in a.scratch(cfg)})
+    d = _Recorder()
+    a.block(d, cfg, w, s, object(), object(), object())
+    assert set(d.seen) == set(a.block_ops)
+    d = _Recorder()
+    a.final_norm(d, cfg, w, object(), object())
+    a.lm_head(d, cfg, w, object(), object())
+    assert set(d.seen) | {"get_rows"} == set(a.head_ops)
+
+
+def test_device_lacking_a_block_op_keeps_the_blocks_on_the_host(tmp_path):
+    p = tmp_path / "m.gguf"
+    synth.write(p, SMALL, "Q8_0")
+    gf = open_gguf(p)
+    cfg = load_config(gf)
+    p = plan(gf, cfg, ["fake:0"], -1, None, lambda sel, op, ty: op != "rope")
+    assert p.blocks == ["cpu", "cpu"] and p.head == "fake:0"
+    assert p.notes == [f"block {i} stays on cpu: fake:0 cannot run rope" for i in range(2)]
 
 
 # -- an optional tensor family -------------------------------------------------

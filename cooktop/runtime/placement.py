@@ -181,18 +181,29 @@ def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int
         head = [sel for sel, w in zip(targets, split) if w > 0][-1]
     for i, sel in enumerate(blocks):
         if sel != HOST:
-            bad = [t for t in unit_types(gf, cfg, i) if not supports(sel, "matmul", t)]
-            if bad:
-                notes.append(f"block {i} stays on cpu: {sel} cannot run matmul on "
-                             f"{', '.join(sorted(t.name for t in bad))}")
+            why = why_not_on(gf, cfg, i, sel, supports)
+            if why:
+                notes.append(f"block {i} stays on cpu: {why}")
                 blocks[i] = HOST
     if head != HOST:
-        bad = [t for t in unit_types(gf, cfg, "head") if not supports(head, "matmul", t)]
-        if bad:
-            notes.append(f"output head stays on cpu: {head} cannot run matmul on "
-                         f"{', '.join(sorted(t.name for t in bad))}")
+        why = why_not_on(gf, cfg, "head", head, supports)
+        if why:
+            notes.append(f"output head stays on cpu: {why}")
             head = HOST
     return Placement(blocks, head, notes)
+
+
+def why_not_on(gf: GGUFFile, cfg: ModelConfig, unit: int | str, sel: str,
+               supports: Callable[[str, str, object], bool]) -> str:
+    """Why block ``unit`` (int) or the ``"head"`` cannot run on ``sel``, or "" when it can: an op
+    of the architecture's block or head the device lacks, or a matrix type its matmul cannot run."""
+    ops = [op for op in architecture(cfg.arch).ops(unit) if op != "matmul" and not supports(sel, op, None)]
+    if ops:
+        return f"{sel} cannot run {', '.join(ops)}"
+    bad = [t for t in unit_types(gf, cfg, unit) if not supports(sel, "matmul", t)]
+    if bad:
+        return f"{sel} cannot run matmul on {', '.join(sorted(t.name for t in bad))}"
+    return ""
 
 
 def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,

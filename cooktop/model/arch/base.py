@@ -120,6 +120,10 @@ class Architecture:
             the scratch buffers cut to the chunk's rows (``s.x`` in and out).
         final_norm: :data:`NormFn`: the output norm, rows f32 [r, n_embd] (``xn`` may be ``x``).
         lm_head: :data:`HeadFn`: normed rows ``xn`` f32 [r, n_embd] -> ``logits`` f32 [r, n_vocab].
+        block_ops, head_ops: the backend ops (``backends.base.OPS`` names) :attr:`block` /
+            the head (:attr:`final_norm`, :attr:`lm_head`) may call, optional tensors included
+            (the head's include ``get_rows``, with which the segment picks the last row):
+            placement keeps a unit on the host when its device lacks one (``runtime/placement.py``).
     """
 
     name: str
@@ -130,11 +134,17 @@ class Architecture:
     block: BlockFn
     final_norm: NormFn
     lm_head: HeadFn
+    block_ops: tuple[str, ...]
+    head_ops: tuple[str, ...]
 
     def __post_init__(self) -> None:
         keys = [(s.unit, s.key) for s in self.tensors]
         if len(set(keys)) != len(keys):
             raise ValueError(f"architecture {self.name}: two tensors share a key in one unit")
+
+    def ops(self, unit: int | str) -> tuple[str, ...]:
+        """The backend ops block ``unit`` (an int) or the ``HEAD`` runs."""
+        return self.block_ops if isinstance(unit, int) else self.head_ops
 
     def spec(self, name: str) -> TensorSpec | None:
         """The spec of GGUF tensor ``name`` (``blk.3.attn_q.weight`` matches ``blk.{i}.attn_q.weight``),

@@ -103,4 +103,6 @@ def lm_head(d: Device, cfg: ModelConfig, w: Weights, logits: DeviceTensor, xn: D
 
 
 LLAMA = Architecture(name="llama", tensors=TENSORS, rope_mode=ROPE_NORMAL, hparams=hparams, scratch=scratch,
-                     block=block, final_norm=final_norm, lm_head=lm_head)
+                     block=block, final_norm=final_norm, lm_head=lm_head,
+                     block_ops=("rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "silu_mul"),
+                     head_ops=("get_rows", "rmsnorm", "matmul"))
