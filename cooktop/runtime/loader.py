@@ -98,7 +98,7 @@ def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers:
 
 
 def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, device: str | None = None,
-         n_gpu_layers: int | str = -1, split: str | list[float] | None = None, logits_all: bool = False) -> Engine:
+         n_gpu_layers: int | str = -1, split: str | list[float] | None = None, logits_all: bool = False) -> LoadedModel:
     """Open a GGUF and place it on devices.
 
     Args:
