@@ -87,7 +87,17 @@ FAULTS = {
                                             _i32(d, 2), 3, 2, 0.5), ShapeError,
                       "attention: shapes do not fit: out [2, 12], q [2, 12], k_cache [16, 8], v_cache [16, 8], "
                       "pos [2]; want out and q [n, n_head * head_dim], k_cache and v_cache "
-                      "[n_ctx, n_head_kv * head_dim], pos [n], with n_head 3 a multiple of n_head_kv 2"),
+                      "[n_ctx, n_head_kv * head_dim], pos [n], with n_head 3 a multiple of n_head_kv 2 "
+                      "and window 0 >= 0"),
+    "attention window": (lambda d: d.attention(_f32(d, 2, 12), _f32(d, 2, 12), _f32(d, 16, 6), _f32(d, 16, 6),
+                                               _i32(d, 2), 4, 2, 0.5, -1), ShapeError,
+                         "attention: shapes do not fit: out [2, 12], q [2, 12], k_cache [16, 6], v_cache [16, 6], "
+                         "pos [2]; want out and q [n, n_head * head_dim], k_cache and v_cache "
+                         "[n_ctx, n_head_kv * head_dim], pos [n], with n_head 4 a multiple of n_head_kv 2 "
+                         "and window -1 >= 0"),
+    "gelu_mul shapes": (lambda d: d.gelu_mul(_f32(d, 2, 3), _f32(d, 2, 3), _f32(d, 3, 2)), ShapeError,
+                        "gelu_mul: shapes do not fit: out [2, 3], gate [2, 3], up [3, 2]; "
+                        "want out, gate and up of one shape"),
     "add shapes": (lambda d: d.add(_f32(d, 2, 3), _f32(d, 2, 3), _f32(d, 3, 2)), ShapeError,
                    "add: shapes do not fit: out [2, 3], a [2, 3], b [3, 2]; want out, a and b of one shape"),
     "silu_mul shapes": (lambda d: d.silu_mul(_f32(d, 2, 3), _f32(d, 2, 3), _f32(d, 1, 3)), ShapeError,

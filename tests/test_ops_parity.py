@@ -195,7 +195,42 @@ def test_attention(gpu_device, cpu_device, n_head, n_head_kv, head_dim, n_tok, p
     assert nmse(got, ref) <= FLOAT_BOUND
 
 
-@pytest.mark.parametrize("op", ["add", "silu_mul"])
+@pytest.mark.parametrize("window,n_tok,p0", [(1, 7, 5), (5, 64, 0), (5, 1, 100), (100, 9, 90), (300, 3, 120)])
+def test_attention_sliding_window(gpu_device, cpu_device, window, n_tok, p0):
+    """Sliding-window attention (llama.cpp's standard SWA: key j seen by query p iff p - window < j <= p),
+    window 1 (itself only), windows shorter and longer than the chunk and than the cache."""
+    n_ctx, n_head, n_head_kv, head_dim = 128, 6, 2, 40
+    rng = np.random.default_rng(window * 7 + n_tok + p0)
+    kv_dim = n_head_kv * head_dim
+    k = (rng.standard_normal((n_ctx, kv_dim)) * 2).astype(np.float32)
+    v = rng.standard_normal((n_ctx, kv_dim)).astype(np.float32)
+    q = (rng.standard_normal((n_tok, n_head * head_dim)) * 2).astype(np.float32)
+    pos = np.arange(p0, p0 + n_tok, dtype=np.int32)
+    scale = 1.0 / np.sqrt(head_dim)
+
+    def run(dev):
+        out = _out(dev, q.shape, MAX_TOK)
+        dev.attention(out, _act(dev, q, MAX_TOK), _act(dev, k), _act(dev, v), _act(dev, pos, MAX_TOK),
+                      n_head, n_head_kv, scale, window)
+        return out
+
+    got, ref = _both(gpu_device, cpu_device, run)
+    assert nmse(got, ref) <= FLOAT_BOUND
+    # the numpy reference against a direct masked softmax (float64)
+    g = n_head // n_head_kv
+    for t in (0, n_tok - 1):
+        p = pos[t]
+        j = np.arange(max(0, p - window + 1), p + 1)
+        for h in (0, n_head - 1):
+            hk = h // g
+            qh = q[t, h * head_dim:(h + 1) * head_dim].astype(np.float64)
+            s = k[j, hk * head_dim:(hk + 1) * head_dim] @ qh * scale
+            w = np.exp(s - s.max())
+            expect = (w / w.sum()) @ v[j, hk * head_dim:(hk + 1) * head_dim]
+            np.testing.assert_allclose(ref[t, h * head_dim:(h + 1) * head_dim], expect, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["add", "silu_mul", "gelu_mul"])
 @pytest.mark.parametrize("shape", [(1, 224), (7, 5632), (64, 1000)])
 def test_elementwise(gpu_device, cpu_device, op, shape):
     rng = np.random.default_rng(shape[0])
@@ -210,6 +245,10 @@ def test_elementwise(gpu_device, cpu_device, op, shape):
 
         got, ref = _both(gpu_device, cpu_device, run)
         assert nmse(got, ref) <= FLOAT_BOUND
+    if op == "gelu_mul":  # the reference is ggml_gelu_f32 (tanh form) times up
+        g = a.astype(np.float64)
+        expect = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * g * (1 + 0.044715 * g * g))) * b
+        assert nmse(ref, expect) <= 1e-12
 
 
 @pytest.mark.parametrize("rows,n", [(1, 100), (3, 129), (7, 1000)])

@@ -26,7 +26,9 @@ rope       rotate pairs of each head of x f32 [n, n_head*head_dim] by pos
            (ggml_rope_ext: mode 0 = adjacent pairs, 2 = NeoX halves)
 kv_store   cache[pos[i], :] = x[i, :]    (cache f32 [n_ctx, n_head_kv*head_dim])
 attention  causal softmax(q k^T * scale) v over cache rows 0..pos[i], GQA
+           (window > 0: rows pos[i]-window < j <= pos[i] only, llama.cpp's standard SWA)
 silu_mul   out = silu(gate) * up
+gelu_mul   out = gelu_tanh(gate) * up                    (GeGLU, ggml_geglu_split)
 add        out = a + b
 get_rows   out[i] = dequantize(table[ids[i]])   (table any supported type)
 =========  ==============================================================
@@ -358,16 +360,20 @@ class Device(ABC):
         self._kv_store(cache, x, pos)
 
     def attention(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
-                  pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float) -> None:
-        """Causal multi-head attention over the KV cache, with GQA.
+                  pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int = 0) -> None:
+        """Causal multi-head attention over the KV cache, with GQA and an optional sliding window.
 
         q, out: f32 [n, n_head * head_dim]; k_cache, v_cache: f32 [n_ctx, n_head_kv * head_dim].
         Query row i of head h attends to cache rows 0..pos[i] of kv head
         ``h // (n_head / n_head_kv)`` (llama.cpp's GQA grouping):
         ``out = softmax(q k^T * scale) v`` with the softmax in float32.
+        With ``window`` > 0 (tokens) only rows ``pos[i] - window < j <= pos[i]`` are attended:
+        llama.cpp's ``LLAMA_SWA_TYPE_STANDARD`` mask (``llama_hparams::is_masked_swa`` masks
+        ``p1 - p0 >= n_swa``); 0 means no window. Chunked and symmetric windows are not offered.
 
         Raises:
-            ShapeError: the shapes above do not hold, or n_head is not a multiple of n_head_kv.
+            ShapeError: the shapes above do not hold, n_head is not a multiple of n_head_kv,
+                or ``window`` < 0.
             DeviceError / UnsupportedOpError: see the class doc.
         """
         qs, ks = q.shape, k_cache.shape
@@ -377,13 +383,13 @@ class Device(ABC):
                 or v_cache.ggml_type is not _F32 or pos.ggml_type is not _I32
                 or len(qs) != 2 or out.shape != qs or v_cache.shape != ks or pos.shape != qs[:1]
                 or n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv or qs[1] % n_head
-                or ks[1:] != (n_head_kv * (qs[1] // n_head),)):
+                or ks[1:] != (n_head_kv * (qs[1] // n_head),) or window < 0):
             self._refuse("attention", f"want out and q [n, n_head * head_dim], k_cache and v_cache "
                          f"[n_ctx, n_head_kv * head_dim], pos [n], with n_head {n_head} a multiple of "
-                         f"n_head_kv {n_head_kv}",
+                         f"n_head_kv {n_head_kv} and window {window} >= 0",
                          ("out", out, "f32"), ("q", q, "f32"), ("k_cache", k_cache, "f32"),
                          ("v_cache", v_cache, "f32"), ("pos", pos, "i32"))
-        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale)
+        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window))
 
     def silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
         """``out = gate * sigmoid(gate) * up`` elementwise, f32 [n, n_ff] (SwiGLU; ``out`` may be ``gate``).
@@ -397,6 +403,23 @@ class Device(ABC):
             self._refuse("silu_mul", "want out, gate and up of one shape",
                          ("out", out, "f32"), ("gate", gate, "f32"), ("up", up, "f32"))
         self._silu_mul(out, gate, up)
+
+    def gelu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
+        """``out = gelu(gate) * up`` elementwise, f32 [n, n_ff] (GeGLU; ``out`` may be ``gate``).
+
+        GELU is ggml's tanh approximation (``ggml_gelu_f32``, ggml-cpu/vec.h):
+        ``0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))``, computed in float32. (ggml's CPU
+        backend looks it up in a float16 table instead, GGML_GELU_FP16: a ~1e-3 relative
+        difference per value that the end-to-end tolerances absorb.)
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see the class doc.
+        """
+        if (out.device is not self or gate.device is not self or up.device is not self
+                or out.ggml_type is not _F32 or gate.ggml_type is not _F32 or up.ggml_type is not _F32
+                or gate.shape != out.shape or up.shape != out.shape):
+            self._refuse("gelu_mul", "want out, gate and up of one shape",
+                         ("out", out, "f32"), ("gate", gate, "f32"), ("up", up, "f32"))
+        self._gelu_mul(out, gate, up)
 
     def add(self, out: DeviceTensor, a: DeviceTensor, b: DeviceTensor) -> None:
         """``out = a + b`` elementwise, f32 (``out`` may be ``a``).
@@ -463,12 +486,16 @@ class Device(ABC):
 
     @abstractmethod
     def _attention(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
-                   pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float) -> None:
-        """Enqueue :meth:`attention`."""
+                   pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int) -> None:
+        """Enqueue :meth:`attention` (``window`` 0: no sliding window)."""
 
     @abstractmethod
     def _silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
         """Enqueue :meth:`silu_mul`."""
+
+    @abstractmethod
+    def _gelu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
+        """Enqueue :meth:`gelu_mul`."""
 
     @abstractmethod
     def _add(self, out: DeviceTensor, a: DeviceTensor, b: DeviceTensor) -> None:

@@ -151,7 +151,7 @@ class CpuDevice(Device):
     def _kv_store(self, cache, x, pos):
         cache.handle[self._a(pos)] = self._a(x)
 
-    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0):
         qa = self._a(q)
         p = self._a(pos)
         n = qa.shape[0]
@@ -163,7 +163,10 @@ class CpuDevice(Device):
         qh = qa.reshape(n, n_head_kv, g, hd).transpose(1, 0, 2, 3).reshape(n_head_kv, n * g, hd)
         s = np.matmul(qh, k) * np.float32(scale)  # [hkv, n*g, n_kv]
         s = s.reshape(n_head_kv, n, g, n_kv)
-        mask = np.arange(n_kv)[None, :] > p[:, None]  # [n, n_kv]
+        j = np.arange(n_kv)[None, :]
+        mask = j > p[:, None]  # [n, n_kv]
+        if window > 0:  # llama.cpp's standard SWA: masked when p - j >= window
+            mask |= j <= p[:, None] - window
         s += np.where(mask, np.float32(-np.inf), np.float32(0))[None, :, None, :]
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
@@ -174,6 +177,12 @@ class CpuDevice(Device):
     def _silu_mul(self, out, gate, up):
         ga = self._a(gate)
         np.multiply(ga / (1.0 + np.exp(-ga)), self._a(up), out=self._a(out))
+
+    def _gelu_mul(self, out, gate, up):
+        g = self._a(gate)
+        c = np.float32(0.7978845608028654)  # sqrt(2 / pi), ggml's SQRT_2_OVER_PI
+        t = np.tanh(c * g * (np.float32(1.0) + np.float32(0.044715) * g * g))
+        np.multiply(np.float32(0.5) * g * (np.float32(1.0) + t), self._a(up), out=self._a(out))
 
     def _add(self, out, a, b):
         np.add(self._a(a), self._a(b), out=self._a(out))

@@ -278,11 +278,11 @@ class OpenCLDevice(Device):
         self.kernels.ops().kv_store(self.queue, (_ceil_to(dim, 16), n_tok), (16, 1),
                                     cache.handle, x.handle, pos.handle, dim, cache.shape[0])
 
-    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0):
         n_tok, width = q.shape
         head_dim = width // n_head
         knl = self.kernels.attention(head_dim)
-        args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, n_head, n_head_kv, scale)
+        args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, n_head, n_head_kv, scale, window)
         if self.shape.at_serial:
             knl(self.queue, (n_head, n_tok), (1, 1), *args)  # many groups: all cores busy
         else:
@@ -296,6 +296,9 @@ class OpenCLDevice(Device):
 
     def _silu_mul(self, out, gate, up):
         self._elementwise(self.kernels.ops().silu_mul, out, gate, up)
+
+    def _gelu_mul(self, out, gate, up):
+        self._elementwise(self.kernels.ops().gelu_mul, out, gate, up)
 
     def _add(self, out, a, b):
         self._elementwise(self.kernels.ops().add, out, a, b)

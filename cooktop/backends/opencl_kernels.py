@@ -150,9 +150,9 @@ class WeightKernels:
 
 
 class OpKernels:
-    """Kernels of the float ops (rmsnorm, rope, add, silu_mul, kv_store) on one device."""
+    """Kernels of the float ops (rmsnorm, rope, add, silu_mul, gelu_mul, kv_store) on one device."""
 
-    __slots__ = ("rmsnorm", "rope", "add", "silu_mul", "kv_store")
+    __slots__ = ("rmsnorm", "rope", "add", "silu_mul", "kv_store", "gelu_mul")
 
     def __init__(self, prg: Any):
         i32, f32 = np.int32, np.float32
@@ -164,6 +164,8 @@ class OpKernels:
         self.add.set_scalar_arg_dtypes([None, None, None, i32])
         self.silu_mul = prg.silu_mul
         self.silu_mul.set_scalar_arg_dtypes([None, None, None, i32])
+        self.gelu_mul = prg.gelu_mul
+        self.gelu_mul.set_scalar_arg_dtypes([None, None, None, i32])
         self.kv_store = prg.kv_store
         self.kv_store.set_scalar_arg_dtypes([None, None, None, i32, i32])
 
@@ -229,6 +231,6 @@ class KernelCache:
                 prg = build_program(self.ctx, self.device, read_source("attention.cl"),
                                     f"{self.options} -DHEAD_DIM={head_dim}", f"attention (head_dim {head_dim})")
                 k = prg.attention
-                k.set_scalar_arg_dtypes([None, None, None, None, None, np.int32, np.int32, np.float32])
+                k.set_scalar_arg_dtypes([None, None, None, None, None, np.int32, np.int32, np.float32, np.int32])
                 self._attn[head_dim] = k
         return k

@@ -475,10 +475,11 @@ class VulkanDevice(Device):
         nb = bucket(n, self._row_cap(x))
         self._dispatch("kv_store", (cache, x, pos), workgroups((nb * kv_dim + 63) // 64), (n, kv_dim, cache.shape[0]))
 
-    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale):
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0):
         """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows.
 
-        q, out f32 [n, n_head * head_dim]; caches f32 [n_ctx, n_head_kv * head_dim]; head_dim <= 256.
+        q, out f32 [n, n_head * head_dim]; caches f32 [n_ctx, n_head_kv * head_dim]; head_dim <= 256;
+        ``window`` > 0: sliding window (the loop over cache rows starts at pos - window + 1).
         Raises:
             UnsupportedOpError: head_dim > 256.
         """
@@ -489,12 +490,17 @@ class VulkanDevice(Device):
         n = self._rows(q)
         nb = bucket(n, self._row_cap(q))
         self._dispatch("attention", (q, k_cache, v_cache, pos, out), workgroups(nb * n_head),
-                       (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale)))
+                       (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window))
 
     def _silu_mul(self, out, gate, up):
         """silu_mul.comp: ``out = gate * sigmoid(gate) * up``, f32 [n, n_ff] (``out`` may be ``gate``)."""
         n = math.prod(out.shape)
         self._dispatch("silu_mul", (gate, up, out), self._stride_groups(out), (n,))
+
+    def _gelu_mul(self, out, gate, up):
+        """gelu_mul.comp: ``out = gelu_tanh(gate) * up``, f32 [n, n_ff] (``out`` may be ``gate``)."""
+        n = math.prod(out.shape)
+        self._dispatch("gelu_mul", (gate, up, out), self._stride_groups(out), (n,))
 
     def _add(self, out, a, b):
         """add.comp: ``out = a + b``, f32 (``out`` may be ``a``)."""

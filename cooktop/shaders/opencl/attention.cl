@@ -1,6 +1,7 @@
 // Causal multi-head attention over the KV cache with GQA, one work-group per (head, token).
 // q, out f32 [n_tok, n_head * HEAD_DIM]; k, v f32 [n_ctx, n_head_kv * HEAD_DIM]; pos int32 [n_tok].
-// Query t of head h attends to cache rows 0..pos[t] of kv head h / (n_head / n_head_kv).
+// Query t of head h attends to cache rows 0..pos[t] of kv head h / (n_head / n_head_kv);
+// window > 0 (sliding window, llama.cpp's standard SWA) keeps rows pos[t]-window < k <= pos[t].
 // Keys are taken AT_LS at a time (one per work-item); an online softmax in float32
 // (running max m, running sum l, rescaled accumulator) combines the chunks.
 // Global (AT_LS, n_head, n_tok), local (AT_LS, 1, 1); AT_LS a power of two.
@@ -44,13 +45,14 @@ inline float vsum16(float16 v) { float8 a = v.lo + v.hi; return vsum4(a.lo + a.h
 
 __kernel void attention(global float *out, const global float *q, const global float *kc,
                         const global float *vc, const global int *pos,
-                        const int n_head, const int n_head_kv, const float scale) {
+                        const int n_head, const int n_head_kv, const float scale, const int window) {
     const int h = get_global_id(0);
     const int t = get_global_id(1);
     if (h >= n_head) return;
     const int kv_dim = n_head_kv * HEAD_DIM;
     const int hk = h / (n_head / n_head_kv);
     const int n_kv = pos[t] + 1;
+    const int k0 = window > 0 ? max(0, n_kv - window) : 0;
     const size_t qoff = ((size_t)t * n_head + h) * HEAD_DIM;
     VT qv[NV], acc[NV];
 #pragma unroll
@@ -59,9 +61,9 @@ __kernel void attention(global float *out, const global float *q, const global f
         acc[i] = (VT)(0.0f);
     }
     float m = -INFINITY, l = 0.0f;
-    const global float *kr = kc + hk * HEAD_DIM;
-    const global float *vr = vc + hk * HEAD_DIM;
-    for (int k = 0; k < n_kv; k++, kr += kv_dim, vr += kv_dim) {
+    const global float *kr = kc + (size_t)k0 * kv_dim + hk * HEAD_DIM;
+    const global float *vr = vc + (size_t)k0 * kv_dim + hk * HEAD_DIM;
+    for (int k = k0; k < n_kv; k++, kr += kv_dim, vr += kv_dim) {
         VT d = (VT)(0.0f);
 #pragma unroll
         for (int i = 0; i < NV; i++) d = fma(qv[i], VLOAD(i, kr), d);
@@ -87,13 +89,14 @@ __kernel void attention(global float *out, const global float *q, const global f
 
 __kernel void attention(global float *out, const global float *q, const global float *kc,
                         const global float *vc, const global int *pos,
-                        const int n_head, const int n_head_kv, const float scale) {
+                        const int n_head, const int n_head_kv, const float scale, const int window) {
     const int lid = get_local_id(0);
     const int h = get_group_id(1);
     const int t = get_group_id(2);
     const int kv_dim = n_head_kv * HEAD_DIM;
     const int hk = h / (n_head / n_head_kv);
     const int n_kv = pos[t] + 1;
+    const int k0 = window > 0 ? max(0, n_kv - window) : 0;
     local float qs[HEAD_DIM];
     local float sc[AT_LS];
     local float red[AT_LS];
@@ -104,7 +107,7 @@ __kernel void attention(global float *out, const global float *q, const global f
     float m = -INFINITY, l = 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
 
-    for (int c0 = 0; c0 < n_kv; c0 += AT_LS) {
+    for (int c0 = k0; c0 < n_kv; c0 += AT_LS) {
         const int k = c0 + lid;
         float s = -INFINITY;
         if (k < n_kv) {

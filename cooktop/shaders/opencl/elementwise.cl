@@ -24,3 +24,13 @@ __kernel void kv_store(global float *cache, const global float *x, const global 
     const int p = pos[t];
     if (j < dim && p >= 0 && p < n_ctx) cache[(size_t)p * dim + j] = x[(size_t)t * dim + j];
 }
+
+// out = gelu(gate) * up (GeGLU), GELU in ggml's tanh form (ggml_gelu_f32, ggml-cpu/vec.h):
+// 0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))). out may alias gate.
+__kernel void gelu_mul(global float *out, const global float *gate, const global float *up, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) {
+        const float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanh(0.79788456080286535588f * g * (1.0f + 0.044715f * g * g))) * up[i];
+    }
+}

@@ -1,6 +1,7 @@
 #version 450
 // Causal multi-head attention over the KV cache with GQA (llama.cpp grouping):
 // query row i of head h attends to cache rows 0..pos[i] of kv head h / (n_head / n_head_kv);
+// window > 0 (sliding window, llama.cpp's standard SWA) keeps rows pos[i]-window < j <= pos[i];
 // out = softmax(q k^T * scale) v, softmax in float32.
 // q, out f32 [n, n_head * head_dim]; k, v f32 [n_ctx, n_head_kv * head_dim]; pos int32 [n].
 // One workgroup of 64 per (row, head). Keys are processed in chunks of KC: scores of a
@@ -17,7 +18,7 @@ layout(std430, binding = 2) readonly buffer VBuf { float V[]; };
 layout(std430, binding = 3) readonly buffer PBuf { int P[]; };
 layout(std430, binding = 4) writeonly buffer OBuf { float O[]; };
 layout(push_constant) uniform PC {
-    uint n; uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint scale_bits;
+    uint n; uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint scale_bits; uint window;
 } pc;
 #include "common.glsl"
 
@@ -39,13 +40,14 @@ void main() {
     float scale = uintBitsToFloat(pc.scale_bits);
     int p = P[row];
     uint n_kv = uint(clamp(p + 1, 1, int(pc.n_ctx)));
+    uint k0 = pc.window > 0u ? uint(max(0, int(n_kv) - int(pc.window))) : 0u;
     for (uint d = tid; d < hd; d += WG) qs[d] = Q[qo + d];
     barrier();
 
     float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
     float m = -1.0 / 0.0;  // running max (-inf)
     float l = 0.0;         // running sum of exp
-    for (uint c0 = 0u; c0 < n_kv; c0 += KC) {
+    for (uint c0 = k0; c0 < n_kv; c0 += KC) {
         uint cn = min(uint(KC), n_kv - c0);
         float lmax = -1.0 / 0.0;
         for (uint j = tid; j < cn; j += WG) {
