@@ -10,7 +10,8 @@ from gguf import GGMLQuantizationType as T
 from ..format.quants import type_name
 
 #: Op names of the device contract (:mod:`.base`), in the order of its table.
-OPS: tuple[str, ...] = ("matmul", "rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add", "get_rows")
+OPS: tuple[str, ...] = ("matmul", "rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add", "get_rows",
+                         "add_bias")
 
 
 @dataclasses.dataclass
