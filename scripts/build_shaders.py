@@ -38,7 +38,7 @@ FLAGS = ["-fshader-stage=compute", "--target-env=vulkan1.1", "-O"]
 #: Weight types with shader variants, and the op families that take a weight type.
 TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 TYPED = ["mul_mat_vec", "mul_mm", "get_rows"]
-PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "copy"]
+PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "copy"]
 
 
 def default_variants() -> list[dict]:

@@ -69,10 +69,18 @@ FAULTS = {
     "read a weight": (lambda d: d.read(_w(d, 1, 32)), DeviceError,
                       "read: DeviceTensor(<dev>, F32, [1, 32]) is a weight; only F32/I32 tensors made by "
                       "empty() can be written and read"),
-    "rmsnorm weight": (lambda d: d.rmsnorm(_f32(d, 2, 8), _f32(d, 2, 8), d.upload(np.ones(4, np.float32),
-                                                                                  T.F32, (4,)), 1e-5),
-                       ShapeError, "rmsnorm: shapes do not fit: out [2, 8], x [2, 8], w [4]; "
-                                   "want out and x [n, n_embd], w [n_embd]"),
+    "rmsnorm weight": (lambda d: d.rmsnorm(_f32(d, 2, 8), _f32(d, 2, 8), d.upload(np.ones(3, np.float32),
+                                                                                  T.F32, (3,)), 1e-5),
+                       ShapeError, "rmsnorm: shapes do not fit: out [2, 8], x [2, 8], w [3]; "
+                                   "want out and x [n, width], w [g] with g dividing width"),
+    "add_bias width": (lambda d: d.add_bias(_f32(d, 2, 8), _f32(d, 2, 8), d.upload(np.ones(4, np.float32),
+                                                                                   T.F32, (4,))),
+                       ShapeError, "add_bias: shapes do not fit: out [2, 8], x [2, 8], b [4]; "
+                                   "want out and x [n, m], b [m]"),
+    "rope freq_factors": (lambda d: d.rope(_f32(d, 2, 8), _f32(d, 2, 8), _i32(d, 2), 8, 8, 1e4, 1.0, 0,
+                                           d.upload(np.ones(3, np.float32), T.F32, (3,))), ShapeError,
+                          "rope: shapes do not fit: x [2, 8], freq_factors [3]; "
+                          "want freq_factors [>= n_rot / 2] with n_rot 8"),
     "rope mode": (lambda d: d.rope(_f32(d, 2, 8), _f32(d, 2, 8), _i32(d, 2), 8, 8, 1e4, 1.0, 1),
                   UnsupportedOpError, "rope mode 1 is not supported (0 = normal, 2 = NeoX)"),
     "rope n_rot": (lambda d: d.rope(_f32(d, 2, 8), _f32(d, 2, 8), _i32(d, 2), 8, 5, 1e4, 1.0, 0), ShapeError,

@@ -21,15 +21,19 @@ buffer of ``n_batch`` rows serves every chunk through :meth:`DeviceTensor.head`)
 
 =========  ==============================================================
 matmul     out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T
-rmsnorm    out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w        (w f32 [n_embd])
+rmsnorm    out = x / sqrt(mean(x^2) + eps) * w over each group of g values of a row
+           (w f32 [g], g dividing the row width: g = n_embd is the usual norm,
+           g = head_dim normalises each head: ggml_rms_norm on a [g, width/g, n] view)
 rope       rotate pairs of each head of x f32 [n, n_head*head_dim] by pos
-           (ggml_rope_ext: mode 0 = adjacent pairs, 2 = NeoX halves)
+           (ggml_rope_ext: mode 0 = adjacent pairs, 2 = NeoX halves; optional
+           frequency factors and YaRN parameters)
 kv_store   cache[pos[i], :] = x[i, :]    (cache f32 [n_ctx, n_head_kv*head_dim])
 attention  causal softmax(q k^T * scale) v over cache rows 0..pos[i], GQA
            (window > 0: rows pos[i]-window < j <= pos[i] only, llama.cpp's standard SWA)
 silu_mul   out = silu(gate) * up
 gelu_mul   out = gelu_tanh(gate) * up                    (GeGLU, ggml_geglu_split)
 add        out = a + b
+add_bias   out[i, :] = x[i, :] + b        (b f32 [n]: a bias row broadcast over rows)
 get_rows   out[i] = dequantize(table[ids[i]])   (table any supported type)
 =========  ==============================================================
 """
@@ -68,6 +72,36 @@ def nmse(a: np.ndarray, ref: np.ndarray) -> float:
 
 
 _F32, _I32 = T.F32, T.I32
+
+
+def rope_yarn_corr_dims(n_rot: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
+                        beta_slow: float) -> tuple[float, float]:
+    """The YaRN ramp's first and last dimension pair (ggml.c ``ggml_rope_yarn_corr_dims``, in float32
+    as ggml computes it): ``corr_dim(b) = n_rot * ln(n_ctx_orig / (b * 2 pi)) / (2 ln freq_base)``,
+    ``(max(0, floor(corr_dim(beta_fast))), min(n_rot - 1, ceil(corr_dim(beta_slow))))``.
+    Only used when ``ext_factor != 0`` (``n_ctx_orig`` must then be > 0)."""
+    f32 = np.float32
+    if n_ctx_orig <= 0:
+        return 0.0, float(n_rot - 1)
+
+    def corr(b: float) -> np.float32:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return f32(n_rot) * np.log(f32(n_ctx_orig) / (f32(b) * f32(2) * f32(math.pi))) / (
+                f32(2) * np.log(f32(freq_base)))
+
+    lo, hi = np.floor(corr(beta_fast)), np.ceil(corr(beta_slow))
+    return float(max(f32(0), lo)), float(min(f32(n_rot - 1), hi))
+
+
+def rope_yarn_params(n_rot: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+                     beta_fast: float, beta_slow: float, n_ctx_orig: int) -> tuple[float, float, float]:
+    """What device rope kernels take instead of the YaRN parameters: ``(corr0, corr1, mscale)``,
+    the ramp's dimension range (:func:`rope_yarn_corr_dims`; (0, 0) when ``ext_factor`` is 0)
+    and the factor of cos and sin (``attn_factor``, times ``1 + 0.1 ln(1 / freq_scale)`` with YaRN)."""
+    if ext_factor == 0.0:
+        return 0.0, 0.0, float(attn_factor)
+    lo, hi = rope_yarn_corr_dims(n_rot, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    return lo, hi, float(attn_factor) * (1.0 + 0.1 * math.log(1.0 / float(freq_scale)))
 
 
 class Device(ABC):
@@ -303,32 +337,49 @@ class Device(ABC):
         self._matmul(out, x, w)
 
     def rmsnorm(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor, eps: float) -> None:
-        """Per row: ``out = x / sqrt(mean(x^2) + eps) * w``; x, out f32 [n, n_embd], w f32 [n_embd].
+        """Per group of ``g`` values of a row: ``out = x / sqrt(mean(x^2) + eps) * w``.
 
-        Formula: llama.cpp ``ggml_rms_norm`` followed by ``ggml_mul`` with the norm weight.
+        x, out: f32 [n, width]; w: f32 [g] with ``g`` dividing ``width``. ``g == width`` is
+        the usual norm over a row (llama: ``attn_norm``); ``g == head_dim`` normalises each
+        head separately with one weight shared by the heads (qwen3 / gemma3 ``attn_q_norm``).
+        Formula: llama.cpp ``ggml_rms_norm`` (on a ``[g, width / g, n]`` view) followed by
+        ``ggml_mul`` with the norm weight (src/llama-graph.cpp ``build_norm``).
+
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        xs = x.shape
+        xs, ws = x.shape, w.shape
         if (out.device is not self or x.device is not self or w.device is not self
                 or out.ggml_type is not _F32 or x.ggml_type is not _F32 or w.ggml_type is not _F32
-                or out.shape != xs or w.shape != xs[-1:]):
-            self._refuse("rmsnorm", "want out and x [n, n_embd], w [n_embd]",
+                or out.shape != xs or len(xs) != 2 or len(ws) != 1 or ws[0] <= 0 or xs[1] % ws[0]):
+            self._refuse("rmsnorm", "want out and x [n, width], w [g] with g dividing width",
                          ("out", out, "f32"), ("x", x, "f32"), ("w", w, "f32"))
         self._rmsnorm(out, x, w, eps)
 
     def rope(self, out: DeviceTensor, x: DeviceTensor, pos: DeviceTensor, head_dim: int, n_rot: int,
-             freq_base: float, freq_scale: float, mode: int) -> None:
-        """Rotary position embedding (ggml_rope_ext with ext_factor 0, attn_factor 1).
+             freq_base: float, freq_scale: float, mode: int, freq_factors: DeviceTensor | None = None,
+             ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
+             n_ctx_orig: int = 0) -> None:
+        """Rotary position embedding, ``ggml_rope_ext`` (ggml/src/ggml-cpu/ops.cpp ``rope_yarn``).
 
-        x, out: f32 [n, n_heads * head_dim] (``out`` may be ``x``); pos: I32 [n].
-        For dim pair i < n_rot/2: theta = pos * freq_scale * freq_base^(-2i/n_rot);
-        mode 0 rotates (x[2i], x[2i+1]), mode 2 (NeoX) rotates (x[i], x[i + n_rot/2]).
-        Dimensions >= n_rot pass through unchanged.
+        x, out: f32 [n, n_heads * head_dim] (``out`` may be ``x``); pos: I32 [n];
+        freq_factors: None or f32 [>= n_rot/2] (Llama 3.1 ``rope_freqs``, LongRoPE factors).
+        For dim pair i < n_rot/2, with ``ff = freq_factors[i]`` (1 without them)::
+
+            t_extrap = pos * freq_base^(-2i/n_rot) / ff ;  t_interp = freq_scale * t_extrap
+            ext_factor == 0:  theta = t_interp, mscale = attn_factor
+            else (YaRN):      r = (1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1)) * ext_factor
+                              theta = t_interp * (1 - r) + t_extrap * r
+                              mscale = attn_factor * (1 + 0.1 * ln(1 / freq_scale))
+            (lo, hi) = ggml_rope_yarn_corr_dims(n_rot, n_ctx_orig, freq_base, beta_fast, beta_slow)
+
+        mode 0 rotates (x[2i], x[2i+1]), mode 2 (NeoX) rotates (x[i], x[i + n_rot/2]) by
+        ``theta``, both outputs scaled by ``mscale``. Dimensions >= n_rot pass through unchanged.
 
         Raises:
             UnsupportedOpError: ``mode`` other than 0 / 2.
-            ShapeError: odd ``head_dim`` or ``n_rot``, ``n_rot`` not in 1..head_dim, rows not whole heads.
+            ShapeError: odd ``head_dim`` or ``n_rot``, ``n_rot`` not in 1..head_dim, rows not whole
+                heads, freq_factors not 1-D or shorter than n_rot/2.
             DeviceError / UnsupportedOpError: see the class doc.
         """
         if mode != ROPE_NORMAL and mode != ROPE_NEOX:
@@ -341,7 +392,13 @@ class Device(ABC):
             self._refuse("rope", f"want out and x [n, n_head * head_dim], pos [n], with head_dim {head_dim} and "
                          f"n_rot {n_rot} even and 0 < n_rot <= head_dim",
                          ("out", out, "f32"), ("x", x, "f32"), ("pos", pos, "i32"))
-        self._rope(out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode)
+        if freq_factors is not None and (
+                freq_factors.device is not self or freq_factors.ggml_type is not _F32
+                or len(freq_factors.shape) != 1 or freq_factors.shape[0] < n_rot // 2):
+            self._refuse("rope", f"want freq_factors [>= n_rot / 2] with n_rot {n_rot}",
+                         ("x", x, "f32"), ("freq_factors", freq_factors, "f32"))
+        self._rope(out, x, pos, head_dim, n_rot, float(freq_base), float(freq_scale), mode, freq_factors,
+                   float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow), int(n_ctx_orig))
 
     def kv_store(self, cache: DeviceTensor, x: DeviceTensor, pos: DeviceTensor) -> None:
         """``cache[pos[i], :] = x[i, :]``; cache f32 [n_ctx, n_kv_dim], x f32 [n, n_kv_dim], pos I32 [n].
@@ -433,6 +490,24 @@ class Device(ABC):
             self._refuse("add", "want out, a and b of one shape", ("out", out, "f32"), ("a", a, "f32"), ("b", b, "f32"))
         self._add(out, a, b)
 
+    def add_bias(self, out: DeviceTensor, x: DeviceTensor, b: DeviceTensor) -> None:
+        """``out[i, :] = x[i, :] + b`` for every row; x, out f32 [n, m], b f32 [m] (``out`` may be ``x``).
+
+        The bias of a linear layer (llama.cpp ``build_qkv`` / ``build_lora_mm`` followed by
+        ``ggml_add`` of a ``[m]`` bias, broadcast over rows). Kept apart from :meth:`add`,
+        whose operands have one shape.
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see the class doc.
+        """
+        xs = x.shape
+        if (out.device is not self or x.device is not self or b.device is not self
+                or out.ggml_type is not _F32 or x.ggml_type is not _F32 or b.ggml_type is not _F32
+                or out.shape != xs or len(xs) != 2 or b.shape != xs[1:]):
+            self._refuse("add_bias", "want out and x [n, m], b [m]",
+                         ("out", out, "f32"), ("x", x, "f32"), ("b", b, "f32"))
+        self._add_bias(out, x, b)
+
     def get_rows(self, out: DeviceTensor, table: DeviceTensor, ids: DeviceTensor) -> None:
         """``out[i] = dequantize(table[ids[i]])``; table [n_rows, n] any supported type, ids I32 [k],
         out f32 [k, n]. Ids outside ``[0, n_rows)`` are the caller's fault (backends may clamp).
@@ -477,8 +552,9 @@ class Device(ABC):
 
     @abstractmethod
     def _rope(self, out: DeviceTensor, x: DeviceTensor, pos: DeviceTensor, head_dim: int, n_rot: int,
-              freq_base: float, freq_scale: float, mode: int) -> None:
-        """Enqueue :meth:`rope`."""
+              freq_base: float, freq_scale: float, mode: int, freq_factors: DeviceTensor | None,
+              ext_factor: float, attn_factor: float, beta_fast: float, beta_slow: float, n_ctx_orig: int) -> None:
+        """Enqueue :meth:`rope` (every argument given; floats and ints converted)."""
 
     @abstractmethod
     def _kv_store(self, cache: DeviceTensor, x: DeviceTensor, pos: DeviceTensor) -> None:
@@ -500,6 +576,10 @@ class Device(ABC):
     @abstractmethod
     def _add(self, out: DeviceTensor, a: DeviceTensor, b: DeviceTensor) -> None:
         """Enqueue :meth:`add`."""
+
+    @abstractmethod
+    def _add_bias(self, out: DeviceTensor, x: DeviceTensor, b: DeviceTensor) -> None:
+        """Enqueue :meth:`add_bias`."""
 
     @abstractmethod
     def _get_rows(self, out: DeviceTensor, table: DeviceTensor, ids: DeviceTensor) -> None:

@@ -24,7 +24,8 @@ from gguf import GGMLQuantizationType as T
 from ..errors import CooktopError
 from ..format.quants import HOST_TYPES, dequantize
 from ..units import parse_bytes
-from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, ROPE_NEOX, type_name
+from .base import (OPS, ROPE_NEOX, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params,
+                   type_name)
 
 def _physical_memory() -> int:
     try:
@@ -120,20 +121,32 @@ class CpuDevice(Device):
         np.matmul(self._a(x), self.weight_f32(w).T, out=self._a(out))
 
     def _rmsnorm(self, out, x, w, eps):
-        xa = self._a(x)
+        wa = self._a(w)
+        xa = self._a(x).reshape(-1, wa.shape[0])  # groups of g values (g = the row width: one per row)
         ms = np.mean(xa * xa, axis=-1, keepdims=True, dtype=np.float32)
-        np.multiply(xa * (1.0 / np.sqrt(ms + np.float32(eps))), self._a(w), out=self._a(out))
+        o = self._a(out)
+        np.multiply(xa * (1.0 / np.sqrt(ms + np.float32(eps))), wa, out=o.reshape(xa.shape))
 
-    def _rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
+    def _rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode, freq_factors,
+              ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig):
         xa = self._a(x)
         n = xa.shape[0]
         v = xa.reshape(n, -1, head_dim)
         p = self._a(pos).astype(np.float64)
         half = n_rot // 2
         inv = float(freq_base) ** (-2.0 * np.arange(half) / n_rot)
-        theta = (p[:, None] * float(freq_scale) * inv[None, :])  # [n, half]
-        cos = np.cos(theta)[:, None, :].astype(np.float32)
-        sin = np.sin(theta)[:, None, :].astype(np.float32)
+        if freq_factors is not None:
+            inv = inv / self._a(freq_factors)[:half].astype(np.float64)
+        t_extrap = p[:, None] * inv[None, :]  # [n, half]
+        theta = float(freq_scale) * t_extrap
+        lo, hi, mscale = rope_yarn_params(n_rot, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
+                                          beta_slow, n_ctx_orig)
+        if ext_factor != 0.0:  # YaRN (ggml rope_yarn): mix in the extrapolated angle along the ramp
+            y = (np.arange(half) - lo) / max(0.001, hi - lo)
+            ramp = (1.0 - np.clip(y, 0.0, 1.0)) * float(ext_factor)
+            theta = theta * (1.0 - ramp) + t_extrap * ramp
+        cos = (np.cos(theta) * mscale)[:, None, :].astype(np.float32)
+        sin = (np.sin(theta) * mscale)[:, None, :].astype(np.float32)
         if mode == ROPE_NEOX:
             a, b = v[..., :half], v[..., half:n_rot]
         else:
@@ -186,6 +199,9 @@ class CpuDevice(Device):
 
     def _add(self, out, a, b):
         np.add(self._a(a), self._a(b), out=self._a(out))
+
+    def _add_bias(self, out, x, b):
+        np.add(self._a(x), self._a(b), out=self._a(out))
 
     def _get_rows(self, out, table, ids):
         rows = table.handle[self._a(ids)]

@@ -11,7 +11,7 @@ from ..format.quants import type_name
 
 #: Op names of the device contract (:mod:`.base`), in the order of its table.
 OPS: tuple[str, ...] = ("matmul", "rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add", "get_rows",
-                        "gelu_mul")
+                        "add_bias", "gelu_mul")
 
 
 @dataclasses.dataclass

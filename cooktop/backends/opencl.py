@@ -33,7 +33,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError
-from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, type_name
+from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
 from .opencl_kernels import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, KernelCache, clear_cache
 
 log = logging.getLogger(__name__)
@@ -264,14 +264,21 @@ class OpenCLDevice(Device):
         k.get_rows(self.queue, (nu, n_ids), None, table.handle, ids.handle, out.handle, n, n_rows, n_ids)
 
     def _rmsnorm(self, out, x, w, eps):
-        n_rows, n = x.shape
+        n_rows, width = x.shape
+        g = w.shape[0]  # groups of g values are rows of their own (contiguous)
         ls = self.shape.rn_ls
-        self.kernels.ops().rmsnorm(self.queue, (ls, n_rows), (ls, 1), out.handle, x.handle, w.handle, n, eps)
+        self.kernels.ops().rmsnorm(self.queue, (ls, n_rows * (width // g)), (ls, 1), out.handle, x.handle,
+                                   w.handle, g, eps)
 
-    def _rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
+    def _rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode, freq_factors,
+              ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig):
         n_tok, width = x.shape
+        corr0, corr1, mscale = rope_yarn_params(n_rot, freq_base, freq_scale, ext_factor, attn_factor,
+                                                beta_fast, beta_slow, n_ctx_orig)
+        ff = freq_factors.handle if freq_factors is not None else x.handle  # not read without factors
         self.kernels.ops().rope(self.queue, (head_dim // 2, n_tok), None, out.handle, x.handle, pos.handle,
-                                head_dim, n_rot, freq_base, freq_scale, mode, width // head_dim)
+                                head_dim, n_rot, freq_base, freq_scale, mode, width // head_dim,
+                                ff, int(freq_factors is not None), ext_factor, mscale, corr0, corr1)
 
     def _kv_store(self, cache, x, pos):
         n_tok, dim = x.shape
@@ -302,6 +309,12 @@ class OpenCLDevice(Device):
 
     def _add(self, out, a, b):
         self._elementwise(self.kernels.ops().add, out, a, b)
+
+    def _add_bias(self, out, x, b):
+        n = math.prod(out.shape)
+        ls = self.shape.ew_ls
+        self.kernels.ops().add_bias(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, x.handle, b.handle, n,
+                                    b.shape[0])
 
     def _copy(self, out, x):
         """``out = x`` as a device-side buffer copy, enqueued."""

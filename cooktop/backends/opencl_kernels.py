@@ -150,18 +150,21 @@ class WeightKernels:
 
 
 class OpKernels:
-    """Kernels of the float ops (rmsnorm, rope, add, silu_mul, gelu_mul, kv_store) on one device."""
+    """Kernels of the float ops (rmsnorm, rope, add, add_bias, silu_mul, gelu_mul, kv_store) on one device."""
 
-    __slots__ = ("rmsnorm", "rope", "add", "silu_mul", "kv_store", "gelu_mul")
+    __slots__ = ("rmsnorm", "rope", "add", "add_bias", "silu_mul", "kv_store", "gelu_mul")
 
     def __init__(self, prg: Any):
         i32, f32 = np.int32, np.float32
         self.rmsnorm = prg.rmsnorm
         self.rmsnorm.set_scalar_arg_dtypes([None, None, None, i32, f32])
         self.rope = prg.rope
-        self.rope.set_scalar_arg_dtypes([None, None, None, i32, i32, f32, f32, i32, i32])
+        self.rope.set_scalar_arg_dtypes([None, None, None, i32, i32, f32, f32, i32, i32,
+                                         None, i32, f32, f32, f32, f32])
         self.add = prg.add
         self.add.set_scalar_arg_dtypes([None, None, None, i32])
+        self.add_bias = prg.add_bias
+        self.add_bias.set_scalar_arg_dtypes([None, None, None, i32, i32])
         self.silu_mul = prg.silu_mul
         self.silu_mul.set_scalar_arg_dtypes([None, None, None, i32])
         self.gelu_mul = prg.gelu_mul

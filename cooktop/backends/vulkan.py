@@ -70,7 +70,7 @@ from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from .base import (Backend, Device, DeviceInfo, DeviceTensor,
-                   ProbeResult, row_bytes, type_name)
+                   ProbeResult, rope_yarn_params, row_bytes, type_name)
 from .vulkan_info import VkDeviceFacts, VulkanInfoError, facts_to_info, kp_props_to_info, query_devices
 from .vulkan_shaders import (MAX_PUSH_BYTES, SHADER_DIR, VARIANTS, VULKAN_TYPES, bucket, f32_bits,  # noqa: F401
                              load_spirv, pack_push, variants, workgroups)
@@ -222,6 +222,7 @@ class VulkanDevice(Device):
         env = os.environ.get("COOKTOP_VULKAN_BARRIERS")
         self._barriers = (env == "1") if env in ("0", "1") else info.device_type != "cpu"
         self._barrier_t = None
+        self._dummy_t = None
         # workgroups per token of a mat-vec: on CPU drivers a few per core (each costs ~20 us on
         # lavapipe), on GPUs one per 8 rows (no cap)
         self._mmv_target_wgs = 4 * (os.cpu_count() or 2) if info.device_type == "cpu" else 1 << 30
@@ -393,6 +394,7 @@ class VulkanDevice(Device):
         self._algos.clear()
         self._written = []
         self._tensors.clear()
+        self._dummy_t = None
         self._pending = []
         if self.mgr is not None:
             self.mgr.destroy()
@@ -451,19 +453,34 @@ class VulkanDevice(Device):
             self._dispatch(VARIANTS["mul_mat_vec"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb, gpw))
 
     def _rmsnorm(self, out, x, w, eps):
-        """rmsnorm.comp: one workgroup of 64 per row; x, out f32 [n, n_embd], w f32 [n_embd] (see Device.rmsnorm)."""
-        n_embd = x.shape[-1]
-        n = self._rows(x)
-        self._dispatch("rmsnorm", (x, w, out), workgroups(bucket(n, self._row_cap(x))), (n_embd, n, f32_bits(eps)))
+        """rmsnorm.comp: one workgroup of 64 per group of g values (a row when g = the row width);
+        x, out f32 [n, width], w f32 [g] (see Device.rmsnorm): groups are contiguous rows of g."""
+        g = w.shape[0]
+        per_row = x.shape[-1] // g
+        n = self._rows(x) * per_row
+        self._dispatch("rmsnorm", (x, w, out), workgroups(bucket(n, self._row_cap(x) * per_row)),
+                       (g, n, f32_bits(eps)))
 
-    def _rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode):
+    def _rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode, freq_factors,
+              ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig):
         """rope.comp: one invocation per rotated pair or copied pair of dims (see Device.rope)."""
         n = self._rows(x)
         n_heads = x.shape[-1] // head_dim
         nb = bucket(n, self._row_cap(x))
         grid = workgroups((nb * n_heads * (head_dim // 2) + 63) // 64)
-        self._dispatch("rope", (x, pos, out), grid,
-                       (n, n_heads, head_dim, n_rot, f32_bits(freq_base), f32_bits(freq_scale), mode))
+        corr0, corr1, mscale = rope_yarn_params(n_rot, freq_base, freq_scale, ext_factor, attn_factor,
+                                                beta_fast, beta_slow, n_ctx_orig)
+        ff = freq_factors.handle if freq_factors is not None else self._dummy_tensor()
+        self._dispatch_raw("rope", (x.handle, pos.handle, out.handle, ff), grid,
+                           (n, n_heads, head_dim, n_rot, f32_bits(freq_base), f32_bits(freq_scale), mode,
+                            int(freq_factors is not None), f32_bits(ext_factor), f32_bits(mscale),
+                            f32_bits(corr0), f32_bits(corr1)))
+
+    def _dummy_tensor(self) -> Any:
+        """A 4-value storage tensor bound where a shader's optional input is absent (never read)."""
+        if self._dummy_t is None:
+            self._dummy_t = self._tensor(np.zeros(4, dtype=np.float32), "storage")
+        return self._dummy_t
 
     def _kv_store(self, cache, x, pos):
         """kv_store.comp: ``cache[pos[i], :] = x[i, :]``; cache f32 [n_ctx, n_kv_dim], x f32 [n, n_kv_dim].
@@ -506,6 +523,11 @@ class VulkanDevice(Device):
         """add.comp: ``out = a + b``, f32 (``out`` may be ``a``)."""
         n = math.prod(out.shape)
         self._dispatch("add", (a, b, out), self._stride_groups(out), (n,))
+
+    def _add_bias(self, out, x, b):
+        """add_bias.comp: ``out[i, :] = x[i, :] + b``; x, out f32 [n, m], b f32 [m] (``out`` may be ``x``)."""
+        n = math.prod(out.shape)
+        self._dispatch("add_bias", (x, b, out), self._stride_groups(out), (n, b.shape[0]))
 
     def _copy(self, out, x):
         """copy.comp: ``out = x`` (f32 or i32; the copy kernel of ``bench --ops``)."""

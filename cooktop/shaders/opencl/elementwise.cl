@@ -6,6 +6,14 @@ __kernel void add(global float *out, const global float *a, const global float *
     if (i < n) out[i] = a[i] + b[i];
 }
 
+// out[r, j] = x[r, j] + b[j]: a bias row b f32 [m] broadcast over the rows of x f32 [n / m, m]
+// (out may alias x)
+__kernel void add_bias(global float *out, const global float *x, const global float *b, const int n,
+                       const int m) {
+    const int i = get_global_id(0);
+    if (i < n) out[i] = x[i] + b[i % m];
+}
+
 // out = silu(gate) * up = gate / (1 + exp(-gate)) * up  (SwiGLU)
 __kernel void silu_mul(global float *out, const global float *gate, const global float *up, const int n) {
     const int i = get_global_id(0);

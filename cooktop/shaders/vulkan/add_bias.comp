@@ -1,0 +1,15 @@
+#version 450
+// out[r, j] = x[r, j] + b[j]: a bias row b f32 [m] broadcast over the rows of x f32 [n / m, m]
+// (out may be x). Grid-stride loop, 256-wide workgroups.
+#extension GL_GOOGLE_include_directive : require
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer XBuf { float X[]; };
+layout(std430, binding = 1) readonly buffer BBuf { float B[]; };
+layout(std430, binding = 2) buffer OBuf { float O[]; };
+layout(push_constant) uniform PC { uint n; uint m; } pc;
+#include "common.glsl"
+
+void main() {
+    uint stride = gl_NumWorkGroups.x * gl_NumWorkGroups.y * 256u;
+    for (uint i = flat_group() * 256u + gl_LocalInvocationID.x; i < pc.n; i += stride) O[i] = X[i] + B[i % pc.m];
+}
