@@ -40,7 +40,7 @@ from gguf import GGMLQuantizationType as T
 from ..backends.base import Device, DeviceBuffer, DeviceTensor
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, TensorInfo
-from ..format.quants import dequantize
+from ..format.quants import dequantize, row_bytes
 from .arch import Architecture, architecture
 from .arch.base import HEAD, MATRIX, Weights
 from .config import ModelConfig
@@ -61,6 +61,15 @@ def upload(d: Device | DeviceBuffer, t: TensorInfo, as_f32: bool) -> DeviceTenso
     if as_f32 and t.ggml_type != T.F32:
         return d.upload(dequantize(t.data, t.ggml_type, t.shape), T.F32, t.shape)
     return d.upload(t.data, t.ggml_type, t.shape)
+
+
+def upload_rows(d: Device | DeviceBuffer, t: TensorInfo, first: int, end: int) -> DeviceTensor:
+    """Upload rows ``first .. end - 1`` of matrix ``t`` (``[n_out, n_in]``, any GGML type) as a
+    weight of shape ``[end - first, n_in]``: a slice of the file's bytes, since each GGML row
+    is ``row_bytes(type, n_in)`` contiguous bytes (a fused weight's part, ``TensorSpec.parts``)."""
+    rb = row_bytes(t.ggml_type, t.shape[-1])
+    raw = np.asarray(t.data).reshape(-1).view(np.uint8)[first * rb:end * rb]
+    return d.upload(raw, t.ggml_type, (end - first,) + tuple(t.shape[1:]))
 
 
 class Segment:
@@ -93,11 +102,17 @@ class Segment:
     def _allocate(self, gf: GGUFFile, n_batch: int, logits_all: bool) -> None:
         cfg, arch = self.cfg, self.arch
         d = self.buffer
-        uploaded: dict[str, DeviceTensor] = {}  # a tensor several units use is uploaded once
+        uploaded: dict = {}  # a tensor several units use is uploaded once (fused parts: (name, key))
 
         def weights(unit: int | str) -> Weights:
             w = {}
             for key, (name, spec) in arch.unit_tensors(gf.tensors, unit).items():
+                if spec.parts:  # a fused matrix: each row range is a weight of its own
+                    for part, first, end in spec.part_rows(cfg):
+                        if (name, part) not in uploaded:
+                            uploaded[(name, part)] = upload_rows(d, gf.tensor(name), first, end)
+                        w[part] = uploaded[(name, part)]
+                    continue
                 if name not in uploaded:
                     uploaded[name] = upload(d, gf.tensor(name), as_f32=spec.kind != MATRIX)
                 w[key] = uploaded[name]
@@ -136,6 +151,7 @@ class Segment:
         d.write(s.x, x_host)
         d.write(pos, pos_host)
         for j, w in enumerate(self.weights):
+            s.il = self.blocks[j]
             arch.block(d, cfg, w, s, k_cache[j], v_cache[j], pos)
         if not self.head:
             return d.read(s.x)
@@ -257,10 +273,14 @@ class Model:
         return KVCache(self)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
-        """Token embedding lookup on the host: float32 [n, n_embd] for int [n] ids."""
+        """Token embedding lookup on the host: float32 [n, n_embd] for int [n] ids, times the
+        architecture's ``embd_scale`` when it has one (gemma3)."""
         te = self._embd
         rows = np.asarray(te.data).reshape(te.shape[0], -1)[tokens]
-        return dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
+        x = dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
+        if self.arch.embd_scale is not None:
+            x = np.asarray(x, dtype=np.float32) * np.float32(self.arch.embd_scale(self.cfg))
+        return x
 
     def forward(self, tokens: np.ndarray, n_past: int, cache: KVCache, logits_all: bool | None = None,
                 embeddings: bool = False) -> np.ndarray:

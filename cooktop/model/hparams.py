@@ -32,6 +32,12 @@ class ModelConfig:
         rms_eps: epsilon of RMSNorm.
         rope_mode: ggml rope mode of the architecture (0 normal, 2 NeoX; ``Architecture.rope_mode``).
         tied_output: True when there is no ``output.weight`` and ``token_embd`` is reused.
+        n_swa: sliding window of the SWA layers (tokens; ``attention.sliding_window``), 0 = none.
+        swa_layers: per block, True when it is a sliding-window layer (llama.cpp ``is_swa(il)``).
+        rope_freq_base_swa, rope_freq_scale_swa: rope base and scale of the SWA layers
+            (llama.cpp ``rope_freq_base_train_swa``: ``rope.freq_base_swa``, default 10000; scale 1).
+        attn_scale: the query scale when the architecture sets one (gemma3:
+            ``1/sqrt(attention.key_length)``); 0 means ``1/sqrt(head_dim)``.
 
     A hyper-parameter that only some architectures have (a sliding window, a logit
     softcap) is added here with a neutral default, as llama.cpp's ``llama_hparams``
@@ -53,6 +59,11 @@ class ModelConfig:
     rms_eps: float = 1e-5
     rope_mode: int = 0
     tied_output: bool = False
+    n_swa: int = 0
+    swa_layers: tuple[bool, ...] = ()
+    rope_freq_base_swa: float = 10000.0
+    rope_freq_scale_swa: float = 1.0
+    attn_scale: float = 0.0
 
     @property
     def n_embd_q(self) -> int:

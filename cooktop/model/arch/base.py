@@ -52,6 +52,13 @@ class TensorSpec:
         required: False for llama.cpp's ``TENSOR_NOT_REQUIRED``: the file may lack it.
         tied_to: name used in its place when the file lacks it (``output`` -> ``token_embd``,
             llama.cpp's ``TENSOR_DUPLICATED``).
+        parts: a fused matrix (phi3's ``attn_qkv``, ``ffn_up``): ``(key, rows(cfg))`` of each
+            consecutive row range, in order. The segment uploads each range as its own weight
+            under its key (``w["attn_q"]``...), not the fused tensor: a GGML row is contiguous
+            (``row_bytes`` each, quantized or not), so a row range is a plain slice of the file
+            and every op, kernel and device works on it unchanged. llama.cpp instead multiplies
+            by the whole fused weight and views column ranges of the product
+            (``build_qkv``, ``ggml_swiglu``); each output value is the same dot product.
     """
 
     name: str
@@ -60,6 +67,7 @@ class TensorSpec:
     kind: str = MATRIX
     required: bool = True
     tied_to: str | None = None
+    parts: tuple[tuple[str, Callable[[ModelConfig], int]], ...] = ()
 
     @property
     def per_block(self) -> bool:
@@ -72,6 +80,20 @@ class TensorSpec:
         ``attn_q.bias``, ``output.weight`` -> ``output``."""
         key = self.name.removeprefix("blk.{i}.")
         return key.removesuffix(".weight")
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The keys the block code reads this tensor under: its :attr:`parts`' keys, else :attr:`key`."""
+        return tuple(k for k, _ in self.parts) or (self.key,)
+
+    def part_rows(self, cfg: ModelConfig) -> list[tuple[str, int, int]]:
+        """``(key, first row, end row)`` of each of :attr:`parts` for a model of ``cfg``."""
+        out, a = [], 0
+        for key, rows in self.parts:
+            n = int(rows(cfg))
+            out.append((key, a, a + n))
+            a += n
+        return out
 
     def gguf_name(self, i: int | None = None) -> str:
         """The tensor's name in the file (for block ``i`` when per block)."""
@@ -93,7 +115,8 @@ def bias(name: str, shape: Callable[[ModelConfig], tuple[int, ...]], **kw: Any) 
     return TensorSpec(name, shape, kind=BIAS, **kw)
 
 
-#: ``block(d, cfg, w, s, k_cache, v_cache, pos)``: enqueue one block on the ``n`` rows of ``s``.
+#: ``block(d, cfg, w, s, k_cache, v_cache, pos)``: enqueue one block on the ``n`` rows of ``s``;
+#: ``s.il`` is the block's index in the model (per-layer choices: gemma3's sliding-window layers).
 BlockFn = Callable[[Device, ModelConfig, Weights, SimpleNamespace, DeviceTensor, DeviceTensor, DeviceTensor],
                    None]
 #: ``final_norm(d, cfg, w, xn, x)``: enqueue ``xn = norm(x)`` on the rows leaving the last block
@@ -124,6 +147,9 @@ class Architecture:
             the head (:attr:`final_norm`, :attr:`lm_head`) may call, optional tensors included
             (the head's include ``get_rows``, with which the segment picks the last row):
             placement keeps a unit on the host when its device lacks one (``runtime/placement.py``).
+        embd_scale: ``embd_scale(cfg) -> float``: factor of the token embeddings looked up on the
+            host (gemma3: ``sqrt(n_embd)`` in float32, llama.cpp ``ggml_scale(inpL, sqrtf(n_embd))``);
+            None: unscaled.
     """
 
     name: str
@@ -136,9 +162,10 @@ class Architecture:
     lm_head: HeadFn
     block_ops: tuple[str, ...]
     head_ops: tuple[str, ...]
+    embd_scale: Callable[[ModelConfig], float] | None = None
 
     def __post_init__(self) -> None:
-        keys = [(s.unit, s.key) for s in self.tensors]
+        keys = [(s.unit, k) for s in self.tensors for k in {s.key, *s.keys}]
         if len(set(keys)) != len(keys):
             raise ValueError(f"architecture {self.name}: two tensors share a key in one unit")
 
