@@ -20,13 +20,24 @@ from .group import cli
 @click.option("--n-head-kv", type=int, default=None)
 @click.option("--n-ff", type=int, default=None)
 @click.option("--n-vocab", type=int, default=None)
+@click.option("--head-dim", type=int, default=None, help="attention.key_length (default n_embd / n_head).")
 @click.option("--type", "file_type", type=click.Choice(synth.FILE_TYPES), default="Q4_0", show_default=True)
-@click.option("--arch", type=click.Choice(sorted(ARCHITECTURES)), default="llama", show_default=True,
-              help="general.architecture: the tensors written are the ones model/arch/<arch>.py declares.")
+@click.option("--arch", type=click.Choice(sorted(ARCHITECTURES)), default=None,
+              help="general.architecture (default: the --shape's, else llama): the tensors written are the "
+                   "ones model/arch/<arch>.py declares.")
+@click.option("--vocab", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Copy the tokenizer.* keys of this vocabulary GGUF (e.g. ../shared/vocab/ggml-vocab-qwen2.gguf); "
+                   "n_vocab becomes its token count.")
+@click.option("--rope-scaling-type", type=click.Choice(["none", "linear", "yarn"]), default=None,
+              help="Write rope.scaling.type.")
+@click.option("--rope-scaling-factor", type=float, default=None, help="Write rope.scaling.factor.")
+@click.option("--rope-freqs/--no-rope-freqs", default=None,
+              help="Write Llama 3.1's rope_freqs tensor (llama; default: the --shape's choice).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="GGUF file to write.")
-def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, file_type, arch, seed, output):
-    """Write a synthetic GGUF of architecture --arch (random weights, SPM-shaped vocabulary).
+def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, head_dim, file_type, arch, vocab,
+              rope_scaling_type, rope_scaling_factor, rope_freqs, seed, output):
+    """Write a synthetic GGUF of architecture --arch (random weights; SPM-shaped vocabulary or --vocab's).
 
     Start from --shape and override any dimension, or give all of
     --n-embd --n-layer --n-head --n-ff (--n-head-kv defaults to --n-head, --n-vocab to 32000).
@@ -41,9 +52,12 @@ def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, file_typ
             raise click.UsageError(f"give --shape or all of {', '.join(missing)}")
         base = synth.Shape(n_embd, n_layer, n_head, n_head_kv or n_head, n_ff, n_vocab or 32000)
     over = {k: v for k, v in dict(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
-                                  n_ff=n_ff, n_vocab=n_vocab).items() if v is not None}
+                                  n_ff=n_ff, n_vocab=n_vocab, head_dim=head_dim, rope_scaling=rope_scaling_type,
+                                  rope_scaling_factor=rope_scaling_factor, rope_freqs=rope_freqs,
+                                  arch=arch).items() if v is not None}
     s = dataclasses.replace(base, **over)
     t0 = time.perf_counter()
-    n = synth.write(output, s, file_type, seed=seed, name=f"synthetic {shape or 'custom'} {file_type}", arch=arch)
+    n = synth.write(output, s, file_type, seed=seed, name=f"synthetic {shape or 'custom'} {file_type}",
+                    vocab=vocab)
     click.echo(f"wrote {output}: {n / 1e9:.2f} B parameters ({n:,}), {file_type}, "
                f"{time.perf_counter() - t0:.1f} s", err=True)

@@ -9,7 +9,9 @@ also declares the tensors the file must (or may) hold.
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Any
 
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGUFFile
@@ -88,14 +90,52 @@ def _check_tensors(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
                 f"n_vocab {V}); the file is inconsistent")
 
 
+#: ``rope.scaling.type`` values llama.cpp knows (src/llama-model.cpp LLAMA_ROPE_SCALING_TYPES).
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+
+
+def _rope_scaling(m: Metadata, n_ctx_train: int) -> dict[str, Any]:
+    """The rope scaling fields of :class:`ModelConfig`, as llama.cpp derives them.
+
+    ``llama_model_base::load_hparams`` (src/llama-model.cpp): the type defaults to
+    ``linear``; the factor is ``rope.scaling.factor`` (else the old ``rope.scale_linear``),
+    ``freq_scale = 1 / factor`` (1 when absent or 0); ``rope.scaling.attn_factor`` and
+    ``rope.scaling.original_context_length`` (default n_ctx_train) are optional.
+    ``llama_context`` (src/llama-context.cpp): type ``none`` forces freq_scale 1; YaRN sets
+    ext_factor 1 and attn_factor ``mscale(factor) / (1 + 0.1 ln factor)`` (which ggml's
+    rope_yarn multiplies back by ``1 + 0.1 ln factor``), then times ``rope.scaling.attn_factor``.
+
+    Raises:
+        UnsupportedModelError: a scaling type llama.cpp does not know, or a non-numeric value.
+    """
+    kind = m.get("rope.scaling.type", "linear")
+    if kind not in ROPE_SCALING_TYPES:
+        raise UnsupportedModelError(f"{m.path}: rope scaling type {kind!r} ({m.key('rope.scaling.type')}) is "
+                                    f"not supported ({', '.join(ROPE_SCALING_TYPES)})")
+    factor = m.num("rope.scaling.factor", float, None, minimum=0.0)
+    if factor is None:
+        factor = m.num("rope.scale_linear", float, 0.0, minimum=0.0)
+    scale = 1.0 if not factor or kind == "none" else 1.0 / factor
+    ext_factor = 1.0 if kind == "yarn" else 0.0
+    attn_factor = 1.0
+    if ext_factor != 0.0:
+        f = 1.0 / scale
+        mscale = 1.0 if f <= 1.0 else 0.1 * math.log(f) + 1.0
+        attn_factor = mscale / (1.0 + 0.1 * math.log(f))
+    attn_factor *= m.num("rope.scaling.attn_factor", float, 1.0)
+    n_ctx_orig = m.num("rope.scaling.original_context_length", int, 0, minimum=0) or n_ctx_train
+    return {"rope_freq_scale": scale, "rope_scaling_type": str(kind), "rope_ext_factor": ext_factor,
+            "rope_attn_factor": attn_factor, "n_ctx_orig_yarn": n_ctx_orig}
+
+
 def load_config(f: GGUFFile) -> ModelConfig:
     """Build the :class:`ModelConfig` of an opened GGUF and check its tensors.
 
     Raises:
         UnsupportedModelError: unsupported architecture (the message lists the supported
-            ones), a missing required key, inconsistent values (e.g. n_head not dividing
-            n_embd), value_length != key_length, or a tensor the forward pass does not use
-            (see :func:`_check_tensors`).
+            ones), a missing required key, inconsistent values (e.g. n_head_kv not dividing
+            n_head), value_length != key_length, an unknown rope scaling type, or a tensor the
+            forward pass does not use (see :func:`_check_tensors`).
     """
     arch = architecture(f.architecture, f.path)
     p = f.path
@@ -106,14 +146,11 @@ def load_config(f: GGUFFile) -> ModelConfig:
     n_ff = m.num("feed_forward_length", required=True, minimum=1)
     n_ctx_train = m.num("context_length", required=True, minimum=1)
     n_head_kv = m.num("attention.head_count_kv", default=n_head, minimum=1)
-    if n_embd % n_head:
+    if n_embd % n_head and not m.has("attention.key_length"):
         raise UnsupportedModelError(f"{p}: n_head = {n_head} does not divide n_embd = {n_embd}")
     if n_head % n_head_kv:
         raise UnsupportedModelError(f"{p}: n_head_kv = {n_head_kv} does not divide n_head = {n_head}")
     head_dim = m.num("attention.key_length", default=n_embd // n_head, minimum=1)
-    if n_head * head_dim != n_embd:
-        raise UnsupportedModelError(f"{p}: attention.key_length = {head_dim} with n_head = {n_head} is not "
-                                    f"n_embd = {n_embd}; cooktop needs n_head * head_dim == n_embd")
     v_len = m.num("attention.value_length", default=head_dim, minimum=1)
     if v_len != head_dim:
         raise UnsupportedModelError(
@@ -122,15 +159,7 @@ def load_config(f: GGUFFile) -> ModelConfig:
     n_rot = m.num("rope.dimension_count", default=head_dim, minimum=0)
     if n_rot % 2 or n_rot > head_dim:
         raise UnsupportedModelError(f"{p}: rope dimension count {n_rot} must be even and <= head_dim {head_dim}")
-    scale = 1.0
-    scaling_type = m.get("rope.scaling.type", "none")
-    factor = m.num("rope.scaling.factor", float, None, minimum=0.0)
-    if factor is None and m.has("rope.scale_linear"):
-        factor, scaling_type = m.num("rope.scale_linear", float, minimum=0.0), "linear"
-    if scaling_type == "linear" and factor:
-        scale = 1.0 / float(factor)
-    elif scaling_type not in ("none", "linear"):
-        raise UnsupportedModelError(f"{p}: rope scaling type {scaling_type!r} is not supported (none, linear)")
+    rope = _rope_scaling(m, n_ctx_train)
     tensors = f.tensors
     if "token_embd.weight" not in tensors:
         raise UnsupportedModelError(f"{p}: missing tensor 'token_embd.weight'")
@@ -143,7 +172,7 @@ def load_config(f: GGUFFile) -> ModelConfig:
         arch=arch.name, n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layer=n_layer,
         n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_rot=n_rot, head_dim=head_dim,
         rope_freq_base=float(m.num("rope.freq_base", float, 10000.0, minimum=1e-30)),
-        rope_freq_scale=scale,
+        **rope,
         rope_mode=arch.rope_mode,
         tied_output=any(s.tied_to is not None and s.name not in tensors for s in arch.tensors),
         **arch.hparams(m),

@@ -28,7 +28,14 @@ class ModelConfig:
             query / key-value heads (GQA when different); n_ff: feed-forward width.
         n_rot: rotary dimensions per head (``rope.dimension_count``, default head_dim).
         head_dim: ``n_embd / n_head`` (or ``attention.key_length``).
-        rope_freq_base: theta base (default 10000); rope_freq_scale: 1 / linear scaling factor.
+        rope_freq_base: theta base (default 10000); rope_freq_scale: 1 / ``rope.scaling.factor``
+            (1 without scaling or with type ``none``).
+        rope_scaling_type: ``rope.scaling.type`` as llama.cpp reads it (``linear`` when absent).
+        rope_ext_factor, rope_attn_factor, rope_yarn_beta_fast, rope_yarn_beta_slow, n_ctx_orig_yarn:
+            ggml_rope_ext's YaRN arguments as llama.cpp's context derives them
+            (src/llama-context.cpp: ext_factor 1 for YaRN else 0; attn_factor corrected for YaRN
+            and times ``rope.scaling.attn_factor``; n_ctx_orig from
+            ``rope.scaling.original_context_length``, default n_ctx_train).
         rms_eps: epsilon of RMSNorm.
         rope_mode: ggml rope mode of the architecture (0 normal, 2 NeoX; ``Architecture.rope_mode``).
         tied_output: True when there is no ``output.weight`` and ``token_embd`` is reused.
@@ -56,6 +63,12 @@ class ModelConfig:
     head_dim: int
     rope_freq_base: float = 10000.0
     rope_freq_scale: float = 1.0
+    rope_scaling_type: str = "linear"
+    rope_ext_factor: float = 0.0
+    rope_attn_factor: float = 1.0
+    rope_yarn_beta_fast: float = 32.0
+    rope_yarn_beta_slow: float = 1.0
+    n_ctx_orig_yarn: int = 0
     rms_eps: float = 1e-5
     rope_mode: int = 0
     tied_output: bool = False
@@ -74,6 +87,14 @@ class ModelConfig:
     def n_embd_kv(self) -> int:
         """Width of one K (or V) row: ``n_head_kv * head_dim``."""
         return self.n_head_kv * self.head_dim
+
+    def rope_params(self) -> dict[str, Any]:
+        """Keyword arguments of ``Device.rope`` for this model (all but ``freq_factors``):
+        ``d.rope(q, q, pos, **cfg.rope_params(), freq_factors=w.get("rope_freqs"))``."""
+        return {"head_dim": self.head_dim, "n_rot": self.n_rot, "freq_base": self.rope_freq_base,
+                "freq_scale": self.rope_freq_scale, "mode": self.rope_mode, "ext_factor": self.rope_ext_factor,
+                "attn_factor": self.rope_attn_factor, "beta_fast": self.rope_yarn_beta_fast,
+                "beta_slow": self.rope_yarn_beta_slow, "n_ctx_orig": self.n_ctx_orig_yarn or self.n_ctx_train}
 
     def kv_cache_bytes(self, n_ctx: int, bytes_per_element: int = 4) -> int:
         """KV cache size: 2 x n_layer x n_head_kv x head_dim x n_ctx x bytes per element (bytes)."""

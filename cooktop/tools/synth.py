@@ -9,22 +9,32 @@ random valid blocks (``format/quants.py``). ``Q4_K_M`` follows llama.cpp's
 mixture (src/llama-quant.cpp): Q6_K for ``output`` and for ``attn_v`` /
 ``ffn_down`` of the blocks where ``use_more_bits`` holds, Q4_K elsewhere.
 The vocabulary is SPM-shaped: ``<unk> <s> </s>``, 256 byte tokens
-``<0x00>..<0xFF>``, then ``n_vocab - 259`` distinct pieces with descending scores.
+``<0x00>..<0xFF>``, then ``n_vocab - 259`` distinct pieces with descending scores;
+or, with ``vocab=`` (``--vocab``), every ``tokenizer.*`` key of a vocabulary GGUF
+(``../shared/vocab/ggml-vocab-qwen2.gguf``...), n_vocab becoming its token count.
+
+Optional tensors that change the numbers are written with values that exercise them:
+per-head Q/K norm weights (``attn_q_norm``, ``attn_k_norm``) are ``1 + N(0, 0.1)``;
+Llama 3.1's ``rope_freqs`` is written only when the shape asks (``Shape.rope_freqs``),
+with the factors llama.cpp's converter computes for Llama 3.1 (factor 8, low/high
+frequency factors 1 and 4, original context 8192).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import string
 import tempfile
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFWriter, TokenType
+from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter, TokenType
 from gguf import GGMLQuantizationType as T
 
 from ..errors import CooktopError
+from ..format.gguf import read_raw_metadata
 from ..format.quants import random_weight
 from ..model.arch import architecture
 from ..model.arch.base import BIAS, MATRIX
@@ -44,6 +54,18 @@ class Shape:
     n_ctx_train: int = 2048
     rope_freq_base: float = 10000.0
     tied: bool = False
+    #: attention.key_length when set (n_head * head_dim may then differ from n_embd: qwen3)
+    head_dim: int | None = None
+    #: rope.scaling.type written when set (``linear``, ``yarn``, ``none``)
+    rope_scaling: str | None = None
+    #: rope.scaling.factor written when set (alone: llama.cpp's default type, linear)
+    rope_scaling_factor: float | None = None
+    #: rope.scaling.original_context_length written when set
+    n_ctx_orig: int | None = None
+    #: write Llama 3.1's rope_freqs tensor (llama only)
+    rope_freqs: bool = False
+    #: the architecture a named shape is of (``write``'s default)
+    arch: str = "llama"
 
 
 #: Named shapes with the dimensions and GQA ratios of the real models.
@@ -51,7 +73,9 @@ SHAPES: dict[str, Shape] = {
     "stories15m": Shape(288, 6, 6, 6, 768, 32000, 256),
     "smollm-135m": Shape(576, 30, 9, 3, 1536, 49152, 2048, 10000.0, tied=True),
     "tinyllama-1.1b": Shape(2048, 22, 32, 4, 5632, 32000, 2048),
-    "llama-3.2-1b": Shape(2048, 16, 32, 8, 8192, 128256, 131072, 500000.0, tied=True),
+    "llama-3.2-1b": Shape(2048, 16, 32, 8, 8192, 128256, 131072, 500000.0, tied=True, rope_freqs=True),
+    "qwen2.5-0.5b": Shape(896, 24, 14, 2, 4864, 151936, 32768, 1000000.0, tied=True, arch="qwen2"),
+    "qwen3-0.6b": Shape(1024, 28, 16, 8, 3072, 151936, 40960, 1000000.0, tied=True, head_dim=128, arch="qwen3"),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
@@ -97,27 +121,30 @@ def vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
 N_SPECIAL_VOCAB = 259
 
 
-def config(s: Shape, arch: str = "llama") -> ModelConfig:
-    """The :class:`ModelConfig` a file written from ``s`` will have (head_dim = n_rot = n_embd / n_head)."""
-    a = architecture(arch)
-    head_dim = s.n_embd // s.n_head
+def config(s: Shape, arch: str | None = None) -> ModelConfig:
+    """The :class:`ModelConfig` a file written from ``s`` will have (n_rot = head_dim, which is
+    ``s.head_dim`` or n_embd / n_head); rope scaling fields as ``load_config`` derives them."""
+    a = architecture(arch or s.arch)
+    head_dim = s.head_dim or s.n_embd // s.n_head
     return ModelConfig(arch=a.name, n_vocab=s.n_vocab, n_ctx_train=s.n_ctx_train, n_embd=s.n_embd,
                        n_layer=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv, n_ff=s.n_ff, n_rot=head_dim,
                        head_dim=head_dim, rope_freq_base=s.rope_freq_base, rms_eps=1e-5, rope_mode=a.rope_mode,
                        tied_output=s.tied)
 
 
-def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str = "llama"
+def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | None = None
           ) -> list[tuple[str, tuple[int, ...], T | None, str]]:
     """(tensor name, numpy-order shape, GGML type or None for F32, kind) of every tensor, in file order.
 
     Matrices get the file type's choice (:func:`tensor_type`), norm and bias weights None (F32),
-    unless ``overrides`` names them.
+    unless ``overrides`` names them. ``rope_freqs`` only when ``s.rope_freqs``.
     """
     cfg = config(s, arch)
     plan: list[tuple[str, tuple[int, ...], T | None, str]] = []
-    for name, spec in architecture(arch).expected(cfg):
+    for name, spec in architecture(arch or s.arch).expected(cfg):
         if spec.tied_to is not None and s.tied:
+            continue
+        if spec.key == "rope_freqs" and not s.rope_freqs:
             continue
         layer = int(name.split(".")[1]) if spec.per_block else None
         ty = tensor_type(file_type, spec.key, layer, s.n_layer) if spec.kind == MATRIX else None
@@ -127,18 +154,41 @@ def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str = 
     return plan
 
 
-def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None, arch: str = "llama") -> None:
-    """Check that ``shape`` makes a GGUF of ``arch`` cooktop (and llama.cpp) can load, before writing.
+def llama3_rope_freqs(n_rot: int, freq_base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
+                      high_freq_factor: float = 4.0, old_context_len: int = 8192) -> np.ndarray:
+    """Llama 3.1's rope frequency factors, f32 [n_rot / 2] (llama.cpp convert_hf_to_gguf.py,
+    ``LlamaModel.generate_extra_tensors``: 1 for short wavelengths, ``factor`` for long ones,
+    a smooth blend between)."""
+    out = []
+    low_wavelen, high_wavelen = old_context_len / low_freq_factor, old_context_len / high_freq_factor
+    for i in range(0, n_rot, 2):
+        wavelen = 2 * math.pi * freq_base ** (i / n_rot)
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
-    Rules: every dimension > 0; n_head divides n_embd and n_head_kv divides n_head;
-    head_dim = n_embd / n_head even (rope rotates pairs); n_vocab >= 260 (259 SPM
-    special and byte tokens plus one piece); every row width (n_embd, n_ff) a
-    multiple of the block size of the tensor's GGML type (GGML_QUANT_SIZES).
+
+def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None, arch: str | None = None,
+             own_vocab: bool = True) -> None:
+    """Check that ``shape`` makes a GGUF of ``arch`` (default ``shape.arch``) cooktop (and llama.cpp)
+    can load, before writing.
+
+    Rules: every dimension > 0; n_head divides n_embd (unless ``head_dim`` is given) and
+    n_head_kv divides n_head; head_dim (n_embd / n_head by default) even (rope rotates pairs);
+    n_vocab >= 260 with the synthetic vocabulary (``own_vocab``: 259 SPM special and byte
+    tokens plus one piece); every row width (n_embd, n_ff) a multiple of the block size of
+    the tensor's GGML type (GGML_QUANT_SIZES).
 
     Raises:
         CooktopError: unknown ``file_type`` or ``arch`` (UnsupportedModelError), or the first
             rule broken, in one line.
     """
+    arch = arch or shape.arch
     architecture(arch)
     if file_type not in FILE_TYPES:
         raise CooktopError(f"unknown --type {file_type!r}; choose one of {', '.join(FILE_TYPES)}")
@@ -147,14 +197,18 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
         v = getattr(s, field)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise CooktopError(f"synthetic shape: {field} = {v!r} must be a positive integer")
-    if s.n_embd % s.n_head:
+    if s.head_dim is not None and (isinstance(s.head_dim, bool) or not isinstance(s.head_dim, int)
+                                   or s.head_dim <= 0):
+        raise CooktopError(f"synthetic shape: head_dim = {s.head_dim!r} must be a positive integer")
+    if s.n_embd % s.n_head and s.head_dim is None:
         raise CooktopError(f"synthetic shape: n_head = {s.n_head} does not divide n_embd = {s.n_embd}")
     if s.n_head % s.n_head_kv:
         raise CooktopError(f"synthetic shape: n_head_kv = {s.n_head_kv} does not divide n_head = {s.n_head}")
-    if (s.n_embd // s.n_head) % 2:
-        raise CooktopError(f"synthetic shape: head_dim = n_embd / n_head = {s.n_embd // s.n_head} must be even "
-                           f"(rope rotates pairs)")
-    if s.n_vocab < N_SPECIAL_VOCAB + 1:
+    head_dim = s.head_dim or s.n_embd // s.n_head
+    if head_dim % 2:
+        what = "head_dim" if s.head_dim else "head_dim = n_embd / n_head"
+        raise CooktopError(f"synthetic shape: {what} = {head_dim} must be even (rope rotates pairs)")
+    if own_vocab and s.n_vocab < N_SPECIAL_VOCAB + 1:
         raise CooktopError(f"synthetic shape: n_vocab = {s.n_vocab} must be >= {N_SPECIAL_VOCAB + 1} "
                            f"(<unk> <s> </s>, 256 byte tokens and at least one piece)")
     seen: set[tuple[int, T]] = set()
@@ -181,21 +235,49 @@ def _vector(values: np.ndarray, ty: T) -> tuple[np.ndarray, T | None]:
     raise CooktopError(f"norm and bias weights can be F32, F16 or BF16, not {ty.name}")
 
 
+def _vocab_keys(path: str | os.PathLike) -> tuple[list[tuple[str, object, GGUFValueType, GGUFValueType | None]], int]:
+    """The ``tokenizer.*`` keys of vocabulary GGUF ``path`` as (key, value, type, element type)
+    for ``GGUFWriter.add_key_value``, and its token count.
+
+    Raises:
+        CooktopError: not a readable GGUF (GGUFError), or no ``tokenizer.ggml.tokens``.
+    """
+    raw = read_raw_metadata(path)
+    toks = raw.get("tokenizer.ggml.tokens")
+    if toks is None or not toks.value:
+        raise CooktopError(f"{path}: no tokenizer.ggml.tokens: not a vocabulary GGUF")
+    out = []
+    for key, v in raw.items():
+        if not key.startswith("tokenizer.") or v.value is None:
+            continue
+        value = v.value.tolist() if isinstance(v.value, np.ndarray) else v.value
+        out.append((key, value, v.type, v.sub_type))
+    return out, len(toks.value)
+
+
 def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, name: str = "synthetic",
-          overrides: dict[str, T] | None = None, arch: str = "llama") -> int:
-    """Write a GGUF of architecture ``arch`` with random weights; returns the parameter count.
+          overrides: dict[str, T] | None = None, arch: str | None = None,
+          vocab: str | os.PathLike | None = None) -> int:
+    """Write a GGUF of architecture ``arch`` (default ``shape.arch``) with random weights; returns
+    the parameter count.
 
     ``overrides`` maps a tensor name (e.g. ``blk.0.ffn_up.weight``) to a GGML type
     that replaces the file type's choice (tests use it to make mixed files; a norm
-    weight may be F32, F16 or BF16). The shape is checked by :func:`validate` before
-    anything is written; the file is written to a temporary name in the same folder
-    and renamed on success, so a failure leaves no file behind.
+    weight may be F32, F16 or BF16). ``vocab`` is a vocabulary GGUF whose ``tokenizer.*``
+    keys are copied (n_vocab becomes its token count). The shape is checked by
+    :func:`validate` before anything is written; the file is written to a temporary name
+    in the same folder and renamed on success, so a failure leaves no file behind.
 
     Raises:
-        CooktopError: unknown ``file_type`` or ``arch``, a bad shape (see :func:`validate`), or
-            the file cannot be written (OSError).
+        CooktopError: unknown ``file_type`` or ``arch``, a bad shape (see :func:`validate`), a
+            vocabulary that is not one, or the file cannot be written (OSError).
     """
-    validate(shape, file_type, overrides, arch)
+    arch = arch or shape.arch
+    vocab_keys = None
+    if vocab is not None:
+        vocab_keys, n_vocab = _vocab_keys(vocab)
+        shape = dataclasses.replace(shape, n_vocab=n_vocab)
+    validate(shape, file_type, overrides, arch, own_vocab=vocab_keys is None)
     path = os.fspath(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
@@ -207,7 +289,7 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
     except OSError as e:
         raise CooktopError(f"cannot write {path}: {e.strerror or e}") from None
     try:
-        n_params = _write(tmp, shape, file_type, seed, name, overrides, arch)
+        n_params = _write(tmp, shape, file_type, seed, name, overrides, arch, vocab_keys)
         os.replace(tmp, path)
     except OSError as e:
         raise CooktopError(f"cannot write {path}: {e.strerror or e}") from None
@@ -218,10 +300,10 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
 
 
 def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides: dict[str, T] | None,
-           arch: str) -> int:
+           arch: str, vocab_keys: list | None = None) -> int:
     """Body of :func:`write` for a validated shape; writes ``path`` directly."""
     rng = np.random.default_rng(seed)
-    head_dim = s.n_embd // s.n_head
+    cfg = config(s, arch)
     w = GGUFWriter(path, arch)
     w.add_name(name)
     w.add_context_length(s.n_ctx_train)
@@ -230,23 +312,43 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
     w.add_feed_forward_length(s.n_ff)
     w.add_head_count(s.n_head)
     w.add_head_count_kv(s.n_head_kv)
-    w.add_rope_dimension_count(head_dim)
+    if s.head_dim is not None:
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
+    w.add_rope_dimension_count(cfg.n_rot)
     w.add_rope_freq_base(s.rope_freq_base)
+    if s.rope_scaling is not None:
+        w.add_string(f"{arch}.rope.scaling.type", s.rope_scaling)
+    if s.rope_scaling_factor is not None:
+        w.add_float32(f"{arch}.rope.scaling.factor", s.rope_scaling_factor)
+    if s.n_ctx_orig is not None:
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", s.n_ctx_orig)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(_FTYPE[file_type])
-    tokens, scores, types = vocab(s.n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    if vocab_keys is not None:
+        for key, value, vtype, sub_type in vocab_keys:
+            w.add_key_value(key, value, vtype, sub_type)
+    else:
+        tokens, scores, types = vocab(s.n_vocab)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
     n_params = 0
     for tname, shp, ty, kind in _plan(s, file_type, overrides, arch):
         n_params += int(np.prod(shp))
-        if kind != MATRIX:  # norm weights: ones; biases: Gaussian
-            values = rng.normal(0.0, 0.02, shp) if kind == BIAS else np.ones(shp)
+        if kind != MATRIX:  # norm weights: ones (per-head Q/K norms: 1 + N(0, 0.1)); biases: Gaussian
+            if tname == "rope_freqs.weight":
+                values = llama3_rope_freqs(cfg.n_rot, s.rope_freq_base)
+            elif kind == BIAS:
+                values = rng.normal(0.0, 0.02, shp)
+            elif tname.endswith(("attn_q_norm.weight", "attn_k_norm.weight")):
+                values = 1.0 + rng.normal(0.0, 0.1, shp)
+            else:
+                values = np.ones(shp)
             data, raw = _vector(values, T.F32 if ty is None else ty)
             w.add_tensor(tname, data, raw_dtype=raw)
             continue
