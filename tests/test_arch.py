@@ -36,7 +36,7 @@ def test_registry_and_unknown_architecture_lists_the_supported_ones():
     assert ARCHITECTURES["llama"] is LLAMA and architecture("llama") is LLAMA
     with pytest.raises(UnsupportedModelError) as e:
         architecture("gpt2", "m.gguf")
-    assert str(e.value) == "m.gguf: unsupported architecture 'gpt2'; cooktop runs llama (general.architecture)"
+    assert str(e.value) == "m.gguf: unsupported architecture 'gpt2'; cooktop runs gemma3, llama, phi3 (general.architecture)"
 
 
 def test_synth_unknown_arch_is_refused(tmp_path):
@@ -88,7 +88,7 @@ class _Recorder:
         self.seen: list[str] = []
 
     def __getattr__(self, op):
-        return lambda *args: self.seen.append(op)
+        return lambda *args, **kwargs: self.seen.append(op)
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -96,11 +96,12 @@ def test_declared_ops_are_the_ops_block_and_head_call(name):
     """block_ops / head_ops (read by placement) match the code, with every optional tensor present."""
     a = ARCHITECTURES[name]
     cfg = synth.config(SMALL, name)
-    keys = {s.key for s in a.tensors}
+    keys = {k for s in a.tensors for k in s.keys}  # a fused tensor's parts under their own keys
     w = {k: object() for k in keys}
-    s = SimpleNamespace(**{k: object() for k in a.scratch(cfg)})
+    s = SimpleNamespace(il=0, **{k: object() for k in a.scratch(cfg)})
+    cache = SimpleNamespace(shape=(64, cfg.n_embd_kv))
     d = _Recorder()
-    a.block(d, cfg, w, s, object(), object(), object())
+    a.block(d, cfg, w, s, cache, cache, object())
     assert set(d.seen) == set(a.block_ops)
     d = _Recorder()
     a.final_norm(d, cfg, w, object(), object())

@@ -14,7 +14,9 @@ or, with ``vocab=`` (``--vocab``), every ``tokenizer.*`` key of a vocabulary GGU
 (``../shared/vocab/ggml-vocab-qwen2.gguf``...), n_vocab becoming its token count.
 
 Optional tensors that change the numbers are written with values that exercise them:
-per-head Q/K norm weights (``attn_q_norm``, ``attn_k_norm``) are ``1 + N(0, 0.1)``;
+per-head Q/K norm weights (``attn_q_norm``, ``attn_k_norm``) and gemma3's post norms are
+``1 + N(0, 0.1)``; phi3's LongRoPE factors (``Shape.long_rope``) rise from 1 to 16 (long)
+and from 1 to 1.5 (short);
 Llama 3.1's ``rope_freqs`` is written only when the shape asks (``Shape.rope_freqs``),
 with the factors llama.cpp's converter computes for Llama 3.1 (factor 8, low/high
 frequency factors 1 and 4, original context 8192).
@@ -66,6 +68,14 @@ class Shape:
     rope_freqs: bool = False
     #: the architecture a named shape is of (``write``'s default)
     arch: str = "llama"
+    #: gemma3: attention.sliding_window written when set (tokens; the SWA layers' window)
+    n_swa: int | None = None
+    #: gemma3: attention.sliding_window_pattern written when set (period; llama.cpp's default 6)
+    swa_pattern: int | None = None
+    #: gemma3: rope.freq_base_swa written when set (rope base of the SWA layers)
+    rope_freq_base_swa: float | None = None
+    #: phi3: write LongRoPE factors (rope_factors_long/short) and rope.scaling.attn_factor
+    long_rope: bool = False
 
 
 #: Named shapes with the dimensions and GQA ratios of the real models.
@@ -145,6 +155,8 @@ def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | 
         if spec.tied_to is not None and s.tied:
             continue
         if spec.key == "rope_freqs" and not s.rope_freqs:
+            continue
+        if spec.key.startswith("rope_factors_") and not s.long_rope:
             continue
         layer = int(name.split(".")[1]) if spec.per_block else None
         ty = tensor_type(file_type, spec.key, layer, s.n_layer) if spec.kind == MATRIX else None
@@ -323,6 +335,16 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
         w.add_float32(f"{arch}.rope.scaling.factor", s.rope_scaling_factor)
     if s.n_ctx_orig is not None:
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", s.n_ctx_orig)
+    if s.n_swa is not None:
+        w.add_uint32(f"{arch}.attention.sliding_window", s.n_swa)
+    if s.swa_pattern is not None:
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", s.swa_pattern)
+    if s.rope_freq_base_swa is not None:
+        w.add_float32(f"{arch}.rope.freq_base_swa", s.rope_freq_base_swa)
+    if s.long_rope:  # conversion/phi.py: sqrt(1 + ln(scale) / ln(n_ctx_orig)) for LongRoPE
+        scale = s.n_ctx_train / (s.n_ctx_orig or s.n_ctx_train)
+        w.add_float32(f"{arch}.rope.scaling.attn_factor",
+                      math.sqrt(1 + math.log(scale) / math.log(s.n_ctx_orig or s.n_ctx_train)) if scale > 1 else 1.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(_FTYPE[file_type])
     if vocab_keys is not None:
@@ -343,9 +365,12 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
         if kind != MATRIX:  # norm weights: ones (per-head Q/K norms: 1 + N(0, 0.1)); biases: Gaussian
             if tname == "rope_freqs.weight":
                 values = llama3_rope_freqs(cfg.n_rot, s.rope_freq_base)
+            elif tname in ("rope_factors_long.weight", "rope_factors_short.weight"):  # LongRoPE-like
+                values = (np.linspace(1.0, 16.0, shp[0]) if "long" in tname else 1.0 + np.linspace(0.0, 0.5, shp[0]))
             elif kind == BIAS:
                 values = rng.normal(0.0, 0.02, shp)
-            elif tname.endswith(("attn_q_norm.weight", "attn_k_norm.weight")):
+            elif tname.endswith(("attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
+                                  "post_ffw_norm.weight")):
                 values = 1.0 + rng.normal(0.0, 0.1, shp)
             else:
                 values = np.ones(shp)

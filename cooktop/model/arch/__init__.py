@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from ...errors import UnsupportedModelError
 from .base import Architecture
+from .gemma3 import GEMMA3
 from .llama import LLAMA
+from .phi3 import PHI3
 
 #: general.architecture -> descriptor.
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA,)}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3)}
 
 
 def architecture(name: str, path: str = "") -> Architecture:

@@ -13,9 +13,9 @@ Block ``il`` (``swa`` = ``cfg.swa_layers[il]``)::
     q, k = rmsnorm_per_head(q) * attn_q_norm, rmsnorm_per_head(k) * attn_k_norm
     rope(q), rope(k)   NeoX; base rope.freq_base_swa and scale 1 on SWA layers, else the model's
     cache[pos] = k, v ; a = attention(q, cache, scale = attn_scale, window = n_swa if swa else 0)
-    x += rmsnorm(a @ Wo^T) * attn_post_norm
+    x += rmsnorm(a @ Wo^T) * post_attention_norm
     xn = rmsnorm(x) * ffn_norm
-    x += rmsnorm((gelu(xn @ Wg^T) * (xn @ Wu^T)) @ Wd^T) * ffn_post_norm
+    x += rmsnorm((gelu(xn @ Wg^T) * (xn @ Wu^T)) @ Wd^T) * post_ffw_norm
 
 Input: ``token_embd[tokens] * sqrt(n_embd)`` (float32). Head: ``(rmsnorm(x) * output_norm) @ Wout^T``
 (Wout = token_embd when tied, as in every Gemma 3 file).
@@ -116,14 +116,14 @@ TENSORS = (
     matrix("blk.{i}.attn_k.weight", lambda c: (c.n_embd_kv, c.n_embd)),
     matrix("blk.{i}.attn_v.weight", lambda c: (c.n_embd_kv, c.n_embd)),
     matrix("blk.{i}.attn_output.weight", lambda c: (c.n_embd, c.n_embd_q)),
-    norm("blk.{i}.attn_post_norm.weight", lambda c: (c.n_embd,)),
+    norm("blk.{i}.post_attention_norm.weight", lambda c: (c.n_embd,)),
     norm("blk.{i}.attn_k_norm.weight", lambda c: (c.head_dim,)),
     norm("blk.{i}.attn_q_norm.weight", lambda c: (c.head_dim,)),
     norm("blk.{i}.ffn_norm.weight", lambda c: (c.n_embd,)),
     matrix("blk.{i}.ffn_gate.weight", lambda c: (c.n_ff, c.n_embd)),
     matrix("blk.{i}.ffn_up.weight", lambda c: (c.n_ff, c.n_embd)),
     matrix("blk.{i}.ffn_down.weight", lambda c: (c.n_embd, c.n_ff)),
-    norm("blk.{i}.ffn_post_norm.weight", lambda c: (c.n_embd,)),
+    norm("blk.{i}.post_ffw_norm.weight", lambda c: (c.n_embd,)),
 )
 
 
@@ -170,14 +170,14 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, k_cache: 
     scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
     d.attention(att, q, k_cache, v_cache, pos, cfg.n_head, cfg.n_head_kv, scale, cfg.n_swa if swa else 0)
     d.matmul(o, att, w["attn_output"])
-    d.rmsnorm(o, o, w["attn_post_norm"], eps)
+    d.rmsnorm(o, o, w["post_attention_norm"], eps)
     d.add(x, x, o)
     d.rmsnorm(xn, x, w["ffn_norm"], eps)
     d.matmul(gate, xn, w["ffn_gate"])
     d.matmul(up, xn, w["ffn_up"])
     d.gelu_mul(gate, gate, up)
     d.matmul(o, gate, w["ffn_down"])
-    d.rmsnorm(o, o, w["ffn_post_norm"], eps)
+    d.rmsnorm(o, o, w["post_ffw_norm"], eps)
     d.add(x, x, o)
 
 
