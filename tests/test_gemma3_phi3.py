@@ -227,3 +227,11 @@ def test_cli_synth_info_run(tmp_path, arch):
     r = cli("run", "-m", str(p), "-p", "hello", "-n", "4", "--temp", "0", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("hello")
+
+
+def test_cli_info_shows_the_sliding_window(models):
+    r = subprocess.run([sys.executable, "-m", "cooktop.cli", "info", str(models["gemma3", "F32"])],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert ("sliding window: 8 tokens on 2 of 3 layers (rope_freq_base_swa 10000); full attention on layers [2]"
+            in r.stdout)

@@ -9,8 +9,8 @@ import os
 import click
 
 from ..errors import CooktopError
-from ..model.config import load_config
 from ..format.gguf import open_gguf
+from ..model.config import load_config
 from .group import cli
 
 
@@ -88,6 +88,11 @@ def info_cmd(model: str, n_ctx: int, as_json: bool) -> None:
         f"{_size(info['kv_cache_bytes']['f16'])} as f16)",
         "tensor types:",
     ]
+    if c.get("n_swa"):  # gemma3: llama.cpp's print_info says n_swa and the pattern
+        swa = [i for i, on in enumerate(c["swa_layers"]) if on]
+        lines.insert(-2, f"sliding window: {c['n_swa']} tokens on {len(swa)} of {c['n_layer']} layers "
+                         f"(rope_freq_base_swa {c['rope_freq_base_swa']:g}); full attention on layers "
+                         f"{[i for i in range(c['n_layer']) if i not in swa]}")
     for name, h in info["tensor_types"].items():
         lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  {_params(h['params'])} params")
     click.echo("\n".join(lines))

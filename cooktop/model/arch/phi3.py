@@ -42,7 +42,7 @@ from typing import Any
 
 from ...backends.base import ROPE_NEOX, Device, DeviceTensor
 from ..hparams import Metadata, ModelConfig
-from .base import BLOCK, HEAD, INPUT, Architecture, Weights, TensorSpec, matrix, norm
+from .base import BLOCK, HEAD, INPUT, Architecture, TensorSpec, Weights, matrix, norm
 
 #: llama.cpp pads n_ctx to a multiple of this (``GGML_PAD(cparams.n_ctx, 256)``, llama-context.cpp).
 N_CTX_PAD = 256
