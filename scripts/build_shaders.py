@@ -9,6 +9,16 @@ deterministic for a given glslc; the glslc version is recorded in the
 manifest, and ``tests/test_vulkan.py`` recompiles each variant and fails when
 a shipped ``.spv`` differs (a stale shader).
 
+Each variant's ``access`` is recorded too: per descriptor binding, ``"r"``
+(``readonly buffer``), ``"w"`` (``writeonly``) or ``"rw"``, read from the
+preprocessed source (``glslc -E`` with the variant's defines). The Vulkan
+backend records a memory barrier before a dispatch that reads or writes a
+buffer an earlier dispatch of the same command buffer wrote, or writes one it
+read (cooktop/backends/vulkan.py, ``_record``); these flags say which is which.
+A variant may also name the device ``features`` it needs (Vulkan feature
+names, e.g. ``shaderIntegerDotProduct``): the backend picks it only on devices
+where kp enabled them, and its ``fallback`` otherwise.
+
 Usage::
 
     python scripts/build_shaders.py            # (re)build every .spv
@@ -24,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -80,24 +91,57 @@ def compile_variant(glslc: str, variant: dict, out: pathlib.Path) -> None:
         raise RuntimeError(f"glslc failed on {variant['name']}: {r.stderr.strip()}")
 
 
+_BUFFER_DECL = re.compile(
+    r"layout\s*\(([^)]*)\)\s*((?:(?:readonly|writeonly|restrict|coherent|volatile)\s+)*)buffer\b")
+
+
+def binding_access(glslc: str, variant: dict) -> list[str]:
+    """Access of each descriptor binding of ``variant``: ``"r"``, ``"w"`` or ``"rw"``, in binding order.
+
+    Read from ``glslc -E`` output (the source after the variant's ``#ifdef``s).
+    Raises:
+        RuntimeError: glslc failed, or the bindings are not 0..n-1 (kp binds tensors in order).
+    """
+    cmd = [glslc, "-E", "-fshader-stage=compute", f"-I{SHADER_DIR}"]
+    cmd += [f"-D{k}={v}" for k, v in variant["defines"].items()]
+    cmd.append(str(SHADER_DIR / variant["source"]))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"glslc -E failed on {variant['name']}: {r.stderr.strip()}")
+    access: dict[int, str] = {}
+    for m in _BUFFER_DECL.finditer(r.stdout):
+        b = re.search(r"binding\s*=\s*(\d+)", m.group(1))
+        if b is None:
+            raise RuntimeError(f"{variant['name']}: a buffer without a binding number")
+        quals = m.group(2).split()
+        access[int(b.group(1))] = "r" if "readonly" in quals else "w" if "writeonly" in quals else "rw"
+    if sorted(access) != list(range(len(access))):
+        raise RuntimeError(f"{variant['name']}: bindings {sorted(access)} are not 0..n-1")
+    return [access[i] for i in range(len(access))]
+
+
 def stale_variants(glslc: str) -> list[str]:
-    """Names of variants whose shipped ``.spv`` differs from a fresh compile (or is missing)."""
+    """Names of variants whose shipped ``.spv`` differs from a fresh compile (or is missing),
+    or whose recorded ``access`` differs from the source's."""
     stale = []
     with tempfile.TemporaryDirectory() as tmp:
         for v in load_manifest()["variants"]:
             fresh = pathlib.Path(tmp) / f"{v['name']}.spv"
             compile_variant(glslc, v, fresh)
             shipped = SHADER_DIR / f"{v['name']}.spv"
-            if not shipped.exists() or shipped.read_bytes() != fresh.read_bytes():
+            if (not shipped.exists() or shipped.read_bytes() != fresh.read_bytes()
+                    or v.get("access") != binding_access(glslc, v)):
                 stale.append(v["name"])
     return stale
 
 
 def build(glslc: str) -> int:
-    """Compile every variant into SHADER_DIR and record the glslc version; returns the count."""
+    """Compile every variant into SHADER_DIR, record its binding access and the glslc version;
+    returns the count."""
     manifest = load_manifest()
     for v in manifest["variants"]:
         compile_variant(glslc, v, SHADER_DIR / f"{v['name']}.spv")
+        v["access"] = binding_access(glslc, v)
     manifest["glslc"] = glslc_version(glslc)
     manifest["flags"] = FLAGS
     MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")

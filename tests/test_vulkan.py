@@ -107,13 +107,42 @@ def test_kp_absent(fresh_registry, monkeypatch):
     assert fresh_registry.probe("cpu").available
 
 
-def test_numpy2_reported(monkeypatch):
+def test_numpy2_needs_pybind11_2_12(monkeypatch):
+    """numpy 2 is refused only for a kp built with pybind11 < 2.12 (Debian's 2.10 reads numpy 2
+    arrays as zeros); the patched build reports its pybind11 and runs under numpy 2."""
+    import types
     monkeypatch.setattr(vulkan.np, "__version__", "2.0.1")
+    old = types.SimpleNamespace(cooktop_patch=1, pybind11_version="2.10.3")
+    assert "numpy 2.0.1" in vulkan.numpy_problem(old) and "pybind11 2.10.3" in vulkan.numpy_problem(old)
+    assert "numpy<2" in vulkan.numpy_problem(types.SimpleNamespace())
+    assert vulkan.numpy_problem(types.SimpleNamespace(pybind11_version="2.13.6")) is None
+    monkeypatch.setattr(vulkan, "_import_kp", lambda: old)
     res = vulkan.VulkanBackend().probe()
-    if "not importable" in res.reason:
-        skip_or_fail("vulkan", res.reason)
+    assert not res.available and "numpy 2.0.1" in res.reason
+
+
+def test_unpatched_kp_refused(fresh_registry, monkeypatch):
+    """kp 0.9.0 as published (no memory-barrier bindings) is refused with the rebuild hint."""
+    import types
+    monkeypatch.setattr(vulkan, "_import_kp", lambda: types.SimpleNamespace(Manager=None))
+    res = vulkan.VulkanBackend().probe()
     assert not res.available
-    assert "numpy 2.0.1" in res.reason and "numpy<2" in res.reason
+    assert "without cooktop's patch" in res.reason and "install-kompute.sh" in res.reason
+    assert "install-kompute.sh" in res.hint
+
+
+def test_kp_is_patched(vk):
+    """The kp in use carries cooktop's patch: barrier ops, OpDispatch, enabled features."""
+    kp = sys.modules["kp"]
+    assert kp.cooktop_patch >= vulkan.KP_PATCH_LEVEL
+    for op in ("OpMemoryBarrier", "OpGlobalMemoryBarrier", "OpDispatch"):
+        assert hasattr(kp, op), op
+    assert vk.features == set(vk.mgr.enabled_features())
+    assert vk.features <= set(vulkan.KP_FEATURES)
+    # what the device reports through libvulkan is exactly what kp enabled
+    assert sorted(vk.features) == sorted(vk.info.extra["features"])
+    if "llvmpipe" in vk.info.name:  # lavapipe (Mesa 22.3) offers all of them
+        assert vk.features == set(vulkan.KP_FEATURES)
 
 
 def test_smoke_test_passes(vk):
@@ -270,15 +299,63 @@ def test_replay_cache_replays_decode_steps(vk, cpu_device):
     assert vk.n_replays - rep0 == 4
 
 
-def test_replay_with_explicit_barriers(vk, cpu_device, monkeypatch):
-    """The barrier path recorded for non-CPU devices (1-element OpTensorSyncLocal between dispatches)
-    computes the same results."""
-    monkeypatch.setattr(vk, "_barriers", True)
+def _recorded(vk, monkeypatch):
+    """Spy on the ops recorded into sequences: a list of ("barrier", masks) / ("dispatch", variant)."""
+    kp = sys.modules["kp"]
+    log = []
+    orig_barrier, orig_dispatch = kp.OpGlobalMemoryBarrier, kp.OpDispatch
+
+    def barrier(*masks):
+        log.append(("barrier", masks))
+        return orig_barrier(*masks)
+
+    def dispatch(algo, push):
+        log.append(("dispatch", next(k[0] for k, e in vk._algos.items() if e[0] is algo)))
+        return orig_dispatch(algo, push)
+
+    monkeypatch.setattr(kp, "OpGlobalMemoryBarrier", barrier)
+    monkeypatch.setattr(kp, "OpDispatch", dispatch)
+    return log
+
+
+def test_barriers_only_where_data_depends(vk, monkeypatch):
+    """Barriers per dependent pair of dispatches: none between independent ones (two adds into
+    different outputs), one before a read of a written buffer (RAW), before a write of a buffer
+    read (WAR) and of one written (WAW); one at the start (earlier submissions) and one before the
+    host reads the result."""
+    a, b, c, d = (vk.empty((1, 64)) for _ in range(4))
+    for t in (a, b, c, d):
+        vk.write(t, np.ones((1, 64), dtype=np.float32))
+    vk.read(a)
     monkeypatch.setattr(vk, "_seqs", type(vk._seqs)())
-    got = _decode_layer_run(vk, n_steps=2, seed=9)
-    ref = _decode_layer_run(cpu_device, n_steps=2, seed=9)
-    for a, b in zip(got, ref):
-        assert nmse(a, b) <= 5e-4
+    log = _recorded(vk, monkeypatch)
+    vk.add(c, a, b)      # c = a + b                       (after the start barrier)
+    vk.add(d, a, b)      # independent of the first: no barrier
+    vk.add(a, c, d)      # reads c, d (RAW) and writes a, which both read (WAR): one barrier
+    vk.add(b, b, b)      # b was read before the last barrier only: none
+    vk.copy(b, c)        # writes b, written since the last barrier (WAW): one barrier
+    out = vk.read(a)     # copy a -> host tensor: a was written before the last barrier: none;
+    np.testing.assert_array_equal(out, 4)  # then compute -> host before the host reads
+    kinds = ["B" if k == "barrier" else "D" for k, _ in log]
+    assert "".join(kinds) == "BDDBDDBDDB", "".join(kinds)
+    assert [v for k, v in log if k == "dispatch"] == ["add", "add", "add", "add", "copy", "copy"]
+    cs, ta, hr = vulkan.STAGE_COMPUTE_SHADER, vulkan.STAGE_TRANSFER, vulkan.STAGE_HOST
+    assert log[0][1][2] == cs | ta and log[0][1][3] == cs        # start: compute + transfer -> compute
+    assert log[3][1][2:] == (cs, cs)                              # compute -> compute
+    assert log[-1][1] == (vulkan.ACCESS_SHADER_WRITE, vulkan.ACCESS_HOST_READ, cs, hr)
+    np.testing.assert_array_equal(vk.read(b), 2)
+
+
+def test_replay_records_barriers_once(vk, cpu_device, monkeypatch):
+    """A replayed decode step records nothing: its barriers were recorded with it, once."""
+    monkeypatch.setattr(vk, "_seqs", type(vk._seqs)())
+    b0, r0 = vk.n_barriers, vk.n_recordings
+    got = _decode_layer_run(vk, n_steps=3, seed=9)
+    ref = _decode_layer_run(cpu_device, n_steps=3, seed=9)
+    for x, y in zip(got, ref):
+        assert nmse(x, y) <= 5e-4
+    per_record = (vk.n_barriers - b0) / (vk.n_recordings - r0)
+    assert vk.n_recordings - r0 == 2 and per_record >= 2
 
 
 # -- storage tensors ---------------------------------------------------------
