@@ -15,9 +15,12 @@ preprocessed source (``glslc -E`` with the variant's defines). The Vulkan
 backend records a memory barrier before a dispatch that reads or writes a
 buffer an earlier dispatch of the same command buffer wrote, or writes one it
 read (cooktop/backends/vulkan.py, ``_record``); these flags say which is which.
-A variant may also name the device ``features`` it needs (Vulkan feature
-names, e.g. ``shaderIntegerDotProduct``): the backend picks it only on devices
-where kp enabled them, and its ``fallback`` otherwise.
+The device ``features`` a variant needs (Vulkan feature names, e.g.
+``storageBuffer16BitAccess``) are read from its SPIR-V's ``OpCapability``
+instructions (:data:`FEATURE_OF_CAPABILITY`). A variant with
+``"variant_of": NAME`` stands in for variant NAME (which needs no optional
+feature) on devices where kp enabled all its features
+(cooktop/backends/vulkan_shaders.py, ``pick_variant``).
 
 Usage::
 
@@ -36,6 +39,7 @@ import json
 import pathlib
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -56,6 +60,10 @@ def default_variants() -> list[dict]:
     """The variant list written by ``--init``: every typed op x weight type, then the float ops."""
     out = [{"name": f"{op}_{t.lower()}", "source": f"{op}.comp", "defines": {f"TYPE_{t}": "1"}}
            for op in TYPED for t in TYPES]
+    # 16-bit-storage variants of the 2-byte aligned block types (picked where kp enabled the feature)
+    out += [{"name": f"mul_mat_vec_{t.lower()}_p16", "source": "mul_mat_vec.comp",
+             "defines": {f"TYPE_{t}": "1", "PACKED16": "1"}, "variant_of": f"mul_mat_vec_{t.lower()}"}
+            for t in ("Q4_0", "Q8_0")]
     out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in PLAIN]
     out.append({"name": "fill", "source": "copy.comp", "defines": {"FILL": "1"}})
     return out
@@ -89,6 +97,41 @@ def compile_variant(glslc: str, variant: dict, out: pathlib.Path) -> None:
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"glslc failed on {variant['name']}: {r.stderr.strip()}")
+
+
+#: SPIR-V capability -> the Vulkan device feature that allows it (SPIR-V 1.6 spec, capability
+#: numbers; Vulkan spec appendix "SPIR-V Environment", capability table). Shader (1) and the
+#: Vulkan 1.1 subgroup capabilities (61-68) need no feature: subgroup operations are checked by
+#: the probe (VkPhysicalDeviceSubgroupProperties).
+FEATURE_OF_CAPABILITY = {9: "shaderFloat16", 22: "shaderInt16", 39: "shaderInt8",
+                         4433: "storageBuffer16BitAccess", 4448: "storageBuffer8BitAccess",
+                         6016: "shaderIntegerDotProduct", 6017: "shaderIntegerDotProduct",
+                         6018: "shaderIntegerDotProduct", 6019: "shaderIntegerDotProduct"}
+_NO_FEATURE = {1} | set(range(61, 69))
+
+
+def spirv_features(spv: bytes) -> list[str]:
+    """Device features the SPIR-V module needs, sorted (from its OpCapability instructions).
+
+    Raises:
+        RuntimeError: not SPIR-V, or a capability this table does not know (add it above).
+    """
+    words = struct.unpack(f"<{len(spv) // 4}I", spv[: len(spv) // 4 * 4])
+    if not words or words[0] != 0x07230203:
+        raise RuntimeError("not a SPIR-V module (bad magic)")
+    feats, i = set(), 5
+    while i < len(words):
+        n, op = words[i] >> 16, words[i] & 0xFFFF
+        if n == 0:
+            raise RuntimeError("malformed SPIR-V (zero word count)")
+        if op == 17:  # OpCapability
+            cap = words[i + 1]
+            if cap in FEATURE_OF_CAPABILITY:
+                feats.add(FEATURE_OF_CAPABILITY[cap])
+            elif cap not in _NO_FEATURE:
+                raise RuntimeError(f"SPIR-V capability {cap} has no entry in FEATURE_OF_CAPABILITY")
+        i += n
+    return sorted(feats)
 
 
 _BUFFER_DECL = re.compile(
@@ -130,7 +173,8 @@ def stale_variants(glslc: str) -> list[str]:
             compile_variant(glslc, v, fresh)
             shipped = SHADER_DIR / f"{v['name']}.spv"
             if (not shipped.exists() or shipped.read_bytes() != fresh.read_bytes()
-                    or v.get("access") != binding_access(glslc, v)):
+                    or v.get("access") != binding_access(glslc, v)
+                    or v.get("features", []) != spirv_features(fresh.read_bytes())):
                 stale.append(v["name"])
     return stale
 
@@ -142,6 +186,13 @@ def build(glslc: str) -> int:
     for v in manifest["variants"]:
         compile_variant(glslc, v, SHADER_DIR / f"{v['name']}.spv")
         v["access"] = binding_access(glslc, v)
+        feats = spirv_features((SHADER_DIR / f"{v['name']}.spv").read_bytes())
+        if feats:
+            v["features"] = feats
+        else:
+            v.pop("features", None)
+        if feats and not v.get("variant_of"):
+            raise RuntimeError(f"{v['name']} needs {feats} but stands in for no feature-free variant (variant_of)")
     manifest["glslc"] = glslc_version(glslc)
     manifest["flags"] = FLAGS
     MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")

@@ -186,6 +186,59 @@ def test_spirv_not_stale():
     assert not stale, f"stale SPIR-V: {stale}; run `make shaders` (python scripts/build_shaders.py)"
 
 
+def test_manifest_access_and_features():
+    """Every variant records its binding access; a variant that needs an optional feature stands
+    in for one that needs none (the fallback on devices without it), with the same bindings."""
+    variants = {v["name"]: v for v in _manifest()["variants"]}
+    for name, v in variants.items():
+        assert v["access"] and set(v["access"]) <= {"r", "w", "rw"}, name
+        assert "w" in "".join(v["access"]), f"{name} writes nothing"
+        if v.get("features"):
+            base = variants[v["variant_of"]]
+            assert not base.get("features"), name
+            assert base["access"] == v["access"], name
+            assert set(v["features"]) <= set(vulkan.KP_FEATURES), name
+    p16 = [n for n, v in variants.items() if v.get("variant_of")]
+    assert {"mul_mat_vec_q4_0_p16", "mul_mat_vec_q8_0_p16"} <= set(p16)
+
+
+def test_pick_variant_by_features():
+    assert vulkan.pick_variant("mul_mat_vec_q4_0", frozenset()) == "mul_mat_vec_q4_0"
+    assert vulkan.pick_variant("mul_mat_vec_q4_0", frozenset({"shaderInt8"})) == "mul_mat_vec_q4_0"
+    assert vulkan.pick_variant("mul_mat_vec_q4_0", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_0_p16"
+    assert vulkan.pick_variant("mul_mat_vec_q4_k", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_k"
+    assert vulkan.pick_variant("add", frozenset(vulkan.KP_FEATURES)) == "add"
+
+
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q8_0], ids=lambda t: t.name)
+def test_feature_variant_and_fallback_agree(vk, cpu_device, monkeypatch, ty):
+    """The 16-bit-storage mat-vec (picked where kp enabled storageBuffer16BitAccess) and the
+    feature-free one it stands in for both match numpy; which one runs follows the features."""
+    rng = np.random.default_rng(3)
+    shape = (72, 256)
+    raw = random_weight(ty, shape, rng)
+    x = rng.standard_normal((3, shape[1])).astype(np.float32)
+    wc = cpu_device.upload(raw, ty, shape)
+    xc, yc = cpu_device.empty((3, shape[1])), cpu_device.empty((3, shape[0]))
+    cpu_device.write(xc, x)
+    cpu_device.matmul(yc, xc, wc)
+    ref = cpu_device.read(yc)
+    base = f"mul_mat_vec_{ty.name.lower()}"
+    want_first = base + "_p16" if "storageBuffer16BitAccess" in vk.features else base
+    picked = []
+    orig = vulkan.pick_variant
+    monkeypatch.setattr(vulkan, "pick_variant", lambda n, f: picked.append(orig(n, f)) or picked[-1])
+    for feats in (vk.features, frozenset()):
+        monkeypatch.setattr(vk, "features", feats)
+        w = vk.upload(raw, ty, shape)
+        xt, y = vk.empty((3, shape[1])), vk.empty((3, shape[0]))
+        vk.write(xt, x)
+        vk.matmul(y, xt, w)
+        assert nmse(vk.read(y), ref) <= 5e-4
+    mmv = [p for p in picked if p.startswith("mul_mat_vec_")]
+    assert mmv == [want_first, base], mmv
+
+
 def _push_block_words(source: str, defines: dict) -> int:
     """Number of 32-bit members of the push-constant block of a .comp file under ``defines``
     (honours plain ``#ifdef NAME`` / ``#else`` / ``#endif`` around the block)."""
