@@ -17,6 +17,7 @@
 #               usr/lib/<triplet>/libvulkan.so): headers without apt, as on the
 #               GPU machine (scripts/gpu-check.sh)
 #   KP_FORCE=1  rebuild even when the installed kp has the patch
+#   KP_VERBOSE=1  show the CMake build (pip -v)
 #
 # Needs (Debian/Ubuntu): cmake g++ libvulkan-dev libfmt-dev, patch (or git),
 # and a Vulkan driver to run (mesa-vulkan-drivers gives lavapipe on the CPU).
@@ -27,7 +28,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 py="${1:-$root/.venv/bin/python}"
 patch_file="$here/kompute/kp-0.9.0-cooktop.patch"
-patch_level=1   # python/src/main.cpp of the patch: m.attr("cooktop_patch")
+patch_level=2   # python/src/main.cpp of the patch: m.attr("cooktop_patch")
 sdist_sha256=98e583dc6e9731ff6d7a3e3317817e4d93f7b2945929619e29a56325db279949
 
 say() { printf 'install-kompute: %s\n' "$*"; }
@@ -94,7 +95,9 @@ export CMAKE_TOOLCHAIN_FILE="$here/kompute-offline.cmake"
 [ -n "${KP_PREFIX:-}" ] && export KP_PREFIX
 say "building patched kp 0.9.0 (about 1-6 minutes on 2 cores)"
 # --no-deps: numpy is the project's business, not kp's
-"$py" -m pip install -q --no-build-isolation --no-deps --force-reinstall --no-cache-dir "$src"
+verbosity=(-q)
+[ "${KP_VERBOSE:-0}" = 1 ] && verbosity=(-v)
+"$py" -m pip install "${verbosity[@]}" --no-build-isolation --no-deps --force-reinstall --no-cache-dir "$src"
 "$py" - "$patch_level" <<'PY'
 import sys
 import kp

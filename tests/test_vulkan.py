@@ -121,6 +121,25 @@ def test_numpy2_needs_pybind11_2_12(monkeypatch):
     assert not res.available and "numpy 2.0.1" in res.reason
 
 
+def test_no_driver_is_a_reason_not_a_crash(tmp_path):
+    """An ICD file naming a library that is no driver (as gpu-check.sh could write): the probe
+    says why in one line, in a subprocess that must not crash (kp < patch level 2 aborted)."""
+    import subprocess
+    fake = tmp_path / "libfake_icd.so.0"
+    fake.write_bytes(b"")
+    icd = tmp_path / "fake_icd.json"
+    icd.write_text(json.dumps({"file_format_version": "1.0.0",
+                               "ICD": {"library_path": str(fake), "api_version": "1.3.0"}}))
+    env = dict(__import__("os").environ, VK_DRIVER_FILES=str(icd), VK_ICD_FILENAMES=str(icd),
+               COOKTOP_DISABLE="opencl")
+    r = subprocess.run([sys.executable, "-m", "cooktop", "devices", "--json"], env=env, capture_output=True,
+                       text=True, timeout=120, cwd=ROOT, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    fam = json.loads(r.stdout)["families"]["vulkan"]
+    assert fam["available"] is False
+    assert "vkCreateInstance failed" in fam["reason"], fam["reason"]
+
+
 def test_unpatched_kp_refused(fresh_registry, monkeypatch):
     """kp 0.9.0 as published (no memory-barrier bindings) is refused with the rebuild hint."""
     import types

@@ -114,7 +114,7 @@ INSTALL_HINT = ("build kp 0.9.0 with cooktop's patch: scripts/install-kompute.sh
                 "mesa-vulkan-drivers for lavapipe on the CPU)")
 
 #: The kp patch level this backend needs (``kp.cooktop_patch``; scripts/kompute/kp-0.9.0-cooktop.patch).
-KP_PATCH_LEVEL = 1
+KP_PATCH_LEVEL = 2
 
 # Vulkan enum values (vulkan_core.h): VkAccessFlagBits and VkPipelineStageFlagBits.
 ACCESS_SHADER_READ = 0x00000020
@@ -202,6 +202,8 @@ class VulkanBackend(Backend):
         try:
             self._infos = [facts_to_info(f) for f in device_facts()]
         except VulkanInfoError as e:
+            if e.no_driver:  # kp would fail the same way (kp before patch level 2: abort the process)
+                return ProbeResult("vulkan", False, reason=f"no Vulkan device: {e}", hint=INSTALL_HINT)
             try:
                 kp = _import_kp()
                 mgr = kp.Manager()

@@ -78,7 +78,15 @@ VENDORS = {0x1002: "AMD", 0x1010: "ImgTec", 0x10DE: "NVIDIA", 0x13B5: "ARM", 0x5
 
 
 class VulkanInfoError(RuntimeError):
-    """libvulkan is missing or refused to create an instance."""
+    """libvulkan is missing or refused to create an instance.
+
+    ``no_driver`` is True when libvulkan loaded but vkCreateInstance failed (no ICD, or a broken
+    one): then kp cannot create one either, and the probe does not try.
+    """
+
+    def __init__(self, msg: str, no_driver: bool = False):
+        super().__init__(msg)
+        self.no_driver = no_driver
 
 
 class _Limits(ctypes.Structure):
@@ -290,7 +298,8 @@ def query_devices() -> list[VkDeviceFacts]:
     inst = c_p()
     rc = vk.vkCreateInstance(ctypes.byref(ci), None, ctypes.byref(inst))
     if rc != VK_SUCCESS:
-        raise VulkanInfoError(f"vkCreateInstance failed (VkResult {rc}): no Vulkan driver (ICD) installed?")
+        raise VulkanInfoError(f"vkCreateInstance failed (VkResult {rc}): no Vulkan driver (ICD) installed?",
+                              no_driver=True)
     try:
         n = c_u32(0)
         rc = vk.vkEnumeratePhysicalDevices(inst, ctypes.byref(n), None)
