@@ -4,6 +4,7 @@
 #   make setup-compare              also the `compare` extra (llama-cpp-python, built from source)
 #   make run [PROMPT=... N=64]      setup, then generate with the default model
 #   make test [PYTEST_ARGS=...]     setup, then pytest
+#   make test-vulkan-validation     setup, then the Vulkan tests under the Khronos validation layer
 #   make shaders                    compile the Vulkan GLSL shaders to SPIR-V
 #   make bench                      setup, then `cooktop bench`
 #   make lint                       ruff (style, imports) and mypy on the package
@@ -20,7 +21,7 @@ PYTEST_ARGS ?=
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-compare run test shaders bench lint
+.PHONY: help setup setup-compare run test test-vulkan-validation shaders bench lint
 
 help:
 	@sed -n '1,12s/^# \{0,1\}//p' Makefile
@@ -40,6 +41,13 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS) || { rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit 5)" >&2; fi; \
 		exit $$rc; }
+
+# Every Vulkan test (-k vulkan) under VK_LAYER_KHRONOS_validation with synchronization
+# validation; fails on any error message (tests/vulkan_validation.py parses the layer's log).
+# VALIDATION_ARGS replaces the pytest arguments (default: -q -k vulkan).
+VALIDATION_ARGS ?=
+test-vulkan-validation: setup
+	$(PY) tests/vulkan_validation.py $(VALIDATION_ARGS)
 
 shaders:
 	@test -x $(PY) || { echo "make shaders: no $(PY); run 'make setup' first" >&2; exit 1; }

@@ -9,6 +9,19 @@ deterministic for a given glslc; the glslc version is recorded in the
 manifest, and ``tests/test_vulkan.py`` recompiles each variant and fails when
 a shipped ``.spv`` differs (a stale shader).
 
+Each variant's ``access`` is recorded too: per descriptor binding, ``"r"``
+(``readonly buffer``), ``"w"`` (``writeonly``) or ``"rw"``, read from the
+preprocessed source (``glslc -E`` with the variant's defines). The Vulkan
+backend records a memory barrier before a dispatch that reads or writes a
+buffer an earlier dispatch of the same command buffer wrote, or writes one it
+read (cooktop/backends/vulkan.py, ``_record``); these flags say which is which.
+The device ``features`` a variant needs (Vulkan feature names, e.g.
+``storageBuffer16BitAccess``) are read from its SPIR-V's ``OpCapability``
+instructions (:data:`FEATURE_OF_CAPABILITY`). A variant with
+``"variant_of": NAME`` stands in for variant NAME (which needs no optional
+feature) on devices where kp enabled all its features
+(cooktop/backends/vulkan_shaders.py, ``pick_variant``).
+
 Usage::
 
     python scripts/build_shaders.py            # (re)build every .spv
@@ -22,9 +35,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import os
 import pathlib
+import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -45,6 +62,10 @@ def default_variants() -> list[dict]:
     """The variant list written by ``--init``: every typed op x weight type, then the float ops."""
     out = [{"name": f"{op}_{t.lower()}", "source": f"{op}.comp", "defines": {f"TYPE_{t}": "1"}}
            for op in TYPED for t in TYPES]
+    # 16-bit-storage variants of the 2-byte aligned block types (picked where kp enabled the feature)
+    out += [{"name": f"mul_mat_vec_{t.lower()}_p16", "source": "mul_mat_vec.comp",
+             "defines": {f"TYPE_{t}": "1", "PACKED16": "1"}, "variant_of": f"mul_mat_vec_{t.lower()}"}
+            for t in ("Q4_0", "Q8_0")]
     out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in PLAIN]
     out.append({"name": "fill", "source": "copy.comp", "defines": {"FILL": "1"}})
     return out
@@ -80,24 +101,165 @@ def compile_variant(glslc: str, variant: dict, out: pathlib.Path) -> None:
         raise RuntimeError(f"glslc failed on {variant['name']}: {r.stderr.strip()}")
 
 
+#: SPIR-V capability -> the Vulkan device feature that allows it (SPIR-V 1.6 spec, capability
+#: numbers; Vulkan spec appendix "SPIR-V Environment", capability table). Shader (1) and the
+#: Vulkan 1.1 subgroup capabilities (61-68) need no feature: subgroup operations are checked by
+#: the probe (VkPhysicalDeviceSubgroupProperties).
+FEATURE_OF_CAPABILITY = {9: "shaderFloat16", 22: "shaderInt16", 39: "shaderInt8",
+                         4433: "storageBuffer16BitAccess", 4448: "storageBuffer8BitAccess",
+                         6016: "shaderIntegerDotProduct", 6017: "shaderIntegerDotProduct",
+                         6018: "shaderIntegerDotProduct", 6019: "shaderIntegerDotProduct"}
+_NO_FEATURE = {1} | set(range(61, 69))
+
+
+def spirv_features(spv: bytes) -> list[str]:
+    """Device features the SPIR-V module needs, sorted (from its OpCapability instructions).
+
+    Raises:
+        RuntimeError: not SPIR-V, or a capability this table does not know (add it above).
+    """
+    words = struct.unpack(f"<{len(spv) // 4}I", spv[: len(spv) // 4 * 4])
+    if not words or words[0] != 0x07230203:
+        raise RuntimeError("not a SPIR-V module (bad magic)")
+    feats, i = set(), 5
+    while i < len(words):
+        n, op = words[i] >> 16, words[i] & 0xFFFF
+        if n == 0:
+            raise RuntimeError("malformed SPIR-V (zero word count)")
+        if op == 17:  # OpCapability
+            cap = words[i + 1]
+            if cap in FEATURE_OF_CAPABILITY:
+                feats.add(FEATURE_OF_CAPABILITY[cap])
+            elif cap not in _NO_FEATURE:
+                raise RuntimeError(f"SPIR-V capability {cap} has no entry in FEATURE_OF_CAPABILITY")
+        i += n
+    return sorted(feats)
+
+
+_BUFFER_DECL = re.compile(
+    r"layout\s*\(([^)]*)\)\s*((?:(?:readonly|writeonly|restrict|coherent|volatile)\s+)*)buffer\b")
+
+
+def binding_access(glslc: str, variant: dict) -> list[str]:
+    """Access of each descriptor binding of ``variant``: ``"r"``, ``"w"`` or ``"rw"``, in binding order.
+
+    Read from ``glslc -E`` output (the source after the variant's ``#ifdef``s).
+    Raises:
+        RuntimeError: glslc failed, or the bindings are not 0..n-1 (kp binds tensors in order).
+    """
+    cmd = [glslc, "-E", "-fshader-stage=compute", f"-I{SHADER_DIR}"]
+    cmd += [f"-D{k}={v}" for k, v in variant["defines"].items()]
+    cmd.append(str(SHADER_DIR / variant["source"]))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"glslc -E failed on {variant['name']}: {r.stderr.strip()}")
+    access: dict[int, str] = {}
+    for m in _BUFFER_DECL.finditer(r.stdout):
+        b = re.search(r"binding\s*=\s*(\d+)", m.group(1))
+        if b is None:
+            raise RuntimeError(f"{variant['name']}: a buffer without a binding number")
+        quals = m.group(2).split()
+        access[int(b.group(1))] = "r" if "readonly" in quals else "w" if "writeonly" in quals else "rw"
+    if sorted(access) != list(range(len(access))):
+        raise RuntimeError(f"{variant['name']}: bindings {sorted(access)} are not 0..n-1")
+    return [access[i] for i in range(len(access))]
+
+
+def spirv_access(spv: bytes) -> list[str]:
+    """Access of each descriptor binding of a SPIR-V module, as :func:`binding_access` gives it
+    from the source: ``"r"`` (``NonWritable``: GLSL ``readonly``), ``"w"`` (``NonReadable``:
+    ``writeonly``) or ``"rw"``, in binding order. glslang decorates the block's members (or the
+    variable) with these (SPIR-V spec 3.20, Decoration; GLSL -> SPIR-V: GL_KHR_vulkan_glsl).
+
+    Raises:
+        RuntimeError: not SPIR-V, or the bindings are not 0..n-1.
+    """
+    words = struct.unpack(f"<{len(spv) // 4}I", spv[: len(spv) // 4 * 4])
+    if not words or words[0] != 0x07230203:
+        raise RuntimeError("not a SPIR-V module (bad magic)")
+    binding: dict[int, int] = {}
+    var_dec: dict[int, set[int]] = {}
+    member_dec: dict[int, dict[int, set[int]]] = {}
+    n_members: dict[int, int] = {}
+    pointee: dict[int, int] = {}
+    var_type: dict[int, int] = {}
+    i = 5
+    while i < len(words):
+        n, op = words[i] >> 16, words[i] & 0xFFFF
+        if n == 0:
+            raise RuntimeError("malformed SPIR-V (zero word count)")
+        a = words[i + 1:i + n]
+        if op == 71:  # OpDecorate target decoration [literal]
+            if a[1] == 33:  # Binding
+                binding[a[0]] = a[2]
+            var_dec.setdefault(a[0], set()).add(a[1])
+        elif op == 72:  # OpMemberDecorate struct member decoration
+            member_dec.setdefault(a[0], {}).setdefault(a[1], set()).add(a[2])
+        elif op == 30:  # OpTypeStruct result members...
+            n_members[a[0]] = len(a) - 1
+        elif op == 32:  # OpTypePointer result storage-class type
+            pointee[a[0]] = a[2]
+        elif op == 59:  # OpVariable result-type result storage-class
+            var_type[a[1]] = a[0]
+        i += n
+
+    def has(var: int, deco: int) -> bool:
+        struct_id = pointee.get(var_type.get(var, -1), -1)
+        members = member_dec.get(struct_id, {})
+        every_member = n_members.get(struct_id, 0) > 0 and all(
+            deco in members.get(m, ()) for m in range(n_members[struct_id]))
+        return deco in var_dec.get(var, ()) or every_member
+
+    access = {b: "r" if has(v, 24) else "w" if has(v, 25) else "rw" for v, b in binding.items()}
+    if sorted(access) != list(range(len(access))):
+        raise RuntimeError(f"bindings {sorted(access)} are not 0..n-1")
+    return [access[i] for i in range(len(access))]
+
+
 def stale_variants(glslc: str) -> list[str]:
-    """Names of variants whose shipped ``.spv`` differs from a fresh compile (or is missing)."""
-    stale = []
+    """Names of variants whose shipped ``.spv`` differs from a fresh compile (or is missing),
+    or whose recorded ``access`` / ``features`` differ from the fresh module's.
+
+    One glslc run per variant (the access is read from the fresh SPIR-V, which :func:`build`
+    checks against the source's qualifiers), several at a time.
+    """
+    variants = load_manifest()["variants"]
     with tempfile.TemporaryDirectory() as tmp:
-        for v in load_manifest()["variants"]:
-            fresh = pathlib.Path(tmp) / f"{v['name']}.spv"
-            compile_variant(glslc, v, fresh)
-            shipped = SHADER_DIR / f"{v['name']}.spv"
-            if not shipped.exists() or shipped.read_bytes() != fresh.read_bytes():
-                stale.append(v["name"])
+        def fresh(v: dict) -> bytes:
+            out = pathlib.Path(tmp) / f"{v['name']}.spv"
+            compile_variant(glslc, v, out)
+            return out.read_bytes()
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+            compiled = list(pool.map(fresh, variants))
+    stale = []
+    for v, spv in zip(variants, compiled):
+        shipped = SHADER_DIR / f"{v['name']}.spv"
+        if (not shipped.exists() or shipped.read_bytes() != spv
+                or v.get("access") != spirv_access(spv)
+                or v.get("features", []) != spirv_features(spv)):
+            stale.append(v["name"])
     return stale
 
 
 def build(glslc: str) -> int:
-    """Compile every variant into SHADER_DIR and record the glslc version; returns the count."""
+    """Compile every variant into SHADER_DIR, record its binding access and the glslc version;
+    returns the count."""
     manifest = load_manifest()
     for v in manifest["variants"]:
         compile_variant(glslc, v, SHADER_DIR / f"{v['name']}.spv")
+        v["access"] = binding_access(glslc, v)
+        spv = (SHADER_DIR / f"{v['name']}.spv").read_bytes()
+        if spirv_access(spv) != v["access"]:  # --check reads the access from the SPIR-V
+            raise RuntimeError(f"{v['name']}: the SPIR-V's bindings {spirv_access(spv)} differ from the "
+                               f"source's {v['access']} (a binding optimized away?)")
+        feats = spirv_features(spv)
+        if feats:
+            v["features"] = feats
+        else:
+            v.pop("features", None)
+        if feats and not v.get("variant_of"):
+            raise RuntimeError(f"{v['name']} needs {feats} but stands in for no feature-free variant (variant_of)")
     manifest["glslc"] = glslc_version(glslc)
     manifest["flags"] = FLAGS
     MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")

@@ -6,8 +6,9 @@
 #      `apt-get update` runs only when something is missing;
 #   2. the virtual environment .venv (Python >= 3.10, from $PYTHON, default python3);
 #   3. the project, editable, with extras opencl,server,dev,bench;
-#   4. Kompute's `kp` 0.9.0 built offline by scripts/install-kompute.sh, then the
-#      optional extras named in $COOKTOP_EXTRAS;
+#   4. Kompute's `kp` 0.9.0 with cooktop's patch, built offline by scripts/install-kompute.sh
+#      (a kp without the patch, from an older setup, is rebuilt), then the optional extras
+#      named in $COOKTOP_EXTRAS;
 #   5. the default model (stories260K.gguf) seeded into the Hugging Face cache
 #      from ../shared/models when that folder exists, so `cooktop run` works offline.
 #
@@ -18,8 +19,8 @@
 #                    builds llama.cpp: 10-26 min on 2 busy cores, once per pip cache)
 #   COOKTOP_SHARED   shared data folder (default <repo>/../shared)
 #   COOKTOP_REQUIRE  comma list (as in tests/conftest.py): a failed step that provides
-#                    a named resource (opencl, vulkan, glslc, shared, or llama_cpp for
-#                    the compare extra) makes setup fail; otherwise setup warns and goes
+#                    a named resource (opencl, vulkan, glslc, shared, vulkan_validation, or
+#                    llama_cpp for the compare extra) makes setup fail; otherwise setup warns and goes
 #                    on, since the numpy backend works without any of them.
 #   COOKTOP_SETUP_STRICT=1  every failed step is fatal.
 set -euo pipefail
@@ -57,12 +58,14 @@ failed() {
 
 # ---------------------------------------------------------------- 1. system packages
 # Debian 12 / Ubuntu names. Runtime: PoCL (OpenCL on the CPU) and Mesa lavapipe
-# (Vulkan on the CPU); build: compilers, cmake and the headers kp is built against.
+# (Vulkan on the CPU); build: compilers, cmake and the headers kp is built against;
+# test: the Khronos validation layer (make test-vulkan-validation; kp is built so
+# that it never loads the layer by itself).
 apt_pkgs=(
-    python3-dev build-essential cmake
+    python3-dev build-essential cmake patch
     pocl-opencl-icd ocl-icd-libopencl1 clinfo
-    mesa-vulkan-drivers libvulkan1 libvulkan-dev vulkan-tools glslc
-    libfmt-dev pybind11-dev
+    mesa-vulkan-drivers libvulkan1 libvulkan-dev vulkan-tools glslc vulkan-validationlayers
+    libfmt-dev
 )
 if ! command -v "$py_sys" >/dev/null 2>&1; then
     apt_pkgs+=(python3 python3-venv)
@@ -151,7 +154,8 @@ else
     "$py" -m pip install -q -e "$root[$base_extras]"
     echo "$base_stamp" > "$base_stamp_file"
 fi
-# kp 0.9.0 needs numpy < 2 (pybind11 2.10 predates NumPy 2): keep it so.
+# numpy < 2 is the tested stack here (kp with cooktop's patch, built with pybind11 >= 2.12,
+# also runs under numpy 2: scripts/gpu-check.sh uses the GPU machine's numpy 2).
 if ! "$py" -c 'import numpy, sys; sys.exit(int(numpy.__version__.split(".")[0]) >= 2)'; then
     say "numpy >= 2 found; installing numpy<2"
     "$py" -m pip install -q "numpy<2"
@@ -174,6 +178,11 @@ elif ! "$py" -c 'import pyopencl as cl, sys; sys.exit(not cl.get_platforms())' >
 fi
 if ! command -v glslc >/dev/null 2>&1; then
     failed glslc "glslc (GLSL -> SPIR-V compiler) not found (apt-get install glslc)"
+fi
+if ! "$py" -c 'import sys; sys.path.insert(0, sys.argv[1])
+from cooktop.backends.vulkan_info import instance_layers
+sys.exit("VK_LAYER_KHRONOS_validation" not in instance_layers())' "$root" >/dev/null 2>&1; then
+    failed vulkan_validation "the Vulkan loader finds no VK_LAYER_KHRONOS_validation (apt-get install vulkan-validationlayers)"
 fi
 
 # ---------------------------------------------------------------- 4b. optional extras

@@ -2,7 +2,8 @@
 
 ``COOKTOP_REQUIRE`` (comma list, e.g. ``shared,opencl,vulkan``) turns the skip
 of a test that needs a missing resource into a failure, so a broken install
-can never pass as green. ``.ci/run`` sets it.
+can never pass as green. ``.ci/run`` sets it. (``vulkan_validation``, the
+Khronos validation layer, is required the same way by tests/vulkan_validation.py.)
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ from cooktop.backends import registry
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = pathlib.Path(os.environ.get("COOKTOP_SHARED", ROOT.parent / "shared"))
+
+
+def pytest_configure(config):
+    # `-k vulkan` selects the Vulkan tests (tests/vulkan_validation.py runs them under the
+    # validation layer): test_vulkan*.py, ids with a vulkan parameter, and tests marked so
+    config.addinivalue_line("markers", "vulkan: uses a Vulkan device without 'vulkan' in its test id")
 
 
 def required() -> set[str]:

@@ -82,6 +82,7 @@ def test_result_statistics_and_markdown_error_note():
 
 # -- the command ----------------------------------------------------------------
 
+@pytest.mark.vulkan
 def test_bench_json_one_record_per_device_and_test(stories, tmp_path):
     r = cooktop("bench", "-m", str(stories), "--device", "cpu,opencl,vulkan", "-p", "64", "-n", "16", "-r", "2",
                 "-o", "json")

@@ -67,6 +67,7 @@ def test_logits_do_not_depend_on_ngl(stories, stories_numpy, family, ngl):
     assert np.array_equal(got.argmax(1), stories_numpy.argmax(1))
 
 
+@pytest.mark.vulkan
 def test_three_way_split(stories, stories_numpy):
     open_family_device("opencl")
     open_family_device("vulkan")

@@ -16,13 +16,13 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT, skip_or_fail
 from gguf import GGMLQuantizationType as T
 
 from cooktop.backends import registry
 from cooktop.backends.base import ROPE_NEOX, nmse
-from cooktop.format.quants import random_weight
 from cooktop.errors import DeviceOutOfMemoryError
-from conftest import ROOT, skip_or_fail
+from cooktop.format.quants import random_weight
 
 vulkan = pytest.importorskip("cooktop.backends.vulkan")
 
@@ -107,13 +107,61 @@ def test_kp_absent(fresh_registry, monkeypatch):
     assert fresh_registry.probe("cpu").available
 
 
-def test_numpy2_reported(monkeypatch):
+def test_numpy2_needs_pybind11_2_12(monkeypatch):
+    """numpy 2 is refused only for a kp built with pybind11 < 2.12 (Debian's 2.10 reads numpy 2
+    arrays as zeros); the patched build reports its pybind11 and runs under numpy 2."""
+    import types
     monkeypatch.setattr(vulkan.np, "__version__", "2.0.1")
+    old = types.SimpleNamespace(cooktop_patch=vulkan.KP_PATCH_LEVEL, pybind11_version="2.10.3")
+    assert "numpy 2.0.1" in vulkan.numpy_problem(old) and "pybind11 2.10.3" in vulkan.numpy_problem(old)
+    assert "numpy<2" in vulkan.numpy_problem(types.SimpleNamespace())
+    assert vulkan.numpy_problem(types.SimpleNamespace(pybind11_version="2.13.6")) is None
+    monkeypatch.setattr(vulkan, "_import_kp", lambda: old)
     res = vulkan.VulkanBackend().probe()
-    if "not importable" in res.reason:
-        skip_or_fail("vulkan", res.reason)
+    assert not res.available and "numpy 2.0.1" in res.reason
+
+
+def test_no_driver_is_a_reason_not_a_crash(tmp_path):
+    """An ICD file naming a library that is no driver (as gpu-check.sh could write): the probe
+    says why in one line, in a subprocess that must not crash (kp < patch level 2 aborted)."""
+    import subprocess
+    fake = tmp_path / "libfake_icd.so.0"
+    fake.write_bytes(b"")
+    icd = tmp_path / "fake_icd.json"
+    icd.write_text(json.dumps({"file_format_version": "1.0.0",
+                               "ICD": {"library_path": str(fake), "api_version": "1.3.0"}}))
+    env = dict(__import__("os").environ, VK_DRIVER_FILES=str(icd), VK_ICD_FILENAMES=str(icd),
+               COOKTOP_DISABLE="opencl")
+    r = subprocess.run([sys.executable, "-m", "cooktop", "devices", "--json"], env=env, capture_output=True,
+                       text=True, timeout=120, cwd=ROOT, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    fam = json.loads(r.stdout)["families"]["vulkan"]
+    assert fam["available"] is False
+    assert "vkCreateInstance failed" in fam["reason"], fam["reason"]
+
+
+def test_unpatched_kp_refused(fresh_registry, monkeypatch):
+    """kp 0.9.0 as published (no memory-barrier bindings) is refused with the rebuild hint."""
+    import types
+    monkeypatch.setattr(vulkan, "_import_kp", lambda: types.SimpleNamespace(Manager=None))
+    res = vulkan.VulkanBackend().probe()
     assert not res.available
-    assert "numpy 2.0.1" in res.reason and "numpy<2" in res.reason
+    assert "without cooktop's patch" in res.reason and "install-kompute.sh" in res.reason
+    assert "install-kompute.sh" in res.hint
+
+
+def test_kp_is_patched(vk):
+    """The kp in use carries cooktop's patch: barrier ops, OpDispatch, enabled features."""
+    kp = sys.modules["kp"]
+    assert kp.cooktop_patch >= vulkan.KP_PATCH_LEVEL
+    for op in ("OpMemoryBarrier", "OpGlobalMemoryBarrier", "OpDispatch"):
+        assert hasattr(kp, op), op
+    assert vk.features == set(vk.mgr.enabled_features())
+    assert vk.features <= set(vulkan.KP_FEATURES)
+    # what the device reports through libvulkan is exactly what kp enabled
+    assert sorted(vk.features) == sorted(vk.info.extra["features"])
+    if "llvmpipe" in vk.info.name:  # lavapipe (Mesa 22.3) offers all of them
+        assert vk.features == set(vulkan.KP_FEATURES)
 
 
 def test_smoke_test_passes(vk):
@@ -140,7 +188,8 @@ def test_every_variant_ships_spirv():
 
 
 def test_spirv_not_stale():
-    """Recompile every variant with the same glslc flags; the shipped .spv must be identical."""
+    """Recompile every variant with the same glslc flags; the shipped .spv must be identical and
+    the recorded access and features must be the fresh module's (one glslc run per variant)."""
     glslc = shutil.which("glslc")
     if glslc is None:
         skip_or_fail("glslc", "glslc not on PATH (apt-get install glslc)")
@@ -155,6 +204,76 @@ def test_spirv_not_stale():
         pytest.skip(f"SPIR-V was built with {recorded!r}, this glslc is {version!r}: bytes may differ")
     stale = build_shaders.stale_variants(glslc)
     assert not stale, f"stale SPIR-V: {stale}; run `make shaders` (python scripts/build_shaders.py)"
+
+
+def test_shipped_spirv_access_matches_manifest():
+    """The barrier code's per-binding access (variants.json) is what each shipped module declares
+    (NonWritable / NonReadable decorations), including gelu_mul, add_bias and rope's freq factors."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import build_shaders
+    finally:
+        sys.path.pop(0)
+    for v in _manifest()["variants"]:
+        spv = (vulkan.SHADER_DIR / f"{v['name']}.spv").read_bytes()
+        assert build_shaders.spirv_access(spv) == v["access"], v["name"]
+    variants = {v["name"]: v for v in _manifest()["variants"]}
+    assert variants["gelu_mul"]["access"] == ["r", "r", "rw"]
+    assert variants["rope"]["access"] == ["r", "r", "rw", "r"]
+    assert variants["attention"]["access"] == ["r", "r", "r", "r", "w"]
+
+
+def test_manifest_access_and_features():
+    """Every variant records its binding access; a variant that needs an optional feature stands
+    in for one that needs none (the fallback on devices without it), with the same bindings."""
+    variants = {v["name"]: v for v in _manifest()["variants"]}
+    for name, v in variants.items():
+        assert v["access"] and set(v["access"]) <= {"r", "w", "rw"}, name
+        assert "w" in "".join(v["access"]), f"{name} writes nothing"
+        if v.get("features"):
+            base = variants[v["variant_of"]]
+            assert not base.get("features"), name
+            assert base["access"] == v["access"], name
+            assert set(v["features"]) <= set(vulkan.KP_FEATURES), name
+    p16 = [n for n, v in variants.items() if v.get("variant_of")]
+    assert {"mul_mat_vec_q4_0_p16", "mul_mat_vec_q8_0_p16"} <= set(p16)
+
+
+def test_pick_variant_by_features():
+    assert vulkan.pick_variant("mul_mat_vec_q4_0", frozenset()) == "mul_mat_vec_q4_0"
+    assert vulkan.pick_variant("mul_mat_vec_q4_0", frozenset({"shaderInt8"})) == "mul_mat_vec_q4_0"
+    assert vulkan.pick_variant("mul_mat_vec_q4_0", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_0_p16"
+    assert vulkan.pick_variant("mul_mat_vec_q4_k", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_k"
+    assert vulkan.pick_variant("add", frozenset(vulkan.KP_FEATURES)) == "add"
+
+
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q8_0], ids=lambda t: t.name)
+def test_feature_variant_and_fallback_agree(vk, cpu_device, monkeypatch, ty):
+    """The 16-bit-storage mat-vec (picked where kp enabled storageBuffer16BitAccess) and the
+    feature-free one it stands in for both match numpy; which one runs follows the features."""
+    rng = np.random.default_rng(3)
+    shape = (72, 256)
+    raw = random_weight(ty, shape, rng)
+    x = rng.standard_normal((3, shape[1])).astype(np.float32)
+    wc = cpu_device.upload(raw, ty, shape)
+    xc, yc = cpu_device.empty((3, shape[1])), cpu_device.empty((3, shape[0]))
+    cpu_device.write(xc, x)
+    cpu_device.matmul(yc, xc, wc)
+    ref = cpu_device.read(yc)
+    base = f"mul_mat_vec_{ty.name.lower()}"
+    want_first = base + "_p16" if "storageBuffer16BitAccess" in vk.features else base
+    picked = []
+    orig = vulkan.pick_variant
+    monkeypatch.setattr(vulkan, "pick_variant", lambda n, f: picked.append(orig(n, f)) or picked[-1])
+    for feats in (vk.features, frozenset()):
+        monkeypatch.setattr(vk, "features", feats)
+        w = vk.upload(raw, ty, shape)
+        xt, y = vk.empty((3, shape[1])), vk.empty((3, shape[0]))
+        vk.write(xt, x)
+        vk.matmul(y, xt, w)
+        assert nmse(vk.read(y), ref) <= 5e-4
+    mmv = [p for p in picked if p.startswith("mul_mat_vec_")]
+    assert mmv == [want_first, base], mmv
 
 
 def _push_block_words(source: str, defines: dict) -> int:
@@ -270,15 +389,63 @@ def test_replay_cache_replays_decode_steps(vk, cpu_device):
     assert vk.n_replays - rep0 == 4
 
 
-def test_replay_with_explicit_barriers(vk, cpu_device, monkeypatch):
-    """The barrier path recorded for non-CPU devices (1-element OpTensorSyncLocal between dispatches)
-    computes the same results."""
-    monkeypatch.setattr(vk, "_barriers", True)
+def _recorded(vk, monkeypatch):
+    """Spy on the ops recorded into sequences: a list of ("barrier", masks) / ("dispatch", variant)."""
+    kp = sys.modules["kp"]
+    log = []
+    orig_barrier, orig_dispatch = kp.OpGlobalMemoryBarrier, kp.OpDispatch
+
+    def barrier(*masks):
+        log.append(("barrier", masks))
+        return orig_barrier(*masks)
+
+    def dispatch(algo, push):
+        log.append(("dispatch", next(k[0] for k, e in vk._algos.items() if e[0] is algo)))
+        return orig_dispatch(algo, push)
+
+    monkeypatch.setattr(kp, "OpGlobalMemoryBarrier", barrier)
+    monkeypatch.setattr(kp, "OpDispatch", dispatch)
+    return log
+
+
+def test_barriers_only_where_data_depends(vk, monkeypatch):
+    """Barriers per dependent pair of dispatches: none between independent ones (two adds into
+    different outputs), one before a read of a written buffer (RAW), before a write of a buffer
+    read (WAR) and of one written (WAW); one at the start (earlier submissions) and one before the
+    host reads the result."""
+    a, b, c, d = (vk.empty((1, 64)) for _ in range(4))
+    for t in (a, b, c, d):
+        vk.write(t, np.ones((1, 64), dtype=np.float32))
+    vk.read(a)
     monkeypatch.setattr(vk, "_seqs", type(vk._seqs)())
-    got = _decode_layer_run(vk, n_steps=2, seed=9)
-    ref = _decode_layer_run(cpu_device, n_steps=2, seed=9)
-    for a, b in zip(got, ref):
-        assert nmse(a, b) <= 5e-4
+    log = _recorded(vk, monkeypatch)
+    vk.add(c, a, b)      # c = a + b                       (after the start barrier)
+    vk.add(d, a, b)      # independent of the first: no barrier
+    vk.add(a, c, d)      # reads c, d (RAW) and writes a, which both read (WAR): one barrier
+    vk.add(b, b, b)      # b was read before the last barrier only: none
+    vk.copy(b, c)        # writes b, written since the last barrier (WAW): one barrier
+    out = vk.read(a)     # copy a -> host tensor: a was written before the last barrier: none;
+    np.testing.assert_array_equal(out, 4)  # then compute -> host before the host reads
+    kinds = ["B" if k == "barrier" else "D" for k, _ in log]
+    assert "".join(kinds) == "BDDBDDBDDB", "".join(kinds)
+    assert [v for k, v in log if k == "dispatch"] == ["add", "add", "add", "add", "copy", "copy"]
+    cs, ta, hr = vulkan.STAGE_COMPUTE_SHADER, vulkan.STAGE_TRANSFER, vulkan.STAGE_HOST
+    assert log[0][1][2] == cs | ta and log[0][1][3] == cs        # start: compute + transfer -> compute
+    assert log[3][1][2:] == (cs, cs)                              # compute -> compute
+    assert log[-1][1] == (vulkan.ACCESS_SHADER_WRITE, vulkan.ACCESS_HOST_READ, cs, hr)
+    np.testing.assert_array_equal(vk.read(b), 2)
+
+
+def test_replay_records_barriers_once(vk, cpu_device, monkeypatch):
+    """A replayed decode step records nothing: its barriers were recorded with it, once."""
+    monkeypatch.setattr(vk, "_seqs", type(vk._seqs)())
+    b0, r0 = vk.n_barriers, vk.n_recordings
+    got = _decode_layer_run(vk, n_steps=3, seed=9)
+    ref = _decode_layer_run(cpu_device, n_steps=3, seed=9)
+    for x, y in zip(got, ref):
+        assert nmse(x, y) <= 5e-4
+    per_record = (vk.n_barriers - b0) / (vk.n_recordings - r0)
+    assert vk.n_recordings - r0 == 2 and per_record >= 2
 
 
 # -- storage tensors ---------------------------------------------------------

@@ -10,12 +10,21 @@ Design (DESIGN.md, "Kompute"):
   source per op family, variants by ``-D`` defines (``mul_mat_vec_q4_0``,
   ``mul_mm_q4_k``, ...) listed in ``variants.json`` and compiled to SPIR-V by
   ``scripts/build_shaders.py``; the ``.spv`` files ship in the package.
+- **kp with cooktop's patch** (``scripts/kompute/kp-0.9.0-cooktop.patch``,
+  built by ``scripts/install-kompute.sh``; ``kp.cooktop_patch`` >= 1): memory
+  barriers bound for Python (``OpGlobalMemoryBarrier``, ``OpMemoryBarrier``),
+  ``OpDispatch`` (a dispatch without kp's implicit per-tensor transfer
+  barriers), transfer usage on storage buffers, and the logical device
+  created with the optional features the shaders can use
+  (:data:`.vulkan_info.KP_FEATURES`, reported by ``Manager.enabled_features()``).
+  An unpatched kp is refused by the probe with that hint.
 - **Tensors**: weights are raw GGML blocks uploaded once as a uint32 view
   (zero-padded to 16 bytes plus 16) into a ``storage`` (device-only)
-  tensor through a temporary host tensor; activations and KV cache are
-  ``storage`` tensors too. The shaders unpack bytes and halves from 32-bit
-  words: kp 0.9.0 creates its logical device with no features enabled, so
-  8/16-bit storage cannot be used even where the driver offers it.
+  tensor through a temporary host tensor (``OpTensorCopy``: vkCmdCopyBuffer);
+  activations and KV cache are ``storage`` tensors too. The baseline shaders
+  unpack bytes and halves from 32-bit words, so they need no optional
+  feature; variants that need one (``"features"`` in variants.json) stand in
+  for them on devices where kp enabled it (:func:`.vulkan_shaders.pick_variant`).
 - **Ops are recorded, not run**: every op appends ``(algorithm, push
   constants)`` to a pending list. :meth:`VulkanDevice.read` appends the
   read-back and executes the list as one ``kp.Sequence``. The list's
@@ -27,9 +36,25 @@ Design (DESIGN.md, "Kompute"):
   destination and per write occurrence in the pending list, kept for reuse)
   and a ``copy`` dispatch inside the sequence moves it into the storage
   tensor; only ``t``'s own elements are copied, so a ``head(n)`` view leaves
-  the other rows alone. **read()**: a ``copy`` dispatch into a ``device``
-  tensor followed by ``OpTensorSyncLocal`` (which records the barriers the
-  host read needs), then a copy out of its staging memory.
+  the other rows alone. Host writes before vkQueueSubmit are visible to the
+  device without a barrier (Vulkan spec 7.9, host write ordering guarantees).
+  **read()**: a ``copy`` dispatch into a host-visible ``host`` tensor, then a
+  compute-write -> host-read barrier; after the fence wait its mapped memory is
+  read on the host.
+- **Barriers** (Vulkan spec 7.6, pipeline barriers; 7.1, execution and memory
+  dependencies): while a sequence is recorded, :meth:`VulkanDevice._record`
+  tracks the buffers written and read since the last barrier (from each
+  variant's binding ``access``) and records one global memory barrier
+  (compute shader write -> compute shader read/write, as ggml-vulkan's
+  ggml_vk_sync_buffers) only before a dispatch that reads or writes a buffer
+  written since then (read-after-write, write-after-write) or writes one read
+  since then (write-after-read). Independent dispatches (the q, k, v
+  projections of a layer) run between the same two barriers. Each sequence
+  starts with a barrier from everything earlier on the queue (compute and
+  transfer writes: the last sequence, weight uploads) to its dispatches.
+  ``make test-vulkan-validation`` (tests/vulkan_validation.py, run by .ci/run) runs
+  every Vulkan test under VK_LAYER_KHRONOS_validation with synchronization
+  validation and fails on any error message.
 - **Pipelines** (``Manager.algorithm``) are created once per (shader variant,
   bound tensors, workgroup count) and cached for the device's lifetime; so
   are the tensors they bind (buffers are freed by :meth:`close`). Workgroup
@@ -50,12 +75,7 @@ uvec4 where the layout allows) and the number of barriers (mul_mat_vec reduces
 with subgroupAdd in one-subgroup workgroups, no barrier). A replayed sequence
 runs ~1.5x slower when the driver's threads were idle before it.
 
-Known limit of kp 0.9.0: ``OpAlgoDispatch`` records only a transfer->compute
-barrier before each dispatch, not compute->compute, and its Python API has
-no memory-barrier op. Lavapipe executes dispatches in order, so this is exact
-there; on other devices a 1-element ``OpTensorSyncLocal`` is recorded between
-dispatches, which gives an execution dependency (the only portable stand-in
-kp offers). ``COOKTOP_VULKAN_BARRIERS=1`` / ``0`` forces this on / off.
+Counters for tests: ``n_barriers`` (barriers recorded, all sequences).
 """
 
 from __future__ import annotations
@@ -69,11 +89,22 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
-from .base import (Backend, Device, DeviceInfo, DeviceTensor,
-                   ProbeResult, rope_yarn_params, row_bytes, type_name)
-from .vulkan_info import VkDeviceFacts, VulkanInfoError, facts_to_info, kp_props_to_info, query_devices
-from .vulkan_shaders import (MAX_PUSH_BYTES, SHADER_DIR, VARIANTS, VULKAN_TYPES, bucket, f32_bits,  # noqa: F401
-                             load_spirv, pack_push, variants, workgroups)
+from .base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
+from .vulkan_info import KP_FEATURES, VkDeviceFacts, VulkanInfoError, facts_to_info, kp_props_to_info, query_devices
+from .vulkan_shaders import (  # noqa: F401
+    MAX_PUSH_BYTES,
+    SHADER_DIR,
+    VARIANTS,
+    VULKAN_TYPES,
+    binding_access,
+    bucket,
+    f32_bits,
+    load_spirv,
+    pack_push,
+    pick_variant,
+    variants,
+    workgroups,
+)
 
 #: Token count from which matmul uses the tiled mul_mm shader instead of mul_mat_vec.
 MM_MIN_TOKENS = 8
@@ -89,9 +120,22 @@ MAX_STRIDE_GROUPS = 512
 
 _ATTN_MAX_HEAD_DIM = 256
 
-INSTALL_HINT = ("build kp 0.9.0: scripts/install-kompute.sh .venv/bin/python (needs cmake g++ libvulkan-dev "
-                "libfmt-dev pybind11-dev, numpy<2), and a Vulkan driver (apt-get install mesa-vulkan-drivers "
-                "for lavapipe on the CPU)")
+INSTALL_HINT = ("build kp 0.9.0 with cooktop's patch: scripts/install-kompute.sh .venv/bin/python (needs cmake "
+                "g++ libvulkan-dev libfmt-dev, pybind11>=2.12 from PyPI), and a Vulkan driver (apt-get install "
+                "mesa-vulkan-drivers for lavapipe on the CPU)")
+
+#: The kp patch level this backend needs (``kp.cooktop_patch``; scripts/kompute/kp-0.9.0-cooktop.patch).
+KP_PATCH_LEVEL = 2
+
+# Vulkan enum values (vulkan_core.h): VkAccessFlagBits and VkPipelineStageFlagBits.
+ACCESS_SHADER_READ = 0x00000020
+ACCESS_SHADER_WRITE = 0x00000040
+ACCESS_TRANSFER_READ = 0x00000800
+ACCESS_TRANSFER_WRITE = 0x00001000
+ACCESS_HOST_READ = 0x00002000
+STAGE_COMPUTE_SHADER = 0x00000800
+STAGE_TRANSFER = 0x00001000
+STAGE_HOST = 0x00004000
 
 _facts_cache: list[VkDeviceFacts] | None = None
 
@@ -115,12 +159,33 @@ def _import_kp():
     return kp
 
 
-def numpy_problem() -> str | None:
-    """Why the installed numpy cannot drive kp 0.9.0, or None."""
+def kp_problem(kp) -> str | None:
+    """Why this ``kp`` module cannot run the backend (no cooktop patch), or None."""
+    level = getattr(kp, "cooktop_patch", 0)
+    if level < KP_PATCH_LEVEL:
+        return (f"kp 0.9.0 is installed without cooktop's patch (level {level}, need {KP_PATCH_LEVEL}: memory "
+                f"barriers, buffer usage, device features); rebuild it: scripts/install-kompute.sh .venv/bin/python")
+    return None
+
+
+def numpy_problem(kp=None) -> str | None:
+    """Why the installed numpy cannot drive ``kp``, or None.
+
+    kp built with pybind11 < 2.12 (Debian's 2.10, or unpatched kp, whose version is unknown)
+    reads numpy 2 arrays as zeros; the patched build reports ``kp.pybind11_version``.
+    """
     major = int(np.__version__.split(".")[0])
-    if major >= 2:
-        return (f"numpy {np.__version__} is installed, but kp 0.9.0 silently corrupts tensors under numpy 2 "
-                f"(pip install 'numpy<2')")
+    if major < 2:
+        return None
+    pyb = getattr(kp, "pybind11_version", "0.0") if kp is not None else "0.0"
+    try:
+        ok = tuple(int(x) for x in pyb.split(".")[:2]) >= (2, 12)
+    except ValueError:
+        ok = False
+    if not ok:
+        return (f"numpy {np.__version__} is installed, but this kp was built with pybind11 {pyb}, which "
+                f"silently corrupts tensors under numpy 2 (rebuild: scripts/install-kompute.sh, or pip "
+                f"install 'numpy<2')")
     return None
 
 
@@ -148,16 +213,21 @@ class VulkanBackend(Backend):
     def probe(self) -> ProbeResult:
         """Import kp, check numpy, list devices through libvulkan (kp as fallback). Never raises."""
         try:
-            _import_kp()
+            kp = _import_kp()
         except Exception as e:  # noqa: BLE001 - a probe never raises
             return ProbeResult("vulkan", False, reason=f"kp (Kompute) is not importable: {type(e).__name__}: {e}",
                                hint=INSTALL_HINT)
-        bad = numpy_problem()
+        bad = kp_problem(kp)
+        if bad:
+            return ProbeResult("vulkan", False, reason=bad, hint=INSTALL_HINT)
+        bad = numpy_problem(kp)
         if bad:
             return ProbeResult("vulkan", False, reason=bad, hint="pip install 'numpy<2'")
         try:
             self._infos = [facts_to_info(f) for f in device_facts()]
         except VulkanInfoError as e:
+            if e.no_driver:  # kp would fail the same way (kp before patch level 2: abort the process)
+                return ProbeResult("vulkan", False, reason=f"no Vulkan device: {e}", hint=INSTALL_HINT)
             try:
                 kp = _import_kp()
                 mgr = kp.Manager()
@@ -174,7 +244,7 @@ class VulkanBackend(Backend):
             return ProbeResult("vulkan", False, reason="the Vulkan loader lists no device", hint=INSTALL_HINT)
         return ProbeResult("vulkan", True, list(self._infos))
 
-    def open(self, index: int = 0) -> "VulkanDevice":
+    def open(self, index: int = 0) -> VulkanDevice:
         """Open device ``index`` (a kp.Manager on that physical device).
 
         Raises:
@@ -199,29 +269,32 @@ class VulkanDevice(Device):
     """One Vulkan device driven by a ``kp.Manager`` (module docstring: design).
 
     Counters for tests and benchmarks: ``n_recordings`` (sequences recorded),
-    ``n_replays`` (cached sequences replayed), ``n_pipelines`` (algorithms created).
+    ``n_replays`` (cached sequences replayed), ``n_pipelines`` (algorithms created),
+    ``n_barriers`` (memory barriers recorded). ``features``: the optional device
+    features kp enabled (shader variants are picked by them).
     """
 
     def __init__(self, info: DeviceInfo):
         super().__init__(info)
         self._kp = _import_kp()
         self.mgr = self._kp.Manager(info.index)
+        self.features: frozenset[str] = frozenset(self.mgr.enabled_features())
+        info.extra["features_enabled"] = [f for f in KP_FEATURES if f in self.features]
         self._no_spec = np.zeros(0, dtype=np.uint32)
         # mul_mat_vec's workgroup size (spec constant 0): one subgroup, at least NROWS invocations
         self._mmv_spec = np.array([max(info.subgroup_size or 32, MMV_NROWS)], dtype=np.uint32)
-        self._algos: dict[tuple, tuple[Any, tuple]] = {}
-        self._pending: list[tuple] = []          # (kind, obj, push tuple)
+        # (variant, handles, grid) -> (algorithm, handles, handles read, handles written)
+        self._algos: dict[tuple, tuple[Any, tuple, frozenset, frozenset]] = {}
+        self._pending: list[tuple] = []          # ("algo", algos entry, push) or ("host_read", tensor, ())
         self._seqs: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self._written: list[_VkExtra] = []       # tensors written since the last flush
         self._tensors: list[Any] = []            # every kp tensor made here (destroyed by release/close)
         self.n_recordings = 0
         self.n_replays = 0
         self.n_pipelines = 0
+        self.n_barriers = 0
         ex = info.extra
         self.max_buffer_bytes: int | None = ex.get("max_storage_buffer_range") or None
-        env = os.environ.get("COOKTOP_VULKAN_BARRIERS")
-        self._barriers = (env == "1") if env in ("0", "1") else info.device_type != "cpu"
-        self._barrier_t = None
         self._dummy_t = None
         # workgroups per token of a mat-vec: on CPU drivers a few per core (each costs ~20 us on
         # lavapipe), on GPUs one per 8 rows (no cap)
@@ -309,10 +382,10 @@ class VulkanDevice(Device):
         rb = t.root.extra.readback
         if rb is None:
             dtype = np.int32 if t.ggml_type == T.I32 else np.float32
-            rb = self._tensor(np.zeros(int(root.size()), dtype=dtype), "device")
+            rb = self._tensor(np.zeros(int(root.size()), dtype=dtype), "host")
             t.root.extra.readback = rb
         self._dispatch_raw("copy", (root, rb), self._stride_grid(n, int(root.size())), (n,))
-        self._pending.append(("sync", rb, ()))
+        self._pending.append(("host_read", rb, ()))
         self.flush()
         return np.array(rb.data()[:n]).reshape(t.shape)
 
@@ -324,7 +397,8 @@ class VulkanDevice(Device):
         """Execute the pending op list now (replaying its recorded sequence when cached)."""
         if not self._pending:
             return
-        sig = tuple(self._pending)  # (kind, kp object, push): kp objects hash by identity
+        # (kind, kp algorithm or tensor, push): kp objects hash by identity
+        sig = tuple((kind, obj[0] if kind == "algo" else obj, push) for kind, obj, push in self._pending)
         seq = self._seqs.get(sig)
         if seq is None:
             seq = self._record(self._pending)
@@ -342,24 +416,48 @@ class VulkanDevice(Device):
         seq.eval()
 
     def _record(self, ops: list[tuple]) -> Any:
+        """Record ``ops`` into a new ``kp.Sequence`` with the barriers their data dependencies need.
+
+        Tracking (module docstring, "Barriers"): ``written`` / ``read`` hold the buffers
+        (kp tensors) that dispatches since the last barrier wrote / read. A dispatch
+        that reads or writes a buffer in ``written``, or writes one in ``read``, gets a
+        global compute -> compute memory barrier first, which orders it after every
+        earlier dispatch; then both sets restart. The sequence starts with a barrier
+        from all earlier compute and transfer writes on the queue, and a read-back ends
+        with a compute-write -> host-read barrier.
+        """
         kp = self._kp
         seq = self.mgr.sequence()
+        written: set[Any] = set()
+        read: set[Any] = set()
         first = True
         for kind, obj, push in ops:
             if kind == "algo":
-                if self._barriers and not first:
-                    seq.record(kp.OpTensorSyncLocal([self._barrier_tensor()]))
-                seq.record(kp.OpAlgoDispatch(obj, pack_push(push)))
-                first = False
-            else:
-                seq.record(kp.OpTensorSyncLocal([obj]))
+                algo, _handles, reads, writes = obj
+                if first:
+                    # Vulkan spec 7.6: a pipeline barrier's first scope covers all commands
+                    # earlier in submission order, so this orders the previous sequences'
+                    # dispatches and the weight uploads' copies before this one's.
+                    self._barrier(seq, ACCESS_SHADER_WRITE | ACCESS_TRANSFER_WRITE,
+                                  ACCESS_SHADER_READ | ACCESS_SHADER_WRITE,
+                                  STAGE_COMPUTE_SHADER | STAGE_TRANSFER, STAGE_COMPUTE_SHADER)
+                    first = False
+                elif not written.isdisjoint(reads) or not written.isdisjoint(writes) or not read.isdisjoint(writes):
+                    self._barrier(seq, ACCESS_SHADER_WRITE, ACCESS_SHADER_READ | ACCESS_SHADER_WRITE,
+                                  STAGE_COMPUTE_SHADER, STAGE_COMPUTE_SHADER)
+                    written.clear()
+                    read.clear()
+                seq.record(kp.OpDispatch(algo, pack_push(push)))
+                written |= writes
+                read |= reads
+            else:  # host_read: the host reads ``obj`` (a host tensor the last copy wrote) after the fence
+                self._barrier(seq, ACCESS_SHADER_WRITE, ACCESS_HOST_READ, STAGE_COMPUTE_SHADER, STAGE_HOST)
         self.n_recordings += 1
         return seq
 
-    def _barrier_tensor(self) -> Any:
-        if self._barrier_t is None:
-            self._barrier_t = self._tensor(np.zeros(1, dtype=np.uint32), "device")
-        return self._barrier_t
+    def _barrier(self, seq: Any, src_access: int, dst_access: int, src_stage: int, dst_stage: int) -> None:
+        seq.record(self._kp.OpGlobalMemoryBarrier(src_access, dst_access, src_stage, dst_stage))
+        self.n_barriers += 1
 
     def _release(self, tensors):
         """Destroy the kp tensors of these allocations and every pipeline, sequence,
@@ -367,7 +465,7 @@ class VulkanDevice(Device):
         by their size, so repeated load/close cycles do not exhaust the OOM check."""
         self.flush()
         doomed = {t.handle for t in tensors}  # kp tensors hash by identity
-        for key in [k for k, (algo, handles) in self._algos.items() if any(h in doomed for h in handles)]:
+        for key in [k for k, entry in self._algos.items() if any(h in doomed for h in entry[1])]:
             del self._algos[key]
         for seq in self._seqs.values():  # sequences record pipelines by identity: drop them all
             seq.destroy()
@@ -418,15 +516,27 @@ class VulkanDevice(Device):
         self._dispatch_raw(variant, tuple(x.handle for x in tensors), grid, push)
 
     def _dispatch_raw(self, variant: str, handles: tuple, grid: list[int], push: tuple[int, ...]) -> None:
+        """Enqueue ``variant`` (a logical name; :func:`pick_variant` chooses by device features)
+        on ``handles`` (kp tensors, in binding order).
+
+        Raises:
+            DeviceError: the variant binds a different number of buffers than given.
+        """
         key = (variant, handles, tuple(grid))  # kp tensors hash by identity
         entry = self._algos.get(key)
         if entry is None:
+            name = pick_variant(variant, self.features)
+            access = binding_access(name)
+            if len(access) != len(handles):
+                raise DeviceError(f"{name}: {len(handles)} buffers bound, the shader has {len(access)} bindings")
             spec = self._mmv_spec if variant.startswith("mul_mat_vec_") else self._no_spec
-            algo = self.mgr.algorithm(list(handles), load_spirv(variant), grid, spec, pack_push(push))
-            entry = (algo, handles)
+            algo = self.mgr.algorithm(list(handles), load_spirv(name), grid, spec, pack_push(push))
+            reads = frozenset(h for h, a in zip(handles, access) if "r" in a)
+            writes = frozenset(h for h, a in zip(handles, access) if "w" in a)
+            entry = (algo, handles, reads, writes)
             self._algos[key] = entry
             self.n_pipelines += 1
-        self._pending.append(("algo", entry[0], push))
+        self._pending.append(("algo", entry, push))
 
     # -- ops --------------------------------------------------------------
     @staticmethod

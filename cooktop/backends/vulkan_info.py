@@ -14,9 +14,12 @@ the physical devices in the order ``kp.Manager(index)`` uses
 - ``VkPhysicalDeviceMemoryProperties``: the memory heaps (size, device-local flag);
 - ``VkPhysicalDeviceSubgroupProperties``: subgroupSize, and whether compute
   shaders have subgroup arithmetic (Vulkan 1.1 core);
-- ``VkPhysicalDevice16BitStorageFeatures``, ``VkPhysicalDevice8BitStorageFeatures``,
-  ``VkPhysicalDeviceShaderFloat16Int8Features`` (each read only when the
-  device reports the matching extension; otherwise ``False``);
+- ``VkPhysicalDeviceFeatures.shaderInt16``, ``VkPhysicalDevice16BitStorageFeatures``,
+  ``VkPhysicalDevice8BitStorageFeatures``, ``VkPhysicalDeviceShaderFloat16Int8Features``,
+  ``VkPhysicalDeviceShaderIntegerDotProductFeatures`` (each extension struct
+  read only when the device reports the matching extension; otherwise ``False``).
+  cooktop's patched kp enables exactly these where supported
+  (:data:`KP_FEATURES`, scripts/kompute/kp-0.9.0-cooktop.patch);
 - ``VkPhysicalDeviceDriverProperties`` (driver name and info, when
   ``VK_KHR_driver_properties`` is present).
 
@@ -56,6 +59,14 @@ _S_SUBGROUP_PROPERTIES = 1000094000
 _S_16BIT_STORAGE_FEATURES = 1000083000
 _S_8BIT_STORAGE_FEATURES = 1000177000
 _S_FLOAT16_INT8_FEATURES = 1000082000
+_S_INTEGER_DOT_PRODUCT_FEATURES = 1000280000
+#: Index of shaderInt16 among the VkBool32 members of VkPhysicalDeviceFeatures.
+_FEATURE_SHADER_INT16 = 41
+
+#: Optional device features cooktop's patched kp enables when the device supports them
+#: (Vulkan feature member names; kp.Manager.enabled_features() reports the ones it did).
+KP_FEATURES = ("shaderInt16", "storageBuffer16BitAccess", "storageBuffer8BitAccess", "shaderFloat16",
+               "shaderInt8", "shaderIntegerDotProduct")
 _S_DRIVER_PROPERTIES = 1000196000
 
 #: VkPhysicalDeviceType -> cooktop DeviceInfo.device_type
@@ -67,7 +78,15 @@ VENDORS = {0x1002: "AMD", 0x1010: "ImgTec", 0x10DE: "NVIDIA", 0x13B5: "ARM", 0x5
 
 
 class VulkanInfoError(RuntimeError):
-    """libvulkan is missing or refused to create an instance."""
+    """libvulkan is missing or refused to create an instance.
+
+    ``no_driver`` is True when libvulkan loaded but vkCreateInstance failed (no ICD, or a broken
+    one): then kp cannot create one either, and the probe does not try.
+    """
+
+    def __init__(self, msg: str, no_driver: bool = False):
+        super().__init__(msg)
+        self.no_driver = no_driver
 
 
 class _Limits(ctypes.Structure):
@@ -188,12 +207,22 @@ class VkDeviceFacts:
     storage_buffer_16bit: bool = False
     shader_float16: bool = False
     shader_int8: bool = False
+    shader_int16: bool = False
+    integer_dot_product: bool = False
     extensions: tuple[str, ...] = ()
 
     @property
     def vendor(self) -> str:
         """Vendor name from the PCI id (or ``0x....`` when unknown)."""
         return VENDORS.get(self.vendor_id, f"0x{self.vendor_id:04x}")
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The :data:`KP_FEATURES` this device supports (so the ones patched kp enables)."""
+        have = {"shaderInt16": self.shader_int16, "storageBuffer16BitAccess": self.storage_buffer_16bit,
+                "storageBuffer8BitAccess": self.storage_buffer_8bit, "shaderFloat16": self.shader_float16,
+                "shaderInt8": self.shader_int8, "shaderIntegerDotProduct": self.integer_dot_product}
+        return tuple(f for f in KP_FEATURES if have[f])
 
     @property
     def memory_bytes(self) -> int:
@@ -212,6 +241,31 @@ def _load() -> ctypes.CDLL:
         except OSError as e:
             errors.append(str(e))
     raise VulkanInfoError("cannot load libvulkan (" + "; ".join(errors[:2]) + ")")
+
+
+class _LayerProperties(ctypes.Structure):
+    _fields_ = [("layerName", ctypes.c_char * 256), ("specVersion", c_u32), ("implementationVersion", c_u32),
+                ("description", ctypes.c_char * 256)]
+
+
+def instance_layers() -> list[str]:
+    """Names of the instance layers the Vulkan loader finds (vkEnumerateInstanceLayerProperties),
+    e.g. ``VK_LAYER_KHRONOS_validation`` when Debian's vulkan-validationlayers is installed.
+
+    Raises:
+        VulkanInfoError: libvulkan missing or the enumeration failed.
+    """
+    vk = _load()
+    vk.vkEnumerateInstanceLayerProperties.argtypes = [ctypes.POINTER(c_u32), c_p]
+    vk.vkEnumerateInstanceLayerProperties.restype = c_i32
+    n = c_u32(0)
+    rc = vk.vkEnumerateInstanceLayerProperties(ctypes.byref(n), None)
+    if rc != VK_SUCCESS:
+        raise VulkanInfoError(f"vkEnumerateInstanceLayerProperties failed (VkResult {rc})")
+    arr = (_LayerProperties * n.value)()
+    if n.value:
+        vk.vkEnumerateInstanceLayerProperties(ctypes.byref(n), arr)
+    return [arr[i].layerName.decode(errors="replace") for i in range(n.value)]
 
 
 def _version(v: int) -> str:
@@ -244,7 +298,8 @@ def query_devices() -> list[VkDeviceFacts]:
     inst = c_p()
     rc = vk.vkCreateInstance(ctypes.byref(ci), None, ctypes.byref(inst))
     if rc != VK_SUCCESS:
-        raise VulkanInfoError(f"vkCreateInstance failed (VkResult {rc}): no Vulkan driver (ICD) installed?")
+        raise VulkanInfoError(f"vkCreateInstance failed (VkResult {rc}): no Vulkan driver (ICD) installed?",
+                              no_driver=True)
     try:
         n = c_u32(0)
         rc = vk.vkEnumeratePhysicalDevices(inst, ctypes.byref(n), None)
@@ -301,11 +356,14 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int) -> VkDeviceFacts:
     s16 = _Chain(_S_16BIT_STORAGE_FEATURES, None)
     s8 = _Chain(_S_8BIT_STORAGE_FEATURES, None)
     f16i8 = _Chain(_S_FLOAT16_INT8_FEATURES, None)
+    idot = _Chain(_S_INTEGER_DOT_PRODUCT_FEATURES, None)
     chain = [s16]
     if "VK_KHR_8bit_storage" in exts:
         chain.append(s8)
     if "VK_KHR_shader_float16_int8" in exts:
         chain.append(f16i8)
+    if "VK_KHR_shader_integer_dot_product" in exts:
+        chain.append(idot)
     for a, b in zip(chain, chain[1:]):
         a.pNext = ctypes.cast(ctypes.pointer(b), c_p)
     f2 = _Features2(_S_FEATURES_2, ctypes.cast(ctypes.pointer(chain[0]), c_p))
@@ -314,6 +372,8 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int) -> VkDeviceFacts:
     facts.storage_buffer_8bit = bool(s8.v[0])
     facts.shader_float16 = bool(f16i8.v[0])
     facts.shader_int8 = bool(f16i8.v[1])
+    facts.shader_int16 = bool(f2.features[_FEATURE_SHADER_INT16])
+    facts.integer_dot_product = bool(idot.v[0])
     return facts
 
 
@@ -335,12 +395,14 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
         compute_units=None, max_workgroup_size=f.max_workgroup_invocations or None, subgroup_size=f.subgroup_size,
         fp16=f.shader_float16, int8=f.shader_int8,
         types=tuple(type_name(t) for t in VULKAN_TYPES), ops=ops,
-        extra={"subgroup_arithmetic": f.subgroup_arithmetic, "vendor_id": f.vendor_id, "device_id": f.device_id, "memory_heaps": [list(h) for h in f.heaps],
+        extra={"subgroup_arithmetic": f.subgroup_arithmetic, "vendor_id": f.vendor_id, "device_id": f.device_id,
+               "memory_heaps": [list(h) for h in f.heaps],
                "max_storage_buffer_range": f.max_storage_buffer_range,
                "max_push_constants_size": f.max_push_constants_size,
                "max_compute_shared_memory": f.max_shared_memory,
                "storage_buffer_8bit": f.storage_buffer_8bit, "storage_buffer_16bit": f.storage_buffer_16bit,
-               "features_enabled_by_kp": False, "info_source": "libvulkan"})
+               "integer_dot_product": f.integer_dot_product, "features": list(f.features),
+               "info_source": "libvulkan"})
 
 
 def kp_props_to_info(index: int, props: dict) -> DeviceInfo:

@@ -1,8 +1,9 @@
 """Shader variants, SPIR-V loading, push constants and grid sizes of the Vulkan backend.
 
 The GLSL sources and compiled ``.spv`` live in ``cooktop/shaders/vulkan``;
-``variants.json`` lists each variant (name, source, ``-D`` defines) and
-``scripts/build_shaders.py`` compiles them. Push constants are one uint32
+``variants.json`` lists each variant (name, source, ``-D`` defines, the
+access of each binding, and optionally the device features it needs and the
+variant it stands in for) and ``scripts/build_shaders.py`` compiles them. Push constants are one uint32
 array per dispatch (floats bit-cast with :func:`f32_bits`), at most
 :data:`MAX_PUSH_BYTES`; large grids are split over y (``flat_group()`` in
 common.glsl).
@@ -34,7 +35,7 @@ VARIANTS: dict[str, dict[T, str]] = {op: {t: f"{op}_{t.name.lower()}" for t in V
 #: Push-constant limit in bytes: the minimum maxPushConstantsSize every Vulkan device has.
 MAX_PUSH_BYTES = 128
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_spirv(name: str) -> bytes:
     """The shipped SPIR-V of shader variant ``name`` (e.g. ``"mul_mat_vec_q4_0"``).
 
@@ -49,8 +50,47 @@ def load_spirv(name: str) -> bytes:
 
 
 def variants() -> list[dict[str, Any]]:
-    """The shader variants of ``variants.json``: ``{"name", "source", "defines"}`` each."""
+    """The shader variants of ``variants.json``: ``{"name", "source", "defines", "access"}`` each,
+    plus ``"features"`` and ``"variant_of"`` for a variant that needs optional device features."""
     return json.loads((SHADER_DIR / "variants.json").read_text())["variants"]
+
+
+@functools.cache
+def _manifest() -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in variants()}
+
+
+@functools.cache
+def binding_access(name: str) -> tuple[str, ...]:
+    """Access of each binding of variant ``name``: ``"r"``, ``"w"`` or ``"rw"`` (binding order;
+    from the GLSL ``readonly`` / ``writeonly`` qualifiers, recorded by scripts/build_shaders.py).
+
+    Raises:
+        DeviceError: no such variant, or it has no recorded access (run ``make shaders``).
+    """
+    v = _manifest().get(name)
+    if v is None or "access" not in v:
+        raise DeviceError(f"Vulkan shader variant {name!r} is not in variants.json (with its access); "
+                          f"reinstall cooktop or run `make shaders`")
+    return tuple(v["access"])
+
+
+def pick_variant(name: str, features: frozenset[str] | set[str]) -> str:
+    """The variant to run for the logical variant ``name`` on a device with ``features`` enabled.
+
+    A variant with ``"variant_of": name`` and ``"features": [...]`` all in ``features``
+    is preferred (the first listed); otherwise ``name`` itself, which needs no optional feature.
+    """
+    for v in variants_of(name):
+        if set(_manifest()[v].get("features", ())) <= set(features):
+            return v
+    return name
+
+
+@functools.cache
+def variants_of(name: str) -> tuple[str, ...]:
+    """Names of the feature-dependent variants that stand in for ``name`` (manifest order)."""
+    return tuple(v["name"] for v in variants() if v.get("variant_of") == name)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,9 +1,11 @@
 // Shared helpers of cooktop's Vulkan compute shaders.
 //
 // Weights are raw GGML blocks (ggml-common.h) stored in a uvec4 buffer
-// (`W4`, the byte stream zero-padded to 16 bytes plus one spare uvec4), because
-// kp 0.9.0 enables no 8/16-bit storage features: bytes, halves and unaligned
-// words are unpacked from 32-bit loads here. Every block size of the
+// (`W4`, the byte stream zero-padded to 16 bytes plus one spare uvec4), so that
+// the baseline variants need no optional device feature: bytes, halves and
+// unaligned words are unpacked from 32-bit loads here. Variants that use 8/16-bit
+// storage (enabled by cooktop's patched kp where the device has it) stand in for
+// them where available (variants.json "variant_of"). Every block size of the
 // supported types is even, so half-precision fields sit at even offsets.
 //
 // Large grids: a dispatch of more than 65535 workgroups is split over y;

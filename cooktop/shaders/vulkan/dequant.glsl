@@ -52,6 +52,17 @@ void unit_values(uint row_off, uint u, out float v[32]) {
         }
     }
 }
+#elif defined(TYPE_Q8_0) && defined(PACKED16)
+// block_q8_0 as 17 16-bit words: d, then qs[2i] | qs[2i+1] << 8
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint w = (row_off + u * 34u) >> 1;
+    float d = unpackHalf2x16(uint(W16[w])).x;
+    [[unroll]] for (uint j = 0u; j < 16u; j++) {
+        uint q = uint(W16[w + 1u + j]);
+        v[2u * j] = d * float(int(q << 24) >> 24);
+        v[2u * j + 1u] = d * float(int(q << 16) >> 24);
+    }
+}
 #elif defined(TYPE_Q8_0)
 // block_q8_0 (34 bytes): f16 d; int8 qs[32]. x = d * qs[i]
 void unit_values(uint row_off, uint u, out float v[32]) {
@@ -60,6 +71,20 @@ void unit_values(uint row_off, uint u, out float v[32]) {
     [[unroll]] for (uint j = 0u; j < 8u; j++) {
         uint q = w_u32(off + 2u + 4u * j);
         [[unroll]] for (uint k = 0u; k < 4u; k++) v[4u * j + k] = d * float(int(q << (24u - 8u * k)) >> 24);
+    }
+}
+#elif defined(TYPE_Q4_0) && defined(PACKED16)
+// block_q4_0 as 9 16-bit words: d, then qs[2i] | qs[2i+1] << 8
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint w = (row_off + u * 18u) >> 1;
+    float d = unpackHalf2x16(uint(W16[w])).x;
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint q = uint(W16[w + 1u + j]);
+        [[unroll]] for (uint k = 0u; k < 2u; k++) {
+            uint b = (q >> (8u * k)) & 0xFFu;
+            v[2u * j + k] = d * (float(b & 15u) - 8.0);
+            v[2u * j + k + 16u] = d * (float(b >> 4) - 8.0);
+        }
     }
 }
 #elif defined(TYPE_Q4_0)

@@ -23,6 +23,14 @@
 layout(local_size_x_id = 0) in;
 #define WG gl_WorkGroupSize.x
 layout(std430, binding = 0) readonly buffer WBuf { uvec4 W4[]; };
+#ifdef PACKED16
+// The same weight buffer as 16-bit words (needs storageBuffer16BitAccess; variants.json
+// records the features each variant's SPIR-V needs): blocks of 2-byte aligned types
+// (Q4_0 18 bytes, Q8_0 34) are read with aligned 16-bit loads instead of two 32-bit
+// loads and a shift per unaligned word (ggml-vulkan's packed16 block layouts).
+#extension GL_EXT_shader_16bit_storage : require
+layout(std430, binding = 0) readonly buffer WBuf16 { uint16_t W16[]; };
+#endif
 layout(std430, binding = 1) readonly buffer XBuf { vec4 X4[]; };  // allocations are padded to 4 floats
 layout(std430, binding = 2) writeonly buffer YBuf { float Y[]; };
 layout(push_constant) uniform PC { uint n_in; uint n_out; uint n_tok; uint row_bytes; uint groups_per_wg; } pc;
