@@ -69,7 +69,8 @@ class GGUFFile:
         path: the file path.
         file_size: bytes.
         version: GGUF version (2 or 3).
-        metadata: key -> Python value (strings, numbers, lists; token arrays included).
+        metadata: key -> Python value (strings, numbers, lists; token arrays included). Strings are
+            display text: invalid UTF-8 bytes become U+FFFD (exact bytes: the reader's ``parts``).
         tensors: name -> :class:`TensorInfo`, in file order.
         reader: the underlying ``gguf.GGUFReader``.
     """
@@ -93,7 +94,7 @@ class GGUFFile:
             if key.startswith("GGUF."):
                 continue
             try:
-                self.metadata[key] = field.contents()
+                self.metadata[key] = field_value(field)
             except Exception as e:  # noqa: BLE001 - any decoding failure is a corrupt file
                 raise GGUFError(f"{self.path}: metadata key {key!r} is unreadable ({_describe(e)})") from None
         align = self.metadata.get("general.alignment", 32)
@@ -123,6 +124,28 @@ class GGUFFile:
             return self.tensors[name]
         except KeyError:
             raise UnsupportedModelError(f"{self.path}: missing tensor {name!r}") from None
+
+
+def _text(part: np.ndarray) -> str:
+    """A GGUF string as display text: UTF-8, invalid bytes replaced by U+FFFD (never raises)."""
+    return part.tobytes().decode("utf-8", errors="replace")
+
+
+def field_value(field: Any) -> Any:
+    """``field.contents()`` with strings decoded leniently.
+
+    GGUF strings are byte strings (llama.cpp keeps them as ``std::string``); a
+    ``general.name`` or a token text that is not valid UTF-8 must not refuse the
+    file, so strings and arrays of strings are decoded with ``errors="replace"``
+    here. Readers that need the exact bytes (token texts, merges) read
+    ``field.parts`` themselves.
+    """
+    types = field.types
+    if types and types[0] == GGUFValueType.STRING:
+        return _text(field.parts[-1])
+    if len(types) == 2 and types[0] == GGUFValueType.ARRAY and types[1] == GGUFValueType.STRING:
+        return [_text(field.parts[i]) for i in field.data]
+    return field.contents()
 
 
 def _describe(e: BaseException) -> str:
@@ -211,8 +234,8 @@ class _Cursor:
         if vt in _SCALAR_SIZES:
             raw = self.take(_SCALAR_SIZES[vt], what)
             return struct.unpack("<I", raw)[0] if vt == GGUFValueType.UINT32 else raw
-        if vt == GGUFValueType.STRING:
-            return self.string(what)
+        if vt == GGUFValueType.STRING:  # any bytes (llama.cpp: std::string); only keys must be UTF-8
+            return self.take(self.u64(what), what)
         etype, count = self.u32(what), self.u64(what)
         if etype == GGUFValueType.STRING:  # hot loop (vocabularies): lengths only, no copies
             buf, pos, end = self.buf, self.pos, len(self.buf)
@@ -312,7 +335,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     return GGUFFile(path)
 
 
-__all__ = ["GGUFFile", "TensorInfo", "open_gguf", "GGUFValueType"]
+__all__ = ["GGUFFile", "TensorInfo", "open_gguf", "field_value", "GGUFValueType"]
 
 
 # -- fast raw metadata (vocabularies) ------------------------------------------------------------
