@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
 import threading
 
@@ -66,6 +67,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 #: The families tested against the numpy reference (every one but ``cpu``), in FAMILIES order.
 DEVICE_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if not f.reference)
 
+log = logging.getLogger("cooktop")
 _lock = threading.RLock()
 _backends: dict[str, Backend] = {}
 _probes: dict[str, ProbeResult] = {}
@@ -126,7 +128,11 @@ def _gate(family: str) -> ProbeResult | None:
     if family not in FAMILIES or FAMILIES[family].reference:  # numpy: no driver
         return None
     if family not in _gates:
-        _gates.update(safeprobe.check_many({family: FAMILIES[family].backend}))
+        try:
+            _gates.update(safeprobe.check_many({family: FAMILIES[family].backend}))
+        except Exception as e:  # noqa: BLE001 - a probe never raises; probe in-process as before
+            log.warning("the %s probe child failed (%s: %s); probing in-process", family, type(e).__name__, e)
+            _gates[family] = None
     return _gates[family]
 
 
@@ -140,8 +146,10 @@ def probe_all(refresh: bool = False) -> dict[str, ProbeResult]:
             _gates.clear()
         todo = {n: f.backend for n, f in FAMILIES.items() if not f.reference and n not in _gates
                 and n not in disabled_families() and (refresh or n not in _probes)}
-        if todo:
-            _gates.update(safeprobe.check_many(todo))
+        try:
+            _gates.update(safeprobe.check_many(todo) if todo else {})
+        except Exception as e:  # noqa: BLE001 - each family retries alone in probe()
+            log.warning("probe children failed (%s: %s)", type(e).__name__, e)
     return {f: probe(f, refresh) for f in FAMILIES}
 
 
