@@ -390,7 +390,7 @@ def _read_string_array(buf, pos: int, count: int, path: str, key: str) -> tuple[
             pos += 8
             append(buf[pos:pos + n])
             pos += n
-    except struct.error:
+    except (struct.error, OverflowError):  # OverflowError: a huge length sent pos past ssize_t (fuzzing)
         pos = end + 1
     if pos > end:
         raise GGUFError(f"{path}: truncated or corrupt GGUF header: the file ends inside metadata key {key!r} "
