@@ -2,26 +2,28 @@
 
 - **GGUF**: random files and mutations (bit flips, interesting integers written over
   counts, lengths, types and offsets, truncation, insertion, deletion, splices) of
-  every valid file in ``../shared/models`` and ``../shared/vocab``, opened with
-  :func:`cooktop.format.gguf.open_gguf`; whatever opens then goes through the
-  model config reader and the vocabulary loader, and every tensor view is touched.
+  every valid file in ``../shared/models`` and ``../shared/vocab``, read the ways
+  cooktop reads them: :func:`~cooktop.format.gguf.read_raw_metadata` and the
+  vocabulary built from it (``Llama(vocab_only=True)``), then
+  :func:`~cooktop.format.gguf.open_gguf`, the model config and the vocabulary from
+  the opened file; every tensor view is touched.
 - **Tokenizer**: random text, bytes (invalid UTF-8 included) and pieces of the
   vocabulary (special tokens among them) through ``tokenize``/``detokenize`` of
-  every vocabulary that loads, and random ids through ``detokenize``. For SPM
-  vocabularies the round trip is exact (byte fallback).
+  every vocabulary that loads (SPM and byte-level BPE), and random ids through
+  ``detokenize``. On valid UTF-8 the round trip is exact (SPM: without U+2581).
 
 Only :class:`~cooktop.errors.CooktopError` subclasses may escape; each example runs
 under a hard deadline (:data:`DEADLINE_S`, a SIGALRM that raises ``Hang``) and a
 memory bound (tracemalloc peak under :data:`MEMORY_LIMIT` plus 8x the input size).
 
-The normal test run tries a few dozen examples of each (seconds). ``make fuzz`` sets
-``COOKTOP_FUZZ_EXAMPLES`` (default there 100000) for the long run; it then uses every
-vocabulary (the big ones take seconds each to load) and prints how many inputs it tried.
+The normal test run tries a few dozen examples of each (seconds) on the vocabularies
+up to 2 MiB. ``make fuzz`` sets ``COOKTOP_FUZZ_EXAMPLES`` (100000 there) for the long
+run over every vocabulary and prints how many inputs it tried.
 
 The mutation seeds are *shrunk* copies of the shared files (:func:`shrink_gguf`: arrays cut
 to :data:`SEED_ARRAY_ITEMS` elements), because gguf's GGUFReader spends seconds on a
-150k-token vocabulary and a fuzzer wants thousands of inputs a minute; the originals are
-opened once each as a baseline.
+150k-token vocabulary and a fuzzer wants thousands of inputs a minute; the model files are
+opened whole once as a baseline (the vocabularies too in the long run).
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ DEADLINE_S = float(os.environ.get("COOKTOP_FUZZ_DEADLINE", "30"))
 MEMORY_LIMIT = 256 << 20
 #: Elements kept per metadata array in the shrunk seeds.
 SEED_ARRAY_ITEMS = 40
-#: Vocabularies used by the short run (the others load in seconds each).
-SHORT_RUN_MAX_BYTES = 1 << 20
+#: Vocabularies used by the short run (the two big BPE ones take seconds each).
+SHORT_RUN_MAX_BYTES = 2 << 20
 
 COUNTS: dict[str, int] = {"gguf": 0, "gguf_opened": 0, "tokenizer": 0}
 
@@ -249,11 +251,15 @@ def gguf_inputs(draw, seeds: list[Seed]) -> Input:
 
 
 def exercise_gguf(path: pathlib.Path) -> None:
-    """Open ``path`` and read everything a model load reads; only CooktopError may escape."""
-    from cooktop.format.gguf import open_gguf
+    """Read ``path`` the ways cooktop does (the raw metadata reader and the vocabulary built from
+    it, then open_gguf, the model config and the vocabulary from the GGUFFile); only
+    CooktopError may escape."""
+    from cooktop.format.gguf import open_gguf, read_raw_metadata
     from cooktop.model.config import load_config
     from cooktop.text.tokenizer import Tokenizer
 
+    with contextlib.suppress(CooktopError):
+        Tokenizer.from_gguf(read_raw_metadata(path))
     g = open_gguf(path)
     COUNTS["gguf_opened"] += 1
     for t in g.tensors.values():
@@ -265,7 +271,7 @@ def exercise_gguf(path: pathlib.Path) -> None:
     with contextlib.suppress(CooktopError):
         load_config(g)
     with contextlib.suppress(CooktopError):
-        Tokenizer.from_gguf(g.reader)
+        Tokenizer.from_gguf(g)
 
 
 def test_gguf_originals_open(seeds):
@@ -302,21 +308,19 @@ def test_fuzz_gguf(seeds, tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokenizers() -> dict:
     """name -> (tokenizer, is_spm, pieces) for every shared vocabulary that loads."""
-    from cooktop.format.gguf import open_gguf
-    from cooktop.text.tokenizer import Tokenizer
+    from cooktop.text.tokenizer import SpmTokenizer, Tokenizer
 
     out = {}
     for p in _shared_ggufs():
         if not LONG and p.stat().st_size > SHORT_RUN_MAX_BYTES:
             continue
-        g = open_gguf(p)
         try:
-            tok = Tokenizer.from_gguf(g.reader)
-        except CooktopError:  # a vocabulary type not supported (yet): nothing to fuzz
+            tok = Tokenizer.from_gguf(p)
+        except CooktopError:  # a vocabulary type not supported: nothing to fuzz
             continue
-        texts = [t for t in g.metadata.get("tokenizer.ggml.tokens", []) if isinstance(t, str)]
+        texts = [t.decode("utf-8", errors="replace") for t in tok.vocab.texts]
         pieces = texts[:64] + texts[-64:] + [t for t in texts if t.startswith("<")][:64]
-        out[p.name] = (tok, g.metadata.get("tokenizer.ggml.model") == "llama", pieces)
+        out[p.name] = (tok, isinstance(tok, SpmTokenizer), pieces)
     if not out:
         skip_or_fail("shared", "no vocabulary loads")
     return out
@@ -328,15 +332,15 @@ def _texts(pieces: list[str]):
     return st.lists(fragment, max_size=12).map("".join)
 
 
-def _round_trips(raw: bytes) -> bool:
-    """Whether SPM tokenization must give ``raw`` back exactly: valid UTF-8 without U+2581.
+def _round_trips(raw: bytes, spm: bool) -> bool:
+    """Whether tokenization must give ``raw`` back exactly: valid UTF-8 (SPM: without U+2581).
 
     llama.cpp's rules change other texts on purpose: an input U+2581 is SentencePiece's space
-    (it comes back as b" "), and invalid UTF-8 is cut into "characters" by the lead byte's
+    (it comes back as b" "), and SPM cuts invalid UTF-8 into "characters" by the lead byte's
     length (``unicode_len_utf8``), so a stray lead byte swallows the escaped space after it.
     """
     try:
-        return "\u2581" not in raw.decode("utf-8")
+        return not spm or "\u2581" not in raw.decode("utf-8")
     except UnicodeDecodeError:
         return False
 
@@ -361,7 +365,8 @@ def test_fuzz_tokenizer(tokenizers):
                 assert all(isinstance(i, int) and 0 <= i < tok.n_vocab for i in out)
                 back = tok.detokenize(out, special=special)
                 assert isinstance(back, bytes)
-                if spm and add_bos and not special and _round_trips(raw):
+                # SPM: the BOS makes detokenize drop the space SPM prepended; BPE prepends nothing
+                if not special and (add_bos if spm else not add_bos) and _round_trips(raw, spm):
                     assert back == raw, (text, out, back)
                 mixed = [i % tok.n_vocab if i >= 0 else i for i in ids]
                 try:
@@ -383,3 +388,21 @@ def _report() -> None:
     if out:
         with open(out, "a") as f:
             f.write(line + "\n")
+
+
+# -- what the fuzzer found (regressions) ------------------------------------------------------
+
+def test_found_huge_string_length_in_raw_reader(tmp_path):
+    """A string of 2**63 bytes in a string array sent read_raw_metadata's offset past ssize_t:
+    OverflowError escaped (found by test_fuzz_gguf: one bit flipped in tiny-F16.gguf)."""
+    from cooktop.errors import GGUFError
+    from cooktop.format.gguf import read_raw_metadata
+
+    key = b"tokenizer.ggml.tokens"
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    body += struct.pack("<IIQ", _ARRAY, _STRING, 2) + struct.pack("<Q", 1 << 63) + b"\0" * 32
+    path = tmp_path / "huge.gguf"
+    path.write_bytes(body)
+    with pytest.raises(GGUFError, match=r"the file ends inside metadata key 'tokenizer.ggml.tokens' "
+                                        r"\(an array of 2 strings from offset 69\)"):
+        read_raw_metadata(path)
