@@ -229,8 +229,8 @@ class _Cursor:
         if vt in _SCALAR_SIZES:
             raw = self.take(_SCALAR_SIZES[vt], what)
             return struct.unpack("<I", raw)[0] if vt == GGUFValueType.UINT32 else raw
-        if vt == GGUFValueType.STRING:
-            return self.string(what)
+        if vt == GGUFValueType.STRING:  # any bytes (llama.cpp: std::string); only keys must be UTF-8
+            return self.take(self.u64(what), what)
         etype, count = self.u32(what), self.u64(what)
         if etype == GGUFValueType.STRING:  # hot loop (vocabularies): lengths only, no copies
             buf, pos, end = self.buf, self.pos, len(self.buf)
@@ -392,7 +392,7 @@ def _read_string_array(buf, pos: int, count: int, path: str, key: str) -> tuple[
             pos += 8
             append(buf[pos:pos + n])
             pos += n
-    except struct.error:
+    except (struct.error, OverflowError):  # OverflowError: a huge length sent pos past ssize_t (fuzzing)
         pos = end + 1
     if pos > end:
         raise GGUFError(f"{path}: truncated or corrupt GGUF header: the file ends inside metadata key {key!r} "
