@@ -8,6 +8,7 @@
 #   make shaders                    compile the Vulkan GLSL shaders to SPIR-V
 #   make bench                      setup, then `cooktop bench`
 #   make lint                       ruff (style, imports) and mypy on the package
+#   make fuzz [FUZZ_EXAMPLES=100000] the long fuzz run (GGUF reader, tokenizer; tests/test_fuzz.py)
 # Variables passed on the command line (COOKTOP_EXTRAS=compare, PYTHON=python3.11,
 # COOKTOP_SHARED=/path) reach scripts/setup.sh through the environment.
 
@@ -18,10 +19,11 @@ COOKTOP := $(VENV)/bin/cooktop
 PROMPT ?= Once upon a time
 N ?= 64
 PYTEST_ARGS ?=
+FUZZ_EXAMPLES ?= 100000
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-compare run test test-vulkan-validation shaders bench lint
+.PHONY: help setup setup-compare run test test-vulkan-validation shaders bench lint fuzz
 
 help:
 	@sed -n '1,12s/^# \{0,1\}//p' Makefile
@@ -60,3 +62,10 @@ lint:
 	@test -x $(PY) || { echo "make lint: no $(PY); run 'make setup' first" >&2; exit 1; }
 	$(VENV)/bin/ruff check cooktop tests scripts
 	$(VENV)/bin/mypy
+
+# Issue 9: FUZZ_EXAMPLES inputs for each of the GGUF reader and the tokenizer (an hour or so on 2 cores);
+# the last line printed says how many were tried. Needs the dev extra (hypothesis): make setup first.
+fuzz:
+	@test -x $(PY) || { echo "make fuzz: no $(PY); run 'make setup' first" >&2; exit 1; }
+	COOKTOP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s -p no:cacheprovider --timeout=0 \
+		--hypothesis-show-statistics tests/test_fuzz.py

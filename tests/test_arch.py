@@ -36,7 +36,9 @@ def test_registry_and_unknown_architecture_lists_the_supported_ones():
     assert ARCHITECTURES["llama"] is LLAMA and architecture("llama") is LLAMA
     with pytest.raises(UnsupportedModelError) as e:
         architecture("gpt2", "m.gguf")
-    assert str(e.value) == "m.gguf: unsupported architecture 'gpt2'; cooktop runs gemma3, llama, phi3 (general.architecture)"
+    assert str(e.value) == (f"m.gguf: unsupported architecture 'gpt2'; cooktop runs {', '.join(sorted(ARCHITECTURES))} "
+                            f"(general.architecture)")
+    assert {"gemma3", "llama", "phi3", "qwen2", "qwen3"} <= set(ARCHITECTURES)
 
 
 def test_synth_unknown_arch_is_refused(tmp_path):
@@ -63,6 +65,7 @@ def test_llama_descriptor_matches_llama_cpp():
         "blk.{i}.ffn_gate.weight": (BLOCK, MATRIX, True, (F, E)),
         "blk.{i}.ffn_up.weight": (BLOCK, MATRIX, True, (F, E)),
         "blk.{i}.ffn_down.weight": (BLOCK, MATRIX, True, (E, F)),
+        "rope_freqs.weight": (BLOCK, NORM, False, (8,)),  # n_rot / 2, one tensor for every block
     }
     assert LLAMA.rope_mode == 0 and cfg.rope_mode == 0
     assert LLAMA.spec("blk.7.ffn_up.weight").key == "ffn_up" and LLAMA.spec("blk.7.ffn_up.bias") is None

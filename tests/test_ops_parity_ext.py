@@ -47,7 +47,7 @@ def test_rmsnorm_groups(gpu_device, cpu_device, n_tok, n_group, g):
     x = (rng.standard_normal((n_tok, n_group * g)) * 3).astype(np.float32)
     w = rng.standard_normal(g).astype(np.float32)
     for in_place in (False, True):
-        def run(dev):
+        def run(dev, in_place=in_place):
             xt = _act(dev, x)
             out = xt if in_place else _out(dev, x.shape)
             dev.rmsnorm(out, xt, dev.upload(w, T.F32, (g,)), 1e-6)
@@ -66,7 +66,7 @@ def test_add_bias(gpu_device, cpu_device, shape):
     x = (rng.standard_normal(shape) * 4).astype(np.float32)
     b = rng.standard_normal(shape[1]).astype(np.float32)
     for in_place in (False, True):
-        def run(dev):
+        def run(dev, in_place=in_place):
             xt = _act(dev, x)
             out = xt if in_place else _out(dev, shape)
             dev.add_bias(out, xt, dev.upload(b, T.F32, b.shape))
@@ -142,7 +142,7 @@ def test_rope_ext(gpu_device, cpu_device, case, mode, n_tok, head_dim, n_rot):
     pos = np.arange(37, 37 + n_tok, dtype=np.int32)
     ff = rng.uniform(1.0, 8.0, n_rot // 2 + 3).astype(np.float32)  # longer than n_rot/2 is allowed
     for in_place in (False, True):
-        def run(dev):
+        def run(dev, in_place=in_place):
             xt = _act(dev, x)
             out = xt if in_place else _out(dev, x.shape)
             dev.rope(out, xt, _act(dev, pos), head_dim, n_rot, 10000.0, scale, mode,

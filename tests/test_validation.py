@@ -75,7 +75,6 @@ def test_small_synth_loads(small):
 
 
 @pytest.mark.parametrize("name, shape, what", [
-    ("rope_freqs.weight", (8,), "rope frequency factors"),
     ("blk.0.attn_q.bias", (64,), "a bias"),
     ("blk.0.attn_k.bias", (32,), "a bias"),
     ("blk.0.ffn_up.bias", (64,), "a bias"),
@@ -91,10 +90,13 @@ def test_unused_tensor_refused(small, tmp_path, name, shape, what):
     assert repr(name) in msg and what in msg and "not implemented by cooktop" in msg
 
 
-def test_rope_freqs_refused_by_cli(small, tmp_path):
-    bad = copy_with(small, tmp_path / "bad.gguf", add={"rope_freqs.weight": (np.ones(8, np.float32), None)})
+def test_rope_freqs_of_the_wrong_length_refused_by_cli(small, tmp_path):
+    """llama reads rope_freqs (Llama 3.1), of n_rot / 2 = 8 values here; 5 values contradict the metadata."""
+    assert load_config(open_gguf(copy_with(small, tmp_path / "ok.gguf",
+                                           add={"rope_freqs.weight": (np.ones(8, np.float32), None)}))).n_rot == 16
+    bad = copy_with(small, tmp_path / "bad.gguf", add={"rope_freqs.weight": (np.ones(5, np.float32), None)})
     line = one_error_line(cooktop("run", "-m", str(bad), "-p", "a", "-n", "1", "--device", "cpu"))
-    assert "'rope_freqs.weight'" in line and "not implemented by cooktop" in line
+    assert "'rope_freqs.weight' has shape [5]" in line and "implies [8]" in line
 
 
 def test_value_length_different_from_key_length_refused(small, tmp_path):

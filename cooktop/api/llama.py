@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends import notices
 from ..engine import generate as _generate
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, read_raw_metadata
@@ -80,6 +81,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
                  chat_template: str | None = None, chat_template_file: str | None = None, **kwargs: Any):
         self._engine_or_none: _generate.Engine | None = None
         self._last: _generate.GenerationResult | None = None
+        notices.set_verbose(verbose)  # process-wide, like llama-cpp-python's log callback: False prints nothing
         self.model_path = os.fspath(model_path)
         self.verbose = verbose
         options.check_extra(kwargs)

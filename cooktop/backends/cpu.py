@@ -24,8 +24,8 @@ from gguf import GGMLQuantizationType as T
 from ..errors import CooktopError
 from ..format.quants import HOST_TYPES, dequantize
 from ..units import parse_bytes
-from .base import (OPS, ROPE_NEOX, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params,
-                   type_name)
+from .base import OPS, ROPE_NEOX, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
+
 
 def _physical_memory() -> int:
     try:

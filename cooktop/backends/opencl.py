@@ -110,6 +110,46 @@ def device_info(cl: Any, platform: Any, dev: Any, index: int, p_index: int, d_in
                "local_mem_bytes": _safe(lambda: int(dev.local_mem_size))})
 
 
+def describe_icds() -> str:
+    """The OpenCL ICD files the loader (ocl-icd) reads and the libraries they name (files only, no
+    OpenCL call). ``OCL_ICD_VENDORS`` (a folder or one file) replaces ``/etc/OpenCL/vendors``;
+    pyopencl's wheels add the PoCL they ship (``$PYOPENCL_HOME/.libs``)."""
+    spec = os.environ.get("OCL_ICD_VENDORS")
+    where = f"OCL_ICD_VENDORS={spec}" if spec else "/etc/OpenCL/vendors"
+    path = spec or "/etc/OpenCL/vendors"
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".icd"))
+    else:
+        files = [path] if os.path.exists(path) else []
+    if not files:
+        return f"no ICD file (driver) in {where}"
+    parts = []
+    for f in files:
+        try:
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                lib = fh.read().strip()
+        except OSError as e:
+            parts.append(f"{f} is unreadable ({e.strerror})")
+            continue
+        missing = "/" in lib and not os.path.exists(lib)
+        parts.append(f"{f} names {lib}" + (", which does not exist" if missing else ""))
+    return f"{len(files)} ICD file(s) in {where}: " + "; ".join(parts)
+
+
+def empty_platform_hint(platforms: list) -> str:
+    """What to check when every platform lists zero devices (PoCL does when its kernel cache
+    folder cannot be created: ``POCL_CACHE_DIR`` or ``$XDG_CACHE_HOME/pocl``)."""
+    hint = ("the drivers load but report no device: check that they support this hardware and run "
+            "with their debug output on (PoCL: POCL_DEBUG=all)")
+    if any("Portable Computing Language" in str(_safe(lambda p=p: p.name, "")) for p in platforms):
+        cache = os.environ.get("POCL_CACHE_DIR") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pocl")
+        hint = (f"PoCL lists no device when it cannot create its kernel cache folder {cache} "
+                f"(POCL_CACHE_DIR / XDG_CACHE_HOME): make it writable or point POCL_CACHE_DIR at a writable "
+                f"folder; POCL_DEBUG=all shows PoCL's own reason")
+    return hint
+
+
 class OpenCLBackend(Backend):
     """The pyopencl backend family: every device of every platform, indexed across platforms."""
 
@@ -129,23 +169,29 @@ class OpenCLBackend(Backend):
             try:
                 platforms = cl.get_platforms()
             except Exception as e:  # noqa: BLE001 - PLATFORM_NOT_FOUND_KHR when no ICD is installed
-                return ProbeResult("opencl", False, reason=f"no OpenCL platform found (no driver/ICD installed: "
-                                   f"{type(e).__name__}: {str(e).strip()[:200]})", hint=INSTALL_HINT)
+                return ProbeResult("opencl", False, reason=f"no OpenCL platform found ({type(e).__name__}: "
+                                   f"{str(e).strip()[:200]}); {describe_icds()}", hint=INSTALL_HINT)
             self._devices = []
             notes = []
             for pi, plat in enumerate(platforms):
+                pname = f"{_safe(lambda: plat.name.strip(), '?')} ({_safe(lambda: plat.version.strip(), '?')})"
                 try:
                     devs = plat.get_devices()
                 except Exception as e:  # noqa: BLE001 - DEVICE_NOT_FOUND on an empty platform
-                    notes.append(f"platform {pi} ({_safe(lambda: plat.name, '?')}): {type(e).__name__}: {e}")
+                    notes.append(f"platform {pi} {pname}: {type(e).__name__}: {str(e).strip()[:200]}")
                     continue
+                if not devs:
+                    notes.append(f"platform {pi} {pname}: 0 devices")
                 for di, dev in enumerate(devs):
                     info = device_info(cl, plat, dev, len(self._devices), pi, di)
                     self._devices.append((plat, dev, info))
             infos = [d[2] for d in self._devices]
             if not infos:
-                return ProbeResult("opencl", False, reason="no OpenCL device found"
-                                   + (f" ({'; '.join(notes)})" if notes else ""), hint=INSTALL_HINT)
+                if not platforms:
+                    return ProbeResult("opencl", False, reason=f"no OpenCL platform found; {describe_icds()}",
+                                       hint=INSTALL_HINT)
+                return ProbeResult("opencl", False, reason=f"{len(platforms)} OpenCL platform(s) found, but they "
+                                   f"expose no device: {'; '.join(notes)}", hint=empty_platform_hint(platforms))
             return ProbeResult("opencl", True, infos)
         except Exception as e:  # noqa: BLE001 - a probe never raises
             return ProbeResult("opencl", False, reason=f"OpenCL probe failed: {type(e).__name__}: {e}",

@@ -11,6 +11,15 @@ process-wide cache (pyopencl also caches binaries on disk). A build failure
 raises :class:`~cooktop.errors.DeviceError` carrying the first lines of the
 build log, so a broken driver (e.g. PoCL 3.0-rc2's ``unknown target CPU
 'generic'``) is reported, not crashed on.
+
+Quiet by default (issue 9): compiler output (the build log, pyopencl's
+``CompilerWarning``, and what clang inside PoCL writes straight to file
+descriptor 2, "N warnings generated.") goes to the ``cooktop`` logger at INFO
+(``--verbose``), in full at WARNING when a build fails. The first time a
+program is built on a device (no marker under ``<cache_dir>/opencl-kernels``)
+one line says so, ``compiling OpenCL kernels for <device> (first run only)``;
+:meth:`KernelCache.prebuild` (the smoke test's batch) shows a progress bar
+when it takes more than a second or two. ``set_verbose(False)`` silences both.
 """
 
 from __future__ import annotations
@@ -18,13 +27,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.resources
+import logging
+import os
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError
+from . import notices
+
+log = logging.getLogger(__name__)
 
 #: Weight types with device kernels (matmul, get_rows), in base.DEVICE_WEIGHT_TYPES order.
 OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -91,37 +106,107 @@ def _log_head(text: str, n_lines: int = 4) -> str:
     return " | ".join(lines[:n_lines])[:600]
 
 
-def build_program(ctx: Any, device: Any, source: str, options: str, what: str) -> Any:
+def _marker(device: Any, source: str, options: str) -> str:
+    """Path of the file that says this program was built on this device (driver) before."""
+    ident = "\0".join(str(_safe_info(device, a)) for a in ("name", "vendor", "driver_version", "version"))
+    h = hashlib.sha1(f"{ident}\0{options}\0{source}".encode()).hexdigest()
+    return os.path.join(notices.cache_dir("opencl-kernels"), h)
+
+
+def _safe_info(device: Any, attr: str) -> Any:
+    try:
+        return getattr(device, attr)
+    except Exception:  # noqa: BLE001 - a marker key only
+        return ""
+
+
+def built_before(device: Any, source: str, options: str) -> bool:
+    """Whether this program was built on this device by an earlier run (its marker exists)."""
+    return os.path.exists(_marker(device, source, options))
+
+
+def _mark_built(device: Any, source: str, options: str) -> None:
+    path = _marker(device, source, options)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w"):
+            pass
+    except OSError as e:  # read-only cache: the notice shows again next run, nothing else
+        log.debug("cannot write %s: %s", path, e)
+
+
+def first_compile_notice(device: Any, label: str | None = None) -> None:
+    """``cooktop: compiling OpenCL kernels for <device> (first run only)``, once per device and process."""
+    name = str(_safe_info(device, "name")).strip() or "?"
+    who = f"{label}, {name}" if label else name
+    notices.notice(f"compiling OpenCL kernels for {who} (first run only)", once_key=f"opencl-compile:{who}")
+
+
+def _compiler_text(prg: Any, device: Any, captured: str, caught: list) -> tuple[str, str]:
+    """``(build log, everything the compiler said)``: the log, fd-2 output, pyopencl's warnings."""
+    import pyopencl as cl
+
+    try:
+        blog = str(prg.get_build_info(device, cl.program_build_info.LOG) or "") if prg is not None else ""
+    except Exception:  # noqa: BLE001
+        blog = ""
+    parts = [t.strip() for t in (blog, captured, *(str(w.message) for w in caught)) if t and t.strip()]
+    return blog, "\n".join(parts)
+
+
+def build_program(ctx: Any, device: Any, source: str, options: str, what: str, label: str | None = None) -> Any:
     """Build (once, cached) ``source`` with ``options`` for ``device`` in ``ctx``.
+
+    Compiler output goes to the log (module docstring); the first build of a program on a
+    device prints the one-line notice.
 
     Args:
         ctx, device: ``pyopencl.Context`` and ``pyopencl.Device``.
         what: a name for error messages, e.g. ``"matmul Q4_K"``.
+        label: the device's selector for the notice, e.g. ``"opencl:0"``.
     Returns:
         the built ``pyopencl.Program``.
     Raises:
-        DeviceError: the build failed; the message holds the first lines of the build log.
+        DeviceError: the build failed; the message holds the first lines of the build log
+            (the whole compiler output is logged at WARNING).
     """
     import pyopencl as cl
 
     key = (ctx.int_ptr, device.int_ptr, hashlib.sha1(source.encode()).hexdigest(), options)
+    first = not built_before(device, source, options)
     with _cache_lock:
         prg = _program_cache.get(key)
-        if prg is not None:
-            return prg
+    if prg is not None:
+        if first:  # built in this process before the markers moved (tests): the device has it now
+            _mark_built(device, source, options)
+        return prg
+    if first:
+        first_compile_notice(device, label)
     prg = None
-    try:
-        prg = cl.Program(ctx, source)
-        prg.build(options=options, devices=[device])
-    except Exception as e:  # noqa: BLE001 - pyopencl raises RuntimeError/LogicError/...
-        log = ""
+    with notices.capture_stderr() as cap, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", cl.CompilerWarning)
         try:
-            log = prg.get_build_info(device, cl.program_build_info.LOG) if prg is not None else ""
-        except Exception:  # noqa: BLE001
-            pass
-        detail = _log_head(log or str(e))
+            prg = cl.Program(ctx, source)
+            prg.build(options=options, devices=[device])
+            error = None
+        except Exception as e:  # noqa: BLE001 - pyopencl raises RuntimeError/LogicError/...
+            error = e
+    others = [w for w in caught if not issubclass(w.category, cl.CompilerWarning)]
+    for w in others:  # not the compiler's: give them back to the warnings machinery
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    blog, text = _compiler_text(prg, device, cap.text, [w for w in caught if w not in others])
+    if error is not None:
+        if text:
+            log.log(logging.WARNING if notices.enabled() else logging.INFO,
+                    "OpenCL build of the %s kernels failed on %s; compiler output:\n%s", what,
+                    str(device.name).strip(), text)
+        detail = _log_head(blog or str(error))
         raise DeviceError(f"OpenCL build of the {what} kernels failed on {device.name.strip()}: "
-                          f"{type(e).__name__}: {detail}") from e
+                          f"{type(error).__name__}: {detail}") from error
+    if text:
+        log.info("OpenCL compiler output for the %s kernels on %s:\n%s", what, str(device.name).strip(), text)
+    if first:
+        _mark_built(device, source, options)
     with _cache_lock:
         _program_cache[key] = prg
     return prg
@@ -204,14 +289,53 @@ class KernelCache:
         self.info.subgroup_size = int(m)
         self.info.extra["subgroup_size_source"] = "CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE of rmsnorm (estimate)"
 
+    @property
+    def _label(self) -> str | None:
+        return getattr(self.info, "selector", None)
+
+    def _weight_program(self, ggml_type: T) -> tuple[str, str]:
+        return read_source("dequant.cl", "matmul.cl"), f"{self.options} -DW_{ggml_type.name}"
+
+    def _ops_program(self) -> tuple[str, str]:
+        return read_source("norm.cl", "rope.cl", "elementwise.cl"), self.options
+
+    def prebuild(self, types: Any = ()) -> None:
+        """Build the float-op kernels and those of the weight ``types`` now, as one batch.
+
+        When any of them was never built on this device before, the first-compile notice
+        is printed and a progress bar counts the programs (shown after a second or two).
+
+        Raises:
+            DeviceError: a build failed (see :func:`build_program`).
+        """
+        todo: list[Any] = ([] if self._ops is not None else [None])
+        todo += [t for t in types if t in OPENCL_TYPES and t not in self._weights]
+        fresh = [t for t in todo if not built_before(self.device, *(self._ops_program() if t is None
+                                                                    else self._weight_program(t)))]
+        if not fresh:
+            for t in todo:
+                self._build_one(t)
+            return
+        first_compile_notice(self.device, self._label)
+        with notices.progress(len(todo), f"compiling kernels for {self._label or 'the device'}",
+                              unit="program") as bar:
+            for t in todo:
+                self._build_one(t)
+                bar.update(1)
+
+    def _build_one(self, ggml_type: T | None) -> None:
+        if ggml_type is None:
+            self.ops()
+        else:
+            self.weights(ggml_type)
+
     def weights(self, ggml_type: T) -> WeightKernels:
         """Kernels for weights of ``ggml_type`` (built on first use)."""
         k = self._weights.get(ggml_type)
         if k is None:
             with self._lock:
-                src = read_source("dequant.cl", "matmul.cl")
-                prg = build_program(self.ctx, self.device, src, f"{self.options} -DW_{ggml_type.name}",
-                                    f"matmul {ggml_type.name}")
+                src, options = self._weight_program(ggml_type)
+                prg = build_program(self.ctx, self.device, src, options, f"matmul {ggml_type.name}", self._label)
                 k = self._weights[ggml_type] = WeightKernels(prg)
         return k
 
@@ -219,8 +343,8 @@ class KernelCache:
         """Kernels of the float ops (built on first use)."""
         if self._ops is None:
             with self._lock:
-                src = read_source("norm.cl", "rope.cl", "elementwise.cl")
-                ops = OpKernels(build_program(self.ctx, self.device, src, self.options, "float op"))
+                src, options = self._ops_program()
+                ops = OpKernels(build_program(self.ctx, self.device, src, options, "float op", self._label))
                 if self.info is not None and self.info.subgroup_size is None:
                     self._estimate_subgroup(ops.rmsnorm)
                 self._ops = ops
@@ -232,7 +356,8 @@ class KernelCache:
         if k is None:
             with self._lock:
                 prg = build_program(self.ctx, self.device, read_source("attention.cl"),
-                                    f"{self.options} -DHEAD_DIM={head_dim}", f"attention (head_dim {head_dim})")
+                                    f"{self.options} -DHEAD_DIM={head_dim}", f"attention (head_dim {head_dim})",
+                                    self._label)
                 k = prg.attention
                 k.set_scalar_arg_dtypes([None, None, None, None, None, np.int32, np.int32, np.float32, np.int32])
                 self._attn[head_dim] = k

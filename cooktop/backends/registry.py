@@ -6,6 +6,11 @@ device (H_k false), or ``COOKTOP_DISABLE`` becomes an unavailable
 :class:`ProbeResult` with a reason and an install hint. A family is usable
 when H_k AND F_k; numpy ``cpu`` always is.
 
+Driver calls can abort or hang the process (``kp.Manager()`` with no Vulkan
+driver raises SIGABRT in C++), so each family is first probed in a child
+process (:mod:`.safeprobe`, verdict kept per driver set); only when the child
+found usable devices does the probe (and later ``open``) run here.
+
 Every opened device is smoke-tested once (a small matmul per supported weight
 type and an rmsnorm, against the numpy reference); a device that computes
 wrong answers is marked FAIL and never chosen by ``auto``.
@@ -18,10 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 import os
 import threading
 
 from ..errors import DeviceError
+from . import safeprobe
 from .base import Backend, Device, DeviceInfo, ProbeResult
 
 
@@ -60,11 +67,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 #: The families tested against the numpy reference (every one but ``cpu``), in FAMILIES order.
 DEVICE_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if not f.reference)
 
+log = logging.getLogger("cooktop")
 _lock = threading.RLock()
 _backends: dict[str, Backend] = {}
 _probes: dict[str, ProbeResult] = {}
 _devices: dict[str, Device] = {}
 _smoke: dict[str, "SmokeResult"] = {}
+_gates: dict[str, ProbeResult | None] = {}
 
 
 def disabled_families() -> set[str]:
@@ -78,15 +87,21 @@ def _load_backend(family: str) -> Backend:
 
 
 def probe(family: str, refresh: bool = False) -> ProbeResult:
-    """Probe one family once (cached). Never raises."""
+    """Probe one family once (cached). Never raises, never crashes or hangs the process: the
+    driver calls run in a child process first (:mod:`.safeprobe`)."""
     with _lock:
         if family in _probes and not refresh:
             return _probes[family]
+        if refresh:
+            _gates.pop(family, None)
         hint = FAMILIES[family].install_hint if family in FAMILIES else ""
         if family not in FAMILIES:
             res = ProbeResult(family, False, reason=f"unknown backend {family!r}")
         elif not FAMILIES[family].reference and family in disabled_families():
             res = ProbeResult(family, False, reason="disabled by COOKTOP_DISABLE", hint="unset COOKTOP_DISABLE")
+        elif (gate := _gate(family)) is not None and not gate.available:
+            res = gate  # the child found nothing usable (or the driver crashed it): no driver call here
+            res.hint = res.hint or hint
         else:
             try:
                 backend = _load_backend(family)
@@ -108,8 +123,33 @@ def probe(family: str, refresh: bool = False) -> ProbeResult:
         return res
 
 
+def _gate(family: str) -> ProbeResult | None:
+    """The child-process verdict on ``family`` (:mod:`.safeprobe`); None for ``cpu``."""
+    if family not in FAMILIES or FAMILIES[family].reference:  # numpy: no driver
+        return None
+    if family not in _gates:
+        try:
+            _gates.update(safeprobe.check_many({family: FAMILIES[family].backend}))
+        except Exception as e:  # noqa: BLE001 - a probe never raises; probe in-process as before
+            log.warning("the %s probe child failed (%s: %s); probing in-process", family, type(e).__name__, e)
+            _gates[family] = None
+    return _gates[family]
+
+
 def probe_all(refresh: bool = False) -> dict[str, ProbeResult]:
-    """Probe every family; dict in the order of :data:`FAMILIES` with ``cpu`` last."""
+    """Probe every family; dict in the order of :data:`FAMILIES` with ``cpu`` last.
+
+    The child-process checks of the families not probed yet run in parallel first.
+    """
+    with _lock:
+        if refresh:
+            _gates.clear()
+        todo = {n: f.backend for n, f in FAMILIES.items() if not f.reference and n not in _gates
+                and n not in disabled_families() and (refresh or n not in _probes)}
+        try:
+            _gates.update(safeprobe.check_many(todo) if todo else {})
+        except Exception as e:  # noqa: BLE001 - each family retries alone in probe()
+            log.warning("probe children failed (%s: %s)", type(e).__name__, e)
     return {f: probe(f, refresh) for f in FAMILIES}
 
 
@@ -123,6 +163,8 @@ def reset() -> None:
                 pass
         _backends.clear()
         _probes.clear()
+        _gates.clear()
+        safeprobe.forget()
         _devices.clear()
         _smoke.clear()
 

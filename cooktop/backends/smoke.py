@@ -35,6 +35,10 @@ def run_smoke_test(dev: Device) -> tuple[bool, str]:
     if not np.array_equal(back, probe):
         return False, f"round trip corrupts data: wrote {probe.tolist()}, read {back.tolist()}"
 
+    kernels = getattr(dev, "kernels", None)
+    if hasattr(kernels, "prebuild"):  # OpenCL: build the kernels below as one batch (first-run notice + bar)
+        kernels.prebuild([T[n] for n in dev.info.types if dev.supports("matmul", T[n])])
+
     n_in, n_tok, n_out = 256, 3, 5
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
     xt = dev.empty((n_tok, n_in))

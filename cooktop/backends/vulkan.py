@@ -90,7 +90,8 @@ from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from .base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
-from .vulkan_info import KP_FEATURES, VkDeviceFacts, VulkanInfoError, facts_to_info, kp_props_to_info, query_devices
+from .vulkan_info import (KP_FEATURES, VkDeviceFacts, VulkanInfoError, VulkanNoDriverError, facts_to_info,
+                          kp_props_to_info, query_devices)
 from .vulkan_shaders import (  # noqa: F401
     MAX_PUSH_BYTES,
     SHADER_DIR,
@@ -136,6 +137,13 @@ ACCESS_HOST_READ = 0x00002000
 STAGE_COMPUTE_SHADER = 0x00000800
 STAGE_TRANSFER = 0x00001000
 STAGE_HOST = 0x00004000
+
+#: No driver creates a Vulkan instance.
+DRIVER_HINT = ("install a Vulkan driver (apt-get install mesa-vulkan-drivers for lavapipe on the CPU, or your GPU "
+               "vendor's driver); if VK_ICD_FILENAMES / VK_DRIVER_FILES is set, check the files it names")
+
+#: The loader itself is missing.
+LOADER_HINT = "apt-get install libvulkan1 mesa-vulkan-drivers (the Vulkan loader and a driver)"
 
 _facts_cache: list[VkDeviceFacts] | None = None
 
@@ -215,6 +223,9 @@ class VulkanBackend(Backend):
         try:
             kp = _import_kp()
         except Exception as e:  # noqa: BLE001 - a probe never raises
+            if "libvulkan" in str(e):  # kp links the loader: a missing/broken libvulkan.so.1 fails the import
+                return ProbeResult("vulkan", False, reason=f"the Vulkan loader cannot be loaded, so kp (Kompute) "
+                                   f"cannot be imported: {type(e).__name__}: {e}", hint=LOADER_HINT)
             return ProbeResult("vulkan", False, reason=f"kp (Kompute) is not importable: {type(e).__name__}: {e}",
                                hint=INSTALL_HINT)
         bad = kp_problem(kp)
@@ -225,9 +236,9 @@ class VulkanBackend(Backend):
             return ProbeResult("vulkan", False, reason=bad, hint="pip install 'numpy<2'")
         try:
             self._infos = [facts_to_info(f) for f in device_facts()]
-        except VulkanInfoError as e:
-            if e.no_driver:  # kp would fail the same way (kp before patch level 2: abort the process)
-                return ProbeResult("vulkan", False, reason=f"no Vulkan device: {e}", hint=INSTALL_HINT)
+        except VulkanNoDriverError as e:  # never try kp.Manager() now: it aborts the process (issue 9)
+            return ProbeResult("vulkan", False, reason=str(e), hint=DRIVER_HINT)
+        except VulkanInfoError as e:  # ctypes cannot load libvulkan: ask kp (a child process checked it is safe)
             try:
                 kp = _import_kp()
                 mgr = kp.Manager()

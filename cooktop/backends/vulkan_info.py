@@ -26,10 +26,12 @@ the physical devices in the order ``kp.Manager(index)`` uses
 Struct layouts are the C structs of the Vulkan headers (vulkan_core.h); the
 ``VkPhysicalDeviceLimits`` members before ``maxComputeWorkGroupInvocations``
 are spelled out field by field below so their offsets follow from C layout
-rules. When libvulkan cannot be loaded or the instance cannot be created,
-:func:`query_devices` raises :class:`VulkanInfoError` and the caller falls
-back to kp's properties: then memory heaps, maxStorageBufferRange, subgroup
-size and 8/16-bit storage are unknown (``None``).
+rules. When ctypes cannot load libvulkan, :func:`query_devices` raises
+:class:`VulkanLoaderError` and the caller falls back to kp's properties: then
+memory heaps, maxStorageBufferRange, subgroup size and 8/16-bit storage are
+unknown (``None``). When the loader is there but no driver creates an
+instance it raises :class:`VulkanNoDriverError`, whose message names the ICD
+manifests found (:func:`describe_icds`); the caller must not try kp then.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import json
+import os
 
 from .base import OPS, DeviceInfo, type_name
 from .vulkan_shaders import VULKAN_TYPES
@@ -78,15 +82,105 @@ VENDORS = {0x1002: "AMD", 0x1010: "ImgTec", 0x10DE: "NVIDIA", 0x13B5: "ARM", 0x5
 
 
 class VulkanInfoError(RuntimeError):
-    """libvulkan is missing or refused to create an instance.
+    """libvulkan is missing or refused to create an instance."""
 
-    ``no_driver`` is True when libvulkan loaded but vkCreateInstance failed (no ICD, or a broken
-    one): then kp cannot create one either, and the probe does not try.
+
+class VulkanLoaderError(VulkanInfoError):
+    """The Vulkan loader (libvulkan) cannot be loaded."""
+
+
+class VulkanNoDriverError(VulkanInfoError):
+    """The loader is there but ``vkCreateInstance`` fails: no usable driver (ICD).
+
+    Nothing else may touch Vulkan in this process then: ``kp.Manager()`` aborts
+    the whole process (SIGABRT inside C++) in exactly this situation (issue 9).
     """
 
-    def __init__(self, msg: str, no_driver: bool = False):
-        super().__init__(msg)
-        self.no_driver = no_driver
+
+#: VkResult codes vkCreateInstance can return (vulkan_core.h).
+VK_RESULTS = {-1: "VK_ERROR_OUT_OF_HOST_MEMORY", -2: "VK_ERROR_OUT_OF_DEVICE_MEMORY",
+              -3: "VK_ERROR_INITIALIZATION_FAILED", -6: "VK_ERROR_LAYER_NOT_PRESENT",
+              -7: "VK_ERROR_EXTENSION_NOT_PRESENT", -9: "VK_ERROR_INCOMPATIBLE_DRIVER"}
+
+#: Environment variables that replace (first two) or extend the loader's ICD manifest search.
+ICD_ENV = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES", "VK_ADD_DRIVER_FILES")
+
+
+def icd_search_dirs() -> list[str]:
+    """Folders the Linux loader searches for ICD manifests when no ``VK_DRIVER_FILES`` /
+    ``VK_ICD_FILENAMES`` is set (Vulkan-Loader docs/LoaderDriverInterface.md, "Driver
+    Discovery on Linux"): XDG config dirs, /etc, XDG data dirs, each + ``vulkan/icd.d``."""
+    home = os.path.expanduser("~")
+    cfg = [os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")]
+    cfg += (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")
+    data = [os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")]
+    data += (os.environ.get("XDG_DATA_DIRS") or "/usr/local/share:/usr/share").split(":")
+    dirs = [os.path.join(d, "vulkan", "icd.d") for d in cfg if d] + ["/etc/vulkan/icd.d"]
+    dirs += [os.path.join(d, "vulkan", "icd.d") for d in data if d]
+    return list(dict.fromkeys(dirs))
+
+
+def _manifests(spec: str) -> list[str]:
+    """Manifest files a colon list of files/folders names (folders: their ``*.json``)."""
+    out = []
+    for item in filter(None, spec.split(os.pathsep)):
+        if os.path.isdir(item):
+            out += sorted(os.path.join(item, n) for n in os.listdir(item) if n.endswith(".json"))
+        else:
+            out.append(item)
+    return out
+
+
+def icd_manifests() -> tuple[str, list[str]]:
+    """Where the loader looks for drivers and the manifest files it would read.
+
+    Returns:
+        (``"VK_ICD_FILENAMES=..."`` or the search folders as text, manifest paths).
+    """
+    override = next((v for v in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES") if os.environ.get(v)), None)
+    if override:
+        where, files = f"{override}={os.environ[override]}", _manifests(os.environ[override])
+    else:
+        dirs = icd_search_dirs()
+        where = ", ".join(d for d in dirs if os.path.isdir(d)) or "the standard folders (" + ", ".join(dirs) + ")"
+        files = [f for d in dirs if os.path.isdir(d) for f in _manifests(d)]
+    if os.environ.get("VK_ADD_DRIVER_FILES"):
+        where += f" + VK_ADD_DRIVER_FILES={os.environ['VK_ADD_DRIVER_FILES']}"
+        files += _manifests(os.environ["VK_ADD_DRIVER_FILES"])
+    return where, files
+
+
+def manifest_library(path: str) -> tuple[str | None, str | None]:
+    """``(library_path, problem)`` of one ICD manifest; ``problem`` is None when it looks usable.
+
+    A bare library name is found by the dynamic linker and not checked here.
+    """
+    if not os.path.exists(path):
+        return None, "does not exist"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lib = json.load(f)["ICD"]["library_path"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return None, f"is not a readable ICD manifest ({type(e).__name__})"
+    if not isinstance(lib, str):
+        return None, "has no library_path"
+    full = lib if os.path.isabs(lib) or "/" not in lib else os.path.join(os.path.dirname(path), lib)
+    if "/" in full and not os.path.exists(full):
+        return lib, f"names the driver library {full}, which does not exist"
+    return lib, None
+
+
+def describe_icds() -> str:
+    """One sentence on the Vulkan drivers installed: where the loader looks, which manifests
+    it finds and what is wrong with them (no Vulkan call is made: safe in any process)."""
+    where, files = icd_manifests()
+    if not files:
+        return f"no ICD manifest (driver) found in {where}"
+    parts = []
+    for p in files:
+        lib, problem = manifest_library(p)
+        parts.append(f"{p} {problem}" if problem else f"{os.path.basename(p)} ({lib})")
+    return f"{len(files)} ICD manifest(s) in {where}: " + "; ".join(parts)
 
 
 class _Limits(ctypes.Structure):
@@ -240,7 +334,7 @@ def _load() -> ctypes.CDLL:
             return ctypes.CDLL(n)
         except OSError as e:
             errors.append(str(e))
-    raise VulkanInfoError("cannot load libvulkan (" + "; ".join(errors[:2]) + ")")
+    raise VulkanLoaderError("cannot load the Vulkan loader libvulkan (" + "; ".join(errors[:2]) + ")")
 
 
 class _LayerProperties(ctypes.Structure):
@@ -278,7 +372,8 @@ def query_devices() -> list[VkDeviceFacts]:
     Returns:
         devices in ``vkEnumeratePhysicalDevices`` order (the index kp.Manager takes).
     Raises:
-        VulkanInfoError: libvulkan missing, or instance creation / enumeration failed.
+        VulkanLoaderError: libvulkan missing. VulkanNoDriverError: no driver creates an
+            instance. VulkanInfoError: enumeration failed.
     """
     vk = _load()
     vk.vkCreateInstance.argtypes = [ctypes.POINTER(_InstanceInfo), c_p, ctypes.POINTER(c_p)]
@@ -298,8 +393,8 @@ def query_devices() -> list[VkDeviceFacts]:
     inst = c_p()
     rc = vk.vkCreateInstance(ctypes.byref(ci), None, ctypes.byref(inst))
     if rc != VK_SUCCESS:
-        raise VulkanInfoError(f"vkCreateInstance failed (VkResult {rc}): no Vulkan driver (ICD) installed?",
-                              no_driver=True)
+        raise VulkanNoDriverError(f"vkCreateInstance failed ({VK_RESULTS.get(rc, f'VkResult {rc}')}): no usable "
+                                  f"Vulkan driver; {describe_icds()}")
     try:
         n = c_u32(0)
         rc = vk.vkEnumeratePhysicalDevices(inst, ctypes.byref(n), None)

@@ -43,6 +43,7 @@ def model_info(path: str, n_ctx: int) -> dict:
         "n_tensors": len(gf.tensors),
         "config": cfg.to_dict(),
         "tensor_types": dict(sorted(hist.items())),
+        "rope_freqs": "rope_freqs.weight" in gf.tensors,
         "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
         "n_ctx": n_ctx,
         "kv_cache_bytes": {"f32": cfg.kv_cache_bytes(n_ctx, 4), "f16": cfg.kv_cache_bytes(n_ctx, 2)},
@@ -84,6 +85,9 @@ def info_cmd(model: str, n_ctx: int, as_json: bool) -> None:
         f"n_rot: {c['n_rot']}",
         f"rope_freq_base: {c['rope_freq_base']:g}    rope_freq_scale: {c['rope_freq_scale']:g}    "
         f"rms_eps: {c['rms_eps']:g}    tied output: {c['tied_output']}",
+        f"rope scaling:   {c['rope_scaling_type']}    ext_factor: {c['rope_ext_factor']:g}    "
+        f"attn_factor: {c['rope_attn_factor']:g}    n_ctx_orig: {c['n_ctx_orig_yarn']}"
+        + ("    rope_freqs: yes" if info["rope_freqs"] else ""),
         f"KV cache:       {_size(info['kv_cache_bytes']['f32'])} at n_ctx {info['n_ctx']} (f32; "
         f"{_size(info['kv_cache_bytes']['f16'])} as f16)",
         "tensor types:",

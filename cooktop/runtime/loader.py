@@ -116,7 +116,7 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
     t0 = time.perf_counter()
     gf = open_gguf(model_path)
     cfg = load_config(gf)
-    tokenizer = Tokenizer.from_gguf(gf)
+    tokenizer = Tokenizer.from_gguf(gf.raw)  # the metadata already read, strings as bytes
     n_ctx = default_n_ctx(cfg, n_ctx)
     n_batch = check_batch(n_batch, n_ctx)
     n_gpu_layers = parse_ngl(n_gpu_layers)

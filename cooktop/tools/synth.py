@@ -269,7 +269,7 @@ def _vocab_keys(path: str | os.PathLike) -> tuple[list[tuple[str, object, GGUFVa
 
 def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, name: str = "synthetic",
           overrides: dict[str, T] | None = None, arch: str | None = None,
-          vocab: str | os.PathLike | None = None) -> int:
+          vocab: str | os.PathLike | None = None, scales: dict[str, float] | None = None) -> int:
     """Write a GGUF of architecture ``arch`` (default ``shape.arch``) with random weights; returns
     the parameter count.
 
@@ -279,6 +279,9 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
     keys are copied (n_vocab becomes its token count). The shape is checked by
     :func:`validate` before anything is written; the file is written to a temporary name
     in the same folder and renamed on success, so a failure leaves no file behind.
+    ``scales`` maps a matrix key (``attn_q``, ``ffn_up``...) to the standard deviation of its
+    weights (default 0.02); tests sharpen attention with larger ``attn_q`` / ``attn_k`` so that
+    positions (rope) visibly change the logits.
 
     Raises:
         CooktopError: unknown ``file_type`` or ``arch``, a bad shape (see :func:`validate`), a
@@ -301,7 +304,7 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
     except OSError as e:
         raise CooktopError(f"cannot write {path}: {e.strerror or e}") from None
     try:
-        n_params = _write(tmp, shape, file_type, seed, name, overrides, arch, vocab_keys)
+        n_params = _write(tmp, shape, file_type, seed, name, overrides, arch, vocab_keys, scales or {})
         os.replace(tmp, path)
     except OSError as e:
         raise CooktopError(f"cannot write {path}: {e.strerror or e}") from None
@@ -312,7 +315,7 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
 
 
 def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides: dict[str, T] | None,
-           arch: str, vocab_keys: list | None = None) -> int:
+           arch: str, vocab_keys: list | None = None, scales: dict[str, float] | None = None) -> int:
     """Body of :func:`write` for a validated shape; writes ``path`` directly."""
     rng = np.random.default_rng(seed)
     cfg = config(s, arch)
@@ -378,7 +381,8 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
             w.add_tensor(tname, data, raw_dtype=raw)
             continue
         try:
-            data = random_weight(ty, shp, rng, scale=0.02)
+            key = tname.split(".", 2)[2] if tname.startswith("blk.") else tname
+            data = random_weight(ty, shp, rng, scale=(scales or {}).get(key.removesuffix(".weight"), 0.02))
         except CooktopError as e:
             raise CooktopError(f"{tname}: {e}") from None
         if ty in (T.F32, T.F16):

@@ -12,9 +12,10 @@ from .base import Architecture
 from .gemma3 import GEMMA3
 from .llama import LLAMA
 from .phi3 import PHI3
+from .qwen import QWEN2, QWEN3
 
 #: general.architecture -> descriptor.
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3)}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3)}
 
 
 def architecture(name: str, path: str = "") -> Architecture:

@@ -1,20 +1,26 @@
-"""The llama architecture (``general.architecture = llama``): Llama 1/2, TinyLlama, SmolLM...
+"""The llama architecture (``general.architecture = llama``): Llama 1/2/3/3.1/3.2, Mistral 7B,
+TinyLlama, SmolLM2...; its :func:`block` also serves qwen2 and qwen3 (``qwen.py``).
 
 Sources: llama.cpp src/models/llama.cpp (``load_arch_hparams``, ``load_arch_tensors``
 and the graph), src/llama-arch.cpp (tensor names); mlx-lm ``mlx_lm/models/llama.py``.
 
-Block::
+Block (optional steps in brackets run when the unit has the tensor)::
 
     xn = rmsnorm(x) * attn_norm
-    q, k, v = xn @ Wq^T, xn @ Wk^T, xn @ Wv^T ; rope(q), rope(k)
+    q, k, v = xn @ Wq^T [+ bq], xn @ Wk^T [+ bk], xn @ Wv^T [+ bv]
+    [q, k = rmsnorm_per_head(q) * attn_q_norm, rmsnorm_per_head(k) * attn_k_norm]
+    rope(q), rope(k)  [with rope_freqs as frequency factors]
     cache[pos] = k, v ; a = attention(q, cache) ; x += a @ Wo^T
     xn = rmsnorm(x) * ffn_norm ; x += (silu(xn @ Wg^T) * (xn @ Wu^T)) @ Wd^T
 
-Head: ``logits = (rmsnorm(x) * output_norm) @ Wout^T`` (Wout = token_embd when tied).
+Head: ``logits = (rmsnorm(x) * output_norm) @ Wout^T [+ output.bias]`` (Wout = token_embd when tied).
+
+Rope scaling (``rope.scaling.*`` keys, ``model/config.py``): linear, YaRN, and Llama 3.1's
+frequency factors (the global ``rope_freqs`` tensor, llama.cpp ``get_rope_factors``).
 
 Not implemented yet (a file with them is refused by ``load_config``, never run without
-them): llama.cpp's optional biases (``attn_output``, ``ffn_*``), ``rope_freqs``
-(Llama 3.1 rope scaling) and the mixture-of-experts feed-forward.
+them): llama.cpp's optional llama biases (``attn_q``/``attn_output``/``ffn_*``) and the
+mixture-of-experts feed-forward.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any
 
 from ...backends.base import ROPE_NORMAL, Device, DeviceTensor
 from ..hparams import Metadata, ModelConfig
-from .base import HEAD, INPUT, Architecture, Weights, matrix, norm
+from .base import BLOCK, HEAD, INPUT, Architecture, Weights, matrix, norm
 
 
 def hparams(m: Metadata) -> dict[str, Any]:
@@ -52,6 +58,8 @@ TENSORS = (
     matrix("blk.{i}.ffn_gate.weight", lambda c: (c.n_ff, c.n_embd)),
     matrix("blk.{i}.ffn_up.weight", lambda c: (c.n_ff, c.n_embd)),
     matrix("blk.{i}.ffn_down.weight", lambda c: (c.n_embd, c.n_ff)),
+    # Llama 3.1 rope frequency factors: one global tensor every block uses (TENSOR_DUPLICATED)
+    norm("rope_freqs.weight", lambda c: (c.n_rot // 2,), unit=BLOCK, required=False),
 )
 
 
@@ -63,22 +71,32 @@ def scratch(cfg: ModelConfig) -> dict[str, int]:
 
 def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, k_cache: DeviceTensor,
           v_cache: DeviceTensor, pos: DeviceTensor) -> None:
-    """One llama block on the ``n`` rows of ``s.x`` (f32 [n, n_embd], updated in place).
+    """One llama-family block on the ``n`` rows of ``s.x`` (f32 [n, n_embd], updated in place).
+
+    Runs the optional steps of the module doc when ``w`` has their tensors: Q/K/V biases
+    (``attn_q.bias``...: qwen2), per-head Q/K norms (``attn_q_norm``, ``attn_k_norm`` of
+    head_dim values: qwen3) and rope frequency factors (``rope_freqs``: Llama 3.1).
 
     Args:
-        w: this block's weights (keys as in :data:`TENSORS`).
+        w: this block's weights (keys as in the architecture's tensors).
         s: scratch buffers of :func:`scratch` cut to ``n`` rows.
         k_cache, v_cache: f32 [n_ctx, n_embd_kv] of this block; rows ``pos`` are written.
         pos: I32 [n] positions.
     """
     x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
-    rope = (cfg.head_dim, cfg.n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, cfg.rope_mode)
+    rope = cfg.rope_params()
+    ff = w.get("rope_freqs")
     d.rmsnorm(xn, x, w["attn_norm"], cfg.rms_eps)
-    d.matmul(q, xn, w["attn_q"])
-    d.matmul(k, xn, w["attn_k"])
-    d.matmul(v, xn, w["attn_v"])
-    d.rope(q, q, pos, *rope)
-    d.rope(k, k, pos, *rope)
+    for y, name in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")):
+        d.matmul(y, xn, w[name])
+        if name + ".bias" in w:
+            d.add_bias(y, y, w[name + ".bias"])
+    if "attn_q_norm" in w:
+        d.rmsnorm(q, q, w["attn_q_norm"], cfg.rms_eps)
+    if "attn_k_norm" in w:
+        d.rmsnorm(k, k, w["attn_k_norm"], cfg.rms_eps)
+    d.rope(q, q, pos, **rope, freq_factors=ff)
+    d.rope(k, k, pos, **rope, freq_factors=ff)
     d.kv_store(k_cache, k, pos)
     d.kv_store(v_cache, v, pos)
     d.attention(att, q, k_cache, v_cache, pos, cfg.n_head, cfg.n_head_kv, 1.0 / math.sqrt(cfg.head_dim))
@@ -98,8 +116,10 @@ def final_norm(d: Device, cfg: ModelConfig, w: Weights, xn: DeviceTensor, x: Dev
 
 
 def lm_head(d: Device, cfg: ModelConfig, w: Weights, logits: DeviceTensor, xn: DeviceTensor) -> None:
-    """``logits f32 [r, n_vocab] = xn @ output^T`` for normed rows xn f32 [r, n_embd]."""
+    """``logits f32 [r, n_vocab] = xn @ output^T [+ output.bias]`` for normed rows xn f32 [r, n_embd]."""
     d.matmul(logits, xn, w["output"])
+    if "output.bias" in w:
+        d.add_bias(logits, logits, w["output.bias"])
 
 
 LLAMA = Architecture(name="llama", tensors=TENSORS, rope_mode=ROPE_NORMAL, hparams=hparams, scratch=scratch,

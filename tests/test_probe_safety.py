@@ -1,0 +1,209 @@
+"""Issue 9: the device probe never crashes or hangs the caller, whatever the drivers do.
+
+Each driver failure runs as a user meets it, in a subprocess (``cooktop devices``,
+``cooktop run``, ``Llama``) with the environment that provokes it: no Vulkan ICD, an
+ICD whose library is missing, a Vulkan loader that cannot be loaded, OpenCL platforms
+with zero devices. Each must end with exit 0, ``<family>: unavailable: <reason naming
+what was found>``, and ``auto`` falling back. The child-process mechanics (a crash,
+a hang, a child that cannot start, the verdict cache) are tested in-process with
+stand-in children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, skip_or_fail
+
+from cooktop.backends import registry, safeprobe
+
+NO_ICD = "vkCreateInstance failed (VK_ERROR_INCOMPATIBLE_DRIVER): no usable Vulkan driver"
+
+
+def cooktop(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m cooktop.cli ARGS`` with this checkout first on the path and ``env`` added."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "cooktop.cli", *args], capture_output=True, text=True,
+                          env=full, timeout=timeout, cwd=str(ROOT))
+
+
+@pytest.fixture
+def probe_cache(tmp_path):
+    """A fresh folder for probe verdicts, so every subprocess really runs its probe child."""
+    return {"COOKTOP_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def _unavailable_line(out: str, family: str) -> str:
+    m = re.search(rf"^{family}: unavailable: (.*)$", out, re.M)
+    assert m, f"no '{family}: unavailable' line in:\n{out}"
+    return m.group(1)
+
+
+def _need_kp():
+    import importlib.util
+    if importlib.util.find_spec("kp") is None:
+        skip_or_fail("vulkan", "kp (Kompute) is not installed")
+
+
+def test_no_vulkan_icd_devices(probe_cache):
+    """The issue's reproduction: exit 134 (SIGABRT in kp.Manager()) before; now a reason, exit 0."""
+    _need_kp()
+    r = cooktop("devices", env={"VK_ICD_FILENAMES": "/nonexistent.json", **probe_cache})
+    assert r.returncode == 0, r.stderr
+    assert _unavailable_line(r.stdout, "vulkan") == (
+        f"{NO_ICD}; 1 ICD manifest(s) in VK_ICD_FILENAMES=/nonexistent.json: /nonexistent.json does not exist")
+    assert "to enable: install a Vulkan driver" in r.stdout
+    assert "vulkan:0" not in r.stdout
+    # the verdict is kept for this driver set: one file per probed family
+    assert len(os.listdir(os.path.join(probe_cache["COOKTOP_CACHE_DIR"], "probe"))) == 2
+
+
+def test_icd_with_missing_library(tmp_path, probe_cache):
+    _need_kp()
+    icd = tmp_path / "broken_icd.json"
+    lib = "/nonexistent/libvulkan_cooktop_test.so"
+    icd.write_text(json.dumps({"file_format_version": "1.0.0", "ICD": {"library_path": lib, "api_version": "1.3.0"}}))
+    r = cooktop("devices", "--no-smoke", env={"VK_ICD_FILENAMES": str(icd), **probe_cache})
+    assert r.returncode == 0, r.stderr
+    assert _unavailable_line(r.stdout, "vulkan") == (
+        f"{NO_ICD}; 1 ICD manifest(s) in VK_ICD_FILENAMES={icd}: {icd} names the driver library "
+        "/nonexistent/libvulkan_cooktop_test.so, which does not exist")
+
+
+def test_vulkan_loader_absent(tmp_path, probe_cache):
+    """A libvulkan.so.1 that cannot be loaded (an empty file first on LD_LIBRARY_PATH) stands
+    in for an absent loader: kp links it, so its import fails, with the loader named."""
+    _need_kp()
+    (tmp_path / "libvulkan.so.1").write_bytes(b"")
+    r = cooktop("devices", "--no-smoke", env={"LD_LIBRARY_PATH": str(tmp_path), **probe_cache})
+    assert r.returncode == 0, r.stderr
+    assert _unavailable_line(r.stdout, "vulkan") == (
+        "the Vulkan loader cannot be loaded, so kp (Kompute) cannot be imported: "
+        f"ImportError: {tmp_path}/libvulkan.so.1: file too short")
+    assert "to enable: apt-get install libvulkan1" in r.stdout
+
+
+def test_opencl_platforms_without_devices(probe_cache):
+    """PoCL lists 0 devices when its cache folder cannot be created: say so, not 'install pocl'."""
+    pytest.importorskip("pyopencl")
+    env = {"POCL_CACHE_DIR": "/proc/cooktop-unwritable", "VK_ICD_FILENAMES": "/nonexistent.json", **probe_cache}
+    r = cooktop("devices", env=env)
+    assert r.returncode == 0, r.stderr
+    reason = _unavailable_line(r.stdout, "opencl")
+    if "Portable Computing Language" not in reason:
+        skip_or_fail("opencl", f"no PoCL platform: {reason}")
+    assert re.fullmatch(r"(\d) OpenCL platform\(s\) found, but they expose no device: "
+                        r"platform 0 Portable Computing Language \(OpenCL [^;]*\): 0 devices(; .*)?", reason), reason
+    n = int(reason[0])
+    assert reason.count(": 0 devices") == n
+    assert ("to enable: PoCL lists no device when it cannot create its kernel cache folder /proc/cooktop-unwritable"
+            in r.stdout)
+    assert "apt-get install pocl" not in r.stdout
+    assert r.stdout.rstrip().endswith("auto selects: ['cpu']")  # both device families gone: numpy
+
+
+def test_run_default_device_without_vulkan_driver(stories, probe_cache):
+    """`cooktop run` and `Llama` with the default device (auto) generate text with no Vulkan driver."""
+    env = {"VK_ICD_FILENAMES": "/nonexistent.json", **probe_cache}
+    r = cooktop("run", "-m", str(stories), "-p", "Once upon a time", "-n", "8", "--temp", "0", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Once upon a time") and len(r.stdout.split()) > 4, r.stdout
+    code = ("from cooktop.api import Llama\n"
+            f"llm = Llama({str(stories)!r}, verbose=False)\n"
+            "print(llm('Once upon a time', max_tokens=8, temperature=0)['choices'][0]['text'])\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout.split()) >= 4, p.stdout
+
+
+# -- the child-process mechanics, with stand-in children ------------------------------------------
+
+@pytest.fixture
+def isolated(monkeypatch, tmp_path):
+    """A registry with nothing probed, probe verdicts kept under tmp_path."""
+    monkeypatch.setenv("COOKTOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("COOKTOP_PROBE_ISOLATION", raising=False)
+    monkeypatch.delenv("COOKTOP_PROBE_CHILD", raising=False)
+    registry.reset()
+    yield tmp_path
+    registry.reset()
+
+
+def _child(monkeypatch, code: str) -> None:
+    """Make the probe child run ``code`` (after reporting a step, as the real child does)."""
+    step = f"print({safeprobe.MARK!r} + '{{\"step\": \"opening vulkan:0 (Fake GPU) with kp.Manager\"}}', flush=True)"
+    monkeypatch.setattr(safeprobe, "_child_argv", lambda family, target: [sys.executable, "-c", f"{step}\n{code}"])
+
+
+def test_child_crash_is_a_reason_not_a_crash(isolated, monkeypatch):
+    _child(monkeypatch, "import sys, os; sys.stderr.write('terminate called: vk error\\n'); sys.stderr.flush(); "
+                        "os.abort()")
+    res = registry.probe("vulkan")
+    assert not res.available
+    assert res.reason.startswith("the vulkan driver crashed a probe process: it was killed by SIGABRT while "
+                                 "opening vulkan:0 (Fake GPU) with kp.Manager (terminate called: vk error); ")
+    assert "ICD manifest" in res.reason  # the drivers found
+    assert res.hint
+    assert registry.resolve("auto") != ["vulkan:0"]
+    # kept for this driver set: a later process does not run the crashing child again
+    registry.reset()
+    _child(monkeypatch, "raise SystemExit('the child must not run again')")
+    assert registry.probe("vulkan").reason == res.reason
+
+
+def test_child_hang_times_out(isolated, monkeypatch):
+    monkeypatch.setenv("COOKTOP_PROBE_TIMEOUT", "1")
+    _child(monkeypatch, "import time; time.sleep(120)")
+    res = registry.probe("vulkan")
+    assert not res.available
+    assert res.reason.startswith("the vulkan probe did not finish within 1 s while opening vulkan:0 (Fake GPU) "
+                                 "with kp.Manager (a hung driver?); ")
+    assert "COOKTOP_PROBE_TIMEOUT" in res.hint
+    assert not os.path.exists(os.path.join(isolated, "probe")) or not os.listdir(os.path.join(isolated, "probe"))
+
+
+def test_child_that_cannot_start_falls_back_in_process(isolated, monkeypatch):
+    """No step reported (our module never ran): probe in-process as before, no false 'crash'."""
+    monkeypatch.setattr(safeprobe, "_child_argv", lambda f, t: [sys.executable, "-c", "raise SystemExit(3)"])
+    assert safeprobe.check("cpu", "cooktop.backends.cpu:CpuBackend") is None
+    assert registry.probe("cpu").available
+
+
+def test_verdict_key_follows_the_drivers(monkeypatch, tmp_path):
+    target = registry.FAMILIES["vulkan"].backend
+    monkeypatch.setenv("VK_ICD_FILENAMES", "/nonexistent.json")
+    a = safeprobe.driver_key("vulkan", target)
+    monkeypatch.setenv("VK_ICD_FILENAMES", str(tmp_path / "x.json"))
+    b = safeprobe.driver_key("vulkan", target)
+    assert a != b and b["env"]["VK_ICD_FILENAMES"] == str(tmp_path / "x.json")
+    (tmp_path / "x.json").write_text("{}")
+    c = safeprobe.driver_key("vulkan", target)
+    assert c["files"][0][0] == str(tmp_path / "x.json") and c["files"][0][1] == 2 and c != b
+
+
+def test_opencl_no_platform_names_the_icd_files(monkeypatch, tmp_path):
+    """An ICD folder whose file names a missing library: the reason lists it."""
+    from cooktop.backends import opencl
+
+    (tmp_path / "fake.icd").write_text("/nonexistent/libcooktop_fake_cl.so\n")
+    monkeypatch.setenv("OCL_ICD_VENDORS", str(tmp_path))
+
+    class NoPlatform:
+        class device_type:  # noqa: N801 - mirrors pyopencl
+            CPU, GPU, ACCELERATOR = 2, 4, 8
+
+        @staticmethod
+        def get_platforms():
+            raise RuntimeError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
+
+    monkeypatch.setitem(sys.modules, "pyopencl", NoPlatform)
+    res = opencl.OpenCLBackend().probe()
+    assert res.reason == ("no OpenCL platform found (RuntimeError: clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR); "
+                          f"1 ICD file(s) in OCL_ICD_VENDORS={tmp_path}: {tmp_path}/fake.icd names "
+                          "/nonexistent/libcooktop_fake_cl.so, which does not exist")
