@@ -90,8 +90,15 @@ from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from .base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
-from .vulkan_info import (KP_FEATURES, VkDeviceFacts, VulkanInfoError, VulkanNoDriverError, facts_to_info,
-                          kp_props_to_info, query_devices)
+from .vulkan_info import (
+    KP_FEATURES,
+    VkDeviceFacts,
+    VulkanInfoError,
+    VulkanNoDriverError,
+    facts_to_info,
+    kp_props_to_info,
+    query_devices,
+)
 from .vulkan_shaders import (  # noqa: F401
     MAX_PUSH_BYTES,
     SHADER_DIR,
