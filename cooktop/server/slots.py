@@ -42,6 +42,10 @@ class OverloadedError(CooktopError):
     """The queue of waiting requests is full (HTTP 503)."""
 
 
+#: A free slot is chosen for its cached prefix when it covers at least this share of the prompt
+#: (llama-server's ``--slot-prompt-similarity``, default 0.5); otherwise the least recently used one.
+SLOT_PROMPT_SIMILARITY = 0.5
+
 #: Kinds of what a job posts: an item, the end, or an error (the exception).
 ITEM, END, ERROR = "item", "end", "error"
 
@@ -257,7 +261,9 @@ class Scheduler:
 
     def _choose(self, job: Job, prompt: list[int]) -> Any:
         """The slot sequence a generation of ``job`` runs on: the one it holds, else the free slot
-        sharing the longest prefix with ``prompt``, the least recently used among equals."""
+        sharing the longest prefix with ``prompt`` when that prefix is at least
+        :data:`SLOT_PROMPT_SIMILARITY` of the prompt, else the least recently used free slot
+        (so a short unrelated prompt does not evict a long cached one)."""
         with self._cv:
             for slot in self.slots:
                 if slot.job is job:
@@ -266,6 +272,8 @@ class Scheduler:
             if not free:  # cannot happen: one worker thread per slot, a job holds at most one
                 raise CooktopError("no free slot for this request")
             best = max(free, key=lambda s: (s.seq.common_prefix(prompt), -s.last_used))
+            if best.seq.common_prefix(prompt) < SLOT_PROMPT_SIMILARITY * len(prompt):
+                best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
             self._tick += 1
             best.job, best.last_used = job, self._tick
             return best.seq
