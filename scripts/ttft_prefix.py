@@ -36,7 +36,7 @@ def main() -> None:
     async def ask(question: str) -> tuple[float, dict]:
         prompt = ids + llm.tokenize((" Question: " + question).encode(), add_bos=False)
         t0 = time.perf_counter()
-        job = sched.submit(lambda l: iter(l.create_completion(prompt, max_tokens=4, temperature=0, stream=True)),
+        job = sched.submit(lambda lm: iter(lm.create_completion(prompt, max_tokens=4, temperature=0, stream=True)),
                            asyncio.get_running_loop())
         ttft, last = None, None
         async for chunk in job.events():

@@ -2,8 +2,11 @@
 
 A :class:`Sequence` is what one conversation (or one request, or one
 ``Llama``) runs on. Several sequences of one :class:`~cooktop.model.forward.Model`
-share its weights and scratch buffers and have a KV cache each, so their
-evaluations and generations can interleave. A sequence has one writer at a
+share its weights and scratch buffers and have a KV cache each, or cells of one
+shared cache (``seq_id``; ``Engine.new_sequences``), so their evaluations and
+generations can interleave; a sequence with a ``driver``
+(:class:`~cooktop.engine.batch.BatchDriver`) has its evaluations batched with the
+other sequences of its cache. A sequence has one writer at a
 time: :attr:`Sequence.version` changes with every evaluation or truncation, so
 a suspended generation notices that someone else moved its sequence.
 

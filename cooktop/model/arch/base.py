@@ -174,7 +174,9 @@ class Architecture:
             buffers a segment allocates for :attr:`block` (``x``, the residual stream, and
             ``xn`` of width n_embd are required: the head uses them).
         block: :data:`BlockFn`: one repeating block, ops enqueued on ``d``; ``s`` holds
-            the scratch buffers cut to the chunk's rows (``s.x`` in and out).
+            the scratch buffers cut to the chunk's rows (``s.x`` in and out); ``kv`` (:class:`KV`)
+            the positions and the block's cache: rotate by ``kv.pos``, store and attend with
+            ``kv.attend`` (the rows may be several sequences': never assume ``pos`` is a cache row).
         final_norm: :data:`NormFn`: the output norm, rows f32 [r, n_embd] (``xn`` may be ``x``).
         lm_head: :data:`HeadFn`: normed rows ``xn`` f32 [r, n_embd] -> ``logits`` f32 [r, n_vocab].
         block_ops, head_ops: the backend ops (``backends.base.OPS`` names) :attr:`block` /
