@@ -208,7 +208,8 @@ class Segment:
             d.write(start, rows.kv_start)
         for j, w in enumerate(self.weights):
             s.il = self.blocks[j]
-            arch.block(d, cfg, w, s, KV(k_cache[j], v_cache[j], pos, cells, start, rows.n_ctx or k_cache[j].shape[0]))
+            n_ctx = rows.n_ctx or k_cache[j].shape[0]
+            arch.block(d, cfg, w, s, KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx))
         if not self.head:
             return d.read(s.x)
         hw = self.head_weights
