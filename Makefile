@@ -26,7 +26,7 @@ comma := ,
 .PHONY: help setup setup-compare run test test-vulkan-validation shaders bench lint fuzz
 
 help:
-	@sed -n '1,12s/^# \{0,1\}//p' Makefile
+	@sed -n '1,13s/^# \{0,1\}//p' Makefile
 
 setup:
 	bash scripts/setup.sh

@@ -21,7 +21,7 @@ from cooktop.errors import UnsupportedModelError
 from cooktop.format.gguf import open_gguf
 from cooktop.model import arch as arch_pkg
 from cooktop.model.arch import ARCHITECTURES, architecture
-from cooktop.model.arch.base import BLOCK, HEAD, INPUT, MATRIX, NORM, norm
+from cooktop.model.arch.base import BLOCK, HEAD, INPUT, KV, MATRIX, NORM, norm
 from cooktop.model.arch.llama import LLAMA
 from cooktop.model.config import load_config
 from cooktop.runtime.budget import weight_bytes
@@ -104,7 +104,7 @@ def test_declared_ops_are_the_ops_block_and_head_call(name):
     s = SimpleNamespace(il=0, **{k: object() for k in a.scratch(cfg)})
     cache = SimpleNamespace(shape=(64, cfg.n_embd_kv))
     d = _Recorder()
-    a.block(d, cfg, w, s, cache, cache, object())
+    a.block(d, cfg, w, s, KV(cache, cache, object(), object(), n_ctx=64))
     assert set(d.seen) == set(a.block_ops)
     d = _Recorder()
     a.final_norm(d, cfg, w, object(), object())
@@ -123,7 +123,7 @@ def test_device_lacking_a_block_op_keeps_the_blocks_on_the_host(tmp_path):
 
 
 # -- an optional tensor family -------------------------------------------------
-def _post_norm_block(d, cfg, w, s, k_cache, v_cache, pos):
+def _post_norm_block(d, cfg, w, s, kv):
     """LLAMA.block with an optional post-attention norm."""
     x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
     rope = (cfg.head_dim, cfg.n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, cfg.rope_mode)
@@ -131,11 +131,9 @@ def _post_norm_block(d, cfg, w, s, k_cache, v_cache, pos):
     d.matmul(q, xn, w["attn_q"])
     d.matmul(k, xn, w["attn_k"])
     d.matmul(v, xn, w["attn_v"])
-    d.rope(q, q, pos, *rope)
-    d.rope(k, k, pos, *rope)
-    d.kv_store(k_cache, k, pos)
-    d.kv_store(v_cache, v, pos)
-    d.attention(att, q, k_cache, v_cache, pos, cfg.n_head, cfg.n_head_kv, cfg.head_dim ** -0.5)
+    d.rope(q, q, kv.pos, *rope)
+    d.rope(k, k, kv.pos, *rope)
+    kv.attend(d, att, q, k, v, cfg.n_head, cfg.n_head_kv, cfg.head_dim ** -0.5)
     d.matmul(o, att, w["attn_output"])
     if "attn_post_norm" in w:
         d.rmsnorm(o, o, w["attn_post_norm"], cfg.rms_eps)

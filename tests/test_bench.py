@@ -292,3 +292,29 @@ def test_vs_llama_cpp_that_crashes_is_an_error_record(stories, tmp_path):
     assert len(ours) == len(theirs) == 2
     assert all(x["error"] is None and x["ratio"] is None for x in ours)
     assert all("crashed with SIGILL" in x["error"] and "GGML_NATIVE=OFF" in x["error"] for x in theirs)
+
+
+def test_batched_bench_json_md_and_plot(stories, tmp_path):
+    """--batched: one record per (PP, TG, B) with llama-batched-bench's quantities; the md table; the plot."""
+    r = cooktop("bench", "--batched", "-m", str(stories), "--device", "cpu", "-npp", "16", "-ntg", "4",
+                "-npl", "1,3", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    recs = json.loads(r.stdout)
+    assert [(x["backend"], x["pp"], x["tg"], x["pl"]) for x in recs] == [("numpy", 16, 4, 1), ("numpy", 16, 4, 3)]
+    for x in recs:
+        assert x["error"] is None and x["n_kv"] == x["pl"] * 20
+        assert x["s_tg"] == pytest.approx(x["pl"] * 4 / x["t_tg"])
+        assert x["s_pp"] == pytest.approx(x["pl"] * 16 / x["t_pp"])
+        assert x["s"] == pytest.approx(x["n_kv"] / (x["t_pp"] + x["t_tg"]))
+        assert x["s_tg_seq"] == pytest.approx(x["s_tg"] / x["pl"])
+    png = tmp_path / "b.png"
+    r = cooktop("bench", "--batched", "-m", str(stories), "--device", "cpu,opencl:9", "-npp", "8", "-ntg", "2",
+                "-npl", "2", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("|")]
+    assert [c.strip() for c in lines[0].strip("|").split("|")][:6] == ["backend", "device", "PP", "TG", "B", "N_KV"]
+    assert "numpy" in lines[2]
+    assert "error:" in lines[3]  # a missing device is a row, not a crash
+    assert png.stat().st_size > 1000
+    r = cooktop("bench", "--batched", "-m", str(stories), "-npl", "0")
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and "-npl" in r.stderr

@@ -106,6 +106,15 @@ FAULTS = {
     "gelu_mul shapes": (lambda d: d.gelu_mul(_f32(d, 2, 3), _f32(d, 2, 3), _f32(d, 3, 2)), ShapeError,
                         "gelu_mul: shapes do not fit: out [2, 3], gate [2, 3], up [3, 2]; "
                         "want out, gate and up of one shape"),
+    "attention kv_start": (lambda d: d.attention(_f32(d, 2, 8), _f32(d, 2, 8), _f32(d, 16, 8), _f32(d, 16, 8),
+                                                 _i32(d, 2), 2, 2, 0.5, kv_start=_i32(d, 3)), ShapeError,
+                           "attention: shapes do not fit: out [2, 8], q [2, 8], k_cache [16, 8], v_cache [16, 8], "
+                           "pos [2], kv_start [3]; want out and q [n, n_head * head_dim], k_cache and v_cache "
+                           "[n_ctx, n_head_kv * head_dim], pos [n], kv_start [n], with n_head 2 a multiple of "
+                           "n_head_kv 2 and window 0 >= 0"),
+    "attention kv_start type": (lambda d: d.attention(_f32(d, 2, 8), _f32(d, 2, 8), _f32(d, 16, 8),
+                                                      _f32(d, 16, 8), _i32(d, 2), 2, 2, 0.5, kv_start=_f32(d, 2)),
+                                UnsupportedOpError, "attention: kv_start must be I32, not F32"),
     "add shapes": (lambda d: d.add(_f32(d, 2, 3), _f32(d, 2, 3), _f32(d, 3, 2)), ShapeError,
                    "add: shapes do not fit: out [2, 3], a [2, 3], b [3, 2]; want out, a and b of one shape"),
     "silu_mul shapes": (lambda d: d.silu_mul(_f32(d, 2, 3), _f32(d, 2, 3), _f32(d, 1, 3)), ShapeError,

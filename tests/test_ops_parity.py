@@ -195,6 +195,41 @@ def test_attention(gpu_device, cpu_device, n_head, n_head_kv, head_dim, n_tok, p
     assert nmse(got, ref) <= FLOAT_BOUND
 
 
+@pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(8, 2, 64), (4, 4, 48)])
+def test_attention_kv_start(gpu_device, cpu_device, n_head, n_head_kv, head_dim):
+    """Rows of three sequences sharing one cache (sequence s owns rows s*n_ctx..): a prompt chunk,
+    a single decode row and a row at the cache's last cell, each attending from its kv_start.
+    The device matches numpy, and numpy matches each sequence run alone on its own cache."""
+    n_ctx, n_seq = 48, 3
+    rng = np.random.default_rng(head_dim + n_head)
+    kv_dim = n_head_kv * head_dim
+    k = (rng.standard_normal((n_seq * n_ctx, kv_dim)) * 2).astype(np.float32)
+    v = rng.standard_normal((n_seq * n_ctx, kv_dim)).astype(np.float32)
+    seqs = [(0, 3, 5), (1, 20, 1), (2, n_ctx - 1, 1)]  # (seq, first position, rows)
+    start = np.concatenate([np.full(n, s * n_ctx, np.int32) for s, _, n in seqs])
+    cells = np.concatenate([s * n_ctx + np.arange(p0, p0 + n, dtype=np.int32) for s, p0, n in seqs])
+    q = (rng.standard_normal((len(cells), n_head * head_dim)) * 2).astype(np.float32)
+    scale = 1.0 / np.sqrt(head_dim)
+
+    def run(dev):
+        out = _out(dev, q.shape, MAX_TOK)
+        dev.attention(out, _act(dev, q, MAX_TOK), _act(dev, k), _act(dev, v), _act(dev, cells, MAX_TOK),
+                      n_head, n_head_kv, scale, kv_start=_act(dev, start, MAX_TOK))
+        return out
+
+    got, ref = _both(gpu_device, cpu_device, run)
+    assert nmse(got, ref) <= FLOAT_BOUND
+    r = 0
+    for s, p0, n in seqs:  # the same rows alone, on a cache of their own sequence
+        rows = slice(s * n_ctx, (s + 1) * n_ctx)
+        out = _out(cpu_device, (n, q.shape[1]))
+        cpu_device.attention(out, _act(cpu_device, q[r:r + n]), _act(cpu_device, k[rows]),
+                             _act(cpu_device, v[rows]), _act(cpu_device, np.arange(p0, p0 + n, dtype=np.int32)),
+                             n_head, n_head_kv, scale)
+        assert nmse(ref[r:r + n], cpu_device.read(out)) <= FLOAT_BOUND
+        r += n
+
+
 @pytest.mark.parametrize("window,n_tok,p0", [(1, 7, 5), (5, 64, 0), (5, 1, 100), (100, 9, 90), (300, 3, 120)])
 def test_attention_sliding_window(gpu_device, cpu_device, window, n_tok, p0):
     """Sliding-window attention (llama.cpp's standard SWA: key j seen by query p iff p - window < j <= p),

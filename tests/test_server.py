@@ -150,8 +150,22 @@ def test_health_props_metrics_tokenize(http):
     assert prompt == "<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\n"
     metrics = http.get("/metrics").text
     for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
-                 "llamacpp:predicted_tokens_seconds", "llamacpp:requests_deferred", 'cooktop:requests_total{'):
+                 "llamacpp:predicted_tokens_seconds", "llamacpp:requests_deferred", 'cooktop:requests_total{',
+                 "cooktop:slots_busy", "cooktop:slots_total 2", "cooktop:batch_size", "cooktop:batch_tokens",
+                 "cooktop:tokens_per_second"):
         assert name in metrics
+
+
+def test_prompt_prefix_reuse_reports_cached_tokens(http):
+    """A request whose prompt starts with a prompt cached in a free slot reuses it (llama-server's
+    prompt cache); usage.prompt_tokens_details.cached_tokens says how many tokens."""
+    system = "Once upon a time there was a little girl named Lily who loved to play in the park with her dog"
+    n_sys = len(http.post("/tokenize", json={"content": system, "add_special": True}).json()["tokens"])
+    first = http.post("/v1/completions", json={"prompt": system + " and", "max_tokens": 4, "temperature": 0})
+    http.post("/v1/completions", json={"prompt": "Tom", "max_tokens": 2, "temperature": 0})  # the other slot
+    again = http.post("/v1/completions", json={"prompt": system + " but", "max_tokens": 4, "temperature": 0})
+    assert first.json()["usage"]["prompt_tokens_details"]["cached_tokens"] < n_sys
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_sys - 1
 
 
 @pytest.mark.parametrize("path,body,status,words", [
@@ -316,3 +330,4 @@ def test_load_32_concurrent_streams(srv, http):
     for p, text, n in results:
         assert text == expected[p], p
         assert n >= 2
+    assert srv.state.scheduler.driver.stats.max_seqs == 2  # both slots decoded in shared forward passes

@@ -220,7 +220,7 @@ def test_shipped_spirv_access_matches_manifest():
     variants = {v["name"]: v for v in _manifest()["variants"]}
     assert variants["gelu_mul"]["access"] == ["r", "r", "rw"]
     assert variants["rope"]["access"] == ["r", "r", "rw", "r"]
-    assert variants["attention"]["access"] == ["r", "r", "r", "r", "w"]
+    assert variants["attention"]["access"] == ["r", "r", "r", "r", "r", "w"]  # q k v pos kv_start out
 
 
 def test_manifest_access_and_features():

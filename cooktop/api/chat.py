@@ -150,9 +150,11 @@ class _Chat:
         self.created = int(time.time())
         self.n_generated = 0
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """Token counts; ``prompt_tokens_details.cached_tokens``: prompt tokens reused from the cache (OpenAI's)."""
         return {"prompt_tokens": self.n_prompt, "completion_tokens": self.n_generated,
-                "total_tokens": self.n_prompt + self.n_generated}
+                "total_tokens": self.n_prompt + self.n_generated,
+                "prompt_tokens_details": {"cached_tokens": self.steps.n_cached}}
 
     def _logprob(self, step: Step) -> dict[str, Any] | None:
         if self.top is None or step.token is None:

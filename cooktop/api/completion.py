@@ -187,9 +187,11 @@ class _Completion:
         self.n_generated = 0
         self.offset = len(prefix)
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """Token counts; ``prompt_tokens_details.cached_tokens``: prompt tokens reused from the cache (OpenAI's)."""
         return {"prompt_tokens": self.n_prompt, "completion_tokens": self.n_generated,
-                "total_tokens": self.n_prompt + self.n_generated}
+                "total_tokens": self.n_prompt + self.n_generated,
+                "prompt_tokens_details": {"cached_tokens": self.steps.n_cached}}
 
     def _chunk(self, text: str, finish: str | None, lp: CompletionLogprobs | None) -> Completion:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,

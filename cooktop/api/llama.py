@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from ..errors import CooktopError
 from ..format.gguf import GGUFFile, read_raw_metadata
 from ..text.tokenizer import Tokenizer
 from . import options
+from .batch import BatchMixin
 from .chat import ChatMixin
 from .completion import CompletionMixin
 from .embedding import EmbeddingMixin
@@ -50,7 +52,7 @@ class LlamaState:
     seed: int
 
 
-class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
+class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     """A loaded model and its context, llama-cpp-python style.
 
     Every argument of ``llama_cpp.Llama`` is accepted (see :mod:`cooktop.api.options`).
@@ -165,8 +167,21 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         return eng
 
     _closed = False
-    #: The sequence completions run on (None: the engine's default one); the server gives each slot its own.
-    _active_seq = None
+    _local = None
+
+    @property
+    def _active_seq(self):
+        """The sequence completions of the calling thread run on (None: the engine's default
+        one), or a chooser ``f(prompt_tokens) -> Sequence``; per thread, so the server's slot
+        threads and :meth:`create_completions` each run their own."""
+        local = self.__dict__.get("_local")
+        return getattr(local, "seq", None) if local is not None else None
+
+    @_active_seq.setter
+    def _active_seq(self, seq) -> None:
+        if self.__dict__.get("_local") is None:
+            self.__dict__["_local"] = threading.local()
+        self.__dict__["_local"].seq = seq
 
     @property
     def _tokenizer(self):
@@ -329,6 +344,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         reference (``del llm``) frees them too, at once."""
         eng, self._engine_or_none = self._engine_or_none, None
         self._closed = True
+        self._close_batch()
         seq = self.__dict__.pop("_embd_seq", None)
         if seq is not None:
             seq.close()

@@ -24,10 +24,11 @@ class CompletionChoice(TypedDict):
     finish_reason: str | None
 
 
-class CompletionUsage(TypedDict):
+class CompletionUsage(TypedDict, total=False):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: dict[str, int]  # {"cached_tokens": prompt tokens reused from the KV cache}
 
 
 class Completion(TypedDict, total=False):

@@ -27,9 +27,10 @@ rmsnorm    out = x / sqrt(mean(x^2) + eps) * w over each group of g values of a 
 rope       rotate pairs of each head of x f32 [n, n_head*head_dim] by pos
            (ggml_rope_ext: mode 0 = adjacent pairs, 2 = NeoX halves; optional
            frequency factors and YaRN parameters)
-kv_store   cache[pos[i], :] = x[i, :]    (cache f32 [n_ctx, n_head_kv*head_dim])
-attention  causal softmax(q k^T * scale) v over cache rows 0..pos[i], GQA
-           (window > 0: rows pos[i]-window < j <= pos[i] only, llama.cpp's standard SWA)
+kv_store   cache[pos[i], :] = x[i, :]    (cache f32 [n_cells, n_head_kv*head_dim])
+attention  causal softmax(q k^T * scale) v over cache rows kv_start[i]..pos[i], GQA
+           (window > 0: rows pos[i]-window < j <= pos[i] only, llama.cpp's standard SWA;
+           kv_start optional, default 0: several sequences' rows in one call)
 silu_mul   out = silu(gate) * up
 gelu_mul   out = gelu_tanh(gate) * up                    (GeGLU, ggml_geglu_split)
 add        out = a + b
@@ -417,7 +418,8 @@ class Device(ABC):
         self._kv_store(cache, x, pos)
 
     def attention(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
-                  pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int = 0) -> None:
+                  pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int = 0,
+                  kv_start: DeviceTensor | None = None) -> None:
         """Causal multi-head attention over the KV cache, with GQA and an optional sliding window.
 
         q, out: f32 [n, n_head * head_dim]; k_cache, v_cache: f32 [n_ctx, n_head_kv * head_dim].
@@ -427,6 +429,12 @@ class Device(ABC):
         With ``window`` > 0 (tokens) only rows ``pos[i] - window < j <= pos[i]`` are attended:
         llama.cpp's ``LLAMA_SWA_TYPE_STANDARD`` mask (``llama_hparams::is_masked_swa`` masks
         ``p1 - p0 >= n_swa``); 0 means no window. Chunked and symmetric windows are not offered.
+
+        ``pos`` are cache rows (cells), not rope positions. ``kv_start`` (I32 [n], optional,
+        default all 0) lets one call serve rows of several sequences sharing one cache, each
+        sequence owning a range of rows (llama.cpp's unified KV cache with per-sequence cells;
+        see ``model/forward.py``): row i attends to rows ``kv_start[i]..pos[i]`` (and the window).
+        ``kv_start[i] <= pos[i]`` is the caller's duty.
 
         Raises:
             ShapeError: the shapes above do not hold, n_head is not a multiple of n_head_kv,
@@ -440,13 +448,16 @@ class Device(ABC):
                 or v_cache.ggml_type is not _F32 or pos.ggml_type is not _I32
                 or len(qs) != 2 or out.shape != qs or v_cache.shape != ks or pos.shape != qs[:1]
                 or n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv or qs[1] % n_head
-                or ks[1:] != (n_head_kv * (qs[1] // n_head),) or window < 0):
+                or ks[1:] != (n_head_kv * (qs[1] // n_head),) or window < 0
+                or (kv_start is not None and (kv_start.device is not self or kv_start.ggml_type is not _I32
+                                              or kv_start.shape != qs[:1]))):
+            extra = (("kv_start", kv_start, "i32"),) if kv_start is not None else ()
             self._refuse("attention", f"want out and q [n, n_head * head_dim], k_cache and v_cache "
-                         f"[n_ctx, n_head_kv * head_dim], pos [n], with n_head {n_head} a multiple of "
-                         f"n_head_kv {n_head_kv} and window {window} >= 0",
+                         f"[n_ctx, n_head_kv * head_dim], pos [n]{', kv_start [n]' if extra else ''}, "
+                         f"with n_head {n_head} a multiple of n_head_kv {n_head_kv} and window {window} >= 0",
                          ("out", out, "f32"), ("q", q, "f32"), ("k_cache", k_cache, "f32"),
-                         ("v_cache", v_cache, "f32"), ("pos", pos, "i32"))
-        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window))
+                         ("v_cache", v_cache, "f32"), ("pos", pos, "i32"), *extra)
+        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start)
 
     def silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
         """``out = gate * sigmoid(gate) * up`` elementwise, f32 [n, n_ff] (SwiGLU; ``out`` may be ``gate``).
@@ -562,8 +573,9 @@ class Device(ABC):
 
     @abstractmethod
     def _attention(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
-                   pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int) -> None:
-        """Enqueue :meth:`attention` (``window`` 0: no sliding window)."""
+                   pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int,
+                   kv_start: DeviceTensor | None) -> None:
+        """Enqueue :meth:`attention` (``window`` 0: no sliding window; ``kv_start`` None: rows start at 0)."""
 
     @abstractmethod
     def _silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:

@@ -164,19 +164,37 @@ class CpuDevice(Device):
     def _kv_store(self, cache, x, pos):
         cache.handle[self._a(pos)] = self._a(x)
 
-    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0):
-        qa = self._a(q)
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
         p = self._a(pos)
+        kc, vc = k_cache.handle, v_cache.handle
+        if kv_start is None:
+            self._attend(self._a(out), self._a(q), kc, vc, p, 0, n_head, n_head_kv, scale, window)
+            return
+        # rows of one sequence share a kv_start: one dense product per sequence's rows
+        st = self._a(kv_start)
+        qa, oa = self._a(q), self._a(out)
+        for s0 in np.unique(st):
+            rows = np.flatnonzero(st == s0)
+            if len(rows) == len(st):
+                self._attend(oa, qa, kc, vc, p, int(s0), n_head, n_head_kv, scale, window)
+            else:
+                o = np.empty((len(rows), oa.shape[1]), dtype=np.float32)
+                self._attend(o, qa[rows], kc, vc, p[rows], int(s0), n_head, n_head_kv, scale, window)
+                oa[rows] = o
+
+    @staticmethod
+    def _attend(oa, qa, kc, vc, p, lo, n_head, n_head_kv, scale, window):
+        """Rows ``qa`` attend to cache rows ``lo..p[i]`` (and the window); writes ``oa``."""
         n = qa.shape[0]
         hd = qa.shape[1] // n_head
         g = n_head // n_head_kv
-        n_kv = int(p.max()) + 1
-        k = k_cache.handle[:n_kv].reshape(n_kv, n_head_kv, hd).transpose(1, 2, 0)  # [hkv, hd, n_kv]
-        v = v_cache.handle[:n_kv].reshape(n_kv, n_head_kv, hd).transpose(1, 0, 2)  # [hkv, n_kv, hd]
+        n_kv = max(int(p.max()) + 1 - lo, 1)
+        k = kc[lo:lo + n_kv].reshape(n_kv, n_head_kv, hd).transpose(1, 2, 0)  # [hkv, hd, n_kv]
+        v = vc[lo:lo + n_kv].reshape(n_kv, n_head_kv, hd).transpose(1, 0, 2)  # [hkv, n_kv, hd]
         qh = qa.reshape(n, n_head_kv, g, hd).transpose(1, 0, 2, 3).reshape(n_head_kv, n * g, hd)
         s = np.matmul(qh, k) * np.float32(scale)  # [hkv, n*g, n_kv]
         s = s.reshape(n_head_kv, n, g, n_kv)
-        j = np.arange(n_kv)[None, :]
+        j = lo + np.arange(n_kv)[None, :]
         mask = j > p[:, None]  # [n, n_kv]
         if window > 0:  # llama.cpp's standard SWA: masked when p - j >= window
             mask |= j <= p[:, None] - window
@@ -185,7 +203,7 @@ class CpuDevice(Device):
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
         o = np.matmul(s.reshape(n_head_kv, n * g, n_kv), v)  # [hkv, n*g, hd]
-        self._a(out)[...] = o.reshape(n_head_kv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, n_head * hd)
+        oa[...] = o.reshape(n_head_kv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, n_head * hd)
 
     def _silu_mul(self, out, gate, up):
         ga = self._a(gate)

@@ -331,11 +331,13 @@ class OpenCLDevice(Device):
         self.kernels.ops().kv_store(self.queue, (_ceil_to(dim, 16), n_tok), (16, 1),
                                     cache.handle, x.handle, pos.handle, dim, cache.shape[0])
 
-    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0):
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
         n_tok, width = q.shape
         head_dim = width // n_head
         knl = self.kernels.attention(head_dim)
-        args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, n_head, n_head_kv, scale, window)
+        start, has_start = (kv_start.handle, 1) if kv_start is not None else (pos.handle, 0)
+        args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, start, has_start,
+                n_head, n_head_kv, scale, window)
         if self.shape.at_serial:
             knl(self.queue, (n_head, n_tok), (1, 1), *args)  # many groups: all cores busy
         else:

@@ -359,6 +359,7 @@ class KernelCache:
                                     f"{self.options} -DHEAD_DIM={head_dim}", f"attention (head_dim {head_dim})",
                                     self._label)
                 k = prg.attention
-                k.set_scalar_arg_dtypes([None, None, None, None, None, np.int32, np.int32, np.float32, np.int32])
+                k.set_scalar_arg_dtypes([None, None, None, None, None, None, np.int32, np.int32, np.int32, np.float32,
+                                         np.int32])
                 self._attn[head_dim] = k
         return k

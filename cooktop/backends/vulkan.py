@@ -620,11 +620,12 @@ class VulkanDevice(Device):
         nb = bucket(n, self._row_cap(x))
         self._dispatch("kv_store", (cache, x, pos), workgroups((nb * kv_dim + 63) // 64), (n, kv_dim, cache.shape[0]))
 
-    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0):
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
         """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows.
 
-        q, out f32 [n, n_head * head_dim]; caches f32 [n_ctx, n_head_kv * head_dim]; head_dim <= 256;
-        ``window`` > 0: sliding window (the loop over cache rows starts at pos - window + 1).
+        q, out f32 [n, n_head * head_dim]; caches f32 [n_cells, n_head_kv * head_dim]; head_dim <= 256;
+        ``window`` > 0: sliding window (the loop over cache rows starts at pos - window + 1);
+        ``kv_start`` I32 [n] or None (rows start at cache row 0).
         Raises:
             UnsupportedOpError: head_dim > 256.
         """
@@ -634,8 +635,10 @@ class VulkanDevice(Device):
                                      f"{_ATTN_MAX_HEAD_DIM}")
         n = self._rows(q)
         nb = bucket(n, self._row_cap(q))
-        self._dispatch("attention", (q, k_cache, v_cache, pos, out), workgroups(nb * n_head),
-                       (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window))
+        start = kv_start if kv_start is not None else pos
+        self._dispatch("attention", (q, k_cache, v_cache, pos, start, out), workgroups(nb * n_head),
+                       (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window,
+                        int(kv_start is not None)))
 
     def _silu_mul(self, out, gate, up):
         """silu_mul.comp: ``out = gate * sigmoid(gate) * up``, f32 [n, n_ff] (``out`` may be ``gate``)."""

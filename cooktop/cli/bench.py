@@ -91,9 +91,16 @@ def _emit(text: str) -> None:
 @click.option("--types", default=None, help="--ops: comma list of weight types (default: every supported one).")
 @click.option("-t", "--threads", "threads", type=int, default=None,
               help="CPU threads of the numpy backend (BLAS); default: all cores.")
+@click.option("--batched", is_flag=True,
+              help="llama-batched-bench instead: B parallel sequences (-npl) of PP prompt (-npp) and TG "
+                   "generated (-ntg) tokens; aggregate and per-sequence t/s.")
+@click.option("-npp", "npp", default="128", show_default=True, help="--batched: prompt tokens per sequence (list).")
+@click.option("-ntg", "ntg", default="32", show_default=True, help="--batched: generated tokens per sequence (list).")
+@click.option("-npl", "npl", default="1,2,4,8", show_default=True, help="--batched: parallel sequences (list).")
 def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fmt, progress, plot_path, vs,
-              from_file, seed, ops, quick, shape, types, threads):
-    """Measure prompt processing (pp) and generation (tg) speed, like llama.cpp's llama-bench."""
+              from_file, seed, ops, quick, shape, types, threads, batched, npp, ntg, npl):
+    """Measure prompt processing (pp) and generation (tg) speed, like llama.cpp's llama-bench
+    (``--batched``: llama-batched-bench; ``--ops``: op roofline)."""
     from ..api.options import set_threads
     set_threads(threads)
     if plot_path:
@@ -103,6 +110,9 @@ def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fm
             raise CooktopError(f"--plot {plot_path}: folder {folder} does not exist")
     if ops:
         _ops(device, quick, shape, types, fmt, progress)
+        return
+    if batched:
+        _batched(models, device, ngl, n_batch, npp, ntg, npl, vs, seed, fmt, plot_path)
         return
     from ..bench import runner
 
@@ -230,4 +240,41 @@ def _ops(device, quick, shape, types, fmt, progress) -> None:
         _emit(buf.getvalue().rstrip("\n"))
     if all(d.error for d in res):
         click.echo("error: no device could be measured", err=True)
+        sys.exit(1)
+
+
+def _batched(models, device, ngl, n_batch, npp, ntg, npl, vs, seed, fmt, plot_path) -> None:
+    """``--batched``: every model x device x (PP, TG, B), then llama.cpp's with ``--vs``."""
+    from ..bench import batched as bb
+    from ..bench import machine
+
+    pp, tg, pl, nb = _ints(npp, "-npp"), _ints(ntg, "-ntg"), _ints(npl, "-npl"), _ints(n_batch, "-b")
+    if not pp or not tg or not pl or min(pp + pl + nb) < 1 or min(tg) < 0:
+        raise CooktopError("--batched takes positive -npp, -npl and -b values and -ntg >= 0")
+    paths = [p.strip() for m in models for p in m.split(",") if p.strip()] or [resolve_model(None, None, None)]
+    results = []
+    for path in paths:
+        for dev in _devices(device):
+            for g in [parse_ngl(v.strip()) for v in str(ngl).split(",") if v.strip()]:
+                results += bb.run_cooktop(path, dev, g, nb[0], pp, tg, pl, seed)
+        if vs:
+            from ..bench import vs_llamacpp
+            try:
+                results += bb.run_llamacpp(path, nb[0], pp, tg, pl, seed)
+            except vs_llamacpp.LlamaCppUnavailable:
+                click.echo(f"To compare with llama.cpp, {vs_llamacpp.INSTALL_HINT}", err=True)
+                raise
+    info = machine.machine_info()
+    if fmt == "md":
+        _emit(f"cooktop bench --batched on {machine.short_label(info)}\n")
+        _emit(bb.to_markdown(results))
+    elif fmt == "csv":
+        _emit(bb.to_csv(results).rstrip("\n"))
+    else:
+        _emit(bb.to_json(results, info, lines=fmt == "jsonl"))
+    if plot_path:
+        bb.plot(results, plot_path, machine.short_label(info))
+        click.echo(f"cooktop: wrote {plot_path}", err=True)
+    if all(r.error for r in results):
+        click.echo("error: no configuration could be measured (see the errors above)", err=True)
         sys.exit(1)

@@ -120,10 +120,12 @@ class Generation(Iterator[Step]):
         result: None until the last step has been taken.
     """
 
-    def __init__(self, steps: Generator[Step, None, GenerationResult], sequence: Sequence):
+    def __init__(self, steps: Generator[Step, None, GenerationResult], sequence: Sequence, n_cached: int = 0):
         self._steps = steps
         self.sequence = sequence
         self.result: GenerationResult | None = None
+        #: prompt tokens whose K/V the sequence already held (reused, not evaluated again)
+        self.n_cached = n_cached
 
     def __iter__(self) -> Generation:
         return self
@@ -184,6 +186,17 @@ class Engine:
         """
         return Sequence(self.model, keep_scores)
 
+    def new_sequences(self, n: int) -> list[Sequence]:
+        """``n`` sequences sharing one KV cache of ``n`` sequences (llama.cpp's unified cache):
+        what :class:`~cooktop.engine.batch.BatchDriver` batches. The cache goes when the
+        last of them is dropped (``close()`` of one forgets its context only).
+
+        Raises:
+            CooktopError: the engine is closed, ``n`` < 1. DeviceOutOfMemoryError: the cache does not fit.
+        """
+        cache = self.model.new_cache(n)
+        return [Sequence(self.model, cache=cache, seq_id=i) for i in range(n)]
+
     # -- evaluation on the default sequence ---------------------------------
     @property
     def tokens(self) -> list[int]:
@@ -214,7 +227,7 @@ class Engine:
                 f"raise -c / n_ctx (the model was trained with {self.cfg.n_ctx_train}) or shorten the prompt")
 
     def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams | Sampler,
-                 stop: list[str] | None = None, seq: Sequence | None = None,
+                 stop: list[str] | None = None, seq: Sequence | Callable[[list[int]], Sequence] | None = None,
                  stopping_criteria: list[StoppingCriterion] | None = None) -> Generation:
         """The continuation of ``prompt_tokens`` on ``seq``, as a :class:`Generation` of steps.
 
@@ -230,7 +243,8 @@ class Engine:
             params: sampling settings, or a :class:`Sampler` (with logits processors or a
                 grammar; one per generation, it keeps state).
             stop: strings that end generation (not included in the output).
-            seq: the sequence to run on (default: :attr:`seq`).
+            seq: the sequence to run on (default: :attr:`seq`), or a function
+                ``seq(prompt_tokens) -> Sequence`` choosing one (the server's slots).
             stopping_criteria: callables ``(input_ids, logits) -> bool`` checked after each
                 token (llama-cpp-python's ``stopping_criteria``); True ends with "stop".
         Raises:
@@ -238,11 +252,14 @@ class Engine:
             fit in ``n_ctx`` (both now, before anything runs).
         """
         self.check_prompt(prompt_tokens)
-        seq = self.seq if seq is None else seq
+        if seq is None:
+            seq = self.seq
+        elif not isinstance(seq, Sequence):  # a chooser (the server's slots: prompt-prefix reuse)
+            seq = seq(list(prompt_tokens))
         stops = [s for s in (stop or []) if s]
         sampler = params if isinstance(params, Sampler) else Sampler(params)
         steps = self._steps(seq, list(prompt_tokens), n_predict, sampler, stops, list(stopping_criteria or []))
-        return Generation(steps, seq)
+        return Generation(steps, seq, seq.common_prefix(list(prompt_tokens)))
 
     def _steps(self, seq: Sequence, prompt: list[int], n_predict: int, sampler: Sampler,
                stop: list[str], criteria: list[StoppingCriterion]) -> Generator[Step, None, GenerationResult]:

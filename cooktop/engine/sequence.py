@@ -2,8 +2,11 @@
 
 A :class:`Sequence` is what one conversation (or one request, or one
 ``Llama``) runs on. Several sequences of one :class:`~cooktop.model.forward.Model`
-share its weights and scratch buffers and have a KV cache each, so their
-evaluations and generations can interleave. A sequence has one writer at a
+share its weights and scratch buffers and have a KV cache each, or cells of one
+shared cache (``seq_id``; ``Engine.new_sequences``), so their evaluations and
+generations can interleave; a sequence with a ``driver``
+(:class:`~cooktop.engine.batch.BatchDriver`) has its evaluations batched with the
+other sequences of its cache. A sequence has one writer at a
 time: :attr:`Sequence.version` changes with every evaluation or truncation, so
 a suspended generation notices that someone else moved its sequence.
 
@@ -33,21 +36,26 @@ class Sequence:
         CooktopError: the model is closed. DeviceOutOfMemoryError: the cache does not fit.
     """
 
-    def __init__(self, model: Model, keep_scores: bool = False):
+    def __init__(self, model: Model, keep_scores: bool = False, cache: KVCache | None = None, seq_id: int = 0):
         self.model = model
-        self.cache: KVCache = model.new_cache()
+        self._owns_cache = cache is None
+        self.cache: KVCache = model.new_cache() if cache is None else cache
+        self.seq_id = seq_id
         self.version = 0
+        #: a :class:`~cooktop.engine.batch.BatchDriver` that runs this sequence's evaluations in
+        #: batches with the other sequences of its cache (None: evaluated alone, at once)
+        self.driver = None
         self._scores = np.zeros((0, model.cfg.n_vocab), dtype=np.float32) if keep_scores else None
 
     @property
     def tokens(self) -> list[int]:
         """Ids whose K/V are in the cache (the context), len <= n_ctx. Do not modify."""
-        return self.cache.tokens
+        return self.cache.seq_tokens[self.seq_id]
 
     @property
     def n_past(self) -> int:
         """Tokens in the context."""
-        return self.cache.n_past
+        return len(self.cache.seq_tokens[self.seq_id])
 
     @property
     def scores(self) -> np.ndarray | None:
@@ -58,7 +66,7 @@ class Sequence:
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` tokens of the context (rows past them are forgotten)."""
         self.version += 1
-        self.cache.truncate(n)
+        self.cache.truncate(n, self.seq_id)
         if self._scores is not None:
             self._scores[max(n, 0):] = 0.0
 
@@ -93,11 +101,15 @@ class Sequence:
         bad = [t for t in tokens if not 0 <= t < n_vocab]
         if bad:
             raise InvalidTokenError(f"token id {bad[0]} is out of range 0..{n_vocab - 1}")
+        if self.driver is not None and not logits_all:  # batched with the other sequences of the cache
+            out = self.driver.eval(self, tokens)
+            self._record(self.n_past - 1, out)
+            return out
         outs = []
         for i in range(0, len(tokens), model.n_batch):
             chunk = tokens[i:i + model.n_batch]
             pos = self.n_past
-            out = model.forward(np.array(chunk), pos, self.cache, logits_all)
+            out = model.forward(np.array(chunk), pos, self.cache, logits_all, seq_id=self.seq_id)
             self._record(pos if logits_all else self.n_past - 1, out)
             outs.append(out)
         return np.concatenate(outs) if logits_all else outs[-1]
@@ -124,10 +136,20 @@ class Sequence:
         bad = [t for t in tokens if not 0 <= t < n_vocab]
         if bad:
             raise InvalidTokenError(f"token id {bad[0]} is out of range 0..{n_vocab - 1}")
-        outs = [model.forward(np.array(tokens[i:i + model.n_batch]), i, self.cache, embeddings=True)
+        outs = [model.forward(np.array(tokens[i:i + model.n_batch]), i, self.cache, embeddings=True,
+                              seq_id=self.seq_id)
                 for i in range(0, len(tokens), model.n_batch)]
         self.version += 1
         return np.concatenate(outs)
+
+    def common_prefix(self, prompt: list[int]) -> int:
+        """Tokens of ``prompt`` that :meth:`prefill` would reuse from the cache (at most len - 1)."""
+        common = 0
+        for a, b in zip(self.tokens, prompt):
+            if a != b:
+                break
+            common += 1
+        return max(min(common, len(prompt) - 1), 0)
 
     def prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
         """Make the context ``prompt``, reusing the longest common prefix with what is cached
@@ -138,12 +160,7 @@ class Sequence:
         Raises:
             as :meth:`eval`.
         """
-        common = 0
-        for a, b in zip(self.tokens, prompt):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(prompt) - 1)
+        common = self.common_prefix(prompt)
         self.truncate(common)
         return self.eval(prompt[common:])[-1], len(prompt) - common
 
@@ -159,5 +176,9 @@ class Sequence:
         self._scores[pos:end] = rows
 
     def close(self) -> None:
-        """Give the cache's device buffers back (idempotent; also done when collected)."""
-        self.cache.close()
+        """Give the cache's device buffers back when this sequence owns its cache (idempotent;
+        also done when collected); a sequence of a shared cache forgets its context."""
+        if self._owns_cache:
+            self.cache.close()
+        elif not self.cache.closed:
+            self.cache.truncate(0, self.seq_id)

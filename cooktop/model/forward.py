@@ -5,14 +5,27 @@ The model is cut into *segments*: runs of consecutive repeating blocks (and
 possibly the output head) that live on one device (``runtime/placement.py``
 decides which). Each segment owns its weights (uploaded once, still in GGML
 block layout) and preallocated scratch buffers of ``n_batch`` rows. The K/V
-of a sequence live in a :class:`KVCache` (one per sequence, made by
-:meth:`Model.new_cache`, owned by whoever runs that sequence and passed
-to every :meth:`Model.forward`), so one loaded model serves many
-sequences; a lock makes forward passes of different threads take turns over
-the shared scratch buffers. The token embedding lookup runs on the host; at a
-segment boundary the activations (float32 [n_tokens, n_embd]) are read back
-and written to the next device, nothing else. Logits come back from the
-device holding the output head.
+live in a :class:`KVCache` (made by :meth:`Model.new_cache`, owned by whoever
+runs its sequences and passed to every :meth:`Model.forward`), so one loaded
+model serves many sequences; a lock makes forward passes of different threads
+take turns over the shared scratch buffers. The token embedding lookup runs on
+the host; at a segment boundary the activations (float32 [n_tokens, n_embd])
+are read back and written to the next device, nothing else. Logits come back
+from the device holding the output head.
+
+Several sequences in one pass (llama.cpp's unified KV cache, ``llama_batch``
+with ``seq_id``): a :class:`KVCache` made for ``n_seq`` sequences holds one K
+and one V tensor per block of f32 [n_seq * n_ctx, n_embd_kv]; sequence ``s``
+owns the cells (rows) ``s * n_ctx .. (s + 1) * n_ctx - 1`` and its position
+``p`` lives in cell ``s * n_ctx + p``. :meth:`Model.forward_batch` runs the
+tokens of several sequences as one batch: every matmul reads each weight once
+for all rows, rope rotates each row by its own position, ``kv_store`` writes
+each row's cell and ``attention`` reads, for row ``i``, cells
+``kv_start[i] .. cell[i]`` (its own sequence's first cell to its own). Chosen
+over per-sequence caches with attention looped per sequence because it costs
+one attention dispatch per block whatever the batch (Vulkan and OpenCL pay per
+dispatch) and needs no sub-buffer views (Kompute has none). One sequence
+(``n_seq = 1``) runs exactly as before: cells are the positions, no ``kv_start``.
 
 Device buffers are given back by ``close()`` or, at the latest, when their
 owner (a :class:`Segment` or :class:`KVCache`) is dropped: nothing here holds
@@ -20,16 +33,17 @@ a reference cycle, so ``del`` frees them at once (a ``weakref.finalize`` per
 owner releases its :class:`DeviceBuffer`, which backends that keep their own
 references, such as Vulkan, need).
 
-Per chunk of ``n`` tokens of one sequence (llama2.c's ``forward``)::
+Per batch of ``n`` rows (llama2.c's ``forward``)::
 
     x = token_embd[tokens]                              (host)
-    for each block i:  arch.block(x, weights[i], cache.k[i], cache.v[i], pos)
-    xn = arch.final_norm(x)                             (last row only unless logits_all)
+    for each block i:  arch.block(x, weights[i], KV(cache.k[i], cache.v[i], pos, cells, kv_start))
+    xn = arch.final_norm(x[out_rows])                   (the last row, each sequence's last, or all)
     logits = arch.lm_head(xn)                           (embeddings: xn)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from types import SimpleNamespace
@@ -42,7 +56,7 @@ from ..errors import CooktopError
 from ..format.gguf import GGUFFile, TensorInfo
 from ..format.quants import dequantize, row_bytes
 from .arch import Architecture, architecture
-from .arch.base import HEAD, MATRIX, Weights
+from .arch.base import HEAD, KV, MATRIX, Weights
 from .config import ModelConfig
 
 
@@ -72,14 +86,34 @@ def upload_rows(d: Device | DeviceBuffer, t: TensorInfo, first: int, end: int) -
     return d.upload(raw, t.ggml_type, (end - first,) + tuple(t.shape[1:]))
 
 
+@dataclasses.dataclass
+class Rows:
+    """Where the ``n`` rows of one forward pass go.
+
+    Attributes:
+        pos: int32 [n] positions (rope).
+        cells: int32 [n] cache rows (None: the positions, one sequence).
+        kv_start: int32 [n] first cache row each row attends to (None: 0).
+        outputs: int32 [m] rows whose logits are returned (None: every row).
+        n_ctx: positions per sequence (0: the cache's rows; one sequence).
+    """
+
+    pos: np.ndarray
+    cells: np.ndarray | None = None
+    kv_start: np.ndarray | None = None
+    outputs: np.ndarray | None = None
+    n_ctx: int = 0
+
+
 class Segment:
     """Blocks ``blocks`` (and the head when ``head``) on one device: weights and scratch buffers.
 
     Buffers (``B`` = n_batch rows): the architecture's scratch (``arch.scratch(cfg)``:
     name -> f32 [B, width]; llama: x, xn, o [B, n_embd], q, att [B, n_embd_q], k, v
-    [B, n_embd_kv], gate, up [B, n_ff]); pos: i32 [B]; head only: last (i32 [1]),
-    xl (f32 [1, n_embd]), logits f32 [B or 1, n_vocab].
-    The KV cache is not here: :meth:`run` takes the sequence's cache of these blocks.
+    [B, n_embd_kv], gate, up [B, n_ff]); pos, cells, kv_start: i32 [B]; head only: the
+    output rows (ids i32 [m], xl f32 [m, n_embd], logits f32 [m, n_vocab], m grown by
+    powers of two as batches ask; logits f32 [B, n_vocab] when logits_all).
+    The KV cache is not here: :meth:`run` takes the cache of these blocks.
     """
 
     def __init__(self, device: Device, blocks: list[int], head: bool, gf: GGUFFile, cfg: ModelConfig,
@@ -122,73 +156,104 @@ class Segment:
         B = n_batch
         self.scratch = {name: d.empty((B, width)) for name, width in arch.scratch(cfg).items()}
         self.pos = d.empty((B,), T.I32)
+        self.cells = d.empty((B,), T.I32)
+        self.kv_start = d.empty((B,), T.I32)
         if self.head:
             self.head_weights = weights(HEAD)
-            self.last = d.empty((1,), T.I32)
-            self.xl = d.empty((1, cfg.n_embd))
-            self.logits = d.empty((B if logits_all else 1, cfg.n_vocab))
+            self.logits_all = d.empty((B, cfg.n_vocab)) if logits_all else None
+            self._grow_outputs(1)
 
-    def run(self, x_host: np.ndarray, pos_host: np.ndarray, logits_all: bool,
-            k_cache: list[DeviceTensor], v_cache: list[DeviceTensor], embeddings: bool = False) -> np.ndarray:
-        """Run this segment on ``n`` tokens of one sequence.
+    def _grow_outputs(self, m: int) -> None:
+        """(Re)allocate the output rows' buffers for at least ``m`` rows (powers of two)."""
+        cap = 1
+        while cap < m:
+            cap *= 2
+        old = [t for t in (getattr(self, "ids", None), getattr(self, "xl", None), getattr(self, "logits", None))
+               if t is not None]
+        d = self.buffer
+        self.ids = d.empty((cap,), T.I32)
+        self.xl = d.empty((cap, self.cfg.n_embd))
+        self.logits = d.empty((cap, self.cfg.n_vocab))
+        if old:
+            self.device.release(old)
+            d.tensors = [t for t in d.tensors if t.device is not None]
+
+    def run(self, x_host: np.ndarray, rows: Rows, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
+            embeddings: bool = False) -> np.ndarray:
+        """Run this segment on ``n`` rows (tokens of one or several sequences).
 
         Args:
             x_host: float32 [n, n_embd] activations entering the first block.
-            pos_host: int32 [n] positions.
-            logits_all: head only: logits for every row, else for the last row.
-            k_cache, v_cache: the sequence's cache of each block of this segment,
-                f32 [n_ctx, n_head_kv * head_dim] on this segment's device.
+            rows: positions, cells and output rows (:class:`Rows`).
+            k_cache, v_cache: the cache of each block of this segment,
+                f32 [n_cells, n_head_kv * head_dim] on this segment's device.
             embeddings: head only: return the output-normed hidden states of every
                 row instead of logits (llama.cpp's ``result_norm``, what its embeddings pool).
         Returns:
             float32 [n, n_embd] activations after the last block, or, with the
-            head, logits float32 [n or 1, n_vocab] (``embeddings``: float32 [n, n_embd]).
+            head, logits float32 [m, n_vocab] of the output rows (``embeddings``: float32 [n, n_embd]).
         """
         d, cfg, arch = self.device, self.cfg, self.arch
         n = x_host.shape[0]
         s = SimpleNamespace(**{name: buf.head(n) for name, buf in self.scratch.items()})
         pos = self.pos.head(n)
         d.write(s.x, x_host)
-        d.write(pos, pos_host)
+        d.write(pos, rows.pos)
+        cells, start = pos, None
+        if rows.cells is not None:
+            cells = self.cells.head(n)
+            d.write(cells, rows.cells)
+        if rows.kv_start is not None:
+            start = self.kv_start.head(n)
+            d.write(start, rows.kv_start)
         for j, w in enumerate(self.weights):
             s.il = self.blocks[j]
-            arch.block(d, cfg, w, s, k_cache[j], v_cache[j], pos)
+            n_ctx = rows.n_ctx or k_cache[j].shape[0]
+            arch.block(d, cfg, w, s, KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx))
         if not self.head:
             return d.read(s.x)
         hw = self.head_weights
         if embeddings:
             arch.final_norm(d, cfg, hw, s.xn, s.x)
             return d.read(s.xn)
-        if logits_all:
-            xn, logits = s.xn, self.logits.head(n)
+        if rows.outputs is None:
+            if self.logits_all is None:
+                raise CooktopError("logits for every row need the model loaded with logits_all=True")
+            xn, logits = s.xn, self.logits_all.head(n)
             arch.final_norm(d, cfg, hw, xn, s.x)
-        else:  # the last row only
-            xn, logits = self.xl, self.logits.head(1)
-            d.write(self.last, np.array([n - 1], dtype=np.int32))
-            d.get_rows(xn, s.x, self.last)
+        else:  # the output rows only
+            m = len(rows.outputs)
+            if m > self.ids.shape[0]:
+                self._grow_outputs(m)
+            ids, xn, logits = self.ids.head(m), self.xl.head(m), self.logits.head(m)
+            d.write(ids, rows.outputs)
+            d.get_rows(xn, s.x, ids)
             arch.final_norm(d, cfg, hw, xn, xn)
         arch.lm_head(d, cfg, hw, logits, xn)
         return d.read(logits)
 
 
 class KVCache:
-    """The K and V of one sequence on a loaded model, and the token ids they belong to.
+    """The K and V of ``n_seq`` sequences on a loaded model, and the token ids they belong to.
 
-    Made by :meth:`Model.new_cache`; owned by whoever runs the sequence and
-    passed to :meth:`Model.forward`, which writes it. Several caches of one
-    model are independent sequences.
+    Made by :meth:`Model.new_cache`; owned by whoever runs its sequences and passed
+    to :meth:`Model.forward` / :meth:`Model.forward_batch`, which write it. Sequence
+    ``s`` owns cells ``s * n_ctx .. (s + 1) * n_ctx - 1`` (see the module doc); several
+    caches of one model are independent, but only sequences of one cache share a batch.
 
     Attributes:
-        k, v: per segment, per block of that segment: f32 [n_ctx, n_head_kv * head_dim]
-            on the segment's device (row ``p`` holds position ``p``).
-        tokens: ids at positions ``0 .. n_past - 1`` (their K/V are valid rows).
-        n_ctx: rows of each cache tensor (tokens).
+        k, v: per segment, per block of that segment: f32 [n_seq * n_ctx, n_head_kv * head_dim]
+            on the segment's device (cell ``s * n_ctx + p`` holds position ``p`` of sequence ``s``).
+        seq_tokens: per sequence, the ids at positions ``0 .. n_past - 1`` (their K/V are valid).
+        n_ctx: positions per sequence; n_seq: sequences.
     """
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, n_seq: int = 1):
+        if n_seq < 1:
+            raise CooktopError(f"a KV cache holds at least one sequence, not {n_seq}")
         self._model_key = model._key
-        self.n_ctx = model.n_ctx
-        self.tokens: list[int] = []
+        self.n_ctx, self.n_seq = model.n_ctx, n_seq
+        self.seq_tokens: list[list[int]] = [[] for _ in range(n_seq)]
         self.k: list[list[DeviceTensor]] = []
         self.v: list[list[DeviceTensor]] = []
         self._releases: list[weakref.finalize] = []
@@ -198,32 +263,37 @@ class KVCache:
             for seg in model.segments:
                 d = seg.device.buffer("KV cache")
                 self._releases.append(_releaser(self, d))
-                self.k.append([d.zeros((self.n_ctx, K)) for _ in seg.blocks])
-                self.v.append([d.zeros((self.n_ctx, K)) for _ in seg.blocks])
+                self.k.append([d.zeros((n_seq * self.n_ctx, K)) for _ in seg.blocks])
+                self.v.append([d.zeros((n_seq * self.n_ctx, K)) for _ in seg.blocks])
         except BaseException:
             self.close()
             raise
 
     @property
+    def tokens(self) -> list[int]:
+        """Sequence 0's ids (the one sequence of a cache made for one)."""
+        return self.seq_tokens[0]
+
+    @property
     def n_past(self) -> int:
-        """Positions (tokens) whose K/V the cache holds."""
-        return len(self.tokens)
+        """Positions (tokens) of sequence 0 whose K/V the cache holds."""
+        return len(self.seq_tokens[0])
 
     @property
     def closed(self) -> bool:
         """True after :meth:`close`."""
         return self._closed
 
-    def truncate(self, n: int) -> None:
-        """Keep positions ``0 .. n - 1`` (later rows are overwritten by the next forward)."""
-        del self.tokens[max(n, 0):]
+    def truncate(self, n: int, seq_id: int = 0) -> None:
+        """Keep positions ``0 .. n - 1`` of sequence ``seq_id`` (later cells are overwritten by the next forward)."""
+        del self.seq_tokens[seq_id][max(n, 0):]
 
     def close(self) -> None:
         """Give the cache's device buffers back. Idempotent; also runs when the cache is collected."""
         self._closed = True
         for release in self._releases:
             release()
-        self.tokens = []
+        self.seq_tokens = [[] for _ in range(self.n_seq)]
 
 
 class Model:
@@ -261,16 +331,16 @@ class Model:
         """True after :meth:`close`."""
         return self._closed
 
-    def new_cache(self) -> KVCache:
-        """A fresh (empty) KV cache for one sequence, allocated on each segment's device:
-        ``2 x n_layer`` buffers of f32 [n_ctx, n_head_kv * head_dim].
+    def new_cache(self, n_seq: int = 1) -> KVCache:
+        """A fresh (empty) KV cache for ``n_seq`` sequences, allocated on each segment's device:
+        ``2 x n_layer`` buffers of f32 [n_seq * n_ctx, n_head_kv * head_dim].
 
         Raises:
-            CooktopError: the model is closed.
+            CooktopError: the model is closed, or ``n_seq`` < 1.
             DeviceOutOfMemoryError: a cache buffer does not fit.
         """
         self._check_open()
-        return KVCache(self)
+        return KVCache(self, n_seq)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         """Token embedding lookup on the host: float32 [n, n_embd] for int [n] ids, times the
@@ -283,49 +353,105 @@ class Model:
         return x
 
     def forward(self, tokens: np.ndarray, n_past: int, cache: KVCache, logits_all: bool | None = None,
-                embeddings: bool = False) -> np.ndarray:
+                embeddings: bool = False, seq_id: int = 0) -> np.ndarray:
         """Evaluate ``n <= n_batch`` tokens of one sequence at positions ``n_past .. n_past + n - 1``.
 
-        Writes their K/V into ``cache`` and sets ``cache.tokens`` to its first ``n_past``
-        ids followed by ``tokens`` (positions >= n_past are overwritten). Calls from
+        Writes their K/V into ``cache`` and sets the sequence's ids to its first ``n_past``
+        followed by ``tokens`` (positions >= n_past are overwritten). Calls from
         several threads take turns.
 
         Args:
             tokens: int [n] token ids, each < n_vocab.
-            n_past: positions of ``cache`` to keep, <= ``cache.n_past``.
+            n_past: positions of the sequence to keep, <= its n_past.
             cache: a cache made by this model's :meth:`new_cache`.
             logits_all: override of the model's setting for this call.
             embeddings: return the output-normed hidden states instead of logits.
+            seq_id: the sequence of ``cache`` (0 .. n_seq - 1).
         Returns:
             float32 [n, n_vocab] when logits_all, else float32 [1, n_vocab] (last token);
             with ``embeddings``, float32 [n, n_embd].
         Raises:
             CooktopError: the model or the cache is closed, or the cache is another model's.
-            ValueError: ``n`` or ``n_past`` out of range.
+            ValueError: ``n``, ``n_past`` or ``seq_id`` out of range.
         """
+        self._check_cache(cache)
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"forward takes 1..{self.n_batch} tokens, got {n}")
+        self._check_item(cache, seq_id, n_past, n)
+        la = self.logits_all if logits_all is None else (logits_all and self.logits_all)
+        ids = np.asarray(tokens, dtype=np.int64)
+        h = self.embed(ids)
+        pos = np.arange(n_past, n_past + n, dtype=np.int32)
+        rows = Rows(pos, outputs=None if la else np.array([n - 1], dtype=np.int32), n_ctx=self.n_ctx)
+        if seq_id:
+            rows.cells = pos + np.int32(seq_id * self.n_ctx)
+            rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
+        cache.truncate(n_past, seq_id)  # rows from n_past on are about to be overwritten
+        h = self._run(h, rows, cache, embeddings)
+        cache.seq_tokens[seq_id].extend(int(t) for t in ids)
+        return h
+
+    def forward_batch(self, cache: KVCache, items: list[tuple[int, int, list[int], bool]]) -> list[np.ndarray | None]:
+        """Evaluate tokens of several sequences of ``cache`` in one pass (at most ``n_batch`` in all).
+
+        Each item ``(seq_id, n_past, tokens, want_logits)`` appends ``tokens`` to sequence
+        ``seq_id`` at positions ``n_past ..`` (as :meth:`forward` does; its ids are updated).
+        A sequence appears at most once.
+
+        Returns:
+            per item: float32 [1, n_vocab] logits of its last token when ``want_logits``, else None.
+        Raises:
+            CooktopError: the model or the cache is closed, the cache is another model's.
+            ValueError: no tokens, more than ``n_batch``, a sequence twice, or an item out of range.
+        """
+        self._check_cache(cache)
+        n = sum(len(t) for _, _, t, _ in items)
+        if not 0 < n <= self.n_batch or any(not t for _, _, t, _ in items):
+            raise ValueError(f"forward_batch takes 1..{self.n_batch} tokens, at least one per item, got {n}")
+        if len({s for s, _, _, _ in items}) != len(items):
+            raise ValueError("forward_batch: a sequence appears twice in one batch")
+        for seq_id, n_past, toks, _ in items:
+            self._check_item(cache, seq_id, n_past, len(toks))
+        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, _, t, _ in items])
+        pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for _, p, t, _ in items])
+        base = np.concatenate([np.full(len(t), s * self.n_ctx, dtype=np.int32) for s, _, t, _ in items])
+        ends = np.cumsum([len(t) for _, _, t, _ in items]) - 1
+        want = [i for i, it in enumerate(items) if it[3]]
+        outputs = ends[want].astype(np.int32) if want else np.array([n - 1], dtype=np.int32)
+        rows = Rows(pos, pos + base, base, outputs, self.n_ctx)
+        for seq_id, n_past, _, _ in items:
+            cache.truncate(n_past, seq_id)
+        logits = self._run(self.embed(ids), rows, cache, False)
+        for seq_id, _, toks, _ in items:
+            cache.seq_tokens[seq_id].extend(int(t) for t in toks)
+        out: list[np.ndarray | None] = [None] * len(items)
+        for j, i in enumerate(want):
+            out[i] = logits[j:j + 1]
+        return out
+
+    def _run(self, h: np.ndarray, rows: Rows, cache: KVCache, embeddings: bool) -> np.ndarray:
+        with self._lock:
+            self._check_open()
+            for seg, k, v in zip(self.segments, cache.k, cache.v):
+                h = seg.run(h, rows, k, v, embeddings)
+        return h
+
+    def _check_cache(self, cache: KVCache) -> None:
         self._check_open()
         if cache._model_key is not self._key:
             raise CooktopError("this KV cache was made by another model; use model.new_cache()")
         if cache.closed:
             raise CooktopError("this KV cache is closed")
-        n = len(tokens)
-        if not 0 < n <= self.n_batch:
-            raise ValueError(f"forward takes 1..{self.n_batch} tokens, got {n}")
-        if not 0 <= n_past <= cache.n_past:
-            raise ValueError(f"n_past {n_past} is outside the cache's 0..{cache.n_past} positions")
+
+    def _check_item(self, cache: KVCache, seq_id: int, n_past: int, n: int) -> None:
+        if not 0 <= seq_id < cache.n_seq:
+            raise ValueError(f"seq_id {seq_id} is outside the cache's 0..{cache.n_seq - 1} sequences")
+        have = len(cache.seq_tokens[seq_id])
+        if not 0 <= n_past <= have:
+            raise ValueError(f"n_past {n_past} is outside the cache's 0..{have} positions")
         if n_past + n > self.n_ctx:
             raise ValueError(f"positions {n_past}..{n_past + n - 1} exceed n_ctx {self.n_ctx}")
-        la = self.logits_all if logits_all is None else (logits_all and self.logits_all)
-        ids = np.asarray(tokens, dtype=np.int64)
-        h = self.embed(ids)
-        pos = np.arange(n_past, n_past + n, dtype=np.int32)
-        cache.truncate(n_past)  # rows from n_past on are about to be overwritten
-        with self._lock:
-            self._check_open()
-            for seg, k, v in zip(self.segments, cache.k, cache.v):
-                h = seg.run(h, pos, la, k, v, embeddings)
-        cache.tokens.extend(int(t) for t in ids)
-        return h
 
     def _check_open(self) -> None:
         if self._closed:

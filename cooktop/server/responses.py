@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def add_usage(total: dict[str, int] | None, usage: dict[str, int]) -> dict[str, int]:
-    """Usage of several choices of one prompt: the prompt counted once, completion tokens summed."""
+def add_usage(total: dict[str, Any] | None, usage: dict[str, Any]) -> dict[str, Any]:
+    """Usage of several choices of one prompt: the prompt counted once (its cached tokens those of
+    the first choice), completion tokens summed."""
     if total is None:
         return dict(usage)
-    return {"prompt_tokens": total["prompt_tokens"], "completion_tokens": total["completion_tokens"]
-            + usage["completion_tokens"], "total_tokens": total["total_tokens"] + usage["completion_tokens"]}
+    return dict(total, completion_tokens=total["completion_tokens"] + usage["completion_tokens"],
+                total_tokens=total["total_tokens"] + usage["completion_tokens"])
 
 
 def choices_job(n: int, args: dict[str, Any], call, model: str):
@@ -101,7 +102,8 @@ def prometheus(state: Any) -> str:
     """Prometheus text exposition of the server's counters (llama-server's metric names)."""
     s = state.scheduler
     m = s.metrics
-    tps = m.tokens_predicted_total / m.step_seconds_total if m.step_seconds_total > 0 else 0.0
+    tps = m.tokens_predicted_total / m.busy_seconds_total if m.busy_seconds_total > 0 else 0.0
+    n_seqs, n_tokens = s.batch_size()
     lines = [
         "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.",
         "# TYPE llamacpp:prompt_tokens_total counter",
@@ -118,6 +120,21 @@ def prometheus(state: Any) -> str:
         "# HELP llamacpp:requests_deferred Number of requests deferred (waiting in the queue).",
         "# TYPE llamacpp:requests_deferred gauge",
         f"llamacpp:requests_deferred {s.queue_depth}",
+        "# HELP cooktop:slots_busy Slots running a request.",
+        "# TYPE cooktop:slots_busy gauge",
+        f"cooktop:slots_busy {s.busy}",
+        "# HELP cooktop:slots_total Slots (-np).",
+        "# TYPE cooktop:slots_total gauge",
+        f"cooktop:slots_total {len(s.slots)}",
+        "# HELP cooktop:batch_size Sequences in the latest forward pass.",
+        "# TYPE cooktop:batch_size gauge",
+        f"cooktop:batch_size {n_seqs}",
+        "# HELP cooktop:batch_tokens Tokens in the latest forward pass (decoding and prompt).",
+        "# TYPE cooktop:batch_tokens gauge",
+        f"cooktop:batch_tokens {n_tokens}",
+        "# HELP cooktop:tokens_per_second Generated tokens per second, all slots (last 10 s with -np > 1).",
+        "# TYPE cooktop:tokens_per_second gauge",
+        f"cooktop:tokens_per_second {s.tokens_per_second():.3f}",
         "# HELP cooktop:requests_total Requests received, by endpoint.",
         "# TYPE cooktop:requests_total counter",
     ]

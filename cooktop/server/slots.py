@@ -1,19 +1,27 @@
-"""Slots and the request queue: one worker thread runs every generation of the server.
+"""Slots and the request queue: ``-np`` worker threads, continuous batching, prompt-prefix reuse.
 
 llama-server's model (``-np`` slots, a queue of deferred requests): the
-:class:`Scheduler` owns ``n_parallel`` :class:`Slot` s, each with a sequence
-(KV cache) of its own on the one loaded model, and a FIFO of waiting
-:class:`Job` s. Its worker thread admits waiting jobs into free slots and
-advances the active ones one step each, round-robin, so several requests
-progress together and each keeps its cached prompt prefix. Today a step is one
-token of one sequence (the forward pass takes one sequence); batched decoding
-would advance every active slot in one forward pass from the same loop.
+:class:`Scheduler` owns ``n_parallel`` :class:`Slot` s, each a sequence (cells
+of one shared KV cache, :meth:`Engine.new_sequences
+<cooktop.engine.generate.Engine.new_sequences>`), a FIFO of waiting
+:class:`Job` s and ``n_parallel`` worker threads. A free worker takes the next
+job and runs it; when the job starts a generation, it gets the free slot whose
+cached tokens share the longest prefix with its prompt (llama-server's prompt
+cache: a repeated system prompt or a continued conversation is not evaluated
+again; ``usage.prompt_tokens_details.cached_tokens`` reports it), else the
+least recently used one. Every evaluation goes through one
+:class:`~cooktop.engine.batch.BatchDriver`: a step evaluates one token of every
+decoding slot and chunks of the prompts being read, in one forward pass, so a
+new request joins the running batch at the next step and a finished or
+cancelled one leaves it; no request waits for another to finish. With
+``-np 1`` there is no driver: the one slot (the ``Llama``'s own sequence)
+evaluates directly, as before.
 
-A job is a function ``make(llm) -> iterator`` run on the worker thread (so
-nothing else touches the model); its items are posted to the job's asyncio
-queue on the server's event loop. A job whose client went away is cancelled:
-its iterator is closed at the next step and its slot freed. More than
-``max_queue`` waiting jobs: :class:`OverloadedError` (HTTP 503).
+A job is a function ``make(llm) -> iterator`` run on a worker thread (the
+``Llama``'s sequence choice is per thread); its items are posted to the job's
+asyncio queue on the server's event loop. A job whose client went away is
+cancelled: its iterator is closed before its next step and its slot freed.
+More than ``max_queue`` waiting jobs: :class:`OverloadedError` (HTTP 503).
 """
 
 from __future__ import annotations
@@ -26,12 +34,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..engine.batch import BatchDriver
 from ..errors import CooktopError
 
 
 class OverloadedError(CooktopError):
     """The queue of waiting requests is full (HTTP 503)."""
 
+
+#: A free slot is chosen for its cached prefix when it covers at least this share of the prompt
+#: (llama-server's ``--slot-prompt-similarity``, default 0.5); otherwise the least recently used one.
+SLOT_PROMPT_SIMILARITY = 0.5
 
 #: Kinds of what a job posts: an item, the end, or an error (the exception).
 ITEM, END, ERROR = "item", "end", "error"
@@ -76,13 +89,12 @@ class Job:
 
 @dataclasses.dataclass
 class Slot:
-    """A place for one running job, with its own sequence (KV cache)."""
+    """A sequence (KV cells) for one running job at a time; keeps its tokens when freed (prefix reuse)."""
 
     id: int
     seq: Any
     job: Job | None = None
-    it: Iterator[Any] | None = None
-    n_steps: int = 0
+    last_used: int = 0
 
 
 @dataclasses.dataclass
@@ -92,17 +104,20 @@ class Metrics:
     requests_total: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     prompt_tokens_total: int = 0
     tokens_predicted_total: int = 0
-    step_seconds_total: float = 0.0
+    busy_seconds_total: float = 0.0  # wall time with at least one job running
     errors_total: int = 0
 
 
 class Scheduler:
-    """``n_parallel`` slots on one model, a FIFO of at most ``max_queue`` waiting jobs, one worker thread.
+    """``n_parallel`` slots and worker threads on one model, a FIFO of at most ``max_queue`` waiting jobs.
 
     Args:
         llm: the loaded :class:`cooktop.api.Llama`.
-        n_parallel: slots (``-np``); each beyond the first allocates a KV cache.
+        n_parallel: slots (``-np``); more than one allocates one shared KV cache of ``n_parallel``
+            sequences and a :class:`~cooktop.engine.batch.BatchDriver`.
         max_queue: waiting jobs beyond which :meth:`submit` raises OverloadedError.
+    Attributes:
+        slots, metrics, driver (None with one slot).
     Raises:
         CooktopError: ``n_parallel`` < 1 or ``max_queue`` < 0.
     """
@@ -114,13 +129,20 @@ class Scheduler:
             raise CooktopError(f"--max-queue must be >= 0, got {max_queue}")
         self.llm, self.max_queue = llm, max_queue
         eng = llm._engine
-        self.slots = [Slot(i, eng.seq if i == 0 else eng.new_sequence()) for i in range(n_parallel)]
+        seqs = [eng.seq] if n_parallel == 1 else eng.new_sequences(n_parallel)
+        self.driver: BatchDriver | None = BatchDriver(eng.model, seqs) if n_parallel > 1 else None
+        self.slots = [Slot(i, s) for i, s in enumerate(seqs)]
         self.metrics = Metrics()
         self._waiting: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name="cooktop-slots", daemon=True)
-        self._thread.start()
+        self._running = 0
+        self._busy_since = 0.0
+        self._tick = 0
+        self._threads = [threading.Thread(target=self._work, name=f"cooktop-slot{i}", daemon=True)
+                         for i in range(n_parallel)]
+        for t in self._threads:
+            t.start()
 
     # -- outside ----------------------------------------------------------
     @property
@@ -130,8 +152,22 @@ class Scheduler:
 
     @property
     def busy(self) -> int:
-        """Slots running a job."""
-        return sum(s.job is not None for s in self.slots)
+        """Jobs running (each on a slot of its own)."""
+        return self._running
+
+    def batch_size(self) -> tuple[int, int]:
+        """(sequences, tokens) of the latest forward pass ((busy, busy) without a driver)."""
+        if self.driver is None:
+            return self._running, self._running
+        st = self.driver.stats
+        return st.last_seqs, st.last_tokens
+
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second: over the last 10 s with a driver, else over the busy time."""
+        if self.driver is not None:
+            return self.driver.tokens_per_second()
+        m = self.metrics
+        return m.tokens_predicted_total / m.busy_seconds_total if m.busy_seconds_total > 0 else 0.0
 
     def submit(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop) -> Job:
         """Queue a job.
@@ -141,7 +177,7 @@ class Scheduler:
         """
         job = Job(make, loop)
         with self._cv:
-            free = sum(s.job is None for s in self.slots)
+            free = len(self.slots) - self._running
             if len(self._waiting) >= self.max_queue + free:
                 raise OverloadedError(f"the server is overloaded: {len(self._waiting)} requests are waiting "
                                       f"for {len(self.slots)} slot(s) (--max-queue {self.max_queue}); retry later")
@@ -150,80 +186,94 @@ class Scheduler:
         return job
 
     def close(self) -> None:
-        """Stop the worker (running jobs are closed) and wait for it."""
+        """Stop the workers (running jobs end with an error, waiting ones too) and wait for them."""
         with self._cv:
             self._stop = True
-            self._cv.notify()
-        self._thread.join(timeout=30)
-        for s in self.slots[1:]:
-            s.seq.close()
+            waiting, self._waiting = list(self._waiting), collections.deque()
+            self._cv.notify_all()
+        for job in waiting:
+            job.post(ERROR, CooktopError("the server is shutting down"))
+        for t in self._threads:
+            t.join(timeout=30)
+        if self.driver is not None:
+            self.driver.close()
+            for s in self.slots:
+                s.seq.close()
 
-    # -- the worker thread ----------------------------------------------------
-    def _run(self) -> None:
+    # -- the worker threads ---------------------------------------------------
+    def _work(self) -> None:
         while True:
             with self._cv:
-                while not self._stop and not self._waiting and all(s.job is None for s in self.slots):
+                while not self._stop and not self._waiting:
                     self._cv.wait()
                 if self._stop:
-                    break
-                admitted = []
-                for slot in self.slots:
-                    if slot.job is None and self._waiting:
-                        slot.job = self._waiting.popleft()
-                        admitted.append(slot)
-            for slot in admitted:
-                self._start(slot)
-            for slot in self.slots:
-                if slot.job is not None:
-                    self._step(slot)
-        for slot in self.slots:
-            if slot.job is not None:
-                slot.job.post(ERROR, CooktopError("the server is shutting down"))
-                self._free(slot)
+                    return
+                job = self._waiting.popleft()
+                if self._running == 0:
+                    self._busy_since = time.perf_counter()
+                self._running += 1
+            try:
+                self._run(job)
+            finally:
+                with self._cv:
+                    self._running -= 1
+                    if self._running == 0:
+                        self.metrics.busy_seconds_total += time.perf_counter() - self._busy_since
+                    for slot in self.slots:
+                        if slot.job is job:
+                            slot.job = None
 
-    def _start(self, slot: Slot) -> None:
-        job = slot.job
+    def _run(self, job: Job) -> None:
+        """Run ``job`` on this thread until its end, an error, its cancellation or shutdown."""
         if job.cancelled.is_set():
-            self._free(slot)
             return
-        self.llm._active_seq = slot.seq
+        if self.driver is not None:
+            self.driver.join()
+        self.llm._active_seq = lambda prompt: self._choose(job, prompt)
+        it = None
         try:
-            slot.it = iter(job.make(self.llm))
+            it = iter(job.make(self.llm))
+            while True:
+                if self._stop:
+                    job.post(ERROR, CooktopError("the server is shutting down"))
+                    return
+                if job.cancelled.is_set():
+                    return
+                try:
+                    item = next(it)
+                except StopIteration:
+                    job.post(END)
+                    return
+                job.post(ITEM, item)
         except Exception as e:  # noqa: BLE001 - every failure goes back to its request
-            job.post(ERROR, e)
-            self._free(slot)
-        finally:
-            self.llm._active_seq = None
-
-    def _step(self, slot: Slot) -> None:
-        job = slot.job
-        if job.cancelled.is_set():
-            self._free(slot)
-            return
-        t0 = time.perf_counter()
-        self.llm._active_seq = slot.seq  # a job may start a completion lazily, inside its iterator
-        try:
-            item = next(slot.it)
-        except StopIteration:
-            job.post(END)
-            self._free(slot)
-            return
-        except Exception as e:  # noqa: BLE001
             self.metrics.errors_total += 1
             job.post(ERROR, e)
-            self._free(slot)
-            return
         finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - closing a finished generator cannot matter to anyone
+                    pass
             self.llm._active_seq = None
-            self.metrics.step_seconds_total += time.perf_counter() - t0
-        slot.n_steps += 1
-        job.post(ITEM, item)
+            if self.driver is not None:
+                self.driver.leave()
 
-    def _free(self, slot: Slot) -> None:
-        it, slot.it, slot.job, slot.n_steps = slot.it, None, None, 0
-        close = getattr(it, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - closing a finished generator cannot matter to anyone
-                pass
+    def _choose(self, job: Job, prompt: list[int]) -> Any:
+        """The slot sequence a generation of ``job`` runs on: the one it holds, else the free slot
+        sharing the longest prefix with ``prompt`` when that prefix is at least
+        :data:`SLOT_PROMPT_SIMILARITY` of the prompt, else the least recently used free slot
+        (so a short unrelated prompt does not evict a long cached one)."""
+        with self._cv:
+            for slot in self.slots:
+                if slot.job is job:
+                    return slot.seq
+            free = [s for s in self.slots if s.job is None]
+            if not free:  # cannot happen: one worker thread per slot, a job holds at most one
+                raise CooktopError("no free slot for this request")
+            best = max(free, key=lambda s: (s.seq.common_prefix(prompt), -s.last_used))
+            if best.seq.common_prefix(prompt) < SLOT_PROMPT_SIMILARITY * len(prompt):
+                best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
+            self._tick += 1
+            best.job, best.last_used = job, self._tick
+            return best.seq

@@ -115,10 +115,44 @@ def bias(name: str, shape: Callable[[ModelConfig], tuple[int, ...]], **kw: Any) 
     return TensorSpec(name, shape, kind=BIAS, **kw)
 
 
-#: ``block(d, cfg, w, s, k_cache, v_cache, pos)``: enqueue one block on the ``n`` rows of ``s``;
+@dataclasses.dataclass(frozen=True)
+class KV:
+    """What a block reads and writes of the KV cache for the ``n`` rows it runs.
+
+    The rows may belong to several sequences sharing one cache (llama.cpp's unified KV
+    cache: sequence ``s`` owns cache rows ``s * n_ctx .. (s + 1) * n_ctx - 1``, see
+    ``model/forward.py``), so a row's rope position and its cache row (cell) differ.
+
+    Attributes:
+        k, v: this block's cache, f32 [n_cells, n_embd_kv].
+        pos: I32 [n] positions (what rope rotates by).
+        cells: I32 [n] cache rows the rows' K/V go to (``pos`` itself for one sequence).
+        kv_start: I32 [n] first cache row each row attends to (its sequence's first cell),
+            or None when every row starts at row 0 (one sequence).
+        n_ctx: positions per sequence (the context length; phi3's LongRoPE choice reads it).
+    """
+
+    k: DeviceTensor
+    v: DeviceTensor
+    pos: DeviceTensor
+    cells: DeviceTensor
+    kv_start: DeviceTensor | None = None
+    n_ctx: int = 0
+
+    def attend(self, d: Device, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
+               n_head: int, n_head_kv: int, scale: float, window: int = 0) -> None:
+        """Store the rows' ``k``, ``v`` (f32 [n, n_embd_kv]) in their cells, then
+        ``out f32 [n, n_head * head_dim] = attention(q)`` over each row's own sequence
+        (causal, GQA, ``window`` > 0: sliding window; ops ``kv_store`` and ``attention``)."""
+        d.kv_store(self.k, k, self.cells)
+        d.kv_store(self.v, v, self.cells)
+        d.attention(out, q, self.k, self.v, self.cells, n_head, n_head_kv, scale, window, kv_start=self.kv_start)
+
+
+#: ``block(d, cfg, w, s, kv)``: enqueue one block on the ``n`` rows of ``s`` (``kv``: :class:`KV`,
+#: positions and this block's cache; blocks rotate by ``kv.pos`` and attend with ``kv.attend``);
 #: ``s.il`` is the block's index in the model (per-layer choices: gemma3's sliding-window layers).
-BlockFn = Callable[[Device, ModelConfig, Weights, SimpleNamespace, DeviceTensor, DeviceTensor, DeviceTensor],
-                   None]
+BlockFn = Callable[[Device, ModelConfig, Weights, SimpleNamespace, KV], None]
 #: ``final_norm(d, cfg, w, xn, x)``: enqueue ``xn = norm(x)`` on the rows leaving the last block
 #: (llama.cpp's ``result_norm``: what embeddings pool, and the input of :data:`HeadFn`).
 NormFn = Callable[[Device, ModelConfig, Weights, DeviceTensor, DeviceTensor], None]
@@ -140,7 +174,9 @@ class Architecture:
             buffers a segment allocates for :attr:`block` (``x``, the residual stream, and
             ``xn`` of width n_embd are required: the head uses them).
         block: :data:`BlockFn`: one repeating block, ops enqueued on ``d``; ``s`` holds
-            the scratch buffers cut to the chunk's rows (``s.x`` in and out).
+            the scratch buffers cut to the chunk's rows (``s.x`` in and out); ``kv`` (:class:`KV`)
+            the positions and the block's cache: rotate by ``kv.pos``, store and attend with
+            ``kv.attend`` (the rows may be several sequences': never assume ``pos`` is a cache row).
         final_norm: :data:`NormFn`: the output norm, rows f32 [r, n_embd] (``xn`` may be ``x``).
         lm_head: :data:`HeadFn`: normed rows ``xn`` f32 [r, n_embd] -> ``logits`` f32 [r, n_vocab].
         block_ops, head_ops: the backend ops (``backends.base.OPS`` names) :attr:`block` /

@@ -47,7 +47,7 @@ from typing import Any
 from ...backends.base import ROPE_NEOX, Device, DeviceTensor
 from ...errors import UnsupportedModelError
 from ..hparams import Metadata, ModelConfig
-from .base import HEAD, INPUT, Architecture, Weights, matrix, norm
+from .base import HEAD, INPUT, KV, Architecture, Weights, matrix, norm
 
 #: llama.cpp's default period of gemma3's sliding-window pattern (``load_swa_pattern(ml, 6)``).
 SWA_PERIOD = 6
@@ -142,15 +142,13 @@ def rope_args(cfg: ModelConfig, il: int) -> dict[str, Any]:
     return args
 
 
-def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, k_cache: DeviceTensor,
-          v_cache: DeviceTensor, pos: DeviceTensor) -> None:
+def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> None:
     """One gemma3 block (module doc) on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place).
 
     Args:
         w: this block's weights (keys as in :data:`TENSORS`).
         s: scratch buffers of :func:`scratch` cut to ``n`` rows; ``s.il`` the block index.
-        k_cache, v_cache: f32 [n_ctx, n_embd_kv] of this block; rows ``pos`` are written.
-        pos: I32 [n] positions.
+        kv: positions and this block's cache (:class:`~.base.KV`); cells ``kv.cells`` are written.
     """
     x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
     il = getattr(s, "il", 0)
@@ -163,12 +161,10 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, k_cache: 
     d.matmul(v, xn, w["attn_v"])
     d.rmsnorm(q, q, w["attn_q_norm"], eps)
     d.rmsnorm(k, k, w["attn_k_norm"], eps)
-    d.rope(q, q, pos, **rope)
-    d.rope(k, k, pos, **rope)
-    d.kv_store(k_cache, k, pos)
-    d.kv_store(v_cache, v, pos)
+    d.rope(q, q, kv.pos, **rope)
+    d.rope(k, k, kv.pos, **rope)
     scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
-    d.attention(att, q, k_cache, v_cache, pos, cfg.n_head, cfg.n_head_kv, scale, cfg.n_swa if swa else 0)
+    kv.attend(d, att, q, k, v, cfg.n_head, cfg.n_head_kv, scale, cfg.n_swa if swa else 0)
     d.matmul(o, att, w["attn_output"])
     d.rmsnorm(o, o, w["post_attention_norm"], eps)
     d.add(x, x, o)

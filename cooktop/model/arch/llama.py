@@ -31,7 +31,7 @@ from typing import Any
 
 from ...backends.base import ROPE_NORMAL, Device, DeviceTensor
 from ..hparams import Metadata, ModelConfig
-from .base import BLOCK, HEAD, INPUT, Architecture, Weights, matrix, norm
+from .base import BLOCK, HEAD, INPUT, KV, Architecture, Weights, matrix, norm
 
 
 def hparams(m: Metadata) -> dict[str, Any]:
@@ -69,8 +69,7 @@ def scratch(cfg: ModelConfig) -> dict[str, int]:
     return {"x": E, "xn": E, "q": Q, "att": Q, "o": E, "k": K, "v": K, "gate": F, "up": F}
 
 
-def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, k_cache: DeviceTensor,
-          v_cache: DeviceTensor, pos: DeviceTensor) -> None:
+def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> None:
     """One llama-family block on the ``n`` rows of ``s.x`` (f32 [n, n_embd], updated in place).
 
     Runs the optional steps of the module doc when ``w`` has their tensors: Q/K/V biases
@@ -80,8 +79,7 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, k_cache: 
     Args:
         w: this block's weights (keys as in the architecture's tensors).
         s: scratch buffers of :func:`scratch` cut to ``n`` rows.
-        k_cache, v_cache: f32 [n_ctx, n_embd_kv] of this block; rows ``pos`` are written.
-        pos: I32 [n] positions.
+        kv: positions and this block's cache (:class:`~.base.KV`); cells ``kv.cells`` are written.
     """
     x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
     rope = cfg.rope_params()
@@ -95,11 +93,9 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, k_cache: 
         d.rmsnorm(q, q, w["attn_q_norm"], cfg.rms_eps)
     if "attn_k_norm" in w:
         d.rmsnorm(k, k, w["attn_k_norm"], cfg.rms_eps)
-    d.rope(q, q, pos, **rope, freq_factors=ff)
-    d.rope(k, k, pos, **rope, freq_factors=ff)
-    d.kv_store(k_cache, k, pos)
-    d.kv_store(v_cache, v, pos)
-    d.attention(att, q, k_cache, v_cache, pos, cfg.n_head, cfg.n_head_kv, 1.0 / math.sqrt(cfg.head_dim))
+    d.rope(q, q, kv.pos, **rope, freq_factors=ff)
+    d.rope(k, k, kv.pos, **rope, freq_factors=ff)
+    kv.attend(d, att, q, k, v, cfg.n_head, cfg.n_head_kv, 1.0 / math.sqrt(cfg.head_dim))
     d.matmul(o, att, w["attn_output"])
     d.add(x, x, o)
     d.rmsnorm(xn, x, w["ffn_norm"], cfg.rms_eps)

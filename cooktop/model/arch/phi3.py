@@ -42,7 +42,7 @@ from typing import Any
 
 from ...backends.base import ROPE_NEOX, Device, DeviceTensor
 from ..hparams import Metadata, ModelConfig
-from .base import BLOCK, HEAD, INPUT, Architecture, TensorSpec, Weights, matrix, norm
+from .base import BLOCK, HEAD, INPUT, KV, Architecture, TensorSpec, Weights, matrix, norm
 
 #: llama.cpp pads n_ctx to a multiple of this (``GGML_PAD(cparams.n_ctx, 256)``, llama-context.cpp).
 N_CTX_PAD = 256
@@ -93,30 +93,26 @@ def rope_factors(cfg: ModelConfig, w: Weights, n_ctx: int) -> DeviceTensor | Non
     return w.get("rope_factors_long") if n_ctx_seq > n_ctx_orig else w.get("rope_factors_short")
 
 
-def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, k_cache: DeviceTensor,
-          v_cache: DeviceTensor, pos: DeviceTensor) -> None:
+def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> None:
     """One phi3 block (module doc) on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place).
 
     Args:
         w: this block's weights: :data:`TENSORS`' keys with the fused ones split
             (``attn_q``, ``attn_k``, ``attn_v``, ``ffn_gate``, ``ffn_up``).
         s: scratch buffers of :func:`scratch` cut to ``n`` rows.
-        k_cache, v_cache: f32 [n_ctx, n_embd_kv] of this block (its rows = the context length
-            that chooses the LongRoPE factors); rows ``pos`` are written.
-        pos: I32 [n] positions.
+        kv: positions and this block's cache (:class:`~.base.KV`; ``kv.n_ctx``, the context
+            length, chooses the LongRoPE factors); cells ``kv.cells`` are written.
     """
     x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
-    ff = rope_factors(cfg, w, k_cache.shape[0])
+    ff = rope_factors(cfg, w, kv.n_ctx)
     rope = cfg.rope_params()
     d.rmsnorm(xn, x, w["attn_norm"], cfg.rms_eps)
     d.matmul(q, xn, w["attn_q"])
     d.matmul(k, xn, w["attn_k"])
     d.matmul(v, xn, w["attn_v"])
-    d.rope(q, q, pos, **rope, freq_factors=ff)
-    d.rope(k, k, pos, **rope, freq_factors=ff)
-    d.kv_store(k_cache, k, pos)
-    d.kv_store(v_cache, v, pos)
-    d.attention(att, q, k_cache, v_cache, pos, cfg.n_head, cfg.n_head_kv, 1.0 / math.sqrt(cfg.head_dim))
+    d.rope(q, q, kv.pos, **rope, freq_factors=ff)
+    d.rope(k, k, kv.pos, **rope, freq_factors=ff)
+    kv.attend(d, att, q, k, v, cfg.n_head, cfg.n_head_kv, 1.0 / math.sqrt(cfg.head_dim))
     d.matmul(o, att, w["attn_output"])
     d.add(x, x, o)
     d.rmsnorm(xn, x, w["ffn_norm"], cfg.rms_eps)

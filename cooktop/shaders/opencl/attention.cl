@@ -1,6 +1,7 @@
 // Causal multi-head attention over the KV cache with GQA, one work-group per (head, token).
-// q, out f32 [n_tok, n_head * HEAD_DIM]; k, v f32 [n_ctx, n_head_kv * HEAD_DIM]; pos int32 [n_tok].
-// Query t of head h attends to cache rows 0..pos[t] of kv head h / (n_head / n_head_kv);
+// q, out f32 [n_tok, n_head * HEAD_DIM]; k, v f32 [n_cells, n_head_kv * HEAD_DIM]; pos int32 [n_tok].
+// Query t of head h attends to cache rows k0..pos[t] of kv head h / (n_head / n_head_kv), where
+// k0 = kv_start[t] when has_start (rows of several sequences sharing one cache), else 0;
 // window > 0 (sliding window, llama.cpp's standard SWA) keeps rows pos[t]-window < k <= pos[t].
 // Keys are taken AT_LS at a time (one per work-item); an online softmax in float32
 // (running max m, running sum l, rescaled accumulator) combines the chunks.
@@ -44,15 +45,16 @@ inline float vsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 inline float vsum16(float16 v) { float8 a = v.lo + v.hi; return vsum4(a.lo + a.hi); }
 
 __kernel void attention(global float *out, const global float *q, const global float *kc,
-                        const global float *vc, const global int *pos,
-                        const int n_head, const int n_head_kv, const float scale, const int window) {
+                        const global float *vc, const global int *pos, const global int *kv_start,
+                        const int has_start, const int n_head, const int n_head_kv, const float scale,
+                        const int window) {
     const int h = get_global_id(0);
     const int t = get_global_id(1);
     if (h >= n_head) return;
     const int kv_dim = n_head_kv * HEAD_DIM;
     const int hk = h / (n_head / n_head_kv);
     const int n_kv = pos[t] + 1;
-    const int k0 = window > 0 ? max(0, n_kv - window) : 0;
+    const int k0 = max(has_start ? kv_start[t] : 0, window > 0 ? n_kv - window : 0);
     const size_t qoff = ((size_t)t * n_head + h) * HEAD_DIM;
     VT qv[NV], acc[NV];
 #pragma unroll
@@ -88,15 +90,16 @@ __kernel void attention(global float *out, const global float *q, const global f
 #define HPI ((HEAD_DIM + AT_LS - 1) / AT_LS)
 
 __kernel void attention(global float *out, const global float *q, const global float *kc,
-                        const global float *vc, const global int *pos,
-                        const int n_head, const int n_head_kv, const float scale, const int window) {
+                        const global float *vc, const global int *pos, const global int *kv_start,
+                        const int has_start, const int n_head, const int n_head_kv, const float scale,
+                        const int window) {
     const int lid = get_local_id(0);
     const int h = get_group_id(1);
     const int t = get_group_id(2);
     const int kv_dim = n_head_kv * HEAD_DIM;
     const int hk = h / (n_head / n_head_kv);
     const int n_kv = pos[t] + 1;
-    const int k0 = window > 0 ? max(0, n_kv - window) : 0;
+    const int k0 = max(has_start ? kv_start[t] : 0, window > 0 ? n_kv - window : 0);
     local float qs[HEAD_DIM];
     local float sc[AT_LS];
     local float red[AT_LS];

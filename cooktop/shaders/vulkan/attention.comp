@@ -1,9 +1,10 @@
 #version 450
 // Causal multi-head attention over the KV cache with GQA (llama.cpp grouping):
-// query row i of head h attends to cache rows 0..pos[i] of kv head h / (n_head / n_head_kv);
+// query row i of head h attends to cache rows k0..pos[i] of kv head h / (n_head / n_head_kv),
+// k0 = S0[i] when has_start (rows of several sequences sharing one cache), else 0;
 // window > 0 (sliding window, llama.cpp's standard SWA) keeps rows pos[i]-window < j <= pos[i];
 // out = softmax(q k^T * scale) v, softmax in float32.
-// q, out f32 [n, n_head * head_dim]; k, v f32 [n_ctx, n_head_kv * head_dim]; pos int32 [n].
+// q, out f32 [n, n_head * head_dim]; k, v f32 [n_cells, n_head_kv * head_dim]; pos, S0 int32 [n].
 // One workgroup of 64 per (row, head). Keys are processed in chunks of KC: scores of a
 // chunk go to shared memory, then an online softmax (running max and sum, rescaling
 // the accumulators; flash-attention style) adds the chunk's weighted values. Each
@@ -16,9 +17,10 @@ layout(std430, binding = 0) readonly buffer QBuf { float Q[]; };
 layout(std430, binding = 1) readonly buffer KBuf { float K[]; };
 layout(std430, binding = 2) readonly buffer VBuf { float V[]; };
 layout(std430, binding = 3) readonly buffer PBuf { int P[]; };
-layout(std430, binding = 4) writeonly buffer OBuf { float O[]; };
+layout(std430, binding = 4) readonly buffer SBuf { int S0[]; };
+layout(std430, binding = 5) writeonly buffer OBuf { float O[]; };
 layout(push_constant) uniform PC {
-    uint n; uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint scale_bits; uint window;
+    uint n; uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint scale_bits; uint window; uint has_start;
 } pc;
 #include "common.glsl"
 
@@ -40,7 +42,8 @@ void main() {
     float scale = uintBitsToFloat(pc.scale_bits);
     int p = P[row];
     uint n_kv = uint(clamp(p + 1, 1, int(pc.n_ctx)));
-    uint k0 = pc.window > 0u ? uint(max(0, int(n_kv) - int(pc.window))) : 0u;
+    int s0 = pc.has_start != 0u ? clamp(S0[row], 0, int(n_kv) - 1) : 0;
+    uint k0 = uint(max(s0, pc.window > 0u ? int(n_kv) - int(pc.window) : 0));
     for (uint d = tid; d < hd; d += WG) qs[d] = Q[qo + d];
     barrier();
 
