@@ -16,13 +16,13 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT, skip_or_fail
 from gguf import GGMLQuantizationType as T
 
 from cooktop.backends import registry
 from cooktop.backends.base import ROPE_NEOX, nmse
-from cooktop.format.quants import random_weight
 from cooktop.errors import DeviceOutOfMemoryError
-from conftest import ROOT, skip_or_fail
+from cooktop.format.quants import random_weight
 
 vulkan = pytest.importorskip("cooktop.backends.vulkan")
 

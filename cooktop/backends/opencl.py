@@ -197,7 +197,7 @@ class OpenCLBackend(Backend):
             return ProbeResult("opencl", False, reason=f"OpenCL probe failed: {type(e).__name__}: {e}",
                                hint=INSTALL_HINT)
 
-    def open(self, index: int) -> "OpenCLDevice":
+    def open(self, index: int) -> OpenCLDevice:
         """Open device ``index`` of the last probe (probing first if needed).
 
         Raises:

@@ -72,7 +72,7 @@ _lock = threading.RLock()
 _backends: dict[str, Backend] = {}
 _probes: dict[str, ProbeResult] = {}
 _devices: dict[str, Device] = {}
-_smoke: dict[str, "SmokeResult"] = {}
+_smoke: dict[str, SmokeResult] = {}
 _gates: dict[str, ProbeResult | None] = {}
 
 

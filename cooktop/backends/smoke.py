@@ -14,9 +14,8 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from ..format.quants import dequantize, random_weight
 from .base import Device, nmse
-from ..format.quants import random_weight
-from ..format.quants import dequantize
 
 FLOAT_TYPES = {T.F32, T.F16, T.BF16}
 

@@ -69,12 +69,27 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
-from .base import (Backend, Device, DeviceInfo, DeviceTensor,
-                   ProbeResult, rope_yarn_params, row_bytes, type_name)
-from .vulkan_info import (VkDeviceFacts, VulkanInfoError, VulkanNoDriverError, facts_to_info, kp_props_to_info,
-                          query_devices)
-from .vulkan_shaders import (MAX_PUSH_BYTES, SHADER_DIR, VARIANTS, VULKAN_TYPES, bucket, f32_bits,  # noqa: F401
-                             load_spirv, pack_push, variants, workgroups)
+from .base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
+from .vulkan_info import (
+    VkDeviceFacts,
+    VulkanInfoError,
+    VulkanNoDriverError,
+    facts_to_info,
+    kp_props_to_info,
+    query_devices,
+)
+from .vulkan_shaders import (  # noqa: F401
+    MAX_PUSH_BYTES,
+    SHADER_DIR,
+    VARIANTS,
+    VULKAN_TYPES,
+    bucket,
+    f32_bits,
+    load_spirv,
+    pack_push,
+    variants,
+    workgroups,
+)
 
 #: Token count from which matmul uses the tiled mul_mm shader instead of mul_mat_vec.
 MM_MIN_TOKENS = 8
@@ -187,7 +202,7 @@ class VulkanBackend(Backend):
             return ProbeResult("vulkan", False, reason="the Vulkan loader lists no device", hint=INSTALL_HINT)
         return ProbeResult("vulkan", True, list(self._infos))
 
-    def open(self, index: int = 0) -> "VulkanDevice":
+    def open(self, index: int = 0) -> VulkanDevice:
         """Open device ``index`` (a kp.Manager on that physical device).
 
         Raises:

@@ -34,7 +34,7 @@ VARIANTS: dict[str, dict[T, str]] = {op: {t: f"{op}_{t.name.lower()}" for t in V
 #: Push-constant limit in bytes: the minimum maxPushConstantsSize every Vulkan device has.
 MAX_PUSH_BYTES = 128
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_spirv(name: str) -> bytes:
     """The shipped SPIR-V of shader variant ``name`` (e.g. ``"mul_mat_vec_q4_0"``).
 

@@ -32,15 +32,16 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..backends import registry
 from ..backends.base import DEVICE_WEIGHT_TYPES, Device, row_bytes, type_name
-from ..format.quants import random_weight
 from ..errors import CooktopError, UnsupportedOpError
+from ..format.quants import random_weight
 from ..tools.synth import SHAPES, Shape
 
 

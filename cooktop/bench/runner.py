@@ -34,7 +34,8 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -114,8 +115,8 @@ def model_facts(path: str) -> ModelFacts:
     Raises:
         GGUFError, UnsupportedModelError: the file cannot be run.
     """
-    from ..model.config import load_config
     from ..format.gguf import open_gguf
+    from ..model.config import load_config
 
     gf = open_gguf(path)
     cfg = load_config(gf)

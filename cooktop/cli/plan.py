@@ -8,9 +8,9 @@ import click
 from tabulate import tabulate
 
 from ..backends import registry
-from ..runtime.loader import check_batch, default_n_ctx, plan_for
-from ..model.config import load_config
 from ..format.gguf import open_gguf
+from ..model.config import load_config
+from ..runtime.loader import check_batch, default_n_ctx, plan_for
 from .common import device_options, model_options, parse_ngl, resolve_model
 from .group import cli
 
