@@ -174,7 +174,7 @@ class OpenCLBackend(Backend):
             self._devices = []
             notes = []
             for pi, plat in enumerate(platforms):
-                pname = f"{_safe(lambda: plat.name.strip(), '?')} ({_safe(lambda: plat.version.strip(), '?')})"
+                pname = f"{_safe(lambda p=plat: p.name.strip(), '?')} ({_safe(lambda p=plat: p.version.strip(), '?')})"
                 try:
                     devs = plat.get_devices()
                 except Exception as e:  # noqa: BLE001 - DEVICE_NOT_FOUND on an empty platform

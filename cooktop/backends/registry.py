@@ -172,7 +172,7 @@ def reset() -> None:
 def valid_selectors() -> list[str]:
     """Every selector naming a usable device now, e.g. ``["cpu", "opencl:0"]``."""
     out = []
-    for fam, res in probe_all().items():
+    for res in probe_all().values():
         if res.available:
             out += [d.selector for d in res.devices]
     return out
