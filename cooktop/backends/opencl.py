@@ -287,7 +287,7 @@ class OpenCLDevice(Device):
         except Exception:  # noqa: BLE001
             pass
         clear_cache(self.ctx)
-        self.kernels = None  # type: ignore[assignment]
+        self.kernels = None
 
     # -- ops --------------------------------------------------------------
     def _matmul(self, out, x, w):

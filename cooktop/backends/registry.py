@@ -245,9 +245,9 @@ def auto_selectors() -> list[str]:
         for info in res.devices:
             if info.device_type in ("gpu", "igpu", "accelerator") and smoke_test(info.selector).ok:
                 return [info.selector]
-    res = probes.get(CPU_DEFAULT_FAMILY)
-    if res is not None and res.available:
-        for info in res.devices:
+    cpu_res = probes.get(CPU_DEFAULT_FAMILY)
+    if cpu_res is not None and cpu_res.available:
+        for info in cpu_res.devices:
             if info.device_type == "cpu" and smoke_test(info.selector).ok:
                 return [info.selector]
     return ["cpu"]

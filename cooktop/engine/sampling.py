@@ -134,7 +134,9 @@ class Sampler:
         self.constraint = constraint
         seed = params.seed
         if seed is None or seed < 0:
-            seed = int(np.random.SeedSequence().entropy % (2**32))
+            entropy = np.random.SeedSequence().entropy  # an int when drawn from the OS (no argument)
+            assert isinstance(entropy, int)
+            seed = entropy % (2**32)
         self.seed = int(seed)
         self.rng = np.random.default_rng(self.seed)
         self._bias_ids = np.array([i for i, _ in params.logit_bias], dtype=np.int64)
@@ -219,12 +221,12 @@ class Sampler:
             probs /= probs.sum()
         if p.top_p < 1.0:
             cum = np.cumsum(probs)
-            keep = int(np.searchsorted(cum, p.top_p) + 1)
-            ids, lg, probs = ids[:keep], lg[:keep], probs[:keep]
+            n_keep = int(np.searchsorted(cum, p.top_p) + 1)
+            ids, lg, probs = ids[:n_keep], lg[:n_keep], probs[:n_keep]
         if p.min_p > 0.0:
-            keep = probs >= p.min_p * probs[0]
-            keep[0] = True  # min_keep = 1 (llama.cpp), even for min_p > 1
-            ids, lg = ids[keep], lg[keep]
+            kept = probs >= p.min_p * probs[0]
+            kept[0] = True  # min_keep = 1 (llama.cpp), even for min_p > 1
+            ids, lg = ids[kept], lg[kept]
         probs = np.exp((lg - lg[0]) / p.temperature)
         return ids, probs / probs.sum()
 
