@@ -284,7 +284,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     @property
     def _scores(self) -> np.ndarray:
         """The default sequence's whole logits buffer (rows past ``n_tokens`` are zero)."""
-        return self._engine.seq.scores
+        scores = self._engine.seq.scores
+        assert scores is not None  # Llama loads its engine with keep_scores=True
+        return scores
 
     def reset(self) -> None:
         """Empty the context."""

@@ -70,7 +70,7 @@ class SamplingParams:
                 raise CooktopError(f"{name} must be a finite number, got {v!r}")
         if not 0.0 <= self.typical_p <= 1.0:
             raise CooktopError(f"typical_p (--typical) must be in [0, 1], got {self.typical_p}")
-        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        object.__setattr__(self, "logit_bias", bias_pairs(self.logit_bias))
         if not 0.0 <= self.top_p <= 1.0:
             raise CooktopError(f"top_p (--top-p) must be in [0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
@@ -81,8 +81,14 @@ class SamplingParams:
             raise CooktopError(f"seed must be -1 (random) or in 0..{2**32 - 1}, got {self.seed}")
 
 
-def _bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
-    """``{id: bias}`` (keys may be digit strings, as OpenAI sends them) -> sorted ``((id, bias), ...)``."""
+def bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
+    """``{id: bias}`` (keys may be digit strings, as OpenAI sends them) -> sorted ``((id, bias), ...)``.
+
+    Pairs are accepted too (returned sorted); empty or None gives ``()``.
+
+    Raises:
+        CooktopError: a key that is not a token id, or a value that is not a number (or -inf).
+    """
     if not bias:
         return ()
     items = bias.items() if isinstance(bias, Mapping) else bias
