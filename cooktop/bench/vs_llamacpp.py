@@ -163,8 +163,9 @@ def factory(engine: str):
                 checked[path] = None
             except CooktopError as e:
                 checked[path] = e
-        if checked[path] is not None:
-            raise checked[path]
+        err = checked[path]
+        if err is not None:
+            raise err
         return LlamaCppRunner(path, n_ctx, n_batch)
 
     return make
