@@ -9,15 +9,20 @@ checker only: every declaration is under ``TYPE_CHECKING``, so at run time the c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..engine.generate import Engine
     from ..engine.sampling import Sampler
-    from ..format.gguf import GGUFFile
     from ..text.chat_template import TemplateChoice
     from ..text.tokenizer import Tokenizer
-    from .llama import _VocabFile
+
+
+class HasMetadata(Protocol):
+    """What the mixins read of ``Llama._gf`` (a GGUFFile, or the metadata-only file of ``vocab_only``)."""
+
+    @property
+    def metadata(self) -> dict[str, Any]: ...
 
 
 class LlamaBase:
@@ -32,7 +37,7 @@ class LlamaBase:
         last_n_tokens_size: int
         spm_infill: bool
         chat_format: str | None
-        _gf: GGUFFile | _VocabFile
+        _gf: HasMetadata
         _chat: TemplateChoice | None
         # per-thread sequence chooser (a property of Llama)
         _active_seq: Any
