@@ -57,7 +57,8 @@ def main() -> None:
                 y = dev.empty((n_tok, n_out))
                 dev.matmul(y, x, w)
                 dev.read(y)
-                dt = best_of(lambda: dev.matmul(y, x, w), 20 if n_tok == 1 else 2, sync=lambda: dev.read(y))
+                dt = best_of(lambda y=y, x=x, w=w: dev.matmul(y, x, w), 20 if n_tok == 1 else 2,
+                             sync=lambda y=y: dev.read(y))
                 if n_tok == 1:
                     print(f"{name:5} {n_out}x{n_in} decode: {dt * 1e3:7.3f} ms {raw.nbytes / dt / 1e9:6.2f} GB/s")
                 else:
@@ -66,7 +67,7 @@ def main() -> None:
     for n_out, n_in in SHAPES:
         wf = rng.standard_normal((n_out, n_in)).astype(np.float32)
         xv = rng.standard_normal(n_in).astype(np.float32)
-        dt = best_of(lambda: wf @ xv, 20)
+        dt = best_of(lambda wf=wf, xv=xv: wf @ xv, 20)
         print(f"numpy F32 {n_out}x{n_in} decode baseline: {dt * 1e3:7.3f} ms {wf.nbytes / dt / 1e9:6.2f} GB/s")
     a = dev.empty((1, 64))
     dev.write(a, np.ones((1, 64), np.float32))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cooktop import Llama
-from cooktop.errors import CooktopError, ContextOverflowError
+from cooktop.errors import ContextOverflowError, CooktopError
 from cooktop.text.tokenizer import InvalidTokenError
 
 PROMPT = "Once upon a time"

@@ -11,19 +11,18 @@ import json
 import os
 import re
 import subprocess
-import time
 import sys
+import time
 
 import numpy as np
 import pytest
+from conftest import skip_or_fail
 
 from cooktop.backends import registry
 from cooktop.backends.base import DEVICE_WEIGHT_TYPES, type_name
 from cooktop.bench.report import to_markdown
 from cooktop.bench.runner import ModelFacts, Result, TestSpec, make_tests
 from cooktop.errors import CooktopError
-
-from conftest import skip_or_fail
 
 
 def cooktop(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

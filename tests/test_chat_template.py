@@ -178,8 +178,8 @@ LLAMA_CPP_EXPECTED = {
                "<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Who are you<|end_of_text|>\n<|start_of_role|>"
                "assistant<|end_of_role|>   I am an assistant   <|end_of_text|>\n<|start_of_role|>user<|end_of_role|>"
                "Another question<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>",
-    "mistral-v1": " [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s> [INST] Who are you [/INST]    I am "
-                  "an assistant   </s> [INST] Another question [/INST]",
+    "mistral-v1": " [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s> [INST] Who are you [/INST]    "
+                  "I am an assistant   </s> [INST] Another question [/INST]",
     "mistral-v3": "[INST] You are a helpful assistant\n\nHello[/INST] Hi there</s>[INST] Who are you[/INST] I am an "
                   "assistant</s>[INST] Another question[/INST]",
     "mistral-v3-tekken": "[INST]You are a helpful assistant\n\nHello[/INST]Hi there</s>[INST]Who are you[/INST]   I "

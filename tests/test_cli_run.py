@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import SHARED
 
 from cooktop import Llama
 from cooktop.errors import ContextOverflowError
-
-from conftest import SHARED
 
 PROMPT = "Once upon a time"
 

@@ -18,13 +18,12 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import rewrite_gguf
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from cooktop.errors import GGUFError, UnsupportedModelError
-from cooktop.model.config import load_config
 from cooktop.format.gguf import open_gguf
-
-from conftest import rewrite_gguf
+from cooktop.model.config import load_config
 
 COOKTOP = [str(pathlib.Path(sys.executable).parent / "cooktop")]
 

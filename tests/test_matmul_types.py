@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFWriter
-from gguf import quants
+from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
+from gguf import GGMLQuantizationType as T
 
 from cooktop.backends.base import nmse, row_bytes
-from cooktop.format.quants import random_weight
 from cooktop.backends.cpu import CPU_TYPES
 from cooktop.errors import GGUFError, UnsupportedOpError
 from cooktop.format.gguf import open_gguf
+from cooktop.format.quants import random_weight
 
 #: (n_out, n_in in blocks)
 SHAPES = ((1, 1), (3, 7), (129, 1), (129, 7))

@@ -17,13 +17,12 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT, skip_or_fail
 from gguf import GGMLQuantizationType as T
 
 from cooktop.backends import registry
 from cooktop.backends.base import DEVICE_WEIGHT_TYPES, OPS
 from cooktop.errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
-
-from conftest import ROOT, skip_or_fail
 
 DEBIAN_ICD = pathlib.Path("/etc/OpenCL/vendors/pocl.icd")
 
@@ -289,9 +288,8 @@ def test_gpu_launch_shape_on_pocl(fresh_registry, ty):
     """The GPU flavours of the kernels (work-groups sharing a row in mul_mv, local-memory
     tiles in mul_mm, work-group attention) checked on PoCL against numpy."""
     from cooktop.backends.base import nmse
-    from cooktop.format.quants import random_weight
-    from cooktop.format.quants import dequantize
     from cooktop.backends.opencl_kernels import GPU_SHAPE, KernelCache
+    from cooktop.format.quants import dequantize, random_weight
 
     info = _pocl_info()
     dev = registry.open_device(info.selector)

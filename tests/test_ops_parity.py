@@ -67,7 +67,7 @@ def test_matmul(gpu_device, cpu_device, ty, n_tok):
         for n_out in N_ROWS:
             raw = random_weight(ty, (n_out, n_in), rng)
 
-            def run(dev):
+            def run(dev, raw=raw, n_out=n_out, n_in=n_in, x=x):  # bind this iteration's values (B023)
                 w = dev.upload(raw, ty, (n_out, n_in))
                 out = _out(dev, (n_tok, n_out), MAX_TOK)
                 dev.matmul(out, _act(dev, x, MAX_TOK), w)
@@ -87,7 +87,7 @@ def test_get_rows(gpu_device, cpu_device, ty):
             raw = random_weight(ty, (n_rows, n_in), rng)
             ids = np.array([0, n_rows - 1, 1 % n_rows, *rng.integers(0, n_rows, 4)], dtype=np.int32)
 
-            def run(dev):
+            def run(dev, raw=raw, n_rows=n_rows, n_in=n_in, ids=ids):  # bind this iteration's values (B023)
                 table = dev.upload(raw, ty, (n_rows, n_in))
                 out = _out(dev, (len(ids), n_in), MAX_TOK)
                 dev.get_rows(out, table, _act(dev, ids, MAX_TOK))
@@ -140,7 +140,7 @@ def test_rope(gpu_device, cpu_device, mode, n_rot, n_tok):
     pos = np.arange(5, 5 + n_tok, dtype=np.int32)
     for freq_base, freq_scale in ((10000.0, 1.0), (500000.0, 0.25)):
         for in_place in (False, True):
-            def run(dev):
+            def run(dev, in_place=in_place, freq_base=freq_base, freq_scale=freq_scale):  # bind (B023)
                 xt = _act(dev, x, MAX_TOK)
                 out = xt if in_place else _out(dev, x.shape, MAX_TOK)
                 dev.rope(out, xt, _act(dev, pos, MAX_TOK), head_dim, n_rot, freq_base, freq_scale, mode)
@@ -272,7 +272,7 @@ def test_elementwise(gpu_device, cpu_device, op, shape):
     a = (rng.standard_normal(shape) * 4).astype(np.float32)
     b = rng.standard_normal(shape).astype(np.float32)
     for in_place in (False, True):
-        def run(dev):
+        def run(dev, in_place=in_place):  # bind this iteration's value (B023)
             at = _act(dev, a, MAX_TOK)
             out = at if in_place else _out(dev, shape, MAX_TOK)
             getattr(dev, op)(out, at, _act(dev, b, MAX_TOK))

@@ -12,15 +12,14 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import SHARED, open_family_device
 from gguf import GGMLQuantizationType as T
 
 from cooktop import Llama
 from cooktop.backends import registry
 from cooktop.backends.base import nmse
-from cooktop.tools import synth
 from cooktop.runtime.placement import offloaded_units, split_contiguous
-
-from conftest import SHARED, open_family_device
+from cooktop.tools import synth
 
 
 def ref_case(name):

@@ -11,12 +11,11 @@ import json
 
 import numpy as np
 import pytest
+from conftest import SHARED, open_family_device
 
 from cooktop import Llama
 from cooktop.backends import registry
 from cooktop.backends.base import nmse
-
-from conftest import SHARED, open_family_device
 
 TINY = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"]
 FAMILIES = list(registry.FAMILIES)

@@ -15,17 +15,16 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import rewrite_gguf
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType
 
 from cooktop.backends.smoke import MATMUL_TOKENS, run_smoke_test
 from cooktop.cli.run import process_escapes
 from cooktop.errors import CooktopError, UnsupportedModelError
-from cooktop.tools import synth
-from cooktop.model.config import load_config
 from cooktop.format.gguf import open_gguf
-
-from conftest import rewrite_gguf
+from cooktop.model.config import load_config
+from cooktop.tools import synth
 
 #: A small valid llama: head_dim 16, GQA 2, vocabulary 260 (the SPM minimum).
 SMALL = synth.Shape(n_embd=64, n_layer=1, n_head=4, n_head_kv=2, n_ff=64, n_vocab=260, n_ctx_train=64)

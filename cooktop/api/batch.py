@@ -23,10 +23,11 @@ from typing import Any
 
 from ..engine.batch import BatchDriver
 from ..errors import CooktopError
+from .base import LlamaBase
 from .types import Completion
 
 
-class BatchMixin:
+class BatchMixin(LlamaBase):
     """Batched completions for :class:`cooktop.api.llama.Llama`."""
 
     def create_completions(self, prompts: list[str | list[int]], *, n_parallel: int | None = None,

@@ -23,10 +23,11 @@ from typing import Any
 from ..engine.generate import Generation, Step
 from ..errors import CooktopError
 from ..text.chat_template import TemplateChoice, resolve_template, strip_added_specials
+from .base import LlamaBase
 from .completion import MAX_TOP_LOGPROBS, n_predict_of, stop_list
 from .grammar import GrammarError, from_response_format
 from .logprobs import log_softmax, top_k
-from .types import ChatCompletion, ChatCompletionChunk
+from .types import ChatCompletion, ChatCompletionChunk, CompletionUsage
 
 log = logging.getLogger("cooktop")
 
@@ -35,7 +36,7 @@ def _token_entry(text: str, raw: bytes, logprob: float) -> dict[str, Any]:
     return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
 
-class ChatMixin:
+class ChatMixin(LlamaBase):
     """Chat completion for :class:`cooktop.api.llama.Llama`."""
 
     chat_template_override: str | None = None
@@ -150,14 +151,14 @@ class _Chat:
         self.created = int(time.time())
         self.n_generated = 0
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> CompletionUsage:
         """Token counts; ``prompt_tokens_details.cached_tokens``: prompt tokens reused from the cache (OpenAI's)."""
         return {"prompt_tokens": self.n_prompt, "completion_tokens": self.n_generated,
                 "total_tokens": self.n_prompt + self.n_generated,
                 "prompt_tokens_details": {"cached_tokens": self.steps.n_cached}}
 
     def _logprob(self, step: Step) -> dict[str, Any] | None:
-        if self.top is None or step.token is None:
+        if self.top is None or step.token is None or step.logits is None:  # logits: None only on the last step
             return None
         lps = log_softmax(step.logits)
         tk = self.llm._tokenizer

@@ -19,12 +19,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..engine.generate import Generation, Step
-from ..engine.sampling import Sampler, SamplingParams
+from ..engine.sampling import Sampler, SamplingParams, bias_pairs
 from ..errors import CooktopError
 from ..text.exact import ExactTokenizer
+from .base import LlamaBase
 from .grammar import LlamaGrammar, constraint_for
 from .logprobs import log_softmax, top_k
-from .types import Completion, CompletionLogprobs
+from .types import Completion, CompletionLogprobs, CompletionUsage
 
 #: Most top-logprob alternatives per token (OpenAI allows 20 for chat; llama-server 'n_probs' has no cap).
 MAX_TOP_LOGPROBS = 20
@@ -58,7 +59,7 @@ def n_predict_of(max_tokens: int | None) -> int:
     return -1 if max_tokens <= 0 else max_tokens
 
 
-class CompletionMixin:
+class CompletionMixin(LlamaBase):
     """Text completion for :class:`cooktop.api.llama.Llama`."""
 
     def _exact(self) -> ExactTokenizer:
@@ -100,7 +101,7 @@ class CompletionMixin:
                                 min_p=float(min_p), typical_p=float(typical_p),
                                 repeat_penalty=float(repeat_penalty), repeat_last_n=self.last_n_tokens_size,
                                 presence_penalty=float(presence_penalty),
-                                frequency_penalty=float(frequency_penalty), logit_bias=logit_bias or (),
+                                frequency_penalty=float(frequency_penalty), logit_bias=bias_pairs(logit_bias),
                                 seed=-1 if seed in (None, -1, 0xFFFFFFFF) else int(seed))
         procs = list(logits_processor) if logits_processor is not None else []
         if any(not callable(p) for p in procs):
@@ -187,7 +188,7 @@ class _Completion:
         self.n_generated = 0
         self.offset = len(prefix)
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> CompletionUsage:
         """Token counts; ``prompt_tokens_details.cached_tokens``: prompt tokens reused from the cache (OpenAI's)."""
         return {"prompt_tokens": self.n_prompt, "completion_tokens": self.n_generated,
                 "total_tokens": self.n_prompt + self.n_generated,
@@ -198,7 +199,7 @@ class _Completion:
                 "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
 
     def _logprobs(self, step: Step) -> CompletionLogprobs | None:
-        if self.logprobs is None or step.token is None:
+        if self.logprobs is None or step.token is None or step.logits is None:  # None only on the last step
             return None
         lps = log_softmax(step.logits)
         piece = self.llm._token_text(step.token)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import CooktopError
 from . import options
+from .base import LlamaBase
 from .types import CreateEmbeddingResponse
 
 
@@ -26,7 +27,7 @@ def _normalize(v: np.ndarray) -> np.ndarray:
     return np.where(n > 0, v / np.where(n > 0, n, 1), 0.0)
 
 
-class EmbeddingMixin:
+class EmbeddingMixin(LlamaBase):
     """Embeddings for :class:`cooktop.api.llama.Llama`."""
 
     def pooling(self) -> str:

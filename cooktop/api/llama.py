@@ -57,7 +57,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
 
     Every argument of ``llama_cpp.Llama`` is accepted (see :mod:`cooktop.api.options`).
     Honoured: ``n_ctx`` (0: the model's, capped at 4096), ``n_batch``,
-    ``n_gpu_layers`` (0 none, -1 all), ``tensor_split`` (as cooktop's ``split``),
+    ``n_gpu_layers`` (0 none, -1 all; cooktop also takes ``"auto"``), ``tensor_split`` (as cooktop's ``split``),
     ``split_mode`` / ``main_gpu`` (``split_mode=0`` puts everything on device
     number ``main_gpu`` of ``device``), ``seed`` (-1 or 0xFFFFFFFF: random),
     ``logits_all``, ``embedding``, ``pooling_type``, ``n_threads`` /
@@ -73,7 +73,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         unknown ``chat_format``), UnsupportedArgumentError (all ``CooktopError``).
     """
 
-    def __init__(self, model_path: str, *, n_gpu_layers: int = 0, split_mode: int = options.SPLIT_MODE_LAYER,
+    def __init__(self, model_path: str, *, n_gpu_layers: int | str = 0, split_mode: int = options.SPLIT_MODE_LAYER,
                  main_gpu: int = 0, tensor_split: list[float] | None = None, vocab_only: bool = False,
                  seed: int = -1, n_ctx: int = 512, n_batch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, pooling_type: int = -1, logits_all: bool = False,
@@ -284,7 +284,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     @property
     def _scores(self) -> np.ndarray:
         """The default sequence's whole logits buffer (rows past ``n_tokens`` are zero)."""
-        return self._engine.seq.scores
+        scores = self._engine.seq.scores
+        assert scores is not None  # Llama loads its engine with keep_scores=True
+        return scores
 
     def reset(self) -> None:
         """Empty the context."""

@@ -75,13 +75,14 @@ class ChatCompletion(TypedDict, total=False):
 
 
 class ChatCompletionChunk(TypedDict, total=False):
-    """``chat.completion.chunk``: ``choices[i].delta`` holds the new role/content."""
+    """``chat.completion.chunk``: ``choices[i].delta`` holds the new role/content; the last has ``usage``."""
 
     id: str
     object: str
     created: int
     model: str
     choices: list[dict[str, Any]]
+    usage: CompletionUsage
 
 
 class Embedding(TypedDict):

@@ -318,7 +318,7 @@ class Device(ABC):
     def _release(self, tensors: list[DeviceTensor]) -> None:  # noqa: B027 - an optional hook
         """Backend part of :meth:`release` (allocations of this device only); default: nothing."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook (default: nothing to release)
         """Release device resources (buffers, queues). The device is unusable afterwards."""
 
     # -- ops (checked here, enqueued by the backend; each writes into `out`) ---

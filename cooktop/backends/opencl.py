@@ -174,7 +174,7 @@ class OpenCLBackend(Backend):
             self._devices = []
             notes = []
             for pi, plat in enumerate(platforms):
-                pname = f"{_safe(lambda: plat.name.strip(), '?')} ({_safe(lambda: plat.version.strip(), '?')})"
+                pname = f"{_safe(lambda p=plat: p.name.strip(), '?')} ({_safe(lambda p=plat: p.version.strip(), '?')})"
                 try:
                     devs = plat.get_devices()
                 except Exception as e:  # noqa: BLE001 - DEVICE_NOT_FOUND on an empty platform
@@ -197,7 +197,7 @@ class OpenCLBackend(Backend):
             return ProbeResult("opencl", False, reason=f"OpenCL probe failed: {type(e).__name__}: {e}",
                                hint=INSTALL_HINT)
 
-    def open(self, index: int) -> "OpenCLDevice":
+    def open(self, index: int) -> OpenCLDevice:
         """Open device ``index`` of the last probe (probing first if needed).
 
         Raises:
@@ -287,7 +287,7 @@ class OpenCLDevice(Device):
         except Exception:  # noqa: BLE001
             pass
         clear_cache(self.ctx)
-        self.kernels = None  # type: ignore[assignment]
+        self.kernels = None
 
     # -- ops --------------------------------------------------------------
     def _matmul(self, out, x, w):

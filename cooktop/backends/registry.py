@@ -72,7 +72,7 @@ _lock = threading.RLock()
 _backends: dict[str, Backend] = {}
 _probes: dict[str, ProbeResult] = {}
 _devices: dict[str, Device] = {}
-_smoke: dict[str, "SmokeResult"] = {}
+_smoke: dict[str, SmokeResult] = {}
 _gates: dict[str, ProbeResult | None] = {}
 
 
@@ -172,7 +172,7 @@ def reset() -> None:
 def valid_selectors() -> list[str]:
     """Every selector naming a usable device now, e.g. ``["cpu", "opencl:0"]``."""
     out = []
-    for fam, res in probe_all().items():
+    for res in probe_all().values():
         if res.available:
             out += [d.selector for d in res.devices]
     return out
@@ -245,9 +245,9 @@ def auto_selectors() -> list[str]:
         for info in res.devices:
             if info.device_type in ("gpu", "igpu", "accelerator") and smoke_test(info.selector).ok:
                 return [info.selector]
-    res = probes.get(CPU_DEFAULT_FAMILY)
-    if res is not None and res.available:
-        for info in res.devices:
+    cpu_res = probes.get(CPU_DEFAULT_FAMILY)
+    if cpu_res is not None and cpu_res.available:
+        for info in cpu_res.devices:
             if info.device_type == "cpu" and smoke_test(info.selector).ok:
                 return [info.selector]
     return ["cpu"]

@@ -273,12 +273,12 @@ def check_many(targets: dict[str, str]) -> dict[str, ProbeResult | None]:
     for family, (digest, key, proc) in running.items():
         waited = None
         try:
-            o, e = proc.communicate(timeout=max(0.1, limit - (time.monotonic() - t0)))
+            o, err = proc.communicate(timeout=max(0.1, limit - (time.monotonic() - t0)))
         except subprocess.TimeoutExpired:
             proc.kill()
-            o, e = proc.communicate()
+            o, err = proc.communicate()
             waited = limit
-        res, keep = _verdict(family, proc.returncode, o or "", e or "", waited)
+        res, keep = _verdict(family, proc.returncode, o or "", err or "", waited)
         out[family] = res
         if res is not None and keep:
             _memo[digest] = res

@@ -14,9 +14,8 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from ..format.quants import dequantize, random_weight
 from .base import Device, nmse
-from ..format.quants import random_weight
-from ..format.quants import dequantize
 
 FLOAT_TYPES = {T.F32, T.F16, T.BF16}
 
@@ -35,8 +34,9 @@ def run_smoke_test(dev: Device) -> tuple[bool, str]:
     if not np.array_equal(back, probe):
         return False, f"round trip corrupts data: wrote {probe.tolist()}, read {back.tolist()}"
 
+    # OpenCL: build the kernels below as one batch (first-run notice + bar)
     kernels = getattr(dev, "kernels", None)
-    if hasattr(kernels, "prebuild"):  # OpenCL: build the kernels below as one batch (first-run notice + bar)
+    if kernels is not None and hasattr(kernels, "prebuild"):
         kernels.prebuild([T[n] for n in dev.info.types if dev.supports("matmul", T[n])])
 
     n_in, n_tok, n_out = 256, 3, 5

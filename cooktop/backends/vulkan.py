@@ -222,7 +222,7 @@ class VulkanBackend(Backend):
     name = "vulkan"
     install_hint = INSTALL_HINT
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._infos: list[DeviceInfo] = []
 
     def probe(self) -> ProbeResult:

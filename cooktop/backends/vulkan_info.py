@@ -408,7 +408,7 @@ def query_devices() -> list[VkDeviceFacts]:
         vk.vkDestroyInstance(inst, None)
 
 
-def _facts(vk: ctypes.CDLL, index: int, pd: int) -> VkDeviceFacts:
+def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd: VkPhysicalDevice (c_void_p value)
     props = _Properties()
     vk.vkGetPhysicalDeviceProperties(pd, ctypes.byref(props))
     mem = _MemoryProperties()

@@ -205,6 +205,7 @@ def to_markdown(results: list[BatchedResult]) -> str:
         if r.error:
             lines.append(f"| {r.backend:>10} | {r.device:>8} | {r.pp:5d} | {r.tg:6d} | {r.pl:4d} | error: {r.error} |")
             continue
+        assert r.t_pp is not None and r.t_tg is not None  # measured (no error)
         x = r.rates()
         lines.append(f"| {r.backend:>10} | {r.device:>8} | {r.pp:5d} | {r.tg:6d} | {r.pl:4d} | {r.n_kv:6d} "
                      f"| {r.t_pp:8.3f} | {x['s_pp']:8.2f} | {r.t_tg:8.3f} | {x['s_tg']:8.2f} | {x['s_tg_seq']:12.2f} "
@@ -249,12 +250,15 @@ def plot(results: list[BatchedResult], path: str, machine_label: str, width_px: 
     fig, ax = plt.subplots(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
     width = 0.8 / len(series)
     for j, key in enumerate(series):
-        xs, ys = [], []
+        xs: list[float] = []
+        ys: list[float] = []
         for i, pl in enumerate(pls):
             hit = [r for r in ok if (r.backend, r.device, r.pp, r.tg) == key and r.pl == pl]
             if hit:
+                s_tg = hit[0].rates()["s_tg"]
+                assert s_tg is not None  # ok holds measured results only
                 xs.append(i - 0.4 + width * (j + 0.5))
-                ys.append(hit[0].rates()["s_tg"])
+                ys.append(s_tg)
         label = f"{key[0]} ({key[1]}) PP {key[2]} TG {key[3]}"
         bars = ax.bar(xs, ys, width * 0.92, label=label)
         ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], fontsize=8, padding=2)

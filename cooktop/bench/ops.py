@@ -32,15 +32,16 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..backends import registry
 from ..backends.base import DEVICE_WEIGHT_TYPES, Device, row_bytes, type_name
-from ..format.quants import random_weight
 from ..errors import CooktopError, UnsupportedOpError
+from ..format.quants import random_weight
 from ..tools.synth import SHAPES, Shape
 
 
@@ -120,6 +121,7 @@ def make_plan(shape: str = "tinyllama-1.1b", quick: bool = False, types: list[st
             tys = tuple(T[t.strip().upper()] for t in types)
         except KeyError as e:
             raise CooktopError(f"unknown GGML type {e.args[0]!r} in --types") from None
+    mm: tuple[tuple[str, int, int, tuple[int, ...]], ...]
     if quick:
         mm = (("n_embd x n_embd", s.n_embd, s.n_embd, (1, 32)), ("n_ff x n_embd", s.n_ff, s.n_embd, (1,)))
         return OpsPlan(mm, (1, 32), s.n_embd, 64 << 20, 0.05, tys)
@@ -313,16 +315,17 @@ def ops_markdown(results: list[DeviceOps]) -> str:
 
 def ops_records(results: list[DeviceOps], machine: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One JSON-ready record per row (device, peak, op, type, shape, tokens, seconds, GB/s, GFLOP/s, % of peak)."""
-    recs = []
+    recs: list[dict[str, Any]] = []
     for d in results:
         if d.error:
             recs.append({"device": d.device, "error": d.error, **({"machine": machine} if machine else {})})
             continue
         for r in d.rows:
-            rec = {"device": d.device, "device_name": d.name, "peak_gbps": d.peak_gbps, "peak_source": d.peak_source,
-                   "op": r.op, "type": r.ggml_type, "shape": r.shape, "n_tokens": r.n_tokens, "seconds": r.seconds,
-                   "samples": r.samples, "bytes": r.nbytes, "flops": r.flops, "gbps": r.gbps, "gflops": r.gflops,
-                   "pct_of_peak": d.pct(r), "note": r.note or None}
+            rec: dict[str, Any] = {
+                "device": d.device, "device_name": d.name, "peak_gbps": d.peak_gbps, "peak_source": d.peak_source,
+                "op": r.op, "type": r.ggml_type, "shape": r.shape, "n_tokens": r.n_tokens, "seconds": r.seconds,
+                "samples": r.samples, "bytes": r.nbytes, "flops": r.flops, "gbps": r.gbps, "gflops": r.gflops,
+                "pct_of_peak": d.pct(r), "note": r.note or None}
             if machine is not None:
                 rec["machine"] = machine
             recs.append(rec)

@@ -183,17 +183,21 @@ def plot(results: list[Result], path: str, machine_label: str, width_px: int = 1
         rs = [r for r in ok if r.model.desc == model]
         tests = list(dict.fromkeys(r.test.name for r in rs))
         series = list(dict.fromkeys(_series_label(r, varied) for r in rs))
-        vals = [r.avg_ts for r in rs]
+        vals = [r.avg_ts for r in rs if r.avg_ts is not None]  # all of rs (drawn from ok)
         log = max(vals) / max(min(vals), 1e-9) > 30
         width = 0.8 / len(series)
         cmap = plt.get_cmap("tab10")
         for j, s in enumerate(series):
-            xs, ys, es = [], [], []
+            xs: list[float] = []
+            ys: list[float] = []
+            es: list[float] = []
             for i, t in enumerate(tests):
                 hit = [r for r in rs if r.test.name == t and _series_label(r, varied) == s]
                 if hit:
+                    avg = hit[0].avg_ts
+                    assert avg is not None  # rs is drawn from ok
                     xs.append(i - 0.4 + width * (j + 0.5))
-                    ys.append(hit[0].avg_ts)
+                    ys.append(avg)
                     es.append(hit[0].stddev_ts or 0.0)
             bars = ax.bar(xs, ys, width * 0.92, yerr=es, capsize=3, label=s, color=cmap(j % 10))
             ax.bar_label(bars, labels=[f"{y:.3g}" if y < 100 else f"{y:.0f}" for y in ys], fontsize=8,

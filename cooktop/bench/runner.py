@@ -34,7 +34,8 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -114,8 +115,8 @@ def model_facts(path: str) -> ModelFacts:
     Raises:
         GGUFError, UnsupportedModelError: the file cannot be run.
     """
-    from ..model.config import load_config
     from ..format.gguf import open_gguf
+    from ..model.config import load_config
 
     gf = open_gguf(path)
     cfg = load_config(gf)
@@ -126,7 +127,7 @@ def model_facts(path: str) -> ModelFacts:
         counts: dict[str, int] = {}
         for t in gf.tensors.values():
             counts[t.ggml_type.name] = counts.get(t.ggml_type.name, 0) + t.n_bytes
-        ftype = max(counts, key=counts.get)
+        ftype = max(counts, key=lambda name: counts[name])
     n_params = sum(t.n_elements for t in gf.tensors.values())
     size = sum(t.n_bytes for t in gf.tensors.values())
     return ModelFacts(os.path.abspath(path), f"{cfg.arch} {_count_label(n_params)} {ftype}", size, n_params,
@@ -319,23 +320,22 @@ def run_bench(params: BenchParams, vs: Callable[[str, int, int], Runner] | None 
             ref_results: dict[tuple[int, TestSpec], Result] = {}
             for device, ngl, n_batch, split in configs:
                 bar.set_description(f"{os.path.basename(path)} {device} ngl={ngl} b={n_batch}")
-                ref = None
+                ref: Runner | None = None
                 if vs is not None:
-                    ref = refs.get(n_batch)
-                    if ref is None:
+                    got = refs.get(n_batch)  # the reference runner, or why it could not start
+                    if got is None:
                         try:
-                            ref = vs(path, n_ctx, n_batch)
+                            got = vs(path, n_ctx, n_batch)
                         except Exception as e:  # noqa: BLE001 - becomes error records
-                            ref = f"{_error_text(e)}"
-                        refs[n_batch] = ref
+                            got = f"{_error_text(e)}"
+                        refs[n_batch] = got
                     for t in params.tests:
                         if (n_batch, t) not in ref_results:
-                            r = Result(mf, "llama.cpp", "cpu", getattr(ref, "device_name", "cpu"), 0, n_batch,
-                                       None, t, error=ref if isinstance(ref, str) else None,
-                                       placement=getattr(ref, "placement", ""), load_ms=getattr(ref, "load_ms", 0))
+                            r = Result(mf, "llama.cpp", "cpu", getattr(got, "device_name", "cpu"), 0, n_batch,
+                                       None, t, error=got if isinstance(got, str) else None,
+                                       placement=getattr(got, "placement", ""), load_ms=getattr(got, "load_ms", 0))
                             ref_results[(n_batch, t)] = r
-                    if isinstance(ref, str):
-                        ref = None
+                    ref = None if isinstance(got, str) else got
                 try:
                     runner: Runner | None = CooktopRunner(path, device, ngl, n_batch, split, n_ctx)
                     err = None
@@ -357,9 +357,9 @@ def run_bench(params: BenchParams, vs: Callable[[str, int, int], Runner] | None 
                 if runner is not None:
                     runner.close()
             results.extend(ref_results.values())
-            for ref in refs.values():
-                if not isinstance(ref, str):
-                    ref.close()
+            for got in refs.values():
+                if not isinstance(got, str):
+                    got.close()
     finally:
         bar.close()
     return results

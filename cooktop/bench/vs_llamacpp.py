@@ -21,8 +21,9 @@ from ..errors import CooktopError
 #: How to get llama-cpp-python, shown when it does not import.
 INSTALL_HINT = ("install llama-cpp-python (builds llama.cpp from source, 3 to 45 minutes): "
                 "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install 'cooktop[compare]' (a CPU build for this machine; "
-                "where that build dies of SIGILL, e.g. AMX in a VM, list the ISA instead: CMAKE_ARGS=\"-DGGML_NATIVE=OFF "
-                "-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF\")")
+                "where that build dies of SIGILL, e.g. AMX in a VM, list the ISA instead: "
+                "CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON "
+                "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF\")")
 
 #: ``--vs`` values understood.
 ENGINES = ("llama.cpp",)
@@ -162,8 +163,9 @@ def factory(engine: str):
                 checked[path] = None
             except CooktopError as e:
                 checked[path] = e
-        if checked[path] is not None:
-            raise checked[path]
+        err = checked[path]
+        if err is not None:
+            raise err
         return LlamaCppRunner(path, n_ctx, n_batch)
 
     return make

@@ -39,7 +39,7 @@ def _colour(out: TextIO) -> bool:
 
 def _read_message(inp: TextIO, out: TextIO, colour: bool) -> str | None:
     """One user message (lines ending in a backslash continue it); None at end of input."""
-    lines = []
+    lines: list[str] = []
     out.write("\n" + GREEN + "> " if colour else "\n> ")
     out.flush()
     while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 from tabulate import tabulate
@@ -26,7 +27,7 @@ def devices_report(smoke: bool = True) -> dict:
     """
     out: dict = {"families": {}, "auto": None}
     for fam, res in registry.probe_all().items():
-        entry = {"available": res.available, "reason": res.reason, "hint": res.hint, "devices": []}
+        entry: dict[str, Any] = {"available": res.available, "reason": res.reason, "hint": res.hint, "devices": []}
         for info in res.devices:
             d = info.to_dict()
             err = res.errors.get(info.index)

@@ -8,9 +8,9 @@ import click
 from tabulate import tabulate
 
 from ..backends import registry
-from ..runtime.loader import check_batch, default_n_ctx, plan_for
-from ..model.config import load_config
 from ..format.gguf import open_gguf
+from ..model.config import load_config
+from ..runtime.loader import check_batch, default_n_ctx, plan_for
 from .common import device_options, model_options, parse_ngl, resolve_model
 from .group import cli
 
@@ -24,8 +24,10 @@ def _mib(n: int | None) -> str:
 def _ranges(blocks: list[int]) -> str:
     if not blocks:
         return "-"
-    out, start = [], blocks[0]
-    for a, b in zip(blocks, blocks[1:] + [None]):
+    out: list[str] = []
+    start: int | None = blocks[0]
+    nexts: list[int | None] = [*blocks[1:], None]
+    for a, b in zip(blocks, nexts):
         if b != a + 1:
             out.append(f"{start}-{a}" if a != start else f"{a}")
             start = b

@@ -137,6 +137,7 @@ class BatchDriver:
                 self._cv.wait()  # the driver counted this thread running again when it finished req
         if req.error is not None:
             raise req.error
+        assert req.logits is not None  # a finished request without an error has its logits
         return req.logits
 
     def tokens_per_second(self, window: float = 10.0) -> float:

@@ -70,7 +70,7 @@ class SamplingParams:
                 raise CooktopError(f"{name} must be a finite number, got {v!r}")
         if not 0.0 <= self.typical_p <= 1.0:
             raise CooktopError(f"typical_p (--typical) must be in [0, 1], got {self.typical_p}")
-        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        object.__setattr__(self, "logit_bias", bias_pairs(self.logit_bias))
         if not 0.0 <= self.top_p <= 1.0:
             raise CooktopError(f"top_p (--top-p) must be in [0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
@@ -81,8 +81,14 @@ class SamplingParams:
             raise CooktopError(f"seed must be -1 (random) or in 0..{2**32 - 1}, got {self.seed}")
 
 
-def _bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
-    """``{id: bias}`` (keys may be digit strings, as OpenAI sends them) -> sorted ``((id, bias), ...)``."""
+def bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
+    """``{id: bias}`` (keys may be digit strings, as OpenAI sends them) -> sorted ``((id, bias), ...)``.
+
+    Pairs are accepted too (returned sorted); empty or None gives ``()``.
+
+    Raises:
+        CooktopError: a key that is not a token id, or a value that is not a number (or -inf).
+    """
     if not bias:
         return ()
     items = bias.items() if isinstance(bias, Mapping) else bias
@@ -134,7 +140,9 @@ class Sampler:
         self.constraint = constraint
         seed = params.seed
         if seed is None or seed < 0:
-            seed = int(np.random.SeedSequence().entropy % (2**32))
+            entropy = np.random.SeedSequence().entropy  # an int when drawn from the OS (no argument)
+            assert isinstance(entropy, int)
+            seed = entropy % (2**32)
         self.seed = int(seed)
         self.rng = np.random.default_rng(self.seed)
         self._bias_ids = np.array([i for i, _ in params.logit_bias], dtype=np.int64)
@@ -219,12 +227,12 @@ class Sampler:
             probs /= probs.sum()
         if p.top_p < 1.0:
             cum = np.cumsum(probs)
-            keep = int(np.searchsorted(cum, p.top_p) + 1)
-            ids, lg, probs = ids[:keep], lg[:keep], probs[:keep]
+            n_keep = int(np.searchsorted(cum, p.top_p) + 1)
+            ids, lg, probs = ids[:n_keep], lg[:n_keep], probs[:n_keep]
         if p.min_p > 0.0:
-            keep = probs >= p.min_p * probs[0]
-            keep[0] = True  # min_keep = 1 (llama.cpp), even for min_p > 1
-            ids, lg = ids[keep], lg[keep]
+            kept = probs >= p.min_p * probs[0]
+            kept[0] = True  # min_keep = 1 (llama.cpp), even for min_p > 1
+            ids, lg = ids[kept], lg[kept]
         probs = np.exp((lg - lg[0]) / p.temperature)
         return ids, probs / probs.sum()
 

@@ -113,15 +113,16 @@ class GGUFFile:
         self.raw = read_raw_metadata(self.path)
         self.metadata: dict[str, Any] = {key: display_value(v.value) for key, v in self.raw.items()}
         self.tensors: dict[str, TensorInfo] = {}
-        mm = np.memmap(self.path, mode="r") if infos else None
-        for name, ggml_type, shape, n_bytes, offset in infos:
-            at = data_start + offset
-            dtype = _TENSOR_DTYPES.get(ggml_type)
-            if dtype is not None:
-                data = mm[at:at + n_bytes].view(dtype).reshape(shape)
-            else:  # raw blocks: [..., row bytes]
-                data = mm[at:at + n_bytes].reshape(shape[:-1] + (n_bytes // max(1, math.prod(shape[:-1])),))
-            self.tensors[name] = TensorInfo(name, ggml_type, shape, data, n_bytes)
+        if infos:  # no map for a file without tensors
+            mm = np.memmap(self.path, mode="r")
+            for name, ggml_type, shape, n_bytes, offset in infos:
+                at = data_start + offset
+                dtype = _TENSOR_DTYPES.get(ggml_type)
+                if dtype is not None:
+                    data = mm[at:at + n_bytes].view(dtype).reshape(shape)
+                else:  # raw blocks: [..., row bytes]
+                    data = mm[at:at + n_bytes].reshape(shape[:-1] + (n_bytes // max(1, math.prod(shape[:-1])),))
+                self.tensors[name] = TensorInfo(name, ggml_type, shape, data, n_bytes)
 
     @property
     def architecture(self) -> str:

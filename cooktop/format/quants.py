@@ -16,8 +16,7 @@ offsets are from the block structs of ggml-common.h.
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf import quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from ..errors import UnsupportedOpError
 

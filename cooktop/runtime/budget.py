@@ -58,8 +58,9 @@ class DeviceBudget:
     def why_not(self) -> str:
         """Empty when it fits, else the reason."""
         if self.usable_bytes is not None and self.total_bytes > self.usable_bytes:
+            mem = "?" if self.memory_bytes is None else f"{self.memory_bytes / 2**20:.1f}"
             return (f"needs {self.total_bytes / 2**20:.1f} MiB but {self.usable_bytes / 2**20:.1f} MiB is usable "
-                    f"({self.memory_bytes / 2**20:.1f} MiB minus reserve)")
+                    f"({mem} MiB minus reserve)")
         if self.max_alloc_bytes is not None and self.largest_alloc_bytes > self.max_alloc_bytes:
             return (f"largest buffer {self.largest_alloc_bytes / 2**20:.1f} MiB exceeds the maximum allocation "
                     f"{self.max_alloc_bytes / 2**20:.1f} MiB")

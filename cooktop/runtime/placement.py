@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import DeviceError
 from ..format.gguf import GGUFFile
 from ..model.arch import architecture
 from ..model.arch.base import MATRIX
 from ..model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from .budget import DeviceBudget
 
 HOST = "cpu"
 
@@ -232,7 +236,7 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
         return limits(sel)[0]
 
     candidates = range(cfg.n_layer + 1, -1, -1) if n_gpu_layers == "auto" else [int(n_gpu_layers)]
-    last = None
+    last: DeviceBudget | None = None
     for n in candidates:
         p = plan(gf, cfg, selectors, n, split, supports, memory)
         p.n_gpu_layers = n if any(s != HOST for s in selectors) else 0
@@ -245,6 +249,7 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
         last = bad[0]
     if n_gpu_layers == "auto":  # N = 0 puts nothing on devices, so it always fits
         raise AssertionError("unreachable: -ngl 0 always fits")
+    assert last is not None  # an explicit N runs the loop once, and it did not fit
     raise DeviceOutOfMemoryError(
         f"-ngl {n_gpu_layers} does not fit on {last.selector}: {last.why_not}; "
         f"use -ngl auto, a smaller -ngl, a smaller -c, or another device")

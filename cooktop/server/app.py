@@ -26,6 +26,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,17 @@ class ServerState:
     @property
     def loading(self) -> bool:
         return self.scheduler is None and self.load_error is None
+
+    @property
+    def ready(self) -> Scheduler:
+        """The scheduler of the loaded model.
+
+        Raises:
+            HTTPError: 503 while loading (the ``gate`` middleware answers before any endpoint runs then).
+        """
+        if self.scheduler is None:
+            raise P.HTTPError(503, "Loading model", "unavailable_error")
+        return self.scheduler
 
     def load(self) -> None:
         """Load the model (on a thread at startup); a failure is kept for ``/health``."""
@@ -205,13 +217,13 @@ def create_app(config: ServerConfig, llm: Any = None) -> FastAPI:
     def record_usage(chunk: dict[str, Any]) -> None:
         usage = chunk.get("usage")
         if usage:
-            state.scheduler.metrics.prompt_tokens_total += usage["prompt_tokens"]
-            state.scheduler.metrics.tokens_predicted_total += usage["completion_tokens"]
+            state.ready.metrics.prompt_tokens_total += usage["prompt_tokens"]
+            state.ready.metrics.tokens_predicted_total += usage["completion_tokens"]
 
     def stream(job: Job, first: tuple[str, Any], include_usage: bool, obj: str) -> StreamingResponse:
         cid = f"{'chatcmpl' if obj.startswith('chat') else 'cmpl'}-{uuid.uuid4()}"
 
-        async def events():
+        async def events() -> AsyncIterator[str]:
             total: dict[str, int] | None = None
             try:
                 kind, chunk = first
@@ -238,12 +250,12 @@ def create_app(config: ServerConfig, llm: Any = None) -> FastAPI:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def run(request: Request, endpoint: str, make, obj: str, body: dict[str, Any], assemble):
-        state.scheduler.metrics.requests_total[endpoint] += 1
+        state.ready.metrics.requests_total[endpoint] += 1
         want_stream = P.field(body, "stream", bool, False)
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
             raise P.bad("stream_options", "expected an object")
-        job = state.scheduler.submit(make, asyncio.get_running_loop())
+        job = state.ready.submit(make, asyncio.get_running_loop())
         try:
             first = await first_event(job)
         except BaseException:
@@ -305,12 +317,12 @@ def create_app(config: ServerConfig, llm: Any = None) -> FastAPI:
         fmt = body.get("encoding_format") or "float"
         if fmt not in ("float", "base64"):
             raise P.bad("encoding_format", f"expected 'float' or 'base64', got {fmt!r}")
-        state.scheduler.metrics.requests_total["embeddings"] += 1
-        job = state.scheduler.submit(lambda llm: iter([llm.create_embedding(inp, model=config.model_id)]),
+        state.ready.metrics.requests_total["embeddings"] += 1
+        job = state.ready.submit(lambda llm: iter([llm.create_embedding(inp, model=config.model_id)]),
                                      asyncio.get_running_loop())
         first = await first_event(job)
         (result,) = await collect(request, job, first)
-        state.scheduler.metrics.prompt_tokens_total += result["usage"]["prompt_tokens"]
+        state.ready.metrics.prompt_tokens_total += result["usage"]["prompt_tokens"]
         if fmt == "base64":  # OpenAI's: little-endian float32 bytes, base64 (what the openai client asks for)
             for d in result["data"]:
                 d["embedding"] = base64.b64encode(np.asarray(d["embedding"], dtype="<f4").tobytes()).decode()
@@ -349,7 +361,7 @@ def create_app(config: ServerConfig, llm: Any = None) -> FastAPI:
         return {"default_generation_settings": {"n_ctx": llm.n_ctx(), "params": {
                     "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
                     "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "n_predict": -1}},
-                "total_slots": len(state.scheduler.slots), "model_path": config.model_path,
+                "total_slots": len(state.ready.slots), "model_path": config.model_path,
                 "model_alias": config.model_id, "chat_template": tmpl.source, "bos_token": tmpl.bos_token,
                 "eos_token": tmpl.eos_token, "modalities": {"vision": False, "audio": False},
                 "build_info": f"cooktop {__version__}"}

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from ..errors import ChatTemplateError
 
 
-
-
 @dataclass(frozen=True)
 class ChatFormat:
     """A named chat format.

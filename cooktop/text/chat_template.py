@@ -49,7 +49,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -128,7 +128,7 @@ class _GenerationTag(jinja2.ext.Extension):
     here too. Only the body's text matters for a prompt.
     """
 
-    tags: ClassVar[set[str]] = {"generation"}
+    tags = {"generation"}  # jinja2.ext.Extension declares it as an instance attribute
 
     def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
         next(parser.stream)

@@ -77,6 +77,12 @@ DEFAULT_QUANTS = ("Q4_K_M", "Q4_0", "Q8_0")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
+def _later_shard(f: str) -> bool:
+    """True for shard 2, 3... of a split GGUF (``-00002-of-00003.gguf``); llama.cpp opens the first."""
+    m = _SHARD.search(f)
+    return m is not None and int(m.group(1)) != 1
+
+
 def pick_gguf(files: list[str], tag: str | None, repo: str = "the repo") -> str:
     """The GGUF of a repo for a quant tag, as ``-hf owner/repo[:QUANT]`` picks it in llama.cpp.
 
@@ -89,7 +95,7 @@ def pick_gguf(files: list[str], tag: str | None, repo: str = "the repo") -> str:
         CooktopError: no GGUF, or none with the tag (the message lists the tags there are).
     """
     ggufs = sorted(f for f in files if f.lower().endswith(".gguf") and "mmproj" not in os.path.basename(f).lower())
-    ggufs = [f for f in ggufs if not (_SHARD.search(f) and int(_SHARD.search(f).group(1)) != 1)]
+    ggufs = [f for f in ggufs if not _later_shard(f)]
     if not ggufs:
         raise CooktopError(f"{repo} has no GGUF file")
 
@@ -163,7 +169,7 @@ def download(repo: str, filename: str | None = None, *, tag: str | None = None,
     if filename is None:
         return resolve(repo, pick_gguf(files, tag, repo), cache_dir=cache_dir, local_dir=local_dir)
     hits = [f for f in files if fnmatch.fnmatch(f, filename) or fnmatch.fnmatch(os.path.basename(f), filename)]
-    firsts = [f for f in hits if not (_SHARD.search(f) and int(_SHARD.search(f).group(1)) != 1)]
+    firsts = [f for f in hits if not _later_shard(f)]
     if len(firsts) != 1:
         what = "no file" if not firsts else f"{len(firsts)} files ({', '.join(firsts[:6])})"
         raise CooktopError(f"{filename!r} matches {what} in {repo}; give a pattern that matches exactly one")
@@ -224,6 +230,8 @@ def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str 
         raise CooktopError(f"huggingface_hub is needed for -hf and the default model: {e}") from None
     if sha256 is None and (repo, filename) == (DEFAULT_REPO, DEFAULT_FILE):
         sha256 = DEFAULT_SHA256
+    cache_dir = None if cache_dir is None else os.fspath(cache_dir)  # hf_hub_download takes str | Path
+    local_dir = None if local_dir is None else os.fspath(local_dir)
     errors = _request_errors()
     hint = "pass a local file with -m, or seed the cache: python -m cooktop.tools.hub --seed FILE"
     try:

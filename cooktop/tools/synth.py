@@ -380,9 +380,11 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
             data, raw = _vector(values, T.F32 if ty is None else ty)
             w.add_tensor(tname, data, raw_dtype=raw)
             continue
+        assert ty is not None  # _plan gives every MATRIX a type
+        n_out, n_in = shp  # matrices are [n_out, n_in]
         try:
             key = tname.split(".", 2)[2] if tname.startswith("blk.") else tname
-            data = random_weight(ty, shp, rng, scale=(scales or {}).get(key.removesuffix(".weight"), 0.02))
+            data = random_weight(ty, (n_out, n_in), rng, scale=(scales or {}).get(key.removesuffix(".weight"), 0.02))
         except CooktopError as e:
             raise CooktopError(f"{tname}: {e}") from None
         if ty in (T.F32, T.F16):
