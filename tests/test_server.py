@@ -259,10 +259,13 @@ def test_overload_is_503(stories, server_deps):
     import httpx
 
     from cooktop.server.app import ServerConfig
-    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), max_queue=0))
+    # n_ctx 2048: the first stream must still be running when the second request arrives (with 256 it
+    # could fill its context and free the slot first on a fast or lucky run)
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=2048, device="cpu"), max_queue=0))
     try:
         with httpx.Client(base_url=s.base, timeout=60) as c:
-            with c.stream("POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 100000,
+            with c.stream("POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 100000, "seed": 1,
+                                                           "temperature": 1.5, "top_k": 0, "logit_bias": {"2": -100},
                                                            "stream": True}) as r:
                 next(r.iter_lines())
                 busy = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
