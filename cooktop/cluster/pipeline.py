@@ -1,0 +1,389 @@
+"""A model whose segments run on the nodes of a Ray cluster (llama.cpp's RPC split, on Ray).
+
+Each segment of the placement (``runtime/placement.py``: consecutive blocks, and
+the output head, on one device) lives in a :class:`SegmentWorker` actor pinned
+to its node. The actor owns the segment's weights (a ``model.llama.Segment``
+built from the node's copy of the GGUF or a shipped one, ``cluster/weights.py``)
+and the K/V of every sequence for its blocks. :class:`ClusterModel` has the
+surface of ``model.llama.LlamaModel`` that ``engine`` uses (``new_cache``,
+``forward``, ``close``, ``cfg``, ``n_ctx``, ``n_batch``, ``logits_all``), so an
+``Engine`` and a ``Sequence`` run on it unchanged.
+
+A forward pass looks up the token embeddings on the driver, then submits one
+Ray call per segment at once, each taking the previous call's result (float32
+[n_tokens, n_embd] activations) as its argument, and waits for the last one
+(float32 logits). Ray moves the activations from node to node; the driver waits
+once per forward pass. A segment that dies (its node left the cluster, its
+process was killed) fails that wait within seconds with a
+:class:`~cooktop.errors.ClusterError` naming its node; a segment that stops
+answering fails it after ``COOKTOP_RAY_TIMEOUT`` seconds. The model is then
+unusable (its KV caches are gone): load it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..errors import ClusterError, CooktopError
+from ..format.gguf import GGUFFile
+from ..format.quants import dequantize
+from ..model.config import ModelConfig
+from .connect import get, import_ray, translate
+from .nodes import Node
+
+log = logging.getLogger("cooktop")
+
+
+class SegmentWorker:
+    """Ray actor body: one segment on one node, with the K/V of each sequence for its blocks.
+
+    Args:
+        spec: ``selector`` (the node-local device, e.g. ``opencl:0``), ``blocks``, ``head``,
+            ``cfg`` (ModelConfig), ``n_ctx``, ``n_batch``, ``logits_all``, and ``weights``:
+            ``("path", file, "local" | "cached")`` to open, or ``("ship", Shipment, file)`` to write first.
+    A failure while setting up is kept and raised by :meth:`ready` (so the driver gets
+    the CooktopError, e.g. DeviceOutOfMemoryError, rather than a dead actor).
+    """
+
+    def __init__(self, spec: dict[str, Any]):
+        self._error: BaseException | None = None
+        self.segment = None
+        self.caches: dict[int, tuple[list, list]] = {}
+        try:
+            self._setup(spec)
+        except Exception as e:  # noqa: BLE001 - handed to the driver by ready()
+            self._error = e
+
+    def _setup(self, spec: dict[str, Any]) -> None:
+        from ..backends import registry
+        from ..format.gguf import open_gguf
+        from ..model.llama import Segment
+        from .weights import materialize
+
+        self.cfg: ModelConfig = spec["cfg"]
+        self.n_ctx = spec["n_ctx"]
+        self.device = registry.open_device(spec["selector"])
+        if spec["selector"] != "cpu":
+            res = registry.smoke_test(spec["selector"])
+            if not res.ok:
+                log.warning("%s failed its smoke test (%s); using it because it was named", spec["selector"],
+                            res.detail)
+        weights = spec["weights"]
+        if weights[0] == "ship":
+            path, self.how = materialize(weights[1], weights[2]), "shipped"
+        else:
+            path, self.how = weights[1], weights[2]
+        gf = open_gguf(path)
+        self.segment = Segment(self.device, spec["blocks"], spec["head"], gf, self.cfg, spec["n_batch"],
+                               spec["logits_all"])
+
+    def ready(self) -> dict[str, Any]:
+        """``{"pid", "how", "actor_id"}`` once the weights are on the device; raises the setup error otherwise."""
+        if self._error is not None:
+            raise self._error
+        ray = import_ray()
+        return {"pid": os.getpid(), "how": self.how, "actor_id": ray.get_runtime_context().get_actor_id()}
+
+    def new_cache(self, cid: int) -> None:
+        """Allocate sequence ``cid``'s K and V for each block: f32 [n_ctx, n_head_kv * head_dim] each."""
+        shape = (self.n_ctx, self.cfg.n_embd_kv)
+        k, v = [], []
+        try:
+            for _ in self.segment.blocks:
+                k.append(self.device.zeros(shape))
+                v.append(self.device.zeros(shape))
+        except BaseException:
+            self.device.release(k + v)
+            raise
+        self.caches[cid] = (k, v)
+
+    def drop_cache(self, cid: int) -> None:
+        """Give sequence ``cid``'s K/V back (unknown ids are ignored)."""
+        kv = self.caches.pop(cid, None)
+        if kv is not None:
+            self.device.release(kv[0] + kv[1])
+
+    def run(self, x: np.ndarray, pos: np.ndarray, logits_all: bool, cid: int,
+            embeddings: bool) -> tuple[np.ndarray, float]:
+        """``Segment.run`` on sequence ``cid``: (float32 activations or logits, compute milliseconds).
+
+        Raises:
+            CooktopError: ``cid`` has no cache here (the actor was restarted and lost it).
+        """
+        t0 = time.perf_counter()
+        kv = self.caches.get(cid)
+        if kv is None:
+            raise CooktopError(f"sequence {cid} has no KV cache on this segment (the segment was restarted); "
+                               "load the model again")
+        out = self.segment.run(np.ascontiguousarray(x, dtype=np.float32), pos, logits_all, kv[0], kv[1],
+                               embeddings)
+        return out, (time.perf_counter() - t0) * 1e3
+
+    def ping(self) -> int:
+        """This actor's process id (liveness check)."""
+        return os.getpid()
+
+    def close(self) -> None:
+        """Release every cache and the segment's buffers."""
+        for cid in list(self.caches):
+            self.drop_cache(cid)
+        if self.segment is not None:
+            self.segment.release()
+
+
+@dataclasses.dataclass
+class RemoteSegment:
+    """A segment's actor and where it runs: ``selector`` is ``NODE/DEVICE``."""
+
+    actor: Any
+    node: Node
+    selector: str
+    blocks: list[int]
+    head: bool
+    actor_id: str = ""
+    pid: int = 0
+    how: str = ""
+
+    @property
+    def label(self) -> str:
+        """e.g. ``node beta (beta/cpu, blocks 4-7 + output)``."""
+        b = self.blocks
+        what = (f"blocks {b[0]}-{b[-1]}" if len(b) > 1 else f"block {b[0]}") if b else ""
+        if self.head:
+            what = f"{what} + output" if what else "output"
+        return f"node {self.node.name} ({self.selector}, {what})"
+
+
+class RemoteCache:
+    """One sequence's K/V, held by the segment actors; the engine-side view of ``model.llama.KVCache``.
+
+    Attributes:
+        tokens: ids at positions ``0 .. n_past - 1``; n_ctx: rows per block (tokens).
+    """
+
+    def __init__(self, model: ClusterModel, cid: int):
+        self._model_key = model._key
+        self.cid = cid
+        self.n_ctx = model.n_ctx
+        self.tokens: list[int] = []
+        self._closed = False
+        self._release = weakref.finalize(self, ClusterModel._drop_remote, [s.actor for s in model.segments], cid)
+        self._release.atexit = False
+
+    @property
+    def n_past(self) -> int:
+        """Positions (tokens) whose K/V the cache holds."""
+        return len(self.tokens)
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def truncate(self, n: int) -> None:
+        """Keep positions ``0 .. n - 1``."""
+        del self.tokens[max(n, 0):]
+
+    def close(self) -> None:
+        """Free the K/V on every node. Idempotent; also runs when the cache is collected."""
+        self._closed = True
+        self._release()
+        self.tokens = []
+
+
+@dataclasses.dataclass
+class HopStats:
+    """Decode-step timings (one token per forward) of a :class:`ClusterModel`, milliseconds summed.
+
+    ``wall_ms``: driver-measured forward time; ``compute_ms[i]``: segment i's own
+    time in ``Segment.run``; the rest is overhead: serialization, Ray's calls and the
+    moves of activations and logits over ``n_segments + 1`` hops (driver to the first
+    segment, between segments, last segment back to the driver).
+    """
+
+    n_tokens: int = 0
+    wall_ms: float = 0.0
+    compute_ms: list[float] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Per-token means: ``ms_per_token``, ``compute_ms`` per segment, ``overhead_ms``,
+        ``overhead_ms_per_hop``, ``n_hops``."""
+        n = max(self.n_tokens, 1)
+        hops = len(self.compute_ms) + 1
+        overhead = (self.wall_ms - sum(self.compute_ms)) / n
+        return {"n_tokens": self.n_tokens, "ms_per_token": self.wall_ms / n,
+                "compute_ms": [c / n for c in self.compute_ms], "overhead_ms": overhead,
+                "n_hops": hops, "overhead_ms_per_hop": overhead / hops}
+
+
+class ClusterModel:
+    """A model placed on the nodes of a Ray cluster (module doc); what ``engine`` runs.
+
+    Args:
+        gf, cfg: the driver's GGUF (token embeddings are looked up here) and its config.
+        segments: the started, ready segment actors in execution order.
+        n_ctx, n_batch, logits_all: as ``LlamaModel``.
+    """
+
+    def __init__(self, gf: GGUFFile, cfg: ModelConfig, segments: list[RemoteSegment], n_ctx: int, n_batch: int,
+                 logits_all: bool = False):
+        self.gf, self.cfg, self.segments = gf, cfg, segments
+        self.n_ctx, self.n_batch, self.logits_all = n_ctx, n_batch, logits_all
+        self._key = object()
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._broken: str | None = None
+        self._lock = threading.Lock()
+        self.stats = HopStats(compute_ms=[0.0] * len(segments))
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CooktopError("the model is closed (close() was called); load it again")
+        if self._broken:
+            raise ClusterError(f"this model lost a segment earlier ({self._broken}); load it again")
+
+    def _where(self, err: BaseException) -> str:
+        """The label of the segment ``err`` came from (by actor id; else the first one not answering)."""
+        aid = getattr(err, "actor_id", None)
+        for s in self.segments:
+            if aid and s.actor_id == aid:
+                return s.label
+        ray = import_ray()
+        for s in self.segments:
+            try:
+                ray.get(s.actor.ping.remote(), timeout=2)
+            except Exception:  # noqa: BLE001 - this is the one
+                return s.label
+        return "a segment of the pipeline"
+
+    def new_cache(self) -> RemoteCache:
+        """A fresh KV cache for one sequence, allocated by every segment on its node.
+
+        Raises:
+            CooktopError: closed. ClusterError: a node failed. DeviceOutOfMemoryError: it does not fit.
+        """
+        self._check_open()
+        cid = next(self._ids)
+        refs = [s.actor.new_cache.remote(cid) for s in self.segments]
+        try:
+            get(refs, self._where)
+        except ClusterError as e:
+            self._broken = str(e)
+            raise
+        except CooktopError:
+            self._drop_remote([s.actor for s in self.segments], cid)
+            raise
+        return RemoteCache(self, cid)
+
+    @staticmethod
+    def _drop_remote(actors: list[Any], cid: int) -> None:
+        """Ask every actor to free sequence ``cid`` (fire and forget; nothing if Ray is gone)."""
+        try:
+            ray = import_ray()
+            if not ray.is_initialized():
+                return
+            for a in actors:
+                a.drop_cache.remote(cid)
+        except Exception:  # noqa: BLE001 - freeing never raises (it may run from a finalizer)
+            pass
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """Token embedding lookup on the driver: float32 [n, n_embd] for int [n] ids."""
+        te = self.gf.tensor("token_embd.weight")
+        rows = np.asarray(te.data).reshape(te.shape[0], -1)[tokens]
+        return dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
+
+    def forward(self, tokens: np.ndarray, n_past: int, cache: RemoteCache, logits_all: bool | None = None,
+                embeddings: bool = False) -> np.ndarray:
+        """As ``LlamaModel.forward``: ``n <= n_batch`` tokens at positions ``n_past ..``, through every segment.
+
+        Returns:
+            float32 [n or 1, n_vocab] logits, or float32 [n, n_embd] with ``embeddings``.
+        Raises:
+            CooktopError: closed, or a cache of another model or closed.
+            ValueError: ``n`` or ``n_past`` out of range.
+            ClusterError: a segment died or did not answer (its node is named); the model is then broken.
+        """
+        self._check_open()
+        if getattr(cache, "_model_key", None) is not self._key:
+            raise CooktopError("this KV cache was made by another model; use model.new_cache()")
+        if cache.closed:
+            raise CooktopError("this KV cache is closed")
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"forward takes 1..{self.n_batch} tokens, got {n}")
+        if not 0 <= n_past <= cache.n_past:
+            raise ValueError(f"n_past {n_past} is outside the cache's 0..{cache.n_past} positions")
+        if n_past + n > self.n_ctx:
+            raise ValueError(f"positions {n_past}..{n_past + n - 1} exceed n_ctx {self.n_ctx}")
+        la = self.logits_all if logits_all is None else (logits_all and self.logits_all)
+        ids = np.asarray(tokens, dtype=np.int64)
+        t0 = time.perf_counter()
+        x: Any = self.embed(ids)
+        pos = np.arange(n_past, n_past + n, dtype=np.int32)
+        cache.truncate(n_past)
+        timing = []
+        for s in self.segments:
+            x, t = s.actor.run.options(num_returns=2).remote(x, pos, la, cache.cid, embeddings)
+            timing.append(t)
+        try:
+            out, *ms = get([x, *timing], self._where)
+        except ClusterError as e:
+            self._broken = str(e)
+            raise
+        out = np.asarray(out)
+        if n == 1:
+            with self._lock:
+                self.stats.n_tokens += 1
+                self.stats.wall_ms += (time.perf_counter() - t0) * 1e3
+                for i, m in enumerate(ms):
+                    self.stats.compute_ms[i] += m
+        cache.tokens.extend(int(t) for t in ids)
+        return out
+
+    def check(self, timeout: float = 10.0) -> None:
+        """Raise unless every segment answers a ping within ``timeout`` seconds (health check).
+
+        Raises:
+            ClusterError: naming the first segment that does not answer.
+        """
+        self._check_open()
+        ray = import_ray()
+        for s in self.segments:
+            try:
+                ray.get(s.actor.ping.remote(), timeout=timeout)
+            except ray.exceptions.RayError as e:
+                self._broken = str(translate(e, s.label))
+                raise translate(e, s.label) from None
+
+    def close(self) -> None:
+        """Release every segment and end its actor. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            ray = import_ray()
+            if ray.is_initialized():
+                refs = [s.actor.close.remote() for s in self.segments]
+                try:
+                    ray.wait(refs, num_returns=len(refs), timeout=10)
+                except Exception:  # noqa: BLE001 - a dead actor has nothing to free
+                    pass
+                for s in self.segments:
+                    ray.kill(s.actor)
+        except Exception:  # noqa: BLE001 - close never raises
+            pass
