@@ -355,6 +355,11 @@ class ClusterModel:
         cache.tokens.extend(int(t) for t in ids)
         return out
 
+    def reset_stats(self) -> None:
+        """Start :attr:`stats` over (e.g. after a warm-up)."""
+        with self._lock:
+            self.stats = HopStats(compute_ms=[0.0] * len(self.segments))
+
     def check(self, timeout: float = 10.0) -> None:
         """Raise unless every segment answers a ping within ``timeout`` seconds (health check).
 

@@ -156,6 +156,22 @@ def test_killing_a_segment_mid_generation_is_a_clear_error(address):
         llm.close()
 
 
+def test_a_hung_segment_fails_after_the_timeout(address, monkeypatch):
+    """A segment that stops answering (SIGSTOP) fails the call after COOKTOP_RAY_TIMEOUT seconds."""
+    llm = Llama(model_path=str(STORIES), device=SPLIT, ray_address=address, n_ctx=512, n_gpu_layers=-1,
+                verbose=False)
+    beta = llm._engine.model.segments[1]
+    try:
+        assert llm("Once", max_tokens=2, temperature=0)["choices"][0]["finish_reason"] == "length"
+        monkeypatch.setenv("COOKTOP_RAY_TIMEOUT", "3")
+        os.kill(beta.pid, signal.SIGSTOP)
+        with pytest.raises(ClusterError, match=re.escape(beta.label) + r" did not answer within 3 s"):
+            llm("Once upon", max_tokens=2, temperature=0)
+    finally:
+        os.kill(beta.pid, signal.SIGCONT)
+        llm.close()
+
+
 def test_a_node_dying_mid_generation_is_a_clear_error(ray_cluster, address):
     """A whole node (gamma, added for this case) leaves the cluster while it holds a segment."""
     from cooktop.cluster.load import load

@@ -31,22 +31,24 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(address):
-    """`cooktop serve --ray` with two split replicas; yields its base URL."""
+def server(address, tmp_path_factory):
+    """`cooktop serve --ray` with two split replicas; yields its base URL once both replicas run."""
     import httpx
 
     port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    out = open(log, "w")
     proc = subprocess.Popen([sys.executable, "-m", "cooktop.cli", "serve", "--ray", address, "--replicas", "2",
                              "-m", str(STORIES), "--port", str(port), "--device", "alpha/cpu,beta/cpu", "-c", "512"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=out, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"cooktop serve --ray exited with {proc.returncode}:\n{proc.stdout.read()[-4000:]}")
+                pytest.fail(f"cooktop serve --ray exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
             try:
-                if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                if httpx.get(f"{base}/health", timeout=5).status_code == 200 and running_replicas() == 2:
                     break
             except httpx.HTTPError:
                 pass
@@ -61,6 +63,8 @@ def server(address):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        out.close()
+        print(log.read_text()[-3000:])  # shown with a failure
 
 
 def complete(base: str, max_tokens: int = 24):
@@ -81,6 +85,12 @@ def expected_text(max_tokens: int = 24) -> str:
         llm.close()
 
 
+def serve_status() -> str:
+    from ray import serve
+
+    return str(serve.status())
+
+
 def running_replicas() -> int:
     from ray import serve
 
@@ -98,7 +108,7 @@ def test_two_replicas_answer_16_concurrent_requests(server):
     assert [s for s, _r, _b in results] == [200] * 16, results
     assert {b["choices"][0]["text"] for _s, _r, b in results} == {want}
     per_replica = collections.Counter(r for _s, r, _b in results)
-    assert len(per_replica) == 2, per_replica
+    assert len(per_replica) == 2, (per_replica, serve_status())
     info = json.loads(json_get(server, "/cluster"))
     assert [s["node"] for s in info["segments"]] == ["alpha", "beta"]
 
