@@ -94,12 +94,12 @@ def plan_cluster(gf: GGUFFile, cfg: ModelConfig, device: str | None, n_gpu_layer
     return ClusterPlan(p, selectors, nodes, node_of, host)
 
 
-def _weights_specs(gf: GGUFFile, plan: ClusterPlan, weights: str) -> list[tuple]:
+def _weights_specs(gf: GGUFFile, plan_cfg: ModelConfig, plan: ClusterPlan, weights: str) -> list[tuple]:
     """Per segment, how its node gets the weights: ``("path", file, "local" | "cached")`` or
     ``("ship", Shipment, file)``."""
     segs = plan.placement.segments()
     fingerprint = file_fingerprint(gf.path) or gf.path
-    names = [tensor_names(gf, blocks, head) for _sel, blocks, head in segs]
+    names = [tensor_names(gf, plan_cfg, blocks, head) for _sel, blocks, head in segs]
     partials = [partial_name(fingerprint, n) for n in names]
     found = run_each([(plan.node_of[sel], where_here, (os.path.abspath(gf.path), fingerprint, partial))
                       for (sel, _b, _h), partial in zip(segs, partials)])
@@ -131,7 +131,7 @@ def start_segments(gf: GGUFFile, cfg: ModelConfig, plan: ClusterPlan, n_ctx: int
         raise CooktopError(f"bad weights mode {weights!r} ({ENV_WEIGHTS}): expected auto or ship")
     actor_cls = ray.remote(SegmentWorker)
     segs: list[RemoteSegment] = []
-    specs = _weights_specs(gf, plan, weights)
+    specs = _weights_specs(gf, cfg, plan, weights)
     try:
         for (sel, blocks, head), w in zip(plan.placement.segments(), specs):
             node = plan.node_of[sel]
@@ -167,7 +167,7 @@ def load_model(model_path: str | os.PathLike, *, ray_address: str | None = None,
     connect(address_from(ray_address))
     gf = open_gguf(model_path)
     cfg = load_config(gf)
-    tokenizer = Tokenizer.from_gguf(gf.reader)
+    tokenizer = Tokenizer.from_gguf(gf.raw)
     n_ctx = default_n_ctx(cfg, n_ctx)
     n_batch = check_batch(n_batch, n_ctx)
     plan = plan_cluster(gf, cfg, device, n_gpu_layers, split, n_ctx, n_batch, logits_all)

@@ -2,10 +2,10 @@
 
 Each segment of the placement (``runtime/placement.py``: consecutive blocks, and
 the output head, on one device) lives in a :class:`SegmentWorker` actor pinned
-to its node. The actor owns the segment's weights (a ``model.llama.Segment``
+to its node. The actor owns the segment's weights (a ``model.forward.Segment``
 built from the node's copy of the GGUF or a shipped one, ``cluster/weights.py``)
 and the K/V of every sequence for its blocks. :class:`ClusterModel` has the
-surface of ``model.llama.LlamaModel`` that ``engine`` uses (``new_cache``,
+surface of ``model.forward.Model`` that ``engine`` uses (``new_cache``,
 ``forward``, ``close``, ``cfg``, ``n_ctx``, ``n_batch``, ``logits_all``), so an
 ``Engine`` and a ``Sequence`` run on it unchanged.
 
@@ -57,7 +57,7 @@ class SegmentWorker:
     def __init__(self, spec: dict[str, Any]):
         self._error: BaseException | None = None
         self.segment = None
-        self.caches: dict[int, tuple[list, list]] = {}
+        self.caches: dict[int, tuple[Any, list, list]] = {}  # cid -> (DeviceBuffer, k, v)
         try:
             self._setup(spec)
         except Exception as e:  # noqa: BLE001 - handed to the driver by ready()
@@ -66,7 +66,7 @@ class SegmentWorker:
     def _setup(self, spec: dict[str, Any]) -> None:
         from ..backends import registry
         from ..format.gguf import open_gguf
-        from ..model.llama import Segment
+        from ..model.forward import Segment
         from .weights import materialize
 
         self.cfg: ModelConfig = spec["cfg"]
@@ -96,21 +96,20 @@ class SegmentWorker:
     def new_cache(self, cid: int) -> None:
         """Allocate sequence ``cid``'s K and V for each block: f32 [n_ctx, n_head_kv * head_dim] each."""
         shape = (self.n_ctx, self.cfg.n_embd_kv)
-        k, v = [], []
+        buf = self.device.buffer(f"KV cache {cid}")
         try:
-            for _ in self.segment.blocks:
-                k.append(self.device.zeros(shape))
-                v.append(self.device.zeros(shape))
+            k = [buf.zeros(shape) for _ in self.segment.blocks]
+            v = [buf.zeros(shape) for _ in self.segment.blocks]
         except BaseException:
-            self.device.release(k + v)
+            buf.release()
             raise
-        self.caches[cid] = (k, v)
+        self.caches[cid] = (buf, k, v)
 
     def drop_cache(self, cid: int) -> None:
         """Give sequence ``cid``'s K/V back (unknown ids are ignored)."""
         kv = self.caches.pop(cid, None)
         if kv is not None:
-            self.device.release(kv[0] + kv[1])
+            kv[0].release()
 
     def run(self, x: np.ndarray, pos: np.ndarray, logits_all: bool, cid: int,
             embeddings: bool) -> tuple[np.ndarray, float]:
@@ -124,7 +123,7 @@ class SegmentWorker:
         if kv is None:
             raise CooktopError(f"sequence {cid} has no KV cache on this segment (the segment was restarted); "
                                "load the model again")
-        out = self.segment.run(np.ascontiguousarray(x, dtype=np.float32), pos, logits_all, kv[0], kv[1],
+        out = self.segment.run(np.ascontiguousarray(x, dtype=np.float32), pos, logits_all, kv[1], kv[2],
                                embeddings)
         return out, (time.perf_counter() - t0) * 1e3
 
@@ -164,7 +163,7 @@ class RemoteSegment:
 
 
 class RemoteCache:
-    """One sequence's K/V, held by the segment actors; the engine-side view of ``model.llama.KVCache``.
+    """One sequence's K/V, held by the segment actors; the engine-side view of ``model.forward.KVCache``.
 
     Attributes:
         tokens: ids at positions ``0 .. n_past - 1``; n_ctx: rows per block (tokens).
@@ -231,12 +230,15 @@ class ClusterModel:
     Args:
         gf, cfg: the driver's GGUF (token embeddings are looked up here) and its config.
         segments: the started, ready segment actors in execution order.
-        n_ctx, n_batch, logits_all: as ``LlamaModel``.
+        n_ctx, n_batch, logits_all: as ``model.forward.Model``.
     """
 
     def __init__(self, gf: GGUFFile, cfg: ModelConfig, segments: list[RemoteSegment], n_ctx: int, n_batch: int,
                  logits_all: bool = False):
+        from ..model.arch import architecture
+
         self.gf, self.cfg, self.segments = gf, cfg, segments
+        self._arch = architecture(cfg.arch)
         self.n_ctx, self.n_batch, self.logits_all = n_ctx, n_batch, logits_all
         self._key = object()
         self._ids = itertools.count(1)
@@ -302,14 +304,18 @@ class ClusterModel:
             pass
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
-        """Token embedding lookup on the driver: float32 [n, n_embd] for int [n] ids."""
+        """Token embedding lookup on the driver: float32 [n, n_embd] for int [n] ids, times the
+        architecture's ``embd_scale`` when it has one (as ``Model.embed``)."""
         te = self.gf.tensor("token_embd.weight")
         rows = np.asarray(te.data).reshape(te.shape[0], -1)[tokens]
-        return dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
+        x = dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
+        if self._arch.embd_scale is not None:
+            x = np.asarray(x, dtype=np.float32) * np.float32(self._arch.embd_scale(self.cfg))
+        return x
 
     def forward(self, tokens: np.ndarray, n_past: int, cache: RemoteCache, logits_all: bool | None = None,
                 embeddings: bool = False) -> np.ndarray:
-        """As ``LlamaModel.forward``: ``n <= n_batch`` tokens at positions ``n_past ..``, through every segment.
+        """As ``Model.forward``: ``n <= n_batch`` tokens at positions ``n_past ..``, through every segment.
 
         Returns:
             float32 [n or 1, n_vocab] logits, or float32 [n, n_embd] with ``embeddings``.

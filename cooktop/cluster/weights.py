@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import ClusterError
 from ..format.gguf import GGUFFile
+from ..model.config import ModelConfig
 from .connect import import_ray
 from .nodes import file_fingerprint
 
@@ -32,31 +33,17 @@ def cache_dir() -> str:
     return os.environ.get(ENV_CACHE) or os.path.join(tempfile.gettempdir(), "cooktop-ray")
 
 
-def tensor_names(gf: GGUFFile, blocks: list[int], head: bool) -> list[str]:
-    """Names of the tensors a segment of ``blocks`` (plus the head when ``head``) reads, in file order.
+def tensor_names(gf: GGUFFile, cfg: ModelConfig, blocks: list[int], head: bool) -> list[str]:
+    """Names of the tensors a segment of ``blocks`` (plus the head when ``head``) reads, in file
+    order: what the architecture (``model/arch``) lists for each of those units."""
+    from ..model.arch import architecture
+    from ..model.arch.base import HEAD
 
-    By GGUF naming alone, so it holds for any architecture: ``blk.N.*`` of its
-    blocks; every global tensor (e.g. ``rope_freqs.weight``) except ``output*``
-    and ``token_embd*``; with the head, ``output*``, and ``token_embd*`` when the
-    file has no ``output.weight`` (tied output).
-    """
-    want = set(blocks)
-    tied = "output.weight" not in gf.tensors
-    out = []
-    for name in gf.tensors:
-        if name.startswith("blk."):
-            idx = name.split(".")[1]
-            if idx.isdigit() and int(idx) in want:
-                out.append(name)
-        elif name.startswith("token_embd"):
-            if head and tied:
-                out.append(name)
-        elif name.startswith("output"):
-            if head:
-                out.append(name)
-        else:
-            out.append(name)
-    return out
+    arch = architecture(cfg.arch)
+    want: set[str] = set()
+    for unit in [*blocks, *([HEAD] if head else [])]:
+        want.update(name for name, _spec in arch.unit_tensors(gf.tensors, unit).values())
+    return [n for n in gf.tensors if n in want]
 
 
 def partial_name(fingerprint: str, names: list[str]) -> str:
@@ -69,15 +56,14 @@ def partial_name(fingerprint: str, names: list[str]) -> str:
 
 def metadata_fields(gf: GGUFFile) -> list[tuple[str, Any, Any, Any]]:
     """``(key, value, GGUFValueType, array item type or None)`` of every metadata key but
-    ``general.architecture`` and ``general.alignment`` (GGUFWriter writes those)."""
-    from gguf import GGUFValueType
-
+    ``general.architecture`` and ``general.alignment`` (GGUFWriter writes those), as stored
+    (strings as bytes; :attr:`GGUFFile.raw`). Arrays of arrays, which the reader skips, are left out."""
     out = []
-    for key, field in gf.reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
+    for key, v in gf.raw.items():
+        if key in ("general.architecture", "general.alignment") or v.value is None:
             continue
-        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        out.append((key, field.contents(), field.types[0], sub))
+        value = v.value.tolist() if hasattr(v.value, "tolist") else v.value
+        out.append((key, value, v.type, v.sub_type))
     return out
 
 

@@ -177,8 +177,8 @@ def test_a_node_dying_mid_generation_is_a_clear_error(ray_cluster, address):
     from cooktop.cluster.load import load
     from cooktop.engine.sampling import SamplingParams
 
-    gamma = ray_cluster.add_node(num_cpus=1, node_name="gamma", env_vars={"COOKTOP_DISABLE": "opencl,vulkan"},
-                                 **agent_ports())
+    gamma = ray_cluster.add_node(num_cpus=1, node_name="gamma", node_ip_address="127.0.0.3",
+                                 env_vars={"COOKTOP_DISABLE": "opencl,vulkan"}, **agent_ports())
     removed = False
     try:
         eng = load(STORIES, device="alpha/cpu,gamma/cpu", n_ctx=512)

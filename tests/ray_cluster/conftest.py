@@ -40,9 +40,10 @@ def start_cluster():
     for attempt in (1, 2):
         cluster = Cluster()
         try:
-            cluster.add_node(num_cpus=1, node_name="alpha", include_dashboard=False, **agent_ports())
-            cluster.add_node(num_cpus=1, node_name="beta", env_vars={"COOKTOP_DISABLE": "opencl,vulkan"},
+            cluster.add_node(num_cpus=1, node_name="alpha", node_ip_address="127.0.0.1", include_dashboard=False,
                              **agent_ports())
+            cluster.add_node(num_cpus=1, node_name="beta", node_ip_address="127.0.0.2",
+                             env_vars={"COOKTOP_DISABLE": "opencl,vulkan"}, **agent_ports())
             return cluster
         except Exception:
             cluster.shutdown()
@@ -64,7 +65,7 @@ def ray_cluster(tmp_path_factory):
     try:
         ray.init(address=cluster.address, log_to_driver=False)
         addrs = {n["NodeManagerAddress"] for n in ray.nodes()}
-        assert addrs == {"127.0.0.1"}, f"the cluster must stay on loopback, its nodes bind {addrs}"
+        assert addrs == {"127.0.0.1", "127.0.0.2"}, f"the cluster must stay on loopback, its nodes bind {addrs}"
         yield cluster
     finally:
         ray.shutdown()
