@@ -96,7 +96,7 @@ def test_partial_gguf_runs_a_segment_like_the_whole_file(tmp_path, stories):
     from cooktop.cluster.weights import metadata_fields, tensor_names, write_partial
     from cooktop.format.gguf import open_gguf
     from cooktop.model.config import load_config
-    from cooktop.model.forward import Segment
+    from cooktop.model.forward import Rows, Segment
 
     gf = open_gguf(stories)
     cfg = load_config(gf)
@@ -115,7 +115,7 @@ def test_partial_gguf_runs_a_segment_like_the_whole_file(tmp_path, stories):
     for g in (gf, part):
         seg = Segment(dev, [3, 4], True, g, cfg, 8, True)
         kv = [[dev.zeros((16, cfg.n_embd_kv)) for _ in range(2)] for _ in range(2)]
-        outs.append(seg.run(x, pos, True, kv[0], kv[1]))
+        outs.append(seg.run(x, Rows(pos), kv[0], kv[1]))
         seg.release()
     np.testing.assert_array_equal(outs[0], outs[1])
 

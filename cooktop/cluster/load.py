@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import Any
 
 from ..engine.generate import Engine
 from ..errors import CooktopError
@@ -69,7 +70,7 @@ def plan_cluster(gf: GGUFFile, cfg: ModelConfig, device: str | None, n_gpu_layer
     """
     nodes = list_nodes()
     selectors = resolve(device, nodes, probe_nodes)
-    node_of = {s: find_node(split_selector(s)[0], nodes) for s in selectors}
+    node_of = {s: find_node(split_selector(s)[0] or "", nodes) for s in selectors}  # resolve() named each
 
     def info(sel: str):
         return probe_nodes([node_of[sel]])[node_of[sel].node_id]["devices"][split_selector(sel)[1]]
@@ -104,7 +105,9 @@ def _weights_specs(gf: GGUFFile, plan_cfg: ModelConfig, plan: ClusterPlan, weigh
     found = run_each([(plan.node_of[sel], where_here, (os.path.abspath(gf.path), fingerprint, partial))
                       for (sel, _b, _h), partial in zip(segs, partials)])
     ray = import_ray()
-    fields_ref, refs, out = None, {}, []
+    fields_ref: Any = None
+    refs: dict[str, Any] = {}
+    out: list[tuple] = []
     for where, n in zip(found, names):
         if where["how"] is not None and weights != "ship":
             out.append(("path", where["path"], where["how"]))
@@ -187,8 +190,7 @@ def load(model_path: str | os.PathLike, *, keep_scores: bool = False, **kwargs) 
     """
     m = load_model(model_path, **kwargs)
     try:
-        return Engine(m.gf, m.cfg, m.tokenizer, m.model, m.placement, m.devices, m.load_ms,  # type: ignore[arg-type]
-                      keep_scores)
+        return Engine(m.gf, m.cfg, m.tokenizer, m.model, m.placement, m.devices, m.load_ms, keep_scores)
     except BaseException:
         m.model.close()
         raise

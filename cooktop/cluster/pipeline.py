@@ -5,9 +5,10 @@ the output head, on one device) lives in a :class:`SegmentWorker` actor pinned
 to its node. The actor owns the segment's weights (a ``model.forward.Segment``
 built from the node's copy of the GGUF or a shipped one, ``cluster/weights.py``)
 and the K/V of every sequence for its blocks. :class:`ClusterModel` has the
-surface of ``model.forward.Model`` that ``engine`` uses (``new_cache``,
-``forward``, ``close``, ``cfg``, ``n_ctx``, ``n_batch``, ``logits_all``), so an
-``Engine`` and a ``Sequence`` run on it unchanged.
+surface of ``model.forward.Model`` that ``engine`` uses (``new_cache`` for
+``n_seq`` sequences, ``forward``, ``forward_batch``, ``close``, ``cfg``, ``n_ctx``,
+``n_batch``, ``logits_all``), so an ``Engine``, its ``Sequence`` s and batched
+decoding run on it unchanged.
 
 A forward pass looks up the token embeddings on the driver, then submits one
 Ray call per segment at once, each taking the previous call's result (float32
@@ -37,6 +38,7 @@ from ..errors import ClusterError, CooktopError
 from ..format.gguf import GGUFFile
 from ..format.quants import dequantize
 from ..model.config import ModelConfig
+from ..model.forward import Rows
 from .connect import get, import_ray, translate
 from .nodes import Node
 
@@ -56,7 +58,7 @@ class SegmentWorker:
 
     def __init__(self, spec: dict[str, Any]):
         self._error: BaseException | None = None
-        self.segment = None
+        self.segment: Any = None  # model.forward.Segment once set up
         self.caches: dict[int, tuple[Any, list, list]] = {}  # cid -> (DeviceBuffer, k, v)
         try:
             self._setup(spec)
@@ -93,9 +95,10 @@ class SegmentWorker:
         ray = import_ray()
         return {"pid": os.getpid(), "how": self.how, "actor_id": ray.get_runtime_context().get_actor_id()}
 
-    def new_cache(self, cid: int) -> None:
-        """Allocate sequence ``cid``'s K and V for each block: f32 [n_ctx, n_head_kv * head_dim] each."""
-        shape = (self.n_ctx, self.cfg.n_embd_kv)
+    def new_cache(self, cid: int, n_seq: int = 1) -> None:
+        """Allocate cache ``cid``'s K and V for each block: f32 [n_seq * n_ctx, n_head_kv * head_dim] each
+        (the layout of ``model.forward.KVCache``)."""
+        shape = (n_seq * self.n_ctx, self.cfg.n_embd_kv)
         buf = self.device.buffer(f"KV cache {cid}")
         try:
             k = [buf.zeros(shape) for _ in self.segment.blocks]
@@ -106,25 +109,25 @@ class SegmentWorker:
         self.caches[cid] = (buf, k, v)
 
     def drop_cache(self, cid: int) -> None:
-        """Give sequence ``cid``'s K/V back (unknown ids are ignored)."""
+        """Give cache ``cid``'s K/V back (unknown ids are ignored)."""
         kv = self.caches.pop(cid, None)
         if kv is not None:
             kv[0].release()
 
-    def run(self, x: np.ndarray, pos: np.ndarray, logits_all: bool, cid: int,
-            embeddings: bool) -> tuple[np.ndarray, float]:
-        """``Segment.run`` on sequence ``cid``: (float32 activations or logits, compute milliseconds).
+    def run(self, x: np.ndarray, rows: Rows, cid: int, embeddings: bool) -> tuple[np.ndarray, float]:
+        """``Segment.run`` with cache ``cid``: (float32 activations or logits, compute milliseconds).
 
+        Args:
+            x: float32 [n, n_embd]; rows: the rows' positions, cells and outputs (``model.forward.Rows``).
         Raises:
             CooktopError: ``cid`` has no cache here (the actor was restarted and lost it).
         """
         t0 = time.perf_counter()
         kv = self.caches.get(cid)
         if kv is None:
-            raise CooktopError(f"sequence {cid} has no KV cache on this segment (the segment was restarted); "
+            raise CooktopError(f"KV cache {cid} is not on this segment (the segment was restarted); "
                                "load the model again")
-        out = self.segment.run(np.ascontiguousarray(x, dtype=np.float32), pos, logits_all, kv[1], kv[2],
-                               embeddings)
+        out = self.segment.run(np.ascontiguousarray(x, dtype=np.float32), rows, kv[1], kv[2], embeddings)
         return out, (time.perf_counter() - t0) * 1e3
 
     def ping(self) -> int:
@@ -163,45 +166,52 @@ class RemoteSegment:
 
 
 class RemoteCache:
-    """One sequence's K/V, held by the segment actors; the engine-side view of ``model.forward.KVCache``.
+    """The K/V of ``n_seq`` sequences, held by the segment actors; the engine-side view of
+    ``model.forward.KVCache`` (same attributes and methods).
 
     Attributes:
-        tokens: ids at positions ``0 .. n_past - 1``; n_ctx: rows per block (tokens).
+        seq_tokens: per sequence, the ids at positions ``0 .. n_past - 1``; n_ctx: positions per
+        sequence; n_seq: sequences; cid: the caches' id on the actors.
     """
 
-    def __init__(self, model: ClusterModel, cid: int):
+    def __init__(self, model: ClusterModel, cid: int, n_seq: int = 1):
         self._model_key = model._key
         self.cid = cid
-        self.n_ctx = model.n_ctx
-        self.tokens: list[int] = []
+        self.n_ctx, self.n_seq = model.n_ctx, n_seq
+        self.seq_tokens: list[list[int]] = [[] for _ in range(n_seq)]
         self._closed = False
         self._release = weakref.finalize(self, ClusterModel._drop_remote, [s.actor for s in model.segments], cid)
         self._release.atexit = False
 
     @property
+    def tokens(self) -> list[int]:
+        """Sequence 0's ids."""
+        return self.seq_tokens[0]
+
+    @property
     def n_past(self) -> int:
-        """Positions (tokens) whose K/V the cache holds."""
-        return len(self.tokens)
+        """Positions (tokens) of sequence 0 whose K/V the cache holds."""
+        return len(self.seq_tokens[0])
 
     @property
     def closed(self) -> bool:
         """True after :meth:`close`."""
         return self._closed
 
-    def truncate(self, n: int) -> None:
-        """Keep positions ``0 .. n - 1``."""
-        del self.tokens[max(n, 0):]
+    def truncate(self, n: int, seq_id: int = 0) -> None:
+        """Keep positions ``0 .. n - 1`` of sequence ``seq_id``."""
+        del self.seq_tokens[seq_id][max(n, 0):]
 
     def close(self) -> None:
         """Free the K/V on every node. Idempotent; also runs when the cache is collected."""
         self._closed = True
         self._release()
-        self.tokens = []
+        self.seq_tokens = [[] for _ in range(self.n_seq)]
 
 
 @dataclasses.dataclass
 class HopStats:
-    """Decode-step timings (one token per forward) of a :class:`ClusterModel`, milliseconds summed.
+    """Decode-step timings (forward passes of one token) of a :class:`ClusterModel`, milliseconds summed.
 
     ``wall_ms``: driver-measured forward time; ``compute_ms[i]``: segment i's own
     time in ``Segment.run``; the rest is overhead: serialization, Ray's calls and the
@@ -272,15 +282,18 @@ class ClusterModel:
                 return s.label
         return "a segment of the pipeline"
 
-    def new_cache(self) -> RemoteCache:
-        """A fresh KV cache for one sequence, allocated by every segment on its node.
+    def new_cache(self, n_seq: int = 1) -> RemoteCache:
+        """A fresh KV cache for ``n_seq`` sequences, allocated by every segment on its node.
 
         Raises:
-            CooktopError: closed. ClusterError: a node failed. DeviceOutOfMemoryError: it does not fit.
+            CooktopError: closed, or ``n_seq`` < 1. ClusterError: a node failed.
+            DeviceOutOfMemoryError: it does not fit.
         """
         self._check_open()
+        if n_seq < 1:
+            raise CooktopError(f"a KV cache holds at least one sequence, not {n_seq}")
         cid = next(self._ids)
-        refs = [s.actor.new_cache.remote(cid) for s in self.segments]
+        refs = [s.actor.new_cache.remote(cid, n_seq) for s in self.segments]
         try:
             get(refs, self._where)
         except ClusterError as e:
@@ -289,7 +302,7 @@ class ClusterModel:
         except CooktopError:
             self._drop_remote([s.actor for s in self.segments], cid)
             raise
-        return RemoteCache(self, cid)
+        return RemoteCache(self, cid, n_seq)
 
     @staticmethod
     def _drop_remote(actors: list[Any], cid: int) -> None:
@@ -314,52 +327,106 @@ class ClusterModel:
         return x
 
     def forward(self, tokens: np.ndarray, n_past: int, cache: RemoteCache, logits_all: bool | None = None,
-                embeddings: bool = False) -> np.ndarray:
-        """As ``Model.forward``: ``n <= n_batch`` tokens at positions ``n_past ..``, through every segment.
+                embeddings: bool = False, seq_id: int = 0) -> np.ndarray:
+        """As ``Model.forward``: ``n <= n_batch`` tokens of sequence ``seq_id`` at positions
+        ``n_past ..``, through every segment.
 
         Returns:
             float32 [n or 1, n_vocab] logits, or float32 [n, n_embd] with ``embeddings``.
         Raises:
             CooktopError: closed, or a cache of another model or closed.
-            ValueError: ``n`` or ``n_past`` out of range.
+            ValueError: ``n``, ``n_past`` or ``seq_id`` out of range.
             ClusterError: a segment died or did not answer (its node is named); the model is then broken.
         """
-        self._check_open()
-        if getattr(cache, "_model_key", None) is not self._key:
-            raise CooktopError("this KV cache was made by another model; use model.new_cache()")
-        if cache.closed:
-            raise CooktopError("this KV cache is closed")
+        self._check_cache(cache)
         n = len(tokens)
         if not 0 < n <= self.n_batch:
             raise ValueError(f"forward takes 1..{self.n_batch} tokens, got {n}")
-        if not 0 <= n_past <= cache.n_past:
-            raise ValueError(f"n_past {n_past} is outside the cache's 0..{cache.n_past} positions")
-        if n_past + n > self.n_ctx:
-            raise ValueError(f"positions {n_past}..{n_past + n - 1} exceed n_ctx {self.n_ctx}")
+        self._check_item(cache, seq_id, n_past, n)
         la = self.logits_all if logits_all is None else (logits_all and self.logits_all)
         ids = np.asarray(tokens, dtype=np.int64)
+        pos = np.arange(n_past, n_past + n, dtype=np.int32)
+        rows = Rows(pos, outputs=None if la else np.array([n - 1], dtype=np.int32), n_ctx=self.n_ctx)
+        if seq_id:
+            rows.cells = pos + np.int32(seq_id * self.n_ctx)
+            rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
+        cache.truncate(n_past, seq_id)
+        out = self._pipeline(ids, rows, cache, embeddings)
+        cache.seq_tokens[seq_id].extend(int(t) for t in ids)
+        return out
+
+    def forward_batch(self, cache: RemoteCache, items: list[tuple[int, int, list[int], bool]]
+                      ) -> list[np.ndarray | None]:
+        """As ``Model.forward_batch``: tokens of several sequences of ``cache`` in one pass.
+
+        Each item ``(seq_id, n_past, tokens, want_logits)`` appends ``tokens`` to sequence
+        ``seq_id`` at positions ``n_past ..``; a sequence appears at most once.
+
+        Returns:
+            per item: float32 [1, n_vocab] logits of its last token when ``want_logits``, else None.
+        Raises:
+            as :meth:`forward`; ValueError: no tokens, more than ``n_batch``, a sequence twice.
+        """
+        self._check_cache(cache)
+        n = sum(len(t) for _, _, t, _ in items)
+        if not 0 < n <= self.n_batch or any(not t for _, _, t, _ in items):
+            raise ValueError(f"forward_batch takes 1..{self.n_batch} tokens, at least one per item, got {n}")
+        if len({s for s, _, _, _ in items}) != len(items):
+            raise ValueError("forward_batch: a sequence appears twice in one batch")
+        for seq_id, n_past, toks, _ in items:
+            self._check_item(cache, seq_id, n_past, len(toks))
+        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, _, t, _ in items])
+        pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for _, p, t, _ in items])
+        base = np.concatenate([np.full(len(t), s * self.n_ctx, dtype=np.int32) for s, _, t, _ in items])
+        ends = np.cumsum([len(t) for _, _, t, _ in items]) - 1
+        want = [i for i, it in enumerate(items) if it[3]]
+        outputs = ends[want].astype(np.int32) if want else np.array([n - 1], dtype=np.int32)
+        for seq_id, n_past, _, _ in items:
+            cache.truncate(n_past, seq_id)
+        logits = self._pipeline(ids, Rows(pos, pos + base, base, outputs, self.n_ctx), cache, False)
+        for seq_id, _, toks, _ in items:
+            cache.seq_tokens[seq_id].extend(int(t) for t in toks)
+        out: list[np.ndarray | None] = [None] * len(items)
+        for j, i in enumerate(want):
+            out[i] = logits[j:j + 1]
+        return out
+
+    def _pipeline(self, ids: np.ndarray, rows: Rows, cache: RemoteCache, embeddings: bool) -> np.ndarray:
+        """Embed ``ids`` here, then one Ray call per segment, each taking the previous one's result."""
         t0 = time.perf_counter()
         x: Any = self.embed(ids)
-        pos = np.arange(n_past, n_past + n, dtype=np.int32)
-        cache.truncate(n_past)
         timing = []
         for s in self.segments:
-            x, t = s.actor.run.options(num_returns=2).remote(x, pos, la, cache.cid, embeddings)
+            x, t = s.actor.run.options(num_returns=2).remote(x, rows, cache.cid, embeddings)
             timing.append(t)
         try:
             out, *ms = get([x, *timing], self._where)
         except ClusterError as e:
             self._broken = str(e)
             raise
-        out = np.asarray(out)
-        if n == 1:
+        if len(ids) == 1:
             with self._lock:
                 self.stats.n_tokens += 1
                 self.stats.wall_ms += (time.perf_counter() - t0) * 1e3
                 for i, m in enumerate(ms):
                     self.stats.compute_ms[i] += m
-        cache.tokens.extend(int(t) for t in ids)
-        return out
+        return np.asarray(out)
+
+    def _check_cache(self, cache: RemoteCache) -> None:
+        self._check_open()
+        if getattr(cache, "_model_key", None) is not self._key:
+            raise CooktopError("this KV cache was made by another model; use model.new_cache()")
+        if cache.closed:
+            raise CooktopError("this KV cache is closed")
+
+    def _check_item(self, cache: RemoteCache, seq_id: int, n_past: int, n: int) -> None:
+        if not 0 <= seq_id < cache.n_seq:
+            raise ValueError(f"seq_id {seq_id} is outside the cache's 0..{cache.n_seq - 1} sequences")
+        have = len(cache.seq_tokens[seq_id])
+        if not 0 <= n_past <= have:
+            raise ValueError(f"n_past {n_past} is outside the cache's 0..{have} positions")
+        if n_past + n > self.n_ctx:
+            raise ValueError(f"positions {n_past}..{n_past + n - 1} exceed n_ctx {self.n_ctx}")
 
     def reset_stats(self) -> None:
         """Start :attr:`stats` over (e.g. after a warm-up)."""

@@ -73,22 +73,21 @@ def transfer_hops(plan: ClusterPlan, cfg: ModelConfig, measure: bool = True) -> 
     segs = plan.placement.segments()
     act = np.zeros((1, cfg.n_embd), dtype=np.float32)
     logits = np.zeros((1, cfg.n_vocab), dtype=np.float32)
-    hops = []
+    legs: list[tuple[str, str, Node, np.ndarray, bool]] = []  # (from, to, timed node, payload, towards it)
     prev = "driver"
     for sel, _blocks, _head in segs:
-        hops.append({"from": prev, "to": sel, "node": plan.node_of[sel].name, "bytes_per_token": act.nbytes,
-                     "payload": act, "to_node": True})
+        legs.append((prev, sel, plan.node_of[sel], act, True))
         prev = sel
-    hops.append({"from": prev, "to": "driver", "node": plan.node_of[prev].name, "bytes_per_token": logits.nbytes,
-                 "payload": logits, "to_node": False})
+    legs.append((prev, "driver", plan.node_of[prev], logits, False))
     cache: dict[tuple[str, int, bool], float] = {}
-    for h in hops:
-        payload, to_node = h.pop("payload"), h.pop("to_node")
-        h["latency_ms"] = None
+    hops: list[dict[str, Any]] = []
+    for src, dst, node, payload, to_node in legs:
+        latency = None
         if measure:
-            node = next(n for n in plan.nodes if n.name == h["node"])
             key = (node.node_id, payload.nbytes, to_node)
             if key not in cache:
                 cache[key] = hop_latency_ms(node, payload, to_node)
-            h["latency_ms"] = cache[key]
+            latency = cache[key]
+        hops.append({"from": src, "to": dst, "node": node.name, "bytes_per_token": payload.nbytes,
+                     "latency_ms": latency})
     return hops

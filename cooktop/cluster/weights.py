@@ -41,7 +41,8 @@ def tensor_names(gf: GGUFFile, cfg: ModelConfig, blocks: list[int], head: bool) 
 
     arch = architecture(cfg.arch)
     want: set[str] = set()
-    for unit in [*blocks, *([HEAD] if head else [])]:
+    units: list[int | str] = [*blocks, *([HEAD] if head else [])]
+    for unit in units:
         want.update(name for name, _spec in arch.unit_tensors(gf.tensors, unit).values())
     return [n for n in gf.tensors if n in want]
 

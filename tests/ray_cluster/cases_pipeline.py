@@ -104,6 +104,30 @@ def test_split_quantized_model_shipped_through_the_object_store(address):
         local.close()
 
 
+def test_batched_sequences_across_nodes_match_one_machine(address):
+    """Two sequences of one cache in shared forward passes (forward_batch, what the server's batch
+    driver runs) on the split model give this machine's logits."""
+    from cooktop.cluster.load import load
+    from cooktop.engine.generate import load as local_load
+
+    got, want = [], []
+    for outs, eng in ((got, load(STORIES, device=SPLIT, n_ctx=128, n_gpu_layers=-1)),
+                      (want, local_load(STORIES, device="cpu", n_ctx=128))):
+        try:
+            a = eng.tokenizer.tokenize("Once upon a time", add_bos=True)
+            b = eng.tokenizer.tokenize("The cat sat", add_bos=True)
+            seqs = eng.new_sequences(2)
+            first = eng.model.forward_batch(seqs[0].cache, [(0, 0, a, True), (1, 0, b, True)])
+            nxt = [int(np.argmax(x)) for x in first]
+            second = eng.model.forward_batch(seqs[0].cache, [(0, len(a), [nxt[0]], True), (1, len(b), [nxt[1]], True)])
+            outs += [*first, *second]
+            assert seqs[1].tokens == [*b, nxt[1]]
+        finally:
+            eng.close()
+    for g, w in zip(got, want):
+        assert nmse(g, w) <= 1e-6
+
+
 def test_plan_places_layers_by_node_memory_and_reports_hops(address):
     """`cooktop plan --ray`: blocks in proportion to each node's (here overridden) memory; each hop's
     bytes per token (4 x n_embd activations, 4 x n_vocab logits back) and a measured latency."""
