@@ -50,3 +50,8 @@ class UnsupportedOpError(CooktopError):
 
 class ChatTemplateError(CooktopError):
     """A chat template failed to compile or refused a conversation (it raised, or hit an undefined or unsafe value)."""
+
+
+class ClusterError(CooktopError):
+    """A Ray cluster cannot be used: Ray is missing, the cluster is unreachable, a node
+    name is unknown, or a node (or the actor holding a segment there) died or stopped answering."""

@@ -16,11 +16,13 @@
 #   PYTHON           interpreter used to create the venv (default python3)
 #   COOKTOP_VENV     venv folder (default <repo>/.venv)
 #   COOKTOP_EXTRAS   more extras, comma list (e.g. compare: llama-cpp-python, which
-#                    builds llama.cpp: 10-26 min on 2 busy cores, once per pip cache)
+#                    builds llama.cpp: 10-26 min on 2 busy cores, once per pip cache;
+#                    ray: Ray + Ray Serve for cooktop.cluster, an ~80 MB wheel)
 #   COOKTOP_SHARED   shared data folder (default <repo>/../shared)
 #   COOKTOP_REQUIRE  comma list (as in tests/conftest.py): a failed step that provides
-#                    a named resource (opencl, vulkan, glslc, shared, vulkan_validation, or
-#                    llama_cpp for the compare extra) makes setup fail; otherwise setup warns and goes
+#                    a named resource (opencl, vulkan, glslc, shared, vulkan_validation,
+#                    llama_cpp for the compare extra, ray for the ray extra) makes setup fail;
+#                    otherwise setup warns and goes
 #                    on, since the numpy backend works without any of them.
 #   COOKTOP_SETUP_STRICT=1  every failed step is fatal.
 set -euo pipefail
@@ -66,6 +68,7 @@ apt_pkgs=(
     pocl-opencl-icd ocl-icd-libopencl1 clinfo
     mesa-vulkan-drivers libvulkan1 libvulkan-dev vulkan-tools glslc vulkan-validationlayers
     libfmt-dev
+    iproute2 util-linux
 )
 if ! command -v "$py_sys" >/dev/null 2>&1; then
     apt_pkgs+=(python3 python3-venv)

@@ -1,8 +1,8 @@
 """The package's import graph: no cycles, and no import from a lower room into a higher one.
 
 Rooms, lowest first (a module may import its own room and any lower one):
-errors/units/version < format < backends < model, text < runtime < engine < tools < api
-< server, bench < cli. ``shaders`` holds package data only. The graph is built with ``ast``
+errors/units/version < format < backends < model, text < runtime < engine < cluster < tools
+< api < server, bench < cli. ``shaders`` holds package data only. The graph is built with ``ast``
 from every ``import`` statement, those inside functions included (a lazy import is still a
 dependency), so a cycle cannot hide behind one.
 """
@@ -21,6 +21,7 @@ RANK = {
     "model": 3, "text": 3,
     "runtime": 4,
     "engine": 5,
+    "cluster": 5.5,  # Ray: above engine (it builds Engines), below api/server/cli (which offer it)
     "tools": 6,
     "api": 7,
     "server": 8, "bench": 8,

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import cluster
 from ..backends import notices
 from ..engine import generate as _generate
 from ..errors import CooktopError
@@ -66,7 +67,10 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     ``type_k``/``type_v`` (F32 only), ``vocab_only`` (tokenizer only),
     ``verbose``. cooktop's own: ``device`` (``--device``), ``split``,
     ``chat_template`` / ``chat_template_file`` (llama-server's ``--chat-template``,
-    ``--chat-template-file``: a format name or jinja text, a jinja file).
+    ``--chat-template-file``: a format name or jinja text, a jinja file),
+    ``ray_address`` (default ``COOKTOP_RAY``): run the model's segments on the nodes
+    of that Ray cluster (``device`` then takes ``NODE/DEVICE`` selectors; see
+    ``cooktop.cluster``; needs ``cooktop[ray]``).
 
     Raises:
         GGUFError, UnsupportedModelError, DeviceError, ChatTemplateError (an
@@ -80,7 +84,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                  embedding: bool = False, last_n_tokens_size: int = 64, chat_format: str | None = None,
                  type_k: int | None = None, type_v: int | None = None, spm_infill: bool = False,
                  verbose: bool = True, device: str | None = None, split: str | list[float] | None = None,
-                 chat_template: str | None = None, chat_template_file: str | None = None, **kwargs: Any):
+                 chat_template: str | None = None, chat_template_file: str | None = None,
+                 ray_address: str | None = None, **kwargs: Any):
         self._engine_or_none: _generate.Engine | None = None
         self._last: _generate.GenerationResult | None = None
         notices.set_verbose(verbose)  # process-wide, like llama-cpp-python's log callback: False prints nothing
@@ -115,9 +120,15 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                 device = _one_device(device, main_gpu)
             elif split_mode == options.SPLIT_MODE_ROW:
                 log.warning("Llama(split_mode=2) (row split) accepted, runs as split_mode=1: cooktop splits by layer")
-            self._engine_or_none = _generate.load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
-                                                n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all,
-                                                keep_scores=True)
+            load = _generate.load
+            ray_address = cluster.address_from(ray_address)
+            if ray_address is not None or cluster.is_cluster_selector(device):
+                from ..cluster.load import load as cluster_load
+
+                load = functools.partial(cluster_load, ray_address=ray_address)
+            self._engine_or_none = load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
+                                        n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all,
+                                        keep_scores=True)
             self._gf, self._tokenizer = self._engine.gf, self._engine.tokenizer
             self._n_ctx = self._engine.n_ctx
         self._chat = None  # resolved chat template (TemplateChoice), on first use

@@ -185,6 +185,9 @@ def parse_selector(sel: str) -> tuple[str, int]:
         DeviceError: not a valid selector, the family is unusable, or the index is out of range.
     """
     s = sel.strip().lower()
+    if "/" in s:  # NODE/DEVICE: a device of a Ray cluster's node (cooktop.cluster)
+        raise DeviceError(f"device {sel!r} names a node of a Ray cluster: give --ray ADDRESS (or COOKTOP_RAY, "
+                          "or Llama(ray_address=...)) to use it; needs pip install 'cooktop[ray]'")
     fam, _, idx = s.partition(":")
     if fam not in FAMILIES:
         raise DeviceError(f"unknown device {sel!r}: valid devices are {', '.join(valid_selectors())} "

@@ -43,6 +43,14 @@ def device_options(f):
     return f
 
 
+def ray_option(f):
+    """``--ray ADDRESS`` (``COOKTOP_RAY``): work across the nodes of a Ray cluster (cooktop.cluster)."""
+    return click.option("--ray", "ray_address", default=None, envvar="COOKTOP_RAY", metavar="ADDRESS",
+                        help="Ray cluster (HOST:PORT of its head node, or auto): devices become NODE/DEVICE "
+                             "(e.g. alpha/opencl:0), auto = every node's auto device (COOKTOP_RAY; "
+                             "pip install 'cooktop[ray]').")(f)
+
+
 # -- llama.cpp's multi-letter short flags --------------------------------------------------------
 # click tries an argument as a whole option name before splitting it into short options, so
 # registering "-cnv" keeps it from being read as "-c nv" (llama.cpp's common/arg.cpp names).

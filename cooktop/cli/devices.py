@@ -9,6 +9,7 @@ import click
 from tabulate import tabulate
 
 from ..backends import registry
+from .common import ray_option
 from .group import cli
 
 
@@ -47,23 +48,15 @@ def devices_report(smoke: bool = True) -> dict:
     return out
 
 
-@cli.command("devices")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--no-smoke", is_flag=True, help="Skip the smoke tests (faster).")
-def devices_cmd(as_json: bool, no_smoke: bool) -> None:
-    """List compute devices of every backend (cpu, opencl, vulkan) and test each one."""
-    rep = devices_report(smoke=not no_smoke)
-    if as_json:
-        click.echo(json.dumps(rep, indent=2, default=str))
-        return
+def _rows(rep: dict, prefix: str = "") -> list[list]:
     rows = []
     for fam, e in rep["families"].items():
         if not e["devices"]:
-            rows.append([fam, "-", "no", _short(e["reason"], 40), "", "", "", "", "", "", ""])
+            rows.append([f"{prefix}{fam}", "-", "no", _short(e["reason"], 40), "", "", "", "", "", "", ""])
             continue
         for d in e["devices"]:
             rows.append([
-                d["selector"], d["device_type"], "yes" if d["usable"] else "no",
+                f"{prefix}{d['selector']}", d["device_type"], "yes" if d["usable"] else "no",
                 _short(d["name"], 40),
                 _short(f"{d['platform']} {d['driver_version']}".strip(), 36),
                 _gib(d["global_mem_bytes"]), _gib(d["max_alloc_bytes"]),
@@ -71,14 +64,57 @@ def devices_cmd(as_json: bool, no_smoke: bool) -> None:
                 ("fp16 " if d["fp16"] else "") + ("int8" if d["int8"] else ""),
                 d.get("smoke_test", "-"),
             ])
-    click.echo(tabulate(rows, headers=["device", "type", "usable", "name", "platform / driver", "memory",
-                                       "max alloc", "CUs", "wg/sg", "features", "smoke"]))
-    click.echo("")
+    return rows
+
+
+def _notes(rep: dict, prefix: str = "") -> None:
     for fam, e in rep["families"].items():
         for d in e["devices"]:
-            click.echo(f"{d['selector']}: types {' '.join(d['types'])}")
+            click.echo(f"{prefix}{d['selector']}: types {' '.join(d['types'])}")
             if d.get("smoke_test") == "FAIL":
-                click.echo(f"{d['selector']}: smoke test FAILED: {d['smoke_detail']} (never chosen by auto)")
+                click.echo(f"{prefix}{d['selector']}: smoke test FAILED: {d['smoke_detail']} (never chosen by auto)")
         if not e["available"]:
-            click.echo(f"{fam}: unavailable: {e['reason']}" + (f"\n  to enable: {e['hint']}" if e["hint"] else ""))
+            click.echo(f"{prefix}{fam}: unavailable: {e['reason']}"
+                       + (f"\n  to enable: {e['hint']}" if e["hint"] else ""))
+
+
+HEADERS = ["device", "type", "usable", "name", "platform / driver", "memory", "max alloc", "CUs", "wg/sg",
+           "features", "smoke"]
+
+
+@cli.command("devices")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--no-smoke", is_flag=True, help="Skip the smoke tests (faster).")
+@ray_option
+def devices_cmd(as_json: bool, no_smoke: bool, ray_address: str | None) -> None:
+    """List compute devices of every backend (cpu, opencl, vulkan) and test each one.
+
+    With --ray, every node of the cluster probes and tests its own devices, listed as NODE/DEVICE.
+    """
+    if ray_address:
+        from ..cluster import connect
+        from ..cluster.report import cluster_devices
+
+        connect(ray_address)
+        rep = cluster_devices(devices_report, smoke=not no_smoke)
+        if as_json:
+            click.echo(json.dumps(rep, indent=2, default=str))
+            return
+        rows = [r for n in rep["nodes"] for r in _rows(n["report"], f"{n['node']}/")]
+        click.echo(tabulate(rows, headers=HEADERS))
+        click.echo("")
+        for n in rep["nodes"]:
+            _notes(n["report"], f"{n['node']}/")
+        for n in rep["nodes"]:
+            auto = n["report"]["auto"]
+            auto = [f"{n['node']}/{a}" for a in auto] if isinstance(auto, list) else auto
+            click.echo(f"node {n['node']} ({n['address']}, id {n['node_id'][:8]}): auto selects {auto}")
+        return
+    rep = devices_report(smoke=not no_smoke)
+    if as_json:
+        click.echo(json.dumps(rep, indent=2, default=str))
+        return
+    click.echo(tabulate(_rows(rep), headers=HEADERS))
+    click.echo("")
+    _notes(rep)
     click.echo(f"auto selects: {rep['auto']}")

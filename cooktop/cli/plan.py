@@ -11,7 +11,7 @@ from ..backends import registry
 from ..format.gguf import open_gguf
 from ..model.config import load_config
 from ..runtime.loader import check_batch, default_n_ctx, plan_for
-from .common import device_options, model_options, parse_ngl, resolve_model
+from .common import device_options, model_options, parse_ngl, ray_option, resolve_model
 from .group import cli
 
 PLAN_SCHEMA_VERSION = 1
@@ -34,15 +34,34 @@ def _ranges(blocks: list[int]) -> str:
     return ",".join(out)
 
 
-def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_layers, split) -> dict:
-    """The ``--json`` document (schema in README "cooktop plan --json")."""
+def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_layers, split,
+                ray_address: str | None = None) -> dict:
+    """The ``--json`` document (schema in README "cooktop plan --json").
+
+    With ``ray_address`` the devices are the cluster's (``NODE/DEVICE``) and the
+    document gains ``ray``: ``nodes`` and, per hop of one decoded token,
+    ``hops`` (``from``, ``to``, ``node``, ``bytes_per_token``, ``latency_ms``).
+    """
     gf = open_gguf(model)
     cfg = load_config(gf)
     n_ctx = default_n_ctx(cfg, n_ctx)
     n_batch = check_batch(n_batch, n_ctx)
-    selectors = registry.resolve(device)
-    p = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, False)
-    return {
+    cluster = None
+    if ray_address:
+        from ..cluster import connect
+        from ..cluster.load import plan_cluster
+        from ..cluster.report import transfer_hops
+
+        connect(ray_address)
+        cp = plan_cluster(gf, cfg, device, n_gpu_layers, split, n_ctx, n_batch, False)
+        p, selectors = cp.placement, cp.selectors
+        hops = transfer_hops(cp, cfg)
+        cluster = {"nodes": [{"node": n.name, "node_id": n.node_id, "address": n.address} for n in cp.nodes],
+                   "hops": hops, "bytes_per_token": sum(h["bytes_per_token"] for h in hops)}
+    else:
+        selectors = registry.resolve(device)
+        p = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, False)
+    rep = {
         "schema": PLAN_SCHEMA_VERSION,
         "model": model,
         "n_layer": cfg.n_layer,
@@ -64,6 +83,9 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
         ],
         "host_reasons": p.notes,
     }
+    if cluster is not None:
+        rep["ray"] = cluster
+    return rep
 
 
 @cli.command("plan")
@@ -71,11 +93,16 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
 @click.option("-c", "--ctx-size", "n_ctx", default=0, help="Context size in tokens (0 = from the model, <= 4096).")
 @click.option("-b", "--batch-size", "n_batch", default=512, show_default=True)
 @device_options
+@ray_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema, see README).")
-def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, split, as_json):
-    """Show the placement of a model's layers on devices (per-device memory, fits or not)."""
+def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, as_json):
+    """Show the placement of a model's layers on devices (per-device memory, fits or not).
+
+    With --ray, layers are placed across the cluster's nodes by each device's probed memory,
+    and each hop of a decoded token is listed with its bytes and measured latency.
+    """
     path = resolve_model(model, hf_repo, hf_file)
-    rep = plan_report(path, n_ctx, n_batch, device, parse_ngl(n_gpu_layers), split)
+    rep = plan_report(path, n_ctx, n_batch, device, parse_ngl(n_gpu_layers), split, ray_address)
     if as_json:
         click.echo(json.dumps(rep, indent=2))
         return
@@ -90,3 +117,11 @@ def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, spli
     click.echo(rep["summary"])
     for r in rep["host_reasons"]:
         click.echo(f"note: {r}")
+    if "ray" in rep:
+        hops = rep["ray"]["hops"]
+        click.echo(tabulate([[h["from"], h["to"], h["node"], h["bytes_per_token"],
+                              "?" if h["latency_ms"] is None else f"{h['latency_ms']:.2f}"] for h in hops],
+                            headers=["hop from", "to", "node", "bytes/token", "latency ms"]))
+        total = sum(h["latency_ms"] or 0.0 for h in hops)
+        click.echo(f"per decoded token: {rep['ray']['bytes_per_token']} bytes over {len(hops)} hops, "
+                   f"~{total:.2f} ms of hop latency (actor-call round trips, median of 20)")

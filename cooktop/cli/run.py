@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import click
 
+from ..cluster import is_cluster_selector
 from ..engine import generate as _engine
 from ..engine.sampling import SamplingParams
 from ..errors import CooktopError
@@ -16,6 +18,7 @@ from .common import (
     device_options,
     model_options,
     parse_ngl,
+    ray_option,
     read_prompt_file,
     resolve_model,
     threads_option,
@@ -102,10 +105,12 @@ def process_escapes(text: str) -> str:
 @chat_options
 @threads_option
 @device_options
+@ray_option
 @compat_options
 def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, temperature, top_k, top_p,
             min_p, repeat_penalty, repeat_last_n, seed, escape, no_bos, special, conversation, system,
-            chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, **compat):
+            chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, ray_address,
+            **compat):
     """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple).
 
     Special tokens in the prompt (``<s>``, ``<|im_start|>``) are parsed, escapes
@@ -123,14 +128,18 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         prompt = process_escapes(prompt)
     if conversation or (conversation is None and system is not None):
         llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
-                              chat_template, chat_template_file)
+                              chat_template, chat_template_file, ray_address)
         gen = dict(max_tokens=n_predict, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                    repeat_penalty=repeat_penalty)
         sys.exit(chat_loop(llm, gen, system, prompt or None))
     from ..api.options import set_threads
     set_threads(threads_batch or threads)
-    eng = _engine.load(path, n_ctx=n_ctx, n_batch=n_batch, device=device,
-                       n_gpu_layers=parse_ngl(n_gpu_layers), split=split)
+    load = _engine.load
+    if ray_address or is_cluster_selector(device):
+        from ..cluster.load import load as cluster_load
+
+        load = functools.partial(cluster_load, ray_address=ray_address)
+    eng = load(path, n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split)
     tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=True)
     eng.check_prompt(tokens)
     click.echo(f"cooktop: {path}: {eng.placement.summary()}", err=True)
@@ -152,3 +161,11 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     click.echo(f"cooktop: finish reason: {res.finish_reason}; seed {res.seed}", err=True)
     for line in res.timings.lines():
         click.echo(line, err=True)
+    hop_stats = getattr(eng.model, "stats", None)
+    if hop_stats is not None and hop_stats.n_tokens:
+        st = hop_stats.summary()
+        click.echo(f"cooktop: ray: {st['ms_per_token']:.2f} ms per decoded token = compute "
+                   f"{' + '.join(f'{c:.2f}' for c in st['compute_ms'])} ms (per segment) + overhead "
+                   f"{st['overhead_ms']:.2f} ms ({st['overhead_ms_per_hop']:.2f} ms per hop, {st['n_hops']} hops)",
+                   err=True)
+    eng.close()

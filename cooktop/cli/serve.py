@@ -14,6 +14,7 @@ from .common import (
     device_options,
     model_options,
     parse_ngl,
+    ray_option,
     resolve_model,
     threads_option,
 )
@@ -41,12 +42,23 @@ from .group import cli
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
 @threads_option
 @device_options
+@ray_option
+@click.option("--replicas", "n_replicas", type=int, default=None,
+              help="With --ray: replicas of the model behind Ray Serve (default 1), requests balanced across them.")
 @compat_options(exclude=("parallel",))
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               chat_template, chat_template_file, seed, embeddings, metrics, threads, threads_batch, device,
-              n_gpu_layers, split, **compat):
-    """Serve a model over HTTP with an OpenAI-compatible API (like llama-server)."""
+              n_gpu_layers, split, ray_address, n_replicas, **compat):
+    """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
+
+    With --ray ADDRESS, Ray Serve runs --replicas copies of the server on the cluster (each
+    possibly split across nodes by --device NODE/DEVICE,...) behind one address.
+    """
     check_compat(compat)
+    if n_replicas is not None and not ray_address:
+        raise CooktopError("--replicas needs --ray ADDRESS (or COOKTOP_RAY): replicas run on a Ray cluster")
+    if n_replicas is not None and n_replicas < 1:
+        raise CooktopError(f"--replicas must be >= 1, got {n_replicas}")
     try:
         import uvicorn
 
@@ -66,6 +78,16 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
                           api_key=api_key)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
+    if ray_address:
+        from ..server.replicas import serve_forever
+
+        n_replicas = n_replicas or 1
+        click.echo(f"cooktop: starting {n_replicas} replica(s) of {path} on the Ray cluster at {ray_address}",
+                   err=True)
+        serve_forever(config, ray_address, n_replicas, host, port, on_ready=lambda: click.echo(
+            f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} ({n_replicas} replica(s) "
+            f"behind Ray Serve, {n_parallel} slot(s) each{', API key required' if api_key else ''})", err=True))
+        return
     click.echo(f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} "
                f"({n_parallel} slot(s){', API key required' if api_key else ''})", err=True)
     uvicorn.run(create_app(config), host=host, port=port, log_level="warning")

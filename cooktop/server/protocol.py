@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from ..engine.grammar import GrammarError
-from ..errors import ChatTemplateError, ContextOverflowError, CooktopError
+from ..errors import ChatTemplateError, ClusterError, ContextOverflowError, CooktopError
 from ..text.tokenizer import InvalidTokenError
 from .slots import OverloadedError
 
@@ -38,7 +38,7 @@ def classify(exc: BaseException) -> tuple[int, str]:
     """(HTTP status, OpenAI error type) for an exception raised while serving a request."""
     if isinstance(exc, HTTPError):
         return exc.status, exc.type
-    if isinstance(exc, OverloadedError):
+    if isinstance(exc, (OverloadedError, ClusterError)):  # a cluster node lost: the replica is restarted
         return 503, "unavailable_error"
     if isinstance(exc, ContextOverflowError):
         return 400, "exceed_context_size_error"

@@ -1,0 +1,467 @@
+"""A model whose segments run on the nodes of a Ray cluster (llama.cpp's RPC split, on Ray).
+
+Each segment of the placement (``runtime/placement.py``: consecutive blocks, and
+the output head, on one device) lives in a :class:`SegmentWorker` actor pinned
+to its node. The actor owns the segment's weights (a ``model.forward.Segment``
+built from the node's copy of the GGUF or a shipped one, ``cluster/weights.py``)
+and the K/V of every sequence for its blocks. :class:`ClusterModel` has the
+surface of ``model.forward.Model`` that ``engine`` uses (``new_cache`` for
+``n_seq`` sequences, ``forward``, ``forward_batch``, ``close``, ``cfg``, ``n_ctx``,
+``n_batch``, ``logits_all``), so an ``Engine``, its ``Sequence`` s and batched
+decoding run on it unchanged.
+
+A forward pass looks up the token embeddings on the driver, then submits one
+Ray call per segment at once, each taking the previous call's result (float32
+[n_tokens, n_embd] activations) as its argument, and waits for the last one
+(float32 logits). Ray moves the activations from node to node; the driver waits
+once per forward pass. A segment that dies (its node left the cluster, its
+process was killed) fails that wait within seconds with a
+:class:`~cooktop.errors.ClusterError` naming its node; a segment that stops
+answering fails it after ``COOKTOP_RAY_TIMEOUT`` seconds. The model is then
+unusable (its KV caches are gone): load it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ..errors import ClusterError, CooktopError
+from ..format.gguf import GGUFFile
+from ..format.quants import dequantize
+from ..model.config import ModelConfig
+from ..model.forward import Rows
+from .connect import get, import_ray, translate
+from .nodes import Node
+
+log = logging.getLogger("cooktop")
+
+
+class SegmentWorker:
+    """Ray actor body: one segment on one node, with the K/V of each sequence for its blocks.
+
+    Args:
+        spec: ``selector`` (the node-local device, e.g. ``opencl:0``), ``blocks``, ``head``,
+            ``cfg`` (ModelConfig), ``n_ctx``, ``n_batch``, ``logits_all``, and ``weights``:
+            ``("path", file, "local" | "cached")`` to open, or ``("ship", Shipment, file)`` to write first.
+    A failure while setting up is kept and raised by :meth:`ready` (so the driver gets
+    the CooktopError, e.g. DeviceOutOfMemoryError, rather than a dead actor).
+    """
+
+    def __init__(self, spec: dict[str, Any]):
+        self._error: BaseException | None = None
+        self.segment: Any = None  # model.forward.Segment once set up
+        self.caches: dict[int, tuple[Any, list, list]] = {}  # cid -> (DeviceBuffer, k, v)
+        try:
+            self._setup(spec)
+        except Exception as e:  # noqa: BLE001 - handed to the driver by ready()
+            self._error = e
+
+    def _setup(self, spec: dict[str, Any]) -> None:
+        from ..backends import registry
+        from ..format.gguf import open_gguf
+        from ..model.forward import Segment
+        from .weights import materialize
+
+        self.cfg: ModelConfig = spec["cfg"]
+        self.n_ctx = spec["n_ctx"]
+        self.device = registry.open_device(spec["selector"])
+        if spec["selector"] != "cpu":
+            res = registry.smoke_test(spec["selector"])
+            if not res.ok:
+                log.warning("%s failed its smoke test (%s); using it because it was named", spec["selector"],
+                            res.detail)
+        weights = spec["weights"]
+        if weights[0] == "ship":
+            path, self.how = materialize(weights[1], weights[2]), "shipped"
+        else:
+            path, self.how = weights[1], weights[2]
+        gf = open_gguf(path)
+        self.segment = Segment(self.device, spec["blocks"], spec["head"], gf, self.cfg, spec["n_batch"],
+                               spec["logits_all"])
+
+    def ready(self) -> dict[str, Any]:
+        """``{"pid", "how", "actor_id"}`` once the weights are on the device; raises the setup error otherwise."""
+        if self._error is not None:
+            raise self._error
+        ray = import_ray()
+        return {"pid": os.getpid(), "how": self.how, "actor_id": ray.get_runtime_context().get_actor_id()}
+
+    def new_cache(self, cid: int, n_seq: int = 1) -> None:
+        """Allocate cache ``cid``'s K and V for each block: f32 [n_seq * n_ctx, n_head_kv * head_dim] each
+        (the layout of ``model.forward.KVCache``)."""
+        shape = (n_seq * self.n_ctx, self.cfg.n_embd_kv)
+        buf = self.device.buffer(f"KV cache {cid}")
+        try:
+            k = [buf.zeros(shape) for _ in self.segment.blocks]
+            v = [buf.zeros(shape) for _ in self.segment.blocks]
+        except BaseException:
+            buf.release()
+            raise
+        self.caches[cid] = (buf, k, v)
+
+    def drop_cache(self, cid: int) -> None:
+        """Give cache ``cid``'s K/V back (unknown ids are ignored)."""
+        kv = self.caches.pop(cid, None)
+        if kv is not None:
+            kv[0].release()
+
+    def run(self, x: np.ndarray, rows: Rows, cid: int, embeddings: bool) -> tuple[np.ndarray, float]:
+        """``Segment.run`` with cache ``cid``: (float32 activations or logits, compute milliseconds).
+
+        Args:
+            x: float32 [n, n_embd]; rows: the rows' positions, cells and outputs (``model.forward.Rows``).
+        Raises:
+            CooktopError: ``cid`` has no cache here (the actor was restarted and lost it).
+        """
+        t0 = time.perf_counter()
+        kv = self.caches.get(cid)
+        if kv is None:
+            raise CooktopError(f"KV cache {cid} is not on this segment (the segment was restarted); "
+                               "load the model again")
+        out = self.segment.run(np.ascontiguousarray(x, dtype=np.float32), rows, kv[1], kv[2], embeddings)
+        return out, (time.perf_counter() - t0) * 1e3
+
+    def ping(self) -> int:
+        """This actor's process id (liveness check)."""
+        return os.getpid()
+
+    def close(self) -> None:
+        """Release every cache and the segment's buffers."""
+        for cid in list(self.caches):
+            self.drop_cache(cid)
+        if self.segment is not None:
+            self.segment.release()
+
+
+@dataclasses.dataclass
+class RemoteSegment:
+    """A segment's actor and where it runs: ``selector`` is ``NODE/DEVICE``."""
+
+    actor: Any
+    node: Node
+    selector: str
+    blocks: list[int]
+    head: bool
+    actor_id: str = ""
+    pid: int = 0
+    how: str = ""
+
+    @property
+    def label(self) -> str:
+        """e.g. ``node beta (beta/cpu, blocks 4-7 + output)``."""
+        b = self.blocks
+        what = (f"blocks {b[0]}-{b[-1]}" if len(b) > 1 else f"block {b[0]}") if b else ""
+        if self.head:
+            what = f"{what} + output" if what else "output"
+        return f"node {self.node.name} ({self.selector}, {what})"
+
+
+class RemoteCache:
+    """The K/V of ``n_seq`` sequences, held by the segment actors; the engine-side view of
+    ``model.forward.KVCache`` (same attributes and methods).
+
+    Attributes:
+        seq_tokens: per sequence, the ids at positions ``0 .. n_past - 1``; n_ctx: positions per
+        sequence; n_seq: sequences; cid: the caches' id on the actors.
+    """
+
+    def __init__(self, model: ClusterModel, cid: int, n_seq: int = 1):
+        self._model_key = model._key
+        self.cid = cid
+        self.n_ctx, self.n_seq = model.n_ctx, n_seq
+        self.seq_tokens: list[list[int]] = [[] for _ in range(n_seq)]
+        self._closed = False
+        self._release = weakref.finalize(self, ClusterModel._drop_remote, [s.actor for s in model.segments], cid)
+        self._release.atexit = False
+
+    @property
+    def tokens(self) -> list[int]:
+        """Sequence 0's ids."""
+        return self.seq_tokens[0]
+
+    @property
+    def n_past(self) -> int:
+        """Positions (tokens) of sequence 0 whose K/V the cache holds."""
+        return len(self.seq_tokens[0])
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def truncate(self, n: int, seq_id: int = 0) -> None:
+        """Keep positions ``0 .. n - 1`` of sequence ``seq_id``."""
+        del self.seq_tokens[seq_id][max(n, 0):]
+
+    def close(self) -> None:
+        """Free the K/V on every node. Idempotent; also runs when the cache is collected."""
+        self._closed = True
+        self._release()
+        self.seq_tokens = [[] for _ in range(self.n_seq)]
+
+
+@dataclasses.dataclass
+class HopStats:
+    """Decode-step timings (forward passes of one token) of a :class:`ClusterModel`, milliseconds summed.
+
+    ``wall_ms``: driver-measured forward time; ``compute_ms[i]``: segment i's own
+    time in ``Segment.run``; the rest is overhead: serialization, Ray's calls and the
+    moves of activations and logits over ``n_segments + 1`` hops (driver to the first
+    segment, between segments, last segment back to the driver).
+    """
+
+    n_tokens: int = 0
+    wall_ms: float = 0.0
+    compute_ms: list[float] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Per-token means: ``ms_per_token``, ``compute_ms`` per segment, ``overhead_ms``,
+        ``overhead_ms_per_hop``, ``n_hops``."""
+        n = max(self.n_tokens, 1)
+        hops = len(self.compute_ms) + 1
+        overhead = (self.wall_ms - sum(self.compute_ms)) / n
+        return {"n_tokens": self.n_tokens, "ms_per_token": self.wall_ms / n,
+                "compute_ms": [c / n for c in self.compute_ms], "overhead_ms": overhead,
+                "n_hops": hops, "overhead_ms_per_hop": overhead / hops}
+
+
+class ClusterModel:
+    """A model placed on the nodes of a Ray cluster (module doc); what ``engine`` runs.
+
+    Args:
+        gf, cfg: the driver's GGUF (token embeddings are looked up here) and its config.
+        segments: the started, ready segment actors in execution order.
+        n_ctx, n_batch, logits_all: as ``model.forward.Model``.
+    """
+
+    def __init__(self, gf: GGUFFile, cfg: ModelConfig, segments: list[RemoteSegment], n_ctx: int, n_batch: int,
+                 logits_all: bool = False):
+        from ..model.arch import architecture
+
+        self.gf, self.cfg, self.segments = gf, cfg, segments
+        self._arch = architecture(cfg.arch)
+        self.n_ctx, self.n_batch, self.logits_all = n_ctx, n_batch, logits_all
+        self._key = object()
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._broken: str | None = None
+        self._lock = threading.Lock()
+        self.stats = HopStats(compute_ms=[0.0] * len(segments))
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CooktopError("the model is closed (close() was called); load it again")
+        if self._broken:
+            raise ClusterError(f"this model lost a segment earlier ({self._broken}); load it again")
+
+    def _where(self, err: BaseException) -> str:
+        """The label of the segment ``err`` came from (by actor id; else the first one not answering)."""
+        aid = getattr(err, "actor_id", None)
+        for s in self.segments:
+            if aid and s.actor_id == aid:
+                return s.label
+        ray = import_ray()
+        for s in self.segments:
+            try:
+                ray.get(s.actor.ping.remote(), timeout=2)
+            except Exception:  # noqa: BLE001 - this is the one
+                return s.label
+        return "a segment of the pipeline"
+
+    def new_cache(self, n_seq: int = 1) -> RemoteCache:
+        """A fresh KV cache for ``n_seq`` sequences, allocated by every segment on its node.
+
+        Raises:
+            CooktopError: closed, or ``n_seq`` < 1. ClusterError: a node failed.
+            DeviceOutOfMemoryError: it does not fit.
+        """
+        self._check_open()
+        if n_seq < 1:
+            raise CooktopError(f"a KV cache holds at least one sequence, not {n_seq}")
+        cid = next(self._ids)
+        refs = [s.actor.new_cache.remote(cid, n_seq) for s in self.segments]
+        try:
+            get(refs, self._where)
+        except ClusterError as e:
+            self._broken = str(e)
+            raise
+        except CooktopError:
+            self._drop_remote([s.actor for s in self.segments], cid)
+            raise
+        return RemoteCache(self, cid, n_seq)
+
+    @staticmethod
+    def _drop_remote(actors: list[Any], cid: int) -> None:
+        """Ask every actor to free sequence ``cid`` (fire and forget; nothing if Ray is gone)."""
+        try:
+            ray = import_ray()
+            if not ray.is_initialized():
+                return
+            for a in actors:
+                a.drop_cache.remote(cid)
+        except Exception:  # noqa: BLE001 - freeing never raises (it may run from a finalizer)
+            pass
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """Token embedding lookup on the driver: float32 [n, n_embd] for int [n] ids, times the
+        architecture's ``embd_scale`` when it has one (as ``Model.embed``)."""
+        te = self.gf.tensor("token_embd.weight")
+        rows = np.asarray(te.data).reshape(te.shape[0], -1)[tokens]
+        x = dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
+        if self._arch.embd_scale is not None:
+            x = np.asarray(x, dtype=np.float32) * np.float32(self._arch.embd_scale(self.cfg))
+        return x
+
+    def forward(self, tokens: np.ndarray, n_past: int, cache: RemoteCache, logits_all: bool | None = None,
+                embeddings: bool = False, seq_id: int = 0) -> np.ndarray:
+        """As ``Model.forward``: ``n <= n_batch`` tokens of sequence ``seq_id`` at positions
+        ``n_past ..``, through every segment.
+
+        Returns:
+            float32 [n or 1, n_vocab] logits, or float32 [n, n_embd] with ``embeddings``.
+        Raises:
+            CooktopError: closed, or a cache of another model or closed.
+            ValueError: ``n``, ``n_past`` or ``seq_id`` out of range.
+            ClusterError: a segment died or did not answer (its node is named); the model is then broken.
+        """
+        self._check_cache(cache)
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"forward takes 1..{self.n_batch} tokens, got {n}")
+        self._check_item(cache, seq_id, n_past, n)
+        la = self.logits_all if logits_all is None else (logits_all and self.logits_all)
+        ids = np.asarray(tokens, dtype=np.int64)
+        pos = np.arange(n_past, n_past + n, dtype=np.int32)
+        rows = Rows(pos, outputs=None if la else np.array([n - 1], dtype=np.int32), n_ctx=self.n_ctx)
+        if seq_id:
+            rows.cells = pos + np.int32(seq_id * self.n_ctx)
+            rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
+        cache.truncate(n_past, seq_id)
+        out = self._pipeline(ids, rows, cache, embeddings)
+        cache.seq_tokens[seq_id].extend(int(t) for t in ids)
+        return out
+
+    def forward_batch(self, cache: RemoteCache, items: list[tuple[int, int, list[int], bool]]
+                      ) -> list[np.ndarray | None]:
+        """As ``Model.forward_batch``: tokens of several sequences of ``cache`` in one pass.
+
+        Each item ``(seq_id, n_past, tokens, want_logits)`` appends ``tokens`` to sequence
+        ``seq_id`` at positions ``n_past ..``; a sequence appears at most once.
+
+        Returns:
+            per item: float32 [1, n_vocab] logits of its last token when ``want_logits``, else None.
+        Raises:
+            as :meth:`forward`; ValueError: no tokens, more than ``n_batch``, a sequence twice.
+        """
+        self._check_cache(cache)
+        n = sum(len(t) for _, _, t, _ in items)
+        if not 0 < n <= self.n_batch or any(not t for _, _, t, _ in items):
+            raise ValueError(f"forward_batch takes 1..{self.n_batch} tokens, at least one per item, got {n}")
+        if len({s for s, _, _, _ in items}) != len(items):
+            raise ValueError("forward_batch: a sequence appears twice in one batch")
+        for seq_id, n_past, toks, _ in items:
+            self._check_item(cache, seq_id, n_past, len(toks))
+        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, _, t, _ in items])
+        pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for _, p, t, _ in items])
+        base = np.concatenate([np.full(len(t), s * self.n_ctx, dtype=np.int32) for s, _, t, _ in items])
+        ends = np.cumsum([len(t) for _, _, t, _ in items]) - 1
+        want = [i for i, it in enumerate(items) if it[3]]
+        outputs = ends[want].astype(np.int32) if want else np.array([n - 1], dtype=np.int32)
+        for seq_id, n_past, _, _ in items:
+            cache.truncate(n_past, seq_id)
+        logits = self._pipeline(ids, Rows(pos, pos + base, base, outputs, self.n_ctx), cache, False)
+        for seq_id, _, toks, _ in items:
+            cache.seq_tokens[seq_id].extend(int(t) for t in toks)
+        out: list[np.ndarray | None] = [None] * len(items)
+        for j, i in enumerate(want):
+            out[i] = logits[j:j + 1]
+        return out
+
+    def _pipeline(self, ids: np.ndarray, rows: Rows, cache: RemoteCache, embeddings: bool) -> np.ndarray:
+        """Embed ``ids`` here, then one Ray call per segment, each taking the previous one's result."""
+        t0 = time.perf_counter()
+        x: Any = self.embed(ids)
+        timing = []
+        for s in self.segments:
+            x, t = s.actor.run.options(num_returns=2).remote(x, rows, cache.cid, embeddings)
+            timing.append(t)
+        try:
+            out, *ms = get([x, *timing], self._where)
+        except ClusterError as e:
+            self._broken = str(e)
+            raise
+        if len(ids) == 1:
+            with self._lock:
+                self.stats.n_tokens += 1
+                self.stats.wall_ms += (time.perf_counter() - t0) * 1e3
+                for i, m in enumerate(ms):
+                    self.stats.compute_ms[i] += m
+        return np.asarray(out)
+
+    def _check_cache(self, cache: RemoteCache) -> None:
+        self._check_open()
+        if getattr(cache, "_model_key", None) is not self._key:
+            raise CooktopError("this KV cache was made by another model; use model.new_cache()")
+        if cache.closed:
+            raise CooktopError("this KV cache is closed")
+
+    def _check_item(self, cache: RemoteCache, seq_id: int, n_past: int, n: int) -> None:
+        if not 0 <= seq_id < cache.n_seq:
+            raise ValueError(f"seq_id {seq_id} is outside the cache's 0..{cache.n_seq - 1} sequences")
+        have = len(cache.seq_tokens[seq_id])
+        if not 0 <= n_past <= have:
+            raise ValueError(f"n_past {n_past} is outside the cache's 0..{have} positions")
+        if n_past + n > self.n_ctx:
+            raise ValueError(f"positions {n_past}..{n_past + n - 1} exceed n_ctx {self.n_ctx}")
+
+    def reset_stats(self) -> None:
+        """Start :attr:`stats` over (e.g. after a warm-up)."""
+        with self._lock:
+            self.stats = HopStats(compute_ms=[0.0] * len(self.segments))
+
+    def check(self, timeout: float = 10.0) -> None:
+        """Raise unless every segment answers a ping within ``timeout`` seconds (health check).
+
+        Raises:
+            ClusterError: naming the first segment that does not answer.
+        """
+        self._check_open()
+        ray = import_ray()
+        for s in self.segments:
+            try:
+                ray.get(s.actor.ping.remote(), timeout=timeout)
+            except ray.exceptions.RayError as e:
+                self._broken = str(translate(e, s.label))
+                raise translate(e, s.label) from None
+
+    def close(self) -> None:
+        """Release every segment and end its actor. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            ray = import_ray()
+            if ray.is_initialized():
+                refs = [s.actor.close.remote() for s in self.segments]
+                try:
+                    ray.wait(refs, num_returns=len(refs), timeout=10)
+                except Exception:  # noqa: BLE001 - a dead actor has nothing to free
+                    pass
+                for s in self.segments:
+                    ray.kill(s.actor)
+        except Exception:  # noqa: BLE001 - close never raises
+            pass

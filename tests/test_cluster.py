@@ -1,0 +1,187 @@
+"""cooktop on a Ray cluster (cooktop.cluster, cooktop serve --ray): errors without a cluster, the
+partial GGUF a node gets, and the cluster cases of tests/ray_cluster/.
+
+The cluster cases start a local multi-node Ray cluster, which must stay on
+loopback: Ray binds the host's external address even when told 127.0.0.1, so
+they run in a network namespace of their own with only loopback up
+(``unshare -n``, then ``ip link set lo up``; needs root, as CI has), where it
+binds 127.0.0.1. One pytest run inside the namespace holds every case and one
+cluster; each test here reports one case module from its JUnit XML.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+from conftest import ROOT, SHARED, skip_or_fail
+
+CASES = ["cases_pipeline", "cases_serve"]
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120):
+    return subprocess.run([sys.executable, "-m", "cooktop.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+def no_ray_env(tmp_path: pathlib.Path) -> dict:
+    """An environment where ``import ray`` fails (a stand-in package first on PYTHONPATH)."""
+    fake = tmp_path / "noray" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named ray (test stand-in)')\n")
+    path = os.pathsep.join([str(tmp_path / "noray"), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path, "COOKTOP_RAY": ""}
+
+
+# -- without a cluster --------------------------------------------------------------------------------
+
+def test_ray_flag_without_ray_says_how_to_install(tmp_path):
+    env = no_ray_env(tmp_path)
+    for args in (["devices", "--ray", "127.0.0.1:6379"],
+                 ["run", "-m", str(SHARED / "models" / "stories260K.gguf"), "--ray", "127.0.0.1:6379", "-n", "1"]):
+        r = run_cli(*args, env=env)
+        assert r.returncode == 1, r.stderr
+        assert "--ray needs Ray, which does not import here" in r.stderr
+        assert "pip install 'cooktop[ray]'" in r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def require_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        skip_or_fail("ray", f"ray does not import ({e}); pip install 'cooktop[ray]'")
+
+
+def test_node_selector_without_a_cluster_is_refused(monkeypatch, stories):
+    from cooktop import Llama
+    from cooktop.backends import registry
+    from cooktop.errors import ClusterError, DeviceError
+
+    with pytest.raises(DeviceError, match=r"names a node of a Ray cluster: give --ray ADDRESS"):
+        registry.resolve("alpha/opencl:0")
+    require_ray()
+    monkeypatch.delenv("COOKTOP_RAY", raising=False)
+    with pytest.raises(ClusterError, match=r"no Ray cluster address: give --ray ADDRESS"):
+        Llama(model_path=str(stories), device="alpha/cpu,beta/cpu", verbose=False)
+    r = run_cli("run", "-m", str(stories), "--device", "alpha/cpu", "-n", "1", env={"COOKTOP_RAY": ""})
+    assert r.returncode == 1 and "no Ray cluster address" in r.stderr, r.stderr
+
+
+def test_unreachable_cluster_fails_at_once():
+    require_ray()
+    r = run_cli("devices", "--ray", "127.0.0.1:1", timeout=60)
+    assert r.returncode == 1
+    assert "cannot reach the Ray cluster at 127.0.0.1:1" in r.stderr and "ray start --head" in r.stderr
+    r = run_cli("devices", "--ray", "nonsense")
+    assert r.returncode == 1 and "bad Ray address 'nonsense'" in r.stderr
+
+
+def test_replicas_need_ray(stories):
+    r = run_cli("serve", "-m", str(stories), "--replicas", "2", env={"COOKTOP_RAY": ""})
+    assert r.returncode == 1 and "--replicas needs --ray ADDRESS" in r.stderr, r.stderr
+
+
+def test_partial_gguf_runs_a_segment_like_the_whole_file(tmp_path, stories):
+    """What a node without the file gets: the tensors of its segment (and the metadata) as a GGUF;
+    a Segment built from it computes what one built from the whole file does."""
+    from cooktop.backends import registry
+    from cooktop.cluster.weights import metadata_fields, tensor_names, write_partial
+    from cooktop.format.gguf import open_gguf
+    from cooktop.model.config import load_config
+    from cooktop.model.forward import Rows, Segment
+
+    gf = open_gguf(stories)
+    cfg = load_config(gf)
+    names = tensor_names(gf, cfg, [3, 4], True)
+    assert names == [n for n in gf.tensors if n.startswith(("blk.3.", "blk.4.", "output"))]
+    assert "token_embd.weight" not in names and "blk.2.attn_q.weight" not in names
+    assert tensor_names(gf, cfg, [0], False) == [n for n in gf.tensors if n.startswith("blk.0.")]
+    path = write_partial(str(tmp_path / "part.gguf"), gf.architecture, metadata_fields(gf),
+                         [(n, gf.tensor(n).data, gf.tensor(n).ggml_type) for n in names])
+    part = open_gguf(path)
+    assert list(part.tensors) == names and part.metadata["llama.block_count"] == 5
+    dev = registry.open_device("cpu")
+    x = np.random.default_rng(0).standard_normal((3, cfg.n_embd)).astype(np.float32)
+    pos = np.arange(3, dtype=np.int32)
+    outs = []
+    for g in (gf, part):
+        seg = Segment(dev, [3, 4], True, g, cfg, 8, True)
+        kv = [[dev.zeros((16, cfg.n_embd_kv)) for _ in range(2)] for _ in range(2)]
+        outs.append(seg.run(x, Rows(pos), kv[0], kv[1]))
+        seg.release()
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_shipped_weights_never_land_outside_the_cache(tmp_path, monkeypatch):
+    from cooktop.cluster.weights import cache_dir, materialize
+    from cooktop.errors import ClusterError
+
+    monkeypatch.setenv("COOKTOP_RAY_CACHE", str(tmp_path / "cache"))
+    assert cache_dir() == str(tmp_path / "cache")
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF original")
+    with pytest.raises(ClusterError, match="refusing to write shipped weights outside"):
+        materialize(None, str(model))
+    assert model.read_bytes() == b"GGUF original"
+
+
+# -- the cluster cases, in a network namespace -------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def cluster_run(shared, tmp_path_factory):
+    """Run every case module once, inside ``unshare -n`` with loopback up; JUnit results by module."""
+    require_ray()
+    if importlib.util.find_spec("ray.serve") is None or importlib.util.find_spec("fastapi") is None:
+        skip_or_fail("ray", "ray.serve (or fastapi) is missing; pip install 'cooktop[ray,server]'")
+    for tool in ("unshare", "ip"):
+        if shutil.which(tool) is None:
+            skip_or_fail("ray", f"no `{tool}` (util-linux / iproute2) to give the cluster a loopback-only network")
+    if os.geteuid() != 0:
+        skip_or_fail("ray", "the cluster cases need root for `unshare -n` (a network namespace of their own)")
+    xml = tmp_path_factory.mktemp("cluster") / "junit.xml"
+    files = [str(ROOT / "tests" / "ray_cluster" / f"{m}.py") for m in CASES]
+    script = ('ip link set lo up && xml="$1" && shift && '
+              'exec "$0" -m pytest -q -p no:cacheprovider -o python_files="cases_*.py" --junitxml="$xml" "$@"')
+    env = {**os.environ, "COOKTOP_CLUSTER_NETNS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), os.environ.get("PYTHONPATH", "")]), "COOKTOP_RAY": "", "RAY_USAGE_STATS_ENABLED": "0"}
+    try:
+        proc = subprocess.run(["unshare", "-n", "sh", "-c", script, sys.executable, str(xml), *files],
+                              capture_output=True, text=True, timeout=1500, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the cluster cases did not finish in 1500 s:\n{(e.stdout or '')[-3000:]}")
+    if not xml.exists():
+        pytest.fail(f"the cluster cases did not run (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                    f"{proc.stderr[-3000:]}")
+    results: dict[str, list[tuple[str, str]]] = {m: [] for m in CASES}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        module = case.get("classname", "").split(".")[-1]
+        failure = case.find("failure") if case.find("failure") is not None else case.find("error")
+        skipped = case.find("skipped")
+        outcome = "passed"
+        if failure is not None:
+            outcome = f"FAILED: {failure.get('message', '')}\n{(failure.text or '')[-2500:]}"
+        elif skipped is not None:
+            outcome = f"skipped: {skipped.get('message', '')}"
+        results.setdefault(module, []).append((case.get("name"), outcome))
+    return results, proc.stdout[-3000:]
+
+
+@pytest.mark.timeout(1600)
+@pytest.mark.parametrize("module", CASES)
+def test_cluster_cases(cluster_run, module):
+    """Every case of tests/ray_cluster/<module>.py passed (skips count as failures under COOKTOP_REQUIRE)."""
+    results, tail = cluster_run
+    cases = results.get(module, [])
+    assert cases, f"no case of {module} ran:\n{tail}"
+    bad = [f"{name}: {outcome}" for name, outcome in cases if outcome != "passed"]
+    if bad and all(o.startswith("skipped") for _n, o in cases if o != "passed"):
+        skip_or_fail("ray", "; ".join(bad))
+    assert not bad, "\n\n".join(bad)
