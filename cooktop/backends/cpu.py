@@ -1,16 +1,20 @@
 """The numpy backend: the reference every device backend is tested against, and the fallback.
 
-Dequantization is ``gguf.quants.dequantize`` (the gguf package's reference of
-the GGML block layouts, ggml-common.h); products are float32 ``np.matmul``
-(BLAS, multi-threaded).
+Dequantization is :mod:`.cpu_quants` (whole tensors in cache-sized row chunks on a
+few threads, equal to ``gguf.quants.dequantize``, the gguf package's reference of the
+GGML block layouts); products are float32 ``np.matmul`` (BLAS, multi-threaded).
 
 Memory policy for weights: an F32 weight is used in place (a view of the
 memory-mapped file, never copied). Any other type is dequantized to float32
 on first use and kept, up to a budget of ``COOKTOP_CPU_CACHE`` bytes (default:
-a quarter of physical memory, at most 8 GiB; ``0`` disables the cache);
-past the budget a weight is dequantized again on every call (slow but bounded).
-Peak RSS is therefore about file size + min(budget, float32 size of the
-weights) + activations + KV cache.
+a quarter of physical memory, at most 8 GiB; ``0`` disables the cache). The
+first matmul converts every uploaded weight that fits the budget at once, with
+a progress bar on a terminal when that should take more than about two seconds.
+A weight past the budget is never held whole in float32: each matmul dequantizes
+it in blocks of rows that stay in cache, multiplied block by block on the
+dequantization threads (what a model larger than the budget runs at). Peak RSS
+is therefore about file size + min(budget, float32 size of the weights) +
+activations + KV cache.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..errors import CooktopError
-from ..format.quants import HOST_TYPES, dequantize
+from ..format.quants import HOST_TYPES
 from ..units import parse_bytes
+from . import cpu_quants
 from .base import OPS, ROPE_NEOX, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
 
 
@@ -52,6 +57,14 @@ def default_cache_budget() -> int:
 CPU_TYPES = HOST_TYPES
 
 
+#: Estimated dequantization rate (values per second) for deciding whether the first
+#: conversion deserves a progress bar (cpu_quants does 3e8-4e8 per core).
+DEQUANT_RATE = 3e8
+
+#: A conversion expected to take longer than this (seconds) shows a progress bar.
+PROGRESS_AFTER_S = 2.0
+
+
 class CpuDevice(Device):
     """The numpy device. Tensors are numpy arrays; ops run synchronously."""
 
@@ -59,6 +72,7 @@ class CpuDevice(Device):
         super().__init__(info)
         self.cache_budget = default_cache_budget() if cache_budget is None else cache_budget
         self.cache_bytes = 0
+        self._pending: list[weakref.ref[DeviceTensor]] = []  # quantized weights not converted yet
 
     # -- memory -----------------------------------------------------------
     def _upload(self, arr, ggml_type, shape, nbytes):
@@ -67,7 +81,10 @@ class CpuDevice(Device):
         else:  # raw blocks, one row of bytes per weight row
             handle = arr.view(np.uint8).reshape(int(np.prod(shape[:-1])), -1)
         self._count_alloc(0)  # weights are views of the mapped file: no copy
-        return DeviceTensor(self, handle, shape, ggml_type)
+        t = DeviceTensor(self, handle, shape, ggml_type)
+        if ggml_type != T.F32 and len(shape) == 2:
+            self._pending.append(weakref.ref(t))
+        return t
 
     def _empty(self, shape, ggml_type):
         dtype = np.int32 if ggml_type == T.I32 else np.float32
@@ -90,21 +107,78 @@ class CpuDevice(Device):
         return t.handle[: t.shape[0]] if t.handle.shape[0] != t.shape[0] else t.handle
 
     def weight_f32(self, w: DeviceTensor) -> np.ndarray:
-        """float32 [n_out, n_in] of a weight, cached within the budget (module doc).
+        """float32 [n_out, n_in] of a weight, cached within the budget (module doc); a weight past
+        the budget is dequantized whole for this call (``matmul`` streams it instead).
 
         The cached copy lives on the weight (``extra``: the array and the finalizer that
         takes its bytes off ``cache_bytes``), so it goes when the weight is released or
         garbage collected, whichever comes first.
         """
+        f = self._cached_f32(w)
+        return f if f is not None else cpu_quants.dequantize(w.handle, w.ggml_type, w.shape)
+
+    def _cached_f32(self, w: DeviceTensor) -> np.ndarray | None:
+        """The cached float32 copy of ``w`` (made now if it fits the budget), or None."""
         if w.ggml_type == T.F32:
             return w.handle
+        if w.extra is None and self._pending:
+            self._convert_pending()
         if w.extra is not None:
             return w.extra[0]
-        f = dequantize(w.handle, w.ggml_type, w.shape)
-        if self.cache_bytes + f.nbytes <= self.cache_budget:
-            self.cache_bytes += f.nbytes
-            w.extra = (f, weakref.finalize(w, self._uncache, f.nbytes))
+        return self._convert(w)
+
+    def _convert(self, w: DeviceTensor, progress=None) -> np.ndarray | None:
+        """Dequantize ``w`` into the cache if it fits the budget; None when it does not."""
+        nbytes = 4 * int(np.prod(w.shape))
+        if self.cache_bytes + nbytes > self.cache_budget:
+            return None
+        f = cpu_quants.dequantize(w.handle, w.ggml_type, w.shape, progress=progress)
+        self.cache_bytes += f.nbytes
+        w.extra = (f, weakref.finalize(w, self._uncache, f.nbytes))
         return f
+
+    def _convert_pending(self) -> None:
+        """Convert every uploaded weight that fits the budget, in upload order, with a progress
+        bar (stderr, terminals only) when that should take more than PROGRESS_AFTER_S."""
+        todo, room = [], self.cache_budget - self.cache_bytes
+        for ref in self._pending:
+            t = ref()
+            if t is not None and t.device is self and t.extra is None and 4 * int(np.prod(t.shape)) <= room:
+                todo.append(t)
+                room -= 4 * int(np.prod(t.shape))
+        self._pending = []
+        total = sum(int(np.prod(t.shape)) for t in todo)
+        bar = None
+        if total / DEQUANT_RATE > PROGRESS_AFTER_S:
+            try:
+                from tqdm import tqdm
+                bar = tqdm(total=total, unit="value", unit_scale=True, desc="dequantizing weights to float32",
+                           disable=None, leave=False)
+            except ImportError:  # pragma: no cover - a core dependency
+                bar = None
+        try:
+            for t in todo:
+                self._convert(t, progress=bar.update if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _streamed_matmul(self, out: np.ndarray, x: np.ndarray, w: DeviceTensor) -> None:
+        """``out = x @ w^T`` for a weight past the budget: blocks of rows dequantized into a
+        per-thread scratch that stays in cache and multiplied at once, blocks spread over the
+        dequantization threads (BLAS kept to one thread meanwhile)."""
+        n_out, n_in = w.shape
+        rows = max(1, cpu_quants.CHUNK_VALUES // n_in)
+        raw = w.handle.reshape(n_out, -1)
+
+        def run(r0: int) -> None:
+            r1 = min(n_out, r0 + rows)
+            blk = cpu_quants.scratch_f32((r1 - r0) * n_in).reshape(r1 - r0, n_in)
+            cpu_quants.dequantize_rows(raw[r0:r1], w.ggml_type, n_in, blk)
+            np.matmul(x, blk.T, out=out[:, r0:r1])
+
+        with cpu_quants.blas_single_thread():
+            cpu_quants.parallel(run, range(0, n_out, rows))
 
     def _uncache(self, nbytes: int) -> None:
         self.cache_bytes -= nbytes
@@ -118,7 +192,11 @@ class CpuDevice(Device):
 
     # -- ops --------------------------------------------------------------
     def _matmul(self, out, x, w):
-        np.matmul(self._a(x), self.weight_f32(w).T, out=self._a(out))
+        f = self._cached_f32(w)
+        if f is None:
+            self._streamed_matmul(self._a(out), self._a(x), w)
+        else:
+            np.matmul(self._a(x), f.T, out=self._a(out))
 
     def _rmsnorm(self, out, x, w, eps):
         wa = self._a(w)
@@ -223,7 +301,7 @@ class CpuDevice(Device):
 
     def _get_rows(self, out, table, ids):
         rows = table.handle[self._a(ids)]
-        self._a(out)[...] = dequantize(rows, table.ggml_type, (len(rows), table.shape[-1]))
+        cpu_quants.dequantize(rows, table.ggml_type, (len(rows), table.shape[-1]), out=self._a(out))
 
     def _copy(self, out, x):
         np.copyto(self._a(out), self._a(x))
