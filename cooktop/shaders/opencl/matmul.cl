@@ -44,6 +44,37 @@ __kernel void mul_mv(const global uchar *w, const global float *x, global float 
 #endif
 }
 
+#ifdef HAS_Q8
+// mul_mv on 8-bit activations (dotq8.cl): xq char [n_in], xd float2 [n_in / 32]; same
+// launch shape as mul_mv.
+__kernel void mul_mv_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out) {
+    const int lid = get_local_id(0);
+    const int lr = get_local_id(1);
+    const int row = get_global_id(1);
+    const int nb = n_in / QKV;
+#if MV_LS > 1
+    local float red[MV_R][MV_LS];
+#endif
+    Q8ACC acc = (Q8ACC)(0.0f);
+    if (row < n_out) {
+        const global uchar *wr = w + (size_t)row * ROW_BYTES(n_in);
+        acc = dotq8_row(wr, nb, xq, xd, lid, acc);
+    }
+#if MV_LS > 1
+    red[lr][lid] = Q8_HSUM(acc);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = MV_LS / 2; s > 0; s >>= 1) {
+        if (lid < s) red[lr][lid] += red[lr][lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0 && row < n_out) y[row] = red[lr][0];
+#else
+    if (row < n_out) y[row] = Q8_HSUM(acc);
+#endif
+}
+#endif
+
 #define MM_TW (MM_UC * 32)
 
 #if MM_LOCAL
@@ -78,52 +109,6 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
             }
         }
     }
-#else
-// CPU flavour: no barriers (PoCL would spill the accumulators to per-work-item
-// context arrays across them); x rows are read through the cache, which holds them
-// for all the work-items of the group. Tokens past n_tok re-read the last row.
-__kernel void mul_mm(const global uchar *w, const global float *x, global float *y,
-                     const int n_in, const int n_out, const int n_tok) {
-    const int row = get_global_id(0);
-    const int t0 = get_group_id(1) * MM_TN;
-    const int nu = n_in / 32;
-    const int nt = min(MM_TN, n_tok - t0);
-    float16 acc[MM_TN];
-    const global float *xr[MM_TN];
-#pragma unroll
-    for (int t = 0; t < MM_TN; t++) {
-        acc[t] = (float16)(0.0f);
-        xr[t] = x + (size_t)(t0 + min(t, nt - 1)) * n_in;
-    }
-    const global uchar *wr = w + (size_t)min(row, n_out - 1) * ROW_BYTES(n_in);
-#if QKV == 256
-    // K-quants: a super-block's scales decoded once, its eight units unrolled
-    for (int ib = 0; ib < nu / 8; ib++) {
-        const float16 scv = block_scales(wr, ib);
-#pragma unroll
-        for (int s = 0; s < 8; s++) {
-            const int u = ib * 8 + s;
-            float16 a, b;
-            deq_sub(wr, ib, s, scv, &a, &b);
-#pragma unroll
-            for (int t = 0; t < MM_TN; t++) {
-                acc[t] = fma(a, vload16(2 * u, xr[t]), acc[t]);
-                acc[t] = fma(b, vload16(2 * u + 1, xr[t]), acc[t]);
-            }
-        }
-    }
-#else
-    for (int u = 0; u < nu; u++) {
-        float16 a, b;
-        deq_unit(wr, u, &a, &b);
-#pragma unroll
-        for (int t = 0; t < MM_TN; t++) {
-            acc[t] = fma(a, vload16(2 * u, xr[t]), acc[t]);
-            acc[t] = fma(b, vload16(2 * u + 1, xr[t]), acc[t]);
-        }
-    }
-#endif
-#endif
     if (row >= n_out) return;
     for (int t = 0; t < nt; t++) {
         float s = hsum16(acc[t]);
@@ -134,6 +119,76 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
         y[(size_t)(t0 + t) * n_out + row] = s;
     }
 }
+#else
+// CPU flavour: a work-item owns MM_R rows x MM_TN tokens, MM_R * MM_TN float16
+// accumulators in registers. Each dequantized weight unit (32 values) is reused for the
+// MM_TN tokens and each x unit for the MM_R rows, so x (re-read from L2 by every
+// work-item) costs 1 / MM_R of what it does with one row per work-item. No barriers
+// (PoCL would spill the accumulators to per-work-item context arrays across them).
+// Rows past n_out re-read the last row, tokens past n_tok the last token.
+__kernel void mul_mm(const global uchar *w, const global float *x, global float *y,
+                     const int n_in, const int n_out, const int n_tok) {
+    const int r0 = get_global_id(0) * MM_R;
+    const int t0 = get_group_id(1) * MM_TN;
+    const int nu = n_in / 32;
+    const int nt = min(MM_TN, n_tok - t0);
+    if (r0 >= n_out) return;
+    float16 acc[MM_R][MM_TN];
+    const global float *xr[MM_TN];
+    const global uchar *wr[MM_R];
+#pragma unroll
+    for (int t = 0; t < MM_TN; t++) xr[t] = x + (size_t)(t0 + min(t, nt - 1)) * n_in;
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
+#pragma unroll
+        for (int t = 0; t < MM_TN; t++) acc[r][t] = (float16)(0.0f);
+    }
+#if defined(SB_UNITS)
+    // K-quant super-blocks (SB_UNITS = 8 units): scales decoded once per row, units unrolled
+    for (int ib = 0; ib < nu / SB_UNITS; ib++) {
+        float16 scv[MM_R];
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) scv[r] = block_scales(wr[r], ib);
+#pragma unroll
+        for (int s = 0; s < SB_UNITS; s++) {
+            const int u = ib * SB_UNITS + s;
+            float16 a[MM_R], b[MM_R];
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) deq_sub(wr[r], ib, s, scv[r], &a[r], &b[r]);
+#pragma unroll
+            for (int t = 0; t < MM_TN; t++) {
+                const float16 xa = vload16(2 * u, xr[t]), xb = vload16(2 * u + 1, xr[t]);
+#pragma unroll
+                for (int r = 0; r < MM_R; r++) acc[r][t] = fma(b[r], xb, fma(a[r], xa, acc[r][t]));
+            }
+        }
+    }
+#else
+    for (int u = 0; u < nu; u++) {
+        float16 a[MM_R], b[MM_R];
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) deq_unit(wr[r], u, &a[r], &b[r]);
+#pragma unroll
+        for (int t = 0; t < MM_TN; t++) {
+            const float16 xa = vload16(2 * u, xr[t]), xb = vload16(2 * u + 1, xr[t]);
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) acc[r][t] = fma(b[r], xb, fma(a[r], xa, acc[r][t]));
+        }
+    }
+#endif
+    for (int r = 0; r < MM_R && r0 + r < n_out; r++) {
+        for (int t = 0; t < nt; t++) {
+            float s = hsum16(acc[r][t]);
+#ifdef W_FLOAT
+            const global float *xt = x + (size_t)(t0 + t) * n_in;
+            for (int i = nu * 32; i < n_in; i++) s += deq_elem(wr[r], i) * xt[i];
+#endif
+            y[(size_t)(t0 + t) * n_out + r0 + r] = s;
+        }
+    }
+}
+#endif
 
 // out f32 [n_ids, n_in]: out[i] = dequantize(table[ids[i]]); global (n_in/32 (+1 for float tails), n_ids).
 // ids are clamped to [0, n_rows) so a bad id cannot read outside the table.
