@@ -20,6 +20,7 @@ activations + KV cache.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 
 import numpy as np
@@ -28,7 +29,7 @@ from gguf import GGMLQuantizationType as T
 from ..errors import CooktopError
 from ..format.quants import HOST_TYPES
 from ..units import parse_bytes
-from . import cpu_quants
+from . import cpu_quants, notices
 from .base import OPS, ROPE_NEOX, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
 
 
@@ -55,14 +56,6 @@ def default_cache_budget() -> int:
 
 #: Every GGML type the numpy backend runs: all the host can dequantize.
 CPU_TYPES = HOST_TYPES
-
-
-#: Estimated dequantization rate (values per second) for deciding whether the first
-#: conversion deserves a progress bar (cpu_quants does 3e8-4e8 per core).
-DEQUANT_RATE = 3e8
-
-#: A conversion expected to take longer than this (seconds) shows a progress bar.
-PROGRESS_AFTER_S = 2.0
 
 
 class CpuDevice(Device):
@@ -139,7 +132,7 @@ class CpuDevice(Device):
 
     def _convert_pending(self) -> None:
         """Convert every uploaded weight that fits the budget, in upload order, with a progress
-        bar (stderr, terminals only) when that should take more than PROGRESS_AFTER_S."""
+        bar (:func:`.notices.progress`: stderr terminals only, shown once it has run a second or two)."""
         todo, room = [], self.cache_budget - self.cache_bytes
         for ref in self._pending:
             t = ref()
@@ -147,21 +140,17 @@ class CpuDevice(Device):
                 todo.append(t)
                 room -= 4 * int(np.prod(t.shape))
         self._pending = []
+        if not todo:
+            return
         total = sum(int(np.prod(t.shape)) for t in todo)
-        bar = None
-        if total / DEQUANT_RATE > PROGRESS_AFTER_S:
-            try:
-                from tqdm import tqdm
-                bar = tqdm(total=total, unit="value", unit_scale=True, desc="dequantizing weights to float32",
-                           disable=None, leave=False)
-            except ImportError:  # pragma: no cover - a core dependency
-                bar = None
-        try:
+        lock = threading.Lock()  # chunks finish on the dequantization threads
+        with notices.progress(total, "dequantizing weights to float32 (numpy)", unit="value") as bar:
+            def tick(n: int) -> None:
+                with lock:
+                    bar.update(n)
+
             for t in todo:
-                self._convert(t, progress=bar.update if bar is not None else None)
-        finally:
-            if bar is not None:
-                bar.close()
+                self._convert(t, progress=tick)
 
     def _streamed_matmul(self, out: np.ndarray, x: np.ndarray, w: DeviceTensor) -> None:
         """``out = x @ w^T`` for a weight past the budget: blocks of rows dequantized into a

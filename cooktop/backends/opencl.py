@@ -73,7 +73,7 @@ def drop_file_pages(arr: np.ndarray) -> int:
     import ctypes
     import mmap
 
-    base = arr
+    base: Any = arr
     while base is not None and not isinstance(base, np.memmap):
         base = getattr(base, "base", None)
     if base is None or getattr(base, "mode", None) != "r" or not hasattr(mmap, "MADV_DONTNEED"):

@@ -301,7 +301,7 @@ class KernelCache:
         self._weights: dict[tuple[T, bool], WeightKernels] = {}
         self._isa: dict[str, bool] | None = None
         self._ops: OpKernels | None = None
-        self._attn: dict[int, Any] = {}
+        self._attn: dict[tuple[int, bool], Any] = {}
         self._lock = threading.Lock()
 
     def _estimate_subgroup(self, knl: Any) -> None:
