@@ -53,6 +53,20 @@ inline float h2f(const global uchar *p) {
     const short8 h = (short8)(*(const global short *)p, 0, 0, 0, 0, 0, 0, 0);
     return __builtin_ia32_vcvtph2ps((v8hi)h)[0];
 }
+#if defined(__AVX512BW__) && !defined(COOKTOP_NO_AVX512)
+// 64-byte versions (AVX-512BW): two 32-value blocks per instruction
+#define X86_512 1
+typedef char v64qi __attribute__((vector_size(64)));
+typedef char v64qi_u __attribute__((vector_size(64), aligned(1)));
+typedef short v32hi __attribute__((vector_size(64)));
+typedef int v16si __attribute__((vector_size(64)));
+#define LOAD64(p) (*(const global v64qi_u *)(p))
+// sums of u8 x s8 products in 16 int32 lanes (lanes 0..7: bytes 0..31, 8..15: bytes 32..63)
+inline float16 mulsum64_u8s8(v64qi u, v64qi s) {
+    const v32hi p = __builtin_ia32_pmaddubsw512(u, s);
+    return convert_float16(as_int16(__builtin_ia32_pmaddwd512(p, (v32hi)(int16)(0x00010001))));
+}
+#endif
 
 #if defined(W_Q8_0)
 inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
@@ -62,7 +76,7 @@ inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq
     const float8 t = mulsum_u8s8(__builtin_ia32_psignb256(w, w), __builtin_ia32_psignb256(y, w));
     return fma(t, (float8)(h2f(p) * xd[ib].x), acc);
 }
-#elif defined(W_Q4_0) && defined(REPACK_Q4_0) && defined(__AVX512BW__)
+#elif defined(W_Q4_0) && defined(REPACK_Q4_0) && defined(X86_512)
 // Repacked Q4_0 (dequant.cl): a group of 4 blocks per step, 64-byte pmaddubsw on the
 // low nibbles (blocks 0, 1) and high nibbles (blocks 2, 3); the 4 fp16 scales convert
 // at once. d * sum((q - 8) y) = (d dx) * sum(q qy) - 8 * d * sx.
@@ -71,14 +85,6 @@ inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq
 #define Q8ACC float16
 #define Q8_HSUM(v) hsum16(v)
 #define DOTQ8_ROW 1
-typedef char v64qi __attribute__((vector_size(64)));
-typedef char v64qi_u __attribute__((vector_size(64), aligned(1)));
-typedef short v32hi __attribute__((vector_size(64)));
-typedef int v16si __attribute__((vector_size(64)));
-inline float16 mulsum64_u8s8(v64qi u, v64qi s) {
-    const v32hi p = __builtin_ia32_pmaddubsw512(u, s);
-    return convert_float16(as_int16(__builtin_ia32_pmaddwd512(p, (v32hi)(int16)(0x00010001))));
-}
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
     float4 acc_o = (float4)(0.0f);
@@ -188,15 +194,18 @@ inline float16 dotq8_block(const global uchar *row, int ib, const global char *x
 
 #elif defined(W_Q4_0)
 #define HAS_Q8 1
-// block_q4_0: y = d * (q - 8), q = low nibbles (values 0..15) then high nibbles (16..31)
+// block_q4_0: y = d * (q - 8), q = low nibbles (values 0..15) then high nibbles (16..31);
+// d * (dx * sum(q qx) - 8 * sx) keeps one factor of each product unsigned (cheaper on CPUs)
 inline float16 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
                            float16 acc) {
     const global uchar *p = row + (size_t)ib * 18;
     const uchar16 q = vload16(0, p + 2);
     const global char *xb = xq + (size_t)ib * 32;
-    const char16 lo = as_char16(q & (uchar)15) - (char)8, hi = as_char16(q >> (uchar)4) - (char)8;
-    const int16 s = I16(lo) * I16(vload16(0, xb)) + I16(hi) * I16(vload16(1, xb));
-    return fma(convert_float16(s), (float16)(LOAD_HALF(p) * xd[ib].x), acc);
+    const int16 s = I16(q & (uchar)15) * I16(vload16(0, xb)) + I16(q >> (uchar)4) * I16(vload16(1, xb));
+    const float2 dx = xd[ib];
+    const float d = LOAD_HALF(p);
+    acc.s0 = fma(-8.0f * d, dx.y, acc.s0);
+    return fma(convert_float16(s), (float16)(d * dx.x), acc);
 }
 
 #elif defined(W_Q4_1)
@@ -226,17 +235,16 @@ inline float16 dotq8_block(const global uchar *row, int ib, const global char *x
     const int16 hh = as_int16(((((uint16)qh) >> (sh + 16u)) & 1u) << 4);
     const uchar16 q = vload16(0, p + Q5_QH + 4);
     const global char *xb = xq + (size_t)ib * 32;
-#if defined(W_Q5_0)
-    const int16 qa = (I16(q & (uchar)15) | hl) - 16, qb = (I16(q >> (uchar)4) | hh) - 16;
-#else
-    const int16 qa = I16(q & (uchar)15) | hl, qb = I16(q >> (uchar)4) | hh;
-#endif
+    const int16 qa = I16(q & (uchar)15) | hl, qb = I16(q >> (uchar)4) | hh;  // unsigned 0..31
     const int16 s = qa * I16(vload16(0, xb)) + qb * I16(vload16(1, xb));
     const float2 dx = xd[ib];
+    const float d = LOAD_HALF(p);
 #if defined(W_Q5_1)
     acc.s0 = fma(LOAD_HALF(p + 2), dx.y, acc.s0);
+#else
+    acc.s0 = fma(-16.0f * d, dx.y, acc.s0);  // d * (dx * sum(q qx) - 16 * sx)
 #endif
-    return fma(convert_float16(s), (float16)(LOAD_HALF(p) * dx.x), acc);
+    return fma(convert_float16(s), (float16)(d * dx.x), acc);
 }
 
 #elif defined(W_Q4_K) || defined(W_Q5_K)
