@@ -13,7 +13,7 @@
   ``detokenize``. On valid UTF-8 the round trip is exact (SPM: without U+2581).
 
 Only :class:`~cooktop.errors.CooktopError` subclasses may escape; each example runs
-under a hard deadline (:data:`DEADLINE_S`, a SIGALRM that raises ``Hang``) and a
+under a hard deadline (:data:`DEADLINE_S` of CPU time, a SIGPROF that raises ``Hang``) and a
 memory bound (tracemalloc peak under :data:`MEMORY_LIMIT` plus 8x the input size).
 
 The normal test run tries a few dozen examples of each (seconds) on the vocabularies
@@ -70,18 +70,28 @@ class Hang(Exception):
     """An example ran past :data:`DEADLINE_S`."""
 
 
+SLOWEST: dict[str, tuple[float, str]] = {}
+
+
 @contextlib.contextmanager
-def bounded(n_input_bytes: int):
+def bounded(n_input_bytes: int, what: str = "", label: str = ""):
     """Run the block under the hang deadline and the memory bound (see the module docstring).
 
-    A SIGALRM set by someone else (pytest-timeout) is restored with its remaining time.
+    The deadline counts the process's CPU time (ITIMER_PROF, SIGPROF): a loaded machine or
+    ``nice`` cannot fake a hang, and pytest-timeout's SIGALRM stays untouched. The handler
+    raises :class:`Hang` and also sets a flag checked afterwards, because an exception raised
+    inside a garbage-collector callback is swallowed by Python. The slowest example per
+    ``what`` (CPU seconds, ``label``) is kept for the report.
     """
-    def on_alarm(signum, frame):
-        raise Hang(f"example still running after {DEADLINE_S:g} s")
+    hung: list[bool] = []
 
-    old_handler = signal.signal(signal.SIGALRM, on_alarm)
-    old_delay, _ = signal.setitimer(signal.ITIMER_REAL, DEADLINE_S)
-    t0 = time.monotonic()
+    def on_deadline(signum, frame):
+        hung.append(True)
+        raise Hang(f"example still running after {DEADLINE_S:g} s of CPU time")
+
+    old_handler = signal.signal(signal.SIGPROF, on_deadline)
+    signal.setitimer(signal.ITIMER_PROF, DEADLINE_S)
+    t0 = time.process_time()
     tracemalloc.start()
     try:
         yield
@@ -89,10 +99,13 @@ def bounded(n_input_bytes: int):
         assert peak <= MEMORY_LIMIT + 8 * n_input_bytes, f"peak Python heap {peak} bytes for {n_input_bytes} input"
     finally:
         tracemalloc.stop()
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old_handler)
-        if old_delay:
-            signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - t0), 0.001))
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old_handler)
+        spent = time.process_time() - t0
+        if what and spent > SLOWEST.get(what, (0.0, ""))[0]:
+            SLOWEST[what] = (spent, label)
+    if hung:
+        raise Hang(f"example ran past {DEADLINE_S:g} s of CPU time ({spent:.1f} s): {label}")
 
 
 # -- seeds ------------------------------------------------------------------------------------
@@ -293,7 +306,7 @@ def test_fuzz_gguf(seeds, tmp_path_factory):
         COUNTS["gguf"] += 1
         data = inp.build(by_name)
         path.write_bytes(data)
-        with bounded(len(data)):
+        with bounded(len(data), "gguf", repr(inp)[:300]):
             try:
                 exercise_gguf(path)
             except CooktopError:
@@ -363,7 +376,7 @@ def test_fuzz_tokenizer(tokenizers):
         COUNTS["tokenizer"] += 1
         tok, spm, _ = tokenizers[name]
         raw = text if isinstance(text, bytes) else text.encode("utf-8", errors="surrogatepass")
-        with bounded(len(raw)):
+        with bounded(len(raw), "tokenizer", f"{name}: {text!r}"[:300]):
             try:
                 out = tok.tokenize(text, add_bos=add_bos, special=special)
                 assert all(isinstance(i, int) and 0 <= i < tok.n_vocab for i in out)
@@ -385,8 +398,9 @@ def test_fuzz_tokenizer(tokenizers):
 
 
 def _report() -> None:
+    slow = "; ".join(f"slowest {k} input {t:.2f} s CPU: {lab}" for k, (t, lab) in sorted(SLOWEST.items()))
     line = (f"fuzz inputs tried: gguf {COUNTS['gguf']} (opened {COUNTS['gguf_opened']}), "
-            f"tokenizer {COUNTS['tokenizer']}")
+            f"tokenizer {COUNTS['tokenizer']}" + (f"; {slow}" if slow else ""))
     print(line)
     out = os.environ.get("COOKTOP_FUZZ_REPORT")
     if out:
