@@ -289,6 +289,7 @@ def test_gpu_launch_shape_on_pocl(fresh_registry, ty):
     tiles in mul_mm, work-group attention) checked on PoCL against numpy."""
     from cooktop.backends.base import nmse
     from cooktop.backends.opencl_kernels import GPU_SHAPE, KernelCache
+    from cooktop.backends.opencl_q8 import dequantize_q8_ref
     from cooktop.format.quants import dequantize, random_weight
 
     info = _pocl_info()
@@ -304,7 +305,8 @@ def test_gpu_launch_shape_on_pocl(fresh_registry, ty):
         xt, y = gpu.empty((n_tok, n_in)), gpu.empty((n_tok, n_out))
         gpu.write(xt, x)
         gpu.matmul(y, xt, gpu.upload(raw, ty, (n_out, n_in)))
-        ref = x.astype(np.float64) @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
+        xr = dequantize_q8_ref(x) if gpu.quantizes_activations(ty, n_tok) else x.astype(np.float64)
+        ref = xr @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
         assert nmse(gpu.read(y), ref) < 1e-10, (n_tok, n_out)
     if ty == T.F32:  # the float ops with work-group reductions, once
         cpu = registry.open_device("cpu")

@@ -14,7 +14,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from cooktop.backends.base import DEVICE_WEIGHT_TYPES, ROPE_NEOX, ROPE_NORMAL, nmse
-from cooktop.format.quants import random_weight
+from cooktop.backends.opencl_q8 import dequantize_q8_ref
+from cooktop.format.quants import dequantize, random_weight
 
 FLOAT_BOUND = 1e-7
 QUANT_BOUND = 5e-4
@@ -28,7 +29,16 @@ def _n_ins(ty: T) -> tuple[int, ...]:
     float rows also end in a partial 32-value unit (100)."""
     if ty in K_TYPES:
         return (256, 512 + 256)
+    if ty == T.Q4_0:  # 3 groups of 128 too: OpenCL repacks those rows (and multiplies 8-bit x with VNNI)
+        return (32 * 7, 128 * 3)
     return (32 * 7, 100) if ty in FLOAT_WEIGHTS else (32 * 7,)
+
+
+def _quantizes(dev, ty: T, n_tok: int, shape: tuple[int, int]) -> bool:
+    """True when ``dev``'s matmul quantizes activations to 8 bits for these weights (OpenCL's
+    integer-dot kernels, ``quantizes_activations``)."""
+    fn = getattr(dev, "quantizes_activations", None)
+    return bool(fn and fn(ty, n_tok, shape))
 
 
 def _bound(ty: T) -> float:
@@ -76,7 +86,17 @@ def test_matmul(gpu_device, cpu_device, ty, n_tok):
             got, ref = _both(gpu_device, cpu_device, run)
             assert got.shape == (n_tok, n_out)
             err = nmse(got, ref)
-            assert err <= _bound(ty), f"{ty.name} n_in={n_in} n_out={n_out} n_tok={n_tok}: nmse {err:.2e}"
+            what = f"{ty.name} n_in={n_in} n_out={n_out} n_tok={n_tok}: nmse {err:.2e}"
+            if _quantizes(gpu_device, ty, n_tok, (n_out, n_in)):
+                # integer dot products on 8-bit activations (llama.cpp's way): exact against numpy
+                # on the same 8-bit x, and within the quantized bound of numpy's float32 product
+                # wherever the output has enough values for nmse to be a ratio of sums
+                exact = dequantize_q8_ref(x) @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
+                assert nmse(got, exact) <= 1e-10, f"{what}; vs 8-bit x {nmse(got, exact):.2e}"
+                if got.size >= 100:
+                    assert err <= QUANT_BOUND, what
+            else:
+                assert err <= _bound(ty), what
 
 
 @pytest.mark.parametrize("ty", DEVICE_WEIGHT_TYPES, ids=lambda t: t.name)

@@ -1,29 +1,39 @@
 """The numpy backend: the reference every device backend is tested against, and the fallback.
 
-Dequantization is ``gguf.quants.dequantize`` (the gguf package's reference of
-the GGML block layouts, ggml-common.h); products are float32 ``np.matmul``
-(BLAS, multi-threaded).
+Dequantization is :mod:`.cpu_quants` (whole tensors in cache-sized row chunks on a
+few threads, equal to ``gguf.quants.dequantize``, the gguf package's reference of the
+GGML block layouts); products are float32 ``np.matmul`` (BLAS, multi-threaded).
 
 Memory policy for weights: an F32 weight is used in place (a view of the
 memory-mapped file, never copied). Any other type is dequantized to float32
 on first use and kept, up to a budget of ``COOKTOP_CPU_CACHE`` bytes (default:
-a quarter of physical memory, at most 8 GiB; ``0`` disables the cache);
-past the budget a weight is dequantized again on every call (slow but bounded).
-Peak RSS is therefore about file size + min(budget, float32 size of the
-weights) + activations + KV cache.
+a quarter of physical memory, at most 8 GiB; ``0`` disables the cache).
+
+So that the first answer does not wait for the whole model's conversion, it runs
+on one background thread (in upload order, with a progress bar on a terminal
+once it runs a second or two) that starts once the first forward pass has used
+every weight (or after :data:`CONVERT_AFTER_S`), and every weight not converted
+yet is used *streamed*: each matmul dequantizes it in
+blocks of rows that stay in cache and multiplies block by block on the
+dequantization threads. That is also how a weight past the budget always runs
+(a model larger than the budget), and it never holds a whole float32 copy.
+Peak RSS is about file size + min(budget, float32 size of the weights) +
+activations + KV cache.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..errors import CooktopError
-from ..format.quants import HOST_TYPES, dequantize
+from ..format.quants import HOST_TYPES
 from ..units import parse_bytes
+from . import cpu_quants, notices
 from .base import OPS, ROPE_NEOX, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
 
 
@@ -52,6 +62,14 @@ def default_cache_budget() -> int:
 CPU_TYPES = HOST_TYPES
 
 
+#: ``extra`` of a weight while a thread dequantizes it.
+_CONVERTING = "converting"
+
+#: Seconds the background conversion waits at most for the first forward pass to use every
+#: weight (streamed) before it starts.
+CONVERT_AFTER_S = 10.0
+
+
 class CpuDevice(Device):
     """The numpy device. Tensors are numpy arrays; ops run synchronously."""
 
@@ -59,6 +77,12 @@ class CpuDevice(Device):
         super().__init__(info)
         self.cache_budget = default_cache_budget() if cache_budget is None else cache_budget
         self.cache_bytes = 0
+        self._pending: list[weakref.ref[DeviceTensor]] = []  # quantized weights not converted yet
+        self._lock = threading.RLock()  # cache_bytes and the claims of weights being converted (RLock: finalizers)
+        self._converter: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._first_pass = threading.Event()  # every pending weight streamed once: convert now
+        self._stream_goal = 0
 
     # -- memory -----------------------------------------------------------
     def _upload(self, arr, ggml_type, shape, nbytes):
@@ -67,7 +91,10 @@ class CpuDevice(Device):
         else:  # raw blocks, one row of bytes per weight row
             handle = arr.view(np.uint8).reshape(int(np.prod(shape[:-1])), -1)
         self._count_alloc(0)  # weights are views of the mapped file: no copy
-        return DeviceTensor(self, handle, shape, ggml_type)
+        t = DeviceTensor(self, handle, shape, ggml_type)
+        if ggml_type != T.F32 and len(shape) == 2:
+            self._pending.append(weakref.ref(t))
+        return t
 
     def _empty(self, shape, ggml_type):
         dtype = np.int32 if ggml_type == T.I32 else np.float32
@@ -82,7 +109,12 @@ class CpuDevice(Device):
         return np.array(self._a(t), copy=True)
 
     def synchronize(self) -> None:
-        """Nothing to wait for: numpy ops run when called."""
+        """Ops run when called; this converts the uploaded weights to the float32 cache now (the
+        background job the first matmul would start, module doc) and waits for it, so that what
+        follows runs at the cached speed (benchmarks)."""
+        if self._pending:
+            self._start_conversion()
+        self.wait_converted()
 
     @staticmethod
     def _a(t: DeviceTensor) -> np.ndarray:
@@ -90,7 +122,8 @@ class CpuDevice(Device):
         return t.handle[: t.shape[0]] if t.handle.shape[0] != t.shape[0] else t.handle
 
     def weight_f32(self, w: DeviceTensor) -> np.ndarray:
-        """float32 [n_out, n_in] of a weight, cached within the budget (module doc).
+        """float32 [n_out, n_in] of a weight, cached within the budget (module doc); a weight past
+        the budget is dequantized whole for this call (``matmul`` streams it instead).
 
         The cached copy lives on the weight (``extra``: the array and the finalizer that
         takes its bytes off ``cache_bytes``), so it goes when the weight is released or
@@ -98,27 +131,137 @@ class CpuDevice(Device):
         """
         if w.ggml_type == T.F32:
             return w.handle
-        if w.extra is not None:
-            return w.extra[0]
-        f = dequantize(w.handle, w.ggml_type, w.shape)
-        if self.cache_bytes + f.nbytes <= self.cache_budget:
-            self.cache_bytes += f.nbytes
-            w.extra = (f, weakref.finalize(w, self._uncache, f.nbytes))
+        f = self._convert(w)
+        return f if f is not None else cpu_quants.dequantize(w.handle, w.ggml_type, w.shape)
+
+    def _cached_f32(self, w: DeviceTensor) -> np.ndarray | None:
+        """The cached float32 copy of ``w``, or None (then the caller streams it): while the
+        background conversion runs, or when ``w`` does not fit the budget."""
+        if w.ggml_type == T.F32:
+            return w.handle
+        extra = w.extra
+        if isinstance(extra, tuple):
+            return extra[0]
+        if self._pending:
+            self._start_conversion()
+        if self._converter is not None and self._converter.is_alive():
+            return None
+        return self._convert(w)
+
+    def _convert(self, w: DeviceTensor, progress=None, threads: bool = True) -> np.ndarray | None:
+        """Dequantize ``w`` into the cache if it fits the budget and no other thread is at it;
+        None otherwise."""
+        nbytes = 4 * int(np.prod(w.shape))
+        with self._lock:
+            if isinstance(w.extra, tuple):
+                return w.extra[0]
+            if w.extra is not None or self.cache_bytes + nbytes > self.cache_budget:
+                return None  # being converted by the other thread, or past the budget
+            w.extra = _CONVERTING
+            self.cache_bytes += nbytes
+        try:
+            f = cpu_quants.dequantize(w.handle, w.ggml_type, w.shape, progress=progress, threads=threads)
+        except BaseException:
+            with self._lock:
+                self.cache_bytes -= nbytes
+                w.extra = None
+            raise
+        with self._lock:
+            if w.device is not self:  # released meanwhile
+                self.cache_bytes -= nbytes
+                return f
+            w.extra = (f, weakref.finalize(w, self._uncache, nbytes))
         return f
 
+    def _start_conversion(self) -> None:
+        """Start converting every uploaded weight that fits the budget on a background thread
+        (module doc); the weights uploaded since the last start."""
+        refs, self._pending = self._pending, []
+        if self.cache_budget <= self.cache_bytes:
+            return
+        prev = self._converter
+        self._stop.clear()
+        self._first_pass.clear()
+        self._stream_goal = len(refs)
+        self._converter = threading.Thread(target=self._convert_all, args=(refs, prev), daemon=True,
+                                           name="cooktop-numpy-convert")
+        self._converter.start()
+
+    def _convert_all(self, refs: list[weakref.ref[DeviceTensor]], prev: threading.Thread | None) -> None:
+        """The background conversion: one weight after the other on this one thread (the
+        dequantization pool stays with the forward pass, which streams what is not converted)."""
+        if prev is not None:
+            prev.join()
+        self._first_pass.wait(CONVERT_AFTER_S)  # the first answer first (module doc)
+        todo, room = [], self.cache_budget - self.cache_bytes
+        for ref in refs:
+            t = ref()
+            if t is not None and t.device is self and t.extra is None and 4 * int(np.prod(t.shape)) <= room:
+                todo.append(ref)
+                room -= 4 * int(np.prod(t.shape))
+        total = sum(int(np.prod(t.shape)) for t in (r() for r in todo) if t is not None)
+        if not total:
+            return
+        with notices.progress(total, "dequantizing weights to float32 (numpy)", unit="value") as bar:
+            for ref in todo:
+                t = ref()
+                if self._stop.is_set():
+                    return
+                if t is not None and t.device is self:
+                    self._convert(t, progress=bar.update, threads=False)
+                del t
+
+    def wait_converted(self) -> None:
+        """Wait for the background conversion (tests, benchmarks that want the cached speed)."""
+        self._first_pass.set()
+        c = self._converter
+        if c is not None:
+            c.join()
+
+    def close(self) -> None:
+        """Stop the background conversion (the weights already converted stay until released)."""
+        self._stop.set()
+        self._first_pass.set()
+        self.wait_converted()
+
+    def _streamed_matmul(self, out: np.ndarray, x: np.ndarray, w: DeviceTensor) -> None:
+        """``out = x @ w^T`` for a weight past the budget: blocks of rows dequantized into a
+        per-thread scratch that stays in cache and multiplied at once, blocks spread over the
+        dequantization threads (BLAS kept to one thread meanwhile)."""
+        n_out, n_in = w.shape
+        rows = max(1, cpu_quants.CHUNK_VALUES // n_in)
+        raw = w.handle.reshape(n_out, -1)
+
+        def run(r0: int) -> None:
+            r1 = min(n_out, r0 + rows)
+            blk = cpu_quants.scratch_f32((r1 - r0) * n_in).reshape(r1 - r0, n_in)
+            cpu_quants.dequantize_rows(raw[r0:r1], w.ggml_type, n_in, blk)
+            np.matmul(x, blk.T, out=out[:, r0:r1])
+
+        with cpu_quants.blas_single_thread():
+            cpu_quants.parallel(run, range(0, n_out, rows))
+
     def _uncache(self, nbytes: int) -> None:
-        self.cache_bytes -= nbytes
+        with self._lock:
+            self.cache_bytes -= nbytes
 
     def _release(self, tensors):
         """Drop the cached float32 copies of these weights (the arrays go with their last reference)."""
         for t in tensors:
-            if t.extra is not None:
+            if isinstance(t.extra, tuple):
                 t.extra[1]()
                 t.extra = None
 
     # -- ops --------------------------------------------------------------
     def _matmul(self, out, x, w):
-        np.matmul(self._a(x), self.weight_f32(w).T, out=self._a(out))
+        f = self._cached_f32(w)
+        if f is None:
+            self._streamed_matmul(self._a(out), self._a(x), w)
+            self._stream_goal -= 1
+            if self._stream_goal <= 0:
+                self._first_pass.set()
+        else:
+            np.matmul(self._a(x), f.T, out=self._a(out))
 
     def _rmsnorm(self, out, x, w, eps):
         wa = self._a(w)
@@ -223,7 +366,7 @@ class CpuDevice(Device):
 
     def _get_rows(self, out, table, ids):
         rows = table.handle[self._a(ids)]
-        self._a(out)[...] = dequantize(rows, table.ggml_type, (len(rows), table.shape[-1]))
+        cpu_quants.dequantize(rows, table.ggml_type, (len(rows), table.shape[-1]), out=self._a(out))
 
     def _copy(self, out, x):
         np.copyto(self._a(out), self._a(x))

@@ -19,7 +19,19 @@ Kernels come in two flavours chosen by device type (see
 one (head, token) per work-item with explicit float16 vectors and no barriers;
 GPU devices share rows and keys across work-groups with local-memory reductions.
 Both are tested on PoCL (tests/test_opencl.py). ``COOKTOP_OPENCL_OPTIONS`` adds
-build options (e.g. for driver workarounds).
+build options (e.g. for driver workarounds; ``-DCOOKTOP_PORTABLE=1`` turns the
+host-ISA code paths off).
+
+Matrix-vector products with quantized weights (decode) run as llama.cpp's CPU
+backend does: the activation row is quantized to 8-bit blocks once
+(:mod:`.opencl_q8`; ``rmsnorm``, ``silu_mul`` and ``attention`` write that copy
+in the same kernel) and each weight block is multiplied with integer dot
+products (``dotq8.cl``; pmaddubsw on x86 PoCL, portable OpenCL C elsewhere).
+``COOKTOP_OPENCL_Q8=0`` keeps float32 activations. Q4_0 weights whose rows hold
+whole groups of 128 values are repacked on upload for the 64-byte SIMD kernels
+where the compiler targets AVX-512BW (``dequant.cl``); prompt matrices
+(``mul_mm``) dequantize weight units to float32 registers and reuse them across
+8 tokens and 2 rows per work-item.
 """
 
 from __future__ import annotations
@@ -34,7 +46,8 @@ from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError
 from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
-from .opencl_kernels import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, KernelCache, clear_cache
+from .opencl_kernels import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, Q8_TYPES, KernelCache, clear_cache
+from .opencl_q8 import Q8Shadows
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +59,33 @@ CL_DEVICE_SUB_GROUP_SIZES_INTEL = 0x4108
 
 _INT8_EXTENSIONS = ("cl_khr_integer_dot_product", "cl_arm_integer_dot_product_int8",
                     "cl_intel_subgroup_matrix_multiply_accumulate")
+
+
+def drop_file_pages(arr: np.ndarray) -> int:
+    """Unmap the resident pages of a read-only file mapping that ``arr`` views (madvise
+    MADV_DONTNEED on the whole pages inside it), once its bytes are copied to a device.
+
+    For a CPU device the copy is host memory as well; without this the model is resident twice
+    (file pages + device copy). The pages stay in the page cache and fault back in if read again,
+    so the data is unchanged. Arrays not backed by an ``np.memmap`` opened read-only are left
+    alone (on anonymous memory MADV_DONTNEED would zero them). Returns the bytes dropped.
+    """
+    import ctypes
+    import mmap
+
+    base: Any = arr
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    if base is None or getattr(base, "mode", None) != "r" or not hasattr(mmap, "MADV_DONTNEED"):
+        return 0
+    page = mmap.PAGESIZE
+    start = arr.__array_interface__["data"][0]
+    lo, hi = -(-start // page) * page, (start + arr.nbytes) // page * page
+    if hi - lo < (1 << 20):
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return hi - lo if libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0 else 0
 
 
 def _ceil_to(n: int, m: int) -> int:
@@ -236,9 +276,12 @@ class OpenCLDevice(Device):
         self.shape = shape
         self.kernels = KernelCache(self.ctx, cl_device, shape, os.environ.get("COOKTOP_OPENCL_OPTIONS", ""), info)
         self._mf = cl.mem_flags
+        # 8-bit activations for the integer-dot matmuls (opencl_q8.py); COOKTOP_OPENCL_Q8=0 turns them off
+        self.q8 = Q8Shadows(self._alloc)
+        self.use_q8 = os.environ.get("COOKTOP_OPENCL_Q8", "1") != "0"
 
     # -- memory -----------------------------------------------------------
-    def _alloc(self, nbytes: int, hostbuf: np.ndarray | None = None) -> Any:
+    def _alloc(self, nbytes: int, hostbuf: np.ndarray | None = None, count: bool = True) -> Any:
         cl = self._cl
         size = max(int(nbytes), 4)
         limit = self.info.max_alloc_bytes
@@ -257,18 +300,32 @@ class OpenCLDevice(Device):
                     f"{self.info.selector} ({self.info.name}): cannot allocate {size} bytes (device limit "
                     f"{limit} bytes per buffer, {self.info.global_mem_bytes} bytes in all): {e}") from e
             raise DeviceError(f"{self.info.selector}: buffer of {size} bytes failed: {e}") from e
-        self._count_alloc(size)
+        if count:
+            self._count_alloc(size)
         return buf
 
     def _upload(self, arr, ggml_type, shape, nbytes):
-        return DeviceTensor(self, self._alloc(nbytes, arr.view(np.uint8).reshape(-1)), shape, ggml_type)
+        host = arr.view(np.uint8).reshape(-1)
+        if len(shape) == 2 and self.kernels.repacks(ggml_type, shape):  # SIMD layout, made on the device
+            buf, raw = self._alloc(nbytes), self._alloc(nbytes, host, count=False)  # raw: freed once repacked
+            self.kernels.weights(ggml_type, True).repack(self.queue, (shape[1] // 128, shape[0]), None, raw, buf,
+                                                         shape[1])
+        else:
+            buf = self._alloc(nbytes, host)
+        self.q8.dirty(buf)
+        if self.info.device_type == "cpu":  # the device copy lives in host memory too
+            drop_file_pages(arr)
+        return DeviceTensor(self, buf, shape, ggml_type)
 
     def _empty(self, shape, ggml_type):
-        return DeviceTensor(self, self._alloc(int(np.prod(shape, dtype=np.int64)) * 4), shape, ggml_type)
+        buf = self._alloc(int(np.prod(shape, dtype=np.int64)) * 4)
+        self.q8.dirty(buf)
+        return DeviceTensor(self, buf, shape, ggml_type)
 
     def _write(self, t, data):
         dtype = np.int32 if t.ggml_type == T.I32 else np.float32
         host = np.array(data, dtype=dtype, copy=True, order="C")  # owned copy: the copy is asynchronous
+        self.q8.dirty(t.handle)
         self._cl.enqueue_copy(self.queue, t.handle, host, is_blocking=False)
 
     def _read(self, t):
@@ -287,25 +344,36 @@ class OpenCLDevice(Device):
         except Exception:  # noqa: BLE001
             pass
         clear_cache(self.ctx)
+        self.q8.clear()
         self.kernels = None
 
     # -- ops --------------------------------------------------------------
     def _matmul(self, out, x, w):
         n_tok, n_in = x.shape
         n_out = w.shape[0]
-        k = self.kernels.weights(w.ggml_type)
+        k = self.kernels.weights(w.ggml_type, self.kernels.repacks(w.ggml_type, w.shape))
         s = self.shape
-        if n_tok == 1:
+        self.q8.dirty(out.handle)
+        if n_tok == 1 and k.mul_mv_q8 is not None and self.use_q8:
+            slot = self._q8_input(x)
+            k.mul_mv_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
+                        w.handle, slot.xq, slot.xd, out.handle, n_in, n_out)
+        elif n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8:
+            slot = self._q8_input(x)
+            gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // s.mmq_tn))
+            k.mul_mm_q8(self.queue, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
+        elif n_tok == 1:
             k.mul_mv(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
                      w.handle, x.handle, out.handle, n_in, n_out)
         else:
-            k.mul_mm(self.queue, (_ceil_to(n_out, s.mm_tm), (n_tok + s.mm_tn - 1) // s.mm_tn), (s.mm_tm, 1),
-                     w.handle, x.handle, out.handle, n_in, n_out, n_tok)
+            gsize = (_ceil_to(-(-n_out // s.mm_r), s.mm_tm), (n_tok + s.mm_tn - 1) // s.mm_tn)
+            k.mul_mm(self.queue, gsize, (s.mm_tm, 1), w.handle, x.handle, out.handle, n_in, n_out, n_tok)
 
     def _get_rows(self, out, table, ids):
         n_ids = ids.shape[0]
         n_rows, n = table.shape
-        k = self.kernels.weights(table.ggml_type)
+        k = self.kernels.weights(table.ggml_type, self.kernels.repacks(table.ggml_type, table.shape))
+        self.q8.dirty(out.handle)
         nu = n // 32 + (1 if table.ggml_type in FLOAT_TYPES else 0)
         k.get_rows(self.queue, (nu, n_ids), None, table.handle, ids.handle, out.handle, n, n_rows, n_ids)
 
@@ -313,6 +381,12 @@ class OpenCLDevice(Device):
         n_rows, width = x.shape
         g = w.shape[0]  # groups of g values are rows of their own (contiguous)
         ls = self.shape.rn_ls
+        if g == width and self._fuse_q8(n_rows, width):  # the next matmul's 8-bit input in the same kernel
+            slot = self.q8.claim(out.handle, n_rows, width)
+            self.kernels.ops().rmsnorm_q8(self.queue, (ls, n_rows), (ls, 1), out.handle, x.handle, w.handle, width,
+                                          eps, slot.xq, slot.xd)
+            return
+        self.q8.dirty(out.handle)
         self.kernels.ops().rmsnorm(self.queue, (ls, n_rows * (width // g)), (ls, 1), out.handle, x.handle,
                                    w.handle, g, eps)
 
@@ -322,22 +396,29 @@ class OpenCLDevice(Device):
         corr0, corr1, mscale = rope_yarn_params(n_rot, freq_base, freq_scale, ext_factor, attn_factor,
                                                 beta_fast, beta_slow, n_ctx_orig)
         ff = freq_factors.handle if freq_factors is not None else x.handle  # not read without factors
+        self.q8.dirty(out.handle)
         self.kernels.ops().rope(self.queue, (head_dim // 2, n_tok), None, out.handle, x.handle, pos.handle,
                                 head_dim, n_rot, freq_base, freq_scale, mode, width // head_dim,
                                 ff, int(freq_factors is not None), ext_factor, mscale, corr0, corr1)
 
     def _kv_store(self, cache, x, pos):
         n_tok, dim = x.shape
+        self.q8.dirty(cache.handle)
         self.kernels.ops().kv_store(self.queue, (_ceil_to(dim, 16), n_tok), (16, 1),
                                     cache.handle, x.handle, pos.handle, dim, cache.shape[0])
 
     def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
         n_tok, width = q.shape
         head_dim = width // n_head
-        knl = self.kernels.attention(head_dim)
         start, has_start = (kv_start.handle, 1) if kv_start is not None else (pos.handle, 0)
         args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, start, has_start,
                 n_head, n_head_kv, scale, window)
+        if self.shape.at_serial and head_dim % 32 == 0 and self._fuse_q8(n_tok, width):
+            slot = self.q8.claim(out.handle, n_tok, width)  # the output projection's 8-bit input
+            self.kernels.attention(head_dim, True)(self.queue, (n_head, n_tok), (1, 1), *args, slot.xq, slot.xd)
+            return
+        knl = self.kernels.attention(head_dim)
+        self.q8.dirty(out.handle)
         if self.shape.at_serial:
             knl(self.queue, (n_head, n_tok), (1, 1), *args)  # many groups: all cores busy
         else:
@@ -347,9 +428,16 @@ class OpenCLDevice(Device):
     def _elementwise(self, knl, out, a, b):
         n = math.prod(out.shape)
         ls = self.shape.ew_ls
+        self.q8.dirty(out.handle)
         knl(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, a.handle, b.handle, n)
 
     def _silu_mul(self, out, gate, up):
+        n_rows, n = out.shape
+        if self._fuse_q8(n_rows, n):  # the down projection's 8-bit input in the same kernel
+            slot = self.q8.claim(out.handle, n_rows, n)
+            self.kernels.ops().silu_mul_q8(self.queue, (n // 32, n_rows), None, out.handle, gate.handle, up.handle,
+                                           n, slot.xq, slot.xd)
+            return
         self._elementwise(self.kernels.ops().silu_mul, out, gate, up)
 
     def _gelu_mul(self, out, gate, up):
@@ -361,9 +449,45 @@ class OpenCLDevice(Device):
     def _add_bias(self, out, x, b):
         n = math.prod(out.shape)
         ls = self.shape.ew_ls
+        self.q8.dirty(out.handle)
         self.kernels.ops().add_bias(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, x.handle, b.handle, n,
                                     b.shape[0])
 
     def _copy(self, out, x):
-        """``out = x`` as a device-side buffer copy, enqueued."""
-        self._cl.enqueue_copy(self.queue, out.handle, x.handle, byte_count=math.prod(x.shape) * 4)
+        """``out = x``, enqueued: a copy kernel on CPU devices (all cores take part, so ``bench
+        --ops`` measures the bandwidth the kernels can reach), a buffer copy command elsewhere
+        (the DMA engine of a GPU)."""
+        self.q8.dirty(out.handle)
+        n = math.prod(x.shape)
+        if self.info.device_type == "cpu" and n < 2 ** 31:
+            self.kernels.ops().copy_f32(self.queue, (-(-n // 256),), None, out.handle, x.handle, n)
+        else:
+            self._cl.enqueue_copy(self.queue, out.handle, x.handle, byte_count=n * 4)
+
+    # -- 8-bit activations (opencl_q8.py) -----------------------------------
+    def quantizes_activations(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> bool:
+        """True when ``matmul`` with ``n_tokens`` rows of activations and weights of ``ggml_type``
+        (and ``shape`` [n_out, n_in]; needed for n_tokens > 1) multiplies 8-bit quantized
+        activations (``opencl_q8.quantize_q8_ref``) with integer dot products, as llama.cpp's CPU
+        backend does; False when it computes in float32."""
+        if not self.use_q8:
+            return False
+        if n_tokens == 1:
+            return T(ggml_type) in Q8_TYPES
+        return shape is not None and self.kernels.mm_q8(T(ggml_type), tuple(shape))
+
+    def _fuse_q8(self, n_rows: int, n: int) -> bool:
+        """True when an op producing ``[n_rows, n]`` should also write its 8-bit copy: the
+        integer-dot matmuls read it (one row: mat-vec; more rows: where ``mul_mm_q8`` runs) and
+        whole 32-value blocks fit."""
+        return self.use_q8 and (n_rows == 1 or self.kernels.vnni) and n % 32 == 0
+
+    def _q8_input(self, x: DeviceTensor):
+        """The 8-bit copy of ``x`` (f32 [n, n_in], n_in % 32 == 0), quantizing it now if no
+        op made one since ``x`` was last written."""
+        n, n_in = x.shape
+        slot = self.q8.lookup(x.handle, n, n_in)
+        if slot is None:
+            slot = self.q8.claim(x.handle, n, n_in)
+            self.kernels.ops().quantize_q8(self.queue, (n_in // 32, n), None, x.handle, slot.xq, slot.xd, n_in)
+        return slot

@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 #: Weight types with device kernels (matmul, get_rows), in base.DEVICE_WEIGHT_TYPES order.
 OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
 
+#: Weight types with an integer-dot mat-vec kernel on 8-bit activations (dotq8.cl: mul_mv_q8).
+Q8_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
+
 #: Types whose rows may end in a partial 32-value unit (any n_in); others need n_in % block == 0.
 FLOAT_TYPES = (T.F32, T.F16)
 
@@ -54,7 +57,8 @@ class LaunchShape:
 
     mv_ls: work-items sharing one output row in ``mul_mv``; mv_r: rows per group.
     mm_tm: rows (= work-items) per group in ``mul_mm``; mm_tn: tokens per tile;
-    mm_uc: 32-value units per staged x tile. rn_ls: rmsnorm group size.
+    mm_uc: 32-value units per staged x tile; mm_r: rows per work-item (CPU flavour);
+    mmq_r, mmq_tn: rows and tokens per work-item of ``mul_mm_q8`` (8-bit activations, VNNI). rn_ls: rmsnorm group size.
     at_ls: keys per attention chunk (= group size). ew_ls: elementwise group size.
     mm_local: 1 to stage x tiles in local memory in ``mul_mm`` (GPUs), 0 to read x
     through the cache without barriers (CPUs: PoCL spills registers across barriers).
@@ -66,6 +70,9 @@ class LaunchShape:
     mv_r: int = 8
     mm_tm: int = 16
     mm_tn: int = 8
+    mm_r: int = 1
+    mmq_r: int = 4
+    mmq_tn: int = 8
     mm_uc: int = 4
     rn_ls: int = 16
     at_ls: int = 16
@@ -75,7 +82,8 @@ class LaunchShape:
 
     def defines(self) -> str:
         """``-D`` options for the launch constants."""
-        return (f"-DMV_LS={self.mv_ls} -DMV_R={self.mv_r} -DMM_TM={self.mm_tm} -DMM_TN={self.mm_tn} "
+        return (f"-DMV_LS={self.mv_ls} -DMV_R={self.mv_r} -DMM_TM={self.mm_tm} -DMM_TN={self.mm_tn} -DMM_R={self.mm_r} "
+                f"-DMMQ_R={self.mmq_r} -DMMQ_TN={self.mmq_tn} "
                 f"-DMM_UC={self.mm_uc} -DMM_LOCAL={self.mm_local} -DRN_LS={self.rn_ls} -DAT_LS={self.at_ls} "
                 f"-DAT_SERIAL={self.at_serial}")
 
@@ -83,12 +91,29 @@ class LaunchShape:
 #: CPU devices (PoCL): a work-group runs on one core, and explicit float16 vectors are
 #: its SIMD, so one output row per work-item (mv_ls=1, no local reduction) and no
 #: barriers in mul_mm/attention. On PoCL 3.1 (2 cores) 1x8 rows beat 2x8 and 4x4 by
-#: 5-10% in mul_mv, and mm_tn=8 beat 4 and 16 in mul_mm (scripts/bench_opencl.py).
+#: 5-10% in mul_mv, and mm_tn=8 beat 4 and 16 in mul_mm (scripts/bench_opencl.py); 2 rows
+#: x 8 tokens per work-item (mm_r=2) did 10-25% more GFLOP per CPU-second than 1 x 8 and
+#: 4 x 4 on Q4_0/Q4_K/Q6_K/Q8_0 at 64 tokens (the machine shared, so CPU time, not wall).
+#: mul_mm_q8 (VNNI): 4 rows x 8 tokens did 128-141 GFLOP per CPU-second at 128 tokens against
+#: 104-125 for 1x8, 2x4, 2x8, 4x4, 3x8, 6x4 (and 78 for the float mul_mm).
 #: GPU devices: work-groups share rows and keys (ggml's layout); checked for correctness
 #: on PoCL only (no GPU on the dev machine), launch sizes not tuned.
-CPU_SHAPE = LaunchShape()
+CPU_SHAPE = LaunchShape(mm_r=2, mm_tm=8)
 GPU_SHAPE = LaunchShape(mv_ls=16, mv_r=4, mm_tm=64, mm_tn=8, mm_uc=2, rn_ls=64, at_ls=32, ew_ls=64, mm_local=1,
                         at_serial=0)
+
+
+def host_has_vnni() -> bool:
+    """True when this machine's CPU has AVX-512 VNNI and BW (Linux /proc/cpuinfo flags)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return {"avx512_vnni", "avx512bw"} <= flags
+    except OSError:
+        pass
+    return False
 
 
 def read_source(*names: str) -> str:
@@ -220,11 +245,15 @@ def clear_cache(ctx: Any | None = None) -> None:
 
 
 class WeightKernels:
-    """The three kernels of one weight type on one device: ``mul_mv``, ``mul_mm``, ``get_rows``."""
+    """The kernels of one weight type on one device: ``mul_mv``, ``mul_mm``, ``get_rows``, and
+    ``mul_mv_q8`` (8-bit activations, integer dot products; None for types without one)."""
 
-    __slots__ = ("mul_mv", "mul_mm", "get_rows")
+    __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8")
 
     def __init__(self, prg: Any):
+        import pyopencl as cl
+
+        names = set(prg.get_info(cl.program_info.KERNEL_NAMES).split(";"))
         self.mul_mv = prg.mul_mv
         self.mul_mm = prg.mul_mm
         self.get_rows = prg.get_rows
@@ -232,12 +261,22 @@ class WeightKernels:
         self.mul_mv.set_scalar_arg_dtypes([None, None, None, i32, i32])
         self.mul_mm.set_scalar_arg_dtypes([None, None, None, i32, i32, i32])
         self.get_rows.set_scalar_arg_dtypes([None, None, None, i32, i32, i32])
+        self.mul_mv_q8 = prg.mul_mv_q8 if "mul_mv_q8" in names else None
+        self.repack = prg.repack if "repack" in names else None
+        self.mul_mm_q8 = prg.mul_mm_q8 if "mul_mm_q8" in names else None
+        if self.mul_mm_q8 is not None:
+            self.mul_mm_q8.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32])
+        if self.repack is not None:
+            self.repack.set_scalar_arg_dtypes([None, None, i32])
+        if self.mul_mv_q8 is not None:
+            self.mul_mv_q8.set_scalar_arg_dtypes([None, None, None, None, i32, i32])
 
 
 class OpKernels:
     """Kernels of the float ops (rmsnorm, rope, add, add_bias, silu_mul, gelu_mul, kv_store) on one device."""
 
-    __slots__ = ("rmsnorm", "rope", "add", "add_bias", "silu_mul", "kv_store", "gelu_mul")
+    __slots__ = ("rmsnorm", "rope", "add", "add_bias", "silu_mul", "kv_store", "gelu_mul", "quantize_q8",
+                 "rmsnorm_q8", "silu_mul_q8", "copy_f32")
 
     def __init__(self, prg: Any):
         i32, f32 = np.int32, np.float32
@@ -256,6 +295,14 @@ class OpKernels:
         self.gelu_mul.set_scalar_arg_dtypes([None, None, None, i32])
         self.kv_store = prg.kv_store
         self.kv_store.set_scalar_arg_dtypes([None, None, None, i32, i32])
+        self.quantize_q8 = prg.quantize_q8
+        self.quantize_q8.set_scalar_arg_dtypes([None, None, None, i32])
+        self.rmsnorm_q8 = prg.rmsnorm_q8
+        self.rmsnorm_q8.set_scalar_arg_dtypes([None, None, None, i32, f32, None, None])
+        self.silu_mul_q8 = prg.silu_mul_q8
+        self.silu_mul_q8.set_scalar_arg_dtypes([None, None, None, i32, None, None])
+        self.copy_f32 = prg.copy_f32
+        self.copy_f32.set_scalar_arg_dtypes([None, None, i32])
 
 
 class KernelCache:
@@ -273,9 +320,15 @@ class KernelCache:
         # -cl-denorms-are-zero: PoCL on x86 keeps denormals, and one denormal activation
         # row made a Q4_0 matmul 80x slower (2.5 ms -> 208 ms at 2048x5632)
         self.options = (shape.defines() + " -cl-mad-enable -cl-denorms-are-zero " + extra_options).strip()
-        self._weights: dict[T, WeightKernels] = {}
+        # the CPU device is this machine's CPU: its VNNI (which PoCL's target may not declare) is usable
+        self.vnni = (info is not None and getattr(info, "device_type", "") == "cpu" and host_has_vnni()
+                     and os.environ.get("COOKTOP_OPENCL_VNNI", "1") != "0" and "COOKTOP_PORTABLE" not in self.options)
+        if self.vnni:
+            self.options += " -DCOOKTOP_VNNI=1"
+        self._weights: dict[tuple[T, bool], WeightKernels] = {}
+        self._isa: dict[str, bool] | None = None
         self._ops: OpKernels | None = None
-        self._attn: dict[int, Any] = {}
+        self._attn: dict[tuple[int, bool], Any] = {}
         self._lock = threading.Lock()
 
     def _estimate_subgroup(self, knl: Any) -> None:
@@ -293,11 +346,12 @@ class KernelCache:
     def _label(self) -> str | None:
         return getattr(self.info, "selector", None)
 
-    def _weight_program(self, ggml_type: T) -> tuple[str, str]:
-        return read_source("dequant.cl", "matmul.cl"), f"{self.options} -DW_{ggml_type.name}"
+    def _weight_program(self, ggml_type: T, repacked: bool = False) -> tuple[str, str]:
+        opts = f"{self.options} -DW_{ggml_type.name}" + (f" -DREPACK_{ggml_type.name}" if repacked else "")
+        return read_source("dequant.cl", "dotq8.cl", "matmul.cl"), opts
 
     def _ops_program(self) -> tuple[str, str]:
-        return read_source("norm.cl", "rope.cl", "elementwise.cl"), self.options
+        return read_source("norm.cl", "rope.cl", "elementwise.cl", "quant.cl"), self.options
 
     def prebuild(self, types: Any = ()) -> None:
         """Build the float-op kernels and those of the weight ``types`` now, as one batch.
@@ -309,9 +363,11 @@ class KernelCache:
             DeviceError: a build failed (see :func:`build_program`).
         """
         todo: list[Any] = ([] if self._ops is not None else [None])
-        todo += [t for t in types if t in OPENCL_TYPES and t not in self._weights]
+        # the layout real models get (rows of n_in % 128 == 0): repacked Q4_0 where the SIMD path builds
+        todo += [(t, self.repacks(t, (1, 128))) for t in types if t in OPENCL_TYPES]
+        todo = [t for t in todo if t is None or t not in self._weights]
         fresh = [t for t in todo if not built_before(self.device, *(self._ops_program() if t is None
-                                                                    else self._weight_program(t)))]
+                                                                    else self._weight_program(*t)))]
         if not fresh:
             for t in todo:
                 self._build_one(t)
@@ -323,21 +379,57 @@ class KernelCache:
                 self._build_one(t)
                 bar.update(1)
 
-    def _build_one(self, ggml_type: T | None) -> None:
-        if ggml_type is None:
+    def _build_one(self, item: tuple[T, bool] | None) -> None:
+        if item is None:
             self.ops()
         else:
-            self.weights(ggml_type)
+            self.weights(*item)
 
-    def weights(self, ggml_type: T) -> WeightKernels:
-        """Kernels for weights of ``ggml_type`` (built on first use)."""
-        k = self._weights.get(ggml_type)
+    def weights(self, ggml_type: T, repacked: bool = False) -> WeightKernels:
+        """Kernels for weights of ``ggml_type`` (built on first use); ``repacked``: for the
+        upload layout of :meth:`repacks` (``-DREPACK_<TYPE>``)."""
+        k = self._weights.get((ggml_type, repacked))
         if k is None:
             with self._lock:
-                src, options = self._weight_program(ggml_type)
+                src, options = self._weight_program(ggml_type, repacked)
                 prg = build_program(self.ctx, self.device, src, options, f"matmul {ggml_type.name}", self._label)
-                k = self._weights[ggml_type] = WeightKernels(prg)
+                k = self._weights[(ggml_type, repacked)] = WeightKernels(prg)
         return k
+
+    def isa(self) -> dict[str, bool]:
+        """What the device compiler targets, from its predefined macros (a one-line probe kernel,
+        built once): ``avx2``, ``avx512bw``, ``f16c`` (x86 CPUs under PoCL) and ``portable``
+        (``-DCOOKTOP_PORTABLE=1`` in the options: the SIMD paths are off)."""
+        if self._isa is None:
+            import pyopencl as cl
+
+            flags = ("__AVX2__", "__AVX512BW__", "__F16C__", "COOKTOP_PORTABLE")
+            src = "__kernel void isa(global int *o) { int v = 0;\n" + "".join(
+                f"#ifdef {m}\nv |= {1 << i};\n#endif\n" for i, m in enumerate(flags)) + "o[0] = v; }\n"
+            prg = build_program(self.ctx, self.device, src, self.options, "ISA probe", self._label)
+            buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, 4)
+            out = np.zeros(1, np.int32)
+            q = cl.CommandQueue(self.ctx, self.device)
+            prg.isa(q, (1,), None, buf)
+            cl.enqueue_copy(q, out, buf)
+            q.finish()
+            v = int(out[0])
+            self._isa = {"avx2": bool(v & 1), "avx512bw": bool(v & 2), "f16c": bool(v & 4), "portable": bool(v & 8)}
+        return self._isa
+
+    def mm_q8(self, ggml_type: T, shape: tuple[int, ...]) -> bool:
+        """True when prompt matrices (n_tokens > 1) with weights of this type and shape run on
+        8-bit activations (``mul_mm_q8``: repacked Q4_0 on a CPU with AVX-512 VNNI)."""
+        return self.vnni and self.repacks(ggml_type, shape)
+
+    def repacks(self, ggml_type: T, shape: tuple[int, ...]) -> bool:
+        """True when weights of this type and shape are stored repacked on this device: Q4_0 rows
+        of n_in % 128 == 0 where the 64-byte SIMD kernels build (AVX-512BW; dequant.cl documents
+        the layout). Every op derives it from the weight's shape, so tensors carry no flag."""
+        if ggml_type != T.Q4_0 or shape[-1] % 128 or self.shape.mm_local:
+            return False
+        isa = self.isa()
+        return isa["avx512bw"] and isa["f16c"] and not isa["portable"]
 
     def ops(self) -> OpKernels:
         """Kernels of the float ops (built on first use)."""
@@ -350,16 +442,19 @@ class KernelCache:
                 self._ops = ops
         return self._ops
 
-    def attention(self, head_dim: int) -> Any:
-        """The attention kernel compiled for ``head_dim`` (built on first use)."""
-        k = self._attn.get(head_dim)
+    def attention(self, head_dim: int, q8: bool = False) -> Any:
+        """The attention kernel compiled for ``head_dim`` (built on first use); ``q8``: the variant
+        that also writes its output as 8-bit blocks (two more arguments: xq, xd; serial flavour,
+        head_dim % 32 == 0)."""
+        k = self._attn.get((head_dim, q8))
         if k is None:
             with self._lock:
-                prg = build_program(self.ctx, self.device, read_source("attention.cl"),
-                                    f"{self.options} -DHEAD_DIM={head_dim}", f"attention (head_dim {head_dim})",
+                src = read_source("quant.cl", "attention.cl") if q8 else read_source("attention.cl")
+                opts = f"{self.options} -DHEAD_DIM={head_dim}" + (" -DATT_Q8=1" if q8 else "")
+                prg = build_program(self.ctx, self.device, src, opts, f"attention (head_dim {head_dim})",
                                     self._label)
                 k = prg.attention
                 k.set_scalar_arg_dtypes([None, None, None, None, None, None, np.int32, np.int32, np.int32, np.float32,
-                                         np.int32])
-                self._attn[head_dim] = k
+                                         np.int32] + ([None, None] if q8 else []))
+                self._attn[(head_dim, q8)] = k
         return k

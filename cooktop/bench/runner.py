@@ -214,6 +214,8 @@ class CooktopRunner:
                                split=split.replace("/", ",") if split else None)
         self.placement = self.eng.placement.summary()
         self.load_ms = self.eng.load_ms
+        for seg in self.eng.model.segments:  # uploads, repacks, numpy's float32 conversion: done before timing
+            seg.device.synchronize()
 
     def reset(self) -> None:
         self.eng.reset()

@@ -44,10 +44,16 @@
 inline float vsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 inline float vsum16(float16 v) { float8 a = v.lo + v.hi; return vsum4(a.lo + a.hi); }
 
+// ATT_Q8 (with quant.cl, HEAD_DIM % 32 == 0): the output is also written as 8-bit blocks
+// (xq, xd) for the integer-dot matmul that reads it (opencl_q8.py).
 __kernel void attention(global float *out, const global float *q, const global float *kc,
                         const global float *vc, const global int *pos, const global int *kv_start,
                         const int has_start, const int n_head, const int n_head_kv, const float scale,
-                        const int window) {
+                        const int window
+#ifdef ATT_Q8
+                        , global char *xq, global float2 *xd
+#endif
+                        ) {
     const int h = get_global_id(0);
     const int t = get_global_id(1);
     if (h >= n_head) return;
@@ -83,6 +89,12 @@ __kernel void attention(global float *out, const global float *q, const global f
     const float inv = 1.0f / l;
 #pragma unroll
     for (int i = 0; i < NV; i++) VSTORE(acc[i] * inv, i, out + qoff);
+#ifdef ATT_Q8
+    const size_t row = (size_t)t * n_head * HEAD_DIM;
+#pragma unroll
+    for (int j = 0; j < HEAD_DIM / 32; j++)
+        store_q8(acc[2 * j] * inv, acc[2 * j + 1] * inv, xq + row, xd + row / 32, h * (HEAD_DIM / 32) + j);
+#endif
 }
 
 #else

@@ -33,7 +33,17 @@ inline float16 half16_bits_to_float16(ushort16 hv) {
     const uint16 sub = as_uint16(convert_float16(m) * 0x1p-24f) | s;
     return as_float16(select(select(normal, special, e == 31u), sub, e == 0u));
 }
+#if defined(__F16C__) && !defined(COOKTOP_PORTABLE)
+// x86 with F16C (clang predefines __F16C__ for PoCL's host target): one vcvtph2ps
+typedef short v8hi_f16c __attribute__((vector_size(16)));
+inline float load_half_f16c(const global uchar *p) {
+    const short8 h = (short8)((short)((uint)p[0] | ((uint)p[1] << 8)), 0, 0, 0, 0, 0, 0, 0);
+    return __builtin_ia32_vcvtph2ps((v8hi_f16c)h)[0];
+}
+#define LOAD_HALF(p) load_half_f16c(p)
+#else
 #define LOAD_HALF(p) half_bits_to_float((uint)(p)[0] | ((uint)(p)[1] << 8))
+#endif
 
 #if defined(W_F32)
 #define W_FLOAT 1
@@ -86,6 +96,48 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
     const float16 t = convert_float16(vload16(0, q)) * vload16(2 * ib, x)
                     + convert_float16(vload16(1, q)) * vload16(2 * ib + 1, x);
     return fma((float16)LOAD_HALF(p), t, acc);
+}
+
+#elif defined(W_Q4_0) && defined(REPACK_Q4_0)
+// Q4_0 repacked at upload, ggml's repack idea (ggml-cpu/repack.cpp) with its own layout,
+// for rows of n_in % 128 == 0 where dotq8.cl's 64-byte SIMD path runs (the host decides;
+// kernel `repack` below makes it). A row is n_in / 128 groups of 4 blocks; a group (72
+// bytes, as 4 blocks) is half d[4], then 64 bytes whose low nibbles are the 4-bit quants
+// q of the group's values 0..63 and high nibbles those of values 64..127, so one 64-byte
+// load holds two blocks' quants in value order. y = d * (q - 8) as in block_q4_0.
+#define ROW_BYTES(n) ((size_t)(n) / 32 * 18)
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const int k = u & 3;
+    const global uchar *gp = row + (size_t)(u >> 2) * 72;
+    const float d = LOAD_HALF(gp + 2 * k);
+    const global uchar *q = gp + 8 + 32 * (k & 1);
+    const uchar sh = (uchar)(4 * (k >> 1));
+    *a = (convert_float16((vload16(0, q) >> sh) & (uchar)15) - 8.0f) * d;
+    *b = (convert_float16((vload16(1, q) >> sh) & (uchar)15) - 8.0f) * d;
+}
+#define QKV 32
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    float16 a, b;
+    deq_unit(row, ib, &a, &b);
+    return fma(b, vload16(2 * ib + 1, x), fma(a, vload16(2 * ib, x), acc));
+}
+// src: block_q4_0 rows; dst: the layout above. Global (n_in / 128, n_rows): one group each.
+__kernel void repack(const global uchar *src, global uchar *dst, const int n_in) {
+    const int g = get_global_id(0);
+    const size_t r = get_global_id(1);
+    const global uchar *s = src + r * ROW_BYTES(n_in) + (size_t)g * 72;
+    global uchar *d = dst + r * ROW_BYTES(n_in) + (size_t)g * 72;
+    uchar v[128];
+    for (int k = 0; k < 4; k++) {
+        d[2 * k] = s[18 * k];
+        d[2 * k + 1] = s[18 * k + 1];
+        for (int i = 0; i < 16; i++) {
+            const uchar q = s[18 * k + 2 + i];
+            v[32 * k + i] = q & (uchar)15;
+            v[32 * k + 16 + i] = q >> (uchar)4;
+        }
+    }
+    for (int j = 0; j < 64; j++) d[8 + j] = v[j] | (uchar)(v[64 + j] << 4);
 }
 
 #elif defined(W_Q4_0)
@@ -217,6 +269,7 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
     *b = convert_float16(qb) * dl - ml;
 }
 #define QKV 256
+#define SB_UNITS 8
 // A whole super-block: the eight 6-bit scales/mins decoded at once (get_scale_min_k4
 // for j < 4 and j >= 4 as vectors), then 4 x 64 values: y = dl*q - ml per sub-block.
 inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
@@ -299,6 +352,7 @@ inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
     *b = (convert_float16(qb) - 32.0f) * d1;
 }
 #define QKV 256
+#define SB_UNITS 8
 // A whole super-block: two halves of 128 values, each four groups r of 32 (module comment above).
 inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
     const global uchar *p = row + (size_t)ib * 210;

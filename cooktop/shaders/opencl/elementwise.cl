@@ -42,3 +42,15 @@ __kernel void gelu_mul(global float *out, const global float *gate, const global
         out[i] = 0.5f * g * (1.0f + tanh(0.79788456080286535588f * g * (1.0f + 0.044715f * g * g))) * up[i];
     }
 }
+
+// out = x, n floats; global ceil(n / 256): each work-item copies 256 values (16 x float16),
+// so every core of a CPU device takes part (a buffer copy command runs on one thread in PoCL)
+__kernel void copy_f32(global float *out, const global float *x, const int n) {
+    const size_t i0 = (size_t)get_global_id(0) * 256;
+    if (i0 + 256 <= (size_t)n) {
+#pragma unroll
+        for (int k = 0; k < 16; k++) vstore16(vload16(k, x + i0), k, out + i0);
+    } else {
+        for (size_t i = i0; i < (size_t)n; i++) out[i] = x[i];
+    }
+}

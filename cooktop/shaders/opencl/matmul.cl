@@ -44,6 +44,114 @@ __kernel void mul_mv(const global uchar *w, const global float *x, global float 
 #endif
 }
 
+#ifdef HAS_Q8
+// mul_mv on 8-bit activations (dotq8.cl): xq char [n_in], xd float2 [n_in / 32]; same
+// launch shape as mul_mv.
+__kernel void mul_mv_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out) {
+    const int lid = get_local_id(0);
+    const int lr = get_local_id(1);
+    const int row = get_global_id(1);
+    const int nb = n_in / QKV;
+#if MV_LS > 1
+    local float red[MV_R][MV_LS];
+#endif
+    Q8ACC acc = (Q8ACC)(0.0f);
+    if (row < n_out) {
+        const global uchar *wr = w + (size_t)row * ROW_BYTES(n_in);
+        acc = dotq8_row(wr, nb, xq, xd, lid, acc);
+    }
+#if MV_LS > 1
+    red[lr][lid] = Q8_HSUM(acc);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = MV_LS / 2; s > 0; s >>= 1) {
+        if (lid < s) red[lr][lid] += red[lr][lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0 && row < n_out) y[row] = red[lr][0];
+#else
+    if (row < n_out) y[row] = Q8_HSUM(acc);
+#endif
+}
+#endif
+
+#if defined(W_Q4_0) && defined(REPACK_Q4_0) && defined(X86_512) && defined(COOKTOP_VNNI)
+// Prompt matrices on 8-bit activations with AVX-512 VNNI (vpdpbusd: 64 u8 x s8 products
+// summed in 16 int32 lanes, one instruction), for repacked Q4_0 (dequant.cl): the host
+// defines COOKTOP_VNNI when the CPU (the PoCL device) has avx512_vnni; the compiler's
+// target need not. Per group of 4 blocks each row's nibbles are split once and each
+// token's 128 quants loaded once: y = sum_b d_b dx_b sum((q - 8) qy) (block_q4_0).
+// The VNNI code is one function per work-item with the target attribute: PoCL inlines the
+// kernel into a work-group function compiled for its own target, so VNNI instructions may
+// not appear in the kernel itself, and helpers called per block would spill every register.
+// A work-item owns MMQ_R rows x MMQ_TN tokens (LaunchShape.mmq_r / mmq_tn). The -8 of
+// block_q4_0 is folded into the integer sums: vpdpbusd(-8 sum(qy), q, qy) = sum((q - 8) qy),
+// with 8 sum(qy) computed once per token and group (a vpdpbusd with a vector of 8s).
+__attribute__((target("avx512vnni"))) __attribute__((noinline))
+void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
+              const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
+    const int ng = n_in / 128;
+    const int nt = min(MMQ_TN, n_tok - t0);
+    float16 acc[MMQ_R][MMQ_TN];
+    const global uchar *wr[MMQ_R];
+    const global char *xr[MMQ_TN];
+    const global float *dr[MMQ_TN];
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    const v64qi eights = (v64qi)(int16)(0x08080808);
+    const v16si zero = (v16si)(int16)(0);
+#pragma unroll
+    for (int t = 0; t < MMQ_TN; t++) {
+        const size_t tt = (size_t)(t0 + min(t, nt - 1));
+        xr[t] = xq + tt * n_in;
+        dr[t] = (const global float *)(xd + tt * (n_in / 32));
+    }
+#pragma unroll
+    for (int r = 0; r < MMQ_R; r++) {
+        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
+#pragma unroll
+        for (int t = 0; t < MMQ_TN; t++) acc[r][t] = (float16)(0.0f);
+    }
+    for (int g = 0; g < ng; g++) {
+        v64qi lo[MMQ_R], hi[MMQ_R];
+        float4 d[MMQ_R];
+#pragma unroll
+        for (int r = 0; r < MMQ_R; r++) {
+            const global uchar *gp = wr[r] + (size_t)g * 72;
+            const v64qi z = *(const global v64qi_u *)(gp + 8);
+            lo[r] = z & m15;
+            hi[r] = (v64qi)(((v16si)z >> 4) & (v16si)m15);
+            const short8 h = (short8)(vload4(0, (const global short *)gp), (short4)(0));
+            d[r] = as_float4(__builtin_ia32_vcvtph2ps((v8hi)h));
+        }
+#pragma unroll
+        for (int t = 0; t < MMQ_TN; t++) {
+            const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)g * 128);
+            const v64qi yb = *(const global v64qi_u *)(xr[t] + (size_t)g * 128 + 64);
+            const v16si na = zero - __builtin_ia32_vpdpbusd512(zero, (v16si)eights, (v16si)ya);
+            const v16si nb = zero - __builtin_ia32_vpdpbusd512(zero, (v16si)eights, (v16si)yb);
+            const float4 dx = vload8(g, dr[t]).even;
+#pragma unroll
+            for (int r = 0; r < MMQ_R; r++) {
+                const float4 sc = d[r] * dx;
+                const float16 s01 = __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+                const float16 s23 = __builtin_shufflevector(sc, sc, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+                const float16 p01 = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(na, (v16si)lo[r], (v16si)ya)));
+                const float16 p23 = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(nb, (v16si)hi[r], (v16si)yb)));
+                acc[r][t] = fma(p23, s23, fma(p01, s01, acc[r][t]));
+            }
+        }
+    }
+    for (int r = 0; r < MMQ_R && r0 + r < n_out; r++)
+        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r0 + r] = hsum16(acc[r][t]);
+}
+
+__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out, const int n_tok) {
+    const int r0 = get_global_id(0) * MMQ_R;
+    if (r0 < n_out) mm_q8_wi(w, xq, xd, y, n_in, n_out, n_tok, r0, get_group_id(1) * MMQ_TN);
+}
+#endif
+
 #define MM_TW (MM_UC * 32)
 
 #if MM_LOCAL
@@ -78,52 +186,6 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
             }
         }
     }
-#else
-// CPU flavour: no barriers (PoCL would spill the accumulators to per-work-item
-// context arrays across them); x rows are read through the cache, which holds them
-// for all the work-items of the group. Tokens past n_tok re-read the last row.
-__kernel void mul_mm(const global uchar *w, const global float *x, global float *y,
-                     const int n_in, const int n_out, const int n_tok) {
-    const int row = get_global_id(0);
-    const int t0 = get_group_id(1) * MM_TN;
-    const int nu = n_in / 32;
-    const int nt = min(MM_TN, n_tok - t0);
-    float16 acc[MM_TN];
-    const global float *xr[MM_TN];
-#pragma unroll
-    for (int t = 0; t < MM_TN; t++) {
-        acc[t] = (float16)(0.0f);
-        xr[t] = x + (size_t)(t0 + min(t, nt - 1)) * n_in;
-    }
-    const global uchar *wr = w + (size_t)min(row, n_out - 1) * ROW_BYTES(n_in);
-#if QKV == 256
-    // K-quants: a super-block's scales decoded once, its eight units unrolled
-    for (int ib = 0; ib < nu / 8; ib++) {
-        const float16 scv = block_scales(wr, ib);
-#pragma unroll
-        for (int s = 0; s < 8; s++) {
-            const int u = ib * 8 + s;
-            float16 a, b;
-            deq_sub(wr, ib, s, scv, &a, &b);
-#pragma unroll
-            for (int t = 0; t < MM_TN; t++) {
-                acc[t] = fma(a, vload16(2 * u, xr[t]), acc[t]);
-                acc[t] = fma(b, vload16(2 * u + 1, xr[t]), acc[t]);
-            }
-        }
-    }
-#else
-    for (int u = 0; u < nu; u++) {
-        float16 a, b;
-        deq_unit(wr, u, &a, &b);
-#pragma unroll
-        for (int t = 0; t < MM_TN; t++) {
-            acc[t] = fma(a, vload16(2 * u, xr[t]), acc[t]);
-            acc[t] = fma(b, vload16(2 * u + 1, xr[t]), acc[t]);
-        }
-    }
-#endif
-#endif
     if (row >= n_out) return;
     for (int t = 0; t < nt; t++) {
         float s = hsum16(acc[t]);
@@ -134,6 +196,76 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
         y[(size_t)(t0 + t) * n_out + row] = s;
     }
 }
+#else
+// CPU flavour: a work-item owns MM_R rows x MM_TN tokens, MM_R * MM_TN float16
+// accumulators in registers. Each dequantized weight unit (32 values) is reused for the
+// MM_TN tokens and each x unit for the MM_R rows, so x (re-read from L2 by every
+// work-item) costs 1 / MM_R of what it does with one row per work-item. No barriers
+// (PoCL would spill the accumulators to per-work-item context arrays across them).
+// Rows past n_out re-read the last row, tokens past n_tok the last token.
+__kernel void mul_mm(const global uchar *w, const global float *x, global float *y,
+                     const int n_in, const int n_out, const int n_tok) {
+    const int r0 = get_global_id(0) * MM_R;
+    const int t0 = get_group_id(1) * MM_TN;
+    const int nu = n_in / 32;
+    const int nt = min(MM_TN, n_tok - t0);
+    if (r0 >= n_out) return;
+    float16 acc[MM_R][MM_TN];
+    const global float *xr[MM_TN];
+    const global uchar *wr[MM_R];
+#pragma unroll
+    for (int t = 0; t < MM_TN; t++) xr[t] = x + (size_t)(t0 + min(t, nt - 1)) * n_in;
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
+#pragma unroll
+        for (int t = 0; t < MM_TN; t++) acc[r][t] = (float16)(0.0f);
+    }
+#if defined(SB_UNITS)
+    // K-quant super-blocks (SB_UNITS = 8 units): scales decoded once per row, units unrolled
+    for (int ib = 0; ib < nu / SB_UNITS; ib++) {
+        float16 scv[MM_R];
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) scv[r] = block_scales(wr[r], ib);
+#pragma unroll
+        for (int s = 0; s < SB_UNITS; s++) {
+            const int u = ib * SB_UNITS + s;
+            float16 a[MM_R], b[MM_R];
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) deq_sub(wr[r], ib, s, scv[r], &a[r], &b[r]);
+#pragma unroll
+            for (int t = 0; t < MM_TN; t++) {
+                const float16 xa = vload16(2 * u, xr[t]), xb = vload16(2 * u + 1, xr[t]);
+#pragma unroll
+                for (int r = 0; r < MM_R; r++) acc[r][t] = fma(b[r], xb, fma(a[r], xa, acc[r][t]));
+            }
+        }
+    }
+#else
+    for (int u = 0; u < nu; u++) {
+        float16 a[MM_R], b[MM_R];
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) deq_unit(wr[r], u, &a[r], &b[r]);
+#pragma unroll
+        for (int t = 0; t < MM_TN; t++) {
+            const float16 xa = vload16(2 * u, xr[t]), xb = vload16(2 * u + 1, xr[t]);
+#pragma unroll
+            for (int r = 0; r < MM_R; r++) acc[r][t] = fma(b[r], xb, fma(a[r], xa, acc[r][t]));
+        }
+    }
+#endif
+    for (int r = 0; r < MM_R && r0 + r < n_out; r++) {
+        for (int t = 0; t < nt; t++) {
+            float s = hsum16(acc[r][t]);
+#ifdef W_FLOAT
+            const global float *xt = x + (size_t)(t0 + t) * n_in;
+            for (int i = nu * 32; i < n_in; i++) s += deq_elem(wr[r], i) * xt[i];
+#endif
+            y[(size_t)(t0 + t) * n_out + r0 + r] = s;
+        }
+    }
+}
+#endif
 
 // out f32 [n_ids, n_in]: out[i] = dequantize(table[ids[i]]); global (n_in/32 (+1 for float tails), n_ids).
 // ids are clamped to [0, n_rows) so a bad id cannot read outside the table.

@@ -1,0 +1,129 @@
+"""8-bit copies of activations for the OpenCL integer-dot matmuls (a backend-internal cache).
+
+A matmul whose weight type has an integer-dot kernel (``dotq8.cl``) reads its input
+``x`` as llama.cpp's ``block_q8_1`` split in two planes: ``xq`` int8 [n, n_in] and
+``xd`` float2 [n, n_in / 32] (scale, scale * sum of quants). The quantized copy of an
+activation is made once and reused by every matmul that reads it (q, k and v read
+the same normed row; gate and up too), and the ops that produce matmul inputs
+(``rmsnorm``, ``silu_mul``) write it in the same kernel (``quant.cl``), so
+quantization costs no extra launch there.
+
+A :class:`Q8Shadows` holds a few slots; slot ``i`` belongs to one activation buffer
+(identified by the buffer itself) and is valid for its first ``rows`` rows of
+``n_in`` values. Every op or write that changes a buffer calls :meth:`dirty` on it,
+so a stale copy is never read; a new allocation at a reused address is dirtied
+too (:meth:`dirty` from ``empty``/``upload``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Q8Slot:
+    """One quantized copy: ``xq`` (int8 [cap_values]) and ``xd`` (float2 [cap_values / 32]) buffers,
+    the owner buffer's address, and the rows x n_in it holds (0 rows = free)."""
+
+    xq: Any
+    xd: Any
+    cap_values: int
+    owner: int = 0
+    rows: int = 0
+    n_in: int = 0
+    tick: int = 0
+
+
+class Q8Shadows:
+    """The slots of one device (module doc).
+
+    Args:
+        alloc: ``alloc(nbytes) -> buffer`` of the device (raises DeviceOutOfMemoryError).
+        n_slots: copies kept at once (LRU).
+    """
+
+    def __init__(self, alloc: Any, n_slots: int = 4):
+        self._alloc = alloc
+        self._slots: list[Q8Slot] = []
+        self._n_slots = n_slots
+        self._tick = 0
+
+    def lookup(self, handle: Any, rows: int, n_in: int) -> Q8Slot | None:
+        """The valid copy of rows ``0..rows-1`` (``n_in`` values each) of ``handle``, or None."""
+        key = handle.int_ptr
+        for s in self._slots:
+            if s.owner == key and s.n_in == n_in and s.rows >= rows:
+                self._tick += 1
+                s.tick = self._tick
+                return s
+        return None
+
+    def claim(self, handle: Any, rows: int, n_in: int) -> Q8Slot:
+        """A slot that will hold rows ``0..rows-1`` of ``handle`` once the caller's kernel has run.
+
+        Raises:
+            DeviceOutOfMemoryError: growing a slot failed.
+        """
+        key = handle.int_ptr
+        self.dirty(handle)
+        need = rows * n_in
+        free = [s for s in self._slots if s.rows == 0]
+        if free:
+            slot = max(free, key=lambda s: s.cap_values)
+        elif len(self._slots) < self._n_slots:
+            slot = Q8Slot(None, None, 0)
+            self._slots.append(slot)
+        else:
+            slot = min(self._slots, key=lambda s: s.tick)
+        if slot.cap_values < need:
+            cap = max(need, 2 * slot.cap_values)
+            slot.xq, slot.xd, slot.cap_values = self._alloc(cap), self._alloc(cap // 32 * 8), cap
+        self._tick += 1
+        slot.owner, slot.rows, slot.n_in, slot.tick = key, rows, n_in, self._tick
+        return slot
+
+    def dirty(self, handle: Any) -> None:
+        """Forget every copy of ``handle`` (it is about to be written)."""
+        key = handle.int_ptr
+        for s in self._slots:
+            if s.owner == key:
+                s.owner, s.rows = 0, 0
+
+    def clear(self) -> None:
+        """Drop every slot and its buffers."""
+        self._slots = []
+
+
+def quantize_q8_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """numpy reference of the device's activation quantization (``quant.cl`` ``store_q8``).
+
+    Args:
+        x: float32 [..., n] with ``n % 32 == 0``.
+    Returns:
+        (q int8 [..., n], d float32 [..., n / 32], s float32 [..., n / 32]) with
+        ``d = max|x| / 127`` per 32 values, ``q = rint(x * (127 / max|x|))`` (0 where the block
+        is all zeros) and ``s = d * sum(q)`` (llama.cpp's block_q8_1, ggml-common.h).
+    Raises:
+        ValueError: ``n`` is not a multiple of 32.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[-1] % 32:
+        raise ValueError(f"quantize_q8_ref: row length {x.shape[-1]} is not a multiple of 32")
+    b = x.reshape(x.shape[:-1] + (-1, 32))
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint(b * inv).astype(np.int8)
+    d = (amax / np.float32(127.0)).astype(np.float32)[..., 0]
+    s = (d * q.astype(np.int32).sum(axis=-1)).astype(np.float32)
+    return q.reshape(x.shape), d, s
+
+
+def dequantize_q8_ref(x: np.ndarray) -> np.ndarray:
+    """``x`` after the 8-bit round trip of :func:`quantize_q8_ref`, float64 (what the
+    integer-dot matmuls multiply the weights with)."""
+    q, d, _ = quantize_q8_ref(x)
+    return (q.reshape(q.shape[:-1] + (-1, 32)).astype(np.float64) * d[..., None]).reshape(q.shape)

@@ -1,0 +1,340 @@
+// Integer dot products of GGML weight blocks with 8-bit quantized activations.
+// Appended to dequant.cl (one W_<TYPE> defined); matmul.cl follows.
+//
+// Activations are quantized per 32 values as llama.cpp's block_q8_1 (ggml-common.h),
+// stored as two planes so the quants load as plain vectors:
+//   xq char [n_tok, n_in]          q = round(x / d), |q| <= 127
+//   xd float2 [n_tok, n_in / 32]   (d, d * sum(q)),  d = max|x| / 127
+// (quantize_row_q8_1, ggml-quants.c). A weight block then contributes
+//   d_w * d_x * sum(q_w * q_x)  (+ offset terms through d_x * sum(q_x))
+// where the sums over int8 x int8 products are exact in int32, as in ggml's
+// vec_dot_q4_0_q8_0 & co. On CPUs, int16 x int16 -> int32 products of sign-extended
+// bytes compile to pmaddwd (x86) / smull (ARM); on GPUs to integer multiply-adds.
+//
+// Each type defines HAS_Q8 and
+//   float16 dotq8_block(row, ib, xq, xd, acc)   acc + the products of block ib (QKV values)
+// whose 16 lanes hold partial sums (hsum16 at the end). Types without HAS_Q8 run
+// the float kernels (mul_mv / mul_mm) only.
+
+// x86 CPUs (PoCL compiles for the host, so clang predefines __AVX2__ etc.): the block
+// dot products use the same instructions as ggml's AVX2 code (ggml-cpu/arch/x86/quants.c):
+// pmaddubsw (unsigned x signed bytes -> pairs summed in int16), pmaddwd (pairs -> int32),
+// psignb (|w| and sign-moved activations for signed weights), vcvtph2ps (fp16 scales).
+// 8 float lanes of partial sums (Q8ACC). Built with -DCOOKTOP_PORTABLE=1 the portable
+// OpenCL C below runs instead (tests check both on PoCL).
+#if defined(__AVX2__) && defined(__F16C__) && !defined(COOKTOP_PORTABLE) \
+    && (defined(W_Q4_0) || defined(W_Q8_0) || defined(W_Q4_K) || defined(W_Q6_K))
+#define X86_Q8 1
+#define HAS_Q8 1
+#define Q8ACC float8
+#define Q8_HSUM(v) hsum8(v)
+inline float hsum8(float8 v) {
+    const float4 s4 = v.lo + v.hi;
+    const float2 s2 = s4.lo + s4.hi;
+    return s2.x + s2.y;
+}
+typedef uchar uc32 __attribute__((ext_vector_type(32)));
+typedef char v32qi __attribute__((vector_size(32)));
+typedef char v32qi_u __attribute__((vector_size(32), aligned(1)));
+typedef short v16hi __attribute__((vector_size(32)));
+typedef int v8si __attribute__((vector_size(32)));
+typedef short v8hi __attribute__((vector_size(16)));
+#define LOAD32(p) (*(const global v32qi_u *)(p))
+#define as_uchar32_u(v) __builtin_astype((v), uc32)
+#define CAT16(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, \
+                                            16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)
+// sum of u8 x s8 products in 8 int32 lanes (4 products each) as float8
+inline float8 mulsum_u8s8(v32qi u, v32qi s) {
+    const v16hi p = __builtin_ia32_pmaddubsw256(u, s);
+    return convert_float8(as_int8(__builtin_ia32_pmaddwd256(p, (v16hi)(short16)(1))));
+}
+// fp16 -> fp32 with vcvtph2ps (p 2-byte aligned)
+inline float h2f(const global uchar *p) {
+    const short8 h = (short8)(*(const global short *)p, 0, 0, 0, 0, 0, 0, 0);
+    return __builtin_ia32_vcvtph2ps((v8hi)h)[0];
+}
+#if defined(__AVX512BW__) && !defined(COOKTOP_NO_AVX512)
+// 64-byte versions (AVX-512BW): two 32-value blocks per instruction
+#define X86_512 1
+typedef char v64qi __attribute__((vector_size(64)));
+typedef char v64qi_u __attribute__((vector_size(64), aligned(1)));
+typedef short v32hi __attribute__((vector_size(64)));
+typedef int v16si __attribute__((vector_size(64)));
+#define LOAD64(p) (*(const global v64qi_u *)(p))
+// sums of u8 x s8 products in 16 int32 lanes (lanes 0..7: bytes 0..31, 8..15: bytes 32..63)
+inline float16 mulsum64_u8s8(v64qi u, v64qi s) {
+    const v32hi p = __builtin_ia32_pmaddubsw512(u, s);
+    return convert_float16(as_int16(__builtin_ia32_pmaddwd512(p, (v32hi)(int16)(0x00010001))));
+}
+#endif
+
+#if defined(W_Q8_0)
+inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
+                          float8 acc) {
+    const global uchar *p = row + (size_t)ib * 34;
+    const v32qi w = LOAD32(p + 2), y = LOAD32(xq + (size_t)ib * 32);
+    const float8 t = mulsum_u8s8(__builtin_ia32_psignb256(w, w), __builtin_ia32_psignb256(y, w));
+    return fma(t, (float8)(h2f(p) * xd[ib].x), acc);
+}
+#elif defined(W_Q4_0) && defined(REPACK_Q4_0) && defined(X86_512)
+// Repacked Q4_0 (dequant.cl): a group of 4 blocks per step, 64-byte pmaddubsw on the
+// low nibbles (blocks 0, 1) and high nibbles (blocks 2, 3); the 4 fp16 scales convert
+// at once. d * sum((q - 8) y) = (d dx) * sum(q qy) - 8 * d * sx.
+#undef Q8ACC
+#undef Q8_HSUM
+#define Q8ACC float16
+#define Q8_HSUM(v) hsum16(v)
+#define DOTQ8_ROW 1
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    float4 acc_o = (float4)(0.0f);
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    for (int g = lid; g < nb / 4; g += MV_LS) {
+        const global uchar *gp = row + (size_t)g * 72;
+        const short8 h = (short8)(vload4(0, (const global short *)gp), (short4)(0));
+        const float4 d = as_float4(__builtin_ia32_vcvtph2ps((v8hi)h));
+        const float8 dxs = vload8(g, (const global float *)xd);
+        const float4 sc = d * dxs.even;
+        acc_o = fma(d, dxs.odd, acc_o);
+        const v64qi w = *(const global v64qi_u *)(gp + 8);
+        const global char *xg = xq + (size_t)g * 128;
+        const float16 t01 = mulsum64_u8s8(w & m15, *(const global v64qi_u *)xg);
+        const float16 t23 = mulsum64_u8s8((v64qi)(((v16si)w >> 4) & (v16si)m15), *(const global v64qi_u *)(xg + 64));
+        acc = fma(t01, __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), acc);
+        acc = fma(t23, __builtin_shufflevector(sc, sc, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), acc);
+    }
+    acc.s0123 -= 8.0f * acc_o;
+    return acc;
+}
+#elif defined(W_Q4_0)
+// d * sum((q - 8) y) = d * (dx * sum(q qy) - 8 * sx); the 8 lanes each take sx once
+inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
+                          float8 acc) {
+    const global uchar *p = row + (size_t)ib * 18;
+    const uchar16 q = vload16(0, p + 2);
+    const uc32 w = CAT16(q & (uchar)15, q >> (uchar)4);
+    const float8 t = mulsum_u8s8((v32qi)w, LOAD32(xq + (size_t)ib * 32));
+    const float2 dx = xd[ib];
+    return fma(fma(t, (float8)dx.x, (float8)(-dx.y)), (float8)h2f(p), acc);
+}
+#elif defined(W_Q4_K)
+inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
+                          float8 acc) {
+    const global uchar *p = row + (size_t)ib * 144;
+    const float d = h2f(p), dmin = h2f(p + 2);
+    const uchar4 s0 = vload4(0, p + 4), s1 = vload4(1, p + 4), s2 = vload4(2, p + 4);
+    const float4 sc_lo = convert_float4(s0 & (uchar)63), mn_lo = convert_float4(s1 & (uchar)63);
+    const float4 sc_hi = convert_float4((s2 & (uchar)15) | ((s0 >> (uchar)6) << (uchar)4));
+    const float4 mn_hi = convert_float4((s2 >> (uchar)4) | ((s1 >> (uchar)6) << (uchar)4));
+    const float16 dxs = vload16(ib, (const global float *)xd);  // (d, s) of the 8 sub-blocks
+    const float8 dl = d * (float8)(sc_lo, sc_hi) * dxs.even;
+    // mins: dmin * m_s * sx_s, spread over the 8 lanes (one sub-block per lane)
+    acc = fma((float8)(-dmin) * (float8)(mn_lo, mn_hi), dxs.odd, acc);
+    const global uchar *qs = p + 16;
+    const global char *xb = xq + (size_t)ib * 256;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uc32 q = as_uchar32_u(LOAD32(qs + 32 * j));
+        const float8 t0 = mulsum_u8s8((v32qi)(q & (uchar)15), LOAD32(xb + 64 * j));
+        const float8 t1 = mulsum_u8s8((v32qi)(q >> (uchar)4), LOAD32(xb + 64 * j + 32));
+        acc = fma(t0, (float8)dl[2 * j], acc);
+        acc = fma(t1, (float8)dl[2 * j + 1], acc);
+    }
+    return acc;
+}
+#elif defined(W_Q6_K)
+// per group of 32: sum over its two 16-value halves of sc * ((q - 32) y): pmaddubsw of q
+// and of 32 (then subtracted), pmaddwd with the scales as int16 (ggml's AVX2 q6_K)
+inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
+                          float8 acc) {
+    const global uchar *p = row + (size_t)ib * 210;
+    const float d = h2f(p + 208);
+    const global char *xb = xq + (size_t)ib * 256;
+    const short16 sc = convert_short16(vload16(0, (const global char *)(p + 192)));
+    const float8 dd = d * vload16(ib, (const global float *)xd).even;
+    const v32qi m32 = (v32qi)(uc32)(32);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const global uchar *ql = p + 64 * h;
+        const uc32 qh = as_uchar32_u(LOAD32(p + 128 + 32 * h));
+        const uc32 l0 = as_uchar32_u(LOAD32(ql)), l1 = as_uchar32_u(LOAD32(ql + 32));
+        const global char *xh = xb + 128 * h;
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const uc32 lo = (r & 1) ? l1 : l0;
+            const uc32 q = ((r >> 1) ? (lo >> (uchar)4) : (lo & (uchar)15)) | (((qh >> (uchar)(2 * r)) & (uchar)3) << (uchar)4);
+            const v32qi y = LOAD32(xh + 32 * r);
+            const v16hi pq = __builtin_ia32_pmaddubsw256((v32qi)q, y) - __builtin_ia32_pmaddubsw256(m32, y);
+            const short a = sc[8 * h + 2 * r], b = sc[8 * h + 2 * r + 1];
+            const short16 scv = (short16)((short8)(a), (short8)(b));
+            const float8 t = convert_float8(as_int8(__builtin_ia32_pmaddwd256(pq, (v16hi)scv)));
+            acc = fma(t, (float8)dd[4 * h + r], acc);
+        }
+    }
+    return acc;
+}
+#endif
+
+#else  // portable OpenCL C
+#define Q8ACC float16
+#define Q8_HSUM(v) hsum16(v)
+#define I16(v) convert_int16(v)
+
+#if defined(W_Q8_0)
+#define HAS_Q8 1
+// block_q8_0: y = d * qs
+inline float16 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
+                           float16 acc) {
+    const global uchar *p = row + (size_t)ib * 34;
+    const global char *q = (const global char *)(p + 2);
+    const global char *xb = xq + (size_t)ib * 32;
+    const int16 s = I16(vload16(0, q)) * I16(vload16(0, xb)) + I16(vload16(1, q)) * I16(vload16(1, xb));
+    return fma(convert_float16(s), (float16)(LOAD_HALF(p) * xd[ib].x), acc);
+}
+
+#elif defined(W_Q4_0)
+#define HAS_Q8 1
+// block_q4_0: y = d * (q - 8), q = low nibbles (values 0..15) then high nibbles (16..31);
+// d * (dx * sum(q qx) - 8 * sx) keeps one factor of each product unsigned (cheaper on CPUs)
+inline float16 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
+                           float16 acc) {
+    const global uchar *p = row + (size_t)ib * 18;
+    const uchar16 q = vload16(0, p + 2);
+    const global char *xb = xq + (size_t)ib * 32;
+    const int16 s = I16(q & (uchar)15) * I16(vload16(0, xb)) + I16(q >> (uchar)4) * I16(vload16(1, xb));
+    const float2 dx = xd[ib];
+    const float d = LOAD_HALF(p);
+    acc.s0 = fma(-8.0f * d, dx.y, acc.s0);
+    return fma(convert_float16(s), (float16)(d * dx.x), acc);
+}
+
+#elif defined(W_Q4_1)
+#define HAS_Q8 1
+// block_q4_1: y = d * q + m  ->  d*dx*sum(q*qx) + m * (dx*sum(qx))
+inline float16 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
+                           float16 acc) {
+    const global uchar *p = row + (size_t)ib * 20;
+    const uchar16 q = vload16(0, p + 4);
+    const global char *xb = xq + (size_t)ib * 32;
+    const int16 s = I16(q & (uchar)15) * I16(vload16(0, xb)) + I16(q >> (uchar)4) * I16(vload16(1, xb));
+    const float2 dx = xd[ib];
+    acc.s0 = fma(LOAD_HALF(p + 2), dx.y, acc.s0);
+    return fma(convert_float16(s), (float16)(LOAD_HALF(p) * dx.x), acc);
+}
+
+#elif defined(W_Q5_0) || defined(W_Q5_1)
+#define HAS_Q8 1
+// 5-bit quants as in q5_raw (dequant.cl); Q5_0: y = d * (q - 16), Q5_1: y = d * q + m
+inline float16 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
+                           float16 acc) {
+    const global uchar *p = row + (size_t)ib * Q5_BYTES;
+    const uchar4 h = vload4(0, p + Q5_QH);
+    const uint qh = (uint)h.s0 | ((uint)h.s1 << 8) | ((uint)h.s2 << 16) | ((uint)h.s3 << 24);
+    const uint16 sh = (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const int16 hl = as_int16(((((uint16)qh) >> sh) & 1u) << 4);
+    const int16 hh = as_int16(((((uint16)qh) >> (sh + 16u)) & 1u) << 4);
+    const uchar16 q = vload16(0, p + Q5_QH + 4);
+    const global char *xb = xq + (size_t)ib * 32;
+    const int16 qa = I16(q & (uchar)15) | hl, qb = I16(q >> (uchar)4) | hh;  // unsigned 0..31
+    const int16 s = qa * I16(vload16(0, xb)) + qb * I16(vload16(1, xb));
+    const float2 dx = xd[ib];
+    const float d = LOAD_HALF(p);
+#if defined(W_Q5_1)
+    acc.s0 = fma(LOAD_HALF(p + 2), dx.y, acc.s0);
+#else
+    acc.s0 = fma(-16.0f * d, dx.y, acc.s0);  // d * (dx * sum(q qx) - 16 * sx)
+#endif
+    return fma(convert_float16(s), (float16)(d * dx.x), acc);
+}
+
+#elif defined(W_Q4_K) || defined(W_Q5_K)
+#define HAS_Q8 1
+// Super-block of 8 sub-blocks s of 32: y = d*sc_s*q - dmin*m_s, so the block adds
+// sum_s d*sc_s*dx_s*sum(q*qx) - dmin*m_s*(dx_s*sum(qx)) (vec_dot_q4_K_q8_K).
+inline float16 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
+                           float16 acc) {
+    const global uchar *p = row + (size_t)ib * QK_BYTES;
+    const float d = LOAD_HALF(p), dmin = LOAD_HALF(p + 2);
+    const uchar4 s0 = vload4(0, p + 4), s1 = vload4(1, p + 4), s2 = vload4(2, p + 4);
+    const float4 sc_lo = convert_float4(s0 & (uchar)63), mn_lo = convert_float4(s1 & (uchar)63);
+    const float4 sc_hi = convert_float4((s2 & (uchar)15) | ((s0 >> (uchar)6) << (uchar)4));
+    const float4 mn_hi = convert_float4((s2 >> (uchar)4) | ((s1 >> (uchar)6) << (uchar)4));
+    const float16 dxs = vload16(ib, (const global float *)xd);  // (d, s) of the 8 sub-blocks
+    const float8 dx = dxs.even, sx = dxs.odd;
+    const float8 dl = d * (float8)(sc_lo, sc_hi) * dx;
+    const float8 ml = dmin * (float8)(mn_lo, mn_hi) * sx;
+    const global char *xb = xq + (size_t)ib * 256;
+    const global uchar *qs = p + QK_QS;
+#if defined(W_Q5_K)
+    const uchar16 ha = vload16(0, p + 16), hb = vload16(1, p + 16);
+#endif
+    float8 mm = ml;
+    acc.s0 -= (mm.s0 + mm.s1 + mm.s2 + mm.s3) + (mm.s4 + mm.s5 + mm.s6 + mm.s7);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uchar16 qa = vload16(0, qs + 32 * j), qb = vload16(1, qs + 32 * j);
+        uchar16 q0a = qa & (uchar)15, q0b = qb & (uchar)15, q1a = qa >> (uchar)4, q1b = qb >> (uchar)4;
+#if defined(W_Q5_K)
+        const uchar h0 = (uchar)(2 * j), h1 = (uchar)(2 * j + 1);
+        q0a |= ((ha >> h0) & (uchar)1) << (uchar)4;
+        q0b |= ((hb >> h0) & (uchar)1) << (uchar)4;
+        q1a |= ((ha >> h1) & (uchar)1) << (uchar)4;
+        q1b |= ((hb >> h1) & (uchar)1) << (uchar)4;
+#endif
+        const global char *x0 = xb + 64 * j;
+        const int16 t0 = I16(q0a) * I16(vload16(0, x0)) + I16(q0b) * I16(vload16(1, x0));
+        const int16 t1 = I16(q1a) * I16(vload16(2, x0)) + I16(q1b) * I16(vload16(3, x0));
+        acc = fma(convert_float16(t0), (float16)dl[2 * j], acc);
+        acc = fma(convert_float16(t1), (float16)dl[2 * j + 1], acc);
+    }
+    return acc;
+}
+
+#elif defined(W_Q6_K)
+#define HAS_Q8 1
+// Two halves of 128 values, four groups r of 32 each (deq_unit in dequant.cl); the
+// 16-value halves of a group have their own int8 scale: y = d * sc * (q - 32).
+inline float16 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
+                           float16 acc) {
+    const global uchar *p = row + (size_t)ib * 210;
+    const float d = LOAD_HALF(p + 208);
+    const global char *xb = xq + (size_t)ib * 256;
+    const int16 scv = convert_int16(vload16(0, (const global char *)(p + 192)));
+    const float16 dxs = vload16(ib, (const global float *)xd);
+    const float8 dd = d * dxs.even;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const global uchar *ql = p + 64 * h;
+        const global uchar *qh = p + 128 + 32 * h;
+        const uchar16 la = vload16(0, ql), lb = vload16(1, ql), lc = vload16(2, ql), ld = vload16(3, ql);
+        const uchar16 ha = vload16(0, qh), hb = vload16(1, qh);
+        const global char *xh = xb + 128 * h;
+#define Q6_GROUP(r, lo_a, lo_b, nsh)                                                                      \
+        {                                                                                                 \
+            const char16 qa = as_char16(((lo_a >> (uchar)nsh) & (uchar)15)                                \
+                                        | (((ha >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (char)32;  \
+            const char16 qb = as_char16(((lo_b >> (uchar)nsh) & (uchar)15)                                \
+                                        | (((hb >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (char)32;  \
+            const int16 t = I16(qa) * I16(vload16(2 * r, xh)) * scv[8 * h + 2 * r]                         \
+                          + I16(qb) * I16(vload16(2 * r + 1, xh)) * scv[8 * h + 2 * r + 1];                \
+            acc = fma(convert_float16(t), (float16)dd[4 * h + r], acc);                                   \
+        }
+        Q6_GROUP(0, la, lb, 0)
+        Q6_GROUP(1, lc, ld, 0)
+        Q6_GROUP(2, la, lb, 4)
+        Q6_GROUP(3, lc, ld, 4)
+#undef Q6_GROUP
+    }
+    return acc;
+}
+#endif
+#endif  // portable
+
+#if defined(HAS_Q8) && !defined(DOTQ8_ROW)
+// partial sums of a row's blocks lid, lid + MV_LS, ... (mul_mv_q8)
+inline Q8ACC dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                       Q8ACC acc) {
+    for (int ib = lid; ib < nb; ib += MV_LS) acc = dotq8_block(row, ib, xq, xd, acc);
+    return acc;
+}
+#endif

@@ -1,0 +1,115 @@
+"""Per-op profile of cooktop's forward pass on an OpenCL device: kernel time, launch gaps, host time.
+
+Loads a model with every layer on the device, evaluates a prompt of ``-p`` tokens
+and then ``-n`` single tokens, with an OpenCL profiling queue. For each op of the
+contract (matmul split by weight type and n_tokens == 1 or not) it reports:
+
+- calls, host ms: Python time spent in the op call (argument checks, enqueue),
+- kernel ms: sum of the kernels' device execution time (CL_PROFILING_COMMAND_START..END),
+
+and per phase the wall time, the summed kernel time and the difference (launch
+overhead + host work not hidden behind the device + idle queue).
+
+Usage:
+    python scripts/profile_opencl.py -m MODEL.gguf [-p 128] [-n 16] [--device opencl:0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-p", type=int, default=128)
+    ap.add_argument("-n", type=int, default=16)
+    ap.add_argument("--device", default="opencl")
+    args = ap.parse_args()
+
+    import pyopencl as cl
+
+    from cooktop.backends.base import OPS, type_name
+    from cooktop.engine import generate as engine
+
+    eng = engine.load(args.model, n_ctx=args.p + args.n + 8, n_batch=max(args.p, 1), device=args.device,
+                      n_gpu_layers=-1)
+    devs = {id(s.device): s.device for s in eng.model.segments}
+    label = ["?"]
+    events: list[tuple[str, object]] = []
+    host = collections.defaultdict(float)
+    calls = collections.Counter()
+
+    for dev in devs.values():
+        dev.queue.finish()
+        dev.queue = cl.CommandQueue(dev.ctx, dev.cl_device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+
+        def wrap(name, fn):
+            def op(*a, **k):
+                lab = name
+                if name == "matmul":
+                    lab = f"matmul {type_name(a[2].ggml_type)} {'mv' if a[1].shape[0] == 1 else 'mm'}"
+                label[0] = lab
+                t0 = time.perf_counter()
+                fn(*a, **k)
+                host[lab] += time.perf_counter() - t0
+                calls[lab] += 1
+                label[0] = "(other)"
+            return op
+
+        for name in list(OPS) + [n for n in ("rmsnorm_q8", "silu_mul_q8") if hasattr(dev, n)]:
+            setattr(dev, name, wrap(name, getattr(dev, name)))
+
+    orig_call = cl.Kernel.__call__
+
+    def kcall(self, *a, **k):
+        ev = orig_call(self, *a, **k)
+        events.append((label[0], ev))
+        return ev
+
+    cl.Kernel.__call__ = kcall
+    rng = np.random.default_rng(0)
+    n_vocab = eng.cfg.n_vocab
+    toks = [int(t) for t in rng.integers(0, n_vocab, args.p + args.n)]
+    eng.reset()
+    eng.eval(toks[:2])  # warm-up: kernel builds
+    for phase, run in (("prompt", lambda: eng.eval(toks[:args.p])),
+                       ("decode", lambda: [eng.eval([t]) for t in toks[args.p:]])):
+        eng.reset()
+        if phase == "decode":
+            eng.eval(toks[:args.p])
+        for dev in devs.values():
+            dev.queue.finish()
+        events.clear()
+        host.clear()
+        calls.clear()
+        t0 = time.perf_counter()
+        run()
+        wall = time.perf_counter() - t0
+        kern = collections.defaultdict(float)
+        kcount = collections.Counter()
+        for lab, ev in events:
+            kern[lab] += (ev.profile.end - ev.profile.start) * 1e-9
+            kcount[lab] += 1
+        n_tok = args.p if phase == "prompt" else args.n
+        tot_k = sum(kern.values())
+        print(f"\n## {phase}: {n_tok} tokens, wall {wall * 1e3:.1f} ms ({n_tok / wall:.2f} t/s), kernels "
+              f"{tot_k * 1e3:.1f} ms ({100 * tot_k / wall:.0f} %), launches {len(events)}, "
+              f"host in ops {sum(host.values()) * 1e3:.1f} ms")
+        print("| op | calls | kernels | host ms | kernel ms | kernel % of wall | us/kernel |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for lab in sorted(set(kern) | set(host), key=lambda k: -kern.get(k, 0)):
+            km = kern.get(lab, 0.0)
+            kc = kcount.get(lab, 0)
+            print(f"| {lab} | {calls.get(lab, 0)} | {kc} | {host.get(lab, 0) * 1e3:.1f} | {km * 1e3:.1f} | "
+                  f"{100 * km / wall:.1f} | {1e6 * km / max(kc, 1):.0f} |")
+    cl.Kernel.__call__ = orig_call
+    eng.close()
+
+
+if __name__ == "__main__":
+    main()
