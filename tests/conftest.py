@@ -19,6 +19,10 @@ from cooktop.backends import registry
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = pathlib.Path(os.environ.get("COOKTOP_SHARED", ROOT.parent / "shared"))
 
+# Every replayed device graph issues its ops again and is checked against its recording
+# (Device.graph), so a graph key that misses something fails a test, never answers wrongly.
+os.environ.setdefault("COOKTOP_GRAPH_CHECK", "1")
+
 
 def pytest_configure(config):
     # `-k vulkan` selects the Vulkan tests (tests/vulkan_validation.py runs them under the

@@ -41,8 +41,11 @@ get_rows   out[i] = dequantize(table[ids[i]])   (table any supported type)
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterator
 from typing import ClassVar, NoReturn
 
 import numpy as np
@@ -126,6 +129,9 @@ class Device(ABC):
     with UnsupportedOpError. Allocation counters (``n_allocs``, ``allocated_bytes``) let
     tests assert that ``-ngl 0`` allocates nothing on a device; backends call
     :meth:`_count_alloc` from ``_upload`` and ``_empty``.
+
+    A fixed op list can be handed over as a whole with :meth:`graph` (recorded once and
+    replayed by backends that can; ``graph_check``: replays are verified, see there).
     """
 
     info: DeviceInfo
@@ -134,6 +140,9 @@ class Device(ABC):
         self.info = info
         self.n_allocs = 0
         self.allocated_bytes = 0
+        #: verify every replayed graph against its recording (``COOKTOP_GRAPH_CHECK=1``; :meth:`graph`)
+        self.graph_check = os.environ.get("COOKTOP_GRAPH_CHECK", "") not in ("", "0")
+        self._in_graph = False
 
     def _count_alloc(self, nbytes: int) -> None:
         self.n_allocs += 1
@@ -174,7 +183,11 @@ class Device(ABC):
         raise ShapeError(f"{op}: shapes do not fit: {shapes}; {rule}")
 
     def _refuse_io(self, what: str, t: DeviceTensor) -> None:
-        """The checks of :meth:`write` / :meth:`read`: ``t`` lives here and is not a weight."""
+        """The checks of :meth:`write` / :meth:`read`: ``t`` lives here and is not a weight, and no
+        :meth:`graph` scope is open (its inputs are written before it, its results read after it)."""
+        if self._in_graph:
+            raise DeviceError(f"{what}() of {t!r} inside a graph scope: write a graph's inputs before "
+                              f"`with device.graph(key)` and read its results after it")
         if t.device is not self or t.is_weight:
             if t.device is None:
                 raise DeviceError(f"{what}: {t!r} belongs to a released buffer")
@@ -257,10 +270,10 @@ class Device(ABC):
         """Enqueue a host-to-device copy of ``data`` (``t``'s element count; converted to its dtype).
 
         Raises:
-            DeviceError: ``t`` is a weight, of another device or released.
+            DeviceError: ``t`` is a weight, of another device or released; inside a :meth:`graph` scope.
             ShapeError: ``data`` has another element count than ``t``.
         """
-        if t.device is not self or t.is_weight:
+        if t.device is not self or t.is_weight or self._in_graph:
             self._refuse_io("write", t)
         arr = np.asarray(data)
         if arr.size != math.prod(t.shape):
@@ -275,9 +288,9 @@ class Device(ABC):
         """Wait for all enqueued work and return ``t`` as a new host array of ``t.shape``.
 
         Raises:
-            DeviceError: ``t`` is a weight, of another device or released.
+            DeviceError: ``t`` is a weight, of another device or released; inside a :meth:`graph` scope.
         """
-        if t.device is not self or t.is_weight:
+        if t.device is not self or t.is_weight or self._in_graph:
             self._refuse_io("read", t)
         return self._read(t)
 
@@ -291,6 +304,70 @@ class Device(ABC):
 
         The forward pass never needs it (:meth:`read` waits); benchmarks time with it.
         """
+
+    # -- graphs (a fixed op list handed over whole) -------------------------
+    @contextlib.contextmanager
+    def graph(self, key: Hashable) -> Iterator[bool]:
+        """A scope whose ops are one fixed op list named ``key``, so that a backend can record it
+        once and replay it (Vulkan: one ``kp.Sequence``; ggml's graph plans, CUDA graphs).
+
+        The caller's contract: whenever ``key`` recurs, the ops issued inside the scope are the
+        same ops, in the same order, on the same tensors (same allocations and views) with the
+        same other arguments. Between two uses of a key only tensor *contents* change: the
+        inputs written with :meth:`write` before the scope (token embeddings, positions) and
+        the results read with :meth:`read` after it. So the key covers everything the op list
+        depends on: row counts, modes, constants, and which tensors, named by
+        :attr:`DeviceTensor.serial` (never by ``id()``, which Python reuses).
+
+        Yields ``issue``: True when the caller must issue its ops (always in this base
+        implementation, and the first time a recording backend sees ``key``); False when
+        the backend replays its recording, so the caller skips its op calls::
+
+            with device.graph(key) as issue:
+                if issue:
+                    run_the_ops()
+            out = device.read(result)
+
+        Ops issued during a replay are compared with the recording, and a difference raises
+        DeviceError naming the first differing op (nothing of the scope runs, the recording
+        is dropped). With :attr:`graph_check` (``COOKTOP_GRAPH_CHECK=1``, set by the test
+        suite) ``issue`` is always True, so every replay is checked: a key that misses
+        something fails the tests instead of computing a wrong answer. A backend may drop a
+        recording at any time (a bounded cache; tensors it uses were released): the next use
+        of the key records again. An exception inside the scope discards the ops it enqueued
+        on recording backends.
+
+        The base implementation records nothing: the ops run exactly as outside a scope
+        (numpy, OpenCL). Backends that record override ``_graph_begin``, ``_graph_end`` and
+        ``_graph_abort``.
+
+        Raises:
+            DeviceError: a scope opened inside another; :meth:`write` / :meth:`read` inside the
+                scope; a replay whose ops differ from the recording.
+        """
+        if self._in_graph:
+            raise DeviceError(f"graph {key!r}: graph scopes do not nest on {self.info.selector}")
+        self._in_graph = True
+        try:
+            issue = self._graph_begin(key)
+            try:
+                yield issue
+            except BaseException:
+                self._graph_abort(key)
+                raise
+            self._graph_end(key)
+        finally:
+            self._in_graph = False
+
+    def _graph_begin(self, key: Hashable) -> bool:
+        """Backend part of entering :meth:`graph`: whether the caller must issue its ops (default True)."""
+        return True
+
+    def _graph_end(self, key: Hashable) -> None:  # noqa: B027 - an optional hook
+        """Backend part of leaving :meth:`graph` normally (default: nothing; the ops were enqueued)."""
+
+    def _graph_abort(self, key: Hashable) -> None:  # noqa: B027 - an optional hook
+        """Backend part of leaving :meth:`graph` by an exception (default: nothing)."""
 
     def zeros(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor:
         """``empty`` then fill with zeros."""

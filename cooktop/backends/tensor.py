@@ -12,6 +12,7 @@ freed tensor's data goes with it.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,6 +20,10 @@ from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, ShapeError
 from ..format.quants import row_bytes, type_name
+
+
+#: Allocation serials (never reused, unlike ``id()``): see :attr:`DeviceTensor.serial`.
+_serials = itertools.count(1)
 
 
 class _Device(Protocol):
@@ -48,9 +53,12 @@ class DeviceTensor:
         extra: the backend's own data for this allocation (ggml's ``extra``); ``None``
             until the backend sets it. Views leave it ``None``: backends use ``root.extra``.
         is_weight: made by :meth:`~.base.Device.upload` (never written or read back).
+        serial: a number identifying the allocation for the process's lifetime (views share
+            their root's; never reused, unlike ``id()``): graph keys name buffers by it
+            (:meth:`~.base.Device.graph`).
     """
 
-    __slots__ = ("device", "handle", "shape", "ggml_type", "base", "extra", "is_weight", "__weakref__")
+    __slots__ = ("device", "handle", "shape", "ggml_type", "base", "extra", "is_weight", "serial", "__weakref__")
 
     def __init__(self, device: _Device, handle: Any, shape: tuple[int, ...], ggml_type: T,
                  base: DeviceTensor | None = None):
@@ -61,6 +69,7 @@ class DeviceTensor:
         self.base = base
         self.extra: Any = None
         self.is_weight: bool = base.is_weight if base is not None else False
+        self.serial: int = base.serial if base is not None else next(_serials)
 
     @property
     def nbytes(self) -> int:

@@ -27,11 +27,13 @@ Design (DESIGN.md, "Kompute"):
   for them on devices where kp enabled it (:func:`.vulkan_shaders.pick_variant`).
 - **Ops are recorded, not run**: every op appends ``(algorithm, push
   constants)`` to a pending list. :meth:`VulkanDevice.read` appends the
-  read-back and executes the list as one ``kp.Sequence``. The list's
-  signature (algorithm ids + push constants) is looked up in an LRU cache of
-  recorded sequences, so an op list seen before (every decode step: the
-  per-token position and token id live in device tensors written through
-  :meth:`write`, never in push constants) is *replayed* without re-recording.
+  read-back and executes the list as one ``kp.Sequence``, replayed from an LRU
+  cache when the same list was seen before. A fixed op list handed over in a
+  :meth:`~.base.Device.graph` scope (the forward pass's blocks and head) is
+  kept under its key and enqueued as one entry when the key recurs, without
+  the ops' Python path (per-token position and token id live in device tensors
+  written through :meth:`write`, never in push constants). Recording, graphs
+  and barriers: :mod:`.vulkan_graph`.
 - **write()**: the data goes into a host-visible staging tensor (one per
   destination and per write occurrence in the pending list, kept for reuse)
   and a ``copy`` dispatch inside the sequence moves it into the storage
@@ -41,17 +43,8 @@ Design (DESIGN.md, "Kompute"):
   **read()**: a ``copy`` dispatch into a host-visible ``host`` tensor, then a
   compute-write -> host-read barrier; after the fence wait its mapped memory is
   read on the host.
-- **Barriers** (Vulkan spec 7.6, pipeline barriers; 7.1, execution and memory
-  dependencies): while a sequence is recorded, :meth:`VulkanDevice._record`
-  tracks the buffers written and read since the last barrier (from each
-  variant's binding ``access``) and records one global memory barrier
-  (compute shader write -> compute shader read/write, as ggml-vulkan's
-  ggml_vk_sync_buffers) only before a dispatch that reads or writes a buffer
-  written since then (read-after-write, write-after-write) or writes one read
-  since then (write-after-read). Independent dispatches (the q, k, v
-  projections of a layer) run between the same two barriers. Each sequence
-  starts with a barrier from everything earlier on the queue (compute and
-  transfer writes: the last sequence, weight uploads) to its dispatches.
+- **Barriers**: one global memory barrier only before a dispatch that depends
+  on an earlier one of the sequence (RAW, WAW, WAR; :mod:`.vulkan_graph`).
   ``make test-vulkan-validation`` (tests/vulkan_validation.py, run by .ci/run) runs
   every Vulkan test under VK_LAYER_KHRONOS_validation with synchronization
   validation and fails on any error message.
@@ -80,7 +73,6 @@ Counters for tests: ``n_barriers`` (barriers recorded, all sequences).
 
 from __future__ import annotations
 
-import collections
 import math
 import os
 from typing import Any
@@ -98,6 +90,19 @@ from .vulkan_info import (
     facts_to_info,
     kp_props_to_info,
     query_devices,
+)
+from .vulkan_graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
+    ACCESS_HOST_READ,
+    ACCESS_SHADER_READ,
+    ACCESS_SHADER_WRITE,
+    ACCESS_TRANSFER_READ,
+    ACCESS_TRANSFER_WRITE,
+    MAX_GRAPHS,
+    MAX_SEQUENCES,
+    STAGE_COMPUTE_SHADER,
+    STAGE_HOST,
+    STAGE_TRANSFER,
+    SequenceRecorder,
 )
 from .vulkan_shaders import (  # noqa: F401
     MAX_PUSH_BYTES,
@@ -120,9 +125,6 @@ MM_MIN_TOKENS = 8
 #: Rows per workgroup of mul_mat_vec (its NROWS define).
 MMV_NROWS = 8
 
-#: Recorded sequences kept per device (LRU).
-MAX_SEQUENCES = 64
-
 #: Max workgroups of a grid-stride shader (copy, fill, add, silu_mul).
 MAX_STRIDE_GROUPS = 512
 
@@ -134,16 +136,6 @@ INSTALL_HINT = ("build kp 0.9.0 with cooktop's patch: scripts/install-kompute.sh
 
 #: The kp patch level this backend needs (``kp.cooktop_patch``; scripts/kompute/kp-0.9.0-cooktop.patch).
 KP_PATCH_LEVEL = 2
-
-# Vulkan enum values (vulkan_core.h): VkAccessFlagBits and VkPipelineStageFlagBits.
-ACCESS_SHADER_READ = 0x00000020
-ACCESS_SHADER_WRITE = 0x00000040
-ACCESS_TRANSFER_READ = 0x00000800
-ACCESS_TRANSFER_WRITE = 0x00001000
-ACCESS_HOST_READ = 0x00002000
-STAGE_COMPUTE_SHADER = 0x00000800
-STAGE_TRANSFER = 0x00001000
-STAGE_HOST = 0x00004000
 
 #: No driver creates a Vulkan instance.
 DRIVER_HINT = ("install a Vulkan driver (apt-get install mesa-vulkan-drivers for lavapipe on the CPU, or your GPU "
@@ -283,13 +275,17 @@ class VulkanBackend(Backend):
             raise DeviceError(f"cannot open vulkan:{index} ({info.name}): {type(e).__name__}: {e}") from e
 
 
-class VulkanDevice(Device):
-    """One Vulkan device driven by a ``kp.Manager`` (module docstring: design).
+class VulkanDevice(SequenceRecorder, Device):
+    """One Vulkan device driven by a ``kp.Manager`` (module docstring: design; the
+    recording of sequences and graphs is :class:`~.vulkan_graph.SequenceRecorder`'s).
 
     Counters for tests and benchmarks: ``n_recordings`` (sequences recorded),
-    ``n_replays`` (cached sequences replayed), ``n_pipelines`` (algorithms created),
+    ``n_replays`` (cached sequences replayed), ``n_graphs`` / ``n_graph_replays``
+    (graphs recorded / replayed), ``n_pipelines`` (algorithms created),
     ``n_barriers`` (memory barriers recorded). ``features``: the optional device
-    features kp enabled (shader variants are picked by them).
+    features kp enabled (shader variants are picked by them). ``record_graphs``:
+    :meth:`graph` scopes are recorded and replayed (default; ``COOKTOP_GRAPH=0``
+    turns it off: every op runs its Python path, as outside a scope).
     """
 
     def __init__(self, info: DeviceInfo):
@@ -301,16 +297,13 @@ class VulkanDevice(Device):
         self._no_spec = np.zeros(0, dtype=np.uint32)
         # mul_mat_vec's workgroup size (spec constant 0): one subgroup, at least NROWS invocations
         self._mmv_spec = np.array([max(info.subgroup_size or 32, MMV_NROWS)], dtype=np.uint32)
-        # (variant, handles, grid) -> (algorithm, handles, handles read, handles written)
-        self._algos: dict[tuple, tuple[Any, tuple, frozenset, frozenset]] = {}
-        self._pending: list[tuple] = []          # ("algo", algos entry, push) or ("host_read", tensor, ())
-        self._seqs: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        # (variant, handles, grid) -> (algorithm, handles, handles read, handles written, variant)
+        self._algos: dict[tuple, tuple[Any, tuple, frozenset, frozenset, str]] = {}
+        # the pending list: ("algo", algos entry, push), ("host_read", tensor, ()), ("graph", Graph, ())
+        self._init_recorder(os.environ.get("COOKTOP_GRAPH", "1") != "0")
         self._written: list[_VkExtra] = []       # tensors written since the last flush
         self._tensors: list[Any] = []            # every kp tensor made here (destroyed by release/close)
-        self.n_recordings = 0
-        self.n_replays = 0
         self.n_pipelines = 0
-        self.n_barriers = 0
         ex = info.extra
         self.max_buffer_bytes: int | None = ex.get("max_storage_buffer_range") or None
         self._dummy_t = None
@@ -411,71 +404,10 @@ class VulkanDevice(Device):
         """Run the pending op list and wait for it (:meth:`flush`: ``Sequence.eval`` waits)."""
         self.flush()
 
-    def flush(self) -> None:
-        """Execute the pending op list now (replaying its recorded sequence when cached)."""
-        if not self._pending:
-            return
-        # (kind, kp algorithm or tensor, push): kp objects hash by identity
-        sig = tuple((kind, obj[0] if kind == "algo" else obj, push) for kind, obj, push in self._pending)
-        seq = self._seqs.get(sig)
-        if seq is None:
-            seq = self._record(self._pending)
-            self._seqs[sig] = seq
-            if len(self._seqs) > MAX_SEQUENCES:
-                _, old = self._seqs.popitem(last=False)
-                old.destroy()
-        else:
-            self._seqs.move_to_end(sig)
-            self.n_replays += 1
-        self._pending = []
+    def _flushed(self) -> None:
         for ex in self._written:
             ex.writes = 0
         self._written = []
-        seq.eval()
-
-    def _record(self, ops: list[tuple]) -> Any:
-        """Record ``ops`` into a new ``kp.Sequence`` with the barriers their data dependencies need.
-
-        Tracking (module docstring, "Barriers"): ``written`` / ``read`` hold the buffers
-        (kp tensors) that dispatches since the last barrier wrote / read. A dispatch
-        that reads or writes a buffer in ``written``, or writes one in ``read``, gets a
-        global compute -> compute memory barrier first, which orders it after every
-        earlier dispatch; then both sets restart. The sequence starts with a barrier
-        from all earlier compute and transfer writes on the queue, and a read-back ends
-        with a compute-write -> host-read barrier.
-        """
-        kp = self._kp
-        seq = self.mgr.sequence()
-        written: set[Any] = set()
-        read: set[Any] = set()
-        first = True
-        for kind, obj, push in ops:
-            if kind == "algo":
-                algo, _handles, reads, writes = obj
-                if first:
-                    # Vulkan spec 7.6: a pipeline barrier's first scope covers all commands
-                    # earlier in submission order, so this orders the previous sequences'
-                    # dispatches and the weight uploads' copies before this one's.
-                    self._barrier(seq, ACCESS_SHADER_WRITE | ACCESS_TRANSFER_WRITE,
-                                  ACCESS_SHADER_READ | ACCESS_SHADER_WRITE,
-                                  STAGE_COMPUTE_SHADER | STAGE_TRANSFER, STAGE_COMPUTE_SHADER)
-                    first = False
-                elif not written.isdisjoint(reads) or not written.isdisjoint(writes) or not read.isdisjoint(writes):
-                    self._barrier(seq, ACCESS_SHADER_WRITE, ACCESS_SHADER_READ | ACCESS_SHADER_WRITE,
-                                  STAGE_COMPUTE_SHADER, STAGE_COMPUTE_SHADER)
-                    written.clear()
-                    read.clear()
-                seq.record(kp.OpDispatch(algo, pack_push(push)))
-                written |= writes
-                read |= reads
-            else:  # host_read: the host reads ``obj`` (a host tensor the last copy wrote) after the fence
-                self._barrier(seq, ACCESS_SHADER_WRITE, ACCESS_HOST_READ, STAGE_COMPUTE_SHADER, STAGE_HOST)
-        self.n_recordings += 1
-        return seq
-
-    def _barrier(self, seq: Any, src_access: int, dst_access: int, src_stage: int, dst_stage: int) -> None:
-        seq.record(self._kp.OpGlobalMemoryBarrier(src_access, dst_access, src_stage, dst_stage))
-        self.n_barriers += 1
 
     def _release(self, tensors):
         """Destroy the kp tensors of these allocations and every pipeline, sequence,
@@ -485,6 +417,7 @@ class VulkanDevice(Device):
         doomed = {t.handle for t in tensors}  # kp tensors hash by identity
         for key in [k for k, entry in self._algos.items() if any(h in doomed for h in entry[1])]:
             del self._algos[key]
+        self._drop_graphs_using(doomed)  # their keys must not replay freed buffers
         for seq in self._seqs.values():  # sequences record pipelines by identity: drop them all
             seq.destroy()
         self._seqs.clear()
@@ -504,14 +437,11 @@ class VulkanDevice(Device):
 
     def close(self) -> None:
         """Destroy sequences, pipelines, buffers and the kp.Manager."""
-        for seq in self._seqs.values():
-            seq.destroy()
-        self._seqs.clear()
+        self._drop_recordings()
         self._algos.clear()
         self._written = []
         self._tensors.clear()
         self._dummy_t = None
-        self._pending = []
         if self.mgr is not None:
             self.mgr.destroy()
             self.mgr = None
@@ -551,10 +481,10 @@ class VulkanDevice(Device):
             algo = self.mgr.algorithm(list(handles), load_spirv(name), grid, spec, pack_push(push))
             reads = frozenset(h for h, a in zip(handles, access) if "r" in a)
             writes = frozenset(h for h, a in zip(handles, access) if "w" in a)
-            entry = (algo, handles, reads, writes)
+            entry = (algo, handles, reads, writes, name)
             self._algos[key] = entry
             self.n_pipelines += 1
-        self._pending.append(("algo", entry, push))
+        self._sink.append(("algo", entry, push))
 
     # -- ops --------------------------------------------------------------
     @staticmethod

@@ -44,6 +44,7 @@ Per batch of ``n`` rows (llama2.c's ``forward``)::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import weakref
 from types import SimpleNamespace
@@ -58,6 +59,10 @@ from ..format.quants import dequantize, row_bytes
 from .arch import Architecture, architecture
 from .arch.base import HEAD, KV, MATRIX, Weights
 from .config import ModelConfig
+
+
+#: Segment serials (graph keys name the segment by it: never reused, unlike id()).
+_segment_serials = itertools.count(1)
 
 
 def _releaser(owner: object, buffer: DeviceBuffer) -> weakref.finalize:
@@ -120,6 +125,7 @@ class Segment:
                  n_batch: int, logits_all: bool, arch: Architecture | None = None):
         self.device, self.blocks, self.head, self.cfg = device, blocks, head, cfg
         self.arch = arch or architecture(cfg.arch)
+        self._serial = next(_segment_serials)
         #: the arena owning every weight and scratch buffer of this segment
         self.buffer = device.buffer(f"blocks {blocks[0]}-{blocks[-1]}" if blocks else "head")
         self._release = _releaser(self, self.buffer)
@@ -192,9 +198,25 @@ class Segment:
         Returns:
             float32 [n, n_embd] activations after the last block, or, with the
             head, logits float32 [m, n_vocab] of the output rows (``embeddings``: float32 [n, n_embd]).
+        Raises:
+            CooktopError: logits of every row asked of a segment loaded without logits_all.
+
+        The inputs (x, positions, cells, kv_start, output rows) are written first; the blocks
+        and the head are then one fixed op list handed to the device as a graph
+        (:meth:`Device.graph <cooktop.backends.base.Device.graph>`) whose key covers what the
+        list depends on: this segment, ``n``, the output mode and rows ``m``, ``rows.n_ctx``,
+        which of cells / kv_start are bound, and the buffers by serial (the cache's, and the
+        output rows' that :meth:`_grow_outputs` reallocates). A recording device replays it
+        without running the ops' Python path; the result is read back after the scope.
         """
-        d, cfg, arch = self.device, self.cfg, self.arch
         n = x_host.shape[0]
+        head = self.head
+        if head and not embeddings and rows.outputs is None and self.logits_all is None:
+            raise CooktopError("logits for every row need the model loaded with logits_all=True")
+        m = len(rows.outputs) if head and not embeddings and rows.outputs is not None else 0
+        if m > self.ids.shape[0]:
+            self._grow_outputs(m)  # new buffers: their serials are in the key below
+        d = self.device
         s = SimpleNamespace(**{name: buf.head(n) for name, buf in self.scratch.items()})
         pos = self.pos.head(n)
         d.write(s.x, x_host)
@@ -206,31 +228,53 @@ class Segment:
         if rows.kv_start is not None:
             start = self.kv_start.head(n)
             d.write(start, rows.kv_start)
+        if m:
+            d.write(self.ids.head(m), rows.outputs)
+        # everything the op list depends on (Device.graph's contract): the rows, the output mode,
+        # n_ctx (LongRoPE's choice), which optional inputs are bound, and the buffers by serial
+        # (the cache's; ids/xl/logits change when _grow_outputs reallocates them)
+        mode = "x" if not head else "embd" if embeddings else "rows" if m else "all"
+        key = (self._serial, n, mode, m, rows.n_ctx, rows.cells is not None, start is not None,
+               self.ids.serial if m else 0, tuple(t.serial for t in k_cache), tuple(t.serial for t in v_cache))
+        with d.graph(key) as issue:
+            if issue:
+                out = self._ops(s, n, m, pos, cells, start, rows.n_ctx, k_cache, v_cache, embeddings)
+            else:
+                out = self._result(s, n, m, embeddings)
+        return d.read(out)
+
+    def _result(self, s: SimpleNamespace, n: int, m: int, embeddings: bool) -> DeviceTensor:
+        """The tensor :meth:`run` reads back: x (no head), xn (embeddings), logits (all rows or ``m``)."""
+        if not self.head:
+            return s.x
+        if embeddings:
+            return s.xn
+        return self.logits.head(m) if m else self.logits_all.head(n)  # type: ignore[union-attr]
+
+    def _ops(self, s: SimpleNamespace, n: int, m: int, pos: DeviceTensor, cells: DeviceTensor,
+             start: DeviceTensor | None, n_ctx: int, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
+             embeddings: bool) -> DeviceTensor:
+        """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`."""
+        d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
             s.il = self.blocks[j]
-            n_ctx = rows.n_ctx or k_cache[j].shape[0]
-            arch.block(d, cfg, w, s, KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx))
+            arch.block(d, cfg, w, s, KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0]))
+        out = self._result(s, n, m, embeddings)
         if not self.head:
-            return d.read(s.x)
+            return out
         hw = self.head_weights
         if embeddings:
             arch.final_norm(d, cfg, hw, s.xn, s.x)
-            return d.read(s.xn)
-        if rows.outputs is None:
-            if self.logits_all is None:
-                raise CooktopError("logits for every row need the model loaded with logits_all=True")
-            xn, logits = s.xn, self.logits_all.head(n)
-            arch.final_norm(d, cfg, hw, xn, s.x)
-        else:  # the output rows only
-            m = len(rows.outputs)
-            if m > self.ids.shape[0]:
-                self._grow_outputs(m)
-            ids, xn, logits = self.ids.head(m), self.xl.head(m), self.logits.head(m)
-            d.write(ids, rows.outputs)
-            d.get_rows(xn, s.x, ids)
+            return out
+        if m:  # the output rows only
+            xn = self.xl.head(m)
+            d.get_rows(xn, s.x, self.ids.head(m))
             arch.final_norm(d, cfg, hw, xn, xn)
-        arch.lm_head(d, cfg, hw, logits, xn)
-        return d.read(logits)
+        else:
+            xn = s.xn
+            arch.final_norm(d, cfg, hw, xn, s.x)
+        arch.lm_head(d, cfg, hw, out, xn)
+        return out
 
 
 class KVCache:
