@@ -21,7 +21,6 @@ from gguf import GGMLQuantizationType as T
 from ..errors import DeviceError, ShapeError
 from ..format.quants import row_bytes, type_name
 
-
 #: Allocation serials (never reused, unlike ``id()``): see :attr:`DeviceTensor.serial`.
 _serials = itertools.count(1)
 

@@ -82,15 +82,6 @@ from gguf import GGMLQuantizationType as T
 
 from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from .base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
-from .vulkan_info import (
-    KP_FEATURES,
-    VkDeviceFacts,
-    VulkanInfoError,
-    VulkanNoDriverError,
-    facts_to_info,
-    kp_props_to_info,
-    query_devices,
-)
 from .vulkan_graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
     ACCESS_HOST_READ,
     ACCESS_SHADER_READ,
@@ -103,6 +94,15 @@ from .vulkan_graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part 
     STAGE_HOST,
     STAGE_TRANSFER,
     SequenceRecorder,
+)
+from .vulkan_info import (
+    KP_FEATURES,
+    VkDeviceFacts,
+    VulkanInfoError,
+    VulkanNoDriverError,
+    facts_to_info,
+    kp_props_to_info,
+    query_devices,
 )
 from .vulkan_shaders import (  # noqa: F401
     MAX_PUSH_BYTES,

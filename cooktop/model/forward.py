@@ -60,7 +60,6 @@ from .arch import Architecture, architecture
 from .arch.base import HEAD, KV, MATRIX, Weights
 from .config import ModelConfig
 
-
 #: Segment serials (graph keys name the segment by it: never reused, unlike id()).
 _segment_serials = itertools.count(1)
 
@@ -211,9 +210,10 @@ class Segment:
         """
         n = x_host.shape[0]
         head = self.head
-        if head and not embeddings and rows.outputs is None and self.logits_all is None:
+        outputs = rows.outputs if head and not embeddings else None
+        if head and not embeddings and outputs is None and self.logits_all is None:
             raise CooktopError("logits for every row need the model loaded with logits_all=True")
-        m = len(rows.outputs) if head and not embeddings and rows.outputs is not None else 0
+        m = len(outputs) if outputs is not None else 0
         if m > self.ids.shape[0]:
             self._grow_outputs(m)  # new buffers: their serials are in the key below
         d = self.device
@@ -228,8 +228,8 @@ class Segment:
         if rows.kv_start is not None:
             start = self.kv_start.head(n)
             d.write(start, rows.kv_start)
-        if m:
-            d.write(self.ids.head(m), rows.outputs)
+        if outputs is not None:
+            d.write(self.ids.head(m), outputs)
         # everything the op list depends on (Device.graph's contract): the rows, the output mode,
         # n_ctx (LongRoPE's choice), which optional inputs are bound, and the buffers by serial
         # (the cache's; ids/xl/logits change when _grow_outputs reallocates them)
