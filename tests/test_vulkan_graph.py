@@ -140,6 +140,7 @@ def test_graph_dropped_with_its_buffers_and_on_errors(vk, monkeypatch):
     assert "stale" not in vk._graphs
     with vk.graph("stale") as issue:
         assert issue  # recorded again, never replayed onto the freed buffer
+    assert not vk._pending  # an empty graph enqueues nothing (no empty sequence is submitted)
     n = len(vk._pending)
     with pytest.raises(ZeroDivisionError):
         with vk.graph("raises"):

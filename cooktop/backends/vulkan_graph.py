@@ -158,7 +158,8 @@ class SequenceRecorder:
             self.n_graph_replays += 1
         else:
             return
-        self._pending.append(("graph", g, ()))
+        if g.ops:  # an empty graph enqueues nothing (an empty sequence must not be submitted)
+            self._pending.append(("graph", g, ()))
 
     def _graph_abort(self, key: Hashable) -> None:
         scope, self._scope = self._scope, None
