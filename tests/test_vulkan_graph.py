@@ -253,3 +253,24 @@ def test_grow_outputs_changes_the_key(stories_vk, vk, monkeypatch):
     model.forward_batch(cache, [(0, 0, [1], True), (1, 0, [2], True)])
     assert seg.ids.serial != serial and seg.ids.ggml_type == T.I32
     cache.close()
+
+
+def test_split_model_graphs_per_segment(stories, vk, monkeypatch):
+    """Blocks on the host and the last block with the head on Vulkan (-ngl 2): each segment runs
+    its own graph (the host's records nothing); the tokens match the model wholly on the host."""
+    monkeypatch.setattr(vk, "graph_check", False)
+    ref = load_model(stories, n_ctx=64, n_batch=16, device="cpu")
+    split = load_model(stories, n_ctx=64, n_batch=16, device=vk.info.selector, n_gpu_layers=2)
+    try:
+        assert [(s.device.info.backend, s.head) for s in split.model.segments] == [("cpu", False), ("vulkan", True)]
+        r0 = vk.n_graph_replays
+        c_ref, c_split = ref.model.new_cache(), split.model.new_cache()
+        toks, logits = greedy(split.model, c_split, n_gen=6)
+        toks_ref, logits_ref = greedy(ref.model, c_ref, n_gen=6)
+        assert vk.n_graph_replays - r0 == 5
+        assert toks == toks_ref
+        for a, b in zip(logits, logits_ref):
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+    finally:
+        ref.model.close()
+        split.model.close()

@@ -214,7 +214,7 @@ class Segment:
         if head and not embeddings and outputs is None and self.logits_all is None:
             raise CooktopError("logits for every row need the model loaded with logits_all=True")
         m = len(outputs) if outputs is not None else 0
-        if m > self.ids.shape[0]:
+        if m and m > self.ids.shape[0]:
             self._grow_outputs(m)  # new buffers: their serials are in the key below
         d = self.device
         s = SimpleNamespace(**{name: buf.head(n) for name, buf in self.scratch.items()})
