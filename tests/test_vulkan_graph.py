@@ -125,6 +125,29 @@ def test_graph_check_raises_on_a_different_op_list(vk, monkeypatch):
             vk.add(c, c, b)
 
 
+def test_graph_cache_is_bounded(vk, monkeypatch):
+    """Past MAX_GRAPHS the least recently used graph is forgotten with its sequences."""
+    from cooktop.backends import vulkan_graph
+    monkeypatch.setattr(vulkan_graph, "MAX_GRAPHS", 2)
+    monkeypatch.setattr(vk, "graph_check", False)
+    a, c = vk.empty((1, 64)), vk.empty((1, 64))
+    vk.write(a, np.ones((1, 64)))
+    for i in range(3):
+        with vk.graph(("lru", i)):
+            for _ in range(i + 1):
+                vk.add(c, a, a)
+        vk.read(c)
+        if i == 0:
+            first = vk._graphs[("lru", 0)]
+            assert any(e[1] is first for sig in vk._seqs for e in sig if e[0] == "graph")
+    assert ("lru", 0) not in vk._graphs and len(vk._graphs) <= 2
+    assert not any(e[1] is first for sig in vk._seqs for e in sig if e[0] == "graph")
+    with vk.graph(("lru", 0)) as issue:
+        assert issue
+        vk.add(c, a, a)
+    np.testing.assert_array_equal(vk.read(c), 2.0)
+
+
 def test_graph_dropped_with_its_buffers_and_on_errors(vk, monkeypatch):
     """A released tensor drops the graphs binding it (its key records again); an exception in a
     scope discards its ops; synchronize inside a scope raises."""
