@@ -242,15 +242,19 @@ def test_manifest_access_and_features():
 def test_pick_variant_by_features():
     assert vulkan.pick_variant("mul_mat_vec_q4_0", frozenset()) == "mul_mat_vec_q4_0"
     assert vulkan.pick_variant("mul_mat_vec_q4_0", frozenset({"shaderInt8"})) == "mul_mat_vec_q4_0"
-    assert vulkan.pick_variant("mul_mat_vec_q4_0", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_0_p16"
+    assert vulkan.pick_variant("mul_mat_vec_q4_0", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_0_q8"
+    no_dot = frozenset(vulkan.KP_FEATURES) - {"shaderIntegerDotProduct"}
+    assert vulkan.pick_variant("mul_mat_vec_q4_0", no_dot) == "mul_mat_vec_q4_0_p16"
+    assert vulkan.pick_variant("mul_mat_vec_q8_0", no_dot) == "mul_mat_vec_q8_0_p16"
     assert vulkan.pick_variant("mul_mat_vec_q4_k", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_k"
     assert vulkan.pick_variant("add", frozenset(vulkan.KP_FEATURES)) == "add"
 
 
 @pytest.mark.parametrize("ty", [T.Q4_0, T.Q8_0], ids=lambda t: t.name)
 def test_feature_variant_and_fallback_agree(vk, cpu_device, monkeypatch, ty):
-    """The 16-bit-storage mat-vec (picked where kp enabled storageBuffer16BitAccess) and the
-    feature-free one it stands in for both match numpy; which one runs follows the features."""
+    """The 16-bit-storage mat-vec (picked where kp enabled storageBuffer16BitAccess but not
+    shaderIntegerDotProduct) and the feature-free one it stands in for both match numpy;
+    which one runs follows the features (the integer-dot one: test_vulkan_q8.py)."""
     rng = np.random.default_rng(3)
     shape = (72, 256)
     raw = random_weight(ty, shape, rng)
@@ -261,18 +265,19 @@ def test_feature_variant_and_fallback_agree(vk, cpu_device, monkeypatch, ty):
     cpu_device.matmul(yc, xc, wc)
     ref = cpu_device.read(yc)
     base = f"mul_mat_vec_{ty.name.lower()}"
-    want_first = base + "_p16" if "storageBuffer16BitAccess" in vk.features else base
+    feats16 = vk.features - {"shaderIntegerDotProduct"}
+    want_first = base + "_p16" if "storageBuffer16BitAccess" in feats16 else base
     picked = []
     orig = vulkan.pick_variant
     monkeypatch.setattr(vulkan, "pick_variant", lambda n, f: picked.append(orig(n, f)) or picked[-1])
-    for feats in (vk.features, frozenset()):
+    for feats in (feats16, frozenset()):
         monkeypatch.setattr(vk, "features", feats)
         w = vk.upload(raw, ty, shape)
         xt, y = vk.empty((3, shape[1])), vk.empty((3, shape[0]))
         vk.write(xt, x)
         vk.matmul(y, xt, w)
         assert nmse(vk.read(y), ref) <= 5e-4
-    mmv = [p for p in picked if p.startswith("mul_mat_vec_")]
+    mmv = list(dict.fromkeys(p for p in picked if p.startswith("mul_mat_vec_")))
     assert mmv == [want_first, base], mmv
 
 
@@ -381,8 +386,12 @@ def test_replay_cache_replays_decode_steps(vk, cpu_device):
     rec0, rep0 = vk.n_recordings, vk.n_replays
     got = _decode_layer_run(vk, n_steps=6)
     ref = _decode_layer_run(cpu_device, n_steps=6)
+    # wq is Q4_0: where the integer-dot variant runs, q is computed from 8-bit activations
+    # (test_vulkan_q8.py), and this layer's attention logits are large (~100), so the
+    # softmax amplifies that error (nmse ~1e-3 by step 5; 1e-13 with float activations)
+    bound = 5e-3 if {"shaderIntegerDotProduct", "storageBuffer16BitAccess"} <= vk.features else 5e-4
     for step, (a, b) in enumerate(zip(got, ref)):
-        assert nmse(a, b) <= 5e-4, f"step {step}: nmse {nmse(a, b):.2e}"
+        assert nmse(a, b) <= bound, f"step {step}: nmse {nmse(a, b):.2e}"
     assert not np.allclose(got[0], got[1])  # steps differ: per-token values really reached the device
     # step 0 also runs the zeros() fills with it (its own list); steps 1..5 are one identical list
     assert vk.n_recordings - rec0 == 2

@@ -104,6 +104,7 @@ from .vulkan_info import (
     kp_props_to_info,
     query_devices,
 )
+from .vulkan_q8 import Q8Inputs, takes_q8_1
 from .vulkan_shaders import (  # noqa: F401
     MAX_PUSH_BYTES,
     SHADER_DIR,
@@ -292,7 +293,9 @@ class VulkanDevice(SequenceRecorder, Device):
         super().__init__(info)
         self._kp = _import_kp()
         self.mgr = self._kp.Manager(info.index)
-        self.features: frozenset[str] = frozenset(self.mgr.enabled_features())
+        # COOKTOP_VULKAN_DISABLE_FEATURES=a,b: run as if kp had not enabled them (A/B of shader variants)
+        off = {f.strip() for f in os.environ.get("COOKTOP_VULKAN_DISABLE_FEATURES", "").split(",")}
+        self.features: frozenset[str] = frozenset(self.mgr.enabled_features()) - off
         info.extra["features_enabled"] = [f for f in KP_FEATURES if f in self.features]
         self._no_spec = np.zeros(0, dtype=np.uint32)
         # mul_mat_vec's workgroup size (spec constant 0): one subgroup, at least NROWS invocations
@@ -310,6 +313,7 @@ class VulkanDevice(SequenceRecorder, Device):
         # workgroups per token of a mat-vec: on CPU drivers a few per core (each costs ~20 us on
         # lavapipe), on GPUs one per 8 rows (no cap)
         self._mmv_target_wgs = 4 * (os.cpu_count() or 2) if info.device_type == "cpu" else 1 << 30
+        self._q8 = Q8Inputs(self)  # 8-bit copies of activations for the integer-dot mat-vec
 
     # -- memory -----------------------------------------------------------
     def _alloc_check(self, nbytes: int, what: str) -> None:
@@ -415,6 +419,7 @@ class VulkanDevice(SequenceRecorder, Device):
         by their size, so repeated load/close cycles do not exhaust the OOM check."""
         self.flush()
         doomed = {t.handle for t in tensors}  # kp tensors hash by identity
+        doomed |= self._q8.drop(doomed)  # their 8-bit copies (vulkan_q8.py)
         for key in [k for k, entry in self._algos.items() if any(h in doomed for h in entry[1])]:
             del self._algos[key]
         self._drop_graphs_using(doomed)  # their keys must not replay freed buffers
@@ -508,7 +513,15 @@ class VulkanDevice(SequenceRecorder, Device):
             n_groups = (n_out + MMV_NROWS - 1) // MMV_NROWS
             gpw = max(1, n_groups // self._mmv_target_wgs)
             grid = workgroups(nb * ((n_groups + gpw - 1) // gpw))
-            self._dispatch(VARIANTS["mul_mat_vec"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb, gpw))
+            name = pick_variant(VARIANTS["mul_mat_vec"][w.ggml_type], self.features)
+            if takes_q8_1(name):  # integer dots on the 8-bit copy of x (vulkan_q8.py)
+                for t in (w, x, out):
+                    if t.device is not self:
+                        raise DeviceError(f"{name}: tensor {t!r} lives on another device than {self.info.selector}")
+                xq = self._q8.input(x, n, n_in, self._row_cap(x))
+                self._dispatch_raw(name, (w.handle, xq, out.handle), grid, (n_in, n_out, n, rb, gpw))
+            else:
+                self._dispatch(name, (w, x, out), grid, (n_in, n_out, n, rb, gpw))
 
     def _rmsnorm(self, out, x, w, eps):
         """rmsnorm.comp: one workgroup of 64 per group of g values (a row when g = the row width);

@@ -60,6 +60,11 @@ def _manifest() -> dict[str, dict[str, Any]]:
     return {v["name"]: v for v in variants()}
 
 
+def variant_info(name: str) -> dict[str, Any]:
+    """The manifest entry of variant ``name`` (``{}`` when there is none)."""
+    return _manifest().get(name, {})
+
+
 @functools.cache
 def binding_access(name: str) -> tuple[str, ...]:
     """Access of each binding of variant ``name``: ``"r"``, ``"w"`` or ``"rw"`` (binding order;

@@ -1,0 +1,112 @@
+#version 450
+// Integer-dot matrix-vector product for few tokens (decode) on 8-bit activations:
+// Y[t, r] = sum_k X[t, k] * W[r, k] with X given as 8-bit blocks (quantize_q8_1.comp:
+// llama.cpp's Q8_1 idea, its mul_mat_vecq). W [n_out, n_in] raw GGML blocks (TYPE_Q4_0 or
+// TYPE_Q8_0, read as 16-bit words: needs storageBuffer16BitAccess), XQ [n_tok * n_in / 32]
+// blocks of 3 uvec4, Y f32 [n_tok, n_out]. Each 32-value block pair is 8 packed 4x8-bit
+// dot products (OpSDot, SPV_KHR_integer_dot_product: needs shaderIntegerDotProduct;
+// glslc 2023.2 has no GL_EXT_integer_dot_product, so the instruction is declared with
+// GL_EXT_spirv_intrinsics), then one float multiply-add per block:
+//   Q8_0: d_w * d_x * sum(qw * qx)
+//   Q4_0: d_w * (d_x * sum(q * qx) - 8 * s_x), q = the unsigned nibbles, s_x = d_x * sum(qx)
+// (the -8 offset of Q4_0 through the block sum, as llama.cpp's vec_dot_q4_0_q8_1).
+// Work split, reduction and grid as mul_mat_vec.comp: one workgroup of WG invocations
+// (spec constant 0) computes NROWS rows of one token for groups_per_wg row groups.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_spirv_intrinsics : require
+#ifndef NROWS
+#define NROWS 8
+#endif
+layout(local_size_x_id = 0) in;
+#define WG gl_WorkGroupSize.x
+layout(std430, binding = 0) readonly buffer WBuf16 { uint16_t W16[]; };
+layout(std430, binding = 1) readonly buffer XBuf { uvec4 XQ[]; };
+layout(std430, binding = 2) writeonly buffer YBuf { float Y[]; };
+layout(push_constant) uniform PC { uint n_in; uint n_out; uint n_tok; uint row_bytes; uint groups_per_wg; } pc;
+#include "common.glsl"
+
+// OpSDot (4450) with PackedVectorFormat4x8Bit (0): capabilities DotProduct (6019) and
+// DotProductInput4x8BitPacked (6018)
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot4x8(uint a, uint b, spirv_literal int packed_format);
+
+uint w_pair(uint w) {  // two 16-bit words from 16-bit index w: a little-endian uint32
+    return uint(W16[w]) | (uint(W16[w + 1u]) << 16);
+}
+
+#if defined(TYPE_Q4_0)
+#define BLOCK_BYTES 18u
+// block_q4_0: f16 d; uint8 qs[16]; value j = qs[j] & 15, value j + 16 = qs[j] >> 4 (minus 8)
+float block_dot(uint w, uvec4 xa, uvec4 xb, vec2 ds) {
+    uint q[4];
+    [[unroll]] for (uint k = 0u; k < 4u; k++) q[k] = w_pair(w + 1u + 2u * k);
+    int s = sdot4x8(q[0] & 0x0F0F0F0Fu, xa.x, 0) + sdot4x8(q[1] & 0x0F0F0F0Fu, xa.y, 0)
+          + sdot4x8(q[2] & 0x0F0F0F0Fu, xa.z, 0) + sdot4x8(q[3] & 0x0F0F0F0Fu, xa.w, 0)
+          + sdot4x8((q[0] >> 4) & 0x0F0F0F0Fu, xb.x, 0) + sdot4x8((q[1] >> 4) & 0x0F0F0F0Fu, xb.y, 0)
+          + sdot4x8((q[2] >> 4) & 0x0F0F0F0Fu, xb.z, 0) + sdot4x8((q[3] >> 4) & 0x0F0F0F0Fu, xb.w, 0);
+    float dw = unpackHalf2x16(uint(W16[w])).x;
+    return dw * (ds.x * float(s) - 8.0 * ds.y);
+}
+#elif defined(TYPE_Q8_0)
+#define BLOCK_BYTES 34u
+// block_q8_0: f16 d; int8 qs[32]
+float block_dot(uint w, uvec4 xa, uvec4 xb, vec2 ds) {
+    int s = sdot4x8(w_pair(w + 1u), xa.x, 0) + sdot4x8(w_pair(w + 3u), xa.y, 0)
+          + sdot4x8(w_pair(w + 5u), xa.z, 0) + sdot4x8(w_pair(w + 7u), xa.w, 0)
+          + sdot4x8(w_pair(w + 9u), xb.x, 0) + sdot4x8(w_pair(w + 11u), xb.y, 0)
+          + sdot4x8(w_pair(w + 13u), xb.z, 0) + sdot4x8(w_pair(w + 15u), xb.w, 0);
+    float dw = unpackHalf2x16(uint(W16[w])).x;
+    return dw * ds.x * float(s);
+}
+#else
+#error "mul_mat_vec_q8.comp: define TYPE_Q4_0 or TYPE_Q8_0"
+#endif
+
+shared float red[NROWS * WG];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint n_groups = (pc.n_out + NROWS - 1u) / NROWS;
+    uint n_wg = (n_groups + pc.groups_per_wg - 1u) / pc.groups_per_wg;
+    uint g = flat_group();
+    uint tok = g / n_wg;
+    if (tok >= pc.n_tok) return;  // uniform over the workgroup
+    uint gi0 = (g % n_wg) * pc.groups_per_wg;
+    uint gi1 = min(gi0 + pc.groups_per_wg, n_groups);
+    uint n_units = pc.n_in / 32u;
+    for (uint gi = gi0; gi < gi1; gi++) {
+        uint r0 = gi * NROWS;
+        float acc[NROWS];
+        [[unroll]] for (uint r = 0u; r < NROWS; r++) acc[r] = 0.0;
+        for (uint u = tid; u < n_units; u += WG) {
+            uint xb = 3u * (tok * n_units + u);
+            uvec4 xa = XQ[xb], xc = XQ[xb + 1u];
+            vec2 ds = uintBitsToFloat(XQ[xb + 2u].xy);
+            [[unroll]] for (uint r = 0u; r < NROWS; r++) {
+                uint row = min(r0 + r, pc.n_out - 1u);  // clamped rows are computed and dropped
+                acc[r] += block_dot((row * pc.row_bytes + u * BLOCK_BYTES) >> 1, xa, xc, ds);
+            }
+        }
+        if (gl_NumSubgroups == 1u) {
+            [[unroll]] for (uint r = 0u; r < NROWS; r++) {
+                float t = subgroupAdd(acc[r]);
+                if (tid == r && r0 + r < pc.n_out) Y[tok * pc.n_out + r0 + r] = t;
+            }
+        } else {
+            [[unroll]] for (uint r = 0u; r < NROWS; r++) {
+                float t = subgroupAdd(acc[r]);
+                if (gl_SubgroupInvocationID == 0u) red[r * WG + gl_SubgroupID] = t;
+            }
+            barrier();
+            if (tid < NROWS && r0 + tid < pc.n_out) {
+                float t = 0.0;
+                for (uint i = 0u; i < gl_NumSubgroups; i++) t += red[tid * WG + i];
+                Y[tok * pc.n_out + r0 + tid] = t;
+            }
+            barrier();
+        }
+    }
+}

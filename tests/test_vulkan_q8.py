@@ -1,0 +1,208 @@
+"""The Vulkan integer-dot mat-vec on 8-bit activations (quantize_q8_1.comp, mul_mat_vec_q8.comp,
+backends/vulkan_q8.py).
+
+The variant runs where kp enabled shaderIntegerDotProduct and 16-bit storage (lavapipe has
+both); it is exact against numpy on the same 8-bit activations (``dequantize_q8_1_ref``) and
+within the quantized bound of the float product at odd shapes; without the feature the
+float variants run; an activation is quantized once per pending op list while unchanged,
+and again after anything writes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import skip_or_fail
+from gguf import GGMLQuantizationType as T
+
+from cooktop.backends import registry
+from cooktop.backends.base import nmse
+from cooktop.backends.tensor import DeviceBuffer
+from cooktop.format.quants import dequantize, random_weight
+
+vulkan = pytest.importorskip("cooktop.backends.vulkan")
+from cooktop.backends.vulkan_q8 import dequantize_q8_1_ref, quantize_q8_1_ref, takes_q8_1  # noqa: E402
+from cooktop.backends.vulkan_shaders import variant_info  # noqa: E402
+
+#: nmse of the integer-dot result against the float product (x not quantized): 8-bit
+#: activations cost ~1e-5 on Gaussian data; same bound as the OpenCL 8-bit kernels.
+QUANT_BOUND = 5e-4
+#: nmse against the float64 product of the same 8-bit activations (float32 block sums).
+EXACT_BOUND = 1e-10
+IDOT = {"shaderIntegerDotProduct", "storageBuffer16BitAccess"}
+
+
+@pytest.fixture(scope="module")
+def vk():
+    res = registry.probe("vulkan")
+    if not res.available:
+        skip_or_fail("vulkan", f"{res.reason}; to enable: {res.hint}")
+    return registry.open_device(res.devices[0].selector)
+
+
+@pytest.fixture
+def idot(vk):
+    if not IDOT <= vk.features:
+        pytest.skip(f"{vk.info.name} lacks {sorted(IDOT - vk.features)}: the integer-dot variant cannot run")
+    return vk
+
+
+def _matvec(dev, w, x, n_out, cap=None):
+    """y = x @ w^T on ``dev`` with x a head() view of a root of ``cap`` rows."""
+    n, n_in = x.shape
+    xt, y = dev.empty((cap or n, n_in)).head(n), dev.empty((n, n_out))
+    dev.write(xt, x)
+    dev.matmul(y, xt, w)
+    return dev.read(y)
+
+
+def test_reference_quantizer():
+    """quantize_q8_1_ref: |q| <= 127, d = max|x| / 127, s = d * sum(q), zero blocks stay zero."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    x[1, 32:64] = 0
+    q, d, s = quantize_q8_1_ref(x)
+    assert q.dtype == np.int8 and np.abs(q.astype(int)).max() == 127
+    np.testing.assert_allclose(d[0], np.abs(x[0].reshape(3, 32)).max(axis=1) / 127, rtol=1e-6)
+    assert d[1, 1] == 0 and not q[1, 32:64].any() and s[1, 1] == 0
+    np.testing.assert_allclose(s, d * q.reshape(3, 3, 32).sum(-1), rtol=1e-6)
+    assert np.abs(dequantize_q8_1_ref(x) - x).max() <= d.max() / 2 + 1e-6
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_q8_1_ref(np.zeros((1, 40), np.float32))
+
+
+def test_variant_manifest():
+    """The integer-dot variants stand in for the float ones, need the dot-product and 16-bit
+    storage features (read from their SPIR-V), and take the 8-bit copy of x."""
+    for ty in ("q4_0", "q8_0"):
+        name = f"mul_mat_vec_{ty}_q8"
+        info = variant_info(name)
+        assert info["variant_of"] == f"mul_mat_vec_{ty}" and takes_q8_1(name)
+        assert set(info["features"]) == IDOT
+        assert not takes_q8_1(f"mul_mat_vec_{ty}") and not takes_q8_1(f"mul_mat_vec_{ty}_p16")
+    assert vulkan.binding_access("quantize_q8_1") == ("r", "w")
+
+
+@pytest.mark.parametrize("feats, want", [
+    (frozenset(vulkan.KP_FEATURES), "_q8"),
+    (frozenset(IDOT), "_q8"),
+    (frozenset(vulkan.KP_FEATURES) - {"shaderIntegerDotProduct"}, "_p16"),
+    (frozenset({"shaderIntegerDotProduct"}), ""),
+    (frozenset(), ""),
+])
+def test_pick_integer_dot_by_features(feats, want):
+    for ty in ("q4_0", "q8_0"):
+        assert vulkan.pick_variant(f"mul_mat_vec_{ty}", feats) == f"mul_mat_vec_{ty}{want}"
+    assert vulkan.pick_variant("mul_mat_vec_q4_k", feats) == "mul_mat_vec_q4_k"
+
+
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q8_0], ids=lambda t: t.name)
+def test_matvec_exact_on_8bit_activations(idot, ty):
+    """Odd shapes, 1-7 tokens, head() views: exact on the 8-bit activations, and within the
+    quantized bound of the float product."""
+    dev = idot
+    rng = np.random.default_rng(int(ty))
+    q0 = dev._q8.n_quantized
+    for n_out, n_in, n in ((1, 32, 1), (3, 96, 2), (67, 224, 7), (129, 32 * 13, 1), (1000, 512, 3)):
+        raw = random_weight(ty, (n_out, n_in), rng)
+        wf = dequantize(raw, ty, (n_out, n_in)).astype(np.float64)
+        x = (rng.standard_normal((n, n_in)) * 2).astype(np.float32)
+        got = _matvec(dev, dev.upload(raw, ty, (n_out, n_in)), x, n_out, cap=7)
+        assert got.shape == (n, n_out)
+        assert nmse(got, dequantize_q8_1_ref(x) @ wf.T) <= EXACT_BOUND, (n_out, n_in, n)
+        if n_out * n >= 129:
+            assert nmse(got, x.astype(np.float64) @ wf.T) <= QUANT_BOUND, (n_out, n_in, n)
+    assert dev._q8.n_quantized - q0 == 5  # the variant really ran: one quantization per matmul
+
+
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q8_0], ids=lambda t: t.name)
+def test_fallback_without_the_feature(vk, monkeypatch, ty):
+    """Without shaderIntegerDotProduct the float variant runs (no quantization) and gives the
+    float product; with it (where the device has it) the 8-bit one, on the same data."""
+    rng = np.random.default_rng(5)
+    raw = random_weight(ty, (131, 256), rng)
+    wf = dequantize(raw, ty, (131, 256)).astype(np.float64)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    w = vk.upload(raw, ty, (131, 256))
+    monkeypatch.setattr(vk, "features", vk.features - {"shaderIntegerDotProduct"})
+    q0 = vk._q8.n_quantized
+    got = _matvec(vk, w, x, 131)
+    assert vk._q8.n_quantized == q0
+    assert nmse(got, x.astype(np.float64) @ wf.T) <= 1e-10
+    monkeypatch.undo()
+    if IDOT <= vk.features:
+        got8 = _matvec(vk, w, x, 131)
+        assert vk._q8.n_quantized == q0 + 1
+        assert nmse(got8, dequantize_q8_1_ref(x) @ wf.T) <= EXACT_BOUND
+
+
+def test_disable_features_env(vk, monkeypatch):
+    """COOKTOP_VULKAN_DISABLE_FEATURES removes features from a newly opened device's set."""
+    monkeypatch.setenv("COOKTOP_VULKAN_DISABLE_FEATURES", "shaderIntegerDotProduct, storageBuffer16BitAccess")
+    dev = vulkan.VulkanDevice(vk.info)
+    try:
+        assert not dev.features & {"shaderIntegerDotProduct", "storageBuffer16BitAccess"}
+        assert dev.features == vk.features - {"shaderIntegerDotProduct", "storageBuffer16BitAccess"}
+    finally:
+        dev.close()
+
+
+def test_one_quantization_per_input(idot):
+    """q, k, v-like matmuls on one activation quantize it once; any change to it (host write,
+    an op writing it, a longer view, a new pending list) quantizes again, never a stale copy."""
+    dev = idot
+    n = 256
+    rng = np.random.default_rng(3)
+    raws = [random_weight(T.Q4_0, (40 + i, n), rng) for i in range(3)]
+    ws = [dev.upload(r, T.Q4_0, (40 + i, n)) for i, r in enumerate(raws)]
+    wfs = [dequantize(r, T.Q4_0, (40 + i, n)).astype(np.float64) for i, r in enumerate(raws)]
+    x = dev.empty((4, n))
+    ys = [dev.empty((4, 40 + i)) for i in range(3)]
+    other = dev.empty((4, n))
+    normw = dev.upload(np.ones(n, np.float32), T.F32, (n,))
+
+    def run_all(rows, expect_x):
+        for w, y in zip(ws, ys):
+            dev.matmul(y.head(rows), x.head(rows), w)
+        for wf, y in zip(wfs, ys):
+            assert nmse(dev.read(y.head(rows)), dequantize_q8_1_ref(expect_x) @ wf.T) <= EXACT_BOUND
+
+    a = rng.standard_normal((1, n)).astype(np.float32)
+    dev.write(x.head(1), a)
+    q0 = dev._q8.n_quantized
+    run_all(1, a)
+    assert dev._q8.n_quantized == q0 + 1  # three matmuls, one quantization
+    b = rng.standard_normal((2, n)).astype(np.float32)
+    dev.write(x.head(2), b)
+    dev.matmul(ys[0].head(1), x.head(1), ws[0])
+    dev.matmul(ys[1].head(2), x.head(2), ws[1])  # longer view than the copy holds
+    assert dev._q8.n_quantized == q0 + 3
+    assert nmse(dev.read(ys[1].head(2)), dequantize_q8_1_ref(b) @ wfs[1].T) <= EXACT_BOUND
+    dev.write(other, np.tile(a, (4, 1)))
+    dev.matmul(ys[0].head(1), x.head(1), ws[0])
+    dev.rmsnorm(x.head(1), x.head(1), normw, 1e-5)  # an op writing x in place
+    dev.matmul(ys[1].head(1), x.head(1), ws[1])
+    dev.add(x.head(1), x.head(1), other.head(1))
+    dev.matmul(ys[2].head(1), x.head(1), ws[2])
+    after_norm = dev.read(x.head(1))
+    assert nmse(dev.read(ys[2].head(1)), dequantize_q8_1_ref(after_norm) @ wfs[2].T) <= EXACT_BOUND
+    xb = b[:1].astype(np.float64)
+    normed = (xb / np.sqrt((xb * xb).mean() + 1e-5)).astype(np.float32)
+    assert nmse(dev.read(ys[1].head(1)), dequantize_q8_1_ref(normed) @ wfs[1].T) <= 1e-6
+    assert dev._q8.n_quantized == q0 + 6
+
+
+def test_release_frees_the_copy(idot):
+    """Releasing an activation destroys its 8-bit copy: allocated_bytes returns to before."""
+    dev = idot
+    before = dev.allocated_bytes
+    rng = np.random.default_rng(1)
+    with DeviceBuffer(dev, "q8") as buf:
+        w = buf.upload(random_weight(T.Q8_0, (33, 64), rng), T.Q8_0, (33, 64))
+        x, y = buf.empty((3, 64)), buf.empty((3, 33))
+        dev.write(x, rng.standard_normal((3, 64)).astype(np.float32))
+        dev.matmul(y, x, w)
+        dev.read(y)
+        assert x.handle in dev._q8._bufs
+    assert dev.allocated_bytes == before
+    assert x.handle not in dev._q8._bufs
