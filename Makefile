@@ -7,6 +7,8 @@
 #   make test-vulkan-validation     setup, then the Vulkan tests under the Khronos validation layer
 #   make shaders                    compile the Vulkan GLSL shaders to SPIR-V
 #   make bench                      setup, then `cooktop bench`
+#   make llamacpp-vulkan            build llama.cpp's llama-bench with its Vulkan backend (in ../llamacpp-vk)
+#   make bench-vs-vulkan [MODEL=..] cooktop Vulkan vs that llama-bench on lavapipe, back to back, one table
 #   make lint                       ruff (style, imports) and mypy on the package
 #   make fuzz [FUZZ_EXAMPLES=100000] the long fuzz run (GGUF reader, tokenizer; tests/test_fuzz.py)
 # Variables passed on the command line (COOKTOP_EXTRAS=compare, PYTHON=python3.11,
@@ -23,10 +25,11 @@ FUZZ_EXAMPLES ?= 100000
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-compare run test test-vulkan-validation shaders bench lint fuzz
+.PHONY: help setup setup-compare run test test-vulkan-validation shaders bench llamacpp-vulkan bench-vs-vulkan \
+	lint fuzz
 
 help:
-	@sed -n '1,13s/^# \{0,1\}//p' Makefile
+	@sed -n '1,15s/^# \{0,1\}//p' Makefile
 
 setup:
 	bash scripts/setup.sh
@@ -57,6 +60,22 @@ shaders:
 
 bench: setup
 	$(COOKTOP) bench --device cpu,opencl,vulkan -p 128 -n 32 -r 3
+
+# llama.cpp's own Vulkan backend for a same-driver comparison (scripts/build-llamacpp-vulkan.sh:
+# llama-cpp-python 0.3.8's vendored llama.cpp, ~10-40 minutes on 2 cores).
+LLAMACPP_DIR ?= ../llamacpp-vk
+LLAMA_BENCH ?= $(LLAMACPP_DIR)/llama_cpp_python-0.3.8/vendor/llama.cpp/build-vulkan/bin/llama-bench
+# The Vulkan driver of both engines: lavapipe where installed (empty: the loader's choice).
+BENCH_ICD ?= $(firstword $(wildcard /usr/share/vulkan/icd.d/lvp_icd.*.json))
+MODEL ?=
+BENCH_VS_ARGS ?= -p 32 -n 8 -r 3
+llamacpp-vulkan:
+	bash scripts/build-llamacpp-vulkan.sh $(LLAMACPP_DIR)
+
+bench-vs-vulkan: setup
+	@test -x $(LLAMA_BENCH) || { echo "make bench-vs-vulkan: no $(LLAMA_BENCH); run 'make llamacpp-vulkan'" >&2; exit 1; }
+	$(if $(BENCH_ICD),VK_ICD_FILENAMES=$(BENCH_ICD)) $(COOKTOP) bench --vs llama.cpp --llama-bench $(LLAMA_BENCH) \
+		--device vulkan:0 $(if $(MODEL),-m $(MODEL)) $(BENCH_VS_ARGS)
 
 lint:
 	@test -x $(PY) || { echo "make lint: no $(PY); run 'make setup' first" >&2; exit 1; }

@@ -8,6 +8,7 @@ default by device memory).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -81,6 +82,10 @@ def _emit(text: str) -> None:
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Write a bar chart of t/s to this PNG (matplotlib).")
 @click.option("--vs", "vs", default=None, help="Also run llama.cpp (llama-cpp-python) interleaved: --vs llama.cpp.")
+@click.option("--llama-bench", "llama_bench", default=None,
+              help="With --vs llama.cpp: run this llama-bench binary instead (e.g. llama.cpp's Vulkan build from "
+                   "scripts/build-llamacpp-vulkan.sh), back to back on the same tests; default: "
+                   "$COOKTOP_LLAMA_BENCH.")
 @click.option("--from", "from_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Re-render the records of an earlier -o json/jsonl run (no measuring).")
 @click.option("--seed", default=1234, show_default=True, help="Seed of the random token ids.")
@@ -98,13 +103,12 @@ def _emit(text: str) -> None:
 @click.option("-ntg", "ntg", default="32", show_default=True, help="--batched: generated tokens per sequence (list).")
 @click.option("-npl", "npl", default="1,2,4,8", show_default=True, help="--batched: parallel sequences (list).")
 def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fmt, progress, plot_path, vs,
-              from_file, seed, ops, quick, shape, types, threads, batched, npp, ntg, npl):
+              llama_bench, from_file, seed, ops, quick, shape, types, threads, batched, npp, ntg, npl):
     """Measure prompt processing (pp) and generation (tg) speed, like llama.cpp's llama-bench
     (``--batched``: llama-batched-bench; ``--ops``: op roofline)."""
     from ..api.options import set_threads
     set_threads(threads)
     if plot_path:
-        import os
         folder = os.path.dirname(os.path.abspath(plot_path))
         if not os.path.isdir(folder):
             raise CooktopError(f"--plot {plot_path}: folder {folder} does not exist")
@@ -120,13 +124,23 @@ def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fm
         _render(*_load_records(from_file), fmt, plot_path)
         return
     vs_factory = None
+    ext = None  # an external llama-bench binary (bench/llama_bench.py)
+    if llama_bench and not vs:
+        raise CooktopError("--llama-bench goes with --vs llama.cpp")
     if vs:
+        from ..bench import llama_bench as lb
         from ..bench import vs_llamacpp
-        try:
-            vs_factory = vs_llamacpp.factory(vs)
-        except vs_llamacpp.LlamaCppUnavailable:
-            click.echo(f"To compare with llama.cpp, {vs_llamacpp.INSTALL_HINT}", err=True)
-            raise
+        binary = llama_bench or os.environ.get(lb.ENV)
+        if binary:
+            if vs.strip().lower() not in vs_llamacpp.ENGINES:
+                raise CooktopError(f"--vs {vs!r}: only {', '.join(vs_llamacpp.ENGINES)} is supported")
+            ext = lb.find_binary(binary)
+        else:
+            try:
+                vs_factory = vs_llamacpp.factory(vs)
+            except vs_llamacpp.LlamaCppUnavailable:
+                click.echo(f"To compare with llama.cpp, {vs_llamacpp.INSTALL_HINT}", err=True)
+                raise
     if reps < 1:
         raise CooktopError(f"-r must be at least 1, got {reps}")
     paths = [p.strip() for m in models for p in m.split(",") if p.strip()] or [resolve_model(None, None, None)]
@@ -139,7 +153,18 @@ def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fm
         ngl=[parse_ngl(v.strip()) for v in str(ngl).split(",") if v.strip()], n_batch=batches,
         split=[s.strip() for s in split.split(",")] if split else [None], reps=reps, seed=seed)
     facts = {p: runner.model_facts(p) for p in paths}  # a bad file fails here, before any work
+    refs = []
+    if ext:
+        from ..bench import llama_bench as lb
+        dev = next((d for d in params.devices if d.lower().startswith("vulkan")), params.devices[0])
+        for p in paths:
+            for b in batches:
+                click.echo(f"cooktop bench: {ext} on {os.path.basename(p)} ({dev}, -b {b})", err=True)
+                refs += lb.run(ext, facts[p], tests, reps, b, dev)
     results = runner.run_bench(params, vs=vs_factory, progress=progress, facts=facts)
+    if ext:
+        lb.pair(results, refs)
+        results += refs
     _render(results, None, fmt, plot_path)
 
 
