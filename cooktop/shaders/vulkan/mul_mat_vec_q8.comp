@@ -103,6 +103,32 @@ float group_block_dot(uint wv[GROUP_WORDS], uint j, uvec4 xa, uvec4 xb, vec2 ds)
 #endif
 }
 
+// the 8 x blocks of group gr (blocks 8 gr .. 8 gr + 7 of token tok)
+void load_x_group(uint tok, uint n_units, uint gr, out uvec4 xq[16], out vec2 xds[8]) {
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint xb = 3u * (tok * n_units + 8u * gr + j);
+        xq[2u * j] = XQ[xb];
+        xq[2u * j + 1u] = XQ[xb + 1u];
+        xds[j] = uintBitsToFloat(XQ[xb + 2u].xy);
+    }
+}
+
+// acc[r] += group gr of rows r0 + r (clamped rows are computed and dropped)
+void group_rows(uint gr, uint r0, uvec4 xq[16], vec2 xds[8], inout float acc[NROWS]) {
+    [[unroll]] for (uint r = 0u; r < NROWS; r++) {
+        uint row = min(r0 + r, pc.n_out - 1u);
+        uint v0 = (row * pc.row_bytes + 8u * gr * BLOCK_BYTES) >> 4;
+        uint wv[GROUP_WORDS];
+        [[unroll]] for (uint i = 0u; i < GROUP_VEC4; i++) {
+            uvec4 t = W4[v0 + i];
+            wv[4u * i] = t.x; wv[4u * i + 1u] = t.y; wv[4u * i + 2u] = t.z; wv[4u * i + 3u] = t.w;
+        }
+        float s = 0.0;
+        [[unroll]] for (uint j = 0u; j < 8u; j++) s += group_block_dot(wv, j, xq[2u * j], xq[2u * j + 1u], xds[j]);
+        acc[r] += s;
+    }
+}
+
 shared float red[NROWS * WG];
 
 void main() {
@@ -115,31 +141,20 @@ void main() {
     uint gi0 = (g % n_wg) * pc.groups_per_wg;
     uint gi1 = min(gi0 + pc.groups_per_wg, n_groups);
     uint n_units = pc.n_in / 32u;
+    uint n_grp = (pc.row_bytes & 15u) == 0u ? n_units / 8u : 0u;  // whole aligned groups of 8 blocks
+    uvec4 xq[16];
+    vec2 xds[8];
+    if (n_grp <= WG && tid < n_grp) load_x_group(tok, n_units, tid, xq, xds);  // once for all row groups
     for (uint gi = gi0; gi < gi1; gi++) {
         uint r0 = gi * NROWS;
         float acc[NROWS];
         [[unroll]] for (uint r = 0u; r < NROWS; r++) acc[r] = 0.0;
-        uint n_grp = (pc.row_bytes & 15u) == 0u ? n_units / 8u : 0u;  // whole aligned groups of 8 blocks
-        for (uint gr = tid; gr < n_grp; gr += WG) {
-            uvec4 xq[16];
-            vec2 xds[8];
-            [[unroll]] for (uint j = 0u; j < 8u; j++) {
-                uint xb = 3u * (tok * n_units + 8u * gr + j);
-                xq[2u * j] = XQ[xb];
-                xq[2u * j + 1u] = XQ[xb + 1u];
-                xds[j] = uintBitsToFloat(XQ[xb + 2u].xy);
-            }
-            [[unroll]] for (uint r = 0u; r < NROWS; r++) {
-                uint row = min(r0 + r, pc.n_out - 1u);
-                uint v0 = (row * pc.row_bytes + 8u * gr * BLOCK_BYTES) >> 4;
-                uint wv[GROUP_WORDS];
-                [[unroll]] for (uint i = 0u; i < GROUP_VEC4; i++) {
-                    uvec4 t = W4[v0 + i];
-                    wv[4u * i] = t.x; wv[4u * i + 1u] = t.y; wv[4u * i + 2u] = t.z; wv[4u * i + 3u] = t.w;
-                }
-                float s = 0.0;
-                [[unroll]] for (uint j = 0u; j < 8u; j++) s += group_block_dot(wv, j, xq[2u * j], xq[2u * j + 1u], xds[j]);
-                acc[r] += s;
+        if (n_grp <= WG) {  // uniform: at most one group per invocation, x already loaded
+            if (tid < n_grp) group_rows(tid, r0, xq, xds, acc);
+        } else {
+            for (uint gr = tid; gr < n_grp; gr += WG) {
+                load_x_group(tok, n_units, gr, xq, xds);
+                group_rows(gr, r0, xq, xds, acc);
             }
         }
         for (uint u = 8u * n_grp + tid; u < n_units; u += WG) {
