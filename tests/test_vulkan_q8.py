@@ -127,7 +127,11 @@ def test_fallback_without_the_feature(vk, monkeypatch, ty):
     wf = dequantize(raw, ty, (131, 256)).astype(np.float64)
     x = rng.standard_normal((2, 256)).astype(np.float32)
     w = vk.upload(raw, ty, (131, 256))
+    has = IDOT <= vk.features
+    assert vk.quantizes_activations(ty, 1) == vk.quantizes_activations(ty, 7) == has
+    assert not vk.quantizes_activations(ty, 8) and not vk.quantizes_activations(T.Q4_K, 1)
     monkeypatch.setattr(vk, "features", vk.features - {"shaderIntegerDotProduct"})
+    assert not vk.quantizes_activations(ty, 1)
     q0 = vk._q8.n_quantized
     got = _matvec(vk, w, x, 131)
     assert vk._q8.n_quantized == q0

@@ -491,6 +491,13 @@ class VulkanDevice(SequenceRecorder, Device):
             self.n_pipelines += 1
         self._sink.append(("algo", entry, push))
 
+    def quantizes_activations(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> bool:
+        """True when ``matmul`` of ``n_tokens`` rows with ``ggml_type`` weights runs the integer-dot
+        mat-vec on 8-bit activations (vulkan_q8.py; exact on ``opencl_q8.quantize_q8_ref``'s
+        quantization), False when it computes in float32. ``shape`` is unused (same as OpenCL's)."""
+        name = VARIANTS["mul_mat_vec"].get(T(ggml_type))
+        return n_tokens < MM_MIN_TOKENS and name is not None and takes_q8_1(pick_variant(name, self.features))
+
     # -- ops --------------------------------------------------------------
     @staticmethod
     def _rows(t: DeviceTensor) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .opencl_q8 import dequantize_q8_ref, quantize_q8_ref
 from .vulkan_shaders import bucket, variant_info, workgroups
 
 #: uint32 words per 32-value block of the 8-bit copy: 8 words of int8 qs, then d, s, 0, 0.
@@ -42,36 +43,12 @@ def takes_q8_1(variant: str) -> bool:
     return variant_info(variant).get("input") == "q8_1"
 
 
-def quantize_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The numpy reference of quantize_q8_1.comp.
+#: The numpy reference of quantize_q8_1.comp: the same quantization as the OpenCL backend's
+#: (``quant.cl``; :func:`.opencl_q8.quantize_q8_ref`): (qs int8 [..., n], d, s float32 [..., n / 32]).
+quantize_q8_1_ref = quantize_q8_ref
 
-    Args:
-        x: float32 [n, n_in], n_in a multiple of 32.
-    Returns:
-        (qs int8 [n, n_in], d float32 [n, n_in / 32], s float32 [n, n_in / 32]) with
-        ``d = max|x| / 127`` per block, ``qs = rint(x * (1 / d))`` (0 where d == 0),
-        ``s = d * sum(qs)``.
-    Raises:
-        ValueError: n_in is not a multiple of 32.
-    """
-    x = np.asarray(x, dtype=np.float32)
-    n, n_in = x.reshape(-1, x.shape[-1]).shape
-    if n_in % Q8_1_BLOCK:
-        raise ValueError(f"quantize_q8_1_ref: row length {n_in} is not a multiple of 32")
-    b = x.reshape(n, n_in // Q8_1_BLOCK, Q8_1_BLOCK)
-    d = (np.abs(b).max(axis=-1) / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    q = np.rint(b * inv[..., None]).astype(np.int8)
-    s = (d * q.astype(np.int32).sum(axis=-1).astype(np.float32)).astype(np.float32)
-    return q.reshape(n, n_in), d, s
-
-
-def dequantize_q8_1_ref(x: np.ndarray) -> np.ndarray:
-    """``x`` as the integer-dot mat-vec sees it: float64 [n, n_in] of ``d * qs`` per block."""
-    q, d, _ = quantize_q8_1_ref(x)
-    n, n_in = q.shape
-    return (q.reshape(n, -1, Q8_1_BLOCK).astype(np.float64) * d[..., None].astype(np.float64)).reshape(n, n_in)
+#: ``x`` as the integer-dot mat-vec sees it: float64 ``d * qs`` per block (:func:`.opencl_q8.dequantize_q8_ref`).
+dequantize_q8_1_ref = dequantize_q8_ref
 
 
 class Q8Inputs:

@@ -4,7 +4,7 @@
 // quantization of an activation per mat-vec input. Block b of 32 values is 3 uvec4:
 //   XQ[3b], XQ[3b+1]: qs[0..31] as int8, four per uint (little-endian, value 4i+k in byte k
 //   of word i);  XQ[3b+2] = (d, s, 0, 0) as float bits, d = max|x| / 127, s = d * sum(qs).
-// qs = roundEven(x / d) (x * (1/d)), 0 where d == 0. Rows of a multiple of 32 values are
+// qs = roundEven(x * (127 / max|x|)), 0 where max|x| == 0. Rows of a multiple of 32 values are
 // contiguous blocks, so a [n_tok, n_in] activation is n_tok * n_in / 32 blocks.
 // One invocation per block, grid-stride over workgroups of 64.
 #extension GL_GOOGLE_include_directive : require
@@ -26,7 +26,7 @@ void main() {
             amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
         }
         float d = amax / 127.0;
-        float id = d != 0.0 ? 1.0 / d : 0.0;
+        float id = amax > 0.0 ? 127.0 / amax : 0.0;  // as OpenCL's quant.cl: one reference for both
         uint w[8];
         int sum = 0;
         [[unroll]] for (uint i = 0u; i < 8u; i++) {
