@@ -90,4 +90,15 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         return
     click.echo(f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} "
                f"({n_parallel} slot(s){', API key required' if api_key else ''})", err=True)
-    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
+    failed: list[str] = []
+
+    def load_failed(message: str) -> None:  # llama-server: "failed to load model", exit 1
+        failed.append(message)
+        server.should_exit = True
+
+    server = uvicorn.Server(uvicorn.Config(create_app(config, on_load_error=load_failed), host=host, port=port,
+                                           log_level="warning"))
+    server.run()
+    if failed:
+        where = "" if path in failed[0] else f" {path}"
+        raise CooktopError(f"cannot load the model{where}: {failed[0]}")

@@ -70,8 +70,9 @@ class ServerConfig:
 class ServerState:
     """The loaded model and its scheduler; ``loading`` until :meth:`load` finishes."""
 
-    def __init__(self, config: ServerConfig, llm: Any = None):
+    def __init__(self, config: ServerConfig, llm: Any = None, on_load_error: Any = None):
         self.config = config
+        self.on_load_error = on_load_error
         self.llm = llm
         self.scheduler: Scheduler | None = None
         self.load_error: str | None = None
@@ -95,7 +96,11 @@ class ServerState:
         return self.scheduler
 
     def load(self) -> None:
-        """Load the model (on a thread at startup); a failure is kept for ``/health``."""
+        """Load the model (on a thread at startup).
+
+        A failure is kept for ``/health`` and passed to ``on_load_error`` (``cooktop serve``
+        then stops and exits 1, as llama-server does); without that callback it is logged.
+        """
         from ..api import Llama
         try:
             llm = Llama(model_path=self.config.model_path, verbose=False, embedding=True,
@@ -106,7 +111,10 @@ class ServerState:
             log.info("model loaded: %s", self.config.model_path)
         except Exception as e:  # noqa: BLE001 - reported by /health and every endpoint
             self.load_error = f"{type(e).__name__}: {e}" if not isinstance(e, P.CooktopError) else str(e)
-            log.error("cannot load the model: %s", self.load_error)
+            if self.on_load_error is not None:
+                self.on_load_error(self.load_error)
+            else:
+                log.error("cannot load the model: %s", self.load_error)
 
     def close(self) -> None:
         if self.scheduler is not None:
@@ -129,13 +137,14 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def create_app(config: ServerConfig, llm: Any = None) -> FastAPI:
+def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None) -> FastAPI:
     """The FastAPI application for ``config`` (``llm``: an already loaded model, else loaded at startup).
 
     The model loads on a background thread when the app starts, so ``/health``
-    answers 503 meanwhile; the state is ``app.state.cooktop``.
+    answers 503 meanwhile; the state is ``app.state.cooktop``. ``on_load_error(message)``
+    is called (on the loading thread) if the model cannot load.
     """
-    state = ServerState(config, llm)
+    state = ServerState(config, llm, on_load_error)
 
     async def lifespan(app: FastAPI):
         if state.loading:
@@ -176,6 +185,8 @@ def create_app(config: ServerConfig, llm: Any = None) -> FastAPI:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise P.HTTPError(400, f"the request body is not valid JSON: {e}") from None
+        except RecursionError:  # Python's parser: nesting deeper than the interpreter's recursion limit
+            raise P.HTTPError(400, "the request body is not valid JSON: nested too deeply") from None
         if not isinstance(body, dict):
             raise P.HTTPError(400, f"the request body must be a JSON object, got {type(body).__name__}")
         return body

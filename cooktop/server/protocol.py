@@ -96,6 +96,9 @@ def sampling_args(body: dict[str, Any]) -> dict[str, Any]:
     bias = body.get("logit_bias")
     if bias is not None and not isinstance(bias, (dict, list)):
         raise bad("logit_bias", "expected an object mapping token ids to numbers")
+    for name in ("mirostat", "mirostat_mode"):  # llama-server's name, llama-cpp-python's
+        if field(body, name, int, 0) != 0:
+            raise bad(name, "mirostat sampling is not implemented in cooktop; use 0 (off)")
     if isinstance(bias, list):  # llama-server also takes [[id, bias], ...]
         bias = {str(p[0]): (-math.inf if p[1] is False else p[1]) for p in bias
                 if isinstance(p, list) and len(p) == 2}

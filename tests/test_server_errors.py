@@ -1,0 +1,56 @@
+"""Bad requests and unloadable models as a fresh user hits them: each gets llama-server's answer."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import rewrite_gguf
+from test_server import PROMPT, http, srv  # noqa: F401 - the module's server, shared
+
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(model) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cooktop.cli", "serve", "-m", str(model), "--port",
+                           str(_free_port()), "--device", "cpu"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
+
+
+def test_serve_exits_1_when_the_model_cannot_load(stories, tmp_path, server_deps):
+    """llama-server: "failed to load model" and a non-zero exit, not a server answering 500 forever."""
+    mamba = rewrite_gguf(stories, tmp_path / "mamba.gguf", arch="mamba")
+    r = _serve(mamba)
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot load the model") and "unsupported architecture 'mamba'" in last
+    assert "Traceback" not in r.stderr
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(stories.read_bytes()[: os.path.getsize(stories) // 2])
+    r = _serve(trunc)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: cannot load the model")
+    assert str(trunc) in r.stderr.strip().splitlines()[-1]
+
+
+def test_deeply_nested_json_is_400(http):  # noqa: F811
+    r = http.post("/v1/completions", content=b"[" * 100_000 + b"]" * 100_000,
+                  headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "not valid JSON" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("name", ["mirostat", "mirostat_mode"])
+def test_mirostat_is_refused_like_the_python_api(http, name):  # noqa: F811
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, name: 2})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == name and "mirostat" in r.json()["error"]["message"]
+    ok = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, name: 0})
+    assert ok.status_code == 200, ok.text
