@@ -156,6 +156,30 @@ def _series_label(r: Result, varied: set[str]) -> str:
     return label + (" " + " ".join(extra) if extra else "")
 
 
+def check_plot_path(path: str) -> None:
+    """Refuse a ``--plot`` path up front (before any measurement): its folder must exist and its
+    extension (if any; none means PNG) must be a format matplotlib's Agg canvas writes.
+
+    Raises:
+        CooktopError: no such folder, matplotlib missing, or an unsupported extension (naming the formats).
+    """
+    import os
+
+    from ..errors import CooktopError
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CooktopError(f"--plot {path}: folder {folder} does not exist")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        raise CooktopError("--plot needs matplotlib: pip install 'cooktop[bench]'") from None
+    ext = os.path.splitext(path)[1][1:].lower()
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if ext and ext not in formats:
+        raise CooktopError(f"--plot {path}: matplotlib cannot write '.{ext}' files; use one of "
+                           f"{', '.join(sorted(formats))}")
+
+
 def plot(results: list[Result], path: str, machine_label: str, width_px: int = 1200, height_px: int = 675,
          dpi: int = 100) -> None:
     """Grouped bar chart of mean t/s (error bar: sd) per test (groups) and backend/device (bars),

@@ -80,7 +80,7 @@ def _emit(text: str) -> None:
               show_default=True)
 @click.option("--progress", is_flag=True, help="Show progress on stderr (tqdm).")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
-              help="Write a bar chart of t/s to this PNG (matplotlib).")
+              help="Write a bar chart of t/s to this file (matplotlib: .png, .svg, .pdf...; no extension: PNG).")
 @click.option("--vs", "vs", default=None, help="Also run llama.cpp (llama-cpp-python) interleaved: --vs llama.cpp.")
 @click.option("--llama-bench", "llama_bench", default=None,
               help="With --vs llama.cpp: run this llama-bench binary instead (e.g. llama.cpp's Vulkan build from "
@@ -109,9 +109,8 @@ def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fm
     from ..api.options import set_threads
     set_threads(threads)
     if plot_path:
-        folder = os.path.dirname(os.path.abspath(plot_path))
-        if not os.path.isdir(folder):
-            raise CooktopError(f"--plot {plot_path}: folder {folder} does not exist")
+        from ..bench.report import check_plot_path
+        check_plot_path(plot_path)
     if ops:
         _ops(device, quick, shape, types, fmt, progress)
         return
