@@ -35,3 +35,36 @@ def test_bench_plot_format_refused_before_any_work(stories, tmp_path):
         assert "--plot" in line and "'.txt'" in line and "png" in line and "svg" in line
         assert r.stdout == ""  # nothing was measured or read
     assert not (tmp_path / "x.txt").exists()
+
+
+@pytest.mark.parametrize("name,value,words", [
+    ("COOKTOP_DEQUANT_THREADS", "0", "integer 1..256"), ("COOKTOP_DEQUANT_THREADS", "-1", "integer 1..256"),
+    ("COOKTOP_DEQUANT_THREADS", "x", "integer 1..256"), ("COOKTOP_DEQUANT_THREADS", "1000", "integer 1..256"),
+    ("COOKTOP_OPENCL_Q8", "maybe", "not a boolean"), ("COOKTOP_OPENCL_VNNI", "banana", "not a boolean"),
+    ("COOKTOP_PROBE_TIMEOUT", "abc", "number >= 1"), ("COOKTOP_PROBE_TIMEOUT", "0", "number >= 1"),
+    ("COOKTOP_PROBE_TIMEOUT", "-5", "number >= 1"), ("COOKTOP_PROBE_ISOLATION", "maybe", "not a boolean"),
+    ("COOKTOP_DISABLE", "foo", "unknown 'foo'"),
+])
+def test_bad_env_settings_are_refused_in_one_line(stories, name, value, words):
+    r = cooktop("plan", "-m", str(stories), "--device", "cpu", env={name: value})
+    line = one_line_error(r)
+    assert line.startswith(f"error: {name}") and words in line, line
+    assert r.stdout == ""
+
+
+def test_env_settings_take_llama_style_booleans(monkeypatch):
+    from cooktop import settings
+    for raw, want in [("1", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("false", False),
+                      ("No", False), ("off", False), ("", True)]:
+        monkeypatch.setenv("COOKTOP_OPENCL_Q8", raw)
+        assert settings.opencl_q8() is want, raw
+    monkeypatch.setenv("COOKTOP_DEQUANT_THREADS", "3")
+    assert settings.dequant_threads() == 3
+    monkeypatch.setenv("COOKTOP_PROBE_TIMEOUT", "2.5")
+    assert settings.probe_timeout(60) == 2.5
+
+
+def test_device_memory_for_no_such_device_warns(stories):
+    r = cooktop("plan", "-m", str(stories), "--device", "cpu", env={"COOKTOP_DEVICE_MEMORY": "opencl:9=1GiB"})
+    assert r.returncode == 0, r.stderr
+    assert "COOKTOP_DEVICE_MEMORY names opencl:9, which is no device here" in r.stderr

@@ -15,7 +15,7 @@ import pathlib
 PKG = pathlib.Path(__file__).resolve().parents[1] / "cooktop"
 
 RANK = {
-    "errors": 0, "units": 0, "version": 0,
+    "errors": 0, "units": 0, "version": 0, "settings": 0,
     "shaders": 1, "format": 1,
     "backends": 2,
     "model": 3, "text": 3,

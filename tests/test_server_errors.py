@@ -12,7 +12,6 @@ from conftest import rewrite_gguf
 from test_server import PROMPT, http, srv  # noqa: F401 - the module's server, shared
 
 
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

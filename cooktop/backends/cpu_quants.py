@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import mmap
-import os
 import threading
 from collections.abc import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from .. import settings
 from ..format.quants import dequantize as reference_dequantize
 from ..format.quants import row_bytes
 
@@ -33,10 +33,7 @@ _pool_lock = threading.Lock()
 
 
 def _threads() -> int:
-    env = os.environ.get("COOKTOP_DEQUANT_THREADS")
-    if env and env.isdigit() and int(env) > 0:
-        return int(env)
-    return max(1, min(8, os.cpu_count() or 1))
+    return settings.dequant_threads()
 
 
 def _get_pool() -> concurrent.futures.ThreadPoolExecutor | None:

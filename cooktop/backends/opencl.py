@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from .. import settings
 from ..errors import DeviceError, DeviceOutOfMemoryError
 from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
 from .opencl_kernels import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, Q8_TYPES, KernelCache, clear_cache
@@ -278,7 +279,7 @@ class OpenCLDevice(Device):
         self._mf = cl.mem_flags
         # 8-bit activations for the integer-dot matmuls (opencl_q8.py); COOKTOP_OPENCL_Q8=0 turns them off
         self.q8 = Q8Shadows(self._alloc)
-        self.use_q8 = os.environ.get("COOKTOP_OPENCL_Q8", "1") != "0"
+        self.use_q8 = settings.opencl_q8()
 
     # -- memory -----------------------------------------------------------
     def _alloc(self, nbytes: int, hostbuf: np.ndarray | None = None, count: bool = True) -> Any:

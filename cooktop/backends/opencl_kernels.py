@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from .. import settings
 from ..errors import DeviceError
 from . import notices
 
@@ -322,7 +323,7 @@ class KernelCache:
         self.options = (shape.defines() + " -cl-mad-enable -cl-denorms-are-zero " + extra_options).strip()
         # the CPU device is this machine's CPU: its VNNI (which PoCL's target may not declare) is usable
         self.vnni = (info is not None and getattr(info, "device_type", "") == "cpu" and host_has_vnni()
-                     and os.environ.get("COOKTOP_OPENCL_VNNI", "1") != "0" and "COOKTOP_PORTABLE" not in self.options)
+                     and settings.opencl_vnni() and "COOKTOP_PORTABLE" not in self.options)
         if self.vnni:
             self.options += " -DCOOKTOP_VNNI=1"
         self._weights: dict[tuple[T, bool], WeightKernels] = {}

@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 
+from .. import settings
 from ..errors import DeviceError
 from . import safeprobe
 from .base import Backend, Device, DeviceInfo, ProbeResult
@@ -77,8 +78,12 @@ _gates: dict[str, ProbeResult | None] = {}
 
 
 def disabled_families() -> set[str]:
-    """Families named in ``COOKTOP_DISABLE`` (comma list), lower-case."""
-    return {s.strip().lower() for s in os.environ.get("COOKTOP_DISABLE", "").split(",") if s.strip()}
+    """Families named in ``COOKTOP_DISABLE`` (comma list), lower-case.
+
+    Raises:
+        SettingError: a name that is no family of :data:`FAMILIES`.
+    """
+    return settings.env_names("COOKTOP_DISABLE", tuple(FAMILIES))
 
 
 def _load_backend(family: str) -> Backend:
@@ -130,6 +135,8 @@ def _gate(family: str) -> ProbeResult | None:
     if family not in _gates:
         try:
             _gates.update(safeprobe.check_many({family: FAMILIES[family].backend}))
+        except settings.SettingError:  # a malformed COOKTOP_PROBE_* setting is the user's to fix
+            raise
         except Exception as e:  # noqa: BLE001 - a probe never raises; probe in-process as before
             log.warning("the %s probe child failed (%s: %s); probing in-process", family, type(e).__name__, e)
             _gates[family] = None
@@ -148,6 +155,8 @@ def probe_all(refresh: bool = False) -> dict[str, ProbeResult]:
                 and n not in disabled_families() and (refresh or n not in _probes)}
         try:
             _gates.update(safeprobe.check_many(todo) if todo else {})
+        except settings.SettingError:
+            raise
         except Exception as e:  # noqa: BLE001 - each family retries alone in probe()
             log.warning("probe children failed (%s: %s)", type(e).__name__, e)
     return {f: probe(f, refresh) for f in FAMILIES}

@@ -42,6 +42,7 @@ import sys
 import time
 from typing import Any
 
+from .. import settings
 from .base import ProbeResult
 from .notices import cache_dir
 
@@ -154,10 +155,7 @@ def _store(digest: str, key: dict, res: ProbeResult) -> None:
 
 
 def _timeout() -> float:
-    try:
-        return max(1.0, float(os.environ.get("COOKTOP_PROBE_TIMEOUT", TIMEOUT_S)))
-    except ValueError:
-        return TIMEOUT_S
+    return settings.probe_timeout(TIMEOUT_S)
 
 
 def _child_argv(family: str, target: str) -> list[str]:
@@ -242,7 +240,7 @@ def check_many(targets: dict[str, str]) -> dict[str, ProbeResult | None]:
     """
     out: dict[str, ProbeResult | None] = {}
     running: dict[str, tuple[str, dict, subprocess.Popen]] = {}
-    isolate = os.environ.get("COOKTOP_PROBE_ISOLATION", "1") != "0" and not os.environ.get("COOKTOP_PROBE_CHILD")
+    isolate = settings.probe_isolation() and not os.environ.get("COOKTOP_PROBE_CHILD")
     for family, target in targets.items():
         if not isolate:
             out[family] = None

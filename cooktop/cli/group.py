@@ -38,3 +38,21 @@ def cli(verbose: bool) -> None:
     """cooktop: run GGUF language models on any device (OpenCL, Vulkan, numpy)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="cooktop: %(message)s", stream=sys.stderr)
+    check_settings()
+
+
+def check_settings() -> None:
+    """Refuse a malformed ``COOKTOP_*`` setting before any command runs (README's environment table).
+
+    Raises:
+        CooktopError: naming the variable and what it takes.
+    """
+    from ..backends.cpu import default_cache_budget
+    from ..backends.registry import disabled_families
+    from ..runtime.budget import memory_overrides, reserve_fraction
+    from ..settings import check_environment
+    check_environment()
+    disabled_families()
+    memory_overrides()
+    reserve_fraction()
+    default_cache_budget()

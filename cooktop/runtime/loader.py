@@ -19,7 +19,7 @@ from ..format.gguf import GGUFFile, open_gguf
 from ..model.config import ModelConfig, load_config
 from ..model.forward import Model
 from ..text.tokenizer import Tokenizer
-from .budget import device_limits
+from .budget import device_limits, memory_overrides
 from .placement import Placement, parse_ngl, place
 
 log = logging.getLogger("cooktop")
@@ -78,12 +78,33 @@ def parse_split(split: str | list[float] | None) -> list[float] | None:
         raise CooktopError(f"bad --split {split!r}: expected comma-separated numbers such as 3,1") from None
 
 
+_warned: set[str] = set()
+
+
+def warn_unknown_memory_overrides() -> None:
+    """Log a warning (once each) for a ``COOKTOP_DEVICE_MEMORY`` selector naming no probed device.
+
+    Raises:
+        DeviceError: a malformed ``COOKTOP_DEVICE_MEMORY``.
+    """
+    for sel in memory_overrides():
+        family = sel.split(":")[0]
+        res = registry.probe(family) if family in registry.FAMILIES else None
+        known = [d.selector.lower() for d in res.devices] if res is not None and res.available else []
+        if sel not in known and sel not in _warned:
+            _warned.add(sel)
+            log.warning("COOKTOP_DEVICE_MEMORY names %s, which is no device here (%s); the entry is ignored",
+                        sel, f"{family} devices: {', '.join(known)}" if known else f"no {family} device")
+
+
 def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
              split: str | list[float] | None, n_ctx: int, n_batch: int, logits_all: bool) -> Placement:
     """Placement of a model on resolved devices, from their probed capabilities and memory.
 
-    Probing only: no device allocation happens here.
+    Probing only: no device allocation happens here. A ``COOKTOP_DEVICE_MEMORY`` entry for a
+    device that does not exist here gets a warning (once).
     """
+    warn_unknown_memory_overrides()
     info = registry.device_info
 
     def supports(sel: str, op: str, ty) -> bool:

@@ -1,0 +1,135 @@
+"""cooktop's ``COOKTOP_*`` environment settings: read and checked in one place.
+
+A setting left unset (or empty) takes its default; a malformed one is refused with one
+line naming the variable, its value and what it takes (:class:`SettingError`), never
+silently replaced by the default. Booleans take ``1/0``, ``true/false``, ``yes/no``,
+``on/off`` (any case).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from .errors import CooktopError
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+
+#: Most numpy dequantization threads ``COOKTOP_DEQUANT_THREADS`` takes.
+MAX_DEQUANT_THREADS = 256
+
+
+class SettingError(CooktopError):
+    """A ``COOKTOP_*`` environment variable holds a value it does not take."""
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value.strip() if value is not None and value.strip() else None
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """``name`` as a boolean (``default`` when unset).
+
+    Raises:
+        SettingError: not one of 1/0, true/false, yes/no, on/off.
+    """
+    raw = _raw(name)
+    if raw is None:
+        return default
+    if raw.lower() in TRUE:
+        return True
+    if raw.lower() in FALSE:
+        return False
+    raise SettingError(f"{name}={raw!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+
+
+def env_int(name: str, default: int, minimum: int, maximum: int | None = None) -> int:
+    """``name`` as an integer in ``[minimum, maximum]`` (``default`` when unset).
+
+    Raises:
+        SettingError: not an integer, or out of range.
+    """
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < minimum or (maximum is not None and value > maximum):
+        span = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise SettingError(f"{name}={raw!r} must be an integer {span}")
+    return value
+
+
+def env_float(name: str, default: float, minimum: float) -> float:
+    """``name`` as a finite number >= ``minimum`` (``default`` when unset).
+
+    Raises:
+        SettingError: not a number, not finite, or below ``minimum``.
+    """
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < minimum:
+        raise SettingError(f"{name}={raw!r} must be a number >= {minimum:g}")
+    return value
+
+
+def env_names(name: str, allowed: tuple[str, ...]) -> set[str]:
+    """``name`` as a comma list of names out of ``allowed`` (lower-case; empty set when unset).
+
+    Raises:
+        SettingError: a name not in ``allowed``.
+    """
+    names = {s.strip().lower() for s in (_raw(name) or "").split(",") if s.strip()}
+    unknown = sorted(names - set(allowed))
+    if unknown:
+        raise SettingError(f"{name}: unknown {', '.join(map(repr, unknown))}; expected a comma list of "
+                           f"{', '.join(allowed)}")
+    return names
+
+
+# -- the documented settings (README's environment table) ---------------------------------------
+def dequant_threads() -> int:
+    """``COOKTOP_DEQUANT_THREADS``: numpy dequantization threads (default: the core count, at most 8)."""
+    return env_int("COOKTOP_DEQUANT_THREADS", max(1, min(8, os.cpu_count() or 1)), 1, MAX_DEQUANT_THREADS)
+
+
+def opencl_q8() -> bool:
+    """``COOKTOP_OPENCL_Q8``: 8-bit activations for OpenCL integer-dot matmuls (default on)."""
+    return env_bool("COOKTOP_OPENCL_Q8", True)
+
+
+def opencl_vnni() -> bool:
+    """``COOKTOP_OPENCL_VNNI``: the AVX-512 VNNI prompt kernel where the CPU has it (default on)."""
+    return env_bool("COOKTOP_OPENCL_VNNI", True)
+
+
+def probe_timeout(default: float) -> float:
+    """``COOKTOP_PROBE_TIMEOUT``: seconds a probe child may take (at least 1)."""
+    return env_float("COOKTOP_PROBE_TIMEOUT", default, 1.0)
+
+
+def probe_isolation() -> bool:
+    """``COOKTOP_PROBE_ISOLATION``: probe drivers in a child process (default on)."""
+    return env_bool("COOKTOP_PROBE_ISOLATION", True)
+
+
+def check_environment() -> None:
+    """Read every setting this module knows, so a malformed one is refused before any work.
+
+    Raises:
+        SettingError: the first malformed setting.
+    """
+    dequant_threads()
+    opencl_q8()
+    opencl_vnni()
+    probe_timeout(1.0)
+    probe_isolation()
