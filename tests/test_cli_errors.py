@@ -68,3 +68,14 @@ def test_device_memory_for_no_such_device_warns(stories):
     r = cooktop("plan", "-m", str(stories), "--device", "cpu", env={"COOKTOP_DEVICE_MEMORY": "opencl:9=1GiB"})
     assert r.returncode == 0, r.stderr
     assert "COOKTOP_DEVICE_MEMORY names opencl:9, which is no device here" in r.stderr
+
+
+def test_opencl_options_the_compiler_refuses_fail_before_loading(stories):
+    from conftest import open_family_device
+    open_family_device("opencl")  # skips (or fails under COOKTOP_REQUIRE) without an OpenCL device
+    r = cooktop("run", "-m", str(stories), "-p", "Once", "-n", "4", "--device", "opencl",
+                env={"COOKTOP_OPENCL_OPTIONS": "-DNOPE garbage"})
+    line = one_line_error(r)
+    assert line.startswith("error: COOKTOP_OPENCL_OPTIONS='-DNOPE garbage'") and "refuses these build options" in line
+    assert "garbage" in line.split("refuses these build options")[1]
+    assert r.stdout == "" and "because it was named" not in r.stderr and len(r.stderr.splitlines()) == 1

@@ -306,6 +306,31 @@ class OpKernels:
         self.copy_f32.set_scalar_arg_dtypes([None, None, i32])
 
 
+def check_build_options(ctx: Any, device: Any, options: str, extra: str) -> None:
+    """Build a one-line kernel with ``options`` so ``COOKTOP_OPENCL_OPTIONS`` (``extra``) the
+    compiler refuses fails when the device opens, in one line, not at the first real kernel.
+
+    Raises:
+        DeviceError: the build failed; names the variable and the compiler's first words.
+    """
+    import pyopencl as cl
+
+    with notices.capture_stderr() as cap, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            cl.Program(ctx, "__kernel void cooktop_options(__global float *x) { x[0] = 0.0f; }").build(
+                options=options, devices=[device])
+            return
+        except Exception as e:  # noqa: BLE001 - pyopencl raises RuntimeError/LogicError/...
+            error = e
+    # pyopencl: "clBuildProgram failed: ...\n\nBuild on <device>:\n\n<build log>\n\n(options: ...)"
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    log_lines = [ln for ln in lines[1:] if not ln.startswith(("Build on ", "(options:"))]
+    detail = _log_head("\n".join(log_lines) or cap.text or (lines[0] if lines else type(error).__name__), 2)
+    raise DeviceError(f"COOKTOP_OPENCL_OPTIONS={extra!r}: the OpenCL compiler of {str(device.name).strip()} "
+                      f"refuses these build options ({detail})") from error
+
+
 class KernelCache:
     """Per-device lazy builder: weight-type kernels, op kernels, attention per head_dim.
 
@@ -326,6 +351,8 @@ class KernelCache:
                      and settings.opencl_vnni() and "COOKTOP_PORTABLE" not in self.options)
         if self.vnni:
             self.options += " -DCOOKTOP_VNNI=1"
+        if extra_options.strip():
+            check_build_options(ctx, device, self.options, extra_options)
         self._weights: dict[tuple[T, bool], WeightKernels] = {}
         self._isa: dict[str, bool] | None = None
         self._ops: OpKernels | None = None
