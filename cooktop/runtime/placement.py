@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import DeviceError
+from ..errors import DeviceError, UnsupportedModelError
 from ..format.gguf import GGUFFile
 from ..model.arch import architecture
 from ..model.arch.base import MATRIX
@@ -210,6 +210,23 @@ def why_not_on(gf: GGUFFile, cfg: ModelConfig, unit: int | str, sel: str,
     return ""
 
 
+def check_runnable(gf: GGUFFile, cfg: ModelConfig, p: Placement, selectors: list[str],
+                   supports: Callable[[str, str, object], bool]) -> None:
+    """Refuse a placement where a matrix weight's type cannot run on the device it landed on:
+    :func:`plan` only moves a unit back to the host, so no device in use can run that type.
+
+    Raises:
+        UnsupportedModelError: naming the file, the tensor, its type and the devices in use.
+    """
+    for unit, sel in [*enumerate(p.blocks), ("head", p.head)]:
+        for name, spec in architecture(cfg.arch).unit_tensors(gf.tensors, unit).values():
+            ty = gf.tensor(name).ggml_type
+            if spec.kind == MATRIX and not supports(sel, "matmul", ty):
+                raise UnsupportedModelError(
+                    f"{gf.path}: tensor {name} is {ty.name}, a type no device in use "
+                    f"({', '.join(dict.fromkeys([HOST, *selectors]))}) can run matmul on")
+
+
 def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
           split: list[float] | None, supports: Callable[[str, str, object], bool],
           limits: Callable[[str], tuple[int | None, int | None]],
@@ -225,6 +242,7 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
     Raises:
         DeviceOutOfMemoryError: an explicit N does not fit a device (message names it and the sizes).
         DeviceError: bad ``split``.
+        UnsupportedModelError: a weight type no device in use can run (:func:`check_runnable`).
     """
     from ..errors import DeviceOutOfMemoryError
     from .budget import budgets
@@ -239,6 +257,7 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
     last: DeviceBudget | None = None
     for n in candidates:
         p = plan(gf, cfg, selectors, n, split, supports, memory)
+        check_runnable(gf, cfg, p, selectors, supports)
         p.n_gpu_layers = n if any(s != HOST for s in selectors) else 0
         p.budgets = budgets(gf, cfg, p, n_ctx, n_batch, logits_all, host_free)
         bad = [b for b in p.budgets if not b.fits]
