@@ -92,3 +92,21 @@ def test_a_weight_type_no_device_runs_is_refused_by_plan_and_run(stories, tmp_pa
     assert one_line_error(cooktop("plan", "-m", str(model), "--device", "cpu")) == want
     r = cooktop("run", "-m", str(model), "-p", "Once", "-n", "2", "--device", "cpu")
     assert one_line_error(r) == want and r.stdout == ""
+
+
+def test_nan_weights_are_named_not_blamed_on_logit_bias(stories, tmp_path):
+    import numpy as np
+    from conftest import rewrite_gguf
+    from gguf import GGMLQuantizationType as T
+
+    from cooktop import Llama
+    from cooktop.errors import CooktopError
+    nan = rewrite_gguf(stories, tmp_path / "nan.gguf",
+                       replace={"token_embd.weight": (np.full((512, 64), np.nan, np.float32), T.F32)})
+    want = "error: the model produced NaN logits at position 1 (weights or activations not finite)"
+    for temp in ("0", "0.8"):
+        assert one_line_error(cooktop("run", "-m", str(nan), "-p", "Once", "-n", "4", "--temp", temp,
+                                      "--device", "cpu")) == want
+    llm = Llama(model_path=str(nan), n_ctx=64, verbose=False, device="cpu")
+    with pytest.raises(CooktopError, match="NaN logits at position 1"):
+        llm.create_completion("Once", max_tokens=2)

@@ -173,9 +173,12 @@ class Sampler:
         Returns:
             float32 [n_vocab], a new array.
         Raises:
-            CooktopError: a processor returned logits of another shape, or the grammar
-                allows no token at all.
+            CooktopError: the model's logits hold a NaN (at position ``len(history) - 1``), a
+                processor returned logits of another shape, or the grammar allows no token at all.
         """
+        if np.isnan(logits).any():  # max() and softmax would hide it: every draw a -inf "ban"
+            raise CooktopError(f"the model produced NaN logits at position {len(history) - 1} "
+                               "(weights or activations not finite)")
         out = np.array(logits, dtype=np.float32, copy=True)
         if self.processors:
             ids = np.asarray(history, dtype=np.intc)
