@@ -110,3 +110,20 @@ def test_nan_weights_are_named_not_blamed_on_logit_bias(stories, tmp_path):
     llm = Llama(model_path=str(nan), n_ctx=64, verbose=False, device="cpu")
     with pytest.raises(CooktopError, match="NaN logits at position 1"):
         llm.create_completion("Once", max_tokens=2)
+
+
+def test_ngl_auto_note_counts_like_the_summary(stories):
+    """cpu named in --device takes a share: the note and the summary both count units off the host."""
+    import re
+
+    from cooktop.format.gguf import open_gguf
+    from cooktop.model.config import load_config
+    from cooktop.runtime.placement import place
+    gf = open_gguf(stories)
+    cfg = load_config(gf)
+    p = place(gf, cfg, ["cpu", "opencl:0", "vulkan:0"], "auto", None, lambda *a: True, lambda s: (1 << 30, None),
+              256, 64, False)
+    summary = re.match(r"offloaded (\d+)/6 layers: ", p.summary())
+    assert summary and summary.group(1) == str(p.n_offloaded()) and 0 < p.n_offloaded() < 6, p.summary()
+    assert f"-ngl auto offloaded {p.n_offloaded()} of 6 layers (-ngl 6; cpu, named in --device, runs its share)" \
+        in p.notes, p.notes

@@ -262,8 +262,9 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
         p.budgets = budgets(gf, cfg, p, n_ctx, n_batch, logits_all, host_free)
         bad = [b for b in p.budgets if not b.fits]
         if not bad:
-            if n_gpu_layers == "auto" and p.n_gpu_layers:
-                p.notes.append(f"-ngl auto chose {n} of {cfg.n_layer + 1} layers")
+            if n_gpu_layers == "auto" and p.n_gpu_layers:  # counted as summary() counts: units off the host
+                shared = f" (-ngl {n}; cpu, named in --device, runs its share)" if p.n_offloaded() != n else ""
+                p.notes.append(f"-ngl auto offloaded {p.n_offloaded()} of {cfg.n_layer + 1} layers{shared}")
             return p
         last = bad[0]
     if n_gpu_layers == "auto":  # N = 0 puts nothing on devices, so it always fits
