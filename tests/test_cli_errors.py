@@ -127,3 +127,20 @@ def test_ngl_auto_note_counts_like_the_summary(stories):
     assert summary and summary.group(1) == str(p.n_offloaded()) and 0 < p.n_offloaded() < 6, p.summary()
     assert f"-ngl auto offloaded {p.n_offloaded()} of 6 layers (-ngl 6; cpu, named in --device, runs its share)" \
         in p.notes, p.notes
+
+
+def test_synth_refuses_a_negative_rope_scaling_factor(tmp_path):
+    out = tmp_path / "neg.gguf"
+    r = cooktop("synth", "--n-embd", "64", "--n-layer", "1", "--n-head", "2", "--n-ff", "128", "--n-vocab", "300",
+                "--rope-scaling-factor", "-3", "-o", str(out))
+    assert one_line_error(r) == ("error: synthetic shape: rope_scaling_factor = -3.0 must be a finite number >= 0 "
+                                 "(0 = no scaling), as the loader requires")
+    assert not out.exists()
+
+
+def test_context_past_the_training_context_warns_like_llama_cpp(stories):
+    r = cooktop("run", "-m", str(stories), "-p", "Once", "-n", "2", "-c", "8192", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "cooktop: n_ctx_seq (8192) > n_ctx_train (2048) -- possible training context overflow" in r.stderr
+    r = cooktop("run", "-m", str(stories), "-p", "Once", "-n", "2", "-c", "2048", "--device", "cpu")
+    assert r.returncode == 0 and "n_ctx_train" not in r.stderr

@@ -49,11 +49,16 @@ class LoadedModel:
 def default_n_ctx(cfg: ModelConfig, n_ctx: int) -> int:
     """``n_ctx == 0`` means the training context capped at 4096 (llama.cpp's default), else ``n_ctx``.
 
+    A context longer than the training context is allowed with llama.cpp's warning
+    (src/llama-context.cpp: "n_ctx_seq (N) > n_ctx_train (M) -- possible training context overflow").
+
     Raises:
         CooktopError: ``n_ctx`` is negative.
     """
     if n_ctx < 0:
         raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = from the model), got {n_ctx}")
+    if n_ctx > cfg.n_ctx_train > 0:
+        log.warning("n_ctx_seq (%d) > n_ctx_train (%d) -- possible training context overflow", n_ctx, cfg.n_ctx_train)
     return min(cfg.n_ctx_train, 4096) if n_ctx == 0 else n_ctx
 
 

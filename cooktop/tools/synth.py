@@ -216,6 +216,10 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
         raise CooktopError(f"synthetic shape: n_head = {s.n_head} does not divide n_embd = {s.n_embd}")
     if s.n_head % s.n_head_kv:
         raise CooktopError(f"synthetic shape: n_head_kv = {s.n_head_kv} does not divide n_head = {s.n_head}")
+    f = s.rope_scaling_factor
+    if f is not None and not (isinstance(f, (int, float)) and math.isfinite(f) and f >= 0):
+        raise CooktopError(f"synthetic shape: rope_scaling_factor = {f!r} must be a finite number >= 0 "
+                           "(0 = no scaling), as the loader requires")
     head_dim = s.head_dim or s.n_embd // s.n_head
     if head_dim % 2:
         what = "head_dim" if s.head_dim else "head_dim = n_embd / n_head"
