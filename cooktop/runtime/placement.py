@@ -218,7 +218,8 @@ def check_runnable(gf: GGUFFile, cfg: ModelConfig, p: Placement, selectors: list
     Raises:
         UnsupportedModelError: naming the file, the tensor, its type and the devices in use.
     """
-    for unit, sel in [*enumerate(p.blocks), ("head", p.head)]:
+    units: list[tuple[int | str, str]] = [*enumerate(p.blocks), ("head", p.head)]
+    for unit, sel in units:
         for name, spec in architecture(cfg.arch).unit_tensors(gf.tensors, unit).values():
             ty = gf.tensor(name).ggml_type
             if spec.kind == MATRIX and not supports(sel, "matmul", ty):
