@@ -53,3 +53,17 @@ def test_mirostat_is_refused_like_the_python_api(http, name):  # noqa: F811
     assert r.json()["error"]["param"] == name and "mirostat" in r.json()["error"]["message"]
     ok = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, name: 0})
     assert ok.status_code == 200, ok.text
+
+
+def test_logit_bias_outside_the_vocabulary(http, stories):  # noqa: F811
+    """llama-server ignores such ids; the Python API refuses them (llama-cpp-python fails on them too)."""
+    from cooktop import Llama
+    from cooktop.text.base import InvalidTokenError
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+                                           "logit_bias": {"99999": 5.0, "-1": 3}})
+    plain = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+    llm = Llama(model_path=str(stories), n_ctx=64, verbose=False, device="cpu")
+    with pytest.raises(InvalidTokenError, match=r"logit_bias: token id 99999 is not in the vocabulary \(0\.\.511\)"):
+        llm.create_completion(PROMPT, max_tokens=2, logit_bias={99999: 5.0})

@@ -21,6 +21,7 @@ from typing import Any
 from ..engine.generate import Generation, Step
 from ..engine.sampling import Sampler, SamplingParams, bias_pairs
 from ..errors import CooktopError
+from ..text.base import InvalidTokenError
 from ..text.exact import ExactTokenizer
 from .base import LlamaBase
 from .grammar import LlamaGrammar, constraint_for
@@ -95,13 +96,23 @@ class CompletionMixin(LlamaBase):
                  repeat_penalty: float, presence_penalty: float, frequency_penalty: float,
                  logit_bias: dict | None, seed: int | None, logits_processor: Any,
                  grammar: Any) -> Sampler:
-        """A :class:`Sampler` for one completion (a fresh grammar state each time)."""
+        """A :class:`Sampler` for one completion (a fresh grammar state each time).
+
+        Raises:
+            InvalidTokenError: a ``logit_bias`` token id outside ``[0, n_vocab)`` (llama-cpp-python
+                fails on one too, with numpy's IndexError; the server drops them as llama-server does).
+        """
         seed = self.seed if seed is None else seed
+        pairs = bias_pairs(logit_bias)
+        outside = [t for t, _ in pairs if not 0 <= t < self.n_vocab()]
+        if outside:
+            raise InvalidTokenError(f"logit_bias: token id {outside[0]} is not in the vocabulary "
+                                    f"(0..{self.n_vocab() - 1})")
         params = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
                                 min_p=float(min_p), typical_p=float(typical_p),
                                 repeat_penalty=float(repeat_penalty), repeat_last_n=self.last_n_tokens_size,
                                 presence_penalty=float(presence_penalty),
-                                frequency_penalty=float(frequency_penalty), logit_bias=bias_pairs(logit_bias),
+                                frequency_penalty=float(frequency_penalty), logit_bias=pairs,
                                 seed=-1 if seed in (None, -1, 0xFFFFFFFF) else int(seed))
         procs = list(logits_processor) if logits_processor is not None else []
         if any(not callable(p) for p in procs):

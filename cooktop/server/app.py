@@ -201,6 +201,19 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
             raise P.HTTPError(404, f"model {name!r} not found; this server has {config.model_id!r}",
                               "not_found_error", "model")
 
+    def vocab_bias(args: dict[str, Any]) -> dict[str, Any]:
+        """``args`` with the ``logit_bias`` token ids outside the vocabulary dropped (llama-server
+        ignores them; the Python API refuses them, as llama-cpp-python fails on them)."""
+        bias, n_vocab = args.get("logit_bias"), state.ready.llm.n_vocab()
+        if isinstance(bias, dict):
+            def outside(k: Any) -> bool:
+                try:
+                    return not 0 <= int(k) < n_vocab
+                except (TypeError, ValueError):
+                    return False  # not a token id: the API's 400 names it
+            args["logit_bias"] = {k: v for k, v in bias.items() if not outside(k)}
+        return args
+
     async def first_event(job: Job) -> tuple[str, Any]:
         kind, payload = await job.queue.get()
         if kind == ERROR:
@@ -299,7 +312,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     async def chat_completions(request: Request):
         body = await body_of(request)
         check_model(body)
-        args, n = P.chat_args(body), P.n_choices(body)
+        args, n = vocab_bias(P.chat_args(body)), P.n_choices(body)
         make = choices_job(n, args, lambda llm, kw: llm.create_chat_completion(**kw), config.model_id)
         return await run(request, "chat", make, "chat.completion.chunk", body, assemble_chat)
 
@@ -310,6 +323,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         body = await body_of(request)
         check_model(body)
         prompts, args = P.completion_args(body)
+        args = vocab_bias(args)
         n = P.n_choices(body)
         if len(prompts) * n > P.MAX_N:
             raise P.bad("n", f"{len(prompts)} prompts x n = {n} is more than {P.MAX_N} choices")
