@@ -213,3 +213,35 @@ def test_release_frees_the_copy(idot):
         assert x.handle in dev._q8._bufs
     assert dev.allocated_bytes == before
     assert x.handle not in dev._q8._bufs
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_graph_quantizes_its_own_inputs(idot, monkeypatch, check):
+    """A graph records the quantization of its inputs even when a copy made before the scope
+    (same pending list) was still current, so a replay issues exactly the recorded ops (the
+    replay check passes) and a copy made before a replayed graph is not reused after it."""
+    dev = idot
+    monkeypatch.setattr(dev, "graph_check", check)
+    n = 256
+    rng = np.random.default_rng(5)
+    raw = random_weight(T.Q4_0, (24, n), rng)
+    w = dev.upload(raw, T.Q4_0, (24, n))
+    wf = dequantize(raw, T.Q4_0, (24, n)).astype(np.float64)
+    x, y, y2 = dev.empty((1, n)), dev.empty((1, 24)), dev.empty((1, 24))
+    normw = dev.upload(np.ones(n, np.float32), T.F32, (n,))
+    key = ("q8-graph", x.serial, y.serial)
+    for step in range(3):
+        a = rng.standard_normal((1, n)).astype(np.float32)
+        dev.write(x, a)
+        dev.matmul(y2, x, w)  # quantizes x before the scope, in the same pending list
+        with dev.graph(key) as issue:
+            if issue:
+                dev.matmul(y, x, w)
+                dev.rmsnorm(x, x, normw, 1e-5)  # the graph writes x
+        dev.matmul(y2, x, w)  # after the graph: x changed, its copy must be made again
+        got_y, got_y2 = dev.read(y), dev.read(y2)
+        assert nmse(got_y, dequantize_q8_1_ref(a) @ wf.T) <= EXACT_BOUND, step
+        xn = a.astype(np.float64)
+        xn = (xn / np.sqrt((xn * xn).mean() + 1e-5)).astype(np.float32)
+        assert nmse(got_y2, dequantize_q8_1_ref(xn) @ wf.T) <= 1e-6, step
+    assert dev.n_graph_replays >= 2

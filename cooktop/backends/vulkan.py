@@ -404,6 +404,10 @@ class VulkanDevice(SequenceRecorder, Device):
         self.flush()
         return np.array(rb.data()[:n]).reshape(t.shape)
 
+    def _graph_begin(self, key):
+        self._q8.forget_fresh()  # a graph quantizes its own inputs (vulkan_q8.py)
+        return super()._graph_begin(key)
+
     def synchronize(self) -> None:
         """Run the pending op list and wait for it (:meth:`flush`: ``Sequence.eval`` waits)."""
         self.flush()

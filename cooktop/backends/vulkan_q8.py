@@ -11,8 +11,9 @@ packed 4x8-bit integer dot products (SPIR-V ``OpSDot``).
 **One quantization per mat-vec input**: :class:`Q8Inputs` keeps one 8-bit buffer per
 activation (its root tensor) and reuses the copy made earlier in the same pending op
 list when no op recorded since then writes the activation (the q, k, v projections
-of a layer, gate and up of the FFN read one copy). A new pending list (after a flush)
-quantizes again.
+of a layer, gate and up of the FFN read one copy). A new pending list (after a flush),
+a graph scope (a graph quantizes its own inputs, so its replays issue the ops it
+recorded) or a graph entry in between quantizes again.
 
 The variant a device runs is chosen by :func:`.vulkan_shaders.pick_variant`; a variant
 whose manifest entry has ``"input": "q8_1"`` takes this 8-bit copy as binding 1
@@ -76,11 +77,14 @@ class Q8Inputs:
         """
         dev = self.dev
         root = x.handle
-        pending = dev._pending
+        # the list dispatches go to: the pending list, or a graph replay's check list (a
+        # graph's recording quantizes its own inputs, so a replay must issue the same ops)
+        pending = dev._sink
         fresh = self._fresh.get(root)
         if (fresh is not None and fresh[0] is pending and fresh[2] >= n and len(pending) >= fresh[1]
                 and pending[fresh[1] - 1] is fresh[3]
-                and not any(kind == "algo" and root in obj[3] for kind, obj, _ in pending[fresh[1]:])):
+                # a graph entry may write anything: only plain dispatches are looked into
+                and not any(kind != "algo" or root in obj[3] for kind, obj, _ in pending[fresh[1]:])):
             return self._bufs[root]
         buf = self._bufs.get(root)
         n_blocks_cap = row_cap * n_in // Q8_1_BLOCK
@@ -96,6 +100,11 @@ class Q8Inputs:
         self.n_quantized += 1
         self._fresh[root] = (pending, len(pending), n, pending[-1])
         return buf
+
+    def forget_fresh(self) -> None:
+        """Make the next :meth:`input` of every activation quantize again (a graph scope
+        begins: what it records must not lean on copies made before it)."""
+        self._fresh.clear()
 
     def drop(self, roots: set[Any]) -> set[Any]:
         """Forget the copies of activations ``roots`` (kp tensors being released); returns
