@@ -112,6 +112,12 @@ def opencl_vnni() -> bool:
     return env_bool("COOKTOP_OPENCL_VNNI", True)
 
 
+def opencl_mmq_k() -> bool:
+    """``COOKTOP_OPENCL_MMQ_K``: Q4_K prompt matrices on 8-bit activations with the AVX-512 VNNI
+    kernel where the CPU has it (default on)."""
+    return env_bool("COOKTOP_OPENCL_MMQ_K", True)
+
+
 def probe_timeout(default: float) -> float:
     """``COOKTOP_PROBE_TIMEOUT``: seconds a probe child may take (at least 1)."""
     return env_float("COOKTOP_PROBE_TIMEOUT", default, 1.0)

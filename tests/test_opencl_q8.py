@@ -228,27 +228,29 @@ def test_drop_file_pages(tmp_path):
     assert drop_file_pages(np.memmap(path, mode="c")) == 0
 
 
-def test_q4_0_prompt_matrices_vnni(q8dev):
-    """mul_mm_q8 (repacked Q4_0 on a CPU with AVX-512 VNNI): exact against numpy on 8-bit
-    activations at odd row/token/group counts, within the quantized bound of the float
-    product; rows of other lengths and builds without VNNI keep the float mul_mm."""
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K], ids=lambda t: t.name)
+def test_prompt_matrices_vnni(q8dev, ty):
+    """mul_mm_q8 (repacked Q4_0, and Q4_K, on a CPU with AVX-512 VNNI): exact against numpy on
+    8-bit activations at odd row/token/group counts, within the quantized bound of the float
+    product; Q4_0 rows of other lengths and builds without VNNI keep the float mul_mm."""
     dev = q8dev
     rng = np.random.default_rng(13)
     vnni = dev.kernels.vnni
     if not vnni and not dev.kernels.isa()["portable"]:
         pytest.skip("this CPU has no AVX-512 VNNI (the float mul_mm runs; test_ops_parity covers it)")
-    for n_in in (128, 384, 224):
+    for n_in in ((128, 384, 224) if ty == T.Q4_0 else (256, 768, 1280)):
         for n_out in (1, 3, 129):
-            raw = random_weight(T.Q4_0, (n_out, n_in), rng)
-            w = dev.upload(raw, T.Q4_0, (n_out, n_in))
-            wf = dequantize(raw, T.Q4_0, (n_out, n_in)).astype(np.float64)
+            raw = random_weight(ty, (n_out, n_in), rng)
+            w = dev.upload(raw, ty, (n_out, n_in))
+            wf = dequantize(raw, ty, (n_out, n_in)).astype(np.float64)
             for n_tok in (2, 9, 17):
                 x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+                x[-1, 32:64] = 0  # an all-zero activation block (d = 0)
                 xt, y = dev.empty((20, n_in)).head(n_tok), dev.empty((20, n_out)).head(n_tok)
                 dev.write(xt, x)
                 dev.matmul(y, xt, w)
                 got = dev.read(y)
-                q8 = dev.quantizes_activations(T.Q4_0, n_tok, (n_out, n_in))
+                q8 = dev.quantizes_activations(ty, n_tok, (n_out, n_in))
                 assert q8 == (vnni and n_in % 128 == 0)
                 if q8:
                     assert nmse(got, dequantize_q8_ref(x) @ wf.T) <= 1e-10, (n_in, n_out, n_tok)
@@ -256,6 +258,16 @@ def test_q4_0_prompt_matrices_vnni(q8dev):
                         assert nmse(got, x.astype(np.float64) @ wf.T) <= QUANT_BOUND
                 else:
                     assert nmse(got, x.astype(np.float64) @ wf.T) <= 1e-12, (n_in, n_out, n_tok)
+
+
+def test_q4_k_prompt_kernel_can_be_turned_off(monkeypatch):
+    """COOKTOP_OPENCL_MMQ_K=0: Q4_K prompt matrices stay on the float mul_mm (Q4_0's VNNI kernel stays)."""
+    monkeypatch.setenv("COOKTOP_OPENCL_MMQ_K", "0")
+    dev = _pocl(False, monkeypatch)
+    dev = type(dev)(dev.info, dev.cl_device)
+    assert not dev.quantizes_activations(T.Q4_K, 8, (64, 256))
+    assert dev.kernels.weights(T.Q4_K).mul_mm_q8 is None
+    assert dev.quantizes_activations(T.Q4_0, 8, (64, 256)) == dev.kernels.vnni
 
 
 def test_fused_producers_many_rows(q8dev):

@@ -351,6 +351,9 @@ class KernelCache:
                      and settings.opencl_vnni() and "COOKTOP_PORTABLE" not in self.options)
         if self.vnni:
             self.options += " -DCOOKTOP_VNNI=1"
+        self.mmq_k = self.vnni and settings.opencl_mmq_k()
+        if self.vnni and not self.mmq_k:
+            self.options += " -DCOOKTOP_NO_MMQ_K=1"
         if extra_options.strip():
             check_build_options(ctx, device, self.options, extra_options)
         self._weights: dict[tuple[T, bool], WeightKernels] = {}
@@ -447,8 +450,14 @@ class KernelCache:
 
     def mm_q8(self, ggml_type: T, shape: tuple[int, ...]) -> bool:
         """True when prompt matrices (n_tokens > 1) with weights of this type and shape run on
-        8-bit activations (``mul_mm_q8``: repacked Q4_0 on a CPU with AVX-512 VNNI)."""
-        return self.vnni and self.repacks(ggml_type, shape)
+        8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: repacked Q4_0, and Q4_K
+        unless ``COOKTOP_OPENCL_MMQ_K=0``)."""
+        if not self.vnni:
+            return False
+        if ggml_type == T.Q4_K and self.mmq_k and not self.shape.mm_local:
+            isa = self.isa()
+            return isa["avx512bw"] and isa["f16c"] and not isa["portable"]
+        return self.repacks(ggml_type, shape)
 
     def repacks(self, ggml_type: T, shape: tuple[int, ...]) -> bool:
         """True when weights of this type and shape are stored repacked on this device: Q4_0 rows

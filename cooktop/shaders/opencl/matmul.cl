@@ -152,6 +152,91 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
 }
 #endif
 
+#if defined(W_Q4_K) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
+// Prompt matrices on 8-bit activations with AVX-512 VNNI for Q4_K (block layout in dequant.cl),
+// llama.cpp's Q4_K x Q8 idea (ggml_vec_dot_q4_K_q8_K, ggml-cpu/arch/x86/quants.c) on block_q8_1
+// activations: per sub-block s of 32 values, y += d sc_s dx_s sum(q qx) - dmin m_s sx_s, where
+// sx_s = dx_s sum(qx) comes with the activation (xd.y). Per super-block and row the 6-bit
+// scales/mins are decoded once; per 32-byte group j of qs the low nibbles (sub-block 2j) and
+// high nibbles (2j+1) are made one 64-byte vector once per row, matching 64 contiguous
+// activation bytes, so each token costs one load and one vpdpbusd per row (lanes 0..7:
+// sub-block 2j, 8..15: 2j+1). Same work-item shape and register rules as the Q4_0 kernel.
+#define CAT32(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, \
+    32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+__attribute__((target("avx512vnni"))) __attribute__((noinline))
+void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
+              const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
+    const int nsb = n_in / 256;
+    const int nt = min(MMQ_TN, n_tok - t0);
+    float16 acc[MMQ_R][MMQ_TN];
+    const global uchar *wr[MMQ_R];
+    const global char *xr[MMQ_TN];
+    const global float *dr[MMQ_TN];
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    const v16si zero = (v16si)(int16)(0);
+#pragma unroll
+    for (int t = 0; t < MMQ_TN; t++) {
+        const size_t tt = (size_t)(t0 + min(t, nt - 1));
+        xr[t] = xq + tt * n_in;
+        dr[t] = (const global float *)(xd + tt * (n_in / 32));
+    }
+#pragma unroll
+    for (int r = 0; r < MMQ_R; r++) {
+        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
+#pragma unroll
+        for (int t = 0; t < MMQ_TN; t++) acc[r][t] = (float16)(0.0f);
+    }
+    for (int ib = 0; ib < nsb; ib++) {
+        float8 dsc[MMQ_R];
+#pragma unroll
+        for (int r = 0; r < MMQ_R; r++) {
+            const global uchar *p = wr[r] + (size_t)ib * 144;
+            const float d = h2f(p), dmin = h2f(p + 2);
+            const uchar4 s0 = vload4(0, p + 4), s1 = vload4(1, p + 4), s2 = vload4(2, p + 4);
+            const float4 sc_lo = convert_float4(s0 & (uchar)63), mn_lo = convert_float4(s1 & (uchar)63);
+            const float4 sc_hi = convert_float4((s2 & (uchar)15) | ((s0 >> (uchar)6) << (uchar)4));
+            const float4 mn_hi = convert_float4((s2 >> (uchar)4) | ((s1 >> (uchar)6) << (uchar)4));
+            dsc[r] = d * (float8)(sc_lo, sc_hi);
+            const float8 dmn = dmin * (float8)(mn_lo, mn_hi);
+#pragma unroll
+            for (int t = 0; t < MMQ_TN; t++) {  // mins: one sub-block per lane of the low half
+                const float8 sx = vload16(ib, dr[t]).odd;
+                acc[r][t].lo = fma(-dmn, sx, acc[r][t].lo);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v64qi q[MMQ_R];
+#pragma unroll
+            for (int r = 0; r < MMQ_R; r++) {
+                const v32qi z = *(const global v32qi_u *)(wr[r] + (size_t)ib * 144 + 16 + 32 * j);
+                q[r] = (v64qi)CAT32(z, (v32qi)((v16hi)z >> 4)) & m15;
+            }
+#pragma unroll
+            for (int t = 0; t < MMQ_TN; t++) {
+                const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)ib * 256 + 64 * j);
+                const float2 dx = vload4(ib * 4 + j, dr[t]).even;
+#pragma unroll
+                for (int r = 0; r < MMQ_R; r++) {
+                    const float2 sc = (float2)(dsc[r][2 * j], dsc[r][2 * j + 1]) * dx;
+                    const float16 s = __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+                    const float16 pr = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(zero, (v16si)q[r], (v16si)ya)));
+                    acc[r][t] = fma(pr, s, acc[r][t]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < MMQ_R && r0 + r < n_out; r++)
+        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r0 + r] = hsum16(acc[r][t]);
+}
+
+__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out, const int n_tok) {
+    const int r0 = get_global_id(0) * MMQ_R;
+    if (r0 < n_out) mm_q8_wi(w, xq, xd, y, n_in, n_out, n_tok, r0, get_group_id(1) * MMQ_TN);
+}
+#endif
+
 #define MM_TW (MM_UC * 32)
 
 #if MM_LOCAL
