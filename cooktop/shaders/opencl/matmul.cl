@@ -152,6 +152,11 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
 }
 #endif
 
+#if defined(X86_512) && defined(COOKTOP_VNNI)
+#define CAT32(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, \
+    32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+#endif
+
 #if defined(W_Q4_K) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
 // Prompt matrices on 8-bit activations with AVX-512 VNNI for Q4_K (block layout in dequant.cl),
 // llama.cpp's Q4_K x Q8 idea (ggml_vec_dot_q4_K_q8_K, ggml-cpu/arch/x86/quants.c) on block_q8_1
@@ -161,8 +166,6 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
 // high nibbles (2j+1) are made one 64-byte vector once per row, matching 64 contiguous
 // activation bytes, so each token costs one load and one vpdpbusd per row (lanes 0..7:
 // sub-block 2j, 8..15: 2j+1). Same work-item shape and register rules as the Q4_0 kernel.
-#define CAT32(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, \
-    32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
 __attribute__((target("avx512vnni"))) __attribute__((noinline))
 void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
               const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
@@ -207,21 +210,97 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             v64qi q[MMQ_R];
+            float16 ds[MMQ_R];  // d sc of sub-blocks 2j (lanes 0..7) and 2j+1 (8..15)
 #pragma unroll
             for (int r = 0; r < MMQ_R; r++) {
                 const v32qi z = *(const global v32qi_u *)(wr[r] + (size_t)ib * 144 + 16 + 32 * j);
                 q[r] = (v64qi)CAT32(z, (v32qi)((v16hi)z >> 4)) & m15;
+                ds[r] = (float16)((float8)(dsc[r][2 * j]), (float8)(dsc[r][2 * j + 1]));
             }
 #pragma unroll
             for (int t = 0; t < MMQ_TN; t++) {
                 const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)ib * 256 + 64 * j);
-                const float2 dx = vload4(ib * 4 + j, dr[t]).even;
+                const float2 d2 = vload4(ib * 4 + j, dr[t]).even;
+                const float16 dx = __builtin_shufflevector(d2, d2, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
 #pragma unroll
                 for (int r = 0; r < MMQ_R; r++) {
-                    const float2 sc = (float2)(dsc[r][2 * j], dsc[r][2 * j + 1]) * dx;
-                    const float16 s = __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
                     const float16 pr = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(zero, (v16si)q[r], (v16si)ya)));
-                    acc[r][t] = fma(pr, s, acc[r][t]);
+                    acc[r][t] = fma(pr, ds[r] * dx, acc[r][t]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < MMQ_R && r0 + r < n_out; r++)
+        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r0 + r] = hsum16(acc[r][t]);
+}
+
+__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out, const int n_tok) {
+    const int r0 = get_global_id(0) * MMQ_R;
+    if (r0 < n_out) mm_q8_wi(w, xq, xd, y, n_in, n_out, n_tok, r0, get_group_id(1) * MMQ_TN);
+}
+#endif
+
+#if defined(W_Q6_K) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
+// Prompt matrices on 8-bit activations with AVX-512 VNNI for Q6_K (block layout in dequant.cl;
+// ggml_vec_dot_q6_K_q8_K's scheme on block_q8_1 activations): group g (0..3) of a super-block is
+// 64 values, half h = g / 2 of ql/qh, low (g even) or high (g odd) nibbles of 64 ql bytes with
+// qh bits 0-1 / 2-3 (g even) or 4-5 / 6-7 (g odd) of its 32 qh bytes as bits 4-5. int32 lane i of
+// vpdpbusd covers values 4i..4i+3: 16-value sub-block 4g + i / 4 (int8 scale), 32-value
+// activation block 2g + i / 8. The -32 of the 6-bit quants is folded into the integer sums as
+// in the Q4_0 kernel: vpdpbusd(-32 sum(qy), q, qy) = sum((q - 32) qy), 32 sum(qy) once per token.
+__attribute__((target("avx512vnni"))) __attribute__((noinline))
+void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
+              const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
+    const int nsb = n_in / 256;
+    const int nt = min(MMQ_TN, n_tok - t0);
+    float16 acc[MMQ_R][MMQ_TN];
+    const global uchar *wr[MMQ_R];
+    const global char *xr[MMQ_TN];
+    const global float *dr[MMQ_TN];
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    const v64qi m3 = (v64qi)(int16)(0x03030303);
+    const v64qi c32 = (v64qi)(int16)(0x20202020);
+    const v16si zero = (v16si)(int16)(0);
+#pragma unroll
+    for (int t = 0; t < MMQ_TN; t++) {
+        const size_t tt = (size_t)(t0 + min(t, nt - 1));
+        xr[t] = xq + tt * n_in;
+        dr[t] = (const global float *)(xd + tt * (n_in / 32));
+    }
+#pragma unroll
+    for (int r = 0; r < MMQ_R; r++) {
+        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
+#pragma unroll
+        for (int t = 0; t < MMQ_TN; t++) acc[r][t] = (float16)(0.0f);
+    }
+    for (int ib = 0; ib < nsb; ib++) {
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            v64qi q[MMQ_R];
+            float16 ds[MMQ_R];  // d sc of the 16-value sub-block of each lane
+#pragma unroll
+            for (int r = 0; r < MMQ_R; r++) {
+                const global uchar *p = wr[r] + (size_t)ib * 210;
+                const v64qi ql = *(const global v64qi_u *)(p + 64 * (g >> 1));
+                const v32qi qh = *(const global v32qi_u *)(p + 128 + 32 * (g >> 1));
+                const v64qi lq = (g & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);
+                const v16hi qw = (v16hi)qh >> (short)(4 * (g & 1));
+                const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;
+                q[r] = lq | (v64qi)((v16si)hq << 4);
+                const float4 sc = convert_float4(vload4(g, (const global char *)(p + 192)));
+                ds[r] = h2f(p + 208) * __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+            }
+#pragma unroll
+            for (int t = 0; t < MMQ_TN; t++) {
+                const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)ib * 256 + 64 * g);
+                const v16si na = zero - __builtin_ia32_vpdpbusd512(zero, (v16si)c32, (v16si)ya);
+                const float2 d2 = vload4(ib * 4 + g, dr[t]).even;
+                const float16 dx = __builtin_shufflevector(d2, d2, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+#pragma unroll
+                for (int r = 0; r < MMQ_R; r++) {
+                    const float16 pr = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(na, (v16si)q[r], (v16si)ya)));
+                    acc[r][t] = fma(pr, ds[r] * dx, acc[r][t]);
                 }
             }
         }
