@@ -137,5 +137,6 @@ def check_environment() -> None:
     dequant_threads()
     opencl_q8()
     opencl_vnni()
+    opencl_mmq_k()
     probe_timeout(1.0)
     probe_isolation()

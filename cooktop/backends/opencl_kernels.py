@@ -97,6 +97,8 @@ class LaunchShape:
 #: 4 x 4 on Q4_0/Q4_K/Q6_K/Q8_0 at 64 tokens (the machine shared, so CPU time, not wall).
 #: mul_mm_q8 (VNNI): 4 rows x 8 tokens did 128-141 GFLOP per CPU-second at 128 tokens against
 #: 104-125 for 1x8, 2x4, 2x8, 4x4, 3x8, 6x4 (and 78 for the float mul_mm).
+#: Q4_K (same shape): 109-112 at 4x8 against 85-103 for 3x8, 2x8, 4x4, 2x16, 1x16 (float mul_mm 83);
+#: Q6_K 116 at 4x8 (float 68); 2048/5632-wide matrices at 128 tokens, the machine shared.
 #: GPU devices: work-groups share rows and keys (ggml's layout); checked for correctness
 #: on PoCL only (no GPU on the dev machine), launch sizes not tuned.
 CPU_SHAPE = LaunchShape(mm_r=2, mm_tm=8)
