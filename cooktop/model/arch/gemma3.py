@@ -44,10 +44,11 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from ...backends.base import ROPE_NEOX, Device, DeviceTensor
+from ...backends.base import ROPE_NEOX, Device
 from ...errors import UnsupportedModelError
 from ..hparams import Metadata, ModelConfig
 from .base import HEAD, INPUT, KV, Architecture, Weights, matrix, norm
+from .llama import final_norm, lm_head
 
 #: llama.cpp's default period of gemma3's sliding-window pattern (``load_swa_pattern(ml, 6)``).
 SWA_PERIOD = 6
@@ -175,16 +176,6 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -
     d.matmul(o, gate, w["ffn_down"])
     d.rmsnorm(o, o, w["post_ffw_norm"], eps)
     d.add(x, x, o)
-
-
-def final_norm(d: Device, cfg: ModelConfig, w: Weights, xn: DeviceTensor, x: DeviceTensor) -> None:
-    """``xn = rmsnorm(x) * output_norm`` on rows f32 [r, n_embd] (``xn`` may be ``x``)."""
-    d.rmsnorm(xn, x, w["output_norm"], cfg.rms_eps)
-
-
-def lm_head(d: Device, cfg: ModelConfig, w: Weights, logits: DeviceTensor, xn: DeviceTensor) -> None:
-    """``logits f32 [r, n_vocab] = xn @ output^T`` for normed rows xn f32 [r, n_embd]."""
-    d.matmul(logits, xn, w["output"])
 
 
 def embd_scale(cfg: ModelConfig) -> float:

@@ -81,9 +81,15 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -
         s: scratch buffers of :func:`scratch` cut to ``n`` rows.
         kv: positions and this block's cache (:class:`~.base.KV`); cells ``kv.cells`` are written.
     """
+    block_with_factors(d, cfg, w, s, kv, w.get("rope_freqs"))
+
+
+def block_with_factors(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV,
+                       ff: DeviceTensor | None) -> None:
+    """:func:`block` with the rope frequency factors ``ff`` (f32 [n_rot / 2] or None) chosen by the
+    caller (phi3 picks its LongRoPE factors by context length)."""
     x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
     rope = cfg.rope_params()
-    ff = w.get("rope_freqs")
     d.rmsnorm(xn, x, w["attn_norm"], cfg.rms_eps)
     for y, name in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")):
         d.matmul(y, xn, w[name])

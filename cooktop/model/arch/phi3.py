@@ -36,13 +36,13 @@ PhiMoE's experts.
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 from typing import Any
 
 from ...backends.base import ROPE_NEOX, Device, DeviceTensor
 from ..hparams import Metadata, ModelConfig
 from .base import BLOCK, HEAD, INPUT, KV, Architecture, TensorSpec, Weights, matrix, norm
+from .llama import block_with_factors, final_norm, lm_head
 
 #: llama.cpp pads n_ctx to a multiple of this (``GGML_PAD(cparams.n_ctx, 256)``, llama-context.cpp).
 N_CTX_PAD = 256
@@ -103,34 +103,8 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -
         kv: positions and this block's cache (:class:`~.base.KV`; ``kv.n_ctx``, the context
             length, chooses the LongRoPE factors); cells ``kv.cells`` are written.
     """
-    x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
-    ff = rope_factors(cfg, w, kv.n_ctx)
-    rope = cfg.rope_params()
-    d.rmsnorm(xn, x, w["attn_norm"], cfg.rms_eps)
-    d.matmul(q, xn, w["attn_q"])
-    d.matmul(k, xn, w["attn_k"])
-    d.matmul(v, xn, w["attn_v"])
-    d.rope(q, q, kv.pos, **rope, freq_factors=ff)
-    d.rope(k, k, kv.pos, **rope, freq_factors=ff)
-    kv.attend(d, att, q, k, v, cfg.n_head, cfg.n_head_kv, 1.0 / math.sqrt(cfg.head_dim))
-    d.matmul(o, att, w["attn_output"])
-    d.add(x, x, o)
-    d.rmsnorm(xn, x, w["ffn_norm"], cfg.rms_eps)
-    d.matmul(gate, xn, w["ffn_gate"])
-    d.matmul(up, xn, w["ffn_up"])
-    d.silu_mul(gate, gate, up)
-    d.matmul(o, gate, w["ffn_down"])
-    d.add(x, x, o)
-
-
-def final_norm(d: Device, cfg: ModelConfig, w: Weights, xn: DeviceTensor, x: DeviceTensor) -> None:
-    """``xn = rmsnorm(x) * output_norm`` on rows f32 [r, n_embd] (``xn`` may be ``x``)."""
-    d.rmsnorm(xn, x, w["output_norm"], cfg.rms_eps)
-
-
-def lm_head(d: Device, cfg: ModelConfig, w: Weights, logits: DeviceTensor, xn: DeviceTensor) -> None:
-    """``logits f32 [r, n_vocab] = xn @ output^T`` for normed rows xn f32 [r, n_embd]."""
-    d.matmul(logits, xn, w["output"])
+    # llama's block: phi3 has none of its optional tensors; only the rope factors differ
+    block_with_factors(d, cfg, w, s, kv, rope_factors(cfg, w, kv.n_ctx))
 
 
 PHI3 = Architecture(name="phi3", tensors=TENSORS, rope_mode=ROPE_NEOX, hparams=hparams, scratch=scratch,
