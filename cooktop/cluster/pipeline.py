@@ -38,7 +38,7 @@ from ..errors import ClusterError, CooktopError
 from ..format.gguf import GGUFFile
 from ..format.quants import dequantize
 from ..model.config import ModelConfig
-from ..model.forward import Rows
+from ..model.forward import CacheTokens, Rows
 from .connect import get, import_ray, translate
 from .nodes import Node
 
@@ -165,7 +165,7 @@ class RemoteSegment:
         return f"node {self.node.name} ({self.selector}, {what})"
 
 
-class RemoteCache:
+class RemoteCache(CacheTokens):
     """The K/V of ``n_seq`` sequences, held by the segment actors; the engine-side view of
     ``model.forward.KVCache`` (same attributes and methods).
 
@@ -183,30 +183,9 @@ class RemoteCache:
         self._release = weakref.finalize(self, ClusterModel._drop_remote, [s.actor for s in model.segments], cid)
         self._release.atexit = False
 
-    @property
-    def tokens(self) -> list[int]:
-        """Sequence 0's ids."""
-        return self.seq_tokens[0]
-
-    @property
-    def n_past(self) -> int:
-        """Positions (tokens) of sequence 0 whose K/V the cache holds."""
-        return len(self.seq_tokens[0])
-
-    @property
-    def closed(self) -> bool:
-        """True after :meth:`close`."""
-        return self._closed
-
-    def truncate(self, n: int, seq_id: int = 0) -> None:
-        """Keep positions ``0 .. n - 1`` of sequence ``seq_id``."""
-        del self.seq_tokens[seq_id][max(n, 0):]
-
-    def close(self) -> None:
-        """Free the K/V on every node. Idempotent; also runs when the cache is collected."""
-        self._closed = True
+    def _free(self) -> None:
+        """Free the K/V on every node (once)."""
         self._release()
-        self.seq_tokens = [[] for _ in range(self.n_seq)]
 
 
 @dataclasses.dataclass

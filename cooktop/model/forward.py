@@ -277,7 +277,48 @@ class Segment:
         return out
 
 
-class KVCache:
+class CacheTokens:
+    """What every KV cache of ``n_seq`` sequences keeps beside its K/V: the token ids each
+    sequence holds, truncation and closing (:class:`KVCache` here, the cluster's ``RemoteCache``).
+
+    Subclasses set ``seq_tokens`` (per sequence, the ids at positions ``0 .. n_past - 1``),
+    ``n_seq`` and ``_closed``, and free their K/V in :meth:`_free`.
+    """
+
+    seq_tokens: list[list[int]]
+    n_seq: int
+    _closed: bool
+
+    @property
+    def tokens(self) -> list[int]:
+        """Sequence 0's ids (the one sequence of a cache made for one)."""
+        return self.seq_tokens[0]
+
+    @property
+    def n_past(self) -> int:
+        """Positions (tokens) of sequence 0 whose K/V the cache holds."""
+        return len(self.seq_tokens[0])
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def truncate(self, n: int, seq_id: int = 0) -> None:
+        """Keep positions ``0 .. n - 1`` of sequence ``seq_id`` (later cells are overwritten by the next forward)."""
+        del self.seq_tokens[seq_id][max(n, 0):]
+
+    def close(self) -> None:
+        """Free the K/V (:meth:`_free`) and forget the tokens. Idempotent; also runs when the cache is collected."""
+        self._closed = True
+        self._free()
+        self.seq_tokens = [[] for _ in range(self.n_seq)]
+
+    def _free(self) -> None:
+        """Give the K/V back (once; later calls do nothing)."""
+
+
+class KVCache(CacheTokens):
     """The K and V of ``n_seq`` sequences on a loaded model, and the token ids they belong to.
 
     Made by :meth:`Model.new_cache`; owned by whoever runs its sequences and passed
@@ -313,31 +354,10 @@ class KVCache:
             self.close()
             raise
 
-    @property
-    def tokens(self) -> list[int]:
-        """Sequence 0's ids (the one sequence of a cache made for one)."""
-        return self.seq_tokens[0]
-
-    @property
-    def n_past(self) -> int:
-        """Positions (tokens) of sequence 0 whose K/V the cache holds."""
-        return len(self.seq_tokens[0])
-
-    @property
-    def closed(self) -> bool:
-        """True after :meth:`close`."""
-        return self._closed
-
-    def truncate(self, n: int, seq_id: int = 0) -> None:
-        """Keep positions ``0 .. n - 1`` of sequence ``seq_id`` (later cells are overwritten by the next forward)."""
-        del self.seq_tokens[seq_id][max(n, 0):]
-
-    def close(self) -> None:
-        """Give the cache's device buffers back. Idempotent; also runs when the cache is collected."""
-        self._closed = True
+    def _free(self) -> None:
+        """Give the cache's device buffers back (each release runs once)."""
         for release in self._releases:
             release()
-        self.seq_tokens = [[] for _ in range(self.n_seq)]
 
 
 class Model:
