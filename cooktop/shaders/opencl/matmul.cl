@@ -75,6 +75,36 @@ __kernel void mul_mv_q8(const global uchar *w, const global char *xq, const glob
 }
 #endif
 
+#if defined(X86_512) && defined(COOKTOP_VNNI)
+#define CAT32(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, \
+    32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+// What every mm_q8_wi (one per weight type below; a program has one) begins and ends with,
+// macros so that the body stays one function (see the register rules of the Q4_0 kernel):
+// nt tokens of this work-item, acc[r][t] 16-lane partial sums, wr/xr/dr the rows of w, xq, xd.
+#define MMQ_WI_BEGIN()                                                                    \
+    const int nt = min(MMQ_TN, n_tok - t0);                                              \
+    float16 acc[MMQ_R][MMQ_TN];                                                           \
+    const global uchar *wr[MMQ_R];                                                        \
+    const global char *xr[MMQ_TN];                                                        \
+    const global float *dr[MMQ_TN];                                                       \
+    const v16si zero = (v16si)(int16)(0);                                                 \
+    _Pragma("unroll")                                                                     \
+    for (int t = 0; t < MMQ_TN; t++) {                                                    \
+        const size_t tt = (size_t)(t0 + min(t, nt - 1));                                  \
+        xr[t] = xq + tt * n_in;                                                           \
+        dr[t] = (const global float *)(xd + tt * (n_in / 32));                            \
+    }                                                                                     \
+    _Pragma("unroll")                                                                     \
+    for (int r = 0; r < MMQ_R; r++) {                                                     \
+        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);                     \
+        _Pragma("unroll")                                                                 \
+        for (int t = 0; t < MMQ_TN; t++) acc[r][t] = (float16)(0.0f);                     \
+    }
+#define MMQ_WI_STORE()                                                                    \
+    for (int r = 0; r < MMQ_R && r0 + r < n_out; r++)                                     \
+        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r0 + r] = hsum16(acc[r][t])
+#endif
+
 #if defined(W_Q4_0) && defined(REPACK_Q4_0) && defined(X86_512) && defined(COOKTOP_VNNI)
 // Prompt matrices on 8-bit activations with AVX-512 VNNI (vpdpbusd: 64 u8 x s8 products
 // summed in 16 int32 lanes, one instruction), for repacked Q4_0 (dequant.cl): the host
@@ -91,26 +121,9 @@ __attribute__((target("avx512vnni"))) __attribute__((noinline))
 void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
               const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
     const int ng = n_in / 128;
-    const int nt = min(MMQ_TN, n_tok - t0);
-    float16 acc[MMQ_R][MMQ_TN];
-    const global uchar *wr[MMQ_R];
-    const global char *xr[MMQ_TN];
-    const global float *dr[MMQ_TN];
+    MMQ_WI_BEGIN();
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
     const v64qi eights = (v64qi)(int16)(0x08080808);
-    const v16si zero = (v16si)(int16)(0);
-#pragma unroll
-    for (int t = 0; t < MMQ_TN; t++) {
-        const size_t tt = (size_t)(t0 + min(t, nt - 1));
-        xr[t] = xq + tt * n_in;
-        dr[t] = (const global float *)(xd + tt * (n_in / 32));
-    }
-#pragma unroll
-    for (int r = 0; r < MMQ_R; r++) {
-        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
-#pragma unroll
-        for (int t = 0; t < MMQ_TN; t++) acc[r][t] = (float16)(0.0f);
-    }
     for (int g = 0; g < ng; g++) {
         v64qi lo[MMQ_R], hi[MMQ_R];
         float4 d[MMQ_R];
@@ -141,21 +154,12 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
             }
         }
     }
-    for (int r = 0; r < MMQ_R && r0 + r < n_out; r++)
-        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r0 + r] = hsum16(acc[r][t]);
+    MMQ_WI_STORE();
 }
 
-__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
-                        global float *y, const int n_in, const int n_out, const int n_tok) {
-    const int r0 = get_global_id(0) * MMQ_R;
-    if (r0 < n_out) mm_q8_wi(w, xq, xd, y, n_in, n_out, n_tok, r0, get_group_id(1) * MMQ_TN);
-}
+#define HAS_MM_Q8_WI
 #endif
 
-#if defined(X86_512) && defined(COOKTOP_VNNI)
-#define CAT32(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, \
-    32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
-#endif
 
 #if defined(W_Q4_K) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
 // Prompt matrices on 8-bit activations with AVX-512 VNNI for Q4_K (block layout in dequant.cl),
@@ -170,25 +174,8 @@ __attribute__((target("avx512vnni"))) __attribute__((noinline))
 void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
               const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
     const int nsb = n_in / 256;
-    const int nt = min(MMQ_TN, n_tok - t0);
-    float16 acc[MMQ_R][MMQ_TN];
-    const global uchar *wr[MMQ_R];
-    const global char *xr[MMQ_TN];
-    const global float *dr[MMQ_TN];
+    MMQ_WI_BEGIN();
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-    const v16si zero = (v16si)(int16)(0);
-#pragma unroll
-    for (int t = 0; t < MMQ_TN; t++) {
-        const size_t tt = (size_t)(t0 + min(t, nt - 1));
-        xr[t] = xq + tt * n_in;
-        dr[t] = (const global float *)(xd + tt * (n_in / 32));
-    }
-#pragma unroll
-    for (int r = 0; r < MMQ_R; r++) {
-        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
-#pragma unroll
-        for (int t = 0; t < MMQ_TN; t++) acc[r][t] = (float16)(0.0f);
-    }
     for (int ib = 0; ib < nsb; ib++) {
         float8 dsc[MMQ_R];
 #pragma unroll
@@ -230,15 +217,10 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
             }
         }
     }
-    for (int r = 0; r < MMQ_R && r0 + r < n_out; r++)
-        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r0 + r] = hsum16(acc[r][t]);
+    MMQ_WI_STORE();
 }
 
-__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
-                        global float *y, const int n_in, const int n_out, const int n_tok) {
-    const int r0 = get_global_id(0) * MMQ_R;
-    if (r0 < n_out) mm_q8_wi(w, xq, xd, y, n_in, n_out, n_tok, r0, get_group_id(1) * MMQ_TN);
-}
+#define HAS_MM_Q8_WI
 #endif
 
 #if defined(W_Q6_K) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
@@ -253,27 +235,10 @@ __attribute__((target("avx512vnni"))) __attribute__((noinline))
 void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
               const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
     const int nsb = n_in / 256;
-    const int nt = min(MMQ_TN, n_tok - t0);
-    float16 acc[MMQ_R][MMQ_TN];
-    const global uchar *wr[MMQ_R];
-    const global char *xr[MMQ_TN];
-    const global float *dr[MMQ_TN];
+    MMQ_WI_BEGIN();
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
     const v64qi m3 = (v64qi)(int16)(0x03030303);
     const v64qi c32 = (v64qi)(int16)(0x20202020);
-    const v16si zero = (v16si)(int16)(0);
-#pragma unroll
-    for (int t = 0; t < MMQ_TN; t++) {
-        const size_t tt = (size_t)(t0 + min(t, nt - 1));
-        xr[t] = xq + tt * n_in;
-        dr[t] = (const global float *)(xd + tt * (n_in / 32));
-    }
-#pragma unroll
-    for (int r = 0; r < MMQ_R; r++) {
-        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
-#pragma unroll
-        for (int t = 0; t < MMQ_TN; t++) acc[r][t] = (float16)(0.0f);
-    }
     for (int ib = 0; ib < nsb; ib++) {
 #pragma unroll
         for (int g = 0; g < 4; g++) {
@@ -305,10 +270,13 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
             }
         }
     }
-    for (int r = 0; r < MMQ_R && r0 + r < n_out; r++)
-        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r0 + r] = hsum16(acc[r][t]);
+    MMQ_WI_STORE();
 }
 
+#define HAS_MM_Q8_WI
+#endif
+
+#ifdef HAS_MM_Q8_WI
 __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
                         global float *y, const int n_in, const int n_out, const int n_tok) {
     const int r0 = get_global_id(0) * MMQ_R;
