@@ -3,8 +3,8 @@ the ``_op`` hooks a backend implements (:class:`DeviceOps`, the base of
 :class:`~cooktop.backends.base.Device`).
 
 Each op is declared once in :mod:`.optable` (argument roles, shape rule, what it computes);
-each public op here hands its arguments to :meth:`DeviceOps._check` with its spec and then
-calls the backend's ``_op``. A failed check goes through :meth:`DeviceOps._refuse`, so one
+each public op here hands its arguments to its spec's ``check`` (written out from the table)
+and then calls the backend's ``_op``. A failed check goes through :meth:`DeviceOps._refuse`, so one
 fault raises one exception type with one message on every backend (``DeviceError``,
 ``UnsupportedOpError``, ``ShapeError``).
 """
@@ -19,12 +19,11 @@ from gguf import GGMLQuantizationType
 from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import type_name
 from .info import DeviceInfo
-from .optable import ACT, F32, I32, SPECS, WEIGHT, OpSpec
+from .optable import ACT, F32, SPECS, WEIGHT, OpSpec
 from .tensor import DeviceTensor
 
 T = GGMLQuantizationType
 _F32, _I32 = T.F32, T.I32
-_NO: dict = {}
 _MATMUL, _RMSNORM, _ROPE, _KV_STORE, _ATTENTION = (SPECS[n] for n in ("matmul", "rmsnorm", "rope", "kv_store",
                                                                       "attention"))
 _SILU_MUL, _GELU_MUL, _ADD, _ADD_BIAS, _GET_ROWS, _COPY = (SPECS[n] for n in ("silu_mul", "gelu_mul", "add",
@@ -61,28 +60,10 @@ class DeviceOps(ABC):
             raise UnsupportedOpError(
                 f"{self.info.selector} ({self.info.name}) cannot run {op} on {type_name(ggml_type)} tensors")
 
-    def _check(self, spec: OpSpec, tensors: tuple[DeviceTensor | None, ...], scalars: dict) -> None:
-        """The public check of every op: each tensor lives here and has its role's type
-        (:data:`~.optable.F32`, ``I32``, ``WEIGHT``: f32 or an uploaded weight, ``ACT``: f32 or
-        i32; optional ones may be None), the shapes satisfy ``spec.fits``, and the device's
-        ``op_limits`` allow the call's dimensions. Else :meth:`_refuse` raises."""
-        for t, kind in zip(tensors, spec.kinds):
-            if t is None:
-                continue
-            ty = t.ggml_type
-            if t.device is not self or (
-                    ty is not _F32 if kind is F32 else ty is not _I32 if kind is I32
-                    else (ty is not _F32 and not t.is_weight) if kind is WEIGHT
-                    else (ty is not _F32 and ty is not _I32)):
-                self._refuse(spec, tensors, scalars)
-        if not spec.fits(*tensors, **scalars):
-            self._refuse(spec, tensors, scalars)
-        limits = self.info.op_limits.get(spec.name) if self.info.op_limits else None
-        if limits and spec.dims is not None:
-            for name, value in spec.dims(*tensors, **scalars).items():
-                if name in limits and value > limits[name]:
-                    raise UnsupportedOpError(f"{spec.name}: {name} {value} is more than {self.info.selector}'s "
-                                             f"{limits[name]} ({self.info.name})")
+    def _refuse_limit(self, spec: OpSpec, name: str, value: int, cap: int) -> NoReturn:
+        """Raise UnsupportedOpError: a dimension of this call is past the device's ``op_limits``."""
+        raise UnsupportedOpError(f"{spec.name}: {name} {value} is more than {self.info.selector}'s {cap} "
+                                 f"({self.info.name})")
 
     def _refuse(self, spec: OpSpec, tensors: tuple[DeviceTensor | None, ...], scalars: dict) -> NoReturn:
         """Raise the error of the first fault among ``tensors`` (roles from ``spec``): device,
@@ -115,7 +96,7 @@ class DeviceOps(ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        self._check(_MATMUL, (out, x, w), _NO)
+        _MATMUL.check(self, out, x, w)
         self._matmul(out, x, w)
 
 
@@ -131,7 +112,7 @@ class DeviceOps(ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        self._check(_RMSNORM, (out, x, w), {"eps": eps})
+        _RMSNORM.check(self, out, x, w, eps=eps)
         self._rmsnorm(out, x, w, eps)
 
 
@@ -163,7 +144,7 @@ class DeviceOps(ABC):
         """
         if mode != ROPE_NORMAL and mode != ROPE_NEOX:
             raise UnsupportedOpError(f"rope mode {mode} is not supported (0 = normal, 2 = NeoX)")
-        self._check(_ROPE, (out, x, pos, freq_factors), {"head_dim": head_dim, "n_rot": n_rot})
+        _ROPE.check(self, out, x, pos, freq_factors, head_dim=head_dim, n_rot=n_rot)
         self._rope(out, x, pos, head_dim, n_rot, float(freq_base), float(freq_scale), mode, freq_factors,
                    float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow), int(n_ctx_orig))
 
@@ -176,7 +157,7 @@ class DeviceOps(ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        self._check(_KV_STORE, (cache, x, pos), _NO)
+        _KV_STORE.check(self, cache, x, pos)
         self._kv_store(cache, x, pos)
 
 
@@ -204,8 +185,8 @@ class DeviceOps(ABC):
                 or ``window`` < 0.
             DeviceError / UnsupportedOpError: see the class doc.
         """
-        self._check(_ATTENTION, (out, q, k_cache, v_cache, pos, kv_start),
-                    {"n_head": n_head, "n_head_kv": n_head_kv, "window": window})
+        _ATTENTION.check(self, out, q, k_cache, v_cache, pos, kv_start, n_head=n_head, n_head_kv=n_head_kv,
+                         window=window)
         self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start)
 
 
@@ -215,7 +196,7 @@ class DeviceOps(ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        self._check(_SILU_MUL, (out, gate, up), _NO)
+        _SILU_MUL.check(self, out, gate, up)
         self._silu_mul(out, gate, up)
 
 
@@ -229,7 +210,7 @@ class DeviceOps(ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        self._check(_GELU_MUL, (out, gate, up), _NO)
+        _GELU_MUL.check(self, out, gate, up)
         self._gelu_mul(out, gate, up)
 
 
@@ -239,7 +220,7 @@ class DeviceOps(ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        self._check(_ADD, (out, a, b), _NO)
+        _ADD.check(self, out, a, b)
         self._add(out, a, b)
 
 
@@ -253,7 +234,7 @@ class DeviceOps(ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        self._check(_ADD_BIAS, (out, x, b), _NO)
+        _ADD_BIAS.check(self, out, x, b)
         self._add_bias(out, x, b)
 
 
@@ -264,7 +245,7 @@ class DeviceOps(ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        self._check(_GET_ROWS, (out, table, ids), _NO)
+        _GET_ROWS.check(self, out, table, ids)
         self._get_rows(out, table, ids)
 
 
@@ -280,7 +261,7 @@ class DeviceOps(ABC):
         """
         if x.ggml_type is not out.ggml_type and out.device is self and x.device is self:
             raise UnsupportedOpError(f"copy: out is {type_name(out.ggml_type)} but x is {type_name(x.ggml_type)}")
-        self._check(_COPY, (out, x), _NO)
+        _COPY.check(self, out, x)
         self._copy(out, x)
 
     # -- the backend's ops (arguments checked) -----------------------------

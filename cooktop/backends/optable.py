@@ -17,9 +17,14 @@ the device runs for that op (or an f32 activation); ``act``: f32 or i32.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
+
+from gguf import GGMLQuantizationType
+
+_GGML_F32, _GGML_I32 = GGMLQuantizationType.F32, GGMLQuantizationType.I32
 
 #: Argument kinds.
 F32, I32, WEIGHT, ACT = "f32", "i32", "weight", "act"
@@ -34,7 +39,7 @@ class Arg:
     optional: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class OpSpec:
     """One op of the device contract.
 
@@ -73,8 +78,49 @@ class OpSpec:
         """The kinds of :attr:`args`, in order."""
         return tuple(a.kind for a in self.args)
 
+    @functools.cached_property
+    def check(self) -> Callable[..., None]:
+        """``check(device, *tensors, **scalars)``: the op's public argument check, written out
+        from this spec (as ``dataclasses`` writes ``__init__``) so it costs what a hand-written
+        chain of ``is`` tests costs: each tensor lives on ``device`` and has its role's type, the
+        shapes satisfy :attr:`fits`, and the device's ``op_limits`` (if any for this op) allow the
+        call's :attr:`dims`. On a failure it calls ``device._refuse(spec, tensors, scalars)`` or
+        ``device._refuse_limit(spec, name, value, limit)``, which raise."""
+        return _make_check(self)
 
-def _same(*ts: Any) -> bool:
+
+def _make_check(spec: OpSpec) -> Callable[..., None]:
+    names = [a.name for a in spec.args]
+    tests = []
+    for a in spec.args:
+        n = a.name
+        if a.kind == F32:
+            t = f"{n}.device is not dev or {n}.ggml_type is not F32"
+        elif a.kind == I32:
+            t = f"{n}.device is not dev or {n}.ggml_type is not I32"
+        elif a.kind == WEIGHT:
+            t = f"{n}.device is not dev or ({n}.ggml_type is not F32 and not {n}.is_weight)"
+        else:
+            t = f"{n}.device is not dev or ({n}.ggml_type is not F32 and {n}.ggml_type is not I32)"
+        tests.append(f"({n} is not None and ({t}))" if a.optional else f"({t})")
+    params = ", ".join(names + [f"{k}=None" for k in spec.scalars])
+    scal = ", ".join(f"{k}={k}" for k in spec.scalars)
+    src = [f"def check(dev, {params}):",
+           f"    if {' or '.join(tests)} or not fits({', '.join(names)}{', ' + scal if scal else ''}):",
+           f"        dev._refuse(spec, ({', '.join(names)},), {{{', '.join(f'{k!r}: {k}' for k in spec.scalars)}}})"]
+    if spec.limits and spec.dims is not None:
+        src += ["    lim = dev.info.op_limits",
+                f"    if lim and {spec.name!r} in lim:",
+                f"        for name, value in dims({', '.join(names)}{', ' + scal if scal else ''}).items():",
+                f"            cap = lim[{spec.name!r}].get(name)",
+                "            if cap is not None and value > cap:",
+                "                dev._refuse_limit(spec, name, value, cap)"]
+    env: dict[str, Any] = {"F32": _GGML_F32, "I32": _GGML_I32, "fits": spec.fits, "dims": spec.dims, "spec": spec}
+    exec("\n".join(src), env)  # noqa: S102 - source built above from the table, no outside input
+    return env["check"]
+
+
+def _same(*ts: Any, **_: Any) -> bool:
     return all(t.shape == ts[0].shape for t in ts)
 
 
@@ -101,8 +147,9 @@ TABLE: tuple[OpSpec, ...] = (
     OpSpec("matmul", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT)), (),
            "out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T (w any supported type)",
            "want out [n, n_out], x [n, n_in], w [n_out, n_in]",
-           lambda out, x, w: len(w.shape) == 2 and x.shape[1:] == w.shape[1:] and out.shape == (x.shape[0], w.shape[0]),
-           "ggml_mul_mat", weight="w", limits=("n_in",), dims=lambda out, x, w: {"n_in": w.shape[-1]},
+           lambda out, x, w, **_: (len(w.shape) == 2 and x.shape[1:] == w.shape[1:]
+                                   and out.shape == (x.shape[0], w.shape[0])),
+           "ggml_mul_mat", weight="w", limits=("n_in",), dims=lambda out, x, w, **_: {"n_in": w.shape[-1]},
            example={"out": (3, 5), "x": (3, 32), "w": (5, 32)}),
     OpSpec("rmsnorm", (Arg("out", F32), Arg("x", F32), Arg("w", F32)), ("eps",),
            "out = x / sqrt(mean(x^2) + eps) * w over each group of g values of a row (w f32 [g], g dividing "
@@ -127,7 +174,7 @@ TABLE: tuple[OpSpec, ...] = (
     OpSpec("kv_store", (Arg("cache", F32), Arg("x", F32), Arg("pos", I32)), (),
            "cache[pos[i], :] = x[i, :] (cache f32 [n_cells, n_head_kv*head_dim])",
            "want cache [n_ctx, n_kv_dim], x [n, n_kv_dim], pos [n]",
-           lambda c, x, pos: len(x.shape) == 2 and c.shape[1:] == x.shape[1:] and pos.shape == x.shape[:1],
+           lambda c, x, pos, **_: len(x.shape) == 2 and c.shape[1:] == x.shape[1:] and pos.shape == x.shape[:1],
            "ggml_set_rows into the KV cache (llama.cpp src/llama-kv-cache.cpp cpy_k / cpy_v)",
            example={"cache": (16, 8), "x": (2, 8), "pos": (2,)}),
     OpSpec("attention", (Arg("out", F32), Arg("q", F32), Arg("k_cache", F32), Arg("v_cache", F32),
@@ -150,13 +197,13 @@ TABLE: tuple[OpSpec, ...] = (
     OpSpec("get_rows", (Arg("out", F32), Arg("table", WEIGHT), Arg("ids", I32)), (),
            "out[i] = dequantize(table[ids[i]]) (table any supported type)",
            "want out [k, n], table [n_rows, n], ids [k]",
-           lambda out, table, ids: len(table.shape) == 2 and len(ids.shape) == 1
+           lambda out, table, ids, **_: len(table.shape) == 2 and len(ids.shape) == 1
            and out.shape == (ids.shape[0], table.shape[1]),
            "ggml_get_rows", weight="table", example={"out": (3, 32), "table": (5, 32), "ids": (3,)}),
     OpSpec("add_bias", (Arg("out", F32), Arg("x", F32), Arg("b", F32)), (),
            "out[i, :] = x[i, :] + b (b f32 [n]: a bias row broadcast over rows)",
            "want out and x [n, m], b [m]",
-           lambda out, x, b: out.shape == x.shape and len(x.shape) == 2 and b.shape == x.shape[1:],
+           lambda out, x, b, **_: out.shape == x.shape and len(x.shape) == 2 and b.shape == x.shape[1:],
            "ggml_add of a [m] bias (llama.cpp build_qkv / build_ffn biases)",
            example={"out": (2, 8), "x": (2, 8), "b": (8,)}),
     OpSpec("gelu_mul", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), (),
