@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CooktopError
+from ..text.exact import ExactTokenizer
 from ..text.reasoning import THINK_CLOSE, THINK_OPEN, reasoning_format_name
 from ..text.tokenizer import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED
 from ..text.tool_calls import ToolCallError, detect_format
@@ -107,9 +108,8 @@ def plan_chat(llm: Any, messages: list[dict[str, Any]], *, tools: Any, tool_choi
     parallel = bool(parallel_tool_calls)
     system_text = None
     if use_tools:
-        from ..engine.grammar import grammar_text
         for f in functions:
-            grammar_text("json_schema", f["parameters"])  # a schema llguidance cannot compile: 400 now
+            check_schema(f["name"], f["parameters"])
         if fmt == "generic":
             schema = generic_schema([f for f in functions if name is None or f["name"] == name],
                                     parallel=parallel, allow_response=choice == "auto")
@@ -124,6 +124,21 @@ def plan_chat(llm: Any, messages: list[dict[str, Any]], *, tools: Any, tool_choi
                     if fmt != "generic" else None, kwargs, grammar, fmt, use_tools, rfmt, budget)
 
 
+def check_schema(name: str, schema: dict[str, Any]) -> None:
+    """Compile a tool's ``parameters`` with llguidance (no vocabulary needed).
+
+    Raises:
+        ToolCallError: llguidance refuses the schema (its message, first line).
+    """
+    import llguidance
+
+    from ..engine.grammar import grammar_text
+    err = llguidance.LLMatcher.validate_grammar(grammar_text("json_schema", schema), None)
+    if err and not err.startswith("WARNING"):
+        raise ToolCallError(f"tool {name!r}: its parameters are not a JSON schema llguidance can compile: "
+                            f"{err.strip().splitlines()[0]}")
+
+
 class ThinkBudget:
     """A logits processor that closes a ``<think>`` block after ``budget`` thinking tokens.
 
@@ -134,7 +149,13 @@ class ThinkBudget:
 
     def __init__(self, llm: Any, n_prompt: int, budget: int, thinking_open: bool):
         self.tk, self.n_prompt, self.budget, self.open = llm._tokenizer, n_prompt, budget, thinking_open
-        self.forced = llm.tokenize(("\n" + THINK_CLOSE + "\n\n").encode(), add_bos=False, special=True)
+        forced = ExactTokenizer(llm._tokenizer).tokenize(("\n" + THINK_CLOSE + "\n\n").encode())
+        same = getattr(llm, "_piece_ids", None)
+        if same is None:  # every id of each piece: a grammar may know a piece by another id (byte tokens)
+            same = llm._piece_ids = {}
+            for i in range(llm.n_vocab()):
+                same.setdefault(llm._tokenizer.token_to_piece(i, special=True), []).append(i)
+        self.forced = [same.get(llm._tokenizer.token_to_piece(t, special=True), [t]) for t in forced]
         self.text, self.seen, self.n_thinking, self.pos = "", 0, 0, -1
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
@@ -147,11 +168,11 @@ class ThinkBudget:
         self.seen = len(gen)
         if self.pos < 0 and self.n_thinking >= self.budget and THINK_CLOSE not in self.text and (
                 self.open or self.text.lstrip().startswith(THINK_OPEN)):
-            self.pos = 0
-        if 0 <= self.pos < len(self.forced):
+            self.pos = len(gen)  # forcing starts here; the same call twice forces the same token
+        k = len(gen) - self.pos
+        if self.pos >= 0 and 0 <= k < len(self.forced):
             out = np.full_like(scores, -np.inf)
-            out[self.forced[self.pos]] = 0.0
-            self.pos += 1
+            out[self.forced[k]] = scores[self.forced[k]] - scores[self.forced[k]].max()
             return out
         return scores
 

@@ -476,9 +476,10 @@ class MessageStream:
         if p.reasoning.startswith(self.reasoning) and len(p.reasoning) > len(self.reasoning):
             out.append({"reasoning_content": p.reasoning[len(self.reasoning):]})
             self.reasoning = p.reasoning
-        if p.content.startswith(self.content) and len(p.content) > len(self.content):
-            out.append({"content": p.content[len(self.content):]})
-            self.content = p.content
+        content = p.content if final else p.content.rstrip()  # trailing space waits: a call may follow
+        if content.startswith(self.content) and len(content) > len(self.content):
+            out.append({"content": content[len(self.content):]})
+            self.content = content
         for i, call in enumerate(p.calls):
             if i >= len(self.calls):
                 cid = call.id or _call_id(self.fmt)

@@ -173,7 +173,8 @@ def generic_system_text(functions: list[dict[str, Any]], schema: dict[str, Any])
 
 def template_messages(messages: list[dict[str, Any]], fmt: str, system_text: str | None = None,
                       ) -> list[dict[str, Any]]:
-    """Messages as the templates read them: tool-call arguments as objects, not JSON text.
+    """Messages as the templates read them: tool-call arguments as objects, not JSON text, and
+    an assistant's null content beside its calls as ``""``.
 
     llama.cpp passes ``arguments`` parsed (``func_args_not_string``), since the templates
     write them with ``tojson``. The ``generic`` format turns an assistant's calls into its
@@ -203,6 +204,8 @@ def template_messages(messages: list[dict[str, Any]], fmt: str, system_text: str
                                             f"{args[:60]!r}") from None
                 fixed.append({**c, "type": c.get("type", "function"), "function": {**fn, "arguments": args}})
             m = {**m, "tool_calls": fixed}
+            if m.get("content") is None:  # llama.cpp requires_non_null_content: templates test `in content`
+                m["content"] = ""
             if fmt == "generic":
                 answer = ({"tool_call": {"name": fixed[0]["function"]["name"],
                                          "arguments": fixed[0]["function"]["arguments"]}} if len(fixed) == 1 else
