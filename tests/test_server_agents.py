@@ -113,6 +113,13 @@ def test_named_tool_choice_and_required_always_calls(servers):
             r = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
                                           temperature=1.5, seed=seed, max_tokens=200)
             assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.tool_calls, seed
+        # a schema without additionalProperties is closed (llama.cpp's default): no invented keys
+        open_tool = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        r = c.chat.completions.create(model="m", messages=ASK, tools=open_tool, tool_choice="required",
+                                      temperature=0, max_tokens=300)
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert list(json.loads(r.choices[0].message.tool_calls[0].function.arguments)) == ["city"]
         # auto: the story model answers in text, no call
         r = c.chat.completions.create(model="m", messages=ASK, tools=TOOLS, temperature=0, max_tokens=20)
         assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"

@@ -93,3 +93,47 @@ def test_tool_checks():
                                       ("openai-gpt-oss-120b", "gpt-oss"), ("google-gemma-2-2b-it", "generic")])
 def test_detect_format_of_shared_templates(shared, name, fmt):
     assert detect_format((shared / "templates" / f"{name}.jinja").read_text()) == fmt
+
+
+def test_markers_that_are_control_tokens_are_preserved_and_forced_by_id(shared, monkeypatch):
+    """A marker that is one control token in the vocabulary is printed in the answer (llama.cpp's
+    preserved_tokens) and a forcing grammar asks for the token itself, not its spelling. Llama 3's
+    vocabulary (this one predates <|python_tag|>) with its <|start_header_id|> standing in as a marker."""
+    from cooktop.api import Llama
+    from cooktop.api.chat_plan import _preserved, _special_id
+    from cooktop.text import tool_calls
+    from cooktop.text.tool_grammar import call_grammar
+    llm = Llama(str(shared / "vocab" / "ggml-vocab-llama-bpe.gguf"), vocab_only=True, verbose=False)
+    monkeypatch.setitem(tool_calls.MARKERS, "llama3", ("<|start_header_id|>", "<|python_tag|>"))
+    (tag,) = llm.tokenize(b"<|start_header_id|>", add_bos=False, special=True)
+    assert _preserved(llm, "llama3") == frozenset([tag])
+    assert llm._tokenizer.token_to_piece(tag) == b"" and llm._tokenizer.token_to_piece(
+        tag, special=True) == b"<|start_header_id|>"
+    assert _special_id(llm, "[TOOL_CALLS]") is None and _special_id(llm, "<|start_header_id|>") == tag
+    fns = check_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    kind, src = call_grammar("gpt-oss", fns, special_id=lambda s: _special_id(llm, s))
+    assert kind == "lark" and '"<|channel|>"' in src  # no such special token in Llama 3: literal text
+    _, src = call_grammar("mistral", fns, special_id=lambda s: 7 if s == "[TOOL_CALLS]" else None)
+    assert src.startswith('start: <[7]> "["')
+
+
+def test_engine_prints_preserved_control_tokens(stories):
+    from cooktop.api import Llama
+    from cooktop.engine.sampling import SamplingParams
+    llm = Llama(str(stories), n_ctx=64, verbose=False)
+    params = SamplingParams(temperature=0.0, logit_bias=((1, 100.0),))  # always <s>, a control token
+    prompt = llm.tokenize(b"Once", add_bos=True)
+    plain = llm._engine.generate(prompt, 2, params).drain()
+    kept = llm._engine.generate(prompt, 2, params, preserved=frozenset({1})).drain()
+    assert plain.tokens == kept.tokens == [1, 1] and plain.text == "" and kept.text == "<s><s>"
+    llm.close()
+
+
+def test_tool_schemas_are_closed_as_llama_cpp_does():
+    from cooktop.text.tool_grammar import closed
+    s = closed({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}},
+                                                 "c": {"type": "array", "items": {"type": "object"}}},
+                "additionalProperties": True})
+    assert s["additionalProperties"] is True  # given: kept
+    assert s["properties"]["a"]["additionalProperties"] is False
+    assert s["properties"]["c"]["items"]["additionalProperties"] is False

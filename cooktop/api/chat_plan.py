@@ -24,7 +24,7 @@ from ..errors import CooktopError
 from ..text.exact import ExactTokenizer
 from ..text.reasoning import THINK_CLOSE, THINK_OPEN, reasoning_format_name
 from ..text.tokenizer import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED
-from ..text.tool_calls import ToolCallError, detect_format
+from ..text.tool_calls import MARKERS, ToolCallError, detect_format
 from ..text.tool_grammar import (
     call_grammar,
     check_tool_choice,
@@ -45,6 +45,8 @@ class ChatPlan:
         grammar: the grammar that constrains the answer (None: free text).
         fmt: the tool-call format; parse_tools: read tool calls from the answer.
         reasoning_format: ``none`` / ``deepseek`` / ``deepseek-legacy``; budget: thinking tokens (-1: any).
+        preserved: ids of the control tokens among the format's markers, printed in the answer
+            so the parser sees them (llama.cpp ``preserved_tokens``).
     """
 
     messages: list[dict[str, Any]]
@@ -55,6 +57,20 @@ class ChatPlan:
     parse_tools: bool
     reasoning_format: str
     budget: int
+    preserved: frozenset[int] = frozenset()
+
+
+def _preserved(llm: Any, fmt: str) -> frozenset[int]:
+    """The control tokens among ``fmt``'s markers (and ``<think>`` / ``</think>``) in ``llm``'s vocabulary."""
+    cache = getattr(llm, "_preserved_ids", None)
+    if cache is None:
+        cache = llm._preserved_ids = {}
+    if fmt not in cache:
+        tk = llm._tokenizer
+        types = getattr(tk, "_types", None) or tk.vocab.token_types.tolist()
+        ids = (_special_id(llm, m) for m in (*MARKERS.get(fmt, ()), THINK_OPEN, THINK_CLOSE))
+        cache[fmt] = frozenset(i for i in ids if i is not None and types[i] == TOKEN_TYPE_CONTROL)
+    return cache[fmt]
 
 
 def _special_id(llm: Any, text: str) -> int | None:
@@ -121,7 +137,8 @@ def plan_chat(llm: Any, messages: list[dict[str, Any]], *, tools: Any, tool_choi
             grammar = LlamaGrammar(kind, source)
     rendered = template_messages(messages, fmt, system_text)
     return ChatPlan(rendered, ([{"type": "function", "function": f} for f in functions] or None)
-                    if fmt != "generic" else None, kwargs, grammar, fmt, use_tools, rfmt, budget)
+                    if fmt != "generic" else None, kwargs, grammar, fmt, use_tools, rfmt, budget,
+                    _preserved(llm, fmt))
 
 
 def check_schema(name: str, schema: dict[str, Any]) -> None:

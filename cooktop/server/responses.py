@@ -140,7 +140,7 @@ def prometheus(state: Any) -> str:
         "# HELP cooktop:requests_total Requests received, by endpoint.",
         "# TYPE cooktop:requests_total counter",
     ]
-    for ep in ("chat", "completions", "embeddings"):
+    for ep in ("chat", "completions", "embeddings", "responses", "messages", "rerank"):
         lines.append(f'cooktop:requests_total{{endpoint="{ep}"}} {m.requests_total[ep]}')
     lines += ["# HELP cooktop:errors_total Generations that ended in an error.", "# TYPE cooktop:errors_total counter",
               f"cooktop:errors_total {m.errors_total}"]

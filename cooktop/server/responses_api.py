@@ -6,7 +6,8 @@ parts, ``function_call`` and ``function_call_output``) the conversation,
 ``tools`` (``{"type": "function", "name", "parameters"}``) and ``tool_choice``
 as in chat, ``max_output_tokens`` the token limit. The answer's blocks become
 ``output`` items: ``reasoning``, ``message`` (``output_text``) and
-``function_call``. A stream sends the API's events (``response.created``,
+``function_call``; ``text.format`` (``json_schema`` / ``json_object``) constrains the text
+as ``response_format`` does. A stream sends the API's events (``response.created``,
 ``response.output_item.added``, ``response.output_text.delta``,
 ``response.function_call_arguments.delta``, ..., ``response.completed``), each
 with its ``sequence_number``, as llama-server's ``/v1/responses`` does. Errors
@@ -101,6 +102,13 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
             fn = {k: t[k] for k in ("name", "description", "parameters") if k in t}
             conv.append({"type": "function", "function": fn})
         out["tools"] = conv
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.get("name"),
+                                                                         "schema": fmt.get("schema")}}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        out["response_format"] = {"type": "json_object"}
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
         choice = {"type": "function", "function": {"name": choice.get("name")}}
@@ -144,7 +152,7 @@ class ResponseBuilder:
                 "temperature": self.body.get("temperature"), "top_p": self.body.get("top_p"),
                 "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools") or [],
                 "max_output_tokens": self.body.get("max_output_tokens"), "metadata": {},
-                "text": {"format": {"type": "text"}},
+                "text": self.body.get("text") or {"format": {"type": "text"}},
                 "usage": {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
                           "total_tokens": u["total_tokens"],
                           "input_tokens_details": {"cached_tokens": (u.get("prompt_tokens_details") or {}).get(

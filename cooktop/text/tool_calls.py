@@ -342,6 +342,15 @@ def _mistral(text: str, partial: bool) -> Parsed:
 
 _HARMONY_END = ("<|end|>", "<|call|>", "<|return|>")
 
+#: the marker texts of each format (the answer must show them: :func:`parse` reads them)
+MARKERS: dict[str, tuple[str, ...]] = {
+    "hermes": (HERMES_OPEN, HERMES_CLOSE),
+    "llama3": (PYTHON_TAG,),
+    "mistral": (MISTRAL_TAG, MISTRAL_ARGS),
+    "gpt-oss": ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"),
+    "generic": (),
+}
+
 
 def _gpt_oss(text: str, partial: bool, reasoning: bool) -> Parsed:
     """Harmony messages: ``[<|start|>assistant]<|channel|>NAME[ to=functions.X][ <|constrain|>json]<|message|>BODY``

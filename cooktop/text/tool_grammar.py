@@ -81,9 +81,30 @@ def check_tool_choice(tool_choice: Any, functions: list[dict[str, Any]]) -> tupl
 STRICT_JSON = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
 
+def closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` wherever an object schema leaves it out.
+
+    llama.cpp's schema-to-grammar converter defaults ``additionalProperties`` to false
+    (grammars/README.md): otherwise a model may invent keys without end.
+    """
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) if k in ("items", "anyOf", "oneOf", "allOf", "prefixItems", "not") else v
+           for k, v in schema.items()}
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(schema.get(key), dict):
+            out[key] = {k: closed(v) for k, v in schema[key].items()}
+    if (schema.get("type") == "object" or "properties" in schema) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with llguidance's ``x-guidance`` layout options (a model cannot pad JSON with whitespace)."""
-    return {**schema, "x-guidance": {**STRICT_JSON, **(schema.get("x-guidance") or {})}}
+    """``schema`` closed (:func:`closed`) with llguidance's ``x-guidance`` layout options (a model
+    cannot pad JSON with whitespace)."""
+    return {**closed(schema), "x-guidance": {**STRICT_JSON, **(schema.get("x-guidance") or {})}}
 
 
 def _q(text: str) -> str:
