@@ -74,6 +74,13 @@ def test_chat_page_streams_and_stops(browser, page_server):
     wait.until(lambda d: d.find_element(By.ID, "status").text == "stopped")
     second = d.find_elements(By.CSS_SELECTOR, ".msg.assistant")[1]
     assert "(stopped)" in second.text and not d.find_element(By.ID, "send").get_attribute("disabled")
+    # the server cancelled the generation (its slot is free long before 1500 tokens)
+    import time
+    deadline = time.monotonic() + 10
+    while page_server.state.scheduler.busy and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert page_server.state.scheduler.busy == 0
+    assert [m["id"] for m in httpx.get(page_server.base + "/v1/models").json()["data"]] == ["stories-demo"]
     shot = ROOT / "tests" / "artifacts" / "webui.png"
     shot.parent.mkdir(exist_ok=True)
     assert d.save_screenshot(str(shot)) and pathlib.Path(shot).stat().st_size > 1000
