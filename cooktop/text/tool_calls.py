@@ -37,6 +37,7 @@ import uuid
 from typing import Any
 
 from ..errors import CooktopError
+from .json_scan import object_members, scan_value, skip_ws
 from .reasoning import ReasoningSplit, held_prefix, split_think
 
 FORMATS = ("hermes", "llama3", "mistral", "gpt-oss", "generic")
@@ -81,97 +82,6 @@ class Parsed:
     content: str = ""
     reasoning: str = ""
     calls: list[ToolCall] = dataclasses.field(default_factory=list)
-
-
-# ------------------------------------------------------------------ a tolerant JSON scanner
-_WS = " \t\r\n"
-
-
-def _skip_ws(s: str, i: int) -> int:
-    while i < len(s) and s[i] in _WS:
-        i += 1
-    return i
-
-
-def scan_value(s: str, i: int) -> int | None:
-    """End index of the JSON value starting at ``s[i]`` (None if the text ends first).
-
-    Strings, objects and arrays are followed with their nesting and escapes; a number or a
-    literal ends at the first character that cannot continue it.
-    """
-    if i >= len(s):
-        return None
-    c = s[i]
-    if c == '"':
-        j = i + 1
-        while j < len(s):
-            if s[j] == "\\":
-                j += 2
-                continue
-            if s[j] == '"':
-                return j + 1
-            j += 1
-        return None
-    if c in "{[":
-        depth, j, in_str = 0, i, False
-        while j < len(s):
-            ch = s[j]
-            if in_str:
-                if ch == "\\":
-                    j += 1
-                elif ch == '"':
-                    in_str = False
-            elif ch == '"':
-                in_str = True
-            elif ch in "{[":
-                depth += 1
-            elif ch in "}]":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
-            j += 1
-        return None
-    j = i
-    while j < len(s) and s[j] not in ",}] \t\r\n":
-        j += 1
-    return j if j < len(s) else None
-
-
-def object_members(s: str, i: int) -> tuple[dict[str, tuple[int, int | None]], int | None]:
-    """The members of the JSON object starting at ``s[i]`` (``{``), as far as the text goes.
-
-    Returns:
-        ({key: (value start, value end or None while unfinished)}, the index after ``}`` or None).
-    """
-    out: dict[str, tuple[int, int | None]] = {}
-    j = _skip_ws(s, i + 1)
-    while j < len(s):
-        if s[j] == "}":
-            return out, j + 1
-        if s[j] == ",":
-            j = _skip_ws(s, j + 1)
-            continue
-        if s[j] != '"':
-            return out, None
-        k_end = scan_value(s, j)
-        if k_end is None:
-            return out, None
-        try:
-            key = json.loads(s[j:k_end])
-        except ValueError:
-            return out, None
-        j = _skip_ws(s, k_end)
-        if j >= len(s) or s[j] != ":":
-            return out, None
-        v = _skip_ws(s, j + 1)
-        if v >= len(s):
-            return out, None
-        v_end = scan_value(s, v)
-        out[key] = (v, v_end)
-        if v_end is None:
-            return out, None
-        j = _skip_ws(s, v_end)
-    return out, None
 
 
 def _string_at(s: str, span: tuple[int, int | None] | None) -> str | None:
@@ -228,7 +138,7 @@ def _hermes(text: str, partial: bool) -> Parsed:
             content.append(rest[:len(rest) - held_prefix(rest, (HERMES_OPEN,))] if partial else rest)
             break
         content.append(text[pos:k])
-        j = _skip_ws(text, k + len(HERMES_OPEN))
+        j = skip_ws(text, k + len(HERMES_OPEN))
         close = text.find(HERMES_CLOSE, j)
         body_end = close if close >= 0 else len(text)
         if j < body_end and text[j] == "{":
@@ -263,7 +173,7 @@ def _python_call(src: str) -> ToolCall | None:
 def _json_calls(text: str, start: int, partial: bool, sep: str = ";") -> tuple[list[ToolCall], bool]:
     """Calls from JSON objects at ``text[start:]`` separated by ``sep``/whitespace (False: not all JSON calls)."""
     calls: list[ToolCall] = []
-    j = _skip_ws(text, start)
+    j = skip_ws(text, start)
     while j < len(text):
         if text[j] != "{":
             return calls, False
@@ -273,9 +183,9 @@ def _json_calls(text: str, start: int, partial: bool, sep: str = ";") -> tuple[l
         calls.append(call)
         if end is None:  # unfinished (cut off): still a call, with the arguments written so far
             return calls, True
-        j = _skip_ws(text, end)
+        j = skip_ws(text, end)
         if j < len(text) and text[j] == sep:
-            j = _skip_ws(text, j + 1)
+            j = skip_ws(text, j + 1)
     return calls, True
 
 
@@ -292,7 +202,7 @@ def _llama3(text: str, partial: bool) -> Parsed:
         if partial:
             return Parsed(before, "", [])
         return Parsed(text)
-    j = _skip_ws(text, 0)
+    j = skip_ws(text, 0)
     if j < len(text) and text[j] == "{":
         calls, ok = _json_calls(text, j, partial)
         if ok and calls:
@@ -309,10 +219,10 @@ def _mistral(text: str, partial: bool) -> Parsed:
     k = text.find(MISTRAL_TAG)
     if k < 0:
         return Parsed(text[:len(text) - held_prefix(text, (MISTRAL_TAG,))] if partial else text)
-    before, j = text[:k].strip(), _skip_ws(text, k + len(MISTRAL_TAG))
+    before, j = text[:k].strip(), skip_ws(text, k + len(MISTRAL_TAG))
     calls: list[ToolCall] = []
     if j < len(text) and text[j] == "[":
-        j = _skip_ws(text, j + 1)
+        j = skip_ws(text, j + 1)
         while j < len(text) and text[j] == "{":
             call, end = _call_from_object(text, j)
             if call is None:
@@ -320,23 +230,23 @@ def _mistral(text: str, partial: bool) -> Parsed:
             calls.append(call)
             if end is None:
                 break
-            j = _skip_ws(text, end)
+            j = skip_ws(text, end)
             if j < len(text) and text[j] == ",":
-                j = _skip_ws(text, j + 1)
+                j = skip_ws(text, j + 1)
         return Parsed(before, "", calls) if calls or partial else Parsed(text)
     while j < len(text):  # [TOOL_CALLS]name[ARGS]{...} (repeated)
         a = text.find(MISTRAL_ARGS, j)
         if a < 0:
             break
         name = text[j:a].strip()
-        v = _skip_ws(text, a + len(MISTRAL_ARGS))
+        v = skip_ws(text, a + len(MISTRAL_ARGS))
         end = scan_value(text, v) if v < len(text) else None
         calls.append(ToolCall(name, text[v:end] if end is not None else text[v:].rstrip(), None, end is not None))
         if end is None:
             break
-        j = _skip_ws(text, end)
+        j = skip_ws(text, end)
         if text.startswith(MISTRAL_TAG, j):
-            j = _skip_ws(text, j + len(MISTRAL_TAG))
+            j = skip_ws(text, j + len(MISTRAL_TAG))
     return Parsed(before, "", calls) if calls or partial else Parsed(text)
 
 
@@ -394,7 +304,7 @@ def _gpt_oss(text: str, partial: bool, reasoning: bool) -> Parsed:
 
 def _generic(text: str, partial: bool) -> Parsed:
     """llama.cpp's generic format: the answer is one JSON object (held back until it is whole)."""
-    j = _skip_ws(text, 0)
+    j = skip_ws(text, 0)
     if j >= len(text) or text[j] != "{":
         return Parsed("" if partial and j >= len(text) else text)
     end = scan_value(text, j)
