@@ -364,6 +364,27 @@ def test_anthropic_bad_input_is_anthropic_shaped(servers, body, word):
     assert j["type"] == "error" and j["error"]["type"] == "invalid_request_error" and word in j["error"]["message"]
 
 
+def test_api_key_errors_in_each_shape(stories, server_deps):
+    require_modules("anthropic", "anthropic")
+    import anthropic
+    import openai
+
+    from cooktop.server.app import ServerConfig
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), api_key="sekrit"))
+    try:
+        with anthropic.Anthropic(api_key="wrong", base_url=s.base, max_retries=0) as c:
+            with pytest.raises(anthropic.AuthenticationError) as e:
+                c.messages.create(model="c", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+            assert e.value.body["error"]["type"] == "authentication_error"
+        with anthropic.Anthropic(api_key="sekrit", base_url=s.base, max_retries=0) as c:  # x-api-key
+            assert c.messages.create(model="c", max_tokens=2, messages=[{"role": "user", "content": "x"}]).content
+        with openai.OpenAI(api_key="wrong", base_url=s.base + "/v1", max_retries=0) as c:
+            with pytest.raises(openai.AuthenticationError):
+                c.responses.create(model="m", input="x", max_output_tokens=2)
+    finally:
+        s.stop()
+
+
 def test_32_concurrent_clients_mixing_endpoints(servers):
     import httpx
     srv = servers("hermes")

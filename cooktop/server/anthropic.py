@@ -36,7 +36,8 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: 
 def error_response(exc: BaseException) -> JSONResponse:
     """Anthropic's error object for ``exc`` (status as :func:`protocol.classify`)."""
     status, _ = P.classify(exc)
-    msg = str(exc) if status != 500 else f"internal error ({type(exc).__name__}: {exc}); this is a cooktop bug"
+    bug = status == 500 and not isinstance(exc, P.HTTPError)
+    msg = f"internal error ({type(exc).__name__}: {exc}); this is a cooktop bug" if bug else str(exc)
     return JSONResponse({"type": "error", "error": {"type": _ERROR_TYPES.get(status, "api_error"), "message": msg}},
                         status_code=status)
 

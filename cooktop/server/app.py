@@ -176,17 +176,20 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         path = request.url.path
         if path in OPEN_PATHS or (config.webui and path in webui.PATHS):
             return await call_next(request)
+        def refuse(status: int, msg: str, kind: str) -> JSONResponse:
+            if path.startswith("/v1/messages"):  # Anthropic's clients read Anthropic's error shape
+                return anthropic.error_response(P.HTTPError(status, msg, kind))
+            return JSONResponse(P.error_body(status, msg, kind), status_code=status)
+
         if config.api_key:
             auth = request.headers.get("authorization", "")
             token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
             if not hmac.compare_digest(token.encode(), config.api_key.encode()):
-                return JSONResponse(P.error_body(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                                                 "authentication_error"), status_code=401)
+                return refuse(401, "invalid or missing API key (Authorization: Bearer KEY)", "authentication_error")
         if state.load_error is not None:
-            return JSONResponse(P.error_body(500, f"the model failed to load: {state.load_error}", "server_error"),
-                                status_code=500)
+            return refuse(500, f"the model failed to load: {state.load_error}", "server_error")
         if state.loading:
-            return JSONResponse(P.error_body(503, "Loading model", "unavailable_error"), status_code=503)
+            return refuse(503, "Loading model", "unavailable_error")
         return await call_next(request)
 
     async def body_of(request: Request) -> dict[str, Any]:
