@@ -30,6 +30,7 @@ function addText(div, text) {
 async function loadProps() {
   try {
     const r = await fetch("/props", { headers: headers() });
+    if (r.status === 401) { $("model-info").textContent = "API key required: enter it in the settings"; return; }
     if (!r.ok) { $("model-info").textContent = "model: loading (" + r.status + ")"; setTimeout(loadProps, 1000); return; }
     const p = await r.json();
     const s = p.default_generation_settings || {};
@@ -133,5 +134,6 @@ $("input").addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("composer").requestSubmit(); }
 });
 $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
+$("api_key").addEventListener("change", loadProps);
 $("new-chat").addEventListener("click", () => { history.length = 0; $("messages").innerHTML = ""; });
 loadProps();
