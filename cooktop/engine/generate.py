@@ -228,7 +228,8 @@ class Engine:
 
     def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams | Sampler,
                  stop: list[str] | None = None, seq: Sequence | Callable[[list[int]], Sequence] | None = None,
-                 stopping_criteria: list[StoppingCriterion] | None = None) -> Generation:
+                 stopping_criteria: list[StoppingCriterion] | None = None,
+                 preserved: frozenset[int] = frozenset()) -> Generation:
         """The continuation of ``prompt_tokens`` on ``seq``, as a :class:`Generation` of steps.
 
         Nothing runs until the first ``next``. The sequence's context becomes the
@@ -247,6 +248,8 @@ class Engine:
                 ``seq(prompt_tokens) -> Sequence`` choosing one (the server's slots).
             stopping_criteria: callables ``(input_ids, logits) -> bool`` checked after each
                 token (llama-cpp-python's ``stopping_criteria``); True ends with "stop".
+            preserved: control tokens whose text the output keeps (a chat format's markers such as
+                ``<|python_tag|>``, llama.cpp's ``preserved_tokens``); others print nothing.
         Raises:
             CooktopError: an empty prompt; ContextOverflowError: the prompt alone does not
             fit in ``n_ctx`` (both now, before anything runs).
@@ -258,11 +261,13 @@ class Engine:
             seq = seq(list(prompt_tokens))
         stops = [s for s in (stop or []) if s]
         sampler = params if isinstance(params, Sampler) else Sampler(params)
-        steps = self._steps(seq, list(prompt_tokens), n_predict, sampler, stops, list(stopping_criteria or []))
+        steps = self._steps(seq, list(prompt_tokens), n_predict, sampler, stops, list(stopping_criteria or []),
+                            preserved)
         return Generation(steps, seq, seq.common_prefix(list(prompt_tokens)))
 
     def _steps(self, seq: Sequence, prompt: list[int], n_predict: int, sampler: Sampler,
-               stop: list[str], criteria: list[StoppingCriterion]) -> Generator[Step, None, GenerationResult]:
+               stop: list[str], criteria: list[StoppingCriterion],
+               preserved: frozenset[int] = frozenset()) -> Generator[Step, None, GenerationResult]:
         """The generation loop of :meth:`generate` (a generator returning its result)."""
         timings = Timings(load_ms=self.load_ms)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -292,7 +297,7 @@ class Engine:
                 break
             generated.append(tok)
             history.append(tok)
-            pending += decoder.decode(self.tokenizer.token_to_piece(tok))
+            pending += decoder.decode(self.tokenizer.token_to_piece(tok, special=tok in preserved))
             emit, hit = _split_stop(pending, stop)
             pending = pending[len(emit):]
             if emit:
