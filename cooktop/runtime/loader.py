@@ -117,7 +117,7 @@ def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers:
 
     def limits(sel: str):
         i = info(sel)
-        return device_limits(sel, i.global_mem_bytes, i.max_alloc_bytes)
+        return device_limits(sel, i.usable_mem_bytes or i.global_mem_bytes, i.max_alloc_bytes)
 
     return place(gf, cfg, selectors, n_gpu_layers, parse_split(split), supports, limits, n_ctx, n_batch,
                  logits_all)
