@@ -36,9 +36,9 @@ references, such as Vulkan, need).
 Per batch of ``n`` rows (llama2.c's ``forward``)::
 
     x = token_embd[tokens]                              (host)
-    for each block i:  arch.block(x, weights[i], KV(cache.k[i], cache.v[i], pos, cells, kv_start))
-    xn = arch.final_norm(x[out_rows])                   (the last row, each sequence's last, or all)
-    logits = arch.lm_head(xn)                           (embeddings: xn)
+    for each block i:  arch.block(x, weights[i], KV(cache.k[i], cache.v[i], pos, cells, kv_start), i)
+    arch.head(x):      xn = final_norm(x[out_rows])     (the last row, each sequence's last, or all)
+                       logits = lm_head(xn)             (embeddings: xn)
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Segment:
     """Blocks ``blocks`` (and the head when ``head``) on one device: weights and scratch buffers.
 
     Buffers (``B`` = n_batch rows): the architecture's scratch (``arch.scratch(cfg)``:
-    name -> f32 [B, width]; llama: x, xn, o [B, n_embd], q, att [B, n_embd_q], k, v
+    name -> f32 [B, width]; the builders': x, xn, o [B, n_embd], q, att [B, n_embd_q], k, v
     [B, n_embd_kv], gate, up [B, n_ff]); pos, cells, kv_start: i32 [B]; head only: the
     output rows (ids i32 [m], xl f32 [m, n_embd], logits f32 [m, n_vocab], m grown by
     powers of two as batches ask; logits f32 [B, n_vocab] when logits_all).
@@ -257,23 +257,17 @@ class Segment:
         """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`."""
         d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
-            s.il = self.blocks[j]
-            arch.block(d, cfg, w, s, KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0]))
+            kv = KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0])
+            arch.block(d, cfg, w, s, kv, self.blocks[j])
         out = self._result(s, n, m, embeddings)
         if not self.head:
             return out
-        hw = self.head_weights
         if embeddings:
-            arch.final_norm(d, cfg, hw, s.xn, s.x)
-            return out
-        if m:  # the output rows only
-            xn = self.xl.head(m)
-            d.get_rows(xn, s.x, self.ids.head(m))
-            arch.final_norm(d, cfg, hw, xn, xn)
+            arch.head(d, cfg, self.head_weights, s.x, s.xn)
+        elif m:  # the output rows only
+            arch.head(d, cfg, self.head_weights, s.x, self.xl.head(m), out, self.ids.head(m))
         else:
-            xn = s.xn
-            arch.final_norm(d, cfg, hw, xn, s.x)
-        arch.lm_head(d, cfg, hw, out, xn)
+            arch.head(d, cfg, self.head_weights, s.x, s.xn, out)
         return out
 
 

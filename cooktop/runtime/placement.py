@@ -200,8 +200,10 @@ def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int
 def why_not_on(gf: GGUFFile, cfg: ModelConfig, unit: int | str, sel: str,
                supports: Callable[[str, str, object], bool]) -> str:
     """Why block ``unit`` (int) or the ``"head"`` cannot run on ``sel``, or "" when it can: an op
-    of the architecture's block or head the device lacks, or a matrix type its matmul cannot run."""
-    ops = [op for op in architecture(cfg.arch).ops(unit) if op != "matmul" and not supports(sel, op, None)]
+    of the architecture's block or head the device lacks (those the unit's code calls with the file's
+    tensors, ``Architecture.ops``), or a matrix type its matmul cannot run."""
+    ops = [op for op in architecture(cfg.arch).ops(cfg, unit, gf.tensors)
+           if op != "matmul" and not supports(sel, op, None)]
     if ops:
         return f"{sel} cannot run {', '.join(ops)}"
     bad = [t for t in unit_types(gf, cfg, unit) if not supports(sel, "matmul", t)]
