@@ -56,7 +56,7 @@ test-vulkan-validation: setup
 
 shaders:
 	@test -x $(PY) || { echo "make shaders: no $(PY); run 'make setup' first" >&2; exit 1; }
-	$(PY) scripts/build_shaders.py
+	$(PY) -m cooktop.backends.vulkan.build
 
 bench: setup
 	$(COOKTOP) bench --device cpu,opencl,vulkan -p 128 -n 32 -r 3

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from cooktop.backends.cpu import CpuDevice, cpu_info
+from cooktop.backends.cpu.device import CpuDevice, cpu_info
 from cooktop.errors import DeviceError, ShapeError, UnsupportedOpError
 from cooktop.format.quants import random_weight
 

@@ -14,7 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 from gguf import GGMLQuantizationType as T
 
 from cooktop.backends.base import nmse, row_bytes
-from cooktop.backends.cpu import CPU_TYPES
+from cooktop.backends.cpu.device import CPU_TYPES
 from cooktop.errors import GGUFError, UnsupportedOpError
 from cooktop.format.gguf import open_gguf
 from cooktop.format.quants import random_weight

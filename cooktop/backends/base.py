@@ -359,19 +359,36 @@ class Device(DeviceOps):
     def _release(self, tensors: list[DeviceTensor]) -> None:  # noqa: B027 - an optional hook
         """Backend part of :meth:`release` (allocations of this device only); default: nothing."""
 
+    def prebuild(self, types: tuple[T, ...] = ()) -> None:  # noqa: B027 - an optional hook
+        """Compile now what the ops (and matmuls / get_rows of weight ``types``) will need, as one
+        batch, so a first run can say so once (OpenCL builds programs at run time). Default:
+        nothing to build (numpy; Vulkan ships SPIR-V).
+
+        Raises:
+            DeviceError: a build failed.
+        """
+
+    def quantizes_activations(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> bool:
+        """True when ``matmul`` of ``n_tokens`` rows with weights of ``ggml_type`` (and ``shape``
+        [n_out, n_in]; needed for n_tokens > 1) multiplies 8-bit copies of the activations
+        (:func:`.reference.quantize_q8_ref`, llama.cpp's ``block_q8_1``) with integer dot products;
+        False when it computes in float32 (the default). Exactness tests compare against the
+        reference on the same 8-bit activations when it is True."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - an optional hook (default: nothing to release)
         """Release device resources (buffers, queues). The device is unusable afterwards."""
 
 
 
 class Backend(ABC):
-    """A backend family: probes its devices (never raising) and opens one.
+    """A backend family's code: probes its devices (never raising) and opens one.
 
-    Subclasses set ``name`` and ``install_hint``.
+    Subclasses set ``name``; what the family says of itself (install hint, driver files...)
+    is its package's :class:`~.family.Family`.
     """
 
     name: ClassVar[str]
-    install_hint: ClassVar[str] = ""
 
     @abstractmethod
     def probe(self) -> ProbeResult:

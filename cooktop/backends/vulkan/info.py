@@ -39,11 +39,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import glob
+import importlib.util
 import json
 import os
 
-from .base import OPS, DeviceInfo, type_name
-from .vulkan_shaders import VULKAN_TYPES
+from ..base import OPS, DeviceInfo, type_name
+from .shaders import VULKAN_TYPES
 
 c_u32 = ctypes.c_uint32
 c_i32 = ctypes.c_int32
@@ -168,6 +170,25 @@ def manifest_library(path: str) -> tuple[str | None, str | None]:
     if "/" in full and not os.path.exists(full):
         return lib, f"names the driver library {full}, which does not exist"
     return lib, None
+
+
+def driver_files() -> list[str]:
+    """The ICD manifests the loader would read, the libraries they name, the implicit layers
+    (they load into every instance too) and kp's extension module: what a probe verdict
+    depends on (:mod:`..safeprobe`)."""
+    files: list[str] = []
+    _, manifests = icd_manifests()
+    for m in manifests:
+        files.append(m)
+        lib, _problem = manifest_library(m)
+        if lib and "/" in lib:
+            files.append(lib if os.path.isabs(lib) else os.path.join(os.path.dirname(m), lib))
+    for d in icd_search_dirs():
+        files += sorted(glob.glob(os.path.join(os.path.dirname(d), "implicit_layer.d", "*.json")))
+    spec = importlib.util.find_spec("kp")
+    if spec and spec.origin:
+        files.append(spec.origin)
+    return files
 
 
 def describe_icds() -> str:
