@@ -10,6 +10,7 @@ add, as Gemma's post-attention norm) in place of ``llama``, and run it on numpy.
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from cooktop.backends.base import OPS
 from cooktop.errors import UnsupportedModelError
 from cooktop.format.gguf import open_gguf
 from cooktop.model import arch as arch_pkg
-from cooktop.model.arch import ARCHITECTURES, architecture
+from cooktop.model.arch import ARCHITECTURES, architecture, builders
 from cooktop.model.arch.base import BLOCK, HEAD, INPUT, MATRIX, NORM, norm
 from cooktop.model.arch.descriptor import OpRecorder
 from cooktop.model.arch.llama import LLAMA
@@ -146,6 +147,18 @@ def test_ops_leave_out_the_optional_tensors_the_file_lacks():
     assert a.ops(cfg, HEAD, names - {"output.bias"}) == ("get_rows", "rmsnorm", "matmul")
     plain = names - {f"blk.0.attn_{x}.bias" for x in "qkv"}
     assert "add_bias" not in a.ops(cfg, 0, plain) and "add_bias" in a.ops(cfg, 1, plain)
+    with pytest.raises(ValueError, match="neither a block index nor 'head'"):
+        a.ops(cfg, INPUT)
+
+
+def test_build_ffn_refuses_an_unknown_activation():
+    s = SimpleNamespace(xn=1, gate=2, up=3, o=4)
+    w = {"ffn_gate": 5, "ffn_up": 6, "ffn_down": 7}
+    d = OpRecorder()
+    assert builders.build_ffn(d, synth.config(SMALL), w, s, builders.GELU) == 4
+    assert d.ops == ("matmul", "gelu_mul")
+    with pytest.raises(ValueError, match="unknown activation 'relu'"):
+        builders.build_ffn(OpRecorder(), synth.config(SMALL), w, s, "relu")
 
 
 def test_op_recorder_notes_each_op_once_in_order():

@@ -18,7 +18,7 @@ from typing import Any
 from ...backends.base import Device, DeviceTensor
 from ..hparams import Metadata, ModelConfig
 from . import builders
-from .base import BLOCK, KV, TensorSpec, Weights
+from .base import BLOCK, HEAD, KV, TensorSpec, Weights
 
 #: ``block(d, cfg, w, s, kv, il)``: enqueue block ``il`` (its index in the model) on the ``n`` rows
 #: of ``s`` (``kv``: :class:`~.base.KV`, positions and this block's cache; blocks rotate by
@@ -121,7 +121,11 @@ class Architecture:
         Returns:
             op names in first-call order; the head's include ``get_rows`` (the segment picks its
             output rows with it).
+        Raises:
+            ValueError: ``unit`` is a string other than ``HEAD``.
         """
+        if not isinstance(unit, int) and unit != HEAD:
+            raise ValueError(f"Architecture.ops: unit {unit!r} is neither a block index nor {HEAD!r}")
         keys = self._keys(unit, present)
         rec = OpRecorder()
         d: Any = rec
