@@ -191,10 +191,9 @@ class HopStats:
     """Decode-step timings (forward passes of one token) of a :class:`ClusterModel`, milliseconds summed.
 
     ``wall_ms``: driver-measured time of a pass's segment calls (submitting them to the result);
-    ``compute_ms[i]``: segment i's own
-    time in ``Segment.run``; the rest is overhead: serialization, Ray's calls and the
-    moves of activations and logits over ``n_segments + 1`` hops (driver to the first
-    segment, between segments, last segment back to the driver).
+    ``compute_ms[i]``: segment i's own time in ``Segment.run``; the rest is overhead: serialization,
+    Ray's calls and the moves of activations and logits over ``n_segments + 1`` hops (driver to
+    the first segment, between segments, last segment back to the driver).
     """
 
     n_tokens: int = 0
