@@ -177,3 +177,18 @@ def test_family_rule_sees_violations():
     assert "cooktop.backends.cpu" in g["cooktop.backends.families"]
     assert any(d.startswith("cooktop.backends.opencl.") for d in g["cooktop.backends.opencl.device"])
     assert len(family_folders()) >= 3
+
+
+def test_no_issue_numbers_in_the_code():
+    """Comments and docstrings say what and why, not which tracker entry asked for it: an issue
+    number means nothing to a reader of the repository."""
+    import re
+
+    root = PKG.parent
+    pattern = re.compile(r"\b[Ii]ssues? ?#?\d+|\(#\d+\)")
+    files = [*PKG.rglob("*.py"), *PKG.rglob("*.cl"), *PKG.rglob("*.comp"), *PKG.rglob("*.glsl"),
+             *(root / "scripts").rglob("*.py"), *(root / "scripts").rglob("*.sh"), root / "Makefile",
+             root / ".ci" / "run"]
+    bad = [f"{p.relative_to(root)}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
+           if pattern.search(line)]
+    assert not bad, "issue numbers in the code: " + ", ".join(bad)

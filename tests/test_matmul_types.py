@@ -3,7 +3,7 @@ with ``gguf.GGUFWriter``, opened with ``open_gguf``, uploaded to the numpy
 device, then ``matmul`` and ``get_rows`` checked against
 ``gguf.quants.dequantize`` + float64 numpy. Odd shapes (n_out 1, 3, 129;
 n_in 1 or 7 blocks) catch row/stride mistakes; rows that are not whole blocks
-are rejected with an error naming the block size (issue #2).
+are rejected with an error naming the block size.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9: the device probe never crashes or hangs the caller, whatever the drivers do.
+"""The device probe never crashes or hangs the caller, whatever the drivers do.
 
 Each driver failure runs as a user meets it, in a subprocess (``cooktop devices``,
 ``cooktop run``, ``Llama``) with the environment that provokes it: no Vulkan ICD, an

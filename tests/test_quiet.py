@@ -1,4 +1,4 @@
-"""Issue 9: quiet by default. Compiler output goes to the ``cooktop`` logger; the first build of
+"""Quiet by default. Compiler output goes to the ``cooktop`` logger; the first build of
 kernels on a device says so in one line (with a progress bar on a terminal); ``verbose=False``
 prints nothing at all.
 """

@@ -203,6 +203,21 @@ def test_spirv_not_stale():
     assert not stale, f"stale SPIR-V: {stale}; run `make shaders`"
 
 
+def test_variant_table_regenerates_without_losing_variants():
+    """``build.py --init`` writes :func:`default_variants`: it must be the shipped table (every
+    integer-dot and 16-bit variant included), and every forward op has a shader."""
+    from cooktop.backends.optable import OPS
+    from cooktop.backends.vulkan import build as build_shaders
+
+    def key(v):
+        return v["name"], v["source"], v["defines"], v.get("variant_of")
+
+    assert [key(v) for v in build_shaders.default_variants()] == [key(v) for v in _manifest()["variants"]]
+    names = {v["name"] for v in _manifest()["variants"]}
+    shader_of = {"matmul": "mul_mat_vec_f32", "get_rows": "get_rows_f32"}
+    assert all(shader_of.get(op, op) in names for op in OPS), sorted(set(OPS) - names)
+
+
 def test_shipped_spirv_access_matches_manifest():
     """The barrier code's per-binding access (variants.json) is what each shipped module declares
     (NonWritable / NonReadable decorations), including gelu_mul, add_bias and rope's freq factors."""

@@ -80,7 +80,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ...errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
+from ...errors import DeviceError, DeviceOutOfMemoryError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
 from . import INSTALL_HINT
 from .graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
@@ -129,8 +129,6 @@ MMV_NROWS = 8
 
 #: Max workgroups of a grid-stride shader (copy, fill, add, silu_mul).
 MAX_STRIDE_GROUPS = 512
-
-_ATTN_MAX_HEAD_DIM = 256
 
 
 #: The kp patch level this backend needs (``kp.cooktop_patch``; scripts/kompute/kp-0.9.0-cooktop.patch).
@@ -233,7 +231,7 @@ class VulkanBackend(Backend):
             return ProbeResult("vulkan", False, reason=bad, hint="pip install 'numpy<2'")
         try:
             self._infos = [facts_to_info(f) for f in device_facts()]
-        except VulkanNoDriverError as e:  # never try kp.Manager() now: it aborts the process (issue 9)
+        except VulkanNoDriverError as e:  # never try kp.Manager() now: it aborts the process
             return ProbeResult("vulkan", False, reason=str(e), hint=DRIVER_HINT)
         except VulkanInfoError as e:  # ctypes cannot load libvulkan: ask kp (a child process checked it is safe)
             try:
@@ -574,16 +572,11 @@ class VulkanDevice(SequenceRecorder, Device):
     def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
         """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows.
 
-        q, out f32 [n, n_head * head_dim]; caches f32 [n_cells, n_head_kv * head_dim]; head_dim <= 256;
-        ``window`` > 0: sliding window (the loop over cache rows starts at pos - window + 1);
-        ``kv_start`` I32 [n] or None (rows start at cache row 0).
-        Raises:
-            UnsupportedOpError: head_dim > 256.
+        q, out f32 [n, n_head * head_dim]; caches f32 [n_cells, n_head_kv * head_dim]; head_dim <= 256
+        (``info.OP_LIMITS``: the public check refuses more); ``window`` > 0: sliding window (the loop
+        over cache rows starts at pos - window + 1); ``kv_start`` I32 [n] or None (rows start at 0).
         """
         head_dim = q.shape[-1] // n_head
-        if head_dim > _ATTN_MAX_HEAD_DIM:
-            raise UnsupportedOpError(f"attention: head_dim {head_dim} is more than this backend's "
-                                     f"{_ATTN_MAX_HEAD_DIM}")
         n = self._rows(q)
         nb = bucket(n, self._row_cap(q))
         start = kv_start if kv_start is not None else pos

@@ -95,7 +95,7 @@ class VulkanNoDriverError(VulkanInfoError):
     """The loader is there but ``vkCreateInstance`` fails: no usable driver (ICD).
 
     Nothing else may touch Vulkan in this process then: ``kp.Manager()`` aborts
-    the whole process (SIGABRT inside C++) in exactly this situation (issue 9).
+    the whole process (SIGABRT inside C++) in exactly this situation.
     """
 
 
@@ -493,6 +493,11 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd:
     return facts
 
 
+#: What the shaders cap per op (``DeviceInfo.op_limits``): attention.comp keeps one query head
+#: (<= 256 values) in shared memory per workgroup.
+OP_LIMITS: dict[str, dict[str, int]] = {"attention": {"head_dim": 256}}
+
+
 def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     """DeviceInfo of one Vulkan device. ``compute_units`` is unknown (Vulkan does not report it).
 
@@ -510,7 +515,7 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
         else None,
         compute_units=None, max_workgroup_size=f.max_workgroup_invocations or None, subgroup_size=f.subgroup_size,
         fp16=f.shader_float16, int8=f.shader_int8,
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=ops,
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=ops, op_limits=OP_LIMITS,
         extra={"subgroup_arithmetic": f.subgroup_arithmetic, "vendor_id": f.vendor_id, "device_id": f.device_id,
                "memory_heaps": [list(h) for h in f.heaps],
                "max_storage_buffer_range": f.max_storage_buffer_range,
@@ -527,4 +532,5 @@ def kp_props_to_info(index: int, props: dict) -> DeviceInfo:
     return DeviceInfo(
         backend="vulkan", index=index, name=str(props.get("device_name", f"vulkan device {index}")),
         device_type="gpu", max_workgroup_size=props.get("max_work_group_invocations"),
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS, extra={"info_source": "kp"})
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS, op_limits=OP_LIMITS,
+        extra={"info_source": "kp"})
