@@ -177,7 +177,7 @@ def load_model(model_path: str | os.PathLike, *, ray_address: str | None = None,
     segs = start_segments(gf, cfg, plan, n_ctx, n_batch, logits_all,
                           weights or os.environ.get(ENV_WEIGHTS, "auto"))
     model = ClusterModel(gf, cfg, segs, n_ctx, n_batch, logits_all)
-    return LoadedModel(gf, cfg, tokenizer, model, plan.placement, {}, n_ctx, n_batch,  # type: ignore[arg-type]
+    return LoadedModel(gf, cfg, tokenizer, model, plan.placement, {}, n_ctx, n_batch,
                        (time.perf_counter() - t0) * 1e3)
 
 

@@ -32,7 +32,7 @@ from ..backends.base import Device
 from ..errors import ContextOverflowError, CooktopError
 from ..format.gguf import GGUFFile
 from ..model.config import ModelConfig
-from ..model.forward import Model
+from ..model.placed import PlacedModel
 from ..runtime.loader import LoadedModel, load_model
 from ..runtime.placement import Placement
 from ..text.tokenizer import Tokenizer
@@ -167,7 +167,7 @@ class Engine:
         keep_scores: the default sequence records every logits row (``Llama.scores``).
     """
 
-    def __init__(self, gf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer, model: Model,
+    def __init__(self, gf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer, model: PlacedModel,
                  placement: Placement, devices: dict[str, Device], load_ms: float, keep_scores: bool = False):
         self.gf, self.cfg, self.tokenizer, self.model = gf, cfg, tokenizer, model
         self.placement = placement

@@ -18,6 +18,7 @@ from ..errors import CooktopError
 from ..format.gguf import GGUFFile, open_gguf
 from ..model.config import ModelConfig, load_config
 from ..model.forward import Model
+from ..model.placed import PlacedModel
 from ..text.tokenizer import Tokenizer
 from .budget import device_limits, memory_overrides
 from .placement import Placement, parse_ngl, place
@@ -38,7 +39,7 @@ class LoadedModel:
     gf: GGUFFile
     cfg: ModelConfig
     tokenizer: Tokenizer
-    model: Model
+    model: PlacedModel
     placement: Placement
     devices: dict[str, Device]
     n_ctx: int
