@@ -75,7 +75,8 @@ def default_variants() -> list[dict]:
                 for t in types]
 
     out = typed("mul_mat_vec")
-    out += typed("mul_mat_vec", "mul_mat_vec_q8.comp", INT_DOT_TYPES, "_q8")  # 8-bit activations, OpSDot
+    # 8-bit activations (block_q8_1 input, made by quantize_q8_1), integer dot products (OpSDot)
+    out += [{**v, "input": "q8_1"} for v in typed("mul_mat_vec", "mul_mat_vec_q8.comp", INT_DOT_TYPES, "_q8")]
     out += typed("mul_mat_vec", None, PACKED16_TYPES, "_p16", PACKED16="1")  # 16-bit storage loads
     out += typed("mul_mm") + typed("get_rows")
     out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in PLAIN]
