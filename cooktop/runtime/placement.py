@@ -89,19 +89,27 @@ class Placement:
 
 
 def parse_ngl(value: int | str) -> int | str:
-    """``-ngl`` / ``n_gpu_layers`` value: an int, or ``"auto"``.
+    """``-ngl`` / ``n_gpu_layers`` value: an int >= -1 (-1 = all), ``"all"`` (-1) or ``"auto"``.
 
     Raises:
-        DeviceError: anything else.
+        DeviceError: anything else, a negative other than -1 included (llama.cpp: -1 = all).
     """
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if str(value).strip().lower() == "auto":
+    if isinstance(value, bool):
+        raise DeviceError(f"bad -ngl / n_gpu_layers {value!r}: expected an integer, -1 (all) or auto")
+    if isinstance(value, int):
+        n = value
+    elif str(value).strip().lower() == "auto":
         return "auto"
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise DeviceError(f"bad -ngl / n_gpu_layers {value!r}: expected an integer, -1 (all) or auto") from None
+    elif str(value).strip().lower() == "all":
+        return -1
+    else:
+        try:
+            n = int(str(value).strip())
+        except ValueError:
+            raise DeviceError(f"bad -ngl / n_gpu_layers {value!r}: expected an integer, -1 (all) or auto") from None
+    if n < -1:
+        raise DeviceError(f"bad -ngl / n_gpu_layers {n}: layers cannot be negative (-1 = all, auto = as many as fit)")
+    return n
 
 
 def unit_types(gf: GGUFFile, cfg: ModelConfig, unit: int | str) -> set:

@@ -53,6 +53,7 @@ class ServerConfig:
         llama_kwargs: arguments for :class:`cooktop.api.Llama`.
         n_parallel: slots (``-np``); max_queue: waiting requests before 503.
         api_key: Bearer key required on every endpoint but ``/health`` (None: open).
+        defaults: request fields' defaults from the command line (``protocol.sampling_args``).
     """
 
     model_path: str
@@ -61,6 +62,7 @@ class ServerConfig:
     n_parallel: int = 1
     max_queue: int = 256
     api_key: str | None = None
+    defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def model_id(self) -> str:
@@ -205,6 +207,10 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         """``args`` with the ``logit_bias`` token ids outside the vocabulary dropped (llama-server
         ignores them; the Python API refuses them, as llama-cpp-python fails on them)."""
         bias, n_vocab = args.get("logit_bias"), state.ready.llm.n_vocab()
+        if args.pop("ignore_eos", False):  # llama-server: the end-of-generation tokens get -inf
+            bias = {**(bias if isinstance(bias, dict) else {}),
+                    **{str(t): float("-inf") for t in state.ready.llm._tokenizer.eog_ids}}
+            args["logit_bias"] = bias
         if isinstance(bias, dict):
             def outside(k: Any) -> bool:
                 try:
@@ -312,7 +318,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     async def chat_completions(request: Request):
         body = await body_of(request)
         check_model(body)
-        args, n = vocab_bias(P.chat_args(body)), P.n_choices(body)
+        args, n = vocab_bias(P.chat_args(body, config.defaults)), P.n_choices(body)
         make = choices_job(n, args, lambda llm, kw: llm.create_chat_completion(**kw), config.model_id)
         return await run(request, "chat", make, "chat.completion.chunk", body, assemble_chat)
 
@@ -322,7 +328,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     async def completions(request: Request):
         body = await body_of(request)
         check_model(body)
-        prompts, args = P.completion_args(body)
+        prompts, args = P.completion_args(body, config.defaults)
         args = vocab_bias(args)
         n = P.n_choices(body)
         if len(prompts) * n > P.MAX_N:
@@ -383,9 +389,11 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     async def props(request: Request):
         llm = state.llm
         tmpl = llm.chat_template_choice().template
-        return {"default_generation_settings": {"n_ctx": llm.n_ctx(), "params": {
-                    "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
-                    "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "n_predict": -1}},
+        d = {**P.DEFAULTS, **config.defaults}
+        params = {k: d[k] for k in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+                                    "presence_penalty", "frequency_penalty", "ignore_eos")}
+        return {"default_generation_settings": {"n_ctx": llm.n_ctx(), "params": {**params,
+                                                                                 "n_predict": d["max_tokens"]}},
                 "total_slots": len(state.ready.slots), "model_path": config.model_path,
                 "model_alias": config.model_id, "chat_template": tmpl.source, "bos_token": tmpl.bos_token,
                 "eos_token": tmpl.eos_token, "modalities": {"vision": False, "audio": False},
@@ -428,7 +436,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     @endpoint
     async def apply_template(request: Request):
         body = await body_of(request)
-        args = P.chat_args(body)
+        args = P.chat_args(body, config.defaults)
         return {"prompt": state.llm.apply_chat_template(args["messages"], tools=args["tools"])}
 
     return app
