@@ -36,7 +36,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
 from . import protocol as P
-from .responses import add_usage, assemble_chat, assemble_completion, choices_job, prometheus, prompt_choices_job
+from .responses import (
+    add_usage,
+    assemble_chat,
+    assemble_completion,
+    choices_job,
+    empty_chat,
+    prometheus,
+    prompt_choices_job,
+)
 from .slots import END, ERROR, Job, Scheduler
 
 log = logging.getLogger("cooktop.server")
@@ -285,7 +293,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
             raise P.bad("stream_options", "expected an object")
-        job = state.ready.submit(make, asyncio.get_running_loop())
+        job = state.ready.submit(make, asyncio.get_running_loop(), P.field(body, "cache_prompt", bool, True))
         try:
             first = await first_event(job)
         except BaseException:
@@ -319,7 +327,10 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         body = await body_of(request)
         check_model(body)
         args, n = vocab_bias(P.chat_args(body, config.defaults)), P.n_choices(body)
-        make = choices_job(n, args, lambda llm, kw: llm.create_chat_completion(**kw), config.model_id)
+        if args["max_tokens"] == 0:  # llama-server: nothing is generated (the prompt is still read)
+            make = choices_job(n, args, lambda llm, kw: empty_chat(llm, kw), config.model_id)
+        else:
+            make = choices_job(n, args, lambda llm, kw: llm.create_chat_completion(**kw), config.model_id)
         return await run(request, "chat", make, "chat.completion.chunk", body, assemble_chat)
 
     @app.post("/v1/completions")
@@ -368,6 +379,13 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
             "id": config.model_id, "object": "model", "created": int(state.started), "owned_by": "cooktop",
             "meta": {"n_vocab": llm.n_vocab(), "n_ctx": llm.n_ctx(), "n_embd": llm.n_embd(),
                      "n_ctx_train": llm._engine.cfg.n_ctx_train, "size": os.path.getsize(config.model_path)}}]}
+
+    @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}")
+    @endpoint
+    async def model_info(request: Request):
+        check_model({"model": request.path_params["model_id"]})
+        return (await models(request))["data"][0]
 
     @app.get("/health")
     @app.get("/v1/health")

@@ -205,6 +205,7 @@ def completion_args(body: dict[str, Any], defaults: dict[str, Any] | None = None
     lp = body.get("logprobs")
     if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
         raise bad("logprobs", f"expected an integer 0..20, got {lp!r}")
+    n_predict = args.pop("max_tokens")  # llama-server's count: 0 generates nothing, < 0 until the context is full
     args.update(logprobs=lp, echo=field(body, "echo", bool, False), suffix=field(body, "suffix", str, None),
-                grammar=grammar_arg(body, defaults))
+                grammar=grammar_arg(body, defaults), n_predict=max(n_predict, -1))
     return prompts, args
