@@ -151,10 +151,10 @@ def test_echo_logprobs_include_the_prompt(llm, client):
 # -- cooktop serve's command line: request defaults -----------------------------------------
 def test_serve_flags_are_request_defaults(concat_model, server_deps, openai_client_dep):
     from openai import OpenAI
+    from test_llama_flags import parse
 
     from cooktop.cli.serve import request_defaults
     from cooktop.server.app import ServerConfig
-    from test_llama_flags import parse
     p = parse("serve", "-n", "5", "--temp", "0", "--top-k", "1", "--ignore-eos", "-r", "zzz", "--jinja",
               "--no-webui", "-cb", "--threads-http", "4")
     gen = {k: v for k, v in p.items() if k not in ("n_predict", "seed")}
