@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from cooktop.backends import cpu_quants
 from cooktop.backends.base import nmse
-from cooktop.backends.cpu import CpuDevice, cpu_info
+from cooktop.backends.cpu import quants as cpu_quants
+from cooktop.backends.cpu.device import CpuDevice, cpu_info
 from cooktop.format.quants import dequantize, random_weight
 
 TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K]

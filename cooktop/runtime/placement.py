@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..backends.optable import SPECS
 from ..errors import DeviceError, UnsupportedModelError
 from ..format.gguf import GGUFFile
 from ..model.arch import architecture
@@ -26,6 +27,10 @@ from ..model.config import ModelConfig
 
 if TYPE_CHECKING:
     from .budget import DeviceBudget
+
+#: ``supports(selector, op, ggml_type, **dims) -> reason``: why ``op`` cannot run on that device
+#: (``""`` when it can), as ``DeviceInfo.supports_op`` answers.
+Supports = Callable[..., str]
 
 HOST = "cpu"
 
@@ -157,7 +162,7 @@ def split_contiguous(blocks: list[int], weights: list[float]) -> list[list[int]]
 
 
 def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int,
-         split: list[float] | None, supports: Callable[[str, str, object], bool],
+         split: list[float] | None, supports: Supports,
          memory: Callable[[str], int | None] | None = None) -> Placement:
     """Assign every block and the head to a device.
 
@@ -165,7 +170,8 @@ def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int
         selectors: resolved device selectors in order (``cpu`` alone means no offload).
         n_gpu_layers: llama.cpp semantics (module doc).
         split: proportions per selector, or None (by device memory, equal if unknown).
-        supports: ``supports(selector, op, ggml_type)`` of each device.
+        supports: ``supports(selector, op, ggml_type, **dims) -> reason`` of each device (``""``: it
+            can; :meth:`~cooktop.backends.info.DeviceInfo.supports_op`).
         memory: device memory in bytes per selector (for the default split).
     Raises:
         DeviceError: ``split`` has the wrong length.
@@ -205,21 +211,28 @@ def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int
     return Placement(blocks, head, notes)
 
 
-def why_not_on(gf: GGUFFile, cfg: ModelConfig, unit: int | str, sel: str,
-               supports: Callable[[str, str, object], bool]) -> str:
+def unit_dims(cfg: ModelConfig, op: str) -> dict[str, int]:
+    """The dimensions of ``op`` in this model's units that a device may cap (``OpSpec.limits``):
+    ``head_dim`` for rope and attention, the row ``width`` of norms, the widest matmul input."""
+    known = {"head_dim": cfg.head_dim, "width": cfg.n_embd, "n_in": max(cfg.n_embd, cfg.n_ff, cfg.n_embd_q)}
+    return {d: known[d] for d in SPECS[op].limits if d in known}
+
+
+def why_not_on(gf: GGUFFile, cfg: ModelConfig, unit: int | str, sel: str, supports: Supports) -> str:
     """Why block ``unit`` (int) or the ``"head"`` cannot run on ``sel``, or "" when it can: an op
-    of the architecture's block or head the device lacks, or a matrix type its matmul cannot run."""
-    ops = [op for op in architecture(cfg.arch).ops(unit) if op != "matmul" and not supports(sel, op, None)]
-    if ops:
-        return f"{sel} cannot run {', '.join(ops)}"
-    bad = [t for t in unit_types(gf, cfg, unit) if not supports(sel, "matmul", t)]
+    of the architecture's block or head the device lacks or caps below this model's dimensions
+    (e.g. Vulkan's attention with head_dim > 256), or a matrix type its matmul cannot run."""
+    why = [r for op in architecture(cfg.arch).ops(unit) if (r := supports(sel, op, None, **unit_dims(cfg, op)))]
+    if why:
+        return "; ".join(why)
+    bad = [t for t in unit_types(gf, cfg, unit) if supports(sel, "matmul", t)]
     if bad:
         return f"{sel} cannot run matmul on {', '.join(sorted(t.name for t in bad))}"
     return ""
 
 
 def check_runnable(gf: GGUFFile, cfg: ModelConfig, p: Placement, selectors: list[str],
-                   supports: Callable[[str, str, object], bool]) -> None:
+                   supports: Supports) -> None:
     """Refuse a placement where a matrix weight's type cannot run on the device it landed on:
     :func:`plan` only moves a unit back to the host, so no device in use can run that type.
 
@@ -230,14 +243,14 @@ def check_runnable(gf: GGUFFile, cfg: ModelConfig, p: Placement, selectors: list
     for unit, sel in units:
         for name, spec in architecture(cfg.arch).unit_tensors(gf.tensors, unit).values():
             ty = gf.tensor(name).ggml_type
-            if spec.kind == MATRIX and not supports(sel, "matmul", ty):
+            if spec.kind == MATRIX and supports(sel, "matmul", ty):
                 raise UnsupportedModelError(
                     f"{gf.path}: tensor {name} is {ty.name}, a type no device in use "
                     f"({', '.join(dict.fromkeys([HOST, *selectors]))}) can run matmul on")
 
 
 def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
-          split: list[float] | None, supports: Callable[[str, str, object], bool],
+          split: list[float] | None, supports: Supports,
           limits: Callable[[str], tuple[int | None, int | None]],
           n_ctx: int, n_batch: int, logits_all: bool) -> Placement:
     """:func:`plan` plus memory: resolve ``-ngl auto`` and refuse what cannot fit.
