@@ -29,8 +29,17 @@ in the same kernel) and each weight block is multiplied with integer dot
 products (``dotq8.cl``; pmaddubsw on x86 PoCL, portable OpenCL C elsewhere).
 ``COOKTOP_OPENCL_Q8=0`` keeps float32 activations. Q4_0 weights whose rows hold
 whole groups of 128 values are repacked on upload for the 64-byte SIMD kernels
-where the compiler targets AVX-512BW (``dequant.cl``); prompt matrices
-(``mul_mm``) dequantize weight units to float32 registers and reuse them across
+where the compiler targets AVX-512BW (``dequant.cl``).
+
+Prompt matrices run on the same 8-bit activations, so that a prompt's logits are those
+of its tokens one at a time (a cached prefix, a continued conversation, the same request
+again: the same text): ``mul_mvt_q8`` gives each token exactly ``mul_mv_q8``'s sums
+(``COOKTOP_OPENCL_EXACT_PROMPT``, default on), except that Q4_K and Q6_K keep their AVX-512
+VNNI prompt kernels (``mul_mm_q8``: the same quantization, another summation order, within
+llama.cpp's own batched-vs-one-at-a-time difference for those types; Q4_0's VNNI kernel,
+whose llama.cpp counterpart is exact, runs only with ``COOKTOP_OPENCL_EXACT_PROMPT=0``).
+Float weights, and every type with ``COOKTOP_OPENCL_EXACT_PROMPT=0`` where no VNNI kernel
+applies, use ``mul_mm``: weight units dequantized to float32 registers and reused across
 8 tokens and 2 rows per work-item.
 """
 
@@ -50,7 +59,7 @@ from ... import settings
 from ...errors import DeviceError, DeviceOutOfMemoryError
 from ..base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
 from . import INSTALL_HINT
-from .programs import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, Q8_TYPES, KernelCache, clear_cache
+from .programs import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, MVT_TN, OPENCL_TYPES, Q8_TYPES, KernelCache, clear_cache
 from .q8 import Q8Shadows
 
 log = logging.getLogger(__name__)
@@ -132,8 +141,26 @@ def _subgroup_size(cl: Any, dev: Any, extensions: str) -> tuple[int | None, str]
     return None, "unknown (replaced by the kernel's preferred work-group multiple when opened)"
 
 
+def driver_label(platform_name: str, platform_version: str) -> str:
+    """Which driver a platform is, for ``cooktop devices``: ``PoCL 3.0-rc2 (pip)`` for the PoCL that
+    pyopencl's wheel loads with PyPI's ``pocl-binary-distribution`` (the ``opencl`` extra), ``PoCL
+    3.1+debian (system)`` for a PoCL installed by the OS, else the platform name and version."""
+    import re
+    m = re.search(r"PoCL (\S+)", platform_version)
+    if "Portable Computing Language" not in platform_name or m is None:
+        return f"{platform_name} ({platform_version})".strip()
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        pip_version = version("pocl-binary-distribution")
+    except (ImportError, PackageNotFoundError):
+        pip_version = None
+    pip = pip_version is not None and m.group(1).split("+")[0].startswith(pip_version)
+    return f"PoCL {m.group(1)} ({'pip' if pip else 'system'})"
+
+
 def device_info(cl: Any, platform: Any, dev: Any, index: int, p_index: int, d_index: int) -> DeviceInfo:
-    """The :class:`DeviceInfo` of one pyopencl device (no kernel is built)."""
+    """The :class:`DeviceInfo` of one pyopencl device (no kernel is built); ``extra["driver"]``:
+    :func:`driver_label`."""
     ext = _safe(lambda: dev.extensions, "") or ""
     sg, sg_src = _subgroup_size(cl, dev, ext)
     return DeviceInfo(
@@ -148,6 +175,8 @@ def device_info(cl: Any, platform: Any, dev: Any, index: int, p_index: int, d_in
         subgroup_size=sg, fp16="cl_khr_fp16" in ext, int8=any(e in ext for e in _INT8_EXTENSIONS),
         types=tuple(type_name(t) for t in OPENCL_TYPES), ops=OPS,
         extra={"platform_index": p_index, "device_index": d_index, "subgroup_size_source": sg_src,
+               "driver": driver_label(_safe(lambda: platform.name.strip(), "?"),
+                                      _safe(lambda: platform.version.strip(), "")),
                "opencl_c_version": _safe(lambda: dev.opencl_c_version.strip(), ""),
                "local_mem_bytes": _safe(lambda: int(dev.local_mem_size))})
 
@@ -302,6 +331,7 @@ class OpenCLDevice(Device):
         # 8-bit activations for the integer-dot matmuls (q8.py); COOKTOP_OPENCL_Q8=0 turns them off
         self.q8 = Q8Shadows(self._alloc)
         self.use_q8 = settings.opencl_q8()
+        self.exact_prompt = self.use_q8 and settings.opencl_exact_prompt()
 
     # -- memory -----------------------------------------------------------
     def _alloc(self, nbytes: int, hostbuf: np.ndarray | None = None, count: bool = True) -> Any:
@@ -377,14 +407,19 @@ class OpenCLDevice(Device):
         k = self.kernels.weights(w.ggml_type, self.kernels.repacks(w.ggml_type, w.shape))
         s = self.shape
         self.q8.dirty(out.handle)
-        if n_tok == 1 and k.mul_mv_q8 is not None and self.use_q8:
-            slot = self._q8_input(x)
-            k.mul_mv_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
-                        w.handle, slot.xq, slot.xd, out.handle, n_in, n_out)
-        elif n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8:
+        if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8 and not (
+                self.exact_prompt and w.ggml_type == T.Q4_0):  # VNNI prompt kernel (module doc)
             slot = self._q8_input(x)
             gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // s.mmq_tn))
             k.mul_mm_q8(self.queue, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
+        elif n_tok == 1 and k.mul_mv_q8 is not None and self.use_q8:
+            slot = self._q8_input(x)
+            k.mul_mv_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
+                        w.handle, slot.xq, slot.xd, out.handle, n_in, n_out)
+        elif n_tok > 1 and k.mul_mvt_q8 is not None and self.exact_prompt:  # the one-token sums, token by token
+            slot = self._q8_input(x)
+            k.mul_mvt_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r), -(-n_tok // MVT_TN)), (s.mv_ls, s.mv_r, 1),
+                         w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1:
             k.mul_mv(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
                      w.handle, x.handle, out.handle, n_in, n_out)
@@ -502,17 +537,18 @@ class OpenCLDevice(Device):
         (and ``shape`` [n_out, n_in]; needed for n_tokens > 1) multiplies 8-bit quantized
         activations (``reference.quantize_q8_ref``) with integer dot products, as llama.cpp's CPU
         backend does; False when it computes in float32."""
-        if not self.use_q8:
+        if not self.use_q8 or T(ggml_type) not in Q8_TYPES:
             return False
-        if n_tokens == 1:
-            return T(ggml_type) in Q8_TYPES
+        if n_tokens == 1 or self.exact_prompt:  # mul_mv_q8; a prompt: mul_mvt_q8 or mul_mm_q8
+            return True
         return shape is not None and self.kernels.mm_q8(T(ggml_type), tuple(shape))
 
     def _fuse_q8(self, n_rows: int, n: int) -> bool:
         """True when an op producing ``[n_rows, n]`` should also write its 8-bit copy: the
-        integer-dot matmuls read it (one row: mat-vec; more rows: where ``mul_mm_q8`` runs) and
-        whole 32-value blocks fit."""
-        return self.use_q8 and (n_rows == 1 or self.kernels.vnni) and n % 32 == 0
+        integer-dot matmuls read it (any number of rows: mul_mv_q8, mul_mm_q8, mul_mvt_q8) and
+        whole 32-value blocks fit. The same producer for one row and many keeps a prompt's
+        8-bit copies those of its tokens one at a time."""
+        return self.use_q8 and (n_rows == 1 or self.kernels.vnni or self.exact_prompt) and n % 32 == 0
 
     def _q8_input(self, x: DeviceTensor):
         """The 8-bit copy of ``x`` (f32 [n, n_in], n_in % 32 == 0), quantizing it now if no
