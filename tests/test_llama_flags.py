@@ -104,7 +104,7 @@ def test_an_option_defined_elsewhere_is_never_shadowed():
     ("run", ["-nkvo"], "-nkvo (--no-kv-offload) is not supported by cooktop, ignored"),
     ("run", ["-i"], "-i (--interactive) is not supported by cooktop, ignored"),
     ("run", ["--log-disable"], "--log-disable is not supported by cooktop, ignored"),
-    ("run", ["--keep", "4"], "--keep 4 is not supported by cooktop, ignored"),
+    ("run", ["--mmproj", "x.gguf"], "-mm x.gguf (--mmproj) is not supported by cooktop, ignored: cooktop runs text"),
 ])
 def test_ignored_flags_say_so_and_run(stories, command, flags, said):
     r = cooktop(command, "-m", str(stories), "-p", PROMPT, "-n", "2", "--temp", "0", "--device", "cpu", *flags)
@@ -171,6 +171,31 @@ def test_ngl_negative_other_than_minus_one_refused(stories):
 
 def test_chat_cnv_single_turn(stories):
     r = cooktop("chat", "-m", str(stories), "-cnv", "-st", "-mli", "-n", "4", "--temp", "0", "-c", "256",
-                "--device", "cpu", stdin="Hello\nsecond\n")
+                "--device", "cpu", "--keep", "4", stdin="Hello\nsecond\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("> ") == 1 and "-c nv" not in r.stderr and "-mli (--multiline-input)" in r.stderr
+    assert "--keep 4 is not supported by cooktop, ignored" in r.stderr  # no context shift in chat
+
+
+def test_context_shift_and_keep(stories):
+    """--context-shift --keep N: a full context drops the older half after the first N tokens and
+    generation goes on; the token after the shift is what the shifted context gives afresh."""
+    out, err = _text(stories, "-c", "32", n=60)
+    assert "/    27 runs" in err and "/    32 tokens" in err  # 5 prompt + 27 generated fill 32
+    shifted, err = _text(stories, "-c", "32", "--context-shift", "--keep", "5", n=60)
+    assert "finish reason: length" in err and "/    59 runs" in err  # 60 tokens in a context of 32
+    assert shifted.startswith(out.rstrip("\n")) and len(shifted) > len(out)
+    from cooktop.engine import generate as G
+    from cooktop.engine.sampling import SamplingParams
+    eng = G.load(str(stories), n_ctx=32, device="cpu")
+    prompt = eng.tokenizer.tokenize(PROMPT, add_bos=True)
+    res = eng.generate(prompt, 29, SamplingParams(temperature=0), n_keep=5).drain()
+    ctx = prompt + res.tokens[:27]  # full: 32 tokens, keep 5, drop (32 - 5) // 2 = 13
+    fresh = eng.new_sequence()
+    logits = fresh.eval(ctx[:5] + ctx[5 + 13:])[-1]
+    assert res.tokens[27] == int(logits.argmax())
+    with pytest.raises(click.ClickException):
+        parse("run", "--keep", "x")
+    r = cooktop("run", "-m", str(stories), "-p", PROMPT, "--keep", "-2", "--device", "cpu")
+    assert r.returncode == 1 and "--keep must be >= -1" in r.stderr
+    eng.close()

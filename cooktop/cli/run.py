@@ -91,6 +91,10 @@ def process_escapes(text: str) -> str:
 @click.option("--display-prompt/--no-display-prompt", "display_prompt", default=True, show_default=True,
               help="Echo the prompt before the generated text.")
 @click.option("--verbose-prompt", is_flag=True, help="Print the prompt's tokens to stderr before generating.")
+@click.option("--context-shift/--no-context-shift", "context_shift", default=False, show_default=True,
+              help="When the context is full, drop the older half of it (after --keep tokens) and go on.")
+@click.option("--keep", "n_keep", default=0, show_default=True,
+              help="With --context-shift: prompt tokens always kept (-1 = the whole prompt).")
 @click.option("-e", "--escape/--no-escape", "escape", default=True, show_default=True,
               help="Process escapes (\\n \\r \\t \\' \\\" \\\\ \\xNN) in -p, as llama.cpp does by default.")
 @click.option("--no-bos", is_flag=True, help="Do not prepend the BOS token.")
@@ -105,8 +109,9 @@ def process_escapes(text: str) -> str:
 @device_options
 @ray_option
 def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, display_prompt,
-            verbose_prompt, escape, no_bos, special, conversation, single_turn, system, chat_template,
-            chat_template_file, threads, threads_batch, device, n_gpu_layers, split, ray_address, **gen_opts):
+            verbose_prompt, context_shift, n_keep, escape, no_bos, special, conversation, single_turn, system,
+            chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, ray_address,
+            **gen_opts):
     """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple).
 
     Special tokens in the prompt (``<s>``, ``<|im_start|>``) are parsed, escapes
@@ -117,6 +122,8 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     """
     if n_predict < -1:
         raise CooktopError(f"-n must be >= -1 (-1 = until the context is full), got {n_predict}")
+    if n_keep < -1:
+        raise CooktopError(f"--keep must be >= -1 (-1 = the whole prompt), got {n_keep}")
     path = resolve_model(model, hf_repo, hf_file)
     if prompt_file is not None:
         prompt = read_prompt_file(prompt_file)
@@ -151,7 +158,8 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         out.write(prompt)
         out.flush()
     criteria = stop_criterion(eng.tokenizer, len(tokens), gen_opts["reverse_prompt"])
-    gen = eng.generate(tokens, n_predict, sampler, stopping_criteria=criteria)
+    gen = eng.generate(tokens, n_predict, sampler, stopping_criteria=criteria,
+                       n_keep=n_keep if context_shift else None)
     for step in gen:
         out.write(step.text)
         out.flush()
