@@ -62,13 +62,15 @@ failed() {
 # Debian 12 / Ubuntu names. Runtime: PoCL (OpenCL on the CPU) and Mesa lavapipe
 # (Vulkan on the CPU); build: compilers, cmake and the headers kp is built against;
 # test: the Khronos validation layer (make test-vulkan-validation; kp is built so
-# that it never loads the layer by itself).
+# that it never loads the layer by itself) and chromium + chromium-driver (the web page's
+# browser test, tests/test_webui.py).
 apt_pkgs=(
     python3-dev build-essential cmake patch
     pocl-opencl-icd ocl-icd-libopencl1 clinfo
     mesa-vulkan-drivers libvulkan1 libvulkan-dev vulkan-tools glslc vulkan-validationlayers
     libfmt-dev
     iproute2 util-linux
+    chromium chromium-driver
 )
 if ! command -v "$py_sys" >/dev/null 2>&1; then
     apt_pkgs+=(python3 python3-venv)

@@ -52,11 +52,15 @@ def test_every_llama_cpp_option_parses(command, tmp_path):
     """Each spelling of each option of the command's llama.cpp programs, with dummy values."""
     prompt = tmp_path / "p.txt"
     prompt.write_text("x")
+    owner = {s: p for p in cli.commands[command].params for s in [*p.opts, *p.secondary_opts]}
     for o in options_for(command):
         if o.key_of({"--help", "--version", "--completion-bash"}):
             continue
         for s in o.spellings:
-            values = [str(prompt) if s in ("-f", "--file") else "1"] * (o.nargs if s in o.args else 0)
+            kind = getattr(owner.get(s), "type", None)
+            value = str(prompt) if s in ("-f", "--file") else kind.choices[0] if isinstance(kind, click.Choice) \
+                else "1"
+            values = [value] * (o.nargs if s in o.args else 0)
             try:
                 parse(command, s, *values)
             except click.ClickException as e:

@@ -193,22 +193,24 @@ def llama_options(program: str):
         for o in table:
             if o.key_of(SKIP) is not None:
                 continue
-            mine = [owner[s] for s in o.spellings if s in owner]
-            if mine:
-                p = mine[0]
-                for s in o.args:
-                    if s not in owner:
-                        p.opts.append(s)
-                        owner[s] = p
-                if isinstance(p, click.Option) and p.is_bool_flag and p.secondary_opts:
+            pos = [s for s in o.args if s in owner]
+            neg = [s for s in o.neg if s in owner]
+            if pos or neg:  # the command implements it: its missing spellings become aliases
+                p = owner[(pos or neg)[0]]
+                two_way = isinstance(p, click.Option) and p.is_bool_flag and bool(p.secondary_opts)
+                if pos:
+                    for s in o.args:
+                        if s not in owner:
+                            p.opts.append(s)
+                            owner[s] = p
+                    if program == "serve" and o.env and isinstance(p, click.Option) and p.envvar is None:
+                        p.envvar = o.env
+                if (pos and two_way) or (neg and not pos):  # a --no- flag of its own takes the others
                     for s in o.neg:
                         if s not in owner:
-                            p.secondary_opts.append(s)
+                            (p.secondary_opts if pos else p.opts).append(s)
                             owner[s] = p
-                if program == "serve" and o.env and isinstance(p, click.Option) and p.envvar is None:
-                    p.envvar = o.env
-                continue
-            opt = _hidden_option(o, set(owner))
+            opt = _hidden_option(o, set(owner))  # spellings still unclaimed (--webui beside --no-webui)
             if opt is None:
                 continue
             for s in [*opt.opts, *opt.secondary_opts]:

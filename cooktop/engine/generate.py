@@ -32,7 +32,7 @@ from ..backends.base import Device
 from ..errors import ContextOverflowError, CooktopError
 from ..format.gguf import GGUFFile
 from ..model.config import ModelConfig
-from ..model.forward import Model
+from ..model.placed import PlacedModel
 from ..runtime.loader import LoadedModel, load_model
 from ..runtime.placement import Placement
 from ..text.tokenizer import Tokenizer
@@ -167,7 +167,7 @@ class Engine:
         keep_scores: the default sequence records every logits row (``Llama.scores``).
     """
 
-    def __init__(self, gf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer, model: Model,
+    def __init__(self, gf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer, model: PlacedModel,
                  placement: Placement, devices: dict[str, Device], load_ms: float, keep_scores: bool = False):
         self.gf, self.cfg, self.tokenizer, self.model = gf, cfg, tokenizer, model
         self.placement = placement
@@ -228,7 +228,8 @@ class Engine:
 
     def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams | Sampler,
                  stop: list[str] | None = None, seq: Sequence | Callable[[list[int]], Sequence] | None = None,
-                 stopping_criteria: list[StoppingCriterion] | None = None, n_keep: int | None = None) -> Generation:
+                 stopping_criteria: list[StoppingCriterion] | None = None,
+                 preserved: frozenset[int] = frozenset(), n_keep: int | None = None) -> Generation:
         """The continuation of ``prompt_tokens`` on ``seq``, as a :class:`Generation` of steps.
 
         Nothing runs until the first ``next``. The sequence's context becomes the
@@ -247,6 +248,8 @@ class Engine:
                 ``seq(prompt_tokens) -> Sequence`` choosing one (the server's slots).
             stopping_criteria: callables ``(input_ids, logits) -> bool`` checked after each
                 token (llama-cpp-python's ``stopping_criteria``); True ends with "stop".
+            preserved: control tokens whose text the output keeps (a chat format's markers such as
+                ``<|python_tag|>``, llama.cpp's ``preserved_tokens``); others print nothing.
             n_keep: None: a full context ends the generation (finish "length"). Else llama.cpp's
                 context shift (``--context-shift --keep N``, tools/completion): keep the first
                 ``n_keep`` tokens (-1: the whole prompt), drop the older half of the rest and go
@@ -263,11 +266,13 @@ class Engine:
         stops = [s for s in (stop or []) if s]
         sampler = params if isinstance(params, Sampler) else Sampler(params)
         steps = self._steps(seq, list(prompt_tokens), n_predict, sampler, stops, list(stopping_criteria or []),
-                            n_keep)
+                            preserved, n_keep)
         return Generation(steps, seq, seq.common_prefix(list(prompt_tokens)))
 
-    def _steps(self, seq: Sequence, prompt: list[int], n_predict: int, sampler: Sampler, stop: list[str],
-               criteria: list[StoppingCriterion], n_keep: int | None = None) -> Generator[Step, None, GenerationResult]:
+    def _steps(self, seq: Sequence, prompt: list[int], n_predict: int, sampler: Sampler,
+               stop: list[str], criteria: list[StoppingCriterion],
+               preserved: frozenset[int] = frozenset(),
+               n_keep: int | None = None) -> Generator[Step, None, GenerationResult]:
         """The generation loop of :meth:`generate` (a generator returning its result)."""
         timings = Timings(load_ms=self.load_ms)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -306,7 +311,7 @@ class Engine:
                 break
             generated.append(tok)
             history.append(tok)
-            pending += decoder.decode(self.tokenizer.token_to_piece(tok))
+            pending += decoder.decode(self.tokenizer.token_to_piece(tok, special=tok in preserved))
             emit, hit = _split_stop(pending, stop)
             pending = pending[len(emit):]
             if emit:

@@ -32,6 +32,11 @@ _KNOWN_UNUSED = {
 }
 
 
+#: A reranker's classification head: applied after the forward pass by pooling ``rank``
+#: (cooktop/api/rerank.py, as llama.cpp src/llama-graph.cpp build_pooling).
+RANK_HEAD = ("cls.weight", "cls.bias", "cls.output.weight", "cls.output.bias")
+
+
 def _check_unused(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
     """Refuse any tensor the forward pass would silently ignore (one ``arch`` does not
     declare: a bias, ``rope_freqs.weight``, an unknown ``blk.N.*`` tensor, or a block
@@ -45,6 +50,8 @@ def _check_unused(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
         m = _BLOCK_RE.fullmatch(name)
         block = int(m.group(1)) if m else None
         if spec is not None and (block is None or not spec.per_block or block < cfg.n_layer):
+            continue
+        if name in RANK_HEAD:
             continue
         if name in _KNOWN_UNUSED:
             what = _KNOWN_UNUSED[name]

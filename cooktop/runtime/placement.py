@@ -221,8 +221,10 @@ def unit_dims(cfg: ModelConfig, op: str) -> dict[str, int]:
 def why_not_on(gf: GGUFFile, cfg: ModelConfig, unit: int | str, sel: str, supports: Supports) -> str:
     """Why block ``unit`` (int) or the ``"head"`` cannot run on ``sel``, or "" when it can: an op
     of the architecture's block or head the device lacks or caps below this model's dimensions
-    (e.g. Vulkan's attention with head_dim > 256), or a matrix type its matmul cannot run."""
-    why = [r for op in architecture(cfg.arch).ops(unit) if (r := supports(sel, op, None, **unit_dims(cfg, op)))]
+    (e.g. Vulkan's attention with head_dim > 256), or a matrix type its matmul cannot run. The ops
+    are those the unit's code calls with the file's tensors (``Architecture.ops``)."""
+    ops = architecture(cfg.arch).ops(cfg, unit, gf.tensors)
+    why = [r for op in ops if (r := supports(sel, op, None, **unit_dims(cfg, op)))]
     if why:
         return "; ".join(why)
     bad = [t for t in unit_types(gf, cfg, unit) if supports(sel, "matmul", t)]

@@ -10,6 +10,8 @@ import time
 import uuid
 from typing import Any
 
+from ..api.chat_plan import assemble_message
+
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any]) -> dict[str, Any]:
     """The sum of two usages (the jobs below count each prompt once: see :func:`repeat_usage`)."""
@@ -49,12 +51,22 @@ def empty_chat(llm: Any, kw: dict[str, Any]):
                       "prompt_tokens_details": {"cached_tokens": 0}})
 
 
+def eos_ignored(llm: Any, kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` without its ``ignore_eos`` (llama-server's field), which becomes a -inf
+    ``logit_bias`` on the model's end-of-generation tokens."""
+    if kw.pop("ignore_eos", False):
+        bias = kw.get("logit_bias")
+        kw["logit_bias"] = {**(bias if isinstance(bias, dict) else {}),
+                            **{str(t): float("-inf") for t in llm._tokenizer.eog_ids}}
+    return kw
+
+
 def choices_job(n: int, args: dict[str, Any], call, model: str):
     """A job making ``n`` streamed choices one after the other (choice i: seed + i)."""
     def make(llm):
         def gen():
             for i in range(n):
-                kw = dict(args, stream=True, model=model)
+                kw = eos_ignored(llm, dict(args, stream=True, model=model))
                 if n > 1 and kw.get("seed") is not None:
                     kw["seed"] = kw["seed"] + i
                 for chunk in call(llm, kw):
@@ -71,7 +83,7 @@ def prompt_choices_job(prompts: list[Any], n: int, args: dict[str, Any], model: 
             idx = 0
             for prompt in prompts:
                 for i in range(n):
-                    kw = dict(args, stream=True, model=model)
+                    kw = eos_ignored(llm, dict(args, stream=True, model=model))
                     if n > 1 and kw.get("seed") is not None:
                         kw["seed"] = kw["seed"] + i
                     for chunk in llm.create_completion(prompt, **kw):
@@ -89,7 +101,7 @@ def assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     for c in chunks:
         ch = c["choices"][0]
         slot = choices.setdefault(ch["index"], {"text": [], "finish": None, "lp": None})
-        slot["text"].append(ch["delta"].get("content") or "")
+        slot["text"].append(ch["delta"])
         if ch.get("logprobs") is not None:
             slot["lp"] = (slot["lp"] or []) + ch["logprobs"]["content"]
         if ch["finish_reason"] is not None:
@@ -98,7 +110,7 @@ def assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
             usage = add_usage(usage, c["usage"])
     first = chunks[0]
     return {"id": first["id"], "object": "chat.completion", "created": first["created"], "model": first["model"],
-            "choices": [{"index": i, "message": {"role": "assistant", "content": "".join(s["text"])},
+            "choices": [{"index": i, "message": assemble_message(s["text"]),
                          "logprobs": None if s["lp"] is None else {"content": s["lp"], "refusal": None},
                          "finish_reason": s["finish"]} for i, s in sorted(choices.items())],
             "usage": usage}
@@ -169,7 +181,7 @@ def prometheus(state: Any) -> str:
         "# HELP cooktop:requests_total Requests received, by endpoint.",
         "# TYPE cooktop:requests_total counter",
     ]
-    for ep in ("chat", "completions", "embeddings"):
+    for ep in ("chat", "completions", "embeddings", "responses", "messages", "rerank"):
         lines.append(f'cooktop:requests_total{{endpoint="{ep}"}} {m.requests_total[ep]}')
     lines += ["# HELP cooktop:errors_total Generations that ended in an error.", "# TYPE cooktop:errors_total counter",
               f"cooktop:errors_total {m.errors_total}"]
