@@ -10,9 +10,11 @@ programs it belongs to and its ``LLAMA_ARG_*`` variable.
 parses unchanged:
 
 - a spelling of an option the command implements (``--n-predict`` for ``-n``,
-  ``--temperature`` for ``--temp``) becomes an alias of the command's own option;
-  on ``serve`` that option also reads the option's ``LLAMA_ARG_*`` variable, as
-  llama-server does;
+  ``--temperature`` for ``--temp``) becomes an alias of the command's own option
+  (a ``--no-`` spelling of a two-way flag its other side; the other ``--no-``
+  spellings of a command's own ``--no-x`` flag alias that flag, while the positive
+  ones stay separate, ignored options); on ``serve`` that option also reads the
+  option's ``LLAMA_ARG_*`` variable, as llama-server does;
 - every other option is a hidden option that, when given, prints one line
   ``cooktop: FLAG [VALUE] (ALIAS) is not supported by cooktop, ignored[: why]``
   and changes nothing (values that are what cooktop does anyway pass silently);
