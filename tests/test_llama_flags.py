@@ -203,3 +203,17 @@ def test_context_shift_and_keep(stories):
     r = cooktop("run", "-m", str(stories), "-p", PROMPT, "--keep", "-2", "--device", "cpu")
     assert r.returncode == 1 and "--keep must be >= -1" in r.stderr
     eng.close()
+
+
+def test_chat_reverse_prompt_and_sampling_flags(stories):
+    """In a conversation -r ends the answer (a stop string), and the sampling flags reach it."""
+    def answer(*flags):
+        r = cooktop("chat", "-m", str(stories), "-st", "-n", "24", "--temp", "0", "-c", "256", "--device", "cpu",
+                    *flags, stdin="Tell me a story.\n")
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    full = answer()
+    assert "." in full.strip("\n> ")
+    cut = answer("-r", ".")
+    assert cut == full[:full.index(".", 4)] + "\n"
+    assert answer("--presence-penalty", "2", "--frequency-penalty", "2") != full
