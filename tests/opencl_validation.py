@@ -24,8 +24,13 @@ Exit status: 1 when Oclgrind reported anything, when no test ran on the Oclgrind
 or pytest's own status when it failed; 0 otherwise. Oclgrind missing: exit 0 with a
 "skipped" line, unless ``COOKTOP_REQUIRE`` names ``oclgrind`` (``.ci/run`` does): then 1.
 
-Excluded by name (README "Tests"): ``--uninitialized`` (``OCLGRIND_UNINITIALIZED``) is not
-turned on: Oclgrind 21.10 itself crashes (SIGSEGV) with it on cooktop's kernels.
+Excluded by name (README "Tests"): ``--uninitialized`` (``OCLGRIND_UNINITIALIZED``) stays off.
+Oclgrind 21.10's Uninitialized plugin stops with "OCLGRIND FATAL ERROR" on two things it does not
+model, then computes wrong values (rope's output all zeros) or crashes the process (SIGSEGV) later:
+LLVM's ``freeze`` instruction (``Unsupported instruction: freeze`` in ``mul_mm``, which clang 14+
+emits for ``%i.0.frozen = freeze i32 %i.0`` ahead of a division by a loop index), and ``sincos``
+writing its cosine through a pointer to private memory (``Work item needed to access private
+memory!`` in ``rope`` at rope.cl:30). Neither is a fault of the kernels.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_ARGS = ["-q", "-p", "no:cacheprovider",
                 "tests/test_ops_parity.py", "tests/test_ops_parity_ext.py", "tests/test_device_contract.py",
                 "tests/test_opencl_q8.py", "tests/test_reference.py",
+                "tests/test_opencl.py::test_work_group_sizes_of_real_gpus",
                 "-k", "opencl and not greedy and not (tiny and not Q4_K_M)"]
 
 #: Where Debian's package puts the ICD library of the Oclgrind runtime.
