@@ -29,8 +29,17 @@ in the same kernel) and each weight block is multiplied with integer dot
 products (``dotq8.cl``; pmaddubsw on x86 PoCL, portable OpenCL C elsewhere).
 ``COOKTOP_OPENCL_Q8=0`` keeps float32 activations. Q4_0 weights whose rows hold
 whole groups of 128 values are repacked on upload for the 64-byte SIMD kernels
-where the compiler targets AVX-512BW (``dequant.cl``); prompt matrices
-(``mul_mm``) dequantize weight units to float32 registers and reuse them across
+where the compiler targets AVX-512BW (``dequant.cl``).
+
+Prompt matrices run on the same 8-bit activations, so that a prompt's logits are those
+of its tokens one at a time (a cached prefix, a continued conversation, the same request
+again: the same text): ``mul_mvt_q8`` gives each token exactly ``mul_mv_q8``'s sums
+(``COOKTOP_OPENCL_EXACT_PROMPT``, default on), except that Q4_K and Q6_K keep their AVX-512
+VNNI prompt kernels (``mul_mm_q8``: the same quantization, another summation order, within
+llama.cpp's own batched-vs-one-at-a-time difference for those types; Q4_0's VNNI kernel,
+whose llama.cpp counterpart is exact, runs only with ``COOKTOP_OPENCL_EXACT_PROMPT=0``).
+Float weights, and every type with ``COOKTOP_OPENCL_EXACT_PROMPT=0`` where no VNNI kernel
+applies, use ``mul_mm``: weight units dequantized to float32 registers and reused across
 8 tokens and 2 rows per work-item.
 """
 
@@ -51,6 +60,7 @@ from . import INSTALL_HINT
 from .info import _safe, describe_icds, device_info, empty_platform_hint, launch_shape
 from .programs import (
     FLOAT_TYPES,
+    MVT_TN,
     Q8_TYPES,
     KernelCache,
     clear_cache,
@@ -177,6 +187,7 @@ class OpenCLDevice(Device):
         # 8-bit activations for the integer-dot matmuls (q8.py); COOKTOP_OPENCL_Q8=0 turns them off
         self.q8 = Q8Shadows(self._alloc)
         self.use_q8 = settings.opencl_q8()
+        self.exact_prompt = self.use_q8 and settings.opencl_exact_prompt()
 
     # -- memory -----------------------------------------------------------
     def _alloc(self, nbytes: int, hostbuf: np.ndarray | None = None, count: bool = True) -> Any:
@@ -252,14 +263,19 @@ class OpenCLDevice(Device):
         k = self.kernels.weights(w.ggml_type, self.kernels.repacks(w.ggml_type, w.shape))
         s = self.shape
         self.q8.dirty(out.handle)
-        if n_tok == 1 and k.mul_mv_q8 is not None and self.use_q8:
-            slot = self._q8_input(x)
-            k.mul_mv_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
-                        w.handle, slot.xq, slot.xd, out.handle, n_in, n_out)
-        elif n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8:
+        if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8 and not (
+                self.exact_prompt and w.ggml_type == T.Q4_0):  # VNNI prompt kernel (module doc)
             slot = self._q8_input(x)
             gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // s.mmq_tn))
             k.mul_mm_q8(self.queue, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
+        elif n_tok == 1 and k.mul_mv_q8 is not None and self.use_q8:
+            slot = self._q8_input(x)
+            k.mul_mv_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
+                        w.handle, slot.xq, slot.xd, out.handle, n_in, n_out)
+        elif n_tok > 1 and k.mul_mvt_q8 is not None and self.exact_prompt:  # the one-token sums, token by token
+            slot = self._q8_input(x)
+            k.mul_mvt_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r), -(-n_tok // MVT_TN)), (s.mv_ls, s.mv_r, 1),
+                         w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1:
             k.mul_mv(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
                      w.handle, x.handle, out.handle, n_in, n_out)
@@ -377,17 +393,18 @@ class OpenCLDevice(Device):
         (and ``shape`` [n_out, n_in]; needed for n_tokens > 1) multiplies 8-bit quantized
         activations (``reference.quantize_q8_ref``) with integer dot products, as llama.cpp's CPU
         backend does; False when it computes in float32."""
-        if not self.use_q8:
+        if not self.use_q8 or T(ggml_type) not in Q8_TYPES:
             return False
-        if n_tokens == 1:
-            return T(ggml_type) in Q8_TYPES
+        if n_tokens == 1 or self.exact_prompt:  # mul_mv_q8; a prompt: mul_mvt_q8 or mul_mm_q8
+            return True
         return shape is not None and self.kernels.mm_q8(T(ggml_type), tuple(shape))
 
     def _fuse_q8(self, n_rows: int, n: int) -> bool:
         """True when an op producing ``[n_rows, n]`` should also write its 8-bit copy: the
-        integer-dot matmuls read it (one row: mat-vec; more rows: where ``mul_mm_q8`` runs) and
-        whole 32-value blocks fit."""
-        return self.use_q8 and (n_rows == 1 or self.kernels.vnni) and n % 32 == 0
+        integer-dot matmuls read it (any number of rows: mul_mv_q8, mul_mm_q8, mul_mvt_q8) and
+        whole 32-value blocks fit. The same producer for one row and many keeps a prompt's
+        8-bit copies those of its tokens one at a time."""
+        return self.use_q8 and (n_rows == 1 or self.kernels.vnni or self.exact_prompt) and n % 32 == 0
 
     def _q8_input(self, x: DeviceTensor):
         """The 8-bit copy of ``x`` (f32 [n, n_in], n_in % 32 == 0), quantizing it now if no

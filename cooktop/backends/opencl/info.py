@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import re
 from typing import Any
 
 from ... import settings
@@ -59,6 +60,22 @@ def _subgroup_size(cl: Any, dev: Any, extensions: str) -> tuple[int | None, str]
     return None, "unknown (replaced by the kernel's preferred work-group multiple when opened)"
 
 
+def driver_label(platform_name: str, platform_version: str) -> str:
+    """Which driver a platform is, for ``cooktop devices``: ``PoCL 3.0-rc2 (pip)`` for the PoCL that
+    pyopencl's wheel loads with PyPI's ``pocl-binary-distribution`` (the ``opencl`` extra), ``PoCL
+    3.1+debian (system)`` for a PoCL installed by the OS, else the platform name and version."""
+    m = re.search(r"PoCL (\S+)", platform_version)
+    if "Portable Computing Language" not in platform_name or m is None:
+        return f"{platform_name} ({platform_version})".strip()
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        pip_version = version("pocl-binary-distribution")
+    except (ImportError, PackageNotFoundError):
+        pip_version = None
+    pip = pip_version is not None and m.group(1).split("+")[0].startswith(pip_version)
+    return f"PoCL {m.group(1)} ({'pip' if pip else 'system'})"
+
+
 def launch_shape(info: DeviceInfo) -> tuple[str, Any]:
     """``("cpu" | "gpu", LaunchShape)``: CPU devices run one output row per work-item
     (:data:`.programs.CPU_SHAPE`), GPUs work-groups sharing rows (``GPU_SHAPE``), unless the
@@ -77,7 +94,8 @@ def kernel_variants(info: DeviceInfo) -> dict[str, str]:
     vnni = (info.device_type == "cpu" and host_has_vnni() and _safe(settings.opencl_vnni, True)
             and "COOKTOP_PORTABLE" not in os.environ.get("COOKTOP_OPENCL_OPTIONS", ""))
     return {"launch_shape": shape, "matmul_activations": "q8_1 (integer dot)" if q8 else "f32",
-            "prompt_matmul": "mul_mm_q8 (AVX-512 VNNI)" if vnni and q8 else "mul_mm"}
+            "prompt_matmul": ("mul_mm_q8 (AVX-512 VNNI: Q4_K, Q6_K) + " if vnni and q8 else "")
+            + ("mul_mvt_q8 (the one-token sums)" if q8 and _safe(settings.opencl_exact_prompt, True) else "mul_mm")}
 
 
 def _subgroup_sizes(cl: Any, dev: Any, extensions: str, default: int | None) -> tuple[int, ...]:
@@ -102,7 +120,8 @@ def _subgroup_ops(extensions: str) -> tuple[str, ...]:
 
 
 def device_info(cl: Any, platform: Any, dev: Any, index: int, p_index: int, d_index: int) -> DeviceInfo:
-    """The :class:`DeviceInfo` of one pyopencl device (no kernel is built)."""
+    """The :class:`DeviceInfo` of one pyopencl device (no kernel is built); ``extra["driver"]``:
+    :func:`driver_label`."""
     ext = _safe(lambda: dev.extensions, "") or ""
     sg, sg_src = _subgroup_size(cl, dev, ext)
     dtype = _device_type(cl, dev)
@@ -124,6 +143,8 @@ def device_info(cl: Any, platform: Any, dev: Any, index: int, p_index: int, d_in
         bf16="cl_intel_bfloat16_conversions" in ext or "cl_khr_bfloat16" in ext,
         unified_memory=dtype in ("cpu", "igpu"), usable_mem_bytes=_safe(lambda: int(dev.global_mem_size)),
         extra={"platform_index": p_index, "device_index": d_index, "subgroup_size_source": sg_src,
+               "driver": driver_label(_safe(lambda: platform.name.strip(), "?"),
+                                      _safe(lambda: platform.version.strip(), "")),
                "opencl_c_version": _safe(lambda: dev.opencl_c_version.strip(), ""),
                "local_mem_bytes": _safe(lambda: int(dev.local_mem_size))})
     info.variants = kernel_variants(info)
