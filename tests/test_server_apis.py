@@ -203,3 +203,15 @@ def test_rerank_without_a_head_names_the_head_not_the_flag(stories, server_deps)
         assert "--rerank" not in msg, msg
     finally:
         s.stop()
+
+
+def test_listen_socket_names_the_address():
+    from cooktop.cli.serve import listen_socket
+    from cooktop.errors import CooktopError
+    with pytest.raises(CooktopError, match=r"cannot listen on no-such-host\.invalid:8080: "):
+        listen_socket("no-such-host.invalid", 8080)
+    s = listen_socket("127.0.0.1", 0)
+    try:
+        assert s.getsockname()[0] == "127.0.0.1"
+    finally:
+        s.close()

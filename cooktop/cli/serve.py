@@ -132,19 +132,16 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (SO_REUSEADDR, as uvicorn binds), for uvicorn to serve on.
+    """A TCP socket bound to ``host:port`` as uvicorn binds one (IPv6 when ``host`` has a colon,
+    SO_REUSEADDR), for uvicorn to serve on.
 
     Raises:
         CooktopError: the address is in use, not this machine's, or not resolvable (named with host:port).
     """
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
-    except OSError as e:
-        raise CooktopError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
+        sock.bind((host, port))
     except OSError as e:
         sock.close()
         why = "the address is already in use (another server on that port?)" if e.errno == errno.EADDRINUSE \
