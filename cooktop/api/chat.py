@@ -25,6 +25,7 @@ from typing import Any
 
 from ..engine.generate import Generation, Step
 from ..errors import CooktopError
+from ..text.chat_messages import check_roles
 from ..text.chat_template import TemplateChoice, resolve_template, strip_added_specials
 from ..text.reasoning import prompt_opens_thinking
 from ..text.tool_calls import MessageStream
@@ -78,7 +79,8 @@ class ChatMixin(LlamaBase):
             ChatTemplateError: the template refused the conversation or failed on it.
         """
         tmpl = self.chat_template_choice().for_request(tools)
-        return tmpl.render(messages, add_generation_prompt=add_generation_prompt, tools=tools or None, **kwargs)
+        return tmpl.render(check_roles(messages), add_generation_prompt=add_generation_prompt,
+                           tools=tools or None, **kwargs)
 
     def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                     **kwargs: Any) -> tuple[list[int], list[str]]:
@@ -117,7 +119,7 @@ class ChatMixin(LlamaBase):
         """Answer a conversation (OpenAI ``chat.completion``), llama-cpp-python's arguments.
 
         Args:
-            messages: ``[{"role": ..., "content": ...}, ...]``.
+            messages: ``[{"role": ..., "content": ...}, ...]``; ``developer`` is taken as ``system``.
             tools: OpenAI tools, rendered by the template; calls in the answer come back as
                 ``message.tool_calls`` (finish_reason ``tool_calls``). ``functions`` are taken as tools.
             tool_choice: ``none`` / ``auto`` / ``required`` / ``{"type": "function", "function":
@@ -136,7 +138,8 @@ class ChatMixin(LlamaBase):
             a ``chat.completion`` dict, or an iterator of ``chat.completion.chunk`` s when ``stream``
             (the last carries ``usage`` as an extra key).
         Raises:
-            ChatTemplateError: the template refused the conversation. ContextOverflowError: the
+            ChatTemplateError: an unknown role, a message without its content, or the template
+            refused the conversation. ContextOverflowError: the
             prompt does not fit. GrammarError: grammar and response_format both given, or bad.
             ToolCallError: malformed tools, tool_choice, tool-call messages or reasoning options,
             or a grammar given with tools.
@@ -155,6 +158,7 @@ class ChatMixin(LlamaBase):
         if tool_choice is None and function_call is not None:
             tool_choice = ({"type": "function", "function": function_call} if isinstance(function_call, dict)
                            else function_call)
+        messages = check_roles(messages)
         plan = plan_chat(self, messages, tools=tools, tool_choice=tool_choice,
                          grammar=rf if rf is not None else grammar, parallel_tool_calls=parallel_tool_calls,
                          reasoning_format=reasoning_format, chat_template_kwargs=chat_template_kwargs,
@@ -218,7 +222,8 @@ class _Chat:
 
     def chunks(self) -> Iterator[ChatCompletionChunk]:
         """Role first, then content / reasoning / tool-call deltas, then an empty delta with
-        ``finish_reason`` (``tool_calls`` when the answer called tools and was not cut off) and ``usage``."""
+        ``finish_reason`` (``tool_calls`` when the answer called tools and was not cut off) and ``usage``
+        (plus ``stopping_word``, the stop string that ended it, when one did)."""
         try:
             yield self._chunk({"role": "assistant", "content": ""}, None, None)
             for step in self.steps:
@@ -237,6 +242,8 @@ class _Chat:
                         finish = "tool_calls"
                     last = self._chunk({}, finish, None)
                     last["usage"] = self.usage()
+                    if step.stop_word is not None:  # llama-server's name for the stop string that matched
+                        last["stopping_word"] = step.stop_word
                     yield last
         finally:
             self.steps.close()

@@ -110,10 +110,12 @@ class EmbeddingMixin(LlamaBase):
             input[0], int))) else results
         return (out, total) if return_count else out
 
-    def create_embedding(self, input: Any, model: str | None = None) -> CreateEmbeddingResponse:
-        """OpenAI ``/v1/embeddings`` response for ``input`` (see :meth:`embed`)."""
+    def create_embedding(self, input: Any, model: str | None = None,
+                         truncate: bool = True) -> CreateEmbeddingResponse:
+        """OpenAI ``/v1/embeddings`` response for ``input`` (see :meth:`embed`; ``truncate=False``:
+        an input longer than ``n_ctx`` raises ContextOverflowError, as the server wants)."""
         single = isinstance(input, str) or (isinstance(input, list) and input and isinstance(input[0], int))
-        vectors, total = self.embed(input, return_count=True)
+        vectors, total = self.embed(input, truncate=truncate, return_count=True)
         if single:
             vectors = [vectors]
         return {"object": "list", "model": model or self.model_path,

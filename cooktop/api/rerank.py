@@ -88,8 +88,9 @@ def rank_head(llm: Any) -> RankHead:
     w, b = _tensor(gf, "cls.weight"), _tensor(gf, "cls.bias")
     ow, ob = _tensor(gf, "cls.output.weight"), _tensor(gf, "cls.output.bias")
     if w is None and ow is None:
-        raise RerankUnsupportedError("this model has pooling 'rank' but no classification head "
-                                     "(tensors cls.weight / cls.output.weight); it cannot rerank")
+        raise RerankUnsupportedError("this model has no classification head (tensors cls.weight / "
+                                     "cls.output.weight), so it cannot rerank even with pooling 'rank'; "
+                                     "it needs a reranker GGUF")
     head = RankHead(w, b, ow, ob, softmax=gf.metadata.get("general.architecture") in ("qwen3", "qwen3vl"))
     llm._rank_head = head
     return head

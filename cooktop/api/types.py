@@ -77,7 +77,8 @@ class ChatCompletion(TypedDict, total=False):
 
 
 class ChatCompletionChunk(TypedDict, total=False):
-    """``chat.completion.chunk``: ``choices[i].delta`` holds the new role/content; the last has ``usage``."""
+    """``chat.completion.chunk``: ``choices[i].delta`` holds the new role/content; the last has ``usage``
+    and, when a stop string ended the answer, ``stopping_word`` (llama-server's name)."""
 
     id: str
     object: str
@@ -85,6 +86,7 @@ class ChatCompletionChunk(TypedDict, total=False):
     model: str
     choices: list[dict[str, Any]]
     usage: CompletionUsage
+    stopping_word: str
 
 
 class Embedding(TypedDict):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import socket
 
 import click
 
@@ -112,6 +114,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
             f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} ({n_replicas} replica(s) "
             f"behind Ray Serve, {n_parallel} slot(s) each{', API key required' if api_key else ''})", err=True))
         return
+    sock = listen_socket(host, port)  # before "serving on": a port in use is one error line, exit 1
     click.echo(f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} "
                f"({n_parallel} slot(s){', API key required' if api_key else ''})", err=True)
     failed: list[str] = []
@@ -122,10 +125,30 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
 
     server = uvicorn.Server(uvicorn.Config(create_app(config, on_load_error=load_failed), host=host, port=port,
                                            log_level="warning"))
-    server.run()
+    server.run(sockets=[sock])
     if failed:
         where = "" if path in failed[0] else f" {path}"
         raise CooktopError(f"cannot load the model{where}: {failed[0]}")
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` as uvicorn binds one (IPv6 when ``host`` has a colon,
+    SO_REUSEADDR), for uvicorn to serve on.
+
+    Raises:
+        CooktopError: the address is in use, not this machine's, or not resolvable (named with host:port).
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        why = "the address is already in use (another server on that port?)" if e.errno == errno.EADDRINUSE \
+            else (e.strerror or str(e))
+        raise CooktopError(f"cannot listen on {host}:{port}: {why}; choose another --port or --host") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def request_defaults(n_predict: int, opts: dict) -> dict:

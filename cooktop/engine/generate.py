@@ -93,6 +93,8 @@ class Step:
         text: the text this step releases; may be "" while a UTF-8 character or a
             possible stop string is incomplete. The steps' texts joined are the result's text.
         finish_reason: None, except on the last step: "stop" or "length".
+        stop_word: on the last step, the ``stop`` string that ended the generation (None otherwise;
+            llama-server's ``stopping_word``).
         logits: float32 [n_vocab], the raw logits ``token`` was sampled from (for
             ``logprobs``); None on the last step. Read-only: do not modify.
     """
@@ -101,6 +103,7 @@ class Step:
     text: str
     finish_reason: str | None = None
     logits: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
+    stop_word: str | None = None
 
 
 #: A stopping criterion (llama-cpp-python's): ``(input_ids int [n], logits float32 [n_vocab]) -> bool``;
@@ -279,7 +282,7 @@ class Engine:
         generated: list[int] = []
         text_out: list[str] = []
         pending = ""
-        hit = False
+        hit: str | None = None
         finish = "length"
 
         t0 = time.perf_counter()
@@ -339,7 +342,7 @@ class Engine:
         tail = "" if hit else pending + decoder.decode(b"", final=True)
         if tail:
             text_out.append(tail)
-        yield Step(None, tail, finish)
+        yield Step(None, tail, finish, stop_word=hit)
         return GenerationResult(generated, "".join(text_out), finish, timings, sampler.seed)
 
     def close(self) -> None:
@@ -348,20 +351,21 @@ class Engine:
         self.model.close()
 
 
-def _split_stop(text: str, stop: list[str]) -> tuple[str, bool]:
-    """Return (the prefix of ``text`` safe to emit, whether a stop string was found)."""
+def _split_stop(text: str, stop: list[str]) -> tuple[str, str | None]:
+    """Return (the prefix of ``text`` safe to emit, the stop string found first in it, or None)."""
     if not stop:
-        return text, False
-    hits = [text.find(s) for s in stop if s in text]
+        return text, None
+    hits = [(text.find(s), s) for s in stop if s in text]
     if hits:
-        return text[:min(hits)], True
+        at, word = min(hits, key=lambda h: h[0])
+        return text[:at], word
     hold = 0
     for s in stop:
         for k in range(min(len(s) - 1, len(text)), 0, -1):
             if text.endswith(s[:k]):
                 hold = max(hold, k)
                 break
-    return text[:len(text) - hold], False
+    return text[:len(text) - hold], None
 
 
 def load(model_path: str | os.PathLike, *, keep_scores: bool = False, **kwargs) -> Engine:

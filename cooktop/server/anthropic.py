@@ -7,11 +7,12 @@ system message; ``messages`` with ``text``, ``tool_use`` (assistant) and
 (``auto`` / ``any`` / ``tool`` / ``none``) as OpenAI tools; ``max_tokens``
 (required, as in Anthropic's API), ``stop_sequences``, ``temperature``,
 ``top_p``, ``top_k``; ``thinking: {"type": "enabled", "budget_tokens": N}``
-the reasoning budget (``disabled``: no thinking). The answer's blocks are
-``thinking``, ``text`` and ``tool_use``; ``stop_reason`` ``end_turn``,
-``max_tokens`` or ``tool_use``. A stream sends Anthropic's events
-(``message_start``, ``content_block_start``, ``content_block_delta`` with
-``text_delta`` / ``thinking_delta`` / ``input_json_delta``,
+the reasoning budget (``disabled``: no thinking). Tools need their ``input_schema``;
+server tools (``web_search_...`` and other typed tools) are refused. The answer's blocks are
+``thinking``, ``text`` and ``tool_use`` (ids ``toolu_...``); ``stop_reason`` ``end_turn``,
+``max_tokens``, ``tool_use`` or ``stop_sequence`` (then ``stop_sequence`` is the one of
+``stop_sequences`` that matched). A stream sends Anthropic's events (``message_start``,
+``content_block_start``, ``content_block_delta`` with ``text_delta`` / ``thinking_delta`` / ``input_json_delta``,
 ``content_block_stop``, ``message_delta``, ``message_stop``). Errors are
 Anthropic-shaped: ``{"type": "error", "error": {"type", "message"}}``.
 """
@@ -108,9 +109,15 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
             raise P.bad("tools", "expected a list")
         conv = []
         for i, t in enumerate(tools):
+            kind = t.get("type") if isinstance(t, dict) else None
+            if kind not in (None, "custom"):
+                raise P.bad(f"tools[{i}].type", f"server tools such as {kind!r} are not supported: cooktop runs "
+                            "client tools only ({'name': ..., 'input_schema': {...}})")
             if not isinstance(t, dict) or not isinstance(t.get("name"), str):
                 raise P.bad(f"tools[{i}]", "expected {'name': ..., 'input_schema': {...}}")
-            schema = t.get("input_schema", {"type": "object"})
+            schema = t.get("input_schema")
+            if schema is None:
+                raise P.bad(f"tools[{i}].input_schema", "required: a JSON schema object")
             if not isinstance(schema, dict):
                 raise P.bad(f"tools[{i}].input_schema", "expected a JSON schema object")
             conv.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
@@ -152,14 +159,21 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
     return chat
 
 
+def tool_use_id(call_id: str) -> str:
+    """A chat tool-call id as Anthropic spells tool ids (``toolu_...``); the same id each time."""
+    return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
+
+
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 class MessageBuilder:
     """Chat chunks to Anthropic content blocks and stream events."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, stop_sequences: list[str] | None = None):
         self.id = f"msg_{uuid.uuid4().hex}"
+        self.stop_sequences = list(stop_sequences or [])
+        self.stop_word: str | None = None
         self.model = model
         self.blocks = Blocks()
         self.n = 0
@@ -183,13 +197,14 @@ class MessageBuilder:
                 inp = json.loads(b["text"] or "{}")
             except ValueError:
                 inp = {}
-        return {"type": "tool_use", "id": b["id"], "name": b["name"], "input": inp}
+        return {"type": "tool_use", "id": tool_use_id(b["id"]), "name": b["name"], "input": inp}
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         ch = chunk["choices"][0]
         if ch.get("finish_reason") is not None:
             self.finish = ch["finish_reason"]
             self.usage = chunk.get("usage") or self.usage
+            self.stop_word = chunk.get("stopping_word")
         return self._events(self.blocks.feed(ch["delta"]))
 
     def _events(self, steps: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
@@ -217,13 +232,17 @@ class MessageBuilder:
         """(the closing events, the whole message)."""
         out = self._events(self.blocks.close())
         stop = _STOP.get(self.finish or "stop", "end_turn")
+        # a template's end-of-turn string is end_turn; only the caller's stop_sequences are reported
+        seq = self.stop_word if self.finish == "stop" and self.stop_word in self.stop_sequences else None
+        if seq is not None:
+            stop = "stop_sequence"
         usage = {"input_tokens": self.usage["prompt_tokens"], "output_tokens": self.usage["completion_tokens"]}
-        out.append({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+        out.append({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": seq},
                     "usage": {"output_tokens": usage["output_tokens"]}})
         out.append({"type": "message_stop"})
         message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                    "content": [self._block(b, True) for b in self.blocks.blocks],
-                   "stop_reason": stop, "stop_sequence": None, "usage": usage}
+                   "stop_reason": stop, "stop_sequence": seq, "usage": usage}
         return out, message
 
 
@@ -236,8 +255,10 @@ def register(app: FastAPI, bridge: Bridge) -> None:
             body = await bridge.body_of(request)
             model = bridge.model_name(body)
             stream = P.field(body, "stream", bool, False)
-            args = P.chat_args(chat_body(body), bridge.config)
-            builder = MessageBuilder(model)
+            chat = chat_body(body)
+            args = P.chat_args(chat, bridge.config)
+            stops = chat.get("stop")
+            builder = MessageBuilder(model, [stops] if isinstance(stops, str) else stops)
             chunks = await bridge.chat(args, model, "messages")
         except Exception as e:  # noqa: BLE001 - an Anthropic-shaped error
             return error_response(e)

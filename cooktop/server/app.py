@@ -14,7 +14,8 @@ assembled from the same chunks, so it always equals the joined stream. A
 client that disconnects cancels its job. Errors are OpenAI-shaped JSON
 (:func:`protocol.error_body`): 400 bad JSON or field, prompt over the context,
 template refusal, bad tools; 401 missing/wrong ``--api-key``; 404 unknown route;
-503 loading or overloaded; 500 a bug.
+503 loading or overloaded; 500 a bug. Cross-origin requests are answered for any origin
+(CORS, preflight included), as llama-server does, so browser front ends can call it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -202,6 +204,10 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
             return refuse(503, "Loading model", "unavailable_error")
         return await call_next(request)
 
+    # added after the gate, so outside it: a browser's preflight (OPTIONS, no API key) is answered here
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
+                       allow_headers=["*"])  # llama-server answers any origin, for browser front ends
+
     async def body_of(request: Request) -> dict[str, Any]:
         raw = await request.body()
         try:
@@ -368,7 +374,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         if fmt not in ("float", "base64"):
             raise P.bad("encoding_format", f"expected 'float' or 'base64', got {fmt!r}")
         state.ready.metrics.requests_total["embeddings"] += 1
-        job = state.ready.submit(lambda llm: iter([llm.create_embedding(inp, model=model)]),
+        job = state.ready.submit(lambda llm: iter([llm.create_embedding(inp, model=model, truncate=False)]),
                                      asyncio.get_running_loop())
         first = await first_event(job)
         (result,) = await collect(request, job, first)

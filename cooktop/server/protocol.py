@@ -94,9 +94,10 @@ def sampling_args(body: dict[str, Any], defaults: dict[str, Any] | None = None) 
         HTTPError: a field of the wrong type or out of range.
     """
     d = {**DEFAULTS, **(defaults or {})}
-    max_tokens = field(body, "max_completion_tokens", int, None)
+    # OpenAI refuses a negative limit; 0 is llama-server's "generate nothing", n_predict -1 its "no limit"
+    max_tokens = field(body, "max_completion_tokens", int, None, minimum=0)
     if max_tokens is None:
-        max_tokens = field(body, "max_tokens", int, None)
+        max_tokens = field(body, "max_tokens", int, None, minimum=0)
     if max_tokens is None:
         max_tokens = field(body, "n_predict", int, d["max_tokens"])
     stop = body.get("stop", d.get("stop"))

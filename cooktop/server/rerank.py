@@ -60,8 +60,10 @@ def register(app: FastAPI, bridge: Bridge) -> None:
             bridge.state.ready.metrics.requests_total["rerank"] += 1
             scores, n_tokens = await bridge.run(lambda llm: rerank(llm, query, docs))
         except RerankUnsupportedError as e:
-            return JSONResponse(P.error_body(501, f"{e}; start cooktop serve with a reranker model (--rerank)",
-                                             "not_supported_error"), status_code=501)
+            hint = "serve a reranker GGUF (one with a classification head, cls / cls.output)"
+            if bridge.state.llm.pooling() != "rank":  # --rerank (pooling rank) not given
+                hint += " with --rerank"
+            return JSONResponse(P.error_body(501, f"{e}; {hint}", "not_supported_error"), status_code=501)
         except Exception as e:  # noqa: BLE001 - an OpenAI-shaped error
             return bridge.openai_error(e)
         order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n]

@@ -12,6 +12,10 @@ as ``response_format`` does. A stream sends the API's events (``response.created
 ``response.function_call_arguments.delta``, ..., ``response.completed``), each
 with its ``sequence_number``, as llama-server's ``/v1/responses`` does. Errors
 are OpenAI-shaped (400 for a malformed field).
+
+No response is stored (llama-server stores none either): ``previous_response_id`` is a
+400 (send the whole conversation in ``input``), and ``store: true`` is accepted but the
+response says ``"store": false``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
     Raises:
         HTTPError: 400 for a missing or malformed field.
     """
+    if body.get("previous_response_id") is not None:
+        raise P.bad("previous_response_id", "cooktop does not store responses (as llama-server does not), so "
+                    "there is no state to continue from: send the whole conversation in input")
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -152,6 +159,7 @@ class ResponseBuilder:
                 "temperature": self.body.get("temperature"), "top_p": self.body.get("top_p"),
                 "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools") or [],
                 "max_output_tokens": self.body.get("max_output_tokens"), "metadata": {},
+                "previous_response_id": None, "store": False,  # nothing is kept, whatever store asked
                 "text": self.body.get("text") or {"format": {"type": "text"}},
                 "usage": {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
                           "total_tokens": u["total_tokens"],

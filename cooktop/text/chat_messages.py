@@ -69,6 +69,36 @@ def _check_parts(content: Any, index: int) -> None:
             part_text(p, index)
 
 
+#: the roles a message may have: OpenAI's (``developer`` is its newer name for ``system``, ``function``
+#: the legacy tool result) and Llama 3.1's ``ipython`` (tool results in its template)
+ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+_NEEDS_CONTENT = ("system", "developer", "user", "tool", "function", "ipython")
+
+
+def check_roles(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """``messages`` with each role checked and ``developer`` renamed ``system`` (as OpenAI maps it
+    for models without a developer role; llama.cpp's templates know no ``developer``).
+
+    Raises:
+        ChatTemplateError: a message that is not an object, a role outside :data:`ROLES`, or a
+            message other than an assistant's without ``content`` (OpenAI refuses those).
+    """
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise ChatTemplateError(f"messages[{i}] must be an object with 'role' and 'content', "
+                                    f"got {type(m).__name__}")
+        role = m.get("role")
+        if role not in ROLES:
+            raise ChatTemplateError(f"messages[{i}]['role']: {role!r} is not a chat role (expected one of "
+                                    f"{', '.join(ROLES)})")
+        if role in _NEEDS_CONTENT and m.get("content") is None:
+            raise ChatTemplateError(f"messages[{i}]: a {role} message needs 'content' (a string or a list "
+                                    "of text parts)")
+        out.append({**m, "role": "system"} if role == "developer" else dict(m))
+    return out
+
+
 def probe_capabilities(render: Callable[[list[dict[str, Any]]], str]) -> tuple[bool, bool]:
     """(typed content works, null content works) for a template's ``render(messages)``."""
     def attempt(messages: list[dict[str, Any]]) -> str | None:
