@@ -37,6 +37,12 @@ add        out = a + b
 add_bias   out[i, :] = x[i, :] + b        (b f32 [n]: a bias row broadcast over rows)
 get_rows   out[i] = dequantize(table[ids[i]])   (table any supported type)
 =========  ==============================================================
+
+Mixture-of-experts ops (:mod:`.moe_ops`; ``MOE_OPS``, run by the backends that list them):
+``moe_route`` (gating, top-k, weights), ``matmul_id`` (ggml's mul_mat_id: each row times the
+matrices of its selected experts), ``add_id`` (per-expert bias), ``moe_combine`` (weighted sum
+over the selected experts), ``swiglu_oai`` (gpt-oss's clamped SwiGLU) and ``attention`` with
+``sinks`` (op name ``attention_sinks``).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from gguf import GGMLQuantizationType
 
 from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import row_bytes, type_name  # noqa: F401  (part of the backend contract)
-from .info import OPS, DeviceInfo, ProbeResult  # noqa: F401  (part of the backend contract)
+from .info import MOE_OPS, OPS, DeviceInfo, ProbeResult  # noqa: F401  (part of the backend contract)
 from .ops import ROPE_NEOX, ROPE_NORMAL, DeviceOps  # noqa: F401  (part of the backend contract)
 from .tensor import DeviceBuffer, DeviceTensor  # noqa: F401  (part of the backend contract)
 

@@ -13,6 +13,12 @@ from ..format.quants import type_name
 OPS: tuple[str, ...] = ("matmul", "rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add", "get_rows",
                         "add_bias", "gelu_mul")
 
+#: The mixture-of-experts ops (:mod:`.moe_ops`); a backend lists those it runs after :data:`OPS`.
+MOE_OPS: tuple[str, ...] = ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai", "attention_sinks")
+
+#: Ops whose weight (or table) type matters to :meth:`DeviceInfo.supports`.
+TYPED_OPS = ("matmul", "get_rows", "matmul_id")
+
 
 @dataclasses.dataclass
 class DeviceInfo:
@@ -44,11 +50,11 @@ class DeviceInfo:
     def supports(self, op: str, ggml_type: T | None = None) -> bool:
         """True when ``op`` runs on this device with weights (or table) of ``ggml_type``.
 
-        ``ggml_type`` matters for ``matmul`` and ``get_rows``; other ops take float32.
+        ``ggml_type`` matters for :data:`TYPED_OPS`; other ops take float32.
         """
         if op not in self.ops:
             return False
-        if ggml_type is None or op not in ("matmul", "get_rows"):
+        if ggml_type is None or op not in TYPED_OPS:
             return True
         return type_name(ggml_type) in self.types
 

@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType
 from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import type_name
 from .info import DeviceInfo
+from .moe_ops import MoeOps
 from .tensor import DeviceTensor
 
 T = GGMLQuantizationType
@@ -27,9 +28,10 @@ ROPE_NORMAL = 0
 ROPE_NEOX = 2
 
 
-class DeviceOps(ABC):
+class DeviceOps(MoeOps, ABC):
     """The ops of a :class:`~cooktop.backends.base.Device`: public methods that check their
-    arguments (errors: see ``Device``) and the abstract ``_op`` methods each backend enqueues."""
+    arguments (errors: see ``Device``) and the abstract ``_op`` methods each backend enqueues.
+    The mixture-of-experts ops come from :class:`~.moe_ops.MoeOps`."""
 
     info: DeviceInfo
 
@@ -165,7 +167,7 @@ class DeviceOps(ABC):
 
     def attention(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
                   pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int = 0,
-                  kv_start: DeviceTensor | None = None) -> None:
+                  kv_start: DeviceTensor | None = None, sinks: DeviceTensor | None = None) -> None:
         """Causal multi-head attention over the KV cache, with GQA and an optional sliding window.
 
         q, out: f32 [n, n_head * head_dim]; k_cache, v_cache: f32 [n_ctx, n_head_kv * head_dim].
@@ -181,6 +183,11 @@ class DeviceOps(ABC):
         sequence owning a range of rows (llama.cpp's unified KV cache with per-sequence cells;
         see ``model/forward.py``): row i attends to rows ``kv_start[i]..pos[i]`` (and the window).
         ``kv_start[i] <= pos[i]`` is the caller's duty.
+
+        ``sinks`` (f32 [n_head], optional; op name ``attention_sinks``): gpt-oss's attention sinks,
+        one extra logit per head that joins each row's softmax denominator and has no value
+        (llama.cpp ``ggml_soft_max_add_sinks``): ``out = sum_j e^(s_j - M) v_j / (e^(sink - M) +
+        sum_j e^(s_j - M))`` with ``M = max(sink, max_j s_j)``.
 
         Raises:
             ShapeError: the shapes above do not hold, n_head is not a multiple of n_head_kv,
@@ -203,6 +210,11 @@ class DeviceOps(ABC):
                          f"with n_head {n_head} a multiple of n_head_kv {n_head_kv} and window {window} >= 0",
                          ("out", out, "f32"), ("q", q, "f32"), ("k_cache", k_cache, "f32"),
                          ("v_cache", v_cache, "f32"), ("pos", pos, "i32"), *extra)
+        if sinks is not None:
+            self._check_sinks(q, n_head, sinks)
+            self._attention_sinks(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start,
+                                  sinks)
+            return
         self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start)
 
     def silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
