@@ -91,7 +91,11 @@ class _Recorder:
         self.seen: list[str] = []
 
     def __getattr__(self, op):
-        return lambda *args, **kwargs: self.seen.append(op)
+        def call(*args, **kwargs):
+            self.seen.append(op)
+            if kwargs.get("sinks") is not None:  # the capability name of attention with sinks
+                self.seen.append("attention_sinks")
+        return call
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -101,7 +105,7 @@ def test_declared_ops_are_the_ops_block_and_head_call(name):
     cfg = synth.config(SMALL, name)
     keys = {k for s in a.tensors for k in s.keys}  # a fused tensor's parts under their own keys
     w = {k: object() for k in keys}
-    s = SimpleNamespace(il=0, **{k: object() for k in a.scratch(cfg)})
+    s = SimpleNamespace(il=0, **{k: object() for k in [*a.scratch(cfg), *(a.scratch_i32(cfg) if a.scratch_i32 else {})]})
     cache = SimpleNamespace(shape=(64, cfg.n_embd_kv))
     d = _Recorder()
     a.block(d, cfg, w, s, KV(cache, cache, object(), object(), n_ctx=64))

@@ -83,7 +83,7 @@ def _check_tensors(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
                 f"{f.path}: tensor {name!r} has type {t.ggml_type.name}, which cooktop cannot "
                 f"dequantize on the host for {use} (supported: {', '.join(t.name for t in HOST_TYPES)})")
         shape = spec.shape(cfg)
-        if tuple(t.shape) != shape:
+        if tuple(t.shape) != shape and (1,) + tuple(t.shape) != shape:  # a one-row matrix may be stored 1-D
             raise UnsupportedModelError(
                 f"{f.path}: tensor {name!r} has shape {list(t.shape)}, but the metadata implies {list(shape)} "
                 f"(n_embd {E}, n_ff {F}, n_head {cfg.n_head}, n_head_kv {cfg.n_head_kv}, head_dim {cfg.head_dim}, "

@@ -72,13 +72,16 @@ def _releaser(owner: object, buffer: DeviceBuffer) -> weakref.finalize:
     return fin
 
 
-def upload(d: Device | DeviceBuffer, t: TensorInfo, as_f32: bool) -> DeviceTensor:
+def upload(d: Device | DeviceBuffer, t: TensorInfo, as_f32: bool, shape: tuple[int, ...] | None = None
+           ) -> DeviceTensor:
     """Upload a weight to ``d``: matrices as raw GGML blocks; norm and bias weights
     (``as_f32``) as float32, dequantized on the host when stored otherwise, since the
-    contract's rmsnorm and add take f32 operands."""
+    contract's rmsnorm and add take f32 operands. ``shape``: the architecture's shape when it
+    views the file's differently (qwen2moe's ``[n_embd]`` shared-expert gate as ``[1, n_embd]``)."""
+    shape = tuple(shape) if shape is not None else tuple(t.shape)
     if as_f32 and t.ggml_type != T.F32:
-        return d.upload(dequantize(t.data, t.ggml_type, t.shape), T.F32, t.shape)
-    return d.upload(t.data, t.ggml_type, t.shape)
+        return d.upload(dequantize(t.data, t.ggml_type, t.shape), T.F32, shape)
+    return d.upload(t.data, t.ggml_type, shape)
 
 
 def upload_rows(d: Device | DeviceBuffer, t: TensorInfo, first: int, end: int) -> DeviceTensor:
@@ -153,13 +156,15 @@ class Segment:
                         w[part] = uploaded[(name, part)]
                     continue
                 if name not in uploaded:
-                    uploaded[name] = upload(d, gf.tensor(name), as_f32=spec.kind != MATRIX)
+                    uploaded[name] = upload(d, gf.tensor(name), as_f32=spec.kind != MATRIX, shape=spec.shape(cfg))
                 w[key] = uploaded[name]
             return w
 
         self.weights: list[Weights] = [weights(i) for i in self.blocks]
         B = n_batch
         self.scratch = {name: d.empty((B, width)) for name, width in arch.scratch(cfg).items()}
+        if arch.scratch_i32 is not None:
+            self.scratch.update({name: d.empty((B, width), T.I32) for name, width in arch.scratch_i32(cfg).items()})
         self.pos = d.empty((B,), T.I32)
         self.cells = d.empty((B,), T.I32)
         self.kv_start = d.empty((B,), T.I32)

@@ -45,6 +45,13 @@ class ModelConfig:
             (llama.cpp ``rope_freq_base_train_swa``: ``rope.freq_base_swa``, default 10000; scale 1).
         attn_scale: the query scale when the architecture sets one (gemma3:
             ``1/sqrt(attention.key_length)``); 0 means ``1/sqrt(head_dim)``.
+        n_expert, n_expert_used: experts per MoE block and experts each token uses (``expert_count``,
+            ``expert_used_count``); 0 for dense models.
+        n_ff_exp, n_ff_shexp: feed-forward width of one expert (``expert_feed_forward_length``) and of
+            the shared expert (``expert_shared_feed_forward_length``).
+        expert_gating: the router's gating function (``backends.moe_ops.GATING``).
+        expert_weights_norm: renormalise the selected experts' weights to sum 1.
+        expert_weights_scale: factor of the selected experts' weights (0 or 1: none).
 
     A hyper-parameter that only some architectures have (a sliding window, a logit
     softcap) is added here with a neutral default, as llama.cpp's ``llama_hparams``
@@ -77,6 +84,13 @@ class ModelConfig:
     rope_freq_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
     attn_scale: float = 0.0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
+    expert_gating: str = "softmax"
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0
 
     @property
     def n_embd_q(self) -> int:

@@ -122,7 +122,10 @@ def device_limits(sel: str, probed_mem: int | None, probed_max_alloc: int | None
 def segment_scratch_bytes(cfg: ModelConfig, n_batch: int, head: bool, logits_all: bool) -> tuple[int, int]:
     """(total scratch bytes, largest scratch buffer) of one segment (module doc formula)."""
     B = n_batch
-    sizes = [4 * B * width for width in architecture(cfg.arch).scratch(cfg).values()] + [4 * B]
+    arch = architecture(cfg.arch)
+    i32 = arch.scratch_i32(cfg) if arch.scratch_i32 is not None else {}
+    widths = list(arch.scratch(cfg).values()) + list(i32.values())
+    sizes = [4 * B * width for width in widths] + [4 * B]
     if head:
         sizes += [4, 4 * cfg.n_embd, 4 * (B if logits_all else 1) * cfg.n_vocab]
     return sum(sizes), max(sizes)

@@ -186,6 +186,8 @@ class Architecture:
         embd_scale: ``embd_scale(cfg) -> float``: factor of the token embeddings looked up on the
             host (gemma3: ``sqrt(n_embd)`` in float32, llama.cpp ``ggml_scale(inpL, sqrtf(n_embd))``);
             None: unscaled.
+        scratch_i32: ``scratch_i32(cfg) -> {name: row width}``: I32 ``[n_batch, width]`` buffers
+            (the selected experts of MoE blocks); None: none.
     """
 
     name: str
@@ -199,6 +201,7 @@ class Architecture:
     block_ops: tuple[str, ...]
     head_ops: tuple[str, ...]
     embd_scale: Callable[[ModelConfig], float] | None = None
+    scratch_i32: Callable[[ModelConfig], dict[str, int]] | None = None
 
     def __post_init__(self) -> None:
         keys = [(s.unit, k) for s in self.tensors for k in {s.key, *s.keys}]

@@ -26,6 +26,7 @@ mixture-of-experts feed-forward.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -84,11 +85,24 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -
     block_with_factors(d, cfg, w, s, kv, w.get("rope_freqs"))
 
 
+def dense_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace) -> None:
+    """``s.o f32 [n, n_embd] = (silu(xn @ Wg^T) * (xn @ Wu^T)) @ Wd^T`` of the normed rows ``s.xn``."""
+    d.matmul(s.gate, s.xn, w["ffn_gate"])
+    d.matmul(s.up, s.xn, w["ffn_up"])
+    d.silu_mul(s.gate, s.gate, s.up)
+    d.matmul(s.o, s.gate, w["ffn_down"])
+
+
+#: ``ffn(d, cfg, w, s)``: the feed-forward half of a block, ``s.o = ffn(s.xn)``.
+FfnFn = Callable[[Device, ModelConfig, Weights, SimpleNamespace], None]
+
+
 def block_with_factors(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV,
-                       ff: DeviceTensor | None) -> None:
+                       ff: DeviceTensor | None, ffn: FfnFn = dense_ffn) -> None:
     """:func:`block` with the rope frequency factors ``ff`` (f32 [n_rot / 2] or None) chosen by the
-    caller (phi3 picks its LongRoPE factors by context length)."""
-    x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
+    caller (phi3 picks its LongRoPE factors by context length) and the feed-forward ``ffn``
+    (:func:`dense_ffn`; MoE architectures pass ``moe.ffn``)."""
+    x, xn, q, k, v, att, o = s.x, s.xn, s.q, s.k, s.v, s.att, s.o
     rope = cfg.rope_params()
     d.rmsnorm(xn, x, w["attn_norm"], cfg.rms_eps)
     for y, name in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")):
@@ -105,10 +119,7 @@ def block_with_factors(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespa
     d.matmul(o, att, w["attn_output"])
     d.add(x, x, o)
     d.rmsnorm(xn, x, w["ffn_norm"], cfg.rms_eps)
-    d.matmul(gate, xn, w["ffn_gate"])
-    d.matmul(up, xn, w["ffn_up"])
-    d.silu_mul(gate, gate, up)
-    d.matmul(o, gate, w["ffn_down"])
+    ffn(d, cfg, w, s)
     d.add(x, x, o)
 
 
