@@ -105,7 +105,8 @@ def test_declared_ops_are_the_ops_block_and_head_call(name):
     cfg = synth.config(SMALL, name)
     keys = {k for s in a.tensors for k in s.keys}  # a fused tensor's parts under their own keys
     w = {k: object() for k in keys}
-    s = SimpleNamespace(il=0, **{k: object() for k in [*a.scratch(cfg), *(a.scratch_i32(cfg) if a.scratch_i32 else {})]})
+    names = [*a.scratch(cfg), *(a.scratch_i32(cfg) if a.scratch_i32 else {})]
+    s = SimpleNamespace(il=0, **{k: object() for k in names})
     cache = SimpleNamespace(shape=(64, cfg.n_embd_kv))
     d = _Recorder()
     a.block(d, cfg, w, s, KV(cache, cache, object(), object(), n_ctx=64))

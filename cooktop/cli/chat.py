@@ -23,6 +23,7 @@ from .common import (
     compat_options,
     device_options,
     model_options,
+    moe_kwargs,
     parse_ngl,
     ray_option,
     read_prompt_file,
@@ -116,13 +117,14 @@ def chat_loop(llm: Any, gen: dict[str, Any], system: str | None = None, first: s
 
 def open_chat_model(path: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_layers: str,
                     split: str | None, seed: int, threads: int | None, threads_batch: int | None,
-                    chat_template: str | None, chat_template_file: str | None, ray_address: str | None = None):
+                    chat_template: str | None, chat_template_file: str | None, ray_address: str | None = None,
+                    tensors=None):
     """A :class:`cooktop.api.Llama` for a chat session, with the load summary on stderr."""
     from ..api import Llama
     llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                 n_gpu_layers=parse_ngl(n_gpu_layers), split=split, seed=seed, n_threads=threads,
                 n_threads_batch=threads_batch, verbose=False, chat_template=chat_template,
-                chat_template_file=chat_template_file, ray_address=ray_address)
+                chat_template_file=chat_template_file, ray_address=ray_address, **moe_kwargs(tensors))
     click.echo(f"cooktop: {path}: {llm._engine.placement.summary()}", err=True)
     choice = llm.chat_template_choice()
     click.echo(f"cooktop: chat template: {choice.template.name}", err=True)
@@ -162,7 +164,7 @@ def chat_options(f):
 @compat_options
 def chat_cmd(model, hf_repo, hf_file, system, chat_template, chat_template_file, prompt, prompt_file, n_predict,
              n_ctx, n_batch, temperature, top_k, top_p, min_p, repeat_penalty, seed, threads, threads_batch,
-             device, n_gpu_layers, split, ray_address, **compat):
+             device, n_gpu_layers, split, ray_address, tensors, **compat):
     """Chat with a model through its chat template (like llama-cli -cnv)."""
     check_compat(compat)
     if n_predict < -1:
@@ -171,7 +173,7 @@ def chat_cmd(model, hf_repo, hf_file, system, chat_template, chat_template_file,
         prompt = read_prompt_file(prompt_file)
     path = resolve_model(model, hf_repo, hf_file)
     llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
-                          chat_template, chat_template_file, ray_address)
+                          chat_template, chat_template_file, ray_address, tensors)
     gen = dict(max_tokens=n_predict, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                repeat_penalty=repeat_penalty)
     sys.exit(chat_loop(llm, gen, system, prompt))

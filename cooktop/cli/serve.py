@@ -13,6 +13,7 @@ from .common import (
     compat_options,
     device_options,
     model_options,
+    moe_kwargs,
     parse_ngl,
     ray_option,
     resolve_model,
@@ -48,7 +49,7 @@ from .group import cli
 @compat_options(exclude=("parallel",))
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               chat_template, chat_template_file, seed, embeddings, metrics, threads, threads_batch, device,
-              n_gpu_layers, split, ray_address, n_replicas, **compat):
+              n_gpu_layers, split, ray_address, n_replicas, tensors, **compat):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     With --ray ADDRESS, Ray Serve runs --replicas copies of the server on the cluster (each
@@ -74,7 +75,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         raise CooktopError(f"{path}: no such file")
     kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
                   seed=seed, n_threads=threads, n_threads_batch=threads_batch, chat_template=chat_template,
-                  chat_template_file=chat_template_file)
+                  chat_template_file=chat_template_file, **moe_kwargs(tensors))
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
                           api_key=api_key)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)

@@ -188,6 +188,14 @@ class Architecture:
             None: unscaled.
         scratch_i32: ``scratch_i32(cfg) -> {name: row width}``: I32 ``[n_batch, width]`` buffers
             (the selected experts of MoE blocks); None: none.
+        block_attn, block_ffn: the block cut in two at the residual stream, for placements that
+            run a block's feed-forward (its experts) on another device than its attention
+            (``--n-cpu-moe``, ``-ot``): ``block_attn(d, cfg, w, s, kv)`` adds attention to ``s.x``,
+            ``block_ffn(d, cfg, w, s)`` adds the feed-forward; running both is :attr:`block`.
+            None: the block is placed whole.
+        attn_ops, ffn_ops: the ops of each half (placement checks each half's device).
+        ffn_keys: keys of the feed-forward half's tensors beyond those starting with ``ffn_``
+            (gpt-oss's ``post_attention_norm``, its pre-FFN norm).
     """
 
     name: str
@@ -202,6 +210,21 @@ class Architecture:
     head_ops: tuple[str, ...]
     embd_scale: Callable[[ModelConfig], float] | None = None
     scratch_i32: Callable[[ModelConfig], dict[str, int]] | None = None
+    block_attn: BlockFn | None = None
+    block_ffn: Callable[[Device, ModelConfig, Weights, SimpleNamespace], None] | None = None
+    attn_ops: tuple[str, ...] = ()
+    ffn_ops: tuple[str, ...] = ()
+    ffn_keys: tuple[str, ...] = ()
+
+    def is_ffn(self, key: str) -> bool:
+        """True when the tensor of block key ``key`` belongs to the feed-forward half."""
+        return key.startswith("ffn_") or key in self.ffn_keys
+
+    def ops_of(self, unit: int | str, part: str = "all") -> tuple[str, ...]:
+        """The ops of block ``unit``'s ``part`` (``all``, ``attn``, ``ffn``) or of the head."""
+        if isinstance(unit, int) and part != "all":
+            return self.attn_ops if part == "attn" else self.ffn_ops
+        return self.ops(unit)
 
     def __post_init__(self) -> None:
         keys = [(s.unit, k) for s in self.tensors for k in {s.key, *s.keys}]
@@ -224,11 +247,13 @@ class Architecture:
                 return s
         return None
 
-    def unit_tensors(self, present: Container[str], unit: int | str) -> dict[str, tuple[str, TensorSpec]]:
+    def unit_tensors(self, present: Container[str], unit: int | str, part: str = "all"
+                     ) -> dict[str, tuple[str, TensorSpec]]:
         """The tensors of block ``unit`` (an int) or of ``HEAD`` / ``INPUT`` that the file has.
 
         Args:
             present: the file's tensor names.
+            part: ``all``, or one half of a block: ``attn`` / ``ffn`` (:meth:`is_ffn`).
         Returns:
             key -> (GGUF name, spec); an absent optional tensor is left out, a tied one
             names the tensor it is tied to.
@@ -238,6 +263,8 @@ class Architecture:
         out: dict[str, tuple[str, TensorSpec]] = {}
         for s in self.tensors:
             if s.unit != kind:
+                continue
+            if part != "all" and s.per_block and self.is_ffn(s.key) != (part == "ffn"):
                 continue
             name = s.gguf_name(i)
             if name not in present:

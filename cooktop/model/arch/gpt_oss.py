@@ -91,6 +91,12 @@ def scratch(cfg: ModelConfig) -> dict[str, int]:
 
 def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> None:
     """One gpt-oss block (module doc) on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place)."""
+    block_attn(d, cfg, w, s, kv)
+    block_ffn(d, cfg, w, s)
+
+
+def block_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> None:
+    """The attention half of :func:`block`: ``x += attention(rmsnorm(x)) @ Wo^T + bo``."""
     x, xn, q, k, v, att, o = s.x, s.xn, s.q, s.k, s.v, s.att, s.o
     swa = bool(cfg.swa_layers) and cfg.swa_layers[s.il]
     rope = cfg.rope_params()
@@ -110,13 +116,22 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -
     d.matmul(o, att, w["attn_output"])
     d.add_bias(o, o, w["attn_output.bias"])
     d.add(x, x, o)
-    d.rmsnorm(xn, x, w["post_attention_norm"], cfg.rms_eps)
+
+
+def block_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace) -> None:
+    """The MoE half of :func:`block`: ``x += moe.ffn(rmsnorm(x) * post_attention_norm)``."""
+    d.rmsnorm(s.xn, s.x, w["post_attention_norm"], cfg.rms_eps)
     moe.ffn(d, cfg, w, s, act="swiglu_oai")
-    d.add(x, x, o)
+    d.add(s.x, s.x, s.o)
 
 
 GPT_OSS = Architecture(name="gpt-oss", tensors=TENSORS, rope_mode=ROPE_NEOX, hparams=hparams, scratch=scratch,
                        block=block, final_norm=final_norm, lm_head=lm_head,
                        block_ops=("rmsnorm", "rope", "kv_store", "attention", "attention_sinks", "add_bias", "add_id",
                                   "swiglu_oai") + tuple(op for op in moe.MOE_BLOCK_OPS if op != "silu_mul"),
-                       head_ops=("get_rows", "rmsnorm", "matmul"), scratch_i32=moe.scratch_i32)
+                       head_ops=("get_rows", "rmsnorm", "matmul"), scratch_i32=moe.scratch_i32,
+                       block_attn=block_attn, block_ffn=block_ffn, ffn_keys=("post_attention_norm",),
+                       attn_ops=("rmsnorm", "matmul", "rope", "kv_store", "attention", "attention_sinks", "add_bias",
+                                 "add"),
+                       ffn_ops=("rmsnorm", "add_bias", "add_id", "swiglu_oai")
+                       + tuple(op for op in moe.MOE_BLOCK_OPS if op != "silu_mul"))

@@ -102,6 +102,15 @@ def block_with_factors(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespa
     """:func:`block` with the rope frequency factors ``ff`` (f32 [n_rot / 2] or None) chosen by the
     caller (phi3 picks its LongRoPE factors by context length) and the feed-forward ``ffn``
     (:func:`dense_ffn`; MoE architectures pass ``moe.ffn``)."""
+    attention_half(d, cfg, w, s, kv, ff)
+    ffn_half(d, cfg, w, s, ffn)
+
+
+def attention_half(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV,
+                   ff: DeviceTensor | None = None) -> None:
+    """The attention half of :func:`block_with_factors`: ``x += attention(rmsnorm(x))`` (its
+    tensors are the block's non-``ffn_*`` ones; placement may run it on another device than the
+    feed-forward half, the residual rows ``s.x`` crossing between them)."""
     x, xn, q, k, v, att, o = s.x, s.xn, s.q, s.k, s.v, s.att, s.o
     rope = cfg.rope_params()
     d.rmsnorm(xn, x, w["attn_norm"], cfg.rms_eps)
@@ -118,9 +127,13 @@ def block_with_factors(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespa
     kv.attend(d, att, q, k, v, cfg.n_head, cfg.n_head_kv, 1.0 / math.sqrt(cfg.head_dim))
     d.matmul(o, att, w["attn_output"])
     d.add(x, x, o)
-    d.rmsnorm(xn, x, w["ffn_norm"], cfg.rms_eps)
+
+
+def ffn_half(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, ffn: FfnFn = dense_ffn) -> None:
+    """The feed-forward half of :func:`block_with_factors`: ``x += ffn(rmsnorm(x) * ffn_norm)``."""
+    d.rmsnorm(s.xn, s.x, w["ffn_norm"], cfg.rms_eps)
     ffn(d, cfg, w, s)
-    d.add(x, x, o)
+    d.add(s.x, s.x, s.o)
 
 
 def final_norm(d: Device, cfg: ModelConfig, w: Weights, xn: DeviceTensor, x: DeviceTensor) -> None:

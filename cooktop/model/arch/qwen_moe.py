@@ -27,7 +27,7 @@ from ...backends.base import ROPE_NEOX, Device
 from ..hparams import Metadata, ModelConfig
 from . import moe
 from .base import HEAD, INPUT, KV, Architecture, Weights, bias, matrix, norm
-from .llama import block_with_factors, final_norm, lm_head
+from .llama import attention_half, ffn_half, final_norm, lm_head
 
 
 def _rms_eps(m: Metadata) -> dict[str, Any]:
@@ -64,7 +64,18 @@ def scratch_shared(cfg: ModelConfig) -> dict[str, int]:
 def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> None:
     """One block on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place): the llama block's
     attention (optional biases and Q/K norms by the tensors present) and ``moe.ffn``."""
-    block_with_factors(d, cfg, w, s, kv, None, ffn=moe.ffn)
+    block_attn(d, cfg, w, s, kv)
+    block_ffn(d, cfg, w, s)
+
+
+def block_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> None:
+    """The attention half of :func:`block` (``llama.attention_half``)."""
+    attention_half(d, cfg, w, s, kv)
+
+
+def block_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace) -> None:
+    """The MoE half of :func:`block`: ``x += moe.ffn(rmsnorm(x) * ffn_norm)``."""
+    ffn_half(d, cfg, w, s, moe.ffn)
 
 
 def _attn(q_norm: bool, biases: bool, q_width=lambda c: c.n_embd_q):
@@ -107,15 +118,21 @@ OLMOE_TENSORS = tuple(_globals(False) + _attn(False, False, lambda c: c.n_embd) 
     norm("blk.{i}.attn_k_norm.weight", lambda c: (c.n_embd,)),
 ] + list(moe.tensors()))
 
+_ATTN_OPS = ("rmsnorm", "matmul", "rope", "kv_store", "attention", "add")
+_FFN_OPS = ("rmsnorm",) + moe.MOE_BLOCK_OPS
 _OPS = ("rmsnorm", "rope", "kv_store", "attention") + moe.MOE_BLOCK_OPS
 _HEAD_OPS = ("get_rows", "rmsnorm", "matmul")
 
 QWEN3MOE = Architecture(name="qwen3moe", tensors=QWEN3MOE_TENSORS, rope_mode=ROPE_NEOX, hparams=qwen3moe_hparams,
                         scratch=scratch, block=block, final_norm=final_norm, lm_head=lm_head,
-                        block_ops=_OPS, head_ops=_HEAD_OPS, scratch_i32=moe.scratch_i32)
+                        block_ops=_OPS, head_ops=_HEAD_OPS, scratch_i32=moe.scratch_i32, attn_ops=_ATTN_OPS,
+                        block_attn=block_attn, block_ffn=block_ffn, ffn_ops=_FFN_OPS)
 QWEN2MOE = Architecture(name="qwen2moe", tensors=QWEN2MOE_TENSORS, rope_mode=ROPE_NEOX, hparams=qwen2moe_hparams,
                         scratch=scratch_shared, block=block, final_norm=final_norm, lm_head=lm_head,
-                        block_ops=_OPS + ("add_bias",), head_ops=_HEAD_OPS, scratch_i32=moe.scratch_i32)
+                        block_ops=_OPS + ("add_bias",), head_ops=_HEAD_OPS, scratch_i32=moe.scratch_i32,
+                        attn_ops=_ATTN_OPS + ("add_bias",), block_attn=block_attn, block_ffn=block_ffn,
+                        ffn_ops=_FFN_OPS)
 OLMOE = Architecture(name="olmoe", tensors=OLMOE_TENSORS, rope_mode=ROPE_NEOX, hparams=olmoe_hparams,
                      scratch=scratch, block=block, final_norm=final_norm, lm_head=lm_head,
-                     block_ops=_OPS, head_ops=_HEAD_OPS, scratch_i32=moe.scratch_i32)
+                     block_ops=_OPS, head_ops=_HEAD_OPS, scratch_i32=moe.scratch_i32, attn_ops=_ATTN_OPS,
+                     block_attn=block_attn, block_ffn=block_ffn, ffn_ops=_FFN_OPS)
