@@ -56,7 +56,7 @@ test-vulkan-validation: setup
 
 shaders:
 	@test -x $(PY) || { echo "make shaders: no $(PY); run 'make setup' first" >&2; exit 1; }
-	$(PY) scripts/build_shaders.py
+	$(PY) -m cooktop.backends.vulkan.build
 
 bench: setup
 	$(COOKTOP) bench --device cpu,opencl,vulkan -p 128 -n 32 -r 3
@@ -82,7 +82,7 @@ lint:
 	$(VENV)/bin/ruff check cooktop tests scripts
 	$(VENV)/bin/mypy
 
-# Issue 9: FUZZ_EXAMPLES inputs for each of the GGUF reader and the tokenizer (an hour or so on 2 cores);
+# FUZZ_EXAMPLES inputs for each of the GGUF reader and the tokenizer (an hour or so on 2 cores);
 # the last line printed says how many were tried. Needs the dev extra (hypothesis): make setup first.
 fuzz:
 	@test -x $(PY) || { echo "make fuzz: no $(PY); run 'make setup' first" >&2; exit 1; }

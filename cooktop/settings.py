@@ -118,6 +118,27 @@ def opencl_mmq_k() -> bool:
     return env_bool("COOKTOP_OPENCL_MMQ_K", True)
 
 
+def cpu_cache(default: int) -> int:
+    """``COOKTOP_CPU_CACHE``: bytes of dequantized float32 weights the numpy backend keeps
+    (``default`` when unset; ``0`` turns the cache off; sizes like ``512MiB``, ``8GiB``).
+
+    Raises:
+        SettingError: not a size.
+    """
+    from .units import parse_bytes
+
+    raw = _raw("COOKTOP_CPU_CACHE")
+    if raw is None:
+        return default
+    try:
+        n = parse_bytes(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise SettingError(f"COOKTOP_CPU_CACHE={raw!r} is not a size: use bytes or e.g. 512MiB, 8GiB (0 = off)")
+    return n
+
+
 def probe_timeout(default: float) -> float:
     """``COOKTOP_PROBE_TIMEOUT``: seconds a probe child may take (at least 1)."""
     return env_float("COOKTOP_PROBE_TIMEOUT", default, 1.0)
@@ -135,6 +156,7 @@ def check_environment() -> None:
         SettingError: the first malformed setting.
     """
     dequant_threads()
+    cpu_cache(0)
     opencl_q8()
     opencl_vnni()
     opencl_mmq_k()

@@ -183,7 +183,7 @@ if ! command -v glslc >/dev/null 2>&1; then
     failed glslc "glslc (GLSL -> SPIR-V compiler) not found (apt-get install glslc)"
 fi
 if ! "$py" -c 'import sys; sys.path.insert(0, sys.argv[1])
-from cooktop.backends.vulkan_info import instance_layers
+from cooktop.backends.vulkan.info import instance_layers
 sys.exit("VK_LAYER_KHRONOS_validation" not in instance_layers())' "$root" >/dev/null 2>&1; then
     failed vulkan_validation "the Vulkan loader finds no VK_LAYER_KHRONOS_validation (apt-get install vulkan-validationlayers)"
 fi

@@ -91,11 +91,7 @@ class _Recorder:
         self.seen: list[str] = []
 
     def __getattr__(self, op):
-        def call(*args, **kwargs):
-            self.seen.append(op)
-            if kwargs.get("sinks") is not None:  # the capability name of attention with sinks
-                self.seen.append("attention_sinks")
-        return call
+        return lambda *args, **kwargs: self.seen.append(op)
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -122,9 +118,34 @@ def test_device_lacking_a_block_op_keeps_the_blocks_on_the_host(tmp_path):
     synth.write(p, SMALL, "Q8_0")
     gf = open_gguf(p)
     cfg = load_config(gf)
-    p = plan(gf, cfg, ["fake:0"], -1, None, lambda sel, op, ty: op != "rope")
+    p = plan(gf, cfg, ["fake:0"], -1, None,
+             lambda sel, op, ty, **dims: "fake:0 cannot run rope" if op == "rope" else "")
     assert p.blocks == ["cpu", "cpu"] and p.head == "fake:0"
     assert p.notes == [f"block {i} stays on cpu: fake:0 cannot run rope" for i in range(2)]
+
+
+def info_supports(info):
+    return lambda sel, op, ty, **dims: info.supports_op(op, ty, **dims)
+
+
+def test_a_device_capping_head_dim_keeps_the_blocks_on_the_host(tmp_path):
+    """An op limit the device declares (``DeviceInfo.op_limits``, e.g. Vulkan's attention
+    head_dim <= 256) keeps the blocks home before anything is allocated, with the reason."""
+    from cooktop.backends.info import DeviceInfo
+
+    p = tmp_path / "m.gguf"
+    synth.write(p, SMALL, "Q8_0")
+    gf = open_gguf(p)
+    cfg = load_config(gf)
+    capped = DeviceInfo("fake", 0, "fake", types=("Q8_0", "F32"),
+                        op_limits={"attention": {"head_dim": cfg.head_dim - 2}})
+    roomy = dataclasses.replace(capped, op_limits={"attention": {"head_dim": cfg.head_dim}})
+    for info, home in ((capped, True), (roomy, False)):
+        pl = plan(gf, cfg, ["fake:0"], -1, None, info_supports(info))
+        assert pl.blocks == (["cpu"] * cfg.n_layer if home else ["fake:0"] * cfg.n_layer)
+        assert pl.head == "fake:0"
+        assert pl.notes == ([f"block {i} stays on cpu: fake:0 runs attention with head_dim <= {cfg.head_dim - 2}, "
+                             f"not {cfg.head_dim}" for i in range(cfg.n_layer)] if home else [])
 
 
 # -- an optional tensor family -------------------------------------------------

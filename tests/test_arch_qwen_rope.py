@@ -1,4 +1,4 @@
-"""qwen2, qwen3 and llama with rope scaling (issue 11) against llama.cpp (llama-cpp-python at test
+"""qwen2, qwen3 and llama with rope scaling against llama.cpp (llama-cpp-python at test
 time): tiny synthetic models in F32 and a quantized type give llama.cpp's logits on numpy,
 OpenCL and Vulkan (nmse <= 5e-6 F32, <= 3e-3 quantized), also when the prompt is evaluated in
 several n_batch chunks, and the greedy continuation wherever llama.cpp's top-2 margin is clear

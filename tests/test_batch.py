@@ -1,4 +1,4 @@
-"""Parallel sequences in one forward pass (issue 15): parity with each sequence run alone, on every
+"""Parallel sequences in one forward pass: parity with each sequence run alone, on every
 backend; the batch driver, ``Llama.create_completions``; the errors."""
 
 from __future__ import annotations

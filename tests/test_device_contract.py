@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import pathlib
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from cooktop.backends.cpu import CpuDevice, cpu_info
+from cooktop.backends import optable
+from cooktop.backends.cpu.device import CpuDevice, cpu_info
+from cooktop.backends.optable import ACT, I32, SPECS, TABLE, WEIGHT
 from cooktop.errors import DeviceError, ShapeError, UnsupportedOpError
 from cooktop.format.quants import random_weight
 
@@ -79,13 +82,15 @@ FAULTS = {
                                    "want out and x [n, m], b [m]"),
     "rope freq_factors": (lambda d: d.rope(_f32(d, 2, 8), _f32(d, 2, 8), _i32(d, 2), 8, 8, 1e4, 1.0, 0,
                                            d.upload(np.ones(3, np.float32), T.F32, (3,))), ShapeError,
-                          "rope: shapes do not fit: x [2, 8], freq_factors [3]; "
-                          "want freq_factors [>= n_rot / 2] with n_rot 8"),
+                          "rope: shapes do not fit: out [2, 8], x [2, 8], pos [2], freq_factors [3]; "
+                          "want out and x [n, n_head * head_dim], pos [n], freq_factors [>= n_rot / 2] if given, "
+                          "with head_dim 8 and n_rot 8 even and 0 < n_rot <= head_dim"),
     "rope mode": (lambda d: d.rope(_f32(d, 2, 8), _f32(d, 2, 8), _i32(d, 2), 8, 8, 1e4, 1.0, 1),
                   UnsupportedOpError, "rope mode 1 is not supported (0 = normal, 2 = NeoX)"),
     "rope n_rot": (lambda d: d.rope(_f32(d, 2, 8), _f32(d, 2, 8), _i32(d, 2), 8, 5, 1e4, 1.0, 0), ShapeError,
                    "rope: shapes do not fit: out [2, 8], x [2, 8], pos [2]; want out and x "
-                   "[n, n_head * head_dim], pos [n], with head_dim 8 and n_rot 5 even and 0 < n_rot <= head_dim"),
+                   "[n, n_head * head_dim], pos [n], freq_factors [>= n_rot / 2] if given, with head_dim 8 and "
+                   "n_rot 5 even and 0 < n_rot <= head_dim"),
     "rope pos type": (lambda d: d.rope(_f32(d, 2, 8), _f32(d, 2, 8), _f32(d, 2), 8, 8, 1e4, 1.0, 0),
                       UnsupportedOpError, "rope: pos must be I32, not F32"),
     "kv_store width": (lambda d: d.kv_store(_f32(d, 16, 8), _f32(d, 2, 4), _i32(d, 2)), ShapeError,
@@ -95,14 +100,14 @@ FAULTS = {
                                             _i32(d, 2), 3, 2, 0.5), ShapeError,
                       "attention: shapes do not fit: out [2, 12], q [2, 12], k_cache [16, 8], v_cache [16, 8], "
                       "pos [2]; want out and q [n, n_head * head_dim], k_cache and v_cache "
-                      "[n_ctx, n_head_kv * head_dim], pos [n], with n_head 3 a multiple of n_head_kv 2 "
-                      "and window 0 >= 0"),
+                      "[n_ctx, n_head_kv * head_dim], pos [n], kv_start [n] if given, with n_head 3 a multiple of "
+                      "n_head_kv 2 and window 0 >= 0"),
     "attention window": (lambda d: d.attention(_f32(d, 2, 12), _f32(d, 2, 12), _f32(d, 16, 6), _f32(d, 16, 6),
                                                _i32(d, 2), 4, 2, 0.5, -1), ShapeError,
                          "attention: shapes do not fit: out [2, 12], q [2, 12], k_cache [16, 6], v_cache [16, 6], "
                          "pos [2]; want out and q [n, n_head * head_dim], k_cache and v_cache "
-                         "[n_ctx, n_head_kv * head_dim], pos [n], with n_head 4 a multiple of n_head_kv 2 "
-                         "and window -1 >= 0"),
+                         "[n_ctx, n_head_kv * head_dim], pos [n], kv_start [n] if given, with n_head 4 a multiple of "
+                         "n_head_kv 2 and window -1 >= 0"),
     "gelu_mul shapes": (lambda d: d.gelu_mul(_f32(d, 2, 3), _f32(d, 2, 3), _f32(d, 3, 2)), ShapeError,
                         "gelu_mul: shapes do not fit: out [2, 3], gate [2, 3], up [3, 2]; "
                         "want out, gate and up of one shape"),
@@ -110,7 +115,7 @@ FAULTS = {
                                                  _i32(d, 2), 2, 2, 0.5, kv_start=_i32(d, 3)), ShapeError,
                            "attention: shapes do not fit: out [2, 8], q [2, 8], k_cache [16, 8], v_cache [16, 8], "
                            "pos [2], kv_start [3]; want out and q [n, n_head * head_dim], k_cache and v_cache "
-                           "[n_ctx, n_head_kv * head_dim], pos [n], kv_start [n], with n_head 2 a multiple of "
+                           "[n_ctx, n_head_kv * head_dim], pos [n], kv_start [n] if given, with n_head 2 a multiple of "
                            "n_head_kv 2 and window 0 >= 0"),
     "attention kv_start type": (lambda d: d.attention(_f32(d, 2, 8), _f32(d, 2, 8), _f32(d, 16, 8),
                                                       _f32(d, 16, 8), _i32(d, 2), 2, 2, 0.5, kv_start=_f32(d, 2)),
@@ -142,6 +147,87 @@ def test_each_fault_raises_one_type_and_message_on_every_backend(any_device, fau
         run(any_device)
     assert type(ei.value) is etype, f"{fault}: {type(ei.value).__name__}: {ei.value}"
     assert _normalized(any_device, ei.value) == message
+
+
+# -- fault cases derived from the op table -----------------------------------------------------
+def _valid_call(dev, spec):
+    """The tensors and scalars of a valid call of ``spec`` on ``dev``, from its ``example``."""
+    tensors = []
+    for a in spec.args:
+        shape = spec.example[a.name]
+        if shape is None:
+            tensors.append(None)
+        elif a.kind == I32:
+            t = dev.empty(shape, T.I32)  # ids [n, k] of the MoE ops too: all zero, a valid expert
+            dev.write(t, np.zeros(shape, dtype=np.int32))
+            tensors.append(t)
+        elif a.kind == WEIGHT:
+            tensors.append(dev.upload(np.ones(shape, np.float32), T.F32, shape))
+        else:
+            tensors.append(dev.zeros(shape))
+    scalars = {k: spec.example[k] for k in spec.scalars if k in spec.example}
+    return tensors, scalars
+
+
+def _call(dev, spec, tensors, scalars):
+    kw = {a.name: t for a, t in zip(spec.args, tensors) if a.optional}
+    getattr(dev, spec.name)(*[t for a, t in zip(spec.args, tensors) if not a.optional], **scalars, **kw)
+
+
+@pytest.mark.parametrize("op", [s.name for s in TABLE])
+def test_every_op_of_the_table_checks_each_argument(any_device, op):
+    """For every op of the table: its example call runs; each tensor argument in turn, made
+    foreign, of the wrong type or one value wider, raises DeviceError,
+    UnsupportedOpError or ShapeError with the table's rule (the same on every backend)."""
+    dev, spec = any_device, SPECS[op]
+    tensors, scalars = _valid_call(dev, spec)
+    if spec.default or op in dev.info.ops:
+        _call(dev, spec, tensors, scalars)
+        dev.synchronize()
+    else:  # an op the device does not claim (the MoE ops off numpy): refused after the same checks
+        with pytest.raises(UnsupportedOpError, match=f"{op} is not supported on this backend"):
+            _call(dev, spec, tensors, scalars)
+    for i, a in enumerate(spec.args):
+        if tensors[i] is None:
+            continue
+        foreign = list(tensors)
+        foreign[i] = _OTHER.empty(tensors[i].shape, T.I32 if a.kind == I32 else T.F32)
+        with pytest.raises(DeviceError, match=f"^{op}: {a.name} .* lives on another device than"):
+            _call(dev, spec, foreign, scalars)
+        if a.kind != ACT:
+            wrong = list(tensors)
+            wrong[i] = dev.empty(tensors[i].shape, T.F32 if a.kind == I32 else T.I32)
+            with pytest.raises(UnsupportedOpError):
+                _call(dev, spec, wrong, scalars)
+        if (op, a.name) in (("rope", "freq_factors"), ("moe_route", "logits")):
+            continue  # a longer factor table fits (the rule is >= n_rot / 2); so do more experts than k
+        wider = list(tensors)
+        shape = (*tensors[i].shape[:-1], tensors[i].shape[-1] + 1)
+        wider[i] = (dev.upload(np.ones(shape, np.float32), T.F32, shape) if a.kind == WEIGHT
+                    else dev.empty(shape, tensors[i].ggml_type))
+        with pytest.raises(ShapeError) as ei:
+            _call(dev, spec, wider, scalars)
+        assert str(ei.value).endswith(spec.rule.format(**{k: spec.example.get(k, 0) for k in spec.scalars}))
+
+
+def test_op_limits_are_refused_by_the_public_check(any_device, monkeypatch):
+    """A dimension a device caps (``DeviceInfo.op_limits``) is refused before the backend runs."""
+    dev = any_device
+    monkeypatch.setattr(dev.info, "op_limits", {"attention": {"head_dim": 2}})
+    tensors, scalars = _valid_call(dev, SPECS["attention"])
+    with pytest.raises(UnsupportedOpError, match=r"^attention: head_dim 4 is more than .*'s 2"):
+        _call(dev, SPECS["attention"], tensors, scalars)
+    assert dev.supports_op("attention", head_dim=4).endswith("runs attention with head_dim <= 2, not 4")
+    assert dev.supports_op("attention", head_dim=2) == ""
+
+
+def test_the_design_doc_shows_the_op_table():
+    """docs/DESIGN.md's op table is :func:`optable.markdown` (regenerate it from there)."""
+    design = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "DESIGN.md").read_text()
+    assert optable.markdown() in design
+    assert optable.OPS == tuple(s.name for s in TABLE if s.forward and s.default) and "copy" not in optable.OPS
+    assert set(optable.MOE_OPS) == {"moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai",
+                                    "attention_sinks"}
 
 
 def test_shape_error_is_a_value_error_and_a_device_error():

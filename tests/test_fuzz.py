@@ -1,4 +1,4 @@
-"""Fuzzing (issue 9) with hypothesis: everything that reads untrusted bytes.
+"""Fuzzing with hypothesis: everything that reads untrusted bytes.
 
 - **GGUF**: random files and mutations (bit flips, interesting integers written over
   counts, lengths, types and offsets, truncation, insertion, deletion, splices) of

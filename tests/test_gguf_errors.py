@@ -1,5 +1,5 @@
 """Malformed model files: every one ends ``cooktop info`` and ``cooktop run`` with
-exit code 1 and a single ``error: ...`` line naming the problem (issue #2).
+exit code 1 and a single ``error: ...`` line naming the problem.
 
 The files are made here, in ``tmp_path``: by rewriting stories260K with
 ``gguf.GGUFWriter`` (metadata changes) or by patching bytes of a copy of it at

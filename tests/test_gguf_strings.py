@@ -1,4 +1,4 @@
-"""Issue 9: GGUF strings are bytes; a display string that is not valid UTF-8 never refuses a file.
+"""GGUF strings are bytes; a display string that is not valid UTF-8 never refuses a file.
 
 llama.cpp keeps GGUF strings as ``std::string`` and loads a model whose ``general.name``
 holds a Latin-1 byte; so does cooktop, showing the name with U+FFFD for the bad byte.

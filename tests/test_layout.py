@@ -1,8 +1,10 @@
 """The package's import graph: no cycles, and no import from a lower room into a higher one.
 
 Rooms, lowest first (a module may import its own room and any lower one):
-errors/units/version < format < backends < model, text < runtime < engine < cluster < tools
-< api < server, bench < cli. ``shaders`` holds package data only. The graph is built with ``ast``
+errors/units/version/settings/notices < format < backends < model, text < runtime < engine < cluster < tools
+< api < server, bench < cli. Inside ``backends``, each family is a folder of its own
+(``backends/<family>/``: its modules and kernel files); only that folder and the family list
+(``backends/families.py``) import its modules or name its kernel files. The graph is built with ``ast``
 from every ``import`` statement, those inside functions included (a lazy import is still a
 dependency), so a cycle cannot hide behind one.
 """
@@ -15,7 +17,7 @@ import pathlib
 PKG = pathlib.Path(__file__).resolve().parents[1] / "cooktop"
 
 RANK = {
-    "errors": 0, "units": 0, "version": 0, "settings": 0,
+    "errors": 0, "units": 0, "version": 0, "settings": 0, "notices": 0,
     "shaders": 1, "format": 1,
     "backends": 2,
     "model": 3, "text": 3,
@@ -120,3 +122,73 @@ def test_graph_sees_lazy_and_relative_imports():
     assert "cooktop.backends.registry" in g["cooktop.runtime.loader"]
     assert "cooktop.cli.group" in g["cooktop.cli.run"]
     assert len(g) > 40
+
+
+BACKENDS = PKG / "backends"
+
+
+def family_folders() -> list[pathlib.Path]:
+    """``backends/<family>/`` packages: folders whose ``__init__.py`` defines ``FAMILY``."""
+    return sorted(p.parent for p in BACKENDS.glob("*/__init__.py") if "FAMILY = " in p.read_text())
+
+
+def test_families_are_folders():
+    """The family list names exactly the family folders, each describing itself."""
+    from cooktop.backends.families import FAMILIES
+
+    assert sorted(f.name for f in family_folders()) == sorted(FAMILIES)
+    for name, fam in FAMILIES.items():
+        assert fam.backend.startswith(f"cooktop.backends.{name}."), fam.backend
+    assert not list(BACKENDS.glob("*.cl")) and not (PKG / "shaders").exists()
+
+
+def test_only_a_family_imports_its_modules():
+    """Nothing outside ``backends/<family>/`` (and the family list) imports a family's modules."""
+    allowed = {"cooktop.backends.families"}
+    bad = []
+    for folder in family_folders():
+        fam = f"cooktop.backends.{folder.name}"
+        for mod, deps in import_graph().items():
+            if mod == fam or mod.startswith(fam + ".") or mod in allowed:
+                continue
+            bad += [f"{mod} imports {d}" for d in deps if d == fam or d.startswith(fam + ".")]
+    assert not bad, "imports of a family's modules from outside its folder:\n" + "\n".join(sorted(bad))
+
+
+def test_only_a_family_names_its_kernel_files():
+    """No module outside ``backends/<family>/`` names one of its kernel files (``.cl``, ``.comp``,
+    ``.glsl``, ``.spv``, the variant table): kernels are the family's own business."""
+    bad, checked = [], 0
+    for folder in family_folders():
+        names = {p.name for p in folder.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")}
+        for path in PKG.rglob("*.py"):
+            if folder in path.parents:
+                continue
+            text = path.read_text()
+            bad += [f"{path.relative_to(PKG.parent)} names {folder.name}/{n}" for n in sorted(names) if n in text]
+        checked += len(names)
+    assert checked > 40  # the OpenCL kernels, the GLSL sources, the SPIR-V and the variant table
+    assert not bad, "kernel files named outside their family's folder:\n" + "\n".join(sorted(bad))
+
+
+def test_family_rule_sees_violations():
+    """The checker itself: an import of a family module from another room is caught."""
+    g = import_graph()
+    assert "cooktop.backends.cpu" in g["cooktop.backends.families"]
+    assert any(d.startswith("cooktop.backends.opencl.") for d in g["cooktop.backends.opencl.device"])
+    assert len(family_folders()) >= 3
+
+
+def test_no_issue_numbers_in_the_code():
+    """Comments and docstrings say what and why, not which tracker entry asked for it: an issue
+    number means nothing to a reader of the repository."""
+    import re
+
+    root = PKG.parent
+    pattern = re.compile(r"\b[Ii]ssues? ?#?\d+|\(#\d+\)")
+    files = [*PKG.rglob("*.py"), *PKG.rglob("*.cl"), *PKG.rglob("*.comp"), *PKG.rglob("*.glsl"),
+             *(root / "scripts").rglob("*.py"), *(root / "scripts").rglob("*.sh"), root / "Makefile",
+             root / ".ci" / "run"]
+    bad = [f"{p.relative_to(root)}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
+           if pattern.search(line)]
+    assert not bad, "issue numbers in the code: " + ", ".join(bad)

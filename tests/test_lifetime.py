@@ -1,4 +1,4 @@
-"""Object lifetime (issue 9): no reference cycles, ``del llm`` frees at once, closed means closed."""
+"""Object lifetime: no reference cycles, ``del llm`` frees at once, closed means closed."""
 
 from __future__ import annotations
 

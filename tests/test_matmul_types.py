@@ -3,7 +3,7 @@ with ``gguf.GGUFWriter``, opened with ``open_gguf``, uploaded to the numpy
 device, then ``matmul`` and ``get_rows`` checked against
 ``gguf.quants.dequantize`` + float64 numpy. Odd shapes (n_out 1, 3, 129;
 n_in 1 or 7 blocks) catch row/stride mistakes; rows that are not whole blocks
-are rejected with an error naming the block size (issue #2).
+are rejected with an error naming the block size.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 from gguf import GGMLQuantizationType as T
 
 from cooktop.backends.base import nmse, row_bytes
-from cooktop.backends.cpu import CPU_TYPES
+from cooktop.backends.cpu.device import CPU_TYPES
 from cooktop.errors import GGUFError, UnsupportedOpError
 from cooktop.format.gguf import open_gguf
 from cooktop.format.quants import random_weight

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from cooktop.backends import cpu_moe, cpu_quants
 from cooktop.backends.base import nmse
-from cooktop.backends.cpu import CpuDevice, cpu_info
+from cooktop.backends.cpu import moe as cpu_moe
+from cooktop.backends.cpu import quants as cpu_quants
+from cooktop.backends.cpu.device import CpuDevice, cpu_info
 from cooktop.errors import ShapeError, UnsupportedOpError
 from cooktop.format.quants import dequantize, random_weight
 
@@ -141,8 +142,8 @@ def test_attention_sinks(dev):
     sinks = rng.standard_normal(n_head).astype(np.float32) * 2
     pos = np.arange(n, dtype=np.int32)
     out = dev.empty((n, n_head * hd))
-    dev.attention(out, _put(dev, q), _put(dev, kc), _put(dev, vc), _put(dev, pos, T.I32), n_head, n_kv, 0.3,
-                  window, sinks=_put(dev, sinks))
+    dev.attention_sinks(out, _put(dev, q), _put(dev, kc), _put(dev, vc), _put(dev, pos, T.I32), _put(dev, sinks),
+                        n_head, n_kv, 0.3, window)
     want = np.zeros((n, n_head * hd))
     for i in range(n):
         for h in range(n_head):
@@ -167,7 +168,7 @@ def test_errors(dev):
     with pytest.raises(ShapeError, match="k <= n_expert"):
         dev.moe_route(dev.empty((3, 5), T.I32), dev.empty((3, 5)), dev.empty((3, 4)), "softmax")
     with pytest.raises(ShapeError, match="sinks"):
-        dev.attention(x, x, x, x, dev.empty((3,), T.I32), 2, 2, 1.0, sinks=dev.empty((3,)))
+        dev.attention_sinks(x, x, x, x, dev.empty((3,), T.I32), dev.empty((3,)), 2, 2, 1.0)
 
 
 def test_route_helper_matches_op():

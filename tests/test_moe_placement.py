@@ -27,12 +27,15 @@ def moe_file(tmp_path_factory):
     return p
 
 
-def _all(sel, op, ty):
-    return True
+def _all(sel, op, ty, **dims):
+    return ""
 
 
-def _no_moe(sel, op, ty):
-    return sel == "cpu" or op not in ("moe_route", "matmul_id", "moe_combine", "add_id", "swiglu_oai")
+def _no_moe(sel, op, ty, **dims):
+    """A device without the MoE ops (supports_op's answer: the reason, "" when it can)."""
+    if sel != "cpu" and op in ("moe_route", "matmul_id", "moe_combine", "add_id", "swiglu_oai"):
+        return f"{sel} cannot run {op}"
+    return ""
 
 
 def _plan(path, tp, supports=_all, ngl=-1):
@@ -78,8 +81,8 @@ def test_override_tensor_errors(bad, message):
 def test_device_without_moe_ops_takes_the_attention(moe_file):
     p = _plan(moe_file, None, _no_moe)
     assert p.blocks == ["fake:0", "fake:0"] and p.experts == ["cpu", "cpu"]
-    assert p.notes == [f"block {i}: experts stay on cpu: fake:0 cannot run moe_route, matmul_id, moe_combine"
-                       for i in range(2)]
+    assert p.notes == [f"block {i}: experts stay on cpu: fake:0 cannot run moe_route; fake:0 cannot run "
+                       f"matmul_id; fake:0 cannot run moe_combine" for i in range(2)]
     p = _plan(moe_file, TensorPlacement.parse(override_tensor="exps=fake:0"), _no_moe, ngl=0)
     assert p.experts is None and "experts stay on cpu, not fake:0" in p.notes[0]
 

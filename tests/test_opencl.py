@@ -94,7 +94,7 @@ def test_disabled_by_env(fresh_registry, monkeypatch):
 
 
 def test_pyopencl_missing(fresh_registry, monkeypatch):
-    from cooktop.backends.opencl import INSTALL_HINT, OpenCLBackend
+    from cooktop.backends.opencl.device import INSTALL_HINT, OpenCLBackend
 
     monkeypatch.setitem(sys.modules, "pyopencl", None)  # makes `import pyopencl` raise ImportError
     res = OpenCLBackend().probe()
@@ -132,7 +132,7 @@ class _EmptyPlatform:
 
 
 def test_probe_no_icd(monkeypatch):
-    from cooktop.backends.opencl import OpenCLBackend
+    from cooktop.backends.opencl.device import OpenCLBackend
 
     fake = _FakeCL(error=_FakeCL.LogicError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR"))
     monkeypatch.setitem(sys.modules, "pyopencl", fake)
@@ -143,7 +143,7 @@ def test_probe_no_icd(monkeypatch):
 
 
 def test_probe_empty_platform(monkeypatch):
-    from cooktop.backends.opencl import OpenCLBackend
+    from cooktop.backends.opencl.device import OpenCLBackend
 
     monkeypatch.setitem(sys.modules, "pyopencl", _FakeCL([_EmptyPlatform()]))
     res = OpenCLBackend().probe()
@@ -156,7 +156,7 @@ def test_probe_empty_platform(monkeypatch):
 
 
 def test_build_failure_raises_device_error(fresh_registry):
-    from cooktop.backends.opencl_kernels import build_program
+    from cooktop.backends.opencl.programs import build_program
 
     dev = registry.open_device(_pocl_info().selector)
     bad = "__kernel void k(global float *y) { y[0] = not_declared_anywhere; }"
@@ -172,7 +172,7 @@ def test_build_failure_message_from_driver(monkeypatch, fresh_registry):
     """The driver's build log (here PoCL 3.0-rc2's) ends up in the DeviceError."""
     import pyopencl as cl
 
-    from cooktop.backends import opencl_kernels
+    from cooktop.backends.opencl import programs as opencl_kernels
 
     dev = registry.open_device(_pocl_info().selector)
     log = "error: unknown target CPU 'generic'\nnote: valid target CPU values are: ..."
@@ -243,8 +243,8 @@ def test_registry_smoke_test_pocl(fresh_registry):
 
 def test_broken_platform_is_marked_fail(fresh_registry, monkeypatch):
     """A second (fake, GPU-typed) device whose kernels fail to build: FAIL, never chosen, no crash."""
-    from cooktop.backends import opencl
-    from cooktop.backends.opencl_kernels import KernelCache
+    from cooktop.backends.opencl import device as opencl
+    from cooktop.backends.opencl.programs import KernelCache
 
     real_probe, real_open = opencl.OpenCLBackend.probe, opencl.OpenCLBackend.open
     broken_name = "Broken Fake OpenCL GPU"
@@ -288,8 +288,8 @@ def test_gpu_launch_shape_on_pocl(fresh_registry, ty):
     """The GPU flavours of the kernels (work-groups sharing a row in mul_mv, local-memory
     tiles in mul_mm, work-group attention) checked on PoCL against numpy."""
     from cooktop.backends.base import nmse
-    from cooktop.backends.opencl_kernels import GPU_SHAPE, KernelCache
-    from cooktop.backends.opencl_q8 import dequantize_q8_ref
+    from cooktop.backends.opencl.programs import GPU_SHAPE, KernelCache
+    from cooktop.backends.reference import dequantize_q8_ref
     from cooktop.format.quants import dequantize, random_weight
 
     info = _pocl_info()

@@ -1,4 +1,4 @@
-"""OpenCL integer-dot matmuls on 8-bit activations (dotq8.cl, quant.cl, opencl_q8.py) on PoCL.
+"""OpenCL integer-dot matmuls on 8-bit activations (dotq8.cl, quant.cl, opencl/q8.py) on PoCL.
 
 Both builds are checked: the host-ISA one (x86 pmaddubsw code where clang predefines
 __AVX2__) and the portable OpenCL C one (``-DCOOKTOP_PORTABLE=1``). Each is exact
@@ -17,8 +17,8 @@ from gguf import GGMLQuantizationType as T
 
 from cooktop.backends import registry
 from cooktop.backends.base import nmse
-from cooktop.backends.opencl_kernels import Q8_TYPES
-from cooktop.backends.opencl_q8 import dequantize_q8_ref, quantize_q8_ref
+from cooktop.backends.opencl.programs import Q8_TYPES
+from cooktop.backends.reference import dequantize_q8_ref, quantize_q8_ref
 from cooktop.format.quants import dequantize, random_weight
 
 QUANT_BOUND = 5e-4
@@ -213,7 +213,7 @@ def test_attention_writes_8bit_copy(q8dev):
 def test_drop_file_pages(tmp_path):
     """After an upload to a CPU device the file pages of the weight are unmapped (not resident
     twice); the data reads back unchanged; anonymous memory is never touched."""
-    from cooktop.backends.opencl import drop_file_pages
+    from cooktop.backends.opencl.device import drop_file_pages
 
     data = np.random.default_rng(0).integers(0, 255, 3 << 20, dtype=np.uint8)
     path = tmp_path / "w.bin"

@@ -14,7 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from cooktop.backends.base import DEVICE_WEIGHT_TYPES, ROPE_NEOX, ROPE_NORMAL, nmse
-from cooktop.backends.opencl_q8 import dequantize_q8_ref
+from cooktop.backends.reference import dequantize_q8_ref
 from cooktop.format.quants import dequantize, random_weight
 
 FLOAT_BOUND = 1e-7

@@ -1,4 +1,4 @@
-"""Parity of the ops the qwen2 / qwen3 / scaled-rope llama blocks added (issue 11), numpy vs each
+"""Parity of the ops the qwen2 / qwen3 / scaled-rope llama blocks added, numpy vs each
 device backend at odd shapes, and the numpy rope vs a float32 port of ggml's loop.
 
 - ``add_bias``: a bias row broadcast over rows (qwen2's Q/K/V biases);

@@ -1,4 +1,4 @@
-"""Issue #5: layers split across devices; -ngl, --split, -ngl auto, cooktop plan.
+"""Layers split across devices; -ngl, --split, -ngl auto, cooktop plan.
 
 Logits must not depend on placement (llama.cpp #5137 is the bug this guards against).
 """

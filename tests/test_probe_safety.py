@@ -1,4 +1,4 @@
-"""Issue 9: the device probe never crashes or hangs the caller, whatever the drivers do.
+"""The device probe never crashes or hangs the caller, whatever the drivers do.
 
 Each driver failure runs as a user meets it, in a subprocess (``cooktop devices``,
 ``cooktop run``, ``Llama``) with the environment that provokes it: no Vulkan ICD, an
@@ -171,7 +171,7 @@ def test_child_hang_times_out(isolated, monkeypatch):
 def test_child_that_cannot_start_falls_back_in_process(isolated, monkeypatch):
     """No step reported (our module never ran): probe in-process as before, no false 'crash'."""
     monkeypatch.setattr(safeprobe, "_child_argv", lambda f, t: [sys.executable, "-c", "raise SystemExit(3)"])
-    assert safeprobe.check("cpu", "cooktop.backends.cpu:CpuBackend") is None
+    assert safeprobe.check("cpu", "cooktop.backends.cpu.device:CpuBackend") is None
     assert registry.probe("cpu").available
 
 
@@ -189,7 +189,7 @@ def test_verdict_key_follows_the_drivers(monkeypatch, tmp_path):
 
 def test_opencl_no_platform_names_the_icd_files(monkeypatch, tmp_path):
     """An ICD folder whose file names a missing library: the reason lists it."""
-    from cooktop.backends import opencl
+    from cooktop.backends.opencl import device as opencl
 
     (tmp_path / "fake.icd").write_text("/nonexistent/libcooktop_fake_cl.so\n")
     monkeypatch.setenv("OCL_ICD_VENDORS", str(tmp_path))

@@ -1,4 +1,4 @@
-"""Issue 9: quiet by default. Compiler output goes to the ``cooktop`` logger; the first build of
+"""Quiet by default. Compiler output goes to the ``cooktop`` logger; the first build of
 kernels on a device says so in one line (with a progress bar on a terminal); ``verbose=False``
 prints nothing at all.
 """
@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, open_family_device
 from gguf import GGMLQuantizationType as T
 
-from cooktop.backends import notices
+from cooktop import notices
 from cooktop.errors import DeviceError
 
 
@@ -43,7 +43,7 @@ def test_compiler_output_goes_to_the_log(ocl, fresh_notices, caplog, capfd):
     """A kernel with compiler warnings: stderr has only the first-compile notice; the build log,
     clang's "N warnings generated." (written to fd 2 inside PoCL) and pyopencl's CompilerWarning
     end up in one INFO record of the cooktop logger."""
-    from cooktop.backends.opencl_kernels import build_program
+    from cooktop.backends.opencl.programs import build_program
 
     tag = f"cooktop-quiet-{uuid.uuid4().hex}"  # a new source: no cache anywhere has it
     src = f"#warning {tag}\nkernel void f(global float* x) {{ int unused_{tag[-6:]}; x[0] = 1.0f; }}\n"
@@ -65,7 +65,7 @@ def test_compiler_output_goes_to_the_log(ocl, fresh_notices, caplog, capfd):
 
 
 def test_build_failure_logs_everything(ocl, fresh_notices, caplog, capfd):
-    from cooktop.backends.opencl_kernels import build_program
+    from cooktop.backends.opencl.programs import build_program
 
     tag = f"undefined_{uuid.uuid4().hex[:12]}"
     src = f"kernel void f(global float* x) {{ x[0] = {tag}; }}\n"
@@ -86,7 +86,7 @@ def test_build_failure_logs_everything(ocl, fresh_notices, caplog, capfd):
 
 
 def test_prebuild_notice_and_progress_bar(ocl, fresh_notices, monkeypatch):
-    from cooktop.backends.opencl_kernels import KernelCache
+    from cooktop.backends.opencl.programs import KernelCache
 
     term = io.StringIO()
     term.isatty = lambda: True  # a terminal: bars allowed

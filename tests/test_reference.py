@@ -1,6 +1,6 @@
 """End to end against llama.cpp's own outputs (../shared/reference), on every device backend.
 
-Bounds (shared/reference/README.md and issues #2-#4): stories260K logits nmse
+Bounds (shared/reference/README.md): stories260K logits nmse
 <= 1e-6 and the exact greedy continuation; tiny-F32/F16 <= 5e-6; quantized
 tiny models <= 3e-3 (llama.cpp quantizes activations to 8 bits).
 """

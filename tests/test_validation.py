@@ -111,7 +111,7 @@ def test_value_length_equal_to_key_length_accepted(small, tmp_path):
 
 
 def test_token_embd_type_without_host_dequantize_refused(small, tmp_path):
-    # Q8_1: 32 values in 40 bytes; a valid GGUF type that cooktop.backends.cpu cannot dequantize.
+    # Q8_1: 32 values in 40 bytes; a valid GGUF type that cooktop.backends.cpu.device cannot dequantize.
     raw = np.zeros((260, 64 // 32 * 40), dtype=np.uint8)
     bad = copy_with(small, tmp_path / "bad.gguf", replace={"token_embd.weight": (raw, T.Q8_1)})
     msg = refusal(bad)

@@ -21,10 +21,11 @@ from gguf import GGMLQuantizationType as T
 
 from cooktop.backends import registry
 from cooktop.backends.base import ROPE_NEOX, nmse
+from cooktop.backends.vulkan.shaders import GLSL_DIR
 from cooktop.errors import DeviceOutOfMemoryError
 from cooktop.format.quants import random_weight
 
-vulkan = pytest.importorskip("cooktop.backends.vulkan")
+vulkan = pytest.importorskip("cooktop.backends.vulkan.device")
 
 
 @pytest.fixture
@@ -174,7 +175,7 @@ def test_smoke_test_passes(vk):
 # -- shaders ----------------------------------------------------------------
 
 def _manifest() -> dict:
-    return json.loads((vulkan.SHADER_DIR / "variants.json").read_text())
+    return json.loads((vulkan.SHADER_DIR.parent / "variants.json").read_text())
 
 
 def test_every_variant_ships_spirv():
@@ -193,27 +194,34 @@ def test_spirv_not_stale():
     glslc = shutil.which("glslc")
     if glslc is None:
         skip_or_fail("glslc", "glslc not on PATH (apt-get install glslc)")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import build_shaders
-    finally:
-        sys.path.pop(0)
+    from cooktop.backends.vulkan import build as build_shaders
     version = build_shaders.glslc_version(glslc)
     recorded = _manifest()["glslc"]
     if version != recorded:
         pytest.skip(f"SPIR-V was built with {recorded!r}, this glslc is {version!r}: bytes may differ")
     stale = build_shaders.stale_variants(glslc)
-    assert not stale, f"stale SPIR-V: {stale}; run `make shaders` (python scripts/build_shaders.py)"
+    assert not stale, f"stale SPIR-V: {stale}; run `make shaders`"
+
+
+def test_variant_table_regenerates_without_losing_variants():
+    """``build.py --init`` writes :func:`default_variants`: it must be the shipped table (every
+    integer-dot and 16-bit variant included), and every forward op has a shader."""
+    from cooktop.backends.optable import OPS
+    from cooktop.backends.vulkan import build as build_shaders
+
+    def key(v):
+        return v["name"], v["source"], v["defines"], v.get("variant_of")
+
+    assert [key(v) for v in build_shaders.default_variants()] == [key(v) for v in _manifest()["variants"]]
+    names = {v["name"] for v in _manifest()["variants"]}
+    shader_of = {"matmul": "mul_mat_vec_f32", "get_rows": "get_rows_f32"}
+    assert all(shader_of.get(op, op) in names for op in OPS), sorted(set(OPS) - names)
 
 
 def test_shipped_spirv_access_matches_manifest():
     """The barrier code's per-binding access (variants.json) is what each shipped module declares
     (NonWritable / NonReadable decorations), including gelu_mul, add_bias and rope's freq factors."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import build_shaders
-    finally:
-        sys.path.pop(0)
+    from cooktop.backends.vulkan import build as build_shaders
     for v in _manifest()["variants"]:
         spv = (vulkan.SHADER_DIR / f"{v['name']}.spv").read_bytes()
         assert build_shaders.spirv_access(spv) == v["access"], v["name"]
@@ -285,7 +293,7 @@ def _push_block_words(source: str, defines: dict) -> int:
     """Number of 32-bit members of the push-constant block of a .comp file under ``defines``
     (honours plain ``#ifdef NAME`` / ``#else`` / ``#endif`` around the block)."""
     active, stack = [], []
-    for line in (vulkan.SHADER_DIR / source).read_text().splitlines():
+    for line in (GLSL_DIR / source).read_text().splitlines():
         m = re.match(r"\s*#(ifdef|ifndef|if|elif|else|endif)\b\s*(\w*)", line)
         if m and m.group(1) in ("ifdef", "ifndef"):
             stack.append((m.group(2) in defines) == (m.group(1) == "ifdef"))

@@ -127,7 +127,7 @@ def test_graph_check_raises_on_a_different_op_list(vk, monkeypatch):
 
 def test_graph_cache_is_bounded(vk, monkeypatch):
     """Past MAX_GRAPHS the least recently used graph is forgotten with its sequences."""
-    from cooktop.backends import vulkan_graph
+    from cooktop.backends.vulkan import graph as vulkan_graph
     monkeypatch.setattr(vulkan_graph, "MAX_GRAPHS", 2)
     monkeypatch.setattr(vk, "graph_check", False)
     a, c = vk.empty((1, 64)), vk.empty((1, 64))

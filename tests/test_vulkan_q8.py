@@ -1,5 +1,5 @@
 """The Vulkan integer-dot mat-vec on 8-bit activations (quantize_q8_1.comp, mul_mat_vec_q8.comp,
-backends/vulkan_q8.py).
+backends/vulkan/q8.py).
 
 The variant runs where kp enabled shaderIntegerDotProduct and 16-bit storage (lavapipe has
 both); it is exact against numpy on the same 8-bit activations (``dequantize_q8_1_ref``) and
@@ -20,9 +20,9 @@ from cooktop.backends.base import nmse
 from cooktop.backends.tensor import DeviceBuffer
 from cooktop.format.quants import dequantize, random_weight
 
-vulkan = pytest.importorskip("cooktop.backends.vulkan")
-from cooktop.backends.vulkan_q8 import dequantize_q8_1_ref, quantize_q8_1_ref, takes_q8_1  # noqa: E402
-from cooktop.backends.vulkan_shaders import variant_info  # noqa: E402
+vulkan = pytest.importorskip("cooktop.backends.vulkan.device")
+from cooktop.backends.vulkan.q8 import dequantize_q8_1_ref, quantize_q8_1_ref, takes_q8_1  # noqa: E402
+from cooktop.backends.vulkan.shaders import variant_info  # noqa: E402
 
 #: nmse of the integer-dot result against the float product (x not quantized): 8-bit
 #: activations cost ~1e-5 on Gaussian data; same bound as the OpenCL 8-bit kernels.

@@ -93,7 +93,7 @@ def layer_available() -> tuple[bool, str]:
     """Whether the loader finds the validation layer, and why not."""
     sys.path.insert(0, str(ROOT))
     try:
-        from cooktop.backends.vulkan_info import VulkanInfoError, instance_layers
+        from cooktop.backends.vulkan.info import VulkanInfoError, instance_layers
     finally:
         sys.path.pop(0)
     try:

@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import cluster
-from ..backends import notices
+from .. import cluster, notices
 from ..engine import generate as _generate
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, read_raw_metadata

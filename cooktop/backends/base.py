@@ -15,34 +15,12 @@ activation is float32 ``[n_tokens, n]``. Quantized weights keep GGML block
 layout (ggml-common.h): each row of ``n_in`` values is ``n_in / block_size``
 blocks of ``type_size`` bytes.
 
-Op set (``pos`` is an int32 ``[n_tokens]`` device tensor of positions; the
-op sizes come from the shapes of ``out`` and the inputs, so one preallocated
-buffer of ``n_batch`` rows serves every chunk through :meth:`DeviceTensor.head`):
-
-=========  ==============================================================
-matmul     out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T
-rmsnorm    out = x / sqrt(mean(x^2) + eps) * w over each group of g values of a row
-           (w f32 [g], g dividing the row width: g = n_embd is the usual norm,
-           g = head_dim normalises each head: ggml_rms_norm on a [g, width/g, n] view)
-rope       rotate pairs of each head of x f32 [n, n_head*head_dim] by pos
-           (ggml_rope_ext: mode 0 = adjacent pairs, 2 = NeoX halves; optional
-           frequency factors and YaRN parameters)
-kv_store   cache[pos[i], :] = x[i, :]    (cache f32 [n_cells, n_head_kv*head_dim])
-attention  causal softmax(q k^T * scale) v over cache rows kv_start[i]..pos[i], GQA
-           (window > 0: rows pos[i]-window < j <= pos[i] only, llama.cpp's standard SWA;
-           kv_start optional, default 0: several sequences' rows in one call)
-silu_mul   out = silu(gate) * up
-gelu_mul   out = gelu_tanh(gate) * up                    (GeGLU, ggml_geglu_split)
-add        out = a + b
-add_bias   out[i, :] = x[i, :] + b        (b f32 [n]: a bias row broadcast over rows)
-get_rows   out[i] = dequantize(table[ids[i]])   (table any supported type)
-=========  ==============================================================
-
-Mixture-of-experts ops (:mod:`.moe_ops`; ``MOE_OPS``, run by the backends that list them):
-``moe_route`` (gating, top-k, weights), ``matmul_id`` (ggml's mul_mat_id: each row times the
-matrices of its selected experts), ``add_id`` (per-expert bias), ``moe_combine`` (weighted sum
-over the selected experts), ``swiglu_oai`` (gpt-oss's clamped SwiGLU) and ``attention`` with
-``sinks`` (op name ``attention_sinks``).
+The op set is declared once, in :mod:`.optable` (argument roles, shape rules, what each op
+computes, its llama.cpp / ggml source; ``docs/DESIGN.md`` shows the table). The op sizes come
+from the shapes of ``out`` and the inputs, so one preallocated buffer of ``n_batch`` rows serves
+every chunk through :meth:`DeviceTensor.head`. The mixture-of-experts ops (``MOE_OPS``:
+routing, ``matmul_id``, per-expert bias, weighted sum, ``swiglu_oai``, attention with sinks;
+:mod:`.moe_ops`) are in the table too, claimed only by the backends that implement them.
 """
 
 from __future__ import annotations
@@ -59,14 +37,15 @@ from gguf import GGMLQuantizationType
 
 from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import row_bytes, type_name  # noqa: F401  (part of the backend contract)
-from .info import MOE_OPS, OPS, DeviceInfo, ProbeResult  # noqa: F401  (part of the backend contract)
+from .info import DeviceInfo, ProbeResult  # noqa: F401  (part of the backend contract)
 from .ops import ROPE_NEOX, ROPE_NORMAL, DeviceOps  # noqa: F401  (part of the backend contract)
+from .optable import MOE_OPS, OPS  # noqa: F401  (part of the backend contract)
 from .tensor import DeviceBuffer, DeviceTensor  # noqa: F401  (part of the backend contract)
 
 T = GGMLQuantizationType
 
 
-#: The weight types every device backend must run (issue #3/#4 contract).
+#: The weight types every device backend must run (the device contract).
 DEVICE_WEIGHT_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
 
 
@@ -365,19 +344,36 @@ class Device(DeviceOps):
     def _release(self, tensors: list[DeviceTensor]) -> None:  # noqa: B027 - an optional hook
         """Backend part of :meth:`release` (allocations of this device only); default: nothing."""
 
+    def prebuild(self, types: tuple[T, ...] = ()) -> None:  # noqa: B027 - an optional hook
+        """Compile now what the ops (and matmuls / get_rows of weight ``types``) will need, as one
+        batch, so a first run can say so once (OpenCL builds programs at run time). Default:
+        nothing to build (numpy; Vulkan ships SPIR-V).
+
+        Raises:
+            DeviceError: a build failed.
+        """
+
+    def quantizes_activations(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> bool:
+        """True when ``matmul`` of ``n_tokens`` rows with weights of ``ggml_type`` (and ``shape``
+        [n_out, n_in]; needed for n_tokens > 1) multiplies 8-bit copies of the activations
+        (:func:`.reference.quantize_q8_ref`, llama.cpp's ``block_q8_1``) with integer dot products;
+        False when it computes in float32 (the default). Exactness tests compare against the
+        reference on the same 8-bit activations when it is True."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - an optional hook (default: nothing to release)
         """Release device resources (buffers, queues). The device is unusable afterwards."""
 
 
 
 class Backend(ABC):
-    """A backend family: probes its devices (never raising) and opens one.
+    """A backend family's code: probes its devices (never raising) and opens one.
 
-    Subclasses set ``name`` and ``install_hint``.
+    Subclasses set ``name``; what the family says of itself (install hint, driver files...)
+    is its package's :class:`~.family.Family`.
     """
 
     name: ClassVar[str]
-    install_hint: ClassVar[str] = ""
 
     @abstractmethod
     def probe(self) -> ProbeResult:

@@ -8,16 +8,7 @@ from typing import Any
 from gguf import GGMLQuantizationType as T
 
 from ..format.quants import type_name
-
-#: Op names of the device contract (:mod:`.base`), in the order of its table.
-OPS: tuple[str, ...] = ("matmul", "rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add", "get_rows",
-                        "add_bias", "gelu_mul")
-
-#: The mixture-of-experts ops (:mod:`.moe_ops`); a backend lists those it runs after :data:`OPS`.
-MOE_OPS: tuple[str, ...] = ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai", "attention_sinks")
-
-#: Ops whose weight (or table) type matters to :meth:`DeviceInfo.supports`.
-TYPED_OPS = ("matmul", "get_rows", "matmul_id")
+from .optable import OPS, SPECS, TYPED_OPS
 
 
 @dataclasses.dataclass
@@ -26,7 +17,9 @@ class DeviceInfo:
 
     Memory fields are bytes; ``None`` means the driver did not tell.
     ``device_type`` is one of ``gpu``, ``igpu``, ``cpu``, ``accelerator``.
-    ``types`` lists GGML type names the backend runs there, ``ops`` the op names.
+    ``types`` lists GGML type names the backend runs there, ``ops`` the op names
+    (:data:`~.optable.OPS` unless the device lacks one), ``op_limits`` the dimensions a device
+    caps per op (``{"attention": {"head_dim": 256}}``; names from ``OpSpec.limits``).
     """
 
     backend: str
@@ -45,6 +38,7 @@ class DeviceInfo:
     int8: bool = False
     types: tuple[str, ...] = ()
     ops: tuple[str, ...] = OPS
+    op_limits: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def supports(self, op: str, ggml_type: T | None = None) -> bool:
@@ -58,6 +52,26 @@ class DeviceInfo:
             return True
         return type_name(ggml_type) in self.types
 
+    def supports_op(self, op: str, ggml_type: T | None = None, **dims: int) -> str:
+        """Why ``op`` cannot run here (with weights of ``ggml_type`` and the given dimensions,
+        e.g. ``head_dim=512``), or ``""`` when it can. Placement asks this before allocating,
+        so a unit a device cannot run stays on the host with the reason.
+
+        Raises:
+            KeyError: a dimension ``op`` has no limit for (see ``OpSpec.limits``).
+        """
+        if op not in self.ops:
+            return f"{self.selector} cannot run {op}"
+        if ggml_type is not None and not self.supports(op, ggml_type):
+            return f"{self.selector} cannot run {op} on {type_name(ggml_type)}"
+        limits = self.op_limits.get(op, {})
+        for name, value in dims.items():
+            if name not in SPECS[op].limits:
+                raise KeyError(f"{op} has no dimension {name!r} (limits: {SPECS[op].limits})")
+            if name in limits and value > limits[name]:
+                return f"{self.selector} runs {op} with {name} <= {limits[name]}, not {value}"
+        return ""
+
     @property
     def selector(self) -> str:
         """The ``--device`` name of this device, e.g. ``opencl:0``."""
@@ -68,6 +82,7 @@ class DeviceInfo:
         d = dataclasses.asdict(self)
         d["types"] = list(self.types)
         d["ops"] = list(self.ops)
+        d["op_limits"] = {k: dict(v) for k, v in self.op_limits.items()}
         d["selector"] = self.selector
         return d
 

@@ -10,22 +10,22 @@ ggml's ``[m, k, n]`` tensor of ``build_moe_ffn`` (src/llama-graph.cpp), flattene
 2-D scratch buffers and :meth:`DeviceTensor.head` serve it unchanged.
 
 :class:`MoeOps` is a base of :class:`~cooktop.backends.ops.DeviceOps`: the public methods check
-their arguments (same errors as every op) and call ``_op`` hooks whose default raises
-:class:`UnsupportedOpError`; a backend that implements them lists :data:`~.info.MOE_OPS` in its
-``DeviceInfo.ops`` (placement keeps a block on the host when its device lacks one).
+their arguments with their specs of the op table (``optable.py``, same errors as every op) and
+call ``_op`` hooks whose default raises :class:`UnsupportedOpError`; a backend that implements
+them lists ``optable.MOE_OPS`` in its ``DeviceInfo.ops`` (placement keeps a block's half on the
+host when its device lacks one).
 """
 
 from __future__ import annotations
 
 from typing import NoReturn
 
-from gguf import GGMLQuantizationType
-
-from ..errors import ShapeError, UnsupportedOpError
+from ..errors import UnsupportedOpError
+from .optable import SPECS
 from .tensor import DeviceTensor
 
-T = GGMLQuantizationType
-_F32, _I32 = T.F32, T.I32
+_ROUTE, _MATMUL_ID, _ADD_ID, _COMBINE, _SWIGLU_OAI, _SINKS = (
+    SPECS[n] for n in ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai", "attention_sinks"))
 
 #: Gating functions of :meth:`MoeOps.moe_route` (llama.cpp ``llama_expert_gating_func_type``):
 #: ``softmax`` over all experts then top-k (qwen3moe, qwen2moe, olmoe); ``softmax_weight``:
@@ -35,25 +35,13 @@ GATING = ("softmax", "softmax_weight", "sigmoid")
 
 
 class MoeOps:
-    """The mixture-of-experts ops (module doc). Mixed into ``DeviceOps``."""
-
-    # DeviceOps (the class this is mixed into) defines these three
-    def _refuse(self, op: str, rule: str, *args: tuple[str, DeviceTensor, str]) -> NoReturn:  # pragma: no cover
-        raise NotImplementedError
-
-    def supports(self, op: str, ggml_type: T | None = None) -> bool:  # pragma: no cover
-        raise NotImplementedError
-
-    def check(self, op: str, ggml_type: T) -> None:  # pragma: no cover
-        raise NotImplementedError
+    """The mixture-of-experts ops (module doc). Mixed into ``DeviceOps``; each public op runs its
+    spec's check (``optable``) and then its hook."""
 
     def _unsupported(self, op: str) -> NoReturn:
         info = getattr(self, "info", None)
         where = f"{info.selector} ({info.name})" if info is not None else "this device"
         raise UnsupportedOpError(f"{where}: {op} is not supported on this backend")
-
-    def _mine(self, *ts: DeviceTensor | None) -> bool:
-        return all(t is None or t.device is self for t in ts)
 
     # -- ops ----------------------------------------------------------------
     def moe_route(self, ids: DeviceTensor, weights: DeviceTensor, logits: DeviceTensor, gating: str,
@@ -73,12 +61,7 @@ class MoeOps:
         """
         if gating not in GATING:
             raise UnsupportedOpError(f"moe_route: gating {gating!r} is not one of {', '.join(GATING)}")
-        ls, is_ = logits.shape, ids.shape
-        if (not self._mine(ids, weights, logits) or ids.ggml_type is not _I32 or weights.ggml_type is not _F32
-                or logits.ggml_type is not _F32 or len(ls) != 2 or len(is_) != 2 or weights.shape != is_
-                or is_[0] != ls[0] or not 0 < is_[1] <= ls[1]):
-            self._refuse("moe_route", "want ids and weights [n, k], logits [n, n_expert] with 0 < k <= n_expert",
-                         ("ids", ids, "i32"), ("weights", weights, "f32"), ("logits", logits, "f32"))
+        _ROUTE.check(self, ids, weights, logits, gating=gating, norm=norm, scale=scale)
         self._moe_route(ids, weights, logits, gating, bool(norm), float(scale))
 
     def matmul_id(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor, ids: DeviceTensor) -> None:
@@ -93,16 +76,7 @@ class MoeOps:
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
         """
-        xs, ws, is_ = x.shape, w.shape, ids.shape
-        if (not self._mine(out, x, w, ids) or out.ggml_type is not _F32 or x.ggml_type is not _F32
-                or ids.ggml_type is not _I32 or (w.ggml_type is not _F32 and not w.is_weight)
-                or len(ws) != 3 or len(is_) != 2 or len(xs) != 2 or xs[0] != is_[0]
-                or xs[1] not in (ws[2], is_[1] * ws[2]) or out.shape != (is_[0], is_[1] * ws[1])):
-            self._refuse("matmul_id", "want out [n, k * n_out], x [n, n_in] or [n, k * n_in], "
-                         "w [n_expert, n_out, n_in], ids [n, k]",
-                         ("out", out, "f32"), ("x", x, "f32"), ("w", w, "weight"), ("ids", ids, "i32"))
-        if not self.supports("matmul_id", w.ggml_type):
-            self.check("matmul_id", w.ggml_type)
+        _MATMUL_ID.check(self, out, x, w, ids)
         self._matmul_id(out, x, w, ids)
 
     def add_id(self, out: DeviceTensor, x: DeviceTensor, b: DeviceTensor, ids: DeviceTensor) -> None:
@@ -112,12 +86,7 @@ class MoeOps:
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
         """
-        xs, bs, is_ = x.shape, b.shape, ids.shape
-        if (not self._mine(out, x, b, ids) or out.ggml_type is not _F32 or x.ggml_type is not _F32
-                or b.ggml_type is not _F32 or ids.ggml_type is not _I32 or len(bs) != 2 or len(is_) != 2
-                or out.shape != xs or xs != (is_[0], is_[1] * bs[1])):
-            self._refuse("add_id", "want out and x [n, k * m], b [n_expert, m], ids [n, k]",
-                         ("out", out, "f32"), ("x", x, "f32"), ("b", b, "f32"), ("ids", ids, "i32"))
+        _ADD_ID.check(self, out, x, b, ids)
         self._add_id(out, x, b, ids)
 
     def moe_combine(self, out: DeviceTensor, y: DeviceTensor, weights: DeviceTensor) -> None:
@@ -128,12 +97,7 @@ class MoeOps:
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
         """
-        ys, os_, ws = y.shape, out.shape, weights.shape
-        if (not self._mine(out, y, weights) or out.ggml_type is not _F32 or y.ggml_type is not _F32
-                or weights.ggml_type is not _F32 or len(os_) != 2 or len(ws) != 2 or len(ys) != 2
-                or ws[0] != os_[0] or ys != (os_[0], ws[1] * os_[1])):
-            self._refuse("moe_combine", "want out [n, m], y [n, k * m], weights [n, k]",
-                         ("out", out, "f32"), ("y", y, "f32"), ("weights", weights, "f32"))
+        _COMBINE.check(self, out, y, weights)
         self._moe_combine(out, y, weights)
 
     def swiglu_oai(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor, alpha: float = 1.702,
@@ -145,18 +109,23 @@ class MoeOps:
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
         """
-        if (not self._mine(out, gate, up) or out.ggml_type is not _F32 or gate.ggml_type is not _F32
-                or up.ggml_type is not _F32 or gate.shape != out.shape or up.shape != out.shape):
-            self._refuse("swiglu_oai", "want out, gate and up of one shape",
-                         ("out", out, "f32"), ("gate", gate, "f32"), ("up", up, "f32"))
+        _SWIGLU_OAI.check(self, out, gate, up, alpha=alpha, limit=limit)
         self._swiglu_oai(out, gate, up, float(alpha), float(limit))
 
-    def _check_sinks(self, q: DeviceTensor, n_head: int, sinks: DeviceTensor) -> None:
-        """The extra check of ``attention(..., sinks=)``: f32 [n_head] on this device."""
-        if sinks.device is not self or sinks.ggml_type is not _F32 or sinks.shape != (n_head,):
-            if sinks.device is self and sinks.ggml_type is _F32:
-                raise ShapeError(f"attention: sinks {list(sinks.shape)} must be [n_head] = [{n_head}]")
-            self._refuse("attention", f"want sinks [n_head] = [{n_head}]", ("q", q, "f32"), ("sinks", sinks, "f32"))
+    def attention_sinks(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
+                        pos: DeviceTensor, sinks: DeviceTensor, n_head: int, n_head_kv: int, scale: float,
+                        window: int = 0, kv_start: DeviceTensor | None = None) -> None:
+        """``attention`` (same arguments and mask) with gpt-oss's attention sinks: one extra logit per
+        head (sinks f32 [n_head]) that joins each row's softmax denominator and has no value
+        (llama.cpp ``ggml_soft_max_add_sinks``): ``out = sum_j e^(s_j - M) v_j / (e^(sink - M) +
+        sum_j e^(s_j - M))`` with ``M = max(sink, max_j s_j)``.
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
+        """
+        _SINKS.check(self, out, q, k_cache, v_cache, pos, kv_start, sinks, n_head=n_head, n_head_kv=n_head_kv,
+                     scale=scale, window=window)
+        self._attention_sinks(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start, sinks)
 
     # -- the backend's hooks (arguments checked; default: not supported) ----
     def _moe_route(self, ids: DeviceTensor, weights: DeviceTensor, logits: DeviceTensor, gating: str,
@@ -185,4 +154,4 @@ class MoeOps:
                          pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int,
                          kv_start: DeviceTensor | None, sinks: DeviceTensor) -> None:
         """Enqueue ``attention(..., sinks=sinks)`` (op name ``attention_sinks``)."""
-        self._unsupported("attention with sinks")
+        self._unsupported("attention_sinks")

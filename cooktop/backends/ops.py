@@ -1,10 +1,12 @@
-"""The op half of the device contract: what each op computes, the argument checks every
-backend shares, and the ``_op`` hooks a backend implements (:class:`DeviceOps`, the base of
-:class:`~cooktop.backends.base.Device`; the op table is in :mod:`.base`'s module doc).
+"""The op half of the device contract: the public ops, their one generic argument check, and
+the ``_op`` hooks a backend implements (:class:`DeviceOps`, the base of
+:class:`~cooktop.backends.base.Device`).
 
-Each public op checks devices, types and shapes once and calls the backend's ``_op``; a
-failed check goes through :meth:`DeviceOps._refuse`, so one fault raises one exception
-type on every backend (``DeviceError``, ``UnsupportedOpError``, ``ShapeError``).
+Each op is declared once in :mod:`.optable` (argument roles, shape rule, what it computes);
+each public op here hands its arguments to its spec's ``check`` (written out from the table)
+and then calls the backend's ``_op``. A failed check goes through :meth:`DeviceOps._refuse`, so one
+fault raises one exception type with one message on every backend (``DeviceError``,
+``UnsupportedOpError``, ``ShapeError``).
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import type_name
 from .info import DeviceInfo
 from .moe_ops import MoeOps
+from .optable import ACT, F32, SPECS, WEIGHT, OpSpec
 from .tensor import DeviceTensor
 
 T = GGMLQuantizationType
 _F32, _I32 = T.F32, T.I32
+_MATMUL, _RMSNORM, _ROPE, _KV_STORE, _ATTENTION = (SPECS[n] for n in ("matmul", "rmsnorm", "rope", "kv_store",
+                                                                      "attention"))
+_SILU_MUL, _GELU_MUL, _ADD, _ADD_BIAS, _GET_ROWS, _COPY = (SPECS[n] for n in ("silu_mul", "gelu_mul", "add",
+                                                                              "add_bias", "get_rows", "copy"))
 
 #: ggml rope modes (ggml.h GGML_ROPE_TYPE_*).
 ROPE_NORMAL = 0
@@ -43,31 +50,46 @@ class DeviceOps(MoeOps, ABC):
         """
         return self.info.supports(op, ggml_type)
 
+    def supports_op(self, op: str, ggml_type: T | None = None, **dims: int) -> str:
+        """Why ``op`` cannot run here with weights of ``ggml_type`` and these dimensions
+        (``head_dim=``, ``n_in=``...: :attr:`~.optable.OpSpec.limits`), or ``""`` when it can
+        (:meth:`~.info.DeviceInfo.supports_op`)."""
+        return self.info.supports_op(op, ggml_type, **dims)
+
     def check(self, op: str, ggml_type: T) -> None:
         """Raise :class:`UnsupportedOpError` unless ``supports(op, ggml_type)``."""
         if not self.supports(op, ggml_type):
             raise UnsupportedOpError(
                 f"{self.info.selector} ({self.info.name}) cannot run {op} on {type_name(ggml_type)} tensors")
 
-    def _refuse(self, op: str, rule: str, *args: tuple[str, DeviceTensor, str]) -> NoReturn:
-        """Raise the error of the first fault among ``(name, tensor, kind)`` args: device,
-        then type (kind ``f32``, ``i32``, ``act`` = F32 or I32, ``weight`` = a type ``op``
-        runs here), else a ShapeError quoting ``rule``. Called only when a check failed."""
+    def _refuse_limit(self, spec: OpSpec, name: str, value: int, cap: int) -> NoReturn:
+        """Raise UnsupportedOpError: a dimension of this call is past the device's ``op_limits``."""
+        raise UnsupportedOpError(f"{spec.name}: {name} {value} is more than {self.info.selector}'s {cap} "
+                                 f"({self.info.name})")
+
+    def _refuse(self, spec: OpSpec, tensors: tuple[DeviceTensor | None, ...], scalars: dict) -> NoReturn:
+        """Raise the error of the first fault among ``tensors`` (roles from ``spec``): device,
+        then type, else a ShapeError quoting the spec's rule. Called only when a check failed."""
+        args = [(a.name, t, a.kind) for a, t in zip(spec.args, tensors) if t is not None]
+        op = spec.name
         for name, t, _ in args:
             if t.device is not self:
                 if t.device is None:
                     raise DeviceError(f"{op}: {name} {t!r} belongs to a released buffer")
                 raise DeviceError(f"{op}: {name} {t!r} lives on another device than {self.info.selector}")
         for name, t, kind in args:
-            if kind == "weight":
-                self.check(op, t.ggml_type)
-            elif kind == "act":
+            if kind is WEIGHT:
+                if t.ggml_type is not _F32 and not t.is_weight:
+                    self.check(op, t.ggml_type)
+                    raise UnsupportedOpError(f"{op}: {name} must be F32 or an uploaded weight, not "
+                                             f"{type_name(t.ggml_type)}")
+            elif kind is ACT:
                 if t.ggml_type is not _F32 and t.ggml_type is not _I32:
                     raise UnsupportedOpError(f"{op}: {name} must be F32 or I32, not {type_name(t.ggml_type)}")
-            elif t.ggml_type is not (_F32 if kind == "f32" else _I32):
+            elif t.ggml_type is not (_F32 if kind is F32 else _I32):
                 raise UnsupportedOpError(f"{op}: {name} must be {kind.upper()}, not {type_name(t.ggml_type)}")
         shapes = ", ".join(f"{name} {list(t.shape)}" for name, t, _ in args)
-        raise ShapeError(f"{op}: shapes do not fit: {shapes}; {rule}")
+        raise ShapeError(f"{op}: shapes do not fit: {shapes}; {spec.rule.format(**scalars)}")
 
     # -- ops (checked here, enqueued by the backend; each writes into `out`) ---
     def matmul(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor) -> None:
@@ -76,14 +98,9 @@ class DeviceOps(MoeOps, ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        xs, ws = x.shape, w.shape
-        if (out.device is not self or x.device is not self or w.device is not self
-                or out.ggml_type is not _F32 or x.ggml_type is not _F32
-                or (w.ggml_type is not _F32 and not w.is_weight)  # upload() checked a weight's type
-                or len(ws) != 2 or xs[1:] != ws[1:] or out.shape != (xs[0], ws[0])):
-            self._refuse("matmul", "want out [n, n_out], x [n, n_in], w [n_out, n_in]",
-                         ("out", out, "f32"), ("x", x, "f32"), ("w", w, "weight"))
+        _MATMUL.check(self, out, x, w)
         self._matmul(out, x, w)
+
 
     def rmsnorm(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor, eps: float) -> None:
         """Per group of ``g`` values of a row: ``out = x / sqrt(mean(x^2) + eps) * w``.
@@ -97,13 +114,9 @@ class DeviceOps(MoeOps, ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        xs, ws = x.shape, w.shape
-        if (out.device is not self or x.device is not self or w.device is not self
-                or out.ggml_type is not _F32 or x.ggml_type is not _F32 or w.ggml_type is not _F32
-                or out.shape != xs or len(xs) != 2 or len(ws) != 1 or ws[0] <= 0 or xs[1] % ws[0]):
-            self._refuse("rmsnorm", "want out and x [n, width], w [g] with g dividing width",
-                         ("out", out, "f32"), ("x", x, "f32"), ("w", w, "f32"))
+        _RMSNORM.check(self, out, x, w, eps=eps)
         self._rmsnorm(out, x, w, eps)
+
 
     def rope(self, out: DeviceTensor, x: DeviceTensor, pos: DeviceTensor, head_dim: int, n_rot: int,
              freq_base: float, freq_scale: float, mode: int, freq_factors: DeviceTensor | None = None,
@@ -133,21 +146,10 @@ class DeviceOps(MoeOps, ABC):
         """
         if mode != ROPE_NORMAL and mode != ROPE_NEOX:
             raise UnsupportedOpError(f"rope mode {mode} is not supported (0 = normal, 2 = NeoX)")
-        xs = x.shape
-        if (out.device is not self or x.device is not self or pos.device is not self
-                or out.ggml_type is not _F32 or x.ggml_type is not _F32 or pos.ggml_type is not _I32
-                or len(xs) != 2 or out.shape != xs or pos.shape != xs[:1]
-                or head_dim <= 0 or head_dim % 2 or n_rot % 2 or not 0 < n_rot <= head_dim or xs[1] % head_dim):
-            self._refuse("rope", f"want out and x [n, n_head * head_dim], pos [n], with head_dim {head_dim} and "
-                         f"n_rot {n_rot} even and 0 < n_rot <= head_dim",
-                         ("out", out, "f32"), ("x", x, "f32"), ("pos", pos, "i32"))
-        if freq_factors is not None and (
-                freq_factors.device is not self or freq_factors.ggml_type is not _F32
-                or len(freq_factors.shape) != 1 or freq_factors.shape[0] < n_rot // 2):
-            self._refuse("rope", f"want freq_factors [>= n_rot / 2] with n_rot {n_rot}",
-                         ("x", x, "f32"), ("freq_factors", freq_factors, "f32"))
+        _ROPE.check(self, out, x, pos, freq_factors, head_dim=head_dim, n_rot=n_rot)
         self._rope(out, x, pos, head_dim, n_rot, float(freq_base), float(freq_scale), mode, freq_factors,
                    float(ext_factor), float(attn_factor), float(beta_fast), float(beta_slow), int(n_ctx_orig))
+
 
     def kv_store(self, cache: DeviceTensor, x: DeviceTensor, pos: DeviceTensor) -> None:
         """``cache[pos[i], :] = x[i, :]``; cache f32 [n_ctx, n_kv_dim], x f32 [n, n_kv_dim], pos I32 [n].
@@ -157,17 +159,13 @@ class DeviceOps(MoeOps, ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        xs, cs = x.shape, cache.shape
-        if (cache.device is not self or x.device is not self or pos.device is not self
-                or cache.ggml_type is not _F32 or x.ggml_type is not _F32 or pos.ggml_type is not _I32
-                or len(xs) != 2 or cs[1:] != xs[1:] or pos.shape != xs[:1]):
-            self._refuse("kv_store", "want cache [n_ctx, n_kv_dim], x [n, n_kv_dim], pos [n]",
-                         ("cache", cache, "f32"), ("x", x, "f32"), ("pos", pos, "i32"))
+        _KV_STORE.check(self, cache, x, pos)
         self._kv_store(cache, x, pos)
+
 
     def attention(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
                   pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int = 0,
-                  kv_start: DeviceTensor | None = None, sinks: DeviceTensor | None = None) -> None:
+                  kv_start: DeviceTensor | None = None) -> None:
         """Causal multi-head attention over the KV cache, with GQA and an optional sliding window.
 
         q, out: f32 [n, n_head * head_dim]; k_cache, v_cache: f32 [n_ctx, n_head_kv * head_dim].
@@ -184,38 +182,15 @@ class DeviceOps(MoeOps, ABC):
         see ``model/forward.py``): row i attends to rows ``kv_start[i]..pos[i]`` (and the window).
         ``kv_start[i] <= pos[i]`` is the caller's duty.
 
-        ``sinks`` (f32 [n_head], optional; op name ``attention_sinks``): gpt-oss's attention sinks,
-        one extra logit per head that joins each row's softmax denominator and has no value
-        (llama.cpp ``ggml_soft_max_add_sinks``): ``out = sum_j e^(s_j - M) v_j / (e^(sink - M) +
-        sum_j e^(s_j - M))`` with ``M = max(sink, max_j s_j)``.
-
         Raises:
             ShapeError: the shapes above do not hold, n_head is not a multiple of n_head_kv,
                 or ``window`` < 0.
             DeviceError / UnsupportedOpError: see the class doc.
         """
-        qs, ks = q.shape, k_cache.shape
-        if (out.device is not self or q.device is not self or k_cache.device is not self
-                or v_cache.device is not self or pos.device is not self
-                or out.ggml_type is not _F32 or q.ggml_type is not _F32 or k_cache.ggml_type is not _F32
-                or v_cache.ggml_type is not _F32 or pos.ggml_type is not _I32
-                or len(qs) != 2 or out.shape != qs or v_cache.shape != ks or pos.shape != qs[:1]
-                or n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv or qs[1] % n_head
-                or ks[1:] != (n_head_kv * (qs[1] // n_head),) or window < 0
-                or (kv_start is not None and (kv_start.device is not self or kv_start.ggml_type is not _I32
-                                              or kv_start.shape != qs[:1]))):
-            extra = (("kv_start", kv_start, "i32"),) if kv_start is not None else ()
-            self._refuse("attention", f"want out and q [n, n_head * head_dim], k_cache and v_cache "
-                         f"[n_ctx, n_head_kv * head_dim], pos [n]{', kv_start [n]' if extra else ''}, "
-                         f"with n_head {n_head} a multiple of n_head_kv {n_head_kv} and window {window} >= 0",
-                         ("out", out, "f32"), ("q", q, "f32"), ("k_cache", k_cache, "f32"),
-                         ("v_cache", v_cache, "f32"), ("pos", pos, "i32"), *extra)
-        if sinks is not None:
-            self._check_sinks(q, n_head, sinks)
-            self._attention_sinks(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start,
-                                  sinks)
-            return
+        _ATTENTION.check(self, out, q, k_cache, v_cache, pos, kv_start, n_head=n_head, n_head_kv=n_head_kv,
+                         window=window)
         self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start)
+
 
     def silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
         """``out = gate * sigmoid(gate) * up`` elementwise, f32 [n, n_ff] (SwiGLU; ``out`` may be ``gate``).
@@ -223,12 +198,9 @@ class DeviceOps(MoeOps, ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        if (out.device is not self or gate.device is not self or up.device is not self
-                or out.ggml_type is not _F32 or gate.ggml_type is not _F32 or up.ggml_type is not _F32
-                or gate.shape != out.shape or up.shape != out.shape):
-            self._refuse("silu_mul", "want out, gate and up of one shape",
-                         ("out", out, "f32"), ("gate", gate, "f32"), ("up", up, "f32"))
+        _SILU_MUL.check(self, out, gate, up)
         self._silu_mul(out, gate, up)
+
 
     def gelu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
         """``out = gelu(gate) * up`` elementwise, f32 [n, n_ff] (GeGLU; ``out`` may be ``gate``).
@@ -240,12 +212,9 @@ class DeviceOps(MoeOps, ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        if (out.device is not self or gate.device is not self or up.device is not self
-                or out.ggml_type is not _F32 or gate.ggml_type is not _F32 or up.ggml_type is not _F32
-                or gate.shape != out.shape or up.shape != out.shape):
-            self._refuse("gelu_mul", "want out, gate and up of one shape",
-                         ("out", out, "f32"), ("gate", gate, "f32"), ("up", up, "f32"))
+        _GELU_MUL.check(self, out, gate, up)
         self._gelu_mul(out, gate, up)
+
 
     def add(self, out: DeviceTensor, a: DeviceTensor, b: DeviceTensor) -> None:
         """``out = a + b`` elementwise, f32 (``out`` may be ``a``).
@@ -253,11 +222,9 @@ class DeviceOps(MoeOps, ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        if (out.device is not self or a.device is not self or b.device is not self
-                or out.ggml_type is not _F32 or a.ggml_type is not _F32 or b.ggml_type is not _F32
-                or a.shape != out.shape or b.shape != out.shape):
-            self._refuse("add", "want out, a and b of one shape", ("out", out, "f32"), ("a", a, "f32"), ("b", b, "f32"))
+        _ADD.check(self, out, a, b)
         self._add(out, a, b)
+
 
     def add_bias(self, out: DeviceTensor, x: DeviceTensor, b: DeviceTensor) -> None:
         """``out[i, :] = x[i, :] + b`` for every row; x, out f32 [n, m], b f32 [m] (``out`` may be ``x``).
@@ -269,13 +236,9 @@ class DeviceOps(MoeOps, ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        xs = x.shape
-        if (out.device is not self or x.device is not self or b.device is not self
-                or out.ggml_type is not _F32 or x.ggml_type is not _F32 or b.ggml_type is not _F32
-                or out.shape != xs or len(xs) != 2 or b.shape != xs[1:]):
-            self._refuse("add_bias", "want out and x [n, m], b [m]",
-                         ("out", out, "f32"), ("x", x, "f32"), ("b", b, "f32"))
+        _ADD_BIAS.check(self, out, x, b)
         self._add_bias(out, x, b)
+
 
     def get_rows(self, out: DeviceTensor, table: DeviceTensor, ids: DeviceTensor) -> None:
         """``out[i] = dequantize(table[ids[i]])``; table [n_rows, n] any supported type, ids I32 [k],
@@ -284,14 +247,9 @@ class DeviceOps(MoeOps, ABC):
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
-        ts, ks = table.shape, ids.shape
-        if (out.device is not self or table.device is not self or ids.device is not self
-                or out.ggml_type is not _F32 or ids.ggml_type is not _I32
-                or (table.ggml_type is not _F32 and not table.is_weight)
-                or len(ts) != 2 or len(ks) != 1 or out.shape != (ks[0], ts[1])):
-            self._refuse("get_rows", "want out [k, n], table [n_rows, n], ids [k]",
-                         ("out", out, "f32"), ("table", table, "weight"), ("ids", ids, "i32"))
+        _GET_ROWS.check(self, out, table, ids)
         self._get_rows(out, table, ids)
+
 
     def copy(self, out: DeviceTensor, x: DeviceTensor) -> None:
         """``out = x`` elementwise, F32 or I32 of equal shapes and types (``cooktop bench --ops``
@@ -303,11 +261,9 @@ class DeviceOps(MoeOps, ABC):
             UnsupportedOpError: the backend has no copy kernel, or the types differ.
             DeviceError / ShapeError: see the class doc.
         """
-        if (out.device is not self or x.device is not self or x.ggml_type is not out.ggml_type
-                or (out.ggml_type is not _F32 and out.ggml_type is not _I32) or x.shape != out.shape):
-            if x.ggml_type is not out.ggml_type and out.device is self and x.device is self:
-                raise UnsupportedOpError(f"copy: out is {type_name(out.ggml_type)} but x is {type_name(x.ggml_type)}")
-            self._refuse("copy", "want out and x of one shape", ("out", out, "act"), ("x", x, "act"))
+        if x.ggml_type is not out.ggml_type and out.device is self and x.device is self:
+            raise UnsupportedOpError(f"copy: out is {type_name(out.ggml_type)} but x is {type_name(x.ggml_type)}")
+        _COPY.check(self, out, x)
         self._copy(out, x)
 
     # -- the backend's ops (arguments checked) -----------------------------

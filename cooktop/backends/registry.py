@@ -1,6 +1,7 @@
 """Backend discovery and device selection.
 
-Each family (``cpu``, ``opencl``, ``vulkan``) is probed once per process. A
+Each family of :data:`.families.FAMILIES` (each ``backends/<family>/`` package's description of
+itself) is probed once per process; nothing here names a family. A
 probe never raises: a missing package (F_k false), a missing driver or no
 device (H_k false), or ``COOKTOP_DISABLE`` becomes an unavailable
 :class:`ProbeResult` with a reason and an install hint. A family is usable
@@ -21,8 +22,6 @@ Selectors (``--device`` / ``COOKTOP_DEVICE``): ``auto``, ``cpu``, ``opencl``
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import logging
 import os
 import threading
@@ -31,42 +30,8 @@ from .. import settings
 from ..errors import DeviceError
 from . import safeprobe
 from .base import Backend, Device, DeviceInfo, ProbeResult
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """One backend family: everything the registry, ``cooktop bench`` and the tests need to know.
-
-    Attributes:
-        name: the selector prefix (``opencl`` in ``opencl:1``).
-        backend: ``"module:Class"`` of its :class:`~.base.Backend`, imported on first probe.
-        label: the ``backend`` column of ``cooktop bench`` (llama-bench's; ``numpy`` for ``cpu``).
-        install_hint: how to make it available, shown when it is not (also when its module
-            cannot even be imported).
-        reference: the numpy reference every other family is tested against (exactly one).
-    """
-
-    name: str
-    backend: str
-    label: str
-    install_hint: str = ""
-    reference: bool = False
-
-
-#: Every backend family, by name, in priority order for ``auto``. A new backend is one
-#: entry here plus its module; the CLI, the bench and the tests' device fixtures read this.
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("opencl", "cooktop.backends.opencl:OpenCLBackend", "opencl",
-           "pip install 'cooktop[opencl]' and an OpenCL driver (Debian/Ubuntu: apt-get install pocl-opencl-icd "
-           "for CPUs, mesa-opencl-icd / intel-opencl-icd / rocm-opencl-runtime for GPUs)"),
-    Family("vulkan", "cooktop.backends.vulkan:VulkanBackend", "vulkan",
-           "apt-get install libvulkan1 mesa-vulkan-drivers, then build kp: make setup "
-           "(scripts/install-kompute.sh, see README)"),
-    Family("cpu", "cooktop.backends.cpu:CpuBackend", "numpy", reference=True),
-)}
-
-#: The families tested against the numpy reference (every one but ``cpu``), in FAMILIES order.
-DEVICE_FAMILIES: tuple[str, ...] = tuple(n for n, f in FAMILIES.items() if not f.reference)
+from .families import DEVICE_FAMILIES, FAMILIES  # noqa: F401  (the registry's interface)
+from .family import Family  # noqa: F401
 
 log = logging.getLogger("cooktop")
 _lock = threading.RLock()
@@ -87,8 +52,7 @@ def disabled_families() -> set[str]:
 
 
 def _load_backend(family: str) -> Backend:
-    mod_name, cls_name = FAMILIES[family].backend.split(":")
-    return getattr(importlib.import_module(mod_name), cls_name)()
+    return FAMILIES[family].load_backend()
 
 
 def probe(family: str, refresh: bool = False) -> ProbeResult:
@@ -233,12 +197,8 @@ def open_device(sel: str) -> Device:
         return _devices[key]
 
 
-#: Family whose CPU-type device ``auto`` prefers over numpy when no GPU passes.
-#: Measured on the 2-core dev machine (README "Benchmarks"): OpenCL on PoCL runs
-#: the 1.1B Q4_0 shape 2.3x (tg) and 2.6x (pp) faster than numpy and ties on
-#: stories260K; Vulkan on lavapipe is 10-50x slower than numpy, so it is never
-#: the CPU default.
-CPU_DEFAULT_FAMILY = "opencl"
+#: The numpy reference family's name (its selector has no index).
+REFERENCE: str = next(n for n, f in FAMILIES.items() if f.reference)
 
 
 def auto_selectors() -> list[str]:
@@ -246,9 +206,9 @@ def auto_selectors() -> list[str]:
 
     1. the first GPU / iGPU / accelerator device (families in :data:`FAMILIES`
        order) that passes its smoke test;
-    2. else the first CPU-type device of :data:`CPU_DEFAULT_FAMILY` (PoCL) that
-       passes its smoke test, because it beats numpy here (see above);
-    3. else ``cpu`` (numpy).
+    2. else the first CPU-type device of a family that says it beats numpy on CPUs
+       (``Family.cpu_default``: OpenCL on PoCL) and passes its smoke test;
+    3. else the reference (numpy).
     """
     probes = probe_all()
     for fam, res in probes.items():
@@ -257,12 +217,13 @@ def auto_selectors() -> list[str]:
         for info in res.devices:
             if info.device_type in ("gpu", "igpu", "accelerator") and smoke_test(info.selector).ok:
                 return [info.selector]
-    cpu_res = probes.get(CPU_DEFAULT_FAMILY)
-    if cpu_res is not None and cpu_res.available:
-        for info in cpu_res.devices:
+    for fam, res in probes.items():
+        if not FAMILIES[fam].cpu_default or not res.available:
+            continue
+        for info in res.devices:
             if info.device_type == "cpu" and smoke_test(info.selector).ok:
                 return [info.selector]
-    return ["cpu"]
+    return [REFERENCE]
 
 
 def device_info(sel: str) -> DeviceInfo:
@@ -289,7 +250,7 @@ def resolve(selector: str | None) -> list[str]:
             out += auto_selectors()
         else:
             fam, idx = parse_selector(p)
-            out.append("cpu" if fam == "cpu" else f"{fam}:{idx}")
+            out.append(fam if fam == REFERENCE else f"{fam}:{idx}")
     return out
 
 

@@ -24,12 +24,11 @@ the driver manifest files with their sizes and modification times (and those of
 the libraries they name), the Python executable, the backend modules, and the
 boot id, so a new driver, a changed variable or a reboot probes again; a
 timeout is never kept. ``COOKTOP_PROBE_ISOLATION=0`` turns the child off
-(probes run in-process, as before issue 9).
+(probes run in-process).
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import importlib
 import importlib.util
@@ -43,8 +42,10 @@ import time
 from typing import Any
 
 from .. import settings
+from ..notices import cache_dir
 from .base import ProbeResult
-from .notices import cache_dir
+from .families import FAMILIES
+from .family import Family
 
 log = logging.getLogger("cooktop")
 
@@ -54,8 +55,8 @@ TIMEOUT_S = 60.0
 #: Marker of the child's report lines on stdout (drivers may print there too).
 MARK = "@@cooktop-probe "
 
-_ENV_PREFIXES = ("VK_", "OCL_", "OPENCL_", "POCL_", "PYOPENCL_", "MESA_", "LP_", "GALLIUM_", "RUSTICL_", "ZE_",
-                 "XDG_", "COOKTOP_VULKAN", "COOKTOP_OPENCL", "__GLX_", "DRI_")
+#: Variables that steer every family's drivers (each family adds its own, ``Family.env_prefixes``).
+_ENV_PREFIXES = ("ZE_", "XDG_", "__GLX_", "DRI_")
 _ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
               "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "PATH")
 
@@ -70,58 +71,32 @@ def _stat(path: str) -> list:
         return [path, None, None]
 
 
-def _driver_files(family: str) -> list[str]:
-    """Manifest files (and the libraries they name) that decide which drivers load."""
-    files: list[str] = []
-    if family == "vulkan":
-        from .vulkan_info import icd_manifests, icd_search_dirs, manifest_library
-
-        _, manifests = icd_manifests()
-        for m in manifests:
-            files.append(m)
-            lib, _problem = manifest_library(m)
-            if lib and "/" in lib:
-                files.append(lib if os.path.isabs(lib) else os.path.join(os.path.dirname(m), lib))
-        for d in icd_search_dirs():  # implicit layers load into every instance too
-            files += sorted(glob.glob(os.path.join(os.path.dirname(d), "implicit_layer.d", "*.json")))
-        spec = importlib.util.find_spec("kp")
-        if spec and spec.origin:
-            files.append(spec.origin)
-    elif family == "opencl":
-        spec_dir = os.environ.get("OCL_ICD_VENDORS") or "/etc/OpenCL/vendors"
-        icds = sorted(glob.glob(os.path.join(spec_dir, "*.icd"))) if os.path.isdir(spec_dir) else [spec_dir]
-        for icd in icds:
-            files.append(icd)
-            try:
-                with open(icd, encoding="utf-8", errors="replace") as f:
-                    lib = f.read().strip()
-                if lib.startswith("/"):
-                    files.append(lib)
-            except OSError:
-                pass
-        spec = importlib.util.find_spec("pyopencl")
-        if spec and spec.origin:
-            pkg = os.path.dirname(spec.origin)
-            files += [pkg] + sorted(glob.glob(os.path.join(pkg, ".libs", "*")))
-    return files
-
-
 def driver_key(family: str, target: str) -> dict[str, Any]:
-    """What a probe verdict depends on (see the module docstring); JSON-ready."""
-    env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES}
+    """What a probe verdict depends on (see the module docstring); JSON-ready.
+
+    Raises:
+        KeyError: ``family`` is not in the registry's family list.
+    """
+    fam = _family(family)
+    prefixes = _ENV_PREFIXES + fam.env_prefixes
+    env = {k: v for k, v in os.environ.items() if k.startswith(prefixes) or k in _ENV_NAMES}
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    mod_file = importlib.util.find_spec(target.split(":")[0])
     here = os.path.dirname(os.path.abspath(__file__))
-    modules = [os.path.join(here, n) for n in ("safeprobe.py", "vulkan_info.py", "base.py")]
-    if mod_file and mod_file.origin:
+    modules = [os.path.join(here, n) for n in ("safeprobe.py", "family.py", "base.py")] + fam.module_files()
+    mod_file = importlib.util.find_spec(target.split(":")[0])
+    if mod_file and mod_file.origin and mod_file.origin not in modules:
         modules.append(mod_file.origin)
     return {"family": family, "target": target, "python": sys.executable, "version": sys.version,
-            "env": dict(sorted(env.items())), "files": [_stat(p) for p in _driver_files(family)],
+            "env": dict(sorted(env.items())), "files": [_stat(p) for p in fam.files()],
             "modules": [_stat(p) for p in modules], "boot": boot}
+
+
+def _family(name: str) -> Family:
+    return FAMILIES[name]
 
 
 def _digest(key: dict) -> str:
@@ -174,15 +149,9 @@ def _child_env() -> dict[str, str]:
 def _drivers_found(family: str) -> str:
     """The drivers installed, from their files alone (never raises)."""
     try:
-        if family == "vulkan":
-            from .vulkan_info import describe_icds
-            return describe_icds()
-        if family == "opencl":
-            from .opencl import describe_icds as describe_cl
-            return describe_cl()
+        return _family(family).drivers()
     except Exception as e:  # noqa: BLE001 - a description is best effort
         return f"(drivers not described: {type(e).__name__}: {e})"
-    return ""
 
 
 def _signal_name(rc: int) -> str:

@@ -34,10 +34,8 @@ def run_smoke_test(dev: Device) -> tuple[bool, str]:
     if not np.array_equal(back, probe):
         return False, f"round trip corrupts data: wrote {probe.tolist()}, read {back.tolist()}"
 
-    # OpenCL: build the kernels below as one batch (first-run notice + bar)
-    kernels = getattr(dev, "kernels", None)
-    if kernels is not None and hasattr(kernels, "prebuild"):
-        kernels.prebuild([T[n] for n in dev.info.types if dev.supports("matmul", T[n])])
+    # build the kernels below as one batch (a backend that compiles at run time shows its notice + bar)
+    dev.prebuild(tuple(T[n] for n in dev.info.types if dev.supports("matmul", T[n])))
 
     n_in, n_tok, n_out = 256, 3, 5
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)

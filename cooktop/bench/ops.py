@@ -23,7 +23,7 @@ dequantized-weight cache). Weights are :func:`cooktop.format.quants.random_weigh
 blocks (up to 256 distinct rows, tiled to the full height: the bytes streamed
 are the same).
 
-The numpy backend keeps float32 copies of quantized weights (backends/cpu.py), so
+The numpy backend keeps float32 copies of quantized weights (backends/cpu/), so
 its matmul GB/s counts the quantized bytes while it actually reads 4-byte floats.
 """
 

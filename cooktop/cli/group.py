@@ -47,7 +47,6 @@ def check_settings() -> None:
     Raises:
         CooktopError: naming the variable and what it takes.
     """
-    from ..backends.cpu import default_cache_budget
     from ..backends.registry import disabled_families
     from ..runtime.budget import memory_overrides, reserve_fraction
     from ..settings import check_environment
@@ -55,4 +54,3 @@ def check_settings() -> None:
     disabled_families()
     memory_overrides()
     reserve_fraction()
-    default_cache_budget()

@@ -75,8 +75,8 @@ def plan_cluster(gf: GGUFFile, cfg: ModelConfig, device: str | None, n_gpu_layer
     def info(sel: str):
         return probe_nodes([node_of[sel]])[node_of[sel].node_id]["devices"][split_selector(sel)[1]]
 
-    def supports(sel: str, op: str, ty) -> bool:
-        return info(sel).supports(op, ty)
+    def supports(sel: str, op: str, ty, **dims: int) -> str:
+        return info(sel).supports_op(op, ty, **dims)
 
     def limits(sel: str):
         i = info(sel)

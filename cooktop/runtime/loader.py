@@ -113,8 +113,8 @@ def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers:
     warn_unknown_memory_overrides()
     info = registry.device_info
 
-    def supports(sel: str, op: str, ty) -> bool:
-        return info(sel).supports(op, ty)
+    def supports(sel: str, op: str, ty, **dims: int) -> str:
+        return info(sel).supports_op(op, ty, **dims)
 
     def limits(sel: str):
         i = info(sel)

@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..backends.optable import SPECS
 from ..errors import DeviceError, UnsupportedModelError
 from ..format.gguf import GGUFFile
 from ..model.arch import architecture
@@ -37,6 +38,10 @@ from ..model.config import ModelConfig
 
 if TYPE_CHECKING:
     from .budget import DeviceBudget
+
+#: ``supports(selector, op, ggml_type, **dims) -> reason``: why ``op`` cannot run on that device
+#: (``""`` when it can), as ``DeviceInfo.supports_op`` answers.
+Supports = Callable[..., str]
 
 HOST = "cpu"
 
@@ -243,7 +248,7 @@ def split_contiguous(blocks: list[int], weights: list[float]) -> list[list[int]]
 
 
 def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int,
-         split: list[float] | None, supports: Callable[[str, str, object], bool],
+         split: list[float] | None, supports: Supports,
          memory: Callable[[str], int | None] | None = None, tensors: TensorPlacement | None = None) -> Placement:
     """Assign every block and the head to a device, then the feed-forward halves (module doc).
 
@@ -251,7 +256,8 @@ def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int
         selectors: resolved device selectors in order (``cpu`` alone means no offload).
         n_gpu_layers: llama.cpp semantics (module doc).
         split: proportions per selector, or None (by device memory, equal if unknown).
-        supports: ``supports(selector, op, ggml_type)`` of each device.
+        supports: ``supports(selector, op, ggml_type, **dims) -> reason`` of each device (``""``: it
+            can; :meth:`~cooktop.backends.info.DeviceInfo.supports_op`).
         memory: device memory in bytes per selector (for the default split).
         tensors: ``--n-cpu-moe`` / ``-ot`` (:class:`TensorPlacement`), or None.
     Raises:
@@ -263,7 +269,7 @@ def plan(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int
 
 
 def _plan_blocks(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int,
-                 split: list[float] | None, supports: Callable[[str, str, object], bool],
+                 split: list[float] | None, supports: Supports,
                  memory: Callable[[str], int | None] | None, tensors: TensorPlacement | None
                  ) -> tuple[Placement, list[str]]:
     """The block and head devices of :func:`plan` (``-ngl``, ``--split``, ``-ot`` of whole units or
@@ -314,7 +320,7 @@ def _plan_blocks(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_lay
 
 
 def _place_halves(gf: GGUFFile, cfg: ModelConfig, p: Placement, by_ngl: list[str],
-                  supports: Callable[[str, str, object], bool], tensors: TensorPlacement) -> None:
+                  supports: Supports, tensors: TensorPlacement) -> None:
     """Set ``p.experts`` (module doc): the block's ``-ngl`` device (``by_ngl``), unless ``n_cpu_moe`` or
     an ``-ot`` pattern on a feed-forward tensor says otherwise; a half that cannot run where it
     was sent stays on the host with a note."""
@@ -339,23 +345,32 @@ def _place_halves(gf: GGUFFile, cfg: ModelConfig, p: Placement, by_ngl: list[str
     p.experts = experts if experts != p.blocks else None
 
 
-def why_not_on(gf: GGUFFile, cfg: ModelConfig, unit: int | str, sel: str,
-               supports: Callable[[str, str, object], bool], part: str = "all") -> str:
+def unit_dims(cfg: ModelConfig, op: str) -> dict[str, int]:
+    """The dimensions of ``op`` in this model's units that a device may cap (``OpSpec.limits``):
+    ``head_dim`` for rope and attention, the row ``width`` of norms, the widest matmul input."""
+    known = {"head_dim": cfg.head_dim, "width": cfg.n_embd,
+             "n_in": max(cfg.n_embd, cfg.n_ff, cfg.n_embd_q, cfg.n_ff_exp, cfg.n_ff_shexp)}
+    return {d: known[d] for d in SPECS[op].limits if d in known}
+
+
+def why_not_on(gf: GGUFFile, cfg: ModelConfig, unit: int | str, sel: str, supports: Supports,
+               part: str = "all") -> str:
     """Why block ``unit`` (int; ``part`` ``all``/``attn``/``ffn``) or the ``"head"`` cannot run on
-    ``sel``, or "" when it can: an op of the architecture's block (half) or head the device lacks,
-    or a matrix type its matmul (``matmul_id`` for expert tensors) cannot run."""
-    arch = architecture(cfg.arch)
-    ops = [op for op in arch.ops_of(unit, part) if op != "matmul" and not supports(sel, op, None)]
-    if ops:
-        return f"{sel} cannot run {', '.join(ops)}"
-    bad = [t for t in unit_types(gf, cfg, unit, part) if not supports(sel, "matmul", t)]
+    ``sel``, or "" when it can: an op of the architecture's block (half) or head the device lacks
+    or caps below this model's dimensions (e.g. Vulkan's attention with head_dim > 256), or a
+    matrix type its matmul cannot run."""
+    ops = architecture(cfg.arch).ops_of(unit, part)
+    why = [r for op in ops if (r := supports(sel, op, None, **unit_dims(cfg, op)))]
+    if why:
+        return "; ".join(why)
+    bad = [t for t in unit_types(gf, cfg, unit, part) if supports(sel, "matmul", t)]
     if bad:
         return f"{sel} cannot run matmul on {', '.join(sorted(t.name for t in bad))}"
     return ""
 
 
 def check_runnable(gf: GGUFFile, cfg: ModelConfig, p: Placement, selectors: list[str],
-                   supports: Callable[[str, str, object], bool]) -> None:
+                   supports: Supports) -> None:
     """Refuse a placement where a matrix weight's type cannot run on the device it landed on:
     :func:`plan` only moves a unit back to the host, so no device in use can run that type.
 
@@ -368,14 +383,14 @@ def check_runnable(gf: GGUFFile, cfg: ModelConfig, p: Placement, selectors: list
     for unit, sel, part in units:
         for name, spec in architecture(cfg.arch).unit_tensors(gf.tensors, unit, part).values():
             ty = gf.tensor(name).ggml_type
-            if spec.kind == MATRIX and not supports(sel, "matmul", ty):
+            if spec.kind == MATRIX and supports(sel, "matmul", ty):
                 raise UnsupportedModelError(
                     f"{gf.path}: tensor {name} is {ty.name}, a type no device in use "
                     f"({', '.join(dict.fromkeys([HOST, *selectors]))}) can run matmul on")
 
 
 def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
-          split: list[float] | None, supports: Callable[[str, str, object], bool],
+          split: list[float] | None, supports: Supports,
           limits: Callable[[str], tuple[int | None, int | None]],
           n_ctx: int, n_batch: int, logits_all: bool, tensors: TensorPlacement | None = None) -> Placement:
     """:func:`plan` plus memory: resolve ``-ngl auto`` and refuse what cannot fit.

@@ -111,8 +111,8 @@ def block_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: 
     d.rope(k, k, kv.pos, **rope)
     d.kv_store(kv.k, k, kv.cells)
     d.kv_store(kv.v, v, kv.cells)
-    d.attention(att, q, kv.k, kv.v, kv.cells, cfg.n_head, cfg.n_head_kv, 1.0 / math.sqrt(cfg.head_dim),
-                cfg.n_swa if swa else 0, kv_start=kv.kv_start, sinks=w["attn_sinks"])
+    d.attention_sinks(att, q, kv.k, kv.v, kv.cells, w["attn_sinks"], cfg.n_head, cfg.n_head_kv,
+                      1.0 / math.sqrt(cfg.head_dim), cfg.n_swa if swa else 0, kv_start=kv.kv_start)
     d.matmul(o, att, w["attn_output"])
     d.add_bias(o, o, w["attn_output.bias"])
     d.add(x, x, o)
@@ -127,11 +127,10 @@ def block_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace) -> No
 
 GPT_OSS = Architecture(name="gpt-oss", tensors=TENSORS, rope_mode=ROPE_NEOX, hparams=hparams, scratch=scratch,
                        block=block, final_norm=final_norm, lm_head=lm_head,
-                       block_ops=("rmsnorm", "rope", "kv_store", "attention", "attention_sinks", "add_bias", "add_id",
+                       block_ops=("rmsnorm", "rope", "kv_store", "attention_sinks", "add_bias", "add_id",
                                   "swiglu_oai") + tuple(op for op in moe.MOE_BLOCK_OPS if op != "silu_mul"),
                        head_ops=("get_rows", "rmsnorm", "matmul"), scratch_i32=moe.scratch_i32,
                        block_attn=block_attn, block_ffn=block_ffn, ffn_keys=("post_attention_norm",),
-                       attn_ops=("rmsnorm", "matmul", "rope", "kv_store", "attention", "attention_sinks", "add_bias",
-                                 "add"),
+                       attn_ops=("rmsnorm", "matmul", "rope", "kv_store", "attention_sinks", "add_bias", "add"),
                        ffn_ops=("rmsnorm", "add_bias", "add_id", "swiglu_oai")
                        + tuple(op for op in moe.MOE_BLOCK_OPS if op != "silu_mul"))

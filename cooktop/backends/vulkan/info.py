@@ -39,11 +39,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import glob
+import importlib.util
 import json
 import os
 
-from .base import OPS, DeviceInfo, type_name
-from .vulkan_shaders import VULKAN_TYPES
+from ..base import OPS, DeviceInfo, type_name
+from .shaders import VULKAN_TYPES
 
 c_u32 = ctypes.c_uint32
 c_i32 = ctypes.c_int32
@@ -93,7 +95,7 @@ class VulkanNoDriverError(VulkanInfoError):
     """The loader is there but ``vkCreateInstance`` fails: no usable driver (ICD).
 
     Nothing else may touch Vulkan in this process then: ``kp.Manager()`` aborts
-    the whole process (SIGABRT inside C++) in exactly this situation (issue 9).
+    the whole process (SIGABRT inside C++) in exactly this situation.
     """
 
 
@@ -168,6 +170,25 @@ def manifest_library(path: str) -> tuple[str | None, str | None]:
     if "/" in full and not os.path.exists(full):
         return lib, f"names the driver library {full}, which does not exist"
     return lib, None
+
+
+def driver_files() -> list[str]:
+    """The ICD manifests the loader would read, the libraries they name, the implicit layers
+    (they load into every instance too) and kp's extension module: what a probe verdict
+    depends on (:mod:`..safeprobe`)."""
+    files: list[str] = []
+    _, manifests = icd_manifests()
+    for m in manifests:
+        files.append(m)
+        lib, _problem = manifest_library(m)
+        if lib and "/" in lib:
+            files.append(lib if os.path.isabs(lib) else os.path.join(os.path.dirname(m), lib))
+    for d in icd_search_dirs():
+        files += sorted(glob.glob(os.path.join(os.path.dirname(d), "implicit_layer.d", "*.json")))
+    spec = importlib.util.find_spec("kp")
+    if spec and spec.origin:
+        files.append(spec.origin)
+    return files
 
 
 def describe_icds() -> str:
@@ -472,6 +493,11 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd:
     return facts
 
 
+#: What the shaders cap per op (``DeviceInfo.op_limits``): attention.comp keeps one query head
+#: (<= 256 values) in shared memory per workgroup.
+OP_LIMITS: dict[str, dict[str, int]] = {"attention": {"head_dim": 256}}
+
+
 def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     """DeviceInfo of one Vulkan device. ``compute_units`` is unknown (Vulkan does not report it).
 
@@ -489,7 +515,7 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
         else None,
         compute_units=None, max_workgroup_size=f.max_workgroup_invocations or None, subgroup_size=f.subgroup_size,
         fp16=f.shader_float16, int8=f.shader_int8,
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=ops,
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=ops, op_limits=OP_LIMITS,
         extra={"subgroup_arithmetic": f.subgroup_arithmetic, "vendor_id": f.vendor_id, "device_id": f.device_id,
                "memory_heaps": [list(h) for h in f.heaps],
                "max_storage_buffer_range": f.max_storage_buffer_range,
@@ -506,4 +532,5 @@ def kp_props_to_info(index: int, props: dict) -> DeviceInfo:
     return DeviceInfo(
         backend="vulkan", index=index, name=str(props.get("device_name", f"vulkan device {index}")),
         device_type="gpu", max_workgroup_size=props.get("max_work_group_invocations"),
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS, extra={"info_source": "kp"})
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS, op_limits=OP_LIMITS,
+        extra={"info_source": "kp"})

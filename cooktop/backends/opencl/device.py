@@ -2,7 +2,7 @@
 
 Four cut points, tinygrad-style: allocate (``empty``/``upload``: ``cl.Buffer``),
 copy in (``write``: non-blocking ``enqueue_copy``), copy out (``read``: the only
-blocking ``enqueue_copy``), compile/launch (:mod:`.opencl_kernels`: programs
+blocking ``enqueue_copy``), compile/launch (:mod:`.programs`: programs
 built once per device and cached, ``Kernel`` objects kept).
 
 Weights are uploaded once as raw GGML blocks (F32/F16 as plain arrays) and
@@ -15,7 +15,7 @@ the shapes passed at enqueue time.
 driver that lists devices but cannot compile is caught by the smoke test).
 
 Kernels come in two flavours chosen by device type (see
-:class:`~.opencl_kernels.LaunchShape`): CPU devices (PoCL) run one output row /
+:class:`~.programs.LaunchShape`): CPU devices (PoCL) run one output row /
 one (head, token) per work-item with explicit float16 vectors and no barriers;
 GPU devices share rows and keys across work-groups with local-memory reductions.
 Both are tested on PoCL (tests/test_opencl.py). ``COOKTOP_OPENCL_OPTIONS`` adds
@@ -24,7 +24,7 @@ host-ISA code paths off).
 
 Matrix-vector products with quantized weights (decode) run as llama.cpp's CPU
 backend does: the activation row is quantized to 8-bit blocks once
-(:mod:`.opencl_q8`; ``rmsnorm``, ``silu_mul`` and ``attention`` write that copy
+(:mod:`.q8`; ``rmsnorm``, ``silu_mul`` and ``attention`` write that copy
 in the same kernel) and each weight block is multiplied with integer dot
 products (``dotq8.cl``; pmaddubsw on x86 PoCL, portable OpenCL C elsewhere).
 ``COOKTOP_OPENCL_Q8=0`` keeps float32 activations. Q4_0 weights whose rows hold
@@ -36,6 +36,8 @@ where the compiler targets AVX-512BW (``dequant.cl``); prompt matrices
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import logging
 import math
 import os
@@ -44,16 +46,15 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from .. import settings
-from ..errors import DeviceError, DeviceOutOfMemoryError
-from .base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
-from .opencl_kernels import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, Q8_TYPES, KernelCache, clear_cache
-from .opencl_q8 import Q8Shadows
+from ... import settings
+from ...errors import DeviceError, DeviceOutOfMemoryError
+from ..base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
+from . import INSTALL_HINT
+from .programs import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, Q8_TYPES, KernelCache, clear_cache
+from .q8 import Q8Shadows
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ("pip install 'cooktop[opencl]' and an OpenCL driver (Debian/Ubuntu: apt-get install "
-                "pocl-opencl-icd for CPUs, mesa-opencl-icd / intel-opencl-icd / rocm-opencl-runtime for GPUs)")
 
 #: OpenCL extension constants pyopencl may not name.
 CL_DEVICE_SUB_GROUP_SIZES_INTEL = 0x4108
@@ -177,6 +178,28 @@ def describe_icds() -> str:
     return f"{len(files)} ICD file(s) in {where}: " + "; ".join(parts)
 
 
+def driver_files() -> list[str]:
+    """The ICD files the loader reads, the libraries they name, and pyopencl's package with the
+    libraries its wheel ships: what a probe verdict depends on (:mod:`..safeprobe`)."""
+    files: list[str] = []
+    spec_dir = os.environ.get("OCL_ICD_VENDORS") or "/etc/OpenCL/vendors"
+    icds = sorted(glob.glob(os.path.join(spec_dir, "*.icd"))) if os.path.isdir(spec_dir) else [spec_dir]
+    for icd in icds:
+        files.append(icd)
+        try:
+            with open(icd, encoding="utf-8", errors="replace") as f:
+                lib = f.read().strip()
+            if lib.startswith("/"):
+                files.append(lib)
+        except OSError:
+            pass
+    spec = importlib.util.find_spec("pyopencl")
+    if spec and spec.origin:
+        pkg = os.path.dirname(spec.origin)
+        files += [pkg] + sorted(glob.glob(os.path.join(pkg, ".libs", "*")))
+    return files
+
+
 def empty_platform_hint(platforms: list) -> str:
     """What to check when every platform lists zero devices (PoCL does when its kernel cache
     folder cannot be created: ``POCL_CACHE_DIR`` or ``$XDG_CACHE_HOME/pocl``)."""
@@ -195,7 +218,6 @@ class OpenCLBackend(Backend):
     """The pyopencl backend family: every device of every platform, indexed across platforms."""
 
     name = "opencl"
-    install_hint = INSTALL_HINT
 
     def __init__(self) -> None:
         self._devices: list[tuple[Any, Any, DeviceInfo]] = []  # (platform, device, info)
@@ -277,7 +299,7 @@ class OpenCLDevice(Device):
         self.shape = shape
         self.kernels = KernelCache(self.ctx, cl_device, shape, os.environ.get("COOKTOP_OPENCL_OPTIONS", ""), info)
         self._mf = cl.mem_flags
-        # 8-bit activations for the integer-dot matmuls (opencl_q8.py); COOKTOP_OPENCL_Q8=0 turns them off
+        # 8-bit activations for the integer-dot matmuls (q8.py); COOKTOP_OPENCL_Q8=0 turns them off
         self.q8 = Q8Shadows(self._alloc)
         self.use_q8 = settings.opencl_q8()
 
@@ -465,11 +487,20 @@ class OpenCLDevice(Device):
         else:
             self._cl.enqueue_copy(self.queue, out.handle, x.handle, byte_count=n * 4)
 
-    # -- 8-bit activations (opencl_q8.py) -----------------------------------
+    def prebuild(self, types: tuple[T, ...] = ()) -> None:
+        """Build the float-op kernels and those of the weight ``types`` now, as one batch
+        (:meth:`.programs.KernelCache.prebuild`: the first-compile notice and a progress bar).
+
+        Raises:
+            DeviceError: a build failed.
+        """
+        self.kernels.prebuild(types)
+
+    # -- 8-bit activations (q8.py) -----------------------------------
     def quantizes_activations(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> bool:
         """True when ``matmul`` with ``n_tokens`` rows of activations and weights of ``ggml_type``
         (and ``shape`` [n_out, n_in]; needed for n_tokens > 1) multiplies 8-bit quantized
-        activations (``opencl_q8.quantize_q8_ref``) with integer dot products, as llama.cpp's CPU
+        activations (``reference.quantize_q8_ref``) with integer dot products, as llama.cpp's CPU
         backend does; False when it computes in float32."""
         if not self.use_q8:
             return False

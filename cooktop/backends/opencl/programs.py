@@ -1,6 +1,6 @@
 """OpenCL programs of the opencl backend: sources, build options, a build cache, launch sizes.
 
-The OpenCL C sources live in ``cooktop/shaders/opencl/*.cl``, one file per op
+The OpenCL C sources live in ``kernels/*.cl`` beside this module, one file per op
 family. A weight-type program is ``dequant.cl`` + ``matmul.cl`` built with
 ``-DW_<TYPE>`` (e.g. ``-DW_Q4_K``), the way ggml builds one shader per type
 from ``-D`` defines; launch-shape constants (``MV_LS``...) are defines too, so
@@ -12,7 +12,7 @@ raises :class:`~cooktop.errors.DeviceError` carrying the first lines of the
 build log, so a broken driver (e.g. PoCL 3.0-rc2's ``unknown target CPU
 'generic'``) is reported, not crashed on.
 
-Quiet by default (issue 9): compiler output (the build log, pyopencl's
+Quiet by default: compiler output (the build log, pyopencl's
 ``CompilerWarning``, and what clang inside PoCL writes straight to file
 descriptor 2, "N warnings generated.") goes to the ``cooktop`` logger at INFO
 (``--verbose``), in full at WARNING when a build fails. The first time a
@@ -36,9 +36,8 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from .. import settings
-from ..errors import DeviceError
-from . import notices
+from ... import notices, settings
+from ...errors import DeviceError
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +119,8 @@ def host_has_vnni() -> bool:
 
 
 def read_source(*names: str) -> str:
-    """Concatenated text of ``cooktop/shaders/opencl/<name>`` files."""
-    base = importlib.resources.files("cooktop.shaders") / "opencl"
+    """Concatenated text of ``kernels/<name>`` files (beside this module)."""
+    base = importlib.resources.files("cooktop.backends.opencl") / "kernels"
     return "\n".join((base / n).read_text() for n in names)
 
 

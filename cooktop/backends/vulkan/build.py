@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Compile cooktop's Vulkan compute shaders (GLSL) to SPIR-V with glslc.
 
-The variants are listed in ``cooktop/shaders/vulkan/variants.json``: each has a
+The variants are listed in ``variants.json`` beside this module: each has a
 ``name`` (the ``.spv`` file name, systematic like ggml's: ``mul_mat_vec_q4_0``),
-a ``source`` (``.comp`` file) and ``defines`` (passed as ``-DNAME=VALUE``).
+a ``source`` (``.comp`` file in ``glsl/``) and ``defines`` (passed as ``-DNAME=VALUE``).
 Every variant is compiled with the same flags (:data:`FLAGS`), so the output is
 deterministic for a given glslc; the glslc version is recorded in the
 manifest, and ``tests/test_vulkan.py`` recompiles each variant and fails when
@@ -14,19 +13,20 @@ Each variant's ``access`` is recorded too: per descriptor binding, ``"r"``
 preprocessed source (``glslc -E`` with the variant's defines). The Vulkan
 backend records a memory barrier before a dispatch that reads or writes a
 buffer an earlier dispatch of the same command buffer wrote, or writes one it
-read (cooktop/backends/vulkan.py, ``_record``); these flags say which is which.
+read (``device.py``, ``_record``); these flags say which is which.
 The device ``features`` a variant needs (Vulkan feature names, e.g.
 ``storageBuffer16BitAccess``) are read from its SPIR-V's ``OpCapability``
 instructions (:data:`FEATURE_OF_CAPABILITY`). A variant with
 ``"variant_of": NAME`` stands in for variant NAME (which needs no optional
 feature) on devices where kp enabled all its features
-(cooktop/backends/vulkan_shaders.py, ``pick_variant``).
+(``shaders.py``, ``pick_variant``).
 
 Usage::
 
-    python scripts/build_shaders.py            # (re)build every .spv
-    python scripts/build_shaders.py --check    # exit 1 if any .spv is stale
-    python scripts/build_shaders.py --list     # print the variants
+    python -m cooktop.backends.vulkan.build            # (re)build every .spv into spv/
+    python -m cooktop.backends.vulkan.build --check    # exit 1 if any .spv is stale
+    python -m cooktop.backends.vulkan.build --list     # print the variants
+    python -m cooktop.backends.vulkan.build --init     # rewrite variants.json from default_variants()
 
 ``make shaders`` runs the first form. glslc comes from the shaderc project
 (Debian/Ubuntu: ``apt-get install glslc``; also in the Vulkan SDK).
@@ -46,8 +46,11 @@ import subprocess
 import sys
 import tempfile
 
-SHADER_DIR = pathlib.Path(__file__).resolve().parents[1] / "cooktop" / "shaders" / "vulkan"
-MANIFEST = SHADER_DIR / "variants.json"
+HERE = pathlib.Path(__file__).resolve().parent
+#: GLSL sources (``.comp`` and included ``.glsl``) and the compiled SPIR-V (shipped in the package).
+GLSL_DIR = HERE / "glsl"
+SPV_DIR = HERE / "spv"
+MANIFEST = HERE / "variants.json"
 
 #: glslc flags used for every variant (Vulkan 1.1 is what kp 0.9.0 creates its instance with).
 FLAGS = ["-fshader-stage=compute", "--target-env=vulkan1.1", "-O"]
@@ -55,17 +58,26 @@ FLAGS = ["-fshader-stage=compute", "--target-env=vulkan1.1", "-O"]
 #: Weight types with shader variants, and the op families that take a weight type.
 TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 TYPED = ["mul_mat_vec", "mul_mm", "get_rows"]
-PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "copy"]
+PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "quantize_q8_1", "copy"]
+#: Weight types with an integer-dot mat-vec on 8-bit activations, and with 16-bit-storage loads.
+INT_DOT_TYPES = ["Q4_0", "Q8_0"]
+PACKED16_TYPES = ["Q4_0", "Q8_0"]
 
 
 def default_variants() -> list[dict]:
-    """The variant list written by ``--init``: every typed op x weight type, then the float ops."""
-    out = [{"name": f"{op}_{t.lower()}", "source": f"{op}.comp", "defines": {f"TYPE_{t}": "1"}}
-           for op in TYPED for t in TYPES]
-    # 16-bit-storage variants of the 2-byte aligned block types (picked where kp enabled the feature)
-    out += [{"name": f"mul_mat_vec_{t.lower()}_p16", "source": "mul_mat_vec.comp",
-             "defines": {f"TYPE_{t}": "1", "PACKED16": "1"}, "variant_of": f"mul_mat_vec_{t.lower()}"}
-            for t in ("Q4_0", "Q8_0")]
+    """The variant list ``--init`` writes, in ``variants.json`` order: every typed op x weight type
+    (with, after the mat-vec ones, the integer-dot and 16-bit-storage mat-vec variants that stand in
+    for them where a device has the features), then the float ops, the 8-bit activation quantizer,
+    copy and fill. ``access`` and ``features`` are filled in by :func:`build`."""
+    def typed(op: str, src: str | None = None, types: list[str] = TYPES, suffix: str = "", **extra: str) -> list[dict]:
+        return [{"name": f"{op}_{t.lower()}{suffix}", "source": src or f"{op}.comp",
+                 "defines": {f"TYPE_{t}": "1", **extra}, **({"variant_of": f"{op}_{t.lower()}"} if suffix else {})}
+                for t in types]
+
+    out = typed("mul_mat_vec")
+    out += typed("mul_mat_vec", "mul_mat_vec_q8.comp", INT_DOT_TYPES, "_q8")  # 8-bit activations, OpSDot
+    out += typed("mul_mat_vec", None, PACKED16_TYPES, "_p16", PACKED16="1")  # 16-bit storage loads
+    out += typed("mul_mm") + typed("get_rows")
     out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in PLAIN]
     out.append({"name": "fill", "source": "copy.comp", "defines": {"FILL": "1"}})
     return out
@@ -93,9 +105,9 @@ def compile_variant(glslc: str, variant: dict, out: pathlib.Path) -> None:
     Raises:
         RuntimeError: glslc failed (its message included).
     """
-    cmd = [glslc, *FLAGS, f"-I{SHADER_DIR}"]
+    cmd = [glslc, *FLAGS, f"-I{GLSL_DIR}"]
     cmd += [f"-D{k}={v}" for k, v in variant["defines"].items()]
-    cmd += [str(SHADER_DIR / variant["source"]), "-o", str(out)]
+    cmd += [str(GLSL_DIR / variant["source"]), "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"glslc failed on {variant['name']}: {r.stderr.strip()}")
@@ -147,9 +159,9 @@ def binding_access(glslc: str, variant: dict) -> list[str]:
     Raises:
         RuntimeError: glslc failed, or the bindings are not 0..n-1 (kp binds tensors in order).
     """
-    cmd = [glslc, "-E", "-fshader-stage=compute", f"-I{SHADER_DIR}"]
+    cmd = [glslc, "-E", "-fshader-stage=compute", f"-I{GLSL_DIR}"]
     cmd += [f"-D{k}={v}" for k, v in variant["defines"].items()]
-    cmd.append(str(SHADER_DIR / variant["source"]))
+    cmd.append(str(GLSL_DIR / variant["source"]))
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"glslc -E failed on {variant['name']}: {r.stderr.strip()}")
@@ -234,7 +246,7 @@ def stale_variants(glslc: str) -> list[str]:
             compiled = list(pool.map(fresh, variants))
     stale = []
     for v, spv in zip(variants, compiled):
-        shipped = SHADER_DIR / f"{v['name']}.spv"
+        shipped = SPV_DIR / f"{v['name']}.spv"
         if (not shipped.exists() or shipped.read_bytes() != spv
                 or v.get("access") != spirv_access(spv)
                 or v.get("features", []) != spirv_features(spv)):
@@ -243,13 +255,13 @@ def stale_variants(glslc: str) -> list[str]:
 
 
 def build(glslc: str) -> int:
-    """Compile every variant into SHADER_DIR, record its binding access and the glslc version;
+    """Compile every variant into SPV_DIR, record its binding access and the glslc version;
     returns the count."""
     manifest = load_manifest()
     for v in manifest["variants"]:
-        compile_variant(glslc, v, SHADER_DIR / f"{v['name']}.spv")
+        compile_variant(glslc, v, SPV_DIR / f"{v['name']}.spv")
         v["access"] = binding_access(glslc, v)
-        spv = (SHADER_DIR / f"{v['name']}.spv").read_bytes()
+        spv = (SPV_DIR / f"{v['name']}.spv").read_bytes()
         if spirv_access(spv) != v["access"]:  # --check reads the access from the SPIR-V
             raise RuntimeError(f"{v['name']}: the SPIR-V's bindings {spirv_access(spv)} differ from the "
                                f"source's {v['access']} (a binding optimized away?)")
@@ -273,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--init", action="store_true", help="rewrite variants.json with the default variant list")
     args = ap.parse_args(argv)
     if args.init:
-        MANIFEST.write_text(json.dumps({"glslc": "", "flags": FLAGS, "variants": default_variants()}, indent=1) + "\n")
+        old = {v["name"]: v for v in load_manifest()["variants"]} if MANIFEST.exists() else {}
+        fresh = [{**v, **{k: old[v["name"]][k] for k in ("access", "features") if k in old.get(v["name"], {})}}
+                 for v in default_variants()]
+        MANIFEST.write_text(json.dumps({"glslc": "", "flags": FLAGS, "variants": fresh}, indent=1) + "\n")
     if args.list:
         for v in load_manifest()["variants"]:
             print(v["name"], v["source"], " ".join(f"-D{k}={x}" for k, x in v["defines"].items()))
@@ -286,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             stale = stale_variants(glslc)
             if stale:
-                print("stale: " + " ".join(stale) + " (run: python scripts/build_shaders.py)", file=sys.stderr)
+                print("stale: " + " ".join(stale) + " (run: make shaders)", file=sys.stderr)
                 return 1
             print("all SPIR-V up to date")
             return 0
@@ -294,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"compiled {n} shader variants into {SHADER_DIR}")
+    print(f"compiled {n} shader variants into {SPV_DIR}")
     return 0
 
 

@@ -1,9 +1,9 @@
 """Shader variants, SPIR-V loading, push constants and grid sizes of the Vulkan backend.
 
-The GLSL sources and compiled ``.spv`` live in ``cooktop/shaders/vulkan``;
+The GLSL sources and compiled ``.spv`` live in ``glsl/`` and ``spv/`` beside this module;
 ``variants.json`` lists each variant (name, source, ``-D`` defines, the
 access of each binding, and optionally the device features it needs and the
-variant it stands in for) and ``scripts/build_shaders.py`` compiles them. Push constants are one uint32
+variant it stands in for) and ``build.py`` (``make shaders``) compiles them. Push constants are one uint32
 array per dispatch (floats bit-cast with :func:`f32_bits`), at most
 :data:`MAX_PUSH_BYTES`; large grids are split over y (``flat_group()`` in
 common.glsl).
@@ -20,10 +20,14 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ..errors import DeviceError
-from .base import DEVICE_WEIGHT_TYPES
+from ...errors import DeviceError
+from ..base import DEVICE_WEIGHT_TYPES
 
-SHADER_DIR = pathlib.Path(__file__).resolve().parents[1] / "shaders" / "vulkan"
+HERE = pathlib.Path(__file__).resolve().parent
+#: Compiled SPIR-V of every variant (``make shaders`` rebuilds it from ``glsl/``).
+SHADER_DIR = HERE / "spv"
+#: GLSL sources of the variants (``.comp``) and what they include (``.glsl``).
+GLSL_DIR = HERE / "glsl"
 
 #: GGML weight types with shader variants (matmul and get_rows).
 VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES
@@ -52,7 +56,7 @@ def load_spirv(name: str) -> bytes:
 def variants() -> list[dict[str, Any]]:
     """The shader variants of ``variants.json``: ``{"name", "source", "defines", "access"}`` each,
     plus ``"features"`` and ``"variant_of"`` for a variant that needs optional device features."""
-    return json.loads((SHADER_DIR / "variants.json").read_text())["variants"]
+    return json.loads((HERE / "variants.json").read_text())["variants"]
 
 
 @functools.cache
@@ -68,7 +72,7 @@ def variant_info(name: str) -> dict[str, Any]:
 @functools.cache
 def binding_access(name: str) -> tuple[str, ...]:
     """Access of each binding of variant ``name``: ``"r"``, ``"w"`` or ``"rw"`` (binding order;
-    from the GLSL ``readonly`` / ``writeonly`` qualifiers, recorded by scripts/build_shaders.py).
+    from the GLSL ``readonly`` / ``writeonly`` qualifiers, recorded by ``build.py``).
 
     Raises:
         DeviceError: no such variant, or it has no recorded access (run ``make shaders``).

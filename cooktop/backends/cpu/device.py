@@ -1,6 +1,6 @@
 """The numpy backend: the reference every device backend is tested against, and the fallback.
 
-Dequantization is :mod:`.cpu_quants` (whole tensors in cache-sized row chunks on a
+Dequantization is :mod:`.quants` (whole tensors in cache-sized row chunks on a
 few threads, equal to ``gguf.quants.dequantize``, the gguf package's reference of the
 GGML block layouts); products are float32 ``np.matmul`` (BLAS, multi-threaded).
 
@@ -30,11 +30,9 @@ import weakref
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ..errors import CooktopError
-from ..format.quants import HOST_TYPES
-from ..units import parse_bytes
-from . import cpu_quants, notices
-from .base import (
+from ... import notices, settings
+from ...format.quants import HOST_TYPES
+from ..base import (
     MOE_OPS,
     OPS,
     ROPE_NEOX,
@@ -46,7 +44,8 @@ from .base import (
     rope_yarn_params,
     type_name,
 )
-from .cpu_moe import CpuMoeOps
+from . import quants as cpu_quants
+from .moe import CpuMoeOps
 
 
 def _physical_memory() -> int:
@@ -57,17 +56,13 @@ def _physical_memory() -> int:
 
 
 def default_cache_budget() -> int:
-    """Bytes of float32 dequantized weights the numpy backend may keep (see module doc)."""
-    env = os.environ.get("COOKTOP_CPU_CACHE")
-    if env:
-        try:
-            n = parse_bytes(env)
-        except ValueError:
-            n = -1
-        if n < 0:
-            raise CooktopError(f"COOKTOP_CPU_CACHE={env!r} is not a size: use bytes or e.g. 512MiB, 8GiB (0 = off)")
-        return n
-    return min(8 << 30, _physical_memory() // 4)
+    """Bytes of float32 dequantized weights the numpy backend may keep (see module doc):
+    ``COOKTOP_CPU_CACHE``, else a quarter of the physical memory, at most 8 GiB.
+
+    Raises:
+        SettingError: a malformed ``COOKTOP_CPU_CACHE``.
+    """
+    return settings.cpu_cache(min(8 << 30, _physical_memory() // 4))
 
 
 #: Every GGML type the numpy backend runs: all the host can dequantize.
@@ -84,7 +79,7 @@ CONVERT_AFTER_S = 10.0
 
 class CpuDevice(CpuMoeOps, Device):
     """The numpy device. Tensors are numpy arrays; ops run synchronously (the mixture-of-experts
-    ops are :class:`~.cpu_moe.CpuMoeOps`)."""
+    ops are :class:`~.moe.CpuMoeOps`)."""
 
     def __init__(self, info: DeviceInfo, cache_budget: int | None = None):
         super().__init__(info)
@@ -422,7 +417,6 @@ class CpuBackend(Backend):
     """The numpy backend family: always available, one device."""
 
     name = "cpu"
-    install_hint = ""
 
     def probe(self) -> ProbeResult:
         return ProbeResult("cpu", True, [cpu_info()])

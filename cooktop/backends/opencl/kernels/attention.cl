@@ -45,7 +45,7 @@ inline float vsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 inline float vsum16(float16 v) { float8 a = v.lo + v.hi; return vsum4(a.lo + a.hi); }
 
 // ATT_Q8 (with quant.cl, HEAD_DIM % 32 == 0): the output is also written as 8-bit blocks
-// (xq, xd) for the integer-dot matmul that reads it (opencl_q8.py).
+// (xq, xd) for the integer-dot matmul that reads it (q8.py).
 __kernel void attention(global float *out, const global float *q, const global float *kc,
                         const global float *vc, const global int *pos, const global int *kv_start,
                         const int has_start, const int n_head, const int n_head_kv, const float scale,

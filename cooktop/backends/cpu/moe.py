@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from . import cpu_quants
-from .tensor import DeviceTensor
+from ..tensor import DeviceTensor
+from . import quants as cpu_quants
 
 
 def _a(t: DeviceTensor) -> np.ndarray:

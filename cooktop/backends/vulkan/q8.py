@@ -15,7 +15,7 @@ of a layer, gate and up of the FFN read one copy). A new pending list (after a f
 a graph scope (a graph quantizes its own inputs, so its replays issue the ops it
 recorded) or a graph entry in between quantizes again.
 
-The variant a device runs is chosen by :func:`.vulkan_shaders.pick_variant`; a variant
+The variant a device runs is chosen by :func:`.shaders.pick_variant`; a variant
 whose manifest entry has ``"input": "q8_1"`` takes this 8-bit copy as binding 1
 (:func:`takes_q8_1`).
 """
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .opencl_q8 import dequantize_q8_ref, quantize_q8_ref
-from .vulkan_shaders import bucket, variant_info, workgroups
+from ..reference import dequantize_q8_ref, quantize_q8_ref
+from .shaders import bucket, variant_info, workgroups
 
 #: uint32 words per 32-value block of the 8-bit copy: 8 words of int8 qs, then d, s, 0, 0.
 Q8_1_BLOCK_WORDS = 12
@@ -45,10 +45,10 @@ def takes_q8_1(variant: str) -> bool:
 
 
 #: The numpy reference of quantize_q8_1.comp: the same quantization as the OpenCL backend's
-#: (``quant.cl``; :func:`.opencl_q8.quantize_q8_ref`): (qs int8 [..., n], d, s float32 [..., n / 32]).
+#: (:func:`..reference.quantize_q8_ref`): (qs int8 [..., n], d, s float32 [..., n / 32]).
 quantize_q8_1_ref = quantize_q8_ref
 
-#: ``x`` as the integer-dot mat-vec sees it: float64 ``d * qs`` per block (:func:`.opencl_q8.dequantize_q8_ref`).
+#: ``x`` as the integer-dot mat-vec sees it: float64 ``d * qs`` per block (:func:`..reference.dequantize_q8_ref`).
 dequantize_q8_1_ref = dequantize_q8_ref
 
 

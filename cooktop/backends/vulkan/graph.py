@@ -41,8 +41,8 @@ import collections
 from collections.abc import Hashable, Iterator
 from typing import Any
 
-from ..errors import DeviceError
-from .vulkan_shaders import pack_push
+from ...errors import DeviceError
+from .shaders import pack_push
 
 #: Recorded sequences kept per device (LRU).
 MAX_SEQUENCES = 64

@@ -21,9 +21,9 @@ from collections.abc import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from .. import settings
-from ..format.quants import dequantize as reference_dequantize
-from ..format.quants import row_bytes
+from ... import settings
+from ...format.quants import dequantize as reference_dequantize
+from ...format.quants import row_bytes
 
 #: Values per chunk handed to one thread (about 1 MiB of float32 output).
 CHUNK_VALUES = 1 << 18

@@ -1,22 +1,22 @@
 """The Vulkan backend, through Kompute's Python bindings (``kp`` 0.9.0).
 
-Modules: this one (backend, device, ops), :mod:`.vulkan_info` (device facts
-through libvulkan, DeviceInfo), :mod:`.vulkan_shaders` (variants, SPIR-V,
+Modules: this one (backend, device, ops), :mod:`.info` (device facts
+through libvulkan, DeviceInfo), :mod:`.shaders` (variants, SPIR-V,
 push constants, grid sizes).
 
 Design (DESIGN.md, "Kompute"):
 
-- **Shaders**: GLSL compute shaders in ``cooktop/shaders/vulkan/*.comp``, one
+- **Shaders**: GLSL compute shaders in ``glsl/*.comp``, one
   source per op family, variants by ``-D`` defines (``mul_mat_vec_q4_0``,
   ``mul_mm_q4_k``, ...) listed in ``variants.json`` and compiled to SPIR-V by
-  ``scripts/build_shaders.py``; the ``.spv`` files ship in the package.
+  ``build.py`` (``make shaders``); the ``.spv`` files ship in the package.
 - **kp with cooktop's patch** (``scripts/kompute/kp-0.9.0-cooktop.patch``,
   built by ``scripts/install-kompute.sh``; ``kp.cooktop_patch`` >= 1): memory
   barriers bound for Python (``OpGlobalMemoryBarrier``, ``OpMemoryBarrier``),
   ``OpDispatch`` (a dispatch without kp's implicit per-tensor transfer
   barriers), transfer usage on storage buffers, and the logical device
   created with the optional features the shaders can use
-  (:data:`.vulkan_info.KP_FEATURES`, reported by ``Manager.enabled_features()``).
+  (:data:`.info.KP_FEATURES`, reported by ``Manager.enabled_features()``).
   An unpatched kp is refused by the probe with that hint.
 - **Tensors**: weights are raw GGML blocks uploaded once as a uint32 view
   (zero-padded to 16 bytes plus 16) into a ``storage`` (device-only)
@@ -24,7 +24,7 @@ Design (DESIGN.md, "Kompute"):
   activations and KV cache are ``storage`` tensors too. The baseline shaders
   unpack bytes and halves from 32-bit words, so they need no optional
   feature; variants that need one (``"features"`` in variants.json) stand in
-  for them on devices where kp enabled it (:func:`.vulkan_shaders.pick_variant`).
+  for them on devices where kp enabled it (:func:`.shaders.pick_variant`).
 - **Ops are recorded, not run**: every op appends ``(algorithm, push
   constants)`` to a pending list. :meth:`VulkanDevice.read` appends the
   read-back and executes the list as one ``kp.Sequence``, replayed from an LRU
@@ -33,7 +33,7 @@ Design (DESIGN.md, "Kompute"):
   kept under its key and enqueued as one entry when the key recurs, without
   the ops' Python path (per-token position and token id live in device tensors
   written through :meth:`write`, never in push constants). Recording, graphs
-  and barriers: :mod:`.vulkan_graph`.
+  and barriers: :mod:`.graph`.
 - **write()**: the data goes into a host-visible staging tensor (one per
   destination and per write occurrence in the pending list, kept for reuse)
   and a ``copy`` dispatch inside the sequence moves it into the storage
@@ -44,7 +44,7 @@ Design (DESIGN.md, "Kompute"):
   compute-write -> host-read barrier; after the fence wait its mapped memory is
   read on the host.
 - **Barriers**: one global memory barrier only before a dispatch that depends
-  on an earlier one of the sequence (RAW, WAW, WAR; :mod:`.vulkan_graph`).
+  on an earlier one of the sequence (RAW, WAW, WAR; :mod:`.graph`).
   ``make test-vulkan-validation`` (tests/vulkan_validation.py, run by .ci/run) runs
   every Vulkan test under VK_LAYER_KHRONOS_validation with synchronization
   validation and fails on any error message.
@@ -80,9 +80,10 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ..errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
-from .base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
-from .vulkan_graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
+from ...errors import DeviceError, DeviceOutOfMemoryError
+from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
+from . import INSTALL_HINT
+from .graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
     ACCESS_HOST_READ,
     ACCESS_SHADER_READ,
     ACCESS_SHADER_WRITE,
@@ -95,7 +96,7 @@ from .vulkan_graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part 
     STAGE_TRANSFER,
     SequenceRecorder,
 )
-from .vulkan_info import (
+from .info import (
     KP_FEATURES,
     VkDeviceFacts,
     VulkanInfoError,
@@ -104,8 +105,8 @@ from .vulkan_info import (
     kp_props_to_info,
     query_devices,
 )
-from .vulkan_q8 import Q8Inputs, takes_q8_1
-from .vulkan_shaders import (  # noqa: F401
+from .q8 import Q8Inputs, takes_q8_1
+from .shaders import (  # noqa: F401
     MAX_PUSH_BYTES,
     SHADER_DIR,
     VARIANTS,
@@ -129,11 +130,6 @@ MMV_NROWS = 8
 #: Max workgroups of a grid-stride shader (copy, fill, add, silu_mul).
 MAX_STRIDE_GROUPS = 512
 
-_ATTN_MAX_HEAD_DIM = 256
-
-INSTALL_HINT = ("build kp 0.9.0 with cooktop's patch: scripts/install-kompute.sh .venv/bin/python (needs cmake "
-                "g++ libvulkan-dev libfmt-dev, pybind11>=2.12 from PyPI), and a Vulkan driver (apt-get install "
-                "mesa-vulkan-drivers for lavapipe on the CPU)")
 
 #: The kp patch level this backend needs (``kp.cooktop_patch``; scripts/kompute/kp-0.9.0-cooktop.patch).
 KP_PATCH_LEVEL = 2
@@ -198,7 +194,7 @@ def numpy_problem(kp=None) -> str | None:
 
 
 def device_facts(refresh: bool = False) -> list[VkDeviceFacts]:
-    """Vulkan physical devices (cached per process; see :mod:`.vulkan_info`).
+    """Vulkan physical devices (cached per process; see :mod:`.info`).
 
     Raises:
         VulkanInfoError: no libvulkan or no driver.
@@ -213,7 +209,6 @@ class VulkanBackend(Backend):
     """The Vulkan family: every physical device libvulkan lists, run through kp 0.9.0."""
 
     name = "vulkan"
-    install_hint = INSTALL_HINT
 
     def __init__(self) -> None:
         self._infos: list[DeviceInfo] = []
@@ -236,7 +231,7 @@ class VulkanBackend(Backend):
             return ProbeResult("vulkan", False, reason=bad, hint="pip install 'numpy<2'")
         try:
             self._infos = [facts_to_info(f) for f in device_facts()]
-        except VulkanNoDriverError as e:  # never try kp.Manager() now: it aborts the process (issue 9)
+        except VulkanNoDriverError as e:  # never try kp.Manager() now: it aborts the process
             return ProbeResult("vulkan", False, reason=str(e), hint=DRIVER_HINT)
         except VulkanInfoError as e:  # ctypes cannot load libvulkan: ask kp (a child process checked it is safe)
             try:
@@ -278,7 +273,7 @@ class VulkanBackend(Backend):
 
 class VulkanDevice(SequenceRecorder, Device):
     """One Vulkan device driven by a ``kp.Manager`` (module docstring: design; the
-    recording of sequences and graphs is :class:`~.vulkan_graph.SequenceRecorder`'s).
+    recording of sequences and graphs is :class:`~.graph.SequenceRecorder`'s).
 
     Counters for tests and benchmarks: ``n_recordings`` (sequences recorded),
     ``n_replays`` (cached sequences replayed), ``n_graphs`` / ``n_graph_replays``
@@ -405,7 +400,7 @@ class VulkanDevice(SequenceRecorder, Device):
         return np.array(rb.data()[:n]).reshape(t.shape)
 
     def _graph_begin(self, key):
-        self._q8.forget_fresh()  # a graph quantizes its own inputs (vulkan_q8.py)
+        self._q8.forget_fresh()  # a graph quantizes its own inputs (q8.py)
         return super()._graph_begin(key)
 
     def synchronize(self) -> None:
@@ -423,7 +418,7 @@ class VulkanDevice(SequenceRecorder, Device):
         by their size, so repeated load/close cycles do not exhaust the OOM check."""
         self.flush()
         doomed = {t.handle for t in tensors}  # kp tensors hash by identity
-        doomed |= self._q8.drop(doomed)  # their 8-bit copies (vulkan_q8.py)
+        doomed |= self._q8.drop(doomed)  # their 8-bit copies (q8.py)
         for key in [k for k, entry in self._algos.items() if any(h in doomed for h in entry[1])]:
             del self._algos[key]
         self._drop_graphs_using(doomed)  # their keys must not replay freed buffers
@@ -497,7 +492,7 @@ class VulkanDevice(SequenceRecorder, Device):
 
     def quantizes_activations(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> bool:
         """True when ``matmul`` of ``n_tokens`` rows with ``ggml_type`` weights runs the integer-dot
-        mat-vec on 8-bit activations (vulkan_q8.py; exact on ``opencl_q8.quantize_q8_ref``'s
+        mat-vec on 8-bit activations (q8.py; exact on ``reference.quantize_q8_ref``'s
         quantization), False when it computes in float32. ``shape`` is unused (same as OpenCL's)."""
         name = VARIANTS["mul_mat_vec"].get(T(ggml_type))
         return n_tokens < MM_MIN_TOKENS and name is not None and takes_q8_1(pick_variant(name, self.features))
@@ -525,7 +520,7 @@ class VulkanDevice(SequenceRecorder, Device):
             gpw = max(1, n_groups // self._mmv_target_wgs)
             grid = workgroups(nb * ((n_groups + gpw - 1) // gpw))
             name = pick_variant(VARIANTS["mul_mat_vec"][w.ggml_type], self.features)
-            if takes_q8_1(name):  # integer dots on the 8-bit copy of x (vulkan_q8.py)
+            if takes_q8_1(name):  # integer dots on the 8-bit copy of x (q8.py)
                 for t in (w, x, out):
                     if t.device is not self:
                         raise DeviceError(f"{name}: tensor {t!r} lives on another device than {self.info.selector}")
@@ -577,16 +572,11 @@ class VulkanDevice(SequenceRecorder, Device):
     def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
         """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows.
 
-        q, out f32 [n, n_head * head_dim]; caches f32 [n_cells, n_head_kv * head_dim]; head_dim <= 256;
-        ``window`` > 0: sliding window (the loop over cache rows starts at pos - window + 1);
-        ``kv_start`` I32 [n] or None (rows start at cache row 0).
-        Raises:
-            UnsupportedOpError: head_dim > 256.
+        q, out f32 [n, n_head * head_dim]; caches f32 [n_cells, n_head_kv * head_dim]; head_dim <= 256
+        (``info.OP_LIMITS``: the public check refuses more); ``window`` > 0: sliding window (the loop
+        over cache rows starts at pos - window + 1); ``kv_start`` I32 [n] or None (rows start at 0).
         """
         head_dim = q.shape[-1] // n_head
-        if head_dim > _ATTN_MAX_HEAD_DIM:
-            raise UnsupportedOpError(f"attention: head_dim {head_dim} is more than this backend's "
-                                     f"{_ATTN_MAX_HEAD_DIM}")
         n = self._rows(q)
         nb = bucket(n, self._row_cap(q))
         start = kv_start if kv_start is not None else pos

@@ -3,7 +3,7 @@
 // Block layouts and formulas: ggml-common.h (block_q4_0 ... block_q6_K) and
 // ggml-quants.c dequantize_row_*; checked against gguf.quants.dequantize by
 // tests/test_ops_parity.py. Exactly one W_<TYPE> macro is defined by the host
-// (cooktop/backends/opencl_kernels.py). Every type exposes:
+// (programs.py). Every type exposes:
 //   ROW_BYTES(n)              bytes of a row of n values
 //   deq_unit(row, u, &a, &b)  values 32u..32u+15 -> a, 32u+16..32u+31 -> b (float32)
 // K-quants (256-value super-blocks) are split into their eight 32-value

@@ -1,0 +1,22 @@
+"""The OpenCL backend (pyopencl): any OpenCL 1.2+ driver (PoCL on CPUs, Mesa rusticl, Intel, AMD, Adreno).
+
+- ``device.py``: probe (platforms, DeviceInfo), :class:`~.device.OpenCLDevice` (buffers, ops).
+- ``programs.py``: program sources, build options and cache, launch shapes (CPU / GPU).
+- ``q8.py``: the 8-bit copies of activations the integer-dot matmuls read.
+- ``kernels/*.cl``: the OpenCL C kernels, one file per op family.
+"""
+
+from ..family import Family
+
+INSTALL_HINT = ("pip install 'cooktop[opencl]' and an OpenCL driver (Debian/Ubuntu: apt-get install "
+                "pocl-opencl-icd for CPUs, mesa-opencl-icd / intel-opencl-icd / rocm-opencl-runtime for GPUs)")
+
+#: ``cpu_default``: measured on the 2-core dev machine (README "Benchmarks"), OpenCL on PoCL runs
+#: the 1.1B Q4_0 shape 2.3x (tg) and 2.6x (pp) faster than numpy and ties on stories260K, so
+#: ``auto`` prefers PoCL to numpy when no GPU passes; Vulkan on lavapipe is 10-50x slower than
+#: numpy and never is.
+FAMILY = Family("opencl", "cooktop.backends.opencl.device:OpenCLBackend", "opencl", INSTALL_HINT,
+                driver_files="cooktop.backends.opencl.device:driver_files",
+                describe_drivers="cooktop.backends.opencl.device:describe_icds",
+                env_prefixes=("OCL_", "OPENCL_", "POCL_", "PYOPENCL_", "RUSTICL_", "COOKTOP_OPENCL"),
+                cpu_default=True)

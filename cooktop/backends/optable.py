@@ -1,0 +1,308 @@
+"""The op table: every device op declared once, with its argument roles and its shape rule.
+
+The public checks of :class:`~.ops.DeviceOps` (one generic check per call, then the backend's
+``_op``), :data:`OPS` (what a device claims by default), the error messages, the contract
+tests' fault cases (``tests/test_device_contract.py`` builds a valid call of every op from
+its :attr:`OpSpec.example` and breaks each argument in turn) and the op table of
+``docs/DESIGN.md`` (:func:`markdown`, checked by a test) all come from :data:`TABLE`.
+
+Conventions (numpy order, as in :mod:`.base`): a weight is ``[n_out, n_in]``, an activation
+f32 ``[n_tokens, n]``; ``pos``/``ids`` are int32 device tensors. Each op writes into its first
+argument and returns nothing.
+
+Argument kinds: ``f32`` and ``i32`` activations; ``weight``: an uploaded tensor of any type
+the device runs for that op (or an f32 activation); ``act``: f32 or i32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Callable
+from typing import Any
+
+from gguf import GGMLQuantizationType
+
+_GGML_F32, _GGML_I32 = GGMLQuantizationType.F32, GGMLQuantizationType.I32
+
+#: Argument kinds.
+F32, I32, WEIGHT, ACT = "f32", "i32", "weight", "act"
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One tensor argument of an op: its name, kind, and whether it may be None."""
+
+    name: str
+    kind: str
+    optional: bool = False
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OpSpec:
+    """One op of the device contract.
+
+    Attributes:
+        name: the method name (``device.matmul(...)``) and the backend hook's (``_matmul``).
+        args: tensor arguments in call order (the output first).
+        scalars: scalar arguments after the tensors, in call order (defaults are the method's).
+        computes: what it computes, one line (the design doc's table).
+        rule: the shape rule in words, formatted with the scalars (the ShapeError's tail).
+        fits: ``fits(*tensors, **scalars) -> bool``: the shape rule (optional tensors may be
+            None). Only called once devices and types passed.
+        source: where the formula or layout comes from (llama.cpp / ggml).
+        weight: the argument whose GGML type decides support (``matmul``'s ``w``), or None.
+        forward: part of the forward pass (``copy`` is a bench tool, not claimed by default).
+        default: claimed by every device unless it says otherwise; False for the
+            mixture-of-experts ops (:data:`MOE_OPS`), which only the backends implementing them
+            list in their ``DeviceInfo.ops``.
+        limits: dimension names a device may cap for this op (``DeviceInfo.op_limits``), and
+            ``dims(*tensors, **scalars) -> {name: value}`` computing them from a call.
+        example: a valid call: ``{arg: shape}`` for tensors (absent optional ones are None)
+            and ``{scalar: value}``; the contract tests derive their fault cases from it.
+    """
+
+    name: str
+    args: tuple[Arg, ...]
+    scalars: tuple[str, ...]
+    computes: str
+    rule: str
+    fits: Callable[..., bool]
+    source: str
+    weight: str | None = None
+    forward: bool = True
+    default: bool = True
+    limits: tuple[str, ...] = ()
+    dims: Callable[..., dict[str, int]] | None = None
+    example: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds of :attr:`args`, in order."""
+        return tuple(a.kind for a in self.args)
+
+    @functools.cached_property
+    def check(self) -> Callable[..., None]:
+        """``check(device, *tensors, **scalars)``: the op's public argument check, written out
+        from this spec (as ``dataclasses`` writes ``__init__``) so it costs what a hand-written
+        chain of ``is`` tests costs: each tensor lives on ``device`` and has its role's type, the
+        shapes satisfy :attr:`fits`, and the device's ``op_limits`` (if any for this op) allow the
+        call's :attr:`dims`. On a failure it calls ``device._refuse(spec, tensors, scalars)`` or
+        ``device._refuse_limit(spec, name, value, limit)``, which raise."""
+        return _make_check(self)
+
+
+def _make_check(spec: OpSpec) -> Callable[..., None]:
+    names = [a.name for a in spec.args]
+    tests = []
+    for a in spec.args:
+        n = a.name
+        if a.kind == F32:
+            t = f"{n}.device is not dev or {n}.ggml_type is not F32"
+        elif a.kind == I32:
+            t = f"{n}.device is not dev or {n}.ggml_type is not I32"
+        elif a.kind == WEIGHT:
+            t = f"{n}.device is not dev or ({n}.ggml_type is not F32 and not {n}.is_weight)"
+        else:
+            t = f"{n}.device is not dev or ({n}.ggml_type is not F32 and {n}.ggml_type is not I32)"
+        tests.append(f"({n} is not None and ({t}))" if a.optional else f"({t})")
+    params = ", ".join(names + [f"{k}=None" for k in spec.scalars])
+    scal = ", ".join(f"{k}={k}" for k in spec.scalars)
+    src = [f"def check(dev, {params}):",
+           f"    if {' or '.join(tests)} or not fits({', '.join(names)}{', ' + scal if scal else ''}):",
+           f"        dev._refuse(spec, ({', '.join(names)},), {{{', '.join(f'{k!r}: {k}' for k in spec.scalars)}}})"]
+    if spec.limits and spec.dims is not None:
+        src += ["    lim = dev.info.op_limits",
+                f"    if lim and {spec.name!r} in lim:",
+                f"        for name, value in dims({', '.join(names)}{', ' + scal if scal else ''}).items():",
+                f"            cap = lim[{spec.name!r}].get(name)",
+                "            if cap is not None and value > cap:",
+                "                dev._refuse_limit(spec, name, value, cap)"]
+    env: dict[str, Any] = {"F32": _GGML_F32, "I32": _GGML_I32, "fits": spec.fits, "dims": spec.dims, "spec": spec}
+    exec("\n".join(src), env)  # noqa: S102 - source built above from the table, no outside input
+    return env["check"]
+
+
+def _same(*ts: Any, **_: Any) -> bool:
+    return all(t.shape == ts[0].shape for t in ts)
+
+
+def _rope_fits(out: Any, x: Any, pos: Any, freq_factors: Any, *, head_dim: int, n_rot: int, **_: Any) -> bool:
+    xs = x.shape
+    return (len(xs) == 2 and out.shape == xs and pos.shape == xs[:1] and head_dim > 0 and not head_dim % 2
+            and not n_rot % 2 and 0 < n_rot <= head_dim and not xs[1] % head_dim
+            and (freq_factors is None or (len(freq_factors.shape) == 1 and freq_factors.shape[0] >= n_rot // 2)))
+
+
+def _attention_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, *, n_head: int, n_head_kv: int,
+                    window: int, **_: Any) -> bool:
+    qs, ks = q.shape, k.shape
+    return (len(qs) == 2 and out.shape == qs and v.shape == ks and pos.shape == qs[:1] and n_head > 0
+            and n_head_kv > 0 and not n_head % n_head_kv and not qs[1] % n_head
+            and ks[1:] == (n_head_kv * (qs[1] // n_head),) and window >= 0
+            and (kv_start is None or kv_start.shape == qs[:1]))
+
+
+_ONE_SHAPE = "want {names} of one shape"
+
+
+def _route_fits(ids: Any, weights: Any, logits: Any, **_: Any) -> bool:
+    ls, is_ = logits.shape, ids.shape
+    return len(ls) == 2 and len(is_) == 2 and weights.shape == is_ and is_[0] == ls[0] and 0 < is_[1] <= ls[1]
+
+
+def _matmul_id_fits(out: Any, x: Any, w: Any, ids: Any, **_: Any) -> bool:
+    xs, ws, is_ = x.shape, w.shape, ids.shape
+    return (len(ws) == 3 and len(is_) == 2 and len(xs) == 2 and xs[0] == is_[0]
+            and xs[1] in (ws[2], is_[1] * ws[2]) and out.shape == (is_[0], is_[1] * ws[1]))
+
+
+def _add_id_fits(out: Any, x: Any, b: Any, ids: Any, **_: Any) -> bool:
+    bs, is_ = b.shape, ids.shape
+    return len(bs) == 2 and len(is_) == 2 and out.shape == x.shape and x.shape == (is_[0], is_[1] * bs[1])
+
+
+def _combine_fits(out: Any, y: Any, weights: Any, **_: Any) -> bool:
+    os_, ws = out.shape, weights.shape
+    return len(os_) == 2 and len(ws) == 2 and ws[0] == os_[0] and y.shape == (os_[0], ws[1] * os_[1])
+
+
+def _sinks_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, sinks: Any, *, n_head: int, **kw: Any
+                ) -> bool:
+    return _attention_fits(out, q, k, v, pos, kv_start, n_head=n_head, **kw) and sinks.shape == (n_head,)
+
+#: Every op, in the order of the design doc's table.
+TABLE: tuple[OpSpec, ...] = (
+    OpSpec("matmul", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT)), (),
+           "out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T (w any supported type)",
+           "want out [n, n_out], x [n, n_in], w [n_out, n_in]",
+           lambda out, x, w, **_: (len(w.shape) == 2 and x.shape[1:] == w.shape[1:]
+                                   and out.shape == (x.shape[0], w.shape[0])),
+           "ggml_mul_mat", weight="w", limits=("n_in",), dims=lambda out, x, w, **_: {"n_in": w.shape[-1]},
+           example={"out": (3, 5), "x": (3, 32), "w": (5, 32)}),
+    OpSpec("rmsnorm", (Arg("out", F32), Arg("x", F32), Arg("w", F32)), ("eps",),
+           "out = x / sqrt(mean(x^2) + eps) * w over each group of g values of a row (w f32 [g], g dividing "
+           "the row width: g = n_embd normalises rows, g = head_dim each head)",
+           "want out and x [n, width], w [g] with g dividing width",
+           lambda out, x, w, **_: (out.shape == x.shape and len(x.shape) == 2 and len(w.shape) == 1
+                                   and w.shape[0] > 0 and not x.shape[1] % w.shape[0]),
+           "ggml_rms_norm + ggml_mul (llama.cpp src/llama-graph.cpp build_norm)", limits=("width",),
+           dims=lambda out, x, w, **_: {"width": x.shape[-1]},
+           example={"out": (2, 8), "x": (2, 8), "w": (8,), "eps": 1e-5}),
+    OpSpec("rope", (Arg("out", F32), Arg("x", F32), Arg("pos", I32), Arg("freq_factors", F32, True)),
+           ("head_dim", "n_rot", "freq_base", "freq_scale", "mode", "ext_factor", "attn_factor", "beta_fast",
+            "beta_slow", "n_ctx_orig"),
+           "rotate pairs of each head of x f32 [n, n_head*head_dim] by pos (mode 0 adjacent pairs, 2 NeoX "
+           "halves; optional frequency factors and YaRN)",
+           "want out and x [n, n_head * head_dim], pos [n], freq_factors [>= n_rot / 2] if given, with "
+           "head_dim {head_dim} and n_rot {n_rot} even and 0 < n_rot <= head_dim",
+           _rope_fits, "ggml_rope_ext (ggml-cpu/ops.cpp rope_yarn)", limits=("head_dim",),
+           dims=lambda *t, head_dim, **_: {"head_dim": head_dim},
+           example={"out": (2, 8), "x": (2, 8), "pos": (2,), "freq_factors": None, "head_dim": 8, "n_rot": 8,
+                    "freq_base": 1e4, "freq_scale": 1.0, "mode": 0}),
+    OpSpec("kv_store", (Arg("cache", F32), Arg("x", F32), Arg("pos", I32)), (),
+           "cache[pos[i], :] = x[i, :] (cache f32 [n_cells, n_head_kv*head_dim])",
+           "want cache [n_ctx, n_kv_dim], x [n, n_kv_dim], pos [n]",
+           lambda c, x, pos, **_: len(x.shape) == 2 and c.shape[1:] == x.shape[1:] and pos.shape == x.shape[:1],
+           "ggml_set_rows into the KV cache (llama.cpp src/llama-kv-cache.cpp cpy_k / cpy_v)",
+           example={"cache": (16, 8), "x": (2, 8), "pos": (2,)}),
+    OpSpec("attention", (Arg("out", F32), Arg("q", F32), Arg("k_cache", F32), Arg("v_cache", F32),
+                         Arg("pos", I32), Arg("kv_start", I32, True)),
+           ("n_head", "n_head_kv", "scale", "window"),
+           "causal softmax(q k^T * scale) v over cache rows kv_start[i]..pos[i], GQA (window > 0: rows "
+           "pos[i]-window < j <= pos[i] only)",
+           "want out and q [n, n_head * head_dim], k_cache and v_cache [n_ctx, n_head_kv * head_dim], pos [n], "
+           "kv_start [n] if given, with n_head {n_head} a multiple of n_head_kv {n_head_kv} and window {window} >= 0",
+           _attention_fits, "llama.cpp src/llama-graph.cpp build_attn_mha; SWA mask llama_hparams::is_masked_swa",
+           limits=("head_dim",), dims=lambda out, q, *t, n_head, **_: {"head_dim": q.shape[-1] // max(1, n_head)},
+           example={"out": (2, 8), "q": (2, 8), "k_cache": (16, 4), "v_cache": (16, 4), "pos": (2,),
+                    "kv_start": None, "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0}),
+    OpSpec("silu_mul", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), (),
+           "out = silu(gate) * up (SwiGLU)", _ONE_SHAPE.format(names="out, gate and up"), _same,
+           "ggml_swiglu_split", example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
+    OpSpec("add", (Arg("out", F32), Arg("a", F32), Arg("b", F32)), (),
+           "out = a + b", _ONE_SHAPE.format(names="out, a and b"), _same, "ggml_add",
+           example={"out": (2, 3), "a": (2, 3), "b": (2, 3)}),
+    OpSpec("get_rows", (Arg("out", F32), Arg("table", WEIGHT), Arg("ids", I32)), (),
+           "out[i] = dequantize(table[ids[i]]) (table any supported type)",
+           "want out [k, n], table [n_rows, n], ids [k]",
+           lambda out, table, ids, **_: len(table.shape) == 2 and len(ids.shape) == 1
+           and out.shape == (ids.shape[0], table.shape[1]),
+           "ggml_get_rows", weight="table", example={"out": (3, 32), "table": (5, 32), "ids": (3,)}),
+    OpSpec("add_bias", (Arg("out", F32), Arg("x", F32), Arg("b", F32)), (),
+           "out[i, :] = x[i, :] + b (b f32 [n]: a bias row broadcast over rows)",
+           "want out and x [n, m], b [m]",
+           lambda out, x, b, **_: out.shape == x.shape and len(x.shape) == 2 and b.shape == x.shape[1:],
+           "ggml_add of a [m] bias (llama.cpp build_qkv / build_ffn biases)",
+           example={"out": (2, 8), "x": (2, 8), "b": (8,)}),
+    OpSpec("gelu_mul", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), (),
+           "out = gelu_tanh(gate) * up (GeGLU)", _ONE_SHAPE.format(names="out, gate and up"), _same,
+           "ggml_geglu_split (ggml_gelu_f32, ggml-cpu/vec.h)", example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
+    # -- mixture of experts (backends/moe_ops.py): claimed only where implemented ------------
+    OpSpec("moe_route", (Arg("ids", I32), Arg("weights", F32), Arg("logits", F32)), ("gating", "norm", "scale"),
+           "ids i32 [n, k], weights f32 [n, k] = the top-k experts of each row of logits f32 [n, n_expert] "
+           "by the gating function (softmax / softmax over the selected k / sigmoid), their weights "
+           "(renormalised when norm, times scale)",
+           "want ids and weights [n, k], logits [n, n_expert] with 0 < k <= n_expert", _route_fits,
+           "llama.cpp src/llama-graph.cpp build_moe_ffn (ggml_argsort_top_k, get_rows of the probs)",
+           default=False, example={"ids": (3, 2), "weights": (3, 2), "logits": (3, 5), "gating": "softmax"}),
+    OpSpec("matmul_id", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT), Arg("ids", I32)), (),
+           "out[i, slot j] = x[i] (or its slot j) @ w[ids[i, j]]^T; out f32 [n, k * n_out], "
+           "w [n_expert, n_out, n_in]",
+           "want out [n, k * n_out], x [n, n_in] or [n, k * n_in], w [n_expert, n_out, n_in], ids [n, k]",
+           _matmul_id_fits, "ggml_mul_mat_id", weight="w", default=False,
+           example={"out": (3, 10), "x": (3, 32), "w": (4, 5, 32), "ids": (3, 2)}),
+    OpSpec("add_id", (Arg("out", F32), Arg("x", F32), Arg("b", F32), Arg("ids", I32)), (),
+           "out[i, slot j] = x[i, slot j] + b[ids[i, j]] (per-expert bias, b f32 [n_expert, m])",
+           "want out and x [n, k * m], b [n_expert, m], ids [n, k]", _add_id_fits, "ggml_add_id", default=False,
+           example={"out": (3, 8), "x": (3, 8), "b": (4, 4), "ids": (3, 2)}),
+    OpSpec("moe_combine", (Arg("out", F32), Arg("y", F32), Arg("weights", F32)), (),
+           "out[i] = sum_j weights[i, j] * y[i, slot j] in slot order (y f32 [n, k * m])",
+           "want out [n, m], y [n, k * m], weights [n, k]", _combine_fits,
+           "llama.cpp build_moe_ffn (ggml_mul by the weights, views added in order)", default=False,
+           example={"out": (3, 4), "y": (3, 8), "weights": (3, 2)}),
+    OpSpec("swiglu_oai", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), ("alpha", "limit"),
+           "out = g * sigmoid(alpha g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit) (gpt-oss)",
+           _ONE_SHAPE.format(names="out, gate and up"), _same, "ggml_swiglu_oai (ggml-cpu/ops.cpp)", default=False,
+           example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
+    OpSpec("attention_sinks", (Arg("out", F32), Arg("q", F32), Arg("k_cache", F32), Arg("v_cache", F32),
+                               Arg("pos", I32), Arg("kv_start", I32, True), Arg("sinks", F32)),
+           ("n_head", "n_head_kv", "scale", "window"),
+           "attention with one extra logit per head (sinks f32 [n_head]) in each softmax denominator (gpt-oss)",
+           "want out and q [n, n_head * head_dim], k_cache and v_cache [n_ctx, n_head_kv * head_dim], pos [n], "
+           "kv_start [n] if given, sinks [n_head], with n_head {n_head} a multiple of n_head_kv {n_head_kv} and "
+           "window {window} >= 0", _sinks_fits, "llama.cpp build_attn_mha with ggml_soft_max_add_sinks",
+           default=False, limits=("head_dim",),
+           dims=lambda out, q, *t, n_head, **_: {"head_dim": q.shape[-1] // max(1, n_head)},
+           example={"out": (2, 8), "q": (2, 8), "k_cache": (16, 4), "v_cache": (16, 4), "pos": (2,),
+                    "kv_start": None, "sinks": (2,), "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0}),
+    OpSpec("copy", (Arg("out", ACT), Arg("x", ACT)), (),
+           "out = x (F32 or I32; `cooktop bench --ops` measures bandwidth with it; not in the forward pass)",
+           _ONE_SHAPE.format(names="out and x"), _same, "ggml_cpy", forward=False,
+           example={"out": (2, 3), "x": (2, 3)}),
+)
+
+#: Op specs by name.
+SPECS: dict[str, OpSpec] = {s.name: s for s in TABLE}
+
+#: Op names of the forward pass, in table order: what a device claims unless it says otherwise.
+OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.default)
+
+#: The mixture-of-experts ops: claimed only by the backends that implement them (after :data:`OPS`).
+MOE_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and not s.default)
+
+#: Ops whose weight (or table) type matters to ``DeviceInfo.supports``.
+TYPED_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.weight is not None)
+
+
+def markdown() -> str:
+    """The op table as the design doc shows it (``docs/DESIGN.md``; a test keeps them equal)."""
+    rows = ["| op | arguments | computes | shape rule | source |", "|---|---|---|---|---|"]
+    for s in TABLE:
+        args = ", ".join(f"{a.name}{'?' if a.optional else ''}: {a.kind}" for a in s.args)
+        if s.scalars:
+            args += "; " + ", ".join(s.scalars)
+        rule = re.sub(r" \{\w+\}", "", s.rule)
+        rows.append(f"| `{s.name}` | {args} | {s.computes} | {rule} | {s.source} |")
+    return "\n".join(rows)

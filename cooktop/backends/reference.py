@@ -1,0 +1,42 @@
+"""numpy references shared by the device backends' 8-bit activation paths and their tests.
+
+The OpenCL and Vulkan backends quantize a matmul's float32 input to llama.cpp's ``block_q8_1``
+(ggml-common.h) the same way (``Device.quantizes_activations`` says when); this is that rounding
+in numpy, so the integer-dot matmuls can be checked exactly against it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def quantize_q8_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """numpy reference of the devices' activation quantization (OpenCL ``store_q8``, Vulkan ``quantize_q8_1``).
+
+    Args:
+        x: float32 [..., n] with ``n % 32 == 0``.
+    Returns:
+        (q int8 [..., n], d float32 [..., n / 32], s float32 [..., n / 32]) with
+        ``d = max|x| / 127`` per 32 values, ``q = rint(x * (127 / max|x|))`` (0 where the block
+        is all zeros) and ``s = d * sum(q)`` (llama.cpp's block_q8_1, ggml-common.h).
+    Raises:
+        ValueError: ``n`` is not a multiple of 32.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[-1] % 32:
+        raise ValueError(f"quantize_q8_ref: row length {x.shape[-1]} is not a multiple of 32")
+    b = x.reshape(x.shape[:-1] + (-1, 32))
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint(b * inv).astype(np.int8)
+    d = (amax / np.float32(127.0)).astype(np.float32)[..., 0]
+    s = (d * q.astype(np.int32).sum(axis=-1)).astype(np.float32)
+    return q.reshape(x.shape), d, s
+
+
+def dequantize_q8_ref(x: np.ndarray) -> np.ndarray:
+    """``x`` after the 8-bit round trip of :func:`quantize_q8_ref`, float64 (what the
+    integer-dot matmuls multiply the weights with)."""
+    q, d, _ = quantize_q8_ref(x)
+    return (q.reshape(q.shape[:-1] + (-1, 32)).astype(np.float64) * d[..., None]).reshape(q.shape)
