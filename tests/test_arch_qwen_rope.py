@@ -206,7 +206,8 @@ def test_plan_keeps_qwen2_blocks_on_the_host_without_add_bias(tmp_path):
     path = tmp_path / "q.gguf"
     synth.write(path, dataclasses.replace(TINY, arch="qwen2"), "Q8_0")
     gf = open_gguf(path)
-    p = plan(gf, load_config(gf), ["fake:0"], -1, None, lambda sel, op, ty: op != "add_bias")
+    p = plan(gf, load_config(gf), ["fake:0"], -1, None,
+             lambda sel, op, ty, **dims: "fake:0 cannot run add_bias" if op == "add_bias" else "")
     assert p.blocks == ["cpu", "cpu"] and p.head == "cpu"
     assert p.notes[:2] == [f"block {i} stays on cpu: fake:0 cannot run add_bias" for i in range(2)]
 
