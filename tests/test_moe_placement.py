@@ -108,14 +108,18 @@ def _logits(path, **kw):
 
 @pytest.mark.parametrize("family", ["opencl", "vulkan"])
 def test_halves_on_two_devices_give_the_same_logits(moe_file, family):
-    sel = open_family_device(family).info.selector
+    info = open_family_device(family).info
+    sel, moe = info.selector, "matmul_id" in info.ops  # OpenCL runs the MoE ops, Vulkan not yet
     ref, _ = _logits(moe_file, device="cpu")
-    got, p = _logits(moe_file, device=sel, n_gpu_layers=-1)  # attention on the device, experts on numpy
+    got, p = _logits(moe_file, device=sel, n_gpu_layers=-1)
+    assert p.blocks == [sel, sel] and p.experts == (None if moe else ["cpu", "cpu"])
+    assert nmse(got, ref) < 1e-6
+    got, p = _logits(moe_file, device=sel, n_gpu_layers=-1, cpu_moe=True)  # attention there, experts here
     assert p.blocks == [sel, sel] and p.experts == ["cpu", "cpu"]
     assert nmse(got, ref) < 1e-6
     got, p = _logits(moe_file, device=sel, n_gpu_layers=-1, n_cpu_moe=1,
                      override_tensor=[r"blk\.1\.attn_.*=CPU"])
-    assert p.blocks == [sel, "cpu"] and p.experts == ["cpu", "cpu"]
+    assert p.blocks == [sel, "cpu"] and p.experts == ["cpu", sel if moe else "cpu"]
     assert nmse(got, ref) < 1e-6
 
 

@@ -53,6 +53,10 @@ from . import INSTALL_HINT
 from .programs import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, Q8_TYPES, KernelCache, clear_cache
 from .q8 import Q8Shadows
 
+#: The mixture-of-experts ops with kernels here (attention with sinks runs on numpy).
+OPENCL_MOE_OPS = ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai")
+_GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}
+
 log = logging.getLogger(__name__)
 
 
@@ -146,7 +150,7 @@ def device_info(cl: Any, platform: Any, dev: Any, index: int, p_index: int, d_in
         compute_units=_safe(lambda: int(dev.max_compute_units)),
         max_workgroup_size=_safe(lambda: int(dev.max_work_group_size)),
         subgroup_size=sg, fp16="cl_khr_fp16" in ext, int8=any(e in ext for e in _INT8_EXTENSIONS),
-        types=tuple(type_name(t) for t in OPENCL_TYPES), ops=OPS,
+        types=tuple(type_name(t) for t in OPENCL_TYPES), ops=OPS + OPENCL_MOE_OPS,
         extra={"platform_index": p_index, "device_index": d_index, "subgroup_size_source": sg_src,
                "opencl_c_version": _safe(lambda: dev.opencl_c_version.strip(), ""),
                "local_mem_bytes": _safe(lambda: int(dev.local_mem_size))})
@@ -447,6 +451,41 @@ class OpenCLDevice(Device):
         else:
             ls = self.shape.at_ls
             knl(self.queue, (ls, n_head, n_tok), (ls, 1, 1), *args)
+
+    # -- mixture of experts (kernels in matmul.cl mul_mv_id and elementwise.cl) ---------
+    def _moe_route(self, ids, weights, logits, gating, norm, scale):
+        n, n_expert = logits.shape
+        self.q8.dirty(weights.handle)
+        self.kernels.ops().moe_route(self.queue, (n,), None, ids.handle, weights.handle, logits.handle, n_expert,
+                                     ids.shape[1], _GATING[gating], int(norm), scale, n)
+
+    def _matmul_id(self, out, x, w, ids):
+        n, k = ids.shape
+        n_exp, n_out, n_in = w.shape
+        self.q8.dirty(out.handle)
+        kern = self.kernels.weights(w.ggml_type, False)  # expert tensors are never repacked (3-D)
+        kern.mul_mv_id(self.queue, (n_out, n * k), None, w.handle, x.handle, ids.handle, out.handle, n_in, n_out, k,
+                       int(x.shape[1] != n_in), n_exp)
+
+    def _add_id(self, out, x, b, ids):
+        n, k = ids.shape
+        n_exp, m = b.shape
+        self.q8.dirty(out.handle)
+        self.kernels.ops().add_id(self.queue, (k * m, n), None, out.handle, x.handle, b.handle, ids.handle, k, m,
+                                  n_exp)
+
+    def _moe_combine(self, out, y, weights):
+        n, m = out.shape
+        self.q8.dirty(out.handle)
+        self.kernels.ops().moe_combine(self.queue, (m, n), None, out.handle, y.handle, weights.handle,
+                                       weights.shape[1], m)
+
+    def _swiglu_oai(self, out, gate, up, alpha, limit):
+        n = math.prod(out.shape)
+        ls = self.shape.ew_ls
+        self.q8.dirty(out.handle)
+        self.kernels.ops().swiglu_oai(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, gate.handle, up.handle, n,
+                                      alpha, limit)
 
     def _elementwise(self, knl, out, a, b):
         n = math.prod(out.shape)

@@ -42,7 +42,8 @@ from ...errors import DeviceError
 log = logging.getLogger(__name__)
 
 #: Weight types with device kernels (matmul, get_rows), in base.DEVICE_WEIGHT_TYPES order.
-OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
+OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K,
+                                T.MXFP4)
 
 #: Weight types with an integer-dot mat-vec kernel on 8-bit activations (dotq8.cl: mul_mv_q8).
 Q8_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -250,7 +251,7 @@ class WeightKernels:
     """The kernels of one weight type on one device: ``mul_mv``, ``mul_mm``, ``get_rows``, and
     ``mul_mv_q8`` (8-bit activations, integer dot products; None for types without one)."""
 
-    __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8")
+    __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mv_id")
 
     def __init__(self, prg: Any):
         import pyopencl as cl
@@ -263,6 +264,8 @@ class WeightKernels:
         self.mul_mv.set_scalar_arg_dtypes([None, None, None, i32, i32])
         self.mul_mm.set_scalar_arg_dtypes([None, None, None, i32, i32, i32])
         self.get_rows.set_scalar_arg_dtypes([None, None, None, i32, i32, i32])
+        self.mul_mv_id = prg.mul_mv_id
+        self.mul_mv_id.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32, i32, i32])
         self.mul_mv_q8 = prg.mul_mv_q8 if "mul_mv_q8" in names else None
         self.repack = prg.repack if "repack" in names else None
         self.mul_mm_q8 = prg.mul_mm_q8 if "mul_mm_q8" in names else None
@@ -278,7 +281,7 @@ class OpKernels:
     """Kernels of the float ops (rmsnorm, rope, add, add_bias, silu_mul, gelu_mul, kv_store) on one device."""
 
     __slots__ = ("rmsnorm", "rope", "add", "add_bias", "silu_mul", "kv_store", "gelu_mul", "quantize_q8",
-                 "rmsnorm_q8", "silu_mul_q8", "copy_f32")
+                 "rmsnorm_q8", "silu_mul_q8", "copy_f32", "moe_route", "add_id", "moe_combine", "swiglu_oai")
 
     def __init__(self, prg: Any):
         i32, f32 = np.int32, np.float32
@@ -305,6 +308,14 @@ class OpKernels:
         self.silu_mul_q8.set_scalar_arg_dtypes([None, None, None, i32, None, None])
         self.copy_f32 = prg.copy_f32
         self.copy_f32.set_scalar_arg_dtypes([None, None, i32])
+        self.moe_route = prg.moe_route
+        self.moe_route.set_scalar_arg_dtypes([None, None, None, i32, i32, i32, i32, f32, i32])
+        self.add_id = prg.add_id
+        self.add_id.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32])
+        self.moe_combine = prg.moe_combine
+        self.moe_combine.set_scalar_arg_dtypes([None, None, None, i32, i32])
+        self.swiglu_oai = prg.swiglu_oai
+        self.swiglu_oai.set_scalar_arg_dtypes([None, None, None, i32, f32, f32])
 
 
 def check_build_options(ctx: Any, device: Any, options: str, extra: str) -> None:

@@ -422,3 +422,26 @@ __kernel void get_rows(const global uchar *w, const global int *ids, global floa
     }
 #endif
 }
+
+// ggml_mul_mat_id, one output value per work-item: slot j of row i is row rs = i * k + j of
+// y f32 [n_rows * k, n_out] = x_rs @ W[ids[rs]]^T, W [n_expert, n_out, n_in] (expert e's rows follow
+// each other), x f32 [n_rows, n_in] (per_slot 0: one input per row, its k slots share it) or
+// [n_rows * k, n_in]; ids i32 [n_rows * k] clamped to [0, n_expert). global (n_out, n_rows * k).
+// Only the selected experts' rows are read; rows are not grouped by expert (one mat-vec per slot).
+__kernel void mul_mv_id(const global uchar *w, const global float *x, const global int *ids, global float *y,
+                        const int n_in, const int n_out, const int k, const int per_slot, const int n_expert) {
+    const int o = get_global_id(0);
+    const int rs = get_global_id(1);
+    if (o >= n_out) return;
+    const int e = clamp(ids[rs], 0, n_expert - 1);
+    const global uchar *wr = w + ((size_t)e * n_out + o) * ROW_BYTES(n_in);
+    const global float *xr = x + (size_t)(per_slot ? rs : rs / k) * n_in;
+    const int nb = n_in / QKV;
+    float16 acc = (float16)(0.0f);
+    float tail = 0.0f;
+    for (int ib = 0; ib < nb; ib++) acc = dot_block(wr, ib, xr, acc);
+#ifdef W_FLOAT
+    for (int i = nb * QKV; i < n_in; i++) tail += deq_elem(wr, i) * xr[i];
+#endif
+    y[(size_t)rs * n_out + o] = hsum16(acc) + tail;
+}
