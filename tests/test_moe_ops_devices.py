@@ -1,8 +1,9 @@
-"""The mixture-of-experts ops on OpenCL against the numpy reference at odd shapes: ``matmul_id``
-for every weight type OpenCL runs (MXFP4 included; broadcast and per-slot inputs; experts that
-receive zero rows), routing for every gating function, ``add_id``, ``moe_combine``,
-``swiglu_oai``; MXFP4 ``matmul`` / ``get_rows``; and a qwen3moe model entirely on OpenCL with the
-logits of numpy. Vulkan has no MoE kernels yet (its devices do not claim the ops)."""
+"""The mixture-of-experts ops on OpenCL and Vulkan against the numpy reference at odd shapes:
+``matmul_id`` for every weight type the device runs (MXFP4 on OpenCL; broadcast and per-slot
+inputs; experts that receive zero rows), routing for every gating function, ``add_id``,
+``moe_combine``, ``swiglu_oai``; MXFP4 ``matmul`` / ``get_rows`` on OpenCL; and a qwen3moe model
+entirely on each device with the logits of numpy. Vulkan runs these under the validation layer
+too: ``python tests/vulkan_validation.py -q -k test_moe_ops_devices``."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from test_arch_moe import PROMPT, SHAPES
 from cooktop import Llama
 from cooktop.backends.base import nmse
 from cooktop.backends.cpu.device import CpuDevice, cpu_info
+from cooktop.errors import UnsupportedOpError
 from cooktop.format.quants import random_weight
 from cooktop.tools import synth
 
 
-@pytest.fixture(scope="module")
-def ocl():
-    return open_family_device("opencl")
+@pytest.fixture(scope="module", params=["opencl", "vulkan"])
+def ocl(request):
+    """A device of each family with MoE kernels (the name is historical: OpenCL came first)."""
+    return open_family_device(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +54,10 @@ def test_matmul_id(ocl, ref, ty, per_slot):
     E, n_out, k, n = 7, 37, 3, 5
     n_in = 256 if ty.name.endswith("_K") else (70 if ty in (T.F32, T.F16) else 96)  # F32/F16: a partial unit
     raw = np.concatenate([random_weight(ty, (n_out, n_in), rng) for _ in range(E)])
+    if ty.name not in ocl.info.types:  # Vulkan without MXFP4: refused at upload, placement keeps it on numpy
+        with pytest.raises(UnsupportedOpError, match=f"cannot run matmul on {ty.name}"):
+            ocl.upload(raw, ty, (E, n_out, n_in))
+        return
     ids = np.stack([rng.choice([0, 2, 3, 6], k, replace=False) for _ in range(n)]).astype(np.int32)  # 1, 4, 5 unused
     x = rng.standard_normal((n, k * n_in if per_slot else n_in)).astype(np.float32)
 
@@ -112,6 +119,10 @@ def test_add_id_combine_swiglu_oai(ocl, ref):
 def test_mxfp4_matmul_and_get_rows(ocl, ref):
     rng = np.random.default_rng(9)
     raw = random_weight(T.MXFP4, (45, 96), rng)
+    if "MXFP4" not in ocl.info.types:  # Vulkan: no MXFP4 shaders yet
+        with pytest.raises(UnsupportedOpError, match="cannot run matmul on MXFP4"):
+            ocl.upload(raw, T.MXFP4, (45, 96))
+        return
     x = rng.standard_normal((3, 96)).astype(np.float32)
     for n_tok in (1, 3):
         def mm(d, n_tok=n_tok):
@@ -147,5 +158,5 @@ def test_qwen3moe_all_on_opencl(ocl, tmp_path, ft):
                 assert pl.blocks == [dev, dev] and pl.experts is None and pl.head == dev, pl.notes
         finally:
             llm.close()
-    # F32: the same float products; Q8_0: OpenCL's attention matmuls use 8-bit activations (llama.cpp's way)
+    # F32: the same float products; Q8_0: the devices' dense matmuls use 8-bit activations (llama.cpp's way)
     assert nmse(out[ocl.info.selector], out["cpu"]) < (1e-9 if ft == "F32" else 3e-3)

@@ -57,8 +57,9 @@ FLAGS = ["-fshader-stage=compute", "--target-env=vulkan1.1", "-O"]
 
 #: Weight types with shader variants, and the op families that take a weight type.
 TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
-TYPED = ["mul_mat_vec", "mul_mm", "get_rows"]
-PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "quantize_q8_1", "copy"]
+TYPED = ["mul_mat_vec", "mul_mm", "get_rows", "mul_mat_id"]
+PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "quantize_q8_1", "copy",
+         "moe_route", "add_id", "moe_combine", "swiglu_oai"]
 #: Weight types with an integer-dot mat-vec on 8-bit activations, and with 16-bit-storage loads.
 INT_DOT_TYPES = ["Q4_0", "Q8_0"]
 PACKED16_TYPES = ["Q4_0", "Q8_0"]
@@ -77,7 +78,7 @@ def default_variants() -> list[dict]:
     out = typed("mul_mat_vec")
     out += typed("mul_mat_vec", "mul_mat_vec_q8.comp", INT_DOT_TYPES, "_q8")  # 8-bit activations, OpSDot
     out += typed("mul_mat_vec", None, PACKED16_TYPES, "_p16", PACKED16="1")  # 16-bit storage loads
-    out += typed("mul_mm") + typed("get_rows")
+    out += typed("mul_mm") + typed("get_rows") + typed("mul_mat_id")
     out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in PLAIN]
     out.append({"name": "fill", "source": "copy.comp", "defines": {"FILL": "1"}})
     return out

@@ -498,6 +498,9 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd:
 OP_LIMITS: dict[str, dict[str, int]] = {"attention": {"head_dim": 256}}
 
 
+#: The mixture-of-experts ops with shaders here (attention with sinks runs on numpy).
+VULKAN_MOE_OPS = ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai")
+
 def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     """DeviceInfo of one Vulkan device. ``compute_units`` is unknown (Vulkan does not report it).
 
@@ -505,7 +508,7 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     (mul_mat_vec reduces with subgroupAdd), so placement keeps layers off the device.
     """
     mem = f.memory_bytes or None
-    ops = OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")
+    ops = (OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")) + VULKAN_MOE_OPS
     return DeviceInfo(
         backend="vulkan", index=f.index, name=f.name, vendor=f.vendor, device_type=f.device_type,
         platform=f"Vulkan {f.api_version}",
@@ -532,5 +535,5 @@ def kp_props_to_info(index: int, props: dict) -> DeviceInfo:
     return DeviceInfo(
         backend="vulkan", index=index, name=str(props.get("device_name", f"vulkan device {index}")),
         device_type="gpu", max_workgroup_size=props.get("max_work_group_invocations"),
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS, op_limits=OP_LIMITS,
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS + VULKAN_MOE_OPS, op_limits=OP_LIMITS,
         extra={"info_source": "kp"})
