@@ -160,3 +160,26 @@ def test_qwen3moe_all_on_opencl(ocl, tmp_path, ft):
             llm.close()
     # F32: the same float products; Q8_0: the devices' dense matmuls use 8-bit activations (llama.cpp's way)
     assert nmse(out[ocl.info.selector], out["cpu"]) < (1e-9 if ft == "F32" else 3e-3)
+
+
+@pytest.mark.parametrize("ft", ["F32", "MXFP4_MOE"])
+def test_gpt_oss_experts_on_the_device(ocl, tmp_path, ft):
+    """gpt-oss's attention (sinks) has no device kernel: its attention halves stay on numpy, the
+    experts and the head go to the device where it runs their types (OpenCL runs MXFP4, Vulkan not)."""
+    p = tmp_path / f"oss-{ft}.gguf"
+    synth.write(p, SHAPES["gpt-oss"], ft, seed=3)
+    out = {}
+    for dev in ("cpu", ocl.info.selector):
+        llm = Llama(model_path=str(p), n_ctx=64, n_batch=7, logits_all=True, verbose=False, device=dev,
+                    n_gpu_layers=-1)
+        try:
+            llm.eval(PROMPT)
+            out[dev] = np.array(llm.scores[:len(PROMPT)])
+            pl = llm._engine.placement
+        finally:
+            llm.close()
+    sel = ocl.info.selector
+    assert pl.blocks == ["cpu"] * 3 and pl.head == sel
+    on_device = ft == "F32" or "MXFP4" in ocl.info.types
+    assert pl.experts == ([sel] * 3 if on_device else None), pl.notes
+    assert nmse(out[sel], out["cpu"]) < (1e-9 if ft == "F32" else 3e-3)

@@ -19,7 +19,8 @@ halves of blocks ``0 .. N-1`` on the host; ``-ot`` patterns (Python regexes sear
 tensor's GGUF name, the first matching pattern wins, as llama.cpp) move the half of a block
 holding a matched tensor (or, for the head and for blocks without halves, the whole unit) to
 the named device. A block whose device cannot run its feed-forward half but can run its attention
-(a device without MoE kernels) keeps the feed-forward half on the host by itself.
+(a device without MoE kernels) keeps the feed-forward half on the host by itself, and one whose
+device runs the experts but not the attention (gpt-oss's sinks) keeps the attention there.
 """
 
 from __future__ import annotations
@@ -306,8 +307,14 @@ def _plan_blocks(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_lay
     for i, sel in enumerate(blocks):
         if sel != HOST:
             why = why_not_on(gf, cfg, i, sel, supports)
-            if why and arch.block_attn is not None and not why_not_on(gf, cfg, i, sel, supports, "attn"):
-                continue  # the attention half runs there; _place_halves keeps the rest on the host
+            if why and arch.block_attn is not None:
+                why_attn = why_not_on(gf, cfg, i, sel, supports, "attn")
+                if not why_attn:
+                    continue  # the attention half runs there; _place_halves keeps the rest on the host
+                if not why_not_on(gf, cfg, i, sel, supports, "ffn") and by_ngl[i] == sel:
+                    notes.append(f"block {i}: attention stays on cpu: {why_attn}")  # the experts run there
+                    blocks[i] = HOST
+                    continue
             if why:
                 notes.append(f"block {i} stays on cpu: {why}")
                 blocks[i] = HOST
