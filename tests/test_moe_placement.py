@@ -128,3 +128,26 @@ def test_cpu_placements_through_the_api(moe_file):
     got, p = _logits(moe_file, device="cpu", cpu_moe=True)
     assert p.experts is None  # all on the host already
     np.testing.assert_array_equal(got, ref)
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "cooktop.cli", *args], capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_plan_and_bench_take_the_flags(moe_file):
+    """``cooktop plan`` lists the experts' devices; ``bench`` takes -cmoe / -ncmoe / -ot like run, chat, serve."""
+    import json
+    rep = json.loads(_cli("plan", "-m", str(moe_file), "--device", "cpu", "-ot", "blk\\.1\\.ffn_up_exps=CPU",
+                          "--json"))
+    assert rep["experts"] == ["cpu", "cpu"] and rep["blocks"] == ["cpu", "cpu"]
+    text = _cli("plan", "-m", str(moe_file), "--device", "cpu", "-ncmoe", "1")
+    assert "offloaded 0/3 layers: all on cpu" in text
+    recs = json.loads(_cli("bench", "-m", str(moe_file), "--device", "cpu", "-p", "4", "-n", "2", "-r", "1",
+                           "-cmoe", "-o", "json"))
+    recs = recs if isinstance(recs, list) else recs["results"]
+    assert {r["test"] for r in recs} == {"pp4", "tg2"} and all(r["avg_ts"] > 0 for r in recs)
