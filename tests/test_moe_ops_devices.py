@@ -1,7 +1,7 @@
 """The mixture-of-experts ops on OpenCL and Vulkan against the numpy reference at odd shapes:
-``matmul_id`` for every weight type the device runs (MXFP4 on OpenCL; broadcast and per-slot
+``matmul_id`` for every weight type the device runs (MXFP4 included; broadcast and per-slot
 inputs; experts that receive zero rows), routing for every gating function, ``add_id``,
-``moe_combine``, ``swiglu_oai``; MXFP4 ``matmul`` / ``get_rows`` on OpenCL; and a qwen3moe model
+``moe_combine``, ``swiglu_oai``; MXFP4 ``matmul`` / ``get_rows``; and a qwen3moe model
 entirely on each device with the logits of numpy. Vulkan runs these under the validation layer
 too: ``python tests/vulkan_validation.py -q -k test_moe_ops_devices``."""
 

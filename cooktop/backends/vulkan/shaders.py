@@ -30,7 +30,7 @@ SHADER_DIR = HERE / "spv"
 GLSL_DIR = HERE / "glsl"
 
 #: GGML weight types with shader variants (matmul and get_rows).
-VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES
+VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES + (T.MXFP4,)
 
 #: Shader variant names per weight type, e.g. VARIANTS["mul_mat_vec"][T.Q4_0] == "mul_mat_vec_q4_0".
 VARIANTS: dict[str, dict[T, str]] = {op: {t: f"{op}_{t.name.lower()}" for t in VULKAN_TYPES}
