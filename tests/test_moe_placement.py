@@ -151,3 +151,17 @@ def test_plan_and_bench_take_the_flags(moe_file):
                            "-cmoe", "-o", "json"))
     recs = recs if isinstance(recs, list) else recs["results"]
     assert {r["test"] for r in recs} == {"pp4", "tg2"} and all(r["avg_ts"] > 0 for r in recs)
+
+
+def test_device_without_sinks_takes_the_experts(tmp_path):
+    """gpt-oss on a device that runs the MoE ops but not attention with sinks: the attention halves
+    stay on the host, the experts and the head go to the device."""
+    p = tmp_path / "oss.gguf"
+    synth.write(p, SHAPES["gpt-oss"], "F32", seed=5)
+
+    def no_sinks(sel, op, ty, **dims):
+        return f"{sel} cannot run {op}" if sel != "cpu" and op == "attention_sinks" else ""
+
+    pl = _plan(p, None, no_sinks)
+    assert pl.blocks == ["cpu"] * 3 and pl.experts == ["fake:0"] * 3 and pl.head == "fake:0"
+    assert pl.notes[0] == "block 0: attention stays on cpu: fake:0 cannot run attention_sinks"

@@ -53,8 +53,8 @@ from . import INSTALL_HINT
 from .programs import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, Q8_TYPES, KernelCache, clear_cache
 from .q8 import Q8Shadows
 
-#: The mixture-of-experts ops with kernels here (attention with sinks runs on numpy).
-OPENCL_MOE_OPS = ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai")
+#: The mixture-of-experts ops with kernels here.
+OPENCL_MOE_OPS = ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai", "attention_sinks")
 _GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}
 
 log = logging.getLogger(__name__)
@@ -434,17 +434,23 @@ class OpenCLDevice(Device):
         self.kernels.ops().kv_store(self.queue, (_ceil_to(dim, 16), n_tok), (16, 1),
                                     cache.handle, x.handle, pos.handle, dim, cache.shape[0])
 
-    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
+    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
+        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
+
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None,
+                   sinks=None):
         n_tok, width = q.shape
         head_dim = width // n_head
         start, has_start = (kv_start.handle, 1) if kv_start is not None else (pos.handle, 0)
         args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, start, has_start,
-                n_head, n_head_kv, scale, window)
+                n_head, n_head_kv, scale, window) + ((sinks.handle,) if sinks is not None else ())
+        has_sinks = sinks is not None
         if self.shape.at_serial and head_dim % 32 == 0 and self._fuse_q8(n_tok, width):
             slot = self.q8.claim(out.handle, n_tok, width)  # the output projection's 8-bit input
-            self.kernels.attention(head_dim, True)(self.queue, (n_head, n_tok), (1, 1), *args, slot.xq, slot.xd)
+            self.kernels.attention(head_dim, True, has_sinks)(self.queue, (n_head, n_tok), (1, 1), *args, slot.xq,
+                                                              slot.xd)
             return
-        knl = self.kernels.attention(head_dim)
+        knl = self.kernels.attention(head_dim, False, has_sinks)
         self.q8.dirty(out.handle)
         if self.shape.at_serial:
             knl(self.queue, (n_head, n_tok), (1, 1), *args)  # many groups: all cores busy

@@ -371,7 +371,7 @@ class KernelCache:
         self._weights: dict[tuple[T, bool], WeightKernels] = {}
         self._isa: dict[str, bool] | None = None
         self._ops: OpKernels | None = None
-        self._attn: dict[tuple[int, bool], Any] = {}
+        self._attn: dict[tuple[int, bool, bool], Any] = {}
         self._lock = threading.Lock()
 
     def _estimate_subgroup(self, knl: Any) -> None:
@@ -491,19 +491,20 @@ class KernelCache:
                 self._ops = ops
         return self._ops
 
-    def attention(self, head_dim: int, q8: bool = False) -> Any:
+    def attention(self, head_dim: int, q8: bool = False, sinks: bool = False) -> Any:
         """The attention kernel compiled for ``head_dim`` (built on first use); ``q8``: the variant
         that also writes its output as 8-bit blocks (two more arguments: xq, xd; serial flavour,
-        head_dim % 32 == 0)."""
-        k = self._attn.get((head_dim, q8))
+        head_dim % 32 == 0); ``sinks``: attention_sinks (one more argument after ``window``: sinks)."""
+        k = self._attn.get((head_dim, q8, sinks))
         if k is None:
             with self._lock:
                 src = read_source("quant.cl", "attention.cl") if q8 else read_source("attention.cl")
-                opts = f"{self.options} -DHEAD_DIM={head_dim}" + (" -DATT_Q8=1" if q8 else "")
+                opts = (f"{self.options} -DHEAD_DIM={head_dim}" + (" -DATT_Q8=1" if q8 else "")
+                        + (" -DSINKS=1" if sinks else ""))
                 prg = build_program(self.ctx, self.device, src, opts, f"attention (head_dim {head_dim})",
                                     self._label)
                 k = prg.attention
                 k.set_scalar_arg_dtypes([None, None, None, None, None, None, np.int32, np.int32, np.int32, np.float32,
-                                         np.int32] + ([None, None] if q8 else []))
-                self._attn[(head_dim, q8)] = k
+                                         np.int32] + ([None] if sinks else []) + ([None, None] if q8 else []))
+                self._attn[(head_dim, q8, sinks)] = k
         return k

@@ -81,6 +81,7 @@ def default_variants() -> list[dict]:
     out += typed("mul_mm") + typed("get_rows") + typed("mul_mat_id")
     out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in PLAIN]
     out.append({"name": "fill", "source": "copy.comp", "defines": {"FILL": "1"}})
+    out.append({"name": "attention_sinks", "source": "attention.comp", "defines": {"SINKS": "1"}})
     return out
 
 

@@ -584,6 +584,17 @@ class VulkanDevice(SequenceRecorder, Device):
                        (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window,
                         int(kv_start is not None)))
 
+    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
+        """attention.comp with SINKS: :meth:`_attention` plus one logit per head (sinks f32 [n_head]) in
+        each softmax denominator (gpt-oss)."""
+        head_dim = q.shape[-1] // n_head
+        n = self._rows(q)
+        nb = bucket(n, self._row_cap(q))
+        start = kv_start if kv_start is not None else pos
+        self._dispatch("attention_sinks", (q, k_cache, v_cache, pos, start, out, sinks), workgroups(nb * n_head),
+                       (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window,
+                        int(kv_start is not None)))
+
     def _silu_mul(self, out, gate, up):
         """silu_mul.comp: ``out = gate * sigmoid(gate) * up``, f32 [n, n_ff] (``out`` may be ``gate``)."""
         n = math.prod(out.shape)

@@ -495,11 +495,11 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd:
 
 #: What the shaders cap per op (``DeviceInfo.op_limits``): attention.comp keeps one query head
 #: (<= 256 values) in shared memory per workgroup.
-OP_LIMITS: dict[str, dict[str, int]] = {"attention": {"head_dim": 256}}
+OP_LIMITS: dict[str, dict[str, int]] = {"attention": {"head_dim": 256}, "attention_sinks": {"head_dim": 256}}
 
 
-#: The mixture-of-experts ops with shaders here (attention with sinks runs on numpy).
-VULKAN_MOE_OPS = ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai")
+#: The mixture-of-experts ops with shaders here.
+VULKAN_MOE_OPS = ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai", "attention_sinks")
 
 def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     """DeviceInfo of one Vulkan device. ``compute_units`` is unknown (Vulkan does not report it).
