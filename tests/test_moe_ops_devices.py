@@ -46,11 +46,13 @@ def _both(ocl, ref, fn):
 TYPES = [T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
 
 
+@pytest.mark.parametrize("n", [1, 5], ids=["decode", "prompt"])
 @pytest.mark.parametrize("per_slot", [False, True], ids=["broadcast", "per-slot"])
 @pytest.mark.parametrize("ty", TYPES, ids=lambda t: t.name)
-def test_matmul_id(ocl, ref, ty, per_slot):
+def test_matmul_id(ocl, ref, ty, per_slot, n):
+    """One row (OpenCL: mul_mv_id) and several (OpenCL: grouped by expert, mul_mm_id)."""
     rng = np.random.default_rng(int(ty) + 3)
-    E, n_out, k, n = 7, 37, 3, 5
+    E, n_out, k = 7, 37, 3
     n_in = 256 if ty.name.endswith("_K") else (70 if ty in (T.F32, T.F16) else 96)  # F32/F16: a partial unit
     raw = np.concatenate([random_weight(ty, (n_out, n_in), rng) for _ in range(E)])
     ids = np.stack([rng.choice([0, 2, 3, 6], k, replace=False) for _ in range(n)]).astype(np.int32)  # 1, 4, 5 unused

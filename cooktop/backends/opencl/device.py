@@ -466,12 +466,30 @@ class OpenCLDevice(Device):
                                      ids.shape[1], _GATING[gating], int(norm), scale, n)
 
     def _matmul_id(self, out, x, w, ids):
+        """mul_mv_id for one row (decode); for more, the slots are first grouped by expert on the
+        device (moe_group) and mul_mm_id reuses each dequantized weight unit for up to 8 slots."""
         n, k = ids.shape
         n_exp, n_out, n_in = w.shape
         self.q8.dirty(out.handle)
         kern = self.kernels.weights(w.ggml_type, False)  # expert tensors are never repacked (3-D)
-        kern.mul_mv_id(self.queue, (n_out, n * k), None, w.handle, x.handle, ids.handle, out.handle, n_in, n_out, k,
-                       int(x.shape[1] != n_in), n_exp)
+        per_slot = int(x.shape[1] != n_in)
+        if n == 1:
+            kern.mul_mv_id(self.queue, (n_out, n * k), None, w.handle, x.handle, ids.handle, out.handle, n_in, n_out,
+                           k, per_slot, n_exp)
+            return
+        offs, order = self._moe_group_buffers(n_exp, n * k)
+        self.kernels.ops().moe_group(self.queue, (1,), None, ids.handle, offs, order, n * k, n_exp)
+        kern.mul_mm_id(self.queue, (n_out, n_exp), None, w.handle, x.handle, offs, order, out.handle, n_in, n_out, k,
+                       per_slot)
+
+    def _moe_group_buffers(self, n_expert: int, n_slots: int) -> tuple[Any, Any]:
+        """Device scratch of moe_group (offsets int [n_expert + 1], order int [n_slots]), kept per device
+        and grown as calls ask (never freed before the device closes)."""
+        have = getattr(self, "_moe_groups", None)
+        if have is None or have[0] < n_expert + 1 or have[1] < n_slots:
+            ne, ns = max(n_expert + 1, have[0] if have else 0), max(n_slots, have[1] if have else 0)
+            self._moe_groups = (ne, ns, self._alloc(4 * ne, count=False), self._alloc(4 * ns, count=False))
+        return self._moe_groups[2], self._moe_groups[3]
 
     def _add_id(self, out, x, b, ids):
         n, k = ids.shape

@@ -251,7 +251,7 @@ class WeightKernels:
     """The kernels of one weight type on one device: ``mul_mv``, ``mul_mm``, ``get_rows``, and
     ``mul_mv_q8`` (8-bit activations, integer dot products; None for types without one)."""
 
-    __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mv_id")
+    __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mv_id", "mul_mm_id")
 
     def __init__(self, prg: Any):
         import pyopencl as cl
@@ -266,6 +266,8 @@ class WeightKernels:
         self.get_rows.set_scalar_arg_dtypes([None, None, None, i32, i32, i32])
         self.mul_mv_id = prg.mul_mv_id
         self.mul_mv_id.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32, i32, i32])
+        self.mul_mm_id = prg.mul_mm_id
+        self.mul_mm_id.set_scalar_arg_dtypes([None, None, None, None, None, i32, i32, i32, i32])
         self.mul_mv_q8 = prg.mul_mv_q8 if "mul_mv_q8" in names else None
         self.repack = prg.repack if "repack" in names else None
         self.mul_mm_q8 = prg.mul_mm_q8 if "mul_mm_q8" in names else None
@@ -281,7 +283,8 @@ class OpKernels:
     """Kernels of the float ops (rmsnorm, rope, add, add_bias, silu_mul, gelu_mul, kv_store) on one device."""
 
     __slots__ = ("rmsnorm", "rope", "add", "add_bias", "silu_mul", "kv_store", "gelu_mul", "quantize_q8",
-                 "rmsnorm_q8", "silu_mul_q8", "copy_f32", "moe_route", "add_id", "moe_combine", "swiglu_oai")
+                 "rmsnorm_q8", "silu_mul_q8", "copy_f32", "moe_route", "add_id", "moe_combine", "swiglu_oai",
+                 "moe_group")
 
     def __init__(self, prg: Any):
         i32, f32 = np.int32, np.float32
@@ -316,6 +319,8 @@ class OpKernels:
         self.moe_combine.set_scalar_arg_dtypes([None, None, None, i32, i32])
         self.swiglu_oai = prg.swiglu_oai
         self.swiglu_oai.set_scalar_arg_dtypes([None, None, None, i32, f32, f32])
+        self.moe_group = prg.moe_group
+        self.moe_group.set_scalar_arg_dtypes([None, None, None, i32, i32])
 
 
 def check_build_options(ctx: Any, device: Any, options: str, extra: str) -> None:

@@ -135,3 +135,18 @@ __kernel void swiglu_oai(global float *out, const global float *gate, const glob
         out[i] = g / (1.0f + exp(-alpha * g)) * (u + 1.0f);
     }
 }
+
+// Counting sort of the slots by expert for mul_mm_id (one work-item; n_slots x n_expert steps):
+// offs int [n_expert + 1] (expert e's slots are order[offs[e] .. offs[e+1]-1], in slot order),
+// ids int [n_slots] clamped to [0, n_expert).
+__kernel void moe_group(const global int *ids, global int *offs, global int *order, const int n_slots,
+                        const int n_expert) {
+    if (get_global_id(0) != 0) return;
+    int pos = 0;
+    for (int e = 0; e < n_expert; e++) {
+        offs[e] = pos;
+        for (int s = 0; s < n_slots; s++)
+            if (clamp(ids[s], 0, n_expert - 1) == e) order[pos++] = s;
+    }
+    offs[n_expert] = pos;
+}
