@@ -209,3 +209,15 @@ def test_synth_presets_have_real_dimensions():
     assert (q.n_embd, q.n_layer, q.n_expert, q.n_expert_used, q.n_ff_exp, q.n_embd_q) == (2048, 48, 128, 8, 768, 4096)
     g = synth.config(synth.SHAPES["gpt-oss-20b"])
     assert (g.n_embd, g.n_layer, g.n_expert, g.n_expert_used, g.n_ff_exp, g.n_embd_q) == (2880, 24, 32, 4, 2880, 4096)
+
+
+def test_cooktop_info_shows_the_experts(models):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "cooktop.cli", "info", str(models["qwen3moe", "F32"])],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "experts:        8, 3 used per token, 64 wide; gating softmax, weights renormalised" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "cooktop.cli", "info", str(models["gpt-oss", "MXFP4_MOE"])],
+                       capture_output=True, text=True, timeout=120)
+    assert "gating softmax_weight" in r.stdout and "MXFP4" in r.stdout
