@@ -5,6 +5,7 @@
 #   make run [PROMPT=... N=64]      setup, then generate with the default model
 #   make test [PYTEST_ARGS=...]     setup, then pytest
 #   make test-vulkan-validation     setup, then the Vulkan tests under the Khronos validation layer
+#   make test-opencl-validation     setup, then the OpenCL tests on Oclgrind (a simulated GPU: races, bounds)
 #   make shaders                    compile the Vulkan GLSL shaders to SPIR-V
 #   make bench                      setup, then `cooktop bench`
 #   make llamacpp-vulkan            build llama.cpp's llama-bench with its Vulkan backend (in ../llamacpp-vk)
@@ -25,11 +26,11 @@ FUZZ_EXAMPLES ?= 100000
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-compare run test test-vulkan-validation shaders bench llamacpp-vulkan bench-vs-vulkan \
+.PHONY: help setup setup-compare run test test-vulkan-validation test-opencl-validation shaders bench llamacpp-vulkan bench-vs-vulkan \
 	lint fuzz
 
 help:
-	@sed -n '1,15s/^# \{0,1\}//p' Makefile
+	@sed -n '1,16s/^# \{0,1\}//p' Makefile
 
 setup:
 	bash scripts/setup.sh
@@ -53,6 +54,13 @@ test: setup
 VALIDATION_ARGS ?=
 test-vulkan-validation: setup
 	$(PY) tests/vulkan_validation.py $(VALIDATION_ARGS)
+
+# The OpenCL op parity tests and stories260K / a tiny quantized model end to end on Oclgrind with
+# data-race and bounds checking, GPU launch shapes; fails on any report (tests/opencl_validation.py).
+# OPENCL_VALIDATION_ARGS replaces the pytest arguments.
+OPENCL_VALIDATION_ARGS ?=
+test-opencl-validation: setup
+	$(PY) tests/opencl_validation.py $(OPENCL_VALIDATION_ARGS)
 
 shaders:
 	@test -x $(PY) || { echo "make shaders: no $(PY); run 'make setup' first" >&2; exit 1; }

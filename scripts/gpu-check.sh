@@ -198,25 +198,34 @@ export COOKTOP_DISABLE="${COOKTOP_DISABLE:-}"
 
 # ------------------------------------------------------------------ 5. probe
 step "cooktop devices --json" 120 sh -c "'$py' -m cooktop devices --json > '$res/devices.json'"
-"$py" - "$res/devices.json" >> "$res/steps.log" 2>&1 <<'PY'
+"$py" - "$res/devices.json" >> "$res/devices.md" 2>&1 <<'PY'
 import json, sys
 try:
     d = json.load(open(sys.argv[1]))
 except Exception as e:
     print("devices.json unreadable:", e); sys.exit(0)
-devs = d.get("devices", d) if isinstance(d, dict) else d
-for x in devs if isinstance(devs, list) else []:
-    print("device", x.get("selector"), x.get("device_type"), x.get("name"), "features:",
-          (x.get("extra") or {}).get("features"))
+gib = lambda b: "?" if not b else f"{b / 2**30:.2f} GiB"
+print("| device | type | name | subgroups | sg ops | int dot | coop matrix | fp16/bf16 | max alloc | usable (unified) | variants |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for fam, e in (d.get("families") or {}).items():
+    if not e.get("devices"):
+        print(f"| {fam} | - | unavailable: {e.get('reason', '')} | | | | | | | | |")
+    for x in e.get("devices", []):
+        print(f"| {x.get('selector')} | {x.get('device_type')} | {x.get('name')} | {x.get('subgroup_sizes')} "
+              f"| {' '.join(x.get('subgroup_ops') or [])} | {x.get('integer_dot')} | {x.get('cooperative_matrix')} "
+              f"| {x.get('fp16')}/{x.get('bf16')} | {gib(x.get('max_alloc_bytes'))} "
+              f"| {gib(x.get('usable_mem_bytes'))} ({x.get('unified_memory')}) | {x.get('variants')} |")
 PY
+cat "$res/devices.md" >> "$res/steps.log"
 
 # ------------------------------------------------------------------ 6. parity + end-to-end tests
 gpu_tests() {
     COOKTOP_REQUIRE=shared,opencl,vulkan "$py" -m pytest -q -p no:cacheprovider \
-        tests/test_ops_parity.py tests/test_reference.py tests/test_vulkan.py tests/test_placement.py \
+        tests/test_ops_parity.py tests/test_device_contract.py tests/test_reference.py tests/test_vulkan.py \
+        tests/test_placement.py "tests/test_opencl.py::test_work_group_sizes_of_real_gpus" \
         -k "opencl or vulkan" -x --timeout 120 2>&1 | tee "$res/tests.log" | tail -5
 }
-step "tests: OpenCL + Vulkan parity and end-to-end (first device of each family)" 200 gpu_tests
+step "tests: OpenCL + Vulkan parity, the op table's contract, end-to-end, GPU work-group/subgroup sizes" 240 gpu_tests
 
 # ------------------------------------------------------------------ 7. validation layer on the real driver
 validate() {
@@ -252,6 +261,7 @@ fi
 
 {
     printf '\nTotal: %ss (budget %ss).\n\n' "$(elapsed)" "$budget"
+    [ -f "$res/devices.md" ] && { printf 'Devices (cooktop devices --json):\n\n'; cat "$res/devices.md"; printf '\n'; }
     for n in "${notes[@]}"; do printf -- '- %s\n' "$n"; done
     [ -f "$res/tests.log" ] && { printf '\nTests: '; tail -1 "$res/tests.log"; }
     [ -f "$res/bench.md" ] && { printf '\n'; cat "$res/bench.md"; }

@@ -62,13 +62,16 @@ failed() {
 # Debian 12 / Ubuntu names. Runtime: PoCL (OpenCL on the CPU) and Mesa lavapipe
 # (Vulkan on the CPU); build: compilers, cmake and the headers kp is built against;
 # test: the Khronos validation layer (make test-vulkan-validation; kp is built so
-# that it never loads the layer by itself).
+# that it never loads the layer by itself), Oclgrind (the simulated GPU of
+# make test-opencl-validation; it does not register itself in /etc/OpenCL/vendors) and
+# chromium + chromium-driver (the web page's browser test, tests/test_webui.py).
 apt_pkgs=(
     python3-dev build-essential cmake patch
     pocl-opencl-icd ocl-icd-libopencl1 clinfo
     mesa-vulkan-drivers libvulkan1 libvulkan-dev vulkan-tools glslc vulkan-validationlayers
-    libfmt-dev
+    libfmt-dev oclgrind
     iproute2 util-linux
+    chromium chromium-driver
 )
 if ! command -v "$py_sys" >/dev/null 2>&1; then
     apt_pkgs+=(python3 python3-venv)
@@ -186,6 +189,11 @@ if ! "$py" -c 'import sys; sys.path.insert(0, sys.argv[1])
 from cooktop.backends.vulkan.info import instance_layers
 sys.exit("VK_LAYER_KHRONOS_validation" not in instance_layers())' "$root" >/dev/null 2>&1; then
     failed vulkan_validation "the Vulkan loader finds no VK_LAYER_KHRONOS_validation (apt-get install vulkan-validationlayers)"
+fi
+if ! "$py" -c 'import sys; sys.path.insert(0, sys.argv[1] + "/tests")
+from opencl_validation import find_icd_library
+sys.exit(find_icd_library() is None)' "$root" >/dev/null 2>&1; then
+    failed oclgrind "Oclgrind's OpenCL runtime not found (apt-get install oclgrind)"
 fi
 
 # ---------------------------------------------------------------- 4b. optional extras

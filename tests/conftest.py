@@ -4,6 +4,8 @@
 of a test that needs a missing resource into a failure, so a broken install
 can never pass as green. ``.ci/run`` sets it. (``vulkan_validation``, the
 Khronos validation layer, is required the same way by tests/vulkan_validation.py.)
+Resources: ``shared``, device families, ``server``, ``openai``, ``anthropic`` (the client),
+``browser`` (chromium + chromedriver + selenium, for the web page test), and more.
 """
 
 from __future__ import annotations

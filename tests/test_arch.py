@@ -17,11 +17,14 @@ import pytest
 from conftest import rewrite_gguf
 
 from cooktop import Llama
+from cooktop.backends.base import OPS
+from cooktop.backends.optable import MOE_OPS
 from cooktop.errors import UnsupportedModelError
 from cooktop.format.gguf import open_gguf
 from cooktop.model import arch as arch_pkg
-from cooktop.model.arch import ARCHITECTURES, architecture
-from cooktop.model.arch.base import BLOCK, HEAD, INPUT, KV, MATRIX, NORM, norm
+from cooktop.model.arch import ARCHITECTURES, architecture, builders
+from cooktop.model.arch.base import BLOCK, HEAD, INPUT, MATRIX, NORM, norm
+from cooktop.model.arch.descriptor import OpRecorder
 from cooktop.model.arch.llama import LLAMA
 from cooktop.model.config import load_config
 from cooktop.runtime.budget import weight_bytes
@@ -84,33 +87,124 @@ def test_unit_tensors_resolve_tied_output(tmp_path, tied):
     assert load_config(gf).tied_output == tied
 
 
-class _Recorder:
-    """A stand-in Device that records the name of every op called on it."""
+#: The ops each architecture's block and head call with every tensor it declares (head: the
+#: segment's output-row pick, get_rows, first).
+EXPECTED_OPS = {
+    "llama": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "silu_mul"},
+              {"get_rows", "rmsnorm", "matmul"}),
+    "qwen2": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add", "silu_mul"},
+              {"get_rows", "rmsnorm", "matmul", "add_bias"}),
+    "qwen3": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "silu_mul"},
+              {"get_rows", "rmsnorm", "matmul"}),
+    "gemma3": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "gelu_mul"},
+               {"get_rows", "rmsnorm", "matmul"}),
+    "phi3": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "silu_mul"},
+             {"get_rows", "rmsnorm", "matmul"}),
+    "qwen3moe": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "moe_route", "matmul_id",
+                  "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+    "qwen2moe": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add", "moe_route", "matmul_id",
+                  "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+    "olmoe": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "moe_route", "matmul_id",
+               "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+    "gpt-oss": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention_sinks", "add", "moe_route",
+                 "matmul_id", "add_id", "swiglu_oai", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+}
 
-    def __init__(self):
-        self.seen: list[str] = []
+#: Of the MoE architectures, the ops of the attention half and of the feed-forward half.
+EXPECTED_HALF_OPS = {
+    "qwen3moe": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add"},
+                 {"rmsnorm", "matmul", "moe_route", "matmul_id", "silu_mul", "moe_combine", "add"}),
+    "qwen2moe": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add"},
+                 {"rmsnorm", "matmul", "moe_route", "matmul_id", "silu_mul", "moe_combine", "add"}),
+    "gpt-oss": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention_sinks", "add"},
+                {"rmsnorm", "matmul", "add_bias", "moe_route", "matmul_id", "add_id", "swiglu_oai", "moe_combine",
+                 "add"}),
+}
 
-    def __getattr__(self, op):
-        return lambda *args, **kwargs: self.seen.append(op)
+
+def test_every_architecture_has_its_expected_ops():
+    assert set(EXPECTED_OPS) == set(ARCHITECTURES)
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
-def test_declared_ops_are_the_ops_block_and_head_call(name):
-    """block_ops / head_ops (read by placement) match the code, with every optional tensor present."""
+def test_ops_are_derived_from_what_block_and_head_call(name):
+    """Architecture.ops runs the unit's code on a recording stand-in: every declared tensor present."""
     a = ARCHITECTURES[name]
     cfg = synth.config(SMALL, name)
-    keys = {k for s in a.tensors for k in s.keys}  # a fused tensor's parts under their own keys
-    w = {k: object() for k in keys}
-    names = [*a.scratch(cfg), *(a.scratch_i32(cfg) if a.scratch_i32 else {})]
-    s = SimpleNamespace(il=0, **{k: object() for k in names})
-    cache = SimpleNamespace(shape=(64, cfg.n_embd_kv))
-    d = _Recorder()
-    a.block(d, cfg, w, s, KV(cache, cache, object(), object(), n_ctx=64))
-    assert set(d.seen) == set(a.block_ops)
-    d = _Recorder()
-    a.final_norm(d, cfg, w, object(), object())
-    a.lm_head(d, cfg, w, object(), object())
-    assert set(d.seen) | {"get_rows"} == set(a.head_ops)
+    block_ops, head_ops = EXPECTED_OPS[name]
+    assert set(a.ops(cfg, 0)) == set(a.ops(cfg, 1)) == block_ops
+    assert set(a.ops(cfg, HEAD)) == head_ops
+    assert a.ops(cfg, HEAD)[0] == "get_rows" and set(a.ops(cfg, 0)) | head_ops <= set(OPS + MOE_OPS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_HALF_OPS))
+def test_ops_of_each_half_of_a_moe_block(name):
+    """The halves' ops come from their own code (each half sees only its own tensors) and add up
+    to the whole block's."""
+    a = ARCHITECTURES[name]
+    cfg = synth.config(SMALL, name)
+    attn, ffn = EXPECTED_HALF_OPS[name]
+    assert set(a.ops(cfg, 0, part="attn")) == attn and set(a.ops(cfg, 0, part="ffn")) == ffn
+    assert attn | ffn == set(a.ops(cfg, 0))
+    with pytest.raises(ValueError, match="no block part 'ffn'"):
+        LLAMA.ops(cfg, 0, part="ffn")
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_derived_ops_are_the_ops_a_segment_runs(name, tmp_path, cpu_device, monkeypatch):
+    """The union over units of ops(cfg, unit, the file's tensors) is what running the model calls on numpy."""
+    extra = {"qwen3": {"head_dim": 24}, "gpt-oss": {"n_swa": 4}, "olmoe": {"n_head_kv": SMALL.n_head}}.get(name, {})
+    if name in EXPECTED_OPS and "matmul_id" in EXPECTED_OPS[name][0]:
+        extra.update(n_expert=4, n_expert_used=2, n_ff_exp=SMALL.n_ff)  # olmoe: experts n_ff wide
+    shape = dataclasses.replace(SMALL, n_ctx_train=512, **extra)
+    p = tmp_path / "m.gguf"
+    synth.write(p, shape, "F32", arch=name)
+    gf = open_gguf(p)
+    cfg = load_config(gf)
+    seen: set[str] = set()
+    for op in OPS + MOE_OPS:
+        real = getattr(cpu_device, op)
+        monkeypatch.setattr(cpu_device, op, lambda *a, _op=op, _real=real, **kw: (seen.add(_op), _real(*a, **kw))[1])
+    llm = Llama(model_path=str(p), n_ctx=32, verbose=False, device="cpu")
+    try:
+        llm.eval(TOKENS)
+    finally:
+        llm.close()
+    derived = {op for u in [*range(cfg.n_layer), HEAD] for op in ARCHITECTURES[name].ops(cfg, u, gf.tensors)}
+    assert seen == derived
+
+
+def test_ops_leave_out_the_optional_tensors_the_file_lacks():
+    """A qwen2 file without output.bias runs no add_bias in its head; with one it does."""
+    a = ARCHITECTURES["qwen2"]
+    cfg = synth.config(SMALL, "qwen2")
+    names = {n for n, _ in a.expected(cfg)}
+    assert "add_bias" in a.ops(cfg, HEAD, names)
+    assert a.ops(cfg, HEAD, names - {"output.bias"}) == ("get_rows", "rmsnorm", "matmul")
+    plain = names - {f"blk.0.attn_{x}.bias" for x in "qkv"}
+    assert "add_bias" not in a.ops(cfg, 0, plain) and "add_bias" in a.ops(cfg, 1, plain)
+    with pytest.raises(ValueError, match="neither a block index nor 'head'"):
+        a.ops(cfg, INPUT)
+
+
+def test_build_ffn_refuses_an_unknown_activation():
+    s = SimpleNamespace(xn=1, gate=2, up=3, o=4)
+    w = {"ffn_gate": 5, "ffn_up": 6, "ffn_down": 7}
+    d = OpRecorder()
+    assert builders.build_ffn(d, synth.config(SMALL), w, s, builders.GELU) == 4
+    assert d.ops == ("matmul", "gelu_mul")
+    with pytest.raises(ValueError, match="unknown activation 'relu'"):
+        builders.build_ffn(OpRecorder(), synth.config(SMALL), w, s, "relu")
+
+
+def test_op_recorder_notes_each_op_once_in_order():
+    d = OpRecorder()
+    d.rmsnorm(1, 2)
+    d.matmul(3, x=4)
+    d.rmsnorm()
+    assert d.ops == ("rmsnorm", "matmul")
+    with pytest.raises(AttributeError):
+        d._private  # noqa: B018
 
 
 def test_device_lacking_a_block_op_keeps_the_blocks_on_the_host(tmp_path):
@@ -149,7 +243,7 @@ def test_a_device_capping_head_dim_keeps_the_blocks_on_the_host(tmp_path):
 
 
 # -- an optional tensor family -------------------------------------------------
-def _post_norm_block(d, cfg, w, s, kv):
+def _post_norm_block(d, cfg, w, s, kv, il):
     """LLAMA.block with an optional post-attention norm."""
     x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
     rope = (cfg.head_dim, cfg.n_rot, cfg.rope_freq_base, cfg.rope_freq_scale, cfg.rope_mode)

@@ -56,7 +56,7 @@ def models(tmp_path_factory):
     out = {}
     for shape, ft in CASES:
         p = d / f"{shape}-{ft}.gguf"
-        synth.write(p, SHAPES[shape], ft, seed=3)
+        synth.write(p, SHAPES[shape], ft, seed=4)  # routers without a near-tie (a tie flips one row's experts)
         out[shape, ft] = p
     return out
 

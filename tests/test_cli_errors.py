@@ -122,7 +122,7 @@ def test_ngl_auto_note_counts_like_the_summary(stories):
     from cooktop.runtime.placement import place
     gf = open_gguf(stories)
     cfg = load_config(gf)
-    p = place(gf, cfg, ["cpu", "opencl:0", "vulkan:0"], "auto", None, lambda *a, **dims: "", lambda s: (1 << 30, None),
+    p = place(gf, cfg, ["cpu", "opencl:0", "vulkan:0"], "auto", None, lambda *a, **k: "", lambda s: (1 << 30, None),
               256, 64, False)
     summary = re.match(r"offloaded (\d+)/6 layers: ", p.summary())
     assert summary and summary.group(1) == str(p.n_offloaded()) and 0 < p.n_offloaded() < 6, p.summary()

@@ -83,6 +83,15 @@ def make_case(name: str, stories: pathlib.Path, d: pathlib.Path) -> pathlib.Path
         p.write_bytes(b"GGUF\x03\x00")
     elif name == "version_4":
         patched(stories, p, [(4, struct.pack("<I", 4))])
+    elif name == "big_endian":  # what gguf-py writes with endianess=BIG (llama.cpp's s390x files)
+        from gguf import GGUFEndian
+        w = GGUFWriter(p, arch="llama", endianess=GGUFEndian.BIG)
+        w.add_uint32("llama.block_count", 1)
+        w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     elif name == "header_cut":  # magic/version/counts fine, file ends inside the metadata
         patched(stories, p, [], size=1000)
     elif name == "array_count":  # 2**40 scores: gguf's reader alone would loop (and allocate) for ever
@@ -153,6 +162,7 @@ CASES: dict[str, tuple[tuple[str, ...], type]] = {
     "empty": (("empty",), GGUFError),
     "header_few_bytes": (("truncated", "header"), GGUFError),
     "version_4": (("version 4", "not supported"), GGUFError),
+    "big_endian": (("big-endian gguf (version 3)", "gguf-convert-endian", "little"), GGUFError),
     "header_cut": (("truncated", "header"), GGUFError),
     "array_count": (("corrupt", "tokenizer.ggml.scores"), GGUFError),
     "data_cut": (("truncated", "past the end"), GGUFError),

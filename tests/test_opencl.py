@@ -382,3 +382,65 @@ def test_real_second_platform_pocl_binary(tmp_path):
     # both are CPU devices: auto takes the first one that passes (PoCL beats numpy here)
     passing = [sel for sel, _, _ in out["devices"] if out["smoke"][sel][0]]
     assert out["auto"] == passing[:1]
+
+
+#: Work-group sizes of real GPUs (NVIDIA warps 32, AMD GCN wavefronts 64, Intel 16 / 32, Adreno
+#: 64 / 128): the GPU launch shape with its group sizes set to each. No kernel may assume the
+#: size PoCL or the default shape happens to use.
+GPU_GROUP_SIZES = {"nvidia-32": 32, "amd-64": 64, "intel-16": 16, "adreno-128": 128}
+
+
+@pytest.mark.parametrize("gpu", list(GPU_GROUP_SIZES))
+def test_work_group_sizes_of_real_gpus(fresh_registry, gpu):
+    """matmul of every device weight type (1 and 9 tokens), rmsnorm, attention (GQA, a window,
+    kv_start), silu_mul and add with the GPU launch shape at each GPU's work-group size, against
+    numpy; run on PoCL here and under Oclgrind by make test-opencl-validation."""
+    import dataclasses
+
+    from cooktop.backends.base import nmse
+    from cooktop.backends.opencl.programs import GPU_SHAPE, KernelCache
+    from cooktop.backends.reference import dequantize_q8_ref
+    from cooktop.format.quants import dequantize, random_weight
+
+    ls = GPU_GROUP_SIZES[gpu]
+    shape = dataclasses.replace(GPU_SHAPE, mv_ls=min(ls, 64), rn_ls=ls, at_ls=ls, ew_ls=ls, mm_tm=max(ls, 16))
+    info = registry.device_info(registry.resolve("opencl")[0])
+    dev = registry.open_device(info.selector)
+    gpu_dev = type(dev)(info, dev.cl_device)
+    gpu_dev.shape = shape
+    gpu_dev.kernels = KernelCache(gpu_dev.ctx, gpu_dev.cl_device, shape)
+    rng = np.random.default_rng(ls)
+    for ty in DEVICE_WEIGHT_TYPES:
+        n_in = 256 if ty.name.endswith("_K") else 96
+        for n_tok, n_out in ((1, 37), (9, 70)):
+            raw = random_weight(ty, (n_out, n_in), rng)
+            x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+            xt, y = gpu_dev.empty((n_tok, n_in)), gpu_dev.empty((n_tok, n_out))
+            gpu_dev.write(xt, x)
+            gpu_dev.matmul(y, xt, gpu_dev.upload(raw, ty, (n_out, n_in)))
+            xr = dequantize_q8_ref(x) if gpu_dev.quantizes_activations(ty, n_tok) else x.astype(np.float64)
+            ref = xr @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
+            assert nmse(gpu_dev.read(y), ref) < 1e-10, (ty.name, n_tok, n_out)
+    cpu = registry.open_device("cpu")
+    n_head, n_head_kv, hd, n_tok, n_cells = 4, 2, 40, 7, 50
+    arrays = [rng.standard_normal((n_tok, n_head * hd)).astype(np.float32),
+              rng.standard_normal((n_cells, n_head_kv * hd)).astype(np.float32),
+              rng.standard_normal((n_cells, n_head_kv * hd)).astype(np.float32),
+              np.arange(40, 40 + n_tok, dtype=np.int32), np.array([0, 0, 0, 10, 10, 10, 10], np.int32)]
+    outs = []
+    for d in (gpu_dev, cpu):
+        ts = []
+        for a in arrays:
+            t = d.empty(a.shape, T.I32 if a.dtype == np.int32 else T.F32)
+            d.write(t, a)
+            ts.append(t)
+        o, o2, r = (d.empty((n_tok, n_head * hd)) for _ in range(3))
+        d.attention(o, *ts[:4], n_head, n_head_kv, 0.3)
+        d.attention(o2, *ts[:4], n_head, n_head_kv, 0.3, window=17, kv_start=ts[4])
+        d.rmsnorm(r, ts[0], d.upload(np.full(n_head * hd, 0.5, np.float32), T.F32, (n_head * hd,)), 1e-6)
+        s, a = d.empty((n_tok, n_head * hd)), d.empty((n_tok, n_head * hd))
+        d.silu_mul(s, ts[0], r)
+        d.add(a, s, ts[0])
+        outs.append([d.read(t) for t in (o, o2, r, s, a)])
+    for name, g, c in zip(("attention", "attention window", "rmsnorm", "silu_mul", "add"), *outs):
+        assert nmse(g, c) < 1e-7, name

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cooktop.engine.sampling import Sampler, SamplingParams
+from cooktop.errors import CooktopError
 
 #: token id -> probability; ids deliberately not in probability order.
 PROBS = {3: 0.40, 0: 0.25, 5: 0.15, 1: 0.10, 4: 0.06, 2: 0.04}
@@ -194,3 +195,11 @@ def test_random_seed_differs(seed):
     assert len(seeds) >= 2
     assert all(0 <= s < 2**32 for s in seeds)
     assert len({tuple(_draws(seed, 16)) for _ in range(5)}) >= 2
+
+
+@pytest.mark.parametrize("n", [-5, -2, 1.5, True])
+def test_repeat_last_n_below_minus_one_is_refused(n):
+    """llama.cpp: -1 is the context size, 0 off; other negatives are an error, not "all"."""
+    with pytest.raises(CooktopError, match=r"repeat_last_n \(--repeat-last-n\) must be -1"):
+        SamplingParams(repeat_last_n=n)
+    assert SamplingParams(repeat_last_n=-1).repeat_last_n == -1 and SamplingParams(repeat_last_n=0).repeat_last_n == 0

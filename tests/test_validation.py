@@ -321,6 +321,9 @@ def _cli(*args, env=None):
     (["info", "{stories}", "-c", "-5"], {}, "n_ctx (-c) must be >= 0"),
     (["run", "-m", "{stories}", "-p", "hi", "-c", "-5", "--device", "cpu"], {}, "n_ctx (-c) must be >= 0"),
     (["run", "-f", "/nonexistent-prompt.txt"], {}, "No such file"),
+    (["run", "-m", "{stories}", "-p", "hi", "-n", "2", "--repeat-last-n", "-5", "--device", "cpu"], {},
+     "repeat_last_n (--repeat-last-n) must be -1 (the context size), 0 (off) or a positive count of tokens, "
+     "got -5"),
     (["bench", "-m", "{stories}", "-p", "8", "-n", "2", "-r", "1", "--plot", "/nonexistent-dir/x.png"], {},
      "does not exist"),
 ])

@@ -577,3 +577,33 @@ def test_release_on_del_without_gc(vk, stories):
     finally:
         gc.enable()
     assert out.startswith(", there was")
+
+
+@pytest.mark.parametrize("subgroup", [16, 32, 64, 128])
+def test_mat_vec_at_the_subgroup_sizes_of_real_gpus(vk, subgroup):
+    """mul_mat_vec's workgroup is the device's subgroup size (specialization constant 0): the
+    sizes of Intel (16), NVIDIA (32), AMD GCN (64) and Adreno (128) here, where lavapipe's
+    subgroups have 8 lanes, so each workgroup is several subgroups and the reduction takes its
+    shared-memory step. Every weight type, float and integer-dot variants, against numpy."""
+    import dataclasses
+
+    from cooktop.backends.reference import dequantize_q8_ref
+    from cooktop.backends.vulkan.device import VULKAN_TYPES, VulkanDevice
+    from cooktop.format.quants import dequantize
+
+    dev = VulkanDevice(dataclasses.replace(vk.info, subgroup_size=subgroup))
+    try:
+        assert int(dev._mmv_spec[0]) == subgroup
+        rng = np.random.default_rng(subgroup)
+        for ty in VULKAN_TYPES:
+            n_in = 512 if ty.name.endswith("_K") else 160
+            raw = random_weight(ty, (45, n_in), rng)
+            x = rng.standard_normal((2, n_in)).astype(np.float32)
+            xt, y = dev.empty((2, n_in)), dev.empty((2, 45))
+            dev.write(xt, x)
+            dev.matmul(y, xt, dev.upload(raw, ty, (45, n_in)))
+            xr = dequantize_q8_ref(x) if dev.quantizes_activations(ty, 2, (45, n_in)) else x.astype(np.float64)
+            ref = xr @ dequantize(raw, ty, (45, n_in)).astype(np.float64).T
+            assert nmse(dev.read(y), ref) < 1e-10, ty.name
+    finally:
+        dev.close()

@@ -106,10 +106,16 @@ def layer_available() -> tuple[bool, str]:
     return True, ""
 
 
-def settings_text(log_path: str) -> str:
-    """The vk_layer_settings.txt used: synchronization validation on, errors and warnings logged
-    to ``log_path`` without a duplicate-message limit."""
-    return (f"khronos_validation.enables = VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT\n"
+#: ``--gpu-assisted``: GPU-assisted validation (the layer instruments every shader to check
+#: descriptor indexing and buffer bounds on the device) instead of synchronization validation.
+GPU_ASSISTED = "VK_VALIDATION_FEATURE_ENABLE_GPU_ASSISTED_EXT"
+SYNCHRONIZATION = "VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT"
+
+
+def settings_text(log_path: str, enables: str = SYNCHRONIZATION) -> str:
+    """The vk_layer_settings.txt used: synchronization validation on (or ``enables``), errors and
+    warnings logged to ``log_path`` without a duplicate-message limit."""
+    return (f"khronos_validation.enables = {enables}\n"
             f"khronos_validation.report_flags = error,warn\n"
             f"khronos_validation.debug_action = VK_DBG_LAYER_ACTION_LOG_MSG\n"
             f"khronos_validation.log_filename = {log_path}\n"
@@ -141,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log", default=os.path.join(tempfile.gettempdir(), "cooktop-vulkan-validation.log"),
                     help="where the layer's whole log is written (default: %(default)s)")
+    ap.add_argument("--gpu-assisted", action="store_true",
+                    help="GPU-assisted validation (shader instrumentation: out-of-bounds buffer access) "
+                         "instead of synchronization validation")
     args, pytest_args = ap.parse_known_args(argv)
     ok, why = layer_available()
     if not ok:
@@ -154,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         fifo = os.path.join(tmp, "layer.fifo")
         os.mkfifo(fifo)
         settings = os.path.join(tmp, "vk_layer_settings.txt")
-        pathlib.Path(settings).write_text(settings_text(fifo))
+        enables = GPU_ASSISTED if args.gpu_assisted else SYNCHRONIZATION
+        pathlib.Path(settings).write_text(settings_text(fifo, enables))
         rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         keep_open = os.open(fifo, os.O_WRONLY)  # no EOF while writers come and go
         os.set_blocking(rfd, True)
@@ -194,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     if n_err:
         print(f"vulkan-validation: FAILED: {n_err} validation error message(s)", file=sys.stderr)
         return 1
-    print("vulkan-validation: passed: 0 validation errors, 0 synchronization hazards")
+    print("vulkan-validation: passed: 0 validation errors, " + ("0 GPU-assisted reports" if args.gpu_assisted
+                                                                else "0 synchronization hazards"))
     return 0
 
 

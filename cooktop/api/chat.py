@@ -8,8 +8,11 @@ loses a leading BOS text the tokenizer adds anyway (llama.cpp
 ``common/chat.cpp``), is tokenized with special tokens parsed, and generation
 stops at the template's end-of-turn strings as well as the caller's ``stop``.
 Responses are OpenAI's ``chat.completion`` / ``chat.completion.chunk``;
-``logprobs``/``top_logprobs`` give OpenAI's chat shape. Tool calls are passed
-to the template but not parsed out of the answer (the text comes back as content).
+``logprobs``/``top_logprobs`` give OpenAI's chat shape. ``tools`` reach the
+template and the answer is parsed into OpenAI ``tool_calls`` in the template's
+own syntax, ``<think>`` blocks and gpt-oss's analysis channel into
+``reasoning_content`` (:mod:`cooktop.api.chat_plan`, :mod:`cooktop.text.tool_calls`);
+``tool_choice`` ``required`` or a named function is enforced with a grammar.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from typing import Any
 from ..engine.generate import Generation, Step
 from ..errors import CooktopError
 from ..text.chat_template import TemplateChoice, resolve_template, strip_added_specials
+from ..text.reasoning import prompt_opens_thinking
+from ..text.tool_calls import MessageStream
 from .base import LlamaBase
+from .chat_plan import ChatPlan, ThinkBudget, assemble_message, plan_chat
 from .completion import MAX_TOP_LOGPROBS, n_predict_of, stop_list
 from .grammar import GrammarError, from_response_format
 from .logprobs import log_softmax, top_k
@@ -81,10 +87,16 @@ class ChatMixin(LlamaBase):
         Raises:
             ChatTemplateError: see :meth:`apply_chat_template`.
         """
+        text, tokens, stops = self._chat_render(messages, tools, **kwargs)
+        return tokens, stops
+
+    def _chat_render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                     **kwargs: Any) -> tuple[str, list[int], list[str]]:
+        """(prompt text, its token ids, the template's stop strings); see :meth:`chat_prompt`."""
         tmpl = self.chat_template_choice().for_request(tools)
         text = tmpl.render(messages, add_generation_prompt=True, tools=tools or None, **kwargs)
         text = strip_added_specials(text, tmpl.bos_token, tmpl.eos_token, add_bos=self._tokenizer.vocab.add_bos)
-        return self.tokenize(text, add_bos=True, special=True), list(tmpl.stop)
+        return text, self.tokenize(text, add_bos=True, special=True), list(tmpl.stop)
 
     def create_chat_completion(self, messages: list[dict[str, Any]], functions: Any = None,
                                function_call: Any = None, tools: list[dict[str, Any]] | None = None,
@@ -98,13 +110,24 @@ class ChatMixin(LlamaBase):
                                logits_processor: Any = None, grammar: Any = None,
                                logit_bias: dict | None = None, logprobs: bool | None = None,
                                top_logprobs: int | None = None, stopping_criteria: Any = None,
+                               parallel_tool_calls: bool | None = None, reasoning_format: str | None = None,
+                               chat_template_kwargs: dict[str, Any] | None = None,
+                               reasoning_budget: int | None = None,
                                ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """Answer a conversation (OpenAI ``chat.completion``), llama-cpp-python's arguments.
 
         Args:
             messages: ``[{"role": ..., "content": ...}, ...]``.
-            functions, function_call, tool_choice: accepted; functions are passed as tools.
-            tools: passed to the template (answers are not parsed into tool calls).
+            tools: OpenAI tools, rendered by the template; calls in the answer come back as
+                ``message.tool_calls`` (finish_reason ``tool_calls``). ``functions`` are taken as tools.
+            tool_choice: ``none`` / ``auto`` / ``required`` / ``{"type": "function", "function":
+                {"name": ...}}`` (``function_call`` likewise); required and named are grammar-enforced.
+            parallel_tool_calls: allow several calls in one answer (default False, as llama-server).
+            reasoning_format: ``none`` (thinking left in content), ``deepseek``/``auto`` (the default:
+                moved to ``message.reasoning_content``), ``deepseek-legacy`` (both).
+            chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
+            reasoning_budget: -1 unlimited, 0 no thinking (``enable_thinking=False``), N > 0 at most N
+                thinking tokens (then ``</think>`` is forced).
             response_format: ``{"type": "json_object"}`` (optionally ``"schema"``) or
                 ``{"type": "json_schema", "json_schema": {"schema": ...}}``: constrained output.
             logprobs, top_logprobs: OpenAI chat logprobs (``top_logprobs`` 0..20).
@@ -115,6 +138,8 @@ class ChatMixin(LlamaBase):
         Raises:
             ChatTemplateError: the template refused the conversation. ContextOverflowError: the
             prompt does not fit. GrammarError: grammar and response_format both given, or bad.
+            ToolCallError: malformed tools, tool_choice, tool-call messages or reasoning options,
+            or a grammar given with tools.
         """
         eng = self._engine
         if mirostat_mode:
@@ -127,26 +152,40 @@ class ChatMixin(LlamaBase):
             raise GrammarError("give either grammar or response_format, not both")
         if tools is None and functions:
             tools = [{"type": "function", "function": f} for f in functions]
-        tokens, template_stops = self.chat_prompt(messages, tools)
+        if tool_choice is None and function_call is not None:
+            tool_choice = ({"type": "function", "function": function_call} if isinstance(function_call, dict)
+                           else function_call)
+        plan = plan_chat(self, messages, tools=tools, tool_choice=tool_choice,
+                         grammar=rf if rf is not None else grammar, parallel_tool_calls=parallel_tool_calls,
+                         reasoning_format=reasoning_format, chat_template_kwargs=chat_template_kwargs,
+                         reasoning_budget=reasoning_budget)
+        text, tokens, template_stops = self._chat_render(plan.messages, plan.tools, **plan.template_kwargs)
+        opened = prompt_opens_thinking(text)
+        procs = list(logits_processor) if logits_processor is not None else []
+        if plan.budget > 0:
+            procs.append(ThinkBudget(self, len(tokens), plan.budget, opened))
         sampler = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 typical_p=typical_p, repeat_penalty=repeat_penalty,
                                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                logit_bias=logit_bias, seed=seed, logits_processor=logits_processor,
-                                grammar=rf if rf is not None else grammar)
+                                logit_bias=logit_bias, seed=seed, logits_processor=procs or None,
+                                grammar=plan.grammar)
         stops = stop_list(stop) + [s for s in template_stops if s not in stop_list(stop)]
         criteria = list(stopping_criteria) if stopping_criteria is not None else []
         steps = eng.generate(tokens, n_predict_of(max_tokens), sampler, stops, stopping_criteria=criteria,
-                             seq=self._active_seq)
+                             seq=self._active_seq, preserved=plan.preserved)
         k = (top_logprobs or 0) if logprobs else None
-        chat = _Chat(self, steps, len(tokens), model or self.model_path, k)
+        chat = _Chat(self, steps, len(tokens), model or self.model_path, k, plan, opened)
         return chat.chunks() if stream else chat.whole()
 
 
 class _Chat:
     """Turns the steps of one generation into chat chunks or one ``chat.completion``."""
 
-    def __init__(self, llm: Any, steps: Generation, n_prompt: int, model: str, top: int | None):
+    def __init__(self, llm: Any, steps: Generation, n_prompt: int, model: str, top: int | None, plan: ChatPlan,
+                 thinking_open: bool):
         self.llm, self.steps, self.n_prompt, self.model, self.top = llm, steps, n_prompt, model, top
+        self.reader = MessageStream(plan.fmt, reasoning_format=plan.reasoning_format, thinking_open=thinking_open,
+                                    tools=plan.parse_tools)
         self.id = f"chatcmpl-{uuid.uuid4()}"
         self.created = int(time.time())
         self.n_generated = 0
@@ -178,17 +217,25 @@ class _Chat:
                              "finish_reason": finish}]}
 
     def chunks(self) -> Iterator[ChatCompletionChunk]:
-        """Role first, then content deltas, then an empty delta with ``finish_reason`` (and ``usage``)."""
+        """Role first, then content / reasoning / tool-call deltas, then an empty delta with
+        ``finish_reason`` (``tool_calls`` when the answer called tools and was not cut off) and ``usage``."""
         try:
             yield self._chunk({"role": "assistant", "content": ""}, None, None)
             for step in self.steps:
                 if step.token is not None:
                     self.n_generated += 1
                 e = self._logprob(step)
-                if step.text or e is not None:
-                    yield self._chunk({"content": step.text}, None, None if e is None else [e])
-                if step.finish_reason is not None:
-                    last = self._chunk({}, step.finish_reason, None)
+                final = step.finish_reason is not None
+                deltas = self.reader.feed(step.text, final=final) if (step.text or final) else []
+                for i, d in enumerate(deltas):
+                    yield self._chunk(d, None, None if e is None or i else [e])
+                if e is not None and not deltas:
+                    yield self._chunk({}, None, [e])
+                if final:
+                    finish = step.finish_reason
+                    if self.reader.calls and finish != "length":
+                        finish = "tool_calls"
+                    last = self._chunk({}, finish, None)
                     last["usage"] = self.usage()
                     yield last
         finally:
@@ -197,21 +244,19 @@ class _Chat:
                 self.llm._last = self.steps.result
 
     def whole(self) -> ChatCompletion:
-        """The non-streamed ``chat.completion``."""
-        texts, lps = [], []
+        """The non-streamed ``chat.completion``: the stream's deltas joined (:func:`assemble_message`)."""
+        deltas, lps = [], []
         finish = "length"
-        for step in self.steps:
-            if step.token is not None:
-                self.n_generated += 1
-            texts.append(step.text)
-            e = self._logprob(step)
-            if e is not None:
-                lps.append(e)
-            if step.finish_reason is not None:
-                finish = step.finish_reason
-        self.llm._last = self.steps.result
+        usage: Any = None
+        for c in self.chunks():
+            ch = c["choices"][0]
+            deltas.append(ch["delta"])
+            if ch["logprobs"] is not None:
+                lps += ch["logprobs"]["content"]
+            if ch["finish_reason"] is not None:
+                finish, usage = ch["finish_reason"], c.get("usage")
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(texts)},
+                "choices": [{"index": 0, "message": assemble_message(deltas),
                              "logprobs": {"content": lps, "refusal": None} if self.top is not None else None,
                              "finish_reason": finish}],
-                "usage": self.usage()}
+                "usage": usage or self.usage()}

@@ -84,7 +84,7 @@ class EmbeddingMixin(LlamaBase):
             raise CooktopError("Llama model must be created with embedding=True to call this method")
         pooling = self.pooling()
         if pooling == "rank":
-            raise CooktopError("pooling_type rank (reranking) needs a classifier head; cooktop does not have it")
+            raise CooktopError("pooling_type rank gives relevance scores, not embeddings: use rerank() or /v1/rerank")
         batches = self._inputs(input)
         seq = getattr(self, "_embd_seq", None)
         if seq is None:

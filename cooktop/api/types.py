@@ -54,6 +54,8 @@ class ChatCompletionTokenLogprob(TypedDict):
 class ChatCompletionMessage(TypedDict, total=False):
     role: str
     content: str | None
+    reasoning_content: str
+    tool_calls: list[dict[str, Any]]
 
 
 class ChatCompletionChoice(TypedDict):

@@ -17,6 +17,21 @@ class DeviceInfo:
 
     Memory fields are bytes; ``None`` means the driver did not tell.
     ``device_type`` is one of ``gpu``, ``igpu``, ``cpu``, ``accelerator``.
+
+    What GPU users ask of a device (``cooktop devices --json``): ``integer_dot`` (packed 8-bit
+    dot products: Vulkan ``shaderIntegerDotProduct``, OpenCL ``cl_khr_integer_dot_product``),
+    ``cooperative_matrix`` (``VK_KHR_cooperative_matrix`` / ``VK_NV_cooperative_matrix``, Intel's
+    subgroup matrix extension on OpenCL), ``subgroup_sizes`` (every size the device can run,
+    smallest first; ``subgroup_size`` is the default one) and ``subgroup_ops`` (Vulkan
+    ``VkSubgroupFeatureFlagBits`` names: basic, vote, arithmetic, ballot, shuffle, ...),
+    ``fp16`` / ``bf16`` arithmetic, ``max_buffer_bytes`` (the largest buffer one kernel can bind:
+    ``maxStorageBufferRange``, capped by ``maxBufferSize``; OpenCL's max allocation) beside
+    ``max_alloc_bytes`` (``maxMemoryAllocationSize`` / ``CL_DEVICE_MAX_MEM_ALLOC_SIZE``),
+    ``unified_memory`` (the device shares the host's RAM: iGPUs, CPU drivers) and
+    ``usable_mem_bytes`` (what it can really use: the driver's memory budget where it reports
+    one, for unified memory every heap it can reach, which on iGPUs is more than the small
+    "device-local" carve-out some drivers report), and ``variants``: which of cooktop's kernel
+    variants the device gets (op family -> variant or launch shape).
     ``types`` lists GGML type names the backend runs there, ``ops`` the op names
     (:data:`~.optable.OPS` unless the device lacks one), ``op_limits`` the dimensions a device
     caps per op (``{"attention": {"head_dim": 256}}``; names from ``OpSpec.limits``).
@@ -38,6 +53,15 @@ class DeviceInfo:
     int8: bool = False
     types: tuple[str, ...] = ()
     ops: tuple[str, ...] = OPS
+    integer_dot: bool = False
+    cooperative_matrix: bool = False
+    subgroup_sizes: tuple[int, ...] = ()
+    subgroup_ops: tuple[str, ...] = ()
+    bf16: bool = False
+    max_buffer_bytes: int | None = None
+    unified_memory: bool | None = None
+    usable_mem_bytes: int | None = None
+    variants: dict[str, str] = dataclasses.field(default_factory=dict)
     op_limits: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -82,6 +106,8 @@ class DeviceInfo:
         d = dataclasses.asdict(self)
         d["types"] = list(self.types)
         d["ops"] = list(self.ops)
+        d["subgroup_sizes"] = list(self.subgroup_sizes)
+        d["subgroup_ops"] = list(self.subgroup_ops)
         d["op_limits"] = {k: dict(v) for k, v in self.op_limits.items()}
         d["selector"] = self.selector
         return d

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CooktopError
+from ..model.forward import Model
 
 
 @dataclasses.dataclass
@@ -89,6 +90,7 @@ def run_cooktop(path: str, device: str, ngl: Any, n_batch: int, npp: list[int], 
     except CooktopError as e:
         return [BatchedResult("cooktop", device, name, pp, tg, pl, error=str(e)) for pp, tg, pl in configs]
     from ..backends.registry import FAMILIES
+    assert isinstance(eng.model, Model)  # engine.load places it on this machine's devices
     fam = eng.model.segments[-1].device.info.backend
     backend = FAMILIES[fam].label if fam in FAMILIES else fam
     rng = np.random.default_rng(seed)

@@ -41,6 +41,7 @@ import numpy as np
 
 from ..backends.registry import FAMILIES
 from ..errors import CooktopError
+from ..model.forward import Model
 
 log = logging.getLogger("cooktop")
 
@@ -216,6 +217,7 @@ class CooktopRunner:
                                split=split.replace("/", ",") if split else None, **extra)
         self.placement = self.eng.placement.summary()
         self.load_ms = self.eng.load_ms
+        assert isinstance(self.eng.model, Model)  # engine.load places it on this machine's devices
         for seg in self.eng.model.segments:  # uploads, repacks, numpy's float32 conversion: done before timing
             seg.device.synchronize()
 

@@ -38,6 +38,15 @@ from .group import cli
 @click.option("--chat-template", default=None, help="Chat format name (chatml, llama3, ...) or jinja text.")
 @click.option("--chat-template-file", default=None, type=click.Path(), help="Jinja chat template file.")
 @click.option("-s", "--seed", default=-1, show_default=True, help="Default RNG seed (-1 = random).")
+@click.option("--reasoning-format", default="auto", show_default=True,
+              type=click.Choice(["none", "deepseek", "deepseek-legacy", "auto"]),
+              help="Thinking (<think>, gpt-oss analysis): none = left in content, deepseek/auto = "
+                   "message.reasoning_content, deepseek-legacy = both.")
+@click.option("--reasoning-budget", default=-1, show_default=True, type=click.IntRange(min=-1),
+              help="Thinking tokens: -1 unlimited, 0 no thinking, N > 0 at most N (then </think> is forced).")
+@click.option("--no-webui", "--no-ui", "no_webui", is_flag=True, help="Do not serve the web chat page at /.")
+@click.option("--rerank", "--reranking", "rerank", is_flag=True,
+              help="Pooling rank for /v1/rerank (a reranker GGUF with a classification head).")
 @click.option("--embedding", "--embeddings", "embeddings", is_flag=True,
               help="(Accepted: /v1/embeddings is always on in cooktop.)")
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
@@ -48,7 +57,8 @@ from .group import cli
               help="With --ray: replicas of the model behind Ray Serve (default 1), requests balanced across them.")
 @compat_options(exclude=("parallel",))
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
-              chat_template, chat_template_file, seed, embeddings, metrics, threads, threads_batch, device,
+              chat_template, chat_template_file, seed, reasoning_format, reasoning_budget, no_webui, rerank,
+              embeddings, metrics, threads, threads_batch, device,
               n_gpu_layers, split, ray_address, n_replicas, tensors, **compat):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
@@ -76,8 +86,11 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
     kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
                   seed=seed, n_threads=threads, n_threads_batch=threads_batch, chat_template=chat_template,
                   chat_template_file=chat_template_file, **moe_kwargs(tensors))
+    if rerank:
+        kwargs["pooling_type"] = 4  # llama.cpp LLAMA_POOLING_TYPE_RANK
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
-                          api_key=api_key)
+                          api_key=api_key, reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
+                          webui=not no_webui)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if ray_address:
         from ..server.replicas import serve_forever

@@ -4,7 +4,7 @@
   work pinned to a node (device probes, file checks).
 - ``pipeline``: :class:`ClusterModel`, a model whose placement segments run in
   Ray actors on their nodes (weights and KV cache there), activations passed
-  between them as Ray calls; it has the surface ``engine`` needs of a model.
+  between them as Ray calls; a ``model.placed.PlacedModel`` as the local model is.
 - ``load``: the placement over the cluster's devices (by each node's probed
   memory) and :func:`load`, an ``Engine`` on a :class:`ClusterModel`.
 - ``weights``: the node's own copy of the GGUF, or the segment's tensors shipped

@@ -80,7 +80,7 @@ def plan_cluster(gf: GGUFFile, cfg: ModelConfig, device: str | None, n_gpu_layer
 
     def limits(sel: str):
         i = info(sel)
-        return device_limits(sel.lower(), i.global_mem_bytes, i.max_alloc_bytes)
+        return device_limits(sel.lower(), i.usable_mem_bytes or i.global_mem_bytes, i.max_alloc_bytes)
 
     p = place(gf, cfg, selectors, parse_ngl(n_gpu_layers), parse_split(split), supports, limits, n_ctx, n_batch,
               logits_all)
@@ -177,7 +177,7 @@ def load_model(model_path: str | os.PathLike, *, ray_address: str | None = None,
     segs = start_segments(gf, cfg, plan, n_ctx, n_batch, logits_all,
                           weights or os.environ.get(ENV_WEIGHTS, "auto"))
     model = ClusterModel(gf, cfg, segs, n_ctx, n_batch, logits_all)
-    return LoadedModel(gf, cfg, tokenizer, model, plan.placement, {}, n_ctx, n_batch,  # type: ignore[arg-type]
+    return LoadedModel(gf, cfg, tokenizer, model, plan.placement, {}, n_ctx, n_batch,
                        (time.perf_counter() - t0) * 1e3)
 
 

@@ -4,10 +4,10 @@ Each segment of the placement (``runtime/placement.py``: consecutive blocks, and
 the output head, on one device) lives in a :class:`SegmentWorker` actor pinned
 to its node. The actor owns the segment's weights (a ``model.forward.Segment``
 built from the node's copy of the GGUF or a shipped one, ``cluster/weights.py``)
-and the K/V of every sequence for its blocks. :class:`ClusterModel` has the
-surface of ``model.forward.Model`` that ``engine`` uses (``new_cache`` for
-``n_seq`` sequences, ``forward``, ``forward_batch``, ``close``, ``cfg``, ``n_ctx``,
-``n_batch``, ``logits_all``), so an ``Engine``, its ``Sequence`` s and batched
+and the K/V of every sequence for its blocks. :class:`ClusterModel` is a
+``model.placed.PlacedModel``, as ``model.forward.Model`` is: the embedding, the rows of a pass,
+``forward``, ``forward_batch`` and the cache checks are theirs, and only how the segments run
+differs (:meth:`ClusterModel._run`), so an ``Engine``, its ``Sequence`` s and batched
 decoding run on it unchanged.
 
 A forward pass looks up the token embeddings on the driver, then submits one
@@ -27,7 +27,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import threading
 import time
 import weakref
 from typing import Any
@@ -36,9 +35,8 @@ import numpy as np
 
 from ..errors import ClusterError, CooktopError
 from ..format.gguf import GGUFFile
-from ..format.quants import dequantize
 from ..model.config import ModelConfig
-from ..model.forward import CacheTokens, Rows
+from ..model.placed import CacheTokens, PlacedModel, Rows
 from .connect import get, import_ray, translate
 from .nodes import Node
 
@@ -192,10 +190,10 @@ class RemoteCache(CacheTokens):
 class HopStats:
     """Decode-step timings (forward passes of one token) of a :class:`ClusterModel`, milliseconds summed.
 
-    ``wall_ms``: driver-measured forward time; ``compute_ms[i]``: segment i's own
-    time in ``Segment.run``; the rest is overhead: serialization, Ray's calls and the
-    moves of activations and logits over ``n_segments + 1`` hops (driver to the first
-    segment, between segments, last segment back to the driver).
+    ``wall_ms``: driver-measured time of a pass's segment calls (submitting them to the result);
+    ``compute_ms[i]``: segment i's own time in ``Segment.run``; the rest is overhead: serialization,
+    Ray's calls and the moves of activations and logits over ``n_segments + 1`` hops (driver to
+    the first segment, between segments, last segment back to the driver).
     """
 
     n_tokens: int = 0
@@ -213,7 +211,7 @@ class HopStats:
                 "n_hops": hops, "overhead_ms_per_hop": overhead / hops}
 
 
-class ClusterModel:
+class ClusterModel(PlacedModel[RemoteCache]):
     """A model placed on the nodes of a Ray cluster (module doc); what ``engine`` runs.
 
     Args:
@@ -224,26 +222,14 @@ class ClusterModel:
 
     def __init__(self, gf: GGUFFile, cfg: ModelConfig, segments: list[RemoteSegment], n_ctx: int, n_batch: int,
                  logits_all: bool = False):
-        from ..model.arch import architecture
-
-        self.gf, self.cfg, self.segments = gf, cfg, segments
-        self._arch = architecture(cfg.arch)
-        self.n_ctx, self.n_batch, self.logits_all = n_ctx, n_batch, logits_all
-        self._key = object()
+        super().__init__(gf, cfg, n_ctx, n_batch, logits_all)
+        self.segments = segments
         self._ids = itertools.count(1)
-        self._closed = False
         self._broken: str | None = None
-        self._lock = threading.Lock()
         self.stats = HopStats(compute_ms=[0.0] * len(segments))
 
-    @property
-    def closed(self) -> bool:
-        """True after :meth:`close`."""
-        return self._closed
-
     def _check_open(self) -> None:
-        if self._closed:
-            raise CooktopError("the model is closed (close() was called); load it again")
+        super()._check_open()
         if self._broken:
             raise ClusterError(f"this model lost a segment earlier ({self._broken}); load it again")
 
@@ -261,16 +247,9 @@ class ClusterModel:
                 return s.label
         return "a segment of the pipeline"
 
-    def new_cache(self, n_seq: int = 1) -> RemoteCache:
-        """A fresh KV cache for ``n_seq`` sequences, allocated by every segment on its node.
-
-        Raises:
-            CooktopError: closed, or ``n_seq`` < 1. ClusterError: a node failed.
-            DeviceOutOfMemoryError: it does not fit.
-        """
-        self._check_open()
-        if n_seq < 1:
-            raise CooktopError(f"a KV cache holds at least one sequence, not {n_seq}")
+    def _new_cache(self, n_seq: int) -> RemoteCache:
+        """Cache ``cid`` allocated by every segment on its node (``new_cache``'s errors, and
+        ClusterError: a node failed)."""
         cid = next(self._ids)
         refs = [s.actor.new_cache.remote(cid, n_seq) for s in self.segments]
         try:
@@ -295,117 +274,28 @@ class ClusterModel:
         except Exception:  # noqa: BLE001 - freeing never raises (it may run from a finalizer)
             pass
 
-    def embed(self, tokens: np.ndarray) -> np.ndarray:
-        """Token embedding lookup on the driver: float32 [n, n_embd] for int [n] ids, times the
-        architecture's ``embd_scale`` when it has one (as ``Model.embed``)."""
-        te = self.gf.tensor("token_embd.weight")
-        rows = np.asarray(te.data).reshape(te.shape[0], -1)[tokens]
-        x = dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
-        if self._arch.embd_scale is not None:
-            x = np.asarray(x, dtype=np.float32) * np.float32(self._arch.embd_scale(self.cfg))
-        return x
-
-    def forward(self, tokens: np.ndarray, n_past: int, cache: RemoteCache, logits_all: bool | None = None,
-                embeddings: bool = False, seq_id: int = 0) -> np.ndarray:
-        """As ``Model.forward``: ``n <= n_batch`` tokens of sequence ``seq_id`` at positions
-        ``n_past ..``, through every segment.
-
-        Returns:
-            float32 [n or 1, n_vocab] logits, or float32 [n, n_embd] with ``embeddings``.
-        Raises:
-            CooktopError: closed, or a cache of another model or closed.
-            ValueError: ``n``, ``n_past`` or ``seq_id`` out of range.
-            ClusterError: a segment died or did not answer (its node is named); the model is then broken.
-        """
-        self._check_cache(cache)
-        n = len(tokens)
-        if not 0 < n <= self.n_batch:
-            raise ValueError(f"forward takes 1..{self.n_batch} tokens, got {n}")
-        self._check_item(cache, seq_id, n_past, n)
-        la = self.logits_all if logits_all is None else (logits_all and self.logits_all)
-        ids = np.asarray(tokens, dtype=np.int64)
-        pos = np.arange(n_past, n_past + n, dtype=np.int32)
-        rows = Rows(pos, outputs=None if la else np.array([n - 1], dtype=np.int32), n_ctx=self.n_ctx)
-        if seq_id:
-            rows.cells = pos + np.int32(seq_id * self.n_ctx)
-            rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
-        cache.truncate(n_past, seq_id)
-        out = self._pipeline(ids, rows, cache, embeddings)
-        cache.seq_tokens[seq_id].extend(int(t) for t in ids)
-        return out
-
-    def forward_batch(self, cache: RemoteCache, items: list[tuple[int, int, list[int], bool]]
-                      ) -> list[np.ndarray | None]:
-        """As ``Model.forward_batch``: tokens of several sequences of ``cache`` in one pass.
-
-        Each item ``(seq_id, n_past, tokens, want_logits)`` appends ``tokens`` to sequence
-        ``seq_id`` at positions ``n_past ..``; a sequence appears at most once.
-
-        Returns:
-            per item: float32 [1, n_vocab] logits of its last token when ``want_logits``, else None.
-        Raises:
-            as :meth:`forward`; ValueError: no tokens, more than ``n_batch``, a sequence twice.
-        """
-        self._check_cache(cache)
-        n = sum(len(t) for _, _, t, _ in items)
-        if not 0 < n <= self.n_batch or any(not t for _, _, t, _ in items):
-            raise ValueError(f"forward_batch takes 1..{self.n_batch} tokens, at least one per item, got {n}")
-        if len({s for s, _, _, _ in items}) != len(items):
-            raise ValueError("forward_batch: a sequence appears twice in one batch")
-        for seq_id, n_past, toks, _ in items:
-            self._check_item(cache, seq_id, n_past, len(toks))
-        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, _, t, _ in items])
-        pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for _, p, t, _ in items])
-        base = np.concatenate([np.full(len(t), s * self.n_ctx, dtype=np.int32) for s, _, t, _ in items])
-        ends = np.cumsum([len(t) for _, _, t, _ in items]) - 1
-        want = [i for i, it in enumerate(items) if it[3]]
-        outputs = ends[want].astype(np.int32) if want else np.array([n - 1], dtype=np.int32)
-        for seq_id, n_past, _, _ in items:
-            cache.truncate(n_past, seq_id)
-        logits = self._pipeline(ids, Rows(pos, pos + base, base, outputs, self.n_ctx), cache, False)
-        for seq_id, _, toks, _ in items:
-            cache.seq_tokens[seq_id].extend(int(t) for t in toks)
-        out: list[np.ndarray | None] = [None] * len(items)
-        for j, i in enumerate(want):
-            out[i] = logits[j:j + 1]
-        return out
-
-    def _pipeline(self, ids: np.ndarray, rows: Rows, cache: RemoteCache, embeddings: bool) -> np.ndarray:
-        """Embed ``ids`` here, then one Ray call per segment, each taking the previous one's result."""
+    def _run(self, x: np.ndarray, rows: Rows, cache: RemoteCache, embeddings: bool) -> np.ndarray:
+        """One Ray call per segment, submitted at once, each taking the previous one's result; one
+        wait for the last. Raises ClusterError (naming the node) when a segment dies or does not
+        answer; the model is then broken. A one-row pass adds to :attr:`stats`."""
         t0 = time.perf_counter()
-        x: Any = self.embed(ids)
+        h: Any = x
         timing = []
         for s in self.segments:
-            x, t = s.actor.run.options(num_returns=2).remote(x, rows, cache.cid, embeddings)
+            h, t = s.actor.run.options(num_returns=2).remote(h, rows, cache.cid, embeddings)
             timing.append(t)
         try:
-            out, *ms = get([x, *timing], self._where)
+            out, *ms = get([h, *timing], self._where)
         except ClusterError as e:
             self._broken = str(e)
             raise
-        if len(ids) == 1:
+        if len(x) == 1:
             with self._lock:
                 self.stats.n_tokens += 1
                 self.stats.wall_ms += (time.perf_counter() - t0) * 1e3
                 for i, m in enumerate(ms):
                     self.stats.compute_ms[i] += m
         return np.asarray(out)
-
-    def _check_cache(self, cache: RemoteCache) -> None:
-        self._check_open()
-        if getattr(cache, "_model_key", None) is not self._key:
-            raise CooktopError("this KV cache was made by another model; use model.new_cache()")
-        if cache.closed:
-            raise CooktopError("this KV cache is closed")
-
-    def _check_item(self, cache: RemoteCache, seq_id: int, n_past: int, n: int) -> None:
-        if not 0 <= seq_id < cache.n_seq:
-            raise ValueError(f"seq_id {seq_id} is outside the cache's 0..{cache.n_seq - 1} sequences")
-        have = len(cache.seq_tokens[seq_id])
-        if not 0 <= n_past <= have:
-            raise ValueError(f"n_past {n_past} is outside the cache's 0..{have} positions")
-        if n_past + n > self.n_ctx:
-            raise ValueError(f"positions {n_past}..{n_past + n - 1} exceed n_ctx {self.n_ctx}")
 
     def reset_stats(self) -> None:
         """Start :attr:`stats` over (e.g. after a warm-up)."""

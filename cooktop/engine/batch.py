@@ -10,7 +10,7 @@ call parks the thread and hands the tokens to the :class:`BatchDriver`. The
 driver's thread runs a step when every *member* thread is parked (none is still
 sampling or sending its previous token), so each step holds one token of every
 decoding sequence: one :meth:`Model.forward_batch
-<cooktop.model.forward.Model.forward_batch>` of at most ``n_batch`` tokens,
+<cooktop.model.placed.PlacedModel.forward_batch>` of at most ``n_batch`` tokens,
 decoding tokens first, then the prompts' tokens in arrival order, a prompt longer
 than what is left of the step going on in the next steps beside the others'
 decoding. A thread resumes when its last token's logits are back.
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CooktopError
-from ..model.forward import Model
+from ..model.placed import PlacedModel
 
 
 @dataclasses.dataclass(eq=False)
@@ -85,7 +85,7 @@ class BatchDriver:
         CooktopError: the sequences do not share one cache of ``model``, or ``n_batch`` < 1.
     """
 
-    def __init__(self, model: Model, sequences: list[Any], n_batch: int | None = None):
+    def __init__(self, model: PlacedModel, sequences: list[Any], n_batch: int | None = None):
         caches = {id(s.cache) for s in sequences}
         if len(caches) != 1 or sequences[0].model is not model:
             raise CooktopError("a batch driver runs sequences of one shared KV cache of its model "

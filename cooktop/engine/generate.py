@@ -32,7 +32,7 @@ from ..backends.base import Device
 from ..errors import ContextOverflowError, CooktopError
 from ..format.gguf import GGUFFile
 from ..model.config import ModelConfig
-from ..model.forward import Model
+from ..model.placed import PlacedModel
 from ..runtime.loader import LoadedModel, load_model
 from ..runtime.placement import Placement
 from ..text.tokenizer import Tokenizer
@@ -167,7 +167,7 @@ class Engine:
         keep_scores: the default sequence records every logits row (``Llama.scores``).
     """
 
-    def __init__(self, gf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer, model: Model,
+    def __init__(self, gf: GGUFFile, cfg: ModelConfig, tokenizer: Tokenizer, model: PlacedModel,
                  placement: Placement, devices: dict[str, Device], load_ms: float, keep_scores: bool = False):
         self.gf, self.cfg, self.tokenizer, self.model = gf, cfg, tokenizer, model
         self.placement = placement
@@ -228,7 +228,8 @@ class Engine:
 
     def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams | Sampler,
                  stop: list[str] | None = None, seq: Sequence | Callable[[list[int]], Sequence] | None = None,
-                 stopping_criteria: list[StoppingCriterion] | None = None) -> Generation:
+                 stopping_criteria: list[StoppingCriterion] | None = None,
+                 preserved: frozenset[int] = frozenset()) -> Generation:
         """The continuation of ``prompt_tokens`` on ``seq``, as a :class:`Generation` of steps.
 
         Nothing runs until the first ``next``. The sequence's context becomes the
@@ -247,6 +248,8 @@ class Engine:
                 ``seq(prompt_tokens) -> Sequence`` choosing one (the server's slots).
             stopping_criteria: callables ``(input_ids, logits) -> bool`` checked after each
                 token (llama-cpp-python's ``stopping_criteria``); True ends with "stop".
+            preserved: control tokens whose text the output keeps (a chat format's markers such as
+                ``<|python_tag|>``, llama.cpp's ``preserved_tokens``); others print nothing.
         Raises:
             CooktopError: an empty prompt; ContextOverflowError: the prompt alone does not
             fit in ``n_ctx`` (both now, before anything runs).
@@ -258,11 +261,13 @@ class Engine:
             seq = seq(list(prompt_tokens))
         stops = [s for s in (stop or []) if s]
         sampler = params if isinstance(params, Sampler) else Sampler(params)
-        steps = self._steps(seq, list(prompt_tokens), n_predict, sampler, stops, list(stopping_criteria or []))
+        steps = self._steps(seq, list(prompt_tokens), n_predict, sampler, stops, list(stopping_criteria or []),
+                            preserved)
         return Generation(steps, seq, seq.common_prefix(list(prompt_tokens)))
 
     def _steps(self, seq: Sequence, prompt: list[int], n_predict: int, sampler: Sampler,
-               stop: list[str], criteria: list[StoppingCriterion]) -> Generator[Step, None, GenerationResult]:
+               stop: list[str], criteria: list[StoppingCriterion],
+               preserved: frozenset[int] = frozenset()) -> Generator[Step, None, GenerationResult]:
         """The generation loop of :meth:`generate` (a generator returning its result)."""
         timings = Timings(load_ms=self.load_ms)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -292,7 +297,7 @@ class Engine:
                 break
             generated.append(tok)
             history.append(tok)
-            pending += decoder.decode(self.tokenizer.token_to_piece(tok))
+            pending += decoder.decode(self.tokenizer.token_to_piece(tok, special=tok in preserved))
             emit, hit = _split_stop(pending, stop)
             pending = pending[len(emit):]
             if emit:

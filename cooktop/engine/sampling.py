@@ -61,13 +61,17 @@ class SamplingParams:
         Raises:
             CooktopError: a value is not finite, top_p, typical_p or min_p outside
                 [0, 1], repeat_penalty <= 0, a seed outside uint32 (other than -1/None),
-                or a logit_bias key that is not a token id or value that is not a number.
+                or a logit_bias key that is not a token id or value that is not a number, or
+                repeat_last_n below -1 (llama.cpp: -1 is the context size, 0 off).
         """
         for name in ("temperature", "top_p", "min_p", "repeat_penalty", "typical_p", "presence_penalty",
                      "frequency_penalty"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise CooktopError(f"{name} must be a finite number, got {v!r}")
+        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) or self.repeat_last_n < -1:
+            raise CooktopError(f"repeat_last_n (--repeat-last-n) must be -1 (the context size), 0 (off) or a "
+                               f"positive count of tokens, got {self.repeat_last_n!r}")
         if not 0.0 <= self.typical_p <= 1.0:
             raise CooktopError(f"typical_p (--typical) must be in [0, 1], got {self.typical_p}")
         object.__setattr__(self, "logit_bias", bias_pairs(self.logit_bias))

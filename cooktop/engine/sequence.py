@@ -1,7 +1,7 @@
 """One sequence on a loaded model: its KV cache, the tokens it holds, and optionally its logits.
 
 A :class:`Sequence` is what one conversation (or one request, or one
-``Llama``) runs on. Several sequences of one :class:`~cooktop.model.forward.Model`
+``Llama``) runs on. Several sequences of one :class:`~cooktop.model.placed.PlacedModel`
 share its weights and scratch buffers and have a KV cache each, or cells of one
 shared cache (``seq_id``; ``Engine.new_sequences``), so their evaluations and
 generations can interleave; a sequence with a ``driver``
@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ContextOverflowError, CooktopError
-from ..model.forward import KVCache, Model
+from ..model.placed import CacheTokens, PlacedModel
 from ..text.tokenizer import InvalidTokenError
 
 
@@ -31,15 +31,17 @@ class Sequence:
         keep_scores: record the logits of every evaluated position in :attr:`scores`
             (llama-cpp-python's ``Llama.scores``).
     Attributes:
-        model, cache (:class:`KVCache`), version (bumped by every eval and truncation).
+        model, cache (a :class:`~cooktop.model.placed.CacheTokens`: ``model.forward.KVCache``, or a
+        cluster's), version (bumped by every eval and truncation).
     Raises:
         CooktopError: the model is closed. DeviceOutOfMemoryError: the cache does not fit.
     """
 
-    def __init__(self, model: Model, keep_scores: bool = False, cache: KVCache | None = None, seq_id: int = 0):
+    def __init__(self, model: PlacedModel, keep_scores: bool = False, cache: CacheTokens | None = None,
+                 seq_id: int = 0):
         self.model = model
         self._owns_cache = cache is None
-        self.cache: KVCache = model.new_cache() if cache is None else cache
+        self.cache: CacheTokens = model.new_cache() if cache is None else cache
         self.seq_id = seq_id
         self.version = 0
         #: a :class:`~cooktop.engine.batch.BatchDriver` that runs this sequence's evaluations in

@@ -325,6 +325,10 @@ def _precheck(path: str) -> None:
     if len(head) < 8 or size < 24:
         raise GGUFError(f"{path}: truncated GGUF header: the file has only {size} bytes; re-download the model")
     version = struct.unpack("<I", head[4:8])[0]
+    swapped = struct.unpack(">I", head[4:8])[0]
+    if version not in SUPPORTED_VERSIONS and swapped in SUPPORTED_VERSIONS:
+        raise GGUFError(f"{path}: a big-endian GGUF (version {swapped}); cooktop reads little-endian files: "
+                        f"convert it with gguf-py's `gguf-convert-endian {path} little`")
     if version not in SUPPORTED_VERSIONS:
         raise GGUFError(f"{path}: GGUF version {version} is not supported (supported: 2, 3)")
 

@@ -9,16 +9,14 @@ also declares the tensors the file must (or may) hold.
 
 from __future__ import annotations
 
-import math
 import re
-from typing import Any
 
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGUFFile
 from ..format.quants import HOST_TYPES
 from .arch import Architecture, architecture
 from .arch.base import INPUT, MATRIX
-from .hparams import Metadata, ModelConfig
+from .hparams import Metadata, ModelConfig, rope_scaling
 
 __all__ = ["ModelConfig", "load_config"]
 
@@ -30,6 +28,11 @@ _KNOWN_UNUSED = {
     "rope_factors_long.weight": "long rope factors (LongRoPE)",
     "rope_factors_short.weight": "short rope factors (LongRoPE)",
 }
+
+
+#: A reranker's classification head: applied after the forward pass by pooling ``rank``
+#: (cooktop/api/rerank.py, as llama.cpp src/llama-graph.cpp build_pooling).
+RANK_HEAD = ("cls.weight", "cls.bias", "cls.output.weight", "cls.output.bias")
 
 
 def _check_unused(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
@@ -45,6 +48,8 @@ def _check_unused(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
         m = _BLOCK_RE.fullmatch(name)
         block = int(m.group(1)) if m else None
         if spec is not None and (block is None or not spec.per_block or block < cfg.n_layer):
+            continue
+        if name in RANK_HEAD:
             continue
         if name in _KNOWN_UNUSED:
             what = _KNOWN_UNUSED[name]
@@ -90,44 +95,6 @@ def _check_tensors(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
                 f"n_vocab {V}); the file is inconsistent")
 
 
-#: ``rope.scaling.type`` values llama.cpp knows (src/llama-model.cpp LLAMA_ROPE_SCALING_TYPES).
-ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
-
-
-def _rope_scaling(m: Metadata, n_ctx_train: int) -> dict[str, Any]:
-    """The rope scaling fields of :class:`ModelConfig`, as llama.cpp derives them.
-
-    ``llama_model_base::load_hparams`` (src/llama-model.cpp): the type defaults to
-    ``linear``; the factor is ``rope.scaling.factor`` (else the old ``rope.scale_linear``),
-    ``freq_scale = 1 / factor`` (1 when absent or 0); ``rope.scaling.attn_factor`` and
-    ``rope.scaling.original_context_length`` (default n_ctx_train) are optional.
-    ``llama_context`` (src/llama-context.cpp): type ``none`` forces freq_scale 1; YaRN sets
-    ext_factor 1 and attn_factor ``mscale(factor) / (1 + 0.1 ln factor)`` (which ggml's
-    rope_yarn multiplies back by ``1 + 0.1 ln factor``), then times ``rope.scaling.attn_factor``.
-
-    Raises:
-        UnsupportedModelError: a scaling type llama.cpp does not know, or a non-numeric value.
-    """
-    kind = m.get("rope.scaling.type", "linear")
-    if kind not in ROPE_SCALING_TYPES:
-        raise UnsupportedModelError(f"{m.path}: rope scaling type {kind!r} ({m.key('rope.scaling.type')}) is "
-                                    f"not supported ({', '.join(ROPE_SCALING_TYPES)})")
-    factor = m.num("rope.scaling.factor", float, None, minimum=0.0)
-    if factor is None:
-        factor = m.num("rope.scale_linear", float, 0.0, minimum=0.0)
-    scale = 1.0 if not factor or kind == "none" else 1.0 / factor
-    ext_factor = 1.0 if kind == "yarn" else 0.0
-    attn_factor = 1.0
-    if ext_factor != 0.0:
-        f = 1.0 / scale
-        mscale = 1.0 if f <= 1.0 else 0.1 * math.log(f) + 1.0
-        attn_factor = mscale / (1.0 + 0.1 * math.log(f))
-    attn_factor *= m.num("rope.scaling.attn_factor", float, 1.0)
-    n_ctx_orig = m.num("rope.scaling.original_context_length", int, 0, minimum=0) or n_ctx_train
-    return {"rope_freq_scale": scale, "rope_scaling_type": str(kind), "rope_ext_factor": ext_factor,
-            "rope_attn_factor": attn_factor, "n_ctx_orig_yarn": n_ctx_orig}
-
-
 def load_config(f: GGUFFile) -> ModelConfig:
     """Build the :class:`ModelConfig` of an opened GGUF and check its tensors.
 
@@ -159,7 +126,7 @@ def load_config(f: GGUFFile) -> ModelConfig:
     n_rot = m.num("rope.dimension_count", default=head_dim, minimum=0)
     if n_rot % 2 or n_rot > head_dim:
         raise UnsupportedModelError(f"{p}: rope dimension count {n_rot} must be even and <= head_dim {head_dim}")
-    rope = _rope_scaling(m, n_ctx_train)
+    rope = rope_scaling(m, n_ctx_train)
     tensors = f.tensors
     if "token_embd.weight" not in tensors:
         raise UnsupportedModelError(f"{p}: missing tensor 'token_embd.weight'")

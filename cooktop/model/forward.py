@@ -1,5 +1,7 @@
-"""The transformer forward pass, written once against the backend op set; the
-architecture (``model/arch/<arch>.py``) supplies the tensors, the block and the head.
+"""The transformer forward pass on this machine's devices, written once against the backend op
+set; the architecture (``model/arch/<arch>.py``) supplies the tensors, the block and the head,
+and ``model/placed.py`` (:class:`~cooktop.model.placed.PlacedModel`) what every placed model
+shares (embedding, the rows of a pass, the cache checks), here and on a cluster.
 
 The model is cut into *segments*: runs of consecutive repeating blocks (and
 possibly the output head) that live on one device (``runtime/placement.py``
@@ -36,16 +38,14 @@ references, such as Vulkan, need).
 Per batch of ``n`` rows (llama2.c's ``forward``)::
 
     x = token_embd[tokens]                              (host)
-    for each block i:  arch.block(x, weights[i], KV(cache.k[i], cache.v[i], pos, cells, kv_start))
-    xn = arch.final_norm(x[out_rows])                   (the last row, each sequence's last, or all)
-    logits = arch.lm_head(xn)                           (embeddings: xn)
+    for each block i:  arch.block(x, weights[i], KV(cache.k[i], cache.v[i], pos, cells, kv_start), i)
+    arch.head(x):      xn = final_norm(x[out_rows])     (the last row, each sequence's last, or all)
+                       logits = lm_head(xn)             (embeddings: xn)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import threading
 import weakref
 from types import SimpleNamespace
 
@@ -59,6 +59,7 @@ from ..format.quants import dequantize, row_bytes
 from .arch import Architecture, architecture
 from .arch.base import HEAD, KV, MATRIX, Weights
 from .config import ModelConfig
+from .placed import CacheTokens, PlacedModel, Rows
 
 #: Segment serials (graph keys name the segment by it: never reused, unlike id()).
 _segment_serials = itertools.count(1)
@@ -93,37 +94,19 @@ def upload_rows(d: Device | DeviceBuffer, t: TensorInfo, first: int, end: int) -
     return d.upload(raw, t.ggml_type, (end - first,) + tuple(t.shape[1:]))
 
 
-@dataclasses.dataclass
-class Rows:
-    """Where the ``n`` rows of one forward pass go.
-
-    Attributes:
-        pos: int32 [n] positions (rope).
-        cells: int32 [n] cache rows (None: the positions, one sequence).
-        kv_start: int32 [n] first cache row each row attends to (None: 0).
-        outputs: int32 [m] rows whose logits are returned (None: every row).
-        n_ctx: positions per sequence (0: the cache's rows; one sequence).
-    """
-
-    pos: np.ndarray
-    cells: np.ndarray | None = None
-    kv_start: np.ndarray | None = None
-    outputs: np.ndarray | None = None
-    n_ctx: int = 0
-
-
 class Segment:
     """Blocks ``blocks`` (and the head when ``head``) on one device: weights and scratch buffers.
 
     Buffers (``B`` = n_batch rows): the architecture's scratch (``arch.scratch(cfg)``:
-    name -> f32 [B, width]; llama: x, xn, o [B, n_embd], q, att [B, n_embd_q], k, v
+    name -> f32 [B, width]; the builders': x, xn, o [B, n_embd], q, att [B, n_embd_q], k, v
     [B, n_embd_kv], gate, up [B, n_ff]); pos, cells, kv_start: i32 [B]; head only: the
     output rows (ids i32 [m], xl f32 [m, n_embd], logits f32 [m, n_vocab], m grown by
     powers of two as batches ask; logits f32 [B, n_vocab] when logits_all).
     The KV cache is not here: :meth:`run` takes the cache of these blocks.
     ``parts`` (per block, default ``all``): ``attn`` or ``ffn`` runs one half of a block
-    (``Architecture.block_attn`` / ``block_ffn``: a block whose experts live on another device);
-    an ``ffn`` half has no cache (its entry in the cache lists is a 1-row placeholder).
+    (``Architecture.run_block``: a block whose experts live on another device); an ``ffn`` half
+    has no cache (its entry in the cache lists is a 1-row placeholder). I32 scratch buffers
+    (``arch.scratch_i32``: the selected experts) are allocated beside the f32 ones.
     """
 
     def __init__(self, device: Device, blocks: list[int], head: bool, gf: GGUFFile, cfg: ModelConfig,
@@ -154,10 +137,10 @@ class Segment:
             w = {}
             for key, (name, spec) in arch.unit_tensors(gf.tensors, unit, part).items():
                 if spec.parts:  # a fused matrix: each row range is a weight of its own
-                    for part, first, end in spec.part_rows(cfg):
-                        if (name, part) not in uploaded:
-                            uploaded[(name, part)] = upload_rows(d, gf.tensor(name), first, end)
-                        w[part] = uploaded[(name, part)]
+                    for pkey, first, end in spec.part_rows(cfg):
+                        if (name, pkey) not in uploaded:
+                            uploaded[(name, pkey)] = upload_rows(d, gf.tensor(name), first, end)
+                        w[pkey] = uploaded[(name, pkey)]
                     continue
                 if name not in uploaded:
                     uploaded[name] = upload(d, gf.tensor(name), as_f32=spec.kind != MATRIX, shape=spec.shape(cfg))
@@ -266,70 +249,18 @@ class Segment:
         """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`."""
         d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
-            s.il = self.blocks[j]
-            part = self.parts[j]
-            if part == "ffn":
-                arch.block_ffn(d, cfg, w, s)  # type: ignore[misc]  # a placement splits only blocks that have halves
-                continue
             kv = KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0])
-            (arch.block_attn if part == "attn" else arch.block)(d, cfg, w, s, kv)  # type: ignore[misc]
+            arch.run_block(d, cfg, w, s, kv, self.blocks[j], self.parts[j])
         out = self._result(s, n, m, embeddings)
         if not self.head:
             return out
-        hw = self.head_weights
         if embeddings:
-            arch.final_norm(d, cfg, hw, s.xn, s.x)
-            return out
-        if m:  # the output rows only
-            xn = self.xl.head(m)
-            d.get_rows(xn, s.x, self.ids.head(m))
-            arch.final_norm(d, cfg, hw, xn, xn)
+            arch.head(d, cfg, self.head_weights, s.x, s.xn)
+        elif m:  # the output rows only
+            arch.head(d, cfg, self.head_weights, s.x, self.xl.head(m), out, self.ids.head(m))
         else:
-            xn = s.xn
-            arch.final_norm(d, cfg, hw, xn, s.x)
-        arch.lm_head(d, cfg, hw, out, xn)
+            arch.head(d, cfg, self.head_weights, s.x, s.xn, out)
         return out
-
-
-class CacheTokens:
-    """What every KV cache of ``n_seq`` sequences keeps beside its K/V: the token ids each
-    sequence holds, truncation and closing (:class:`KVCache` here, the cluster's ``RemoteCache``).
-
-    Subclasses set ``seq_tokens`` (per sequence, the ids at positions ``0 .. n_past - 1``),
-    ``n_seq`` and ``_closed``, and free their K/V in :meth:`_free`.
-    """
-
-    seq_tokens: list[list[int]]
-    n_seq: int
-    _closed: bool
-
-    @property
-    def tokens(self) -> list[int]:
-        """Sequence 0's ids (the one sequence of a cache made for one)."""
-        return self.seq_tokens[0]
-
-    @property
-    def n_past(self) -> int:
-        """Positions (tokens) of sequence 0 whose K/V the cache holds."""
-        return len(self.seq_tokens[0])
-
-    @property
-    def closed(self) -> bool:
-        """True after :meth:`close`."""
-        return self._closed
-
-    def truncate(self, n: int, seq_id: int = 0) -> None:
-        """Keep positions ``0 .. n - 1`` of sequence ``seq_id`` (later cells are overwritten by the next forward)."""
-        del self.seq_tokens[seq_id][max(n, 0):]
-
-    def close(self) -> None:
-        """Free the K/V (:meth:`_free`) and forget the tokens. Idempotent; also runs when the cache is collected."""
-        self._closed = True
-        self._free()
-        self.seq_tokens = [[] for _ in range(self.n_seq)]
-
-    def _free(self) -> None:
-        """Give the K/V back (once; later calls do nothing)."""
 
 
 class KVCache(CacheTokens):
@@ -375,8 +306,9 @@ class KVCache(CacheTokens):
             release()
 
 
-class Model:
-    """A loaded model placed on devices (weights and scratch buffers; KV caches apart).
+class Model(PlacedModel[KVCache]):
+    """A loaded model placed on this machine's devices (weights and scratch buffers; KV caches
+    apart): a :class:`~cooktop.model.placed.PlacedModel` whose segments are :class:`Segment` s.
 
     Args:
         gf: the opened GGUF; cfg: its config (``cfg.arch`` names the architecture).
@@ -391,13 +323,7 @@ class Model:
 
     def __init__(self, gf: GGUFFile, cfg: ModelConfig, segments: list[tuple],
                  n_ctx: int, n_batch: int, logits_all: bool = False):
-        self.gf, self.cfg, self.arch = gf, cfg, architecture(cfg.arch)
-        self.n_ctx, self.n_batch, self.logits_all = n_ctx, n_batch, logits_all
-        self._key = object()  # identifies the caches made by this model
-        self._lock = threading.Lock()  # one forward at a time: the scratch buffers are shared
-        self._closed = False
-        te = gf.tensor("token_embd.weight")
-        self._embd = te
+        super().__init__(gf, cfg, n_ctx, n_batch, logits_all)
         self.segments: list[Segment] = []
         try:
             for device, blocks, head, *parts in segments:
@@ -407,136 +333,17 @@ class Model:
             self.close()
             raise
 
-    @property
-    def closed(self) -> bool:
-        """True after :meth:`close`."""
-        return self._closed
-
-    def new_cache(self, n_seq: int = 1) -> KVCache:
-        """A fresh (empty) KV cache for ``n_seq`` sequences, allocated on each segment's device:
-        ``2 x n_layer`` buffers of f32 [n_seq * n_ctx, n_head_kv * head_dim].
-
-        Raises:
-            CooktopError: the model is closed, or ``n_seq`` < 1.
-            DeviceOutOfMemoryError: a cache buffer does not fit.
-        """
-        self._check_open()
+    def _new_cache(self, n_seq: int) -> KVCache:
         return KVCache(self, n_seq)
 
-    def embed(self, tokens: np.ndarray) -> np.ndarray:
-        """Token embedding lookup on the host: float32 [n, n_embd] for int [n] ids, times the
-        architecture's ``embd_scale`` when it has one (gemma3)."""
-        te = self._embd
-        rows = np.asarray(te.data).reshape(te.shape[0], -1)[tokens]
-        x = dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
-        if self.arch.embd_scale is not None:
-            x = np.asarray(x, dtype=np.float32) * np.float32(self.arch.embd_scale(self.cfg))
-        return x
-
-    def forward(self, tokens: np.ndarray, n_past: int, cache: KVCache, logits_all: bool | None = None,
-                embeddings: bool = False, seq_id: int = 0) -> np.ndarray:
-        """Evaluate ``n <= n_batch`` tokens of one sequence at positions ``n_past .. n_past + n - 1``.
-
-        Writes their K/V into ``cache`` and sets the sequence's ids to its first ``n_past``
-        followed by ``tokens`` (positions >= n_past are overwritten). Calls from
-        several threads take turns.
-
-        Args:
-            tokens: int [n] token ids, each < n_vocab.
-            n_past: positions of the sequence to keep, <= its n_past.
-            cache: a cache made by this model's :meth:`new_cache`.
-            logits_all: override of the model's setting for this call.
-            embeddings: return the output-normed hidden states instead of logits.
-            seq_id: the sequence of ``cache`` (0 .. n_seq - 1).
-        Returns:
-            float32 [n, n_vocab] when logits_all, else float32 [1, n_vocab] (last token);
-            with ``embeddings``, float32 [n, n_embd].
-        Raises:
-            CooktopError: the model or the cache is closed, or the cache is another model's.
-            ValueError: ``n``, ``n_past`` or ``seq_id`` out of range.
-        """
-        self._check_cache(cache)
-        n = len(tokens)
-        if not 0 < n <= self.n_batch:
-            raise ValueError(f"forward takes 1..{self.n_batch} tokens, got {n}")
-        self._check_item(cache, seq_id, n_past, n)
-        la = self.logits_all if logits_all is None else (logits_all and self.logits_all)
-        ids = np.asarray(tokens, dtype=np.int64)
-        h = self.embed(ids)
-        pos = np.arange(n_past, n_past + n, dtype=np.int32)
-        rows = Rows(pos, outputs=None if la else np.array([n - 1], dtype=np.int32), n_ctx=self.n_ctx)
-        if seq_id:
-            rows.cells = pos + np.int32(seq_id * self.n_ctx)
-            rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
-        cache.truncate(n_past, seq_id)  # rows from n_past on are about to be overwritten
-        h = self._run(h, rows, cache, embeddings)
-        cache.seq_tokens[seq_id].extend(int(t) for t in ids)
-        return h
-
-    def forward_batch(self, cache: KVCache, items: list[tuple[int, int, list[int], bool]]) -> list[np.ndarray | None]:
-        """Evaluate tokens of several sequences of ``cache`` in one pass (at most ``n_batch`` in all).
-
-        Each item ``(seq_id, n_past, tokens, want_logits)`` appends ``tokens`` to sequence
-        ``seq_id`` at positions ``n_past ..`` (as :meth:`forward` does; its ids are updated).
-        A sequence appears at most once.
-
-        Returns:
-            per item: float32 [1, n_vocab] logits of its last token when ``want_logits``, else None.
-        Raises:
-            CooktopError: the model or the cache is closed, the cache is another model's.
-            ValueError: no tokens, more than ``n_batch``, a sequence twice, or an item out of range.
-        """
-        self._check_cache(cache)
-        n = sum(len(t) for _, _, t, _ in items)
-        if not 0 < n <= self.n_batch or any(not t for _, _, t, _ in items):
-            raise ValueError(f"forward_batch takes 1..{self.n_batch} tokens, at least one per item, got {n}")
-        if len({s for s, _, _, _ in items}) != len(items):
-            raise ValueError("forward_batch: a sequence appears twice in one batch")
-        for seq_id, n_past, toks, _ in items:
-            self._check_item(cache, seq_id, n_past, len(toks))
-        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, _, t, _ in items])
-        pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for _, p, t, _ in items])
-        base = np.concatenate([np.full(len(t), s * self.n_ctx, dtype=np.int32) for s, _, t, _ in items])
-        ends = np.cumsum([len(t) for _, _, t, _ in items]) - 1
-        want = [i for i, it in enumerate(items) if it[3]]
-        outputs = ends[want].astype(np.int32) if want else np.array([n - 1], dtype=np.int32)
-        rows = Rows(pos, pos + base, base, outputs, self.n_ctx)
-        for seq_id, n_past, _, _ in items:
-            cache.truncate(n_past, seq_id)
-        logits = self._run(self.embed(ids), rows, cache, False)
-        for seq_id, _, toks, _ in items:
-            cache.seq_tokens[seq_id].extend(int(t) for t in toks)
-        out: list[np.ndarray | None] = [None] * len(items)
-        for j, i in enumerate(want):
-            out[i] = logits[j:j + 1]
-        return out
-
-    def _run(self, h: np.ndarray, rows: Rows, cache: KVCache, embeddings: bool) -> np.ndarray:
+    def _run(self, x: np.ndarray, rows: Rows, cache: KVCache, embeddings: bool) -> np.ndarray:
+        """Each segment in turn, activations read back and written to the next device; one pass at a
+        time (the lock: the segments' scratch buffers are shared by every caller)."""
         with self._lock:
             self._check_open()
             for seg, k, v in zip(self.segments, cache.k, cache.v):
-                h = seg.run(h, rows, k, v, embeddings)
-        return h
-
-    def _check_cache(self, cache: KVCache) -> None:
-        self._check_open()
-        if cache._model_key is not self._key:
-            raise CooktopError("this KV cache was made by another model; use model.new_cache()")
-        if cache.closed:
-            raise CooktopError("this KV cache is closed")
-
-    def _check_item(self, cache: KVCache, seq_id: int, n_past: int, n: int) -> None:
-        if not 0 <= seq_id < cache.n_seq:
-            raise ValueError(f"seq_id {seq_id} is outside the cache's 0..{cache.n_seq - 1} sequences")
-        have = len(cache.seq_tokens[seq_id])
-        if not 0 <= n_past <= have:
-            raise ValueError(f"n_past {n_past} is outside the cache's 0..{have} positions")
-        if n_past + n > self.n_ctx:
-            raise ValueError(f"positions {n_past}..{n_past + n - 1} exceed n_ctx {self.n_ctx}")
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise CooktopError("the model is closed (close() was called); load it again")
+                x = seg.run(x, rows, k, v, embeddings)
+        return x
 
     def close(self) -> None:
         """Give the weights and scratch buffers back (devices stay open in the registry;

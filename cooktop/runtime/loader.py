@@ -18,6 +18,7 @@ from ..errors import CooktopError
 from ..format.gguf import GGUFFile, open_gguf
 from ..model.config import ModelConfig, load_config
 from ..model.forward import Model
+from ..model.placed import PlacedModel
 from ..text.tokenizer import Tokenizer
 from .budget import device_limits, memory_overrides
 from .placement import Placement, TensorPlacement, parse_ngl, place
@@ -38,7 +39,7 @@ class LoadedModel:
     gf: GGUFFile
     cfg: ModelConfig
     tokenizer: Tokenizer
-    model: Model
+    model: PlacedModel
     placement: Placement
     devices: dict[str, Device]
     n_ctx: int
@@ -118,7 +119,7 @@ def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers:
 
     def limits(sel: str):
         i = info(sel)
-        return device_limits(sel, i.global_mem_bytes, i.max_alloc_bytes)
+        return device_limits(sel, i.usable_mem_bytes or i.global_mem_bytes, i.max_alloc_bytes)
 
     return place(gf, cfg, selectors, n_gpu_layers, parse_split(split), supports, limits, n_ctx, n_batch,
                  logits_all, tensors)

@@ -301,13 +301,13 @@ def _plan_blocks(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_lay
         t = tensors.target([n for n, _ in arch.unit_tensors(gf.tensors, "head").values()])
         head = t or head
         for i in range(cfg.n_layer):
-            t = tensors.target([n for n, _ in arch.unit_tensors(gf.tensors, i, "attn" if arch.block_attn else "all")
-                                .values()])
+            part = "attn" if arch.has_halves else "all"
+            t = tensors.target([n for n, _ in arch.unit_tensors(gf.tensors, i, part).values()])
             blocks[i] = t or blocks[i]
     for i, sel in enumerate(blocks):
         if sel != HOST:
             why = why_not_on(gf, cfg, i, sel, supports)
-            if why and arch.block_attn is not None:
+            if why and arch.has_halves:
                 why_attn = why_not_on(gf, cfg, i, sel, supports, "attn")
                 if not why_attn:
                     continue  # the attention half runs there; _place_halves keeps the rest on the host
@@ -332,7 +332,7 @@ def _place_halves(gf: GGUFFile, cfg: ModelConfig, p: Placement, by_ngl: list[str
     an ``-ot`` pattern on a feed-forward tensor says otherwise; a half that cannot run where it
     was sent stays on the host with a note."""
     arch = architecture(cfg.arch)
-    if arch.block_attn is None:
+    if not arch.has_halves:
         return
     experts = list(by_ngl)
     for i in range(cfg.n_layer):
@@ -365,8 +365,9 @@ def why_not_on(gf: GGUFFile, cfg: ModelConfig, unit: int | str, sel: str, suppor
     """Why block ``unit`` (int; ``part`` ``all``/``attn``/``ffn``) or the ``"head"`` cannot run on
     ``sel``, or "" when it can: an op of the architecture's block (half) or head the device lacks
     or caps below this model's dimensions (e.g. Vulkan's attention with head_dim > 256), or a
-    matrix type its matmul cannot run."""
-    ops = architecture(cfg.arch).ops_of(unit, part)
+    matrix type its matmul cannot run. The ops are those the unit's (half's) code calls with the
+    file's tensors (``Architecture.ops``)."""
+    ops = architecture(cfg.arch).ops(cfg, unit, gf.tensors, part)
     why = [r for op in ops if (r := supports(sel, op, None, **unit_dims(cfg, op)))]
     if why:
         return "; ".join(why)

@@ -3,14 +3,17 @@
 Endpoints: ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``, ``/tokenize``, ``/detokenize``, ``/apply-template``;
 ``GET /v1/models``, ``/health`` (503 while the model loads), ``/metrics``
-(Prometheus text), ``/props``. Generations run on the :class:`Scheduler`'s
+(Prometheus text), ``/props``; and in their own modules the Responses API
+(:mod:`.responses_api`), Anthropic's ``/v1/messages`` (:mod:`.anthropic`),
+``/v1/rerank`` (:mod:`.rerank`) and the web chat page at ``/`` (:mod:`.webui`).
+Any ``model`` name is accepted (one model is served) and echoed back. Generations run on the :class:`Scheduler`'s
 worker thread; handlers wait for their job's events. Streams are Server-Sent
 Events ending with ``data: [DONE]``; with ``stream_options.include_usage`` one
 usage chunk (``choices: []``) comes right before it. A non-streamed answer is
 assembled from the same chunks, so it always equals the joined stream. A
 client that disconnects cancels its job. Errors are OpenAI-shaped JSON
 (:func:`protocol.error_body`): 400 bad JSON or field, prompt over the context,
-template refusal; 401 missing/wrong ``--api-key``; 404 unknown model or route;
+template refusal, bad tools; 401 missing/wrong ``--api-key``; 404 unknown route;
 503 loading or overloaded; 500 a bug.
 """
 
@@ -35,7 +38,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
+from . import anthropic, rerank, responses_api, webui
 from . import protocol as P
+from .bridge import Bridge
 from .responses import add_usage, assemble_chat, assemble_completion, choices_job, prometheus, prompt_choices_job
 from .slots import END, ERROR, Job, Scheduler
 
@@ -53,6 +58,8 @@ class ServerConfig:
         llama_kwargs: arguments for :class:`cooktop.api.Llama`.
         n_parallel: slots (``-np``); max_queue: waiting requests before 503.
         api_key: Bearer key required on every endpoint but ``/health`` (None: open).
+        reasoning_format, reasoning_budget: defaults for chat requests (``--reasoning-format``,
+            ``--reasoning-budget``); webui: serve the chat page at ``/`` (``--no-webui``: False).
     """
 
     model_path: str
@@ -61,6 +68,9 @@ class ServerConfig:
     n_parallel: int = 1
     max_queue: int = 256
     api_key: str | None = None
+    reasoning_format: str = "auto"
+    reasoning_budget: int = -1
+    webui: bool = True
 
     @property
     def model_id(self) -> str:
@@ -164,19 +174,22 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     @app.middleware("http")
     async def gate(request: Request, call_next):
         path = request.url.path
-        if path in OPEN_PATHS:
+        if path in OPEN_PATHS or (config.webui and path in webui.PATHS):
             return await call_next(request)
+        def refuse(status: int, msg: str, kind: str) -> JSONResponse:
+            if path.startswith("/v1/messages"):  # Anthropic's clients read Anthropic's error shape
+                return anthropic.error_response(P.HTTPError(status, msg, kind))
+            return JSONResponse(P.error_body(status, msg, kind), status_code=status)
+
         if config.api_key:
             auth = request.headers.get("authorization", "")
             token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
             if not hmac.compare_digest(token.encode(), config.api_key.encode()):
-                return JSONResponse(P.error_body(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                                                 "authentication_error"), status_code=401)
+                return refuse(401, "invalid or missing API key (Authorization: Bearer KEY)", "authentication_error")
         if state.load_error is not None:
-            return JSONResponse(P.error_body(500, f"the model failed to load: {state.load_error}", "server_error"),
-                                status_code=500)
+            return refuse(500, f"the model failed to load: {state.load_error}", "server_error")
         if state.loading:
-            return JSONResponse(P.error_body(503, "Loading model", "unavailable_error"), status_code=503)
+            return refuse(503, "Loading model", "unavailable_error")
         return await call_next(request)
 
     async def body_of(request: Request) -> dict[str, Any]:
@@ -191,15 +204,14 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
             raise P.HTTPError(400, f"the request body must be a JSON object, got {type(body).__name__}")
         return body
 
-    def check_model(body: dict[str, Any]) -> None:
+    def check_model(body: dict[str, Any]) -> str:
+        """The model name to echo: any name is accepted, as llama-server does with one model."""
         name = body.get("model")
         if name is None:
-            return
-        known = {config.model_id, config.model_path, os.path.basename(config.model_path),
-                 os.path.splitext(os.path.basename(config.model_path))[0]}
-        if name not in known:
-            raise P.HTTPError(404, f"model {name!r} not found; this server has {config.model_id!r}",
-                              "not_found_error", "model")
+            return config.model_id
+        if not isinstance(name, str):
+            raise P.bad("model", "expected a string")
+        return name
 
     def vocab_bias(args: dict[str, Any]) -> dict[str, Any]:
         """``args`` with the ``logit_bias`` token ids outside the vocabulary dropped (llama-server
@@ -311,9 +323,9 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     @endpoint
     async def chat_completions(request: Request):
         body = await body_of(request)
-        check_model(body)
-        args, n = vocab_bias(P.chat_args(body)), P.n_choices(body)
-        make = choices_job(n, args, lambda llm, kw: llm.create_chat_completion(**kw), config.model_id)
+        model = check_model(body)
+        args, n = vocab_bias(P.chat_args(body, config)), P.n_choices(body)
+        make = choices_job(n, args, lambda llm, kw: llm.create_chat_completion(**kw), model)
         return await run(request, "chat", make, "chat.completion.chunk", body, assemble_chat)
 
     @app.post("/v1/completions")
@@ -321,13 +333,13 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     @endpoint
     async def completions(request: Request):
         body = await body_of(request)
-        check_model(body)
+        model = check_model(body)
         prompts, args = P.completion_args(body)
         args = vocab_bias(args)
         n = P.n_choices(body)
         if len(prompts) * n > P.MAX_N:
             raise P.bad("n", f"{len(prompts)} prompts x n = {n} is more than {P.MAX_N} choices")
-        make = prompt_choices_job(prompts, n, args, config.model_id)
+        make = prompt_choices_job(prompts, n, args, model)
         return await run(request, "completions", make, "text_completion", body, assemble_completion)
 
     @app.post("/v1/embeddings")
@@ -335,7 +347,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     @endpoint
     async def embeddings(request: Request):
         body = await body_of(request)
-        check_model(body)
+        model = check_model(body)
         if "input" not in body and "content" in body:  # llama-server's own field
             body["input"] = body["content"]
         inp = body.get("input")
@@ -343,7 +355,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         if fmt not in ("float", "base64"):
             raise P.bad("encoding_format", f"expected 'float' or 'base64', got {fmt!r}")
         state.ready.metrics.requests_total["embeddings"] += 1
-        job = state.ready.submit(lambda llm: iter([llm.create_embedding(inp, model=config.model_id)]),
+        job = state.ready.submit(lambda llm: iter([llm.create_embedding(inp, model=model)]),
                                      asyncio.get_running_loop())
         first = await first_event(job)
         (result,) = await collect(request, job, first)
@@ -389,7 +401,9 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
                 "total_slots": len(state.ready.slots), "model_path": config.model_path,
                 "model_alias": config.model_id, "chat_template": tmpl.source, "bos_token": tmpl.bos_token,
                 "eos_token": tmpl.eos_token, "modalities": {"vision": False, "audio": False},
-                "build_info": f"cooktop {__version__}"}
+                "build_info": f"cooktop {__version__}", "webui": config.webui,
+                "reasoning_format": config.reasoning_format, "n_vocab": llm.n_vocab(),
+                "n_ctx_train": llm._engine.cfg.n_ctx_train, "size": os.path.getsize(config.model_path)}
 
     @app.post("/tokenize")
     @endpoint
@@ -431,4 +445,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         args = P.chat_args(body)
         return {"prompt": state.llm.apply_chat_template(args["messages"], tools=args["tools"])}
 
+    ctx = Bridge(state, config, body_of, check_model, _error)
+    for module in (responses_api, anthropic, rerank, webui):
+        module.register(app, ctx)
     return app

@@ -16,6 +16,7 @@ from typing import Any
 from ..engine.grammar import GrammarError
 from ..errors import ChatTemplateError, ClusterError, ContextOverflowError, CooktopError
 from ..text.tokenizer import InvalidTokenError
+from ..text.tool_calls import ToolCallError
 from .slots import OverloadedError
 
 MAX_N = 16  #: most choices per request
@@ -42,7 +43,7 @@ def classify(exc: BaseException) -> tuple[int, str]:
         return 503, "unavailable_error"
     if isinstance(exc, ContextOverflowError):
         return 400, "exceed_context_size_error"
-    if isinstance(exc, (ChatTemplateError, GrammarError, InvalidTokenError, CooktopError, TypeError)):
+    if isinstance(exc, (ChatTemplateError, GrammarError, InvalidTokenError, ToolCallError, CooktopError, TypeError)):
         return 400, "invalid_request_error"
     return 500, "server_error"
 
@@ -144,8 +145,26 @@ def n_choices(body: dict[str, Any]) -> int:
     return field(body, "n", int, 1, minimum=1, maximum=MAX_N)
 
 
-def chat_args(body: dict[str, Any]) -> dict[str, Any]:
-    """``create_chat_completion`` keyword arguments from a ``/v1/chat/completions`` body.
+def agent_args(body: dict[str, Any], config: Any = None) -> dict[str, Any]:
+    """Tool and reasoning arguments of a chat body: ``tool_choice``, ``parallel_tool_calls``,
+    ``chat_template_kwargs``, ``reasoning_format`` / ``reasoning_budget`` (defaults: the server's flags).
+
+    Raises:
+        HTTPError: a field of the wrong type.
+    """
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise bad("chat_template_kwargs", "expected an object of template variables")
+    return dict(tool_choice=body.get("tool_choice"),
+                parallel_tool_calls=field(body, "parallel_tool_calls", bool, None),
+                chat_template_kwargs=kwargs,
+                reasoning_format=field(body, "reasoning_format", str, getattr(config, "reasoning_format", None)),
+                reasoning_budget=field(body, "reasoning_budget", int, getattr(config, "reasoning_budget", None)))
+
+
+def chat_args(body: dict[str, Any], config: Any = None) -> dict[str, Any]:
+    """``create_chat_completion`` keyword arguments from a ``/v1/chat/completions`` body
+    (``config``: the server's defaults for :func:`agent_args`).
 
     Raises:
         HTTPError: 400 for a missing or malformed field.
@@ -167,7 +186,7 @@ def chat_args(body: dict[str, Any]) -> dict[str, Any]:
     if rf is not None and grammar is not None:
         raise bad("response_format", "give either response_format or grammar/json_schema, not both")
     args.update(messages=messages, tools=tools, logprobs=logprobs, top_logprobs=top,
-                response_format=rf, grammar=grammar)
+                response_format=rf, grammar=grammar, **agent_args(body, config))
     return args
 
 

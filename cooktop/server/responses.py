@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..api.chat_plan import assemble_message
+
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any]) -> dict[str, Any]:
     """Usage of several choices of one prompt: the prompt counted once (its cached tokens those of
@@ -58,7 +60,7 @@ def assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     for c in chunks:
         ch = c["choices"][0]
         slot = choices.setdefault(ch["index"], {"text": [], "finish": None, "lp": None})
-        slot["text"].append(ch["delta"].get("content") or "")
+        slot["text"].append(ch["delta"])
         if ch.get("logprobs") is not None:
             slot["lp"] = (slot["lp"] or []) + ch["logprobs"]["content"]
         if ch["finish_reason"] is not None:
@@ -67,7 +69,7 @@ def assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
             usage = add_usage(usage, c["usage"])
     first = chunks[0]
     return {"id": first["id"], "object": "chat.completion", "created": first["created"], "model": first["model"],
-            "choices": [{"index": i, "message": {"role": "assistant", "content": "".join(s["text"])},
+            "choices": [{"index": i, "message": assemble_message(s["text"]),
                          "logprobs": None if s["lp"] is None else {"content": s["lp"], "refusal": None},
                          "finish_reason": s["finish"]} for i, s in sorted(choices.items())],
             "usage": usage}
@@ -138,7 +140,7 @@ def prometheus(state: Any) -> str:
         "# HELP cooktop:requests_total Requests received, by endpoint.",
         "# TYPE cooktop:requests_total counter",
     ]
-    for ep in ("chat", "completions", "embeddings"):
+    for ep in ("chat", "completions", "embeddings", "responses", "messages", "rerank"):
         lines.append(f'cooktop:requests_total{{endpoint="{ep}"}} {m.requests_total[ep]}')
     lines += ["# HELP cooktop:errors_total Generations that ended in an error.", "# TYPE cooktop:errors_total counter",
               f"cooktop:errors_total {m.errors_total}"]

@@ -50,7 +50,16 @@ from ... import settings
 from ...errors import DeviceError, DeviceOutOfMemoryError
 from ..base import OPS, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
 from . import INSTALL_HINT
-from .programs import CPU_SHAPE, FLOAT_TYPES, GPU_SHAPE, OPENCL_TYPES, Q8_TYPES, KernelCache, clear_cache
+from .programs import (
+    CPU_SHAPE,
+    FLOAT_TYPES,
+    GPU_SHAPE,
+    OPENCL_TYPES,
+    Q8_TYPES,
+    KernelCache,
+    clear_cache,
+    host_has_vnni,
+)
 from .q8 import Q8Shadows
 
 #: The mixture-of-experts ops with kernels here.
@@ -136,24 +145,75 @@ def _subgroup_size(cl: Any, dev: Any, extensions: str) -> tuple[int | None, str]
     return None, "unknown (replaced by the kernel's preferred work-group multiple when opened)"
 
 
+def launch_shape(info: DeviceInfo) -> tuple[str, Any]:
+    """``("cpu" | "gpu", LaunchShape)``: CPU devices run one output row per work-item
+    (:data:`.programs.CPU_SHAPE`), GPUs work-groups sharing rows (``GPU_SHAPE``), unless the
+    device allows fewer than 64 work-items per group."""
+    if info.device_type == "cpu" or (info.max_workgroup_size is not None and info.max_workgroup_size < 64):
+        return "cpu", CPU_SHAPE
+    return "gpu", GPU_SHAPE
+
+
+def kernel_variants(info: DeviceInfo) -> dict[str, str]:
+    """Which of cooktop's OpenCL kernel variants ``info``'s device gets (``DeviceInfo.variants``):
+    the launch shape, the matmul activations (8-bit blocks with integer dots, or float32:
+    ``COOKTOP_OPENCL_Q8``) and the prompt matmul (AVX-512 VNNI on this machine's CPU, or mul_mm)."""
+    shape, _ = launch_shape(info)
+    q8 = _safe(settings.opencl_q8, True)
+    vnni = (info.device_type == "cpu" and host_has_vnni() and _safe(settings.opencl_vnni, True)
+            and "COOKTOP_PORTABLE" not in os.environ.get("COOKTOP_OPENCL_OPTIONS", ""))
+    return {"launch_shape": shape, "matmul_activations": "q8_1 (integer dot)" if q8 else "f32",
+            "prompt_matmul": "mul_mm_q8 (AVX-512 VNNI)" if vnni and q8 else "mul_mm"}
+
+
+def _subgroup_sizes(cl: Any, dev: Any, extensions: str, default: int | None) -> tuple[int, ...]:
+    if "cl_intel_required_subgroup_size" in extensions:
+        sizes = _safe(lambda: dev.get_info(CL_DEVICE_SUB_GROUP_SIZES_INTEL))
+        if sizes:
+            return tuple(sorted(int(x) for x in sizes))
+    return (default,) if default else ()
+
+
+def _subgroup_ops(extensions: str) -> tuple[str, ...]:
+    """Vulkan-style names of the sub-group operations the OpenCL extensions give."""
+    if "cl_khr_subgroups" not in extensions and "cl_intel_subgroups" not in extensions:
+        return ()
+    ops = ["basic", "vote", "arithmetic", "ballot"] if "cl_khr_subgroups" in extensions else ["basic", "shuffle"]
+    for name, ext in (("ballot", "cl_khr_subgroup_ballot"), ("shuffle", "cl_khr_subgroup_shuffle"),
+                      ("shuffle_relative", "cl_khr_subgroup_shuffle_relative"),
+                      ("clustered", "cl_khr_subgroup_clustered_reduce"), ("shuffle", "cl_intel_subgroups")):
+        if ext in extensions and name not in ops:
+            ops.append(name)
+    return tuple(ops)
+
+
 def device_info(cl: Any, platform: Any, dev: Any, index: int, p_index: int, d_index: int) -> DeviceInfo:
     """The :class:`DeviceInfo` of one pyopencl device (no kernel is built)."""
     ext = _safe(lambda: dev.extensions, "") or ""
     sg, sg_src = _subgroup_size(cl, dev, ext)
-    return DeviceInfo(
+    dtype = _device_type(cl, dev)
+    max_alloc = _safe(lambda: int(dev.max_mem_alloc_size))
+    info = DeviceInfo(
         backend="opencl", index=index, name=_safe(lambda: dev.name.strip(), "?"),
-        vendor=_safe(lambda: dev.vendor.strip(), ""), device_type=_device_type(cl, dev),
+        vendor=_safe(lambda: dev.vendor.strip(), ""), device_type=dtype,
         platform=f"{_safe(lambda: platform.name.strip(), '?')} ({_safe(lambda: platform.version.strip(), '')})",
         driver_version=_safe(lambda: dev.driver_version.strip(), ""),
         global_mem_bytes=_safe(lambda: int(dev.global_mem_size)),
-        max_alloc_bytes=_safe(lambda: int(dev.max_mem_alloc_size)),
+        max_alloc_bytes=max_alloc, max_buffer_bytes=max_alloc,
         compute_units=_safe(lambda: int(dev.max_compute_units)),
         max_workgroup_size=_safe(lambda: int(dev.max_work_group_size)),
         subgroup_size=sg, fp16="cl_khr_fp16" in ext, int8=any(e in ext for e in _INT8_EXTENSIONS),
         types=tuple(type_name(t) for t in OPENCL_TYPES), ops=OPS + OPENCL_MOE_OPS,
+        integer_dot=any(e in ext for e in _INT8_EXTENSIONS[:2]),
+        cooperative_matrix="cl_intel_subgroup_matrix_multiply_accumulate" in ext,
+        subgroup_sizes=_subgroup_sizes(cl, dev, ext, sg), subgroup_ops=_subgroup_ops(ext),
+        bf16="cl_intel_bfloat16_conversions" in ext or "cl_khr_bfloat16" in ext,
+        unified_memory=dtype in ("cpu", "igpu"), usable_mem_bytes=_safe(lambda: int(dev.global_mem_size)),
         extra={"platform_index": p_index, "device_index": d_index, "subgroup_size_source": sg_src,
                "opencl_c_version": _safe(lambda: dev.opencl_c_version.strip(), ""),
                "local_mem_bytes": _safe(lambda: int(dev.local_mem_size))})
+    info.variants = kernel_variants(info)
+    return info
 
 
 def describe_icds() -> str:
@@ -297,9 +357,7 @@ class OpenCLDevice(Device):
             self.queue = cl.CommandQueue(self.ctx, cl_device)
         except Exception as e:  # noqa: BLE001
             raise DeviceError(f"cannot open {info.selector} ({info.name}): {type(e).__name__}: {e}") from e
-        shape = CPU_SHAPE if info.device_type == "cpu" else GPU_SHAPE
-        if info.max_workgroup_size is not None and info.max_workgroup_size < 64:
-            shape = CPU_SHAPE
+        _, shape = launch_shape(info)
         self.shape = shape
         self.kernels = KernelCache(self.ctx, cl_device, shape, os.environ.get("COOKTOP_OPENCL_OPTIONS", ""), info)
         self._mf = cl.mem_flags

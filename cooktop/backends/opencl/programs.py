@@ -29,6 +29,7 @@ import hashlib
 import importlib.resources
 import logging
 import os
+import re
 import threading
 import warnings
 from typing import Any
@@ -119,10 +120,38 @@ def host_has_vnni() -> bool:
     return False
 
 
+#: The programs built from ``kernels/*.cl``: name -> the files concatenated, in order.
+PROGRAMS: dict[str, tuple[str, ...]] = {
+    "ops": ("norm.cl", "rope.cl", "elementwise.cl", "quant.cl"),
+    "weights": ("dequant.cl", "dotq8.cl", "matmul.cl"),
+    "attention": ("attention.cl",),
+    "attention_q8": ("quant.cl", "attention.cl"),
+}
+
+
 def read_source(*names: str) -> str:
     """Concatenated text of ``kernels/<name>`` files (beside this module)."""
     base = importlib.resources.files("cooktop.backends.opencl") / "kernels"
     return "\n".join((base / n).read_text() for n in names)
+
+
+def source_location(kernel: str, line: int) -> str:
+    """``file.cl:N`` for line ``line`` of the program that defines ``kernel`` (a driver or a
+    checker such as Oclgrind reports lines of the concatenated source), or ``"?"``. When several
+    programs hold the kernel's file, the first of :data:`PROGRAMS` is taken."""
+    base = importlib.resources.files("cooktop.backends.opencl") / "kernels"
+    texts = {n: (base / n).read_text() for files in PROGRAMS.values() for n in files}
+    owner = next((n for n, t in texts.items() if re.search(rf"__kernel\s+void\s+{re.escape(kernel)}\s*\(", t)), None)
+    for files in PROGRAMS.values():
+        if owner not in files:
+            continue
+        left = line
+        for n in files:
+            count = texts[n].count("\n") + 1  # read_source joins with one newline
+            if left <= count:
+                return f"{n}:{left}"
+            left -= count
+    return "?"
 
 
 _cache_lock = threading.Lock()
@@ -396,10 +425,10 @@ class KernelCache:
 
     def _weight_program(self, ggml_type: T, repacked: bool = False) -> tuple[str, str]:
         opts = f"{self.options} -DW_{ggml_type.name}" + (f" -DREPACK_{ggml_type.name}" if repacked else "")
-        return read_source("dequant.cl", "dotq8.cl", "matmul.cl"), opts
+        return read_source(*PROGRAMS["weights"]), opts
 
     def _ops_program(self) -> tuple[str, str]:
-        return read_source("norm.cl", "rope.cl", "elementwise.cl", "quant.cl"), self.options
+        return read_source(*PROGRAMS["ops"]), self.options
 
     def prebuild(self, types: Any = ()) -> None:
         """Build the float-op kernels and those of the weight ``types`` now, as one batch.
@@ -503,7 +532,7 @@ class KernelCache:
         k = self._attn.get((head_dim, q8, sinks))
         if k is None:
             with self._lock:
-                src = read_source("quant.cl", "attention.cl") if q8 else read_source("attention.cl")
+                src = read_source(*PROGRAMS["attention_q8" if q8 else "attention"])
                 opts = (f"{self.options} -DHEAD_DIM={head_dim}" + (" -DATT_Q8=1" if q8 else "")
                         + (" -DSINKS=1" if sinks else ""))
                 prg = build_program(self.ctx, self.device, src, opts, f"attention (head_dim {head_dim})",

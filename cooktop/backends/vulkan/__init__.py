@@ -1,7 +1,8 @@
 """The Vulkan backend through Kompute (``kp`` 0.9.0 with cooktop's patch): any Vulkan 1.1 driver.
 
 - ``device.py``: probe, :class:`~.device.VulkanDevice` (tensors, ops recorded into sequences).
-- ``info.py``: device facts through libvulkan (limits, features, subgroups) and the ICD files.
+- ``info.py``: device facts through libvulkan (limits, features, subgroups, memory).
+- ``icd.py``: the driver (ICD) manifests the loader would read, from the files alone.
 - ``graph.py``: sequence recording, barriers, graphs replayed by key.
 - ``shaders.py``: shader variants (``variants.json``), SPIR-V, push constants, grid sizes.
 - ``q8.py``: the 8-bit activation copies of the integer-dot mat-vec.
@@ -15,7 +16,7 @@ INSTALL_HINT = ("build kp 0.9.0 with cooktop's patch: scripts/install-kompute.sh
                 "mesa-vulkan-drivers for lavapipe on the CPU)")
 
 FAMILY = Family("vulkan", "cooktop.backends.vulkan.device:VulkanBackend", "vulkan", INSTALL_HINT,
-                driver_files="cooktop.backends.vulkan.info:driver_files",
-                describe_drivers="cooktop.backends.vulkan.info:describe_icds",
+                driver_files="cooktop.backends.vulkan.icd:driver_files",
+                describe_drivers="cooktop.backends.vulkan.icd:describe_icds",
                 env_prefixes=("VK_", "MESA_", "LP_", "GALLIUM_", "COOKTOP_VULKAN"),
-                probe_modules=("cooktop.backends.vulkan.info",))
+                probe_modules=("cooktop.backends.vulkan.info", "cooktop.backends.vulkan.icd"))

@@ -39,13 +39,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
-import glob
-import importlib.util
-import json
-import os
 
 from ..base import OPS, DeviceInfo, type_name
-from .shaders import VULKAN_TYPES
+from .icd import describe_icds
+from .shaders import VULKAN_TYPES, pick_variant
+from .shaders import variants as shader_variants
 
 c_u32 = ctypes.c_uint32
 c_i32 = ctypes.c_int32
@@ -74,6 +72,17 @@ _FEATURE_SHADER_INT16 = 41
 KP_FEATURES = ("shaderInt16", "storageBuffer16BitAccess", "storageBuffer8BitAccess", "shaderFloat16",
                "shaderInt8", "shaderIntegerDotProduct")
 _S_DRIVER_PROPERTIES = 1000196000
+_S_MAINTENANCE_3_PROPERTIES = 1000168000
+_S_MAINTENANCE_4_PROPERTIES = 1000413001
+_S_SUBGROUP_SIZE_CONTROL_PROPERTIES = 1000225000
+_S_COOPERATIVE_MATRIX_FEATURES_KHR = 1000506000
+_S_COOPERATIVE_MATRIX_FEATURES_NV = 1000249000
+_S_MEMORY_PROPERTIES_2 = 1000059006
+_S_MEMORY_BUDGET_PROPERTIES = 1000237000
+#: VkSubgroupFeatureFlagBits, bit order (vulkan_core.h).
+SUBGROUP_OPS = ("basic", "vote", "arithmetic", "ballot", "shuffle", "shuffle_relative", "clustered", "quad")
+#: VkMemoryPropertyFlagBits.
+_MEMORY_DEVICE_LOCAL, _MEMORY_HOST_VISIBLE = 0x1, 0x2
 
 #: VkPhysicalDeviceType -> cooktop DeviceInfo.device_type
 DEVICE_TYPES = {0: "accelerator", 1: "igpu", 2: "gpu", 3: "accelerator", 4: "cpu"}
@@ -103,106 +112,6 @@ class VulkanNoDriverError(VulkanInfoError):
 VK_RESULTS = {-1: "VK_ERROR_OUT_OF_HOST_MEMORY", -2: "VK_ERROR_OUT_OF_DEVICE_MEMORY",
               -3: "VK_ERROR_INITIALIZATION_FAILED", -6: "VK_ERROR_LAYER_NOT_PRESENT",
               -7: "VK_ERROR_EXTENSION_NOT_PRESENT", -9: "VK_ERROR_INCOMPATIBLE_DRIVER"}
-
-#: Environment variables that replace (first two) or extend the loader's ICD manifest search.
-ICD_ENV = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES", "VK_ADD_DRIVER_FILES")
-
-
-def icd_search_dirs() -> list[str]:
-    """Folders the Linux loader searches for ICD manifests when no ``VK_DRIVER_FILES`` /
-    ``VK_ICD_FILENAMES`` is set (Vulkan-Loader docs/LoaderDriverInterface.md, "Driver
-    Discovery on Linux"): XDG config dirs, /etc, XDG data dirs, each + ``vulkan/icd.d``."""
-    home = os.path.expanduser("~")
-    cfg = [os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")]
-    cfg += (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")
-    data = [os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")]
-    data += (os.environ.get("XDG_DATA_DIRS") or "/usr/local/share:/usr/share").split(":")
-    dirs = [os.path.join(d, "vulkan", "icd.d") for d in cfg if d] + ["/etc/vulkan/icd.d"]
-    dirs += [os.path.join(d, "vulkan", "icd.d") for d in data if d]
-    return list(dict.fromkeys(dirs))
-
-
-def _manifests(spec: str) -> list[str]:
-    """Manifest files a colon list of files/folders names (folders: their ``*.json``)."""
-    out = []
-    for item in filter(None, spec.split(os.pathsep)):
-        if os.path.isdir(item):
-            out += sorted(os.path.join(item, n) for n in os.listdir(item) if n.endswith(".json"))
-        else:
-            out.append(item)
-    return out
-
-
-def icd_manifests() -> tuple[str, list[str]]:
-    """Where the loader looks for drivers and the manifest files it would read.
-
-    Returns:
-        (``"VK_ICD_FILENAMES=..."`` or the search folders as text, manifest paths).
-    """
-    override = next((v for v in ("VK_DRIVER_FILES", "VK_ICD_FILENAMES") if os.environ.get(v)), None)
-    if override:
-        where, files = f"{override}={os.environ[override]}", _manifests(os.environ[override])
-    else:
-        dirs = icd_search_dirs()
-        where = ", ".join(d for d in dirs if os.path.isdir(d)) or "the standard folders (" + ", ".join(dirs) + ")"
-        files = [f for d in dirs if os.path.isdir(d) for f in _manifests(d)]
-    if os.environ.get("VK_ADD_DRIVER_FILES"):
-        where += f" + VK_ADD_DRIVER_FILES={os.environ['VK_ADD_DRIVER_FILES']}"
-        files += _manifests(os.environ["VK_ADD_DRIVER_FILES"])
-    return where, files
-
-
-def manifest_library(path: str) -> tuple[str | None, str | None]:
-    """``(library_path, problem)`` of one ICD manifest; ``problem`` is None when it looks usable.
-
-    A bare library name is found by the dynamic linker and not checked here.
-    """
-    if not os.path.exists(path):
-        return None, "does not exist"
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lib = json.load(f)["ICD"]["library_path"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return None, f"is not a readable ICD manifest ({type(e).__name__})"
-    if not isinstance(lib, str):
-        return None, "has no library_path"
-    full = lib if os.path.isabs(lib) or "/" not in lib else os.path.join(os.path.dirname(path), lib)
-    if "/" in full and not os.path.exists(full):
-        return lib, f"names the driver library {full}, which does not exist"
-    return lib, None
-
-
-def driver_files() -> list[str]:
-    """The ICD manifests the loader would read, the libraries they name, the implicit layers
-    (they load into every instance too) and kp's extension module: what a probe verdict
-    depends on (:mod:`..safeprobe`)."""
-    files: list[str] = []
-    _, manifests = icd_manifests()
-    for m in manifests:
-        files.append(m)
-        lib, _problem = manifest_library(m)
-        if lib and "/" in lib:
-            files.append(lib if os.path.isabs(lib) else os.path.join(os.path.dirname(m), lib))
-    for d in icd_search_dirs():
-        files += sorted(glob.glob(os.path.join(os.path.dirname(d), "implicit_layer.d", "*.json")))
-    spec = importlib.util.find_spec("kp")
-    if spec and spec.origin:
-        files.append(spec.origin)
-    return files
-
-
-def describe_icds() -> str:
-    """One sentence on the Vulkan drivers installed: where the loader looks, which manifests
-    it finds and what is wrong with them (no Vulkan call is made: safe in any process)."""
-    where, files = icd_manifests()
-    if not files:
-        return f"no ICD manifest (driver) found in {where}"
-    parts = []
-    for p in files:
-        lib, problem = manifest_library(p)
-        parts.append(f"{p} {problem}" if problem else f"{os.path.basename(p)} ({lib})")
-    return f"{len(files)} ICD manifest(s) in {where}: " + "; ".join(parts)
-
 
 class _Limits(ctypes.Structure):
     """VkPhysicalDeviceLimits up to maxComputeWorkGroupInvocations (vulkan_core.h order)."""
@@ -273,6 +182,16 @@ class _DriverProperties(ctypes.Structure):
                 ("driverInfo", ctypes.c_char * 256), ("conformanceVersion", ctypes.c_ubyte * 4)]
 
 
+class _MemoryBudget(ctypes.Structure):
+    """VkPhysicalDeviceMemoryBudgetPropertiesEXT (VK_EXT_memory_budget)."""
+
+    _fields_ = [("sType", c_i32), ("pNext", c_p), ("heapBudget", c_u64 * 16), ("heapUsage", c_u64 * 16)]
+
+
+class _MemoryProperties2(ctypes.Structure):
+    _fields_ = [("sType", c_i32), ("pNext", c_p), ("memoryProperties", _MemoryProperties)]
+
+
 class _Properties2(ctypes.Structure):
     _fields_ = [("sType", c_i32), ("pNext", c_p), ("properties", _Properties)]
 
@@ -325,6 +244,37 @@ class VkDeviceFacts:
     shader_int16: bool = False
     integer_dot_product: bool = False
     extensions: tuple[str, ...] = ()
+    subgroup_ops: tuple[str, ...] = ()
+    min_subgroup_size: int | None = None
+    max_subgroup_size: int | None = None
+    max_allocation: int = 0  # VkPhysicalDeviceMaintenance3Properties.maxMemoryAllocationSize (0: unknown)
+    max_buffer_size: int = 0  # VkPhysicalDeviceMaintenance4Properties.maxBufferSize (0: unknown)
+    cooperative_matrix: bool = False
+    host_visible_local: bool = False  # a memory type both device-local and host-visible (UMA or ReBAR)
+    heap_budgets: list[int] = dataclasses.field(default_factory=list)  # VK_EXT_memory_budget, per heap
+
+    @property
+    def unified_memory(self) -> bool:
+        """The device shares the host's RAM: an integrated GPU or a CPU driver (Vulkan's
+        deviceType; a discrete GPU with resizable BAR also has host-visible device memory)."""
+        return self.device_type in ("igpu", "cpu")
+
+    @property
+    def usable_bytes(self) -> int:
+        """What the device can really use: the driver's budget (VK_EXT_memory_budget) of the heaps
+        it would allocate from, else those heaps' sizes; with unified memory every heap counts (an
+        iGPU's "device-local" heap can be a small carve-out beside the shared system heap)."""
+        sizes = self.heap_budgets or [h for h, _ in self.heaps]
+        local = [b for b, (_, dl) in zip(sizes, self.heaps) if dl]
+        return sum(sizes) if self.unified_memory or not local else sum(local)
+
+    @property
+    def subgroup_sizes(self) -> tuple[int, ...]:
+        """Every subgroup size the device can run (powers of two from min to max), or the one it reports."""
+        lo, hi = self.min_subgroup_size, self.max_subgroup_size
+        if lo and hi and lo <= hi:
+            return tuple(1 << k for k in range(lo.bit_length() - 1, hi.bit_length()))
+        return (self.subgroup_size,) if self.subgroup_size else ()
 
     @property
     def vendor(self) -> str:
@@ -406,6 +356,7 @@ def query_devices() -> list[VkDeviceFacts]:
     vk.vkGetPhysicalDeviceMemoryProperties.argtypes = [c_p, ctypes.POINTER(_MemoryProperties)]
     vk.vkGetPhysicalDeviceProperties2.argtypes = [c_p, ctypes.POINTER(_Properties2)]
     vk.vkGetPhysicalDeviceFeatures2.argtypes = [c_p, ctypes.POINTER(_Features2)]
+    vk.vkGetPhysicalDeviceMemoryProperties2.argtypes = [c_p, ctypes.POINTER(_MemoryProperties2)]
     vk.vkEnumerateDeviceExtensionProperties.argtypes = [c_p, c_p, ctypes.POINTER(c_u32), c_p]
     vk.vkEnumerateDeviceExtensionProperties.restype = c_i32
 
@@ -457,11 +408,36 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd:
     # properties2: subgroup size (+ driver name)
     sub = _Chain(_S_SUBGROUP_PROPERTIES, None)
     drv = _DriverProperties(_S_DRIVER_PROPERTIES, None)
+    m3 = _Chain(_S_MAINTENANCE_3_PROPERTIES, None)  # core in 1.1
+    m4 = _Chain(_S_MAINTENANCE_4_PROPERTIES, None)
+    ssc = _Chain(_S_SUBGROUP_SIZE_CONTROL_PROPERTIES, None)
+    props_chain = [sub, m3]
+    # (promoted to 1.3, but the instance is 1.1: read only where the device lists the extension)
+    if "VK_KHR_maintenance4" in exts:
+        props_chain.append(m4)
+    if "VK_EXT_subgroup_size_control" in exts:
+        props_chain.append(ssc)
     if "VK_KHR_driver_properties" in exts:
-        sub.pNext = ctypes.cast(ctypes.pointer(drv), c_p)
+        props_chain.append(drv)  # type: ignore[arg-type]
+    for a, b in zip(props_chain, props_chain[1:]):
+        a.pNext = ctypes.cast(ctypes.pointer(b), c_p)
     p2 = _Properties2(_S_PROPERTIES_2, ctypes.cast(ctypes.pointer(sub), c_p))
     vk.vkGetPhysicalDeviceProperties2(pd, ctypes.byref(p2))
     facts.subgroup_size = int(sub.v[0]) or None
+    facts.subgroup_ops = tuple(n for i, n in enumerate(SUBGROUP_OPS) if sub.v[2] & (1 << i))
+    facts.max_allocation = int(m3.v[2]) | (int(m3.v[3]) << 32)  # after maxPerSetDescriptors + padding
+    facts.max_buffer_size = int(m4.v[0]) | (int(m4.v[1]) << 32)
+    facts.min_subgroup_size, facts.max_subgroup_size = (int(ssc.v[0]) or None), (int(ssc.v[1]) or None)
+    facts.host_visible_local = any(
+        (mem.memoryTypes[i].propertyFlags & (_MEMORY_DEVICE_LOCAL | _MEMORY_HOST_VISIBLE))
+        == (_MEMORY_DEVICE_LOCAL | _MEMORY_HOST_VISIBLE) for i in range(mem.memoryTypeCount))
+    if "VK_EXT_memory_budget" in exts:
+        budget = _MemoryBudget(_S_MEMORY_BUDGET_PROPERTIES, None)
+        mp2 = _MemoryProperties2(_S_MEMORY_PROPERTIES_2, ctypes.cast(ctypes.pointer(budget), c_p))
+        vk.vkGetPhysicalDeviceMemoryProperties2(pd, ctypes.byref(mp2))
+        facts.heap_budgets = [int(budget.heapBudget[i]) for i in range(mem.memoryHeapCount)]
+        if not any(facts.heap_budgets):
+            facts.heap_budgets = []
     # supportedStages has VK_SHADER_STAGE_COMPUTE_BIT (0x20), supportedOperations ARITHMETIC (0x4)
     facts.subgroup_arithmetic = bool(sub.v[1] & 0x20) and bool(sub.v[2] & 0x4)
     if "VK_KHR_driver_properties" in exts:
@@ -473,6 +449,8 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd:
     s8 = _Chain(_S_8BIT_STORAGE_FEATURES, None)
     f16i8 = _Chain(_S_FLOAT16_INT8_FEATURES, None)
     idot = _Chain(_S_INTEGER_DOT_PRODUCT_FEATURES, None)
+    coop = _Chain(_S_COOPERATIVE_MATRIX_FEATURES_KHR if "VK_KHR_cooperative_matrix" in exts
+                  else _S_COOPERATIVE_MATRIX_FEATURES_NV, None)
     chain = [s16]
     if "VK_KHR_8bit_storage" in exts:
         chain.append(s8)
@@ -480,6 +458,8 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd:
         chain.append(f16i8)
     if "VK_KHR_shader_integer_dot_product" in exts:
         chain.append(idot)
+    if "VK_KHR_cooperative_matrix" in exts or "VK_NV_cooperative_matrix" in exts:
+        chain.append(coop)
     for a, b in zip(chain, chain[1:]):
         a.pNext = ctypes.cast(ctypes.pointer(b), c_p)
     f2 = _Features2(_S_FEATURES_2, ctypes.cast(ctypes.pointer(chain[0]), c_p))
@@ -490,6 +470,7 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd:
     facts.shader_int8 = bool(f16i8.v[1])
     facts.shader_int16 = bool(f2.features[_FEATURE_SHADER_INT16])
     facts.integer_dot_product = bool(idot.v[0])
+    facts.cooperative_matrix = bool(coop.v[0])
     return facts
 
 
@@ -506,27 +487,40 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
 
     Without subgroup arithmetic in compute shaders, ``matmul`` is left out of ``ops``
     (mul_mat_vec reduces with subgroupAdd), so placement keeps layers off the device.
+    ``max_alloc_bytes`` is the largest buffer the shaders can use: the smallest of
+    maxStorageBufferRange (one binding), maxMemoryAllocationSize, maxBufferSize and the usable memory.
+    ``variants``: for each shader with feature-dependent stand-ins, the one this device runs
+    (:func:`.shaders.pick_variant` over the features kp enables here).
     """
     mem = f.memory_bytes or None
     ops = (OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")) + VULKAN_MOE_OPS
+    caps = [x for x in (f.max_storage_buffer_range, f.max_allocation, f.max_buffer_size, f.usable_bytes) if x]
+    binding = min(x for x in (f.max_storage_buffer_range, f.max_buffer_size) if x) if (
+        f.max_storage_buffer_range or f.max_buffer_size) else None
+    feats = frozenset(f.features)
+    variants = {name: pick_variant(name, feats) for name in sorted({v["variant_of"] for v in shader_variants()
+                                                                    if v.get("variant_of")})}
     return DeviceInfo(
         backend="vulkan", index=f.index, name=f.name, vendor=f.vendor, device_type=f.device_type,
         platform=f"Vulkan {f.api_version}",
         driver_version=(f"{f.driver_name} {f.driver_info}".strip() or str(f.driver_version)),
-        global_mem_bytes=mem,
-        max_alloc_bytes=min(x for x in (f.max_storage_buffer_range, mem) if x) if (f.max_storage_buffer_range or mem)
-        else None,
+        global_mem_bytes=mem, max_alloc_bytes=min(caps) if caps else None,
         compute_units=None, max_workgroup_size=f.max_workgroup_invocations or None, subgroup_size=f.subgroup_size,
         fp16=f.shader_float16, int8=f.shader_int8,
         types=tuple(type_name(t) for t in VULKAN_TYPES), ops=ops, op_limits=OP_LIMITS,
+        integer_dot=f.integer_dot_product, cooperative_matrix=f.cooperative_matrix,
+        subgroup_sizes=f.subgroup_sizes, subgroup_ops=f.subgroup_ops,
+        bf16="VK_KHR_shader_bfloat16" in f.extensions, max_buffer_bytes=binding,
+        unified_memory=f.unified_memory, usable_mem_bytes=f.usable_bytes or None, variants=variants,
         extra={"subgroup_arithmetic": f.subgroup_arithmetic, "vendor_id": f.vendor_id, "device_id": f.device_id,
-               "memory_heaps": [list(h) for h in f.heaps],
+               "memory_heaps": [list(h) for h in f.heaps], "heap_budgets": list(f.heap_budgets),
                "max_storage_buffer_range": f.max_storage_buffer_range,
+               "max_memory_allocation_size": f.max_allocation or None, "max_buffer_size": f.max_buffer_size or None,
                "max_push_constants_size": f.max_push_constants_size,
                "max_compute_shared_memory": f.max_shared_memory,
                "storage_buffer_8bit": f.storage_buffer_8bit, "storage_buffer_16bit": f.storage_buffer_16bit,
                "integer_dot_product": f.integer_dot_product, "features": list(f.features),
-               "info_source": "libvulkan"})
+               "host_visible_device_memory": f.host_visible_local, "info_source": "libvulkan"})
 
 
 def kp_props_to_info(index: int, props: dict) -> DeviceInfo:

@@ -1,14 +1,17 @@
 """Model architectures, one module each (``llama.py`` is the llama architecture).
 
-``ARCHITECTURES[general.architecture]`` is the :class:`~.base.Architecture` descriptor:
-hyper-parameters, tensors, rope mode, block and head. A new architecture is a new
-module here plus one entry below (and, when its block needs one, a new backend op).
+``ARCHITECTURES[general.architecture]`` is the :class:`~.descriptor.Architecture` descriptor:
+hyper-parameters, tensors, rope mode, block and head. The modules share ``base.py`` (tensor
+specs, weights, the KV view), ``skeleton.py`` (llama's tensor list, with each architecture's
+additions) and ``builders.py`` (norm, attention and FFN, as llama.cpp's graph builders), so each
+holds only what differs. A new architecture is a new module here plus one entry below (and,
+when its block needs one, a new backend op).
 """
 
 from __future__ import annotations
 
 from ...errors import UnsupportedModelError
-from .base import Architecture
+from .descriptor import Architecture
 from .gemma3 import GEMMA3
 from .gpt_oss import GPT_OSS
 from .llama import LLAMA

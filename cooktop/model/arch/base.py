@@ -1,12 +1,14 @@
-"""What an architecture descriptor is: its tensors (:class:`TensorSpec`) and :class:`Architecture`.
+"""The words architecture descriptors are written in: tensors (:class:`TensorSpec`), their kinds
+and units, a unit's weights (:data:`Weights`) and what a block sees of the KV cache (:class:`KV`).
 
-A descriptor says, as data and code, what llama.cpp spreads over ``src/llama-arch.cpp`` (tensor
-names), ``llama_model_<arch>::load_arch_hparams`` / ``load_arch_tensors``
-(src/models/<arch>.cpp: hyper-parameters, tensor shapes, required or not) and the
-graph builder of the same file (the block as a sequence of ops). Everything that
-depends on the tensor set reads it from here: config validation
-(``model/config.py``), the forward pass (``model/forward.py``), placement and the
-memory budget (``runtime/``) and synthetic models (``tools/synth.py``).
+The descriptor itself (``descriptor.py``'s ``Architecture``) says, as data and code, what llama.cpp
+spreads over ``src/llama-arch.cpp`` (tensor names), ``llama_model_<arch>::load_arch_hparams`` /
+``load_arch_tensors`` (src/models/<arch>.cpp: hyper-parameters, tensor shapes, required or not) and
+the graph builder of the same file (the block as a sequence of ops, from the shared builders of
+``builders.py``; the tensors from the shared skeleton of ``skeleton.py``). Everything that depends
+on the tensor set reads it from there: config validation (``model/config.py``), the forward pass
+(``model/forward.py``), placement and the memory budget (``runtime/``) and synthetic models
+(``tools/synth.py``).
 
 Tensor names follow llama.cpp: ``blk.{i}.attn_q.weight`` for block ``i``. Block code
 reads a unit's weights from a dict keyed by the name without ``blk.{i}.`` and
@@ -19,8 +21,7 @@ the tensor it is tied to.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Container, Iterator
-from types import SimpleNamespace
+from collections.abc import Callable
 from typing import Any
 
 from ...backends.base import Device, DeviceTensor
@@ -59,6 +60,9 @@ class TensorSpec:
             and every op, kernel and device works on it unchanged. llama.cpp instead multiplies
             by the whole fused weight and views column ranges of the product
             (``build_qkv``, ``ggml_swiglu``); each output value is the same dot product.
+        ffn: part of the block's feed-forward half (set by ``skeleton.llama_tensors`` on the FFN
+            norm, the FFN and what follows): placement may run that half on another device than
+            the attention half (``Architecture.block_ffn``: a MoE block's experts).
     """
 
     name: str
@@ -68,6 +72,7 @@ class TensorSpec:
     required: bool = True
     tied_to: str | None = None
     parts: tuple[tuple[str, Callable[[ModelConfig], int]], ...] = ()
+    ffn: bool = False
 
     @property
     def per_block(self) -> bool:
@@ -129,7 +134,7 @@ class KV:
         cells: I32 [n] cache rows the rows' K/V go to (``pos`` itself for one sequence).
         kv_start: I32 [n] first cache row each row attends to (its sequence's first cell),
             or None when every row starts at row 0 (one sequence).
-        n_ctx: positions per sequence (the context length; phi3's LongRoPE choice reads it).
+        n_ctx: positions per sequence (the context length; the LongRoPE choice, ``builders.rope_factors``, reads it).
     """
 
     k: DeviceTensor
@@ -140,147 +145,28 @@ class KV:
     n_ctx: int = 0
 
     def attend(self, d: Device, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
-               n_head: int, n_head_kv: int, scale: float, window: int = 0) -> None:
+               n_head: int, n_head_kv: int, scale: float, window: int = 0, sinks: DeviceTensor | None = None) -> None:
         """Store the rows' ``k``, ``v`` (f32 [n, n_embd_kv]) in their cells, then
         ``out f32 [n, n_head * head_dim] = attention(q)`` over each row's own sequence
-        (causal, GQA, ``window`` > 0: sliding window; ops ``kv_store`` and ``attention``)."""
+        (causal, GQA, ``window`` > 0: sliding window; ops ``kv_store`` and ``attention``, or
+        ``attention_sinks`` with ``sinks`` f32 [n_head]: one extra logit per head in the softmax,
+        gpt-oss, llama.cpp ``build_attn`` with ``sinks``)."""
         d.kv_store(self.k, k, self.cells)
         d.kv_store(self.v, v, self.cells)
-        d.attention(out, q, self.k, self.v, self.cells, n_head, n_head_kv, scale, window, kv_start=self.kv_start)
+        if sinks is not None:
+            d.attention_sinks(out, q, self.k, self.v, self.cells, sinks, n_head, n_head_kv, scale, window,
+                              kv_start=self.kv_start)
+        else:
+            d.attention(out, q, self.k, self.v, self.cells, n_head, n_head_kv, scale, window,
+                        kv_start=self.kv_start)
 
 
-#: ``block(d, cfg, w, s, kv)``: enqueue one block on the ``n`` rows of ``s`` (``kv``: :class:`KV`,
-#: positions and this block's cache; blocks rotate by ``kv.pos`` and attend with ``kv.attend``);
-#: ``s.il`` is the block's index in the model (per-layer choices: gemma3's sliding-window layers).
-BlockFn = Callable[[Device, ModelConfig, Weights, SimpleNamespace, KV], None]
-#: ``final_norm(d, cfg, w, xn, x)``: enqueue ``xn = norm(x)`` on the rows leaving the last block
-#: (llama.cpp's ``result_norm``: what embeddings pool, and the input of :data:`HeadFn`).
-NormFn = Callable[[Device, ModelConfig, Weights, DeviceTensor, DeviceTensor], None]
-#: ``lm_head(d, cfg, w, logits, xn)``: enqueue ``logits = output(xn)`` (llama.cpp's ``result_output``).
-HeadFn = Callable[[Device, ModelConfig, Weights, DeviceTensor, DeviceTensor], None]
+def rms_eps_hparams(m: Metadata) -> dict[str, Any]:
+    """``{"rms_eps": attention.layer_norm_rms_epsilon}``, the one key most architectures add to the
+    shared ones (llama.cpp ``ml.get_key(LLM_KV_ATTENTION_LAYERNORM_RMS_EPS, hparams.f_norm_rms_eps)``,
+    required). Also the epsilon of per-head Q/K norms.
 
-
-@dataclasses.dataclass(frozen=True)
-class Architecture:
-    """One ``general.architecture``: hyper-parameters, tensors, rope mode, block and head.
-
-    Attributes:
-        name: ``general.architecture`` (llama.cpp ``LLM_ARCH_*`` name).
-        tensors: every tensor it reads, global ones first, in file order.
-        rope_mode: ggml rope mode (``backends.base.ROPE_NORMAL`` / ``ROPE_NEOX``).
-        hparams: ``hparams(m: Metadata) -> {ModelConfig field: value}``: the keys llama.cpp
-            reads in ``load_arch_hparams`` (the shared ones are read by ``load_config``).
-        scratch: ``scratch(cfg) -> {name: row width}``: the float32 ``[n_batch, width]``
-            buffers a segment allocates for :attr:`block` (``x``, the residual stream, and
-            ``xn`` of width n_embd are required: the head uses them).
-        block: :data:`BlockFn`: one repeating block, ops enqueued on ``d``; ``s`` holds
-            the scratch buffers cut to the chunk's rows (``s.x`` in and out); ``kv`` (:class:`KV`)
-            the positions and the block's cache: rotate by ``kv.pos``, store and attend with
-            ``kv.attend`` (the rows may be several sequences': never assume ``pos`` is a cache row).
-        final_norm: :data:`NormFn`: the output norm, rows f32 [r, n_embd] (``xn`` may be ``x``).
-        lm_head: :data:`HeadFn`: normed rows ``xn`` f32 [r, n_embd] -> ``logits`` f32 [r, n_vocab].
-        block_ops, head_ops: the backend ops (``backends.base.OPS`` names) :attr:`block` /
-            the head (:attr:`final_norm`, :attr:`lm_head`) may call, optional tensors included
-            (the head's include ``get_rows``, with which the segment picks the last row):
-            placement keeps a unit on the host when its device lacks one (``runtime/placement.py``).
-        embd_scale: ``embd_scale(cfg) -> float``: factor of the token embeddings looked up on the
-            host (gemma3: ``sqrt(n_embd)`` in float32, llama.cpp ``ggml_scale(inpL, sqrtf(n_embd))``);
-            None: unscaled.
-        scratch_i32: ``scratch_i32(cfg) -> {name: row width}``: I32 ``[n_batch, width]`` buffers
-            (the selected experts of MoE blocks); None: none.
-        block_attn, block_ffn: the block cut in two at the residual stream, for placements that
-            run a block's feed-forward (its experts) on another device than its attention
-            (``--n-cpu-moe``, ``-ot``): ``block_attn(d, cfg, w, s, kv)`` adds attention to ``s.x``,
-            ``block_ffn(d, cfg, w, s)`` adds the feed-forward; running both is :attr:`block`.
-            None: the block is placed whole.
-        attn_ops, ffn_ops: the ops of each half (placement checks each half's device).
-        ffn_keys: keys of the feed-forward half's tensors beyond those starting with ``ffn_``
-            (gpt-oss's ``post_attention_norm``, its pre-FFN norm).
+    Raises:
+        UnsupportedModelError: the key is missing or not a number >= 0.
     """
-
-    name: str
-    tensors: tuple[TensorSpec, ...]
-    rope_mode: int
-    hparams: Callable[[Metadata], dict[str, Any]]
-    scratch: Callable[[ModelConfig], dict[str, int]]
-    block: BlockFn
-    final_norm: NormFn
-    lm_head: HeadFn
-    block_ops: tuple[str, ...]
-    head_ops: tuple[str, ...]
-    embd_scale: Callable[[ModelConfig], float] | None = None
-    scratch_i32: Callable[[ModelConfig], dict[str, int]] | None = None
-    block_attn: BlockFn | None = None
-    block_ffn: Callable[[Device, ModelConfig, Weights, SimpleNamespace], None] | None = None
-    attn_ops: tuple[str, ...] = ()
-    ffn_ops: tuple[str, ...] = ()
-    ffn_keys: tuple[str, ...] = ()
-
-    def is_ffn(self, key: str) -> bool:
-        """True when the tensor of block key ``key`` belongs to the feed-forward half."""
-        return key.startswith("ffn_") or key in self.ffn_keys
-
-    def ops_of(self, unit: int | str, part: str = "all") -> tuple[str, ...]:
-        """The ops of block ``unit``'s ``part`` (``all``, ``attn``, ``ffn``) or of the head."""
-        if isinstance(unit, int) and part != "all":
-            return self.attn_ops if part == "attn" else self.ffn_ops
-        return self.ops(unit)
-
-    def __post_init__(self) -> None:
-        keys = [(s.unit, k) for s in self.tensors for k in {s.key, *s.keys}]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"architecture {self.name}: two tensors share a key in one unit")
-
-    def ops(self, unit: int | str) -> tuple[str, ...]:
-        """The backend ops block ``unit`` (an int) or the ``HEAD`` runs."""
-        return self.block_ops if isinstance(unit, int) else self.head_ops
-
-    def spec(self, name: str) -> TensorSpec | None:
-        """The spec of GGUF tensor ``name`` (``blk.3.attn_q.weight`` matches ``blk.{i}.attn_q.weight``),
-        or None when the architecture does not read it. Block index range is not checked here."""
-        if name.startswith("blk."):
-            idx, _, rest = name[4:].partition(".")
-            if idx.isdigit():
-                name = "blk.{i}." + rest
-        for s in self.tensors:
-            if s.name == name:
-                return s
-        return None
-
-    def unit_tensors(self, present: Container[str], unit: int | str, part: str = "all"
-                     ) -> dict[str, tuple[str, TensorSpec]]:
-        """The tensors of block ``unit`` (an int) or of ``HEAD`` / ``INPUT`` that the file has.
-
-        Args:
-            present: the file's tensor names.
-            part: ``all``, or one half of a block: ``attn`` / ``ffn`` (:meth:`is_ffn`).
-        Returns:
-            key -> (GGUF name, spec); an absent optional tensor is left out, a tied one
-            names the tensor it is tied to.
-        """
-        kind = BLOCK if isinstance(unit, int) else unit
-        i = unit if isinstance(unit, int) else None
-        out: dict[str, tuple[str, TensorSpec]] = {}
-        for s in self.tensors:
-            if s.unit != kind:
-                continue
-            if part != "all" and s.per_block and self.is_ffn(s.key) != (part == "ffn"):
-                continue
-            name = s.gguf_name(i)
-            if name not in present:
-                if s.tied_to is None or s.tied_to not in present:
-                    continue  # optional and absent (a missing required one is load_config's error)
-                name = s.tied_to
-            out[s.key] = (name, s)
-        return out
-
-    def expected(self, cfg: ModelConfig) -> Iterator[tuple[str, TensorSpec]]:
-        """(GGUF name, spec) of every tensor of a model of ``cfg``, lazily (a corrupt
-        block_count must not build a huge list): global tensors, then block by block."""
-        for s in self.tensors:
-            if not s.per_block:
-                yield s.name, s
-        for i in range(cfg.n_layer):
-            for s in self.tensors:
-                if s.per_block:
-                    yield s.gguf_name(i), s
+    return {"rms_eps": float(m.num("attention.layer_norm_rms_epsilon", float, required=True, minimum=0.0))}

@@ -6,7 +6,7 @@ graph ``graph<iswa>``), src/llama-model.cpp (``load_swa_pattern``, ``get_rope_fr
 src/llama-hparams.cpp (``set_swa_pattern``), src/llama-hparams.h (``is_masked_swa``),
 conversion/gemma.py (the converter).
 
-Block ``il`` (``swa`` = ``cfg.swa_layers[il]``)::
+Block ``il`` (``builders.py``'s norm, attention and FFN; ``swa`` = ``cfg.swa_layers[il]``)::
 
     xn = rmsnorm(x) * attn_norm
     q, k, v = xn @ Wq^T, xn @ Wk^T, xn @ Wv^T
@@ -47,8 +47,10 @@ from typing import Any
 from ...backends.base import ROPE_NEOX, Device
 from ...errors import UnsupportedModelError
 from ..hparams import Metadata, ModelConfig
-from .base import HEAD, INPUT, KV, Architecture, Weights, matrix, norm
-from .llama import final_norm, lm_head
+from .base import KV, Weights, norm
+from .builders import GELU, build_attn, build_ffn, build_norm
+from .descriptor import Architecture
+from .skeleton import QK_NORM, llama_tensors
 
 #: llama.cpp's default period of gemma3's sliding-window pattern (``load_swa_pattern(ml, 6)``).
 SWA_PERIOD = 6
@@ -106,76 +108,30 @@ def hparams(m: Metadata) -> dict[str, Any]:
     return out
 
 
-#: llama.cpp ``llama_model_gemma3::load_arch_tensors``, numpy order [n_out, n_in].
-TENSORS = (
-    matrix("token_embd.weight", lambda c: (c.n_vocab, c.n_embd), unit=INPUT),
-    norm("output_norm.weight", lambda c: (c.n_embd,), unit=HEAD),
-    matrix("output.weight", lambda c: (c.n_vocab, c.n_embd), unit=HEAD, required=False,
-           tied_to="token_embd.weight"),
-    norm("blk.{i}.attn_norm.weight", lambda c: (c.n_embd,)),
-    matrix("blk.{i}.attn_q.weight", lambda c: (c.n_embd_q, c.n_embd)),
-    matrix("blk.{i}.attn_k.weight", lambda c: (c.n_embd_kv, c.n_embd)),
-    matrix("blk.{i}.attn_v.weight", lambda c: (c.n_embd_kv, c.n_embd)),
-    matrix("blk.{i}.attn_output.weight", lambda c: (c.n_embd, c.n_embd_q)),
-    norm("blk.{i}.post_attention_norm.weight", lambda c: (c.n_embd,)),
-    norm("blk.{i}.attn_k_norm.weight", lambda c: (c.head_dim,)),
-    norm("blk.{i}.attn_q_norm.weight", lambda c: (c.head_dim,)),
-    norm("blk.{i}.ffn_norm.weight", lambda c: (c.n_embd,)),
-    matrix("blk.{i}.ffn_gate.weight", lambda c: (c.n_ff, c.n_embd)),
-    matrix("blk.{i}.ffn_up.weight", lambda c: (c.n_ff, c.n_embd)),
-    matrix("blk.{i}.ffn_down.weight", lambda c: (c.n_embd, c.n_ff)),
-    norm("blk.{i}.post_ffw_norm.weight", lambda c: (c.n_embd,)),
-)
+#: llama.cpp ``llama_model_gemma3::load_arch_tensors``: llama's with per-head Q/K norms and the
+#: post-attention and post-FFN norms.
+TENSORS = llama_tensors(attn=(norm("blk.{i}.post_attention_norm.weight", lambda c: (c.n_embd,)), *QK_NORM),
+                        post_ffn=(norm("blk.{i}.post_ffw_norm.weight", lambda c: (c.n_embd,)),))
 
 
-def scratch(cfg: ModelConfig) -> dict[str, int]:
-    """Row widths of the f32 [n_batch, width] buffers :func:`block` uses."""
-    E, Q, K, F = cfg.n_embd, cfg.n_embd_q, cfg.n_embd_kv, cfg.n_ff
-    return {"x": E, "xn": E, "q": Q, "att": Q, "o": E, "k": K, "v": K, "gate": F, "up": F}
+def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
+    """Block ``il`` of gemma3 (module doc) on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place).
 
-
-def rope_args(cfg: ModelConfig, il: int) -> dict[str, Any]:
-    """``Device.rope`` keyword arguments of block ``il``: the model's rope, with the SWA base and
-    scale on sliding-window layers (llama.cpp ``get_rope_freq_base`` / ``get_rope_freq_scale``)."""
-    args = cfg.rope_params()
-    if cfg.swa_layers and cfg.swa_layers[il]:
-        args.update(freq_base=cfg.rope_freq_base_swa, freq_scale=cfg.rope_freq_scale_swa)
-    return args
-
-
-def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> None:
-    """One gemma3 block (module doc) on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place).
+    ``builders.build_attn`` takes the layer's sliding window and rope base from ``cfg`` by ``il``.
 
     Args:
         w: this block's weights (keys as in :data:`TENSORS`).
-        s: scratch buffers of :func:`scratch` cut to ``n`` rows; ``s.il`` the block index.
+        s: scratch buffers of ``builders.scratch`` cut to ``n`` rows.
         kv: positions and this block's cache (:class:`~.base.KV`); cells ``kv.cells`` are written.
+        il: the block's index in the model.
     """
-    x, xn, q, k, v, att, o, gate, up = s.x, s.xn, s.q, s.k, s.v, s.att, s.o, s.gate, s.up
-    il = getattr(s, "il", 0)
-    swa = bool(cfg.swa_layers) and cfg.swa_layers[il]
-    rope = rope_args(cfg, il)
-    eps = cfg.rms_eps
-    d.rmsnorm(xn, x, w["attn_norm"], eps)
-    d.matmul(q, xn, w["attn_q"])
-    d.matmul(k, xn, w["attn_k"])
-    d.matmul(v, xn, w["attn_v"])
-    d.rmsnorm(q, q, w["attn_q_norm"], eps)
-    d.rmsnorm(k, k, w["attn_k_norm"], eps)
-    d.rope(q, q, kv.pos, **rope)
-    d.rope(k, k, kv.pos, **rope)
-    scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
-    kv.attend(d, att, q, k, v, cfg.n_head, cfg.n_head_kv, scale, cfg.n_swa if swa else 0)
-    d.matmul(o, att, w["attn_output"])
-    d.rmsnorm(o, o, w["post_attention_norm"], eps)
-    d.add(x, x, o)
-    d.rmsnorm(xn, x, w["ffn_norm"], eps)
-    d.matmul(gate, xn, w["ffn_gate"])
-    d.matmul(up, xn, w["ffn_up"])
-    d.gelu_mul(gate, gate, up)
-    d.matmul(o, gate, w["ffn_down"])
-    d.rmsnorm(o, o, w["post_ffw_norm"], eps)
-    d.add(x, x, o)
+    x = s.x
+    build_norm(d, cfg, s.xn, x, w["attn_norm"])
+    o = build_attn(d, cfg, w, s, kv, il)
+    d.add(x, x, build_norm(d, cfg, o, o, w["post_attention_norm"]))
+    build_norm(d, cfg, s.xn, x, w["ffn_norm"])
+    o = build_ffn(d, cfg, w, s, GELU)
+    d.add(x, x, build_norm(d, cfg, o, o, w["post_ffw_norm"]))
 
 
 def embd_scale(cfg: ModelConfig) -> float:
@@ -185,7 +141,5 @@ def embd_scale(cfg: ModelConfig) -> float:
     return float(np.sqrt(np.float32(cfg.n_embd)))
 
 
-GEMMA3 = Architecture(name="gemma3", tensors=TENSORS, rope_mode=ROPE_NEOX, hparams=hparams, scratch=scratch,
-                      block=block, final_norm=final_norm, lm_head=lm_head,
-                      block_ops=("rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "gelu_mul"),
-                      head_ops=("get_rows", "rmsnorm", "matmul"), embd_scale=embd_scale)
+GEMMA3 = Architecture(name="gemma3", tensors=TENSORS, rope_mode=ROPE_NEOX, hparams=hparams, block=block,
+                      embd_scale=embd_scale)

@@ -1,5 +1,5 @@
-"""The qwen3moe, qwen2moe and olmoe architectures: mixture-of-experts models built on the llama
-block (``llama.block_with_factors``) with the MoE feed-forward of ``moe.py``.
+"""The qwen3moe, qwen2moe and olmoe architectures: mixture-of-experts models: llama's
+attention and the MoE feed-forward, in the halves of ``moe.py`` (``moe.block``).
 
 Sources: llama.cpp src/models/qwen3moe.cpp, qwen2moe.cpp, olmoe.cpp (``load_arch_hparams``,
 ``load_arch_tensors``, the graphs), src/llama-graph.cpp ``build_moe_ffn``, src/llama-arch.cpp
@@ -14,34 +14,32 @@ Sources: llama.cpp src/models/qwen3moe.cpp, qwen2moe.cpp, olmoe.cpp (``load_arch
 - olmoe (OLMoE-1B-7B): RMS norms of the whole Q and K rows (``attn_q_norm`` / ``attn_k_norm`` of
   n_embd values), softmax router without renormalisation, experts ``feed_forward_length`` wide.
 
-Tied output as in llama.cpp where it allows it (qwen3moe); a file with tensors these do not
-declare is refused by ``load_config``.
+Tensors: ``skeleton.llama_tensors`` with the MoE FFN (``skeleton.moe_ffn``). Tied output as in
+llama.cpp where it allows it (qwen3moe); a file with tensors these do not declare is refused by
+``load_config``.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
-from ...backends.base import ROPE_NEOX, Device
-from ..hparams import Metadata, ModelConfig
+from ...backends.base import ROPE_NEOX
+from ..hparams import Metadata
 from . import moe
-from .base import HEAD, INPUT, KV, Architecture, Weights, bias, matrix, norm
-from .llama import attention_half, ffn_half, final_norm, lm_head
-
-
-def _rms_eps(m: Metadata) -> dict[str, Any]:
-    return {"rms_eps": float(m.num("attention.layer_norm_rms_epsilon", float, required=True, minimum=0.0))}
+from .base import norm, rms_eps_hparams
+from .builders import moe_scratch, moe_scratch_i32, moe_shared_scratch
+from .descriptor import Architecture
+from .skeleton import OUTPUT_UNTIED, QK_NORM, llama_tensors, moe_ffn, n_embd
 
 
 def qwen3moe_hparams(m: Metadata) -> dict[str, Any]:
     """qwen3moe keys: the rms epsilon (required) and the MoE keys (``moe.hparams``: softmax, renormalised)."""
-    return {**_rms_eps(m), **moe.hparams(m, "softmax", norm=True)}
+    return {**rms_eps_hparams(m), **moe.hparams(m, "softmax", norm=True)}
 
 
 def qwen2moe_hparams(m: Metadata) -> dict[str, Any]:
     """qwen2moe / olmoe keys: the rms epsilon and the MoE keys (softmax, not renormalised)."""
-    return {**_rms_eps(m), **moe.hparams(m, "softmax", norm=False)}
+    return {**rms_eps_hparams(m), **moe.hparams(m, "softmax", norm=False)}
 
 
 def olmoe_hparams(m: Metadata) -> dict[str, Any]:
@@ -50,89 +48,22 @@ def olmoe_hparams(m: Metadata) -> dict[str, Any]:
     return {**qwen2moe_hparams(m), "n_ff_exp": m.num("feed_forward_length", required=True, minimum=1)}
 
 
-def scratch(cfg: ModelConfig) -> dict[str, int]:
-    """Row widths of the f32 [n_batch, width] buffers of these blocks (attention and ``moe.scratch``)."""
-    E, Q, K = cfg.n_embd, cfg.n_embd_q, cfg.n_embd_kv
-    return {"x": E, "xn": E, "q": Q, "att": Q, "o": E, "k": K, "v": K, **moe.scratch(cfg)}
+#: llama.cpp ``llama_model_qwen3moe::load_arch_tensors``: qwen3's attention (per-head Q/K norms), experts.
+QWEN3MOE_TENSORS = llama_tensors(attn=QK_NORM, ffn=moe_ffn())
 
+#: llama.cpp ``llama_model_qwen2moe::load_arch_tensors``: qwen2's attention (Q/K/V biases, optional
+#: there, present in files), output required, experts and the shared expert.
+QWEN2MOE_TENSORS = llama_tensors(output=OUTPUT_UNTIED, q_width=n_embd, qkv_bias=True, ffn=moe_ffn(shared=True))
 
-def scratch_shared(cfg: ModelConfig) -> dict[str, int]:
-    """:func:`scratch` plus the shared expert's buffers (qwen2moe)."""
-    return {**scratch(cfg), **moe.shared_scratch(cfg)}
+#: llama.cpp ``llama_model_olmoe::load_arch_tensors``: Q and K norms over the whole row (n_embd).
+OLMOE_TENSORS = llama_tensors(output=OUTPUT_UNTIED, q_width=n_embd, ffn=moe_ffn(),
+                              attn=(norm("blk.{i}.attn_q_norm.weight", lambda c: (c.n_embd,)),
+                                    norm("blk.{i}.attn_k_norm.weight", lambda c: (c.n_embd,))))
 
+_MOE: dict[str, Any] = dict(rope_mode=ROPE_NEOX, block=moe.block, block_attn=moe.block_attn,
+                            block_ffn=moe.block_ffn, scratch=moe_scratch, scratch_i32=moe_scratch_i32)
 
-def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> None:
-    """One block on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place): the llama block's
-    attention (optional biases and Q/K norms by the tensors present) and ``moe.ffn``."""
-    block_attn(d, cfg, w, s, kv)
-    block_ffn(d, cfg, w, s)
-
-
-def block_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> None:
-    """The attention half of :func:`block` (``llama.attention_half``)."""
-    attention_half(d, cfg, w, s, kv)
-
-
-def block_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace) -> None:
-    """The MoE half of :func:`block`: ``x += moe.ffn(rmsnorm(x) * ffn_norm)``."""
-    ffn_half(d, cfg, w, s, moe.ffn)
-
-
-def _attn(q_norm: bool, biases: bool, q_width=lambda c: c.n_embd_q):
-    out = [
-        norm("blk.{i}.attn_norm.weight", lambda c: (c.n_embd,)),
-        matrix("blk.{i}.attn_q.weight", lambda c: (q_width(c), c.n_embd)),
-        matrix("blk.{i}.attn_k.weight", lambda c: (c.n_embd_kv, c.n_embd)),
-        matrix("blk.{i}.attn_v.weight", lambda c: (c.n_embd_kv, c.n_embd)),
-        matrix("blk.{i}.attn_output.weight", lambda c: (c.n_embd, q_width(c))),
-        norm("blk.{i}.ffn_norm.weight", lambda c: (c.n_embd,)),
-    ]
-    if biases:
-        out += [bias("blk.{i}.attn_q.bias", lambda c: (q_width(c),), required=False),
-                bias("blk.{i}.attn_k.bias", lambda c: (c.n_embd_kv,), required=False),
-                bias("blk.{i}.attn_v.bias", lambda c: (c.n_embd_kv,), required=False)]
-    return out
-
-
-def _globals(tied: bool):
-    return [
-        matrix("token_embd.weight", lambda c: (c.n_vocab, c.n_embd), unit=INPUT),
-        norm("output_norm.weight", lambda c: (c.n_embd,), unit=HEAD),
-        matrix("output.weight", lambda c: (c.n_vocab, c.n_embd), unit=HEAD, required=not tied,
-               tied_to="token_embd.weight" if tied else None),
-    ]
-
-
-#: llama.cpp ``llama_model_qwen3moe::load_arch_tensors``, numpy order.
-QWEN3MOE_TENSORS = tuple(_globals(True) + _attn(False, False) + [
-    norm("blk.{i}.attn_k_norm.weight", lambda c: (c.head_dim,)),
-    norm("blk.{i}.attn_q_norm.weight", lambda c: (c.head_dim,)),
-] + list(moe.tensors()))
-
-#: llama.cpp ``llama_model_qwen2moe::load_arch_tensors`` (Q/K/V biases optional there, present in files).
-QWEN2MOE_TENSORS = tuple(_globals(False) + _attn(False, True, lambda c: c.n_embd) + list(moe.tensors(shared=True)))
-
-#: llama.cpp ``llama_model_olmoe::load_arch_tensors``: Q and K norms over the whole row.
-OLMOE_TENSORS = tuple(_globals(False) + _attn(False, False, lambda c: c.n_embd) + [
-    norm("blk.{i}.attn_q_norm.weight", lambda c: (c.n_embd,)),
-    norm("blk.{i}.attn_k_norm.weight", lambda c: (c.n_embd,)),
-] + list(moe.tensors()))
-
-_ATTN_OPS = ("rmsnorm", "matmul", "rope", "kv_store", "attention", "add")
-_FFN_OPS = ("rmsnorm",) + moe.MOE_BLOCK_OPS
-_OPS = ("rmsnorm", "rope", "kv_store", "attention") + moe.MOE_BLOCK_OPS
-_HEAD_OPS = ("get_rows", "rmsnorm", "matmul")
-
-QWEN3MOE = Architecture(name="qwen3moe", tensors=QWEN3MOE_TENSORS, rope_mode=ROPE_NEOX, hparams=qwen3moe_hparams,
-                        scratch=scratch, block=block, final_norm=final_norm, lm_head=lm_head,
-                        block_ops=_OPS, head_ops=_HEAD_OPS, scratch_i32=moe.scratch_i32, attn_ops=_ATTN_OPS,
-                        block_attn=block_attn, block_ffn=block_ffn, ffn_ops=_FFN_OPS)
-QWEN2MOE = Architecture(name="qwen2moe", tensors=QWEN2MOE_TENSORS, rope_mode=ROPE_NEOX, hparams=qwen2moe_hparams,
-                        scratch=scratch_shared, block=block, final_norm=final_norm, lm_head=lm_head,
-                        block_ops=_OPS + ("add_bias",), head_ops=_HEAD_OPS, scratch_i32=moe.scratch_i32,
-                        attn_ops=_ATTN_OPS + ("add_bias",), block_attn=block_attn, block_ffn=block_ffn,
-                        ffn_ops=_FFN_OPS)
-OLMOE = Architecture(name="olmoe", tensors=OLMOE_TENSORS, rope_mode=ROPE_NEOX, hparams=olmoe_hparams,
-                     scratch=scratch, block=block, final_norm=final_norm, lm_head=lm_head,
-                     block_ops=_OPS, head_ops=_HEAD_OPS, scratch_i32=moe.scratch_i32, attn_ops=_ATTN_OPS,
-                     block_attn=block_attn, block_ffn=block_ffn, ffn_ops=_FFN_OPS)
+QWEN3MOE = Architecture(name="qwen3moe", tensors=QWEN3MOE_TENSORS, hparams=qwen3moe_hparams, **_MOE)
+QWEN2MOE = Architecture(name="qwen2moe", tensors=QWEN2MOE_TENSORS, hparams=qwen2moe_hparams,
+                        **{**_MOE, "scratch": moe_shared_scratch})
+OLMOE = Architecture(name="olmoe", tensors=OLMOE_TENSORS, hparams=olmoe_hparams, **_MOE)

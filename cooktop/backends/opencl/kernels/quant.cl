@@ -54,7 +54,9 @@ __kernel void rmsnorm_q8(global float *out, const global float *x, const global 
     const float4 s4 = s8.lo + s8.hi;
     const float2 s2 = s4.lo + s4.hi;
     red[lid] = s2.x + s2.y;
-    barrier(CLK_LOCAL_MEM_FENCE);
+    // global fence too: out may alias x, and the loop below writes 32-value blocks that other
+    // work-items read as 16-value chunks above (a read-write race without it; Oclgrind finds it)
+    barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
     for (int k = RN_LS / 2; k > 0; k >>= 1) {
         if (lid < k) red[lid] += red[lid + k];
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -1,0 +1,260 @@
+"""What every placed model shares, wherever its segments run: :class:`PlacedModel`.
+
+A placed model is a loaded model cut into segments (``runtime/placement.py``), each on one
+device: :class:`~cooktop.model.forward.Model` runs them here (``model/forward.py``'s
+``Segment``), the cluster's ``ClusterModel`` in Ray actors on other nodes
+(``cluster/pipeline.py``). Both are what ``engine`` runs, through this one surface:
+``new_cache``, ``forward``, ``forward_batch``, ``close``, ``cfg``, ``n_ctx``, ``n_batch``,
+``logits_all``. This module holds all of it but how the segments run (:meth:`PlacedModel._run`)
+and where a cache lives (:meth:`PlacedModel._new_cache`):
+
+- the token embedding lookup (on the host, scaled as the architecture says),
+- the rows of a pass (:class:`Rows`: positions, cache cells, the first cell each row attends
+  to, output rows) for one sequence (:meth:`PlacedModel.forward`) or several sequences of one
+  cache (:meth:`PlacedModel.forward_batch`; llama.cpp's unified KV cache: sequence ``s`` owns
+  cells ``s * n_ctx .. (s + 1) * n_ctx - 1``, see ``model/forward.py``),
+- the checks of a cache, its sequences and positions, and the token bookkeeping
+  (:class:`CacheTokens`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from ..errors import CooktopError
+from ..format.gguf import GGUFFile
+from ..format.quants import dequantize
+from .arch import architecture
+from .hparams import ModelConfig
+
+
+@dataclasses.dataclass
+class Rows:
+    """Where the ``n`` rows of one forward pass go.
+
+    Attributes:
+        pos: int32 [n] positions (rope).
+        cells: int32 [n] cache rows (None: the positions, one sequence).
+        kv_start: int32 [n] first cache row each row attends to (None: 0).
+        outputs: int32 [m] rows whose logits are returned (None: every row).
+        n_ctx: positions per sequence (0: the cache's rows; one sequence).
+    """
+
+    pos: np.ndarray
+    cells: np.ndarray | None = None
+    kv_start: np.ndarray | None = None
+    outputs: np.ndarray | None = None
+    n_ctx: int = 0
+
+
+class CacheTokens:
+    """What every KV cache of ``n_seq`` sequences keeps beside its K/V: the token ids each
+    sequence holds, truncation and closing (``model.forward.KVCache``, the cluster's ``RemoteCache``).
+
+    Subclasses set ``seq_tokens`` (per sequence, the ids at positions ``0 .. n_past - 1``),
+    ``n_seq``, ``n_ctx``, ``_model_key`` (the making model's ``_key``) and ``_closed``, and
+    free their K/V in :meth:`_free`.
+    """
+
+    seq_tokens: list[list[int]]
+    n_seq: int
+    n_ctx: int
+    _model_key: object
+    _closed: bool
+
+    @property
+    def tokens(self) -> list[int]:
+        """Sequence 0's ids (the one sequence of a cache made for one)."""
+        return self.seq_tokens[0]
+
+    @property
+    def n_past(self) -> int:
+        """Positions (tokens) of sequence 0 whose K/V the cache holds."""
+        return len(self.seq_tokens[0])
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def truncate(self, n: int, seq_id: int = 0) -> None:
+        """Keep positions ``0 .. n - 1`` of sequence ``seq_id`` (later cells are overwritten by the next forward)."""
+        del self.seq_tokens[seq_id][max(n, 0):]
+
+    def close(self) -> None:
+        """Free the K/V (:meth:`_free`) and forget the tokens. Idempotent; also runs when the cache is collected."""
+        self._closed = True
+        self._free()
+        self.seq_tokens = [[] for _ in range(self.n_seq)]
+
+    def _free(self) -> None:
+        """Give the K/V back (once; later calls do nothing)."""
+
+
+#: The cache type of a placed model.
+C = TypeVar("C", bound=CacheTokens)
+
+
+class PlacedModel(Generic[C]):
+    """A model placed on segments (module doc): everything but how its segments run.
+
+    Args:
+        gf: the opened GGUF (the token embeddings are looked up in it, on the host);
+            cfg: its config (``cfg.arch`` names the architecture).
+        n_ctx: positions per sequence of :meth:`new_cache`; n_batch: max tokens per pass.
+        logits_all: keep logits of every position (else only the last).
+
+    Subclasses implement :meth:`_new_cache`, :meth:`_run` and :meth:`close`.
+    """
+
+    def __init__(self, gf: GGUFFile, cfg: ModelConfig, n_ctx: int, n_batch: int, logits_all: bool = False):
+        self.gf, self.cfg, self.arch = gf, cfg, architecture(cfg.arch)
+        self.n_ctx, self.n_batch, self.logits_all = n_ctx, n_batch, logits_all
+        self._key = object()  # identifies the caches made by this model
+        self._lock = threading.Lock()
+        self._closed = False
+        self._embd = gf.tensor("token_embd.weight")
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def new_cache(self, n_seq: int = 1) -> C:
+        """A fresh (empty) KV cache for ``n_seq`` sequences, allocated where each segment runs:
+        ``2 x n_layer`` buffers of f32 [n_seq * n_ctx, n_head_kv * head_dim].
+
+        Raises:
+            CooktopError: the model is closed, or ``n_seq`` < 1.
+            DeviceOutOfMemoryError: a cache buffer does not fit.
+        """
+        self._check_open()
+        if n_seq < 1:
+            raise CooktopError(f"a KV cache holds at least one sequence, not {n_seq}")
+        return self._new_cache(n_seq)
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """Token embedding lookup on the host: float32 [n, n_embd] for int [n] ids, times the
+        architecture's ``embd_scale`` when it has one (gemma3)."""
+        te = self._embd
+        rows = np.asarray(te.data).reshape(te.shape[0], -1)[tokens]
+        x = dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
+        if self.arch.embd_scale is not None:
+            x = np.asarray(x, dtype=np.float32) * np.float32(self.arch.embd_scale(self.cfg))
+        return x
+
+    def forward(self, tokens: np.ndarray, n_past: int, cache: C, logits_all: bool | None = None,
+                embeddings: bool = False, seq_id: int = 0) -> np.ndarray:
+        """Evaluate ``n <= n_batch`` tokens of one sequence at positions ``n_past .. n_past + n - 1``.
+
+        Writes their K/V into ``cache`` and sets the sequence's ids to its first ``n_past``
+        followed by ``tokens`` (positions >= n_past are overwritten). Calls from
+        several threads take turns.
+
+        Args:
+            tokens: int [n] token ids, each < n_vocab.
+            n_past: positions of the sequence to keep, <= its n_past.
+            cache: a cache made by this model's :meth:`new_cache`.
+            logits_all: override of the model's setting for this call.
+            embeddings: return the output-normed hidden states instead of logits.
+            seq_id: the sequence of ``cache`` (0 .. n_seq - 1).
+        Returns:
+            float32 [n, n_vocab] when logits_all, else float32 [1, n_vocab] (last token);
+            with ``embeddings``, float32 [n, n_embd].
+        Raises:
+            CooktopError: the model or the cache is closed, or the cache is another model's.
+            ValueError: ``n``, ``n_past`` or ``seq_id`` out of range.
+            ClusterError: (a cluster model) a segment died or did not answer; the model is then broken.
+        """
+        self._check_cache(cache)
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise ValueError(f"forward takes 1..{self.n_batch} tokens, got {n}")
+        self._check_item(cache, seq_id, n_past, n)
+        la = self.logits_all if logits_all is None else (logits_all and self.logits_all)
+        ids = np.asarray(tokens, dtype=np.int64)
+        h = self.embed(ids)
+        pos = np.arange(n_past, n_past + n, dtype=np.int32)
+        rows = Rows(pos, outputs=None if la else np.array([n - 1], dtype=np.int32), n_ctx=self.n_ctx)
+        if seq_id:
+            rows.cells = pos + np.int32(seq_id * self.n_ctx)
+            rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
+        cache.truncate(n_past, seq_id)  # rows from n_past on are about to be overwritten
+        h = self._run(h, rows, cache, embeddings)
+        cache.seq_tokens[seq_id].extend(int(t) for t in ids)
+        return h
+
+    def forward_batch(self, cache: C, items: list[tuple[int, int, list[int], bool]]) -> list[np.ndarray | None]:
+        """Evaluate tokens of several sequences of ``cache`` in one pass (at most ``n_batch`` in all).
+
+        Each item ``(seq_id, n_past, tokens, want_logits)`` appends ``tokens`` to sequence
+        ``seq_id`` at positions ``n_past ..`` (as :meth:`forward` does; its ids are updated).
+        A sequence appears at most once.
+
+        Returns:
+            per item: float32 [1, n_vocab] logits of its last token when ``want_logits``, else None.
+        Raises:
+            as :meth:`forward`; ValueError: no tokens, more than ``n_batch``, a sequence twice,
+            or an item out of range.
+        """
+        self._check_cache(cache)
+        n = sum(len(t) for _, _, t, _ in items)
+        if not 0 < n <= self.n_batch or any(not t for _, _, t, _ in items):
+            raise ValueError(f"forward_batch takes 1..{self.n_batch} tokens, at least one per item, got {n}")
+        if len({s for s, _, _, _ in items}) != len(items):
+            raise ValueError("forward_batch: a sequence appears twice in one batch")
+        for seq_id, n_past, toks, _ in items:
+            self._check_item(cache, seq_id, n_past, len(toks))
+        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, _, t, _ in items])
+        pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for _, p, t, _ in items])
+        base = np.concatenate([np.full(len(t), s * self.n_ctx, dtype=np.int32) for s, _, t, _ in items])
+        ends = np.cumsum([len(t) for _, _, t, _ in items]) - 1
+        want = [i for i, it in enumerate(items) if it[3]]
+        outputs = ends[want].astype(np.int32) if want else np.array([n - 1], dtype=np.int32)
+        rows = Rows(pos, pos + base, base, outputs, self.n_ctx)
+        for seq_id, n_past, _, _ in items:
+            cache.truncate(n_past, seq_id)
+        logits = self._run(self.embed(ids), rows, cache, False)
+        for seq_id, _, toks, _ in items:
+            cache.seq_tokens[seq_id].extend(int(t) for t in toks)
+        out: list[np.ndarray | None] = [None] * len(items)
+        for j, i in enumerate(want):
+            out[i] = logits[j:j + 1]
+        return out
+
+    def _new_cache(self, n_seq: int) -> C:
+        """An empty cache of ``n_seq`` (>= 1) sequences where the segments run."""
+        raise NotImplementedError
+
+    def _run(self, x: np.ndarray, rows: Rows, cache: C, embeddings: bool) -> np.ndarray:
+        """Run every segment in order on the embedded rows ``x`` float32 [n, n_embd]: what the
+        last one returns (logits float32 [m, n_vocab], or float32 [n, n_embd] with ``embeddings``)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Give back what the segments hold (each cache is given back by its owner). Idempotent."""
+        raise NotImplementedError
+
+    def _check_cache(self, cache: C) -> None:
+        self._check_open()
+        if getattr(cache, "_model_key", None) is not self._key:
+            raise CooktopError("this KV cache was made by another model; use model.new_cache()")
+        if cache.closed:
+            raise CooktopError("this KV cache is closed")
+
+    def _check_item(self, cache: C, seq_id: int, n_past: int, n: int) -> None:
+        if not 0 <= seq_id < cache.n_seq:
+            raise ValueError(f"seq_id {seq_id} is outside the cache's 0..{cache.n_seq - 1} sequences")
+        have = len(cache.seq_tokens[seq_id])
+        if not 0 <= n_past <= have:
+            raise ValueError(f"n_past {n_past} is outside the cache's 0..{have} positions")
+        if n_past + n > self.n_ctx:
+            raise ValueError(f"positions {n_past}..{n_past + n - 1} exceed n_ctx {self.n_ctx}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CooktopError("the model is closed (close() was called); load it again")
