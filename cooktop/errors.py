@@ -5,6 +5,11 @@ out of memory) is a :class:`CooktopError` with a one-line message that says
 what was wrong and what to do. The CLI prints ``error: <message>`` and exits
 with code 1; the server maps the types to HTTP status codes. Nothing else is
 caught: an exception that is not a ``CooktopError`` is a bug.
+
+The errors the Python API raises where llama-cpp-python raises ``ValueError``
+(a file that does not load, a prompt over the context, a template or grammar
+that fails, a bad argument) are ``ValueError`` s too, so code written for it
+(``except ValueError``) catches them; the typed hierarchy stays.
 """
 
 from __future__ import annotations
@@ -14,15 +19,15 @@ class CooktopError(Exception):
     """Base of every user-facing error; ``str(e)`` is a complete one-line message."""
 
 
-class GGUFError(CooktopError):
+class GGUFError(CooktopError, ValueError):
     """The model file is not a readable GGUF (foreign, truncated or corrupt)."""
 
 
-class UnsupportedModelError(CooktopError):
+class UnsupportedModelError(CooktopError, ValueError):
     """A readable GGUF that cooktop cannot run (architecture, tensor type, missing key)."""
 
 
-class ContextOverflowError(CooktopError):
+class ContextOverflowError(CooktopError, ValueError):
     """A prompt (or an eval) does not fit in the context window ``n_ctx``."""
 
 
@@ -31,7 +36,7 @@ class DeviceError(CooktopError):
     (a tensor of another device or of a released buffer, a weight written or read back)."""
 
 
-class DeviceOutOfMemoryError(DeviceError):
+class DeviceOutOfMemoryError(DeviceError, ValueError):
     """An allocation did not fit in a device's memory."""
 
 
@@ -48,7 +53,7 @@ class UnsupportedOpError(CooktopError):
     tensor of the wrong type (e.g. float positions) or an option it lacks (a rope mode)."""
 
 
-class ChatTemplateError(CooktopError):
+class ChatTemplateError(CooktopError, ValueError):
     """A chat template failed to compile or refused a conversation (it raised, or hit an undefined or unsafe value)."""
 
 

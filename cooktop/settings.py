@@ -118,6 +118,13 @@ def opencl_mmq_k() -> bool:
     return env_bool("COOKTOP_OPENCL_MMQ_K", True)
 
 
+def opencl_exact_prompt() -> bool:
+    """``COOKTOP_OPENCL_EXACT_PROMPT``: prompt matrices of the weight types without a VNNI prompt
+    kernel run the one-token integer sums token by token (``mul_mvt_q8``), so a prompt's logits
+    are those of its tokens one at a time (default on; 0: the faster float32 ``mul_mm``)."""
+    return env_bool("COOKTOP_OPENCL_EXACT_PROMPT", True)
+
+
 def cpu_cache(default: int) -> int:
     """``COOKTOP_CPU_CACHE``: bytes of dequantized float32 weights the numpy backend keeps
     (``default`` when unset; ``0`` turns the cache off; sizes like ``512MiB``, ``8GiB``).
@@ -160,5 +167,6 @@ def check_environment() -> None:
     opencl_q8()
     opencl_vnni()
     opencl_mmq_k()
+    opencl_exact_prompt()
     probe_timeout(1.0)
     probe_isolation()

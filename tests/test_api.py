@@ -54,8 +54,12 @@ def test_eval_errors(llm):
         llm.eval([])
     with pytest.raises(ContextOverflowError, match="n_ctx"):
         llm.eval(list(range(3, 70)))
-    with pytest.raises(CooktopError, match="logits_all"):
-        llm._engine.eval([1, 2], logits_all=True)
+    llm.reset()
+    every = llm._engine.eval([1, 403, 407], logits_all=True)  # without logits_all: through the output rows
+    llm.reset()
+    last = llm._engine.eval([1, 403, 407])
+    assert every.shape == (3, llm.n_vocab()) and np.allclose(every[-1], last[-1], atol=1e-5)
+    llm.reset()
     assert isinstance(InvalidTokenError("x"), CooktopError)
 
 

@@ -293,14 +293,18 @@ def test_named_format_stop_strings():
 
 def test_named_format_generation_prompt_and_content_parts():
     chatml = ChatTemplate.from_format("chatml")
-    msgs = [{"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "image_url", "image_url": {}},
-                                         {"type": "text", "text": "two"}]},
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
             {"role": "assistant", "content": None}]
-    # text parts joined by a newline, other parts dropped, None as empty (llama.cpp's legacy formatter)
+    # text parts joined by a newline, None as empty (llama.cpp's legacy formatter)
     assert chatml.render(msgs, add_generation_prompt=False) == (
         "<|im_start|>user\none\ntwo<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n")
     with pytest.raises(ChatTemplateError, match=r"messages\[0\]\['content'\] must be a string"):
         chatml.render([{"role": "user", "content": 42}])
+    # an image part is refused, never silently dropped (llama-server without a vision model)
+    with pytest.raises(ChatTemplateError, match=r"messages\[0\]\['content'\] has a 'image_url' part: this model "
+                                                r"reads text only"):
+        chatml.render([{"role": "user", "content": [{"type": "text", "text": "x"},
+                                                    {"type": "image_url", "image_url": {"url": "data:,"}}]}])
 
 
 def test_format_trim_is_llama_cpps():
@@ -428,9 +432,9 @@ def test_raise_exception_and_undefined():
 
 
 def test_type_error_in_template_is_a_template_error():
-    tmpl = ChatTemplate("{{ 'a' + messages[0].content }}", name="T")
+    tmpl = ChatTemplate("{{ 'a' + messages[0].count }}", name="T")
     with pytest.raises(ChatTemplateError, match=r"^T failed \(template line 1\): TypeError: "):
-        tmpl.render([{"role": "user", "content": [{"type": "text", "text": "x"}]}])
+        tmpl.render([{"role": "user", "content": "x", "count": 3}])
 
 
 @pytest.mark.parametrize("source", [

@@ -71,7 +71,7 @@ def test_reference_quantizer():
 @pytest.mark.parametrize("ty", Q8_TYPES, ids=lambda t: t.name)
 def test_matvec_exact_on_8bit_activations(q8dev, ty):
     dev = q8dev
-    assert dev.quantizes_activations(ty, 1) and not dev.quantizes_activations(ty, 2)
+    assert dev.quantizes_activations(ty, 1) and dev.quantizes_activations(ty, 2)  # prompts too (mul_mvt_q8)
     rng = np.random.default_rng(int(ty))
     n_in = _n_in(ty)
     for n_out in (1, 3, 129, 1000):
@@ -232,7 +232,8 @@ def test_drop_file_pages(tmp_path):
 def test_prompt_matrices_vnni(q8dev, ty):
     """mul_mm_q8 (repacked Q4_0, Q4_K and Q6_K, on a CPU with AVX-512 VNNI): exact against numpy on
     8-bit activations at odd row/token/group counts, within the quantized bound of the float
-    product; Q4_0 rows of other lengths and builds without VNNI keep the float mul_mm."""
+    product; Q4_0 rows of other lengths and builds without VNNI run mul_mvt_q8 (also exact on
+    8-bit activations), or the float mul_mm with COOKTOP_OPENCL_EXACT_PROMPT=0."""
     dev = q8dev
     rng = np.random.default_rng(13)
     vnni = dev.kernels.vnni
@@ -251,7 +252,7 @@ def test_prompt_matrices_vnni(q8dev, ty):
                 dev.matmul(y, xt, w)
                 got = dev.read(y)
                 q8 = dev.quantizes_activations(ty, n_tok, (n_out, n_in))
-                assert q8 == (vnni and n_in % 128 == 0)
+                assert q8 == (dev.exact_prompt or (vnni and n_in % 128 == 0))
                 if q8:
                     assert nmse(got, dequantize_q8_ref(x) @ wf.T) <= 1e-10, (n_in, n_out, n_tok)
                     if n_out >= 129:
@@ -261,9 +262,10 @@ def test_prompt_matrices_vnni(q8dev, ty):
 
 
 def test_q4_k_prompt_kernel_can_be_turned_off(monkeypatch):
-    """COOKTOP_OPENCL_MMQ_K=0: Q4_K and Q6_K prompt matrices stay on the float mul_mm (Q4_0's
-    VNNI kernel stays)."""
+    """COOKTOP_OPENCL_MMQ_K=0 (with COOKTOP_OPENCL_EXACT_PROMPT=0): Q4_K and Q6_K prompt matrices
+    stay on the float mul_mm (Q4_0's VNNI kernel stays)."""
     monkeypatch.setenv("COOKTOP_OPENCL_MMQ_K", "0")
+    monkeypatch.setenv("COOKTOP_OPENCL_EXACT_PROMPT", "0")
     dev = _pocl(False, monkeypatch)
     dev = type(dev)(dev.info, dev.cl_device)
     assert not dev.quantizes_activations(T.Q4_K, 8, (64, 256))

@@ -128,8 +128,10 @@ def test_fallback_without_the_feature(vk, monkeypatch, ty):
     x = rng.standard_normal((2, 256)).astype(np.float32)
     w = vk.upload(raw, ty, (131, 256))
     has = IDOT <= vk.features
-    assert vk.quantizes_activations(ty, 1) == vk.quantizes_activations(ty, 7) == has
-    assert not vk.quantizes_activations(ty, 8) and not vk.quantizes_activations(T.Q4_K, 1)
+    # every row count (a prompt gets its tokens' one-at-a-time sums); Q4_K has no integer-dot variant
+    assert vk.quantizes_activations(ty, 1) == vk.quantizes_activations(ty, 7) == vk.quantizes_activations(ty, 64) \
+        == has
+    assert not vk.quantizes_activations(T.Q4_K, 1)
     monkeypatch.setattr(vk, "features", vk.features - {"shaderIntegerDotProduct"})
     assert not vk.quantizes_activations(ty, 1)
     q0 = vk._q8.n_quantized

@@ -13,6 +13,7 @@ typical_p, repeat/presence/frequency penalties), ``logit_bias``, ``seed``,
 
 from __future__ import annotations
 
+import copy
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 
 from ..engine.generate import Generation, Step
 from ..engine.sampling import Sampler, SamplingParams, bias_pairs
+from ..engine.sequence import Sequence as Sequence_
 from ..errors import CooktopError
 from ..text.base import InvalidTokenError
 from ..text.exact import ExactTokenizer
@@ -131,6 +133,7 @@ class CompletionMixin(LlamaBase):
                           mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
                           model: str | None = None, stopping_criteria: Any = None, logits_processor: Any = None,
                           grammar: LlamaGrammar | str | None = None, logit_bias: dict | None = None,
+                          n_predict: int | None = None,
                           ) -> Completion | Iterator[Completion]:
         """Complete ``prompt`` (text, or token ids).
 
@@ -151,8 +154,13 @@ class CompletionMixin(LlamaBase):
             logits_processor: callables ``(input_ids, scores) -> scores``.
             grammar: a :class:`LlamaGrammar` or GBNF text (constrained decoding with llguidance).
             logit_bias: ``{token_id: bias}``.
+            n_predict: llama.cpp's count instead of ``max_tokens`` (llama-server's field): -1 until
+                the context is full, 0 nothing (the prompt is still evaluated: with ``echo`` and
+                ``logprobs`` that scores it), N at most N.
         Returns:
-            a ``text_completion`` dict, or an iterator of chunks when ``stream``.
+            a ``text_completion`` dict, or an iterator of chunks when ``stream``. With ``echo``
+            and ``logprobs`` the prompt's tokens come first in ``logprobs`` (the first one's
+            logprob and alternatives ``None``), as llama-cpp-python gives them.
         Raises:
             ContextOverflowError: the prompt does not fit in ``n_ctx``.
             GrammarError: the grammar does not compile. CooktopError: a bad option.
@@ -164,23 +172,51 @@ class CompletionMixin(LlamaBase):
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise CooktopError(f"logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, got {logprobs!r}")
         tokens, fim = self._prompt_tokens(prompt, suffix)
-        n_predict = n_predict_of(max_tokens)
+        if n_predict is None:
+            n_predict = n_predict_of(max_tokens)
+        elif isinstance(n_predict, bool) or not isinstance(n_predict, int) or n_predict < -1:
+            raise CooktopError(f"n_predict must be an integer >= -1, got {n_predict!r}")
         sampler = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 typical_p=typical_p, repeat_penalty=repeat_penalty,
                                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                 logit_bias=logit_bias, seed=seed, logits_processor=logits_processor,
                                 grammar=grammar)
         criteria = list(stopping_criteria) if stopping_criteria is not None else []
-        steps = eng.generate(tokens, n_predict, sampler, stop_list(stop), stopping_criteria=criteria,
-                             seq=self._active_seq)
+        eng.check_prompt(tokens)
+        seq = self._active_seq
+        if seq is not None and not isinstance(seq, Sequence_):  # the server's slot chooser
+            seq = seq(list(tokens))
+        seq = seq if seq is not None else eng.seq
+        prompt_lp = None
+        if echo and logprobs is not None:
+            seq.reset()
+            prompt_lp = self._prompt_logprobs(seq, tokens, logprobs)
+        steps = eng.generate(tokens, n_predict, sampler, stop_list(stop), stopping_criteria=criteria, seq=seq)
         prefix = ""
         if echo:
             prefix = prompt if isinstance(prompt, str) else self.detokenize(tokens).decode("utf-8", "replace")
         tail = suffix if (suffix is not None and not fim) else ""
-        gen = _Completion(self, steps, len(tokens), model or self.model_path, prefix, tail, logprobs)
+        gen = _Completion(self, steps, len(tokens), model or self.model_path, prefix, tail, logprobs, prompt_lp)
         if stream:
             return gen.chunks()
         return gen.whole()
+
+    def _prompt_logprobs(self, seq: Sequence_, tokens: list[int], k: int) -> CompletionLogprobs:
+        """The prompt's own logprobs (``echo`` with ``logprobs``): token i under the logits after
+        tokens 0..i-1; the first token has none. Leaves ``tokens`` in ``seq``'s context."""
+        logits = seq.eval(tokens, logits_all=True)
+        pieces = [self._token_text(t) for t in tokens]
+        out: CompletionLogprobs = {"tokens": pieces, "text_offset": [], "token_logprobs": [None],
+                                   "top_logprobs": [None]}
+        offset = 0
+        for p in pieces:
+            out["text_offset"].append(offset)
+            offset += len(p)
+        for i in range(1, len(tokens)):
+            lps = log_softmax(logits[i - 1])
+            out["token_logprobs"].append(float(lps[tokens[i]]))
+            out["top_logprobs"].append({self._token_text(j): lp for j, lp in top_k(lps, k)} if k else None)
+        return out
 
     def __call__(self, prompt: str | list[int], *args: Any, **kwargs: Any) -> Completion | Iterator[Completion]:
         """Same as :meth:`create_completion`."""
@@ -191,9 +227,9 @@ class _Completion:
     """Turns the steps of one generation into ``text_completion`` chunks or one response."""
 
     def __init__(self, llm: Any, steps: Generation, n_prompt: int, model: str, prefix: str, tail: str,
-                 logprobs: int | None):
+                 logprobs: int | None, prompt_lp: CompletionLogprobs | None = None):
         self.llm, self.steps, self.n_prompt, self.model = llm, steps, n_prompt, model
-        self.prefix, self.tail, self.logprobs = prefix, tail, logprobs
+        self.prefix, self.tail, self.logprobs, self.prompt_lp = prefix, tail, logprobs, prompt_lp
         self.id = f"cmpl-{uuid.uuid4()}"
         self.created = int(time.time())
         self.n_generated = 0
@@ -224,8 +260,8 @@ class _Completion:
     def chunks(self) -> Iterator[Completion]:
         """The streamed chunks; the last one has ``finish_reason`` and ``usage``."""
         try:
-            if self.prefix:
-                yield self._chunk(self.prefix, None, None)
+            if self.prefix or self.prompt_lp is not None:
+                yield self._chunk(self.prefix, None, self.prompt_lp)
             for step in self.steps:
                 if step.token is not None:
                     self.n_generated += 1
@@ -250,6 +286,8 @@ class _Completion:
         lp_all: CompletionLogprobs | None = None
         if self.logprobs is not None:
             lp_all = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+            if self.prompt_lp is not None:
+                lp_all = copy.deepcopy(self.prompt_lp)
         finish = "length"
         for step in self.steps:
             if step.token is not None:

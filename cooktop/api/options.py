@@ -60,7 +60,7 @@ REFUSED: dict[str, str] = {
 }
 
 
-class UnsupportedArgumentError(CooktopError):
+class UnsupportedArgumentError(CooktopError, ValueError):
     """A llama-cpp-python argument cooktop cannot honour and must not ignore."""
 
 

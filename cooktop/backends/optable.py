@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -49,8 +50,8 @@ class OpSpec:
         scalars: scalar arguments after the tensors, in call order (defaults are the method's).
         computes: what it computes, one line (the design doc's table).
         rule: the shape rule in words, formatted with the scalars (the ShapeError's tail).
-        fits: ``fits(*tensors, **scalars) -> bool``: the shape rule (optional tensors may be
-            None). Only called once devices and types passed.
+        fits: ``fits(*tensors, **named scalars) -> bool``: the shape rule (optional tensors may be
+            None), given the scalars its signature names. Only called once devices and types passed.
         source: where the formula or layout comes from (llama.cpp / ggml).
         weight: the argument whose GGML type decides support (``matmul``'s ``w``), or None.
         forward: part of the forward pass (``copy`` is a bench tool, not claimed by default).
@@ -109,8 +110,11 @@ def _make_check(spec: OpSpec) -> Callable[..., None]:
         tests.append(f"({n} is not None and ({t}))" if a.optional else f"({t})")
     params = ", ".join(names + [f"{k}=None" for k in spec.scalars])
     scal = ", ".join(f"{k}={k}" for k in spec.scalars)
+    # the shape rule gets only the scalars it names (a plain positional call is the cheapest)
+    wants = [k for k in inspect.signature(spec.fits).parameters if k in spec.scalars]
+    fits_call = f"fits({', '.join(names + [f'{k}={k}' for k in wants])})"
     src = [f"def check(dev, {params}):",
-           f"    if {' or '.join(tests)} or not fits({', '.join(names)}{', ' + scal if scal else ''}):",
+           f"    if {' or '.join(tests)} or not {fits_call}:",
            f"        dev._refuse(spec, ({', '.join(names)},), {{{', '.join(f'{k!r}: {k}' for k in spec.scalars)}}})"]
     if spec.limits and spec.dims is not None:
         src += ["    lim = dev.info.op_limits",
@@ -124,11 +128,15 @@ def _make_check(spec: OpSpec) -> Callable[..., None]:
     return env["check"]
 
 
-def _same(*ts: Any, **_: Any) -> bool:
-    return all(t.shape == ts[0].shape for t in ts)
+def _same3(a: Any, b: Any, c: Any) -> bool:
+    return a.shape == b.shape == c.shape
 
 
-def _rope_fits(out: Any, x: Any, pos: Any, freq_factors: Any, *, head_dim: int, n_rot: int, **_: Any) -> bool:
+def _same2(a: Any, b: Any) -> bool:
+    return a.shape == b.shape
+
+
+def _rope_fits(out: Any, x: Any, pos: Any, freq_factors: Any, *, head_dim: int, n_rot: int) -> bool:
     xs = x.shape
     return (len(xs) == 2 and out.shape == xs and pos.shape == xs[:1] and head_dim > 0 and not head_dim % 2
             and not n_rot % 2 and 0 < n_rot <= head_dim and not xs[1] % head_dim
@@ -136,7 +144,7 @@ def _rope_fits(out: Any, x: Any, pos: Any, freq_factors: Any, *, head_dim: int, 
 
 
 def _attention_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, *, n_head: int, n_head_kv: int,
-                    window: int, **_: Any) -> bool:
+                    window: int) -> bool:
     qs, ks = q.shape, k.shape
     return (len(qs) == 2 and out.shape == qs and v.shape == ks and pos.shape == qs[:1] and n_head > 0
             and n_head_kv > 0 and not n_head % n_head_kv and not qs[1] % n_head
@@ -147,37 +155,38 @@ def _attention_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, *
 _ONE_SHAPE = "want {names} of one shape"
 
 
-def _route_fits(ids: Any, weights: Any, logits: Any, **_: Any) -> bool:
+def _route_fits(ids: Any, weights: Any, logits: Any) -> bool:
     ls, is_ = logits.shape, ids.shape
     return len(ls) == 2 and len(is_) == 2 and weights.shape == is_ and is_[0] == ls[0] and 0 < is_[1] <= ls[1]
 
 
-def _matmul_id_fits(out: Any, x: Any, w: Any, ids: Any, **_: Any) -> bool:
+def _matmul_id_fits(out: Any, x: Any, w: Any, ids: Any) -> bool:
     xs, ws, is_ = x.shape, w.shape, ids.shape
     return (len(ws) == 3 and len(is_) == 2 and len(xs) == 2 and xs[0] == is_[0]
             and xs[1] in (ws[2], is_[1] * ws[2]) and out.shape == (is_[0], is_[1] * ws[1]))
 
 
-def _add_id_fits(out: Any, x: Any, b: Any, ids: Any, **_: Any) -> bool:
+def _add_id_fits(out: Any, x: Any, b: Any, ids: Any) -> bool:
     bs, is_ = b.shape, ids.shape
     return len(bs) == 2 and len(is_) == 2 and out.shape == x.shape and x.shape == (is_[0], is_[1] * bs[1])
 
 
-def _combine_fits(out: Any, y: Any, weights: Any, **_: Any) -> bool:
+def _combine_fits(out: Any, y: Any, weights: Any) -> bool:
     os_, ws = out.shape, weights.shape
     return len(os_) == 2 and len(ws) == 2 and ws[0] == os_[0] and y.shape == (os_[0], ws[1] * os_[1])
 
 
-def _sinks_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, sinks: Any, *, n_head: int, **kw: Any
-                ) -> bool:
-    return _attention_fits(out, q, k, v, pos, kv_start, n_head=n_head, **kw) and sinks.shape == (n_head,)
+def _sinks_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, sinks: Any, *, n_head: int,
+                n_head_kv: int, window: int) -> bool:
+    return (_attention_fits(out, q, k, v, pos, kv_start, n_head=n_head, n_head_kv=n_head_kv, window=window)
+            and sinks.shape == (n_head,))
 
 #: Every op, in the order of the design doc's table.
 TABLE: tuple[OpSpec, ...] = (
     OpSpec("matmul", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT)), (),
            "out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T (w any supported type)",
            "want out [n, n_out], x [n, n_in], w [n_out, n_in]",
-           lambda out, x, w, **_: (len(w.shape) == 2 and x.shape[1:] == w.shape[1:]
+           lambda out, x, w: (len(w.shape) == 2 and x.shape[1:] == w.shape[1:]
                                    and out.shape == (x.shape[0], w.shape[0])),
            "ggml_mul_mat", weight="w", limits=("n_in",), dims=lambda out, x, w, **_: {"n_in": w.shape[-1]},
            example={"out": (3, 5), "x": (3, 32), "w": (5, 32)}),
@@ -185,7 +194,7 @@ TABLE: tuple[OpSpec, ...] = (
            "out = x / sqrt(mean(x^2) + eps) * w over each group of g values of a row (w f32 [g], g dividing "
            "the row width: g = n_embd normalises rows, g = head_dim each head)",
            "want out and x [n, width], w [g] with g dividing width",
-           lambda out, x, w, **_: (out.shape == x.shape and len(x.shape) == 2 and len(w.shape) == 1
+           lambda out, x, w: (out.shape == x.shape and len(x.shape) == 2 and len(w.shape) == 1
                                    and w.shape[0] > 0 and not x.shape[1] % w.shape[0]),
            "ggml_rms_norm + ggml_mul (llama.cpp src/llama-graph.cpp build_norm)", limits=("width",),
            dims=lambda out, x, w, **_: {"width": x.shape[-1]},
@@ -204,7 +213,7 @@ TABLE: tuple[OpSpec, ...] = (
     OpSpec("kv_store", (Arg("cache", F32), Arg("x", F32), Arg("pos", I32)), (),
            "cache[pos[i], :] = x[i, :] (cache f32 [n_cells, n_head_kv*head_dim])",
            "want cache [n_ctx, n_kv_dim], x [n, n_kv_dim], pos [n]",
-           lambda c, x, pos, **_: len(x.shape) == 2 and c.shape[1:] == x.shape[1:] and pos.shape == x.shape[:1],
+           lambda c, x, pos: len(x.shape) == 2 and c.shape[1:] == x.shape[1:] and pos.shape == x.shape[:1],
            "ggml_set_rows into the KV cache (llama.cpp src/llama-kv-cache.cpp cpy_k / cpy_v)",
            example={"cache": (16, 8), "x": (2, 8), "pos": (2,)}),
     OpSpec("attention", (Arg("out", F32), Arg("q", F32), Arg("k_cache", F32), Arg("v_cache", F32),
@@ -219,25 +228,25 @@ TABLE: tuple[OpSpec, ...] = (
            example={"out": (2, 8), "q": (2, 8), "k_cache": (16, 4), "v_cache": (16, 4), "pos": (2,),
                     "kv_start": None, "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0}),
     OpSpec("silu_mul", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), (),
-           "out = silu(gate) * up (SwiGLU)", _ONE_SHAPE.format(names="out, gate and up"), _same,
+           "out = silu(gate) * up (SwiGLU)", _ONE_SHAPE.format(names="out, gate and up"), _same3,
            "ggml_swiglu_split", example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
     OpSpec("add", (Arg("out", F32), Arg("a", F32), Arg("b", F32)), (),
-           "out = a + b", _ONE_SHAPE.format(names="out, a and b"), _same, "ggml_add",
+           "out = a + b", _ONE_SHAPE.format(names="out, a and b"), _same3, "ggml_add",
            example={"out": (2, 3), "a": (2, 3), "b": (2, 3)}),
     OpSpec("get_rows", (Arg("out", F32), Arg("table", WEIGHT), Arg("ids", I32)), (),
            "out[i] = dequantize(table[ids[i]]) (table any supported type)",
            "want out [k, n], table [n_rows, n], ids [k]",
-           lambda out, table, ids, **_: len(table.shape) == 2 and len(ids.shape) == 1
+           lambda out, table, ids: len(table.shape) == 2 and len(ids.shape) == 1
            and out.shape == (ids.shape[0], table.shape[1]),
            "ggml_get_rows", weight="table", example={"out": (3, 32), "table": (5, 32), "ids": (3,)}),
     OpSpec("add_bias", (Arg("out", F32), Arg("x", F32), Arg("b", F32)), (),
            "out[i, :] = x[i, :] + b (b f32 [n]: a bias row broadcast over rows)",
            "want out and x [n, m], b [m]",
-           lambda out, x, b, **_: out.shape == x.shape and len(x.shape) == 2 and b.shape == x.shape[1:],
+           lambda out, x, b: out.shape == x.shape and len(x.shape) == 2 and b.shape == x.shape[1:],
            "ggml_add of a [m] bias (llama.cpp build_qkv / build_ffn biases)",
            example={"out": (2, 8), "x": (2, 8), "b": (8,)}),
     OpSpec("gelu_mul", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), (),
-           "out = gelu_tanh(gate) * up (GeGLU)", _ONE_SHAPE.format(names="out, gate and up"), _same,
+           "out = gelu_tanh(gate) * up (GeGLU)", _ONE_SHAPE.format(names="out, gate and up"), _same3,
            "ggml_geglu_split (ggml_gelu_f32, ggml-cpu/vec.h)", example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
     # -- mixture of experts (backends/moe_ops.py): claimed only where implemented ------------
     OpSpec("moe_route", (Arg("ids", I32), Arg("weights", F32), Arg("logits", F32)), ("gating", "norm", "scale"),
@@ -264,7 +273,7 @@ TABLE: tuple[OpSpec, ...] = (
            example={"out": (3, 4), "y": (3, 8), "weights": (3, 2)}),
     OpSpec("swiglu_oai", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), ("alpha", "limit"),
            "out = g * sigmoid(alpha g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit) (gpt-oss)",
-           _ONE_SHAPE.format(names="out, gate and up"), _same, "ggml_swiglu_oai (ggml-cpu/ops.cpp)", default=False,
+           _ONE_SHAPE.format(names="out, gate and up"), _same3, "ggml_swiglu_oai (ggml-cpu/ops.cpp)", default=False,
            example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
     OpSpec("attention_sinks", (Arg("out", F32), Arg("q", F32), Arg("k_cache", F32), Arg("v_cache", F32),
                                Arg("pos", I32), Arg("kv_start", I32, True), Arg("sinks", F32)),
@@ -279,7 +288,7 @@ TABLE: tuple[OpSpec, ...] = (
                     "kv_start": None, "sinks": (2,), "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0}),
     OpSpec("copy", (Arg("out", ACT), Arg("x", ACT)), (),
            "out = x (F32 or I32; `cooktop bench --ops` measures bandwidth with it; not in the forward pass)",
-           _ONE_SHAPE.format(names="out and x"), _same, "ggml_cpy", forward=False,
+           _ONE_SHAPE.format(names="out and x"), _same2, "ggml_cpy", forward=False,
            example={"out": (2, 3), "x": (2, 3)}),
 )
 

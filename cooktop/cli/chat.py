@@ -19,8 +19,6 @@ import click
 
 from ..errors import ContextOverflowError, CooktopError
 from .common import (
-    check_compat,
-    compat_options,
     device_options,
     model_options,
     moe_kwargs,
@@ -31,6 +29,8 @@ from .common import (
     threads_option,
 )
 from .group import cli
+from .llama_flags import llama_options
+from .sampling_options import chat_generation, generation_options
 
 GREEN, RESET = "\033[32m", "\033[0m"
 
@@ -62,13 +62,14 @@ def _read_message(inp: TextIO, out: TextIO, colour: bool) -> str | None:
 
 
 def chat_loop(llm: Any, gen: dict[str, Any], system: str | None = None, first: str | None = None,
-              inp: TextIO | None = None, out: TextIO | None = None) -> int:
+              inp: TextIO | None = None, out: TextIO | None = None, single_turn: bool = False) -> int:
     """Run a conversation until ``/exit`` or end of input; returns the exit code.
 
     Args:
         llm: a loaded :class:`cooktop.api.Llama`.
         gen: keyword arguments for ``create_chat_completion`` (sampling, max_tokens).
         system: the system message (``-sys``); first: the first user message (``-p``).
+        single_turn: end after the first answer (llama-cli ``-st``).
     """
     inp = inp or sys.stdin
     out = out or sys.stdout
@@ -112,6 +113,8 @@ def chat_loop(llm: Any, gen: dict[str, Any], system: str | None = None, first: s
             out.write("\n[answer stopped]")
         out.write("\n")
         out.flush()
+        if single_turn:
+            return 0
         messages.append({"role": "assistant", "content": "".join(answer)})
 
 
@@ -133,6 +136,8 @@ def open_chat_model(path: str, n_ctx: int, n_batch: int, device: str | None, n_g
 
 def chat_options(f):
     """Options shared by ``chat`` and ``run -cnv``."""
+    f = click.option("-st", "--single-turn", "single_turn", is_flag=True,
+                     help="End after the first answer.")(f)
     f = click.option("--chat-template-file", default=None, type=click.Path(),
                      help="Jinja chat template file (overrides the model's).")(f)
     f = click.option("--chat-template", default=None,
@@ -142,6 +147,7 @@ def chat_options(f):
 
 
 @cli.command("chat")
+@llama_options("chat")
 @model_options
 @chat_options
 @click.option("-p", "--prompt", default=None, help="First user message.")
@@ -152,21 +158,18 @@ def chat_options(f):
 @click.option("-c", "--ctx-size", "n_ctx", default=0, show_default=True,
               help="Context size in tokens (0 = from the model, at most 4096).")
 @click.option("-b", "--batch-size", "n_batch", default=512, show_default=True, help="Prompt tokens per forward pass.")
-@click.option("--temp", "temperature", default=0.8, show_default=True, help="Temperature (<= 0: greedy).")
-@click.option("--top-k", default=40, show_default=True)
-@click.option("--top-p", default=0.95, show_default=True)
-@click.option("--min-p", default=0.05, show_default=True)
-@click.option("--repeat-penalty", default=1.0, show_default=True)
+@generation_options
 @click.option("-s", "--seed", default=-1, show_default=True, help="RNG seed (-1 = random).")
 @threads_option
 @device_options
 @ray_option
-@compat_options
-def chat_cmd(model, hf_repo, hf_file, system, chat_template, chat_template_file, prompt, prompt_file, n_predict,
-             n_ctx, n_batch, temperature, top_k, top_p, min_p, repeat_penalty, seed, threads, threads_batch,
-             device, n_gpu_layers, split, ray_address, tensors, **compat):
-    """Chat with a model through its chat template (like llama-cli -cnv)."""
-    check_compat(compat)
+def chat_cmd(model, hf_repo, hf_file, single_turn, system, chat_template, chat_template_file, prompt, prompt_file,
+             n_predict, n_ctx, n_batch, seed, threads, threads_batch, device, n_gpu_layers, split, ray_address,
+             tensors, **gen_opts):
+    """Chat with a model through its chat template (like llama-cli -cnv).
+
+    Every other llama-cli option is accepted; those cooktop does not act on say so in one line.
+    """
     if n_predict < -1:
         raise CooktopError(f"-n must be >= -1 (-1 = until the end of the turn), got {n_predict}")
     if prompt_file is not None:
@@ -174,6 +177,4 @@ def chat_cmd(model, hf_repo, hf_file, system, chat_template, chat_template_file,
     path = resolve_model(model, hf_repo, hf_file)
     llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
                           chat_template, chat_template_file, ray_address, tensors)
-    gen = dict(max_tokens=n_predict, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-               repeat_penalty=repeat_penalty)
-    sys.exit(chat_loop(llm, gen, system, prompt))
+    sys.exit(chat_loop(llm, chat_generation(llm, n_predict, gen_opts), system, prompt, single_turn=single_turn))

@@ -80,23 +80,6 @@ def ray_option(f):
                              "pip install 'cooktop[ray]').")(f)
 
 
-# -- llama.cpp's multi-letter short flags --------------------------------------------------------
-# click tries an argument as a whole option name before splitting it into short options, so
-# registering "-cnv" keeps it from being read as "-c nv" (llama.cpp's common/arg.cpp names).
-
-#: Flags accepted for llama.cpp compatibility that change nothing in cooktop: dest -> (flags, why).
-NOT_SUPPORTED = {
-    "flash_attn": (("-fa", "--flash-attn"), "cooktop's attention kernels are its own"),
-    "cache_type_k": (("-ctk", "--cache-type-k"), "the KV cache is f32"),
-    "cache_type_v": (("-ctv", "--cache-type-v"), "the KV cache is f32"),
-    "model_draft": (("-md", "--model-draft"), "cooktop has no speculative decoding"),
-    "main_gpu": (("-mg", "--main-gpu"), "choose the device with --device (-dev)"),
-    "split_mode": (("-sm", "--split-mode"), "cooktop splits by layer (--split / -ts)"),
-    "ubatch_size": (("-ub", "--ubatch-size"), "cooktop evaluates -b tokens per forward pass"),
-    "parallel": (("-np", "--parallel"), "one conversation runs at a time here; cooktop serve -np has slots"),
-}
-
-
 def threads_option(f):
     """``-t/--threads`` and ``-tb/--threads-batch``: BLAS threads of the numpy backend."""
     f = click.option("-tb", "--threads-batch", "threads_batch", type=int, default=None,
@@ -104,42 +87,6 @@ def threads_option(f):
     f = click.option("-t", "--threads", "threads", type=int, default=None,
                      help="CPU threads of the numpy backend (BLAS); default: all cores.")(f)
     return f
-
-
-def compat_options(f=None, *, exclude: tuple[str, ...] = ()):
-    """llama.cpp flags cooktop accepts but does not act on (see :func:`check_compat`).
-
-    ``-fa`` takes an optional value, as in llama.cpp (on/off/auto). ``exclude``:
-    names a command defines itself (``serve`` has ``parallel``).
-    """
-    if f is None:
-        return lambda g: compat_options(g, exclude=exclude)
-    for dest, (flags, _why) in reversed(list(NOT_SUPPORTED.items())):
-        if dest in exclude:
-            continue
-        if dest == "flash_attn":
-            f = click.option(*flags, dest, is_flag=False, flag_value="on", default=None,
-                             help="[on|off|auto] (llama.cpp flag; not supported in cooktop)")(f)
-        else:
-            f = click.option(*flags, dest, default=None, help="(llama.cpp flag; not supported in cooktop)")(f)
-    return f
-
-
-def check_compat(values: dict) -> None:
-    """Say once per given flag that it is not supported (the run goes on without it).
-
-    ``-ctk f32``, ``-mg 0`` and ``-sm layer`` are what cooktop does anyway and pass silently.
-    """
-    for dest, (flags, why) in NOT_SUPPORTED.items():
-        v = values.get(dest)
-        if v is None or (dest == "flash_attn" and str(v).lower() in ("off", "auto")):
-            continue
-        if (dest in ("cache_type_k", "cache_type_v") and str(v).lower() == "f32") or \
-                (dest == "main_gpu" and str(v) == "0") or (dest == "split_mode" and str(v) == "layer") or \
-                (dest == "parallel" and str(v) == "1"):
-            continue
-        shown = f" {v}"
-        click.echo(f"cooktop: {flags[0]}{shown} ({flags[1]}) is not supported by cooktop, ignored: {why}", err=True)
 
 
 def read_prompt_file(prompt_file) -> str:

@@ -58,7 +58,7 @@ def _rows(rep: dict, prefix: str = "") -> list[list]:
             rows.append([
                 f"{prefix}{d['selector']}", d["device_type"], "yes" if d["usable"] else "no",
                 _short(d["name"], 40),
-                _short(f"{d['platform']} {d['driver_version']}".strip(), 36),
+                _short((d.get("extra") or {}).get("driver") or f"{d['platform']} {d['driver_version']}".strip(), 36),
                 _gib(d["global_mem_bytes"]), _gib(d["max_alloc_bytes"]),
                 d["compute_units"] or "?", f"{d['max_workgroup_size'] or '?'}/{d['subgroup_size'] or '?'}",
                 ("fp16 " if d["fp16"] else "") + ("int8" if d["int8"] else ""),

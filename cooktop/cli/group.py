@@ -31,7 +31,14 @@ class CooktopGroup(click.Group):
             sys.exit(0)
 
 
-@click.group(cls=CooktopGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def normalize_token(token: str) -> str:
+    """``--ctx_size`` -> ``--ctx-size``: llama.cpp reads ``_`` in a long option as ``-`` (click
+    hands this the option name without its dashes; no cooktop or llama.cpp name has a ``_``)."""
+    return token.replace("_", "-")
+
+
+@click.group(cls=CooktopGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                                 "token_normalize_func": normalize_token})
 @click.version_option(__version__, prog_name="cooktop")
 @click.option("-v", "--verbose", is_flag=True, help="Log placement and device details to stderr.")
 def cli(verbose: bool) -> None:

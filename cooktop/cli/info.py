@@ -8,7 +8,7 @@ import os
 
 import click
 
-from ..errors import CooktopError
+from ..errors import CooktopError, UnsupportedModelError
 from ..format.gguf import open_gguf
 from ..model.config import load_config
 from .group import cli
@@ -18,22 +18,24 @@ def model_info(path: str, n_ctx: int) -> dict:
     """Summary dict of a GGUF: architecture, config, parameter count, file size (bytes),
     tensor-type histogram (type -> tensor count and bytes), KV cache bytes for ``n_ctx``.
 
+    A readable GGUF that cooktop cannot run (an unknown architecture, say) still gets its
+    header, architecture metadata and tensor types, with ``config`` None, ``supported`` False
+    and ``unsupported`` the reason.
+
     Raises:
-        GGUFError, UnsupportedModelError; CooktopError for a negative ``n_ctx``.
+        GGUFError (not a readable GGUF); CooktopError for a negative ``n_ctx``.
     """
     gf = open_gguf(path)
-    cfg = load_config(gf)
-    hist: dict[str, dict[str, int]] = collections.defaultdict(lambda: {"tensors": 0, "bytes": 0, "params": 0})
-    for t in gf.tensors.values():
-        h = hist[t.ggml_type.name]
-        h["tensors"] += 1
-        h["bytes"] += t.n_bytes
-        h["params"] += t.n_elements
-    n_params = sum(t.n_elements for t in gf.tensors.values())
     if n_ctx < 0:
         raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = n_ctx_train), got {n_ctx}")
+    try:
+        cfg = load_config(gf)
+    except UnsupportedModelError as e:
+        return _unsupported_info(gf, path, str(e))
+    n_params = sum(t.n_elements for t in gf.tensors.values())
     n_ctx = n_ctx if n_ctx > 0 else cfg.n_ctx_train
     return {
+        "supported": True,
         "path": os.path.abspath(path),
         "name": gf.metadata.get("general.name", ""),
         "architecture": cfg.arch,
@@ -42,12 +44,34 @@ def model_info(path: str, n_ctx: int) -> dict:
         "n_params": n_params,
         "n_tensors": len(gf.tensors),
         "config": cfg.to_dict(),
-        "tensor_types": dict(sorted(hist.items())),
+        "tensor_types": _histogram(gf),
         "rope_freqs": "rope_freqs.weight" in gf.tensors,
         "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
         "n_ctx": n_ctx,
         "kv_cache_bytes": {"f32": cfg.kv_cache_bytes(n_ctx, 4), "f16": cfg.kv_cache_bytes(n_ctx, 2)},
     }
+
+
+def _histogram(gf) -> dict[str, dict[str, int]]:
+    hist: dict[str, dict[str, int]] = collections.defaultdict(lambda: {"tensors": 0, "bytes": 0, "params": 0})
+    for t in gf.tensors.values():
+        h = hist[t.ggml_type.name]
+        h["tensors"] += 1
+        h["bytes"] += t.n_bytes
+        h["params"] += t.n_elements
+    return dict(sorted(hist.items()))
+
+
+def _unsupported_info(gf, path: str, reason: str) -> dict:
+    """:func:`model_info` of a file cooktop cannot run: what the header and metadata say."""
+    arch = str(gf.metadata.get("general.architecture", ""))
+    meta = {k: v for k, v in gf.metadata.items()  # scalars; not the vocabulary's arrays or its template
+            if not k.startswith("tokenizer.") and isinstance(v, (int, float, str, bool))}
+    return {"supported": False, "unsupported": reason, "path": os.path.abspath(path),
+            "name": gf.metadata.get("general.name", ""), "architecture": arch, "gguf_version": gf.version,
+            "file_size_bytes": gf.file_size, "n_params": sum(t.n_elements for t in gf.tensors.values()),
+            "n_tensors": len(gf.tensors), "config": None, "metadata": dict(sorted(meta.items())),
+            "tensor_types": _histogram(gf), "tokenizer": gf.metadata.get("tokenizer.ggml.model", "")}
 
 
 def _size(n: float) -> str:
@@ -67,11 +91,27 @@ def _params(n: int) -> str:
 @click.option("-c", "--ctx-size", "n_ctx", default=0, help="Context size for the KV cache figure (0 = n_ctx_train).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def info_cmd(model: str, n_ctx: int, as_json: bool) -> None:
-    """Describe a GGUF model file."""
+    """Describe a GGUF model file (one cooktop cannot run too: what its header, metadata and
+    tensors say, then the reason on stderr and exit code 1)."""
     info = model_info(model, n_ctx)
     if as_json:
         click.echo(json.dumps(info, indent=2))
+        if not info["supported"]:
+            raise CooktopError(info["unsupported"])
         return
+    if not info["supported"]:
+        lines = [f"model:          {info['path']}",
+                 f"name:           {info['name']}",
+                 f"architecture:   {info['architecture']} (GGUF v{info['gguf_version']}, tokenizer "
+                 f"{info['tokenizer']}): not supported by cooktop",
+                 f"parameters:     {_params(info['n_params'])} ({info['n_params']:,})",
+                 f"file size:      {_size(info['file_size_bytes'])} ({info['file_size_bytes']:,} bytes)",
+                 "metadata:", *[f"  {k} = {v!r:.80}" for k, v in info["metadata"].items()], "tensor types:"]
+        for name, h in info["tensor_types"].items():
+            lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  "
+                         f"{_params(h['params'])} params")
+        click.echo("\n".join(lines))
+        raise CooktopError(info["unsupported"])  # after what the file holds: exit 1, the reason on stderr
     c = info["config"]
     lines = [
         f"model:          {info['path']}",

@@ -9,12 +9,9 @@ import click
 
 from ..cluster import is_cluster_selector
 from ..engine import generate as _engine
-from ..engine.sampling import SamplingParams
 from ..errors import CooktopError
 from .chat import chat_loop, chat_options, open_chat_model
 from .common import (
-    check_compat,
-    compat_options,
     device_options,
     model_options,
     moe_kwargs,
@@ -25,6 +22,8 @@ from .common import (
     threads_option,
 )
 from .group import cli
+from .llama_flags import llama_options
+from .sampling_options import chat_generation, generation_options, run_sampler, stop_criterion
 
 #: Single-character escapes of llama.cpp's ``string_process_escapes`` (common/common.cpp).
 _ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
@@ -79,6 +78,7 @@ def process_escapes(text: str) -> str:
 
 
 @cli.command("run")
+@llama_options("run")
 @model_options
 @click.option("-p", "--prompt", default="", help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=click.File("r"), default=None, help="Read the prompt from a file.")
@@ -87,13 +87,15 @@ def process_escapes(text: str) -> str:
 @click.option("-c", "--ctx-size", "n_ctx", default=0, show_default=True,
               help="Context size in tokens (0 = from the model, at most 4096).")
 @click.option("-b", "--batch-size", "n_batch", default=512, show_default=True, help="Prompt tokens per forward pass.")
-@click.option("--temp", "temperature", default=0.8, show_default=True, help="Temperature (<= 0: greedy).")
-@click.option("--top-k", default=40, show_default=True)
-@click.option("--top-p", default=0.95, show_default=True)
-@click.option("--min-p", default=0.05, show_default=True)
-@click.option("--repeat-penalty", default=1.0, show_default=True)
-@click.option("--repeat-last-n", default=64, show_default=True)
+@generation_options
 @click.option("-s", "--seed", default=-1, show_default=True, help="RNG seed (-1 = random).")
+@click.option("--display-prompt/--no-display-prompt", "display_prompt", default=True, show_default=True,
+              help="Echo the prompt before the generated text.")
+@click.option("--verbose-prompt", is_flag=True, help="Print the prompt's tokens to stderr before generating.")
+@click.option("--context-shift/--no-context-shift", "context_shift", default=False, show_default=True,
+              help="When the context is full, drop the older half of it (after --keep tokens) and go on.")
+@click.option("--keep", "n_keep", default=0, show_default=True,
+              help="With --context-shift: prompt tokens always kept (-1 = the whole prompt).")
 @click.option("-e", "--escape/--no-escape", "escape", default=True, show_default=True,
               help="Process escapes (\\n \\r \\t \\' \\\" \\\\ \\xNN) in -p, as llama.cpp does by default.")
 @click.option("--no-bos", is_flag=True, help="Do not prepend the BOS token.")
@@ -107,21 +109,22 @@ def process_escapes(text: str) -> str:
 @threads_option
 @device_options
 @ray_option
-@compat_options
-def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, temperature, top_k, top_p,
-            min_p, repeat_penalty, repeat_last_n, seed, escape, no_bos, special, conversation, system,
+def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, display_prompt,
+            verbose_prompt, context_shift, n_keep, escape, no_bos, special, conversation, single_turn, system,
             chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, ray_address,
-            tensors, **compat):
+            tensors, **gen_opts):
     """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple).
 
     Special tokens in the prompt (``<s>``, ``<|im_start|>``) are parsed, escapes
     are processed (``--no-escape`` to keep them), and ``-f`` drops one trailing
     newline of the file, as llama-cli does. ``-cnv`` (or ``-sys``) starts a
-    conversation instead (see ``cooktop chat``).
+    conversation instead (see ``cooktop chat``). Every other llama-cli option is
+    accepted; those cooktop does not act on say so in one line.
     """
-    check_compat(compat)
     if n_predict < -1:
         raise CooktopError(f"-n must be >= -1 (-1 = until the context is full), got {n_predict}")
+    if n_keep < -1:
+        raise CooktopError(f"--keep must be >= -1 (-1 = the whole prompt), got {n_keep}")
     path = resolve_model(model, hf_repo, hf_file)
     if prompt_file is not None:
         prompt = read_prompt_file(prompt_file)
@@ -130,9 +133,8 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     if conversation or (conversation is None and system is not None):
         llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
                               chat_template, chat_template_file, ray_address, tensors)
-        gen = dict(max_tokens=n_predict, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                   repeat_penalty=repeat_penalty)
-        sys.exit(chat_loop(llm, gen, system, prompt or None))
+        sys.exit(chat_loop(llm, chat_generation(llm, n_predict, gen_opts), system, prompt or None,
+                           single_turn=single_turn))
     from ..api.options import set_threads
     set_threads(threads_batch or threads)
     load = _engine.load
@@ -148,12 +150,19 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     click.echo(f"cooktop: {path}: {eng.placement.summary()}", err=True)
     for note in eng.placement.notes:
         click.echo(f"cooktop: {note}", err=True)
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                            repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
+    if verbose_prompt:
+        click.echo(f"cooktop: prompt: {prompt!r}\ncooktop: number of tokens in prompt = {len(tokens)}", err=True)
+        for t in tokens:
+            piece = eng.tokenizer.token_to_piece(t, special=True).decode("utf-8", "replace")
+            click.echo(f"cooktop: {t:6d} -> {piece!r}", err=True)
+    sampler = run_sampler(eng.tokenizer, seed, gen_opts)
     out = sys.stdout
-    out.write(prompt)
-    out.flush()
-    gen = eng.generate(tokens, n_predict, params)
+    if display_prompt:
+        out.write(prompt)
+        out.flush()
+    criteria = stop_criterion(eng.tokenizer, len(tokens), gen_opts["reverse_prompt"])
+    gen = eng.generate(tokens, n_predict, sampler, stopping_criteria=criteria,
+                       n_keep=n_keep if context_shift else None)
     for step in gen:
         out.write(step.text)
         out.flush()

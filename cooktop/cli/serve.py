@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -9,8 +10,6 @@ import click
 
 from ..errors import CooktopError
 from .common import (
-    check_compat,
-    compat_options,
     device_options,
     model_options,
     moe_kwargs,
@@ -20,9 +19,12 @@ from .common import (
     threads_option,
 )
 from .group import cli
+from .llama_flags import llama_options
+from .sampling_options import SAMPLING_DESTS, generation_options, grammar_source
 
 
 @cli.command("serve")
+@llama_options("serve")
 @model_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", default=8080, show_default=True, help="Port to listen on.")
@@ -38,6 +40,9 @@ from .group import cli
 @click.option("--chat-template", default=None, help="Chat format name (chatml, llama3, ...) or jinja text.")
 @click.option("--chat-template-file", default=None, type=click.Path(), help="Jinja chat template file.")
 @click.option("-s", "--seed", default=-1, show_default=True, help="Default RNG seed (-1 = random).")
+@click.option("-n", "--n-predict", "n_predict", default=-1, show_default=True,
+              help="Default max tokens per request (-1 = until the context is full).")
+@generation_options
 @click.option("--reasoning-format", default="auto", show_default=True,
               type=click.Choice(["none", "deepseek", "deepseek-legacy", "auto"]),
               help="Thinking (<think>, gpt-oss analysis): none = left in content, deepseek/auto = "
@@ -55,17 +60,23 @@ from .group import cli
 @ray_option
 @click.option("--replicas", "n_replicas", type=int, default=None,
               help="With --ray: replicas of the model behind Ray Serve (default 1), requests balanced across them.")
-@compat_options(exclude=("parallel",))
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
-              chat_template, chat_template_file, seed, reasoning_format, reasoning_budget, no_webui, rerank,
-              embeddings, metrics, threads, threads_batch, device,
-              n_gpu_layers, split, ray_address, n_replicas, tensors, **compat):
+              chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
+              embeddings, metrics, threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas,
+              tensors, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
+
+    The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
+    requests that do not set them, as in llama-server; the LLAMA_ARG_* variables of the options
+    cooktop implements are read as there. Every other llama-server option is accepted; those
+    cooktop does not act on say so in one line.
 
     With --ray ADDRESS, Ray Serve runs --replicas copies of the server on the cluster (each
     possibly split across nodes by --device NODE/DEVICE,...) behind one address.
     """
-    check_compat(compat)
+    if n_predict < -1:
+        raise CooktopError(f"-n must be >= -1 (-1 = until the context is full), got {n_predict}")
+    defaults = request_defaults(n_predict, gen_opts)
     if n_replicas is not None and not ray_address:
         raise CooktopError("--replicas needs --ray ADDRESS (or COOKTOP_RAY): replicas run on a Ray cluster")
     if n_replicas is not None and n_replicas < 1:
@@ -85,12 +96,13 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         raise CooktopError(f"{path}: no such file")
     kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
                   seed=seed, n_threads=threads, n_threads_batch=threads_batch, chat_template=chat_template,
-                  chat_template_file=chat_template_file, **moe_kwargs(tensors))
+                  chat_template_file=chat_template_file, last_n_tokens_size=gen_opts["repeat_last_n"],
+                  **moe_kwargs(tensors))
     if rerank:
         kwargs["pooling_type"] = 4  # llama.cpp LLAMA_POOLING_TYPE_RANK
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
                           api_key=api_key, reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
-                          webui=not no_webui)
+                          webui=not no_webui, defaults=defaults)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if ray_address:
         from ..server.replicas import serve_forever
@@ -116,3 +128,25 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
     if failed:
         where = "" if path in failed[0] else f" {path}"
         raise CooktopError(f"cannot load the model{where}: {failed[0]}")
+
+
+def request_defaults(n_predict: int, opts: dict) -> dict:
+    """The server's defaults for request fields (``ServerConfig.defaults``) from the command line.
+
+    Raises:
+        CooktopError: more than one grammar option, or a file that cannot be read.
+    """
+    out = {d: opts[d] for d in SAMPLING_DESTS if d != "repeat_last_n"}
+    out["max_tokens"] = n_predict
+    out["ignore_eos"] = bool(opts["ignore_eos"])
+    if opts["reverse_prompt"]:
+        out["stop"] = list(opts["reverse_prompt"])
+    src = grammar_source(opts)
+    if src is not None and src[0] == "gbnf":
+        out["grammar"] = src[1]
+    elif src is not None:
+        try:
+            out["json_schema"] = json.loads(src[1])
+        except json.JSONDecodeError as e:
+            raise CooktopError(f"--json-schema is not valid JSON: {e}") from None
+    return out

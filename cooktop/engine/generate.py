@@ -229,7 +229,7 @@ class Engine:
     def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams | Sampler,
                  stop: list[str] | None = None, seq: Sequence | Callable[[list[int]], Sequence] | None = None,
                  stopping_criteria: list[StoppingCriterion] | None = None,
-                 preserved: frozenset[int] = frozenset()) -> Generation:
+                 preserved: frozenset[int] = frozenset(), n_keep: int | None = None) -> Generation:
         """The continuation of ``prompt_tokens`` on ``seq``, as a :class:`Generation` of steps.
 
         Nothing runs until the first ``next``. The sequence's context becomes the
@@ -250,6 +250,10 @@ class Engine:
                 token (llama-cpp-python's ``stopping_criteria``); True ends with "stop".
             preserved: control tokens whose text the output keeps (a chat format's markers such as
                 ``<|python_tag|>``, llama.cpp's ``preserved_tokens``); others print nothing.
+            n_keep: None: a full context ends the generation (finish "length"). Else llama.cpp's
+                context shift (``--context-shift --keep N``, tools/completion): keep the first
+                ``n_keep`` tokens (-1: the whole prompt), drop the older half of the rest and go
+                on; cooktop evaluates what is left again instead of rotating the cached keys.
         Raises:
             CooktopError: an empty prompt; ContextOverflowError: the prompt alone does not
             fit in ``n_ctx`` (both now, before anything runs).
@@ -262,12 +266,13 @@ class Engine:
         stops = [s for s in (stop or []) if s]
         sampler = params if isinstance(params, Sampler) else Sampler(params)
         steps = self._steps(seq, list(prompt_tokens), n_predict, sampler, stops, list(stopping_criteria or []),
-                            preserved)
+                            preserved, n_keep)
         return Generation(steps, seq, seq.common_prefix(list(prompt_tokens)))
 
     def _steps(self, seq: Sequence, prompt: list[int], n_predict: int, sampler: Sampler,
                stop: list[str], criteria: list[StoppingCriterion],
-               preserved: frozenset[int] = frozenset()) -> Generator[Step, None, GenerationResult]:
+               preserved: frozenset[int] = frozenset(),
+               n_keep: int | None = None) -> Generator[Step, None, GenerationResult]:
         """The generation loop of :meth:`generate` (a generator returning its result)."""
         timings = Timings(load_ms=self.load_ms)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -285,7 +290,16 @@ class Engine:
         first = True
         while n_predict < 0 or len(generated) < n_predict:
             if seq.n_past >= self.n_ctx:  # context full: every generated token must fit (finish "length")
-                break
+                ctx = list(seq.tokens)
+                keep = len(prompt) if n_keep is not None and n_keep < 0 else min(n_keep or 0, len(ctx))
+                n_discard = (len(ctx) - keep) // 2
+                if n_keep is None or n_discard <= 0:
+                    break
+                te = time.perf_counter()
+                seq.truncate(keep)
+                logits = seq.eval(ctx[keep + n_discard:])[-1]
+                version = seq.version
+                timings.eval_ms += (time.perf_counter() - te) * 1e3
             ts = time.perf_counter()
             tok = sampler.sample(logits, history)
             timings.sample_ms += (time.perf_counter() - ts) * 1e3

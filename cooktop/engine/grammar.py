@@ -38,7 +38,7 @@ from ..text.tokenizer import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, Tokeni
 KINDS = ("gbnf", "lark", "json_schema", "regex")
 
 
-class GrammarError(CooktopError):
+class GrammarError(CooktopError, ValueError):
     """A grammar, JSON schema or regex that llguidance cannot compile, or llguidance missing."""
 
 

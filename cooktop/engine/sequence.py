@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ContextOverflowError, CooktopError
+from ..errors import ContextOverflowError
 from ..model.placed import CacheTokens, PlacedModel
 from ..text.tokenizer import InvalidTokenError
 
@@ -85,15 +85,13 @@ class Sequence:
         Raises:
             ContextOverflowError: the context would exceed ``n_ctx``.
             InvalidTokenError: no tokens, or a token id out of range.
-            CooktopError: ``logits_all`` asked of a model loaded without it; the model is closed.
+            CooktopError: the model is closed.
         """
         model = self.model
         tokens = [int(t) for t in tokens]
         self.version += 1
         if not tokens:
             raise InvalidTokenError("eval needs at least one token")
-        if logits_all and not model.logits_all:
-            raise CooktopError("logits for every position need the model loaded with logits_all=True")
         n_past = self.n_past
         if n_past + len(tokens) > model.n_ctx:
             raise ContextOverflowError(

@@ -435,8 +435,9 @@ def read_raw_metadata(path: str | os.PathLike, keys: Any = None) -> dict[str, Ra
                 break
             key = cur.string(f"metadata key #{i}")
             what = f"metadata key {key!r}"
+            raw_vt = cur.u32(what)
             try:
-                vt = GGUFValueType(cur.u32(what))
+                vt = GGUFValueType(raw_vt)
             except ValueError:
                 raise GGUFError(f"{path}: {what} has an unknown value type; the file is corrupt") from None
             keep = want is None or key in want

@@ -159,7 +159,8 @@ class PlacedModel(Generic[C]):
             tokens: int [n] token ids, each < n_vocab.
             n_past: positions of the sequence to keep, <= its n_past.
             cache: a cache made by this model's :meth:`new_cache`.
-            logits_all: override of the model's setting for this call.
+            logits_all: override of the model's setting for this call; True on a model loaded
+                without it returns every row's logits through the output rows (as batches do).
             embeddings: return the output-normed hidden states instead of logits.
             seq_id: the sequence of ``cache`` (0 .. n_seq - 1).
         Returns:
@@ -179,7 +180,8 @@ class PlacedModel(Generic[C]):
         ids = np.asarray(tokens, dtype=np.int64)
         h = self.embed(ids)
         pos = np.arange(n_past, n_past + n, dtype=np.int32)
-        rows = Rows(pos, outputs=None if la else np.array([n - 1], dtype=np.int32), n_ctx=self.n_ctx)
+        out_rows = np.arange(n, dtype=np.int32) if logits_all else np.array([n - 1], dtype=np.int32)
+        rows = Rows(pos, outputs=None if la else out_rows, n_ctx=self.n_ctx)
         if seq_id:
             rows.cells = pos + np.int32(seq_id * self.n_ctx)
             rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)

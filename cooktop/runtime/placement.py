@@ -188,19 +188,27 @@ def _span(blocks: list[int]) -> str:
 
 
 def parse_ngl(value: int | str) -> int | str:
-    """``-ngl`` / ``n_gpu_layers`` value: an int, or ``"auto"``.
+    """``-ngl`` / ``n_gpu_layers`` value: an int >= -1 (-1 = all), ``"all"`` (-1) or ``"auto"``.
 
     Raises:
-        DeviceError: anything else.
+        DeviceError: anything else, a negative other than -1 included (llama.cpp: -1 = all).
     """
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if str(value).strip().lower() == "auto":
+    if isinstance(value, bool):
+        raise DeviceError(f"bad -ngl / n_gpu_layers {value!r}: expected an integer, -1 (all) or auto")
+    if isinstance(value, int):
+        n = value
+    elif str(value).strip().lower() == "auto":
         return "auto"
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise DeviceError(f"bad -ngl / n_gpu_layers {value!r}: expected an integer, -1 (all) or auto") from None
+    elif str(value).strip().lower() == "all":
+        return -1
+    else:
+        try:
+            n = int(str(value).strip())
+        except ValueError:
+            raise DeviceError(f"bad -ngl / n_gpu_layers {value!r}: expected an integer, -1 (all) or auto") from None
+    if n < -1:
+        raise DeviceError(f"bad -ngl / n_gpu_layers {n}: layers cannot be negative (-1 = all, auto = as many as fit)")
+    return n
 
 
 def unit_types(gf: GGUFFile, cfg: ModelConfig, unit: int | str, part: str = "all") -> set:
@@ -405,20 +413,38 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
 
     ``n_gpu_layers == "auto"`` picks the largest N (n_layer + 1 down to 0) whose
     every device budget fits (``runtime/budget.py``). An explicit N that does not
-    fit is refused before anything is allocated.
+    fit is refused before anything is allocated. The host counts the same way, but
+    only its KV cache and scratch buffers (its weights stay memory-mapped), against
+    ``limits(HOST)`` (the machine's memory, or ``COOKTOP_DEVICE_MEMORY=cpu=...``).
 
     Args:
         limits: ``limits(selector) -> (memory bytes, max allocation bytes)`` (None = unknown).
     Raises:
-        DeviceOutOfMemoryError: an explicit N does not fit a device (message names it and the sizes).
+        DeviceOutOfMemoryError: an explicit N does not fit a device, or the host's part does not fit
+            its memory (the message names it and the sizes).
         DeviceError: bad ``split``.
         UnsupportedModelError: a weight type no device in use can run (:func:`check_runnable`).
     """
-    from ..errors import DeviceOutOfMemoryError
-    from .budget import budgets
+    from ..errors import CooktopError, DeviceOutOfMemoryError
+    from .budget import budgets, reserve_fraction
 
     def host_free(sel: str):
         return (None, None) if sel == HOST else limits(sel)
+
+    try:
+        host_mem = limits(HOST)[0]
+    except CooktopError:  # no host entry (never for the local registry)
+        host_mem = None
+
+    def host_problem(p: Placement) -> str:
+        b = next((b for b in p.budgets if b.selector == HOST), None)
+        if b is None or host_mem is None:
+            return ""
+        need, usable = b.kv_bytes + b.scratch_bytes, int(host_mem * (1.0 - reserve_fraction()))
+        if need <= usable:
+            return ""
+        return (f"at -c {n_ctx} the host's KV cache and buffers need {need / 2**20:.1f} MiB but "
+                f"{usable / 2**20:.1f} MiB of memory is usable ({host_mem / 2**20:.1f} MiB minus reserve)")
 
     def memory(sel: str):
         return limits(sel)[0]
@@ -431,6 +457,11 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
         p.n_gpu_layers = n if any(s != HOST for s in selectors) else 0
         p.budgets = budgets(gf, cfg, p, n_ctx, n_batch, logits_all, host_free)
         bad = [b for b in p.budgets if not b.fits]
+        on_host = host_problem(p)
+        if on_host and not bad:
+            if n_gpu_layers != "auto" or n == 0:
+                raise DeviceOutOfMemoryError(f"{on_host}; use a smaller -c (or offload more layers with -ngl)")
+            continue
         if not bad:
             if n_gpu_layers == "auto" and p.n_gpu_layers:  # counted as summary() counts: units off the host
                 shared = f" (-ngl {n}; cpu, named in --device, runs its share)" if p.n_offloaded() != n else ""

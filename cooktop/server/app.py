@@ -41,7 +41,15 @@ from ..version import __version__
 from . import anthropic, rerank, responses_api, webui
 from . import protocol as P
 from .bridge import Bridge
-from .responses import add_usage, assemble_chat, assemble_completion, choices_job, prometheus, prompt_choices_job
+from .responses import (
+    add_usage,
+    assemble_chat,
+    assemble_completion,
+    choices_job,
+    empty_chat,
+    prometheus,
+    prompt_choices_job,
+)
 from .slots import END, ERROR, Job, Scheduler
 
 log = logging.getLogger("cooktop.server")
@@ -60,6 +68,7 @@ class ServerConfig:
         api_key: Bearer key required on every endpoint but ``/health`` (None: open).
         reasoning_format, reasoning_budget: defaults for chat requests (``--reasoning-format``,
             ``--reasoning-budget``); webui: serve the chat page at ``/`` (``--no-webui``: False).
+        defaults: request fields' defaults from the command line (``protocol.sampling_args``).
     """
 
     model_path: str
@@ -71,6 +80,7 @@ class ServerConfig:
     reasoning_format: str = "auto"
     reasoning_budget: int = -1
     webui: bool = True
+    defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def model_id(self) -> str:
@@ -291,7 +301,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
             raise P.bad("stream_options", "expected an object")
-        job = state.ready.submit(make, asyncio.get_running_loop())
+        job = state.ready.submit(make, asyncio.get_running_loop(), P.field(body, "cache_prompt", bool, True))
         try:
             first = await first_event(job)
         except BaseException:
@@ -325,7 +335,10 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         body = await body_of(request)
         model = check_model(body)
         args, n = vocab_bias(P.chat_args(body, config)), P.n_choices(body)
-        make = choices_job(n, args, lambda llm, kw: llm.create_chat_completion(**kw), model)
+        if args["max_tokens"] == 0:  # llama-server: nothing is generated (the prompt is still read)
+            make = choices_job(n, args, lambda llm, kw: empty_chat(llm, kw), model)
+        else:
+            make = choices_job(n, args, lambda llm, kw: llm.create_chat_completion(**kw), model)
         return await run(request, "chat", make, "chat.completion.chunk", body, assemble_chat)
 
     @app.post("/v1/completions")
@@ -334,7 +347,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     async def completions(request: Request):
         body = await body_of(request)
         model = check_model(body)
-        prompts, args = P.completion_args(body)
+        prompts, args = P.completion_args(body, config.defaults)
         args = vocab_bias(args)
         n = P.n_choices(body)
         if len(prompts) * n > P.MAX_N:
@@ -375,6 +388,13 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
             "meta": {"n_vocab": llm.n_vocab(), "n_ctx": llm.n_ctx(), "n_embd": llm.n_embd(),
                      "n_ctx_train": llm._engine.cfg.n_ctx_train, "size": os.path.getsize(config.model_path)}}]}
 
+    @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}")
+    @endpoint
+    async def model_info(request: Request):
+        check_model({"model": request.path_params["model_id"]})
+        return (await models(request))["data"][0]
+
     @app.get("/health")
     @app.get("/v1/health")
     async def health():
@@ -395,9 +415,11 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     async def props(request: Request):
         llm = state.llm
         tmpl = llm.chat_template_choice().template
-        return {"default_generation_settings": {"n_ctx": llm.n_ctx(), "params": {
-                    "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
-                    "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "n_predict": -1}},
+        d = {**P.DEFAULTS, **config.defaults}
+        params = {k: d[k] for k in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+                                    "presence_penalty", "frequency_penalty", "ignore_eos")}
+        return {"default_generation_settings": {"n_ctx": llm.n_ctx(), "params": {**params,
+                                                                                 "n_predict": d["max_tokens"]}},
                 "total_slots": len(state.ready.slots), "model_path": config.model_path,
                 "model_alias": config.model_id, "chat_template": tmpl.source, "bos_token": tmpl.bos_token,
                 "eos_token": tmpl.eos_token, "modalities": {"vision": False, "audio": False},
@@ -442,7 +464,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     @endpoint
     async def apply_template(request: Request):
         body = await body_of(request)
-        args = P.chat_args(body)
+        args = P.chat_args(body, config)
         return {"prompt": state.llm.apply_chat_template(args["messages"], tools=args["tools"])}
 
     ctx = Bridge(state, config, body_of, check_model, _error)

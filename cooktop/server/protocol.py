@@ -79,18 +79,27 @@ def field(body: dict[str, Any], name: str, kinds: type | tuple[type, ...], defau
 _NUM = (int, float)
 
 
-def sampling_args(body: dict[str, Any]) -> dict[str, Any]:
-    """Sampling keyword arguments shared by chat and completions (llama-server defaults).
+#: llama-server's request defaults (``cooktop serve``'s command line overrides them).
+DEFAULTS: dict[str, Any] = dict(max_tokens=-1, temperature=0.8, top_p=0.95, top_k=40, min_p=0.05, typical_p=1.0,
+                                repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, ignore_eos=False)
 
+
+def sampling_args(body: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Sampling keyword arguments shared by chat and completions.
+
+    Args:
+        defaults: values for fields the body leaves out (the server's command line), over
+            :data:`DEFAULTS`; ``stop``, ``grammar`` and ``json_schema`` may be among them.
     Raises:
         HTTPError: a field of the wrong type or out of range.
     """
+    d = {**DEFAULTS, **(defaults or {})}
     max_tokens = field(body, "max_completion_tokens", int, None)
     if max_tokens is None:
         max_tokens = field(body, "max_tokens", int, None)
     if max_tokens is None:
-        max_tokens = field(body, "n_predict", int, -1)
-    stop = body.get("stop")
+        max_tokens = field(body, "n_predict", int, d["max_tokens"])
+    stop = body.get("stop", d.get("stop"))
     if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and all(
             isinstance(s, str) for s in stop))):
         raise bad("stop", "expected a string or a list of strings")
@@ -105,24 +114,28 @@ def sampling_args(body: dict[str, Any]) -> dict[str, Any]:
                 if isinstance(p, list) and len(p) == 2}
     return dict(
         max_tokens=max_tokens,
-        temperature=field(body, "temperature", _NUM, 0.8, minimum=0.0),
-        top_p=field(body, "top_p", _NUM, 0.95, minimum=0.0, maximum=1.0),
-        top_k=field(body, "top_k", int, 40),
-        min_p=field(body, "min_p", _NUM, 0.05, minimum=0.0, maximum=1.0),
-        typical_p=field(body, "typical_p", _NUM, 1.0, minimum=0.0, maximum=1.0),
-        repeat_penalty=field(body, "repeat_penalty", _NUM, 1.0, minimum=0.0),
-        presence_penalty=field(body, "presence_penalty", _NUM, 0.0, minimum=-2.0, maximum=2.0),
-        frequency_penalty=field(body, "frequency_penalty", _NUM, 0.0, minimum=-2.0, maximum=2.0),
+        temperature=field(body, "temperature", _NUM, d["temperature"], minimum=0.0),
+        top_p=field(body, "top_p", _NUM, d["top_p"], minimum=0.0, maximum=1.0),
+        top_k=field(body, "top_k", int, d["top_k"]),
+        min_p=field(body, "min_p", _NUM, d["min_p"], minimum=0.0, maximum=1.0),
+        typical_p=field(body, "typical_p", _NUM, d["typical_p"], minimum=0.0, maximum=1.0),
+        repeat_penalty=field(body, "repeat_penalty", _NUM, d["repeat_penalty"], minimum=0.0),
+        presence_penalty=field(body, "presence_penalty", _NUM, d["presence_penalty"], minimum=-2.0, maximum=2.0),
+        frequency_penalty=field(body, "frequency_penalty", _NUM, d["frequency_penalty"], minimum=-2.0, maximum=2.0),
         seed=field(body, "seed", int, None),
+        ignore_eos=field(body, "ignore_eos", bool, d["ignore_eos"]),
         stop=stop,
         logit_bias=bias,
     )
 
 
-def grammar_arg(body: dict[str, Any]) -> Any:
-    """llama-server's ``grammar`` (GBNF) or ``json_schema`` as a ``LlamaGrammar`` (None if neither)."""
+def grammar_arg(body: dict[str, Any], defaults: dict[str, Any] | None = None) -> Any:
+    """llama-server's ``grammar`` (GBNF) or ``json_schema`` as a ``LlamaGrammar`` (None if neither);
+    without either (and without ``response_format``), the server's default grammar, if any."""
     from ..api.grammar import LlamaGrammar
     grammar, schema = body.get("grammar"), body.get("json_schema")
+    if grammar is None and schema is None and body.get("response_format") is None and defaults:
+        grammar, schema = defaults.get("grammar"), defaults.get("json_schema")
     if grammar is not None and schema is not None:
         raise bad("grammar", "give either grammar or json_schema, not both")
     if grammar is not None:
@@ -164,7 +177,8 @@ def agent_args(body: dict[str, Any], config: Any = None) -> dict[str, Any]:
 
 def chat_args(body: dict[str, Any], config: Any = None) -> dict[str, Any]:
     """``create_chat_completion`` keyword arguments from a ``/v1/chat/completions`` body
-    (``config``: the server's defaults for :func:`agent_args`).
+    (``config``: the server's defaults for :func:`agent_args`, and its ``defaults`` for
+    :func:`sampling_args`).
 
     Raises:
         HTTPError: 400 for a missing or malformed field.
@@ -175,13 +189,14 @@ def chat_args(body: dict[str, Any], config: Any = None) -> dict[str, Any]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}]", "expected an object with a 'role' string")
-    args = sampling_args(body)
+    defaults = getattr(config, "defaults", None)
+    args = sampling_args(body, defaults)
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad("tools", "expected a list")
     logprobs = field(body, "logprobs", bool, False)
     top = field(body, "top_logprobs", int, None, minimum=0, maximum=20)
-    grammar = grammar_arg(body)
+    grammar = grammar_arg(body, defaults)
     rf = body.get("response_format")
     if rf is not None and grammar is not None:
         raise bad("response_format", "give either response_format or grammar/json_schema, not both")
@@ -190,7 +205,7 @@ def chat_args(body: dict[str, Any], config: Any = None) -> dict[str, Any]:
     return args
 
 
-def completion_args(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+def completion_args(body: dict[str, Any], defaults: dict[str, Any] | None = None) -> tuple[list[Any], dict[str, Any]]:
     """(prompts, ``create_completion`` keyword arguments) from a ``/v1/completions`` body.
 
     ``prompt`` may be a string, token ids, or a list of either (one choice each).
@@ -207,10 +222,11 @@ def completion_args(body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         prompts = list(prompt)
     else:
         raise bad("prompt", "expected a string, a list of token ids, or a list of those")
-    args = sampling_args(body)
+    args = sampling_args(body, defaults)
     lp = body.get("logprobs")
     if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
         raise bad("logprobs", f"expected an integer 0..20, got {lp!r}")
+    n_predict = args.pop("max_tokens")  # llama-server's count: 0 generates nothing, < 0 until the context is full
     args.update(logprobs=lp, echo=field(body, "echo", bool, False), suffix=field(body, "suffix", str, None),
-                grammar=grammar_arg(body))
+                grammar=grammar_arg(body, defaults), n_predict=max(n_predict, -1))
     return prompts, args

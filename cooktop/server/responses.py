@@ -6,18 +6,59 @@ so the two can never differ.
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 from ..api.chat_plan import assemble_message
 
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any]) -> dict[str, Any]:
-    """Usage of several choices of one prompt: the prompt counted once (its cached tokens those of
-    the first choice), completion tokens summed."""
+    """The sum of two usages (the jobs below count each prompt once: see :func:`repeat_usage`)."""
     if total is None:
         return dict(usage)
-    return dict(total, completion_tokens=total["completion_tokens"] + usage["completion_tokens"],
-                total_tokens=total["total_tokens"] + usage["completion_tokens"])
+    out = {k: total[k] + usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    cached = [u.get("prompt_tokens_details", {}).get("cached_tokens") for u in (total, usage)]
+    if any(c is not None for c in cached):
+        out["prompt_tokens_details"] = {"cached_tokens": sum(c or 0 for c in cached)}
+    return out
+
+
+def repeat_usage(chunk: dict[str, Any]) -> dict[str, Any]:
+    """``chunk`` of a further choice of the same prompt: its usage counts no prompt tokens."""
+    u = chunk.get("usage")
+    if u:
+        chunk["usage"] = {"prompt_tokens": 0, "completion_tokens": u["completion_tokens"],
+                          "total_tokens": u["completion_tokens"], "prompt_tokens_details": {"cached_tokens": 0}}
+    return chunk
+
+
+def empty_chat(llm: Any, kw: dict[str, Any]):
+    """The chunks of a chat answer of no tokens (``max_tokens: 0``, as llama-server answers it):
+    the role, then ``finish_reason`` "length" with the prompt's usage.
+
+    Raises:
+        ChatTemplateError / ContextOverflowError: as ``create_chat_completion``.
+    """
+    tokens, _stops = llm.chat_prompt(kw["messages"], kw.get("tools"))
+    llm._engine.check_prompt(tokens)
+    base = {"id": f"chatcmpl-{uuid.uuid4()}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": kw["model"]}
+    yield dict(base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                               "finish_reason": None}])
+    yield dict(base, choices=[{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}],
+               usage={"prompt_tokens": len(tokens), "completion_tokens": 0, "total_tokens": len(tokens),
+                      "prompt_tokens_details": {"cached_tokens": 0}})
+
+
+def eos_ignored(llm: Any, kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` without its ``ignore_eos`` (llama-server's field), which becomes a -inf
+    ``logit_bias`` on the model's end-of-generation tokens."""
+    if kw.pop("ignore_eos", False):
+        bias = kw.get("logit_bias")
+        kw["logit_bias"] = {**(bias if isinstance(bias, dict) else {}),
+                            **{str(t): float("-inf") for t in llm._tokenizer.eog_ids}}
+    return kw
 
 
 def choices_job(n: int, args: dict[str, Any], call, model: str):
@@ -25,12 +66,12 @@ def choices_job(n: int, args: dict[str, Any], call, model: str):
     def make(llm):
         def gen():
             for i in range(n):
-                kw = dict(args, stream=True, model=model)
+                kw = eos_ignored(llm, dict(args, stream=True, model=model))
                 if n > 1 and kw.get("seed") is not None:
                     kw["seed"] = kw["seed"] + i
                 for chunk in call(llm, kw):
                     chunk["choices"][0]["index"] = i
-                    yield chunk
+                    yield repeat_usage(chunk) if i else chunk
         return gen()
     return make
 
@@ -42,12 +83,12 @@ def prompt_choices_job(prompts: list[Any], n: int, args: dict[str, Any], model: 
             idx = 0
             for prompt in prompts:
                 for i in range(n):
-                    kw = dict(args, stream=True, model=model)
+                    kw = eos_ignored(llm, dict(args, stream=True, model=model))
                     if n > 1 and kw.get("seed") is not None:
                         kw["seed"] = kw["seed"] + i
                     for chunk in llm.create_completion(prompt, **kw):
                         chunk["choices"][0]["index"] = idx
-                        yield chunk
+                        yield repeat_usage(chunk) if i else chunk
                     idx += 1
         return gen()
     return make

@@ -57,10 +57,13 @@ class Job:
         make: ``make(llm) -> iterator`` (called on the worker thread).
         queue: asyncio.Queue of ``(kind, payload)`` on ``loop``.
         cancelled: set by :meth:`cancel`; the worker stops the job at its next step.
+        cache_prompt: False (llama-server's request field): each generation evaluates its whole
+            prompt instead of reusing what its slot holds.
     """
 
-    def __init__(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop):
-        self.make, self.loop = make, loop
+    def __init__(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop,
+                 cache_prompt: bool = True):
+        self.make, self.loop, self.cache_prompt = make, loop, cache_prompt
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.submitted = time.perf_counter()
@@ -169,13 +172,14 @@ class Scheduler:
         m = self.metrics
         return m.tokens_predicted_total / m.busy_seconds_total if m.busy_seconds_total > 0 else 0.0
 
-    def submit(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop) -> Job:
-        """Queue a job.
+    def submit(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop,
+               cache_prompt: bool = True) -> Job:
+        """Queue a job (``cache_prompt``: see :class:`Job`).
 
         Raises:
             OverloadedError: ``max_queue`` jobs are already waiting (and every slot is busy).
         """
-        job = Job(make, loop)
+        job = Job(make, loop, cache_prompt)
         with self._cv:
             free = len(self.slots) - self._running
             if len(self._waiting) >= self.max_queue + free:
@@ -267,6 +271,8 @@ class Scheduler:
         with self._cv:
             for slot in self.slots:
                 if slot.job is job:
+                    if not job.cache_prompt:
+                        slot.seq.reset()
                     return slot.seq
             free = [s for s in self.slots if s.job is None]
             if not free:  # cannot happen: one worker thread per slot, a job holds at most one
@@ -276,4 +282,6 @@ class Scheduler:
                 best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
             self._tick += 1
             best.job, best.last_used = job, self._tick
+            if not job.cache_prompt:
+                best.seq.reset()
             return best.seq

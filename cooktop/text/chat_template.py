@@ -58,6 +58,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ChatTemplateError
 from .chat_formats import CHAT_FORMATS, ChatFormat, chat_format_names, lookup_format
+from .chat_messages import normalize, probe_capabilities
 
 __all__ = [
     "CHAT_FORMATS",
@@ -199,30 +200,6 @@ def _check_list_of_dicts(value: Any, what: str, shape: str) -> None:
             raise ChatTemplateError(f"{what}[{i}] must be a dict ({shape}), got {type(item).__name__}")
 
 
-def _flatten_content(content: Any, index: int) -> str:
-    """One message's content as one string, as llama.cpp's legacy formatter sees it.
-
-    llama.cpp ``common/chat.cpp`` (``common_chat_templates_apply_legacy``): a
-    string as is; text parts joined with a newline; other parts dropped; no
-    content is empty.
-    """
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence) and not isinstance(content, bytes):
-        text = ""
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "text":
-                if text:
-                    text += "\n"
-                text += str(part.get("text", ""))
-        return text
-    raise ChatTemplateError(
-        f"messages[{index}]['content'] must be a string, a list of content parts or null, "
-        f"got {type(content).__name__}")
-
-
 class ChatTemplate:
     """A compiled chat template with the tokens and stop strings it goes with.
 
@@ -274,6 +251,7 @@ class ChatTemplate:
         self.name = name
         self.chat_format = chat_format
         self._flatten = chat_format is not None  # named formats see string contents only
+        self._caps: tuple[bool, bool] | None = (False, False) if self._flatten else None
         self._clock = clock or _dt.datetime.now
         self._template = self._compile(env)
         if self.eos_token and self.eos_token not in stop:
@@ -330,7 +308,9 @@ class ChatTemplate:
             messages: OpenAI-shaped message dicts (``role``, ``content`` as a
                 string, a list of ``{"type": "text", "text": ...}`` parts, or
                 ``None``; ``tool_calls``, ``name``, ... as the template reads them).
-                Passed to a model template untouched.
+                Content is made renderable by this template (``chat_messages.normalize``:
+                text parts joined and ``None`` as ``""`` where the template cannot take
+                them; image or audio parts refused).
             add_generation_prompt: end with the assistant header so the model
                 answers (llama-cpp-python always does; transformers' default is
                 ``False``).
@@ -358,9 +338,11 @@ class ChatTemplate:
             _check_list_of_dicts(tools, "tools", "JSON-schema tool dicts")
         if documents is not None:
             _check_list_of_dicts(documents, "documents", "document dicts")
-        if self._flatten:
-            messages = [{**m, "content": _flatten_content(m.get("content"), i)}
-                        for i, m in enumerate(messages)]
+        if self._caps is None:
+            self._caps = probe_capabilities(lambda ms: self._template.render(
+                messages=ms, tools=None, documents=None, add_generation_prompt=False,
+                bos_token=self.bos_token, eos_token=self.eos_token))
+        messages = normalize(messages, *self._caps)
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **kwargs}
         try:
             return self._template.render(messages=messages, tools=tools, documents=documents,

@@ -16,7 +16,9 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import sys
+import urllib.parse
 
 from ..errors import CooktopError
 
@@ -144,11 +146,13 @@ def repo_files(repo: str, cache_dir: str | os.PathLike | None = None) -> list[st
                            "download, or pass a local file with -m")
     try:
         from huggingface_hub import list_repo_files
+        check_reachable(constants.ENDPOINT)
         return sorted(set(list_repo_files(repo)) | set(cached))
     except _request_errors() as e:
         if cached:
             return cached
-        raise CooktopError(f"cannot list the files of {repo} ({constants.ENDPOINT}): {_first_line(e)}") from None
+        raise CooktopError(f"cannot list the files of {repo} ({constants.ENDPOINT}): {_first_line(e)}; "
+                           "pass a local file with -m") from None
 
 
 def download(repo: str, filename: str | None = None, *, tag: str | None = None,
@@ -176,6 +180,30 @@ def download(repo: str, filename: str | None = None, *, tag: str | None = None,
     return resolve(repo, firsts[0], cache_dir=cache_dir, local_dir=local_dir)
 
 
+class UnreachableError(OSError):
+    """The Hub endpoint does not answer at all (no network, a name that does not resolve)."""
+
+
+def check_reachable(endpoint: str, timeout: float = 5.0) -> None:
+    """One TCP connection to ``endpoint``'s host, so that a machine without network fails at
+    once instead of after huggingface_hub's retries (five, 8 s apart, each printing a line).
+
+    Raises:
+        UnreachableError: the name does not resolve, or the connection is refused or times out.
+    """
+    u = urllib.parse.urlsplit(endpoint)
+    host = u.hostname or ""
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except socket.gaierror as e:
+        raise UnreachableError(f"no network: {host} does not resolve ({e.strerror or e})") from None
+    except OSError as e:
+        raise UnreachableError(f"no network: {host}:{port} does not answer "
+                               f"({e.strerror or type(e).__name__})") from None
+
+
 def _cache_dir() -> pathlib.Path:
     from huggingface_hub import constants
     return pathlib.Path(constants.HF_HUB_CACHE)
@@ -198,6 +226,8 @@ def _request_errors() -> tuple[type[BaseException], ...]:
 
 def _first_line(e: BaseException) -> str:
     """A one-line reason for a failed request (HTTP status made explicit)."""
+    if isinstance(e, UnreachableError):
+        return f"{e}; set HF_HUB_OFFLINE=1 to use only the cache"
     status = getattr(getattr(e, "response", None), "status_code", None)
     if status == 404:
         return "not found (HTTP 404): check the repo and file names"
@@ -242,6 +272,7 @@ def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str 
                                f"and HF_HUB_OFFLINE is set; unset it to download, or {hint}") from None
         endpoint = constants.ENDPOINT
         try:
+            check_reachable(endpoint)
             get_hf_file_metadata(hf_hub_url(repo, filename))  # fail fast: no retries
             path = hf_hub_download(repo, filename, cache_dir=cache_dir, local_dir=local_dir)
         except errors as e:

@@ -1,6 +1,7 @@
 """The OpenCL backend (pyopencl): any OpenCL 1.2+ driver (PoCL on CPUs, Mesa rusticl, Intel, AMD, Adreno).
 
-- ``device.py``: probe (platforms, DeviceInfo), :class:`~.device.OpenCLDevice` (buffers, ops).
+- ``device.py``: probe (platforms), :class:`~.device.OpenCLDevice` (buffers, ops).
+- ``info.py``: the DeviceInfo of a pyopencl device, its kernel variants, the ICD files.
 - ``programs.py``: program sources, build options and cache, launch shapes (CPU / GPU).
 - ``q8.py``: the 8-bit copies of activations the integer-dot matmuls read.
 - ``kernels/*.cl``: the OpenCL C kernels, one file per op family.
@@ -16,7 +17,7 @@ INSTALL_HINT = ("pip install 'cooktop[opencl]' and an OpenCL driver (Debian/Ubun
 #: ``auto`` prefers PoCL to numpy when no GPU passes; Vulkan on lavapipe is 10-50x slower than
 #: numpy and never is.
 FAMILY = Family("opencl", "cooktop.backends.opencl.device:OpenCLBackend", "opencl", INSTALL_HINT,
-                driver_files="cooktop.backends.opencl.device:driver_files",
-                describe_drivers="cooktop.backends.opencl.device:describe_icds",
+                driver_files="cooktop.backends.opencl.info:driver_files",
+                describe_drivers="cooktop.backends.opencl.info:describe_icds",
                 env_prefixes=("OCL_", "OPENCL_", "POCL_", "PYOPENCL_", "RUSTICL_", "COOKTOP_OPENCL"),
-                cpu_default=True)
+                cpu_default=True, probe_modules=("cooktop.backends.opencl.info",))

@@ -49,6 +49,9 @@ OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q
 #: Weight types with an integer-dot mat-vec kernel on 8-bit activations (dotq8.cl: mul_mv_q8).
 Q8_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
 
+#: Tokens per work-group of ``mul_mvt_q8`` (a prompt on the one-token integer sums).
+MVT_TN = 16
+
 #: Types whose rows may end in a partial 32-value unit (any n_in); others need n_in % block == 0.
 FLOAT_TYPES = (T.F32, T.F16)
 
@@ -87,7 +90,7 @@ class LaunchShape:
         return (f"-DMV_LS={self.mv_ls} -DMV_R={self.mv_r} -DMM_TM={self.mm_tm} -DMM_TN={self.mm_tn} -DMM_R={self.mm_r} "
                 f"-DMMQ_R={self.mmq_r} -DMMQ_TN={self.mmq_tn} "
                 f"-DMM_UC={self.mm_uc} -DMM_LOCAL={self.mm_local} -DRN_LS={self.rn_ls} -DAT_LS={self.at_ls} "
-                f"-DAT_SERIAL={self.at_serial}")
+                f"-DAT_SERIAL={self.at_serial} -DMVT_TN={MVT_TN}")
 
 
 #: CPU devices (PoCL): a work-group runs on one core, and explicit float16 vectors are
@@ -278,9 +281,11 @@ def clear_cache(ctx: Any | None = None) -> None:
 
 class WeightKernels:
     """The kernels of one weight type on one device: ``mul_mv``, ``mul_mm``, ``get_rows``, and
-    ``mul_mv_q8`` (8-bit activations, integer dot products; None for types without one)."""
+    ``mul_mv_q8`` / ``mul_mvt_q8`` (8-bit activations, integer dot products, one token / a prompt
+    with the one-token sums; None for types without them), ``mul_mm_q8`` (VNNI prompt kernel)."""
 
-    __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mv_id", "mul_mm_id")
+    __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mvt_q8", "mul_mv_id",
+                 "mul_mm_id")
 
     def __init__(self, prg: Any):
         import pyopencl as cl
@@ -306,6 +311,9 @@ class WeightKernels:
             self.repack.set_scalar_arg_dtypes([None, None, i32])
         if self.mul_mv_q8 is not None:
             self.mul_mv_q8.set_scalar_arg_dtypes([None, None, None, None, i32, i32])
+        self.mul_mvt_q8 = prg.mul_mvt_q8 if "mul_mvt_q8" in names else None
+        if self.mul_mvt_q8 is not None:
+            self.mul_mvt_q8.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32])
 
 
 class OpKernels:

@@ -11,7 +11,7 @@
 
 from ..family import Family
 
-INSTALL_HINT = ("build kp 0.9.0 with cooktop's patch: scripts/install-kompute.sh .venv/bin/python (needs cmake "
+INSTALL_HINT = ("build kp 0.9.0 with cooktop's patch: cooktop setup-vulkan (needs cmake "
                 "g++ libvulkan-dev libfmt-dev, pybind11>=2.12 from PyPI), and a Vulkan driver (apt-get install "
                 "mesa-vulkan-drivers for lavapipe on the CPU)")
 

@@ -11,7 +11,7 @@ Design (DESIGN.md, "Kompute"):
   ``mul_mm_q4_k``, ...) listed in ``variants.json`` and compiled to SPIR-V by
   ``build.py`` (``make shaders``); the ``.spv`` files ship in the package.
 - **kp with cooktop's patch** (``scripts/kompute/kp-0.9.0-cooktop.patch``,
-  built by ``scripts/install-kompute.sh``; ``kp.cooktop_patch`` >= 1): memory
+  built by ``cooktop setup-vulkan`` (``cooktop/tools/kompute``); ``kp.cooktop_patch`` >= 1): memory
   barriers bound for Python (``OpGlobalMemoryBarrier``, ``OpMemoryBarrier``),
   ``OpDispatch`` (a dispatch without kp's implicit per-tensor transfer
   barriers), transfer usage on storage buffers, and the logical device
@@ -168,7 +168,7 @@ def kp_problem(kp) -> str | None:
     level = getattr(kp, "cooktop_patch", 0)
     if level < KP_PATCH_LEVEL:
         return (f"kp 0.9.0 is installed without cooktop's patch (level {level}, need {KP_PATCH_LEVEL}: memory "
-                f"barriers, buffer usage, device features); rebuild it: scripts/install-kompute.sh .venv/bin/python")
+                f"barriers, buffer usage, device features); rebuild it: cooktop setup-vulkan")
     return None
 
 
@@ -188,7 +188,7 @@ def numpy_problem(kp=None) -> str | None:
         ok = False
     if not ok:
         return (f"numpy {np.__version__} is installed, but this kp was built with pybind11 {pyb}, which "
-                f"silently corrupts tensors under numpy 2 (rebuild: scripts/install-kompute.sh, or pip "
+                f"silently corrupts tensors under numpy 2 (rebuild: cooktop setup-vulkan, or pip "
                 f"install 'numpy<2')")
     return None
 
@@ -493,9 +493,10 @@ class VulkanDevice(SequenceRecorder, Device):
     def quantizes_activations(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> bool:
         """True when ``matmul`` of ``n_tokens`` rows with ``ggml_type`` weights runs the integer-dot
         mat-vec on 8-bit activations (q8.py; exact on ``reference.quantize_q8_ref``'s
-        quantization), False when it computes in float32. ``shape`` is unused (same as OpenCL's)."""
+        quantization), False when it computes in float32. Any ``n_tokens``: a type with that
+        variant keeps it for prompts too. ``shape`` is unused (same as OpenCL's)."""
         name = VARIANTS["mul_mat_vec"].get(T(ggml_type))
-        return n_tokens < MM_MIN_TOKENS and name is not None and takes_q8_1(pick_variant(name, self.features))
+        return name is not None and takes_q8_1(pick_variant(name, self.features))
 
     # -- ops --------------------------------------------------------------
     @staticmethod
@@ -507,12 +508,14 @@ class VulkanDevice(SequenceRecorder, Device):
         return t.root.shape[0] if len(t.root.shape) > 1 else 1
 
     def _matmul(self, out, x, w):
-        """``out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T``: mul_mat_vec for n < 8, else tiled mul_mm."""
+        """``out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T``: mul_mat_vec for n < 8, else tiled
+        mul_mm; a type whose mat-vec runs on 8-bit activations keeps it for every n, so that a prompt's
+        rows get exactly the sums its tokens one at a time get (no float / 8-bit switch)."""
         n_out, n_in = w.shape[0], w.shape[-1]
         n = self._rows(x)
         rb = row_bytes(w.ggml_type, n_in)
         nb = bucket(n, self._row_cap(x))
-        if n >= MM_MIN_TOKENS:
+        if n >= MM_MIN_TOKENS and not self.quantizes_activations(w.ggml_type, n):
             grid = workgroups(((nb + 31) // 32) * ((n_out + 31) // 32))
             self._dispatch(VARIANTS["mul_mm"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb))
         else:

@@ -19,7 +19,7 @@ the physical devices in the order ``kp.Manager(index)`` uses
   ``VkPhysicalDeviceShaderIntegerDotProductFeatures`` (each extension struct
   read only when the device reports the matching extension; otherwise ``False``).
   cooktop's patched kp enables exactly these where supported
-  (:data:`KP_FEATURES`, scripts/kompute/kp-0.9.0-cooktop.patch);
+  (:data:`KP_FEATURES`, cooktop/tools/kompute/kp-0.9.0-cooktop.patch);
 - ``VkPhysicalDeviceDriverProperties`` (driver name and info, when
   ``VK_KHR_driver_properties`` is present).
 

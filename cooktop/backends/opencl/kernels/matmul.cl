@@ -73,6 +73,44 @@ __kernel void mul_mv_q8(const global uchar *w, const global char *xq, const glob
     if (row < n_out) y[row] = Q8_HSUM(acc);
 #endif
 }
+
+// mul_mm on 8-bit activations for the weight types without a prompt kernel (mul_mm_q8):
+// token t of the prompt gets exactly mul_mv_q8's sums for row xq + t * n_in (same blocks per
+// work-item, same reduction order), so a prompt's logits are the one-token path's bit for
+// bit. Launch (MV_LS, rows, ceil(n_tok / MVT_TN)) with local (MV_LS, MV_R, 1): a group runs
+// MVT_TN tokens over its rows, which stay in the cache across them.
+#ifndef MVT_TN
+#define MVT_TN 16
+#endif
+__kernel void mul_mvt_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                         global float *y, const int n_in, const int n_out, const int n_tok) {
+    const int lid = get_local_id(0);
+    const int lr = get_local_id(1);
+    const int row = get_global_id(1);
+    const int t0 = get_global_id(2) * MVT_TN;
+    const int t1 = min(t0 + MVT_TN, n_tok);
+    const int nb = n_in / QKV;
+#if MV_LS > 1
+    local float red[MV_R][MV_LS];
+#endif
+    const global uchar *wr = w + (size_t)min(row, n_out - 1) * ROW_BYTES(n_in);
+    for (int t = t0; t < t1; ++t) {
+        Q8ACC acc = (Q8ACC)(0.0f);
+        if (row < n_out) acc = dotq8_row(wr, nb, xq + (size_t)t * n_in, xd + (size_t)t * (n_in / 32), lid, acc);
+#if MV_LS > 1
+        red[lr][lid] = Q8_HSUM(acc);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = MV_LS / 2; s > 0; s >>= 1) {
+            if (lid < s) red[lr][lid] += red[lr][lid + s];
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        if (lid == 0 && row < n_out) y[(size_t)t * n_out + row] = red[lr][0];
+        barrier(CLK_LOCAL_MEM_FENCE);
+#else
+        if (row < n_out) y[(size_t)t * n_out + row] = Q8_HSUM(acc);
+#endif
+    }
+}
 #endif
 
 #if defined(X86_512) && defined(COOKTOP_VNNI)

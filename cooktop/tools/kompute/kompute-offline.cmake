@@ -4,7 +4,7 @@
 # installed ones instead (Debian/Ubuntu: libvulkan-dev, libfmt-dev; pybind11
 # from PyPI, >= 2.12 for numpy 2). CMake >= 3.21 reads this file from the
 # CMAKE_TOOLCHAIN_FILE environment variable, so kp's setup.py needs no change.
-# Used by scripts/install-kompute.sh, which sets the KP_* variables below.
+# Used by install-kompute.sh (beside it; `cooktop setup-vulkan`), which sets the KP_* variables below.
 set(KOMPUTE_OPT_USE_BUILT_IN_VULKAN_HEADER OFF CACHE BOOL "" FORCE)
 set(KOMPUTE_OPT_USE_BUILT_IN_FMT OFF CACHE BOOL "" FORCE)
 set(KOMPUTE_OPT_USE_BUILT_IN_PYBIND11 OFF CACHE BOOL "" FORCE)

@@ -1,0 +1,108 @@
+"""OpenAI-shaped messages made renderable by the template at hand (llama.cpp's template capabilities).
+
+Clients send ``content`` as a string, as a list of parts (``[{"type": "text", "text": ...}]``,
+what LangChain, Open WebUI and agent SDKs send) or as ``null`` (an assistant turn that only
+calls tools). Many model templates concatenate ``message['content']`` as a string, so a list
+or ``None`` breaks them (or, through jinja's ``~``, renders a Python repr). As llama.cpp does
+(``common/chat.cpp`` with its template capability probes ``supports_typed_content`` and
+``requires_non_null_content``), each template is probed once:
+
+- a template that renders a text part's text (and not the list's repr) gets the parts as
+  they are; any other gets the text parts joined with a newline;
+- a template that fails on, or prints ``None`` for, a null content gets ``""``.
+
+Parts other than text (``image_url``, ``input_audio``, ``file``) are refused with a
+:class:`~cooktop.errors.ChatTemplateError` naming the message: cooktop runs text models only
+(llama-server refuses them likewise without a multimodal projector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..errors import ChatTemplateError
+
+_PROBE = "cooktop-probe-7f3a"
+_TEXT_TYPES = ("text", "input_text", "output_text")
+
+
+def part_text(part: Any, index: int) -> str | None:
+    """The text of one content part; None for a part to drop (not a dict).
+
+    Raises:
+        ChatTemplateError: an image, audio or file part (``messages[index]`` named).
+    """
+    if not isinstance(part, Mapping):
+        return None
+    kind = part.get("type")
+    if kind in _TEXT_TYPES:
+        return str(part.get("text", ""))
+    raise ChatTemplateError(f"messages[{index}]['content'] has a {kind!r} part: this model reads text only "
+                            "(cooktop runs no vision or audio models); send text parts")
+
+
+def flatten_content(content: Any, index: int) -> str:
+    """One message's content as one string, as llama.cpp's legacy formatter sees it.
+
+    llama.cpp ``common/chat.cpp`` (``common_chat_templates_apply_legacy``): a string as is;
+    text parts joined with a newline; no content is empty.
+
+    Raises:
+        ChatTemplateError: content of another type, or a non-text part.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence) and not isinstance(content, bytes):
+        texts = [t for t in (part_text(p, index) for p in content) if t is not None]
+        return "\n".join(texts)
+    raise ChatTemplateError(
+        f"messages[{index}]['content'] must be a string, a list of content parts or null, "
+        f"got {type(content).__name__}")
+
+
+def _check_parts(content: Any, index: int) -> None:
+    if isinstance(content, Sequence) and not isinstance(content, (str, bytes)):
+        for p in content:
+            part_text(p, index)
+
+
+def probe_capabilities(render: Callable[[list[dict[str, Any]]], str]) -> tuple[bool, bool]:
+    """(typed content works, null content works) for a template's ``render(messages)``."""
+    def attempt(messages: list[dict[str, Any]]) -> str | None:
+        try:
+            return render(messages)
+        except Exception:  # noqa: BLE001 - any failure means "not supported"
+            return None
+
+    out = attempt([{"role": "user", "content": [{"type": "text", "text": _PROBE}]}])
+    typed = out is not None and _PROBE in out and "'text'" not in out and '"text"' not in out
+    call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    out = attempt([{"role": "user", "content": _PROBE},
+                   {"role": "assistant", "content": None, "tool_calls": [call]}])
+    null = out is not None and "None" not in out
+    return typed, null
+
+
+def normalize(messages: Sequence[Mapping[str, Any]], typed_ok: bool, null_ok: bool) -> list[dict[str, Any]]:
+    """``messages`` as the template can render them (module doc).
+
+    Raises:
+        ChatTemplateError: a content of a wrong type, or a non-text part.
+    """
+    out = []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        if content is None:
+            if not null_ok:
+                m = {**m, "content": ""}
+        elif isinstance(content, str):
+            pass
+        elif typed_ok and isinstance(content, Sequence) and not isinstance(content, bytes):
+            _check_parts(content, i)
+        else:
+            m = {**m, "content": flatten_content(content, i)}
+        out.append(dict(m))
+    return out

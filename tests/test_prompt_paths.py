@@ -1,0 +1,87 @@
+"""A sequence's logits do not depend on how its prompt was evaluated: in one batch, token by token,
+or after a cached prefix, on every backend (numpy, OpenCL, Vulkan).
+
+The paths must do the same arithmetic: on OpenCL and Vulkan a weight type whose one-token
+matmul runs on 8-bit activations runs its prompt matrices on the same 8-bit activations with
+the same sums (OpenCL ``mul_mvt_q8``, Vulkan's mat-vec for every row count), so they agree
+to the float bound (1e-4 in a logprob; most are bit-identical). The AVX-512 VNNI prompt kernels
+of Q4_K and Q6_K (on such CPUs) sum in another order, and a rounding of the next layer's
+8-bit activations can flip: there the bound is llama.cpp's own difference between its
+batched and one-at-a-time evaluation of the same file, measured with llama-cpp-python
+(0.14 and 0.06 on tiny-Q4_K / tiny-Q6_K here, 0.18 on tiny-Q4_K_M; cooktop: 3e-6, 2e-6, 0.044).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import SHARED, require_modules, skip_or_fail
+
+from cooktop.engine import generate as G
+
+TOKENS = [1, 403, 407, 261, 378, 261, 410, 432, 298, 315, 421, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309,
+          310, 311, 312, 313, 314, 316, 317, 318, 319, 320, 321]
+FLOAT_BOUND = 1e-4
+MODELS = ["stories260K.gguf", "tiny/tiny-F16.gguf", "tiny/tiny-Q8_0.gguf", "tiny/tiny-Q4_1.gguf",
+          "tiny/tiny-Q5_0.gguf", "tiny/tiny-Q5_K.gguf", "tiny/tiny-Q4_0.gguf", "tiny/tiny-Q4_K_M.gguf",
+          "tiny/tiny-Q6_K.gguf"]
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def _paths(path: str, device: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, object]:
+    """(one batch, token by token, cached prefix + rest) logits float32 [n, n_vocab], and the engine."""
+    eng = G.load(path, n_ctx=128, n_batch=64, device=device, n_gpu_layers=-1)
+    seq = eng.new_sequence()
+    batch = seq.eval(TOKENS, logits_all=True)
+    seq.reset()
+    one = np.stack([seq.eval([t])[-1] for t in TOKENS])
+    seq.reset()
+    seq.eval(TOKENS[:13])
+    rest = seq.eval(TOKENS[13:], logits_all=True)
+    return batch, one, np.concatenate([batch[:13], rest]), eng
+
+
+def _llama_cpp_bound(path: str) -> float:
+    """llama.cpp's own batched-vs-one-at-a-time difference (max |logprob|) on ``path``."""
+    require_modules("llama_cpp", "llama_cpp")
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, n_batch=64, logits_all=True, verbose=False, n_threads=2)
+    llm.reset()
+    llm.eval(TOKENS)
+    batch = np.array(llm.scores[:len(TOKENS)])
+    llm.reset()
+    for t in TOKENS:
+        llm.eval([t])
+    one = np.array(llm.scores[:len(TOKENS)])
+    llm.close()
+    return float(np.abs(_log_softmax(batch) - _log_softmax(one)).max())
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("family", ["cpu", "opencl", "vulkan"])
+def test_batch_token_by_token_and_cached_prefix_agree(family, model):
+    from cooktop.backends import registry
+    path = SHARED / "models" / model
+    if not path.exists():
+        skip_or_fail("shared", f"{path} missing")
+    if family != "cpu":
+        res = registry.probe(family)
+        if not res.available or not res.devices:
+            skip_or_fail(family, f"{res.reason}; to enable: {res.hint}")
+    batch, one, prefix, eng = _paths(str(path), family)
+    try:
+        kernels = getattr(next(iter(eng.devices.values()), None), "kernels", None)
+        bound = FLOAT_BOUND
+        if kernels is not None and kernels.vnni and kernels.mmq_k and any(t in model for t in ("Q4_K", "Q6_K")):
+            bound = max(FLOAT_BOUND, _llama_cpp_bound(str(path)))  # VNNI prompt kernels: another sum order
+        d_one = float(np.abs(_log_softmax(batch) - _log_softmax(one)).max())
+        d_prefix = float(np.abs(_log_softmax(batch) - _log_softmax(prefix)).max())
+        assert d_one <= bound, (family, model, d_one, bound)
+        assert d_prefix <= bound, (family, model, d_prefix, bound)
+    finally:
+        eng.close()
