@@ -150,6 +150,19 @@ def test_ops_of_each_half_of_a_moe_block(name):
         LLAMA.ops(cfg, 0, part="ffn")
 
 
+@pytest.mark.parametrize("name", sorted(EXPECTED_HALF_OPS))
+def test_the_halves_split_a_blocks_tensors(name):
+    """A block's attention and feed-forward tensors (skeleton's TensorSpec.ffn marks) are disjoint
+    and together the whole block; the FFN norm belongs to the feed-forward half."""
+    a = ARCHITECTURES[name]
+    cfg = synth.config(SMALL, name)
+    names = {n for n, _ in a.expected(cfg)}
+    attn, ffn, whole = (set(a.unit_tensors(names, 1, part)) for part in ("attn", "ffn", "all"))
+    assert attn | ffn == whole and not attn & ffn
+    assert {"ffn_gate_inp", "ffn_up_exps", "ffn_down_exps"} <= ffn and {"attn_norm", "attn_q"} <= attn
+    assert ("post_attention_norm" if name == "gpt-oss" else "ffn_norm") in ffn
+
+
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_derived_ops_are_the_ops_a_segment_runs(name, tmp_path, cpu_device, monkeypatch):
     """The union over units of ops(cfg, unit, the file's tensors) is what running the model calls on numpy."""
