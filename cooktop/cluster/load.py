@@ -73,6 +73,9 @@ def plan_cluster(gf: GGUFFile, cfg: ModelConfig, device: str | None, n_gpu_layer
     node_of = {s: find_node(split_selector(s)[0] or "", nodes) for s in selectors}  # resolve() named each
 
     def info(sel: str):
+        if sel == HOST:  # the host units run on the driver's node (placement counts its memory too)
+            me = driver_node(nodes)
+            return probe_nodes([me])[me.node_id]["devices"][HOST]
         return probe_nodes([node_of[sel]])[node_of[sel].node_id]["devices"][split_selector(sel)[1]]
 
     def supports(sel: str, op: str, ty, **dims: int) -> str:
