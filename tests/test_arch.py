@@ -18,6 +18,7 @@ from conftest import rewrite_gguf
 
 from cooktop import Llama
 from cooktop.backends.base import OPS
+from cooktop.backends.optable import MOE_OPS
 from cooktop.errors import UnsupportedModelError
 from cooktop.format.gguf import open_gguf
 from cooktop.model import arch as arch_pkg
@@ -99,6 +100,25 @@ EXPECTED_OPS = {
                {"get_rows", "rmsnorm", "matmul"}),
     "phi3": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "silu_mul"},
              {"get_rows", "rmsnorm", "matmul"}),
+    "qwen3moe": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "moe_route", "matmul_id",
+                  "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+    "qwen2moe": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add", "moe_route", "matmul_id",
+                  "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+    "olmoe": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "moe_route", "matmul_id",
+               "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+    "gpt-oss": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention_sinks", "add", "moe_route",
+                 "matmul_id", "add_id", "swiglu_oai", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+}
+
+#: Of the MoE architectures, the ops of the attention half and of the feed-forward half.
+EXPECTED_HALF_OPS = {
+    "qwen3moe": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add"},
+                 {"rmsnorm", "matmul", "moe_route", "matmul_id", "silu_mul", "moe_combine", "add"}),
+    "qwen2moe": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add"},
+                 {"rmsnorm", "matmul", "moe_route", "matmul_id", "silu_mul", "moe_combine", "add"}),
+    "gpt-oss": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention_sinks", "add"},
+                {"rmsnorm", "matmul", "add_bias", "moe_route", "matmul_id", "add_id", "swiglu_oai", "moe_combine",
+                 "add"}),
 }
 
 
@@ -114,19 +134,48 @@ def test_ops_are_derived_from_what_block_and_head_call(name):
     block_ops, head_ops = EXPECTED_OPS[name]
     assert set(a.ops(cfg, 0)) == set(a.ops(cfg, 1)) == block_ops
     assert set(a.ops(cfg, HEAD)) == head_ops
-    assert a.ops(cfg, HEAD)[0] == "get_rows" and set(a.ops(cfg, 0)) | head_ops <= set(OPS)
+    assert a.ops(cfg, HEAD)[0] == "get_rows" and set(a.ops(cfg, 0)) | head_ops <= set(OPS + MOE_OPS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_HALF_OPS))
+def test_ops_of_each_half_of_a_moe_block(name):
+    """The halves' ops come from their own code (each half sees only its own tensors) and add up
+    to the whole block's."""
+    a = ARCHITECTURES[name]
+    cfg = synth.config(SMALL, name)
+    attn, ffn = EXPECTED_HALF_OPS[name]
+    assert set(a.ops(cfg, 0, part="attn")) == attn and set(a.ops(cfg, 0, part="ffn")) == ffn
+    assert attn | ffn == set(a.ops(cfg, 0))
+    with pytest.raises(ValueError, match="no block part 'ffn'"):
+        LLAMA.ops(cfg, 0, part="ffn")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_HALF_OPS))
+def test_the_halves_split_a_blocks_tensors(name):
+    """A block's attention and feed-forward tensors (skeleton's TensorSpec.ffn marks) are disjoint
+    and together the whole block; the FFN norm belongs to the feed-forward half."""
+    a = ARCHITECTURES[name]
+    cfg = synth.config(SMALL, name)
+    names = {n for n, _ in a.expected(cfg)}
+    attn, ffn, whole = (set(a.unit_tensors(names, 1, part)) for part in ("attn", "ffn", "all"))
+    assert attn | ffn == whole and not attn & ffn
+    assert {"ffn_gate_inp", "ffn_up_exps", "ffn_down_exps"} <= ffn and {"attn_norm", "attn_q"} <= attn
+    assert ("post_attention_norm" if name == "gpt-oss" else "ffn_norm") in ffn
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_derived_ops_are_the_ops_a_segment_runs(name, tmp_path, cpu_device, monkeypatch):
     """The union over units of ops(cfg, unit, the file's tensors) is what running the model calls on numpy."""
-    shape = dataclasses.replace(SMALL, n_ctx_train=512, **({"head_dim": 24} if name == "qwen3" else {}))
+    extra = {"qwen3": {"head_dim": 24}, "gpt-oss": {"n_swa": 4}, "olmoe": {"n_head_kv": SMALL.n_head}}.get(name, {})
+    if name in EXPECTED_OPS and "matmul_id" in EXPECTED_OPS[name][0]:
+        extra.update(n_expert=4, n_expert_used=2, n_ff_exp=SMALL.n_ff)  # olmoe: experts n_ff wide
+    shape = dataclasses.replace(SMALL, n_ctx_train=512, **extra)
     p = tmp_path / "m.gguf"
     synth.write(p, shape, "F32", arch=name)
     gf = open_gguf(p)
     cfg = load_config(gf)
     seen: set[str] = set()
-    for op in OPS:
+    for op in OPS + MOE_OPS:
         real = getattr(cpu_device, op)
         monkeypatch.setattr(cpu_device, op, lambda *a, _op=op, _real=real, **kw: (seen.add(_op), _real(*a, **kw))[1])
     llm = Llama(model_path=str(p), n_ctx=32, verbose=False, device="cpu")

@@ -83,13 +83,13 @@ def test_opencl_options_the_compiler_refuses_fail_before_loading(stories):
 
 
 def test_a_weight_type_no_device_runs_is_refused_by_plan_and_run(stories, tmp_path):
-    """An MXFP4 output head (no cooktop device runs MXFP4): plan and run name the file and the tensor."""
+    """An NVFP4 output head (no cooktop device runs NVFP4): plan and run name the file and the tensor."""
     import numpy as np
     from conftest import rewrite_gguf
     from gguf import GGMLQuantizationType as T
-    raw = np.random.default_rng(0).integers(0, 256, size=(512, 64 // 32 * 17), dtype=np.uint8)
-    model = rewrite_gguf(stories, tmp_path / "mxfp4.gguf", replace={"output.weight": (raw, T.MXFP4)})
-    want = f"error: {model}: tensor output.weight is MXFP4, a type no device in use (cpu) can run matmul on"
+    raw = np.random.default_rng(0).integers(0, 256, size=(512, 64 // 64 * 36), dtype=np.uint8)
+    model = rewrite_gguf(stories, tmp_path / "nvfp4.gguf", replace={"output.weight": (raw, T.NVFP4)})
+    want = f"error: {model}: tensor output.weight is NVFP4, a type no device in use (cpu) can run matmul on"
     assert one_line_error(cooktop("plan", "-m", str(model), "--device", "cpu")) == want
     r = cooktop("run", "-m", str(model), "-p", "Once", "-n", "2", "--device", "cpu")
     assert one_line_error(r) == want and r.stdout == ""

@@ -13,7 +13,7 @@ from cooktop.backends.cpu import quants as cpu_quants
 from cooktop.backends.cpu.device import CpuDevice, cpu_info
 from cooktop.format.quants import dequantize, random_weight
 
-TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K]
+TYPES = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.MXFP4]
 
 
 @pytest.mark.parametrize("ty", TYPES, ids=lambda t: t.name)
@@ -35,6 +35,36 @@ def test_equal_to_gguf_reference(ty, monkeypatch):
         assert cpu_quants.dequantize(raw, ty, (rows, n_in), out=out, progress=done.append) is not None
         np.testing.assert_array_equal(out, ref)
         assert sum(done) == rows * n_in
+
+
+def _mxfp4_by_the_c_loop(raw: np.ndarray) -> np.ndarray:
+    """ggml-quants.c dequantize_row_mxfp4 written out value by value: d = GGML_E8M0_TO_FP32_HALF(e)
+    (2^(e - 128), exact in float64), y[j] = kvalues[qs[j] & 15] * d, y[j + 16] = kvalues[qs[j] >> 4] * d."""
+    kv = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
+    blocks = raw.reshape(-1, 17)
+    out = np.empty((len(blocks), 32))
+    for i, b in enumerate(blocks):
+        d = 2.0 ** (int(b[0]) - 128)
+        for j in range(16):
+            out[i, j] = kv[b[1 + j] & 15] * d
+            out[i, j + 16] = kv[b[1 + j] >> 4] * d
+    with np.errstate(over="ignore"):  # 12 * 2^126 overflows float32, as in ggml
+        return out.astype(np.float32)
+
+
+def test_mxfp4_matches_ggml_formula_for_every_exponent():
+    """Every E8M0 exponent byte (subnormal halves at e = 0 and 1, the largest at 254) and every
+    nibble: the fast kernel, gguf.quants and ggml's C formula agree bit for bit; row bytes 17/32."""
+    from cooktop.format.quants import row_bytes
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, size=(255, 17), dtype=np.uint8)
+    raw[:, 0] = np.arange(255)
+    raw[0, 1:] = np.arange(16) * 17  # both nibbles take every code
+    ref = _mxfp4_by_the_c_loop(raw)
+    assert row_bytes(T.MXFP4, 64) == 34
+    with np.errstate(over="ignore"):  # 12 * 2^126 is inf in float32, as in ggml
+        np.testing.assert_array_equal(dequantize(raw, T.MXFP4, (255, 32)), ref)
+        np.testing.assert_array_equal(cpu_quants.dequantize(raw, T.MXFP4, (255, 32)), ref)
 
 
 def test_byte_count_checked():

@@ -28,6 +28,7 @@ from .. import cluster, notices
 from ..engine import generate as _generate
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, read_raw_metadata
+from ..runtime.placement import TensorPlacement
 from ..text.tokenizer import Tokenizer
 from . import options
 from .batch import BatchMixin
@@ -69,7 +70,10 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     ``--chat-template-file``: a format name or jinja text, a jinja file),
     ``ray_address`` (default ``COOKTOP_RAY``): run the model's segments on the nodes
     of that Ray cluster (``device`` then takes ``NODE/DEVICE`` selectors; see
-    ``cooktop.cluster``; needs ``cooktop[ray]``).
+    ``cooktop.cluster``; needs ``cooktop[ray]``), and llama.cpp's expert placement (no
+    llama-cpp-python spelling exists): ``n_cpu_moe`` (``--n-cpu-moe``: experts of the first N
+    blocks on the host), ``cpu_moe`` (``--cpu-moe``: all of them), ``override_tensor``
+    (``-ot``: ``"REGEX=DEVICE"`` strings; see ``runtime/placement.py``).
 
     Raises:
         GGUFError, UnsupportedModelError, DeviceError, ChatTemplateError (an
@@ -84,7 +88,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                  type_k: int | None = None, type_v: int | None = None, spm_infill: bool = False,
                  verbose: bool = True, device: str | None = None, split: str | list[float] | None = None,
                  chat_template: str | None = None, chat_template_file: str | None = None,
-                 ray_address: str | None = None, **kwargs: Any):
+                 ray_address: str | None = None, n_cpu_moe: int = 0, cpu_moe: bool = False,
+                 override_tensor: str | list[str] | None = None, **kwargs: Any):
         self._engine_or_none: _generate.Engine | None = None
         self._last: _generate.GenerationResult | None = None
         notices.set_verbose(verbose)  # process-wide, like llama-cpp-python's log callback: False prints nothing
@@ -125,9 +130,13 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                 from ..cluster.load import load as cluster_load
 
                 load = functools.partial(cluster_load, ray_address=ray_address)
+            extra: dict[str, Any] = {}
+            tp = TensorPlacement.parse(n_cpu_moe, cpu_moe, override_tensor)
+            if tp != TensorPlacement():
+                extra["tensors"] = tp
             self._engine_or_none = load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                                         n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all,
-                                        keep_scores=True)
+                                        keep_scores=True, **extra)
             self._gf, self._tokenizer = self._engine.gf, self._engine.tokenizer
             self._n_ctx = self._engine.n_ctx
         self._chat = None  # resolved chat template (TemplateChoice), on first use

@@ -18,7 +18,9 @@ blocks of ``type_size`` bytes.
 The op set is declared once, in :mod:`.optable` (argument roles, shape rules, what each op
 computes, its llama.cpp / ggml source; ``docs/DESIGN.md`` shows the table). The op sizes come
 from the shapes of ``out`` and the inputs, so one preallocated buffer of ``n_batch`` rows serves
-every chunk through :meth:`DeviceTensor.head`.
+every chunk through :meth:`DeviceTensor.head`. The mixture-of-experts ops (``MOE_OPS``:
+routing, ``matmul_id``, per-expert bias, weighted sum, ``swiglu_oai``, attention with sinks;
+:mod:`.moe_ops`) are in the table too, claimed only by the backends that implement them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import row_bytes, type_name  # noqa: F401  (part of the backend contract)
 from .info import DeviceInfo, ProbeResult  # noqa: F401  (part of the backend contract)
 from .ops import ROPE_NEOX, ROPE_NORMAL, DeviceOps  # noqa: F401  (part of the backend contract)
-from .optable import OPS  # noqa: F401  (part of the backend contract)
+from .optable import MOE_OPS, OPS  # noqa: F401  (part of the backend contract)
 from .tensor import DeviceBuffer, DeviceTensor  # noqa: F401  (part of the backend contract)
 
 T = GGMLQuantizationType

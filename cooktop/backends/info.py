@@ -8,7 +8,7 @@ from typing import Any
 from gguf import GGMLQuantizationType as T
 
 from ..format.quants import type_name
-from .optable import OPS, SPECS
+from .optable import OPS, SPECS, TYPED_OPS
 
 
 @dataclasses.dataclass
@@ -68,11 +68,11 @@ class DeviceInfo:
     def supports(self, op: str, ggml_type: T | None = None) -> bool:
         """True when ``op`` runs on this device with weights (or table) of ``ggml_type``.
 
-        ``ggml_type`` matters for ``matmul`` and ``get_rows``; other ops take float32.
+        ``ggml_type`` matters for :data:`TYPED_OPS`; other ops take float32.
         """
         if op not in self.ops:
             return False
-        if ggml_type is None or op not in ("matmul", "get_rows"):
+        if ggml_type is None or op not in TYPED_OPS:
             return True
         return type_name(ggml_type) in self.types
 

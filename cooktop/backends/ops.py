@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType
 from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import type_name
 from .info import DeviceInfo
+from .moe_ops import MoeOps
 from .optable import ACT, F32, SPECS, WEIGHT, OpSpec
 from .tensor import DeviceTensor
 
@@ -34,9 +35,10 @@ ROPE_NORMAL = 0
 ROPE_NEOX = 2
 
 
-class DeviceOps(ABC):
+class DeviceOps(MoeOps, ABC):
     """The ops of a :class:`~cooktop.backends.base.Device`: public methods that check their
-    arguments (errors: see ``Device``) and the abstract ``_op`` methods each backend enqueues."""
+    arguments (errors: see ``Device``) and the abstract ``_op`` methods each backend enqueues.
+    The mixture-of-experts ops come from :class:`~.moe_ops.MoeOps`."""
 
     info: DeviceInfo
 

@@ -55,6 +55,9 @@ class OpSpec:
         source: where the formula or layout comes from (llama.cpp / ggml).
         weight: the argument whose GGML type decides support (``matmul``'s ``w``), or None.
         forward: part of the forward pass (``copy`` is a bench tool, not claimed by default).
+        default: claimed by every device unless it says otherwise; False for the
+            mixture-of-experts ops (:data:`MOE_OPS`), which only the backends implementing them
+            list in their ``DeviceInfo.ops``.
         limits: dimension names a device may cap for this op (``DeviceInfo.op_limits``), and
             ``dims(*tensors, **scalars) -> {name: value}`` computing them from a call.
         example: a valid call: ``{arg: shape}`` for tensors (absent optional ones are None)
@@ -70,6 +73,7 @@ class OpSpec:
     source: str
     weight: str | None = None
     forward: bool = True
+    default: bool = True
     limits: tuple[str, ...] = ()
     dims: Callable[..., dict[str, int]] | None = None
     example: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -150,6 +154,33 @@ def _attention_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, *
 
 _ONE_SHAPE = "want {names} of one shape"
 
+
+def _route_fits(ids: Any, weights: Any, logits: Any) -> bool:
+    ls, is_ = logits.shape, ids.shape
+    return len(ls) == 2 and len(is_) == 2 and weights.shape == is_ and is_[0] == ls[0] and 0 < is_[1] <= ls[1]
+
+
+def _matmul_id_fits(out: Any, x: Any, w: Any, ids: Any) -> bool:
+    xs, ws, is_ = x.shape, w.shape, ids.shape
+    return (len(ws) == 3 and len(is_) == 2 and len(xs) == 2 and xs[0] == is_[0]
+            and xs[1] in (ws[2], is_[1] * ws[2]) and out.shape == (is_[0], is_[1] * ws[1]))
+
+
+def _add_id_fits(out: Any, x: Any, b: Any, ids: Any) -> bool:
+    bs, is_ = b.shape, ids.shape
+    return len(bs) == 2 and len(is_) == 2 and out.shape == x.shape and x.shape == (is_[0], is_[1] * bs[1])
+
+
+def _combine_fits(out: Any, y: Any, weights: Any) -> bool:
+    os_, ws = out.shape, weights.shape
+    return len(os_) == 2 and len(ws) == 2 and ws[0] == os_[0] and y.shape == (os_[0], ws[1] * os_[1])
+
+
+def _sinks_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, sinks: Any, *, n_head: int,
+                n_head_kv: int, window: int) -> bool:
+    return (_attention_fits(out, q, k, v, pos, kv_start, n_head=n_head, n_head_kv=n_head_kv, window=window)
+            and sinks.shape == (n_head,))
+
 #: Every op, in the order of the design doc's table.
 TABLE: tuple[OpSpec, ...] = (
     OpSpec("matmul", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT)), (),
@@ -217,6 +248,44 @@ TABLE: tuple[OpSpec, ...] = (
     OpSpec("gelu_mul", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), (),
            "out = gelu_tanh(gate) * up (GeGLU)", _ONE_SHAPE.format(names="out, gate and up"), _same3,
            "ggml_geglu_split (ggml_gelu_f32, ggml-cpu/vec.h)", example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
+    # -- mixture of experts (backends/moe_ops.py): claimed only where implemented ------------
+    OpSpec("moe_route", (Arg("ids", I32), Arg("weights", F32), Arg("logits", F32)), ("gating", "norm", "scale"),
+           "ids i32 [n, k], weights f32 [n, k] = the top-k experts of each row of logits f32 [n, n_expert] "
+           "by the gating function (softmax / softmax over the selected k / sigmoid), their weights "
+           "(renormalised when norm, times scale)",
+           "want ids and weights [n, k], logits [n, n_expert] with 0 < k <= n_expert", _route_fits,
+           "llama.cpp src/llama-graph.cpp build_moe_ffn (ggml_argsort_top_k, get_rows of the probs)",
+           default=False, example={"ids": (3, 2), "weights": (3, 2), "logits": (3, 5), "gating": "softmax"}),
+    OpSpec("matmul_id", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT), Arg("ids", I32)), (),
+           "out[i, slot j] = x[i] (or its slot j) @ w[ids[i, j]]^T; out f32 [n, k * n_out], "
+           "w [n_expert, n_out, n_in]",
+           "want out [n, k * n_out], x [n, n_in] or [n, k * n_in], w [n_expert, n_out, n_in], ids [n, k]",
+           _matmul_id_fits, "ggml_mul_mat_id", weight="w", default=False,
+           example={"out": (3, 10), "x": (3, 32), "w": (4, 5, 32), "ids": (3, 2)}),
+    OpSpec("add_id", (Arg("out", F32), Arg("x", F32), Arg("b", F32), Arg("ids", I32)), (),
+           "out[i, slot j] = x[i, slot j] + b[ids[i, j]] (per-expert bias, b f32 [n_expert, m])",
+           "want out and x [n, k * m], b [n_expert, m], ids [n, k]", _add_id_fits, "ggml_add_id", default=False,
+           example={"out": (3, 8), "x": (3, 8), "b": (4, 4), "ids": (3, 2)}),
+    OpSpec("moe_combine", (Arg("out", F32), Arg("y", F32), Arg("weights", F32)), (),
+           "out[i] = sum_j weights[i, j] * y[i, slot j] in slot order (y f32 [n, k * m])",
+           "want out [n, m], y [n, k * m], weights [n, k]", _combine_fits,
+           "llama.cpp build_moe_ffn (ggml_mul by the weights, views added in order)", default=False,
+           example={"out": (3, 4), "y": (3, 8), "weights": (3, 2)}),
+    OpSpec("swiglu_oai", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), ("alpha", "limit"),
+           "out = g * sigmoid(alpha g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit) (gpt-oss)",
+           _ONE_SHAPE.format(names="out, gate and up"), _same3, "ggml_swiglu_oai (ggml-cpu/ops.cpp)", default=False,
+           example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
+    OpSpec("attention_sinks", (Arg("out", F32), Arg("q", F32), Arg("k_cache", F32), Arg("v_cache", F32),
+                               Arg("pos", I32), Arg("kv_start", I32, True), Arg("sinks", F32)),
+           ("n_head", "n_head_kv", "scale", "window"),
+           "attention with one extra logit per head (sinks f32 [n_head]) in each softmax denominator (gpt-oss)",
+           "want out and q [n, n_head * head_dim], k_cache and v_cache [n_ctx, n_head_kv * head_dim], pos [n], "
+           "kv_start [n] if given, sinks [n_head], with n_head {n_head} a multiple of n_head_kv {n_head_kv} and "
+           "window {window} >= 0", _sinks_fits, "llama.cpp build_attn_mha with ggml_soft_max_add_sinks",
+           default=False, limits=("head_dim",),
+           dims=lambda out, q, *t, n_head, **_: {"head_dim": q.shape[-1] // max(1, n_head)},
+           example={"out": (2, 8), "q": (2, 8), "k_cache": (16, 4), "v_cache": (16, 4), "pos": (2,),
+                    "kv_start": None, "sinks": (2,), "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0}),
     OpSpec("copy", (Arg("out", ACT), Arg("x", ACT)), (),
            "out = x (F32 or I32; `cooktop bench --ops` measures bandwidth with it; not in the forward pass)",
            _ONE_SHAPE.format(names="out and x"), _same2, "ggml_cpy", forward=False,
@@ -227,7 +296,13 @@ TABLE: tuple[OpSpec, ...] = (
 SPECS: dict[str, OpSpec] = {s.name: s for s in TABLE}
 
 #: Op names of the forward pass, in table order: what a device claims unless it says otherwise.
-OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward)
+OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.default)
+
+#: The mixture-of-experts ops: claimed only by the backends that implement them (after :data:`OPS`).
+MOE_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and not s.default)
+
+#: Ops whose weight (or table) type matters to ``DeviceInfo.supports``.
+TYPED_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.weight is not None)
 
 
 def markdown() -> str:

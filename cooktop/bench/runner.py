@@ -204,15 +204,17 @@ class CooktopRunner:
         CooktopError: the device is unavailable, the model does not fit, ...
     """
 
-    def __init__(self, path: str, device: str, ngl: Any, n_batch: int, split: str | None, n_ctx: int):
+    def __init__(self, path: str, device: str, ngl: Any, n_batch: int, split: str | None, n_ctx: int,
+                 tensors: Any = None):
         from ..engine import generate as engine
 
         sels = device.replace("+", ",")
         self.device = device
         self.backend = "+".join(BACKEND_NAMES.get(s.split(":")[0], s) for s in device.split("+"))
         self.device_name = device_names(device)
+        extra = {"tensors": tensors} if tensors is not None else {}  # --n-cpu-moe / -ot
         self.eng = engine.load(path, n_ctx=n_ctx, n_batch=n_batch, device=sels, n_gpu_layers=ngl,
-                               split=split.replace("/", ",") if split else None)
+                               split=split.replace("/", ",") if split else None, **extra)
         self.placement = self.eng.placement.summary()
         self.load_ms = self.eng.load_ms
         assert isinstance(self.eng.model, Model)  # engine.load places it on this machine's devices
@@ -277,6 +279,8 @@ class BenchParams:
     split: list[str | None] = dataclasses.field(default_factory=lambda: [None])
     reps: int = 5
     seed: int = 1234
+    #: ``--n-cpu-moe`` / ``--cpu-moe`` / ``-ot`` (``runtime.placement.TensorPlacement``), or None
+    tensors: Any = None
 
     def configs(self) -> list[tuple[str, Any, int, str | None]]:
         """(device, ngl, n_batch, split) of every sweep point, device outermost.
@@ -341,7 +345,7 @@ def run_bench(params: BenchParams, vs: Callable[[str, int, int], Runner] | None 
                             ref_results[(n_batch, t)] = r
                     ref = None if isinstance(got, str) else got
                 try:
-                    runner: Runner | None = CooktopRunner(path, device, ngl, n_batch, split, n_ctx)
+                    runner: Runner | None = CooktopRunner(path, device, ngl, n_batch, split, n_ctx, params.tensors)
                     err = None
                 except Exception as e:  # noqa: BLE001 - an unavailable device is a record, not a crash
                     runner, err = None, _error_text(e)

@@ -15,6 +15,7 @@ import click
 
 from ..backends import registry
 from ..errors import CooktopError
+from ..runtime.placement import TensorPlacement
 from .common import parse_ngl, resolve_model
 from .group import cli
 
@@ -76,6 +77,11 @@ def _emit(text: str) -> None:
 @click.option("-b", "--batch-size", "n_batch", default="512", show_default=True, help="Prompt chunk size (comma list).")
 @click.option("-ts", "--tensor-split", "split", default=None,
               help="Proportions for a + split, slash-separated, e.g. 3/1 (comma list).")
+@click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=int, default=0,
+              help="Keep the experts of the first N MoE blocks on the host.")
+@click.option("-cmoe", "--cpu-moe", "cpu_moe", is_flag=True, help="Keep the experts of every MoE block on the host.")
+@click.option("-ot", "--override-tensor", "override_tensor", multiple=True, metavar="REGEX=DEVICE",
+              help="Put the tensors whose name matches REGEX on DEVICE (see cooktop run --help).")
 @click.option("-o", "--output", "fmt", type=click.Choice(["md", "csv", "json", "jsonl"]), default="md",
               show_default=True)
 @click.option("--progress", is_flag=True, help="Show progress on stderr (tqdm).")
@@ -102,8 +108,9 @@ def _emit(text: str) -> None:
 @click.option("-npp", "npp", default="128", show_default=True, help="--batched: prompt tokens per sequence (list).")
 @click.option("-ntg", "ntg", default="32", show_default=True, help="--batched: generated tokens per sequence (list).")
 @click.option("-npl", "npl", default="1,2,4,8", show_default=True, help="--batched: parallel sequences (list).")
-def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fmt, progress, plot_path, vs,
-              llama_bench, from_file, seed, ops, quick, shape, types, threads, batched, npp, ntg, npl):
+def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, n_cpu_moe, cpu_moe, override_tensor,
+              fmt, progress, plot_path, vs, llama_bench, from_file, seed, ops, quick, shape, types, threads, batched,
+              npp, ntg, npl):
     """Measure prompt processing (pp) and generation (tg) speed, like llama.cpp's llama-bench
     (``--batched``: llama-batched-bench; ``--ops``: op roofline)."""
     from ..api.options import set_threads
@@ -150,7 +157,9 @@ def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, fm
     params = runner.BenchParams(
         models=paths, tests=tests, devices=_devices(device),
         ngl=[parse_ngl(v.strip()) for v in str(ngl).split(",") if v.strip()], n_batch=batches,
-        split=[s.strip() for s in split.split(",")] if split else [None], reps=reps, seed=seed)
+        split=[s.strip() for s in split.split(",")] if split else [None], reps=reps, seed=seed,
+        tensors=TensorPlacement.parse(n_cpu_moe, cpu_moe, override_tensor) if (n_cpu_moe or cpu_moe or override_tensor)
+        else None)
     facts = {p: runner.model_facts(p) for p in paths}  # a bad file fails here, before any work
     refs = []
     if ext:

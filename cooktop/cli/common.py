@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from ..errors import CooktopError
-from ..runtime.placement import parse_ngl  # noqa: F401  (re-exported for the commands)
+from ..runtime.placement import (
+    TensorPlacement,
+    parse_ngl,  # noqa: F401  (re-exported for the commands)
+)
 from ..tools import hub
 
 
@@ -33,7 +38,24 @@ def resolve_model(model: str | None, hf_repo: str | None, hf_file: str | None) -
 
 
 def device_options(f):
-    """``--device``, ``-ngl/--n-gpu-layers``, ``--split/--tensor-split``."""
+    """``--device``, ``-ngl/--n-gpu-layers``, ``--split/--tensor-split`` and llama.cpp's expert
+    placement ``--n-cpu-moe/-ncmoe``, ``--cpu-moe/-cmoe``, ``-ot/--override-tensor`` (several), which
+    reach the command as one ``tensors`` argument (``runtime.placement.TensorPlacement``)."""
+    command = f
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        kwargs["tensors"] = TensorPlacement.parse(kwargs.pop("n_cpu_moe"), kwargs.pop("cpu_moe"),
+                                                  kwargs.pop("override_tensor"))
+        return command(*args, **kwargs)
+
+    f = click.option("-ot", "--override-tensor", "override_tensor", multiple=True, metavar="REGEX=DEVICE",
+                     help="Put the tensors whose name matches REGEX on DEVICE (cpu, opencl:0...); "
+                          "a block's experts or attention move as a half (see README).")(wrapper)
+    f = click.option("-cmoe", "--cpu-moe", "cpu_moe", is_flag=True,
+                     help="Keep the experts (feed-forward) of every MoE block on the host.")(f)
+    f = click.option("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=int, default=0,
+                     help="Keep the experts of the first N MoE blocks on the host.")(f)
     f = click.option("--split", "--tensor-split", "-ts", "split", default=None,
                      help="Proportions of offloaded layers per device, e.g. 3,1.")(f)
     f = click.option("-ngl", "--n-gpu-layers", "--gpu-layers", "n_gpu_layers", default="-1",
@@ -41,6 +63,13 @@ def device_options(f):
     f = click.option("--device", "-dev", "device", default=None, envvar="COOKTOP_DEVICE",
                      help="auto, cpu, opencl, opencl:1, vulkan:0, or a comma list (COOKTOP_DEVICE).")(f)
     return f
+
+
+def moe_kwargs(tensors: TensorPlacement | None) -> dict:
+    """``Llama(...)`` keyword arguments of a :class:`TensorPlacement` (none when it is the default)."""
+    if tensors is None or tensors == TensorPlacement():
+        return {}
+    return {"n_cpu_moe": tensors.n_cpu_moe, "override_tensor": [f"{p}={d}" for p, d in tensors.override_tensor]}
 
 
 def ray_option(f):

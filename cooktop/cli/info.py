@@ -137,6 +137,11 @@ def info_cmd(model: str, n_ctx: int, as_json: bool) -> None:
         lines.insert(-2, f"sliding window: {c['n_swa']} tokens on {len(swa)} of {c['n_layer']} layers "
                          f"(rope_freq_base_swa {c['rope_freq_base_swa']:g}); full attention on layers "
                          f"{[i for i in range(c['n_layer']) if i not in swa]}")
+    if c.get("n_expert"):  # llama.cpp's print_info: n_expert, n_expert_used, n_ff_exp, gating
+        shared = f", shared expert {c['n_ff_shexp']} wide" if c["arch"] == "qwen2moe" else ""
+        lines.insert(-2, f"experts:        {c['n_expert']}, {c['n_expert_used']} used per token, {c['n_ff_exp']} wide"
+                         f"{shared}; gating {c['expert_gating']}"
+                         f"{', weights renormalised' if c['expert_weights_norm'] else ''}")
     for name, h in info["tensor_types"].items():
         lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  {_params(h['params'])} params")
     click.echo("\n".join(lines))

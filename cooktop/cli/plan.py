@@ -35,7 +35,7 @@ def _ranges(blocks: list[int]) -> str:
 
 
 def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_layers, split,
-                ray_address: str | None = None) -> dict:
+                ray_address: str | None = None, tensors=None) -> dict:
     """The ``--json`` document (schema in README "cooktop plan --json").
 
     With ``ray_address`` the devices are the cluster's (``NODE/DEVICE``) and the
@@ -60,7 +60,7 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
                    "hops": hops, "bytes_per_token": sum(h["bytes_per_token"] for h in hops)}
     else:
         selectors = registry.resolve(device)
-        p = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, False)
+        p = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, False, tensors)
     rep = {
         "schema": PLAN_SCHEMA_VERSION,
         "model": model,
@@ -72,6 +72,7 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
         "n_offloaded": p.n_offloaded(),
         "summary": p.summary(),
         "blocks": p.blocks,
+        "experts": [p.expert_device(i) for i in range(cfg.n_layer)] if cfg.n_expert else None,
         "head": p.head,
         "devices": [
             {"device": b.selector, "blocks": b.blocks, "head": b.head, "weight_bytes": b.weight_bytes,
@@ -95,14 +96,14 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
 @device_options
 @ray_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema, see README).")
-def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, as_json):
+def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors, as_json):
     """Show the placement of a model's layers on devices (per-device memory, fits or not).
 
     With --ray, layers are placed across the cluster's nodes by each device's probed memory,
     and each hop of a decoded token is listed with its bytes and measured latency.
     """
     path = resolve_model(model, hf_repo, hf_file)
-    rep = plan_report(path, n_ctx, n_batch, device, parse_ngl(n_gpu_layers), split, ray_address)
+    rep = plan_report(path, n_ctx, n_batch, device, parse_ngl(n_gpu_layers), split, ray_address, tensors)
     if as_json:
         click.echo(json.dumps(rep, indent=2))
         return
@@ -114,6 +115,12 @@ def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, spli
             for d in rep["devices"]]
     click.echo(tabulate(rows, headers=["device", "blocks", "output", "weights MiB", "KV MiB", "scratch MiB",
                                        "total MiB", "usable MiB", "fits"]))
+    if rep["experts"] and rep["experts"] != rep["blocks"]:
+        where: dict[str, list[int]] = {}
+        for i, sel in enumerate(rep["experts"]):
+            where.setdefault(sel, []).append(i)
+        click.echo("experts (feed-forward halves): "
+                   + "; ".join(f"{sel} blocks {_ranges(b)}" for sel, b in where.items()))
     click.echo(rep["summary"])
     for r in rep["host_reasons"]:
         click.echo(f"note: {r}")

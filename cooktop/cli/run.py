@@ -14,6 +14,7 @@ from .chat import chat_loop, chat_options, open_chat_model
 from .common import (
     device_options,
     model_options,
+    moe_kwargs,
     parse_ngl,
     ray_option,
     read_prompt_file,
@@ -111,7 +112,7 @@ def process_escapes(text: str) -> str:
 def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, display_prompt,
             verbose_prompt, context_shift, n_keep, escape, no_bos, special, conversation, single_turn, system,
             chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, ray_address,
-            **gen_opts):
+            tensors, **gen_opts):
     """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple).
 
     Special tokens in the prompt (``<s>``, ``<|im_start|>``) are parsed, escapes
@@ -131,7 +132,7 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         prompt = process_escapes(prompt)
     if conversation or (conversation is None and system is not None):
         llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
-                              chat_template, chat_template_file, ray_address)
+                              chat_template, chat_template_file, ray_address, tensors)
         sys.exit(chat_loop(llm, chat_generation(llm, n_predict, gen_opts), system, prompt or None,
                            single_turn=single_turn))
     from ..api.options import set_threads
@@ -141,7 +142,9 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         from ..cluster.load import load as cluster_load
 
         load = functools.partial(cluster_load, ray_address=ray_address)
-    eng = load(path, n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split)
+    extra = {"tensors": tensors} if moe_kwargs(tensors) else {}
+    eng = load(path, n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
+               **extra)
     tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=True)
     eng.check_prompt(tokens)
     click.echo(f"cooktop: {path}: {eng.placement.summary()}", err=True)

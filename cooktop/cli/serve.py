@@ -14,6 +14,7 @@ from ..errors import CooktopError
 from .common import (
     device_options,
     model_options,
+    moe_kwargs,
     parse_ngl,
     ray_option,
     resolve_model,
@@ -64,7 +65,7 @@ from .sampling_options import SAMPLING_DESTS, generation_options, grammar_source
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               embeddings, metrics, threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas,
-              **gen_opts):
+              tensors, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
@@ -97,7 +98,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         raise CooktopError(f"{path}: no such file")
     kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
                   seed=seed, n_threads=threads, n_threads_batch=threads_batch, chat_template=chat_template,
-                  chat_template_file=chat_template_file, last_n_tokens_size=gen_opts["repeat_last_n"])
+                  chat_template_file=chat_template_file, last_n_tokens_size=gen_opts["repeat_last_n"],
+                  **moe_kwargs(tensors))
     if rerank:
         kwargs["pooling_type"] = 4  # llama.cpp LLAMA_POOLING_TYPE_RANK
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,

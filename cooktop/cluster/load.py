@@ -87,6 +87,13 @@ def plan_cluster(gf: GGUFFile, cfg: ModelConfig, device: str | None, n_gpu_layer
 
     p = place(gf, cfg, selectors, parse_ngl(n_gpu_layers), parse_split(split), supports, limits, n_ctx, n_batch,
               logits_all)
+    if p.experts is not None:  # a cluster segment runs whole blocks: a block split in halves stays on the host
+        for i, (sel, exp) in enumerate(zip(p.blocks, p.experts)):
+            if sel != exp:
+                p.notes.append(f"block {i} stays on cpu: its halves would run on {sel} and {exp}, and a cluster "
+                               f"runs blocks whole")
+                p.blocks[i] = HOST
+        p.experts = None
     me = driver_node(nodes)
     host = f"{me.name}/cpu"
     node_of[host] = me

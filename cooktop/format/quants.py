@@ -7,7 +7,14 @@ the GGML block layouts).
 Random weights (for smoke tests, parity tests and synthetic models):
 
 Types that ``gguf.quants.quantize`` handles (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-Q5_1) are quantized from Gaussian values. The rest (K-quants, IQ types) are
+Q5_1, MXFP4) are quantized from Gaussian values.
+
+MXFP4 (gpt-oss's expert type; ggml-common.h ``block_mxfp4``, OCP microscaling FP4):
+blocks of 32 values in 17 bytes, an E8M0 exponent ``e`` then 16 bytes of 4-bit E2M1
+codes (value j in the low nibble of byte j, value j + 16 in its high nibble); value =
+``kvalues_mxfp4[code] * 2^(e - 128)`` with the doubled E2M1 table
+``0 1 2 3 4 6 8 12 0 -1 -2 -3 -4 -6 -8 -12`` (ggml-quants.c ``dequantize_row_mxfp4``,
+``GGML_E8M0_TO_FP32_HALF``). The rest (K-quants, IQ types) are
 random bytes whose float16 super-block scales are then set to small finite
 values, so every block decodes to finite numbers of moderate size. Scale
 offsets are from the block structs of ggml-common.h.
@@ -50,7 +57,7 @@ def row_bytes(ggml_type: T, n: int) -> int:
 HOST_TYPES: tuple[T, ...] = (
     T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
     T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-    T.IQ4_NL, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S,
+    T.IQ4_NL, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.MXFP4,
 )
 
 
@@ -70,7 +77,7 @@ _F16_FIELDS: dict[T, tuple[int, ...]] = {
 }
 
 #: Types gguf.quants.quantize can produce from floats.
-QUANTIZABLE: tuple[T, ...] = (T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
+QUANTIZABLE: tuple[T, ...] = (T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.MXFP4)
 
 
 def random_weight(ggml_type: T, shape: tuple[int, int], rng: np.random.Generator,

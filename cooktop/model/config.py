@@ -9,16 +9,14 @@ also declares the tensors the file must (or may) hold.
 
 from __future__ import annotations
 
-import math
 import re
-from typing import Any
 
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGUFFile
 from ..format.quants import HOST_TYPES
 from .arch import Architecture, architecture
 from .arch.base import INPUT, MATRIX
-from .hparams import Metadata, ModelConfig
+from .hparams import Metadata, ModelConfig, rope_scaling
 
 __all__ = ["ModelConfig", "load_config"]
 
@@ -90,49 +88,11 @@ def _check_tensors(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
                 f"{f.path}: tensor {name!r} has type {t.ggml_type.name}, which cooktop cannot "
                 f"dequantize on the host for {use} (supported: {', '.join(t.name for t in HOST_TYPES)})")
         shape = spec.shape(cfg)
-        if tuple(t.shape) != shape:
+        if tuple(t.shape) != shape and (1,) + tuple(t.shape) != shape:  # a one-row matrix may be stored 1-D
             raise UnsupportedModelError(
                 f"{f.path}: tensor {name!r} has shape {list(t.shape)}, but the metadata implies {list(shape)} "
                 f"(n_embd {E}, n_ff {F}, n_head {cfg.n_head}, n_head_kv {cfg.n_head_kv}, head_dim {cfg.head_dim}, "
                 f"n_vocab {V}); the file is inconsistent")
-
-
-#: ``rope.scaling.type`` values llama.cpp knows (src/llama-model.cpp LLAMA_ROPE_SCALING_TYPES).
-ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
-
-
-def _rope_scaling(m: Metadata, n_ctx_train: int) -> dict[str, Any]:
-    """The rope scaling fields of :class:`ModelConfig`, as llama.cpp derives them.
-
-    ``llama_model_base::load_hparams`` (src/llama-model.cpp): the type defaults to
-    ``linear``; the factor is ``rope.scaling.factor`` (else the old ``rope.scale_linear``),
-    ``freq_scale = 1 / factor`` (1 when absent or 0); ``rope.scaling.attn_factor`` and
-    ``rope.scaling.original_context_length`` (default n_ctx_train) are optional.
-    ``llama_context`` (src/llama-context.cpp): type ``none`` forces freq_scale 1; YaRN sets
-    ext_factor 1 and attn_factor ``mscale(factor) / (1 + 0.1 ln factor)`` (which ggml's
-    rope_yarn multiplies back by ``1 + 0.1 ln factor``), then times ``rope.scaling.attn_factor``.
-
-    Raises:
-        UnsupportedModelError: a scaling type llama.cpp does not know, or a non-numeric value.
-    """
-    kind = m.get("rope.scaling.type", "linear")
-    if kind not in ROPE_SCALING_TYPES:
-        raise UnsupportedModelError(f"{m.path}: rope scaling type {kind!r} ({m.key('rope.scaling.type')}) is "
-                                    f"not supported ({', '.join(ROPE_SCALING_TYPES)})")
-    factor = m.num("rope.scaling.factor", float, None, minimum=0.0)
-    if factor is None:
-        factor = m.num("rope.scale_linear", float, 0.0, minimum=0.0)
-    scale = 1.0 if not factor or kind == "none" else 1.0 / factor
-    ext_factor = 1.0 if kind == "yarn" else 0.0
-    attn_factor = 1.0
-    if ext_factor != 0.0:
-        f = 1.0 / scale
-        mscale = 1.0 if f <= 1.0 else 0.1 * math.log(f) + 1.0
-        attn_factor = mscale / (1.0 + 0.1 * math.log(f))
-    attn_factor *= m.num("rope.scaling.attn_factor", float, 1.0)
-    n_ctx_orig = m.num("rope.scaling.original_context_length", int, 0, minimum=0) or n_ctx_train
-    return {"rope_freq_scale": scale, "rope_scaling_type": str(kind), "rope_ext_factor": ext_factor,
-            "rope_attn_factor": attn_factor, "n_ctx_orig_yarn": n_ctx_orig}
 
 
 def load_config(f: GGUFFile) -> ModelConfig:
@@ -166,7 +126,7 @@ def load_config(f: GGUFFile) -> ModelConfig:
     n_rot = m.num("rope.dimension_count", default=head_dim, minimum=0)
     if n_rot % 2 or n_rot > head_dim:
         raise UnsupportedModelError(f"{p}: rope dimension count {n_rot} must be even and <= head_dim {head_dim}")
-    rope = _rope_scaling(m, n_ctx_train)
+    rope = rope_scaling(m, n_ctx_train)
     tensors = f.tensors
     if "token_embd.weight" not in tensors:
         raise UnsupportedModelError(f"{p}: missing tensor 'token_embd.weight'")

@@ -73,13 +73,16 @@ def _releaser(owner: object, buffer: DeviceBuffer) -> weakref.finalize:
     return fin
 
 
-def upload(d: Device | DeviceBuffer, t: TensorInfo, as_f32: bool) -> DeviceTensor:
+def upload(d: Device | DeviceBuffer, t: TensorInfo, as_f32: bool, shape: tuple[int, ...] | None = None
+           ) -> DeviceTensor:
     """Upload a weight to ``d``: matrices as raw GGML blocks; norm and bias weights
     (``as_f32``) as float32, dequantized on the host when stored otherwise, since the
-    contract's rmsnorm and add take f32 operands."""
+    contract's rmsnorm and add take f32 operands. ``shape``: the architecture's shape when it
+    views the file's differently (qwen2moe's ``[n_embd]`` shared-expert gate as ``[1, n_embd]``)."""
+    shape = tuple(shape) if shape is not None else tuple(t.shape)
     if as_f32 and t.ggml_type != T.F32:
-        return d.upload(dequantize(t.data, t.ggml_type, t.shape), T.F32, t.shape)
-    return d.upload(t.data, t.ggml_type, t.shape)
+        return d.upload(dequantize(t.data, t.ggml_type, t.shape), T.F32, shape)
+    return d.upload(t.data, t.ggml_type, shape)
 
 
 def upload_rows(d: Device | DeviceBuffer, t: TensorInfo, first: int, end: int) -> DeviceTensor:
@@ -100,11 +103,16 @@ class Segment:
     output rows (ids i32 [m], xl f32 [m, n_embd], logits f32 [m, n_vocab], m grown by
     powers of two as batches ask; logits f32 [B, n_vocab] when logits_all).
     The KV cache is not here: :meth:`run` takes the cache of these blocks.
+    ``parts`` (per block, default ``all``): ``attn`` or ``ffn`` runs one half of a block
+    (``Architecture.run_block``: a block whose experts live on another device); an ``ffn`` half
+    has no cache (its entry in the cache lists is a 1-row placeholder). I32 scratch buffers
+    (``arch.scratch_i32``: the selected experts) are allocated beside the f32 ones.
     """
 
     def __init__(self, device: Device, blocks: list[int], head: bool, gf: GGUFFile, cfg: ModelConfig,
-                 n_batch: int, logits_all: bool, arch: Architecture | None = None):
+                 n_batch: int, logits_all: bool, arch: Architecture | None = None, parts: list[str] | None = None):
         self.device, self.blocks, self.head, self.cfg = device, blocks, head, cfg
+        self.parts = list(parts) if parts is not None else ["all"] * len(blocks)
         self.arch = arch or architecture(cfg.arch)
         self._serial = next(_segment_serials)
         #: the arena owning every weight and scratch buffer of this segment
@@ -125,23 +133,25 @@ class Segment:
         d = self.buffer
         uploaded: dict = {}  # a tensor several units use is uploaded once (fused parts: (name, key))
 
-        def weights(unit: int | str) -> Weights:
+        def weights(unit: int | str, part: str = "all") -> Weights:
             w = {}
-            for key, (name, spec) in arch.unit_tensors(gf.tensors, unit).items():
+            for key, (name, spec) in arch.unit_tensors(gf.tensors, unit, part).items():
                 if spec.parts:  # a fused matrix: each row range is a weight of its own
-                    for part, first, end in spec.part_rows(cfg):
-                        if (name, part) not in uploaded:
-                            uploaded[(name, part)] = upload_rows(d, gf.tensor(name), first, end)
-                        w[part] = uploaded[(name, part)]
+                    for pkey, first, end in spec.part_rows(cfg):
+                        if (name, pkey) not in uploaded:
+                            uploaded[(name, pkey)] = upload_rows(d, gf.tensor(name), first, end)
+                        w[pkey] = uploaded[(name, pkey)]
                     continue
                 if name not in uploaded:
-                    uploaded[name] = upload(d, gf.tensor(name), as_f32=spec.kind != MATRIX)
+                    uploaded[name] = upload(d, gf.tensor(name), as_f32=spec.kind != MATRIX, shape=spec.shape(cfg))
                 w[key] = uploaded[name]
             return w
 
-        self.weights: list[Weights] = [weights(i) for i in self.blocks]
+        self.weights: list[Weights] = [weights(i, part) for i, part in zip(self.blocks, self.parts)]
         B = n_batch
         self.scratch = {name: d.empty((B, width)) for name, width in arch.scratch(cfg).items()}
+        if arch.scratch_i32 is not None:
+            self.scratch.update({name: d.empty((B, width), T.I32) for name, width in arch.scratch_i32(cfg).items()})
         self.pos = d.empty((B,), T.I32)
         self.cells = d.empty((B,), T.I32)
         self.kv_start = d.empty((B,), T.I32)
@@ -240,7 +250,7 @@ class Segment:
         d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
             kv = KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0])
-            arch.block(d, cfg, w, s, kv, self.blocks[j])
+            arch.run_block(d, cfg, w, s, kv, self.blocks[j], self.parts[j])
         out = self._result(s, n, m, embeddings)
         if not self.head:
             return out
@@ -283,8 +293,9 @@ class KVCache(CacheTokens):
             for seg in model.segments:
                 d = seg.device.buffer("KV cache")
                 self._releases.append(_releaser(self, d))
-                self.k.append([d.zeros((n_seq * self.n_ctx, K)) for _ in seg.blocks])
-                self.v.append([d.zeros((n_seq * self.n_ctx, K)) for _ in seg.blocks])
+                rows = [1 if part == "ffn" else n_seq * self.n_ctx for part in seg.parts]  # ffn halves: no cache
+                self.k.append([d.zeros((r, K)) for r in rows])
+                self.v.append([d.zeros((r, K)) for r in rows])
         except BaseException:
             self.close()
             raise
@@ -302,20 +313,22 @@ class Model(PlacedModel[KVCache]):
     Args:
         gf: the opened GGUF; cfg: its config (``cfg.arch`` names the architecture).
         segments: ``(device, block indices, holds the head)`` per segment, in order
-            (``Placement.segments()`` with each selector opened).
+            (``Placement.segments()`` with each selector opened), or
+            ``(device, block indices, holds the head, parts)`` (``Placement.units()``: halves of blocks).
         n_ctx: KV cache length of :meth:`new_cache` (tokens); n_batch: max tokens per :meth:`forward`.
         logits_all: keep logits of every position (else only the last).
     Raises:
         UnsupportedOpError / DeviceOutOfMemoryError from the devices while uploading.
     """
 
-    def __init__(self, gf: GGUFFile, cfg: ModelConfig, segments: list[tuple[Device, list[int], bool]],
+    def __init__(self, gf: GGUFFile, cfg: ModelConfig, segments: list[tuple],
                  n_ctx: int, n_batch: int, logits_all: bool = False):
         super().__init__(gf, cfg, n_ctx, n_batch, logits_all)
         self.segments: list[Segment] = []
         try:
-            for device, blocks, head in segments:
-                self.segments.append(Segment(device, blocks, head, gf, cfg, n_batch, logits_all, self.arch))
+            for device, blocks, head, *parts in segments:
+                self.segments.append(Segment(device, blocks, head, gf, cfg, n_batch, logits_all, self.arch,
+                                             parts[0] if parts else None))
         except BaseException:
             self.close()
             raise

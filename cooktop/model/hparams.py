@@ -9,6 +9,7 @@ by ``model/config.py``, where most callers import it from.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,13 @@ class ModelConfig:
             (llama.cpp ``rope_freq_base_train_swa``: ``rope.freq_base_swa``, default 10000; scale 1).
         attn_scale: the query scale when the architecture sets one (gemma3:
             ``1/sqrt(attention.key_length)``); 0 means ``1/sqrt(head_dim)``.
+        n_expert, n_expert_used: experts per MoE block and experts each token uses (``expert_count``,
+            ``expert_used_count``); 0 for dense models.
+        n_ff_exp, n_ff_shexp: feed-forward width of one expert (``expert_feed_forward_length``) and of
+            the shared expert (``expert_shared_feed_forward_length``).
+        expert_gating: the router's gating function (``backends.moe_ops.GATING``).
+        expert_weights_norm: renormalise the selected experts' weights to sum 1.
+        expert_weights_scale: factor of the selected experts' weights (0 or 1: none).
 
     A hyper-parameter that only some architectures have (a sliding window, a logit
     softcap) is added here with a neutral default, as llama.cpp's ``llama_hparams``
@@ -77,6 +85,13 @@ class ModelConfig:
     rope_freq_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
     attn_scale: float = 0.0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
+    expert_gating: str = "softmax"
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0
 
     @property
     def n_embd_q(self) -> int:
@@ -161,3 +176,41 @@ class Metadata:
             raise UnsupportedModelError(
                 f"{self.path}: metadata key {key!r} = {v!r} is invalid (must be >= {minimum:g})")
         return v
+
+
+#: ``rope.scaling.type`` values llama.cpp knows (src/llama-model.cpp LLAMA_ROPE_SCALING_TYPES).
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+
+
+def rope_scaling(m: Metadata, n_ctx_train: int) -> dict[str, Any]:
+    """The rope scaling fields of :class:`ModelConfig`, as llama.cpp derives them.
+
+    ``llama_model_base::load_hparams`` (src/llama-model.cpp): the type defaults to
+    ``linear``; the factor is ``rope.scaling.factor`` (else the old ``rope.scale_linear``),
+    ``freq_scale = 1 / factor`` (1 when absent or 0); ``rope.scaling.attn_factor`` and
+    ``rope.scaling.original_context_length`` (default n_ctx_train) are optional.
+    ``llama_context`` (src/llama-context.cpp): type ``none`` forces freq_scale 1; YaRN sets
+    ext_factor 1 and attn_factor ``mscale(factor) / (1 + 0.1 ln factor)`` (which ggml's
+    rope_yarn multiplies back by ``1 + 0.1 ln factor``), then times ``rope.scaling.attn_factor``.
+
+    Raises:
+        UnsupportedModelError: a scaling type llama.cpp does not know, or a non-numeric value.
+    """
+    kind = m.get("rope.scaling.type", "linear")
+    if kind not in ROPE_SCALING_TYPES:
+        raise UnsupportedModelError(f"{m.path}: rope scaling type {kind!r} ({m.key('rope.scaling.type')}) is "
+                                    f"not supported ({', '.join(ROPE_SCALING_TYPES)})")
+    factor = m.num("rope.scaling.factor", float, None, minimum=0.0)
+    if factor is None:
+        factor = m.num("rope.scale_linear", float, 0.0, minimum=0.0)
+    scale = 1.0 if not factor or kind == "none" else 1.0 / factor
+    ext_factor = 1.0 if kind == "yarn" else 0.0
+    attn_factor = 1.0
+    if ext_factor != 0.0:
+        f = 1.0 / scale
+        mscale = 1.0 if f <= 1.0 else 0.1 * math.log(f) + 1.0
+        attn_factor = mscale / (1.0 + 0.1 * math.log(f))
+    attn_factor *= m.num("rope.scaling.attn_factor", float, 1.0)
+    n_ctx_orig = m.num("rope.scaling.original_context_length", int, 0, minimum=0) or n_ctx_train
+    return {"rope_freq_scale": scale, "rope_scaling_type": str(kind), "rope_ext_factor": ext_factor,
+            "rope_attn_factor": attn_factor, "n_ctx_orig_yarn": n_ctx_orig}

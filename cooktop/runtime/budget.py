@@ -122,19 +122,23 @@ def device_limits(sel: str, probed_mem: int | None, probed_max_alloc: int | None
 def segment_scratch_bytes(cfg: ModelConfig, n_batch: int, head: bool, logits_all: bool) -> tuple[int, int]:
     """(total scratch bytes, largest scratch buffer) of one segment (module doc formula)."""
     B = n_batch
-    sizes = [4 * B * width for width in architecture(cfg.arch).scratch(cfg).values()] + [4 * B]
+    arch = architecture(cfg.arch)
+    i32 = arch.scratch_i32(cfg) if arch.scratch_i32 is not None else {}
+    widths = list(arch.scratch(cfg).values()) + list(i32.values())
+    sizes = [4 * B * width for width in widths] + [4 * B]
     if head:
         sizes += [4, 4 * cfg.n_embd, 4 * (B if logits_all else 1) * cfg.n_vocab]
     return sum(sizes), max(sizes)
 
 
-def weight_bytes(gf: GGUFFile, cfg: ModelConfig, units: list[int | str]) -> dict[str, int]:
-    """GGUF name -> bytes on the device of every tensor of ``units`` (block indices and/or
-    ``"head"``), each tensor once (module doc)."""
+def weight_bytes(gf: GGUFFile, cfg: ModelConfig, units: list) -> dict[str, int]:
+    """GGUF name -> bytes on the device of every tensor of ``units`` (block indices, ``(block, part)``
+    pairs for one half of a block, and/or ``"head"``), each tensor once (module doc)."""
     arch = architecture(cfg.arch)
     out: dict[str, int] = {}
     for unit in units:
-        for name, spec in arch.unit_tensors(gf.tensors, unit).values():
+        unit, part = unit if isinstance(unit, tuple) else (unit, "all")
+        for name, spec in arch.unit_tensors(gf.tensors, unit, part).values():
             t = gf.tensor(name)
             out[name] = t.n_bytes if spec.kind == MATRIX else 4 * int(np.prod(t.shape))
     return out
@@ -149,16 +153,19 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
     """
     out = []
     kv_block = cfg.kv_cache_bytes(n_ctx, 4) // cfg.n_layer  # K and V of one block, float32
+    units = placement.units()
     for sel in placement.devices():
-        blocks = [i for i, s in enumerate(placement.blocks) if s == sel]
+        mine = [(i, part) for s, blocks, _, parts in units if s == sel for i, part in zip(blocks, parts)]
+        blocks = sorted({i for i, _ in mine})
+        n_kv = sum(1 for _, part in mine if part != "ffn")  # a feed-forward half has no cache
         head = placement.head == sel
-        sizes = list(weight_bytes(gf, cfg, [*blocks, *(["head"] if head else [])]).values())
-        n_segments = sum(1 for s, _, _ in placement.segments() if s == sel)
+        sizes = list(weight_bytes(gf, cfg, [*mine, *(["head"] if head else [])]).values())
+        n_segments = sum(1 for s, _, _, _ in units if s == sel)
         scratch, largest_scratch = segment_scratch_bytes(cfg, n_batch, head, logits_all)
         scratch *= n_segments
-        largest = max(sizes + [kv_block // 2 if blocks else 0, largest_scratch])
+        largest = max(sizes + [kv_block // 2 if n_kv else 0, largest_scratch])
         mem, mx = limits(sel)
         usable = None if mem is None else int(mem * (1.0 - reserve_fraction()))
-        out.append(DeviceBudget(sel, blocks, head, sum(sizes), kv_block * len(blocks), scratch, largest,
+        out.append(DeviceBudget(sel, blocks, head, sum(sizes), kv_block * n_kv, scratch, largest,
                                 mem, usable, mx))
     return out

@@ -21,7 +21,7 @@ from ..model.forward import Model
 from ..model.placed import PlacedModel
 from ..text.tokenizer import Tokenizer
 from .budget import device_limits, memory_overrides
-from .placement import Placement, parse_ngl, place
+from .placement import Placement, TensorPlacement, parse_ngl, place
 
 log = logging.getLogger("cooktop")
 
@@ -104,7 +104,8 @@ def warn_unknown_memory_overrides() -> None:
 
 
 def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
-             split: str | list[float] | None, n_ctx: int, n_batch: int, logits_all: bool) -> Placement:
+             split: str | list[float] | None, n_ctx: int, n_batch: int, logits_all: bool,
+             tensors: TensorPlacement | None = None) -> Placement:
     """Placement of a model on resolved devices, from their probed capabilities and memory.
 
     Probing only: no device allocation happens here. A ``COOKTOP_DEVICE_MEMORY`` entry for a
@@ -121,11 +122,12 @@ def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers:
         return device_limits(sel, i.usable_mem_bytes or i.global_mem_bytes, i.max_alloc_bytes)
 
     return place(gf, cfg, selectors, n_gpu_layers, parse_split(split), supports, limits, n_ctx, n_batch,
-                 logits_all)
+                 logits_all, tensors)
 
 
 def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, device: str | None = None,
-         n_gpu_layers: int | str = -1, split: str | list[float] | None = None, logits_all: bool = False) -> LoadedModel:
+         n_gpu_layers: int | str = -1, split: str | list[float] | None = None, logits_all: bool = False,
+         tensors: TensorPlacement | None = None) -> LoadedModel:
     """Open a GGUF and place it on devices.
 
     Args:
@@ -137,6 +139,7 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
             fit); see runtime/placement.py.
         split: proportions for several devices.
         logits_all: keep logits for every position (needed for ``eval(..., logits_all=True)``).
+        tensors: ``--n-cpu-moe`` / ``-ot`` (``runtime.placement.TensorPlacement``).
     Raises:
         GGUFError, UnsupportedModelError, DeviceError, DeviceOutOfMemoryError.
     """
@@ -149,7 +152,7 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
     n_gpu_layers = parse_ngl(n_gpu_layers)
     selectors = registry.resolve(device)
 
-    placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all)
+    placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all, tensors)
     for note in placement.notes:
         log.info(note)
     devices = {sel: registry.open_device(sel) for sel in placement.devices()}
@@ -158,7 +161,7 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
             res = registry.smoke_test(sel)
             if not res.ok:
                 log.warning("%s failed its smoke test (%s); using it because it was named", sel, res.detail)
-    segments = [(devices[sel], blocks, head) for sel, blocks, head in placement.segments()]
+    segments = [(devices[sel], blocks, head, parts) for sel, blocks, head, parts in placement.units()]
     model = Model(gf, cfg, segments, n_ctx, n_batch, logits_all)
     return LoadedModel(gf, cfg, tokenizer, model, placement, devices, n_ctx, n_batch,
                        (time.perf_counter() - t0) * 1e3)

@@ -76,6 +76,13 @@ class Shape:
     rope_freq_base_swa: float | None = None
     #: phi3: write LongRoPE factors (rope_factors_long/short) and rope.scaling.attn_factor
     long_rope: bool = False
+    #: mixture of experts (qwen3moe, qwen2moe, olmoe, gpt-oss): expert_count, expert_used_count
+    n_expert: int = 0
+    n_expert_used: int = 0
+    #: expert_feed_forward_length (default n_ff / n_expert_used, llama.cpp's)
+    n_ff_exp: int | None = None
+    #: expert_shared_feed_forward_length (qwen2moe's shared expert; default n_ff)
+    n_ff_shexp: int | None = None
 
 
 #: Named shapes with the dimensions and GQA ratios of the real models.
@@ -86,14 +93,27 @@ SHAPES: dict[str, Shape] = {
     "llama-3.2-1b": Shape(2048, 16, 32, 8, 8192, 128256, 131072, 500000.0, tied=True, rope_freqs=True),
     "qwen2.5-0.5b": Shape(896, 24, 14, 2, 4864, 151936, 32768, 1000000.0, tied=True, arch="qwen2"),
     "qwen3-0.6b": Shape(1024, 28, 16, 8, 3072, 151936, 40960, 1000000.0, tied=True, head_dim=128, arch="qwen3"),
+    # mixtures of experts: the real per-layer dimensions (pick fewer blocks with --n-layer)
+    "qwen3-30b-a3b": Shape(2048, 48, 32, 4, 6144, 151936, 40960, 1000000.0, head_dim=128, arch="qwen3moe",
+                           n_expert=128, n_expert_used=8, n_ff_exp=768),
+    "qwen1.5-moe-a2.7b": Shape(2048, 24, 16, 16, 5632, 151936, 8192, 1000000.0, arch="qwen2moe",
+                               n_expert=60, n_expert_used=4, n_ff_exp=1408, n_ff_shexp=5632),
+    "olmoe-1b-7b": Shape(2048, 16, 16, 16, 1024, 50304, 4096, 10000.0, arch="olmoe", n_expert=64,
+                         n_expert_used=8, n_ff_exp=1024),
+    "gpt-oss-20b": Shape(2880, 24, 64, 8, 2880, 201088, 131072, 150000.0, head_dim=64, arch="gpt-oss",
+                         rope_scaling="yarn", rope_scaling_factor=32.0, n_ctx_orig=4096, n_swa=128,
+                         n_expert=32, n_expert_used=4, n_ff_exp=2880),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
-FILE_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
+FILE_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "MXFP4_MOE")
 
 #: llama_ftype values for general.file_type (llama.h).
 _FTYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 15, "Q5_K": 17,
-          "Q6_K": 18, "Q4_K_M": 15}
+          "Q6_K": 18, "Q4_K_M": 15, "MXFP4_MOE": 38}
+
+#: Tensors llama.cpp's quantizer leaves in F32 whatever the file type (llama-quant.cpp: the router).
+_KEEP_F32 = ("ffn_gate_inp", "ffn_gate_inp_shexp")
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -102,12 +122,19 @@ def use_more_bits(i: int, n: int) -> bool:
 
 
 def tensor_type(file_type: str, name: str, layer: int | None, n_layer: int) -> T:
-    """GGML type of tensor ``name`` in a file of ``file_type``."""
+    """GGML type of tensor ``name`` in a file of ``file_type``. The router (``ffn_gate_inp``) stays F32
+    as llama.cpp's quantizer leaves it; ``MXFP4_MOE`` (llama.cpp's): MXFP4 experts, Q8_0 elsewhere;
+    in ``Q4_K_M``, ``ffn_down_exps`` gets more bits where ``ffn_down`` would (llama-quant.cpp
+    matches the name by prefix)."""
+    if name in _KEEP_F32:
+        return T.F32
+    if file_type == "MXFP4_MOE":
+        return T.MXFP4 if name.endswith("_exps") else T.Q8_0
     if file_type != "Q4_K_M":
         return T[file_type]
     if name == "output":
         return T.Q6_K
-    if name in ("attn_v", "ffn_down") and layer is not None and use_more_bits(layer, n_layer):
+    if name in ("attn_v", "ffn_down", "ffn_down_exps") and layer is not None and use_more_bits(layer, n_layer):
         return T.Q6_K
     return T.Q4_K
 
@@ -136,10 +163,13 @@ def config(s: Shape, arch: str | None = None) -> ModelConfig:
     ``s.head_dim`` or n_embd / n_head); rope scaling fields as ``load_config`` derives them."""
     a = architecture(arch or s.arch)
     head_dim = s.head_dim or s.n_embd // s.n_head
+    moe = s.n_expert > 0
     return ModelConfig(arch=a.name, n_vocab=s.n_vocab, n_ctx_train=s.n_ctx_train, n_embd=s.n_embd,
                        n_layer=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv, n_ff=s.n_ff, n_rot=head_dim,
                        head_dim=head_dim, rope_freq_base=s.rope_freq_base, rms_eps=1e-5, rope_mode=a.rope_mode,
-                       tied_output=s.tied)
+                       tied_output=s.tied, n_expert=s.n_expert, n_expert_used=s.n_expert_used,
+                       n_ff_exp=(s.n_ff_exp or s.n_ff // max(1, s.n_expert_used)) if moe else 0,
+                       n_ff_shexp=(s.n_ff_shexp or s.n_ff) if moe else 0)
 
 
 def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | None = None
@@ -209,6 +239,10 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
         v = getattr(s, field)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise CooktopError(f"synthetic shape: {field} = {v!r} must be a positive integer")
+    moe_arch = any(sp.key == "ffn_gate_inp" for sp in architecture(arch).tensors)
+    if moe_arch and not 0 < s.n_expert_used <= s.n_expert:
+        raise CooktopError(f"synthetic shape: {arch} needs 0 < n_expert_used ({s.n_expert_used}) <= "
+                           f"n_expert ({s.n_expert})")
     if s.head_dim is not None and (isinstance(s.head_dim, bool) or not isinstance(s.head_dim, int)
                                    or s.head_dim <= 0):
         raise CooktopError(f"synthetic shape: head_dim = {s.head_dim!r} must be a positive integer")
@@ -318,6 +352,11 @@ def write(path: str | os.PathLike, shape: Shape, file_type: str, seed: int = 0, 
     return n_params
 
 
+#: Weight std by key where 0.02 would not do: the router's logits spread enough that the top-k
+#: choice is clear of float32 rounding (no near ties between cooktop and llama.cpp).
+_SCALES = {"ffn_gate_inp": 0.25}
+
+
 def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides: dict[str, T] | None,
            arch: str, vocab_keys: list | None = None, scales: dict[str, float] | None = None) -> int:
     """Body of :func:`write` for a validated shape; writes ``path`` directly."""
@@ -352,6 +391,12 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
         scale = s.n_ctx_train / (s.n_ctx_orig or s.n_ctx_train)
         w.add_float32(f"{arch}.rope.scaling.attn_factor",
                       math.sqrt(1 + math.log(scale) / math.log(s.n_ctx_orig or s.n_ctx_train)) if scale > 1 else 1.0)
+    if s.n_expert:
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_expert_used)
+        w.add_expert_feed_forward_length(cfg.n_ff_exp)
+        if s.n_ff_shexp is not None:
+            w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(_FTYPE[file_type])
     if vocab_keys is not None:
@@ -376,6 +421,8 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
                 values = (np.linspace(1.0, 16.0, shp[0]) if "long" in tname else 1.0 + np.linspace(0.0, 0.5, shp[0]))
             elif kind == BIAS:
                 values = rng.normal(0.0, 0.02, shp)
+            elif tname.endswith("attn_sinks.weight"):  # a logit per head: N(0, 1)
+                values = rng.normal(0.0, 1.0, shp)
             elif tname.endswith(("attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
                                   "post_ffw_norm.weight")):
                 values = 1.0 + rng.normal(0.0, 0.1, shp)
@@ -385,16 +432,20 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
             w.add_tensor(tname, data, raw_dtype=raw)
             continue
         assert ty is not None  # _plan gives every MATRIX a type
-        n_out, n_in = shp  # matrices are [n_out, n_in]
+        n_in = shp[-1]  # matrices are [n_out, n_in], expert tensors [n_expert, n_out, n_in]
+        n_out = int(np.prod(shp[:-1]))
         try:
             key = tname.split(".", 2)[2] if tname.startswith("blk.") else tname
-            data = random_weight(ty, (n_out, n_in), rng, scale=(scales or {}).get(key.removesuffix(".weight"), 0.02))
+            key = key.removesuffix(".weight")
+            data = random_weight(ty, (n_out, n_in), rng, scale=(scales or {}).get(key, _SCALES.get(key, 0.02)))
         except CooktopError as e:
             raise CooktopError(f"{tname}: {e}") from None
+        if shp[0] == 1 and len(shp) == 2 and key.endswith("_shexp"):
+            shp = (n_in,)  # qwen2moe's shared-expert gate: a vector in llama.cpp's files
         if ty in (T.F32, T.F16):
-            w.add_tensor(tname, data.view(np.float32) if ty == T.F32 else data.view(np.float16))
+            w.add_tensor(tname, (data.view(np.float32) if ty == T.F32 else data.view(np.float16)).reshape(shp))
         else:
-            w.add_tensor(tname, data, raw_dtype=ty)
+            w.add_tensor(tname, data.reshape(*shp[:-1], -1), raw_dtype=ty)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

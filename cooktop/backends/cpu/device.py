@@ -32,8 +32,20 @@ from gguf import GGMLQuantizationType as T
 
 from ... import notices, settings
 from ...format.quants import HOST_TYPES
-from ..base import OPS, ROPE_NEOX, Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, type_name
+from ..base import (
+    MOE_OPS,
+    OPS,
+    ROPE_NEOX,
+    Backend,
+    Device,
+    DeviceInfo,
+    DeviceTensor,
+    ProbeResult,
+    rope_yarn_params,
+    type_name,
+)
 from . import quants as cpu_quants
+from .moe import CpuMoeOps
 
 
 def _physical_memory() -> int:
@@ -65,8 +77,9 @@ _CONVERTING = "converting"
 CONVERT_AFTER_S = 10.0
 
 
-class CpuDevice(Device):
-    """The numpy device. Tensors are numpy arrays; ops run synchronously."""
+class CpuDevice(CpuMoeOps, Device):
+    """The numpy device. Tensors are numpy arrays; ops run synchronously (the mixture-of-experts
+    ops are :class:`~.moe.CpuMoeOps`)."""
 
     def __init__(self, info: DeviceInfo, cache_budget: int | None = None):
         super().__init__(info)
@@ -302,11 +315,16 @@ class CpuDevice(Device):
     def _kv_store(self, cache, x, pos):
         cache.handle[self._a(pos)] = self._a(x)
 
-    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
+    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
+        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
+
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None,
+                   sinks=None):
         p = self._a(pos)
         kc, vc = k_cache.handle, v_cache.handle
+        sk = None if sinks is None else self._a(sinks)
         if kv_start is None:
-            self._attend(self._a(out), self._a(q), kc, vc, p, 0, n_head, n_head_kv, scale, window)
+            self._attend(self._a(out), self._a(q), kc, vc, p, 0, n_head, n_head_kv, scale, window, sk)
             return
         # rows of one sequence share a kv_start: one dense product per sequence's rows
         st = self._a(kv_start)
@@ -314,15 +332,16 @@ class CpuDevice(Device):
         for s0 in np.unique(st):
             rows = np.flatnonzero(st == s0)
             if len(rows) == len(st):
-                self._attend(oa, qa, kc, vc, p, int(s0), n_head, n_head_kv, scale, window)
+                self._attend(oa, qa, kc, vc, p, int(s0), n_head, n_head_kv, scale, window, sk)
             else:
                 o = np.empty((len(rows), oa.shape[1]), dtype=np.float32)
-                self._attend(o, qa[rows], kc, vc, p[rows], int(s0), n_head, n_head_kv, scale, window)
+                self._attend(o, qa[rows], kc, vc, p[rows], int(s0), n_head, n_head_kv, scale, window, sk)
                 oa[rows] = o
 
     @staticmethod
-    def _attend(oa, qa, kc, vc, p, lo, n_head, n_head_kv, scale, window):
-        """Rows ``qa`` attend to cache rows ``lo..p[i]`` (and the window); writes ``oa``."""
+    def _attend(oa, qa, kc, vc, p, lo, n_head, n_head_kv, scale, window, sinks=None):
+        """Rows ``qa`` attend to cache rows ``lo..p[i]`` (and the window); writes ``oa``. ``sinks``
+        (float32 [n_head] or None): one more logit per head in each softmax denominator."""
         n = qa.shape[0]
         hd = qa.shape[1] // n_head
         g = n_head // n_head_kv
@@ -337,9 +356,16 @@ class CpuDevice(Device):
         if window > 0:  # llama.cpp's standard SWA: masked when p - j >= window
             mask |= j <= p[:, None] - window
         s += np.where(mask, np.float32(-np.inf), np.float32(0))[None, :, None, :]
-        s -= s.max(axis=-1, keepdims=True)
-        np.exp(s, out=s)
-        s /= s.sum(axis=-1, keepdims=True)
+        if sinks is None:
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True)
+        else:  # ggml_soft_max_add_sinks: the sink joins the max and the denominator
+            sk = sinks.astype(np.float32).reshape(n_head_kv, 1, g, 1)
+            m = np.maximum(s.max(axis=-1, keepdims=True), sk)
+            s -= m
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True) + np.exp(sk - m)
         o = np.matmul(s.reshape(n_head_kv, n * g, n_kv), v)  # [hkv, n*g, hd]
         oa[...] = o.reshape(n_head_kv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, n_head * hd)
 
@@ -384,7 +410,7 @@ def cpu_info() -> DeviceInfo:
         backend="cpu", index=0, name=cpu_name, vendor="numpy " + np.__version__, device_type="cpu",
         platform="numpy", driver_version=np.__version__, global_mem_bytes=mem, max_alloc_bytes=mem,
         compute_units=os.cpu_count(), fp16=True, int8=False,
-        types=tuple(type_name(t) for t in CPU_TYPES), ops=OPS)
+        types=tuple(type_name(t) for t in CPU_TYPES), ops=OPS + MOE_OPS)
 
 
 class CpuBackend(Backend):

@@ -223,10 +223,30 @@ def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
     np.multiply(qi.reshape(n, 16, 16), sc[:, :, None], out=out.reshape(n, 16, 16))
 
 
+def _e8m0_half_table() -> np.ndarray:
+    """float32 [256]: ``GGML_E8M0_TO_FP32_HALF(e)`` = 2^(e - 128) for every exponent byte (ggml-impl.h:
+    the bits ``0x00200000 << e`` for e < 2, else ``(e - 1) << 23``)."""
+    e = np.arange(256, dtype=np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << np.uint32(23)).astype(np.uint32)
+    return bits.view(np.float32)
+
+
+_E8M0_HALF = _e8m0_half_table()
+#: kvalues_mxfp4 (ggml-common.h): the E2M1 values, doubled, as float32.
+_KV_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+def _mxfp4(b: np.ndarray, out: np.ndarray) -> None:
+    q = _u8((b.shape[0], 32))
+    _nibbles(b[:, 1:17], q)
+    np.take(_KV_MXFP4, q, out=out)
+    out *= _E8M0_HALF[b[:, 0]][:, None]
+
+
 #: type -> (block values, block bytes, chunk kernel writing float32 [n_blocks, block values])
 _KERNELS: dict[T, tuple[int, Callable[[np.ndarray, np.ndarray], None]]] = {
     T.Q8_0: (32, _q8_0), T.Q4_0: (32, _q4_0), T.Q4_1: (32, _q4_1), T.Q5_0: (32, _q5_0), T.Q5_1: (32, _q5_1),
-    T.Q4_K: (256, _q4_k), T.Q5_K: (256, _q5_k), T.Q6_K: (256, _q6_k),
+    T.Q4_K: (256, _q4_k), T.Q5_K: (256, _q5_k), T.Q6_K: (256, _q6_k), T.MXFP4: (32, _mxfp4),
 }
 
 #: Types :func:`dequantize_rows` converts itself (others go to the gguf reference).

@@ -67,6 +67,8 @@ from .programs import (
 )
 from .q8 import Q8Shadows
 
+_GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}
+
 log = logging.getLogger(__name__)
 
 
@@ -321,23 +323,82 @@ class OpenCLDevice(Device):
         self.kernels.ops().kv_store(self.queue, (_ceil_to(dim, 16), n_tok), (16, 1),
                                     cache.handle, x.handle, pos.handle, dim, cache.shape[0])
 
-    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
+    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
+        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
+
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None,
+                   sinks=None):
         n_tok, width = q.shape
         head_dim = width // n_head
         start, has_start = (kv_start.handle, 1) if kv_start is not None else (pos.handle, 0)
         args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, start, has_start,
-                n_head, n_head_kv, scale, window)
+                n_head, n_head_kv, scale, window) + ((sinks.handle,) if sinks is not None else ())
+        has_sinks = sinks is not None
         if self.shape.at_serial and head_dim % 32 == 0 and self._fuse_q8(n_tok, width):
             slot = self.q8.claim(out.handle, n_tok, width)  # the output projection's 8-bit input
-            self.kernels.attention(head_dim, True)(self.queue, (n_head, n_tok), (1, 1), *args, slot.xq, slot.xd)
+            self.kernels.attention(head_dim, True, has_sinks)(self.queue, (n_head, n_tok), (1, 1), *args, slot.xq,
+                                                              slot.xd)
             return
-        knl = self.kernels.attention(head_dim)
+        knl = self.kernels.attention(head_dim, False, has_sinks)
         self.q8.dirty(out.handle)
         if self.shape.at_serial:
             knl(self.queue, (n_head, n_tok), (1, 1), *args)  # many groups: all cores busy
         else:
             ls = self.shape.at_ls
             knl(self.queue, (ls, n_head, n_tok), (ls, 1, 1), *args)
+
+    # -- mixture of experts (kernels in matmul.cl mul_mv_id and elementwise.cl) ---------
+    def _moe_route(self, ids, weights, logits, gating, norm, scale):
+        n, n_expert = logits.shape
+        self.q8.dirty(weights.handle)
+        self.kernels.ops().moe_route(self.queue, (n,), None, ids.handle, weights.handle, logits.handle, n_expert,
+                                     ids.shape[1], _GATING[gating], int(norm), scale, n)
+
+    def _matmul_id(self, out, x, w, ids):
+        """mul_mv_id for one row (decode); for more, the slots are first grouped by expert on the
+        device (moe_group) and mul_mm_id reuses each dequantized weight unit for up to 8 slots."""
+        n, k = ids.shape
+        n_exp, n_out, n_in = w.shape
+        self.q8.dirty(out.handle)
+        kern = self.kernels.weights(w.ggml_type, False)  # expert tensors are never repacked (3-D)
+        per_slot = int(x.shape[1] != n_in)
+        if n == 1:
+            kern.mul_mv_id(self.queue, (n_out, n * k), None, w.handle, x.handle, ids.handle, out.handle, n_in, n_out,
+                           k, per_slot, n_exp)
+            return
+        offs, order = self._moe_group_buffers(n_exp, n * k)
+        self.kernels.ops().moe_group(self.queue, (1,), None, ids.handle, offs, order, n * k, n_exp)
+        kern.mul_mm_id(self.queue, (n_out, n_exp), None, w.handle, x.handle, offs, order, out.handle, n_in, n_out, k,
+                       per_slot)
+
+    def _moe_group_buffers(self, n_expert: int, n_slots: int) -> tuple[Any, Any]:
+        """Device scratch of moe_group (offsets int [n_expert + 1], order int [n_slots]), kept per device
+        and grown as calls ask (never freed before the device closes)."""
+        have = getattr(self, "_moe_groups", None)
+        if have is None or have[0] < n_expert + 1 or have[1] < n_slots:
+            ne, ns = max(n_expert + 1, have[0] if have else 0), max(n_slots, have[1] if have else 0)
+            self._moe_groups = (ne, ns, self._alloc(4 * ne, count=False), self._alloc(4 * ns, count=False))
+        return self._moe_groups[2], self._moe_groups[3]
+
+    def _add_id(self, out, x, b, ids):
+        n, k = ids.shape
+        n_exp, m = b.shape
+        self.q8.dirty(out.handle)
+        self.kernels.ops().add_id(self.queue, (k * m, n), None, out.handle, x.handle, b.handle, ids.handle, k, m,
+                                  n_exp)
+
+    def _moe_combine(self, out, y, weights):
+        n, m = out.shape
+        self.q8.dirty(out.handle)
+        self.kernels.ops().moe_combine(self.queue, (m, n), None, out.handle, y.handle, weights.handle,
+                                       weights.shape[1], m)
+
+    def _swiglu_oai(self, out, gate, up, alpha, limit):
+        n = math.prod(out.shape)
+        ls = self.shape.ew_ls
+        self.q8.dirty(out.handle)
+        self.kernels.ops().swiglu_oai(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, gate.handle, up.handle, n,
+                                      alpha, limit)
 
     def _elementwise(self, knl, out, a, b):
         n = math.prod(out.shape)

@@ -43,7 +43,8 @@ from ...errors import DeviceError
 log = logging.getLogger(__name__)
 
 #: Weight types with device kernels (matmul, get_rows), in base.DEVICE_WEIGHT_TYPES order.
-OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
+OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K,
+                                T.MXFP4)
 
 #: Weight types with an integer-dot mat-vec kernel on 8-bit activations (dotq8.cl: mul_mv_q8).
 Q8_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -283,7 +284,8 @@ class WeightKernels:
     ``mul_mv_q8`` / ``mul_mvt_q8`` (8-bit activations, integer dot products, one token / a prompt
     with the one-token sums; None for types without them), ``mul_mm_q8`` (VNNI prompt kernel)."""
 
-    __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mvt_q8")
+    __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mvt_q8", "mul_mv_id",
+                 "mul_mm_id")
 
     def __init__(self, prg: Any):
         import pyopencl as cl
@@ -296,6 +298,10 @@ class WeightKernels:
         self.mul_mv.set_scalar_arg_dtypes([None, None, None, i32, i32])
         self.mul_mm.set_scalar_arg_dtypes([None, None, None, i32, i32, i32])
         self.get_rows.set_scalar_arg_dtypes([None, None, None, i32, i32, i32])
+        self.mul_mv_id = prg.mul_mv_id
+        self.mul_mv_id.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32, i32, i32])
+        self.mul_mm_id = prg.mul_mm_id
+        self.mul_mm_id.set_scalar_arg_dtypes([None, None, None, None, None, i32, i32, i32, i32])
         self.mul_mv_q8 = prg.mul_mv_q8 if "mul_mv_q8" in names else None
         self.repack = prg.repack if "repack" in names else None
         self.mul_mm_q8 = prg.mul_mm_q8 if "mul_mm_q8" in names else None
@@ -314,7 +320,8 @@ class OpKernels:
     """Kernels of the float ops (rmsnorm, rope, add, add_bias, silu_mul, gelu_mul, kv_store) on one device."""
 
     __slots__ = ("rmsnorm", "rope", "add", "add_bias", "silu_mul", "kv_store", "gelu_mul", "quantize_q8",
-                 "rmsnorm_q8", "silu_mul_q8", "copy_f32")
+                 "rmsnorm_q8", "silu_mul_q8", "copy_f32", "moe_route", "add_id", "moe_combine", "swiglu_oai",
+                 "moe_group")
 
     def __init__(self, prg: Any):
         i32, f32 = np.int32, np.float32
@@ -341,6 +348,16 @@ class OpKernels:
         self.silu_mul_q8.set_scalar_arg_dtypes([None, None, None, i32, None, None])
         self.copy_f32 = prg.copy_f32
         self.copy_f32.set_scalar_arg_dtypes([None, None, i32])
+        self.moe_route = prg.moe_route
+        self.moe_route.set_scalar_arg_dtypes([None, None, None, i32, i32, i32, i32, f32, i32])
+        self.add_id = prg.add_id
+        self.add_id.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32])
+        self.moe_combine = prg.moe_combine
+        self.moe_combine.set_scalar_arg_dtypes([None, None, None, i32, i32])
+        self.swiglu_oai = prg.swiglu_oai
+        self.swiglu_oai.set_scalar_arg_dtypes([None, None, None, i32, f32, f32])
+        self.moe_group = prg.moe_group
+        self.moe_group.set_scalar_arg_dtypes([None, None, None, i32, i32])
 
 
 def check_build_options(ctx: Any, device: Any, options: str, extra: str) -> None:
@@ -396,7 +413,7 @@ class KernelCache:
         self._weights: dict[tuple[T, bool], WeightKernels] = {}
         self._isa: dict[str, bool] | None = None
         self._ops: OpKernels | None = None
-        self._attn: dict[tuple[int, bool], Any] = {}
+        self._attn: dict[tuple[int, bool, bool], Any] = {}
         self._lock = threading.Lock()
 
     def _estimate_subgroup(self, knl: Any) -> None:
@@ -516,19 +533,20 @@ class KernelCache:
                 self._ops = ops
         return self._ops
 
-    def attention(self, head_dim: int, q8: bool = False) -> Any:
+    def attention(self, head_dim: int, q8: bool = False, sinks: bool = False) -> Any:
         """The attention kernel compiled for ``head_dim`` (built on first use); ``q8``: the variant
         that also writes its output as 8-bit blocks (two more arguments: xq, xd; serial flavour,
-        head_dim % 32 == 0)."""
-        k = self._attn.get((head_dim, q8))
+        head_dim % 32 == 0); ``sinks``: attention_sinks (one more argument after ``window``: sinks)."""
+        k = self._attn.get((head_dim, q8, sinks))
         if k is None:
             with self._lock:
                 src = read_source(*PROGRAMS["attention_q8" if q8 else "attention"])
-                opts = f"{self.options} -DHEAD_DIM={head_dim}" + (" -DATT_Q8=1" if q8 else "")
+                opts = (f"{self.options} -DHEAD_DIM={head_dim}" + (" -DATT_Q8=1" if q8 else "")
+                        + (" -DSINKS=1" if sinks else ""))
                 prg = build_program(self.ctx, self.device, src, opts, f"attention (head_dim {head_dim})",
                                     self._label)
                 k = prg.attention
                 k.set_scalar_arg_dtypes([None, None, None, None, None, None, np.int32, np.int32, np.int32, np.float32,
-                                         np.int32] + ([None, None] if q8 else []))
-                self._attn[(head_dim, q8)] = k
+                                         np.int32] + ([None] if sinks else []) + ([None, None] if q8 else []))
+                self._attn[(head_dim, q8, sinks)] = k
         return k

@@ -56,9 +56,10 @@ MANIFEST = HERE / "variants.json"
 FLAGS = ["-fshader-stage=compute", "--target-env=vulkan1.1", "-O"]
 
 #: Weight types with shader variants, and the op families that take a weight type.
-TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
-TYPED = ["mul_mat_vec", "mul_mm", "get_rows"]
-PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "quantize_q8_1", "copy"]
+TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
+TYPED = ["mul_mat_vec", "mul_mm", "get_rows", "mul_mat_id"]
+PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "quantize_q8_1", "copy",
+         "moe_route", "add_id", "moe_combine", "swiglu_oai"]
 #: Weight types with an integer-dot mat-vec on 8-bit activations, and with 16-bit-storage loads.
 INT_DOT_TYPES = ["Q4_0", "Q8_0"]
 PACKED16_TYPES = ["Q4_0", "Q8_0"]
@@ -67,8 +68,10 @@ PACKED16_TYPES = ["Q4_0", "Q8_0"]
 def default_variants() -> list[dict]:
     """The variant list ``--init`` writes, in ``variants.json`` order: every typed op x weight type
     (with, after the mat-vec ones, the integer-dot and 16-bit-storage mat-vec variants that stand in
-    for them where a device has the features), then the float ops, the 8-bit activation quantizer,
-    copy and fill. ``access`` and ``features`` are filled in by :func:`build`."""
+    for them where a device has the features; the integer-dot ones with ``"input": "q8_1"``), then
+    the float ops, the 8-bit activation quantizer, copy, the mixture-of-experts ops (``mul_mat_id``
+    per type among the typed ones; routing, ``add_id``, the weighted sum, ``swiglu_oai``), fill and
+    attention with sinks. ``access`` and ``features`` are filled in by :func:`build`."""
     def typed(op: str, src: str | None = None, types: list[str] = TYPES, suffix: str = "", **extra: str) -> list[dict]:
         return [{"name": f"{op}_{t.lower()}{suffix}", "source": src or f"{op}.comp",
                  "defines": {f"TYPE_{t}": "1", **extra}, **({"variant_of": f"{op}_{t.lower()}"} if suffix else {})}
@@ -78,9 +81,10 @@ def default_variants() -> list[dict]:
     # 8-bit activations (block_q8_1 input, made by quantize_q8_1), integer dot products (OpSDot)
     out += [{**v, "input": "q8_1"} for v in typed("mul_mat_vec", "mul_mat_vec_q8.comp", INT_DOT_TYPES, "_q8")]
     out += typed("mul_mat_vec", None, PACKED16_TYPES, "_p16", PACKED16="1")  # 16-bit storage loads
-    out += typed("mul_mm") + typed("get_rows")
+    out += typed("mul_mm") + typed("get_rows") + typed("mul_mat_id")
     out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in PLAIN]
     out.append({"name": "fill", "source": "copy.comp", "defines": {"FILL": "1"}})
+    out.append({"name": "attention_sinks", "source": "attention.comp", "defines": {"SINKS": "1"}})
     return out
 
 

@@ -80,7 +80,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ...errors import DeviceError, DeviceOutOfMemoryError
+from ...errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
 from . import INSTALL_HINT
 from .graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
@@ -587,6 +587,17 @@ class VulkanDevice(SequenceRecorder, Device):
                        (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window,
                         int(kv_start is not None)))
 
+    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
+        """attention.comp with SINKS: :meth:`_attention` plus one logit per head (sinks f32 [n_head]) in
+        each softmax denominator (gpt-oss)."""
+        head_dim = q.shape[-1] // n_head
+        n = self._rows(q)
+        nb = bucket(n, self._row_cap(q))
+        start = kv_start if kv_start is not None else pos
+        self._dispatch("attention_sinks", (q, k_cache, v_cache, pos, start, out, sinks), workgroups(nb * n_head),
+                       (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window,
+                        int(kv_start is not None)))
+
     def _silu_mul(self, out, gate, up):
         """silu_mul.comp: ``out = gate * sigmoid(gate) * up``, f32 [n, n_ff] (``out`` may be ``gate``)."""
         n = math.prod(out.shape)
@@ -611,6 +622,41 @@ class VulkanDevice(SequenceRecorder, Device):
         """copy.comp: ``out = x`` (f32 or i32; the copy kernel of ``bench --ops``)."""
         n = math.prod(out.shape)
         self._dispatch("copy", (x, out), self._stride_groups(out), (n,))
+
+    # -- mixture of experts (glsl/mul_mat_id.comp, moe_route.comp, add_id.comp, ...) ---------
+    def _moe_route(self, ids, weights, logits, gating, norm, scale):
+        """moe_route.comp: top-k experts and their weights per row (k <= 32)."""
+        n, n_expert = logits.shape
+        k = ids.shape[1]
+        if k > 32:
+            raise UnsupportedOpError(f"moe_route: {self.info.selector} selects at most 32 experts per row, not {k}")
+        gate = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}[gating]
+        self._dispatch("moe_route", (logits, ids, weights), workgroups((n + 31) // 32),
+                       (n, n_expert, k, gate, int(norm), f32_bits(scale)))
+
+    def _matmul_id(self, out, x, w, ids):
+        """mul_mat_id.comp: one output value per invocation, the selected experts' rows only."""
+        n, k = ids.shape
+        n_exp, n_out, n_in = w.shape
+        total = n * k * n_out
+        self._dispatch(VARIANTS["mul_mat_id"][w.ggml_type], (w, x, ids, out), workgroups((total + 31) // 32),
+                       (n_in, n_out, n * k, k, int(x.shape[1] != n_in), n_exp, row_bytes(w.ggml_type, n_in)))
+
+    def _add_id(self, out, x, b, ids):
+        """add_id.comp: per-expert bias (``out`` may be ``x``)."""
+        n, k = ids.shape
+        n_exp, m = b.shape
+        self._dispatch("add_id", (x, b, ids, out), self._stride_groups(out), (n * k * m, k, m, n_exp))
+
+    def _moe_combine(self, out, y, weights):
+        """moe_combine.comp: the weighted sum over a row's k slots."""
+        n, m = out.shape
+        self._dispatch("moe_combine", (y, weights, out), self._stride_groups(out), (n * m, weights.shape[1], m))
+
+    def _swiglu_oai(self, out, gate, up, alpha, limit):
+        """swiglu_oai.comp: gpt-oss's clamped SwiGLU (``out`` may be ``gate``)."""
+        n = math.prod(out.shape)
+        self._dispatch("swiglu_oai", (gate, up, out), self._stride_groups(out), (n, f32_bits(alpha), f32_bits(limit)))
 
     def _get_rows(self, out, table, ids):
         """get_rows.comp: ``out[i] = dequantize(table[ids[i]])``; table [n_rows, n], ids I32 [k], out f32 [k, n].

@@ -476,8 +476,11 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd:
 
 #: What the shaders cap per op (``DeviceInfo.op_limits``): attention.comp keeps one query head
 #: (<= 256 values) in shared memory per workgroup.
-OP_LIMITS: dict[str, dict[str, int]] = {"attention": {"head_dim": 256}}
+OP_LIMITS: dict[str, dict[str, int]] = {"attention": {"head_dim": 256}, "attention_sinks": {"head_dim": 256}}
 
+
+#: The mixture-of-experts ops with shaders here.
+VULKAN_MOE_OPS = ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai", "attention_sinks")
 
 def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     """DeviceInfo of one Vulkan device. ``compute_units`` is unknown (Vulkan does not report it).
@@ -490,7 +493,7 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     (:func:`.shaders.pick_variant` over the features kp enables here).
     """
     mem = f.memory_bytes or None
-    ops = OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")
+    ops = (OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")) + VULKAN_MOE_OPS
     caps = [x for x in (f.max_storage_buffer_range, f.max_allocation, f.max_buffer_size, f.usable_bytes) if x]
     binding = min(x for x in (f.max_storage_buffer_range, f.max_buffer_size) if x) if (
         f.max_storage_buffer_range or f.max_buffer_size) else None
@@ -526,5 +529,5 @@ def kp_props_to_info(index: int, props: dict) -> DeviceInfo:
     return DeviceInfo(
         backend="vulkan", index=index, name=str(props.get("device_name", f"vulkan device {index}")),
         device_type="gpu", max_workgroup_size=props.get("max_work_group_invocations"),
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS, op_limits=OP_LIMITS,
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS + VULKAN_MOE_OPS, op_limits=OP_LIMITS,
         extra={"info_source": "kp"})

@@ -30,11 +30,11 @@ SHADER_DIR = HERE / "spv"
 GLSL_DIR = HERE / "glsl"
 
 #: GGML weight types with shader variants (matmul and get_rows).
-VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES
+VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES + (T.MXFP4,)
 
 #: Shader variant names per weight type, e.g. VARIANTS["mul_mat_vec"][T.Q4_0] == "mul_mat_vec_q4_0".
 VARIANTS: dict[str, dict[T, str]] = {op: {t: f"{op}_{t.name.lower()}" for t in VULKAN_TYPES}
-                                     for op in ("mul_mat_vec", "mul_mm", "get_rows")}
+                                     for op in ("mul_mat_vec", "mul_mm", "get_rows", "mul_mat_id")}
 
 #: Push-constant limit in bytes: the minimum maxPushConstantsSize every Vulkan device has.
 MAX_PUSH_BYTES = 128

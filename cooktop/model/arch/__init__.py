@@ -13,12 +13,26 @@ from __future__ import annotations
 from ...errors import UnsupportedModelError
 from .descriptor import Architecture
 from .gemma3 import GEMMA3
+from .gpt_oss import GPT_OSS
 from .llama import LLAMA
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
+from .qwen_moe import OLMOE, QWEN2MOE, QWEN3MOE
 
 #: general.architecture -> descriptor.
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3)}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
+                                                               OLMOE, GPT_OSS)}
+
+#: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
+#: (refused by name rather than as an unknown architecture).
+UNSUPPORTED_MOE = {
+    "deepseek2": "DeepSeek-V2/V3 multi-head latent attention (MLA) and grouped expert selection",
+    "deepseek": "DeepSeek-MoE's shared experts with its expert-weight scale",
+    "glm4moe": "GLM-4.5 MoE's sigmoid router with expert selection bias",
+    "qwen3next": "Qwen3-Next's gated delta-net (linear attention) layers",
+    "qwen35moe": "Qwen3.5 MoE's hybrid linear-attention layers",
+    "granitemoe": "Granite MoE's embedding, residual and attention multipliers",
+}
 
 
 def architecture(name: str, path: str = "") -> Architecture:
@@ -30,6 +44,10 @@ def architecture(name: str, path: str = "") -> Architecture:
     arch = ARCHITECTURES.get(name)
     if arch is None:
         where = f"{path}: " if path else ""
+        if name in UNSUPPORTED_MOE:
+            raise UnsupportedModelError(f"{where}the mixture-of-experts architecture {name!r} is not supported "
+                                        f"(it needs {UNSUPPORTED_MOE[name]}); cooktop runs "
+                                        f"{', '.join(sorted(ARCHITECTURES))}")
         raise UnsupportedModelError(f"{where}unsupported architecture {name!r}; cooktop runs "
                                     f"{', '.join(sorted(ARCHITECTURES))} (general.architecture)")
     return arch

@@ -60,6 +60,9 @@ class TensorSpec:
             and every op, kernel and device works on it unchanged. llama.cpp instead multiplies
             by the whole fused weight and views column ranges of the product
             (``build_qkv``, ``ggml_swiglu``); each output value is the same dot product.
+        ffn: part of the block's feed-forward half (set by ``skeleton.llama_tensors`` on the FFN
+            norm, the FFN and what follows): placement may run that half on another device than
+            the attention half (``Architecture.block_ffn``: a MoE block's experts).
     """
 
     name: str
@@ -69,6 +72,7 @@ class TensorSpec:
     required: bool = True
     tied_to: str | None = None
     parts: tuple[tuple[str, Callable[[ModelConfig], int]], ...] = ()
+    ffn: bool = False
 
     @property
     def per_block(self) -> bool:
@@ -141,13 +145,20 @@ class KV:
     n_ctx: int = 0
 
     def attend(self, d: Device, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
-               n_head: int, n_head_kv: int, scale: float, window: int = 0) -> None:
+               n_head: int, n_head_kv: int, scale: float, window: int = 0, sinks: DeviceTensor | None = None) -> None:
         """Store the rows' ``k``, ``v`` (f32 [n, n_embd_kv]) in their cells, then
         ``out f32 [n, n_head * head_dim] = attention(q)`` over each row's own sequence
-        (causal, GQA, ``window`` > 0: sliding window; ops ``kv_store`` and ``attention``)."""
+        (causal, GQA, ``window`` > 0: sliding window; ops ``kv_store`` and ``attention``, or
+        ``attention_sinks`` with ``sinks`` f32 [n_head]: one extra logit per head in the softmax,
+        gpt-oss, llama.cpp ``build_attn`` with ``sinks``)."""
         d.kv_store(self.k, k, self.cells)
         d.kv_store(self.v, v, self.cells)
-        d.attention(out, q, self.k, self.v, self.cells, n_head, n_head_kv, scale, window, kv_start=self.kv_start)
+        if sinks is not None:
+            d.attention_sinks(out, q, self.k, self.v, self.cells, sinks, n_head, n_head_kv, scale, window,
+                              kv_start=self.kv_start)
+        else:
+            d.attention(out, q, self.k, self.v, self.cells, n_head, n_head_kv, scale, window,
+                        kv_start=self.kv_start)
 
 
 def rms_eps_hparams(m: Metadata) -> dict[str, Any]:

@@ -9,9 +9,9 @@ read their input from ``s.xn`` (the normed rows) and return their output, ``s.o`
 which the block adds to ``s.x`` (llama.cpp's ``cur``). An optional tensor the unit lacks is
 absent from ``w``, and its step is skipped.
 
-The dense feed-forward is :func:`build_ffn`; a mixture-of-experts feed-forward (llama.cpp
-``build_moe_ffn``) belongs beside it here, with its tensors passed to ``skeleton.llama_tensors``
-as ``ffn``.
+The dense feed-forward is :func:`build_ffn`; the mixture-of-experts one (llama.cpp
+``build_moe_ffn``) is :func:`build_moe_ffn` beside it, with its tensors (``skeleton.moe_ffn``)
+passed to ``skeleton.llama_tensors`` as ``ffn`` and its buffers from :func:`moe_scratch`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from .base import KV, Weights
 #: ``LLM_FFN_PAR``): backend ops ``silu_mul`` and ``gelu_mul``.
 SILU, GELU = "silu", "gelu"
 
+#: The activation of gpt-oss's experts (llama.cpp ``LLM_FFN_SWIGLU_OAI_MOE``): op ``swiglu_oai``
+#: with alpha 1.702 and limit 7 (``build_moe_ffn``).
+SWIGLU_OAI = "swiglu_oai"
+
 #: llama.cpp pads n_ctx to a multiple of this (``GGML_PAD(cparams.n_ctx, 256)``, llama-context.cpp).
 N_CTX_PAD = 256
 
@@ -37,6 +41,29 @@ def scratch(cfg: ModelConfig) -> dict[str, int]:
     [n_embd]; ``q``, ``att`` [n_embd_q]; ``k``, ``v`` [n_embd_kv]; ``gate``, ``up`` [n_ff]."""
     E, Q, K, F = cfg.n_embd, cfg.n_embd_q, cfg.n_embd_kv, cfg.n_ff
     return {"x": E, "xn": E, "q": Q, "att": Q, "o": E, "k": K, "v": K, "gate": F, "up": F}
+
+
+def moe_scratch(cfg: ModelConfig) -> dict[str, int]:
+    """Row widths of the f32 buffers of a MoE block (``k`` = n_expert_used, ``F`` = n_ff_exp):
+    :func:`scratch`'s but the dense ``gate``, ``up``; ``router`` [n_expert], ``ewts`` [k],
+    ``eup``, ``egate`` [k * F], ``edown`` [k * n_embd]."""
+    k, F = cfg.n_expert_used, cfg.n_ff_exp
+    out = {n: w for n, w in scratch(cfg).items() if n not in ("gate", "up")}
+    return {**out, "router": cfg.n_expert, "ewts": k, "eup": k * F, "egate": k * F, "edown": k * cfg.n_embd}
+
+
+def moe_shared_scratch(cfg: ModelConfig) -> dict[str, int]:
+    """:func:`moe_scratch` and the shared expert's buffers (qwen2moe): ``shg``, ``shw`` [1],
+    ``shgate``, ``shup`` [n_ff_shexp], ``shdown``, ``shout`` [n_embd]."""
+    S = cfg.n_ff_shexp
+    return {**moe_scratch(cfg), "shg": 1, "shw": 1, "shgate": S, "shup": S, "shdown": cfg.n_embd,
+            "shout": cfg.n_embd}
+
+
+def moe_scratch_i32(cfg: ModelConfig) -> dict[str, int]:
+    """Row widths of the I32 buffers of a MoE block: ``eids`` [n_expert_used] (the selected
+    experts), ``shid`` [1] (the shared expert's gate)."""
+    return {"eids": cfg.n_expert_used, "shid": 1}
 
 
 def build_norm(d: Device, cfg: ModelConfig, out: DeviceTensor, x: DeviceTensor, weight: DeviceTensor) -> DeviceTensor:
@@ -97,11 +124,12 @@ def build_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: 
         [q, k = rmsnorm_per_head(q) * attn_q_norm, rmsnorm_per_head(k) * attn_k_norm]   (qwen3, gemma3)
         rope(q), rope(k)    rope_args(il), with rope_factors() (Llama 3.1, LongRoPE)
         cache[cells] = k, v ; a = attention(q, cache)      scale: cfg.attn_scale or 1/sqrt(head_dim);
-                                                           window: n_swa on sliding-window layers
-        o = a @ Wo^T
+                                                           window: n_swa on sliding-window layers;
+                                                           [sinks: attn_sinks (gpt-oss)]
+        o = a @ Wo^T [+ bo]                                                               (gpt-oss)
 
     (llama.cpp: ``build_qkv``, ``ggml_rope_ext`` and ``build_attn`` of src/models/llama.cpp,
-    qwen3.cpp, gemma3.cpp.) ``kv`` holds the rows' positions and this block's cache; the cells
+    qwen3.cpp, gemma3.cpp, openai-moe.cpp.) ``kv`` holds the rows' positions and this block's cache; the cells
     ``kv.cells`` are written.
     """
     q, k, v = s.q, s.k, s.v
@@ -114,8 +142,11 @@ def build_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: 
     d.rope(q, q, kv.pos, **rope, freq_factors=ff)
     d.rope(k, k, kv.pos, **rope, freq_factors=ff)
     scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
-    kv.attend(d, s.att, q, k, v, cfg.n_head, cfg.n_head_kv, scale, cfg.n_swa if is_swa(cfg, il) else 0)
+    kv.attend(d, s.att, q, k, v, cfg.n_head, cfg.n_head_kv, scale, cfg.n_swa if is_swa(cfg, il) else 0,
+              sinks=w.get("attn_sinks"))
     d.matmul(s.o, s.att, w["attn_output"])
+    if "attn_output.bias" in w:
+        d.add_bias(s.o, s.o, w["attn_output.bias"])
     return s.o
 
 
@@ -139,6 +170,59 @@ def build_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, act: 
         raise ValueError(f"build_ffn: unknown activation {act!r} (expected {SILU!r} or {GELU!r})")
     d.matmul(s.o, gate, w["ffn_down"])
     return s.o
+
+
+def build_moe_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, act: str = SILU) -> DeviceTensor:
+    """The mixture-of-experts feed-forward on the normed rows ``s.xn`` f32 [n, n_embd]; returns
+    ``s.o`` f32 [n, n_embd] (llama.cpp ``build_moe_ffn``; ``k`` = n_expert_used, ``F`` = n_ff_exp)::
+
+        logits = xn @ ffn_gate_inp^T [+ ffn_gate_inp.bias]            [n, n_expert]
+        ids, wts = moe_route(logits)   top-k by cfg.expert_gating,     [n, k], [n, k]
+                                       [renormalised], [scaled]
+        up   = matmul_id(xn, ffn_up_exps, ids)   [+ add_id bias]       [n, k * F]
+        gate = matmul_id(xn, ffn_gate_exps, ids) [+ add_id bias]       [n, k * F]
+        h    = silu(gate) * up   (SWIGLU_OAI: swiglu_oai(gate, up, alpha 1.702, limit 7))
+        down = matmul_id(h, ffn_down_exps, ids)  [+ add_id bias]       [n, k * n_embd]
+        o    = sum_j wts[:, j] * down[:, slot j]                       [n, n_embd]
+        [shared expert (qwen2moe): o += sigmoid(xn @ ffn_gate_inp_shexp^T) * ffn(xn, *_shexp)]
+
+    Buffers: :func:`moe_scratch` / :func:`moe_shared_scratch` and :func:`moe_scratch_i32`.
+
+    Args:
+        act: :data:`SILU` or :data:`SWIGLU_OAI`.
+    Raises:
+        ValueError: another activation.
+    """
+    if act not in (SILU, SWIGLU_OAI):
+        raise ValueError(f"build_moe_ffn: unknown activation {act!r} (expected {SILU!r} or {SWIGLU_OAI!r})")
+    xn, o, ids = s.xn, s.o, s.eids
+    d.matmul(s.router, xn, w["ffn_gate_inp"])
+    if "ffn_gate_inp.bias" in w:
+        d.add_bias(s.router, s.router, w["ffn_gate_inp.bias"])
+    d.moe_route(ids, s.ewts, s.router, cfg.expert_gating, norm=cfg.expert_weights_norm,
+                scale=cfg.expert_weights_scale)
+    for y, name in ((s.eup, "ffn_up_exps"), (s.egate, "ffn_gate_exps")):
+        d.matmul_id(y, xn, w[name], ids)
+        if name + ".bias" in w:
+            d.add_id(y, y, w[name + ".bias"], ids)
+    if act == SWIGLU_OAI:
+        d.swiglu_oai(s.egate, s.egate, s.eup, 1.702, 7.0)
+    else:
+        d.silu_mul(s.egate, s.egate, s.eup)
+    d.matmul_id(s.edown, s.egate, w["ffn_down_exps"], ids)
+    if "ffn_down_exps.bias" in w:
+        d.add_id(s.edown, s.edown, w["ffn_down_exps.bias"], ids)
+    d.moe_combine(o, s.edown, s.ewts)
+    if "ffn_gate_inp_shexp" in w:  # qwen2moe: o += sigmoid(xn . g) * swiglu ffn(xn)
+        d.matmul(s.shg, xn, w["ffn_gate_inp_shexp"])
+        d.moe_route(s.shid, s.shw, s.shg, "sigmoid")
+        d.matmul(s.shgate, xn, w["ffn_gate_shexp"])
+        d.matmul(s.shup, xn, w["ffn_up_shexp"])
+        d.silu_mul(s.shgate, s.shgate, s.shup)
+        d.matmul(s.shdown, s.shgate, w["ffn_down_shexp"])
+        d.moe_combine(s.shout, s.shdown, s.shw)
+        d.add(o, o, s.shout)
+    return o
 
 
 def output_norm(d: Device, cfg: ModelConfig, w: Weights, xn: DeviceTensor, x: DeviceTensor) -> None:

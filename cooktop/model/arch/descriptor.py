@@ -24,6 +24,11 @@ from .base import BLOCK, HEAD, KV, TensorSpec, Weights
 #: of ``s`` (``kv``: :class:`~.base.KV`, positions and this block's cache; blocks rotate by
 #: ``kv.pos`` and attend with ``kv.attend``).
 BlockFn = Callable[[Device, ModelConfig, Weights, SimpleNamespace, KV, int], None]
+#: ``block_ffn(d, cfg, w, s, il)``: the feed-forward half of block ``il`` (no cache: ``x += ffn(norm(x))``).
+FfnFn = Callable[[Device, ModelConfig, Weights, SimpleNamespace, int], None]
+#: Parts of a block placement runs (``Architecture.ops`` / ``unit_tensors``): the whole block, or
+#: one of its halves (attention, feed-forward) when the architecture has them.
+ALL, ATTN, FFN = "all", "attn", "ffn"
 #: ``final_norm(d, cfg, w, xn, x)``: enqueue ``xn = norm(x)`` on the rows leaving the last block
 #: (llama.cpp's ``result_norm``: what embeddings pool, and the input of :data:`HeadFn`).
 NormFn = Callable[[Device, ModelConfig, Weights, DeviceTensor, DeviceTensor], None]
@@ -77,6 +82,13 @@ class Architecture:
         embd_scale: ``embd_scale(cfg) -> float``: factor of the token embeddings looked up on the
             host (gemma3: ``sqrt(n_embd)`` in float32, llama.cpp ``ggml_scale(inpL, sqrtf(n_embd))``);
             None: unscaled.
+        scratch_i32: ``scratch_i32(cfg) -> {name: row width}``: I32 ``[n_batch, width]`` buffers
+            (the selected experts of MoE blocks: ``builders.moe_scratch_i32``); None: none.
+        block_attn, block_ffn: the block cut in two at the residual stream, for placements that run
+            a block's feed-forward (its experts: ``--n-cpu-moe``, ``-ot``) on another device than its
+            attention: ``block_attn`` (:data:`BlockFn`) adds the attention to ``s.x``, ``block_ffn``
+            (:data:`FfnFn`) the feed-forward, whose tensors are those marked ``TensorSpec.ffn``;
+            running both is :attr:`block`. None: the block is placed whole.
     """
 
     name: str
@@ -88,6 +100,31 @@ class Architecture:
     final_norm: NormFn = builders.output_norm
     lm_head: HeadFn = builders.lm_head
     embd_scale: Callable[[ModelConfig], float] | None = None
+    scratch_i32: Callable[[ModelConfig], dict[str, int]] | None = None
+    block_attn: BlockFn | None = None
+    block_ffn: FfnFn | None = None
+
+    @property
+    def has_halves(self) -> bool:
+        """True when a block may be placed in two halves (:attr:`block_attn`, :attr:`block_ffn`)."""
+        return self.block_attn is not None and self.block_ffn is not None
+
+    def run_block(self, d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int,
+                  part: str = ALL) -> None:
+        """Enqueue ``part`` of block ``il``: :data:`ALL` (:attr:`block`), :data:`ATTN`
+        (:attr:`block_attn`) or :data:`FFN` (:attr:`block_ffn`; ``kv`` is not read).
+
+        Raises:
+            ValueError: a half of a block without halves, or an unknown part.
+        """
+        if part == ALL:
+            self.block(d, cfg, w, s, kv, il)
+        elif part == ATTN and self.block_attn is not None:
+            self.block_attn(d, cfg, w, s, kv, il)
+        elif part == FFN and self.block_ffn is not None:
+            self.block_ffn(d, cfg, w, s, il)
+        else:
+            raise ValueError(f"architecture {self.name}: no block part {part!r}")
 
     def __post_init__(self) -> None:
         keys = [(s.unit, k) for s in self.tensors for k in {s.key, *s.keys}]
@@ -110,42 +147,46 @@ class Architecture:
         if logits is not None:
             self.lm_head(d, cfg, w, logits, xn)
 
-    def ops(self, cfg: ModelConfig, unit: int | str, present: Container[str] | None = None) -> tuple[str, ...]:
-        """The backend ops (``backends.base.OPS`` names) block ``unit`` (an int) or the ``HEAD`` calls,
+    def ops(self, cfg: ModelConfig, unit: int | str, present: Container[str] | None = None,
+            part: str = ALL) -> tuple[str, ...]:
+        """The backend ops (``backends.optable`` names) block ``unit`` (an int) or the ``HEAD`` calls,
         found by running its code once on an :class:`OpRecorder` (module doc).
 
         Args:
             cfg: the model's config (per-layer choices read it).
             present: the file's tensor names: the unit's optional tensors the file lacks are left out,
                 as the segment leaves them out. None: every tensor the architecture declares.
+            part: of a block, :data:`ALL` or one half (:data:`ATTN`, :data:`FFN`; :meth:`run_block`).
         Returns:
             op names in first-call order; the head's include ``get_rows`` (the segment picks its
             output rows with it).
         Raises:
-            ValueError: ``unit`` is a string other than ``HEAD``.
+            ValueError: ``unit`` is a string other than ``HEAD``; a half of a block without halves.
         """
         if not isinstance(unit, int) and unit != HEAD:
             raise ValueError(f"Architecture.ops: unit {unit!r} is neither a block index nor {HEAD!r}")
-        keys = self._keys(unit, present)
+        keys = self._keys(unit, present, part)
         rec = OpRecorder()
         d: Any = rec
         w: Any = {k: _Placeholder(k) for k in keys}
         if isinstance(unit, int):
-            s = SimpleNamespace(**{name: _Placeholder(name) for name in self.scratch(cfg)})
+            names = [*self.scratch(cfg), *(self.scratch_i32(cfg) if self.scratch_i32 else ())]
+            s = SimpleNamespace(**{name: _Placeholder(name) for name in names})
             t: Any = _Placeholder("kv")
-            self.block(d, cfg, w, s, KV(t, t, t, t, t, cfg.n_ctx_train), unit)
+            self.run_block(d, cfg, w, s, KV(t, t, t, t, t, cfg.n_ctx_train), unit, part)
         else:
             x: Any = _Placeholder("x")
             self.head(d, cfg, w, x, x, x, x)
         return rec.ops
 
-    def _keys(self, unit: int | str, present: Container[str] | None) -> list[str]:
-        """The weight keys of ``unit`` the segment would hold (every declared one when ``present`` is None)."""
+    def _keys(self, unit: int | str, present: Container[str] | None, part: str = ALL) -> list[str]:
+        """The weight keys of ``unit`` (``part``) the segment would hold (every declared one when
+        ``present`` is None)."""
         if present is not None:
-            specs = [spec for _, spec in self.unit_tensors(present, unit).values()]
+            specs = [spec for _, spec in self.unit_tensors(present, unit, part).values()]
         else:
             kind = BLOCK if isinstance(unit, int) else unit
-            specs = [s for s in self.tensors if s.unit == kind]
+            specs = [s for s in self.tensors if s.unit == kind and _in_part(s, part)]
         return [k for s in specs for k in s.keys]
 
     def spec(self, name: str) -> TensorSpec | None:
@@ -160,11 +201,14 @@ class Architecture:
                 return s
         return None
 
-    def unit_tensors(self, present: Container[str], unit: int | str) -> dict[str, tuple[str, TensorSpec]]:
+    def unit_tensors(self, present: Container[str], unit: int | str, part: str = ALL
+                     ) -> dict[str, tuple[str, TensorSpec]]:
         """The tensors of block ``unit`` (an int) or of ``HEAD`` / ``INPUT`` that the file has.
 
         Args:
             present: the file's tensor names.
+            part: of a block, :data:`ALL`, or one half: :data:`ATTN` (the tensors not marked
+                ``TensorSpec.ffn``, the global ones every block reads included) or :data:`FFN`.
         Returns:
             key -> (GGUF name, spec); an absent optional tensor is left out, a tied one
             names the tensor it is tied to.
@@ -173,7 +217,7 @@ class Architecture:
         i = unit if isinstance(unit, int) else None
         out: dict[str, tuple[str, TensorSpec]] = {}
         for s in self.tensors:
-            if s.unit != kind:
+            if s.unit != kind or (i is not None and not _in_part(s, part)):
                 continue
             name = s.gguf_name(i)
             if name not in present:
@@ -193,6 +237,11 @@ class Architecture:
             for s in self.tensors:
                 if s.per_block:
                     yield s.gguf_name(i), s
+
+
+def _in_part(spec: TensorSpec, part: str) -> bool:
+    """True when a block tensor belongs to ``part`` (:data:`ALL`, :data:`ATTN` or :data:`FFN`)."""
+    return part == ALL or spec.ffn == (part == FFN)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,8 +20,8 @@ Rope scaling (``rope.scaling.*`` keys, ``model/config.py``): linear, YaRN, and L
 frequency factors (the global ``rope_freqs`` tensor, llama.cpp ``get_rope_factors``).
 
 Not implemented yet (a file with them is refused by ``load_config``, never run without
-them): llama.cpp's optional llama biases (``attn_q``/``attn_output``/``ffn_*``) and the
-mixture-of-experts feed-forward.
+them): llama.cpp's optional llama biases (``attn_q``/``attn_output``/``ffn_*``) and llama's
+mixture-of-experts variant (Mixtral; the MoE architectures are in ``qwen_moe.py``, ``gpt_oss.py``).
 """
 
 from __future__ import annotations
@@ -64,11 +64,16 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, i
         kv: positions and this block's cache (:class:`~.base.KV`); cells ``kv.cells`` are written.
         il: the block's index in the model.
     """
-    x = s.x
-    build_norm(d, cfg, s.xn, x, w["attn_norm"])
-    d.add(x, x, build_attn(d, cfg, w, s, kv, il))
-    build_norm(d, cfg, s.xn, x, w["ffn_norm"])
-    d.add(x, x, build_ffn(d, cfg, w, s, SILU))
+    attn_half(d, cfg, w, s, kv, il)
+    build_norm(d, cfg, s.xn, s.x, w["ffn_norm"])
+    d.add(s.x, s.x, build_ffn(d, cfg, w, s, SILU))
+
+
+def attn_half(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
+    """The attention half of :func:`block`: ``x += build_attn(rmsnorm(x) * attn_norm)`` (the MoE
+    blocks' too: ``moe.block_attn``)."""
+    build_norm(d, cfg, s.xn, s.x, w["attn_norm"])
+    d.add(s.x, s.x, build_attn(d, cfg, w, s, kv, il))
 
 
 LLAMA = Architecture(name="llama", tensors=TENSORS, rope_mode=ROPE_NORMAL, hparams=hparams, block=block)

@@ -11,6 +11,8 @@
 // with the head's q and output accumulator in vector registers; no barriers, which
 // PoCL turns into work-item loops with spilled state (7x slower decode).
 // Global (n_head, n_tok), any local size.
+// SINKS (attention_sinks, gpt-oss): sinks f32 [n_head], one more logit per head in each softmax
+// denominator (llama.cpp ggml_soft_max_add_sinks), folded in after the last key.
 
 #if AT_SERIAL
 
@@ -50,6 +52,9 @@ __kernel void attention(global float *out, const global float *q, const global f
                         const global float *vc, const global int *pos, const global int *kv_start,
                         const int has_start, const int n_head, const int n_head_kv, const float scale,
                         const int window
+#ifdef SINKS
+                        , const global float *sinks
+#endif
 #ifdef ATT_Q8
                         , global char *xq, global float2 *xd
 #endif
@@ -86,6 +91,14 @@ __kernel void attention(global float *out, const global float *q, const global f
         for (int i = 0; i < NV; i++) acc[i] = fma((VT)(p), VLOAD(i, vr), acc[i] * alpha);
         m = m_new;
     }
+#ifdef SINKS
+    {  // gpt-oss's sink: one more logit in the denominator, no value (ggml_soft_max_add_sinks)
+        const float sk = sinks[h], m_sk = fmax(m, sk), c = exp(m - m_sk);
+        l = fma(l, c, exp(sk - m_sk));
+#pragma unroll
+        for (int i = 0; i < NV; i++) acc[i] *= c;
+    }
+#endif
     const float inv = 1.0f / l;
 #pragma unroll
     for (int i = 0; i < NV; i++) VSTORE(acc[i] * inv, i, out + qoff);
@@ -104,7 +117,11 @@ __kernel void attention(global float *out, const global float *q, const global f
 __kernel void attention(global float *out, const global float *q, const global float *kc,
                         const global float *vc, const global int *pos, const global int *kv_start,
                         const int has_start, const int n_head, const int n_head_kv, const float scale,
-                        const int window) {
+                        const int window
+#ifdef SINKS
+                        , const global float *sinks
+#endif
+                        ) {
     const int lid = get_local_id(0);
     const int h = get_group_id(1);
     const int t = get_group_id(2);
@@ -166,6 +183,13 @@ __kernel void attention(global float *out, const global float *q, const global f
         m = m_new;
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+#ifdef SINKS
+    {
+        const float sk = sinks[h], m_sk = fmax(m, sk), c = exp(m - m_sk);
+        l = l * c + exp(sk - m_sk);
+        for (int j = 0; j < HPI; j++) acc[j] *= c;
+    }
+#endif
     const float inv = 1.0f / l;
     for (int j = 0; j < HPI; j++) {
         const int d = lid + j * AT_LS;

@@ -399,8 +399,35 @@ inline void deq_sub(const global uchar *row, int ib, int s, float16 scv, float16
     *b = (convert_float16(qb) - 32.0f) * scv[8 * h + 2 * r + 1];
 }
 
+#elif defined(W_MXFP4)
+// block_mxfp4 {uchar e; uchar qs[16]} (17 bytes, ggml-common.h): value j = kvalues_mxfp4[qs[j] & 15] * d,
+// value j + 16 = kvalues_mxfp4[qs[j] >> 4] * d, d = GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128)
+// (ggml-quants.c dequantize_row_mxfp4; the bits 0x00200000 << e below e = 2)
+#define ROW_BYTES(n) ((size_t)(n) / 32 * 17)
+constant float kvalues_mxfp4[16] = {0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f,
+                                    0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f};
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const global uchar *p = row + (size_t)u * 17;
+    const uint e = p[0];
+    const float d = as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+    float lo[16], hi[16];
+    for (int i = 0; i < 16; i++) {
+        const uchar q = p[1 + i];
+        lo[i] = kvalues_mxfp4[q & 15];
+        hi[i] = kvalues_mxfp4[q >> 4];
+    }
+    *a = vload16(0, lo) * d;
+    *b = vload16(0, hi) * d;
+}
+#define QKV 32
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    float16 a, b;
+    deq_unit(row, ib, &a, &b);
+    return fma(b, vload16(2 * ib + 1, x), fma(a, vload16(2 * ib, x), acc));
+}
+
 #else
-#error "define one W_<TYPE> (see cooktop/backends/opencl_kernels.py)"
+#error "define one W_<TYPE> (see cooktop/backends/opencl/programs.py)"
 #endif
 
 inline float hsum16(float16 v) {

@@ -54,3 +54,99 @@ __kernel void copy_f32(global float *out, const global float *x, const int n) {
         for (size_t i = i0; i < (size_t)n; i++) out[i] = x[i];
     }
 }
+
+// Mixture of experts (backends/moe_ops.py; llama.cpp src/llama-graph.cpp build_moe_ffn).
+// moe_route: one work-item per row of logits f32 [n, n_expert]; ids i32 / wts f32 [n, k]. The k
+// largest logits (every gating is monotonic in them; equal ones: the lower index first, as a stable
+// sort), weights by gating 0 softmax over all, 1 softmax over the selected, 2 sigmoid; then norm:
+// divided by their sum clamped to >= 6.103515625e-5; scale (not 0 or 1): times scale.
+__kernel void moe_route(global int *ids, global float *wts, const global float *logits, const int n_expert,
+                        const int k, const int gating, const int norm, const float scale, const int n) {
+    const int r = get_global_id(0);
+    if (r >= n) return;
+    const global float *l = logits + (size_t)r * n_expert;
+    global int *sel = ids + (size_t)r * k;
+    global float *wr = wts + (size_t)r * k;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < n_expert; e++) mx = fmax(mx, l[e]);
+    if (gating == 0) {
+        for (int e = 0; e < n_expert; e++) sum += exp(l[e] - mx);
+    }
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n_expert; e++) {
+            bool taken = false;
+            for (int q = 0; q < j; q++) taken |= sel[q] == e;
+            if (!taken && (best < 0 || l[e] > l[best])) best = e;
+        }
+        sel[j] = best;
+    }
+    float tot = 0.0f;
+    for (int j = 0; j < k; j++) {
+        const float v = l[sel[j]];
+        const float p = gating == 0 ? exp(v - mx) / sum : gating == 2 ? 1.0f / (1.0f + exp(-v)) : exp(v - l[sel[0]]);
+        wr[j] = p;
+        tot += p;
+    }
+    if (gating == 1) {
+        for (int j = 0; j < k; j++) wr[j] /= tot;
+        tot = 1.0f;
+    }
+    for (int j = 0; j < k; j++) {
+        float p = wr[j];
+        if (norm) p /= fmax(tot, 6.103515625e-5f);
+        if (scale != 0.0f && scale != 1.0f) p *= scale;
+        wr[j] = p;
+    }
+}
+
+// out[r, j*m + c] = x[r, j*m + c] + b[ids[r, j], c] (ggml_add_id); global (k * m, n); out may alias x
+__kernel void add_id(global float *out, const global float *x, const global float *b, const global int *ids,
+                     const int k, const int m, const int n_expert) {
+    const int c = get_global_id(0);
+    const int r = get_global_id(1);
+    if (c >= k * m) return;
+    const int e = clamp(ids[(size_t)r * k + c / m], 0, n_expert - 1);
+    const size_t i = (size_t)r * k * m + c;
+    out[i] = x[i] + b[(size_t)e * m + c % m];
+}
+
+// out[r, c] = sum_j wts[r, j] * y[r, j*m + c], in slot order; global (m, n)
+__kernel void moe_combine(global float *out, const global float *y, const global float *wts, const int k,
+                          const int m) {
+    const int c = get_global_id(0);
+    const int r = get_global_id(1);
+    if (c >= m) return;
+    const global float *yr = y + (size_t)r * k * m + c;
+    const global float *w = wts + (size_t)r * k;
+    float acc = yr[0] * w[0];
+    for (int j = 1; j < k; j++) acc += yr[(size_t)j * m] * w[j];
+    out[(size_t)r * m + c] = acc;
+}
+
+// gpt-oss's clamped SwiGLU (ggml swiglu_oai): g = min(gate, limit), u = clamp(up, -limit, limit),
+// out = g / (1 + exp(-alpha g)) * (u + 1); out may alias gate
+__kernel void swiglu_oai(global float *out, const global float *gate, const global float *up, const int n,
+                         const float alpha, const float limit) {
+    const int i = get_global_id(0);
+    if (i < n) {
+        const float g = fmin(gate[i], limit);
+        const float u = clamp(up[i], -limit, limit);
+        out[i] = g / (1.0f + exp(-alpha * g)) * (u + 1.0f);
+    }
+}
+
+// Counting sort of the slots by expert for mul_mm_id (one work-item; n_slots x n_expert steps):
+// offs int [n_expert + 1] (expert e's slots are order[offs[e] .. offs[e+1]-1], in slot order),
+// ids int [n_slots] clamped to [0, n_expert).
+__kernel void moe_group(const global int *ids, global int *offs, global int *order, const int n_slots,
+                        const int n_expert) {
+    if (get_global_id(0) != 0) return;
+    int pos = 0;
+    for (int e = 0; e < n_expert; e++) {
+        offs[e] = pos;
+        for (int s = 0; s < n_slots; s++)
+            if (clamp(ids[s], 0, n_expert - 1) == e) order[pos++] = s;
+    }
+    offs[n_expert] = pos;
+}

@@ -460,3 +460,65 @@ __kernel void get_rows(const global uchar *w, const global int *ids, global floa
     }
 #endif
 }
+
+// ggml_mul_mat_id, one output value per work-item: slot j of row i is row rs = i * k + j of
+// y f32 [n_rows * k, n_out] = x_rs @ W[ids[rs]]^T, W [n_expert, n_out, n_in] (expert e's rows follow
+// each other), x f32 [n_rows, n_in] (per_slot 0: one input per row, its k slots share it) or
+// [n_rows * k, n_in]; ids i32 [n_rows * k] clamped to [0, n_expert). global (n_out, n_rows * k).
+// Only the selected experts' rows are read; rows are not grouped by expert (one mat-vec per slot).
+__kernel void mul_mv_id(const global uchar *w, const global float *x, const global int *ids, global float *y,
+                        const int n_in, const int n_out, const int k, const int per_slot, const int n_expert) {
+    const int o = get_global_id(0);
+    const int rs = get_global_id(1);
+    if (o >= n_out) return;
+    const int e = clamp(ids[rs], 0, n_expert - 1);
+    const global uchar *wr = w + ((size_t)e * n_out + o) * ROW_BYTES(n_in);
+    const global float *xr = x + (size_t)(per_slot ? rs : rs / k) * n_in;
+    const int nb = n_in / QKV;
+    float16 acc = (float16)(0.0f);
+    float tail = 0.0f;
+    for (int ib = 0; ib < nb; ib++) acc = dot_block(wr, ib, xr, acc);
+#ifdef W_FLOAT
+    for (int i = nb * QKV; i < n_in; i++) tail += deq_elem(wr, i) * xr[i];
+#endif
+    y[(size_t)rs * n_out + o] = hsum16(acc) + tail;
+}
+
+// The prompt form of mul_mv_id: the slots routed to each expert are processed together, so each
+// weight unit is dequantized once per MMID_TN slots instead of once per slot. offs int [n_expert + 1]
+// and order int [n_slots] (from moe_group: the slots of expert e are order[offs[e] .. offs[e+1]-1]);
+// global (n_out, n_expert). Same values as mul_mv_id, other summation order.
+#define MMID_TN 8
+__kernel void mul_mm_id(const global uchar *w, const global float *x, const global int *offs,
+                        const global int *order, global float *y, const int n_in, const int n_out, const int k,
+                        const int per_slot) {
+    const int o = get_global_id(0);
+    const int e = get_global_id(1);
+    if (o >= n_out) return;
+    const int s0 = offs[e], s1 = offs[e + 1];
+    const global uchar *wr = w + ((size_t)e * n_out + o) * ROW_BYTES(n_in);
+    const int nu = n_in / 32;
+    for (int c0 = s0; c0 < s1; c0 += MMID_TN) {
+        const int cnt = min(MMID_TN, s1 - c0);
+        const global float *xr[MMID_TN];
+        float16 acc[MMID_TN];
+        for (int t = 0; t < MMID_TN; t++) {
+            const int rs = order[c0 + min(t, cnt - 1)];
+            xr[t] = x + (size_t)(per_slot ? rs : rs / k) * n_in;
+            acc[t] = (float16)(0.0f);
+        }
+        for (int u = 0; u < nu; u++) {
+            float16 a, b;
+            deq_unit(wr, u, &a, &b);
+            for (int t = 0; t < cnt; t++)
+                acc[t] = fma(b, vload16(2 * u + 1, xr[t]), fma(a, vload16(2 * u, xr[t]), acc[t]));
+        }
+        for (int t = 0; t < cnt; t++) {
+            float tail = 0.0f;
+#ifdef W_FLOAT
+            for (int i = nu * 32; i < n_in; i++) tail += deq_elem(wr, i) * xr[t][i];
+#endif
+            y[(size_t)order[c0 + t] * n_out + o] = hsum16(acc[t]) + tail;
+        }
+    }
+}

@@ -19,6 +19,11 @@ layout(std430, binding = 2) readonly buffer VBuf { float V[]; };
 layout(std430, binding = 3) readonly buffer PBuf { int P[]; };
 layout(std430, binding = 4) readonly buffer SBuf { int S0[]; };
 layout(std430, binding = 5) writeonly buffer OBuf { float O[]; };
+#ifdef SINKS
+// attention_sinks (gpt-oss): one extra logit per head in each softmax denominator, no value
+// (llama.cpp ggml_soft_max_add_sinks); folded into the running max and sum after the last chunk
+layout(std430, binding = 6) readonly buffer SkBuf { float SK[]; };
+#endif
 layout(push_constant) uniform PC {
     uint n; uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint scale_bits; uint window; uint has_start;
 } pc;
@@ -83,6 +88,13 @@ void main() {
         m = m_new;
         barrier();  // S and red are reused by the next chunk
     }
+#ifdef SINKS
+    float sk = SK[h];
+    float m_sk = max(m, sk);
+    float c_sk = exp(m - m_sk);
+    l = l * c_sk + exp(sk - m_sk);
+    for (uint a = 0u; a < 4u; a++) acc[a] *= c_sk;
+#endif
     float inv = 1.0 / l;
     for (uint a = 0u; a < 4u; a++) {
         uint d = tid + a * WG;

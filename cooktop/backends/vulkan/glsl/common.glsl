@@ -6,7 +6,7 @@
 // unaligned words are unpacked from 32-bit loads here. Variants that use 8/16-bit
 // storage (enabled by cooktop's patched kp where the device has it) stand in for
 // them where available (variants.json "variant_of"). Every block size of the
-// supported types is even, so half-precision fields sit at even offsets.
+// types with half-precision fields is even, so those fields sit at even offsets (MXFP4 has none).
 //
 // Large grids: a dispatch of more than 65535 workgroups is split over y;
 // flat_group() gives the linear workgroup index.

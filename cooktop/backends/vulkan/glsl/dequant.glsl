@@ -244,6 +244,22 @@ void unit_values(uint row_off, uint u, out float v[32]) {
         }
     }
 }
+#elif defined(TYPE_MXFP4)
+// block_mxfp4 {uint8 e; uint8 qs[16]} (17 bytes, so blocks start at any byte): value j is
+// kvalues_mxfp4[qs[j] & 15] * d, value j + 16 kvalues_mxfp4[qs[j] >> 4] * d, with
+// d = GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128) (ggml-quants.c dequantize_row_mxfp4)
+const float kvalues_mxfp4[16] = float[16](0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0,
+                                          0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0);
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint b = row_off + u * 17u;
+    uint e = w_u8(b);
+    float d = uintBitsToFloat(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+    [[unroll]] for (uint j = 0u; j < 16u; j++) {
+        uint q = w_u8(b + 1u + j);
+        v[j] = kvalues_mxfp4[q & 15u] * d;
+        v[j + 16u] = kvalues_mxfp4[q >> 4] * d;
+    }
+}
 #else
-#error "define one TYPE_* (F32 F16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)"
+#error "define one TYPE_* (F32 F16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K MXFP4)"
 #endif

@@ -1,0 +1,199 @@
+"""The mixture-of-experts ops on OpenCL and Vulkan against the numpy reference at odd shapes:
+``matmul_id`` for every weight type the device runs (MXFP4 included; broadcast and per-slot
+inputs; experts that receive zero rows), routing for every gating function, ``add_id``,
+``moe_combine``, ``swiglu_oai``; MXFP4 ``matmul`` / ``get_rows``; and a qwen3moe model
+entirely on each device with the logits of numpy. Vulkan runs these under the validation layer
+too: ``python tests/vulkan_validation.py -q -k test_moe_ops_devices``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import open_family_device
+from gguf import GGMLQuantizationType as T
+from test_arch_moe import PROMPT, SHAPES
+
+from cooktop import Llama
+from cooktop.backends.base import nmse
+from cooktop.backends.cpu.device import CpuDevice, cpu_info
+from cooktop.format.quants import random_weight
+from cooktop.tools import synth
+
+
+@pytest.fixture(scope="module", params=["opencl", "vulkan"])
+def ocl(request):
+    """A device of each family with MoE kernels (the name is historical: OpenCL came first)."""
+    return open_family_device(request.param)
+
+
+@pytest.fixture(scope="module")
+def ref():
+    d = CpuDevice(cpu_info(), cache_budget=0)
+    yield d
+    d.close()
+
+
+def _put(d, a, ty=T.F32):
+    t = d.empty(a.shape, ty)
+    d.write(t, a)
+    return t
+
+
+def _both(ocl, ref, fn):
+    return ocl.read(fn(ocl)), ref.read(fn(ref))
+
+
+TYPES = [T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
+
+
+@pytest.mark.parametrize("n", [1, 5], ids=["decode", "prompt"])
+@pytest.mark.parametrize("per_slot", [False, True], ids=["broadcast", "per-slot"])
+@pytest.mark.parametrize("ty", TYPES, ids=lambda t: t.name)
+def test_matmul_id(ocl, ref, ty, per_slot, n):
+    """One row (OpenCL: mul_mv_id) and several (OpenCL: grouped by expert, mul_mm_id)."""
+    rng = np.random.default_rng(int(ty) + 3)
+    E, n_out, k = 7, 37, 3
+    n_in = 256 if ty.name.endswith("_K") else (70 if ty in (T.F32, T.F16) else 96)  # F32/F16: a partial unit
+    raw = np.concatenate([random_weight(ty, (n_out, n_in), rng) for _ in range(E)])
+    ids = np.stack([rng.choice([0, 2, 3, 6], k, replace=False) for _ in range(n)]).astype(np.int32)  # 1, 4, 5 unused
+    x = rng.standard_normal((n, k * n_in if per_slot else n_in)).astype(np.float32)
+
+    def run(d):
+        out = d.empty((n, k * n_out))
+        d.matmul_id(out, _put(d, x), d.upload(raw, ty, (E, n_out, n_in)), _put(d, ids, T.I32))
+        return out
+
+    got, want = _both(ocl, ref, run)
+    assert nmse(got, want) < 1e-10, ty.name
+
+
+@pytest.mark.parametrize("gating,norm,scale", [("softmax", True, 0.0), ("softmax", False, 0.0),
+                                               ("softmax_weight", False, 0.0), ("sigmoid", True, 2.5)])
+def test_route(ocl, ref, gating, norm, scale):
+    logits = (np.random.default_rng(2).standard_normal((9, 13)) * 3).astype(np.float32)
+
+    def run(d, which):
+        ids, w = d.empty((9, 4), T.I32), d.empty((9, 4))
+        d.moe_route(ids, w, _put(d, logits), gating, norm=norm, scale=scale)
+        return ids if which == "ids" else w
+
+    got, want = _both(ocl, ref, lambda d: run(d, "ids"))
+    np.testing.assert_array_equal(got, want)
+    got, want = _both(ocl, ref, lambda d: run(d, "w"))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_add_id_combine_swiglu_oai(ocl, ref):
+    rng = np.random.default_rng(4)
+    n, k, m, E = 5, 3, 7, 4
+    x = rng.standard_normal((n, k * m)).astype(np.float32)
+    b = rng.standard_normal((E, m)).astype(np.float32)
+    ids = np.array([[0, 1, 2], [3, 2, 1], [1, 1, 0], [3, 0, 2], [2, 3, 0]], np.int32)
+    wts = rng.random((n, k)).astype(np.float32)
+    g = (rng.standard_normal((n, m)) * 6).astype(np.float32)
+    u = (rng.standard_normal((n, m)) * 6).astype(np.float32)
+
+    def add_id(d):
+        t = _put(d, x)
+        d.add_id(t, t, _put(d, b), _put(d, ids, T.I32))
+        return t
+
+    def combine(d):
+        out = d.empty((n, m))
+        d.moe_combine(out, _put(d, x), _put(d, wts))
+        return out
+
+    def swiglu(d):
+        out = d.empty((n, m))
+        d.swiglu_oai(out, _put(d, g), _put(d, u), 1.702, 7.0)
+        return out
+
+    for fn in (add_id, combine, swiglu):
+        got, want = _both(ocl, ref, fn)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=fn.__name__)
+
+
+def test_mxfp4_matmul_and_get_rows(ocl, ref):
+    rng = np.random.default_rng(9)
+    raw = random_weight(T.MXFP4, (45, 96), rng)
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    for n_tok in (1, 3):
+        def mm(d, n_tok=n_tok):
+            out = d.empty((n_tok, 45))
+            d.matmul(out, _put(d, x[:n_tok]), d.upload(raw, T.MXFP4, (45, 96)))
+            return out
+
+        got, want = _both(ocl, ref, mm)
+        assert nmse(got, want) < 1e-10
+
+    def rows(d):
+        out = d.empty((4, 96))
+        d.get_rows(out, d.upload(raw, T.MXFP4, (45, 96)), _put(d, np.array([0, 44, 7, 7], np.int32), T.I32))
+        return out
+
+    got, want = _both(ocl, ref, rows)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("ft", ["F32", "Q8_0"])
+def test_qwen3moe_all_on_opencl(ocl, tmp_path, ft):
+    p = tmp_path / f"q3moe-{ft}.gguf"
+    synth.write(p, SHAPES["qwen3moe"], ft, seed=3)
+    out = {}
+    for dev in ("cpu", ocl.info.selector):
+        llm = Llama(model_path=str(p), n_ctx=64, n_batch=7, logits_all=True, verbose=False, device=dev,
+                    n_gpu_layers=-1)
+        try:
+            llm.eval(PROMPT)
+            out[dev] = np.array(llm.scores[:len(PROMPT)])
+            if dev != "cpu":
+                pl = llm._engine.placement
+                assert pl.blocks == [dev, dev] and pl.experts is None and pl.head == dev, pl.notes
+        finally:
+            llm.close()
+    # F32: the same float products; Q8_0: the devices' dense matmuls use 8-bit activations (llama.cpp's way)
+    assert nmse(out[ocl.info.selector], out["cpu"]) < (1e-9 if ft == "F32" else 3e-3)
+
+
+@pytest.mark.parametrize("window,start", [(0, False), (5, False), (0, True)])
+@pytest.mark.parametrize("head_dim", [32, 48])
+def test_attention_sinks(ocl, ref, head_dim, window, start):
+    """gpt-oss's sinks at odd shapes: GQA, a window, several sequences' rows (kv_start), serial and
+    vector flavours (head_dim 32 takes the OpenCL 8-bit output path on CPUs, 48 not)."""
+    rng = np.random.default_rng(head_dim + window)
+    n_head, n_kv, n, n_ctx = 4, 2, 9, 12
+    q = rng.standard_normal((n, n_head * head_dim)).astype(np.float32)
+    kc = rng.standard_normal((n_ctx, n_kv * head_dim)).astype(np.float32)
+    vc = rng.standard_normal((n_ctx, n_kv * head_dim)).astype(np.float32)
+    sinks = (rng.standard_normal(n_head) * 2).astype(np.float32)
+    pos = np.array([0, 1, 2, 3, 4, 5, 6, 7, 8] if not start else [0, 1, 2, 3, 6, 7, 8, 9, 10], np.int32)
+    kvs = np.array([0] * 4 + [6] * 5, np.int32)
+
+    def run(d):
+        out = d.empty((n, n_head * head_dim))
+        d.attention_sinks(out, _put(d, q), _put(d, kc), _put(d, vc), _put(d, pos, T.I32), _put(d, sinks), n_head,
+                          n_kv, 0.2, window, kv_start=_put(d, kvs, T.I32) if start else None)
+        return out
+
+    got, want = _both(ocl, ref, run)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("ft", ["F32", "MXFP4_MOE"])
+def test_gpt_oss_on_the_device(ocl, tmp_path, ft):
+    """gpt-oss all on the device (attention with sinks, MXFP4 experts, the head)."""
+    p = tmp_path / f"oss-{ft}.gguf"
+    synth.write(p, SHAPES["gpt-oss"], ft, seed=3)
+    out = {}
+    for dev in ("cpu", ocl.info.selector):
+        llm = Llama(model_path=str(p), n_ctx=64, n_batch=7, logits_all=True, verbose=False, device=dev,
+                    n_gpu_layers=-1)
+        try:
+            llm.eval(PROMPT)
+            out[dev] = np.array(llm.scores[:len(PROMPT)])
+            pl = llm._engine.placement
+        finally:
+            llm.close()
+    sel = ocl.info.selector
+    assert pl.blocks == [sel] * 3 and pl.head == sel and pl.experts is None, pl.notes
+    assert nmse(out[sel], out["cpu"]) < (1e-9 if ft == "F32" else 3e-3)
