@@ -223,9 +223,10 @@ gpu_tests() {
     COOKTOP_REQUIRE=shared,opencl,vulkan "$py" -m pytest -q -p no:cacheprovider \
         tests/test_ops_parity.py tests/test_device_contract.py tests/test_reference.py tests/test_vulkan.py \
         tests/test_placement.py "tests/test_opencl.py::test_work_group_sizes_of_real_gpus" \
+        tests/test_moe_ops_devices.py tests/test_arch_moe.py tests/test_prompt_paths.py \
         -k "opencl or vulkan" -x --timeout 120 2>&1 | tee "$res/tests.log" | tail -5
 }
-step "tests: OpenCL + Vulkan parity, the op table's contract, end-to-end, GPU work-group/subgroup sizes" 240 gpu_tests
+step "tests: OpenCL + Vulkan parity, the op table's contract, end-to-end, GPU work-group/subgroup sizes, MoE ops and models, prompt = one token at a time" 300 gpu_tests
 
 # ------------------------------------------------------------------ 7. validation layer on the real driver
 validate() {
