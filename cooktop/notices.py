@@ -43,6 +43,9 @@ _fd_depth = 0
 _noticed: set[str] = set()
 
 
+_NULL = logging.NullHandler()
+
+
 def set_verbose(verbose: bool | None) -> None:
     """Set the process-wide verbosity (see the module docstring).
 
@@ -52,6 +55,12 @@ def set_verbose(verbose: bool | None) -> None:
     global _verbose, _handler
     _verbose = verbose
     logger = logging.getLogger("cooktop")
+    # False: a NullHandler keeps logging's last-resort handler from printing cooktop's warnings
+    # (an application's own logging configuration still gets them through propagation)
+    if verbose is False and _NULL not in logger.handlers:
+        logger.addHandler(_NULL)
+    elif verbose is not False and _NULL in logger.handlers:
+        logger.removeHandler(_NULL)
     if verbose and _handler is None and not logger.handlers and not logging.getLogger().handlers:
         _handler = logging.StreamHandler(sys.stderr)
         _handler.setFormatter(logging.Formatter("cooktop: %(message)s"))

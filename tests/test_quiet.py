@@ -150,3 +150,19 @@ def test_llama_verbose_false_is_silent_on_a_first_run(stories, tmp_path, ocl):
     assert r.stderr == ""
     assert len(r.stdout.split()) >= 2
     assert os.listdir(tmp_path / "cooktop" / "opencl-kernels")  # it did compile for the first time
+
+
+def test_verbose_false_silences_cooktop_warnings(stories):
+    """llama-cpp-python's verbose=False prints nothing: cooktop's own warnings (here llama.cpp's
+    "n_ctx_seq > n_ctx_train" one) do not reach logging's last-resort handler either."""
+    import subprocess
+    import sys
+
+    code = ("from cooktop import Llama\n"
+            f"Llama(model_path={str(stories)!r}, n_ctx=4096, verbose=False)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    loud = subprocess.run([sys.executable, "-c", code.replace("verbose=False", "verbose=True")],
+                          capture_output=True, text=True, timeout=120)
+    assert "n_ctx_seq (4096) > n_ctx_train (2048)" in loud.stderr
