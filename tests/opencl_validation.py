@@ -229,15 +229,33 @@ def _mark(line: str) -> None:
         os.close(fd)
 
 
+#: OpenCL devices seen open at a test's end (a test may reset the registry, closing them).
+_seen: set[str] = set()
+
+
+def _note_devices() -> None:
+    reg = sys.modules.get("cooktop.backends.registry")
+    for key, dev in sorted(getattr(reg, "_devices", {}).items()) if reg else ():
+        if str(key).startswith("opencl"):
+            _seen.add(f"{key} {dev.info.name} ({dev.info.device_type})")
+
+
 def pytest_runtest_setup(item):
     _mark(f"test {item.nodeid}")
 
 
+def pytest_runtest_call(item):
+    _note_devices()
+
+
+def pytest_runtest_teardown(item):
+    _note_devices()
+
+
 def pytest_sessionfinish(session, exitstatus):
-    reg = sys.modules.get("cooktop.backends.registry")
-    for key, dev in sorted(getattr(reg, "_devices", {}).items()) if reg else ():
-        if str(key).startswith("opencl"):
-            _mark(f"device {key} {dev.info.name} ({dev.info.device_type})")
+    _note_devices()
+    for d in sorted(_seen):
+        _mark(f"device {d}")
 
 
 if __name__ == "__main__":
