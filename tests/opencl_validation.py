@@ -46,7 +46,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
+
+from fifo_log import mark, run_collecting  # tests/: the script's folder, or on PYTHONPATH
 
 RESOURCE = "oclgrind"
 MARKER = "=== cooktop-opencl-validation:"
@@ -167,35 +168,18 @@ def main(argv: list[str] | None = None) -> int:
         vendors = os.path.join(tmp, "vendors")
         os.mkdir(vendors)
         pathlib.Path(vendors, "oclgrind.icd").write_text(lib + "\n")
-        fifo = os.path.join(tmp, "oclgrind.fifo")
-        os.mkfifo(fifo)
-        rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        keep_open = os.open(fifo, os.O_WRONLY)  # no EOF while writers come and go
-        os.set_blocking(rfd, True)
-        chunks: list[bytes] = []
+        def run(fifo: str) -> int:
+            env = dict(os.environ)
+            env.update(OCL_ICD_VENDORS=vendors, OCLGRIND_DATA_RACES="1", OCLGRIND_CHECK_API="1",
+                       OCLGRIND_MAX_ERRORS="100000", OCLGRIND_LOG=fifo, COOKTOP_OPENCL_VALIDATION_FIFO=fifo,
+                       COOKTOP_DISABLE="vulkan", OCLGRIND_GLOBAL_MEM_SIZE=str(1 << 30))
+            env.pop("OCLGRIND_UNINITIALIZED", None)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH")) if p)
+            cmd = [sys.executable, "-m", "pytest", "-p", "opencl_validation", *(pytest_args or DEFAULT_ARGS)]
+            print("opencl-validation: " + " ".join(cmd[2:]), flush=True)
+            return subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
 
-        def drain():
-            while True:
-                b = os.read(rfd, 1 << 16)
-                if not b:
-                    return
-                chunks.append(b)
-
-        reader = threading.Thread(target=drain, daemon=True)
-        reader.start()
-        env = dict(os.environ)
-        env.update(OCL_ICD_VENDORS=vendors, OCLGRIND_DATA_RACES="1", OCLGRIND_CHECK_API="1",
-                   OCLGRIND_MAX_ERRORS="100000", OCLGRIND_LOG=fifo, COOKTOP_OPENCL_VALIDATION_FIFO=fifo,
-                   COOKTOP_DISABLE="vulkan", OCLGRIND_GLOBAL_MEM_SIZE=str(1 << 30))
-        env.pop("OCLGRIND_UNINITIALIZED", None)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH")) if p)
-        cmd = [sys.executable, "-m", "pytest", "-p", "opencl_validation", *(pytest_args or DEFAULT_ARGS)]
-        print("opencl-validation: " + " ".join(cmd[2:]), flush=True)
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
-        os.close(keep_open)
-        reader.join(timeout=30)
-        os.close(rfd)
-    text = b"".join(chunks).decode(errors="replace")
+        rc, text = run_collecting(tmp, "oclgrind.fifo", run)
     pathlib.Path(args.log).write_text(text)
     reports = parse_log(text)
     print(f"opencl-validation: Oclgrind log ({len(text)} bytes) in {args.log}")
@@ -218,15 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 # -- pytest plugin, loaded in the child (-p opencl_validation) --------------------------------------
 
 def _mark(line: str) -> None:
-    path = os.environ.get("COOKTOP_OPENCL_VALIDATION_FIFO")
-    if not path:
-        return
-    data = (f"{MARKER} {line}\n").encode()[:4000]  # <= PIPE_BUF: one atomic write
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    mark("COOKTOP_OPENCL_VALIDATION_FIFO", MARKER, line)
 
 
 #: OpenCL devices seen open at a test's end (a test may reset the registry, closing them).

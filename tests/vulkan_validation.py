@@ -44,7 +44,8 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
+
+from fifo_log import mark, run_collecting  # tests/: the script's folder, or on PYTHONPATH
 
 LAYER = "VK_LAYER_KHRONOS_validation"
 RESOURCE = "vulkan_validation"
@@ -160,35 +161,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vulkan-validation: skipped: {why}")
         return 0
     with tempfile.TemporaryDirectory(prefix="cooktop-vkval-") as tmp:
-        fifo = os.path.join(tmp, "layer.fifo")
-        os.mkfifo(fifo)
-        settings = os.path.join(tmp, "vk_layer_settings.txt")
-        enables = GPU_ASSISTED if args.gpu_assisted else SYNCHRONIZATION
-        pathlib.Path(settings).write_text(settings_text(fifo, enables))
-        rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        keep_open = os.open(fifo, os.O_WRONLY)  # no EOF while writers come and go
-        os.set_blocking(rfd, True)
-        chunks: list[bytes] = []
+        def run(fifo: str) -> int:
+            settings = os.path.join(tmp, "vk_layer_settings.txt")
+            enables = GPU_ASSISTED if args.gpu_assisted else SYNCHRONIZATION
+            pathlib.Path(settings).write_text(settings_text(fifo, enables))
+            env = dict(os.environ)
+            env.update(VK_INSTANCE_LAYERS=LAYER, VK_LAYER_SETTINGS_PATH=settings, COOKTOP_VULKAN_VALIDATION_FIFO=fifo)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH")) if p)
+            cmd = [sys.executable, "-m", "pytest", "-p", "vulkan_validation", *(pytest_args or ["-q", "-k", "vulkan"])]
+            print("vulkan-validation: " + " ".join(cmd[2:]), flush=True)
+            return subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
 
-        def drain():
-            while True:
-                b = os.read(rfd, 1 << 16)
-                if not b:
-                    return
-                chunks.append(b)
-
-        reader = threading.Thread(target=drain, daemon=True)
-        reader.start()
-        env = dict(os.environ)
-        env.update(VK_INSTANCE_LAYERS=LAYER, VK_LAYER_SETTINGS_PATH=settings, COOKTOP_VULKAN_VALIDATION_FIFO=fifo)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH")) if p)
-        cmd = [sys.executable, "-m", "pytest", "-p", "vulkan_validation", *(pytest_args or ["-q", "-k", "vulkan"])]
-        print("vulkan-validation: " + " ".join(cmd[2:]), flush=True)
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
-        os.close(keep_open)
-        reader.join(timeout=30)
-        os.close(rfd)
-    text = b"".join(chunks).decode(errors="replace")
+        rc, text = run_collecting(tmp, "layer.fifo", run)
     pathlib.Path(args.log).write_text(text)
     messages = parse_log(text)
     print(f"vulkan-validation: layer log ({len(text)} bytes) in {args.log}")
@@ -212,15 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 # -- pytest plugin, loaded in the child (-p vulkan_validation) --------------------------------------
 
 def _mark(line: str) -> None:
-    path = os.environ.get("COOKTOP_VULKAN_VALIDATION_FIFO")
-    if not path:
-        return
-    data = (f"{MARKER} {line}\n").encode()[:4000]  # <= PIPE_BUF: one atomic write
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    mark("COOKTOP_VULKAN_VALIDATION_FIFO", MARKER, line)
 
 
 def _layer_loaded() -> bool | None:
