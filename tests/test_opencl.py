@@ -283,31 +283,45 @@ def test_broken_platform_is_marked_fail(fresh_registry, monkeypatch):
     assert registry.resolve(good.selector) == [good.selector]
 
 
+def _with_shape(info, shape):
+    """A second OpenCLDevice on ``info``'s device whose kernels are built with launch ``shape``."""
+    from cooktop.backends.opencl.programs import KernelCache
+
+    dev = registry.open_device(info.selector)
+    other = type(dev)(info, dev.cl_device)
+    other.shape = shape
+    other.kernels = KernelCache(other.ctx, other.cl_device, shape)
+    return other
+
+
+def _check_matmul(dev, ty, rng, n_in, cases):
+    """matmul of random ``ty`` weights [n_out, n_in] for each (n_tok, n_out) of ``cases``, against
+    numpy on the activations the device multiplies (8-bit where it quantizes them): nmse < 1e-10."""
+    from cooktop.backends.base import nmse
+    from cooktop.backends.reference import dequantize_q8_ref
+    from cooktop.format.quants import dequantize, random_weight
+
+    for n_tok, n_out in cases:
+        raw = random_weight(ty, (n_out, n_in), rng)
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        xt, y = dev.empty((n_tok, n_in)), dev.empty((n_tok, n_out))
+        dev.write(xt, x)
+        dev.matmul(y, xt, dev.upload(raw, ty, (n_out, n_in)))
+        xr = dequantize_q8_ref(x) if dev.quantizes_activations(ty, n_tok) else x.astype(np.float64)
+        ref = xr @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
+        assert nmse(dev.read(y), ref) < 1e-10, (ty.name, n_tok, n_out)
+
+
 @pytest.mark.parametrize("ty", DEVICE_WEIGHT_TYPES, ids=lambda t: t.name)
 def test_gpu_launch_shape_on_pocl(fresh_registry, ty):
     """The GPU flavours of the kernels (work-groups sharing a row in mul_mv, local-memory
     tiles in mul_mm, work-group attention) checked on PoCL against numpy."""
     from cooktop.backends.base import nmse
-    from cooktop.backends.opencl.programs import GPU_SHAPE, KernelCache
-    from cooktop.backends.reference import dequantize_q8_ref
-    from cooktop.format.quants import dequantize, random_weight
+    from cooktop.backends.opencl.programs import GPU_SHAPE
 
-    info = _pocl_info()
-    dev = registry.open_device(info.selector)
-    gpu = type(dev)(info, dev.cl_device)
-    gpu.shape = GPU_SHAPE
-    gpu.kernels = KernelCache(gpu.ctx, gpu.cl_device, GPU_SHAPE)
+    gpu = _with_shape(_pocl_info(), GPU_SHAPE)
     rng = np.random.default_rng(int(ty))
-    n_in = 512 if ty.name.endswith("_K") else 96
-    for n_tok, n_out in ((1, 67), (9, 130)):
-        raw = random_weight(ty, (n_out, n_in), rng)
-        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
-        xt, y = gpu.empty((n_tok, n_in)), gpu.empty((n_tok, n_out))
-        gpu.write(xt, x)
-        gpu.matmul(y, xt, gpu.upload(raw, ty, (n_out, n_in)))
-        xr = dequantize_q8_ref(x) if gpu.quantizes_activations(ty, n_tok) else x.astype(np.float64)
-        ref = xr @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
-        assert nmse(gpu.read(y), ref) < 1e-10, (n_tok, n_out)
+    _check_matmul(gpu, ty, rng, 512 if ty.name.endswith("_K") else 96, ((1, 67), (9, 130)))
     if ty == T.F32:  # the float ops with work-group reductions, once
         cpu = registry.open_device("cpu")
         n_head, n_head_kv, hd, n_tok = 4, 2, 48, 5
@@ -398,29 +412,14 @@ def test_work_group_sizes_of_real_gpus(fresh_registry, gpu):
     import dataclasses
 
     from cooktop.backends.base import nmse
-    from cooktop.backends.opencl.programs import GPU_SHAPE, KernelCache
-    from cooktop.backends.reference import dequantize_q8_ref
-    from cooktop.format.quants import dequantize, random_weight
+    from cooktop.backends.opencl.programs import GPU_SHAPE
 
     ls = GPU_GROUP_SIZES[gpu]
     shape = dataclasses.replace(GPU_SHAPE, mv_ls=min(ls, 64), rn_ls=ls, at_ls=ls, ew_ls=ls, mm_tm=max(ls, 16))
-    info = registry.device_info(registry.resolve("opencl")[0])
-    dev = registry.open_device(info.selector)
-    gpu_dev = type(dev)(info, dev.cl_device)
-    gpu_dev.shape = shape
-    gpu_dev.kernels = KernelCache(gpu_dev.ctx, gpu_dev.cl_device, shape)
+    gpu_dev = _with_shape(registry.device_info(registry.resolve("opencl")[0]), shape)
     rng = np.random.default_rng(ls)
     for ty in DEVICE_WEIGHT_TYPES:
-        n_in = 256 if ty.name.endswith("_K") else 96
-        for n_tok, n_out in ((1, 37), (9, 70)):
-            raw = random_weight(ty, (n_out, n_in), rng)
-            x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
-            xt, y = gpu_dev.empty((n_tok, n_in)), gpu_dev.empty((n_tok, n_out))
-            gpu_dev.write(xt, x)
-            gpu_dev.matmul(y, xt, gpu_dev.upload(raw, ty, (n_out, n_in)))
-            xr = dequantize_q8_ref(x) if gpu_dev.quantizes_activations(ty, n_tok) else x.astype(np.float64)
-            ref = xr @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
-            assert nmse(gpu_dev.read(y), ref) < 1e-10, (ty.name, n_tok, n_out)
+        _check_matmul(gpu_dev, ty, rng, 256 if ty.name.endswith("_K") else 96, ((1, 37), (9, 70)))
     cpu = registry.open_device("cpu")
     n_head, n_head_kv, hd, n_tok, n_cells = 4, 2, 40, 7, 50
     arrays = [rng.standard_normal((n_tok, n_head * hd)).astype(np.float32),
