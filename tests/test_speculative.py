@@ -42,9 +42,9 @@ def test_greedy_output_is_the_non_speculative_one(family):
     eng = _engine(family)
     try:
         prompt = eng.tokenizer.tokenize(TEXT, add_bos=True)
-        plain = eng.generate(prompt, 40, GREEDY).drain()
+        plain = eng.generate(prompt, 32, GREEDY).drain()
         for drafter in (LlamaPromptLookupDecoding(2, 10), NgramSimple(3, 8)):
-            spec = eng.generate(prompt, 40, GREEDY, draft=Speculation(drafter, n_max=8)).drain()
+            spec = eng.generate(prompt, 32, GREEDY, draft=Speculation(drafter, n_max=8)).drain()
             assert spec.tokens == plain.tokens, (family, drafter)
             assert spec.text == plain.text
             assert spec.timings.n_drafted and spec.timings.n_drafted > 0
@@ -185,3 +185,73 @@ def test_sampling_with_drafts_keeps_the_target_distribution():
     unchecked[0, 0] = n
     assert float(((unchecked - expected) ** 2 / expected).sum()) > 100 * CHI2_15
     assert drafted > 0 and 0 < accepted < drafted  # the rule both accepted and rejected drafts
+
+
+# -- the front ends: Llama(draft_model=...), cooktop run, cooktop serve ----------------------
+
+def test_llama_draft_model_gives_the_same_completion(stories):
+    from cooktop import Llama
+    from cooktop.api.llama_speculative import LlamaPromptLookupDecoding
+    plain = Llama(str(stories), n_ctx=256, verbose=False)
+    spec = Llama(str(stories), n_ctx=256, verbose=False, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
+    try:
+        a = plain.create_completion(TEXT, max_tokens=32, temperature=0)["choices"][0]["text"]
+        b = spec.create_completion(TEXT, max_tokens=32, temperature=0)["choices"][0]["text"]
+        assert a == b and a
+        assert spec._engine.seq.tokens == plain._engine.seq.tokens
+        with pytest.raises(CooktopError, match="draft_model must be"):
+            Llama(str(stories), n_ctx=64, verbose=False, draft_model=3)
+    finally:
+        plain.close()
+        spec.close()
+
+
+def test_run_prints_the_drafted_and_accepted_counts(stories):
+    import subprocess
+    import sys
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cooktop.cli", "run", "-m", str(stories), "-p", TEXT, "-n", "24",
+                               "--temp", "0", "--device", "cpu", "-c", "256", *extra],
+                              capture_output=True, text=True, timeout=120)
+    plain = run()
+    spec = run("-md", str(stories), "--draft-max", "4", "--spec-type", "ngram-simple",
+               "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8")
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout
+    lines = dict(line.split(" = ", 1) for line in spec.stderr.splitlines() if line.startswith("cooktop: n_"))
+    n_drafted, n_accept = int(lines["cooktop: n_drafted"]), int(lines["cooktop: n_accept "])
+    assert 0 < n_accept <= n_drafted  # stories260K as its own draft: its greedy drafts are accepted
+    assert "cooktop: accept    = " in spec.stderr and "n_drafted" not in plain.stderr
+    bad = run("--spec-type", "eagle3")
+    assert bad.returncode != 0 and "--spec-type eagle3 is not supported" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_serve_slots_decode_speculatively_with_the_same_answers(stories, server_deps):
+    import httpx
+    from serverutil import RunningServer
+
+    from cooktop.engine.spec_config import SpecOptions
+    from cooktop.server.app import ServerConfig
+    answers = []
+    for spec in (None, SpecOptions(model_draft=str(stories), draft_max=4, spec_type=("ngram-simple",),
+                                   ngram_size_n=3, ngram_size_m=8)):
+        s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=3,
+                                       speculative=spec))
+        try:
+            prompts = [TEXT, TEXT[40:], "Once upon a time, Tom"]
+
+            def ask(p: str) -> str:
+                r = httpx.post(s.base + "/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0},
+                               timeout=120)
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["text"]
+            import concurrent.futures
+            with concurrent.futures.ThreadPoolExecutor(3) as ex:
+                answers.append(list(ex.map(ask, prompts)))
+            if spec is not None:
+                assert s.state.draft_engine is not None
+        finally:
+            s.stop()
+    assert answers[0] == answers[1]

@@ -57,6 +57,7 @@ class Timings:
     #: speculative decoding (llama.cpp's ``n_drafted`` / ``n_accept``); None: it was off
     n_drafted: int | None = None
     n_accepted: int = 0
+    n_decoded: int = 0  # tokens generated
 
     def lines(self) -> list[str]:
         """Printable lines in the shape of llama.cpp's ``llama_perf_context_print``."""
@@ -81,7 +82,10 @@ class Timings:
         if self.n_drafted is None:
             return []
         rate = 100.0 * self.n_accepted / self.n_drafted if self.n_drafted else 0.0
-        return [f"cooktop: n_drafted = {self.n_drafted}",
+        tps = 1000.0 * self.n_decoded / self.eval_ms if self.eval_ms > 0 else 0.0
+        return [f"cooktop: decoded {self.n_decoded:4d} tokens in {self.eval_ms / 1e3:8.3f} seconds, "
+                f"speed: {tps:8.3f} t/s",
+                f"cooktop: n_drafted = {self.n_drafted}",
                 f"cooktop: n_accept  = {self.n_accepted}",
                 f"cooktop: accept    = {rate:.3f}%"]
 
@@ -385,6 +389,7 @@ class Engine:
             timings.eval_n += 1
         if ahead:  # the context is the prompt and the generated tokens but the last
             seq.truncate(seq.n_past - len(ahead))
+        timings.n_decoded = len(generated)
         tail = "" if hit else pending + decoder.decode(b"", final=True)
         if tail:
             text_out.append(tail)

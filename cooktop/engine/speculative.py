@@ -164,9 +164,31 @@ class DraftModel(LlamaDraftModel):
             logits = self.seq.eval([tok])[-1]
         return np.array(out, dtype=np.intc)
 
+    def fork(self) -> DraftModel:
+        """Another drafter on the same engine with a sequence of its own (one per server slot)."""
+        return DraftModel(self.engine, self.n_max, self.p_min)
+
     def close(self) -> None:
         """Free the draft sequence's cache (the engine stays the caller's)."""
         self.seq.close()
+
+
+class FirstOf(LlamaDraftModel):
+    """Several drafters in order (llama.cpp's ``--spec-type a,b``): the first non-empty draft."""
+
+    def __init__(self, drafters: list[Any]):
+        self.drafters = list(drafters)
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
+        for d in self.drafters:
+            out = np.asarray(d(input_ids, **kwargs) if isinstance(d, (DraftModel, FirstOf)) else d(input_ids))
+            if out.size:
+                return out.astype(np.intc).reshape(-1)
+        return np.array([], dtype=np.intc)
+
+    def fork(self) -> FirstOf:
+        """A copy whose stateful drafters (draft models) have sequences of their own."""
+        return FirstOf([d.fork() if hasattr(d, "fork") else d for d in self.drafters])
 
 
 def check_vocab(target: Any, draft: Any) -> None:
@@ -235,7 +257,7 @@ class Speculation:
             return []
         ids = np.asarray(history, dtype=np.intc)
         try:
-            got = self.drafter(ids, n_max=k) if isinstance(self.drafter, DraftModel) else self.drafter(ids)
+            got = self.drafter(ids, n_max=k) if isinstance(self.drafter, (DraftModel, FirstOf)) else self.drafter(ids)
             out = np.asarray(got).reshape(-1)
             draft = [int(t) for t in out[:k]]
         except (TypeError, ValueError) as e:
@@ -245,3 +267,9 @@ class Speculation:
             raise CooktopError(f"the draft model {self.drafter!r} proposed token id {bad[0]}, outside "
                                f"the vocabulary 0..{n_vocab - 1}")
         return draft if len(draft) >= max(self.n_min, 1) else []
+
+    def fork(self) -> Speculation:
+        """The same speculation for another sequence (a server slot): stateful drafters (a draft
+        model's sequence) are copied, stateless ones (n-gram lookups) shared."""
+        d = self.drafter
+        return dataclasses.replace(self, drafter=d.fork() if hasattr(d, "fork") else d)
