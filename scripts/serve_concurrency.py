@@ -49,8 +49,10 @@ def wait_up(base: str, proc: subprocess.Popen, timeout: float = 600) -> None:
         time.sleep(0.2)
 
 
-def measure_server(base: str, prompts: list[str], n: int) -> dict:
-    """(alone texts, sequential s, concurrent texts, concurrent s) against an OpenAI-style server."""
+def measure_server(base: str, prompts: list[str], n: int, stagger: float = 0.0) -> dict:
+    """Sequential and concurrent wall times against an OpenAI-style server, and how many concurrent
+    answers equal their alone text; request ``i`` of the concurrent run starts ``i * stagger`` s in
+    (so later prompts are read while earlier requests decode: mixed batches)."""
     def ask(p: str) -> str:
         r = httpx.post(base + "/v1/completions", json={"prompt": p, "max_tokens": n, "temperature": 0}, timeout=900)
         r.raise_for_status()
@@ -60,9 +62,13 @@ def measure_server(base: str, prompts: list[str], n: int) -> dict:
     t0 = time.perf_counter()
     alone = [ask(p) for p in prompts]
     t_seq = time.perf_counter() - t0
+    def later(i: int) -> str:
+        time.sleep(i * stagger)
+        return ask(prompts[i])
+
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
         t0 = time.perf_counter()
-        together = list(ex.map(ask, prompts))
+        together = list(ex.map(later, range(len(prompts))))
         t_conc = time.perf_counter() - t0
     return {"sequential_s": round(t_seq, 3), "concurrent_s": round(t_conc, 3),
             "equal": sum(a == b for a, b in zip(alone, together)), "n": len(prompts),
@@ -77,7 +83,7 @@ def run_cooktop(a: argparse.Namespace, prompts: list[str]) -> dict:
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=dict(os.environ))
     try:
         wait_up(base, proc)
-        return measure_server(base, prompts, a.n_predict)
+        return measure_server(base, prompts, a.n_predict, a.stagger)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -185,6 +191,7 @@ def main() -> int:
     ap.add_argument("--vs-llama-cpp", action="store_true")
     ap.add_argument("--llama-server", default=None, help="a llama-server binary (else llama-cpp-python's batch API)")
     ap.add_argument("--no-cooktop", action="store_true")
+    ap.add_argument("--stagger", type=float, default=0.0, help="seconds between the concurrent requests' starts")
     ap.add_argument("extra", nargs="*", help="more `cooktop serve` options (after --)")
     a = ap.parse_args()
     prompts = [f"Once upon a time {WORDS[i % len(WORDS)]}" for i in range(a.parallel)]
