@@ -43,7 +43,8 @@ def test_greedy_output_is_the_non_speculative_one(family):
     try:
         prompt = eng.tokenizer.tokenize(TEXT, add_bos=True)
         plain = eng.generate(prompt, 32, GREEDY).drain()
-        for drafter in (LlamaPromptLookupDecoding(2, 10), NgramSimple(3, 8)):
+        drafters = [LlamaPromptLookupDecoding(2, 10)] + ([NgramSimple(3, 8)] if family == "cpu" else [])
+        for drafter in drafters:
             spec = eng.generate(prompt, 32, GREEDY, draft=Speculation(drafter, n_max=8)).drain()
             assert spec.tokens == plain.tokens, (family, drafter)
             assert spec.text == plain.text
@@ -75,6 +76,17 @@ def test_seeded_sampling_and_draft_models_give_the_non_speculative_output():
         confident = DraftModel(rand, 4, p_min=0.99)  # flat random logits: never that sure
         none = eng.generate(prompt, 8, GREEDY, draft=Speculation(confident, 4)).drain()
         assert none.tokens == greedy.tokens[:8] and none.timings.n_drafted == 0
+        # a full context: drafts never pass n_ctx, the generation ends at "length" or shifts as without them
+        small = G.load(str(SHARED / "models" / "stories260K.gguf"), n_ctx=len(prompt) + 12, device="cpu")
+        try:
+            lookup = Speculation(LlamaPromptLookupDecoding(), 10)
+            for n_keep in (None, 4):
+                want = small.generate(prompt, 30, GREEDY, n_keep=n_keep).drain()
+                got = small.generate(prompt, 30, GREEDY, n_keep=n_keep, draft=lookup).drain()
+                assert got.tokens == want.tokens and got.finish_reason == want.finish_reason
+                assert small.seq.n_past <= small.n_ctx
+        finally:
+            small.close()
     finally:
         eng.close()
         rand.close()
