@@ -241,27 +241,28 @@ def test_run_prints_the_drafted_and_accepted_counts(stories):
 
 
 def test_serve_slots_decode_speculatively_with_the_same_answers(stories, server_deps):
+    import concurrent.futures
+
     import httpx
     from serverutil import RunningServer
 
     from cooktop.engine.spec_config import SpecOptions
     from cooktop.server.app import ServerConfig
+
+    def ask(base: str, p: str) -> str:
+        r = httpx.post(base + "/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
     answers = []
+    prompts = [TEXT, TEXT[40:], "Once upon a time, Tom"]
     for spec in (None, SpecOptions(model_draft=str(stories), draft_max=4, spec_type=("ngram-simple",),
                                    ngram_size_n=3, ngram_size_m=8)):
         s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=3,
                                        speculative=spec))
         try:
-            prompts = [TEXT, TEXT[40:], "Once upon a time, Tom"]
-
-            def ask(p: str) -> str:
-                r = httpx.post(s.base + "/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0},
-                               timeout=120)
-                assert r.status_code == 200, r.text
-                return r.json()["choices"][0]["text"]
-            import concurrent.futures
             with concurrent.futures.ThreadPoolExecutor(3) as ex:
-                answers.append(list(ex.map(ask, prompts)))
+                answers.append(list(ex.map(lambda p, base=s.base: ask(base, p), prompts)))
             if spec is not None:
                 assert s.state.draft_engine is not None
         finally:
