@@ -76,6 +76,11 @@ def test_seeded_sampling_and_draft_models_give_the_non_speculative_output():
         confident = DraftModel(rand, 4, p_min=0.99)  # flat random logits: never that sure
         none = eng.generate(prompt, 8, GREEDY, draft=Speculation(confident, 4)).drain()
         assert none.tokens == greedy.tokens[:8] and none.timings.n_drafted == 0
+        # closed early: the context is what was yielded but the last token, no unchecked draft left
+        gen = eng.generate(prompt, 40, GREEDY, draft=Speculation(lambda ids: [5, 6, 7, 8], 4))
+        first = [next(gen).token for _ in range(5)]
+        gen.close()
+        assert eng.seq.tokens == prompt + first[:4]
         # a full context: drafts never pass n_ctx, the generation ends at "length" or shifts as without them
         small = G.load(str(SHARED / "models" / "stories260K.gguf"), n_ctx=len(prompt) + 12, device="cpu")
         try:

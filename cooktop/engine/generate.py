@@ -320,73 +320,78 @@ class Engine:
         timings.prompt_ms = (time.perf_counter() - t0) * 1e3
         history = list(prompt)
         first = True
-        while n_predict < 0 or len(generated) < n_predict:
-            if seq.n_past - len(ahead) >= self.n_ctx:  # context full: every generated token must fit (finish "length")
-                ctx = list(seq.tokens)
-                keep = len(prompt) if n_keep is not None and n_keep < 0 else min(n_keep or 0, len(ctx))
-                n_discard = (len(ctx) - keep) // 2
-                if n_keep is None or n_discard <= 0:
+        try:
+            while n_predict < 0 or len(generated) < n_predict:
+                if seq.n_past - len(ahead) >= self.n_ctx:  # context full (finish "length")
+                    ctx = list(seq.tokens)
+                    keep = len(prompt) if n_keep is not None and n_keep < 0 else min(n_keep or 0, len(ctx))
+                    n_discard = (len(ctx) - keep) // 2
+                    if n_keep is None or n_discard <= 0:
+                        break
+                    te = time.perf_counter()
+                    seq.truncate(keep)
+                    logits = seq.eval(ctx[keep + n_discard:])[-1]
+                    version = seq.version
+                    timings.eval_ms += (time.perf_counter() - te) * 1e3
+                ts = time.perf_counter()
+                tok = sampler.sample(logits, history)
+                timings.sample_ms += (time.perf_counter() - ts) * 1e3
+                if first:
+                    timings.ttft_ms = (time.perf_counter() - t0) * 1e3
+                    first = False
+                if self.tokenizer.is_eog(tok):
+                    finish = "stop"
                     break
+                generated.append(tok)
+                history.append(tok)
+                pending += decoder.decode(self.tokenizer.token_to_piece(tok, special=tok in preserved))
+                emit, hit = _split_stop(pending, stop)
+                pending = pending[len(emit):]
+                if emit:
+                    text_out.append(emit)
+                yield Step(tok, emit, None, logits)
+                if hit:
+                    finish = "stop"
+                    pending = ""
+                    break
+                if criteria and any(bool(c(np.asarray(history, dtype=np.intc), logits)) for c in criteria):
+                    finish = "stop"
+                    break
+                if n_predict >= 0 and len(generated) >= n_predict:
+                    break
+                if seq.version != version:
+                    raise CooktopError("this generation was interrupted: its sequence was changed by another "
+                                       "eval or completion meanwhile; finish a stream before starting the next "
+                                       "on the same sequence, or give each stream its own sequence (one Llama, "
+                                       "or Engine.new_sequence(), per stream)")
+                if ahead and ahead[0][0] == tok:  # the target sampled the draft's token: its logits are here
+                    logits = ahead.pop(0)[1]
+                    timings.n_accepted += 1
+                    continue
                 te = time.perf_counter()
-                seq.truncate(keep)
-                logits = seq.eval(ctx[keep + n_discard:])[-1]
+                if ahead:  # rejected: drop the K/V of the draft tokens past the sampled one
+                    seq.truncate(seq.n_past - len(ahead))
+                    ahead = []
+                proposal: list[int] = []
+                if draft is not None:
+                    room = min(self.n_ctx - seq.n_past - 1, seq.model.n_batch - 1)
+                    if n_predict >= 0:
+                        room = min(room, n_predict - len(generated) - 1)
+                    proposal = draft.propose(history, room, self.cfg.n_vocab)
+                if proposal:
+                    rows = seq.eval([tok] + proposal, logits_all=True)
+                    logits = rows[0]
+                    ahead = list(zip(proposal, rows[1:]))
+                    timings.n_drafted = (timings.n_drafted or 0) + len(proposal)
+                else:
+                    logits = seq.eval([tok])[-1]
                 version = seq.version
                 timings.eval_ms += (time.perf_counter() - te) * 1e3
-            ts = time.perf_counter()
-            tok = sampler.sample(logits, history)
-            timings.sample_ms += (time.perf_counter() - ts) * 1e3
-            if first:
-                timings.ttft_ms = (time.perf_counter() - t0) * 1e3
-                first = False
-            if self.tokenizer.is_eog(tok):
-                finish = "stop"
-                break
-            generated.append(tok)
-            history.append(tok)
-            pending += decoder.decode(self.tokenizer.token_to_piece(tok, special=tok in preserved))
-            emit, hit = _split_stop(pending, stop)
-            pending = pending[len(emit):]
-            if emit:
-                text_out.append(emit)
-            yield Step(tok, emit, None, logits)
-            if hit:
-                finish = "stop"
-                pending = ""
-                break
-            if criteria and any(bool(c(np.asarray(history, dtype=np.intc), logits)) for c in criteria):
-                finish = "stop"
-                break
-            if n_predict >= 0 and len(generated) >= n_predict:
-                break
-            if seq.version != version:
-                raise CooktopError("this generation was interrupted: its sequence was changed by another "
-                                   "eval or completion meanwhile; finish a stream before starting the next "
-                                   "on the same sequence, or give each stream its own sequence (one Llama, "
-                                   "or Engine.new_sequence(), per stream)")
-            if ahead and ahead[0][0] == tok:  # the target sampled the draft's token: its logits are here
-                logits = ahead.pop(0)[1]
-                timings.n_accepted += 1
-                continue
-            te = time.perf_counter()
-            if ahead:  # rejected: drop the K/V of the draft tokens past the sampled one
+                timings.eval_n += 1
+        except GeneratorExit:  # closed early: forget the unchecked draft, as at the end
+            if ahead and seq.version == version and not seq.cache.closed:
                 seq.truncate(seq.n_past - len(ahead))
-                ahead = []
-            proposal: list[int] = []
-            if draft is not None:
-                room = min(self.n_ctx - seq.n_past - 1, seq.model.n_batch - 1)
-                if n_predict >= 0:
-                    room = min(room, n_predict - len(generated) - 1)
-                proposal = draft.propose(history, room, self.cfg.n_vocab)
-            if proposal:
-                rows = seq.eval([tok] + proposal, logits_all=True)
-                logits = rows[0]
-                ahead = list(zip(proposal, rows[1:]))
-                timings.n_drafted = (timings.n_drafted or 0) + len(proposal)
-            else:
-                logits = seq.eval([tok])[-1]
-            version = seq.version
-            timings.eval_ms += (time.perf_counter() - te) * 1e3
-            timings.eval_n += 1
+            raise
         if ahead:  # the context is the prompt and the generated tokens but the last
             seq.truncate(seq.n_past - len(ahead))
         timings.n_decoded = len(generated)
