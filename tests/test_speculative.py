@@ -273,3 +273,38 @@ def test_serve_slots_decode_speculatively_with_the_same_answers(stories, server_
         finally:
             s.stop()
     assert answers[0] == answers[1]
+
+
+def test_drafts_checked_in_the_batch_drivers_steps_give_the_alone_text():
+    """Three threads decode speculatively through one BatchDriver (a draft's rows are one request
+    of a shared step, ``forward_batch``'s ``want_logits = k``): each text is its plain one alone."""
+    import threading
+
+    from cooktop.engine.batch import BatchDriver
+    eng = _engine("cpu")
+    try:
+        prompts = [eng.tokenizer.tokenize(t, add_bos=True) for t in (TEXT, TEXT[50:], "Once upon a time, Tom")]
+        alone = [eng.generate(p, 24, GREEDY, seq=eng.new_sequence()).drain().tokens for p in prompts]
+        seqs = eng.new_sequences(3)
+        drv = BatchDriver(eng.model, seqs)
+        got: list = [None] * 3
+        drv.join(3)
+
+        def run(i: int) -> None:
+            try:
+                r = eng.generate(prompts[i], 24, GREEDY, seq=seqs[i],
+                                 draft=Speculation(LlamaPromptLookupDecoding(2, 6), 6)).drain()
+                got[i] = (r.tokens, r.timings.n_drafted)
+            finally:
+                drv.leave()
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        drv.close()
+        assert [g[0] for g in got] == alone
+        assert sum(g[1] for g in got) > 0 and drv.stats.max_seqs >= 2
+    finally:
+        eng.close()
