@@ -137,6 +137,7 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     if conversation or (conversation is None and system is not None):
         llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
                               chat_template, chat_template_file, ray_address, tensors)
+        llm.draft_model, _draft = speculative.build(llm._engine, device, parse_ngl(n_gpu_layers))
         sys.exit(chat_loop(llm, chat_generation(llm, n_predict, gen_opts), system, prompt or None,
                            single_turn=single_turn))
     from ..api.options import set_threads
