@@ -137,3 +137,45 @@ def test_batch_errors(stories):
     with pytest.raises(CooktopError, match="the batch driver is closed"):
         drv.eval(seqs[0], [1])
     e.close()
+
+
+@pytest.mark.parametrize("model", ["tiny/tiny-Q4_0.gguf", "tiny/tiny-Q8_0.gguf"])
+def test_batched_rows_are_bit_identical_to_alone_on_the_exact_paths(model):
+    """On OpenCL's 8-bit paths a sequence's logits in a batch of 8 (prompts read together, then
+    decode steps of 8 rows) are bit for bit those of it alone: the served-alone text of a request
+    is its text in any batch, even with a random model's flat logits (where any rounding
+    difference changes greedy tokens). (Vulkan's are too, by the same integer-dot mat-vec for
+    every row count: tests/test_prompt_paths.py; its graphs for these shapes take minutes on
+    lavapipe, so it is left out here.)"""
+    family = "opencl"
+    from conftest import SHARED, skip_or_fail
+
+    from cooktop.backends import registry
+    path = SHARED / "models" / model
+    if not path.exists():
+        skip_or_fail("shared", f"{path} missing")
+    res = registry.probe(family)
+    if not res.available or not res.devices:
+        skip_or_fail(family, f"{res.reason}; to enable: {res.hint}")
+    e = cooktop.load(str(path), n_ctx=64, n_batch=64, device=family, n_gpu_layers=-1)
+    try:
+        m = e.model
+        prompts = [[1] + [3 + (17 * i + 5 * j) % 500 for j in range(3)] for i in range(8)]  # one shape: fast graphs
+        alone = []
+        for p in prompts:
+            s = e.new_sequence()
+            rows = [s.eval(p)[-1]]
+            for _ in range(2):
+                rows.append(s.eval([int(np.argmax(rows[-1]))])[-1])
+            alone.append(rows)
+            s.close()
+        cache = e.new_sequences(8)[0].cache
+        outs = m.forward_batch(cache, [(i, 0, p, True) for i, p in enumerate(prompts)])
+        for k in range(3):
+            for i in range(8):
+                assert np.array_equal(outs[i][0], alone[i][k]), (family, model, i, k)
+            if k < 2:
+                outs = m.forward_batch(cache, [(i, len(p) + k, [int(np.argmax(alone[i][k]))], True)
+                                               for i, p in enumerate(prompts)])
+    finally:
+        e.close()

@@ -191,7 +191,8 @@ class CompletionMixin(LlamaBase):
         if echo and logprobs is not None:
             seq.reset()
             prompt_lp = self._prompt_logprobs(seq, tokens, logprobs)
-        steps = eng.generate(tokens, n_predict, sampler, stop_list(stop), stopping_criteria=criteria, seq=seq)
+        steps = eng.generate(tokens, n_predict, sampler, stop_list(stop), stopping_criteria=criteria, seq=seq,
+                             draft=self._speculation())
         prefix = ""
         if echo:
             prefix = prompt if isinstance(prompt, str) else self.detokenize(tokens).decode("utf-8", "replace")

@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import cluster, notices
 from ..engine import generate as _generate
+from ..engine.speculative import Speculation
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, read_raw_metadata
 from ..runtime.placement import TensorPlacement
@@ -89,7 +90,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                  verbose: bool = True, device: str | None = None, split: str | list[float] | None = None,
                  chat_template: str | None = None, chat_template_file: str | None = None,
                  ray_address: str | None = None, n_cpu_moe: int = 0, cpu_moe: bool = False,
-                 override_tensor: str | list[str] | None = None, **kwargs: Any):
+                 override_tensor: str | list[str] | None = None, draft_model: Any = None, **kwargs: Any):
         self._engine_or_none: _generate.Engine | None = None
         self._last: _generate.GenerationResult | None = None
         notices.set_verbose(verbose)  # process-wide, like llama-cpp-python's log callback: False prints nothing
@@ -100,6 +101,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         options.check_kv_type("type_v", type_v)
         options.pooling_name(pooling_type)
         options.set_threads(n_threads_batch or n_threads)
+        self._n_batch_arg = n_batch
+        self.draft_model = draft_model
         self.seed = -1 if seed in (None, -1, 0xFFFFFFFF) else int(seed)
         self.context_params = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
                                    n_threads_batch=n_threads_batch, pooling_type=pooling_type,
@@ -201,6 +204,35 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         if self.__dict__.get("_local") is None:
             self.__dict__["_local"] = threading.local()
         self.__dict__["_local"].seq = seq
+
+    @property
+    def draft_model(self) -> Any:
+        """The ``draft_model`` (llama-cpp-python's; None: no speculative decoding). Setting it
+        (a ``LlamaDraftModel``, any callable ``input_ids -> ids``, or a ``Speculation``) applies to
+        the next generations.
+
+        Raises:
+            CooktopError: (setting) not a draft model.
+        """
+        return self.__dict__.get("_draft_model")
+
+    @draft_model.setter
+    def draft_model(self, value: Any) -> None:
+        self._speculation_base = _speculation_of(value, self.__dict__.get("_n_batch_arg", 512))
+        self.__dict__["_draft_model"] = value
+        self.__dict__.pop("_spec_local", None)
+
+    def _speculation(self) -> Speculation | None:
+        """The calling thread's speculation (``draft_model``; None without one): the server's slot
+        threads each get a fork, so a draft model's sequence is never shared."""
+        base = self._speculation_base
+        if base is None:
+            return None
+        local = self.__dict__.setdefault("_spec_local", threading.local())
+        spec = getattr(local, "spec", None)
+        if spec is None:
+            spec = local.spec = base if threading.current_thread() is threading.main_thread() else base.fork()
+        return spec
 
     @property
     def _tokenizer(self):
@@ -417,3 +449,19 @@ class _VocabFile:
                 return [value(x) for x in v]
             return v.tolist() if isinstance(v, np.ndarray) else v
         return {key: value(v.value) for key, v in self.raw.items()}
+
+
+def _speculation_of(draft_model: Any, n_batch: int) -> Speculation | None:
+    """``Llama(draft_model=...)`` as a :class:`Speculation`: a llama-cpp-python draft model (any
+    callable ``input_ids -> ids``, e.g. ``LlamaPromptLookupDecoding``) verifies all it proposes
+    (up to ``n_batch - 1`` tokens); a ``Speculation`` (cooktop serve's ``-md``) keeps its limits.
+
+    Raises:
+        CooktopError: ``draft_model`` is neither.
+    """
+    if draft_model is None or isinstance(draft_model, Speculation):
+        return draft_model
+    if not callable(draft_model):
+        raise CooktopError(f"draft_model must be a LlamaDraftModel (e.g. LlamaPromptLookupDecoding(...)) or a "
+                           f"callable input_ids -> draft ids, got {draft_model!r}")
+    return Speculation(draft_model, n_max=max(1, int(n_batch) - 1))

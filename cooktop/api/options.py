@@ -45,7 +45,6 @@ IGNORED: dict[str, tuple[Any, str]] = {
     "swa_full": (None, "cooktop has no sliding-window cache"),
     "no_perf": (False, "timings are always kept"),
     "numa": (False, "cooktop does not pin memory to NUMA nodes"),
-    "draft_model": (None, "cooktop has no speculative decoding (answers are the same without it)"),
     "lora_scale": (1.0, "cooktop has no LoRA"),
     "use_mmap": (True, "cooktop always maps the GGUF file"),
 }

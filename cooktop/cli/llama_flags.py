@@ -48,7 +48,7 @@ REASONS = {
     "--flash-attn": "cooktop's attention kernels are its own",
     "--cache-type-k": "the KV cache is f32",
     "--cache-type-v": "the KV cache is f32",
-    "--model-draft": "cooktop has no speculative decoding",
+    "--model-draft": "speculative decoding is on cooktop run and cooktop serve",
     "--main-gpu": "choose the device with --device (-dev)",
     "--split-mode": "cooktop splits by layer (--split / -ts)",
     "--ubatch-size": "cooktop evaluates -b tokens per forward pass",

@@ -24,6 +24,7 @@ from .common import (
 from .group import cli
 from .llama_flags import llama_options
 from .sampling_options import chat_generation, generation_options, run_sampler, stop_criterion
+from .spec_options import speculative_options
 
 #: Single-character escapes of llama.cpp's ``string_process_escapes`` (common/common.cpp).
 _ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
@@ -106,20 +107,23 @@ def process_escapes(text: str) -> str:
 @click.option("-no-cnv", "--no-conversation", "conversation", flag_value=False,
               help="Plain completion (the default).")
 @chat_options
+@speculative_options
 @threads_option
 @device_options
 @ray_option
 def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, display_prompt,
             verbose_prompt, context_shift, n_keep, escape, no_bos, special, conversation, single_turn, system,
             chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, ray_address,
-            tensors, **gen_opts):
+            tensors, speculative, **gen_opts):
     """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple).
 
     Special tokens in the prompt (``<s>``, ``<|im_start|>``) are parsed, escapes
     are processed (``--no-escape`` to keep them), and ``-f`` drops one trailing
     newline of the file, as llama-cli does. ``-cnv`` (or ``-sys``) starts a
     conversation instead (see ``cooktop chat``). Every other llama-cli option is
-    accepted; those cooktop does not act on say so in one line.
+    accepted; those cooktop does not act on say so in one line. ``-md DRAFT.gguf`` or
+    ``--spec-type ngram-simple`` decode speculatively (the same text, fewer forward passes);
+    the timings then end with the drafted / accepted counts, as llama-speculative-simple's.
     """
     if n_predict < -1:
         raise CooktopError(f"-n must be >= -1 (-1 = until the context is full), got {n_predict}")
@@ -133,6 +137,7 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     if conversation or (conversation is None and system is not None):
         llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
                               chat_template, chat_template_file, ray_address, tensors)
+        llm.draft_model, _draft = speculative.build(llm._engine, device, parse_ngl(n_gpu_layers))
         sys.exit(chat_loop(llm, chat_generation(llm, n_predict, gen_opts), system, prompt or None,
                            single_turn=single_turn))
     from ..api.options import set_threads
@@ -147,6 +152,11 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
                **extra)
     tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=True)
     eng.check_prompt(tokens)
+    try:
+        spec, draft_engine = speculative.build(eng, device, parse_ngl(n_gpu_layers))
+    except BaseException:
+        eng.close()
+        raise
     click.echo(f"cooktop: {path}: {eng.placement.summary()}", err=True)
     for note in eng.placement.notes:
         click.echo(f"cooktop: {note}", err=True)
@@ -162,7 +172,7 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         out.flush()
     criteria = stop_criterion(eng.tokenizer, len(tokens), gen_opts["reverse_prompt"])
     gen = eng.generate(tokens, n_predict, sampler, stopping_criteria=criteria,
-                       n_keep=n_keep if context_shift else None)
+                       n_keep=n_keep if context_shift else None, draft=spec)
     for step in gen:
         out.write(step.text)
         out.flush()
@@ -180,4 +190,6 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
                    f"{' + '.join(f'{c:.2f}' for c in st['compute_ms'])} ms (per segment) + overhead "
                    f"{st['overhead_ms']:.2f} ms ({st['overhead_ms_per_hop']:.2f} ms per hop, {st['n_hops']} hops)",
                    err=True)
+    if draft_engine is not None:
+        draft_engine.close()
     eng.close()

@@ -23,6 +23,7 @@ from .common import (
 from .group import cli
 from .llama_flags import llama_options
 from .sampling_options import SAMPLING_DESTS, generation_options, grammar_source
+from .spec_options import speculative_options
 
 
 @cli.command("serve")
@@ -57,6 +58,7 @@ from .sampling_options import SAMPLING_DESTS, generation_options, grammar_source
 @click.option("--embedding", "--embeddings", "embeddings", is_flag=True,
               help="(Accepted: /v1/embeddings is always on in cooktop.)")
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
+@speculative_options
 @threads_option
 @device_options
 @ray_option
@@ -65,7 +67,7 @@ from .sampling_options import SAMPLING_DESTS, generation_options, grammar_source
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               embeddings, metrics, threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas,
-              tensors, **gen_opts):
+              tensors, speculative, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
@@ -75,6 +77,9 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
 
     With --ray ADDRESS, Ray Serve runs --replicas copies of the server on the cluster (each
     possibly split across nodes by --device NODE/DEVICE,...) behind one address.
+
+    -md DRAFT.gguf or --spec-type ngram-simple decode speculatively in every slot (each slot
+    drafts for itself; the drafts are verified in the shared batched steps).
     """
     if n_predict < -1:
         raise CooktopError(f"-n must be >= -1 (-1 = until the context is full), got {n_predict}")
@@ -104,7 +109,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         kwargs["pooling_type"] = 4  # llama.cpp LLAMA_POOLING_TYPE_RANK
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
                           api_key=api_key, reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
-                          webui=not no_webui, defaults=defaults)
+                          webui=not no_webui, defaults=defaults,
+                          speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if ray_address:
         from ..server.replicas import serve_forever

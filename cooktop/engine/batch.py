@@ -48,7 +48,9 @@ class _Request:
 
     seq: Any
     tokens: list[int]
+    all_rows: bool = False  # logits of every token (a speculative draft), not just the last
     done: int = 0
+    rows: list[np.ndarray] = dataclasses.field(default_factory=list)
     logits: np.ndarray | None = None
     error: BaseException | None = None
     finished: bool = False
@@ -118,15 +120,16 @@ class BatchDriver:
             self._running -= 1
             self._cv.notify_all()
 
-    def eval(self, seq: Any, tokens: list[int]) -> np.ndarray:
+    def eval(self, seq: Any, tokens: list[int], all_rows: bool = False) -> np.ndarray:
         """Append ``tokens`` to ``seq`` in the coming steps; park until done (called by a member).
 
         Returns:
-            float32 [1, n_vocab], the logits of the last token.
+            float32 [1, n_vocab], the logits of the last token; with ``all_rows``
+            float32 [len(tokens), n_vocab], every token's (speculative verification).
         Raises:
             CooktopError: the driver is closed; whatever the step raised.
         """
-        req = _Request(seq, list(tokens))
+        req = _Request(seq, list(tokens), all_rows)
         with self._cv:
             if self._stop:
                 raise CooktopError("the batch driver is closed")
@@ -184,8 +187,8 @@ class BatchDriver:
                     self._cv.notify_all()
                     return
                 share = self._take()
-            items = [(r.seq.seq_id, r.seq.n_past, r.tokens[r.done:r.done + k], r.done + k == len(r.tokens))
-                     for r, k in share]
+            items = [(r.seq.seq_id, r.seq.n_past, r.tokens[r.done:r.done + k],
+                      k if r.all_rows else r.done + k == len(r.tokens)) for r, k in share]
             t0 = time.perf_counter()
             error: BaseException | None = None
             try:
@@ -211,8 +214,11 @@ class BatchDriver:
                         r.error, r.finished = error, True
                     else:
                         r.done += k
+                        if r.all_rows and out is not None:
+                            r.rows.append(out)
                         if r.done == len(r.tokens):
-                            r.logits, r.finished = out, True
+                            r.logits = np.concatenate(r.rows) if r.all_rows else out
+                            r.finished = True
                     if r.finished:  # its thread runs again: the next step waits for it (no race)
                         self._pending.remove(r)
                         self._running += 1

@@ -38,6 +38,7 @@ from ..runtime.placement import Placement
 from ..text.tokenizer import Tokenizer
 from .sampling import Sampler, SamplingParams
 from .sequence import Sequence
+from .speculative import Speculation
 
 log = logging.getLogger("cooktop")
 
@@ -53,6 +54,10 @@ class Timings:
     eval_ms: float = 0.0
     sample_ms: float = 0.0
     ttft_ms: float = 0.0
+    #: speculative decoding (llama.cpp's ``n_drafted`` / ``n_accept``); None: it was off
+    n_drafted: int | None = None
+    n_accepted: int = 0
+    n_decoded: int = 0  # tokens generated
 
     def lines(self) -> list[str]:
         """Printable lines in the shape of llama.cpp's ``llama_perf_context_print``."""
@@ -70,7 +75,19 @@ class Timings:
             f"cooktop:      sample time = {self.sample_ms:10.2f} ms",
             f"cooktop: time to first token = {self.ttft_ms:7.2f} ms",
             f"cooktop:       total time = {total:10.2f} ms / {self.prompt_n + self.eval_n:5d} tokens",
-        ]
+        ] + self.draft_lines()
+
+    def draft_lines(self) -> list[str]:
+        """llama-speculative-simple's summary (``n_drafted``, ``n_accept``, ``accept``); [] without drafts."""
+        if self.n_drafted is None:
+            return []
+        rate = 100.0 * self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+        tps = 1000.0 * self.n_decoded / self.eval_ms if self.eval_ms > 0 else 0.0
+        return [f"cooktop: decoded {self.n_decoded:4d} tokens in {self.eval_ms / 1e3:8.3f} seconds, "
+                f"speed: {tps:8.3f} t/s",
+                f"cooktop: n_drafted = {self.n_drafted}",
+                f"cooktop: n_accept  = {self.n_accepted}",
+                f"cooktop: accept    = {rate:.3f}%"]
 
 
 @dataclasses.dataclass
@@ -232,7 +249,8 @@ class Engine:
     def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams | Sampler,
                  stop: list[str] | None = None, seq: Sequence | Callable[[list[int]], Sequence] | None = None,
                  stopping_criteria: list[StoppingCriterion] | None = None,
-                 preserved: frozenset[int] = frozenset(), n_keep: int | None = None) -> Generation:
+                 preserved: frozenset[int] = frozenset(), n_keep: int | None = None,
+                 draft: Speculation | None = None) -> Generation:
         """The continuation of ``prompt_tokens`` on ``seq``, as a :class:`Generation` of steps.
 
         Nothing runs until the first ``next``. The sequence's context becomes the
@@ -257,6 +275,10 @@ class Engine:
                 context shift (``--context-shift --keep N``, tools/completion): keep the first
                 ``n_keep`` tokens (-1: the whole prompt), drop the older half of the rest and go
                 on; cooktop evaluates what is left again instead of rotating the cached keys.
+            draft: speculative decoding (:mod:`cooktop.engine.speculative`): each step evaluates the
+                sampled token and a draft in one forward and keeps the draft tokens the target's
+                sampler agrees with; the output is that of decoding without it. The drafted and
+                accepted counts land in the result's timings.
         Raises:
             CooktopError: an empty prompt; ContextOverflowError: the prompt alone does not
             fit in ``n_ctx`` (both now, before anything runs).
@@ -269,15 +291,22 @@ class Engine:
         stops = [s for s in (stop or []) if s]
         sampler = params if isinstance(params, Sampler) else Sampler(params)
         steps = self._steps(seq, list(prompt_tokens), n_predict, sampler, stops, list(stopping_criteria or []),
-                            preserved, n_keep)
+                            preserved, n_keep, draft)
         return Generation(steps, seq, seq.common_prefix(list(prompt_tokens)))
 
     def _steps(self, seq: Sequence, prompt: list[int], n_predict: int, sampler: Sampler,
                stop: list[str], criteria: list[StoppingCriterion],
-               preserved: frozenset[int] = frozenset(),
-               n_keep: int | None = None) -> Generator[Step, None, GenerationResult]:
-        """The generation loop of :meth:`generate` (a generator returning its result)."""
+               preserved: frozenset[int] = frozenset(), n_keep: int | None = None,
+               draft: Speculation | None = None) -> Generator[Step, None, GenerationResult]:
+        """The generation loop of :meth:`generate` (a generator returning its result).
+
+        With ``draft``, ``ahead`` holds the verified draft tokens the cache has past the last
+        sampled token, each with the target's logits after it: the context is then
+        ``seq.n_past - len(ahead)`` tokens, and ``logits`` those after it."""
         timings = Timings(load_ms=self.load_ms)
+        if draft is not None:
+            timings.n_drafted = 0
+        ahead: list[tuple[int, np.ndarray]] = []
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         generated: list[int] = []
         text_out: list[str] = []
@@ -291,54 +320,81 @@ class Engine:
         timings.prompt_ms = (time.perf_counter() - t0) * 1e3
         history = list(prompt)
         first = True
-        while n_predict < 0 or len(generated) < n_predict:
-            if seq.n_past >= self.n_ctx:  # context full: every generated token must fit (finish "length")
-                ctx = list(seq.tokens)
-                keep = len(prompt) if n_keep is not None and n_keep < 0 else min(n_keep or 0, len(ctx))
-                n_discard = (len(ctx) - keep) // 2
-                if n_keep is None or n_discard <= 0:
+        try:
+            while n_predict < 0 or len(generated) < n_predict:
+                if seq.n_past - len(ahead) >= self.n_ctx:  # context full (finish "length")
+                    ctx = list(seq.tokens)
+                    keep = len(prompt) if n_keep is not None and n_keep < 0 else min(n_keep or 0, len(ctx))
+                    n_discard = (len(ctx) - keep) // 2
+                    if n_keep is None or n_discard <= 0:
+                        break
+                    te = time.perf_counter()
+                    seq.truncate(keep)
+                    logits = seq.eval(ctx[keep + n_discard:])[-1]
+                    version = seq.version
+                    timings.eval_ms += (time.perf_counter() - te) * 1e3
+                ts = time.perf_counter()
+                tok = sampler.sample(logits, history)
+                timings.sample_ms += (time.perf_counter() - ts) * 1e3
+                if first:
+                    timings.ttft_ms = (time.perf_counter() - t0) * 1e3
+                    first = False
+                if self.tokenizer.is_eog(tok):
+                    finish = "stop"
                     break
+                generated.append(tok)
+                history.append(tok)
+                pending += decoder.decode(self.tokenizer.token_to_piece(tok, special=tok in preserved))
+                emit, hit = _split_stop(pending, stop)
+                pending = pending[len(emit):]
+                if emit:
+                    text_out.append(emit)
+                yield Step(tok, emit, None, logits)
+                if hit:
+                    finish = "stop"
+                    pending = ""
+                    break
+                if criteria and any(bool(c(np.asarray(history, dtype=np.intc), logits)) for c in criteria):
+                    finish = "stop"
+                    break
+                if n_predict >= 0 and len(generated) >= n_predict:
+                    break
+                if seq.version != version:
+                    raise CooktopError("this generation was interrupted: its sequence was changed by another "
+                                       "eval or completion meanwhile; finish a stream before starting the next "
+                                       "on the same sequence, or give each stream its own sequence (one Llama, "
+                                       "or Engine.new_sequence(), per stream)")
+                if ahead and ahead[0][0] == tok:  # the target sampled the draft's token: its logits are here
+                    logits = ahead.pop(0)[1]
+                    timings.n_accepted += 1
+                    continue
                 te = time.perf_counter()
-                seq.truncate(keep)
-                logits = seq.eval(ctx[keep + n_discard:])[-1]
+                if ahead:  # rejected: drop the K/V of the draft tokens past the sampled one
+                    seq.truncate(seq.n_past - len(ahead))
+                    ahead = []
+                proposal: list[int] = []
+                if draft is not None:
+                    room = min(self.n_ctx - seq.n_past - 1, seq.model.n_batch - 1)
+                    if n_predict >= 0:
+                        room = min(room, n_predict - len(generated) - 1)
+                    proposal = draft.propose(history, room, self.cfg.n_vocab)
+                if proposal:
+                    rows = seq.eval([tok] + proposal, logits_all=True)
+                    logits = rows[0]
+                    ahead = list(zip(proposal, rows[1:]))
+                    timings.n_drafted = (timings.n_drafted or 0) + len(proposal)
+                else:
+                    logits = seq.eval([tok])[-1]
                 version = seq.version
                 timings.eval_ms += (time.perf_counter() - te) * 1e3
-            ts = time.perf_counter()
-            tok = sampler.sample(logits, history)
-            timings.sample_ms += (time.perf_counter() - ts) * 1e3
-            if first:
-                timings.ttft_ms = (time.perf_counter() - t0) * 1e3
-                first = False
-            if self.tokenizer.is_eog(tok):
-                finish = "stop"
-                break
-            generated.append(tok)
-            history.append(tok)
-            pending += decoder.decode(self.tokenizer.token_to_piece(tok, special=tok in preserved))
-            emit, hit = _split_stop(pending, stop)
-            pending = pending[len(emit):]
-            if emit:
-                text_out.append(emit)
-            yield Step(tok, emit, None, logits)
-            if hit:
-                finish = "stop"
-                pending = ""
-                break
-            if criteria and any(bool(c(np.asarray(history, dtype=np.intc), logits)) for c in criteria):
-                finish = "stop"
-                break
-            if n_predict >= 0 and len(generated) >= n_predict:
-                break
-            if seq.version != version:
-                raise CooktopError("this generation was interrupted: its sequence was changed by another "
-                                   "eval or completion meanwhile; finish a stream before starting the next "
-                                   "on the same sequence, or give each stream its own sequence (one Llama, "
-                                   "or Engine.new_sequence(), per stream)")
-            te = time.perf_counter()
-            logits = seq.eval([tok])[-1]
-            version = seq.version
-            timings.eval_ms += (time.perf_counter() - te) * 1e3
-            timings.eval_n += 1
+                timings.eval_n += 1
+        except GeneratorExit:  # closed early: forget the unchecked draft, as at the end
+            if ahead and seq.version == version and not seq.cache.closed:
+                seq.truncate(seq.n_past - len(ahead))
+            raise
+        if ahead:  # the context is the prompt and the generated tokens but the last
+            seq.truncate(seq.n_past - len(ahead))
+        timings.n_decoded = len(generated)
         tail = "" if hit else pending + decoder.decode(b"", final=True)
         if tail:
             text_out.append(tail)

@@ -101,9 +101,11 @@ class Sequence:
         bad = [t for t in tokens if not 0 <= t < n_vocab]
         if bad:
             raise InvalidTokenError(f"token id {bad[0]} is out of range 0..{n_vocab - 1}")
-        if self.driver is not None and not logits_all:  # batched with the other sequences of the cache
-            out = self.driver.eval(self, tokens)
-            self._record(self.n_past - 1, out)
+        if self.driver is not None and (not logits_all or len(tokens) <= model.n_batch):
+            # batched with the other sequences of the cache (a speculative draft's rows too)
+            pos = self.n_past
+            out = self.driver.eval(self, tokens, all_rows=logits_all)
+            self._record(pos if logits_all else self.n_past - 1, out)
             return out
         outs = []
         for i in range(0, len(tokens), model.n_batch):

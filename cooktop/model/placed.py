@@ -190,7 +190,7 @@ class PlacedModel(Generic[C]):
         cache.seq_tokens[seq_id].extend(int(t) for t in ids)
         return h
 
-    def forward_batch(self, cache: C, items: list[tuple[int, int, list[int], bool]]) -> list[np.ndarray | None]:
+    def forward_batch(self, cache: C, items: list[tuple[int, int, list[int], bool | int]]) -> list[np.ndarray | None]:
         """Evaluate tokens of several sequences of ``cache`` in one pass (at most ``n_batch`` in all).
 
         Each item ``(seq_id, n_past, tokens, want_logits)`` appends ``tokens`` to sequence
@@ -198,7 +198,9 @@ class PlacedModel(Generic[C]):
         A sequence appears at most once.
 
         Returns:
-            per item: float32 [1, n_vocab] logits of its last token when ``want_logits``, else None.
+            per item: float32 [1, n_vocab] logits of its last token when ``want_logits`` is True,
+            float32 [k, n_vocab] of its last ``k`` tokens when it is an int ``k`` >= 1 (a
+            speculative draft's rows), else None.
         Raises:
             as :meth:`forward`; ValueError: no tokens, more than ``n_batch``, a sequence twice,
             or an item out of range.
@@ -215,8 +217,10 @@ class PlacedModel(Generic[C]):
         pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for _, p, t, _ in items])
         base = np.concatenate([np.full(len(t), s * self.n_ctx, dtype=np.int32) for s, _, t, _ in items])
         ends = np.cumsum([len(t) for _, _, t, _ in items]) - 1
-        want = [i for i, it in enumerate(items) if it[3]]
-        outputs = ends[want].astype(np.int32) if want else np.array([n - 1], dtype=np.int32)
+        n_out = [0 if not w else 1 if w is True else min(int(w), len(t)) for _, _, t, w in items]
+        want = [i for i, k in enumerate(n_out) if k]
+        outputs = (np.concatenate([np.arange(ends[i] - n_out[i] + 1, ends[i] + 1) for i in want]).astype(np.int32)
+                   if want else np.array([n - 1], dtype=np.int32))
         rows = Rows(pos, pos + base, base, outputs, self.n_ctx)
         for seq_id, n_past, _, _ in items:
             cache.truncate(n_past, seq_id)
@@ -224,8 +228,10 @@ class PlacedModel(Generic[C]):
         for seq_id, _, toks, _ in items:
             cache.seq_tokens[seq_id].extend(int(t) for t in toks)
         out: list[np.ndarray | None] = [None] * len(items)
-        for j, i in enumerate(want):
-            out[i] = logits[j:j + 1]
+        j = 0
+        for i in want:
+            out[i] = logits[j:j + n_out[i]]
+            j += n_out[i]
         return out
 
     def _new_cache(self, n_seq: int) -> C:

@@ -71,6 +71,8 @@ class ServerConfig:
         reasoning_format, reasoning_budget: defaults for chat requests (``--reasoning-format``,
             ``--reasoning-budget``); webui: serve the chat page at ``/`` (``--no-webui``: False).
         defaults: request fields' defaults from the command line (``protocol.sampling_args``).
+        speculative: a :class:`~cooktop.engine.spec_config.SpecOptions` (``-md``, ``--spec-type``)
+            or None: every slot decodes speculatively with its own drafter.
     """
 
     model_path: str
@@ -83,6 +85,7 @@ class ServerConfig:
     reasoning_budget: int = -1
     webui: bool = True
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    speculative: Any = None
 
     @property
     def model_id(self) -> str:
@@ -99,6 +102,7 @@ class ServerState:
         self.scheduler: Scheduler | None = None
         self.load_error: str | None = None
         self.started = time.time()
+        self.draft_engine: Any = None
         if llm is not None:
             self.scheduler = Scheduler(llm, config.n_parallel, config.max_queue)
 
@@ -128,6 +132,10 @@ class ServerState:
             llm = Llama(model_path=self.config.model_path, verbose=False, embedding=True,
                         **self.config.llama_kwargs)
             llm.chat_template_choice()
+            if self.config.speculative is not None:
+                kw = self.config.llama_kwargs
+                llm.draft_model, self.draft_engine = self.config.speculative.build(
+                    llm._engine, kw.get("device"), kw.get("n_gpu_layers", -1))
             self.scheduler = Scheduler(llm, self.config.n_parallel, self.config.max_queue)
             self.llm = llm
             log.info("model loaded: %s", self.config.model_path)
@@ -143,6 +151,8 @@ class ServerState:
             self.scheduler.close()
         if self.llm is not None:
             self.llm.close()
+        if self.draft_engine is not None:
+            self.draft_engine.close()
 
 
 def _error(exc: BaseException) -> JSONResponse:

@@ -1,0 +1,85 @@
+"""The speculative-decoding settings of a command line (llama.cpp's ``-md``, ``--spec-type``,
+``--draft-max``...; see cooktop/cli/spec_options.py), turned into a
+:class:`~cooktop.engine.speculative.Speculation` by :meth:`SpecOptions.build` (which loads the
+draft model beside the target). Used by ``cooktop run`` and ``cooktop serve``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..errors import CooktopError
+from ..runtime.placement import parse_ngl
+from .generate import load as _load
+from .speculative import DraftModel, FirstOf, NgramSimple, Speculation
+
+#: ``--spec-type`` names (llama.cpp common/speculative.cpp) cooktop implements.
+SPEC_TYPES = ("none", "draft-simple", "ngram-simple")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecOptions:
+    """The speculative options of one command line (llama.cpp names; see the module doc)."""
+
+    model_draft: str | None = None
+    draft_max: int = 3
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    gpu_layers_draft: str | None = None
+    device_draft: str | None = None
+    spec_type: tuple[str, ...] = ()
+    ngram_size_n: int = 12
+    ngram_size_m: int = 48
+
+    def types(self) -> list[str]:
+        """The drafting types in order (``-md`` alone means ``draft-simple``).
+
+        Raises:
+            CooktopError: an unknown or unimplemented type, or ``draft-simple`` without ``-md``.
+        """
+        names = [t.strip() for v in self.spec_type for t in v.split(",") if t.strip()]
+        bad = [t for t in names if t not in SPEC_TYPES]
+        if bad:
+            raise CooktopError(f"--spec-type {bad[0]} is not supported by cooktop (it has: {', '.join(SPEC_TYPES)})")
+        names = [t for t in names if t != "none"]
+        if self.model_draft and "draft-simple" not in names:
+            names.insert(0, "draft-simple")
+        if "draft-simple" in names and not self.model_draft:
+            raise CooktopError("--spec-type draft-simple needs a draft model: give -md / --model-draft FNAME")
+        return names
+
+    def build(self, target: Any, device: str | None, n_gpu_layers: Any) -> tuple[Speculation | None, Any]:
+        """(the speculation to pass to ``generate(draft=...)`` or None, the draft engine to close or None).
+
+        The draft model is loaded with the target's ``n_ctx`` and ``n_batch``, on ``-devd`` (default
+        the target's ``device``) with ``-ngld`` layers (default the target's ``n_gpu_layers``).
+
+        Raises:
+            CooktopError: bad options, a draft model of another vocabulary; what loading raises.
+        """
+        types = self.types()
+        if not types:
+            return None, None
+        if self.draft_max < 1 or self.draft_min < 0 or not 0.0 <= self.draft_p_min <= 1.0:
+            raise CooktopError(f"--draft-max must be >= 1, --draft-min >= 0 and --draft-p-min in [0, 1]; got "
+                               f"{self.draft_max}, {self.draft_min}, {self.draft_p_min}")
+        draft_engine = None
+        drafters: list[Any] = []
+        n_max = self.draft_max
+        try:
+            for t in types:
+                if t == "draft-simple":
+                    ngl = parse_ngl(self.gpu_layers_draft) if self.gpu_layers_draft is not None else n_gpu_layers
+                    draft_engine = _load(str(self.model_draft), n_ctx=target.n_ctx, n_batch=target.n_batch,
+                                                device=self.device_draft or device, n_gpu_layers=ngl)
+                    drafters.append(DraftModel(draft_engine, self.draft_max, self.draft_p_min, vocab_of=target))
+                else:
+                    drafters.append(NgramSimple(self.ngram_size_n, self.ngram_size_m))
+                    n_max = max(n_max, self.ngram_size_m)  # llama.cpp: ngram-simple drafts up to size_m
+            drafter = drafters[0] if len(drafters) == 1 else FirstOf(drafters)
+            return Speculation(drafter, n_max=n_max, n_min=self.draft_min), draft_engine
+        except BaseException:
+            if draft_engine is not None:
+                draft_engine.close()
+            raise

@@ -1,0 +1,208 @@
+"""Serving throughput: N greedy requests to ``cooktop serve -np N`` one after another, then all at once.
+
+Starts ``cooktop serve`` on 127.0.0.1 (an ephemeral port), warms it up with one request, sends
+the N prompts one after another (each one's *alone* text, and the sequential wall time), then
+all N at once from N threads (the concurrent wall time), and checks that every concurrent
+answer equals its alone text. With ``--vs-llama-cpp`` the same N prompts run through
+llama.cpp in the same run: ``llama-server`` when ``--llama-server PATH`` is given, else
+llama-cpp-python's low-level batch API driven as llama-server's ``update_slots`` drives it
+(one ``llama_decode`` holding every sequence's prompt, then one per step holding one token of
+every sequence; ``--parallel`` sequences of one unified cache; ``-t`` threads), greedy,
+sequential (one sequence at a time) and concurrent.
+
+    python scripts/serve_concurrency.py -m /tmp/tinyllama-1.1b-Q4_0.gguf --device opencl -np 8 -n 16 --vs-llama-cpp
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+WORDS = ["there", "a dragon", "the king", "Tom", "Lily", "in the woods", "on a hill", "she", "he", "one day",
+         "a big ship", "a little cat", "the sun", "a dog", "the sea", "a girl"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(base: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit("the server did not start")
+        time.sleep(0.2)
+
+
+def measure_server(base: str, prompts: list[str], n: int, stagger: float = 0.0) -> dict:
+    """Sequential and concurrent wall times against an OpenAI-style server, and how many concurrent
+    answers equal their alone text; request ``i`` of the concurrent run starts ``i * stagger`` s in
+    (so later prompts are read while earlier requests decode: mixed batches)."""
+    def ask(p: str) -> str:
+        r = httpx.post(base + "/v1/completions", json={"prompt": p, "max_tokens": n, "temperature": 0}, timeout=900)
+        r.raise_for_status()
+        return r.json()["choices"][0]["text"]
+
+    ask(prompts[0])  # warm-up (kernels built, caches touched)
+    t0 = time.perf_counter()
+    alone = [ask(p) for p in prompts]
+    t_seq = time.perf_counter() - t0
+    def later(i: int) -> str:
+        time.sleep(i * stagger)
+        return ask(prompts[i])
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
+        t0 = time.perf_counter()
+        together = list(ex.map(later, range(len(prompts))))
+        t_conc = time.perf_counter() - t0
+    return {"sequential_s": round(t_seq, 3), "concurrent_s": round(t_conc, 3),
+            "equal": sum(a == b for a, b in zip(alone, together)), "n": len(prompts),
+            "differing": [i for i, (a, b) in enumerate(zip(alone, together)) if a != b]}
+
+
+def run_cooktop(a: argparse.Namespace, prompts: list[str]) -> dict:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "cooktop.cli", "serve", "-m", a.model, "--port", str(port), "-np", str(a.parallel),
+           "-c", str(a.ctx_size), "--device", a.device, *a.extra]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=dict(os.environ))
+    try:
+        wait_up(base, proc)
+        return measure_server(base, prompts, a.n_predict, a.stagger)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def run_llama_server(a: argparse.Namespace, prompts: list[str]) -> dict:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [a.llama_server, "-m", a.model, "--host", "127.0.0.1", "--port", str(port), "-np", str(a.parallel),
+           "-c", str(a.ctx_size * a.parallel), "-t", str(a.threads)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        wait_up(base, proc)
+        return measure_server(base, prompts, a.n_predict)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def run_llama_cpp_batched(a: argparse.Namespace, prompts: list[str]) -> dict:
+    """llama-server's decode loop over llama-cpp-python's low-level API (module doc)."""
+    import ctypes
+
+    import numpy as np
+
+    from cooktop.bench.vs_llamacpp import import_llama_cpp
+
+    lc = import_llama_cpp()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    saved = os.dup(2)
+    os.dup2(devnull, 2)  # llama.cpp's load log
+
+    lc.llama_backend_init()
+    mp = lc.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    model = lc.llama_model_load_from_file(a.model.encode(), mp)
+    vocab = lc.llama_model_get_vocab(model)
+    n_vocab = lc.llama_vocab_n_tokens(vocab)
+    cp = lc.llama_context_default_params()
+    n_seq = len(prompts)
+    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = a.ctx_size * n_seq, 512, 512, n_seq
+    cp.n_threads = cp.n_threads_batch = a.threads
+    cp.kv_unified = True
+    ctx = lc.llama_init_from_model(model, cp)
+    mem = lc.llama_get_memory(ctx)
+    batch = lc.llama_batch_init(512, 0, n_seq)
+    toks = []
+    for p in prompts:
+        buf = (lc.llama_token * 512)()
+        k = lc.llama_tokenize(vocab, p.encode(), len(p.encode()), buf, 512, True, True)
+        toks.append(list(buf[:k]))
+
+    def decode(items: list[tuple[int, int, int, bool]]) -> list[int]:
+        batch.n_tokens = len(items)
+        for i, (tok, pos, s, want) in enumerate(items):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = s, want
+        if lc.llama_decode(ctx, batch) != 0:
+            raise SystemExit("llama_decode failed")
+        out = []
+        for i, (*_, want) in enumerate(items):
+            if want:
+                row = np.ctypeslib.as_array(ctypes.cast(lc.llama_get_logits_ith(ctx, i),
+                                                        ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+                out.append(int(np.argmax(row)))
+        return out
+
+    def generate(seqs: list[int]) -> list[list[int]]:
+        for s in seqs:
+            lc.llama_memory_seq_rm(mem, s, -1, -1)
+        cur = decode([(t, p, s, p == len(toks[s]) - 1) for s in seqs for p, t in enumerate(toks[s])])
+        outs = [[c] for c in cur]
+        for j in range(a.n_predict - 1):
+            cur = decode([(cur[i], len(toks[s]) + j, s, True) for i, s in enumerate(seqs)])
+            for o, c in zip(outs, cur):
+                o.append(c)
+        return outs
+
+    try:
+        generate([0])  # warm-up
+        t0 = time.perf_counter()
+        alone = [generate([s])[0] for s in range(n_seq)]
+        t_seq = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        together = generate(list(range(n_seq)))
+        t_conc = time.perf_counter() - t0
+    finally:
+        lc.llama_batch_free(batch)
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
+        os.dup2(saved, 2)
+    return {"sequential_s": round(t_seq, 3), "concurrent_s": round(t_conc, 3),
+            "equal": sum(x == y for x, y in zip(alone, together)), "n": n_seq,
+            "how": f"llama-cpp-python {lc.__version__} low-level batch API, CPU, -t {a.threads}"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-np", "--parallel", type=int, default=8, help="slots, and the number of requests")
+    ap.add_argument("-n", "--n-predict", type=int, default=16)
+    ap.add_argument("-c", "--ctx-size", type=int, default=256, help="context of each slot")
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads")
+    ap.add_argument("--device", default="opencl")
+    ap.add_argument("--vs-llama-cpp", action="store_true")
+    ap.add_argument("--llama-server", default=None, help="a llama-server binary (else llama-cpp-python's batch API)")
+    ap.add_argument("--no-cooktop", action="store_true")
+    ap.add_argument("--stagger", type=float, default=0.0, help="seconds between the concurrent requests' starts")
+    ap.add_argument("extra", nargs="*", help="more `cooktop serve` options (after --)")
+    a = ap.parse_args()
+    prompts = [f"Once upon a time {WORDS[i % len(WORDS)]}" for i in range(a.parallel)]
+    report: dict = {"model": os.path.basename(a.model), "requests": a.parallel, "max_tokens": a.n_predict}
+    if not a.no_cooktop:
+        report["cooktop"] = {**run_cooktop(a, prompts), "device": a.device}
+    if a.vs_llama_cpp:
+        report["llama.cpp"] = run_llama_server(a, prompts) if a.llama_server else run_llama_cpp_batched(a, prompts)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
