@@ -1,0 +1,73 @@
+"""Quantize float32 rows to a GGML type, as llama.cpp's ``ggml_quantize_chunk`` does without an importance matrix.
+
+Which implementation serves which type:
+
+- F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: ``gguf.quants.quantize`` (the gguf package's numpy ports of
+  ``quantize_row_*_ref`` and of the float conversions; they are bit-exact with llama.cpp, which the tests
+  check on every type against files llama.cpp writes).
+- Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: :mod:`.kquants` (gguf has no K-quant quantizers).
+
+Rows are processed in slabs of about :data:`SLAB_VALUES` values so that the temporaries of the K-quant
+searches stay small (tens of MB) whatever the tensor size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from ..errors import UnsupportedModelError
+from . import kquants
+
+T = GGMLQuantizationType
+
+_KQUANTS: dict[T, Callable[[np.ndarray], np.ndarray]] = {
+    T.Q2_K: kquants.quantize_q2_k, T.Q3_K: kquants.quantize_q3_k, T.Q4_K: kquants.quantize_q4_k,
+    T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k,
+}
+_GGUF = (T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
+#: Every type :func:`quantize_rows` writes.
+WRITABLE: tuple[T, ...] = (T.F32, *_GGUF, *_KQUANTS)
+#: Values per slab (1M float32: 4 MB in, a few tens of MB of search temporaries).
+SLAB_VALUES = 1 << 20
+
+
+def quantize_rows(x: np.ndarray, ggml_type: T, progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """Quantize rows of float32 values.
+
+    Args:
+        x: float32 [n_rows, n_per_row]; ``n_per_row`` a multiple of the type's block size.
+        ggml_type: one of :data:`WRITABLE`.
+        progress: called with the number of values done after each slab.
+
+    Returns:
+        uint8 [n_rows, row_bytes], the rows in GGML's block layout (ggml-common.h).
+
+    Raises:
+        UnsupportedModelError: a type not in :data:`WRITABLE`, or a row that is not whole blocks.
+    """
+    ggml_type = T(ggml_type)
+    if ggml_type not in WRITABLE:
+        raise UnsupportedModelError(f"cannot quantize to {ggml_type.name}: cooktop writes "
+                                    f"{', '.join(t.name for t in WRITABLE)}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n_rows, n = x.shape
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    if n % block:
+        raise UnsupportedModelError(f"rows of {n} values cannot be {ggml_type.name} (blocks of {block})")
+    out = np.empty((n_rows, n // block * size), np.uint8)
+    step = max(1, SLAB_VALUES // n)
+    for r in range(0, n_rows, step):
+        xs = x[r:r + step]
+        if ggml_type == T.F32:
+            q = xs.view(np.uint8)
+        elif ggml_type in _KQUANTS:
+            q = _KQUANTS[ggml_type](xs.reshape(-1, kquants.QK_K)).reshape(xs.shape[0], -1)
+        else:
+            q = quants.quantize(xs, ggml_type)
+        out[r:r + step] = q.reshape(xs.shape[0], -1).view(np.uint8)
+        if progress is not None:
+            progress(xs.size)
+    return out

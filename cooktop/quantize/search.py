@@ -1,0 +1,216 @@
+"""The scale searches of llama.cpp's K-quant reference quantizers, in float32 numpy, bit for bit.
+
+Source: ggml/src/ggml-quants.c (``nearest_int``, ``make_qx_quants``, ``make_q3_quants``,
+``make_qkx2_quants``). Each function takes many groups at once, laid out **transposed**:
+``x: float32 [n, M]``, one group of ``n`` values (16 or 32) per column, so that the C loops over a
+group's values (``for (int i = 0; i < n; ++i) sum += ...``) become ``n`` vector operations over the
+``M`` columns, in the same order. Bit-exactness rests on three facts of the reference build (ggml-base
+is compiled without ``-march=native`` and without ``-ffast-math``): every operation is an IEEE float32
+operation (SSE, no x87 excess precision), sums run left to right from ``0.0f`` (no reassociation),
+and ``a*b + c`` is not fused into an FMA. The float32 scalars here are ``np.float32`` so that no
+intermediate becomes float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+F32 = np.float32
+#: GROUP_MAX_EPS (ggml-quants.c): a group whose largest magnitude is below it quantizes to zero.
+GROUP_MAX_EPS = F32(1e-15)
+_MAGIC = F32(12582912.0)  # 1.5 * 2^23
+
+
+def nearest_int(v: np.ndarray) -> np.ndarray:
+    """ggml's ``nearest_int``: round float32 to int32 with its bit trick (``v + 1.5*2^23``, mantissa bits).
+
+    Equal to round-half-even for ``|v| <= 4194303``; outside that range it reproduces the trick's
+    wrapped values too (the reference only asserts the range in debug builds).
+
+    Args:
+        v: float32, any shape.
+
+    Returns:
+        int32, same shape.
+    """
+    b = (np.asarray(v, dtype=F32) + _MAGIC).view(np.int32)
+    return (b & 0x007FFFFF) - 0x00400000
+
+
+def _sum0(terms):
+    """``float s = 0; for (i...) s += terms[i];`` over axis 0 of ``[n, M]`` (an iterable of rows)."""
+    s = None
+    for t in terms:
+        s = F32(0) + t if s is None else s + t
+    return s
+
+
+def make_qx_quants_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """``make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL)``: symmetric scale search with weights x².
+
+    Args:
+        x: float32 [n, M], one group per column.
+        nmax: levels below zero (Q6_K: 32); quants are ``l + nmax`` in ``[0, 2*nmax)``.
+
+    Returns:
+        (scale float32 [M], L uint8 [n, M]).
+    """
+    n, m = x.shape
+    ax = np.abs(x)
+    imax = np.argmax(ax, axis=0)  # first of the largest magnitudes, as the strict '>' scan
+    cols = np.arange(m)
+    amax = ax[imax, cols]
+    vmax = x[imax, cols]
+    zero = amax < GROUP_MAX_EPS
+    safe_max = np.where(zero, F32(1), vmax)
+    w = x * x
+    fnmax = F32(nmax)
+
+    def trial(iscale):
+        lv = np.clip(nearest_int(iscale * x), -nmax, nmax - 1)
+        lf = lv.astype(F32)
+        sumlx = _sum0((w[i] * x[i]) * lf[i] for i in range(n))
+        suml2 = _sum0((w[i] * lf[i]) * lf[i] for i in range(n))
+        return lv, sumlx, suml2
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = -fnmax / safe_max
+        lv, sumlx, suml2 = trial(iscale)
+        L = (lv + nmax).astype(np.uint8)
+        scale = np.where(suml2 != 0, sumlx / suml2, F32(0)).astype(F32)
+        best = scale * sumlx
+        for step in range(-9, 10):
+            if step == 0:
+                continue
+            iscale = -(fnmax + F32(0.1) * F32(step)) / safe_max
+            lv, sumlx, suml2 = trial(iscale)
+            better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+            if better.any():
+                L = np.where(better, (lv + nmax).astype(np.uint8), L)
+                new_scale = sumlx / suml2
+                scale = np.where(better, new_scale, scale)
+                best = np.where(better, new_scale * sumlx, best)
+    L[:, zero] = 0
+    scale = np.where(zero, F32(0), scale).astype(F32)
+    return scale, L
+
+
+def make_q3_quants_rmse(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """``make_q3_quants(n, nmax, x, L, do_rmse=true)``: scale search with 5 passes of per-value moves.
+
+    Args:
+        x: float32 [n, M].
+        nmax: 4 (Q3_K); quants are ``l + nmax`` in ``[0, 2*nmax)``.
+
+    Returns:
+        (scale float32 [M], L uint8 [n, M]).
+    """
+    n, m = x.shape
+    ax = np.abs(x)
+    imax = np.argmax(ax, axis=0)
+    cols = np.arange(m)
+    amax = ax[imax, cols]
+    vmax = x[imax, cols]
+    zero = amax < GROUP_MAX_EPS
+    safe_max = np.where(zero, F32(1), vmax)
+    w = x * x
+    wx = w * x
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = -F32(nmax) / safe_max
+        L = np.clip(nearest_int(iscale * x), -nmax, nmax - 1)
+        Lf = L.astype(F32)
+        sumlx = _sum0(wx[i] * Lf[i] for i in range(n))
+        suml2 = _sum0((w[i] * Lf[i]) * Lf[i] for i in range(n))
+        # a group that changed nothing in a pass would change nothing in the next: running all
+        # 5 passes for every group equals the reference's early break
+        for _ in range(5):
+            for i in range(n):
+                li = L[i].astype(F32)
+                slx = sumlx - wx[i] * li
+                pos = slx > 0
+                sl2 = suml2 - (w[i] * li) * li
+                new_l = np.clip(nearest_int((x[i] * sl2) / np.where(pos, slx, F32(1))), -nmax, nmax - 1)
+                cand = pos & (new_l != L[i])
+                nf = new_l.astype(F32)
+                slx2 = slx + wx[i] * nf
+                sl22 = sl2 + (w[i] * nf) * nf
+                take = cand & (sl22 > 0) & ((slx2 * slx2) * suml2 > (sumlx * sumlx) * sl22)
+                L[i] = np.where(take, new_l, L[i])
+                sumlx = np.where(take, slx2, sumlx)
+                suml2 = np.where(take, sl22, suml2)
+        scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F32(1)), F32(0)).astype(F32)
+    Lq = (L + nmax).astype(np.uint8)
+    Lq[:, zero] = 0
+    scale = np.where(zero, F32(0), scale).astype(F32)
+    return scale, Lq
+
+
+def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int,
+                     use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``make_qkx2_quants``: asymmetric (scale, min) search over ``nstep + 1`` trial scales, weighted.
+
+    Args:
+        x: float32 [n, M].
+        w: float32 [n, M], the weights.
+        nmax: top level (Q2_K 3, Q4_K 15, Q5_K 31); quants in ``[0, nmax]``.
+        rmin, rdelta, nstep: the trials ``iscale = (rmin + rdelta*is + nmax) / (max - min)``, is = 0..nstep.
+        use_mad: absolute instead of squared error.
+
+    Returns:
+        (scale float32 [M], the_min float32 [M] (``-min``, >= 0), L uint8 [n, M]).
+    """
+    n, m = x.shape
+    vmin = np.minimum(x.min(axis=0), F32(0))
+    vmax = x.max(axis=0)
+    flat = vmax == vmin
+    rng = np.where(flat, F32(1), vmax - vmin)
+    sum_w = w[0].copy()
+    sum_x = sum_w * x[0]
+    for i in range(1, n):
+        sum_w = sum_w + w[i]
+        sum_x = sum_x + w[i] * x[i]
+    fnmax = F32(nmax)
+
+    def err_of(scale, mn, lf):
+        e = None
+        for i in range(n):
+            d = (scale * lf[i] + mn) - x[i]
+            d = np.abs(d) if use_mad else d * d
+            e = F32(0) + w[i] * d if e is None else e + w[i] * d
+        return e
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = fnmax / rng
+        scale = (F32(1) / iscale).astype(F32)
+        L = np.clip(nearest_int(iscale * (x - vmin)), 0, nmax)
+        best = err_of(scale, vmin, L.astype(F32))
+        mn = vmin.copy()
+        for step in range(nstep + 1):
+            # the reference reuses 'min' for the trials: a better trial moves the later ones' origin and range
+            iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / np.where(flat, F32(1), vmax - mn)
+            la = np.clip(nearest_int(iscale * (x - mn)), 0, nmax)
+            lf = la.astype(F32)
+            sum_l = _sum0(w[i] * lf[i] for i in range(n))
+            sum_l2 = _sum0((w[i] * lf[i]) * lf[i] for i in range(n))
+            sum_xl = _sum0((w[i] * lf[i]) * x[i] for i in range(n))
+            D = sum_w * sum_l2 - sum_l * sum_l
+            ok = D > 0
+            Ds = np.where(ok, D, F32(1))
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / Ds
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / Ds
+            clamp = this_min > 0
+            if clamp.any():
+                this_min = np.where(clamp, F32(0), this_min)
+                this_scale = np.where(clamp, sum_xl / np.where(clamp, sum_l2, F32(1)), this_scale)
+            cur = err_of(this_scale, this_min, lf)
+            take = ok & (cur < best)
+            if take.any():
+                L = np.where(take, la, L)
+                best = np.where(take, cur, best)
+                scale = np.where(take, this_scale, scale)
+                mn = np.where(take, this_min, mn)
+    L = L.astype(np.uint8)
+    L[:, flat] = 0
+    scale = np.where(flat, F32(0), scale).astype(F32)
+    mn = np.where(flat, vmin, mn)
+    return scale, (-mn).astype(F32), L
