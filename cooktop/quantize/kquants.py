@@ -46,8 +46,8 @@ def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     s[:, 0:4] = ls[:, 0:4]
     s[:, 4:8] = lm[:, 0:4]
     s[:, 8:12] = (ls[:, 4:8] & 0xF) | ((lm[:, 4:8] & 0xF) << 4)
-    s[:, 0:4] |= (ls[:, 4:8] >> 4) << 6
-    s[:, 4:8] |= (lm[:, 4:8] >> 4) << 6
+    s[:, 0:4] = s[:, 0:4] | ((ls[:, 4:8] >> 4) << 6).astype(np.uint8)
+    s[:, 4:8] = s[:, 4:8] | ((lm[:, 4:8] >> 4) << 6).astype(np.uint8)
     return s
 
 
@@ -104,10 +104,10 @@ def quantize_q3_k(x: np.ndarray) -> np.ndarray:
     lq[~nz] = 0
     s = np.zeros((nb, 12), np.uint8)
     s[:, 0:8] = lq[:, 0:8] & 0xF
-    s[:, 0:8] |= (lq[:, 8:16] & 0xF) << 4
+    s[:, 0:8] = s[:, 0:8] | ((lq[:, 8:16] & 0xF) << 4).astype(np.uint8)
     hi = lq >> 4
     for j in range(16):
-        s[:, 8 + j % 4] |= hi[:, j] << (2 * (j // 4))
+        s[:, 8 + j % 4] = s[:, 8 + j % 4] | (hi[:, j] << (2 * (j // 4))).astype(np.uint8)
     with np.errstate(divide="ignore"):
         d_b, d = _f16(np.where(nz, F32(1) / iscale, F32(0)))
     sc = lq.astype(np.int32) - 32  # the 6-bit scales read back
@@ -125,10 +125,9 @@ def _q45_k(x: np.ndarray, nmax: int, rmin: float, nstep: int):
     """The common part of Q4_K and Q5_K: per-32 (scale, min) search, 6-bit codes, super-block scales, quants."""
     nb = x.shape[0]
     xs = _sub(x, 32)
-    sum_x2 = None
-    for i in range(32):
-        t = xs[i] * xs[i]
-        sum_x2 = F32(0) + t if sum_x2 is None else sum_x2 + t
+    sum_x2 = F32(0) + xs[0] * xs[0]
+    for i in range(1, 32):
+        sum_x2 = sum_x2 + xs[i] * xs[i]
     av_x = np.sqrt(sum_x2 / F32(32))
     w = av_x[None, :] + np.abs(xs)
     scales, mins, L = make_qkx2_quants(xs, w, nmax, rmin, 0.1, nstep, False)

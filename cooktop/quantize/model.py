@@ -1,0 +1,217 @@
+"""Quantize a GGUF model file as llama-quantize does: same tensor types, same bytes where llama.cpp is deterministic.
+
+The output is laid out as ``llama_model_quantize`` (src/llama-quant.cpp) writes it: the input's metadata
+in its order, minus the ``split.*`` keys, then ``general.quantization_version`` (u32 2) and
+``general.file_type`` (u32, the ``llama_ftype``) appended (ggml's ``gguf_set_val_*`` removes a key and
+appends it); tensors in llama.cpp's loader order (:func:`.mixture.llama_order`) with
+``ggml_n_dims`` dimensions; data aligned to ``general.alignment`` (32 by default) and each tensor padded
+with zeros to it. The gguf library (``GGUFWriter``) writes the file. Tensors whose type does not change
+are copied byte for byte; float inputs (F32, F16, BF16) are widened to float32 and quantized with
+:func:`.rows.quantize_rows`. An already-quantized tensor is not requantized (llama-quantize refuses it
+without ``--allow-requantize``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from ..errors import CooktopError, UnsupportedModelError
+from ..format.gguf import GGUFFile, open_gguf
+from .ftypes import FileType
+from .mixture import Mixture, ModelFacts, Options, llama_order, n_dims
+from .rows import WRITABLE, quantize_rows
+
+T = GGMLQuantizationType
+#: GGML_QNT_VERSION (ggml.h), written as general.quantization_version.
+QNT_VERSION = 2
+_SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+_INPUT_TYPES = (T.F32, T.F16, T.BF16)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorPlan:
+    """One output tensor.
+
+    Attributes:
+        name: GGUF name.
+        ne: GGUF dimensions (``ne[0]`` = row length), ``ggml_n_dims`` of them.
+        src_type, dst_type: input and output GGML types.
+        n_bytes: output bytes (without padding).
+    """
+
+    name: str
+    ne: tuple[int, ...]
+    src_type: T
+    dst_type: T
+    n_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What :func:`quantize_file` did.
+
+    Attributes:
+        tensors: the plan, in file order.
+        size_in, size_out: tensor bytes of the input and of the output.
+        n_elements: parameters.
+        seconds: wall time.
+        fallbacks: (tensor, wanted type, type written) for rows that were not whole blocks.
+    """
+
+    tensors: list[TensorPlan]
+    size_in: int
+    size_out: int
+    n_elements: int
+    seconds: float
+    fallbacks: list[tuple[str, T, T]]
+
+
+def model_facts(f: GGUFFile) -> ModelFacts:
+    """The hyperparameters the mixtures read (block count, head counts, expert count) from ``f``'s metadata.
+
+    Raises:
+        UnsupportedModelError: no ``general.architecture`` or no ``{arch}.block_count``.
+    """
+    arch = f.architecture
+    md = f.metadata
+
+    def first(key: str, default: int) -> int:
+        v = md.get(f"{arch}.{key}", default)
+        if isinstance(v, list):
+            v = v[0] if v else default
+        return int(v)
+
+    if f"{arch}.block_count" not in md:
+        raise UnsupportedModelError(f"{f.path}: missing metadata key '{arch}.block_count'")
+    n_head = first("attention.head_count", 1)
+    return ModelFacts(arch, first("block_count", 0), n_head, first("attention.head_count_kv", n_head),
+                      first("expert_count", 0))
+
+
+def plan(f: GGUFFile, opts: Options) -> tuple[list[TensorPlan], Mixture]:
+    """The output tensors of ``f`` under ``opts``: llama.cpp's order and per-tensor types.
+
+    Raises:
+        UnsupportedModelError: a tensor that would need requantizing (an already-quantized input), or a
+            target type cooktop cannot write.
+    """
+    names = llama_order(f.tensors)
+    mix = Mixture(model_facts(f), opts, names)
+    out = []
+    for name in names:
+        t = f.tensors[name]
+        ne = tuple(reversed(t.shape))
+        ne = ne[:n_dims(ne)]
+        dst = mix.choose(name, ne, t.ggml_type)
+        if dst != t.ggml_type:
+            if t.ggml_type not in _INPUT_TYPES:
+                raise UnsupportedModelError(
+                    f"{f.path}: tensor {name} is already {t.ggml_type.name}; cooktop quantize reads F32, F16 "
+                    "or BF16 models (requantizing loses quality; start from the unquantized file)")
+            if dst not in WRITABLE:
+                raise UnsupportedModelError(f"cannot write {name} as {dst.name}")
+        block, size = GGML_QUANT_SIZES[dst]
+        n_bytes = t.n_bytes if dst == t.ggml_type else t.n_elements // block * size
+        out.append(TensorPlan(name, ne, t.ggml_type, dst, n_bytes))
+    return out, mix
+
+
+def _metadata(w: GGUFWriter, f: GGUFFile, ftype: int) -> None:
+    """The input's key-value pairs in order, split keys dropped, quantization_version and file_type last."""
+    w.kv_data[0].clear()  # GGUFWriter adds general.architecture first; keep the input's order instead
+    for key, raw in f.raw.items():
+        if key in _SPLIT_KEYS or key in ("general.quantization_version", "general.file_type"):
+            continue
+        if raw.type == GGUFValueType.ARRAY:
+            if raw.value is None:
+                raise UnsupportedModelError(f"{f.path}: metadata key {key!r} is an array of arrays, "
+                                            "which cooktop quantize cannot copy")
+            v = raw.value.tolist() if isinstance(raw.value, np.ndarray) else list(raw.value)
+            if raw.sub_type == GGUFValueType.BOOL:
+                v = [bool(b) for b in v]
+            w.add_key_value(key, v, raw.type, sub_type=raw.sub_type)
+        else:
+            w.add_key_value(key, raw.value, raw.type)
+    w.add_uint32("general.quantization_version", QNT_VERSION)
+    w.add_uint32("general.file_type", ftype)
+
+
+def _as_float32(t, n_rows: int, n_per_row: int) -> np.ndarray:
+    """A float tensor's values as float32 [n_rows, n_per_row] (F16/BF16 widened exactly)."""
+    if t.ggml_type == T.F32:
+        return np.asarray(t.data, dtype=np.float32).reshape(n_rows, n_per_row)
+    if t.ggml_type == T.F16:
+        return np.asarray(t.data, dtype=np.float16).reshape(n_rows, n_per_row).astype(np.float32)
+    raw = np.asarray(t.data).view(np.uint16).reshape(n_rows, n_per_row)
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: FileType, *, pure: bool = False,
+                  output_tensor_type: T | None = None, token_embedding_type: T | None = None,
+                  leave_output_tensor: bool = False,
+                  progress: Callable[[int, int], None] | None = None) -> Result:
+    """Quantize GGUF ``src`` to ``dst`` as ``llama-quantize [flags] src dst TYPE`` would.
+
+    Args:
+        src: F32/F16/BF16 GGUF model.
+        dst: output path (written whole, then renamed into place).
+        file_type: the target (:func:`.ftypes.file_type`).
+        pure, output_tensor_type, token_embedding_type, leave_output_tensor: llama-quantize's flags
+            ``--pure``, ``--output-tensor-type``, ``--token-embedding-type``, ``--leave-output-tensor``.
+        progress: called as ``progress(values_done_now, values_total)`` while tensors are converted.
+
+    Returns:
+        a :class:`Result`.
+
+    Raises:
+        GGUFError: ``src`` is not a readable GGUF (foreign, truncated, corrupt).
+        UnsupportedModelError: an already-quantized input tensor, missing metadata.
+        CooktopError: ``src`` and ``dst`` are the same file, or ``dst`` cannot be written.
+    """
+    t0 = time.perf_counter()
+    src, dst = os.fspath(src), os.fspath(dst)
+    if os.path.exists(dst) and os.path.samefile(src, dst):
+        raise CooktopError(f"{dst}: the output must not be the input file")
+    f = open_gguf(src)
+    opts = Options(file_type, pure, output_tensor_type, token_embedding_type, not leave_output_tensor)
+    tensors, mix = plan(f, opts)
+    total = sum(int(np.prod(p.ne)) for p in tensors if p.dst_type != p.src_type)
+    tmp = dst + ".part"
+    w = GGUFWriter(tmp, f.architecture)
+    align = f.metadata.get("general.alignment")
+    if isinstance(align, int):
+        w.data_alignment = align
+    try:
+        _metadata(w, f, file_type.ftype)
+        for p in tensors:
+            w.add_tensor_info(p.name, tuple(reversed(p.ne)), np.dtype(np.float32), p.n_bytes, raw_dtype=p.dst_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for p in tensors:
+            t = f.tensors[p.name]
+            if p.dst_type == p.src_type:
+                data = np.asarray(t.data).reshape(-1).view(np.uint8)
+            else:
+                n_per_row = p.ne[0]
+                x = _as_float32(t, t.n_elements // n_per_row, n_per_row)
+                data = quantize_rows(x, p.dst_type, None if progress is None else lambda n: progress(n, total))
+            w.write_tensor_data(data.reshape(-1))
+        w.close()
+        os.replace(tmp, dst)
+    except OSError as e:
+        raise CooktopError(f"{dst}: cannot write: {e.strerror or e}") from None
+    finally:
+        w.close()
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    size_in = sum(t.n_bytes for t in f.tensors.values())
+    size_out = sum(p.n_bytes for p in tensors)
+    n_el = sum(t.n_elements for t in f.tensors.values())
+    return Result(tensors, size_in, size_out, n_el, time.perf_counter() - t0, mix.fallbacks)
