@@ -1,0 +1,117 @@
+"""``cooktop quantize``: llama-quantize's command line (tools/quantize/quantize.cpp) over :mod:`cooktop.quantize`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ..errors import CooktopError
+from ..quantize import ftypes
+from ..quantize.model import plan, quantize_file
+from .group import cli
+
+
+def _tensor_type(value: str | None):
+    return None if value is None else ftypes.tensor_type(value)
+
+
+def _is_ftype(s: str) -> bool:
+    try:
+        ftypes.file_type(s)
+    except CooktopError:
+        return False
+    return True
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1024 / 1024:8.2f} MiB"
+
+
+@cli.command("quantize")
+@click.option("--pure", is_flag=True, help="Disable the k-quant mixtures: every quantized tensor gets TYPE.")
+@click.option("--leave-output-tensor", is_flag=True, help="Leave output.weight un(re)quantized.")
+@click.option("--output-tensor-type", metavar="GGML_TYPE", default=None,
+              help="Type of output.weight (e.g. q8_0, f16).")
+@click.option("--token-embedding-type", metavar="GGML_TYPE", default=None,
+              help="Type of the token embeddings (token_embd.weight).")
+@click.option("--dry-run", is_flag=True, help="Print each tensor's type and the sizes; write nothing.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+@click.argument("args", nargs=-1, required=True)
+def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_type, dry_run, progress, args):
+    """Quantize an F32/F16/BF16 GGUF model: ``cooktop quantize IN.gguf [OUT.gguf] TYPE [nthreads]``.
+
+    TYPE is llama-quantize's: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S
+    Q4_K_M Q5_K_S Q5_K_M Q6_K (aliases Q3_K, Q4_K, Q5_K; or the ftype number). Each tensor gets the
+    type llama.cpp's mixture gives it, and the file's bytes equal llama-quantize's (no importance
+    matrix). Without OUT the file is IN's folder/ggml-model-TYPE.gguf, as llama-quantize names it.
+    nthreads is accepted for compatibility; the numpy quantizers run on one thread.
+    """
+    args = list(args)
+    if len(args) < 2:
+        raise click.UsageError("usage: cooktop quantize IN.gguf [OUT.gguf] TYPE [nthreads]")
+    src = args.pop(0)
+    if _is_ftype(args[0]):
+        ft = ftypes.file_type(args.pop(0))
+        dst = os.path.join(os.path.dirname(src), f"ggml-model-{ft.name}.gguf")
+    else:
+        dst = args.pop(0)
+        if not args:
+            raise click.UsageError("missing TYPE (e.g. Q4_K_M)")
+        ft = ftypes.file_type(args.pop(0))
+    if args:
+        try:
+            if int(args[0]) < 0:
+                raise ValueError
+        except ValueError:
+            raise click.UsageError(f"invalid nthreads {args[0]!r}") from None
+        args.pop(0)
+    if args:
+        raise click.UsageError(f"unexpected argument {args[0]!r}")
+    if not os.path.isfile(src):
+        raise CooktopError(f"{src}: no such file")
+    kw = dict(pure=pure, output_tensor_type=_tensor_type(output_tensor_type),
+              token_embedding_type=_tensor_type(token_embedding_type), leave_output_tensor=leave_output_tensor)
+    if dry_run:
+        from ..format.gguf import open_gguf
+        from ..quantize.mixture import Options
+
+        opts = Options(ft, kw["pure"], kw["output_tensor_type"], kw["token_embedding_type"], not leave_output_tensor)
+        f = open_gguf(src)
+        tensors, _ = plan(f, opts)
+        for i, p in enumerate(tensors, 1):
+            shape = ", ".join(f"{d:5d}" for d in p.ne)
+            click.echo(f"[{i:4d}/{len(tensors):4d}] {p.name:<36s} - [{shape}], {p.src_type.name:>5s} -> "
+                       f"{p.dst_type.name:<5s} {_mib(p.n_bytes)}")
+        click.echo(f"quant size  = {_mib(sum(p.n_bytes for p in tensors))}")
+        return
+    bar = None
+
+    def tick(n: int, total: int) -> None:
+        nonlocal bar
+        if not progress:
+            return
+        if bar is None:  # opened at the first converted slab: a bad input fails before any bar shows
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, file=sys.stderr, unit="val", unit_scale=True, dynamic_ncols=True,
+                       desc=f"quantize {ft.name}")
+        bar.update(n)
+
+    try:
+        res = quantize_file(src, dst, ft, progress=tick, **kw)
+    finally:
+        if bar is not None:
+            bar.close()
+    for name, want, got in res.fallbacks:
+        click.echo(f"warning: {name}: rows of its size are not whole {want.name} blocks, falling back to "
+                   f"{got.name}", err=True)
+    counts: dict[str, int] = {}
+    for p in res.tensors:
+        counts[p.dst_type.name] = counts.get(p.dst_type.name, 0) + 1
+    types = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    click.echo(f"wrote {dst}: {ft.name} (file_type {ft.ftype}), {len(res.tensors)} tensors ({types})")
+    click.echo(f"model size  = {_mib(res.size_in)} ({res.size_in * 8 / res.n_elements:.2f} BPW)")
+    click.echo(f"quant size  = {_mib(res.size_out)} ({res.size_out * 8 / res.n_elements:.2f} BPW)")
+    click.echo(f"time        = {res.seconds:.2f} s")

@@ -1,0 +1,213 @@
+"""``cooktop quantize`` against llama.cpp: byte-identical files, the same per-tensor mixtures, clear errors.
+
+llama.cpp's files are made at test time with llama-cpp-python's ``llama_model_quantize`` (one thread,
+no importance matrix: every quantizer cooktop offers is then deterministic), so a llama.cpp upgrade
+that changed a quantizer or a mixture shows here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import require_modules
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from cooktop.errors import CooktopError, GGUFError, UnsupportedModelError
+from cooktop.format.gguf import open_gguf
+from cooktop.format.quants import dequantize
+from cooktop.quantize import ftypes, kquants
+from cooktop.quantize.mixture import Options
+from cooktop.quantize.model import plan, quantize_file
+from cooktop.quantize.rows import quantize_rows
+from cooktop.tools import synth
+
+T = GGMLQuantizationType
+ALL = list(ftypes.FILE_TYPES)
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    require_modules("llama_cpp", "llama_cpp")
+    import llama_cpp
+
+    return llama_cpp
+
+
+def llama_quantize(llama_cpp, src, dst, ftype: int, *, pure=False, output_type=None, embd_type=None,
+                   leave_output=False) -> pathlib.Path:
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread, p.pure = ftype, 1, pure
+    p.quantize_output_tensor = not leave_output
+    if output_type is not None:
+        p.output_tensor_type = int(output_type)
+    if embd_type is not None:
+        p.token_embedding_type = int(embd_type)
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p))
+    assert rc == 0, f"llama_model_quantize failed on {src}"
+    return pathlib.Path(dst)
+
+
+def tensor_types(path) -> list[tuple[str, str]]:
+    return [(n, t.ggml_type.name) for n, t in open_gguf(path).tensors.items()]
+
+
+@pytest.fixture(scope="module")
+def tiny_f32(shared):
+    return shared / "models" / "tiny" / "tiny-F32.gguf"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_tiny_files_equal_llama_cpp_bytes(name, tiny_f32, stories, llama_cpp, tmp_path):
+    """Whole files, metadata and padding included: tiny (n_embd 256, every K-quant fits) and
+    stories260K (n_embd 64, n_ff 172: the block-size fallbacks to Q5_0/Q8_0/F16)."""
+    ft = ftypes.file_type(name)
+    for src in (tiny_f32, stories):
+        ref = llama_quantize(llama_cpp, src, tmp_path / f"ref-{src.stem}.gguf", ft.ftype)
+        ours = tmp_path / f"ours-{src.stem}.gguf"
+        quantize_file(src, ours, ft)
+        assert ours.read_bytes() == ref.read_bytes(), (name, src.name)
+
+
+@pytest.mark.parametrize("name,kw,lkw", [
+    ("Q4_K_M", dict(pure=True), dict(pure=True)),
+    ("Q5_K_S", dict(pure=True), dict(pure=True)),
+    ("Q3_K_L", dict(pure=True), dict(pure=True)),
+    ("Q4_0", dict(output_tensor_type=T.Q8_0, token_embedding_type=T.F16),
+     dict(output_type=T.Q8_0, embd_type=T.F16)),
+    ("Q6_K", dict(leave_output_tensor=True), dict(leave_output=True)),
+])
+def test_flags_equal_llama_cpp_bytes(name, kw, lkw, tiny_f32, llama_cpp, tmp_path):
+    """--pure (every K-quant, pure, on tiny), --output-tensor-type, --token-embedding-type, --leave-output-tensor."""
+    ft = ftypes.file_type(name)
+    ref = llama_quantize(llama_cpp, tiny_f32, tmp_path / "ref.gguf", ft.ftype, **lkw)
+    quantize_file(tiny_f32, tmp_path / "ours.gguf", ft, **kw)
+    assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
+
+
+def test_f16_input_equals_llama_cpp(shared, llama_cpp, tmp_path):
+    src = shared / "models" / "tiny" / "tiny-F16.gguf"
+    ref = llama_quantize(llama_cpp, src, tmp_path / "ref.gguf", 18)
+    quantize_file(src, tmp_path / "ours.gguf", ftypes.file_type("Q6_K"))
+    assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def deep_models(tmp_path_factory):
+    """Synthetic F32 models where the layer-dependent bumps show: 16 layers with n_gqa 4, 12 layers
+    with n_gqa 1, 4 layers of 8 experts (the n_expert == 8 rules), and tied embeddings."""
+    d = tmp_path_factory.mktemp("deep")
+    shapes = {
+        "gqa4-16": synth.Shape(256, 16, 8, 2, 256, 320),
+        "mha-12": synth.Shape(256, 12, 4, 4, 512, 320, tied=True),
+        "moe8-4": synth.Shape(256, 4, 4, 1, 256, 320, n_expert=8, n_expert_used=2, n_ff_exp=256),
+    }
+    out = {}
+    for name, s in shapes.items():
+        out[name] = d / f"{name}.gguf"
+        synth.write(out[name], s, "F32", seed=1)
+    return out
+
+
+@pytest.mark.parametrize("model", ["gqa4-16", "mha-12", "moe8-4"])
+def test_mixtures_pick_llama_cpp_types(model, deep_models, llama_cpp, tmp_path):
+    """Every K-quant mixture picks llama.cpp's type for every tensor (and the order) on models with
+    enough layers for use_more_bits and the Q3_K_M / Q4_K_S attn_v counters."""
+    src = deep_models[model]
+    f = open_gguf(src)
+    for name in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_M"):  # the ones with bumps
+        ft = ftypes.file_type(name)
+        ref = llama_quantize(llama_cpp, src, tmp_path / f"{name}.gguf", ft.ftype)
+        ours = [(p.name, p.dst_type.name) for p in plan(f, Options(ft))[0]]
+        assert ours == tensor_types(ref), (model, name)
+
+
+def _ggml_quantize(llama_cpp, t: T, x: np.ndarray) -> np.ndarray:
+    """ggml's own ggml_quantize_chunk (libggml-base next to llama-cpp-python's libllama) on rows x."""
+    lib_dir = pathlib.Path(llama_cpp.__file__).parent / "lib"
+    libs = sorted(lib_dir.glob("libggml-base.*"))
+    if not libs:
+        pytest.fail(f"no libggml-base in {lib_dir}")
+    lib = ctypes.CDLL(str(libs[0]))
+    fn = lib.ggml_quantize_chunk
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_int64, ctypes.c_void_p]
+    x = np.ascontiguousarray(x, np.float32)
+    block, size = GGML_QUANT_SIZES[t]
+    out = np.zeros((x.shape[0], x.shape[1] // block * size), np.uint8)
+    fn(int(t), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None)
+    return out
+
+
+def _edge_rows(rng) -> np.ndarray:
+    """Rows of 256 that stress the searches: zeros, constants, one spike, negatives only, tiny and
+    huge magnitudes, repeated values (rounding ties), heavy tails."""
+    rows = [np.zeros(256), np.full(256, 0.5), np.full(256, -3.0), np.eye(1, 256, 7)[0] * 5,
+            -np.abs(rng.standard_normal(256)), rng.standard_normal(256) * 1e-6, rng.standard_normal(256) * 1e4,
+            np.round(rng.standard_normal(256) * 4) / 4, rng.standard_cauchy(256),
+            np.where(rng.random(256) < 0.9, 0.0, rng.standard_normal(256))]
+    rows += list(rng.standard_normal((6, 256)) * rng.uniform(0.01, 3, (6, 1)))
+    return np.array(rows, np.float32)
+
+
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0])
+def test_rows_equal_ggml_on_edge_cases(t, llama_cpp):
+    x = _edge_rows(np.random.default_rng(3))
+    assert np.array_equal(quantize_rows(x, t), _ggml_quantize(llama_cpp, t, x)), t.name
+
+
+@pytest.mark.parametrize("t,tol", [(T.Q2_K, 0.45), (T.Q3_K, 0.22), (T.Q4_K, 0.1), (T.Q5_K, 0.05), (T.Q6_K, 0.025)])
+def test_kquants_round_trip(t, tol):
+    """The K-quant blocks decode (cooktop's dequantizer) to the input within the type's error."""
+    x = np.random.default_rng(0).standard_normal((8, 512)).astype(np.float32)
+    y = dequantize(quantize_rows(x, t), t, x.shape)
+    rel = float(np.sqrt(np.mean((y - x) ** 2)))
+    assert rel < tol, (t.name, rel)
+    assert kquants.QK_K == 256
+
+
+def test_errors(tiny_f32, shared, tmp_path):
+    with pytest.raises(CooktopError, match="unknown quantization type 'Q9_X'"):
+        ftypes.file_type("Q9_X")
+    with pytest.raises(CooktopError, match="unknown tensor type"):
+        ftypes.tensor_type("q7_0")
+    assert ftypes.file_type("q4_k").name == "Q4_K_M" and ftypes.file_type("15").name == "Q4_K_M"
+    ft = ftypes.file_type("Q4_0")
+    with pytest.raises(UnsupportedModelError, match="already Q4_0"):
+        quantize_file(shared / "models" / "tiny" / "tiny-Q4_0.gguf", tmp_path / "o.gguf", ftypes.file_type("Q8_0"))
+    foreign = tmp_path / "foreign.gguf"
+    foreign.write_bytes(b"PK\x03\x04" + bytes(100))
+    with pytest.raises(GGUFError, match="not a GGUF"):
+        quantize_file(foreign, tmp_path / "o.gguf", ft)
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(tiny_f32.read_bytes()[:5000])
+    with pytest.raises(GGUFError, match="truncated|ends"):
+        quantize_file(trunc, tmp_path / "o.gguf", ft)
+    with pytest.raises(CooktopError, match="must not be the input"):
+        quantize_file(foreign, foreign, ft)
+    assert not (tmp_path / "o.gguf").exists() and not (tmp_path / "o.gguf.part").exists()
+
+
+def test_cli(tiny_f32, shared, tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "cooktop.cli", "quantize", *args], capture_output=True,
+                              text=True, timeout=120)
+
+    out = tmp_path / "q.gguf"
+    r = run("--no-progress", str(tiny_f32), str(out), "Q4_K_M", "1")
+    assert r.returncode == 0, r.stderr
+    assert "Q4_K_M (file_type 15), 21 tensors (F32 5, Q4_K 13, Q6_K 3)" in r.stdout
+    assert open_gguf(out).metadata["general.file_type"] == 15
+    r = run("--dry-run", str(shared / "models" / "stories260K.gguf"), "Q4_K_M")
+    assert r.returncode == 0 and "blk.0.ffn_down.weight" in r.stdout and "F32 -> F16" in r.stdout
+    for args, words in (((str(tiny_f32), str(out), "Q9"), "unknown quantization type"),
+                        ((str(tiny_f32), str(out), "Q8_0", "many"), "invalid nthreads")):
+        r = run(*args)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+        assert len(errors) == 1 and words in errors[0], r.stderr
