@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .search import F32, GROUP_MAX_EPS, make_q3_quants_rmse, make_qkx2_quants, make_qx_quants_rmse1, nearest_int
+from .search import F32, GROUP_MAX_EPS, make_q3_quants_rmse, make_qkx2_quants, make_qx_quants_rmse1, nearest_int, sum0
 
 QK_K = 256
 
@@ -125,9 +125,7 @@ def _q45_k(x: np.ndarray, nmax: int, rmin: float, nstep: int):
     """The common part of Q4_K and Q5_K: per-32 (scale, min) search, 6-bit codes, super-block scales, quants."""
     nb = x.shape[0]
     xs = _sub(x, 32)
-    sum_x2 = F32(0) + xs[0] * xs[0]
-    for i in range(1, 32):
-        sum_x2 = sum_x2 + xs[i] * xs[i]
+    sum_x2 = sum0(xs * xs)
     av_x = np.sqrt(sum_x2 / F32(32))
     w = av_x[None, :] + np.abs(xs)
     scales, mins, L = make_qkx2_quants(xs, w, nmax, rmin, 0.1, nstep, False)

@@ -7,8 +7,9 @@ Which implementation serves which type:
   check on every type against files llama.cpp writes).
 - Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: :mod:`.kquants` (gguf has no K-quant quantizers).
 
-Rows are processed in slabs of about :data:`SLAB_VALUES` values so that the temporaries of the K-quant
-searches stay small (tens of MB) whatever the tensor size.
+Rows are processed in slabs: about :data:`SLAB_VALUES` values for the K-quants, whose searches make a
+dozen temporaries per step that then stay in the CPU's L2 cache (64K values: 2.6x faster than 1M on
+this machine), and :data:`SLAB_VALUES_GGUF` for the others.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ _KQUANTS: dict[T, Callable[[np.ndarray], np.ndarray]] = {
 _GGUF = (T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 #: Every type :func:`quantize_rows` writes.
 WRITABLE: tuple[T, ...] = (T.F32, *_GGUF, *_KQUANTS)
-#: Values per slab (1M float32: 4 MB in, a few tens of MB of search temporaries).
-SLAB_VALUES = 1 << 20
+#: Values per slab for the K-quants (64K float32: 256 KB per temporary).
+SLAB_VALUES = 1 << 16
+#: Values per slab for the gguf.quants types.
+SLAB_VALUES_GGUF = 1 << 20
 
 
 def quantize_rows(x: np.ndarray, ggml_type: T, progress: Callable[[int], None] | None = None) -> np.ndarray:
@@ -58,7 +61,7 @@ def quantize_rows(x: np.ndarray, ggml_type: T, progress: Callable[[int], None] |
     if n % block:
         raise UnsupportedModelError(f"rows of {n} values cannot be {ggml_type.name} (blocks of {block})")
     out = np.empty((n_rows, n // block * size), np.uint8)
-    step = max(1, SLAB_VALUES // n)
+    step = max(1, (SLAB_VALUES if ggml_type in _KQUANTS else SLAB_VALUES_GGUF) // n)
     for r in range(0, n_rows, step):
         xs = x[r:r + step]
         if ggml_type == T.F32:

@@ -37,12 +37,13 @@ def nearest_int(v: np.ndarray) -> np.ndarray:
     return (b & 0x007FFFFF) - 0x00400000
 
 
-def _sum0(terms):
-    """``float s = 0; for (i...) s += terms[i];`` over axis 0 of ``[n, M]`` (an iterable of rows)."""
-    s = None
-    for t in terms:
-        s = F32(0) + t if s is None else s + t
-    return s
+def sum0(terms: np.ndarray) -> np.ndarray:
+    """``float s = 0; for (i...) s += terms[i];`` over axis 0 of ``terms: float32 [n, M]`` -> ``[M]``.
+
+    numpy reduces a non-inner axis row by row (pairwise summation applies only along the contiguous
+    inner axis), so this is the C loop's order; ``initial=0`` gives its ``0.0f + t0`` start.
+    """
+    return np.add.reduce(terms, axis=0, initial=F32(0))
 
 
 def make_qx_quants_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
@@ -66,12 +67,12 @@ def make_qx_quants_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarr
     w = x * x
     fnmax = F32(nmax)
 
+    wx = w * x
+
     def trial(iscale):
         lv = np.clip(nearest_int(iscale * x), -nmax, nmax - 1)
         lf = lv.astype(F32)
-        sumlx = _sum0((w[i] * x[i]) * lf[i] for i in range(n))
-        suml2 = _sum0((w[i] * lf[i]) * lf[i] for i in range(n))
-        return lv, sumlx, suml2
+        return lv, sum0(wx * lf), sum0((w * lf) * lf)
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = -fnmax / safe_max
@@ -119,8 +120,8 @@ def make_q3_quants_rmse(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarra
         iscale = -F32(nmax) / safe_max
         L = np.clip(nearest_int(iscale * x), -nmax, nmax - 1)
         Lf = L.astype(F32)
-        sumlx = _sum0(wx[i] * Lf[i] for i in range(n))
-        suml2 = _sum0((w[i] * Lf[i]) * Lf[i] for i in range(n))
+        sumlx = sum0(wx * Lf)
+        suml2 = sum0((w * Lf) * Lf)
         # a group that changed nothing in a pass would change nothing in the next: running all
         # 5 passes for every group equals the reference's early break
         for _ in range(5):
@@ -164,35 +165,30 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
     vmax = x.max(axis=0)
     flat = vmax == vmin
     rng = np.where(flat, F32(1), vmax - vmin)
-    sum_w = w[0].copy()
-    sum_x = sum_w * x[0]
-    for i in range(1, n):
-        sum_w = sum_w + w[i]
-        sum_x = sum_x + w[i] * x[i]
+    # the reference starts these two sums from the first value, not from 0
+    sum_w = np.add.reduce(w, axis=0)
+    sum_x = np.add.reduce(w * x, axis=0)
     fnmax = F32(nmax)
 
     def err_of(scale, mn, lf):
-        e = None
-        for i in range(n):
-            d = (scale * lf[i] + mn) - x[i]
-            d = np.abs(d) if use_mad else d * d
-            e = F32(0) + w[i] * d if e is None else e + w[i] * d
-        return e
+        d = (scale[None, :] * lf + mn[None, :]) - x
+        return sum0(w * (np.abs(d) if use_mad else d * d))
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = fnmax / rng
         scale = (F32(1) / iscale).astype(F32)
-        L = np.clip(nearest_int(iscale * (x - vmin)), 0, nmax)
+        L = np.clip(nearest_int(iscale[None, :] * (x - vmin[None, :])), 0, nmax)
         best = err_of(scale, vmin, L.astype(F32))
         mn = vmin.copy()
         for step in range(nstep + 1):
             # the reference reuses 'min' for the trials: a better trial moves the later ones' origin and range
             iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / np.where(flat, F32(1), vmax - mn)
-            la = np.clip(nearest_int(iscale * (x - mn)), 0, nmax)
+            la = np.clip(nearest_int(iscale[None, :] * (x - mn[None, :])), 0, nmax)
             lf = la.astype(F32)
-            sum_l = _sum0(w[i] * lf[i] for i in range(n))
-            sum_l2 = _sum0((w[i] * lf[i]) * lf[i] for i in range(n))
-            sum_xl = _sum0((w[i] * lf[i]) * x[i] for i in range(n))
+            wl = w * lf
+            sum_l = sum0(wl)
+            sum_l2 = sum0(wl * lf)
+            sum_xl = sum0(wl * x)
             D = sum_w * sum_l2 - sum_l * sum_l
             ok = D > 0
             Ds = np.where(ok, D, F32(1))
