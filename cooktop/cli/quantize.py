@@ -104,9 +104,13 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
     finally:
         if bar is not None:
             bar.close()
+    groups: dict[tuple[str, str], list[str]] = {}
     for name, want, got in res.fallbacks:
-        click.echo(f"warning: {name}: rows of its size are not whole {want.name} blocks, falling back to "
-                   f"{got.name}", err=True)
+        groups.setdefault((want.name, got.name), []).append(name)
+    for (want, got), names in groups.items():  # llama-quantize's "required fallback quantization", grouped
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        click.echo(f"warning: {len(names)} of {len(res.tensors)} tensors have rows that are not whole {want} "
+                   f"blocks: {got} instead ({shown})", err=True)
     counts: dict[str, int] = {}
     for p in res.tensors:
         counts[p.dst_type.name] = counts.get(p.dst_type.name, 0) + 1
