@@ -46,7 +46,7 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
     Q4_K_M Q5_K_S Q5_K_M Q6_K (aliases Q3_K, Q4_K, Q5_K; or the ftype number). Each tensor gets the
     type llama.cpp's mixture gives it, and the file's bytes equal llama-quantize's (no importance
     matrix). Without OUT the file is IN's folder/ggml-model-TYPE.gguf, as llama-quantize names it.
-    nthreads is accepted for compatibility; the numpy quantizers run on one thread.
+    nthreads: threads quantizing in parallel (default one per CPU core); the bytes do not depend on it.
     """
     args = list(args)
     if len(args) < 2:
@@ -60,9 +60,11 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
         if not args:
             raise click.UsageError("missing TYPE (e.g. Q4_K_M)")
         ft = ftypes.file_type(args.pop(0))
+    n_threads = 0
     if args:
         try:
-            if int(args[0]) < 0:
+            n_threads = int(args[0])
+            if n_threads < 0:
                 raise ValueError
         except ValueError:
             raise click.UsageError(f"invalid nthreads {args[0]!r}") from None
@@ -100,7 +102,7 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
         bar.update(n)
 
     try:
-        res = quantize_file(src, dst, ft, progress=tick, **kw)
+        res = quantize_file(src, dst, ft, progress=tick, n_threads=n_threads, **kw)
     finally:
         if bar is not None:
             bar.close()

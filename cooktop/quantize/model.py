@@ -17,6 +17,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
@@ -154,7 +155,7 @@ def _as_float32(t, n_rows: int, n_per_row: int) -> np.ndarray:
 
 def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: FileType, *, pure: bool = False,
                   output_tensor_type: T | None = None, token_embedding_type: T | None = None,
-                  leave_output_tensor: bool = False,
+                  leave_output_tensor: bool = False, n_threads: int = 0,
                   progress: Callable[[int, int], None] | None = None) -> Result:
     """Quantize GGUF ``src`` to ``dst`` as ``llama-quantize [flags] src dst TYPE`` would.
 
@@ -164,6 +165,8 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
         file_type: the target (:func:`.ftypes.file_type`).
         pure, output_tensor_type, token_embedding_type, leave_output_tensor: llama-quantize's flags
             ``--pure``, ``--output-tensor-type``, ``--token-embedding-type``, ``--leave-output-tensor``.
+        n_threads: threads quantizing slabs of rows in parallel (llama-quantize's ``nthreads``; 0: one
+            per CPU core); the output does not depend on it.
         progress: called as ``progress(values_done_now, values_total)`` while tensors are converted.
 
     Returns:
@@ -187,6 +190,8 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
     align = f.metadata.get("general.alignment")
     if isinstance(align, int):
         w.data_alignment = align
+    n_threads = n_threads if n_threads > 0 else (os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
     try:
         _metadata(w, f, file_type.ftype)
         for p in tensors:
@@ -201,13 +206,16 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
             else:
                 n_per_row = p.ne[0]
                 x = _as_float32(t, t.n_elements // n_per_row, n_per_row)
-                data = quantize_rows(x, p.dst_type, None if progress is None else lambda n: progress(n, total))
+                data = quantize_rows(x, p.dst_type, None if progress is None else lambda n: progress(n, total),
+                                     pool)
             w.write_tensor_data(data.reshape(-1))
         w.close()
         os.replace(tmp, dst)
     except OSError as e:
         raise CooktopError(f"{dst}: cannot write: {e.strerror or e}") from None
     finally:
+        if pool is not None:
+            pool.shutdown()
         w.close()
         if os.path.exists(tmp):
             os.remove(tmp)

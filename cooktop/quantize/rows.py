@@ -15,6 +15,7 @@ this machine), and :data:`SLAB_VALUES_GGUF` for the others.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
@@ -37,13 +38,16 @@ SLAB_VALUES = 1 << 16
 SLAB_VALUES_GGUF = 1 << 20
 
 
-def quantize_rows(x: np.ndarray, ggml_type: T, progress: Callable[[int], None] | None = None) -> np.ndarray:
+def quantize_rows(x: np.ndarray, ggml_type: T, progress: Callable[[int], None] | None = None,
+                  pool: ThreadPoolExecutor | None = None) -> np.ndarray:
     """Quantize rows of float32 values.
 
     Args:
         x: float32 [n_rows, n_per_row]; ``n_per_row`` a multiple of the type's block size.
         ggml_type: one of :data:`WRITABLE`.
-        progress: called with the number of values done after each slab.
+        progress: called (on this thread) with the number of values done after each slab.
+        pool: threads to quantize slabs in parallel (numpy releases the GIL inside its loops); the
+            slabs are independent, so the bytes do not depend on it.
 
     Returns:
         uint8 [n_rows, row_bytes], the rows in GGML's block layout (ggml-common.h).
@@ -62,15 +66,21 @@ def quantize_rows(x: np.ndarray, ggml_type: T, progress: Callable[[int], None] |
         raise UnsupportedModelError(f"rows of {n} values cannot be {ggml_type.name} (blocks of {block})")
     out = np.empty((n_rows, n // block * size), np.uint8)
     step = max(1, (SLAB_VALUES if ggml_type in _KQUANTS else SLAB_VALUES_GGUF) // n)
-    for r in range(0, n_rows, step):
+
+    def slab(r: int) -> int:
         xs = x[r:r + step]
         if ggml_type == T.F32:
             q = xs.view(np.uint8)
         elif ggml_type in _KQUANTS:
-            q = _KQUANTS[ggml_type](xs.reshape(-1, kquants.QK_K)).reshape(xs.shape[0], -1)
+            q = _KQUANTS[ggml_type](xs.reshape(-1, kquants.QK_K))
         else:
             q = quants.quantize(xs, ggml_type)
         out[r:r + step] = q.reshape(xs.shape[0], -1).view(np.uint8)
+        return xs.size
+
+    starts = range(0, n_rows, step)
+    done = pool.map(slab, starts) if pool is not None and len(starts) > 1 else map(slab, starts)
+    for n_done in done:
         if progress is not None:
-            progress(xs.size)
+            progress(n_done)
     return out
