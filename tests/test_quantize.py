@@ -129,7 +129,7 @@ def test_mixtures_pick_llama_cpp_types(model, deep_models, llama_cpp, tmp_path):
         assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
 
 
-def _ggml_quantize(llama_cpp, t: T, x: np.ndarray) -> np.ndarray:
+def _ggml_quantize(llama_cpp, t: T, x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
     """ggml's own ggml_quantize_chunk (libggml-base next to llama-cpp-python's libllama) on rows x."""
     lib_dir = pathlib.Path(llama_cpp.__file__).parent / "lib"
     libs = sorted(lib_dir.glob("libggml-base.*"))
@@ -143,7 +143,8 @@ def _ggml_quantize(llama_cpp, t: T, x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
     block, size = GGML_QUANT_SIZES[t]
     out = np.zeros((x.shape[0], x.shape[1] // block * size), np.uint8)
-    fn(int(t), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None)
+    qw = None if imatrix is None else np.ascontiguousarray(imatrix, np.float32)
+    fn(int(t), x.ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None if qw is None else qw.ctypes.data)
     return out
 
 
@@ -162,6 +163,20 @@ def _edge_rows(rng) -> np.ndarray:
 def test_rows_equal_ggml_on_edge_cases(t, llama_cpp):
     x = _edge_rows(np.random.default_rng(3))
     assert np.array_equal(quantize_rows(x, t), _ggml_quantize(llama_cpp, t, x)), t.name
+
+
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0])
+def test_rows_with_imatrix_equal_ggml(t, llama_cpp):
+    """The importance-matrix quantizers (quantize_row_*_impl) on edge rows and heavy-tailed ones,
+    with importances spanning zeros to large values; the imatrix must change the K-quant output."""
+    rng = np.random.default_rng(5)
+    x = np.concatenate([np.tile(_edge_rows(rng), (1, 2)), rng.standard_cauchy((8, 512)).astype(np.float32)])
+    qw = (rng.random(512) ** 3 * 50).astype(np.float32)
+    qw[:7] = 0
+    ours = quantize_rows(x, t, imatrix=qw)
+    assert np.array_equal(ours, _ggml_quantize(llama_cpp, t, x, qw)), t.name
+    if t != T.Q8_0:
+        assert not np.array_equal(ours, quantize_rows(x, t))
 
 
 @pytest.mark.parametrize("t,tol", [(T.Q2_K, 0.45), (T.Q3_K, 0.22), (T.Q4_K, 0.1), (T.Q5_K, 0.05), (T.Q6_K, 0.025)])

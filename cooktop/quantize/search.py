@@ -46,12 +46,13 @@ def sum0(terms: np.ndarray) -> np.ndarray:
     return np.add.reduce(terms, axis=0, initial=F32(0))
 
 
-def make_qx_quants_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """``make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL)``: symmetric scale search with weights x².
+def make_qx_quants_rmse1(x: np.ndarray, nmax: int, qw: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``make_qx_quants(n, nmax, x, L, rmse_type=1, qw)``: symmetric scale search, weights ``qw`` (None: x²).
 
     Args:
         x: float32 [n, M], one group per column.
         nmax: levels below zero (Q6_K: 32); quants are ``l + nmax`` in ``[0, 2*nmax)``.
+        qw: float32 [n, M] weights (importance-matrix paths), or None.
 
     Returns:
         (scale float32 [M], L uint8 [n, M]).
@@ -64,7 +65,7 @@ def make_qx_quants_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarr
     vmax = x[imax, cols]
     zero = amax < GROUP_MAX_EPS
     safe_max = np.where(zero, F32(1), vmax)
-    w = x * x
+    w = x * x if qw is None else qw
     fnmax = F32(nmax)
 
     wx = w * x
@@ -210,3 +211,63 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
     scale = np.where(flat, F32(0), scale).astype(F32)
     mn = np.where(flat, vmin, mn)
     return scale, (-mn).astype(F32), L
+
+
+def make_qp_quants(x: np.ndarray, nmax: int, qw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``make_qp_quants``: a positive-only scale for the super-block scales and mins (importance-matrix paths).
+
+    Args:
+        x: float32 [n, M], values >= 0 (sub-block scales or mins), one group per column.
+        nmax: top level (63 for Q4_K/Q5_K, 15 for Q2_K).
+        qw: float32 [n, M], the weights (sums of the sub-blocks' weights).
+
+    Returns:
+        (scale float32 [M], L uint8 [n, M]); levels are stored in ``uint8_t`` as the reference does.
+    """
+    n, m = x.shape
+    vmax = np.maximum(x.max(axis=0), F32(0))
+    zero = vmax < GROUP_MAX_EPS
+    safe_max = np.where(zero, F32(1), vmax)
+    fnmax = F32(nmax)
+    wx = qw * x
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = fnmax / safe_max
+        l0 = (nearest_int(iscale * x) & 0xFF).astype(F32)
+        scale = F32(1) / iscale
+        d = x - scale * l0
+        best = sum0((qw * d) * d)
+        for step in range(-4, 5):
+            if step == 0:
+                continue
+            iscale_is = (F32(0.1) * F32(step) + fnmax) / safe_max
+            scale_is = F32(1) / iscale_is
+            lv = np.minimum(nmax, nearest_int(iscale_is * x)).astype(F32)
+            d = x - scale_is * lv
+            mse = sum0((qw * d) * d)
+            better = mse < best
+            best = np.where(better, mse, best)
+            iscale = np.where(better, iscale_is, iscale)
+        li = np.minimum(nmax, nearest_int(iscale * x))
+        L = li & 0xFF  # uint8_t L[i] = l
+        Lf = L.astype(F32)
+        sumlx = sum0(wx * li.astype(F32))
+        suml2 = sum0((qw * li.astype(F32)) * li.astype(F32))
+        for _ in range(5):
+            for i in range(n):
+                slx = sumlx - wx[i] * Lf[i]
+                sl2 = suml2 - (qw[i] * Lf[i]) * Lf[i]
+                ok = (slx > 0) & (sl2 > 0)
+                new_l = np.minimum(nmax, nearest_int((x[i] * sl2) / np.where(ok, slx, F32(1))))
+                cand = ok & (new_l != L[i])
+                nf = new_l.astype(F32)
+                slx2 = slx + wx[i] * nf
+                sl22 = sl2 + (qw[i] * nf) * nf
+                take = cand & ((slx2 * slx2) * suml2 > (sumlx * sumlx) * sl22)
+                L[i] = np.where(take, new_l & 0xFF, L[i])
+                Lf[i] = L[i].astype(F32)
+                sumlx = np.where(take, slx2, sumlx)
+                suml2 = np.where(take, sl22, suml2)
+        scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F32(1)), F32(0)).astype(F32)
+    L = L.astype(np.uint8)
+    L[:, zero] = 0
+    return np.where(zero, F32(0), scale).astype(F32), L
