@@ -229,3 +229,93 @@ def test_cli(tiny_f32, shared, tmp_path):
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
         assert len(errors) == 1 and words in errors[0], r.stderr
+
+
+def write_imatrix(model, path, seed=1) -> pathlib.Path:
+    """A llama-imatrix GGUF for ``model``: random sums of squares, 50 tokens per matrix (the second
+    expert of a MoE tensor saw none: its importances become 1)."""
+    from gguf import GGUFWriter
+
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), "imatrix")
+    w.kv_data[0].clear()
+    w.add_array("imatrix.datasets", ["calibration.txt"])
+    w.add_uint32("imatrix.chunk_count", 7)
+    w.add_uint32("imatrix.chunk_size", 512)
+    for name, t in open_gguf(model).tensors.items():
+        if len(t.shape) < 2 or "norm" in name:
+            continue
+        ne0, n_mat = t.shape[-1], (t.shape[0] if len(t.shape) > 2 else 1)
+        counts = np.full(n_mat, 50.0, np.float32)
+        counts[1:2] = 0
+        w.add_tensor(f"{name}.in_sum2", (rng.random((n_mat, ne0)) ** 2 * 100).astype(np.float32))
+        w.add_tensor(f"{name}.counts", counts)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return pathlib.Path(path)
+
+
+def llama_quantize_imatrix(llama_cpp, src, dst, ftype: int, im) -> pathlib.Path:
+    arr = (llama_cpp.llama_model_imatrix_data * (len(im.entries) + 1))()
+    keep = []
+    for i, (k, v) in enumerate(im.entries.items()):
+        v = np.ascontiguousarray(v, np.float32)
+        keep.append(v)
+        arr[i].name, arr[i].size = k.encode(), v.size
+        arr[i].data = v.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread = ftype, 1
+    p.imatrix = ctypes.cast(arr, type(p.imatrix))
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+    return pathlib.Path(dst)
+
+
+@pytest.mark.parametrize("model,names", [("tiny", ("Q4_K_M", "Q2_K", "Q5_1")), ("gqa4-16", ("Q4_0",)),
+                                         ("moe8-4", ("Q4_K_M",))])
+def test_imatrix_files_equal_llama_cpp_bytes(model, names, tiny_f32, deep_models, llama_cpp, tmp_path):
+    """--imatrix: the weighted quantizers, per-expert vectors (a zero count gives 1s) and the mixture's
+    imatrix rule (Q4_0's first ffn_down layers of 16 become Q4_1) give llama.cpp's file."""
+    from cooktop.quantize import imatrix
+
+    src = tiny_f32 if model == "tiny" else deep_models[model]
+    im = imatrix.load(write_imatrix(src, tmp_path / "im.gguf"))
+    assert im.datasets == ["calibration.txt"] and im.chunk_count == 7
+    for name in names:
+        ft = ftypes.file_type(name)
+        ref = llama_quantize_imatrix(llama_cpp, src, tmp_path / "ref.gguf", ft.ftype, im)
+        quantize_file(src, tmp_path / "ours.gguf", ft, imatrix=im)
+        assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes(), (model, name)
+        if model == "gqa4-16":
+            types = dict(tensor_types(ref))
+            assert types["blk.1.ffn_down.weight"] == "Q4_1" and types["blk.2.ffn_down.weight"] == "Q4_0"
+
+
+def test_imatrix_legacy_file_and_cli_keys(tiny_f32, tmp_path):
+    """The legacy .dat format (sums / ncall), and the quantize.imatrix.* keys the CLI appends."""
+    import struct
+
+    from cooktop.quantize import imatrix
+
+    name = b"blk.0.attn_q.weight"
+    sums = np.arange(1, 257, dtype=np.float32)
+    dat = tmp_path / "im.dat"
+    dat.write_bytes(struct.pack("<ii", 1, len(name)) + name + struct.pack("<ii", 4, 256) + sums.tobytes()
+                    + struct.pack("<ii", 3, 5) + b"wiki\0")
+    im = imatrix.load(dat)
+    assert list(im.entries) == ["blk.0.attn_q.weight"] and im.chunk_count == 3 and im.datasets == ["wiki"]
+    assert np.array_equal(im.entries["blk.0.attn_q.weight"], sums / np.float32(4))
+    out = tmp_path / "q.gguf"
+    r = subprocess.run([sys.executable, "-m", "cooktop.cli", "quantize", "--no-progress", "--imatrix", str(dat),
+                        str(tiny_f32), str(out), "Q4_K_M"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    md = open_gguf(out).metadata
+    assert list(md)[-6:] == ["general.quantization_version", "general.file_type", "quantize.imatrix.file",
+                             "quantize.imatrix.dataset", "quantize.imatrix.entries_count",
+                             "quantize.imatrix.chunks_count"]
+    assert md["quantize.imatrix.file"] == str(dat) and md["quantize.imatrix.entries_count"] == 1
+    bad = tmp_path / "bad.dat"
+    bad.write_bytes(b"\x01\x00\x00\x00\xff")
+    with pytest.raises(CooktopError, match="not an importance matrix"):
+        imatrix.load(bad)

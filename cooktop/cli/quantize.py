@@ -36,16 +36,23 @@ def _mib(n: int) -> str:
               help="Type of output.weight (e.g. q8_0, f16).")
 @click.option("--token-embedding-type", metavar="GGML_TYPE", default=None,
               help="Type of the token embeddings (token_embd.weight).")
+@click.option("--imatrix", "imatrix_file", metavar="FILE", default=None,
+              help="Importance matrix (llama-imatrix's GGUF or legacy .dat) for the quantizers and the mixture.")
+@click.option("--include-weights", multiple=True, metavar="NAME",
+              help="Use the importance matrix only for tensors whose name contains NAME (repeatable).")
+@click.option("--exclude-weights", multiple=True, metavar="NAME",
+              help="Do not use the importance matrix for tensors whose name contains NAME (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Print each tensor's type and the sizes; write nothing.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.argument("args", nargs=-1, required=True)
-def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_type, dry_run, progress, args):
+def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_type, imatrix_file, include_weights,
+                 exclude_weights, dry_run, progress, args):
     """Quantize an F32/F16/BF16 GGUF model: ``cooktop quantize IN.gguf [OUT.gguf] TYPE [nthreads]``.
 
     TYPE is llama-quantize's: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S
     Q4_K_M Q5_K_S Q5_K_M Q6_K (aliases Q3_K, Q4_K, Q5_K; or the ftype number). Each tensor gets the
-    type llama.cpp's mixture gives it, and the file's bytes equal llama-quantize's (no importance
-    matrix). Without OUT the file is IN's folder/ggml-model-TYPE.gguf, as llama-quantize names it.
+    type llama.cpp's mixture gives it, and the file's bytes equal llama-quantize's (with or without
+    --imatrix). Without OUT the file is IN's folder/ggml-model-TYPE.gguf, as llama-quantize names it.
     nthreads: threads quantizing in parallel (default one per CPU core); the bytes do not depend on it.
     """
     args = list(args)
@@ -73,13 +80,29 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
         raise click.UsageError(f"unexpected argument {args[0]!r}")
     if not os.path.isfile(src):
         raise CooktopError(f"{src}: no such file")
+    if (include_weights or exclude_weights) and not imatrix_file:
+        raise click.UsageError("--include-weights / --exclude-weights need --imatrix")
+    if include_weights and exclude_weights:
+        raise click.UsageError("only one of --include-weights and --exclude-weights can be used")
+    im = None
+    extra_kv: list = []
+    if imatrix_file:
+        from ..quantize import imatrix
+        from ..quantize.model import imatrix_kv
+
+        im = imatrix.load(imatrix_file).filter(include_weights, exclude_weights)
+        if not im.entries:
+            im = None  # llama-quantize: an empty matrix after the filters quantizes without
+        else:
+            extra_kv = imatrix_kv(im)
     kw = dict(pure=pure, output_tensor_type=_tensor_type(output_tensor_type),
               token_embedding_type=_tensor_type(token_embedding_type), leave_output_tensor=leave_output_tensor)
     if dry_run:
         from ..format.gguf import open_gguf
         from ..quantize.mixture import Options
 
-        opts = Options(ft, kw["pure"], kw["output_tensor_type"], kw["token_embedding_type"], not leave_output_tensor)
+        opts = Options(ft, kw["pure"], kw["output_tensor_type"], kw["token_embedding_type"], not leave_output_tensor,
+                       im is not None)
         f = open_gguf(src)
         tensors, _ = plan(f, opts)
         for i, p in enumerate(tensors, 1):
@@ -102,7 +125,7 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
         bar.update(n)
 
     try:
-        res = quantize_file(src, dst, ft, progress=tick, n_threads=n_threads, **kw)
+        res = quantize_file(src, dst, ft, progress=tick, n_threads=n_threads, imatrix=im, extra_kv=extra_kv, **kw)
     finally:
         if bar is not None:
             bar.close()

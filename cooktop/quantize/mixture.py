@@ -75,6 +75,8 @@ class Options:
         output_tensor_type: ``--output-tensor-type`` (None: the mixture's choice).
         token_embedding_type: ``--token-embedding-type``.
         quantize_output_tensor: False for ``--leave-output-tensor`` (output.weight keeps its type).
+        has_imatrix: an importance matrix is given (``--imatrix``: Q4_0 / Q5_0 then guard the first
+            eighth of the ffn_down layers with Q4_1 / Q5_1).
     """
 
     file_type: FileType
@@ -82,6 +84,7 @@ class Options:
     output_tensor_type: T | None = None
     token_embedding_type: T | None = None
     quantize_output_tensor: bool = True
+    has_imatrix: bool = False
 
 
 def layer_of(name: str) -> int:
@@ -233,6 +236,8 @@ class Mixture:
                 t = T.Q6_K
             elif ft == "Q4_K_S" and not falcon and i_layer < n_layer // 8:
                 t = T.Q5_K
+            elif ft in ("Q4_0", "Q5_0") and self.opts.has_imatrix and i_layer < n_layer // 8:
+                t = T.Q4_1 if ft == "Q4_0" else T.Q5_1
             self.i_ffn_down += 1
         elif cat == "attn_output":
             if not falcon:

@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
@@ -25,6 +26,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 from ..errors import CooktopError, UnsupportedModelError
 from ..format.gguf import GGUFFile, open_gguf
 from .ftypes import FileType
+from .imatrix import Imatrix
 from .mixture import Mixture, ModelFacts, Options, llama_order, n_dims
 from .rows import WRITABLE, quantize_rows
 
@@ -123,11 +125,25 @@ def plan(f: GGUFFile, opts: Options) -> tuple[list[TensorPlan], Mixture]:
     return out, mix
 
 
-def _metadata(w: GGUFWriter, f: GGUFFile, ftype: int) -> None:
-    """The input's key-value pairs in order, split keys dropped, quantization_version and file_type last."""
+def imatrix_kv(im: Imatrix) -> list[tuple[str, Any, GGUFValueType]]:
+    """The ``quantize.imatrix.*`` keys llama-quantize writes (its kv overrides; strings cut at 127 bytes)."""
+    kv: list[tuple[str, Any, GGUFValueType]] = [
+        ("quantize.imatrix.file", im.path.encode()[:127], GGUFValueType.STRING)]
+    if im.datasets:
+        kv.append(("quantize.imatrix.dataset", im.datasets[0].encode()[:127], GGUFValueType.STRING))
+    kv.append(("quantize.imatrix.entries_count", len(im.entries), GGUFValueType.UINT32))
+    if im.chunk_count > 0:
+        kv.append(("quantize.imatrix.chunks_count", im.chunk_count, GGUFValueType.UINT32))
+    return kv
+
+
+def _metadata(w: GGUFWriter, f: GGUFFile, ftype: int, extra_kv) -> None:
+    """The input's key-value pairs in order, split keys dropped, quantization_version, file_type and
+    ``extra_kv`` last (ggml's gguf_set_val_* removes a key and appends it)."""
     w.kv_data[0].clear()  # GGUFWriter adds general.architecture first; keep the input's order instead
+    last = {"general.quantization_version", "general.file_type"} | {k for k, _, _ in extra_kv}
     for key, raw in f.raw.items():
-        if key in _SPLIT_KEYS or key in ("general.quantization_version", "general.file_type"):
+        if key in _SPLIT_KEYS or key in last:
             continue
         if raw.type == GGUFValueType.ARRAY:
             if raw.value is None:
@@ -141,6 +157,22 @@ def _metadata(w: GGUFWriter, f: GGUFFile, ftype: int) -> None:
             w.add_key_value(key, raw.value, raw.type)
     w.add_uint32("general.quantization_version", QNT_VERSION)
     w.add_uint32("general.file_type", ftype)
+    for key, value, vtype in extra_kv:
+        w.add_key_value(key, value, vtype)
+
+
+def _importance(im: Imatrix | None, p: TensorPlan, n_matrices: int) -> np.ndarray | None:
+    """The tensor's importance vectors ``[n_matrices, ne0]``, or None (llama-quant.cpp's lookup: no entry,
+    or a token embedding whose entry has the wrong size, quantizes without)."""
+    if im is None or p.name not in im.entries:
+        return None
+    v = im.entries[p.name]
+    if v.size != p.ne[0] * n_matrices:
+        if p.name in ("token_embd.weight", "per_layer_token_embd.weight"):
+            return None
+        raise UnsupportedModelError(f"imatrix size {v.size} is different from tensor size "
+                                    f"{p.ne[0] * n_matrices} for {p.name}")
+    return v.reshape(n_matrices, p.ne[0])
 
 
 def _as_float32(t, n_rows: int, n_per_row: int) -> np.ndarray:
@@ -155,8 +187,8 @@ def _as_float32(t, n_rows: int, n_per_row: int) -> np.ndarray:
 
 def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: FileType, *, pure: bool = False,
                   output_tensor_type: T | None = None, token_embedding_type: T | None = None,
-                  leave_output_tensor: bool = False, n_threads: int = 0,
-                  progress: Callable[[int, int], None] | None = None) -> Result:
+                  leave_output_tensor: bool = False, n_threads: int = 0, imatrix: Imatrix | None = None,
+                  extra_kv=(), progress: Callable[[int, int], None] | None = None) -> Result:
     """Quantize GGUF ``src`` to ``dst`` as ``llama-quantize [flags] src dst TYPE`` would.
 
     Args:
@@ -167,6 +199,8 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
             ``--pure``, ``--output-tensor-type``, ``--token-embedding-type``, ``--leave-output-tensor``.
         n_threads: threads quantizing slabs of rows in parallel (llama-quantize's ``nthreads``; 0: one
             per CPU core); the output does not depend on it.
+        imatrix: importance vectors (:func:`.imatrix.load`; ``--imatrix``) for the quantizers and the mixture.
+        extra_kv: (key, value, GGUFValueType) appended to the metadata (the CLI's ``quantize.imatrix.*``).
         progress: called as ``progress(values_done_now, values_total)`` while tensors are converted.
 
     Returns:
@@ -182,7 +216,8 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
     if os.path.exists(dst) and os.path.samefile(src, dst):
         raise CooktopError(f"{dst}: the output must not be the input file")
     f = open_gguf(src)
-    opts = Options(file_type, pure, output_tensor_type, token_embedding_type, not leave_output_tensor)
+    opts = Options(file_type, pure, output_tensor_type, token_embedding_type, not leave_output_tensor,
+                   imatrix is not None)
     tensors, mix = plan(f, opts)
     total = sum(int(np.prod(p.ne)) for p in tensors if p.dst_type != p.src_type)
     tmp = dst + ".part"
@@ -193,7 +228,7 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
     n_threads = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
     try:
-        _metadata(w, f, file_type.ftype)
+        _metadata(w, f, file_type.ftype, list(extra_kv))
         for p in tensors:
             w.add_tensor_info(p.name, tuple(reversed(p.ne)), np.dtype(np.float32), p.n_bytes, raw_dtype=p.dst_type)
         w.write_header_to_file()
@@ -206,8 +241,15 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
             else:
                 n_per_row = p.ne[0]
                 x = _as_float32(t, t.n_elements // n_per_row, n_per_row)
-                data = quantize_rows(x, p.dst_type, None if progress is None else lambda n: progress(n, total),
-                                     pool)
+                tick = None if progress is None else lambda n: progress(n, total)
+                n_mat = int(np.prod(p.ne[2:])) if len(p.ne) > 2 else 1
+                qw = _importance(imatrix, p, n_mat)
+                if qw is None:
+                    data = quantize_rows(x, p.dst_type, tick, pool)
+                else:  # one importance vector per expert matrix
+                    rows = x.reshape(n_mat, -1, n_per_row)
+                    data = np.concatenate([quantize_rows(rows[e], p.dst_type, tick, pool, qw[e])
+                                           for e in range(n_mat)])
             w.write_tensor_data(data.reshape(-1))
         w.close()
         os.replace(tmp, dst)
