@@ -319,3 +319,15 @@ def test_imatrix_legacy_file_and_cli_keys(tiny_f32, tmp_path):
     bad.write_bytes(b"\x01\x00\x00\x00\xff")
     with pytest.raises(CooktopError, match="not an importance matrix"):
         imatrix.load(bad)
+
+
+def test_70b_rule():
+    """LLM_TYPE_70B (80-layer llama with GQA, 80-layer qwen2, 68-layer jais2): attn_v's Q3_K / Q4_K become Q5_K."""
+    from cooktop.quantize.mixture import Mixture, ModelFacts
+
+    names = [f"blk.{i}.attn_v.weight" for i in range(80)] + ["output.weight"]
+    for facts, bumped in ((ModelFacts("llama", 80, 64, 8), True), (ModelFacts("llama", 80, 64, 64), False),
+                          (ModelFacts("qwen2", 80, 64, 8), True), (ModelFacts("jais2", 68, 64, 8), True),
+                          (ModelFacts("llama", 79, 64, 8), False)):
+        mix = Mixture(facts, Options(ftypes.file_type("Q3_K_S")), names)
+        assert mix.choose("blk.0.attn_v.weight", (8192, 1024), T.F16) == (T.Q5_K if bumped else T.Q3_K), facts

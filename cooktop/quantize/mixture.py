@@ -7,7 +7,8 @@ and tied token embeddings to Q6_K, attn_v / ffn_down by layer with ``use_more_bi
 and Q3_K_*), ``tensor_type_fallback`` (a row that is not whole blocks falls back to a 32-block type,
 else F16), and the tensor order of llama.cpp's loader (``weight_name_comparer``: layer number, then name).
 The branches of the importance-matrix types (IQ*, Q2_K_S, TQ*, MXFP4) are left out: cooktop does not
-offer those types. ``LLM_TYPE_70B`` is recognised for ``llama`` (80 layers with GQA), as llama-model.cpp does.
+offer those types. ``LLM_TYPE_70B`` (attn_v gets Q5_K for Q3_K/Q4_K) is recognised as src/models/*.cpp
+set it: llama with 80 layers and GQA, qwen2 / deci / olmo with 80 layers, jais2 with 68.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ _CATEGORIES = (("attn_qkv.weight", "qkv"), ("attn_kv_b.weight", "kv_b"), ("attn_
                ("ffn_up", "ffn_up"), ("ffn_gate", "ffn_gate"), ("ffn_down", "ffn_down"))
 _ATTN_V = ("attn_v", "qkv", "kv_b")
 _LAYER = re.compile(r"blk\.(-?\d+)\.")
+_70B_LAYERS = {"qwen2": 80, "deci": 80, "olmo": 80, "jais2": 68}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +63,10 @@ class ModelFacts:
 
     @property
     def is_70b(self) -> bool:
-        """llama.cpp's ``LLM_TYPE_70B`` for the llama architecture (80 layers, GQA)."""
-        return self.arch == "llama" and self.n_layer == 80 and self.n_head != self.n_head_kv
+        """llama.cpp's ``LLM_TYPE_70B`` (src/models/llama.cpp, qwen2.cpp, deci.cpp, olmo.cpp, jais2.cpp)."""
+        if self.arch == "llama":
+            return self.n_layer == 80 and self.n_head != self.n_head_kv
+        return _70B_LAYERS.get(self.arch) == self.n_layer
 
 
 @dataclasses.dataclass(frozen=True)
