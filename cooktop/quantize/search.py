@@ -172,24 +172,42 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
     fnmax = F32(nmax)
 
     def err_of(scale, mn, lf):
-        d = (scale[None, :] * lf + mn[None, :]) - x
-        return sum0(w * (np.abs(d) if use_mad else d * d))
+        d = scale[None, :] * lf  # ((scale*l) + min) - x, then |d| or d*d, times w: in place, same order
+        d += mn[None, :]
+        d -= x
+        if use_mad:
+            np.abs(d, out=d)
+        else:
+            d *= d
+        d *= w
+        return sum0(d)
+
+    def levels(iscale, xm):
+        """clamp(nearest_int(iscale * (x - min)), 0, nmax) as (int32, float32), ops in place."""
+        v = iscale[None, :] * xm
+        v += _MAGIC
+        b = v.view(np.int32)
+        b &= 0x007FFFFF
+        b -= 0x00400000
+        np.clip(b, 0, nmax, out=b)
+        return b, b.astype(F32)
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = fnmax / rng
         scale = (F32(1) / iscale).astype(F32)
-        L = np.clip(nearest_int(iscale[None, :] * (x - vmin[None, :])), 0, nmax)
-        best = err_of(scale, vmin, L.astype(F32))
+        xm = x - vmin[None, :]
+        L, lf0 = levels(iscale, xm)
+        best = err_of(scale, vmin, lf0)
         mn = vmin.copy()
         for step in range(nstep + 1):
             # the reference reuses 'min' for the trials: a better trial moves the later ones' origin and range
             iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / np.where(flat, F32(1), vmax - mn)
-            la = np.clip(nearest_int(iscale[None, :] * (x - mn[None, :])), 0, nmax)
-            lf = la.astype(F32)
+            la, lf = levels(iscale, xm)
             wl = w * lf
             sum_l = sum0(wl)
-            sum_l2 = sum0(wl * lf)
             sum_xl = sum0(wl * x)
+            wl *= lf
+            sum_l2 = sum0(wl)
             D = sum_w * sum_l2 - sum_l * sum_l
             ok = D > 0
             Ds = np.where(ok, D, F32(1))
@@ -206,6 +224,7 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
                 best = np.where(take, cur, best)
                 scale = np.where(take, this_scale, scale)
                 mn = np.where(take, this_min, mn)
+                xm = x - mn[None, :]
     L = L.astype(np.uint8)
     L[:, flat] = 0
     scale = np.where(flat, F32(0), scale).astype(F32)
