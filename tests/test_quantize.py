@@ -39,10 +39,16 @@ def llama_cpp():
 
 
 def llama_quantize(llama_cpp, src, dst, ftype: int, *, pure=False, output_type=None, embd_type=None,
-                   leave_output=False) -> pathlib.Path:
+                   leave_output=False, tensor_types=()) -> pathlib.Path:
     p = llama_cpp.llama_model_quantize_default_params()
     p.ftype, p.nthread, p.pure = ftype, 1, pure
     p.quantize_output_tensor = not leave_output
+    if tensor_types:
+        tt = (llama_cpp.llama_model_tensor_override * (len(tensor_types) + 1))()
+        for i, (pattern, t) in enumerate(tensor_types):
+            tt[i].pattern, tt[i].type = pattern.encode(), int(t)
+        tt[len(tensor_types)].type = len(T)  # terminator: pattern NULL, GGML_TYPE_COUNT
+        p.tt_overrides = ctypes.cast(tt, type(p.tt_overrides))
     if output_type is not None:
         p.output_tensor_type = int(output_type)
     if embd_type is not None:
@@ -80,9 +86,12 @@ def test_tiny_files_equal_llama_cpp_bytes(name, tiny_f32, stories, llama_cpp, tm
     ("Q4_0", dict(output_tensor_type=T.Q8_0, token_embedding_type=T.F16),
      dict(output_type=T.Q8_0, embd_type=T.F16)),
     ("Q6_K", dict(leave_output_tensor=True), dict(leave_output=True)),
+    ("Q4_K_M", dict(tensor_types=(("attn_v", T.Q8_0), ("blk\\.1\\.ffn_.*", T.Q5_0), ("output", T.Q4_K))),
+     dict(tensor_types=(("attn_v", T.Q8_0), ("blk\\.1\\.ffn_.*", T.Q5_0), ("output", T.Q4_K)))),
 ])
 def test_flags_equal_llama_cpp_bytes(name, kw, lkw, tiny_f32, llama_cpp, tmp_path):
-    """--pure (every K-quant, pure, on tiny), --output-tensor-type, --token-embedding-type, --leave-output-tensor."""
+    """--pure (every K-quant, pure, on tiny), --output-tensor-type, --token-embedding-type, --leave-output-tensor,
+    --tensor-type (first matching pattern wins, the mixture's counters skip the manual tensors)."""
     ft = ftypes.file_type(name)
     ref = llama_quantize(llama_cpp, tiny_f32, tmp_path / "ref.gguf", ft.ftype, **lkw)
     quantize_file(tiny_f32, tmp_path / "ours.gguf", ft, n_threads=1, **kw)  # the others: one per core
@@ -195,6 +204,11 @@ def test_errors(tiny_f32, shared, tmp_path):
     with pytest.raises(CooktopError, match="unknown tensor type"):
         ftypes.tensor_type("q7_0")
     assert ftypes.file_type("q4_k").name == "Q4_K_M" and ftypes.file_type("15").name == "Q4_K_M"
+    assert ftypes.tensor_type_option("ATTN_V=q8_0") == ("attn_v", T.Q8_0)
+    for arg, words in (("attn_v", "malformed"), ("=q8_0", "missing tensor name"), ("attn_v=", "missing quantization"),
+                       ("attn_v=q9", "unknown tensor type"), ("(=q8_0", "bad pattern")):
+        with pytest.raises(CooktopError, match=words):
+            ftypes.tensor_type_option(arg)
     ft = ftypes.file_type("Q4_0")
     with pytest.raises(UnsupportedModelError, match="already Q4_0"):
         quantize_file(shared / "models" / "tiny" / "tiny-Q4_0.gguf", tmp_path / "o.gguf", ftypes.file_type("Q8_0"))

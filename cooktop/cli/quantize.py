@@ -42,11 +42,16 @@ def _mib(n: int) -> str:
               help="Use the importance matrix only for tensors whose name contains NAME (repeatable).")
 @click.option("--exclude-weights", multiple=True, metavar="NAME",
               help="Do not use the importance matrix for tensors whose name contains NAME (repeatable).")
+@click.option("--tensor-type", "tensor_type_args", multiple=True, metavar="NAME=TYPE",
+              help="Quantize tensors whose name matches the regular expression NAME to TYPE (repeatable), "
+                   "e.g. attn_v=q8_0.")
+@click.option("--tensor-type-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A file of NAME=TYPE entries separated by spaces or newlines.")
 @click.option("--dry-run", is_flag=True, help="Print each tensor's type and the sizes; write nothing.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.argument("args", nargs=-1, required=True)
 def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_type, imatrix_file, include_weights,
-                 exclude_weights, dry_run, progress, args):
+                 exclude_weights, tensor_type_args, tensor_type_file, dry_run, progress, args):
     """Quantize an F32/F16/BF16 GGUF model: ``cooktop quantize IN.gguf [OUT.gguf] TYPE [nthreads]``.
 
     TYPE is llama-quantize's: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S
@@ -95,14 +100,20 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
             im = None  # llama-quantize: an empty matrix after the filters quantizes without
         else:
             extra_kv = imatrix_kv(im)
+    tt_args = list(tensor_type_args)
+    if tensor_type_file:
+        with open(tensor_type_file, encoding="utf-8", errors="replace") as fh:
+            tt_args += fh.read().split()
+    tensor_types = tuple(ftypes.tensor_type_option(a) for a in tt_args)
     kw = dict(pure=pure, output_tensor_type=_tensor_type(output_tensor_type),
-              token_embedding_type=_tensor_type(token_embedding_type), leave_output_tensor=leave_output_tensor)
+              token_embedding_type=_tensor_type(token_embedding_type), leave_output_tensor=leave_output_tensor,
+              tensor_types=tensor_types)
     if dry_run:
         from ..format.gguf import open_gguf
         from ..quantize.mixture import Options
 
-        opts = Options(ft, kw["pure"], kw["output_tensor_type"], kw["token_embedding_type"], not leave_output_tensor,
-                       im is not None)
+        opts = Options(ft, pure, kw["output_tensor_type"], kw["token_embedding_type"], not leave_output_tensor,
+                       im is not None, tensor_types)
         f = open_gguf(src)
         tensors, _ = plan(f, opts)
         for i, p in enumerate(tensors, 1):

@@ -75,3 +75,26 @@ def tensor_type(name: str) -> T:
     if key not in TENSOR_TYPES:
         raise CooktopError(f"unknown tensor type {name!r}: use one of {', '.join(TENSOR_TYPES)}")
     return GGMLQuantizationType[key]
+
+
+def tensor_type_option(arg: str) -> tuple[str, T]:
+    """One ``--tensor-type NAME=TYPE`` (quantize.cpp ``parse_tensor_type``): the name lowercased (a regular
+    expression searched in tensor names), the type a ggml type name.
+
+    Raises:
+        CooktopError: no ``=``, an empty name or type, an unknown type, or a pattern that does not compile.
+    """
+    import re
+
+    name, sep, typ = arg.partition("=")
+    if not sep:
+        raise CooktopError(f"malformed tensor type {arg!r}: use NAME=TYPE, e.g. attn_v=q8_0")
+    if not name:
+        raise CooktopError(f"missing tensor name in --tensor-type {arg!r}")
+    if not typ:
+        raise CooktopError(f"missing quantization type in --tensor-type {arg!r}")
+    try:
+        re.compile(name.lower())
+    except re.error as e:
+        raise CooktopError(f"--tensor-type {arg!r}: bad pattern: {e}") from None
+    return name.lower(), tensor_type(typ)

@@ -81,6 +81,9 @@ class Options:
         quantize_output_tensor: False for ``--leave-output-tensor`` (output.weight keeps its type).
         has_imatrix: an importance matrix is given (``--imatrix``: Q4_0 / Q5_0 then guard the first
             eighth of the ffn_down layers with Q4_1 / Q5_1).
+        tensor_types: ``--tensor-type PATTERN=TYPE`` pairs, in order: the first pattern found in a
+            tensor's name (``re.search``, as llama.cpp's ``std::regex_search``) sets its type, instead
+            of the mixture (the block-size fallback still applies).
     """
 
     file_type: FileType
@@ -89,6 +92,7 @@ class Options:
     token_embedding_type: T | None = None
     quantize_output_tensor: bool = True
     has_imatrix: bool = False
+    tensor_types: tuple[tuple[str, T], ...] = ()
 
 
 def layer_of(name: str) -> int:
@@ -166,6 +170,13 @@ class Mixture:
         self.i_attention_wv = self.i_ffn_down = 0
         self.n_fallback = 0
         self.fallbacks: list[tuple[str, T, T]] = []
+        self._patterns = [(re.compile(p), t) for p, t in opts.tensor_types]
+
+    def _manual(self, name: str) -> T | None:
+        for pattern, t in self._patterns:
+            if pattern.search(name):
+                return t
+        return None
 
     def choose(self, name: str, ne: tuple[int, ...], cur: T) -> T:
         """The output type of tensor ``name`` (GGUF ``ne``, current type ``cur``)."""
@@ -174,13 +185,18 @@ class Mixture:
             return cur
         cat = category(name)
         if opts.token_embedding_type is not None and cat == "token_embd":
-            return opts.token_embedding_type
+            # per_layer_token_embd follows it too unless a --tensor-type pattern names it
+            if name != "per_layer_token_embd.weight" or self._manual(name) is None:
+                return opts.token_embedding_type
         if opts.output_tensor_type is not None and cat == "output":
             return opts.output_tensor_type
         t = opts.file_type.default
         if t in _FLOAT:
             return t
-        if not opts.pure:
+        manual = self._manual(name)
+        if manual is not None:
+            t = manual
+        elif not opts.pure:
             t = self._impl(name, ne, t, cat)
         new, fell = fallback(name, ne[0], t)
         if fell:

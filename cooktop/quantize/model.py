@@ -188,7 +188,7 @@ def _as_float32(t, n_rows: int, n_per_row: int) -> np.ndarray:
 def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: FileType, *, pure: bool = False,
                   output_tensor_type: T | None = None, token_embedding_type: T | None = None,
                   leave_output_tensor: bool = False, n_threads: int = 0, imatrix: Imatrix | None = None,
-                  extra_kv=(), progress: Callable[[int, int], None] | None = None) -> Result:
+                  extra_kv=(), tensor_types=(), progress: Callable[[int, int], None] | None = None) -> Result:
     """Quantize GGUF ``src`` to ``dst`` as ``llama-quantize [flags] src dst TYPE`` would.
 
     Args:
@@ -201,6 +201,7 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
             per CPU core); the output does not depend on it.
         imatrix: importance vectors (:func:`.imatrix.load`; ``--imatrix``) for the quantizers and the mixture.
         extra_kv: (key, value, GGUFValueType) appended to the metadata (the CLI's ``quantize.imatrix.*``).
+        tensor_types: ``--tensor-type`` (pattern, type) pairs (:attr:`.mixture.Options.tensor_types`).
         progress: called as ``progress(values_done_now, values_total)`` while tensors are converted.
 
     Returns:
@@ -217,7 +218,7 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
         raise CooktopError(f"{dst}: the output must not be the input file")
     f = open_gguf(src)
     opts = Options(file_type, pure, output_tensor_type, token_embedding_type, not leave_output_tensor,
-                   imatrix is not None)
+                   imatrix is not None, tuple(tensor_types))
     tensors, mix = plan(f, opts)
     total = sum(int(np.prod(p.ne)) for p in tensors if p.dst_type != p.src_type)
     tmp = dst + ".part"
