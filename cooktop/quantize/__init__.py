@@ -1,6 +1,7 @@
-"""``cooktop quantize``: llama-quantize's file types, per-tensor mixtures and reference quantizers in numpy.
+"""``cooktop quantize``: llama-quantize's file types, per-tensor mixtures and quantizers in numpy.
 
-Modules: :mod:`.search` and :mod:`.kquants` (ggml-quants.c's K-quant reference quantizers, bit for bit),
-:mod:`.rows` (every writable type), :mod:`.ftypes` (llama-quantize's type names), :mod:`.mixture`
-(llama.cpp's per-tensor type choice), :mod:`.model` (reads a GGUF, writes the quantized GGUF).
+Modules: :mod:`.search`, :mod:`.kquants` and :mod:`.iquants` (ggml-quants.c's reference quantizers and
+their importance-matrix variants, bit for bit), :mod:`.rows` (every writable type), :mod:`.ftypes`
+(llama-quantize's type names), :mod:`.mixture` (llama.cpp's per-tensor type choice), :mod:`.imatrix`
+(llama-imatrix files), :mod:`.model` (reads a GGUF, writes the quantized GGUF).
 """
