@@ -345,3 +345,27 @@ def test_70b_rule():
                           (ModelFacts("llama", 79, 64, 8), False)):
         mix = Mixture(facts, Options(ftypes.file_type("Q3_K_S")), names)
         assert mix.choose("blk.0.attn_v.weight", (8192, 1024), T.F16) == (T.Q5_K if bumped else T.Q3_K), facts
+
+
+def test_override_kv_equals_llama_cpp(tiny_f32, llama_cpp, tmp_path):
+    """--override-kv: int (u32 of |atol|), float (f32), bool and str keys, one replacing an input key
+    (general.name moves to the end, as gguf_set_val_* does)."""
+    from cooktop.quantize.model import parse_kv_override
+
+    args = ["test.count=int:-42", "test.ratio=float:0.1", "test.flag=bool:true", "general.name=str:renamed"]
+    kvs = (llama_cpp.llama_model_kv_override * (len(args) + 1))()
+    values = [(0, "val_i64", -42), (1, "val_f64", 0.1), (2, "val_bool", True), (3, "val_str", b"renamed")]
+    for i, (tag, field, value) in enumerate(values):  # llama_model_kv_override: tag INT, FLOAT, BOOL, STR
+        kvs[i].tag, kvs[i].key = tag, args[i].split("=")[0].encode()
+        setattr(kvs[i].value, field, value)
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread = 7, 1
+    p.kv_overrides = ctypes.cast(kvs, type(p.kv_overrides))
+    ref = tmp_path / "ref.gguf"
+    assert llama_cpp.llama_model_quantize(str(tiny_f32).encode(), str(ref).encode(), ctypes.byref(p)) == 0
+    quantize_file(tiny_f32, tmp_path / "ours.gguf", ftypes.file_type("Q8_0"),
+                  extra_kv=[parse_kv_override(a) for a in args])
+    assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
+    for bad, words in (("nokey", "malformed"), ("k=long:1", "invalid type"), ("k=bool:yes", "boolean")):
+        with pytest.raises(CooktopError, match=words):
+            parse_kv_override(bad)

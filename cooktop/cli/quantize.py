@@ -9,7 +9,7 @@ import click
 
 from ..errors import CooktopError
 from ..quantize import ftypes
-from ..quantize.model import plan, quantize_file
+from ..quantize.model import parse_kv_override, plan, quantize_file
 from .group import cli
 
 
@@ -47,11 +47,13 @@ def _mib(n: int) -> str:
                    "e.g. attn_v=q8_0.")
 @click.option("--tensor-type-file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A file of NAME=TYPE entries separated by spaces or newlines.")
+@click.option("--override-kv", multiple=True, metavar="KEY=TYPE:VALUE",
+              help="Set a metadata key in the output (TYPE int, float, bool or str; repeatable).")
 @click.option("--dry-run", is_flag=True, help="Print each tensor's type and the sizes; write nothing.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.argument("args", nargs=-1, required=True)
 def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_type, imatrix_file, include_weights,
-                 exclude_weights, tensor_type_args, tensor_type_file, dry_run, progress, args):
+                 exclude_weights, tensor_type_args, tensor_type_file, override_kv, dry_run, progress, args):
     """Quantize an F32/F16/BF16 GGUF model: ``cooktop quantize IN.gguf [OUT.gguf] TYPE [nthreads]``.
 
     TYPE is llama-quantize's: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S
@@ -90,7 +92,7 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
     if include_weights and exclude_weights:
         raise click.UsageError("only one of --include-weights and --exclude-weights can be used")
     im = None
-    extra_kv: list = []
+    extra_kv: list = [parse_kv_override(a) for a in override_kv]  # llama-quantize: the user's, then imatrix's
     if imatrix_file:
         from ..quantize import imatrix
         from ..quantize.model import imatrix_kv
@@ -99,7 +101,7 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
         if not im.entries:
             im = None  # llama-quantize: an empty matrix after the filters quantizes without
         else:
-            extra_kv = imatrix_kv(im)
+            extra_kv += imatrix_kv(im)
     tt_args = list(tensor_type_args)
     if tensor_type_file:
         with open(tensor_type_file, encoding="utf-8", errors="replace") as fh:

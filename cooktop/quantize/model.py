@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -158,7 +159,41 @@ def _metadata(w: GGUFWriter, f: GGUFFile, ftype: int, extra_kv) -> None:
     w.add_uint32("general.quantization_version", QNT_VERSION)
     w.add_uint32("general.file_type", ftype)
     for key, value, vtype in extra_kv:
+        w.kv_data[0].pop(key, None)  # gguf_set_val_*: remove, then append
         w.add_key_value(key, value, vtype)
+
+
+_LEADING_INT = re.compile(r"\s*[+-]?\d+")
+_LEADING_FLOAT = re.compile(r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf(inity)?|nan)", re.I)
+
+
+def parse_kv_override(arg: str) -> tuple[str, Any, GGUFValueType]:
+    """``--override-kv KEY=TYPE:VALUE`` as common.cpp ``string_parse_kv_override`` reads it and llama-quant.cpp
+    writes it: ``int:`` -> u32 of ``|atol(VALUE)|``, ``float:`` -> f32 of ``atof(VALUE)``, ``bool:true|false``,
+    ``str:`` (at most 127 bytes).
+
+    Raises:
+        CooktopError: no ``=``, a key of 128 bytes or more, an unknown TYPE, a bad bool, a long string.
+    """
+    key, sep, rest = arg.partition("=")
+    if not sep or len(key.encode()) >= 128:
+        raise CooktopError(f"malformed KV override {arg!r}: use KEY=TYPE:VALUE, TYPE int, float, bool or str")
+    typ, colon, value = rest.partition(":")
+    if not colon or typ not in ("int", "float", "bool", "str"):
+        raise CooktopError(f"invalid type for KV override {arg!r}: use int:, float:, bool: or str:")
+    if typ == "int":
+        m = _LEADING_INT.match(value)
+        return key, abs(int(m.group(0))) if m else 0, GGUFValueType.UINT32
+    if typ == "float":
+        m = _LEADING_FLOAT.match(value)
+        return key, float(np.float32(float(m.group(0)))) if m else 0.0, GGUFValueType.FLOAT32
+    if typ == "bool":
+        if value not in ("true", "false"):
+            raise CooktopError(f"invalid boolean value for KV override {arg!r}: true or false")
+        return key, value == "true", GGUFValueType.BOOL
+    if len(value.encode()) > 127:
+        raise CooktopError(f"malformed KV override {arg!r}: the value cannot exceed 127 bytes")
+    return key, value.encode(), GGUFValueType.STRING
 
 
 def _importance(im: Imatrix | None, p: TensorPlan, n_matrices: int) -> np.ndarray | None:
