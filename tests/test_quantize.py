@@ -98,6 +98,19 @@ def test_flags_equal_llama_cpp_bytes(name, kw, lkw, tiny_f32, llama_cpp, tmp_pat
     assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
 
 
+@pytest.mark.parametrize("src,name", [("Q8_0", "Q4_K_M"), ("Q4_K_M", "Q2_K"), ("Q5_1", "Q6_K")])
+def test_allow_requantize_equals_llama_cpp(src, name, shared, llama_cpp, tmp_path):
+    """--allow-requantize: quantized inputs dequantized (gguf's dequantizers equal ggml's to_float) and quantized."""
+    path = shared / "models" / "tiny" / f"tiny-{src}.gguf"
+    ft = ftypes.file_type(name)
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype, p.nthread, p.allow_requantize = ft.ftype, 1, True
+    ref = tmp_path / "ref.gguf"
+    assert llama_cpp.llama_model_quantize(str(path).encode(), str(ref).encode(), ctypes.byref(p)) == 0
+    quantize_file(path, tmp_path / "ours.gguf", ft, allow_requantize=True)
+    assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
+
+
 def test_f16_input_equals_llama_cpp(shared, llama_cpp, tmp_path):
     src = shared / "models" / "tiny" / "tiny-F16.gguf"
     ref = llama_quantize(llama_cpp, src, tmp_path / "ref.gguf", 18)

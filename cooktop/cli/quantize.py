@@ -30,6 +30,9 @@ def _mib(n: int) -> str:
 
 
 @cli.command("quantize")
+@click.option("--allow-requantize", is_flag=True,
+              help="Allow requantizing tensors that are already quantized (this loses quality compared to "
+                   "quantizing from 16 or 32 bits).")
 @click.option("--pure", is_flag=True, help="Disable the k-quant mixtures: every quantized tensor gets TYPE.")
 @click.option("--leave-output-tensor", is_flag=True, help="Leave output.weight un(re)quantized.")
 @click.option("--output-tensor-type", metavar="GGML_TYPE", default=None,
@@ -52,9 +55,11 @@ def _mib(n: int) -> str:
 @click.option("--dry-run", is_flag=True, help="Print each tensor's type and the sizes; write nothing.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.argument("args", nargs=-1, required=True)
-def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_type, imatrix_file, include_weights,
-                 exclude_weights, tensor_type_args, tensor_type_file, override_kv, dry_run, progress, args):
+def quantize_cmd(allow_requantize, pure, leave_output_tensor, output_tensor_type, token_embedding_type, imatrix_file,
+                 include_weights, exclude_weights, tensor_type_args, tensor_type_file, override_kv, dry_run, progress, args):
     """Quantize an F32/F16/BF16 GGUF model: ``cooktop quantize IN.gguf [OUT.gguf] TYPE [nthreads]``.
+
+    A quantized model is refused unless --allow-requantize.
 
     TYPE is llama-quantize's: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S
     Q4_K_M Q5_K_S Q5_K_M Q6_K (aliases Q3_K, Q4_K, Q5_K; or the ftype number). Each tensor gets the
@@ -109,7 +114,7 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
     tensor_types = tuple(ftypes.tensor_type_option(a) for a in tt_args)
     kw = dict(pure=pure, output_tensor_type=_tensor_type(output_tensor_type),
               token_embedding_type=_tensor_type(token_embedding_type), leave_output_tensor=leave_output_tensor,
-              tensor_types=tensor_types)
+              tensor_types=tensor_types, allow_requantize=allow_requantize)
     if dry_run:
         from ..format.gguf import open_gguf
         from ..quantize.mixture import Options
@@ -117,7 +122,7 @@ def quantize_cmd(pure, leave_output_tensor, output_tensor_type, token_embedding_
         opts = Options(ft, pure, kw["output_tensor_type"], kw["token_embedding_type"], not leave_output_tensor,
                        im is not None, tensor_types)
         f = open_gguf(src)
-        tensors, _ = plan(f, opts)
+        tensors, _ = plan(f, opts, allow_requantize)
         for i, p in enumerate(tensors, 1):
             shape = ", ".join(f"{d:5d}" for d in p.ne)
             click.echo(f"[{i:4d}/{len(tensors):4d}] {p.name:<36s} - [{shape}], {p.src_type.name:>5s} -> "

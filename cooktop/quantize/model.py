@@ -26,6 +26,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 
 from ..errors import CooktopError, UnsupportedModelError
 from ..format.gguf import GGUFFile, open_gguf
+from ..format.quants import HOST_TYPES, dequantize
 from .ftypes import FileType
 from .imatrix import Imatrix
 from .mixture import Mixture, ModelFacts, Options, llama_order, n_dims
@@ -98,12 +99,12 @@ def model_facts(f: GGUFFile) -> ModelFacts:
                       first("expert_count", 0))
 
 
-def plan(f: GGUFFile, opts: Options) -> tuple[list[TensorPlan], Mixture]:
+def plan(f: GGUFFile, opts: Options, allow_requantize: bool = False) -> tuple[list[TensorPlan], Mixture]:
     """The output tensors of ``f`` under ``opts``: llama.cpp's order and per-tensor types.
 
     Raises:
-        UnsupportedModelError: a tensor that would need requantizing (an already-quantized input), or a
-            target type cooktop cannot write.
+        UnsupportedModelError: a tensor that would need requantizing (an already-quantized input) without
+            ``allow_requantize``, one of a type cooktop cannot read, or a target type it cannot write.
     """
     names = llama_order(f.tensors)
     mix = Mixture(model_facts(f), opts, names)
@@ -114,10 +115,13 @@ def plan(f: GGUFFile, opts: Options) -> tuple[list[TensorPlan], Mixture]:
         ne = ne[:n_dims(ne)]
         dst = mix.choose(name, ne, t.ggml_type)
         if dst != t.ggml_type:
-            if t.ggml_type not in _INPUT_TYPES:
+            if t.ggml_type not in _INPUT_TYPES and not allow_requantize:
                 raise UnsupportedModelError(
                     f"{f.path}: tensor {name} is already {t.ggml_type.name}; cooktop quantize reads F32, F16 "
-                    "or BF16 models (requantizing loses quality; start from the unquantized file)")
+                    "or BF16 models (requantizing loses quality: start from the unquantized file, or pass "
+                    "--allow-requantize)")
+            if t.ggml_type not in HOST_TYPES:
+                raise UnsupportedModelError(f"{f.path}: cannot read tensor {name} of type {t.ggml_type.name}")
             if dst not in WRITABLE:
                 raise UnsupportedModelError(f"cannot write {name} as {dst.name}")
         block, size = GGML_QUANT_SIZES[dst]
@@ -211,7 +215,10 @@ def _importance(im: Imatrix | None, p: TensorPlan, n_matrices: int) -> np.ndarra
 
 
 def _as_float32(t, n_rows: int, n_per_row: int) -> np.ndarray:
-    """A float tensor's values as float32 [n_rows, n_per_row] (F16/BF16 widened exactly)."""
+    """A tensor's values as float32 [n_rows, n_per_row] (F16/BF16 widened exactly; quantized types through
+    gguf's dequantizers, for ``--allow-requantize``)."""
+    if t.ggml_type not in _INPUT_TYPES:
+        return dequantize(t.data, t.ggml_type, (n_rows, n_per_row))
     if t.ggml_type == T.F32:
         return np.asarray(t.data, dtype=np.float32).reshape(n_rows, n_per_row)
     if t.ggml_type == T.F16:
@@ -223,7 +230,8 @@ def _as_float32(t, n_rows: int, n_per_row: int) -> np.ndarray:
 def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: FileType, *, pure: bool = False,
                   output_tensor_type: T | None = None, token_embedding_type: T | None = None,
                   leave_output_tensor: bool = False, n_threads: int = 0, imatrix: Imatrix | None = None,
-                  extra_kv=(), tensor_types=(), progress: Callable[[int, int], None] | None = None) -> Result:
+                  extra_kv=(), tensor_types=(), allow_requantize: bool = False,
+                  progress: Callable[[int, int], None] | None = None) -> Result:
     """Quantize GGUF ``src`` to ``dst`` as ``llama-quantize [flags] src dst TYPE`` would.
 
     Args:
@@ -237,6 +245,7 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
         imatrix: importance vectors (:func:`.imatrix.load`; ``--imatrix``) for the quantizers and the mixture.
         extra_kv: (key, value, GGUFValueType) appended to the metadata (the CLI's ``quantize.imatrix.*``).
         tensor_types: ``--tensor-type`` (pattern, type) pairs (:attr:`.mixture.Options.tensor_types`).
+        allow_requantize: ``--allow-requantize``: dequantize quantized input tensors and quantize them again.
         progress: called as ``progress(values_done_now, values_total)`` while tensors are converted.
 
     Returns:
@@ -254,7 +263,7 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
     f = open_gguf(src)
     opts = Options(file_type, pure, output_tensor_type, token_embedding_type, not leave_output_tensor,
                    imatrix is not None, tuple(tensor_types))
-    tensors, mix = plan(f, opts)
+    tensors, mix = plan(f, opts, allow_requantize)
     total = sum(int(np.prod(p.ne)) for p in tensors if p.dst_type != p.src_type)
     tmp = dst + ".part"
     w = GGUFWriter(tmp, f.architecture)
