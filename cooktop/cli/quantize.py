@@ -56,7 +56,8 @@ def _mib(n: int) -> str:
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.argument("args", nargs=-1, required=True)
 def quantize_cmd(allow_requantize, pure, leave_output_tensor, output_tensor_type, token_embedding_type, imatrix_file,
-                 include_weights, exclude_weights, tensor_type_args, tensor_type_file, override_kv, dry_run, progress, args):
+                 include_weights, exclude_weights, tensor_type_args, tensor_type_file, override_kv, dry_run, progress,
+                 args):
     """Quantize an F32/F16/BF16 GGUF model: ``cooktop quantize IN.gguf [OUT.gguf] TYPE [nthreads]``.
 
     A quantized model is refused unless --allow-requantize.
