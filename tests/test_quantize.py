@@ -141,7 +141,7 @@ def test_mixtures_pick_llama_cpp_types(model, deep_models, llama_cpp, tmp_path):
     enough layers for use_more_bits and the Q3_K_M / Q4_K_S attn_v counters."""
     src = deep_models[model]
     f = open_gguf(src)
-    for name in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_M"):  # the ones with bumps
+    for name in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_M", "IQ4_XS"):  # with bumps
         ft = ftypes.file_type(name)
         ref = llama_quantize(llama_cpp, src, tmp_path / f"{name}.gguf", ft.ftype)
         ours = [(p.name, p.dst_type.name) for p in plan(f, Options(ft))[0]]
@@ -181,13 +181,16 @@ def _edge_rows(rng) -> np.ndarray:
     return np.array(rows, np.float32)
 
 
-@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0])
+ROW_TYPES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.IQ4_XS]
+
+
+@pytest.mark.parametrize("t", ROW_TYPES)
 def test_rows_equal_ggml_on_edge_cases(t, llama_cpp):
     x = _edge_rows(np.random.default_rng(3))
     assert np.array_equal(quantize_rows(x, t), _ggml_quantize(llama_cpp, t, x)), t.name
 
 
-@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0])
+@pytest.mark.parametrize("t", ROW_TYPES)
 def test_rows_with_imatrix_equal_ggml(t, llama_cpp):
     """The importance-matrix quantizers (quantize_row_*_impl) on edge rows and heavy-tailed ones,
     with importances spanning zeros to large values; the imatrix must change the K-quant output."""

@@ -63,7 +63,7 @@ def quantize_cmd(allow_requantize, pure, leave_output_tensor, output_tensor_type
     A quantized model is refused unless --allow-requantize.
 
     TYPE is llama-quantize's: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S
-    Q4_K_M Q5_K_S Q5_K_M Q6_K (aliases Q3_K, Q4_K, Q5_K; or the ftype number). Each tensor gets the
+    Q4_K_M Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS (aliases Q3_K, Q4_K, Q5_K; or the ftype number). Each tensor gets the
     type llama.cpp's mixture gives it, and the file's bytes equal llama-quantize's (with or without
     --imatrix). Without OUT the file is IN's folder/ggml-model-TYPE.gguf, as llama-quantize names it.
     nthreads: threads quantizing in parallel (default one per CPU core); the bytes do not depend on it.

@@ -36,7 +36,7 @@ _TABLE = (
     ("Q4_0", 2, T.Q4_0), ("Q4_1", 3, T.Q4_1), ("Q5_0", 8, T.Q5_0), ("Q5_1", 9, T.Q5_1), ("Q8_0", 7, T.Q8_0),
     ("Q2_K", 10, T.Q2_K), ("Q3_K_S", 11, T.Q3_K), ("Q3_K_M", 12, T.Q3_K), ("Q3_K_L", 13, T.Q3_K),
     ("Q4_K_S", 14, T.Q4_K), ("Q4_K_M", 15, T.Q4_K), ("Q5_K_S", 16, T.Q5_K), ("Q5_K_M", 17, T.Q5_K),
-    ("Q6_K", 18, T.Q6_K),
+    ("Q6_K", 18, T.Q6_K), ("IQ4_NL", 25, T.IQ4_NL), ("IQ4_XS", 30, T.IQ4_XS),
 )
 #: name -> FileType, llama-quantize's names (case-insensitive lookups via :func:`file_type`).
 FILE_TYPES: dict[str, FileType] = {n: FileType(n, f, d) for n, f, d in _TABLE}
@@ -47,7 +47,8 @@ BY_FTYPE = {f.ftype: f.name for f in FILE_TYPES.values()}
 
 #: ggml type names accepted by --output-tensor-type / --token-embedding-type (quantize.cpp
 #: ``parse_ggml_type`` matches ggml_type_name case-insensitively), limited to the types cooktop writes.
-TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                "IQ4_NL", "IQ4_XS")
 
 
 def file_type(name: str) -> FileType:

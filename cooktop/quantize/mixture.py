@@ -6,8 +6,8 @@ up, names ending in ``weight``, not norms, not MoE routers, not position embeddi
 and tied token embeddings to Q6_K, attn_v / ffn_down by layer with ``use_more_bits``, attn_output for Q2_K
 and Q3_K_*), ``tensor_type_fallback`` (a row that is not whole blocks falls back to a 32-block type,
 else F16), and the tensor order of llama.cpp's loader (``weight_name_comparer``: layer number, then name).
-The branches of the importance-matrix types (IQ*, Q2_K_S, TQ*, MXFP4) are left out: cooktop does not
-offer those types. ``LLM_TYPE_70B`` (attn_v gets Q5_K for Q3_K/Q4_K) is recognised as src/models/*.cpp
+The branches of the types cooktop does not offer (IQ1-IQ3, Q2_K_S, TQ*, MXFP4) are left out; IQ4_NL and
+IQ4_XS are in. ``LLM_TYPE_70B`` (attn_v gets Q5_K for Q3_K/Q4_K) is recognised as src/models/*.cpp
 set it: llama with 80 layers and GQA, qwen2 / deci / olmo with 80 layers, jais2 with 68.
 """
 
@@ -22,7 +22,7 @@ from .ftypes import FileType
 
 T = GGMLQuantizationType
 _FLOAT = (T.F32, T.F16, T.BF16)
-_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+_FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
 _NOT_QUANTIZED = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
                   "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight",
                   "indexer.q_proj.weight", "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight",
@@ -223,6 +223,8 @@ class Mixture:
                 t = T.Q5_K if self.i_attention_wv < 2 else T.Q4_K
             elif ft == "Q3_K_L":
                 t = T.Q5_K
+            elif ft in ("IQ4_NL", "IQ4_XS") and f.n_gqa >= 4:
+                t = T.Q5_K
             elif ft in ("Q4_K_M", "Q5_K_M") and _use_more_bits(self.i_attention_wv, self.n_attention_wv):
                 t = T.Q6_K
             elif ft == "Q4_K_S" and self.i_attention_wv < 4:
@@ -252,6 +254,8 @@ class Mixture:
                          else T.Q5_K if _use_more_bits(i_layer, n_layer) else T.Q4_K)
                 elif _use_more_bits(i_layer, n_layer):
                     t = T.Q6_K
+            elif i_layer < n_layer // 8 and ft in ("IQ4_NL", "IQ4_XS") and not self.opts.has_imatrix:
+                t = T.Q5_K
             elif ft == "Q5_K_M" and _use_more_bits(i_layer, n_layer):
                 t = T.Q6_K
             elif ft == "Q4_K_S" and not falcon and i_layer < n_layer // 8:
@@ -262,7 +266,7 @@ class Mixture:
         elif cat == "attn_output":
             if not falcon:
                 if f.n_expert == 8:
-                    if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M"):
+                    if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS"):
                         t = T.Q5_K
                 else:
                     t = {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(ft, t)

@@ -6,6 +6,7 @@ Which implementation serves which type:
   ``quantize_row_*_ref`` and of the float conversions; they are bit-exact with llama.cpp, which the tests
   check on every type against files llama.cpp writes).
 - Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: :mod:`.kquants` (gguf has no K-quant quantizers).
+- IQ4_NL, IQ4_XS: :mod:`.iq4` (with or without an importance matrix).
 - With an importance matrix (``imatrix``): :mod:`.iquants` for Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants;
   Q8_0 and the float types ignore it, as ggml does.
 
@@ -23,7 +24,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from ..errors import UnsupportedModelError
-from . import iquants, kquants
+from . import iq4, iquants, kquants
 
 T = GGMLQuantizationType
 
@@ -36,9 +37,12 @@ _WEIGHTED: dict[T, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     T.Q5_1: iquants.quantize_q5_1_w, T.Q2_K: iquants.quantize_q2_k_w, T.Q3_K: iquants.quantize_q3_k_w,
     T.Q4_K: iquants.quantize_q4_k_w, T.Q5_K: iquants.quantize_q5_k_w, T.Q6_K: iquants.quantize_q6_k_w,
 }
+_IQ4: dict[T, Callable[[np.ndarray, np.ndarray | None], np.ndarray]] = {
+    T.IQ4_NL: iq4.quantize_iq4_nl, T.IQ4_XS: iq4.quantize_iq4_xs,
+}
 _GGUF = (T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 #: Every type :func:`quantize_rows` writes.
-WRITABLE: tuple[T, ...] = (T.F32, *_GGUF, *_KQUANTS)
+WRITABLE: tuple[T, ...] = (T.F32, *_GGUF, *_KQUANTS, *_IQ4)
 #: Values per slab for the K-quants (64K float32: 256 KB per temporary).
 SLAB_VALUES = 1 << 16
 #: Values per slab for the gguf.quants types.
@@ -78,13 +82,15 @@ def quantize_rows(x: np.ndarray, ggml_type: T, progress: Callable[[int], None] |
         qw = np.ascontiguousarray(imatrix, dtype=np.float32).reshape(-1)
         if qw.size != n:
             raise UnsupportedModelError(f"an importance vector of {qw.size} values for rows of {n}")
-    slab_values = SLAB_VALUES if ggml_type in _KQUANTS or qw is not None else SLAB_VALUES_GGUF
+    slab_values = SLAB_VALUES if ggml_type in _KQUANTS or ggml_type in _IQ4 or qw is not None else SLAB_VALUES_GGUF
     step = max(1, slab_values // n)
 
     def slab(r: int) -> int:
         xs = x[r:r + step]
         if ggml_type == T.F32:
             q = xs.view(np.uint8)
+        elif ggml_type in _IQ4:
+            q = _IQ4[ggml_type](xs, qw)
         elif qw is not None and ggml_type in _WEIGHTED:
             q = _WEIGHTED[ggml_type](xs, qw)
         elif ggml_type in _KQUANTS:
