@@ -238,6 +238,8 @@ def test_errors(tiny_f32, shared, tmp_path):
         quantize_file(trunc, tmp_path / "o.gguf", ft)
     with pytest.raises(CooktopError, match="must not be the input"):
         quantize_file(foreign, foreign, ft)
+    with pytest.raises(UnsupportedModelError, match="NaN or infinite"):
+        quantize_rows(np.array([[0.0] * 31 + [np.nan]], np.float32), T.Q8_0)
     assert not (tmp_path / "o.gguf").exists() and not (tmp_path / "o.gguf.part").exists()
 
 

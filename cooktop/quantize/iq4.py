@@ -19,13 +19,35 @@ _VF = VALUES.astype(F32)
 NTRY = 7
 
 
+# The levels are integers, so v <= x exactly when v <= floor(x): the bracket [v[mu-1], v[mu]) of x comes from
+# a table indexed by floor(x) (clamped to [-128, 114]), with mu clamped to [1, 15]; the choice between the
+# two is best_index_int8's own float comparison. Below v[0] or above v[15] that comparison already picks
+# the end level, so the function's early returns need no separate test.
+_FLOORS = np.arange(-128, 115)
+_MU = np.clip(np.searchsorted(_VF, _FLOORS.astype(F32), side="right"), 1, 15).astype(np.int32)
+_LO = _VF[_MU - 1]
+_HI = _VF[_MU]
+
+
+def _bracket(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    f = np.floor(x)
+    np.clip(f, -128, 114, out=f)
+    k = f.astype(np.int32)
+    k += 128
+    lo, hi = _LO[k], _HI[k]
+    return k, lo, hi, (x - lo) < (hi - x)
+
+
 def best_index(x: np.ndarray) -> np.ndarray:
     """``best_index_int8(16, kvalues_iq4nl, x)``: the nearest level's index (ties to the upper one), int32."""
-    mu = np.clip(np.searchsorted(_VF, x, side="right"), 1, 15)
-    lower = (x - _VF[mu - 1]) < (_VF[mu] - x)
-    i = np.where(lower, mu - 1, mu)
-    i = np.where(x <= _VF[0], 0, i)
-    return np.where(x >= _VF[15], 15, i).astype(np.int32)
+    k, _, _, lower = _bracket(x)
+    return _MU[k] - lower
+
+
+def best_value(x: np.ndarray) -> np.ndarray:
+    """``kvalues_iq4nl[best_index_int8(16, kvalues_iq4nl, x)]`` as float32."""
+    _, lo, hi, lower = _bracket(x)
+    return np.where(lower, lo, hi)
 
 
 def _block_scales(xb: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -40,7 +62,7 @@ def _block_scales(xb: np.ndarray, w: np.ndarray) -> np.ndarray:
     v0 = F32(VALUES[0])
 
     def sums(iscale):
-        q = _VF[best_index(iscale[None, :] * xb)]
+        q = best_value(iscale[None, :] * xb)
         wq = w * q
         return sum0(wq * xb), sum0(wq * q)
 

@@ -289,6 +289,8 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, file_type: Fil
                 tick = None if progress is None else lambda n: progress(n, total)
                 n_mat = int(np.prod(p.ne[2:])) if len(p.ne) > 2 else 1
                 qw = _importance(imatrix, p, n_mat)
+                if not np.isfinite(x).all():
+                    raise UnsupportedModelError(f"{src}: tensor {p.name} holds NaN or infinite values")
                 if qw is None:
                     data = quantize_rows(x, p.dst_type, tick, pool)
                 else:  # one importance vector per expert matrix

@@ -65,7 +65,8 @@ def quantize_rows(x: np.ndarray, ggml_type: T, progress: Callable[[int], None] |
         uint8 [n_rows, row_bytes], the rows in GGML's block layout (ggml-common.h).
 
     Raises:
-        UnsupportedModelError: a type not in :data:`WRITABLE`, or a row that is not whole blocks.
+        UnsupportedModelError: a type not in :data:`WRITABLE`, a row that is not whole blocks, or a NaN or
+            infinite value (llama.cpp fails such a tensor too: "quantized data validation failed").
     """
     ggml_type = T(ggml_type)
     if ggml_type not in WRITABLE:
@@ -76,6 +77,9 @@ def quantize_rows(x: np.ndarray, ggml_type: T, progress: Callable[[int], None] |
     block, size = GGML_QUANT_SIZES[ggml_type]
     if n % block:
         raise UnsupportedModelError(f"rows of {n} values cannot be {ggml_type.name} (blocks of {block})")
+    if not np.isfinite(x).all():
+        r = int(np.argwhere(~np.isfinite(x))[0, 0])
+        raise UnsupportedModelError(f"row {r} holds a NaN or infinite value: it cannot be quantized")
     out = np.empty((n_rows, n // block * size), np.uint8)
     qw = None
     if imatrix is not None:
