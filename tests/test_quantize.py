@@ -387,3 +387,26 @@ def test_override_kv_equals_llama_cpp(tiny_f32, llama_cpp, tmp_path):
     for bad, words in (("nokey", "malformed"), ("k=long:1", "invalid type"), ("k=bool:yes", "boolean")):
         with pytest.raises(CooktopError, match=words):
             parse_kv_override(bad)
+
+
+def test_iq4_best_index_matches_the_binary_search():
+    """iq4.best_index (a floor(x) table) equals best_index_int8's binary search with its float tie rule,
+    on a fine grid, the levels, their midpoints and the infinities."""
+    from cooktop.quantize import iq4
+
+    v = iq4.VALUES.astype(np.float32)
+
+    def reference(x):
+        if x <= v[0]:
+            return 0
+        if x >= v[15]:
+            return 15
+        lo, hi = 0, 15
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if x < v[mid] else (mid, hi)
+        return hi - 1 if (x - v[hi - 1]) < (v[hi] - x) else hi
+
+    xs = np.concatenate([np.linspace(-140, 130, 20011, dtype=np.float32), v, (v[1:] + v[:-1]) / 2,
+                         np.array([np.inf, -np.inf, 1e-8, -1e-8], np.float32)]).astype(np.float32)
+    assert np.array_equal(iq4.best_index(xs), [reference(x) for x in xs])
