@@ -25,6 +25,7 @@ RANK = {
     "engine": 5,
     "cluster": 5.5,  # Ray: above engine (it builds Engines), below api/server/cli (which offer it)
     "tools": 6,
+    "quantize": 6,  # reads format, written to by cli only
     "api": 7,
     "server": 8, "bench": 8,
     "cli": 9,
