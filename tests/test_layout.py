@@ -26,7 +26,7 @@ RANK = {
     "cluster": 5.5,  # Ray: above engine (it builds Engines), below api/server/cli (which offer it)
     "tools": 6,
     "api": 7,
-    "server": 8, "bench": 8,
+    "server": 8, "bench": 8, "quality": 8,
     "cli": 9,
 }
 

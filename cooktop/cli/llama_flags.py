@@ -41,7 +41,8 @@ import click
 
 #: llama.cpp programs (``LLAMA_EXAMPLE_*``) whose options each cooktop command accepts
 #: (``COMMON`` options belong to all of them).
-PROGRAMS = {"run": ("COMPLETION", "CLI"), "chat": ("CLI", "COMPLETION"), "serve": ("SERVER",)}
+PROGRAMS = {"run": ("COMPLETION", "CLI"), "chat": ("CLI", "COMPLETION"), "serve": ("SERVER",),
+            "perplexity": ("PERPLEXITY",)}
 
 #: Why an option changes nothing here, by one of its spellings.
 REASONS = {

@@ -13,7 +13,7 @@ import click
 from .group import cli
 
 #: Command modules, each adding its command to ``cli`` when imported.
-COMMANDS = ("info", "run", "chat", "serve", "devices", "plan", "bench", "synth", "setup_vulkan")
+COMMANDS = ("info", "run", "chat", "serve", "devices", "plan", "bench", "synth", "setup_vulkan", "perplexity")
 
 
 def _register() -> None:

@@ -1,0 +1,164 @@
+"""``cooktop perplexity``: llama-perplexity's perplexity and KL divergence (``cooktop.quality``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from .. import notices
+from ..cluster import is_cluster_selector
+from ..errors import CooktopError
+from ..quality import kld as _kld
+from ..quality import perplexity as _ppl
+from ..quality.logits_file import LogitsWriter, quantize_rows, read_logits_file
+from ..runtime import loader
+from .common import (
+    device_options,
+    model_options,
+    parse_ngl,
+    ray_option,
+    read_prompt_file,
+    resolve_model,
+    threads_option,
+)
+from .group import cli
+from .llama_flags import llama_options
+
+
+def open_model(path: str, n_ctx: int, n_batch: int, device, n_gpu_layers, split, ray_address, tensors):
+    """A ``LoadedModel`` (``runtime.loader``, or ``cluster.load`` with ``--ray`` / a NODE/DEVICE selector)
+    of ``n_ctx`` positions that returns every row's logits."""
+    kw = dict(n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
+              logits_all=True)
+    if ray_address or is_cluster_selector(device):
+        from ..cluster.load import load_model as cluster_load
+
+        return cluster_load(path, ray_address=ray_address, **kw)
+    return loader.load_model(path, tensors=tensors, **kw)
+
+
+def eta_line(name: str, seconds: float, n_chunk: int) -> str:
+    """llama.cpp's ``%.2f seconds per pass - ETA`` line after the first chunk."""
+    total = int(seconds * n_chunk)
+    hours = f"{total // 3600} hours " if total >= 3600 else ""
+    minutes = (total % 3600 if hours else total) / 60.0
+    return f"{name}: {seconds:.2f} seconds per pass - ETA {hours}{minutes:.2f} minutes"
+
+
+@cli.command("perplexity")
+@llama_options("perplexity")
+@model_options
+@click.option("-f", "--file", "text_file", type=click.File("r"), default=None,
+              help="Text to evaluate (not needed with --kl-divergence: the base file holds its tokens).")
+@click.option("-c", "--ctx-size", "n_ctx", default=512, show_default=True, help="Tokens per chunk.")
+@click.option("-b", "--batch-size", "n_batch", default=2048, show_default=True,
+              help="Tokens per forward pass (at most -c are used).")
+@click.option("--chunks", "n_chunks", default=-1, show_default=True, help="Evaluate at most N chunks (-1 = all).")
+@click.option("--kl-divergence-base", "--save-all-logits", "kl_base", default=None, type=click.Path(dir_okay=False),
+              help="Without --kl-divergence: save the log-probabilities here (llama.cpp's file format); "
+                   "with it: the base to compare against.")
+@click.option("--kl-divergence", "kl_divergence", is_flag=True,
+              help="Compare against --kl-divergence-base: KL divergence, same top p, Δp, PPL ratio.")
+@threads_option
+@device_options
+@ray_option
+def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks, kl_base, kl_divergence, threads,
+                   threads_batch, device, n_gpu_layers, split, ray_address, tensors, **_ignored):
+    """Perplexity of a text, or KL divergence from a saved base, as llama-perplexity computes them.
+
+    The text is tokenized once and cut into chunks of -c tokens; each chunk starts from an empty
+    cache with BOS at its first position and scores the second half of its tokens. The running
+    perplexity prints after each chunk ([1]..., as llama.cpp), then ``Final estimate: PPL = x +/- y``.
+    --kl-divergence-base FILE also saves every scored token's log-probabilities (llama.cpp's format,
+    readable by llama-perplexity); --kl-divergence --kl-divergence-base FILE evaluates the file's
+    tokens with this model and prints llama.cpp's KL-divergence statistics.
+    """
+    from ..api.options import set_threads
+
+    set_threads(threads_batch or threads)
+    path = resolve_model(model, hf_repo, hf_file)
+    if kl_divergence:
+        if not kl_base:
+            raise CooktopError("--kl-divergence needs --kl-divergence-base FILE "
+                               "(made by a run without --kl-divergence)")
+        base = read_logits_file(kl_base)
+        m = open_model(path, base.n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors)
+        try:
+            _run_kld(path, m, base, n_batch, n_chunks)
+        finally:
+            m.model.close()
+        return
+    if text_file is None:
+        raise CooktopError("give the text to evaluate with -f FILE")
+    text = read_prompt_file(text_file)
+    m = open_model(path, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors)
+    try:
+        _run_ppl(path, m, text, n_ctx, n_batch, n_chunks, kl_base)
+    finally:
+        m.model.close()
+
+
+def _err(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _run_ppl(path, m, text, n_ctx, n_batch, n_chunks, kl_base) -> None:
+    _err(f"cooktop: {path}: {m.placement.summary()}")
+    _err("perplexity: tokenizing the input ..")
+    t0 = time.perf_counter()
+    tokens = _ppl.tokenize_text(m.tokenizer, text)
+    _err(f"perplexity: tokenization took {(time.perf_counter() - t0) * 1e3:g} ms")
+    ch = _ppl.chunking(m.tokenizer, len(tokens), n_ctx, n_batch, n_chunks)
+    _err(f"perplexity: calculating perplexity over {ch.n_chunk} chunks, n_ctx={ch.n_ctx}, "
+         f"batch_size={ch.n_batch}, n_seq=1")
+    writer = None
+    on_logits = None
+    if kl_base:
+        writer = LogitsWriter(kl_base, ch.n_ctx, m.cfg.n_vocab, ch.n_chunk, tokens)
+        _err(f"perplexity: saving all logits to {kl_base}")
+
+        def on_logits(logits, targets):
+            rows, nll = quantize_rows(logits, targets)
+            writer.write(rows)
+            return nll
+    t_start = time.perf_counter()
+    with notices.progress(ch.n_chunk, "perplexity", unit="chunk") as bar:
+        def on_chunk(i: int, ppl: float) -> None:
+            if i == 1:
+                _err(eta_line("perplexity", time.perf_counter() - t_start, ch.n_chunk))
+            sys.stdout.write(f"[{i}]{ppl:.4f},")
+            sys.stdout.flush()
+            bar.update(1)
+        try:
+            res = _ppl.perplexity(m.model, tokens, ch, on_chunk=on_chunk, on_logits=on_logits)
+        finally:
+            if writer is not None:
+                writer.close()
+    sys.stdout.write("\n")
+    if res.ppl_unc > 0:
+        click.echo(f"Final estimate: PPL = {res.ppl:.4f} +/- {res.ppl_unc:.5f}")
+    else:
+        _err("Unexpected negative standard deviation of log(prob)")
+
+
+def _run_kld(path, m, base, n_batch, n_chunks) -> None:
+    _err(f"cooktop: {path}: {m.placement.summary()}")
+    v = m.tokenizer.vocab
+    n_chunk = base.n_chunk if n_chunks < 0 else min(n_chunks, base.n_chunk)
+    _err(f"kl_divergence: computing over {n_chunk} chunks, n_ctx={base.n_ctx}, "
+         f"batch_size={min(n_batch, base.n_ctx)}, n_seq=1")
+    t_start = time.perf_counter()
+    with notices.progress(n_chunk, "kl-divergence", unit="chunk") as bar:
+        def on_chunk(i: int, stats: _kld.KldStats) -> None:
+            if i == 1:
+                _err(eta_line("kl_divergence", time.perf_counter() - t_start, n_chunk))
+                click.echo("")
+                click.echo(_kld.CHUNK_HEADER)
+            click.echo(stats.chunk_line(i))
+            bar.update(1)
+        res = _kld.compare(m.model, base, n_batch, v.bos_id if v.add_bos else None, n_chunks, on_chunk=on_chunk)
+    click.echo("")
+    for line in res.stats.report():
+        click.echo(line)
