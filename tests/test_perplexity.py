@@ -249,3 +249,31 @@ def test_bad_input_is_one_line(tmp_path, stories):
     r = run_cli("perplexity", "-m", str(stories))
     assert r.returncode == 1 and "give the text to evaluate with -f FILE" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_kld_table_makes_the_base_and_reports_each_type(tmp_path):
+    """kld-table: the base made from F32, then F16 / Q8_0 / Q4_0 on numpy: one row each, KLD rising with
+    the quantization, the JSON and the plot written."""
+    import json
+
+    tiny = SHARED / "models" / "tiny"
+    models = [model_path(f"tiny/tiny-{t}.gguf") for t in ("F16", "Q8_0", "Q4_0")]
+    base, png = tmp_path / "base.kld", tmp_path / "kld.png"
+    args = ["kld-table", "--base-model", str(tiny / "tiny-F32.gguf"), "-f", str(TEXT), "-c", str(N_CTX),
+            "--chunks", str(N_CHUNK), "--kl-divergence-base", str(base), "--device", "cpu", "--plot", str(png)]
+    for m in models:
+        args += ["-m", str(m)]
+    r = run_cli(*args, "--json")
+    assert r.returncode == 0, r.stderr
+    cells = json.loads(r.stdout)
+    assert [(c["device"], c["wtype"]) for c in cells] == [("cpu", "F16"), ("cpu", "Q8_0"), ("cpu", "Q4_0")]
+    kld = [c["summary"]["kld"] for c in cells]
+    assert 0 < kld[0] < 1e-4 < kld[1] < 1e-2 < kld[2]
+    assert all(c["summary"]["count"] == N_CHUNK * 63 and not c["error"] for c in cells)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "PPL = " in r.stderr and "3 model(s) x 1 device(s) (cpu)" in r.stderr
+    r = run_cli("kld-table", "--kl-divergence-base", str(base), "--device", "cpu", "-m", str(models[1]))
+    assert r.returncode == 0, r.stderr
+    head, rule, row = r.stdout.splitlines()[:3]
+    assert head.split("|")[1:4] == [" device   ", " weights   ", " mean KLD            "]
+    assert row.startswith("| cpu      | Q8_0      |") and f"{kld[1]:.6f} ±" in row

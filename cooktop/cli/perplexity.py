@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 import time
 
@@ -12,7 +14,7 @@ from ..cluster import is_cluster_selector
 from ..errors import CooktopError
 from ..quality import kld as _kld
 from ..quality import perplexity as _ppl
-from ..quality.logits_file import LogitsWriter, quantize_rows, read_logits_file
+from ..quality.logits_file import read_logits_file
 from ..runtime import loader
 from .common import (
     device_options,
@@ -113,16 +115,8 @@ def _run_ppl(path, m, text, n_ctx, n_batch, n_chunks, kl_base) -> None:
     ch = _ppl.chunking(m.tokenizer, len(tokens), n_ctx, n_batch, n_chunks)
     _err(f"perplexity: calculating perplexity over {ch.n_chunk} chunks, n_ctx={ch.n_ctx}, "
          f"batch_size={ch.n_batch}, n_seq=1")
-    writer = None
-    on_logits = None
     if kl_base:
-        writer = LogitsWriter(kl_base, ch.n_ctx, m.cfg.n_vocab, ch.n_chunk, tokens)
         _err(f"perplexity: saving all logits to {kl_base}")
-
-        def on_logits(logits, targets):
-            rows, nll = quantize_rows(logits, targets)
-            writer.write(rows)
-            return nll
     t_start = time.perf_counter()
     with notices.progress(ch.n_chunk, "perplexity", unit="chunk") as bar:
         def on_chunk(i: int, ppl: float) -> None:
@@ -131,11 +125,10 @@ def _run_ppl(path, m, text, n_ctx, n_batch, n_chunks, kl_base) -> None:
             sys.stdout.write(f"[{i}]{ppl:.4f},")
             sys.stdout.flush()
             bar.update(1)
-        try:
-            res = _ppl.perplexity(m.model, tokens, ch, on_chunk=on_chunk, on_logits=on_logits)
-        finally:
-            if writer is not None:
-                writer.close()
+        if kl_base:
+            res = _ppl.perplexity_saving(m.model, tokens, ch, kl_base, on_chunk=on_chunk)
+        else:
+            res = _ppl.perplexity(m.model, tokens, ch, on_chunk=on_chunk)
     sys.stdout.write("\n")
     if res.ppl_unc > 0:
         click.echo(f"Final estimate: PPL = {res.ppl:.4f} +/- {res.ppl_unc:.5f}")
@@ -162,3 +155,67 @@ def _run_kld(path, m, base, n_batch, n_chunks) -> None:
     click.echo("")
     for line in res.stats.report():
         click.echo(line)
+
+
+@cli.command("kld-table")
+@click.option("-m", "--model", "models", multiple=True, required=True, type=click.Path(dir_okay=False),
+              help="A model file to compare (repeat: one model in several weight types).")
+@click.option("--kl-divergence-base", "kl_base", required=True, type=click.Path(dir_okay=False),
+              help="The base (made by cooktop perplexity --kl-divergence-base, or by llama-perplexity); "
+                   "with --base-model and -f it is made first.")
+@click.option("--base-model", default=None, type=click.Path(dir_okay=False),
+              help="Make the base from this model (the F32/F16 source) on --base-device, over -f.")
+@click.option("-f", "--file", "text_file", type=click.File("r"), default=None, help="Text of the base (--base-model).")
+@click.option("--base-device", default="cpu", show_default=True, help="Device the base is made on.")
+@click.option("-c", "--ctx-size", "n_ctx", default=512, show_default=True, help="Tokens per chunk of a new base.")
+@click.option("-b", "--batch-size", "n_batch", default=2048, show_default=True, help="Tokens per forward pass.")
+@click.option("--chunks", "n_chunks", default=-1, show_default=True, help="At most N chunks (-1 = all).")
+@click.option("--device", "-dev", "device", default="all", show_default=True,
+              help="Comma list of devices, or all (every usable device here; with --ray, of every node).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Also draw the table (matplotlib: .png, .svg...; pip install 'cooktop[quality]').")
+@click.option("--json", "as_json", is_flag=True, help="Print the cells as JSON instead of the table.")
+@ray_option
+def kld_table_cmd(models, kl_base, base_model, text_file, base_device, n_ctx, n_batch, n_chunks, device, plot_path,
+                  as_json, ray_address):
+    """KL divergence, same top p and PPL of each model file on each device against one base: one table
+    (device x weight type), optionally a plot. With --ray ADDRESS, --device all covers every device of
+    every node of the cluster."""
+    import json
+
+    from ..quality import table
+
+    if plot_path:
+        table.check_plot_path(plot_path)
+    if base_model:
+        if text_file is None:
+            raise CooktopError("--base-model needs -f FILE: the text the base is made from")
+        m = open_model(base_model, n_ctx, n_batch, base_device, "-1", None, None, None)
+        try:
+            tokens = _ppl.tokenize_text(m.tokenizer, read_prompt_file(text_file))
+            ch = _ppl.chunking(m.tokenizer, len(tokens), n_ctx, n_batch, n_chunks)
+            with notices.progress(ch.n_chunk, "base", unit="chunk") as bar:
+                res = _ppl.perplexity_saving(m.model, tokens, ch, kl_base, on_chunk=lambda i, p: bar.update(1))
+        finally:
+            m.model.close()
+        _err(f"cooktop: base {kl_base}: {base_model} on {base_device}, {ch.n_chunk} chunks of {ch.n_ctx}: "
+             f"PPL = {res.ppl:.4f} +/- {res.ppl_unc:.5f}")
+    base = read_logits_file(kl_base)
+    devices = table.cluster_devices(device, ray_address) if ray_address else table.local_devices(device)
+    n_cells = len(devices) * len(models)
+    _err(f"cooktop: {len(models)} model(s) x {len(devices)} device(s) ({', '.join(devices)}) against {kl_base} "
+         f"({base.n_chunk if n_chunks < 0 else min(n_chunks, base.n_chunk)} chunks of {base.n_ctx})")
+    with notices.progress(n_cells, "kld-table", unit="run") as bar:
+        def on_cell(c) -> None:
+            bar.update(1)
+            if c.error:
+                _err(f"cooktop: {c.device} {c.model}: {c.error}")
+        cells = table.measure(models, devices, base, n_batch, n_chunks, ray_address, on_cell=on_cell)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(c) for c in cells], indent=1))
+    else:
+        click.echo(table.format_table(cells))
+    if plot_path:
+        names = sorted({os.path.basename(p) for p in models})
+        table.plot(cells, plot_path, f"cooktop kld-table: {', '.join(names)} vs {os.path.basename(kl_base)}")
+        _err(f"cooktop: wrote {plot_path}")

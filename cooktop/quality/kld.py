@@ -113,10 +113,11 @@ class KldStats:
         """Tokens so far."""
         return sum(len(v) for v in self._parts["kld"])
 
-    def summary(self) -> dict[str, float]:
+    def summary(self, percentiles: bool = False) -> dict[str, float]:
         """The figures so far (module doc): ``ppl, ppl_unc, ppl_base, ppl_base_unc, cor, ln_ratio,
         ln_ratio_unc, ratio, ratio_unc, diff, diff_unc, kld, kld_unc, rms_dp, rms_dp_unc, same_top,
-        same_top_unc, mean_dp, mean_dp_unc`` (probabilities as fractions, not percent), and ``count``."""
+        same_top_unc, mean_dp, mean_dp_unc`` (probabilities as fractions, not percent), and ``count``;
+        with ``percentiles`` (a sort of every token's values) also ``kld_max, kld_p99, kld_median``."""
         n = self.count
         nll, nllb = self.values("nll"), self.values("nll_base")
         lp, lpu = mean_unc(nll)
@@ -132,7 +133,11 @@ class KldStats:
         rms = math.sqrt(mse)
         top = float(self.values("same_top").sum()) / n if n else 0.0
         mdp, mdpu = mean_unc(dp)
-        return {"count": n, "ppl": ppl, "ppl_unc": ppl * lpu, "ppl_base": pplb, "ppl_base_unc": pplb * lbu,
+        extra: dict[str, float] = {}
+        if percentiles and n:
+            k = np.sort(self.values("kld").astype(np.float32))
+            extra = {"kld_max": float(k[-1]), "kld_p99": percentile(k, 0.99), "kld_median": median(k)}
+        return extra | {"count": n, "ppl": ppl, "ppl_unc": ppl * lpu, "ppl_base": pplb, "ppl_base_unc": pplb * lbu,
                 "cor": cov / (lpu * lbu) if lpu * lbu > 0 else float("nan"),
                 "ln_ratio": ln_ratio, "ln_ratio_unc": ln_unc, "ratio": math.exp(ln_ratio),
                 "ratio_unc": math.exp(ln_ratio) * ln_unc, "diff": ppl - pplb,
@@ -224,4 +229,4 @@ def compare(model: PlacedModel, base: LogitsFile, n_batch: int, bos: int | None,
         stats.add(token_kld(logits, dequantize_rows(base.rows[i], base.n_vocab), targets))
         if on_chunk is not None:
             on_chunk(i + 1, stats)
-    return KldResult(stats.summary(), stats)
+    return KldResult(stats.summary(percentiles=True), stats)

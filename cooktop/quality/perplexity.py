@@ -184,3 +184,25 @@ def perplexity(model: PlacedModel, tokens: list[int] | np.ndarray, ch: Chunking,
             on_chunk(i + 1, running[-1])
     ppl, unc = estimate(s, s2, count)
     return PerplexityResult(ppl, unc, running, np.concatenate(nlls), ch.n_ctx, ch.n_chunk)
+
+
+def perplexity_saving(model: PlacedModel, tokens: list[int] | np.ndarray, ch: Chunking, path: str,
+                      on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
+    """:func:`perplexity` that also writes the base file of ``--kl-divergence-base`` (``logits_file.py``):
+    every scored row's log-probabilities, quantized as llama.cpp does, the nll taken from the same pass.
+
+    Raises:
+        CooktopError: the file cannot be written. As :func:`chunk_logits`.
+    """
+    from .logits_file import LogitsWriter, quantize_rows
+
+    writer = LogitsWriter(path, ch.n_ctx, model.cfg.n_vocab, ch.n_chunk, tokens)
+
+    def save(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        rows, nll = quantize_rows(logits, targets)
+        writer.write(rows)
+        return nll
+    try:
+        return perplexity(model, tokens, ch, on_chunk=on_chunk, on_logits=save)
+    finally:
+        writer.close()
