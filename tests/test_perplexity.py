@@ -91,24 +91,35 @@ def reference_ppl(tokens: list[int], rows: list[np.ndarray]) -> tuple[float, flo
 @pytest.mark.parametrize("model", ["stories260K.gguf", "tiny/tiny-F32.gguf"])
 @pytest.mark.parametrize("family", ["cpu", "opencl", "vulkan"])
 def test_perplexity_equals_llama_cpp(family, model, text):
+    check_perplexity(family, model, text, {"device": selector(family)})
+
+
+def test_perplexity_of_a_split_model_equals_llama_cpp(text):
+    """-ngl 2: the output head and the last block on OpenCL, the other blocks on the host (numpy)."""
+    check_perplexity("opencl", "stories260K.gguf", text, {"device": selector("opencl"), "n_gpu_layers": 2})
+
+
+def check_perplexity(family, model, text, placement):
     from cooktop.quality import perplexity as ppl
     from cooktop.runtime.loader import load_model
 
     path = model_path(model)
     tokens, rows = llama_cpp_chunks(path, text)
-    m = load_model(path, n_ctx=N_CTX, n_batch=48, device=selector(family), logits_all=True)
+    m = load_model(path, n_ctx=N_CTX, n_batch=48, logits_all=True, **placement)
     try:
         ours = ppl.tokenize_text(m.tokenizer, text)
         assert ours == tokens  # the same tokens
         ch = ppl.chunking(m.tokenizer, len(ours), N_CTX, 48, N_CHUNK)  # 48: three passes per chunk
         assert (ch.n_chunk, ch.first, ch.n_scored, ch.bos) == (N_CHUNK, 64, 63, 1)
         res = ppl.perplexity(m.model, ours, ch)
+        on = {sel for sel in m.placement.blocks} | {m.placement.head}
     finally:
         m.model.close()
     want, want_unc = reference_ppl(tokens, rows)
     assert res.ppl == pytest.approx(want, rel=1e-4)
     assert res.ppl_unc == pytest.approx(want_unc, rel=1e-3)
     assert len(res.running) == N_CHUNK and res.running[-1] == pytest.approx(res.ppl, rel=1e-12)
+    assert len(on) == (2 if "n_gpu_layers" in placement else 1)
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
