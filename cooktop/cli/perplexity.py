@@ -216,6 +216,5 @@ def kld_table_cmd(models, kl_base, base_model, text_file, base_device, n_ctx, n_
     else:
         click.echo(table.format_table(cells))
     if plot_path:
-        names = sorted({os.path.basename(p) for p in models})
-        table.plot(cells, plot_path, f"cooktop kld-table: {', '.join(names)} vs {os.path.basename(kl_base)}")
+        table.plot(cells, plot_path, f"cooktop kld-table: {table.files_label(models)} vs {os.path.basename(kl_base)}")
         _err(f"cooktop: wrote {plot_path}")

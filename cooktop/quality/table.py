@@ -165,6 +165,15 @@ def format_table(cells: list[Cell], fmt: str = "github") -> str:
     return tabulate(rows(cells), headers=HEADERS, tablefmt=fmt, disable_numparse=True)
 
 
+def files_label(paths: list[str]) -> str:
+    """A short name for several model files: ``tiny-*.gguf (10 files)`` when they share a prefix, else their names."""
+    names = [os.path.basename(p) for p in paths]
+    prefix = os.path.commonprefix(names)
+    if len(names) > 2 and prefix:
+        return f"{prefix}*{os.path.splitext(names[0])[1]} ({len(names)} files)"
+    return ", ".join(names)
+
+
 def check_plot_path(path: str) -> None:
     """Refuse a ``--plot`` path before measuring: its folder must exist, its extension be one matplotlib writes.
 
