@@ -288,3 +288,32 @@ def test_kld_table_makes_the_base_and_reports_each_type(tmp_path):
     head, rule, row = r.stdout.splitlines()[:3]
     assert head.split("|")[1:4] == [" device   ", " weights   ", " mean KLD            "]
     assert row.startswith("| cpu      | Q8_0      |") and f"{kld[1]:.6f} ±" in row
+
+
+def test_progress_bar_counts_the_chunks(monkeypatch, stories):
+    """The bar (notices.progress: tqdm on a terminal) gets one update per chunk, and closes."""
+    from click.testing import CliRunner
+
+    from cooktop.cli import perplexity as cmd
+    from cooktop.cli.group import cli
+
+    seen = []
+
+    class Bar:
+        def __init__(self, total, desc, unit):
+            seen.append([total, desc, unit, 0, False])
+
+        def update(self, n=1):
+            seen[-1][3] += n
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            seen[-1][4] = True
+
+    monkeypatch.setattr(cmd.notices, "progress", Bar)
+    r = CliRunner().invoke(cli, ["perplexity", "-m", str(stories), "-f", str(TEXT), "-c", "128", "--chunks", "3",
+                                 "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    assert seen == [[3, "perplexity", "chunk", 3, True]]

@@ -94,6 +94,8 @@ def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks,
         return
     if text_file is None:
         raise CooktopError("give the text to evaluate with -f FILE")
+    if n_ctx < 4:
+        raise CooktopError(f"perplexity needs -c/--ctx-size >= 4, got {n_ctx}")
     text = read_prompt_file(text_file)
     m = open_model(path, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors)
     try:
