@@ -189,6 +189,9 @@ class KldStats:
         return out
 
 
+#: Vocabulary entries per block of rows :func:`compare` works on (its float64 temporaries: 8 bytes each).
+ROW_BLOCK_VALUES = 8 << 20
+
 #: The header llama.cpp prints above the running lines.
 CHUNK_HEADER = ("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              "
                 "Δp RMS            Same top p")
@@ -225,8 +228,11 @@ def compare(model: PlacedModel, base: LogitsFile, n_batch: int, bos: int | None,
     n_chunk = base.n_chunk if n_chunks < 0 else min(n_chunks, base.n_chunk)
     ch = Chunking(base.n_ctx, n_chunk, min(n_batch, base.n_ctx), bos)
     stats = KldStats()
+    step = max(1, ROW_BLOCK_VALUES // base.n_vocab)  # float64 temporaries of ~64 MiB at most
     for i, (logits, targets) in enumerate(chunk_logits(model, base.tokens, ch)):
-        stats.add(token_kld(logits, dequantize_rows(base.rows[i], base.n_vocab), targets))
+        figures = [token_kld(logits[r:r + step], dequantize_rows(base.rows[i][r:r + step], base.n_vocab),
+                             targets[r:r + step]) for r in range(0, len(logits), step)]
+        stats.add({k: np.concatenate([f[k] for f in figures]) for k in figures[0]})
         if on_chunk is not None:
             on_chunk(i + 1, stats)
     return KldResult(stats.summary(percentiles=True), stats)

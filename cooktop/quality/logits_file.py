@@ -1,9 +1,10 @@
 """The reference log-probabilities of ``--kl-divergence-base FILE``: llama.cpp's format, byte for byte.
 
 What is stored, and why: the file llama-perplexity writes (tools/perplexity/perplexity.cpp,
-``perplexity()`` with ``logits_file`` and ``log_softmax(n_vocab, logits, uint16_t *, tok)``), so a
-base made by llama.cpp can be compared against by cooktop and the other way round, and the figures
-are those llama.cpp computes from the same base. Layout, little-endian:
+``perplexity()`` with ``logits_file`` and ``log_softmax(n_vocab, logits, uint16_t *, tok)``; the
+layout and rounding are taken from that source, not yet checked against a file llama-perplexity
+wrote), so a base made by llama.cpp can be compared against by cooktop and the other way round,
+and the figures are those llama.cpp computes from the same base. Layout, little-endian:
 
 - ``b"_logits_"``, int32 ``n_ctx``, int32 ``n_vocab``, int32 ``n_chunk``;
 - int32 tokens [n_chunk * n_ctx] (the text's tokens, BOS not substituted);

@@ -198,10 +198,15 @@ def perplexity_saving(model: PlacedModel, tokens: list[int] | np.ndarray, ch: Ch
 
     writer = LogitsWriter(path, ch.n_ctx, model.cfg.n_vocab, ch.n_chunk, tokens)
 
+    step = max(1, (8 << 20) // model.cfg.n_vocab)  # rows per block: float64 temporaries of ~64 MiB at most
+
     def save(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        rows, nll = quantize_rows(logits, targets)
-        writer.write(rows)
-        return nll
+        nlls = []
+        for r in range(0, len(logits), step):
+            rows, nll = quantize_rows(logits[r:r + step], targets[r:r + step])
+            writer.write(rows)
+            nlls.append(nll)
+        return np.concatenate(nlls)
     try:
         return perplexity(model, tokens, ch, on_chunk=on_chunk, on_logits=save)
     finally:
