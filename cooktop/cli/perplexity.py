@@ -108,6 +108,27 @@ def _err(line: str) -> None:
     click.echo(line, err=True)
 
 
+class _Quiet:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def __enter__(self) -> _Quiet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def chunk_bar(total: int, desc: str):
+    """The chunks' progress bar (``notices.progress``), unless stdout is a terminal: there the running
+    values printed after each chunk are the progress, and a bar redrawn on stderr would cut their line."""
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return _Quiet() if tty else notices.progress(total, desc, unit="chunk")
+
+
 def _run_ppl(path, m, text, n_ctx, n_batch, n_chunks, kl_base) -> None:
     _err(f"cooktop: {path}: {m.placement.summary()}")
     _err("perplexity: tokenizing the input ..")
@@ -120,7 +141,7 @@ def _run_ppl(path, m, text, n_ctx, n_batch, n_chunks, kl_base) -> None:
     if kl_base:
         _err(f"perplexity: saving all logits to {kl_base}")
     t_start = time.perf_counter()
-    with notices.progress(ch.n_chunk, "perplexity", unit="chunk") as bar:
+    with chunk_bar(ch.n_chunk, "perplexity") as bar:
         def on_chunk(i: int, ppl: float) -> None:
             if i == 1:
                 _err(eta_line("perplexity", time.perf_counter() - t_start, ch.n_chunk))
@@ -145,7 +166,7 @@ def _run_kld(path, m, base, n_batch, n_chunks) -> None:
     _err(f"kl_divergence: computing over {n_chunk} chunks, n_ctx={base.n_ctx}, "
          f"batch_size={min(n_batch, base.n_ctx)}, n_seq=1")
     t_start = time.perf_counter()
-    with notices.progress(n_chunk, "kl-divergence", unit="chunk") as bar:
+    with chunk_bar(n_chunk, "kl-divergence") as bar:
         def on_chunk(i: int, stats: _kld.KldStats) -> None:
             if i == 1:
                 _err(eta_line("kl_divergence", time.perf_counter() - t_start, n_chunk))
