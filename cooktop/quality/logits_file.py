@@ -1,9 +1,11 @@
-"""The reference log-probabilities of ``--kl-divergence-base FILE``: llama.cpp's format, byte for byte.
+"""The reference log-probabilities of ``--kl-divergence-base FILE``: llama.cpp's file format.
 
 What is stored, and why: the file llama-perplexity writes (tools/perplexity/perplexity.cpp,
 ``perplexity()`` with ``logits_file`` and ``log_softmax(n_vocab, logits, uint16_t *, tok)``; the
-layout and rounding are taken from that source, not yet checked against a file llama-perplexity
-wrote), so a base made by llama.cpp can be compared against by cooktop and the other way round,
+layout and rounding are taken from that source; not checked against a file llama-perplexity wrote,
+but against a C transcription of that function on random logits (n_vocab 501, 512, 32000): the
+same uint16 values, and the float32 offset one ulp apart in about 1 row in 400, from the order of
+the sum), so a base made by llama.cpp can be compared against by cooktop and the other way round,
 and the figures are those llama.cpp computes from the same base. Layout, little-endian:
 
 - ``b"_logits_"``, int32 ``n_ctx``, int32 ``n_vocab``, int32 ``n_chunk``;
