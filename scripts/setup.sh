@@ -5,7 +5,7 @@
 #   1. system packages (apt-get, as root or through sudo), checked with dpkg first;
 #      `apt-get update` runs only when something is missing;
 #   2. the virtual environment .venv (Python >= 3.10, from $PYTHON, default python3);
-#   3. the project, editable, with extras opencl,server,dev,bench;
+#   3. the project, editable, with extras opencl,server,dev,bench,quality;
 #   4. Kompute's `kp` 0.9.0 with cooktop's patch, built offline by scripts/install-kompute.sh
 #      (a kp without the patch, from an older setup, is rebuilt), then the optional extras
 #      named in $COOKTOP_EXTRAS;
@@ -33,7 +33,7 @@ root="$(dirname "$here")"
 venv="${COOKTOP_VENV:-$root/.venv}"
 py_sys="${PYTHON:-python3}"
 shared="${COOKTOP_SHARED:-$root/../shared}"
-base_extras="opencl,server,dev,bench"
+base_extras="opencl,server,dev,bench,quality"
 more_extras="${COOKTOP_EXTRAS:-}"
 more_extras="${more_extras// /}"
 problems=()

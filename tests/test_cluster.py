@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, SHARED, skip_or_fail
 
-CASES = ["cases_pipeline", "cases_serve"]
+CASES = ["cases_quality", "cases_pipeline", "cases_serve"]
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120):

@@ -27,7 +27,7 @@ RANK = {
     "tools": 6,
     "quantize": 6,  # reads format, written to by cli only
     "api": 7,
-    "server": 8, "bench": 8,
+    "server": 8, "bench": 8, "quality": 8,
     "cli": 9,
 }
 

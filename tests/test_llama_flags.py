@@ -47,7 +47,7 @@ def test_table_comes_from_arg_cpp():
             "--jinja", "--no-webui", "-cb", "--threads-http", "--cache-reuse", "--pooling"} <= spellings
 
 
-@pytest.mark.parametrize("command", ["run", "chat", "serve"])
+@pytest.mark.parametrize("command", ["run", "chat", "serve", "perplexity"])
 def test_every_llama_cpp_option_parses(command, tmp_path):
     """Each spelling of each option of the command's llama.cpp programs, with dummy values."""
     prompt = tmp_path / "p.txt"

@@ -41,7 +41,8 @@ import click
 
 #: llama.cpp programs (``LLAMA_EXAMPLE_*``) whose options each cooktop command accepts
 #: (``COMMON`` options belong to all of them).
-PROGRAMS = {"run": ("COMPLETION", "CLI"), "chat": ("CLI", "COMPLETION"), "serve": ("SERVER",)}
+PROGRAMS = {"run": ("COMPLETION", "CLI"), "chat": ("CLI", "COMPLETION"), "serve": ("SERVER",),
+            "perplexity": ("PERPLEXITY",)}
 
 #: Why an option changes nothing here, by one of its spellings.
 REASONS = {
@@ -58,6 +59,11 @@ REASONS = {
     "--mmap": "cooktop always memory-maps the model file",
     "--interactive": "use conversation mode (-cnv, cooktop chat)",
     "--interactive-first": "use conversation mode (-cnv, cooktop chat)",
+    "--hellaswag": "cooktop perplexity computes perplexity and KL divergence only",
+    "--winogrande": "cooktop perplexity computes perplexity and KL divergence only",
+    "--multiple-choice": "cooktop perplexity computes perplexity and KL divergence only",
+    "--ppl-stride": "cooktop perplexity scores llama.cpp's default way: the second half of each chunk",
+    "--ppl-output-type": "cooktop perplexity prints llama.cpp's default output",
     "--context-shift": "generation stops when the context is full (finish reason: length)",
     "--keep": "generation stops when the context is full (no context shift), so there is nothing to keep",
     "--lora": "cooktop has no LoRA adapters",

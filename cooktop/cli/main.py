@@ -13,7 +13,9 @@ import click
 from .group import cli
 
 #: Command modules, each adding its command to ``cli`` when imported.
-COMMANDS = ("info", "run", "chat", "serve", "devices", "plan", "bench", "synth", "setup_vulkan", "quantize")
+
+COMMANDS = ("info", "run", "chat", "serve", "devices", "plan", "bench", "synth", "setup_vulkan", "quantize",
+            "perplexity")
 
 
 def _register() -> None:

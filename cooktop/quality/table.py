@@ -1,0 +1,243 @@
+"""The device x weight type report: several model files (one model in several weight types) on
+several devices, each compared with one base (``logits_file.py``) by :func:`kld.compare`, in one table
+and one plot.
+
+Devices are this machine's (``all``: every usable device of every backend family, numpy
+included) or, with a Ray cluster, ``NODE/DEVICE`` selectors (``all``: every usable device of every
+live node, ``cluster.nodes.probe_nodes``), each run whole on its device (``-ngl -1``). A cell that
+cannot run (a type the device lacks stays on the host: the placement says so; a load error) is kept
+with its reason, so one bad driver does not end the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..backends import registry
+from ..errors import CooktopError
+from ..format.gguf import open_gguf
+from .kld import compare
+from .logits_file import LogitsFile
+
+
+@dataclasses.dataclass
+class Cell:
+    """One (device, model file) measurement.
+
+    Attributes:
+        device: selector; model: path; wtype: weight type label (:func:`weight_type`);
+        placement: the placement's one-line summary; summary: :meth:`KldStats.summary` (None on error);
+        error: why it did not run ("" when it did).
+    """
+
+    device: str
+    model: str
+    wtype: str
+    placement: str = ""
+    summary: dict[str, float] | None = None
+    error: str = ""
+
+
+def weight_type(path: str | os.PathLike) -> str:
+    """The weight types of a GGUF's 2-D tensors, the most parameters first (``Q4_K+Q6_K`` for a mixture).
+
+    Raises:
+        GGUFError: the file is not a readable GGUF.
+    """
+    gf = open_gguf(path)
+    counts: dict[str, int] = {}
+    for t in gf.tensors.values():
+        if len(t.shape) >= 2:
+            name = getattr(t.ggml_type, "name", str(t.ggml_type))
+            counts[name] = counts.get(name, 0) + math.prod(t.shape)
+    return "+".join(sorted(counts, key=lambda k: -counts[k])) or "?"
+
+
+def local_devices(spec: str) -> list[str]:
+    """Selectors of ``spec`` on this machine: ``all`` = every device that passes its smoke test (numpy
+    last); else a comma list of selectors (``cpu,opencl:0,vulkan:0``; ``opencl`` = opencl:0).
+
+    Raises:
+        DeviceError: a selector names no device here.
+    """
+    if spec.strip().lower() != "all":
+        out = []
+        for part in (p.strip() for p in spec.split(",") if p.strip()):
+            out += registry.resolve(part)
+        return list(dict.fromkeys(out))
+    sels = []
+    for fam in registry.FAMILIES:
+        res = registry.probe(fam)
+        if res.available:
+            sels += [d.selector for d in res.devices
+                     if d.selector == registry.REFERENCE or registry.smoke_test(d.selector).ok]
+    return [s for s in sels if s != registry.REFERENCE] + [registry.REFERENCE]
+
+
+def cluster_devices(spec: str, ray_address: str | None) -> list[str]:
+    """``NODE/DEVICE`` selectors of ``spec`` on a Ray cluster: ``all`` = every usable device of every
+    live node (head node first); else a comma list (``alpha/opencl:0,beta/cpu``, ``auto``).
+
+    Raises:
+        ClusterError: Ray missing, the cluster unreachable. DeviceError: an unknown device.
+    """
+    from ..cluster.connect import address_from, connect
+    from ..cluster.nodes import list_nodes, probe_nodes, resolve
+
+    connect(address_from(ray_address))
+    nodes = list_nodes()
+    if spec.strip().lower() != "all":
+        return resolve(spec, nodes, probe_nodes)
+    probes = probe_nodes(nodes)
+    return [f"{n.name}/{d}" for n in nodes for d in probes[n.node_id]["devices"]]
+
+
+def measure(models: Iterable[str], devices: Iterable[str], base: LogitsFile, n_batch: int, n_chunks: int = -1,
+            ray_address: str | None = None, on_cell: Callable[[Cell], None] | None = None) -> list[Cell]:
+    """Compare every model file on every device with ``base`` (module doc), devices outer.
+
+    Args:
+        models: GGUF paths (the same vocabulary as the base); devices: selectors (``NODE/DEVICE`` with a
+        cluster); n_batch: tokens per pass; n_chunks: at most this many of the base's chunks (< 0: all);
+        ray_address: the cluster of ``NODE/DEVICE`` selectors (None: this machine);
+        on_cell: called with each finished cell.
+    Returns:
+        the cells, one per (device, model).
+    """
+    from ..cluster.nodes import is_cluster_selector
+    from ..runtime.loader import load_model
+
+    models = list(models)
+    types = {m: weight_type(m) for m in models}
+    cells = []
+    for dev in devices:
+        for path in models:
+            cell = Cell(dev, path, types[path])
+            try:
+                kw: dict[str, Any] = dict(n_ctx=base.n_ctx, n_batch=min(n_batch, base.n_ctx), device=dev,
+                                          n_gpu_layers=-1, logits_all=True)
+                if ray_address or is_cluster_selector(dev):
+                    from ..cluster.load import load_model as cluster_load
+
+                    m = cluster_load(path, ray_address=ray_address, **kw)
+                else:
+                    m = load_model(path, **kw)
+                try:
+                    cell.placement = m.placement.summary()
+                    v = m.tokenizer.vocab
+                    cell.summary = compare(m.model, base, n_batch, v.bos_id if v.add_bos else None, n_chunks).summary
+                finally:
+                    m.model.close()
+            except CooktopError as e:
+                cell.error = str(e).splitlines()[0]
+            cells.append(cell)
+            if on_cell is not None:
+                on_cell(cell)
+    return cells
+
+
+HEADERS = ["device", "weights", "mean KLD", "99% KLD", "same top p", "RMS Δp", "PPL", "ln(PPL/PPL base)"]
+
+
+def rows(cells: list[Cell]) -> list[list[str]]:
+    """The table's rows (:data:`HEADERS`), figures as llama.cpp prints them (± uncertainty)."""
+    out = []
+    for c in cells:
+        s = c.summary
+        if s is None:
+            out.append([c.device, c.wtype, f"error: {c.error}", "", "", "", "", ""])
+            continue
+        out.append([c.device, c.wtype, f"{s['kld']:.6f} ± {s['kld_unc']:.6f}", f"{s['kld_p99']:.6f}",
+                    f"{100 * s['same_top']:.3f} ± {100 * s['same_top_unc']:.3f} %",
+                    f"{100 * s['rms_dp']:.3f} ± {100 * s['rms_dp_unc']:.3f} %",
+                    f"{s['ppl']:.4f} ± {s['ppl_unc']:.4f}", f"{s['ln_ratio']:.5f} ± {s['ln_ratio_unc']:.5f}"])
+    return out
+
+
+def format_table(cells: list[Cell], fmt: str = "github") -> str:
+    """The cells as one table (``tabulate`` format ``fmt``: ``github`` for Markdown, ``simple``...)."""
+    from tabulate import tabulate
+
+    return tabulate(rows(cells), headers=HEADERS, tablefmt=fmt, disable_numparse=True)
+
+
+def files_label(paths: list[str]) -> str:
+    """A short name for several model files: ``tiny-*.gguf (10 files)`` when they share a prefix, else their names."""
+    names = [os.path.basename(p) for p in paths]
+    prefix = os.path.commonprefix(names)
+    if len(names) > 2 and prefix:
+        return f"{prefix}*{os.path.splitext(names[0])[1]} ({len(names)} files)"
+    return ", ".join(names)
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse a ``--plot`` path before measuring: its folder must exist, its extension be one matplotlib writes.
+
+    Raises:
+        CooktopError: no such folder, matplotlib missing (``pip install 'cooktop[quality]'``), or an
+            unsupported extension (naming the formats).
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CooktopError(f"--plot {path}: folder {folder} does not exist")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError:
+        raise CooktopError("--plot needs matplotlib: pip install 'cooktop[quality]'") from None
+    ext = os.path.splitext(path)[1][1:].lower()
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if ext and ext not in formats:
+        raise CooktopError(f"--plot {path}: matplotlib cannot write '.{ext}' files; use one of "
+                           f"{', '.join(sorted(formats))}")
+
+
+def plot(cells: list[Cell], path: str, title: str, width_px: int = 1200, height_px: int = 560, dpi: int = 100) -> None:
+    """Two panels of grouped bars, weight types as groups and devices as bars: mean KLD (log scale,
+    error bar: its uncertainty) and "same top p" (%). Written as PNG unless ``path``'s extension says else.
+
+    Raises:
+        CooktopError: matplotlib is not installed, or no cell has figures.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CooktopError("--plot needs matplotlib: pip install 'cooktop[quality]'") from None
+    ok = [c for c in cells if c.summary is not None]
+    if not ok:
+        raise CooktopError("--plot: no device ran a model: nothing to plot")
+    types = list(dict.fromkeys(c.wtype for c in ok))
+    devices = list(dict.fromkeys(c.device for c in ok))
+    fig, (ax_k, ax_t) = plt.subplots(1, 2, figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+    width = 0.8 / len(devices)
+    cmap = plt.get_cmap("tab10")
+    for j, dev in enumerate(devices):
+        xs, kld, kerr, top, terr = [], [], [], [], []
+        for i, t in enumerate(types):
+            hit = next((c.summary for c in ok if c.device == dev and c.wtype == t), None)
+            if hit is None:
+                continue
+            xs.append(i - 0.4 + width * (j + 0.5))
+            kld.append(max(hit["kld"], 1e-7))
+            kerr.append(hit["kld_unc"])
+            top.append(100 * hit["same_top"])
+            terr.append(100 * hit["same_top_unc"])
+        ax_k.bar(xs, kld, width * 0.92, yerr=kerr, capsize=2, label=dev, color=cmap(j % 10))
+        ax_t.bar(xs, top, width * 0.92, yerr=terr, capsize=2, label=dev, color=cmap(j % 10))
+    for ax, label in ((ax_k, "mean KL divergence (nats, log scale)"), (ax_t, "same top p (%)")):
+        ax.set_xticks(range(len(types)), types, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    ax_k.set_yscale("log")
+    ax_t.set_ylim(0, 105)
+    ax_t.legend(fontsize=8, loc="lower left")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
