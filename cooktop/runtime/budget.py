@@ -27,12 +27,12 @@ import os
 
 import numpy as np
 
+from .. import settings
 from ..errors import DeviceError
 from ..format.gguf import GGUFFile
 from ..model.arch import architecture
 from ..model.arch.base import MATRIX
 from ..model.config import ModelConfig
-from ..units import parse_bytes
 
 
 @dataclasses.dataclass
@@ -77,26 +77,13 @@ class DeviceBudget:
 
 
 def memory_overrides() -> dict[str, tuple[int, int | None]]:
-    """Parse ``COOKTOP_DEVICE_MEMORY`` into selector -> (memory, max alloc or None).
+    """Parse ``COOKTOP_DEVICE_MEMORY`` into selector -> (memory, max alloc or None)
+    (:func:`cooktop.settings.device_memory`).
 
     Raises:
         DeviceError: malformed value.
     """
-    out: dict[str, tuple[int, int | None]] = {}
-    raw = os.environ.get("COOKTOP_DEVICE_MEMORY", "")
-    for item in filter(None, (s.strip() for s in raw.split(","))):
-        sel, eq, val = item.partition("=")
-        try:
-            mem, _, mx = val.partition("/")
-            out[sel.strip().lower()] = (parse_bytes(mem), parse_bytes(mx) if mx else None)
-        except ValueError:
-            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected e.g. opencl:0=512MiB "
-                              "or vulkan:0=2GiB/256MiB") from None
-        if not eq:
-            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected SELECTOR=SIZE")
-        if out[sel.strip().lower()][0] <= 0 or (out[sel.strip().lower()][1] or 1) <= 0:
-            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: sizes must be positive")
-    return out
+    return settings.device_memory()
 
 
 def reserve_fraction() -> float:
