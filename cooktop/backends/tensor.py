@@ -38,7 +38,7 @@ class _Device(Protocol):
 
     def upload(self, data: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> DeviceTensor: ...
 
-    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor: ...
+    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32, split: bool = False) -> DeviceTensor: ...
 
     def zeros(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor: ...
 
@@ -151,9 +151,9 @@ class DeviceBuffer:
         plus DeviceError when released)."""
         return self._own(self._live().upload(data, ggml_type, shape))
 
-    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor:
+    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32, split: bool = False) -> DeviceTensor:
         """:meth:`Device.empty <cooktop.backends.base.Device.empty>` into this buffer."""
-        return self._own(self._live().empty(shape, ggml_type))
+        return self._own(self._live().empty(shape, ggml_type, split))
 
     def zeros(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor:
         """:meth:`Device.zeros <cooktop.backends.base.Device.zeros>` into this buffer."""

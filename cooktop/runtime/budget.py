@@ -14,10 +14,17 @@ Per device (bytes), for the blocks and head placed on it (the same buffers
   head ``4 x (1 + n_embd + R x n_vocab)`` with R = n_batch when logits_all else 1.
 
 A device fits when the total is within its usable memory (probed global memory
-minus a reserve of ``COOKTOP_MEMORY_RESERVE`` percent, default 5) and no single
-buffer exceeds its maximum allocation size. ``COOKTOP_DEVICE_MEMORY``
-overrides probed sizes to simulate small devices:
-``opencl:0=512MiB,vulkan:0=2GiB/256MiB`` (memory, optionally ``/`` max allocation).
+minus a reserve of ``COOKTOP_MEMORY_RESERVE`` percent, default 5) and no buffer
+that cannot be cut exceeds its maximum allocation size (``DeviceInfo.max_buffer_bytes``
+and ``max_alloc_bytes``: Vulkan's ``maxStorageBufferRange`` / ``maxBufferSize`` /
+``maxMemoryAllocationSize``, OpenCL's ``CL_DEVICE_MAX_MEM_ALLOC_SIZE``). Weight matrices
+and the logits are stored in row chunks past that size (``backends/chunked.py``), so they
+do not count as one buffer; a chunked matrix adds the scratch of one chunk's output
+(``4 x n_batch x rows``, at most the max allocation). What must be one buffer: the KV
+cache of a block (one of K or V), expert tensors (3-D), the other scratch buffers.
+``COOKTOP_DEVICE_MEMORY`` overrides probed sizes to simulate small devices:
+``opencl:0=512MiB,vulkan:0=2GiB/256MiB`` (memory, optionally ``/`` max allocation; an
+opened device cuts its buffers by that max allocation too).
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ class DeviceBudget:
     memory_bytes: int | None
     usable_bytes: int | None
     max_alloc_bytes: int | None
+    #: what the largest buffer that must be one allocation is (``KV cache``, a tensor name, ``scratch``)
+    largest_what: str = ""
+    #: weight matrices stored in row chunks here (past ``max_alloc_bytes``)
+    chunked: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -62,8 +73,8 @@ class DeviceBudget:
             return (f"needs {self.total_bytes / 2**20:.1f} MiB but {self.usable_bytes / 2**20:.1f} MiB is usable "
                     f"({mem} MiB minus reserve)")
         if self.max_alloc_bytes is not None and self.largest_alloc_bytes > self.max_alloc_bytes:
-            return (f"largest buffer {self.largest_alloc_bytes / 2**20:.1f} MiB exceeds the maximum allocation "
-                    f"{self.max_alloc_bytes / 2**20:.1f} MiB")
+            return (f"largest buffer that cannot be split ({self.largest_what}) {self.largest_alloc_bytes / 2**20:.1f} "
+                    f"MiB exceeds the maximum allocation {self.max_alloc_bytes / 2**20:.1f} MiB")
         return ""
 
     @property
@@ -107,15 +118,17 @@ def device_limits(sel: str, probed_mem: int | None, probed_max_alloc: int | None
 
 
 def segment_scratch_bytes(cfg: ModelConfig, n_batch: int, head: bool, logits_all: bool) -> tuple[int, int]:
-    """(total scratch bytes, largest scratch buffer) of one segment (module doc formula)."""
+    """(total scratch bytes, largest scratch buffer that must be one allocation) of one segment
+    (module doc formula; the logits can be split into row chunks, so they are not in the second)."""
     B = n_batch
     arch = architecture(cfg.arch)
     i32 = arch.scratch_i32(cfg) if arch.scratch_i32 is not None else {}
     widths = list(arch.scratch(cfg).values()) + list(i32.values())
     sizes = [4 * B * width for width in widths] + [4 * B]
+    largest = max(sizes)
     if head:
         sizes += [4, 4 * cfg.n_embd, 4 * (B if logits_all else 1) * cfg.n_vocab]
-    return sum(sizes), max(sizes)
+    return sum(sizes), largest
 
 
 def weight_bytes(gf: GGUFFile, cfg: ModelConfig, units: list) -> dict[str, int]:
@@ -146,13 +159,19 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
         blocks = sorted({i for i, _ in mine})
         n_kv = sum(1 for _, part in mine if part != "ffn")  # a feed-forward half has no cache
         head = placement.head == sel
-        sizes = list(weight_bytes(gf, cfg, [*mine, *(["head"] if head else [])]).values())
+        sizes = weight_bytes(gf, cfg, [*mine, *(["head"] if head else [])])
         n_segments = sum(1 for s, _, _, _ in units if s == sel)
         scratch, largest_scratch = segment_scratch_bytes(cfg, n_batch, head, logits_all)
         scratch *= n_segments
-        largest = max(sizes + [kv_block // 2 if n_kv else 0, largest_scratch])
         mem, mx = limits(sel)
+        # matrices past the max allocation go in row chunks (module doc); anything else must fit whole
+        chunked = [n for n, b in sizes.items() if mx is not None and b > mx and len(gf.tensor(n).shape) == 2]
+        whole = {n: b for n, b in sizes.items() if n not in chunked}
+        whole.update({"KV cache": kv_block // 2 if n_kv else 0, "scratch": largest_scratch})
+        what = max(whole, key=lambda n: whole[n])
+        if chunked:  # the scratch of one chunk's output (chunked.matmul)
+            scratch += min(mx or 0, 4 * n_batch * max(gf.tensor(n).shape[0] for n in chunked))
         usable = None if mem is None else int(mem * (1.0 - reserve_fraction()))
-        out.append(DeviceBudget(sel, blocks, head, sum(sizes), kv_block * n_kv, scratch, largest,
-                                mem, usable, mx))
+        out.append(DeviceBudget(sel, blocks, head, sum(sizes.values()), kv_block * n_kv, scratch, whole[what],
+                                mem, usable, mx, what, chunked))
     return out
