@@ -19,6 +19,7 @@ from conftest import open_family_device
 from cooktop import Llama
 from cooktop.backends import registry
 from cooktop.backends.base import nmse
+from cooktop.errors import DeviceOutOfMemoryError
 from cooktop.tools import synth
 
 LIMIT = 64 << 10
@@ -80,3 +81,39 @@ def test_split_model_matches_unsplit(family, models, reference, name, monkeypatc
     assert nmse(split, plain) < 1e-12, "the chunks change the sums"
     assert nmse(split, reference[name]) <= 3e-3
     assert (split.argmax(-1) == reference[name].argmax(-1)).mean() > 0.8
+
+
+def test_refused_upload_names_the_tensor(models, monkeypatch):
+    """A buffer that cannot be split (a norm vector) over the limit: a DeviceOutOfMemoryError naming the
+    tensor and the limit while loading, nothing left allocated."""
+    dev = open_family_device("opencl")
+    old = dev.buffer_limit
+    dev.buffer_limit = 1000
+    try:
+        with pytest.raises(DeviceOutOfMemoryError, match=r"tensor \S+norm\.weight: F32 weight \[256\] needs one "
+                                                          r"buffer of 1024 bytes, more than opencl:\d+'s largest "
+                                                          r"buffer of 1000 bytes"):
+            Llama(model_path=str(models["llama-Q4_K_M"]), n_ctx=64, verbose=False, device=dev.info.selector,
+                  n_gpu_layers=-1)
+    finally:
+        dev.buffer_limit = old
+
+
+def test_plan_lists_chunked_matrices(models):
+    """``plan --json`` under a simulated max allocation: the matrices past it are listed as chunked and the
+    device still fits; the largest single buffer is named."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    open_family_device("opencl")
+    env = {**os.environ, "COOKTOP_DEVICE_MEMORY": f"opencl:0=1GiB/{LIMIT}"}
+    r = subprocess.run([sys.executable, "-m", "cooktop.cli", "plan", "-m", str(models["llama-Q4_K_M"]), "--json",
+                        "--device", "opencl:0", "-ngl", "auto", "-c", "64", "-b", "16"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    (d,) = [d for d in rep["devices"] if d["device"] == "opencl:0"]
+    assert d["fits"] and d["chunked"] == ["token_embd.weight"] and rep["n_offloaded"] == 3
+    assert d["largest_alloc_bytes"] <= LIMIT and d["largest_alloc"] == "blk.1.ffn_down.weight"
