@@ -203,5 +203,5 @@ def test_plan_json_is_stable(stories):
                       "n_offloaded", "summary", "blocks", "experts", "head", "devices", "host_reasons"}
     assert set(a["devices"][0]) == {"device", "blocks", "head", "weight_bytes", "kv_bytes", "scratch_bytes",
                                     "total_bytes", "memory_bytes", "usable_bytes", "max_alloc_bytes",
-                                    "largest_alloc_bytes", "fits"}
+                                    "largest_alloc_bytes", "largest_alloc", "chunked", "fits"}
     assert a["schema"] == 1 and a["blocks"] == ["cpu"] * 5 and a["head"] == "cpu"
