@@ -106,16 +106,46 @@ def test_chunked_get_rows(device, ty):
 
 
 def test_chunked_refusals(device):
-    """One row over the limit, a 3-D tensor over it and a chunked tensor in an op that takes none:
+    """One row over the limit, a vector over it and a chunked tensor in an op that takes none:
     clear errors, never a crash."""
     out, w = device.empty((64, 16)), device.upload(np.zeros((16, 16), np.float32), T.F32, (16, 16))
     with limit(device, 1024):
         with pytest.raises(DeviceOutOfMemoryError, match="one row of 2048 bytes"):
             device.empty((4, 512), split=True)
-        with pytest.raises(DeviceOutOfMemoryError):
-            device.upload(np.zeros((2, 4, 512), np.float32), T.F32, (2, 4, 512))
+        with pytest.raises(DeviceOutOfMemoryError, match=r"F32 weight \[512\] needs one buffer of 2048 bytes"):
+            device.upload(np.zeros(512, np.float32), T.F32, (512,))
         a = device.empty((64, 16), split=True)
         assert a.chunks is not None
         with pytest.raises(UnsupportedOpError, match="row chunks"):
             device.matmul(out, a, w)
         device.release([a])
+
+
+@pytest.mark.parametrize("per_slot", [False, True], ids=["gate", "down"])
+def test_chunked_matmul_id(device, per_slot):
+    """An expert tensor [5, 70, 256] Q4_K cut into output rows (of every expert) under a 16 KiB limit
+    (22 rows a part), 7 rows x 3 experts: the unsplit tensor's result on the same device; under a
+    4 KiB scratch limit the rows go through in groups."""
+    rng = np.random.default_rng(11)
+    n_exp, n_out, n_in, n, k = 5, 70, 256, 7, 3
+    ty = T.Q4_K
+    raw = np.stack([random_weight(ty, (n_out, n_in), rng) for _ in range(n_exp)])
+    ids = np.stack([rng.choice(n_exp, k, replace=False) for _ in range(n)]).astype(np.int32)
+    x = rng.standard_normal((n, k * n_in if per_slot else n_in)).astype(np.float32)
+    xt, it = device.empty(x.shape), device.empty((n, k), T.I32)
+    device.write(xt, x)
+    device.write(it, ids)
+    want = device.empty((n, k * n_out))
+    w = device.upload(raw, ty, (n_exp, n_out, n_in))
+    device.matmul_id(want, xt, w, it)
+    ref = device.read(want)
+    per = (16384 - chunked.PAD_BYTES) // (n_exp * row_bytes(ty, n_in))
+    for cap in (16384, 4096 + chunked.PAD_BYTES):
+        got = device.empty((n, k * n_out))
+        with limit(device, 16384):
+            wc = device.upload(raw, ty, (n_exp, n_out, n_in))
+        assert [r0 for r0, _ in wc.chunks] == list(range(0, n_out, per))
+        with limit(device, cap):
+            device.matmul_id(got, xt, wc, it)
+            assert nmse(device.read(got), ref) < 1e-12  # one row at a time may sum in another order
+        device.release([wc])

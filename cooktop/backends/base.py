@@ -195,16 +195,16 @@ class Device(DeviceOps):
             ggml_type: GGML type of the data.
             shape: numpy-order shape in *values*, e.g. ``[n_out, n_in]``.
         Returns:
-            a tensor with ``is_weight`` set (never written or read back); a matrix over
-            :attr:`buffer_limit` is stored in row chunks (:mod:`.chunked`).
+            a tensor with ``is_weight`` set (never written or read back); a matrix (or a 3-D
+            expert tensor) over :attr:`buffer_limit` is stored in row chunks (:mod:`.chunked`).
         Raises:
             UnsupportedOpError: the device cannot hold this type, or ``data`` has the wrong size.
-            DeviceOutOfMemoryError: the allocation does not fit (a tensor other than a matrix over
-                :attr:`buffer_limit`; one row over it; the memory is full).
+            DeviceOutOfMemoryError: the allocation does not fit (a vector over :attr:`buffer_limit`;
+                one row over it; the memory is full).
         """
         ggml_type, shape, arr, nbytes = self._weight_data(data, ggml_type, shape)
-        if self.buffer_limit is not None and nbytes > self.buffer_limit - chunked.PAD_BYTES and len(shape) == 2:
-            t = chunked.upload(self, arr, ggml_type, shape, nbytes // shape[0])
+        if self.buffer_limit is not None and nbytes > self.buffer_limit - chunked.PAD_BYTES and len(shape) in (2, 3):
+            t = chunked.upload(self, arr, ggml_type, shape, row_bytes(ggml_type, shape[-1]))
         else:
             chunked.check_limit(self, nbytes, f"{type_name(ggml_type)} weight {list(shape)}")
             t = self._upload(arr, ggml_type, shape, nbytes)

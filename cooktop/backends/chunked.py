@@ -5,6 +5,7 @@ capped by ``maxBufferSize`` / ``maxMemoryAllocationSize``, OpenCL's ``CL_DEVICE_
 or the ``/MAX`` part of ``COOKTOP_DEVICE_MEMORY``) caps one allocation, not the model: a weight
 matrix ``[n_out, n_in]`` over it (the 128k x 2048 output matrix of Llama-3.2-1B on lavapipe's
 128 MiB, Gemma 3's 262k-row embedding) is uploaded as consecutive row ranges that each fit
+(an expert tensor ``[n_expert, n_out, n_in]``: ranges of output rows, of every expert)
 (:func:`row_chunks`), and so is an activation allocated with ``empty(..., split=True)`` (the
 logits of ``logits_all``: ``[n_batch, n_vocab]``). :attr:`DeviceTensor.chunks
 <.tensor.DeviceTensor.chunks>` lists the parts; each is an ordinary allocation, so a backend
@@ -19,6 +20,9 @@ The ops (called by :class:`~.ops.DeviceOps` after its checks when an argument ha
   ``_copy_rect`` puts into those columns of ``out``; ``out`` in row chunks is done per part, the
   part's rows of ``x`` copied to a scratch first (``k`` rows at a time, so the scratch fits too).
   The matmul kernels are the unchunked ones, unchanged: each output value is the same sum.
+- ``matmul_id(out, x, w, ids)`` with the expert tensor ``w [n_expert, n_out, n_in]`` in chunks
+  (cut along the output rows, the same rows of every expert, so the ids stay as they are):
+  per part into a scratch ``[n, k * c]`` whose ``k`` slots are copied to their columns of ``out``.
 - ``get_rows(out, table, ids)`` with ``table`` in chunks: the ids are read to the host (one
   wait; so not inside a :meth:`~.base.Device.graph` scope: the forward pass looks its
   embeddings up on the host), grouped per chunk, and each chunk's rows gathered into a scratch
@@ -112,6 +116,35 @@ def matmul(dev: Device, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor) -> 
                 dev._copy_rect(o, i, r0, tmp, 0, 0, k, cols)
 
 
+def matmul_id(dev: Device, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor, ids: DeviceTensor) -> None:
+    """``matmul_id`` with the expert tensor ``w [n_expert, n_out, n_in]`` in row chunks (each part: output
+    rows ``r0 .. r0 + c`` of every expert): the backend's ``matmul_id`` per part into a scratch
+    ``[n, k * c]`` (the ids unchanged), whose ``k`` slots are copied to columns ``j * n_out + r0`` of
+    ``out``; rows of ``x`` and ``ids`` go through scratch copies when the scratch holds fewer than ``n`` rows.
+
+    Raises:
+        UnsupportedOpError: ``out``, ``x`` or ``ids`` in row chunks.
+    """
+    refuse("matmul_id", out, x, ids)
+    n, k = ids.shape
+    n_out = w.shape[1]
+    cap = ((dev.buffer_limit or (1 << 62)) - PAD_BYTES) // 4
+    for r0, wc in _parts(w):
+        c = wc.shape[1]
+        step = max(1, min(n, cap // (k * c), cap // x.shape[1]))
+        for i in range(0, n, step):
+            m = min(step, n - i)
+            xs, ids_s = x.head(m), ids.head(m)
+            if i:
+                xs, ids_s = scratch(dev, "matmul_id_in", m, x.shape[1]), scratch(dev, "matmul_id_ids", m, k, T.I32)
+                dev._copy_rect(xs, 0, 0, x, i, 0, m, x.shape[1])
+                dev._copy_rect(ids_s, 0, 0, ids, i, 0, m, k)
+            tmp = scratch(dev, "matmul_id_out", m, k * c)
+            dev._matmul_id(tmp, xs, wc, ids_s)
+            for j in range(k):
+                dev._copy_rect(out, i, j * n_out + r0, tmp, 0, j * c, m, c)
+
+
 def _x_rows(dev: Device, x: DeviceTensor, first: int, k: int, n_in: int) -> DeviceTensor:
     """Rows ``first .. first + k`` of ``x`` as a tensor whose rows start at 0 (``x.head`` or a scratch copy)."""
     if first == 0:
@@ -181,15 +214,18 @@ def write(dev: Device, t: DeviceTensor, data: np.ndarray) -> None:
 
 
 def upload(dev: Device, arr: np.ndarray, ggml_type: T, shape: tuple[int, ...], row_nbytes: int) -> DeviceTensor:
-    """Upload weight bytes ``arr`` of ``shape`` as row chunks under ``dev.buffer_limit`` (each part
-    through the backend's ``_upload``; on a failure the parts made so far are released)."""
-    raw = arr.view(np.uint8).reshape(-1)
+    """Upload weight bytes ``arr`` of ``shape`` (``[n_out, n_in]``, or ``[n_expert, n_out, n_in]``: then
+    each part holds the same output rows of every expert) as row chunks under ``dev.buffer_limit``,
+    each part through the backend's ``_upload``; on a failure the parts made so far are released."""
+    lead = int(np.prod(shape[:-2], dtype=np.int64))  # experts (1 for a matrix)
+    raw = arr.view(np.uint8).reshape(lead, shape[-2], row_nbytes)
     what = f"{type_name(ggml_type)} weight {list(shape)}"
     parts: list[Part] = []
     try:
-        for first, end in row_chunks(shape[0], row_nbytes, dev.buffer_limit or 0, what):
-            p = dev._upload(raw[first * row_nbytes:end * row_nbytes], ggml_type, (end - first,) + shape[1:],
-                            (end - first) * row_nbytes)
+        for first, end in row_chunks(shape[-2], lead * row_nbytes, dev.buffer_limit or 0, what):
+            part_shape = shape[:-2] + (end - first, shape[-1])
+            data = np.ascontiguousarray(raw[:, first:end]).reshape(-1)
+            p = dev._upload(data, ggml_type, part_shape, data.nbytes)
             p.is_weight = True
             parts.append((first, p))
     except BaseException:

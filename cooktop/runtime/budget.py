@@ -18,10 +18,12 @@ minus a reserve of ``COOKTOP_MEMORY_RESERVE`` percent, default 5) and no buffer
 that cannot be cut exceeds its maximum allocation size (``DeviceInfo.max_buffer_bytes``
 and ``max_alloc_bytes``: Vulkan's ``maxStorageBufferRange`` / ``maxBufferSize`` /
 ``maxMemoryAllocationSize``, OpenCL's ``CL_DEVICE_MAX_MEM_ALLOC_SIZE``). Weight matrices
-and the logits are stored in row chunks past that size (``backends/chunked.py``), so they
-do not count as one buffer; a chunked matrix adds the scratch of one chunk's output
-(``4 x n_batch x rows``, at most the max allocation). What must be one buffer: the KV
-cache of a block (one of K or V), expert tensors (3-D), the other scratch buffers.
+(2-D and 3-D) and the logits are stored in row chunks past that size (``backends/chunked.py``),
+so they do not count as one buffer; a chunked matrix adds the scratch of one chunk's output
+(``4 x n_batch x rows``, times ``n_expert_used`` for an expert tensor, at most the max
+allocation). Expert tensors ``[n_expert, n_out, n_in]`` are cut the same way (the same output
+rows of every expert). What must be one buffer: the KV cache of a block (one of K or V), the
+other scratch buffers.
 ``COOKTOP_DEVICE_MEMORY`` overrides probed sizes to simulate small devices:
 ``opencl:0=512MiB,vulkan:0=2GiB/256MiB`` (memory, optionally ``/`` max allocation; an
 opened device cuts its buffers by that max allocation too).
@@ -165,12 +167,14 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
         scratch *= n_segments
         mem, mx = limits(sel)
         # matrices past the max allocation go in row chunks (module doc); anything else must fit whole
-        chunked = [n for n, b in sizes.items() if mx is not None and b > mx and len(gf.tensor(n).shape) == 2]
+        chunked = [n for n, b in sizes.items() if mx is not None and b > mx and len(gf.tensor(n).shape) in (2, 3)]
         whole = {n: b for n, b in sizes.items() if n not in chunked}
         whole.update({"KV cache": kv_block // 2 if n_kv else 0, "scratch": largest_scratch})
         what = max(whole, key=lambda n: whole[n])
-        if chunked:  # the scratch of one chunk's output (chunked.matmul)
-            scratch += min(mx or 0, 4 * n_batch * max(gf.tensor(n).shape[0] for n in chunked))
+        if chunked:  # the scratch of one chunk's output (chunked.matmul / matmul_id: k slots)
+            scratch += min(mx or 0, 4 * n_batch * max(gf.tensor(n).shape[-2] * (cfg.n_expert_used or 1)
+                                                      if len(gf.tensor(n).shape) == 3 else gf.tensor(n).shape[0]
+                                                      for n in chunked))
         usable = None if mem is None else int(mem * (1.0 - reserve_fraction()))
         out.append(DeviceBudget(sel, blocks, head, sum(sizes.values()), kv_block * n_kv, scratch, whole[what],
                                 mem, usable, mx, what, chunked))
