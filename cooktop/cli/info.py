@@ -48,13 +48,18 @@ def model_info(path: str, n_ctx: int) -> dict:
         "tensor_types": _histogram(gf),
         # what meets a device's largest buffer (maxStorageBufferRange, CL_DEVICE_MAX_MEM_ALLOC_SIZE):
         # past it, a matrix is stored in row chunks (backends/chunked.py)
-        "largest_tensor": max(({"name": t.name, "bytes": t.n_bytes} for t in gf.tensors.values()),
-                              key=lambda d: d["bytes"], default=None),
+        "largest_tensor": _largest(gf),
         "rope_freqs": "rope_freqs.weight" in gf.tensors,
         "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
         "n_ctx": n_ctx,
         "kv_cache_bytes": {"f32": cfg.kv_cache_bytes(n_ctx, 4), "f16": cfg.kv_cache_bytes(n_ctx, 2)},
     }
+
+
+def _largest(gf) -> dict | None:
+    """``{"name", "bytes"}`` of the file's largest tensor (the first of equals), None without tensors."""
+    t = max(gf.tensors.values(), key=lambda t: t.n_bytes, default=None)
+    return None if t is None else {"name": t.name, "bytes": int(t.n_bytes)}
 
 
 def _histogram(gf) -> dict[str, dict[str, int]]:
