@@ -103,6 +103,7 @@ def test_chunked_get_rows(device, ty):
         device.get_rows(out, table, it)
         np.testing.assert_allclose(device.read(out), ref[ids], rtol=1e-6, atol=1e-6)
         device.release([table])
+        assert table.device is None and all(p.device is None for _, p in table.chunks)  # every part freed
 
 
 def test_chunked_refusals(device):
