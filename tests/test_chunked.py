@@ -31,8 +31,8 @@ def limit(dev, nbytes: int):
     try:
         yield
     finally:
-        dev.release(list(dev._chunk_scratch.values()))
-        dev.buffer_limit, dev._chunk_scratch = old, old_scratch
+        dev.release(list(dev._chunk_scratch.values()) + dev._chunk_retired)
+        dev.buffer_limit, dev._chunk_scratch, dev._chunk_retired = old, old_scratch, []
 
 
 @pytest.mark.parametrize("ty", [T.Q4_K, T.Q5_0], ids=lambda t: t.name)
@@ -150,3 +150,30 @@ def test_chunked_matmul_id(device, per_slot):
             device.matmul_id(got, xt, wc, it)
             assert nmse(device.read(got), ref) < 1e-12  # one row at a time may sum in another order
         device.release([wc])
+
+
+def test_chunked_scratch_grows_inside_graph_scopes(device):
+    """A chunked matmul of 1 row, then 9, then 1 again, each inside a graph scope (Vulkan records them):
+    the scratch grows inside the second scope (the old buffer is released after it), the results stay
+    right, and a replayed scope still gives them."""
+    rng = np.random.default_rng(13)
+    n_out, n_in, ty = 300, 256, T.Q4_K
+    raw = random_weight(ty, (n_out, n_in), rng)
+    x = rng.standard_normal((9, n_in)).astype(np.float32)
+    xt, y = device.empty((9, n_in)), device.empty((9, n_out))
+    device.write(xt, x)
+    with limit(device, 16384):
+        w = device.upload(raw, ty, (n_out, n_in))
+    plain = device.upload(raw, ty, (n_out, n_in))
+    want = {}
+    for n in (1, 9):
+        device.matmul(y.head(n), xt.head(n), plain)
+        want[n] = device.read(y.head(n))
+    with limit(device, 16384):
+        for n in (1, 9, 1, 9):
+            with device.graph(("chunked-scratch", n, w.serial)) as issue:
+                if issue:
+                    device.matmul(y.head(n), xt.head(n), w)
+            assert nmse(device.read(y.head(n)), want[n]) < 1e-12, n
+        assert not device._chunk_retired
+    device.release([w, plain])

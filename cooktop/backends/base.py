@@ -135,6 +135,7 @@ class Device(DeviceOps):
         #: ``/MAX`` of ``COOKTOP_DEVICE_MEMORY``); None: no limit known
         self.buffer_limit: int | None = min(caps) if caps else None
         self._chunk_scratch: dict = {}  # chunked.scratch
+        self._chunk_retired: list = []  # scratch buffers replaced inside a graph scope, released later
         self.n_allocs = 0
         self.allocated_bytes = 0
         #: verify every replayed graph against its recording (``COOKTOP_GRAPH_CHECK=1``; :meth:`graph`)
@@ -339,6 +340,9 @@ class Device(DeviceOps):
             self._graph_end(key)
         finally:
             self._in_graph = False
+        if self._chunk_retired:  # scratch of chunked ops replaced inside the scope (chunked.scratch)
+            retired, self._chunk_retired = self._chunk_retired, []
+            self.release(retired)
 
     def _graph_begin(self, key: Hashable) -> bool:
         """Backend part of entering :meth:`graph`: whether the caller must issue its ops (default True)."""

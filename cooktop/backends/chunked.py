@@ -74,13 +74,21 @@ def row_chunks(n_rows: int, row_nbytes: int, limit: int, what: str = "tensor") -
 
 def scratch(dev: Device, role: str, rows: int, cols: int | None, ggml_type: T = T.F32) -> DeviceTensor:
     """A scratch ``[rows, cols]`` (``[rows]`` when ``cols`` is None) of ``dev`` for ``role``: a view of a
-    buffer kept per role and width, reallocated larger when a call needs more rows."""
+    buffer kept per role and width, replaced by one twice as large (within the limit) when a call needs
+    more rows. A replaced buffer is released at the next call outside a graph scope (releasing waits
+    for the device, which a scope being recorded cannot do)."""
     key = (role, cols, ggml_type)
     have = dev._chunk_scratch.get(key)
     if have is None or have.shape[0] < rows:
+        cap = rows
         if have is not None:
-            dev.release([have])
-        have = dev._chunk_scratch[key] = dev._empty((rows,) if cols is None else (rows, cols), ggml_type)
+            dev._chunk_retired.append(have)
+            row = 4 * (cols or 1)
+            cap = max(rows, min(2 * have.shape[0], ((dev.buffer_limit or (1 << 62)) - PAD_BYTES) // row))
+        have = dev._chunk_scratch[key] = dev._empty((cap,) if cols is None else (cap, cols), ggml_type)
+    if dev._chunk_retired and not dev._in_graph:
+        retired, dev._chunk_retired = dev._chunk_retired, []
+        dev.release(retired)
     return have.head(rows)
 
 
