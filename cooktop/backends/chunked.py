@@ -31,8 +31,12 @@ The ops (called by :class:`~.ops.DeviceOps` after its checks when an argument ha
   per part when every row argument is cut at the same rows (``add_bias(logits, logits, b)``).
 - ``read`` / ``write``: part by part.
 
-Every other op refuses a chunked argument (UnsupportedOpError). Scratch buffers are kept per
-device and shape class (:func:`scratch`) and counted in ``allocated_bytes``.
+``matmul`` refuses an input ``x`` in chunks, ``get_rows`` an output in chunks, and the row-wise
+ops arguments cut at different rows (UnsupportedOpError). The other ops (rope, kv_store, attention,
+the MoE routing ops) are not checked for chunks, to keep their Python path as short as it was: what
+gets split (weight matrices, expert tensors, ``split=True`` activations) is never their argument in
+the forward pass, and passing one is the caller's fault. Scratch buffers are kept per device, role
+and width (:func:`scratch`) and counted in ``allocated_bytes``.
 """
 
 from __future__ import annotations
