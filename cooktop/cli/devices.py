@@ -23,14 +23,16 @@ def _short(text: str, n: int) -> str:
 
 def devices_report(smoke: bool = True) -> dict:
     """JSON-ready report: per family ``available``, ``reason``, ``hint``, and per device the
-    :class:`~cooktop.backends.base.DeviceInfo` fields plus ``smoke_test`` (``PASS``/``FAIL``) and
-    ``smoke_detail``; ``auto`` is what ``--device auto`` picks. Never raises.
+    :class:`~cooktop.backends.base.DeviceInfo` fields plus ``largest_buffer_bytes`` (the largest
+    buffer, ``COOKTOP_DEVICE_MEMORY`` applied: past it tensors go in row chunks), ``smoke_test``
+    (``PASS``/``FAIL``) and ``smoke_detail``; ``auto`` is what ``--device auto`` picks. Never raises.
     """
     out: dict = {"families": {}, "auto": None}
     for fam, res in registry.probe_all().items():
         entry: dict[str, Any] = {"available": res.available, "reason": res.reason, "hint": res.hint, "devices": []}
         for info in res.devices:
             d = info.to_dict()
+            d["largest_buffer_bytes"] = _largest_buffer(d)  # what an opened device cuts tensors by
             err = res.errors.get(info.index)
             if smoke and res.available:
                 st = registry.smoke_test(info.selector)
@@ -59,7 +61,7 @@ def _rows(rep: dict, prefix: str = "") -> list[list]:
                 f"{prefix}{d['selector']}", d["device_type"], "yes" if d["usable"] else "no",
                 _short(d["name"], 40),
                 _short((d.get("extra") or {}).get("driver") or f"{d['platform']} {d['driver_version']}".strip(), 36),
-                _gib(d["global_mem_bytes"]), _gib(_largest_buffer(d)),
+                _gib(d["global_mem_bytes"]), _gib(d.get("largest_buffer_bytes") or _largest_buffer(d)),
                 d["compute_units"] or "?", f"{d['max_workgroup_size'] or '?'}/{d['subgroup_size'] or '?'}",
                 ("fp16 " if d["fp16"] else "") + ("int8" if d["int8"] else ""),
                 d.get("smoke_test", "-"),

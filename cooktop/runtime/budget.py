@@ -75,8 +75,9 @@ class DeviceBudget:
             return (f"needs {self.total_bytes / 2**20:.1f} MiB but {self.usable_bytes / 2**20:.1f} MiB is usable "
                     f"({mem} MiB minus reserve)")
         if self.max_alloc_bytes is not None and self.largest_alloc_bytes > self.max_alloc_bytes:
-            return (f"largest buffer that cannot be split ({self.largest_what}) {self.largest_alloc_bytes / 2**20:.1f} "
-                    f"MiB exceeds the maximum allocation {self.max_alloc_bytes / 2**20:.1f} MiB")
+            what = f" ({self.largest_what})" if self.largest_what else ""
+            return (f"largest buffer that cannot be split{what} {self.largest_alloc_bytes / 2**20:.1f} MiB exceeds "
+                    f"the maximum allocation {self.max_alloc_bytes / 2**20:.1f} MiB")
         return ""
 
     @property
