@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import os
 
-from .errors import CooktopError
+from .errors import CooktopError, DeviceError
+from .units import parse_bytes
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
@@ -154,6 +155,32 @@ def probe_timeout(default: float) -> float:
 def probe_isolation() -> bool:
     """``COOKTOP_PROBE_ISOLATION``: probe drivers in a child process (default on)."""
     return env_bool("COOKTOP_PROBE_ISOLATION", True)
+
+
+def device_memory() -> dict[str, tuple[int, int | None]]:
+    """``COOKTOP_DEVICE_MEMORY``: simulated device sizes, selector -> (memory bytes, max allocation
+    bytes or None), e.g. ``opencl:0=4GiB/1GiB,vulkan:0=2GiB/256MiB`` (selectors lower-cased).
+    Placement reasons with them (``runtime/budget.py``) and an opened device splits and refuses
+    buffers by the max allocation (``Device.buffer_limit``).
+
+    Raises:
+        DeviceError: a malformed entry or a size that is not positive.
+    """
+    out: dict[str, tuple[int, int | None]] = {}
+    raw = os.environ.get("COOKTOP_DEVICE_MEMORY", "")
+    for item in filter(None, (s.strip() for s in raw.split(","))):
+        sel, eq, val = item.partition("=")
+        try:
+            mem, _, mx = val.partition("/")
+            out[sel.strip().lower()] = (parse_bytes(mem), parse_bytes(mx) if mx else None)
+        except ValueError:
+            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected e.g. opencl:0=512MiB "
+                              "or vulkan:0=2GiB/256MiB") from None
+        if not eq:
+            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected SELECTOR=SIZE")
+        if out[sel.strip().lower()][0] <= 0 or (out[sel.strip().lower()][1] or 1) <= 0:
+            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: sizes must be positive")
+    return out
 
 
 def check_environment() -> None:

@@ -205,7 +205,7 @@ try:
 except Exception as e:
     print("devices.json unreadable:", e); sys.exit(0)
 gib = lambda b: "?" if not b else f"{b / 2**30:.2f} GiB"
-print("| device | type | name | subgroups | sg ops | int dot | coop matrix | fp16/bf16 | max alloc | usable (unified) | variants |")
+print("| device | type | name | subgroups | sg ops | int dot | coop matrix | fp16/bf16 | max alloc / buffer | usable (unified) | variants |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for fam, e in (d.get("families") or {}).items():
     if not e.get("devices"):
@@ -213,7 +213,7 @@ for fam, e in (d.get("families") or {}).items():
     for x in e.get("devices", []):
         print(f"| {x.get('selector')} | {x.get('device_type')} | {x.get('name')} | {x.get('subgroup_sizes')} "
               f"| {' '.join(x.get('subgroup_ops') or [])} | {x.get('integer_dot')} | {x.get('cooperative_matrix')} "
-              f"| {x.get('fp16')}/{x.get('bf16')} | {gib(x.get('max_alloc_bytes'))} "
+              f"| {x.get('fp16')}/{x.get('bf16')} | {gib(x.get('max_alloc_bytes'))} / {gib(x.get('max_buffer_bytes'))} "
               f"| {gib(x.get('usable_mem_bytes'))} ({x.get('unified_memory')}) | {x.get('variants')} |")
 PY
 cat "$res/devices.md" >> "$res/steps.log"
@@ -224,9 +224,10 @@ gpu_tests() {
         tests/test_ops_parity.py tests/test_device_contract.py tests/test_reference.py tests/test_vulkan.py \
         tests/test_placement.py "tests/test_opencl.py::test_work_group_sizes_of_real_gpus" \
         tests/test_moe_ops_devices.py tests/test_arch_moe.py tests/test_prompt_paths.py \
+        tests/test_chunked.py tests/test_chunked_models.py \
         -k "opencl or vulkan" -x --timeout 120 2>&1 | tee "$res/tests.log" | tail -5
 }
-step "tests: OpenCL + Vulkan parity, the op table's contract, end-to-end, GPU work-group/subgroup sizes, MoE ops and models, prompt = one token at a time" 300 gpu_tests
+step "tests: OpenCL + Vulkan parity, the op table's contract, end-to-end, GPU work-group/subgroup sizes, MoE ops and models, prompt = one token at a time, tensors in row chunks" 300 gpu_tests
 
 # ------------------------------------------------------------------ 7. validation layer on the real driver
 validate() {

@@ -94,6 +94,7 @@ def test_info_json(stories):
     assert info["n_params"] == 292800
     assert info["file_size_bytes"] == 1185376
     assert info["tensor_types"]["F32"]["tensors"] == 48
+    assert info["largest_tensor"] == {"name": "token_embd.weight", "bytes": 512 * 64 * 4}
     c = info["config"]
     assert (c["n_embd"], c["n_layer"], c["n_head"], c["n_head_kv"], c["n_ff"], c["n_vocab"]) == (64, 5, 8, 4, 172, 512)
     # KV = 2 x n_layer x n_head_kv x head_dim x n_ctx x bytes per element

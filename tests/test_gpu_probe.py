@@ -107,13 +107,15 @@ def test_adreno_like_opencl_gpu():
 
 
 def test_a_tensor_past_a_1_gib_allocation_limit_is_refused_by_name():
-    """The budget reasons with the real limit: a 1.5 GiB buffer on a 1 GiB-per-allocation device."""
+    """The budget reasons with the real limit: a 1.5 GiB buffer that cannot be split (a block's K cache)
+    on a 1 GiB-per-allocation device."""
     from cooktop.runtime.budget import DeviceBudget
 
     info = adreno_like()
     b = DeviceBudget("opencl:0", [0], True, 3 * GIB, 0, 0, 3 * GIB // 2, info.usable_mem_bytes,
-                     info.usable_mem_bytes, info.max_alloc_bytes)
-    assert not b.fits and b.why_not == "largest buffer 1536.0 MiB exceeds the maximum allocation 1024.0 MiB"
+                     info.usable_mem_bytes, info.max_alloc_bytes, "KV cache")
+    assert not b.fits and b.why_not == ("largest buffer that cannot be split (KV cache) 1536.0 MiB exceeds the "
+                                        "maximum allocation 1024.0 MiB")
 
 
 @pytest.mark.parametrize("family", registry.DEVICE_FAMILIES)

@@ -35,8 +35,10 @@ from typing import ClassVar
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from .. import settings
 from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import row_bytes, type_name  # noqa: F401  (part of the backend contract)
+from . import chunked
 from .info import DeviceInfo, ProbeResult  # noqa: F401  (part of the backend contract)
 from .ops import ROPE_NEOX, ROPE_NORMAL, DeviceOps  # noqa: F401  (part of the backend contract)
 from .optable import MOE_OPS, OPS  # noqa: F401  (part of the backend contract)
@@ -115,12 +117,25 @@ class Device(DeviceOps):
 
     A fixed op list can be handed over as a whole with :meth:`graph` (recorded once and
     replayed by backends that can; ``graph_check``: replays are verified, see there).
+
+    :attr:`buffer_limit` is the largest buffer the device takes: a weight matrix over it is
+    uploaded in row chunks, as is an activation made with ``empty(..., split=True)``
+    (:mod:`.chunked`, which runs the ops taking such tensors; backends only add ``_copy_rect``).
     """
 
     info: DeviceInfo
 
     def __init__(self, info: DeviceInfo):
         self.info = info
+        caps = [c for c in (info.max_buffer_bytes, info.max_alloc_bytes) if c]
+        simulated = settings.device_memory().get(info.selector.lower())
+        if simulated is not None and simulated[1]:
+            caps.append(simulated[1])
+        #: the largest buffer in bytes (``info.max_buffer_bytes`` / ``max_alloc_bytes``, or the smaller
+        #: ``/MAX`` of ``COOKTOP_DEVICE_MEMORY``); None: no limit known
+        self.buffer_limit: int | None = min(caps) if caps else None
+        self._chunk_scratch: dict = {}  # chunked.scratch
+        self._chunk_retired: list = []  # scratch buffers replaced inside a graph scope, released later
         self.n_allocs = 0
         self.allocated_bytes = 0
         #: verify every replayed graph against its recording (``COOKTOP_GRAPH_CHECK=1``; :meth:`graph`)
@@ -181,13 +196,19 @@ class Device(DeviceOps):
             ggml_type: GGML type of the data.
             shape: numpy-order shape in *values*, e.g. ``[n_out, n_in]``.
         Returns:
-            a tensor with ``is_weight`` set (never written or read back).
+            a tensor with ``is_weight`` set (never written or read back); a matrix (or a 3-D
+            expert tensor) over :attr:`buffer_limit` is stored in row chunks (:mod:`.chunked`).
         Raises:
             UnsupportedOpError: the device cannot hold this type, or ``data`` has the wrong size.
-            DeviceOutOfMemoryError: the allocation does not fit.
+            DeviceOutOfMemoryError: the allocation does not fit (a vector over :attr:`buffer_limit`;
+                one row over it; the memory is full).
         """
         ggml_type, shape, arr, nbytes = self._weight_data(data, ggml_type, shape)
-        t = self._upload(arr, ggml_type, shape, nbytes)
+        if self.buffer_limit is not None and nbytes > self.buffer_limit - chunked.PAD_BYTES and len(shape) in (2, 3):
+            t = chunked.upload(self, arr, ggml_type, shape, row_bytes(ggml_type, shape[-1]))
+        else:
+            chunked.check_limit(self, nbytes, f"{type_name(ggml_type)} weight {list(shape)}")
+            t = self._upload(arr, ggml_type, shape, nbytes)
         t.is_weight = True
         return t
 
@@ -195,8 +216,11 @@ class Device(DeviceOps):
     def _upload(self, arr: np.ndarray, ggml_type: T, shape: tuple[int, ...], nbytes: int) -> DeviceTensor:
         """Backend part of :meth:`upload`: ``arr`` is contiguous and holds exactly ``nbytes``."""
 
-    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor:
+    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32, split: bool = False) -> DeviceTensor:
         """Allocate an uninitialized F32 (activations, KV cache) or I32 (ids, positions) tensor.
+
+        ``split``: when the tensor is over :attr:`buffer_limit`, store it in row chunks (:mod:`.chunked`;
+        for tensors that only matmul's ``out``, the row-wise ops and read / write touch: the logits).
 
         Raises:
             UnsupportedOpError: any other type.
@@ -209,6 +233,10 @@ class Device(DeviceOps):
         shape = tuple(int(s) for s in shape)
         if not shape or min(shape) < 0:
             raise ShapeError(f"empty(): bad shape {list(shape)}")
+        if split and self.buffer_limit is not None and len(shape) > 1 and (
+                4 * math.prod(shape) > self.buffer_limit - chunked.PAD_BYTES):
+            return chunked.empty(self, shape, ggml_type)
+        chunked.check_limit(self, 4 * math.prod(shape), f"{type_name(ggml_type)} tensor {list(shape)}")
         return self._empty(shape, ggml_type)
 
     @abstractmethod
@@ -227,6 +255,9 @@ class Device(DeviceOps):
         arr = np.asarray(data)
         if arr.size != math.prod(t.shape):
             raise ShapeError(f"write of {arr.size} values into a tensor of shape {list(t.shape)}")
+        if t.chunks is not None:
+            chunked.write(self, t, arr)
+            return
         self._write(t, arr)
 
     @abstractmethod
@@ -241,6 +272,8 @@ class Device(DeviceOps):
         """
         if t.device is not self or t.is_weight or self._in_graph:
             self._refuse_io("read", t)
+        if t.chunks is not None:
+            return chunked.read(self, t)
         return self._read(t)
 
     @abstractmethod
@@ -307,6 +340,9 @@ class Device(DeviceOps):
             self._graph_end(key)
         finally:
             self._in_graph = False
+        if self._chunk_retired:  # scratch of chunked ops replaced inside the scope (chunked.scratch)
+            retired, self._chunk_retired = self._chunk_retired, []
+            self.release(retired)
 
     def _graph_begin(self, key: Hashable) -> bool:
         """Backend part of entering :meth:`graph`: whether the caller must issue its ops (default True)."""
@@ -335,14 +371,24 @@ class Device(DeviceOps):
         uses ``allocated_bytes`` for its own out-of-memory check.
         """
         roots = [t for t in tensors if t.base is None and t.device is self]
-        if roots:
-            self._release(roots)
+        roots += [p for t in roots if t.chunks is not None for _, p in t.chunks if p.device is self]
+        if any(t.chunks is None for t in roots):
+            self._release([t for t in roots if t.chunks is None])
         for t in roots:
             t.device = None
             t.extra = None
 
     def _release(self, tensors: list[DeviceTensor]) -> None:  # noqa: B027 - an optional hook
         """Backend part of :meth:`release` (allocations of this device only); default: nothing."""
+
+    def _copy_rect(self, dst: DeviceTensor, dst_row: int, dst_col: int, src: DeviceTensor, src_row: int,
+                   src_col: int, n_rows: int, n_cols: int) -> None:
+        """Enqueue ``dst[dst_row + r, dst_col + c] = src[src_row + r, src_col + c]`` for ``r < n_rows``,
+        ``c < n_cols``: 32-bit values (F32 / I32) of two row-major 2-D tensors (allocations or views) of
+        this device, not overlapping; how :mod:`.chunked` assembles results of row chunks. Default:
+        UnsupportedOpError (a backend without it cannot hold tensors past :attr:`buffer_limit`)."""
+        raise UnsupportedOpError(f"{self.info.selector} ({self.info.name}): tensors stored in row chunks are not "
+                                 f"supported on this backend")
 
     def prebuild(self, types: tuple[T, ...] = ()) -> None:  # noqa: B027 - an optional hook
         """Compile now what the ops (and matmuls / get_rows of weight ``types``) will need, as one

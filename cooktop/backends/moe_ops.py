@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from ..errors import UnsupportedOpError
+from . import chunked
 from .optable import SPECS
 from .tensor import DeviceTensor
 
@@ -69,14 +70,18 @@ class MoeOps:
         ``out[i, j*n_out:(j+1)*n_out] = xr @ w[ids[i, j]]^T`` where ``xr`` is ``x[i]`` (x f32 [n, n_in]:
         one input per row, broadcast to its k experts: gate and up) or slot ``j`` of ``x[i]``
         (x f32 [n, k * n_in]: one input per expert: down). out: f32 [n, k * n_out]; w: [n_expert,
-        n_out, n_in] of any weight type the device runs; ids: I32 [n, k] in ``[0, n_expert)``
-        (outside: the caller's fault). A backend groups the rows by expert, so each selected
-        expert's matrix is read once per call and experts nobody chose are not read at all.
+        n_out, n_in] of any weight type the device runs (past the device's largest buffer: in row
+        chunks, ``chunked.py``); ids: I32 [n, k] in ``[0, n_expert)`` (outside: the caller's fault).
+        A backend groups the rows by expert, so each selected expert's matrix is read once per call
+        and experts nobody chose are not read at all.
 
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
         """
         _MATMUL_ID.check(self, out, x, w, ids)
+        if w.chunks is not None:  # an expert tensor past the device's largest buffer
+            chunked.matmul_id(self, out, x, w, ids)
+            return
         self._matmul_id(out, x, w, ids)
 
     def add_id(self, out: DeviceTensor, x: DeviceTensor, b: DeviceTensor, ids: DeviceTensor) -> None:

@@ -7,6 +7,10 @@ each public op here hands its arguments to its spec's ``check`` (written out fro
 and then calls the backend's ``_op``. A failed check goes through :meth:`DeviceOps._refuse`, so one
 fault raises one exception type with one message on every backend (``DeviceError``,
 ``UnsupportedOpError``, ``ShapeError``).
+
+Arguments stored in row chunks (tensors past the device's largest buffer) go to :mod:`.chunked`
+after the check: ``matmul`` (weight, output), ``get_rows`` (table) and the row-wise ops
+(``add``, ``add_bias``, ``rmsnorm``, ``silu_mul``, ``gelu_mul``, ``copy``); backends never see them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from gguf import GGMLQuantizationType
 
 from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import type_name
+from . import chunked
 from .info import DeviceInfo
 from .moe_ops import MoeOps
 from .optable import ACT, F32, SPECS, WEIGHT, OpSpec
@@ -99,6 +104,9 @@ class DeviceOps(MoeOps, ABC):
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
         _MATMUL.check(self, out, x, w)
+        if w.chunks is not None or out.chunks is not None or x.chunks is not None:
+            chunked.matmul(self, out, x, w)
+            return
         self._matmul(out, x, w)
 
 
@@ -115,6 +123,10 @@ class DeviceOps(MoeOps, ABC):
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
         _RMSNORM.check(self, out, x, w, eps=eps)
+        if out.chunks is not None or x.chunks is not None:
+            chunked.refuse("rmsnorm", w)
+            chunked.rowwise(self, "rmsnorm", self._rmsnorm, (out, x), w, eps)
+            return
         self._rmsnorm(out, x, w, eps)
 
 
@@ -199,6 +211,9 @@ class DeviceOps(MoeOps, ABC):
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
         _SILU_MUL.check(self, out, gate, up)
+        if out.chunks is not None or gate.chunks is not None or up.chunks is not None:
+            chunked.rowwise(self, "silu_mul", self._silu_mul, (out, gate, up))
+            return
         self._silu_mul(out, gate, up)
 
 
@@ -213,6 +228,9 @@ class DeviceOps(MoeOps, ABC):
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
         _GELU_MUL.check(self, out, gate, up)
+        if out.chunks is not None or gate.chunks is not None or up.chunks is not None:
+            chunked.rowwise(self, "gelu_mul", self._gelu_mul, (out, gate, up))
+            return
         self._gelu_mul(out, gate, up)
 
 
@@ -223,6 +241,9 @@ class DeviceOps(MoeOps, ABC):
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
         _ADD.check(self, out, a, b)
+        if out.chunks is not None or a.chunks is not None or b.chunks is not None:
+            chunked.rowwise(self, "add", self._add, (out, a, b))
+            return
         self._add(out, a, b)
 
 
@@ -237,6 +258,10 @@ class DeviceOps(MoeOps, ABC):
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
         _ADD_BIAS.check(self, out, x, b)
+        if out.chunks is not None or x.chunks is not None:
+            chunked.refuse("add_bias", b)
+            chunked.rowwise(self, "add_bias", self._add_bias, (out, x), b)
+            return
         self._add_bias(out, x, b)
 
 
@@ -248,6 +273,10 @@ class DeviceOps(MoeOps, ABC):
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
         _GET_ROWS.check(self, out, table, ids)
+        if table.chunks is not None or out.chunks is not None or ids.chunks is not None:
+            chunked.refuse("get_rows", ids)
+            chunked.get_rows(self, out, table, ids)
+            return
         self._get_rows(out, table, ids)
 
 
@@ -264,6 +293,9 @@ class DeviceOps(MoeOps, ABC):
         if x.ggml_type is not out.ggml_type and out.device is self and x.device is self:
             raise UnsupportedOpError(f"copy: out is {type_name(out.ggml_type)} but x is {type_name(x.ggml_type)}")
         _COPY.check(self, out, x)
+        if out.chunks is not None or x.chunks is not None:
+            chunked.rowwise(self, "copy", self._copy, (out, x))
+            return
         self._copy(out, x)
 
     # -- the backend's ops (arguments checked) -----------------------------

@@ -8,6 +8,12 @@ device at once, exactly once (``ggml_backend_buffer_free``). A backend keeps
 what it needs per tensor (staging memory, a dequantized copy) on the tensor's
 ``extra`` (ggml's ``tensor->extra``), never in tables keyed by ``id()``, so a
 freed tensor's data goes with it.
+
+A tensor larger than the device's largest buffer (:attr:`~.base.Device.buffer_limit`) is
+stored as **row chunks**: :attr:`DeviceTensor.chunks` lists ``(first row, part)`` pairs,
+each part an ordinary allocation of consecutive rows, and the tensor itself has no handle.
+The generic layer (:mod:`.chunked`) runs the ops that take such tensors once per part;
+backends never see one.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ class _Device(Protocol):
 
     def upload(self, data: np.ndarray, ggml_type: T, shape: tuple[int, ...]) -> DeviceTensor: ...
 
-    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor: ...
+    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32, split: bool = False) -> DeviceTensor: ...
 
     def zeros(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor: ...
 
@@ -55,9 +61,13 @@ class DeviceTensor:
         serial: a number identifying the allocation for the process's lifetime (views share
             their root's; never reused, unlike ``id()``): graph keys name buffers by it
             (:meth:`~.base.Device.graph`).
+        chunks: ``None`` for one allocation; for a tensor stored in row chunks (module doc) the
+            ``(first row, part)`` pairs in row order, each part a tensor of its own of shape
+            ``[rows, *shape[1:]]`` (``handle`` is then ``None``).
     """
 
-    __slots__ = ("device", "handle", "shape", "ggml_type", "base", "extra", "is_weight", "serial", "__weakref__")
+    __slots__ = ("device", "handle", "shape", "ggml_type", "base", "extra", "is_weight", "serial", "chunks",
+                 "__weakref__")
 
     def __init__(self, device: _Device, handle: Any, shape: tuple[int, ...], ggml_type: T,
                  base: DeviceTensor | None = None):
@@ -69,6 +79,7 @@ class DeviceTensor:
         self.extra: Any = None
         self.is_weight: bool = base.is_weight if base is not None else False
         self.serial: int = base.serial if base is not None else next(_serials)
+        self.chunks: tuple[tuple[int, DeviceTensor], ...] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -91,12 +102,18 @@ class DeviceTensor:
             raise ShapeError(f"head({n}) of a tensor with {self.shape[0]} rows")
         if n == self.shape[0]:
             return self
+        if self.chunks is not None:
+            view = DeviceTensor(self.device, None, (n,) + self.shape[1:], self.ggml_type,  # type: ignore[arg-type]
+                                base=self.root)
+            view.chunks = tuple((r0, p.head(min(p.shape[0], n - r0))) for r0, p in self.chunks if r0 < n)
+            return view
         return DeviceTensor(self.device, self.handle, (n,) + self.shape[1:], self.ggml_type,  # type: ignore[arg-type]
                             base=self.root)
 
     def __repr__(self) -> str:
         where = self.device.info.selector if self.device is not None else "released"
-        return f"DeviceTensor({where}, {type_name(self.ggml_type)}, {list(self.shape)})"
+        parts = f", {len(self.chunks)} chunks" if self.chunks is not None else ""
+        return f"DeviceTensor({where}, {type_name(self.ggml_type)}, {list(self.shape)}{parts})"
 
 
 class DeviceBuffer:
@@ -134,9 +151,9 @@ class DeviceBuffer:
         plus DeviceError when released)."""
         return self._own(self._live().upload(data, ggml_type, shape))
 
-    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor:
+    def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32, split: bool = False) -> DeviceTensor:
         """:meth:`Device.empty <cooktop.backends.base.Device.empty>` into this buffer."""
-        return self._own(self._live().empty(shape, ggml_type))
+        return self._own(self._live().empty(shape, ggml_type, split))
 
     def zeros(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor:
         """:meth:`Device.zeros <cooktop.backends.base.Device.zeros>` into this buffer."""

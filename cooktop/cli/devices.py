@@ -23,14 +23,16 @@ def _short(text: str, n: int) -> str:
 
 def devices_report(smoke: bool = True) -> dict:
     """JSON-ready report: per family ``available``, ``reason``, ``hint``, and per device the
-    :class:`~cooktop.backends.base.DeviceInfo` fields plus ``smoke_test`` (``PASS``/``FAIL``) and
-    ``smoke_detail``; ``auto`` is what ``--device auto`` picks. Never raises.
+    :class:`~cooktop.backends.base.DeviceInfo` fields plus ``largest_buffer_bytes`` (the largest
+    buffer, ``COOKTOP_DEVICE_MEMORY`` applied: past it tensors go in row chunks), ``smoke_test``
+    (``PASS``/``FAIL``) and ``smoke_detail``; ``auto`` is what ``--device auto`` picks. Never raises.
     """
     out: dict = {"families": {}, "auto": None}
     for fam, res in registry.probe_all().items():
         entry: dict[str, Any] = {"available": res.available, "reason": res.reason, "hint": res.hint, "devices": []}
         for info in res.devices:
             d = info.to_dict()
+            d["largest_buffer_bytes"] = _largest_buffer(d)  # what an opened device cuts tensors by
             err = res.errors.get(info.index)
             if smoke and res.available:
                 st = registry.smoke_test(info.selector)
@@ -59,7 +61,7 @@ def _rows(rep: dict, prefix: str = "") -> list[list]:
                 f"{prefix}{d['selector']}", d["device_type"], "yes" if d["usable"] else "no",
                 _short(d["name"], 40),
                 _short((d.get("extra") or {}).get("driver") or f"{d['platform']} {d['driver_version']}".strip(), 36),
-                _gib(d["global_mem_bytes"]), _gib(d["max_alloc_bytes"]),
+                _gib(d["global_mem_bytes"]), _gib(d.get("largest_buffer_bytes") or _largest_buffer(d)),
                 d["compute_units"] or "?", f"{d['max_workgroup_size'] or '?'}/{d['subgroup_size'] or '?'}",
                 ("fp16 " if d["fp16"] else "") + ("int8" if d["int8"] else ""),
                 d.get("smoke_test", "-"),
@@ -67,10 +69,26 @@ def _rows(rep: dict, prefix: str = "") -> list[list]:
     return rows
 
 
+def _largest_buffer(d: dict) -> int | None:
+    """The largest buffer of a device (its max allocation, the binding range where smaller, and a
+    ``COOKTOP_DEVICE_MEMORY`` ``/MAX`` where given): what an opened device cuts tensors by."""
+    from ..settings import device_memory
+
+    caps = [c for c in (d.get("max_buffer_bytes"), d.get("max_alloc_bytes"),
+                        device_memory().get(d["selector"].lower(), (0, None))[1]) if c]
+    return min(caps) if caps else None
+
+
 def _notes(rep: dict, prefix: str = "") -> None:
+    from ..settings import device_memory
+
     for fam, e in rep["families"].items():
         for d in e["devices"]:
             click.echo(f"{prefix}{d['selector']}: types {' '.join(d['types'])}")
+            sim = device_memory().get(d["selector"].lower())
+            if sim is not None:
+                click.echo(f"{prefix}{d['selector']}: COOKTOP_DEVICE_MEMORY simulates {_gib(sim[0])}"
+                           + (f", largest buffer {_gib(sim[1])}" if sim[1] else ""))
             if d.get("smoke_test") == "FAIL":
                 click.echo(f"{prefix}{d['selector']}: smoke test FAILED: {d['smoke_detail']} (never chosen by auto)")
         if not e["available"]:
@@ -78,7 +96,7 @@ def _notes(rep: dict, prefix: str = "") -> None:
                        + (f"\n  to enable: {e['hint']}" if e["hint"] else ""))
 
 
-HEADERS = ["device", "type", "usable", "name", "platform / driver", "memory", "max alloc", "CUs", "wg/sg",
+HEADERS = ["device", "type", "usable", "name", "platform / driver", "memory", "max buffer", "CUs", "wg/sg",
            "features", "smoke"]
 
 

@@ -16,7 +16,8 @@ from .group import cli
 
 def model_info(path: str, n_ctx: int) -> dict:
     """Summary dict of a GGUF: architecture, config, parameter count, file size (bytes),
-    tensor-type histogram (type -> tensor count and bytes), KV cache bytes for ``n_ctx``.
+    tensor-type histogram (type -> tensor count and bytes), the largest tensor (name, bytes),
+    KV cache bytes for ``n_ctx``.
 
     A readable GGUF that cooktop cannot run (an unknown architecture, say) still gets its
     header, architecture metadata and tensor types, with ``config`` None, ``supported`` False
@@ -45,11 +46,20 @@ def model_info(path: str, n_ctx: int) -> dict:
         "n_tensors": len(gf.tensors),
         "config": cfg.to_dict(),
         "tensor_types": _histogram(gf),
+        # what meets a device's largest buffer (maxStorageBufferRange, CL_DEVICE_MAX_MEM_ALLOC_SIZE):
+        # past it, a matrix is stored in row chunks (backends/chunked.py)
+        "largest_tensor": _largest(gf),
         "rope_freqs": "rope_freqs.weight" in gf.tensors,
         "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
         "n_ctx": n_ctx,
         "kv_cache_bytes": {"f32": cfg.kv_cache_bytes(n_ctx, 4), "f16": cfg.kv_cache_bytes(n_ctx, 2)},
     }
+
+
+def _largest(gf) -> dict | None:
+    """``{"name", "bytes"}`` of the file's largest tensor (the first of equals), None without tensors."""
+    t = max(gf.tensors.values(), key=lambda t: t.n_bytes, default=None)
+    return None if t is None else {"name": t.name, "bytes": int(t.n_bytes)}
 
 
 def _histogram(gf) -> dict[str, dict[str, int]]:
@@ -119,6 +129,8 @@ def info_cmd(model: str, n_ctx: int, as_json: bool) -> None:
         f"architecture:   {info['architecture']} (GGUF v{info['gguf_version']}, tokenizer {info['tokenizer']})",
         f"parameters:     {_params(info['n_params'])} ({info['n_params']:,})",
         f"file size:      {_size(info['file_size_bytes'])} ({info['file_size_bytes']:,} bytes)",
+        *([f"largest tensor: {info['largest_tensor']['name']}, {_size(info['largest_tensor']['bytes'])} "
+           f"(past a device's largest buffer: stored in row chunks)"] if info["largest_tensor"] else []),
         f"n_ctx_train:    {c['n_ctx_train']}",
         f"n_embd:         {c['n_embd']}    n_layer: {c['n_layer']}    n_ff: {c['n_ff']}    n_vocab: {c['n_vocab']}",
         f"n_head:         {c['n_head']}    n_head_kv: {c['n_head_kv']}    head_dim: {c['head_dim']}    "

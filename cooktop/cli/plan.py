@@ -79,7 +79,7 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
              "kv_bytes": b.kv_bytes, "scratch_bytes": b.scratch_bytes, "total_bytes": b.total_bytes,
              "memory_bytes": b.memory_bytes, "usable_bytes": b.usable_bytes,
              "max_alloc_bytes": b.max_alloc_bytes, "largest_alloc_bytes": b.largest_alloc_bytes,
-             "fits": b.fits}
+             "largest_alloc": b.largest_what, "chunked": b.chunked, "fits": b.fits}
             for b in p.budgets
         ],
         "host_reasons": p.notes,
@@ -122,6 +122,10 @@ def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, spli
         click.echo("experts (feed-forward halves): "
                    + "; ".join(f"{sel} blocks {_ranges(b)}" for sel, b in where.items()))
     click.echo(rep["summary"])
+    for d in rep["devices"]:
+        if d["chunked"]:
+            click.echo(f"note: {d['device']}: {', '.join(d['chunked'])} past the maximum allocation "
+                       f"{_mib(d['max_alloc_bytes'])} MiB: stored in row chunks")
     for r in rep["host_reasons"]:
         click.echo(f"note: {r}")
     if "ray" in rep:

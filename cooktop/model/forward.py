@@ -53,7 +53,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..backends.base import Device, DeviceBuffer, DeviceTensor
-from ..errors import CooktopError
+from ..errors import CooktopError, DeviceOutOfMemoryError
 from ..format.gguf import GGUFFile, TensorInfo
 from ..format.quants import dequantize, row_bytes
 from .arch import Architecture, architecture
@@ -78,11 +78,19 @@ def upload(d: Device | DeviceBuffer, t: TensorInfo, as_f32: bool, shape: tuple[i
     """Upload a weight to ``d``: matrices as raw GGML blocks; norm and bias weights
     (``as_f32``) as float32, dequantized on the host when stored otherwise, since the
     contract's rmsnorm and add take f32 operands. ``shape``: the architecture's shape when it
-    views the file's differently (qwen2moe's ``[n_embd]`` shared-expert gate as ``[1, n_embd]``)."""
+    views the file's differently (qwen2moe's ``[n_embd]`` shared-expert gate as ``[1, n_embd]``).
+    A matrix over the device's largest buffer is stored in row chunks (``backends/chunked.py``).
+
+    Raises:
+        DeviceOutOfMemoryError: the device refused it (the message names ``t`` and the limit).
+    """
     shape = tuple(shape) if shape is not None else tuple(t.shape)
-    if as_f32 and t.ggml_type != T.F32:
-        return d.upload(dequantize(t.data, t.ggml_type, t.shape), T.F32, shape)
-    return d.upload(t.data, t.ggml_type, shape)
+    try:
+        if as_f32 and t.ggml_type != T.F32:
+            return d.upload(dequantize(t.data, t.ggml_type, t.shape), T.F32, shape)
+        return d.upload(t.data, t.ggml_type, shape)
+    except DeviceOutOfMemoryError as e:
+        raise DeviceOutOfMemoryError(f"tensor {t.name}: {e}") from e
 
 
 def upload_rows(d: Device | DeviceBuffer, t: TensorInfo, first: int, end: int) -> DeviceTensor:
@@ -91,7 +99,10 @@ def upload_rows(d: Device | DeviceBuffer, t: TensorInfo, first: int, end: int) -
     is ``row_bytes(type, n_in)`` contiguous bytes (a fused weight's part, ``TensorSpec.parts``)."""
     rb = row_bytes(t.ggml_type, t.shape[-1])
     raw = np.asarray(t.data).reshape(-1).view(np.uint8)[first * rb:end * rb]
-    return d.upload(raw, t.ggml_type, (end - first,) + tuple(t.shape[1:]))
+    try:
+        return d.upload(raw, t.ggml_type, (end - first,) + tuple(t.shape[1:]))
+    except DeviceOutOfMemoryError as e:
+        raise DeviceOutOfMemoryError(f"tensor {t.name} rows {first}-{end - 1}: {e}") from e
 
 
 class Segment:
@@ -157,7 +168,8 @@ class Segment:
         self.kv_start = d.empty((B,), T.I32)
         if self.head:
             self.head_weights = weights(HEAD)
-            self.logits_all = d.empty((B, cfg.n_vocab)) if logits_all else None
+            # the logits may be past the device's largest buffer: row chunks (backends/chunked.py)
+            self.logits_all = d.empty((B, cfg.n_vocab), split=True) if logits_all else None
             self._grow_outputs(1)
 
     def _grow_outputs(self, m: int) -> None:
@@ -170,7 +182,7 @@ class Segment:
         d = self.buffer
         self.ids = d.empty((cap,), T.I32)
         self.xl = d.empty((cap, self.cfg.n_embd))
-        self.logits = d.empty((cap, self.cfg.n_vocab))
+        self.logits = d.empty((cap, self.cfg.n_vocab), split=True)
         if old:
             self.device.release(old)
             d.tensors = [t for t in d.tensors if t.device is not None]

@@ -14,10 +14,19 @@ Per device (bytes), for the blocks and head placed on it (the same buffers
   head ``4 x (1 + n_embd + R x n_vocab)`` with R = n_batch when logits_all else 1.
 
 A device fits when the total is within its usable memory (probed global memory
-minus a reserve of ``COOKTOP_MEMORY_RESERVE`` percent, default 5) and no single
-buffer exceeds its maximum allocation size. ``COOKTOP_DEVICE_MEMORY``
-overrides probed sizes to simulate small devices:
-``opencl:0=512MiB,vulkan:0=2GiB/256MiB`` (memory, optionally ``/`` max allocation).
+minus a reserve of ``COOKTOP_MEMORY_RESERVE`` percent, default 5) and no buffer
+that cannot be cut exceeds its maximum allocation size (``DeviceInfo.max_buffer_bytes``
+and ``max_alloc_bytes``: Vulkan's ``maxStorageBufferRange`` / ``maxBufferSize`` /
+``maxMemoryAllocationSize``, OpenCL's ``CL_DEVICE_MAX_MEM_ALLOC_SIZE``). Weight matrices
+(2-D and 3-D) and the logits are stored in row chunks past that size (``backends/chunked.py``),
+so they do not count as one buffer; a chunked matrix adds the scratch of one chunk's output
+(``4 x n_batch x rows``, times ``n_expert_used`` for an expert tensor, at most the max
+allocation). Expert tensors ``[n_expert, n_out, n_in]`` are cut the same way (the same output
+rows of every expert). What must be one buffer: the KV cache of a block (one of K or V), the
+other scratch buffers.
+``COOKTOP_DEVICE_MEMORY`` overrides probed sizes to simulate small devices:
+``opencl:0=512MiB,vulkan:0=2GiB/256MiB`` (memory, optionally ``/`` max allocation; an
+opened device cuts its buffers by that max allocation too).
 """
 
 from __future__ import annotations
@@ -27,12 +36,12 @@ import os
 
 import numpy as np
 
+from .. import settings
 from ..errors import DeviceError
 from ..format.gguf import GGUFFile
 from ..model.arch import architecture
 from ..model.arch.base import MATRIX
 from ..model.config import ModelConfig
-from ..units import parse_bytes
 
 
 @dataclasses.dataclass
@@ -49,6 +58,10 @@ class DeviceBudget:
     memory_bytes: int | None
     usable_bytes: int | None
     max_alloc_bytes: int | None
+    #: what the largest buffer that must be one allocation is (``KV cache``, a tensor name, ``scratch``)
+    largest_what: str = ""
+    #: weight matrices stored in row chunks here (past ``max_alloc_bytes``)
+    chunked: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -62,8 +75,9 @@ class DeviceBudget:
             return (f"needs {self.total_bytes / 2**20:.1f} MiB but {self.usable_bytes / 2**20:.1f} MiB is usable "
                     f"({mem} MiB minus reserve)")
         if self.max_alloc_bytes is not None and self.largest_alloc_bytes > self.max_alloc_bytes:
-            return (f"largest buffer {self.largest_alloc_bytes / 2**20:.1f} MiB exceeds the maximum allocation "
-                    f"{self.max_alloc_bytes / 2**20:.1f} MiB")
+            what = f" ({self.largest_what})" if self.largest_what else ""
+            return (f"largest buffer that cannot be split{what} {self.largest_alloc_bytes / 2**20:.1f} MiB exceeds "
+                    f"the maximum allocation {self.max_alloc_bytes / 2**20:.1f} MiB")
         return ""
 
     @property
@@ -77,26 +91,13 @@ class DeviceBudget:
 
 
 def memory_overrides() -> dict[str, tuple[int, int | None]]:
-    """Parse ``COOKTOP_DEVICE_MEMORY`` into selector -> (memory, max alloc or None).
+    """Parse ``COOKTOP_DEVICE_MEMORY`` into selector -> (memory, max alloc or None)
+    (:func:`cooktop.settings.device_memory`).
 
     Raises:
         DeviceError: malformed value.
     """
-    out: dict[str, tuple[int, int | None]] = {}
-    raw = os.environ.get("COOKTOP_DEVICE_MEMORY", "")
-    for item in filter(None, (s.strip() for s in raw.split(","))):
-        sel, eq, val = item.partition("=")
-        try:
-            mem, _, mx = val.partition("/")
-            out[sel.strip().lower()] = (parse_bytes(mem), parse_bytes(mx) if mx else None)
-        except ValueError:
-            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected e.g. opencl:0=512MiB "
-                              "or vulkan:0=2GiB/256MiB") from None
-        if not eq:
-            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected SELECTOR=SIZE")
-        if out[sel.strip().lower()][0] <= 0 or (out[sel.strip().lower()][1] or 1) <= 0:
-            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: sizes must be positive")
-    return out
+    return settings.device_memory()
 
 
 def reserve_fraction() -> float:
@@ -120,15 +121,17 @@ def device_limits(sel: str, probed_mem: int | None, probed_max_alloc: int | None
 
 
 def segment_scratch_bytes(cfg: ModelConfig, n_batch: int, head: bool, logits_all: bool) -> tuple[int, int]:
-    """(total scratch bytes, largest scratch buffer) of one segment (module doc formula)."""
+    """(total scratch bytes, largest scratch buffer that must be one allocation) of one segment
+    (module doc formula; the logits can be split into row chunks, so they are not in the second)."""
     B = n_batch
     arch = architecture(cfg.arch)
     i32 = arch.scratch_i32(cfg) if arch.scratch_i32 is not None else {}
     widths = list(arch.scratch(cfg).values()) + list(i32.values())
     sizes = [4 * B * width for width in widths] + [4 * B]
+    largest = max(sizes)
     if head:
         sizes += [4, 4 * cfg.n_embd, 4 * (B if logits_all else 1) * cfg.n_vocab]
-    return sum(sizes), max(sizes)
+    return sum(sizes), largest
 
 
 def weight_bytes(gf: GGUFFile, cfg: ModelConfig, units: list) -> dict[str, int]:
@@ -159,13 +162,21 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
         blocks = sorted({i for i, _ in mine})
         n_kv = sum(1 for _, part in mine if part != "ffn")  # a feed-forward half has no cache
         head = placement.head == sel
-        sizes = list(weight_bytes(gf, cfg, [*mine, *(["head"] if head else [])]).values())
+        sizes = weight_bytes(gf, cfg, [*mine, *(["head"] if head else [])])
         n_segments = sum(1 for s, _, _, _ in units if s == sel)
         scratch, largest_scratch = segment_scratch_bytes(cfg, n_batch, head, logits_all)
         scratch *= n_segments
-        largest = max(sizes + [kv_block // 2 if n_kv else 0, largest_scratch])
         mem, mx = limits(sel)
+        # matrices past the max allocation go in row chunks (module doc); anything else must fit whole
+        chunked = [n for n, b in sizes.items() if mx is not None and b > mx and len(gf.tensor(n).shape) in (2, 3)]
+        whole = {n: b for n, b in sizes.items() if n not in chunked}
+        whole.update({"KV cache": kv_block // 2 if n_kv else 0, "scratch": largest_scratch})
+        what = max(whole, key=lambda n: whole[n])
+        if chunked:  # the scratch of one chunk's output (chunked.matmul / matmul_id: k slots)
+            scratch += min(mx or 0, 4 * n_batch * max(gf.tensor(n).shape[-2] * (cfg.n_expert_used or 1)
+                                                      if len(gf.tensor(n).shape) == 3 else gf.tensor(n).shape[0]
+                                                      for n in chunked))
         usable = None if mem is None else int(mem * (1.0 - reserve_fraction()))
-        out.append(DeviceBudget(sel, blocks, head, sum(sizes), kv_block * n_kv, scratch, largest,
-                                mem, usable, mx))
+        out.append(DeviceBudget(sel, blocks, head, sum(sizes.values()), kv_block * n_kv, scratch, whole[what],
+                                mem, usable, mx, what, chunked))
     return out

@@ -392,6 +392,11 @@ class CpuDevice(CpuMoeOps, Device):
     def _copy(self, out, x):
         np.copyto(self._a(out), self._a(x))
 
+    def _copy_rect(self, dst, dst_row, dst_col, src, src_row, src_col, n_rows, n_cols):
+        """numpy slicing (:meth:`Device._copy_rect <cooktop.backends.base.Device._copy_rect>`)."""
+        self._a(dst)[dst_row:dst_row + n_rows, dst_col:dst_col + n_cols] = \
+            self._a(src)[src_row:src_row + n_rows, src_col:src_col + n_cols]
+
 
 def cpu_info() -> DeviceInfo:
     """DeviceInfo of the numpy device (host memory, core count)."""

@@ -195,7 +195,7 @@ class OpenCLDevice(Device):
     def _alloc(self, nbytes: int, hostbuf: np.ndarray | None = None, count: bool = True) -> Any:
         cl = self._cl
         size = max(int(nbytes), 4)
-        limit = self.info.max_alloc_bytes
+        limit = self.buffer_limit  # CL_DEVICE_MAX_MEM_ALLOC_SIZE, or COOKTOP_DEVICE_MEMORY's
         if limit is not None and size > limit:
             raise DeviceOutOfMemoryError(
                 f"{self.info.selector} ({self.info.name}): cannot allocate {size} bytes: the device allows at "
@@ -438,6 +438,14 @@ class OpenCLDevice(Device):
             self.kernels.ops().copy_f32(self.queue, (-(-n // 256),), None, out.handle, x.handle, n)
         else:
             self._cl.enqueue_copy(self.queue, out.handle, x.handle, byte_count=n * 4)
+
+    def _copy_rect(self, dst, dst_row, dst_col, src, src_row, src_col, n_rows, n_cols):
+        """``clEnqueueCopyBufferRect`` (no kernel; :meth:`Device._copy_rect
+        <cooktop.backends.base.Device._copy_rect>`): rows of 4-byte values, pitches the tensors' widths."""
+        self.q8.dirty(dst.handle)
+        self._cl.enqueue_copy(self.queue, dst.handle, src.handle, src_origin=(4 * src_col, src_row, 0),
+                              dst_origin=(4 * dst_col, dst_row, 0), region=(4 * n_cols, n_rows, 1),
+                              src_pitches=(4 * src.shape[-1], 0), dst_pitches=(4 * dst.shape[-1], 0))
 
     def prebuild(self, types: tuple[T, ...] = ()) -> None:
         """Build the float-op kernels and those of the weight ``types`` now, as one batch

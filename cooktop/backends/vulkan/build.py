@@ -70,8 +70,9 @@ def default_variants() -> list[dict]:
     (with, after the mat-vec ones, the integer-dot and 16-bit-storage mat-vec variants that stand in
     for them where a device has the features; the integer-dot ones with ``"input": "q8_1"``), then
     the float ops, the 8-bit activation quantizer, copy, the mixture-of-experts ops (``mul_mat_id``
-    per type among the typed ones; routing, ``add_id``, the weighted sum, ``swiglu_oai``), fill and
-    attention with sinks. ``access`` and ``features`` are filled in by :func:`build`."""
+    per type among the typed ones; routing, ``add_id``, the weighted sum, ``swiglu_oai``), fill,
+    attention with sinks and the rectangle copy of tensors stored in row chunks. ``access`` and
+    ``features`` are filled in by :func:`build`."""
     def typed(op: str, src: str | None = None, types: list[str] = TYPES, suffix: str = "", **extra: str) -> list[dict]:
         return [{"name": f"{op}_{t.lower()}{suffix}", "source": src or f"{op}.comp",
                  "defines": {f"TYPE_{t}": "1", **extra}, **({"variant_of": f"{op}_{t.lower()}"} if suffix else {})}
@@ -85,6 +86,7 @@ def default_variants() -> list[dict]:
     out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in PLAIN]
     out.append({"name": "fill", "source": "copy.comp", "defines": {"FILL": "1"}})
     out.append({"name": "attention_sinks", "source": "attention.comp", "defines": {"SINKS": "1"}})
+    out.append({"name": "copy_rect", "source": "copy_rect.comp", "defines": {}})  # tensors in row chunks
     return out
 
 

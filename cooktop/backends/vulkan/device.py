@@ -312,10 +312,10 @@ class VulkanDevice(SequenceRecorder, Device):
 
     # -- memory -----------------------------------------------------------
     def _alloc_check(self, nbytes: int, what: str) -> None:
-        if self.max_buffer_bytes and nbytes > self.max_buffer_bytes:
+        if self.buffer_limit and nbytes > self.buffer_limit:
             raise DeviceOutOfMemoryError(
-                f"{what} needs one buffer of {nbytes} bytes, more than {self.info.selector}'s "
-                f"maxStorageBufferRange of {self.max_buffer_bytes} bytes")
+                f"{what} needs one buffer of {nbytes} bytes, more than {self.info.selector}'s largest buffer of "
+                f"{self.buffer_limit} bytes (maxStorageBufferRange {self.max_buffer_bytes}, or COOKTOP_DEVICE_MEMORY)")
         mem = self.info.global_mem_bytes
         if mem and self.allocated_bytes + nbytes > mem:
             raise DeviceOutOfMemoryError(
@@ -622,6 +622,13 @@ class VulkanDevice(SequenceRecorder, Device):
         """copy.comp: ``out = x`` (f32 or i32; the copy kernel of ``bench --ops``)."""
         n = math.prod(out.shape)
         self._dispatch("copy", (x, out), self._stride_groups(out), (n,))
+
+    def _copy_rect(self, dst, dst_row, dst_col, src, src_row, src_col, n_rows, n_cols):
+        """copy_rect.comp: a rectangle of 32-bit words between two row-major tensors (:meth:`Device._copy_rect
+        <cooktop.backends.base.Device._copy_rect>`)."""
+        sw, dw = src.shape[-1], dst.shape[-1]
+        self._dispatch("copy_rect", (src, dst), self._stride_grid(n_rows * n_cols, int(dst.root.handle.size())),
+                       (n_rows, n_cols, src_row * sw + src_col, sw, dst_row * dw + dst_col, dw))
 
     # -- mixture of experts (glsl/mul_mat_id.comp, moe_route.comp, add_id.comp, ...) ---------
     def _moe_route(self, ids, weights, logits, gating, norm, scale):
