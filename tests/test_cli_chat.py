@@ -49,7 +49,6 @@ def test_run_cnv_first_prompt_and_eof(stories):
     (["-fa"], "-fa on (--flash-attn) is not supported"),
     (["-fa", "on"], "-fa on (--flash-attn) is not supported"),
     (["-ctk", "q8_0", "-ctv", "f16"], "-ctk q8_0 (--cache-type-k) is not supported"),
-    (["-md", "draft.gguf"], "-md draft.gguf (--spec-draft-model) is not supported"),
     (["-mg", "1"], "-mg 1 (--main-gpu) is not supported"),
     (["-sm", "row"], "-sm row (--split-mode) is not supported"),
     (["-ub", "256"], "-ub 256 (--ubatch-size) is not supported"),

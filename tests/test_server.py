@@ -266,9 +266,14 @@ def test_overload_is_503(stories, server_deps):
             with c.stream("POST", "/v1/completions", json={"prompt": PROMPT, "max_tokens": 100000, "seed": 1,
                                                            "temperature": 1.5, "top_k": 0, "logit_bias": {"2": -100},
                                                            "stream": True}) as r:
-                next(r.iter_lines())
+                lines = r.iter_lines()
+                first = next(lines)
                 busy = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
-                assert busy.status_code == 503 and "overloaded" in busy.json()["error"]["message"]
+                if busy.status_code != 503:  # say why the first stream no longer held the slot
+                    rest = [ln for _, ln in zip(range(5), lines)]
+                    raise AssertionError(f"second request answered {busy.status_code} while the first stream "
+                                         f"should run; its first line {first[:300]!r}, then {rest!r}")
+                assert "overloaded" in busy.json()["error"]["message"]
     finally:
         s.stop()
 
