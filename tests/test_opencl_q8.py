@@ -292,3 +292,29 @@ def test_fused_producers_many_rows(q8dev):
         got, mid_f = dev.read(y), dev.read(mid)
         xr = dequantize_q8_ref(mid_f) if dev.quantizes_activations(T.Q4_0, rows, (40, n)) else mid_f.astype(np.float64)
         assert nmse(got, xr @ wf.T) <= 1e-10
+
+
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_prompt_kernels_equal_one_token_kernels(q8dev, ty):
+    """Every prompt matrix on 8-bit activations (mul_mm_q8 where the CPU has AVX-512 VNNI, else
+    mul_mvt_q8) gives each token exactly the one-token kernel's floats, at odd row and token
+    counts and a zero activation block: a prompt's logits do not depend on how it was split."""
+    dev = q8dev
+    rng = np.random.default_rng(29)
+    n_in = 384 if ty == T.Q4_0 else 768
+    for n_out in (3, 67):
+        raw = random_weight(ty, (n_out, n_in), rng)
+        w = dev.upload(raw, ty, (n_out, n_in))
+        n_tok = 11
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        x[3, 64:96] = 0
+        assert dev.quantizes_activations(ty, n_tok, (n_out, n_in)) == dev.exact_prompt
+        xt, y = dev.empty((n_tok, n_in)), dev.empty((n_tok, n_out))
+        dev.write(xt, x)
+        dev.matmul(y, xt, w)
+        batch = dev.read(y)
+        x1, y1 = dev.empty((1, n_in)), dev.empty((1, n_out))
+        for t in range(n_tok):
+            dev.write(x1, x[t:t + 1])
+            dev.matmul(y1, x1, w)
+            np.testing.assert_array_equal(batch[t], dev.read(y1)[0], err_msg=f"{ty.name} {n_out} token {t}")

@@ -34,13 +34,12 @@ where the compiler targets AVX-512BW (``dequant.cl``).
 Prompt matrices run on the same 8-bit activations, so that a prompt's logits are those
 of its tokens one at a time (a cached prefix, a continued conversation, the same request
 again: the same text): ``mul_mvt_q8`` gives each token exactly ``mul_mv_q8``'s sums
-(``COOKTOP_OPENCL_EXACT_PROMPT``, default on), except that Q4_K and Q6_K keep their AVX-512
-VNNI prompt kernels (``mul_mm_q8``: the same quantization, another summation order, within
-llama.cpp's own batched-vs-one-at-a-time difference for those types; Q4_0's VNNI kernel,
-whose llama.cpp counterpart is exact, runs only with ``COOKTOP_OPENCL_EXACT_PROMPT=0``).
-Float weights, and every type with ``COOKTOP_OPENCL_EXACT_PROMPT=0`` where no VNNI kernel
-applies, use ``mul_mm``: weight units dequantized to float32 registers and reused across
-8 tokens and 2 rows per work-item.
+(``COOKTOP_OPENCL_EXACT_PROMPT``, default on), and so do the AVX-512 VNNI prompt kernels of
+repacked Q4_0, Q4_K and Q6_K (``mul_mm_q8``): their float operations per lane are those of
+the 64-byte mat-vec rows (``dotq8_row``) in the same order, so a prompt on them is bit for bit
+its tokens one at a time. Float weights, and every type with ``COOKTOP_OPENCL_EXACT_PROMPT=0``
+where no VNNI kernel applies, use ``mul_mm``: weight units dequantized to float32 registers
+and reused across 8 tokens and 2 rows per work-item.
 """
 
 from __future__ import annotations
@@ -265,8 +264,7 @@ class OpenCLDevice(Device):
         k = self.kernels.weights(w.ggml_type, self.kernels.repacks(w.ggml_type, w.shape))
         s = self.shape
         self.q8.dirty(out.handle)
-        if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8 and not (
-                self.exact_prompt and w.ggml_type == T.Q4_0):  # VNNI prompt kernel (module doc)
+        if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8:  # VNNI prompt kernel (module doc)
             slot = self._q8_input(x)
             gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // s.mmq_tn))
             k.mul_mm_q8(self.queue, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)

@@ -114,8 +114,7 @@ __kernel void mul_mvt_q8(const global uchar *w, const global char *xq, const glo
 #endif
 
 #if defined(X86_512) && defined(COOKTOP_VNNI)
-#define CAT32(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, \
-    32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+// CAT32 (two 32-byte vectors as one of 64) comes from dotq8.cl
 // What every mm_q8_wi (one per weight type below; a program has one) begins and ends with,
 // macros so that the body stays one function (see the register rules of the Q4_0 kernel):
 // nt tokens of this work-item, acc[r][t] 16-lane partial sums, wr/xr/dr the rows of w, xq, xd.
@@ -152,16 +151,16 @@ __kernel void mul_mvt_q8(const global uchar *w, const global char *xq, const glo
 // The VNNI code is one function per work-item with the target attribute: PoCL inlines the
 // kernel into a work-group function compiled for its own target, so VNNI instructions may
 // not appear in the kernel itself, and helpers called per block would spill every register.
-// A work-item owns MMQ_R rows x MMQ_TN tokens (LaunchShape.mmq_r / mmq_tn). The -8 of
-// block_q4_0 is folded into the integer sums: vpdpbusd(-8 sum(qy), q, qy) = sum((q - 8) qy),
-// with 8 sum(qy) computed once per token and group (a vpdpbusd with a vector of 8s).
+// A work-item owns MMQ_R rows x MMQ_TN tokens (LaunchShape.mmq_r / mmq_tn). The float
+// operations per lane are those of the repacked mat-vec (dotq8_row in dotq8.cl) in its order,
+// so each token gets the one-token sums bit for bit: y = sum_g (d dx) sum(q qy) - 8 sum_g d sx,
+// the second sum (one float4 per row and token) in a pass of its own after the main loop.
 __attribute__((target("avx512vnni"))) __attribute__((noinline))
 void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
               const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
     const int ng = n_in / 128;
     MMQ_WI_BEGIN();
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-    const v64qi eights = (v64qi)(int16)(0x08080808);
     for (int g = 0; g < ng; g++) {
         v64qi lo[MMQ_R], hi[MMQ_R];
         float4 d[MMQ_R];
@@ -178,19 +177,31 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
         for (int t = 0; t < MMQ_TN; t++) {
             const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)g * 128);
             const v64qi yb = *(const global v64qi_u *)(xr[t] + (size_t)g * 128 + 64);
-            const v16si na = zero - __builtin_ia32_vpdpbusd512(zero, (v16si)eights, (v16si)ya);
-            const v16si nb = zero - __builtin_ia32_vpdpbusd512(zero, (v16si)eights, (v16si)yb);
             const float4 dx = vload8(g, dr[t]).even;
 #pragma unroll
             for (int r = 0; r < MMQ_R; r++) {
                 const float4 sc = d[r] * dx;
                 const float16 s01 = __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
                 const float16 s23 = __builtin_shufflevector(sc, sc, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-                const float16 p01 = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(na, (v16si)lo[r], (v16si)ya)));
-                const float16 p23 = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(nb, (v16si)hi[r], (v16si)yb)));
+                const float16 p01 = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(zero, (v16si)lo[r], (v16si)ya)));
+                const float16 p23 = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(zero, (v16si)hi[r], (v16si)yb)));
                 acc[r][t] = fma(p23, s23, fma(p01, s01, acc[r][t]));
             }
         }
+    }
+#pragma unroll
+    for (int r = 0; r < MMQ_R; r++) {  // the -8 of block_q4_0: 8 sum_g d_g sx_g, as dotq8_row sums it
+        float4 acc_o[MMQ_TN];
+#pragma unroll
+        for (int t = 0; t < MMQ_TN; t++) acc_o[t] = (float4)(0.0f);
+        for (int g = 0; g < ng; g++) {
+            const short8 h = (short8)(vload4(0, (const global short *)(wr[r] + (size_t)g * 72)), (short4)(0));
+            const float4 d = as_float4(__builtin_ia32_vcvtph2ps((v8hi)h));
+#pragma unroll
+            for (int t = 0; t < MMQ_TN; t++) acc_o[t] = fma(d, vload8(g, dr[t]).odd, acc_o[t]);
+        }
+#pragma unroll
+        for (int t = 0; t < MMQ_TN; t++) acc[r][t].s0123 -= 8.0f * acc_o[t];
     }
     MMQ_WI_STORE();
 }
