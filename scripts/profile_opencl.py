@@ -74,6 +74,9 @@ def main() -> None:
                 lab = name
                 if name == "matmul":
                     lab = f"matmul {type_name(a[2].ggml_type)} {'mv' if a[1].shape[0] == 1 else 'mm'}"
+                elif name == "matmuls":  # several matmuls of one input (x, (out, w), ...)
+                    types = "/".join(sorted({type_name(p[1].ggml_type) for p in a[1:]}))
+                    lab = f"matmuls x{len(a) - 1} {types} {'mv' if a[0].shape[0] == 1 else 'mm'}"
                 label[0] = lab
                 t0 = time.perf_counter()
                 fn(*a, **k)
@@ -82,7 +85,7 @@ def main() -> None:
                 label[0] = "(other)"
             return op
 
-        for name in list(OPS) + [n for n in ("rmsnorm_q8", "silu_mul_q8") if hasattr(dev, n)]:
+        for name in list(OPS) + [n for n in ("matmuls", "rmsnorm_q8", "silu_mul_q8") if hasattr(dev, n)]:
             setattr(dev, name, wrap(name, getattr(dev, name)))
 
     orig_call = cl.Kernel.__call__

@@ -19,6 +19,7 @@ from cooktop.backends import registry
 from cooktop.backends.base import nmse
 from cooktop.backends.opencl.programs import Q8_TYPES
 from cooktop.backends.reference import dequantize_q8_ref, quantize_q8_ref
+from cooktop.errors import ShapeError
 from cooktop.format.quants import dequantize, random_weight
 
 QUANT_BOUND = 5e-4
@@ -318,3 +319,35 @@ def test_prompt_kernels_equal_one_token_kernels(q8dev, ty):
             dev.write(x1, x[t:t + 1])
             dev.matmul(y1, x1, w)
             np.testing.assert_array_equal(batch[t], dev.read(y1)[0], err_msg=f"{ty.name} {n_out} token {t}")
+
+
+def test_matmuls_of_one_input_equal_matmul(q8dev):
+    """Device.matmuls (Q/K/V, gate/up of one token in one mul_mv_q8_3 launch per weight type, Q4_K_M's
+    mixed types included) gives exactly matmul's floats, with the CPU and the GPU launch shapes;
+    prompts and bad shapes as matmul."""
+    from cooktop.backends.opencl.programs import GPU_SHAPE, KernelCache
+
+    gpu = type(q8dev)(q8dev.info, q8dev.cl_device)
+    gpu.shape, gpu.kernels = GPU_SHAPE, KernelCache(gpu.ctx, gpu.cl_device, GPU_SHAPE)
+    _check_matmuls(q8dev, ((T.Q4_0,) * 3, (T.Q4_K, T.Q4_K, T.Q6_K), (T.Q8_0, T.Q5_K), (T.Q6_K, T.Q4_K, T.Q6_K)))
+    if not q8dev.kernels.isa()["portable"]:
+        _check_matmuls(gpu, ((T.Q4_K, T.Q4_K, T.Q6_K),))
+
+
+def _check_matmuls(dev, combos):
+    rng = np.random.default_rng(31)
+    n_in = 512
+    for types in combos:
+        for n_tok in (1, 3):
+            ws = [dev.upload(random_weight(t, (n, n_in), rng), t, (n, n_in)) for t, n in zip(types, (67, 9, 17))]
+            x = dev.empty((n_tok, n_in))
+            dev.write(x, rng.standard_normal((n_tok, n_in)).astype(np.float32))
+            outs = [dev.empty((n_tok, w.shape[0])) for w in ws]
+            dev.matmuls(x, *zip(outs, ws))
+            got = [dev.read(o) for o in outs]
+            for o, w, g in zip(outs, ws, got):
+                dev.matmul(o, x, w)
+                np.testing.assert_array_equal(g, dev.read(o), err_msg=str((types, n_tok)))
+    bad = dev.empty((1, 5))
+    with pytest.raises(ShapeError):
+        dev.matmuls(x.head(1), (outs[0].head(1), ws[0]), (bad, ws[1]))

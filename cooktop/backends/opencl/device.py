@@ -55,6 +55,7 @@ from gguf import GGMLQuantizationType as T
 from ... import settings
 from ...errors import DeviceError, DeviceOutOfMemoryError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params
+from ..optable import SPECS
 from . import INSTALL_HINT
 from .info import _safe, describe_icds, device_info, empty_platform_hint, launch_shape
 from .programs import (
@@ -65,6 +66,8 @@ from .programs import (
     clear_cache,
 )
 from .q8 import Q8Shadows
+
+_MATMUL = SPECS["matmul"]
 
 _GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}
 
@@ -282,6 +285,39 @@ class OpenCLDevice(Device):
         else:
             gsize = (_ceil_to(-(-n_out // s.mm_r), s.mm_tm), (n_tok + s.mm_tn - 1) // s.mm_tn)
             k.mul_mm(self.queue, gsize, (s.mm_tm, 1), w.handle, x.handle, out.handle, n_in, n_out, n_tok)
+
+    def matmuls(self, x, *pairs):
+        """:meth:`~cooktop.backends.ops.DeviceOps.matmuls`: for one token, the weights of each type
+        with an 8-bit mat-vec (2 or 3 of them: Q/K/V, gate/up; Q and K alone where V has another
+        type, as in Q4_K_M) run in one ``mul_mv_q8_3`` launch, each row with ``mul_mv_q8``'s sums;
+        the others, and prompts, one matmul each. Every pair is checked before anything runs."""
+        if len(pairs) < 2 or x.shape[0] != 1 or not self.use_q8:
+            super().matmuls(x, *pairs)
+            return
+        for out, w in pairs:
+            _MATMUL.check(self, out, x, w)
+        groups: dict[T, list[tuple[DeviceTensor, DeviceTensor]]] = {}
+        for out, w in pairs:
+            groups.setdefault(w.ggml_type, []).append((out, w))
+        for t, group in groups.items():
+            if t in Q8_TYPES and 1 < len(group) <= 3:
+                self._mv_q8_3(x, t, group)
+            else:
+                for out, w in group:
+                    self._matmul(out, x, w)
+
+    def _mv_q8_3(self, x, t, group):
+        ws, outs = [w for _, w in group], [o for o, _ in group]
+        k = self.kernels.weights(t, self.kernels.repacks(t, ws[0].shape))
+        for o in outs:
+            self.q8.dirty(o.handle)
+        slot = self._q8_input(x)
+        n = [w.shape[0] for w in ws] + [0] * (3 - len(ws))
+        hw = [w.handle for w in ws] + [ws[-1].handle] * (3 - len(ws))
+        ho = [o.handle for o in outs] + [outs[-1].handle] * (3 - len(outs))
+        s = self.shape
+        k.mul_mv_q8_3(self.queue, (s.mv_ls, _ceil_to(sum(n), s.mv_r)), (s.mv_ls, s.mv_r), *hw, slot.xq, slot.xd,
+                      *ho, x.shape[1], *n)
 
     def _get_rows(self, out, table, ids):
         n_ids = ids.shape[0]

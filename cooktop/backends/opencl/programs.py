@@ -282,10 +282,11 @@ def clear_cache(ctx: Any | None = None) -> None:
 class WeightKernels:
     """The kernels of one weight type on one device: ``mul_mv``, ``mul_mm``, ``get_rows``, and
     ``mul_mv_q8`` / ``mul_mvt_q8`` (8-bit activations, integer dot products, one token / a prompt
-    with the one-token sums; None for types without them), ``mul_mm_q8`` (VNNI prompt kernel)."""
+    with the one-token sums; None for types without them), ``mul_mv_q8_3`` (``mul_mv_q8`` of up to
+    three matrices of one input in one launch), ``mul_mm_q8`` (VNNI prompt kernel)."""
 
     __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mvt_q8", "mul_mv_id",
-                 "mul_mm_id")
+                 "mul_mm_id", "mul_mv_q8_3")
 
     def __init__(self, prg: Any):
         import pyopencl as cl
@@ -311,6 +312,9 @@ class WeightKernels:
             self.repack.set_scalar_arg_dtypes([None, None, i32])
         if self.mul_mv_q8 is not None:
             self.mul_mv_q8.set_scalar_arg_dtypes([None, None, None, None, i32, i32])
+        self.mul_mv_q8_3 = prg.mul_mv_q8_3 if "mul_mv_q8_3" in names else None
+        if self.mul_mv_q8_3 is not None:
+            self.mul_mv_q8_3.set_scalar_arg_dtypes([None] * 8 + [i32, i32, i32, i32])
         self.mul_mvt_q8 = prg.mul_mvt_q8 if "mul_mvt_q8" in names else None
         if self.mul_mvt_q8 is not None:
             self.mul_mvt_q8.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32])

@@ -74,6 +74,42 @@ __kernel void mul_mv_q8(const global uchar *w, const global char *xq, const glob
 #endif
 }
 
+// mul_mv_q8 of up to three matrices of one type and one input in one launch (Q/K/V, gate/up):
+// global rows 0..n0-1 are w0's into y0, the next n1 w1's into y1, the next n2 w2's into y2
+// (n2 = 0 for two). Each row gets exactly mul_mv_q8's sums; same launch shape.
+__kernel void mul_mv_q8_3(const global uchar *w0, const global uchar *w1, const global uchar *w2,
+                          const global char *xq, const global float2 *xd, global float *y0, global float *y1,
+                          global float *y2, const int n_in, const int n0, const int n1, const int n2) {
+    const int lid = get_local_id(0);
+    const int lr = get_local_id(1);
+    const int g = get_global_id(1);
+    const int nb = n_in / QKV;
+    const bool in0 = g < n0, in1 = !in0 && g < n0 + n1;
+    const int row = in0 ? g : in1 ? g - n0 : g - n0 - n1;
+    const int n_out = in0 ? n0 : in1 ? n1 : n2;
+    const global uchar *w = in0 ? w0 : in1 ? w1 : w2;
+    global float *y = in0 ? y0 : in1 ? y1 : y2;
+#if MV_LS > 1
+    local float red[MV_R][MV_LS];
+#endif
+    Q8ACC acc = (Q8ACC)(0.0f);
+    if (row < n_out) {
+        const global uchar *wr = w + (size_t)row * ROW_BYTES(n_in);
+        acc = dotq8_row(wr, nb, xq, xd, lid, acc);
+    }
+#if MV_LS > 1
+    red[lr][lid] = Q8_HSUM(acc);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = MV_LS / 2; s > 0; s >>= 1) {
+        if (lid < s) red[lr][lid] += red[lr][lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0 && row < n_out) y[row] = red[lr][0];
+#else
+    if (row < n_out) y[row] = Q8_HSUM(acc);
+#endif
+}
+
 // mul_mm on 8-bit activations for the weight types without a prompt kernel (mul_mm_q8):
 // token t of the prompt gets exactly mul_mv_q8's sums for row xq + t * n_in (same blocks per
 // work-item, same reduction order), so a prompt's logits are the one-token path's bit for
