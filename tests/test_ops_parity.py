@@ -99,6 +99,38 @@ def test_matmul(gpu_device, cpu_device, ty, n_tok):
                 assert err <= _bound(ty), what
 
 
+@pytest.mark.parametrize("ty", [T.Q2_K, T.Q3_K], ids=lambda t: t.name)
+def test_low_bit_k_quants(gpu_device, cpu_device, ty):
+    """Q2_K and Q3_K (OpenCL only: float kernels over units of 32 dequantized values): matmul at
+    odd rows, tokens and super-block counts, and get_rows, against numpy; Vulkan says it lacks them."""
+    if not gpu_device.supports("matmul", ty):
+        assert gpu_device.info.backend == "vulkan" and gpu_device.supports_op("matmul", ty)
+        return
+    rng = np.random.default_rng(300 + int(ty))
+    for n_in in (256, 768):
+        for n_out in (1, 129):
+            raw = random_weight(ty, (n_out, n_in), rng)
+            for n_tok in (1, 7, 20):
+                x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+
+                def run(dev, raw=raw, n_out=n_out, n_in=n_in, x=x, n_tok=n_tok):  # bind (B023)
+                    out = _out(dev, (n_tok, n_out), MAX_TOK)
+                    dev.matmul(out, _act(dev, x, MAX_TOK), dev.upload(raw, ty, (n_out, n_in)))
+                    return out
+
+                got, ref = _both(gpu_device, cpu_device, run)
+                assert nmse(got, ref) <= 1e-10, (ty.name, n_in, n_out, n_tok)
+        ids = np.array([0, n_out - 1, 0], dtype=np.int32)
+
+        def rows(dev, raw=raw, n_out=n_out, n_in=n_in, ids=ids):
+            out = _out(dev, (3, n_in), MAX_TOK)
+            dev.get_rows(out, dev.upload(raw, ty, (n_out, n_in)), _act(dev, ids, MAX_TOK))
+            return out
+
+        got, ref = _both(gpu_device, cpu_device, rows)
+        np.testing.assert_array_equal(got, ref)
+
+
 @pytest.mark.parametrize("ty", DEVICE_WEIGHT_TYPES, ids=lambda t: t.name)
 def test_get_rows(gpu_device, cpu_device, ty):
     rng = np.random.default_rng(200 + int(ty))

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 #: Weight types with device kernels (matmul, get_rows), in base.DEVICE_WEIGHT_TYPES order.
 OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K,
-                                T.MXFP4)
+                                T.MXFP4, T.Q2_K, T.Q3_K)
 
 #: Weight types with an integer-dot mat-vec kernel on 8-bit activations (dotq8.cl: mul_mv_q8).
 Q8_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
