@@ -229,9 +229,9 @@ def test_drop_file_pages(tmp_path):
     assert drop_file_pages(np.memmap(path, mode="c")) == 0
 
 
-@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_prompt_matrices_vnni(q8dev, ty):
-    """mul_mm_q8 (repacked Q4_0, Q4_K and Q6_K, on a CPU with AVX-512 VNNI): exact against numpy on
+    """mul_mm_q8 (repacked Q4_0, Q4_K, Q5_K and Q6_K, on a CPU with AVX-512 VNNI): exact against numpy on
     8-bit activations at odd row/token/group counts, within the quantized bound of the float
     product; Q4_0 rows of other lengths and builds without VNNI run mul_mvt_q8 (also exact on
     8-bit activations), or the float mul_mm with COOKTOP_OPENCL_EXACT_PROMPT=0."""
@@ -263,13 +263,14 @@ def test_prompt_matrices_vnni(q8dev, ty):
 
 
 def test_q4_k_prompt_kernel_can_be_turned_off(monkeypatch):
-    """COOKTOP_OPENCL_MMQ_K=0 (with COOKTOP_OPENCL_EXACT_PROMPT=0): Q4_K and Q6_K prompt matrices
+    """COOKTOP_OPENCL_MMQ_K=0 (with COOKTOP_OPENCL_EXACT_PROMPT=0): Q4_K, Q5_K and Q6_K prompt matrices
     stay on the float mul_mm (Q4_0's VNNI kernel stays)."""
     monkeypatch.setenv("COOKTOP_OPENCL_MMQ_K", "0")
     monkeypatch.setenv("COOKTOP_OPENCL_EXACT_PROMPT", "0")
     dev = _pocl(False, monkeypatch)
     dev = type(dev)(dev.info, dev.cl_device)
     assert not dev.quantizes_activations(T.Q4_K, 8, (64, 256))
+    assert not dev.quantizes_activations(T.Q5_K, 8, (64, 256))
     assert not dev.quantizes_activations(T.Q6_K, 8, (64, 256))
     assert dev.kernels.weights(T.Q4_K).mul_mm_q8 is None and dev.kernels.weights(T.Q6_K).mul_mm_q8 is None
     assert dev.quantizes_activations(T.Q4_0, 8, (64, 256)) == dev.kernels.vnni
@@ -295,7 +296,7 @@ def test_fused_producers_many_rows(q8dev):
         assert nmse(got, xr @ wf.T) <= 1e-10
 
 
-@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_prompt_kernels_equal_one_token_kernels(q8dev, ty):
     """Every prompt matrix on 8-bit activations (mul_mm_q8 where the CPU has AVX-512 VNNI, else
     mul_mvt_q8) gives each token exactly the one-token kernel's floats, at odd row and token

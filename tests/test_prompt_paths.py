@@ -3,7 +3,7 @@ or after a cached prefix, on every backend (numpy, OpenCL, Vulkan).
 
 The paths must do the same arithmetic: on OpenCL and Vulkan a weight type whose one-token
 matmul runs on 8-bit activations runs its prompt matrices on the same 8-bit activations with
-the same sums (OpenCL ``mul_mvt_q8``, or the AVX-512 VNNI prompt kernels of Q4_0, Q4_K and Q6_K,
+the same sums (OpenCL ``mul_mvt_q8``, or the AVX-512 VNNI prompt kernels of Q4_0, Q4_K, Q5_K and Q6_K,
 which do the 64-byte mat-vec's float operations per lane in its order; Vulkan's mat-vec for
 every row count), so they agree to the float bound (1e-4 in a logprob; most are bit-identical).
 llama.cpp's own batched and one-at-a-time evaluations of the same files differ by 0.14, 0.06

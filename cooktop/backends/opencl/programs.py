@@ -508,12 +508,12 @@ class KernelCache:
 
     def mm_q8(self, ggml_type: T, shape: tuple[int, ...]) -> bool:
         """True when prompt matrices (n_tokens > 1) with weights of this type and shape run on
-        8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: repacked Q4_0, and Q4_K and
-        Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``; each gives a token the 64-byte mat-vec's sums
+        8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: repacked Q4_0, and Q4_K, Q5_K
+        and Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``; each gives a token the 64-byte mat-vec's sums
         bit for bit)."""
         if not self.vnni:
             return False
-        if ggml_type in (T.Q4_K, T.Q6_K) and self.mmq_k and not self.shape.mm_local:
+        if ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) and self.mmq_k and not self.shape.mm_local:
             isa = self.isa()
             return isa["avx512bw"] and isa["f16c"] and not isa["portable"]
         return self.repacks(ggml_type, shape)

@@ -23,7 +23,8 @@
 // 8 float lanes of partial sums (Q8ACC). Built with -DCOOKTOP_PORTABLE=1 the portable
 // OpenCL C below runs instead (tests check both on PoCL).
 #if defined(__AVX2__) && defined(__F16C__) && !defined(COOKTOP_PORTABLE) \
-    && (defined(W_Q4_0) || defined(W_Q8_0) || defined(W_Q4_K) || defined(W_Q6_K))
+    && (defined(W_Q4_0) || defined(W_Q8_0) || defined(W_Q4_K) || defined(W_Q6_K) \
+        || (defined(W_Q5_K) && defined(__AVX512BW__) && !defined(COOKTOP_NO_AVX512)))
 #define X86_Q8 1
 #define HAS_Q8 1
 #define Q8ACC float8
@@ -66,6 +67,17 @@ typedef int v16si __attribute__((vector_size(64)));
     47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
 // int32 lanes of sum(u * s) over 4 bytes each, as vpdpbusd(0, u, s) gives them (int16 pair sums
 // cannot saturate here: |u| <= 63, |s| <= 127)
+// The 64 quants of sub-blocks 2j, 2j + 1 of a Q4_K / Q5_K super-block p from its 32 qs bytes z
+// (Q5_K: bits 2j, 2j + 1 of the 32 qh bytes at p + 16 as bit 4)
+#if defined(W_Q5_K)
+#define Q45K_QUANTS(z, p, j, m15) \
+    (((v64qi)CAT32((z), (v32qi)((v16hi)(z) >> 4)) & (m15)) \
+     | (v64qi)(((v16si)((v64qi)CAT32((v32qi)((v16hi)LOAD32((p) + 16) >> (short)(2 * (j))), \
+                                     (v32qi)((v16hi)LOAD32((p) + 16) >> (short)(2 * (j) + 1))) \
+                        & (v64qi)(int16)(0x01010101))) << 4))
+#else
+#define Q45K_QUANTS(z, p, j, m15) ((v64qi)CAT32((z), (v32qi)((v16hi)(z) >> 4)) & (m15))
+#endif
 inline v16si dot64_u8s8(v64qi u, v64qi s) {
     return __builtin_ia32_pmaddwd512(__builtin_ia32_pmaddubsw512(u, s), (v32hi)(int16)(0x00010001));
 }
@@ -114,12 +126,12 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     acc.s0123 -= 8.0f * acc_o;
     return acc;
 }
-#elif defined(W_Q4_K) && defined(X86_512)
-// Q4_K with 64-byte vectors: per 32-byte group j of qs the low nibbles (sub-block 2j) and high
-// nibbles (2j+1) make one 64-byte vector against 64 contiguous activation bytes (lanes 0..7:
-// sub-block 2j, 8..15: 2j+1); the mins take the low 8 lanes, one sub-block each. The float
-// operations per lane and their order are mul_mm_q8's (matmul.cl), so a prompt on that kernel
-// gives each token these sums bit for bit.
+#elif (defined(W_Q4_K) || defined(W_Q5_K)) && defined(X86_512)
+// Q4_K / Q5_K with 64-byte vectors: per 32-byte group j of qs the low nibbles (sub-block 2j) and
+// high nibbles (2j+1) make one 64-byte vector against 64 contiguous activation bytes (lanes 0..7:
+// sub-block 2j, 8..15: 2j+1; Q5_K ORs in bits 2j, 2j+1 of qh as bit 4, values 0..31); the mins
+// take the low 8 lanes, one sub-block each. The float operations per lane and their order are
+// mul_mm_q8's (matmul.cl), so a prompt on that kernel gives each token these sums bit for bit.
 #undef Q8ACC
 #undef Q8_HSUM
 #define Q8ACC float16
@@ -130,7 +142,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
     const global float *dr = (const global float *)xd;
     for (int ib = lid; ib < nb; ib += MV_LS) {
-        const global uchar *p = row + (size_t)ib * 144;
+        const global uchar *p = row + (size_t)ib * QK_BYTES;
         const float d = h2f(p), dmin = h2f(p + 2);
         const uchar4 s0 = vload4(0, p + 4), s1 = vload4(1, p + 4), s2 = vload4(2, p + 4);
         const float4 sc_lo = convert_float4(s0 & (uchar)63), mn_lo = convert_float4(s1 & (uchar)63);
@@ -143,8 +155,8 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
         const float8 dl = (d * (float8)(sc_lo, sc_hi)) * dxs.even;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const v32qi z = *(const global v32qi_u *)(p + 16 + 32 * j);
-            const v64qi q = (v64qi)CAT32(z, (v32qi)((v16hi)z >> 4)) & m15;
+            const v32qi z = *(const global v32qi_u *)(p + QK_QS + 32 * j);
+            const v64qi q = Q45K_QUANTS(z, p, j, m15);
             const float16 ds = (float16)((float8)(dl[2 * j]), (float8)(dl[2 * j + 1]));
             const v64qi ya = LOAD64(xq + (size_t)ib * 256 + 64 * j);
             acc = fma(convert_float16(as_int16(dot64_u8s8(q, ya))), ds, acc);

@@ -246,8 +246,9 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #endif
 
 
-#if defined(W_Q4_K) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
-// Prompt matrices on 8-bit activations with AVX-512 VNNI for Q4_K (block layout in dequant.cl),
+#if (defined(W_Q4_K) || defined(W_Q5_K)) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
+// Prompt matrices on 8-bit activations with AVX-512 VNNI for Q4_K and Q5_K (block layouts in dequant.cl;
+// Q5_K's fifth bit from qh as in dotq8.cl's Q45K_QUANTS),
 // llama.cpp's Q4_K x Q8 idea (ggml_vec_dot_q4_K_q8_K, ggml-cpu/arch/x86/quants.c) on block_q8_1
 // activations: per sub-block s of 32 values, y += d sc_s dx_s sum(q qx) - dmin m_s sx_s, where
 // sx_s = dx_s sum(qx) comes with the activation (xd.y). Per super-block and row the 6-bit
@@ -265,7 +266,7 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
         float8 dsc[MMQ_R];
 #pragma unroll
         for (int r = 0; r < MMQ_R; r++) {
-            const global uchar *p = wr[r] + (size_t)ib * 144;
+            const global uchar *p = wr[r] + (size_t)ib * QK_BYTES;
             const float d = h2f(p), dmin = h2f(p + 2);
             const uchar4 s0 = vload4(0, p + 4), s1 = vload4(1, p + 4), s2 = vload4(2, p + 4);
             const float4 sc_lo = convert_float4(s0 & (uchar)63), mn_lo = convert_float4(s1 & (uchar)63);
@@ -285,8 +286,9 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
             float16 ds[MMQ_R];  // d sc of sub-blocks 2j (lanes 0..7) and 2j+1 (8..15)
 #pragma unroll
             for (int r = 0; r < MMQ_R; r++) {
-                const v32qi z = *(const global v32qi_u *)(wr[r] + (size_t)ib * 144 + 16 + 32 * j);
-                q[r] = (v64qi)CAT32(z, (v32qi)((v16hi)z >> 4)) & m15;
+                const global uchar *p = wr[r] + (size_t)ib * QK_BYTES;
+                const v32qi z = *(const global v32qi_u *)(p + QK_QS + 32 * j);
+                q[r] = Q45K_QUANTS(z, p, j, m15);
                 ds[r] = (float16)((float8)(dsc[r][2 * j]), (float8)(dsc[r][2 * j + 1]));
             }
 #pragma unroll
