@@ -1,7 +1,7 @@
 """OpenCL programs of the opencl backend: sources, build options, a build cache, launch sizes.
 
 The OpenCL C sources live in ``kernels/*.cl`` beside this module, one file per op
-family. A weight-type program is ``dequant.cl`` + ``matmul.cl`` built with
+family. A weight-type program is ``dequant.cl`` + ``dotq8.cl`` + ``matmul.cl`` + ``mmq8.cl`` built with
 ``-DW_<TYPE>`` (e.g. ``-DW_Q4_K``), the way ggml builds one shader per type
 from ``-D`` defines; launch-shape constants (``MV_LS``...) are defines too, so
 the compiler sees fixed loop bounds.
@@ -126,7 +126,7 @@ def host_has_vnni() -> bool:
 #: The programs built from ``kernels/*.cl``: name -> the files concatenated, in order.
 PROGRAMS: dict[str, tuple[str, ...]] = {
     "ops": ("norm.cl", "rope.cl", "elementwise.cl", "quant.cl"),
-    "weights": ("dequant.cl", "dotq8.cl", "matmul.cl"),
+    "weights": ("dequant.cl", "dotq8.cl", "matmul.cl", "mmq8.cl"),
     "attention": ("attention.cl",),
     "attention_q8": ("quant.cl", "attention.cl"),
 }

@@ -1,5 +1,5 @@
 // Integer dot products of GGML weight blocks with 8-bit quantized activations.
-// Appended to dequant.cl (one W_<TYPE> defined); matmul.cl follows.
+// Appended to dequant.cl (one W_<TYPE> defined); matmul.cl and mmq8.cl follow.
 //
 // Activations are quantized per 32 values as llama.cpp's block_q8_1 (ggml-common.h),
 // stored as two planes so the quants load as plain vectors:
@@ -131,7 +131,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 // high nibbles (2j+1) make one 64-byte vector against 64 contiguous activation bytes (lanes 0..7:
 // sub-block 2j, 8..15: 2j+1; Q5_K ORs in bits 2j, 2j+1 of qh as bit 4, values 0..31); the mins
 // take the low 8 lanes, one sub-block each. The float operations per lane and their order are
-// mul_mm_q8's (matmul.cl), so a prompt on that kernel gives each token these sums bit for bit.
+// mul_mm_q8's (mmq8.cl), so a prompt on that kernel gives each token these sums bit for bit.
 #undef Q8ACC
 #undef Q8_HSUM
 #define Q8ACC float16
@@ -169,7 +169,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 // low or high nibbles of its 64 ql bytes, two qh bits each as bits 4-5); int32 lane i covers
 // values 4i..4i+3 (16-value sub-block 4g + i / 4, 32-value activation block 2g + i / 8). The -32 of
 // the 6-bit quants is taken out of the integer sums (32 sum(qy) per lane). Float operations per
-// lane in mul_mm_q8's order (matmul.cl), as for Q4_K.
+// lane in mul_mm_q8's order (mmq8.cl), as for Q4_K.
 #undef Q8ACC
 #undef Q8_HSUM
 #define Q8ACC float16
