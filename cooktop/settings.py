@@ -114,7 +114,7 @@ def opencl_vnni() -> bool:
 
 
 def opencl_mmq_k() -> bool:
-    """``COOKTOP_OPENCL_MMQ_K``: Q4_K and Q6_K prompt matrices on 8-bit activations with the
+    """``COOKTOP_OPENCL_MMQ_K``: Q4_K, Q5_K and Q6_K prompt matrices on 8-bit activations with the
     AVX-512 VNNI kernels where the CPU has them (default on)."""
     return env_bool("COOKTOP_OPENCL_MMQ_K", True)
 

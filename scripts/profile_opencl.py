@@ -10,6 +10,13 @@ contract (matmul split by weight type and n_tokens == 1 or not) it reports:
 and per phase the wall time, the summed kernel time and the difference (launch
 overhead + host work not hidden behind the device + idle queue).
 
+Before the profiled runs it decodes ``-n`` tokens on the plain queue and prints the host
+cost per decoded token: wall ms, and the CPU time of the Python thread that drives the
+device (``time.thread_time``: building the step, argument checks, enqueueing, reading the
+logits; not the driver's worker threads that run the kernels on a CPU device), in
+microseconds per token. With launches per token from the profiled run, that is the
+figure a GPU that decodes a step in a few ms would wait on.
+
 Usage:
     python scripts/profile_opencl.py -m MODEL.gguf [-p 128] [-n 16] [--device opencl:0]
 """
@@ -39,6 +46,20 @@ def main() -> None:
     eng = engine.load(args.model, n_ctx=args.p + args.n + 8, n_batch=max(args.p, 1), device=args.device,
                       n_gpu_layers=-1)
     devs = {id(s.device): s.device for s in eng.model.segments}
+    rng = np.random.default_rng(0)
+    toks = [int(t) for t in rng.integers(0, eng.cfg.n_vocab, args.p + args.n)]
+    eng.reset()
+    eng.eval(toks[:2])  # warm-up: kernel builds
+    eng.reset()
+    eng.eval(toks[:args.p])
+    for dev in devs.values():
+        dev.queue.finish()
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for t in toks[args.p:]:
+        eng.eval([t])
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    print(f"## host per decoded token (plain queue, {args.n} tokens after {args.p}): wall "
+          f"{wall * 1e3 / max(args.n, 1):.1f} ms, host thread CPU {cpu * 1e6 / max(args.n, 1):.0f} us")
     label = ["?"]
     events: list[tuple[str, object]] = []
     host = collections.defaultdict(float)
@@ -53,6 +74,9 @@ def main() -> None:
                 lab = name
                 if name == "matmul":
                     lab = f"matmul {type_name(a[2].ggml_type)} {'mv' if a[1].shape[0] == 1 else 'mm'}"
+                elif name == "matmuls":  # several matmuls of one input (x, (out, w), ...)
+                    types = "/".join(sorted({type_name(p[1].ggml_type) for p in a[1:]}))
+                    lab = f"matmuls x{len(a) - 1} {types} {'mv' if a[0].shape[0] == 1 else 'mm'}"
                 label[0] = lab
                 t0 = time.perf_counter()
                 fn(*a, **k)
@@ -61,7 +85,7 @@ def main() -> None:
                 label[0] = "(other)"
             return op
 
-        for name in list(OPS) + [n for n in ("rmsnorm_q8", "silu_mul_q8") if hasattr(dev, n)]:
+        for name in list(OPS) + [n for n in ("matmuls", "rmsnorm_q8", "silu_mul_q8") if hasattr(dev, n)]:
             setattr(dev, name, wrap(name, getattr(dev, name)))
 
     orig_call = cl.Kernel.__call__
@@ -72,11 +96,6 @@ def main() -> None:
         return ev
 
     cl.Kernel.__call__ = kcall
-    rng = np.random.default_rng(0)
-    n_vocab = eng.cfg.n_vocab
-    toks = [int(t) for t in rng.integers(0, n_vocab, args.p + args.n)]
-    eng.reset()
-    eng.eval(toks[:2])  # warm-up: kernel builds
     for phase, run in (("prompt", lambda: eng.eval(toks[:args.p])),
                        ("decode", lambda: [eng.eval([t]) for t in toks[args.p:]])):
         eng.reset()
@@ -98,7 +117,8 @@ def main() -> None:
         n_tok = args.p if phase == "prompt" else args.n
         tot_k = sum(kern.values())
         print(f"\n## {phase}: {n_tok} tokens, wall {wall * 1e3:.1f} ms ({n_tok / wall:.2f} t/s), kernels "
-              f"{tot_k * 1e3:.1f} ms ({100 * tot_k / wall:.0f} %), launches {len(events)}, "
+              f"{tot_k * 1e3:.1f} ms ({100 * tot_k / wall:.0f} %), launches {len(events)} "
+              f"({len(events) / max(n_tok, 1):.0f} per token), "
               f"host in ops {sum(host.values()) * 1e3:.1f} ms")
         print("| op | calls | kernels | host ms | kernel ms | kernel % of wall | us/kernel |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")

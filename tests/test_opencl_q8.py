@@ -19,6 +19,7 @@ from cooktop.backends import registry
 from cooktop.backends.base import nmse
 from cooktop.backends.opencl.programs import Q8_TYPES
 from cooktop.backends.reference import dequantize_q8_ref, quantize_q8_ref
+from cooktop.errors import ShapeError
 from cooktop.format.quants import dequantize, random_weight
 
 QUANT_BOUND = 5e-4
@@ -228,9 +229,9 @@ def test_drop_file_pages(tmp_path):
     assert drop_file_pages(np.memmap(path, mode="c")) == 0
 
 
-@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_prompt_matrices_vnni(q8dev, ty):
-    """mul_mm_q8 (repacked Q4_0, Q4_K and Q6_K, on a CPU with AVX-512 VNNI): exact against numpy on
+    """mul_mm_q8 (repacked Q4_0, Q4_K, Q5_K and Q6_K, on a CPU with AVX-512 VNNI): exact against numpy on
     8-bit activations at odd row/token/group counts, within the quantized bound of the float
     product; Q4_0 rows of other lengths and builds without VNNI run mul_mvt_q8 (also exact on
     8-bit activations), or the float mul_mm with COOKTOP_OPENCL_EXACT_PROMPT=0."""
@@ -262,13 +263,14 @@ def test_prompt_matrices_vnni(q8dev, ty):
 
 
 def test_q4_k_prompt_kernel_can_be_turned_off(monkeypatch):
-    """COOKTOP_OPENCL_MMQ_K=0 (with COOKTOP_OPENCL_EXACT_PROMPT=0): Q4_K and Q6_K prompt matrices
+    """COOKTOP_OPENCL_MMQ_K=0 (with COOKTOP_OPENCL_EXACT_PROMPT=0): Q4_K, Q5_K and Q6_K prompt matrices
     stay on the float mul_mm (Q4_0's VNNI kernel stays)."""
     monkeypatch.setenv("COOKTOP_OPENCL_MMQ_K", "0")
     monkeypatch.setenv("COOKTOP_OPENCL_EXACT_PROMPT", "0")
     dev = _pocl(False, monkeypatch)
     dev = type(dev)(dev.info, dev.cl_device)
     assert not dev.quantizes_activations(T.Q4_K, 8, (64, 256))
+    assert not dev.quantizes_activations(T.Q5_K, 8, (64, 256))
     assert not dev.quantizes_activations(T.Q6_K, 8, (64, 256))
     assert dev.kernels.weights(T.Q4_K).mul_mm_q8 is None and dev.kernels.weights(T.Q6_K).mul_mm_q8 is None
     assert dev.quantizes_activations(T.Q4_0, 8, (64, 256)) == dev.kernels.vnni
@@ -292,3 +294,61 @@ def test_fused_producers_many_rows(q8dev):
         got, mid_f = dev.read(y), dev.read(mid)
         xr = dequantize_q8_ref(mid_f) if dev.quantizes_activations(T.Q4_0, rows, (40, n)) else mid_f.astype(np.float64)
         assert nmse(got, xr @ wf.T) <= 1e-10
+
+
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+def test_prompt_kernels_equal_one_token_kernels(q8dev, ty):
+    """Every prompt matrix on 8-bit activations (mul_mm_q8 where the CPU has AVX-512 VNNI, else
+    mul_mvt_q8) gives each token exactly the one-token kernel's floats, at odd row and token
+    counts and a zero activation block: a prompt's logits do not depend on how it was split."""
+    dev = q8dev
+    rng = np.random.default_rng(29)
+    n_in = 384 if ty == T.Q4_0 else 768
+    for n_out in (3, 67):
+        raw = random_weight(ty, (n_out, n_in), rng)
+        w = dev.upload(raw, ty, (n_out, n_in))
+        n_tok = 11
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        x[3, 64:96] = 0
+        assert dev.quantizes_activations(ty, n_tok, (n_out, n_in)) == dev.exact_prompt
+        xt, y = dev.empty((n_tok, n_in)), dev.empty((n_tok, n_out))
+        dev.write(xt, x)
+        dev.matmul(y, xt, w)
+        batch = dev.read(y)
+        x1, y1 = dev.empty((1, n_in)), dev.empty((1, n_out))
+        for t in range(n_tok):
+            dev.write(x1, x[t:t + 1])
+            dev.matmul(y1, x1, w)
+            np.testing.assert_array_equal(batch[t], dev.read(y1)[0], err_msg=f"{ty.name} {n_out} token {t}")
+
+
+def test_matmuls_of_one_input_equal_matmul(q8dev):
+    """Device.matmuls (Q/K/V, gate/up of one token in one mul_mv_q8_3 launch per weight type, Q4_K_M's
+    mixed types included) gives exactly matmul's floats, with the CPU and the GPU launch shapes;
+    prompts and bad shapes as matmul."""
+    from cooktop.backends.opencl.programs import GPU_SHAPE, KernelCache
+
+    gpu = type(q8dev)(q8dev.info, q8dev.cl_device)
+    gpu.shape, gpu.kernels = GPU_SHAPE, KernelCache(gpu.ctx, gpu.cl_device, GPU_SHAPE)
+    _check_matmuls(q8dev, ((T.Q4_0,) * 3, (T.Q4_K, T.Q4_K, T.Q6_K), (T.Q8_0, T.Q5_K), (T.Q6_K, T.Q4_K, T.Q6_K)))
+    if not q8dev.kernels.isa()["portable"]:
+        _check_matmuls(gpu, ((T.Q4_K, T.Q4_K, T.Q6_K),))
+
+
+def _check_matmuls(dev, combos):
+    rng = np.random.default_rng(31)
+    n_in = 512
+    for types in combos:
+        for n_tok in (1, 3):
+            ws = [dev.upload(random_weight(t, (n, n_in), rng), t, (n, n_in)) for t, n in zip(types, (67, 9, 17))]
+            x = dev.empty((n_tok, n_in))
+            dev.write(x, rng.standard_normal((n_tok, n_in)).astype(np.float32))
+            outs = [dev.empty((n_tok, w.shape[0])) for w in ws]
+            dev.matmuls(x, *zip(outs, ws))
+            got = [dev.read(o) for o in outs]
+            for o, w, g in zip(outs, ws, got):
+                dev.matmul(o, x, w)
+                np.testing.assert_array_equal(g, dev.read(o), err_msg=str((types, n_tok)))
+    bad = dev.empty((1, 5))
+    with pytest.raises(ShapeError):
+        dev.matmuls(x.head(1), (outs[0].head(1), ws[0]), (bad, ws[1]))

@@ -99,6 +99,58 @@ def test_matmul(gpu_device, cpu_device, ty, n_tok):
                 assert err <= _bound(ty), what
 
 
+@pytest.mark.parametrize("n_tok", [1, 5])
+def test_matmuls_of_one_input(gpu_device, cpu_device, n_tok):
+    """Device.matmuls (Q/K/V-like: two weights of one type and one of another, one input) against
+    numpy; on OpenCL one token's same-type pair runs in one mul_mv_q8_3 launch."""
+    rng = np.random.default_rng(400 + n_tok)
+    n_in = 512
+    raws = [(ty, n, random_weight(ty, (n, n_in), rng)) for ty, n in ((T.Q4_K, 67), (T.Q4_K, 9), (T.Q6_K, 9))]
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    got, ref = [], []
+    for dev, into in ((gpu_device, got), (cpu_device, ref)):
+        outs = [_out(dev, (n_tok, n), MAX_TOK) for _, n, _ in raws]
+        dev.matmuls(_act(dev, x, MAX_TOK), *((o, dev.upload(r, ty, (n, n_in))) for o, (ty, n, r) in zip(outs, raws)))
+        into += [dev.read(o) for o in outs]
+    for (ty, n, raw), g, r in zip(raws, got, ref):
+        exact = (dequantize_q8_ref(x) if _quantizes(gpu_device, ty, n_tok, (n, n_in)) else x.astype(np.float64)) \
+            @ dequantize(raw, ty, (n, n_in)).astype(np.float64).T
+        assert nmse(g, exact) <= 1e-10, (ty.name, n, n_tok)
+        assert nmse(g, r) <= QUANT_BOUND, (ty.name, n, n_tok)
+
+
+@pytest.mark.parametrize("ty", [T.Q2_K, T.Q3_K], ids=lambda t: t.name)
+def test_low_bit_k_quants(gpu_device, cpu_device, ty):
+    """Q2_K and Q3_K (OpenCL only: float kernels over units of 32 dequantized values): matmul at
+    odd rows, tokens and super-block counts, and get_rows, against numpy; Vulkan says it lacks them."""
+    if not gpu_device.supports("matmul", ty):
+        assert gpu_device.info.backend == "vulkan" and gpu_device.supports_op("matmul", ty)
+        return
+    rng = np.random.default_rng(300 + int(ty))
+    for n_in in (256, 768):
+        for n_out in (1, 129):
+            raw = random_weight(ty, (n_out, n_in), rng)
+            for n_tok in (1, 7, 20):
+                x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+
+                def run(dev, raw=raw, n_out=n_out, n_in=n_in, x=x, n_tok=n_tok):  # bind (B023)
+                    out = _out(dev, (n_tok, n_out), MAX_TOK)
+                    dev.matmul(out, _act(dev, x, MAX_TOK), dev.upload(raw, ty, (n_out, n_in)))
+                    return out
+
+                got, ref = _both(gpu_device, cpu_device, run)
+                assert nmse(got, ref) <= 1e-10, (ty.name, n_in, n_out, n_tok)
+        ids = np.array([0, n_out - 1, 0], dtype=np.int32)
+
+        def rows(dev, raw=raw, n_out=n_out, n_in=n_in, ids=ids):
+            out = _out(dev, (3, n_in), MAX_TOK)
+            dev.get_rows(out, dev.upload(raw, ty, (n_out, n_in)), _act(dev, ids, MAX_TOK))
+            return out
+
+        got, ref = _both(gpu_device, cpu_device, rows)
+        np.testing.assert_array_equal(got, ref)
+
+
 @pytest.mark.parametrize("ty", DEVICE_WEIGHT_TYPES, ids=lambda t: t.name)
 def test_get_rows(gpu_device, cpu_device, ty):
     rng = np.random.default_rng(200 + int(ty))

@@ -178,13 +178,13 @@ def test_forced_ngl_that_does_not_fit_is_refused(shared):
 
 def test_block_with_unsupported_type_stays_on_numpy(tmp_path, cpu_device):
     dev = open_family_device("opencl")
-    assert not dev.supports("matmul", T.Q2_K)
+    assert not dev.supports("matmul", T.BF16)
     path = tmp_path / "mixed.gguf"
     shape = synth.Shape(256, 3, 4, 2, 512, 512, 256)
-    synth.write(path, shape, "Q4_0", seed=3, overrides={"blk.1.ffn_up.weight": T.Q2_K})
+    synth.write(path, shape, "Q4_0", seed=3, overrides={"blk.1.ffn_up.weight": T.BF16})
     rep = plan_json(path, "--device", "opencl", "-ngl", "-1")
     assert rep["blocks"] == ["opencl:0", "cpu", "opencl:0"]
-    assert any("block 1 stays on cpu" in r and "Q2_K" in r for r in rep["host_reasons"])
+    assert any("block 1 stays on cpu" in r and "BF16" in r for r in rep["host_reasons"])
     toks = list(range(3, 40))
     outs = []
     for device, ngl in (("cpu", 0), ("opencl", -1)):

@@ -254,7 +254,9 @@ def test_pick_variant_by_features():
     no_dot = frozenset(vulkan.KP_FEATURES) - {"shaderIntegerDotProduct"}
     assert vulkan.pick_variant("mul_mat_vec_q4_0", no_dot) == "mul_mat_vec_q4_0_p16"
     assert vulkan.pick_variant("mul_mat_vec_q8_0", no_dot) == "mul_mat_vec_q8_0_p16"
-    assert vulkan.pick_variant("mul_mat_vec_q4_k", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_k"
+    assert vulkan.pick_variant("mul_mat_vec_q4_k", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_k_q8"
+    assert vulkan.pick_variant("mul_mat_vec_q4_k", no_dot) == "mul_mat_vec_q4_k"
+    assert vulkan.pick_variant("mul_mat_vec_q6_k", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q6_k"
     assert vulkan.pick_variant("add", frozenset(vulkan.KP_FEATURES)) == "add"
 
 

@@ -74,7 +74,7 @@ def test_reference_quantizer():
 def test_variant_manifest():
     """The integer-dot variants stand in for the float ones, need the dot-product and 16-bit
     storage features (read from their SPIR-V), and take the 8-bit copy of x."""
-    for ty in ("q4_0", "q8_0"):
+    for ty in ("q4_0", "q8_0", "q4_k", "q5_k"):
         name = f"mul_mat_vec_{ty}_q8"
         info = variant_info(name)
         assert info["variant_of"] == f"mul_mat_vec_{ty}" and takes_q8_1(name)
@@ -93,10 +93,12 @@ def test_variant_manifest():
 def test_pick_integer_dot_by_features(feats, want):
     for ty in ("q4_0", "q8_0"):
         assert vulkan.pick_variant(f"mul_mat_vec_{ty}", feats) == f"mul_mat_vec_{ty}{want}"
-    assert vulkan.pick_variant("mul_mat_vec_q4_k", feats) == "mul_mat_vec_q4_k"
+    for ty in ("q4_k", "q5_k"):
+        assert vulkan.pick_variant(f"mul_mat_vec_{ty}", feats) == f"mul_mat_vec_{ty}" + (want if want == "_q8" else "")
+    assert vulkan.pick_variant("mul_mat_vec_q6_k", feats) == "mul_mat_vec_q6_k"
 
 
-@pytest.mark.parametrize("ty", [T.Q4_0, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K], ids=lambda t: t.name)
 def test_matvec_exact_on_8bit_activations(idot, ty):
     """Odd shapes, 1-7 tokens, head() views: exact on the 8-bit activations, and within the
     quantized bound of the float product. Rows of n_in % 256 != 0 go block by block, the others
@@ -106,6 +108,8 @@ def test_matvec_exact_on_8bit_activations(idot, ty):
     rng = np.random.default_rng(int(ty))
     q0 = dev._q8.n_quantized
     shapes = ((1, 32, 1), (3, 96, 2), (67, 224, 7), (129, 32 * 13, 1), (1000, 512, 3), (37, 2560, 2), (9, 8192, 1))
+    if ty in (T.Q4_K, T.Q5_K):  # whole super-blocks: one group of 8 units each
+        shapes = ((1, 256, 1), (67, 768, 7), (1000, 512, 3), (37, 2560, 2), (9, 8192, 1))
     for n_out, n_in, n in shapes:
         raw = random_weight(ty, (n_out, n_in), rng)
         wf = dequantize(raw, ty, (n_out, n_in)).astype(np.float64)
@@ -118,7 +122,7 @@ def test_matvec_exact_on_8bit_activations(idot, ty):
     assert dev._q8.n_quantized - q0 == len(shapes)  # the variant really ran: one quantization per matmul
 
 
-@pytest.mark.parametrize("ty", [T.Q4_0, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("ty", [T.Q4_0, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
 def test_fallback_without_the_feature(vk, monkeypatch, ty):
     """Without shaderIntegerDotProduct the float variant runs (no quantization) and gives the
     float product; with it (where the device has it) the 8-bit one, on the same data."""
@@ -128,10 +132,10 @@ def test_fallback_without_the_feature(vk, monkeypatch, ty):
     x = rng.standard_normal((2, 256)).astype(np.float32)
     w = vk.upload(raw, ty, (131, 256))
     has = IDOT <= vk.features
-    # every row count (a prompt gets its tokens' one-at-a-time sums); Q4_K has no integer-dot variant
+    # every row count (a prompt gets its tokens' one-at-a-time sums); Q6_K has no integer-dot variant
     assert vk.quantizes_activations(ty, 1) == vk.quantizes_activations(ty, 7) == vk.quantizes_activations(ty, 64) \
         == has
-    assert not vk.quantizes_activations(T.Q4_K, 1)
+    assert not vk.quantizes_activations(T.Q6_K, 1)
     monkeypatch.setattr(vk, "features", vk.features - {"shaderIntegerDotProduct"})
     assert not vk.quantizes_activations(ty, 1)
     q0 = vk._q8.n_quantized

@@ -109,6 +109,19 @@ class DeviceOps(MoeOps, ABC):
             return
         self._matmul(out, x, w)
 
+    def matmuls(self, x: DeviceTensor, *pairs: tuple[DeviceTensor, DeviceTensor]) -> None:
+        """``out_i = x @ w_i^T`` for each ``(out_i, w_i)`` of ``pairs``: the projections of one input
+        (Q/K/V, gate/up; llama.cpp ``build_qkv``, ``build_ffn``), each exactly :meth:`matmul`'s
+        result. A backend may run them in fewer launches (OpenCL: one mat-vec for a decode step's
+        Q, K and V); by default they are :meth:`matmul` calls, in order.
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: as :meth:`matmul`, for the first pair
+            that fails (nothing runs then on a backend that fuses them).
+        """
+        for out, w in pairs:
+            self.matmul(out, x, w)
+
 
     def rmsnorm(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor, eps: float) -> None:
         """Per group of ``g`` values of a row: ``out = x / sqrt(mean(x^2) + eps) * w``.

@@ -34,13 +34,12 @@ where the compiler targets AVX-512BW (``dequant.cl``).
 Prompt matrices run on the same 8-bit activations, so that a prompt's logits are those
 of its tokens one at a time (a cached prefix, a continued conversation, the same request
 again: the same text): ``mul_mvt_q8`` gives each token exactly ``mul_mv_q8``'s sums
-(``COOKTOP_OPENCL_EXACT_PROMPT``, default on), except that Q4_K and Q6_K keep their AVX-512
-VNNI prompt kernels (``mul_mm_q8``: the same quantization, another summation order, within
-llama.cpp's own batched-vs-one-at-a-time difference for those types; Q4_0's VNNI kernel,
-whose llama.cpp counterpart is exact, runs only with ``COOKTOP_OPENCL_EXACT_PROMPT=0``).
-Float weights, and every type with ``COOKTOP_OPENCL_EXACT_PROMPT=0`` where no VNNI kernel
-applies, use ``mul_mm``: weight units dequantized to float32 registers and reused across
-8 tokens and 2 rows per work-item.
+(``COOKTOP_OPENCL_EXACT_PROMPT``, default on), and so do the AVX-512 VNNI prompt kernels of
+repacked Q4_0, Q4_K, Q5_K and Q6_K (``mul_mm_q8``): their float operations per lane are those of
+the 64-byte mat-vec rows (``dotq8_row``) in the same order, so a prompt on them is bit for bit
+its tokens one at a time. Float weights, and every type with ``COOKTOP_OPENCL_EXACT_PROMPT=0``
+where no VNNI kernel applies, use ``mul_mm``: weight units dequantized to float32 registers
+and reused across 8 tokens and 2 rows per work-item.
 """
 
 from __future__ import annotations
@@ -56,6 +55,7 @@ from gguf import GGMLQuantizationType as T
 from ... import settings
 from ...errors import DeviceError, DeviceOutOfMemoryError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params
+from ..optable import SPECS
 from . import INSTALL_HINT
 from .info import _safe, describe_icds, device_info, empty_platform_hint, launch_shape
 from .programs import (
@@ -66,6 +66,8 @@ from .programs import (
     clear_cache,
 )
 from .q8 import Q8Shadows
+
+_MATMUL = SPECS["matmul"]
 
 _GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}
 
@@ -265,8 +267,7 @@ class OpenCLDevice(Device):
         k = self.kernels.weights(w.ggml_type, self.kernels.repacks(w.ggml_type, w.shape))
         s = self.shape
         self.q8.dirty(out.handle)
-        if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8 and not (
-                self.exact_prompt and w.ggml_type == T.Q4_0):  # VNNI prompt kernel (module doc)
+        if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8:  # VNNI prompt kernel (module doc)
             slot = self._q8_input(x)
             gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // s.mmq_tn))
             k.mul_mm_q8(self.queue, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
@@ -284,6 +285,39 @@ class OpenCLDevice(Device):
         else:
             gsize = (_ceil_to(-(-n_out // s.mm_r), s.mm_tm), (n_tok + s.mm_tn - 1) // s.mm_tn)
             k.mul_mm(self.queue, gsize, (s.mm_tm, 1), w.handle, x.handle, out.handle, n_in, n_out, n_tok)
+
+    def matmuls(self, x, *pairs):
+        """:meth:`~cooktop.backends.ops.DeviceOps.matmuls`: for one token, the weights of each type
+        with an 8-bit mat-vec (2 or 3 of them: Q/K/V, gate/up; Q and K alone where V has another
+        type, as in Q4_K_M) run in one ``mul_mv_q8_3`` launch, each row with ``mul_mv_q8``'s sums;
+        the others, and prompts, one matmul each. Every pair is checked before anything runs."""
+        if len(pairs) < 2 or x.shape[0] != 1 or not self.use_q8:
+            super().matmuls(x, *pairs)
+            return
+        for out, w in pairs:
+            _MATMUL.check(self, out, x, w)
+        groups: dict[T, list[tuple[DeviceTensor, DeviceTensor]]] = {}
+        for out, w in pairs:
+            groups.setdefault(w.ggml_type, []).append((out, w))
+        for t, group in groups.items():
+            if t in Q8_TYPES and 1 < len(group) <= 3:
+                self._mv_q8_3(x, t, group)
+            else:
+                for out, w in group:
+                    self._matmul(out, x, w)
+
+    def _mv_q8_3(self, x, t, group):
+        ws, outs = [w for _, w in group], [o for o, _ in group]
+        k = self.kernels.weights(t, self.kernels.repacks(t, ws[0].shape))
+        for o in outs:
+            self.q8.dirty(o.handle)
+        slot = self._q8_input(x)
+        n = [w.shape[0] for w in ws] + [0] * (3 - len(ws))
+        hw = [w.handle for w in ws] + [ws[-1].handle] * (3 - len(ws))
+        ho = [o.handle for o in outs] + [outs[-1].handle] * (3 - len(outs))
+        s = self.shape
+        k.mul_mv_q8_3(self.queue, (s.mv_ls, _ceil_to(sum(n), s.mv_r)), (s.mv_ls, s.mv_r), *hw, slot.xq, slot.xd,
+                      *ho, x.shape[1], *n)
 
     def _get_rows(self, out, table, ids):
         n_ids = ids.shape[0]

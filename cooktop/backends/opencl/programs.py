@@ -1,7 +1,7 @@
 """OpenCL programs of the opencl backend: sources, build options, a build cache, launch sizes.
 
 The OpenCL C sources live in ``kernels/*.cl`` beside this module, one file per op
-family. A weight-type program is ``dequant.cl`` + ``matmul.cl`` built with
+family. A weight-type program is ``dequant.cl`` + ``dotq8.cl`` + ``matmul.cl`` + ``mmq8.cl`` built with
 ``-DW_<TYPE>`` (e.g. ``-DW_Q4_K``), the way ggml builds one shader per type
 from ``-D`` defines; launch-shape constants (``MV_LS``...) are defines too, so
 the compiler sees fixed loop bounds.
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 #: Weight types with device kernels (matmul, get_rows), in base.DEVICE_WEIGHT_TYPES order.
 OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K,
-                                T.MXFP4)
+                                T.MXFP4, T.Q2_K, T.Q3_K)
 
 #: Weight types with an integer-dot mat-vec kernel on 8-bit activations (dotq8.cl: mul_mv_q8).
 Q8_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -126,7 +126,7 @@ def host_has_vnni() -> bool:
 #: The programs built from ``kernels/*.cl``: name -> the files concatenated, in order.
 PROGRAMS: dict[str, tuple[str, ...]] = {
     "ops": ("norm.cl", "rope.cl", "elementwise.cl", "quant.cl"),
-    "weights": ("dequant.cl", "dotq8.cl", "matmul.cl"),
+    "weights": ("dequant.cl", "dotq8.cl", "matmul.cl", "mmq8.cl"),
     "attention": ("attention.cl",),
     "attention_q8": ("quant.cl", "attention.cl"),
 }
@@ -282,10 +282,11 @@ def clear_cache(ctx: Any | None = None) -> None:
 class WeightKernels:
     """The kernels of one weight type on one device: ``mul_mv``, ``mul_mm``, ``get_rows``, and
     ``mul_mv_q8`` / ``mul_mvt_q8`` (8-bit activations, integer dot products, one token / a prompt
-    with the one-token sums; None for types without them), ``mul_mm_q8`` (VNNI prompt kernel)."""
+    with the one-token sums; None for types without them), ``mul_mv_q8_3`` (``mul_mv_q8`` of up to
+    three matrices of one input in one launch), ``mul_mm_q8`` (VNNI prompt kernel)."""
 
     __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mvt_q8", "mul_mv_id",
-                 "mul_mm_id")
+                 "mul_mm_id", "mul_mv_q8_3")
 
     def __init__(self, prg: Any):
         import pyopencl as cl
@@ -311,6 +312,9 @@ class WeightKernels:
             self.repack.set_scalar_arg_dtypes([None, None, i32])
         if self.mul_mv_q8 is not None:
             self.mul_mv_q8.set_scalar_arg_dtypes([None, None, None, None, i32, i32])
+        self.mul_mv_q8_3 = prg.mul_mv_q8_3 if "mul_mv_q8_3" in names else None
+        if self.mul_mv_q8_3 is not None:
+            self.mul_mv_q8_3.set_scalar_arg_dtypes([None] * 8 + [i32, i32, i32, i32])
         self.mul_mvt_q8 = prg.mul_mvt_q8 if "mul_mvt_q8" in names else None
         if self.mul_mvt_q8 is not None:
             self.mul_mvt_q8.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32])
@@ -504,11 +508,12 @@ class KernelCache:
 
     def mm_q8(self, ggml_type: T, shape: tuple[int, ...]) -> bool:
         """True when prompt matrices (n_tokens > 1) with weights of this type and shape run on
-        8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: repacked Q4_0, and Q4_K and
-        Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``)."""
+        8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: repacked Q4_0, and Q4_K, Q5_K
+        and Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``; each gives a token the 64-byte mat-vec's sums
+        bit for bit)."""
         if not self.vnni:
             return False
-        if ggml_type in (T.Q4_K, T.Q6_K) and self.mmq_k and not self.shape.mm_local:
+        if ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) and self.mmq_k and not self.shape.mm_local:
             isa = self.isa()
             return isa["avx512bw"] and isa["f16c"] and not isa["portable"]
         return self.repacks(ggml_type, shape)

@@ -61,7 +61,7 @@ TYPED = ["mul_mat_vec", "mul_mm", "get_rows", "mul_mat_id"]
 PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "quantize_q8_1", "copy",
          "moe_route", "add_id", "moe_combine", "swiglu_oai"]
 #: Weight types with an integer-dot mat-vec on 8-bit activations, and with 16-bit-storage loads.
-INT_DOT_TYPES = ["Q4_0", "Q8_0"]
+INT_DOT_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K"]
 PACKED16_TYPES = ["Q4_0", "Q8_0"]
 
 

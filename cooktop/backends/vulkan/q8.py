@@ -1,7 +1,7 @@
 """8-bit activations for the Vulkan integer-dot mat-vec (``mul_mat_vec_*_q8`` variants).
 
 On devices where kp enabled ``shaderIntegerDotProduct`` (and 16-bit storage), the
-mat-vec of Q4_0 / Q8_0 weights runs on an 8-bit copy of its input: llama.cpp's
+mat-vec of Q4_0 / Q8_0 / Q4_K / Q5_K weights runs on an 8-bit copy of its input: llama.cpp's
 Q8_1 idea (ggml-common.h ``block_q8_1``, ``quantize_row_q8_1`` in ggml-quants.c;
 ggml-vulkan's ``mul_mat_vecq``). ``quantize_q8_1.comp`` writes, per 32 values of
 ``x``, the int8 ``qs = roundEven(x / d)`` with ``d = max|x| / 127`` and the block

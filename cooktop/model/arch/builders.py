@@ -109,8 +109,8 @@ def build_qkv(d: Device, w: Weights, xn: DeviceTensor, q: DeviceTensor, k: Devic
     xn: f32 [n, n_embd]; q: f32 [n, n_embd_q]; k, v: f32 [n, n_embd_kv]. A fused ``attn_qkv``
     reaches here as its three row ranges (``TensorSpec.parts``), so it takes the same path.
     """
+    d.matmuls(xn, (q, w["attn_q"]), (k, w["attn_k"]), (v, w["attn_v"]))  # one launch where a backend can
     for y, name in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")):
-        d.matmul(y, xn, w[name])
         if name + ".bias" in w:
             d.add_bias(y, y, w[name + ".bias"])
 
@@ -160,8 +160,7 @@ def build_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, act: 
         ValueError: another activation.
     """
     gate, up = s.gate, s.up
-    d.matmul(gate, s.xn, w["ffn_gate"])
-    d.matmul(up, s.xn, w["ffn_up"])
+    d.matmuls(s.xn, (gate, w["ffn_gate"]), (up, w["ffn_up"]))
     if act == SILU:
         d.silu_mul(gate, gate, up)
     elif act == GELU:

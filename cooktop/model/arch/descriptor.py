@@ -36,6 +36,10 @@ NormFn = Callable[[Device, ModelConfig, Weights, DeviceTensor, DeviceTensor], No
 HeadFn = Callable[[Device, ModelConfig, Weights, DeviceTensor, DeviceTensor], None]
 
 
+#: Device methods made of one op of the table, noted as that op (``Device.matmuls``: matmuls of one input).
+_COMPOSITE = {"matmuls": "matmul"}
+
+
 class OpRecorder:
     """A stand-in :class:`~cooktop.backends.base.Device` that runs nothing: every method called on
     it is noted by name, in first-call order (:attr:`ops`). Arguments are not looked at, so a
@@ -52,6 +56,7 @@ class OpRecorder:
     def __getattr__(self, op: str) -> Callable[..., None]:
         if op.startswith("_"):
             raise AttributeError(op)
+        op = _COMPOSITE.get(op, op)
 
         def record(*args: Any, **kwargs: Any) -> None:
             self._seen[op] = None

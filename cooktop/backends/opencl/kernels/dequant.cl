@@ -399,6 +399,61 @@ inline void deq_sub(const global uchar *row, int ib, int s, float16 scv, float16
     *b = (convert_float16(qb) - 32.0f) * scv[8 * h + 2 * r + 1];
 }
 
+#elif defined(W_Q2_K)
+// block_q2_K {uint8 scales[16]; uint8 qs[64]; half d; half dmin} (84 bytes): unit s (0..7) of a
+// super-block reads qs[32 (s / 4) + l] bits 2 (s % 4)..+1; its 16-value halves have scales[2s],
+// scales[2s + 1]: y = d * (sc & 15) * q - dmin * (sc >> 4) (ggml-quants.c dequantize_row_q2_K).
+#define ROW_BYTES(n) ((size_t)(n) / 256 * 84)
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const int s = u & 7;
+    const global uchar *p = row + (size_t)(u >> 3) * 84;
+    const float d = LOAD_HALF(p + 80), dmin = LOAD_HALF(p + 82);
+    const uchar s0 = p[2 * s], s1 = p[2 * s + 1];
+    const global uchar *q = p + 16 + 32 * (s >> 2);
+    const uchar sh = (uchar)(2 * (s & 3));
+    const float16 qa = convert_float16((vload16(0, q) >> sh) & (uchar)3);
+    const float16 qb = convert_float16((vload16(1, q) >> sh) & (uchar)3);
+    *a = d * (float)(s0 & 15) * qa - dmin * (float)(s0 >> 4);
+    *b = d * (float)(s1 & 15) * qb - dmin * (float)(s1 >> 4);
+}
+#define QKV 32
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    float16 a, b;
+    deq_unit(row, ib, &a, &b);
+    return fma(b, vload16(2 * ib + 1, x), fma(a, vload16(2 * ib, x), acc));
+}
+
+#elif defined(W_Q3_K)
+// block_q3_K {uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; half d} (110 bytes): unit s (0..7)
+// reads qs[32 (s / 4) + l] bits 2 (s % 4)..+1 and hmask[l] bit s (clear: minus 4); its 16-value
+// halves have the 6-bit scales 2s, 2s + 1 (low 4 bits: scales[k] (k < 8) or scales[k - 8] >> 4; high
+// 2 bits: scales[8 + k % 4] >> 2 (k / 4)), minus 32: y = d * sc * q (dequantize_row_q3_K).
+#define ROW_BYTES(n) ((size_t)(n) / 256 * 110)
+inline float q3k_scale(const global uchar *p, int k) {
+    const uint lo = k < 8 ? (p[96 + k] & 15u) : (p[96 + k - 8] >> 4);
+    const uint hi = (p[104 + (k & 3)] >> (2 * (k >> 2))) & 3u;
+    return (float)((int)(lo | (hi << 4)) - 32);
+}
+inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
+    const int s = u & 7;
+    const global uchar *p = row + (size_t)(u >> 3) * 110;
+    const float d = LOAD_HALF(p + 108);
+    const global uchar *q = p + 32 + 32 * (s >> 2);
+    const uchar sh = (uchar)(2 * (s & 3)), m = (uchar)(1 << s);
+    const char16 qa = as_char16((vload16(0, q) >> sh) & (uchar)3) - as_char16(select((uchar16)4, (uchar16)0,
+                                                                              (vload16(0, p) & m) != (uchar)0));
+    const char16 qb = as_char16((vload16(1, q) >> sh) & (uchar)3) - as_char16(select((uchar16)4, (uchar16)0,
+                                                                              (vload16(1, p) & m) != (uchar)0));
+    *a = d * q3k_scale(p, 2 * s) * convert_float16(qa);
+    *b = d * q3k_scale(p, 2 * s + 1) * convert_float16(qb);
+}
+#define QKV 32
+inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+    float16 a, b;
+    deq_unit(row, ib, &a, &b);
+    return fma(b, vload16(2 * ib + 1, x), fma(a, vload16(2 * ib, x), acc));
+}
+
 #elif defined(W_MXFP4)
 // block_mxfp4 {uchar e; uchar qs[16]} (17 bytes, ggml-common.h): value j = kvalues_mxfp4[qs[j] & 15] * d,
 // value j + 16 = kvalues_mxfp4[qs[j] >> 4] * d, d = GGML_E8M0_TO_FP32_HALF(e) = 2^(e - 128)

@@ -1,5 +1,5 @@
 // Integer dot products of GGML weight blocks with 8-bit quantized activations.
-// Appended to dequant.cl (one W_<TYPE> defined); matmul.cl follows.
+// Appended to dequant.cl (one W_<TYPE> defined); matmul.cl and mmq8.cl follow.
 //
 // Activations are quantized per 32 values as llama.cpp's block_q8_1 (ggml-common.h),
 // stored as two planes so the quants load as plain vectors:
@@ -23,7 +23,8 @@
 // 8 float lanes of partial sums (Q8ACC). Built with -DCOOKTOP_PORTABLE=1 the portable
 // OpenCL C below runs instead (tests check both on PoCL).
 #if defined(__AVX2__) && defined(__F16C__) && !defined(COOKTOP_PORTABLE) \
-    && (defined(W_Q4_0) || defined(W_Q8_0) || defined(W_Q4_K) || defined(W_Q6_K))
+    && (defined(W_Q4_0) || defined(W_Q8_0) || defined(W_Q4_K) || defined(W_Q6_K) \
+        || (defined(W_Q5_K) && defined(__AVX512BW__) && !defined(COOKTOP_NO_AVX512)))
 #define X86_Q8 1
 #define HAS_Q8 1
 #define Q8ACC float8
@@ -61,6 +62,25 @@ typedef char v64qi_u __attribute__((vector_size(64), aligned(1)));
 typedef short v32hi __attribute__((vector_size(64)));
 typedef int v16si __attribute__((vector_size(64)));
 #define LOAD64(p) (*(const global v64qi_u *)(p))
+#define CAT32(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, \
+    19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, \
+    47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
+// int32 lanes of sum(u * s) over 4 bytes each, as vpdpbusd(0, u, s) gives them (int16 pair sums
+// cannot saturate here: |u| <= 63, |s| <= 127)
+// The 64 quants of sub-blocks 2j, 2j + 1 of a Q4_K / Q5_K super-block p from its 32 qs bytes z
+// (Q5_K: bits 2j, 2j + 1 of the 32 qh bytes at p + 16 as bit 4)
+#if defined(W_Q5_K)
+#define Q45K_QUANTS(z, p, j, m15) \
+    (((v64qi)CAT32((z), (v32qi)((v16hi)(z) >> 4)) & (m15)) \
+     | (v64qi)(((v16si)((v64qi)CAT32((v32qi)((v16hi)LOAD32((p) + 16) >> (short)(2 * (j))), \
+                                     (v32qi)((v16hi)LOAD32((p) + 16) >> (short)(2 * (j) + 1))) \
+                        & (v64qi)(int16)(0x01010101))) << 4))
+#else
+#define Q45K_QUANTS(z, p, j, m15) ((v64qi)CAT32((z), (v32qi)((v16hi)(z) >> 4)) & (m15))
+#endif
+inline v16si dot64_u8s8(v64qi u, v64qi s) {
+    return __builtin_ia32_pmaddwd512(__builtin_ia32_pmaddubsw512(u, s), (v32hi)(int16)(0x00010001));
+}
 // sums of u8 x s8 products in 16 int32 lanes (lanes 0..7: bytes 0..31, 8..15: bytes 32..63)
 inline float16 mulsum64_u8s8(v64qi u, v64qi s) {
     const v32hi p = __builtin_ia32_pmaddubsw512(u, s);
@@ -104,6 +124,83 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
         acc = fma(t23, __builtin_shufflevector(sc, sc, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), acc);
     }
     acc.s0123 -= 8.0f * acc_o;
+    return acc;
+}
+#elif (defined(W_Q4_K) || defined(W_Q5_K)) && defined(X86_512)
+// Q4_K / Q5_K with 64-byte vectors: per 32-byte group j of qs the low nibbles (sub-block 2j) and
+// high nibbles (2j+1) make one 64-byte vector against 64 contiguous activation bytes (lanes 0..7:
+// sub-block 2j, 8..15: 2j+1; Q5_K ORs in bits 2j, 2j+1 of qh as bit 4, values 0..31); the mins
+// take the low 8 lanes, one sub-block each. The float operations per lane and their order are
+// mul_mm_q8's (mmq8.cl), so a prompt on that kernel gives each token these sums bit for bit.
+#undef Q8ACC
+#undef Q8_HSUM
+#define Q8ACC float16
+#define Q8_HSUM(v) hsum16(v)
+#define DOTQ8_ROW 1
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    const global float *dr = (const global float *)xd;
+    for (int ib = lid; ib < nb; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * QK_BYTES;
+        const float d = h2f(p), dmin = h2f(p + 2);
+        const uchar4 s0 = vload4(0, p + 4), s1 = vload4(1, p + 4), s2 = vload4(2, p + 4);
+        const float4 sc_lo = convert_float4(s0 & (uchar)63), mn_lo = convert_float4(s1 & (uchar)63);
+        const float4 sc_hi = convert_float4((s2 & (uchar)15) | ((s0 >> (uchar)6) << (uchar)4));
+        const float4 mn_hi = convert_float4((s2 >> (uchar)4) | ((s1 >> (uchar)6) << (uchar)4));
+        const float8 dmn = dmin * (float8)(mn_lo, mn_hi);
+        const float16 dxs = vload16(ib, dr);  // (d, s) of the 8 activation blocks
+        acc.lo = fma(-dmn, dxs.odd, acc.lo);
+        // one rounding per product, so d sc_s dx_s made here once is mul_mm_q8's per-lane value
+        const float8 dl = (d * (float8)(sc_lo, sc_hi)) * dxs.even;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const v32qi z = *(const global v32qi_u *)(p + QK_QS + 32 * j);
+            const v64qi q = Q45K_QUANTS(z, p, j, m15);
+            const float16 ds = (float16)((float8)(dl[2 * j]), (float8)(dl[2 * j + 1]));
+            const v64qi ya = LOAD64(xq + (size_t)ib * 256 + 64 * j);
+            acc = fma(convert_float16(as_int16(dot64_u8s8(q, ya))), ds, acc);
+        }
+    }
+    return acc;
+}
+#elif defined(W_Q6_K) && defined(X86_512)
+// Q6_K with 64-byte vectors: group g (0..3) of a super-block is 64 values (half g / 2 of ql/qh,
+// low or high nibbles of its 64 ql bytes, two qh bits each as bits 4-5); int32 lane i covers
+// values 4i..4i+3 (16-value sub-block 4g + i / 4, 32-value activation block 2g + i / 8). The -32 of
+// the 6-bit quants is taken out of the integer sums (32 sum(qy) per lane). Float operations per
+// lane in mul_mm_q8's order (mmq8.cl), as for Q4_K.
+#undef Q8ACC
+#undef Q8_HSUM
+#define Q8ACC float16
+#define Q8_HSUM(v) hsum16(v)
+#define DOTQ8_ROW 1
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    const v64qi m3 = (v64qi)(int16)(0x03030303);
+    const v64qi c32 = (v64qi)(int16)(0x20202020);
+    const global float *dr = (const global float *)xd;
+    for (int ib = lid; ib < nb; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * 210;
+        const float d = h2f(p + 208);
+        const float8 dx8 = vload16(ib, dr).even;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const v64qi ql = LOAD64(p + 64 * (g >> 1));
+            const v32qi qh = *(const global v32qi_u *)(p + 128 + 32 * (g >> 1));
+            const v64qi lq = (g & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);
+            const v16hi qw = (v16hi)qh >> (short)(4 * (g & 1));
+            const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;
+            const v64qi q = lq | (v64qi)((v16si)hq << 4);
+            const float4 sc = convert_float4(vload4(g, (const global char *)(p + 192)));
+            const float16 ds = d * __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+            const v64qi ya = LOAD64(xq + (size_t)ib * 256 + 64 * g);
+            const v16si s = dot64_u8s8(q, ya) - dot64_u8s8(c32, ya);
+            const float16 dx = (float16)((float8)(dx8[2 * g]), (float8)(dx8[2 * g + 1]));
+            acc = fma(convert_float16(as_int16(s)), ds * dx, acc);
+        }
+    }
     return acc;
 }
 #elif defined(W_Q4_0)

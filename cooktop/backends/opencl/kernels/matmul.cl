@@ -74,6 +74,42 @@ __kernel void mul_mv_q8(const global uchar *w, const global char *xq, const glob
 #endif
 }
 
+// mul_mv_q8 of up to three matrices of one type and one input in one launch (Q/K/V, gate/up):
+// global rows 0..n0-1 are w0's into y0, the next n1 w1's into y1, the next n2 w2's into y2
+// (n2 = 0 for two). Each row gets exactly mul_mv_q8's sums; same launch shape.
+__kernel void mul_mv_q8_3(const global uchar *w0, const global uchar *w1, const global uchar *w2,
+                          const global char *xq, const global float2 *xd, global float *y0, global float *y1,
+                          global float *y2, const int n_in, const int n0, const int n1, const int n2) {
+    const int lid = get_local_id(0);
+    const int lr = get_local_id(1);
+    const int g = get_global_id(1);
+    const int nb = n_in / QKV;
+    const bool in0 = g < n0, in1 = !in0 && g < n0 + n1;
+    const int row = in0 ? g : in1 ? g - n0 : g - n0 - n1;
+    const int n_out = in0 ? n0 : in1 ? n1 : n2;
+    const global uchar *w = in0 ? w0 : in1 ? w1 : w2;
+    global float *y = in0 ? y0 : in1 ? y1 : y2;
+#if MV_LS > 1
+    local float red[MV_R][MV_LS];
+#endif
+    Q8ACC acc = (Q8ACC)(0.0f);
+    if (row < n_out) {
+        const global uchar *wr = w + (size_t)row * ROW_BYTES(n_in);
+        acc = dotq8_row(wr, nb, xq, xd, lid, acc);
+    }
+#if MV_LS > 1
+    red[lr][lid] = Q8_HSUM(acc);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = MV_LS / 2; s > 0; s >>= 1) {
+        if (lid < s) red[lr][lid] += red[lr][lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0 && row < n_out) y[row] = red[lr][0];
+#else
+    if (row < n_out) y[row] = Q8_HSUM(acc);
+#endif
+}
+
 // mul_mm on 8-bit activations for the weight types without a prompt kernel (mul_mm_q8):
 // token t of the prompt gets exactly mul_mv_q8's sums for row xq + t * n_in (same blocks per
 // work-item, same reduction order), so a prompt's logits are the one-token path's bit for
@@ -110,215 +146,6 @@ __kernel void mul_mvt_q8(const global uchar *w, const global char *xq, const glo
         if (row < n_out) y[(size_t)t * n_out + row] = Q8_HSUM(acc);
 #endif
     }
-}
-#endif
-
-#if defined(X86_512) && defined(COOKTOP_VNNI)
-#define CAT32(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, \
-    32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63)
-// What every mm_q8_wi (one per weight type below; a program has one) begins and ends with,
-// macros so that the body stays one function (see the register rules of the Q4_0 kernel):
-// nt tokens of this work-item, acc[r][t] 16-lane partial sums, wr/xr/dr the rows of w, xq, xd.
-#define MMQ_WI_BEGIN()                                                                    \
-    const int nt = min(MMQ_TN, n_tok - t0);                                              \
-    float16 acc[MMQ_R][MMQ_TN];                                                           \
-    const global uchar *wr[MMQ_R];                                                        \
-    const global char *xr[MMQ_TN];                                                        \
-    const global float *dr[MMQ_TN];                                                       \
-    const v16si zero = (v16si)(int16)(0);                                                 \
-    _Pragma("unroll")                                                                     \
-    for (int t = 0; t < MMQ_TN; t++) {                                                    \
-        const size_t tt = (size_t)(t0 + min(t, nt - 1));                                  \
-        xr[t] = xq + tt * n_in;                                                           \
-        dr[t] = (const global float *)(xd + tt * (n_in / 32));                            \
-    }                                                                                     \
-    _Pragma("unroll")                                                                     \
-    for (int r = 0; r < MMQ_R; r++) {                                                     \
-        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);                     \
-        _Pragma("unroll")                                                                 \
-        for (int t = 0; t < MMQ_TN; t++) acc[r][t] = (float16)(0.0f);                     \
-    }
-#define MMQ_WI_STORE()                                                                    \
-    for (int r = 0; r < MMQ_R && r0 + r < n_out; r++)                                     \
-        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r0 + r] = hsum16(acc[r][t])
-#endif
-
-#if defined(W_Q4_0) && defined(REPACK_Q4_0) && defined(X86_512) && defined(COOKTOP_VNNI)
-// Prompt matrices on 8-bit activations with AVX-512 VNNI (vpdpbusd: 64 u8 x s8 products
-// summed in 16 int32 lanes, one instruction), for repacked Q4_0 (dequant.cl): the host
-// defines COOKTOP_VNNI when the CPU (the PoCL device) has avx512_vnni; the compiler's
-// target need not. Per group of 4 blocks each row's nibbles are split once and each
-// token's 128 quants loaded once: y = sum_b d_b dx_b sum((q - 8) qy) (block_q4_0).
-// The VNNI code is one function per work-item with the target attribute: PoCL inlines the
-// kernel into a work-group function compiled for its own target, so VNNI instructions may
-// not appear in the kernel itself, and helpers called per block would spill every register.
-// A work-item owns MMQ_R rows x MMQ_TN tokens (LaunchShape.mmq_r / mmq_tn). The -8 of
-// block_q4_0 is folded into the integer sums: vpdpbusd(-8 sum(qy), q, qy) = sum((q - 8) qy),
-// with 8 sum(qy) computed once per token and group (a vpdpbusd with a vector of 8s).
-__attribute__((target("avx512vnni"))) __attribute__((noinline))
-void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
-              const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
-    const int ng = n_in / 128;
-    MMQ_WI_BEGIN();
-    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-    const v64qi eights = (v64qi)(int16)(0x08080808);
-    for (int g = 0; g < ng; g++) {
-        v64qi lo[MMQ_R], hi[MMQ_R];
-        float4 d[MMQ_R];
-#pragma unroll
-        for (int r = 0; r < MMQ_R; r++) {
-            const global uchar *gp = wr[r] + (size_t)g * 72;
-            const v64qi z = *(const global v64qi_u *)(gp + 8);
-            lo[r] = z & m15;
-            hi[r] = (v64qi)(((v16si)z >> 4) & (v16si)m15);
-            const short8 h = (short8)(vload4(0, (const global short *)gp), (short4)(0));
-            d[r] = as_float4(__builtin_ia32_vcvtph2ps((v8hi)h));
-        }
-#pragma unroll
-        for (int t = 0; t < MMQ_TN; t++) {
-            const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)g * 128);
-            const v64qi yb = *(const global v64qi_u *)(xr[t] + (size_t)g * 128 + 64);
-            const v16si na = zero - __builtin_ia32_vpdpbusd512(zero, (v16si)eights, (v16si)ya);
-            const v16si nb = zero - __builtin_ia32_vpdpbusd512(zero, (v16si)eights, (v16si)yb);
-            const float4 dx = vload8(g, dr[t]).even;
-#pragma unroll
-            for (int r = 0; r < MMQ_R; r++) {
-                const float4 sc = d[r] * dx;
-                const float16 s01 = __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-                const float16 s23 = __builtin_shufflevector(sc, sc, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-                const float16 p01 = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(na, (v16si)lo[r], (v16si)ya)));
-                const float16 p23 = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(nb, (v16si)hi[r], (v16si)yb)));
-                acc[r][t] = fma(p23, s23, fma(p01, s01, acc[r][t]));
-            }
-        }
-    }
-    MMQ_WI_STORE();
-}
-
-#define HAS_MM_Q8_WI
-#endif
-
-
-#if defined(W_Q4_K) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
-// Prompt matrices on 8-bit activations with AVX-512 VNNI for Q4_K (block layout in dequant.cl),
-// llama.cpp's Q4_K x Q8 idea (ggml_vec_dot_q4_K_q8_K, ggml-cpu/arch/x86/quants.c) on block_q8_1
-// activations: per sub-block s of 32 values, y += d sc_s dx_s sum(q qx) - dmin m_s sx_s, where
-// sx_s = dx_s sum(qx) comes with the activation (xd.y). Per super-block and row the 6-bit
-// scales/mins are decoded once; per 32-byte group j of qs the low nibbles (sub-block 2j) and
-// high nibbles (2j+1) are made one 64-byte vector once per row, matching 64 contiguous
-// activation bytes, so each token costs one load and one vpdpbusd per row (lanes 0..7:
-// sub-block 2j, 8..15: 2j+1). Same work-item shape and register rules as the Q4_0 kernel.
-__attribute__((target("avx512vnni"))) __attribute__((noinline))
-void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
-              const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
-    const int nsb = n_in / 256;
-    MMQ_WI_BEGIN();
-    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-    for (int ib = 0; ib < nsb; ib++) {
-        float8 dsc[MMQ_R];
-#pragma unroll
-        for (int r = 0; r < MMQ_R; r++) {
-            const global uchar *p = wr[r] + (size_t)ib * 144;
-            const float d = h2f(p), dmin = h2f(p + 2);
-            const uchar4 s0 = vload4(0, p + 4), s1 = vload4(1, p + 4), s2 = vload4(2, p + 4);
-            const float4 sc_lo = convert_float4(s0 & (uchar)63), mn_lo = convert_float4(s1 & (uchar)63);
-            const float4 sc_hi = convert_float4((s2 & (uchar)15) | ((s0 >> (uchar)6) << (uchar)4));
-            const float4 mn_hi = convert_float4((s2 >> (uchar)4) | ((s1 >> (uchar)6) << (uchar)4));
-            dsc[r] = d * (float8)(sc_lo, sc_hi);
-            const float8 dmn = dmin * (float8)(mn_lo, mn_hi);
-#pragma unroll
-            for (int t = 0; t < MMQ_TN; t++) {  // mins: one sub-block per lane of the low half
-                const float8 sx = vload16(ib, dr[t]).odd;
-                acc[r][t].lo = fma(-dmn, sx, acc[r][t].lo);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            v64qi q[MMQ_R];
-            float16 ds[MMQ_R];  // d sc of sub-blocks 2j (lanes 0..7) and 2j+1 (8..15)
-#pragma unroll
-            for (int r = 0; r < MMQ_R; r++) {
-                const v32qi z = *(const global v32qi_u *)(wr[r] + (size_t)ib * 144 + 16 + 32 * j);
-                q[r] = (v64qi)CAT32(z, (v32qi)((v16hi)z >> 4)) & m15;
-                ds[r] = (float16)((float8)(dsc[r][2 * j]), (float8)(dsc[r][2 * j + 1]));
-            }
-#pragma unroll
-            for (int t = 0; t < MMQ_TN; t++) {
-                const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)ib * 256 + 64 * j);
-                const float2 d2 = vload4(ib * 4 + j, dr[t]).even;
-                const float16 dx = __builtin_shufflevector(d2, d2, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-#pragma unroll
-                for (int r = 0; r < MMQ_R; r++) {
-                    const float16 pr = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(zero, (v16si)q[r], (v16si)ya)));
-                    acc[r][t] = fma(pr, ds[r] * dx, acc[r][t]);
-                }
-            }
-        }
-    }
-    MMQ_WI_STORE();
-}
-
-#define HAS_MM_Q8_WI
-#endif
-
-#if defined(W_Q6_K) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
-// Prompt matrices on 8-bit activations with AVX-512 VNNI for Q6_K (block layout in dequant.cl;
-// ggml_vec_dot_q6_K_q8_K's scheme on block_q8_1 activations): group g (0..3) of a super-block is
-// 64 values, half h = g / 2 of ql/qh, low (g even) or high (g odd) nibbles of 64 ql bytes with
-// qh bits 0-1 / 2-3 (g even) or 4-5 / 6-7 (g odd) of its 32 qh bytes as bits 4-5. int32 lane i of
-// vpdpbusd covers values 4i..4i+3: 16-value sub-block 4g + i / 4 (int8 scale), 32-value
-// activation block 2g + i / 8. The -32 of the 6-bit quants is folded into the integer sums as
-// in the Q4_0 kernel: vpdpbusd(-32 sum(qy), q, qy) = sum((q - 32) qy), 32 sum(qy) once per token.
-__attribute__((target("avx512vnni"))) __attribute__((noinline))
-void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
-              const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
-    const int nsb = n_in / 256;
-    MMQ_WI_BEGIN();
-    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-    const v64qi m3 = (v64qi)(int16)(0x03030303);
-    const v64qi c32 = (v64qi)(int16)(0x20202020);
-    for (int ib = 0; ib < nsb; ib++) {
-#pragma unroll
-        for (int g = 0; g < 4; g++) {
-            v64qi q[MMQ_R];
-            float16 ds[MMQ_R];  // d sc of the 16-value sub-block of each lane
-#pragma unroll
-            for (int r = 0; r < MMQ_R; r++) {
-                const global uchar *p = wr[r] + (size_t)ib * 210;
-                const v64qi ql = *(const global v64qi_u *)(p + 64 * (g >> 1));
-                const v32qi qh = *(const global v32qi_u *)(p + 128 + 32 * (g >> 1));
-                const v64qi lq = (g & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);
-                const v16hi qw = (v16hi)qh >> (short)(4 * (g & 1));
-                const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;
-                q[r] = lq | (v64qi)((v16si)hq << 4);
-                const float4 sc = convert_float4(vload4(g, (const global char *)(p + 192)));
-                ds[r] = h2f(p + 208) * __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-            }
-#pragma unroll
-            for (int t = 0; t < MMQ_TN; t++) {
-                const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)ib * 256 + 64 * g);
-                const v16si na = zero - __builtin_ia32_vpdpbusd512(zero, (v16si)c32, (v16si)ya);
-                const float2 d2 = vload4(ib * 4 + g, dr[t]).even;
-                const float16 dx = __builtin_shufflevector(d2, d2, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-#pragma unroll
-                for (int r = 0; r < MMQ_R; r++) {
-                    const float16 pr = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(na, (v16si)q[r], (v16si)ya)));
-                    acc[r][t] = fma(pr, ds[r] * dx, acc[r][t]);
-                }
-            }
-        }
-    }
-    MMQ_WI_STORE();
-}
-
-#define HAS_MM_Q8_WI
-#endif
-
-#ifdef HAS_MM_Q8_WI
-__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
-                        global float *y, const int n_in, const int n_out, const int n_tok) {
-    const int r0 = get_global_id(0) * MMQ_R;
-    if (r0 < n_out) mm_q8_wi(w, xq, xd, y, n_in, n_out, n_tok, r0, get_group_id(1) * MMQ_TN);
 }
 #endif
 

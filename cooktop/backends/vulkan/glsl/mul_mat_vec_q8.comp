@@ -1,9 +1,9 @@
 #version 450
 // Integer-dot matrix-vector product for few tokens (decode) on 8-bit activations:
 // Y[t, r] = sum_k X[t, k] * W[r, k] with X given as 8-bit blocks (quantize_q8_1.comp:
-// llama.cpp's Q8_1 idea, its mul_mat_vecq). W [n_out, n_in] raw GGML blocks (TYPE_Q4_0 or
-// TYPE_Q8_0, read as 16-bit words: needs storageBuffer16BitAccess), XQ [n_tok * n_in / 32]
-// blocks of 3 uvec4, Y f32 [n_tok, n_out]. Each 32-value block pair is 8 packed 4x8-bit
+// llama.cpp's Q8_1 idea, its mul_mat_vecq). W [n_out, n_in] raw GGML blocks (TYPE_Q4_0,
+// TYPE_Q8_0, TYPE_Q4_K or TYPE_Q5_K, read as 16-bit words: needs storageBuffer16BitAccess), XQ [n_tok * n_in / 32]
+// blocks of 3 uvec4, Y f32 [n_tok, n_out] (K-quants: one group of 8 units is one super-block). Each 32-value block pair is 8 packed 4x8-bit
 // dot products (OpSDot, SPV_KHR_integer_dot_product: needs shaderIntegerDotProduct;
 // glslc 2023.2 has no GL_EXT_integer_dot_product, so the instruction is declared with
 // GL_EXT_spirv_intrinsics), then one float multiply-add per block:
@@ -70,8 +70,27 @@ float block_dot(uint w, uvec4 xa, uvec4 xb, vec2 ds) {
     float dw = unpackHalf2x16(uint(W16[w])).x;
     return dw * ds.x * float(s);
 }
+#elif defined(TYPE_Q4_K)
+// block_q4_K (ggml-common.h): f16 d, dmin; uint8 scales[12] (6-bit scale and min of 8 sub-blocks);
+// uint8 qs[128]: sub-block j of 32 values is the low (j even) or high (j odd) nibbles of
+// qs[32 (j / 2) ..]; y = d sc_j q - dmin m_j, so the block adds
+//   d sc_j (d_x sum(q qx)) - dmin m_j s_x   (llama.cpp's vec_dot_q4_K_q8_1 on block_q8_1 activations).
+// A super-block is 8 of this shader's 32-value units: BLOCK_BYTES is 144 / 8 so the group of 8
+// units starts at 8 * BLOCK_BYTES; rows hold whole super-blocks (n_in % 256 == 0, 16-byte aligned),
+// so every unit goes through the grouped path (no block_dot).
+#define BLOCK_BYTES 18u
+#define GROUP_VEC4 9u   // one super-block = 144 bytes
+#define K_SUPER 1
+#define QS_BYTE 16u
+#elif defined(TYPE_Q5_K)
+// block_q5_K: Q4_K's fields with uint8 qh[32] after the scales: bit j of qh[l] is bit 4 of value
+// l of sub-block j (values 0..31), qs at byte 48; 176 bytes = 11 aligned uvec4 per super-block.
+#define BLOCK_BYTES 22u
+#define GROUP_VEC4 11u
+#define K_SUPER 1
+#define QS_BYTE 48u
 #else
-#error "mul_mat_vec_q8.comp: define TYPE_Q4_0 or TYPE_Q8_0"
+#error "mul_mat_vec_q8.comp: define TYPE_Q4_0, TYPE_Q8_0, TYPE_Q4_K or TYPE_Q5_K"
 #endif
 
 #define GROUP_WORDS (4u * GROUP_VEC4)
@@ -84,10 +103,32 @@ uint g_u32(uint wv[GROUP_WORDS], uint b) {
 float g_f16(uint wv[GROUP_WORDS], uint b) {
     return unpackHalf2x16(wv[b >> 2] >> ((b & 2u) << 3)).x;
 }
+uint g_u8(uint wv[GROUP_WORDS], uint b) {
+    return (wv[b >> 2] >> ((b & 3u) << 3)) & 0xFFu;
+}
 // block j (0..7) of a group of 8 against x block (xa, xb, ds)
 float group_block_dot(uint wv[GROUP_WORDS], uint j, uvec4 xa, uvec4 xb, vec2 ds) {
     uint b0 = j * BLOCK_BYTES;
-#if defined(TYPE_Q4_0)
+#if defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
+    // 6-bit scale and min of sub-block j (ggml get_scale_min_k4; scales at bytes 4..15)
+    uint sc, m;
+    if (j < 4u) {
+        sc = g_u8(wv, 4u + j) & 63u;
+        m = g_u8(wv, 8u + j) & 63u;
+    } else {
+        sc = (g_u8(wv, 8u + j) & 15u) | ((g_u8(wv, j) >> 6) << 4);
+        m = (g_u8(wv, 8u + j) >> 4) | ((g_u8(wv, 4u + j) >> 6) << 4);
+    }
+    uint q0 = (QS_BYTE + 32u * (j >> 1)) >> 2, sh = 4u * (j & 1u);
+    uint q[8];
+    [[unroll]] for (uint k = 0u; k < 8u; k++) q[k] = (wv[q0 + k] >> sh) & 0x0F0F0F0Fu;
+#if defined(TYPE_Q5_K)
+    [[unroll]] for (uint k = 0u; k < 8u; k++) q[k] |= ((wv[4u + k] >> j) & 0x01010101u) << 4;  // qh words 4..11
+#endif
+    int s = sdot4x8(q[0], xa.x, 0) + sdot4x8(q[1], xa.y, 0) + sdot4x8(q[2], xa.z, 0) + sdot4x8(q[3], xa.w, 0)
+          + sdot4x8(q[4], xb.x, 0) + sdot4x8(q[5], xb.y, 0) + sdot4x8(q[6], xb.z, 0) + sdot4x8(q[7], xb.w, 0);
+    return g_f16(wv, 0u) * float(sc) * (ds.x * float(s)) - g_f16(wv, 2u) * float(m) * ds.y;
+#elif defined(TYPE_Q4_0)
     uint q0 = g_u32(wv, b0 + 2u), q1 = g_u32(wv, b0 + 6u), q2 = g_u32(wv, b0 + 10u), q3 = g_u32(wv, b0 + 14u);
     int s = sdot4x8(q0 & 0x0F0F0F0Fu, xa.x, 0) + sdot4x8(q1 & 0x0F0F0F0Fu, xa.y, 0)
           + sdot4x8(q2 & 0x0F0F0F0Fu, xa.z, 0) + sdot4x8(q3 & 0x0F0F0F0Fu, xa.w, 0)
@@ -157,6 +198,7 @@ void main() {
                 group_rows(gr, r0, xq, xds, acc);
             }
         }
+#ifndef K_SUPER
         for (uint u = 8u * n_grp + tid; u < n_units; u += WG) {
             uint xb = 3u * (tok * n_units + u);
             uvec4 xa = XQ[xb], xc = XQ[xb + 1u];
@@ -166,6 +208,7 @@ void main() {
                 acc[r] += block_dot((row * pc.row_bytes + u * BLOCK_BYTES) >> 1, xa, xc, ds);
             }
         }
+#endif
         if (gl_NumSubgroups == 1u) {
             [[unroll]] for (uint r = 0u; r < NROWS; r++) {
                 float t = subgroupAdd(acc[r]);
