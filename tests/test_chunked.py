@@ -177,3 +177,26 @@ def test_chunked_scratch_grows_inside_graph_scopes(device):
             assert nmse(device.read(y.head(n)), want[n]) < 1e-12, n
         assert not device._chunk_retired
     device.release([w, plain])
+
+
+def test_chunked_weight_in_matmuls(device):
+    """``matmuls`` (one launch for Q/K/V on OpenCL) with one weight in row chunks: each output as
+    its own ``matmul`` gives (the chunked one runs per part)."""
+    rng = np.random.default_rng(11)
+    n_in = 256
+    rows = (300, 40, 40)
+    raws = [random_weight(T.Q4_0, (n, n_in), rng) for n in rows]
+    x = rng.standard_normal((1, n_in)).astype(np.float32)
+    xt = device.empty((1, n_in))
+    device.write(xt, x)
+    with limit(device, 16384):
+        ws = [device.upload(r, T.Q4_0, (n, n_in)) for r, n in zip(raws, rows)]
+        assert ws[0].chunks is not None and ws[1].chunks is None
+        outs = [device.empty((1, w.shape[0])) for w in ws]
+        device.matmuls(xt, *zip(outs, ws))
+        for o, w in zip(outs, ws):
+            one = device.empty((1, w.shape[0]))
+            device.matmul(one, xt, w)
+            np.testing.assert_array_equal(device.read(o), device.read(one))
+            device.release([one])
+        device.release(ws + outs)

@@ -291,8 +291,9 @@ class OpenCLDevice(Device):
         with an 8-bit mat-vec (2 or 3 of them: Q/K/V, gate/up; Q and K alone where V has another
         type, as in Q4_K_M) run in one ``mul_mv_q8_3`` launch, each row with ``mul_mv_q8``'s sums;
         the others, and prompts, one matmul each. Every pair is checked before anything runs."""
-        if len(pairs) < 2 or x.shape[0] != 1 or not self.use_q8:
-            super().matmuls(x, *pairs)
+        if (len(pairs) < 2 or x.shape[0] != 1 or not self.use_q8 or x.chunks is not None
+                or any(t.chunks is not None for pair in pairs for t in pair)):
+            super().matmuls(x, *pairs)  # chunked tensors: matmul runs per part
             return
         for out, w in pairs:
             _MATMUL.check(self, out, x, w)
