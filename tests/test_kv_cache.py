@@ -186,3 +186,26 @@ def test_budget_and_plan_count_the_cache_type(shared):
         rep = plan_report(path, 1024, 64, "cpu", 0, None, kv=KVConfig.parse(tk, tv, "on"))
         assert rep["devices"][0]["kv_bytes"] == 2 * 1024 * row
         assert (rep["cache_type_k"], rep["cache_type_v"]) == (tk, tv)
+
+
+def test_opencl_gpu_launch_shape_reads_every_cache_type():
+    """The GPU flavour of OpenCL's attention (work-groups sharing the keys, scalar cache loads) on PoCL,
+    every cache type OpenCL stores, plain / window / batched, at head_dim 96 and 40."""
+    import dataclasses
+
+    from conftest import open_family_device
+
+    from cooktop.backends.opencl.programs import GPU_SHAPE, KernelCache
+
+    base = open_family_device("opencl")
+    gpu = type(base)(base.info, base.cl_device)
+    gpu.shape = dataclasses.replace(GPU_SHAPE, at_ls=16)
+    gpu.kernels = KernelCache(gpu.ctx, gpu.cl_device, gpu.shape)
+    for t in (T.F16, T.BF16, T.Q8_0, T.Q4_0):
+        assert _stores(gpu, t)
+        for shape in SHAPES:
+            if shape[2] % GGML_QUANT_SIZES[t][0]:
+                continue
+            for path in ("prompt", "window", "batched"):
+                got, want = _case(gpu, t, T.F16 if t == T.Q4_0 else t, shape, path, seed=5)
+                assert nmse(got, want) < 1e-10, (t.name, shape, path)
