@@ -23,8 +23,8 @@ T = GGMLQuantizationType
 #: The KV cache types cooktop stores, in llama.cpp's order (iq4_nl left out, see the module doc).
 KV_TYPES: tuple[T, ...] = (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 
-#: cooktop's default K and V cache type (llama.cpp's is f16).
-KV_DEFAULT = T.F32
+#: The default K and V cache type (llama.cpp's, ``llama_context_default_params``).
+KV_DEFAULT = T.F16
 
 #: ``-fa`` / ``flash_attn`` values (llama.cpp ``llama_flash_attn_type``: -1 auto, 0 off, 1 on).
 FLASH_ATTN = ("auto", "off", "on")
