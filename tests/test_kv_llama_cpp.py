@@ -104,3 +104,31 @@ def test_quantized_v_needs_flash_attention(reference):
     path, _ = reference
     with pytest.raises(KVTypeError, match="requires flash attention"):
         Llama(model_path=path, n_ctx=N_CTX, verbose=False, device="cpu", type_k=8, type_v=8)
+
+
+def test_serve_uses_the_cache_types(reference, server_deps):
+    """``cooktop serve -ctk q8_0 -ctv q8_0`` (ServerConfig's llama_kwargs, as cli/serve.py builds them): the
+    served model's cache is q8_0 and a greedy completion equals the API's with the same types."""
+    import httpx
+    from serverutil import RunningServer
+
+    from cooktop.cli.common import kv_kwargs
+    from cooktop.format.kvtypes import KVConfig
+    from cooktop.server.app import ServerConfig
+
+    path, _ = reference
+    kw = dict(n_ctx=N_CTX, device="cpu", **kv_kwargs(KVConfig.parse("q8_0", "q8_0", "auto")))
+    srv = RunningServer(ServerConfig(path, llama_kwargs=kw))
+    try:
+        r = httpx.post(f"{srv.base}/v1/completions", json={"prompt": "Once upon", "max_tokens": 6,
+                                                           "temperature": 0}, timeout=60)
+        assert r.status_code == 200, r.text
+        served = r.json()["choices"][0]["text"]
+    finally:
+        srv.stop()
+    llm = Llama(model_path=path, verbose=False, **kw)
+    try:
+        assert llm._engine.model.kv.type_v == T.Q8_0
+        assert llm.create_completion("Once upon", max_tokens=6, temperature=0)["choices"][0]["text"] == served
+    finally:
+        llm.close()
