@@ -209,3 +209,23 @@ def test_opencl_gpu_launch_shape_reads_every_cache_type():
             for path in ("prompt", "window", "batched"):
                 got, want = _case(gpu, t, T.F16 if t == T.Q4_0 else t, shape, path, seed=5)
                 assert nmse(got, want) < 1e-10, (t.name, shape, path)
+
+
+@pytest.mark.parametrize("t", [T.F32, T.F16, T.Q8_0], ids=lambda t: t.name)
+def test_opencl_gqa_grouped_attention_is_the_same_bits(monkeypatch, t):
+    """OpenCL's serial attention running a GQA group per work-item (each K/V row read once for the group)
+    gives exactly what one work-item per query head gives: decode, prompt, window, kv_start, the q8 output."""
+    from conftest import open_family_device
+
+    d = open_family_device("opencl")
+    if not d.shape.at_serial:
+        pytest.skip("the grouped kernel is the serial (CPU) flavour's")
+    shape = (8, 2, 64, 37)  # groups of 4
+    assert d._gqa_group(8, 2, 64) == 4 and d._gqa_group(8, 8, 64) == 0  # a group of 1 is the plain kernel
+    for path in ("decode", "prompt", "window", "batched"):
+        monkeypatch.setattr(type(d), "_gqa_group", lambda self, h, hk, n: h // hk)
+        grouped, want = _case(d, t, t, shape, path, seed=11)
+        monkeypatch.setattr(type(d), "_gqa_group", lambda self, h, hk, n: 0)
+        single, _ = _case(d, t, t, shape, path, seed=11)
+        assert np.array_equal(grouped, single), path
+        assert nmse(grouped, want) < 1e-10

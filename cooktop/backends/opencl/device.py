@@ -333,6 +333,15 @@ class OpenCLDevice(Device):
         self.kernels.ops().kv_store(self.queue, (_ceil_to(dim, 16), n_tok), (16, 1),
                                     cache.handle, x.handle, pos.handle, dim, cache.shape[0])
 
+    def _gqa_group(self, n_head: int, n_head_kv: int, n_tok: int) -> int:
+        """The GQA group size the serial attention runs per work-item (0: one query head each): the
+        group shares each K/V row it reads, when the kv heads x rows still keep every compute unit
+        busy and the group's accumulators stay small (<= 8 heads)."""
+        g = n_head // n_head_kv
+        if not self.shape.at_serial or g < 2 or g > 8 or n_head_kv * n_tok < (self.info.compute_units or 1):
+            return 0
+        return g
+
     def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
         self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
 
@@ -345,15 +354,17 @@ class OpenCLDevice(Device):
                 n_head, n_head_kv, scale, window) + ((sinks.handle,) if sinks is not None else ())
         has_sinks = sinks is not None
         kt, vt = k_cache.ggml_type, v_cache.ggml_type
+        group = self._gqa_group(n_head, n_head_kv, n_tok)
+        units = (n_head_kv if group else n_head, n_tok)
         if self.shape.at_serial and head_dim % 32 == 0 and self._fuse_q8(n_tok, width):
             slot = self.q8.claim(out.handle, n_tok, width)  # the output projection's 8-bit input
-            knl = self.kernels.attention(head_dim, True, has_sinks, kt, vt)
-            knl(self.queue, (n_head, n_tok), (1, 1), *args, slot.xq, slot.xd)
+            knl = self.kernels.attention(head_dim, True, has_sinks, kt, vt, group)
+            knl(self.queue, units, (1, 1), *args, slot.xq, slot.xd)
             return
-        knl = self.kernels.attention(head_dim, False, has_sinks, kt, vt)
+        knl = self.kernels.attention(head_dim, False, has_sinks, kt, vt, group)
         self.q8.dirty(out.handle)
         if self.shape.at_serial:
-            knl(self.queue, (n_head, n_tok), (1, 1), *args)  # many groups: all cores busy
+            knl(self.queue, units, (1, 1), *args)  # many groups: all cores busy
         else:
             ls = self.shape.at_ls
             knl(self.queue, (ls, n_head, n_tok), (ls, 1, 1), *args)

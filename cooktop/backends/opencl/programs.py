@@ -417,7 +417,7 @@ class KernelCache:
         self._weights: dict[tuple[T, bool], WeightKernels] = {}
         self._isa: dict[str, bool] | None = None
         self._ops: OpKernels | None = None
-        self._attn: dict[tuple[int, bool, bool, int, int], Any] = {}
+        self._attn: dict[tuple[int, bool, bool, int, int, int], Any] = {}
         self._kv_store: dict[int, Any] = {}
         self._lock = threading.Lock()
 
@@ -539,23 +539,26 @@ class KernelCache:
         return self._ops
 
     def attention(self, head_dim: int, q8: bool = False, sinks: bool = False, kt: T = T.F32,
-                  vt: T = T.F32) -> Any:
+                  vt: T = T.F32, group: int = 0) -> Any:
         """The attention kernel compiled for ``head_dim`` (built on first use); ``q8``: the variant
         that also writes its output as 8-bit blocks (two more arguments: xq, xd; serial flavour,
         head_dim % 32 == 0); ``sinks``: attention_sinks (one more argument after ``window``: sinks);
-        ``kt``/``vt``: the K and V cache types (:data:`OPENCL_KV_TYPES`, read as stored by kv.cl)."""
-        k = self._attn.get((head_dim, q8, sinks, int(kt), int(vt)))
+        ``kt``/``vt``: the K and V cache types (:data:`OPENCL_KV_TYPES`, read as stored by kv.cl);
+        ``group`` > 0 (serial flavour): one work-item per (kv head, token) running that many query
+        heads (the GQA group; global size (n_head_kv, n_tok))."""
+        k = self._attn.get((head_dim, q8, sinks, int(kt), int(vt), group))
         if k is None:
             with self._lock:
                 src = read_source(*PROGRAMS["attention_q8" if q8 else "attention"])
                 opts = (f"{self.options} -DHEAD_DIM={head_dim}" + (" -DATT_Q8=1" if q8 else "")
-                        + (" -DSINKS=1" if sinks else "") + f" -DKTYPE={int(kt)} -DVTYPE={int(vt)}")
+                        + (" -DSINKS=1" if sinks else "") + f" -DKTYPE={int(kt)} -DVTYPE={int(vt)}"
+                        + (f" -DGQA_G={group}" if group else ""))
                 prg = build_program(self.ctx, self.device, src, opts, f"attention (head_dim {head_dim})",
                                     self._label)
                 k = prg.attention
                 k.set_scalar_arg_dtypes([None, None, None, None, None, None, np.int32, np.int32, np.int32, np.float32,
                                          np.int32] + ([None] if sinks else []) + ([None, None] if q8 else []))
-                self._attn[(head_dim, q8, sinks, int(kt), int(vt))] = k
+                self._attn[(head_dim, q8, sinks, int(kt), int(vt), group)] = k
         return k
 
     def kv_store(self, kt: T) -> Any:

@@ -51,6 +51,89 @@
 inline float vsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 inline float vsum16(float16 v) { float8 a = v.lo + v.hi; return vsum4(a.lo + a.hi); }
 
+
+#ifdef GQA_G
+// GQA_G (the group size n_head / n_head_kv): one work-item per (kv head, token) runs the G query heads
+// of its group together, so each K and V row is read once for the G heads instead of G times (what
+// dominates decode at depth). Per head the arithmetic is the kernel above's, in the same order, so
+// the outputs are the same bits. Global (n_head_kv, n_tok).
+__kernel void attention(global float *out, const global float *q, const global uchar *kc,
+                        const global uchar *vc, const global int *pos, const global int *kv_start,
+                        const int has_start, const int n_head, const int n_head_kv, const float scale,
+                        const int window
+#ifdef SINKS
+                        , const global float *sinks
+#endif
+#ifdef ATT_Q8
+                        , global char *xq, global float2 *xd
+#endif
+                        ) {
+    const int hk = get_global_id(0);
+    const int t = get_global_id(1);
+    if (hk >= n_head_kv) return;
+    const int kv_dim = n_head_kv * HEAD_DIM;
+    const int n_kv = pos[t] + 1;
+    const int k0 = max(has_start ? kv_start[t] : 0, window > 0 ? n_kv - window : 0);
+    const size_t qoff = ((size_t)t * n_head + hk * GQA_G) * HEAD_DIM;
+    VT qv[GQA_G][NV], acc[GQA_G][NV];
+    float m[GQA_G], l[GQA_G], pg[GQA_G], ag[GQA_G];
+    for (int g = 0; g < GQA_G; g++) {
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            qv[g][i] = VLOAD(i, q + qoff + g * HEAD_DIM);
+            acc[g][i] = (VT)(0.0f);
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    const size_t krb = kv_row_bytes(KTYPE, kv_dim), vrb = kv_row_bytes(VTYPE, kv_dim);
+    const int e0 = hk * HEAD_DIM;
+    const global uchar *kr = kc + (size_t)k0 * krb;
+    const global uchar *vr = vc + (size_t)k0 * vrb;
+    for (int k = k0; k < n_kv; k++, kr += krb, vr += vrb) {
+        VT kv[NV];
+#pragma unroll
+        for (int i = 0; i < NV; i++) kv[i] = KVLOAD(kr, KTYPE, e0 + i * VW);
+        for (int g = 0; g < GQA_G; g++) {
+            VT d = (VT)(0.0f);
+#pragma unroll
+            for (int i = 0; i < NV; i++) d = fma(qv[g][i], kv[i], d);
+            const float s = VSUM(d) * scale;
+            const float e = exp(-fabs(s - m[g]));  // as above: one exp per key and head
+            ag[g] = s > m[g] ? e : 1.0f;
+            pg[g] = s > m[g] ? 1.0f : e;
+            l[g] = fma(l[g], ag[g], pg[g]);
+            m[g] = fmax(m[g], s);
+        }
+#pragma unroll
+        for (int i = 0; i < NV; i++) kv[i] = KVLOAD(vr, VTYPE, e0 + i * VW);
+        for (int g = 0; g < GQA_G; g++) {
+#pragma unroll
+            for (int i = 0; i < NV; i++) acc[g][i] = fma((VT)(pg[g]), kv[i], acc[g][i] * ag[g]);
+        }
+    }
+    for (int g = 0; g < GQA_G; g++) {
+#ifdef SINKS
+        {
+            const float sk = sinks[hk * GQA_G + g], m_sk = fmax(m[g], sk), c = exp(m[g] - m_sk);
+            l[g] = fma(l[g], c, exp(sk - m_sk));
+#pragma unroll
+            for (int i = 0; i < NV; i++) acc[g][i] *= c;
+        }
+#endif
+        const float inv = 1.0f / l[g];
+#pragma unroll
+        for (int i = 0; i < NV; i++) VSTORE(acc[g][i] * inv, i, out + qoff + g * HEAD_DIM);
+#ifdef ATT_Q8
+        const size_t row = (size_t)t * n_head * HEAD_DIM;
+        const int h = hk * GQA_G + g;
+#pragma unroll
+        for (int j = 0; j < HEAD_DIM / 32; j++)
+            store_q8(acc[g][2 * j] * inv, acc[g][2 * j + 1] * inv, xq + row, xd + row / 32, h * (HEAD_DIM / 32) + j);
+#endif
+    }
+}
+#else
 // ATT_Q8 (with quant.cl, HEAD_DIM % 32 == 0): the output is also written as 8-bit blocks
 // (xq, xd) for the integer-dot matmul that reads it (q8.py).
 __kernel void attention(global float *out, const global float *q, const global uchar *kc,
@@ -116,6 +199,7 @@ __kernel void attention(global float *out, const global float *q, const global u
         store_q8(acc[2 * j] * inv, acc[2 * j + 1] * inv, xq + row, xd + row / 32, h * (HEAD_DIM / 32) + j);
 #endif
 }
+#endif  // GQA_G
 
 #else
 
