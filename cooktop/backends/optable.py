@@ -27,6 +27,8 @@ from typing import Any
 
 from gguf import GGMLQuantizationType
 
+from ..format.kvtypes import KV_TYPES
+
 _GGML_F32, _GGML_I32 = GGMLQuantizationType.F32, GGMLQuantizationType.I32
 
 #: Argument kinds.
@@ -160,6 +162,9 @@ def _attention_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, *
 
 _ONE_SHAPE = "want {names} of one shape"
 
+#: The KV cache types a ``kv`` argument may have (each device lists those it stores: ``DeviceInfo.kv_types``).
+_KV_NAMES = "/".join(t.name for t in KV_TYPES)
+
 
 def _route_fits(ids: Any, weights: Any, logits: Any) -> bool:
     ls, is_ = logits.shape, ids.shape
@@ -217,8 +222,9 @@ TABLE: tuple[OpSpec, ...] = (
            example={"out": (2, 8), "x": (2, 8), "pos": (2,), "freq_factors": None, "head_dim": 8, "n_rot": 8,
                     "freq_base": 1e4, "freq_scale": 1.0, "mode": 0}),
     OpSpec("kv_store", (Arg("cache", KV), Arg("x", F32), Arg("pos", I32)), (),
-           "cache[pos[i], :] = x[i, :] (cache [n_cells, n_head_kv*head_dim] of a KV cache type: f32, or "
-           "f16/bf16 rounded to nearest even, or q8_0/q4_0/... blocks along the row, quantize_row_*_ref)",
+           "cache[pos[i], :] = x[i, :] (cache [n_cells, n_head_kv*head_dim] of a KV cache type, " + _KV_NAMES
+           + " where the device stores it: f16/bf16 rounded to nearest even, block types quantized along "
+           "the row as quantize_row_*_ref)",
            "want cache [n_ctx, n_kv_dim], x [n, n_kv_dim], pos [n]",
            lambda c, x, pos: len(x.shape) == 2 and c.shape[1:] == x.shape[1:] and pos.shape == x.shape[:1],
            "ggml_set_rows into the KV cache (llama.cpp src/llama-kv-cache.cpp cpy_k / cpy_v)", kv=("cache",),
@@ -227,7 +233,8 @@ TABLE: tuple[OpSpec, ...] = (
                          Arg("pos", I32), Arg("kv_start", I32, True)),
            ("n_head", "n_head_kv", "scale", "window"),
            "causal softmax(q k^T * scale) v over cache rows kv_start[i]..pos[i], GQA (window > 0: rows "
-           "pos[i]-window < j <= pos[i] only); the caches of any KV cache type, read as stored",
+           "pos[i]-window < j <= pos[i] only); k_cache and v_cache each of a KV cache type (" + _KV_NAMES
+           + "), read as stored",
            "want out and q [n, n_head * head_dim], k_cache and v_cache [n_ctx, n_head_kv * head_dim], pos [n], "
            "kv_start [n] if given, with n_head {n_head} a multiple of n_head_kv {n_head_kv} and window {window} >= 0",
            _attention_fits, "llama.cpp src/llama-graph.cpp build_attn_mha; SWA mask llama_hparams::is_masked_swa",
