@@ -224,12 +224,14 @@ def test_embeddings_pooling(stories, tmp_path, llm):
 def test_constructor_arguments(stories, caplog):
     with caplog.at_level(logging.WARNING, logger="cooktop"):
         m = Llama(model_path=str(stories), n_ctx=64, verbose=False, device="cpu", n_threads=2, n_threads_batch=2,
-                  flash_attn=True, use_mlock=True, n_ubatch=256, type_k=1, offload_kqv=True, rope_freq_base=0.0,
+                  flash_attn=True, use_mlock=True, n_ubatch=256, type_k=0, offload_kqv=True, rope_freq_base=0.0,
                   tensor_split=[1.0], main_gpu=0, use_mmap=False, numa=False, last_n_tokens_size=32,
                   made_up_arg=3)
     text = caplog.text
-    for word in ("flash_attn=True", "use_mlock=True", "n_ubatch=256", "type_k=1", "use_mmap=False", "made_up_arg"):
+    for word in ("use_mlock=True", "n_ubatch=256", "use_mmap=False", "made_up_arg"):
         assert word in text
+    assert "flash_attn" not in text and "type_k" not in text  # honoured (KV cache types, flash attention)
+    assert m._engine.model.kv.type_k == 0 and m._engine.model.flash_attn
     assert "offload_kqv" not in text and "rope_freq_base" not in text and "numa" not in text
     assert all(len(r.getMessage().splitlines()) == 1 for r in caplog.records)
     assert m.n_ctx() == 64 and m.n_embd() == 64 and m.n_vocab() == 512 and m.last_n_tokens_size == 32

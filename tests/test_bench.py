@@ -262,7 +262,7 @@ def test_vs_runs_alternate_with_cooktop(stories, monkeypatch):
     monkeypatch.setattr(runner.CooktopRunner, "reset", lambda self: (log.append("ours"), orig_reset(self)))
     params = runner.BenchParams(models=[str(stories)], tests=make_tests([16], [4], []), devices=["cpu"], ngl=[-1],
                                 n_batch=[512], reps=3)
-    res = runner.run_bench(params, vs=lambda path, n_ctx, n_batch: _FakeRef(log))
+    res = runner.run_bench(params, vs=lambda path, n_ctx, n_batch, kv=None: _FakeRef(log))
     assert log == ["ours", "ref"] * 8  # warm-up + 3 reps, per test, strictly alternating
     ours = [r for r in res if r.backend == "numpy"]
     ref = [r for r in res if r.backend == "llama.cpp"]

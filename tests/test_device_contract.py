@@ -61,8 +61,12 @@ FAULTS = {
                                 UnsupportedOpError, "<dev> (<name>) cannot run matmul on Q8_1 tensors"),
     "weight of the wrong size": (lambda d: d.upload(np.zeros((1, 30), np.uint8), T.Q8_0, (1, 32)),
                                  UnsupportedOpError, "Q8_0 tensor of shape [1, 32] needs 34 bytes, got 30"),
-    "empty of a block type": (lambda d: d.empty((2, 32), T.Q4_0), UnsupportedOpError,
-                              "empty() makes F32 or I32 tensors, not Q4_0"),
+    "empty of a block type": (lambda d: d.empty((2, 256), T.Q4_K), UnsupportedOpError,
+                              "empty() makes F32 or I32 tensors or a KV cache of a type <dev> stores "
+                              "(DeviceInfo.kv_types), not Q4_K"),
+    "kv_store into an I32 cache": (lambda d: d.kv_store(d.empty((16, 8), T.I32), _f32(d, 2, 8), _i32(d, 2)),
+                                   UnsupportedOpError, "kv_store: cache must be F32 or a KV cache type <dev> "
+                                                       "stores, not I32"),
     "empty of a negative shape": (lambda d: d.empty((2, -1)), ShapeError, "empty(): bad shape [2, -1]"),
     "write size": (lambda d: d.write(_f32(d, 2, 3), np.zeros(5, np.float32)), ShapeError,
                    "write of 5 values into a tensor of shape [2, 3]"),

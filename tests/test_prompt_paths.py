@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import SHARED, skip_or_fail
+from gguf import GGMLQuantizationType as T
 
 from cooktop.engine import generate as G
 
@@ -33,8 +34,12 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def _paths(path: str, device: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, object]:
-    """(one batch, token by token, cached prefix + rest) logits float32 [n, n_vocab], and the engine."""
-    eng = G.load(path, n_ctx=128, n_batch=64, device=device, n_gpu_layers=-1)
+    """(one batch, token by token, cached prefix + rest) logits float32 [n, n_vocab], and the engine.
+
+    With an f32 KV cache: a rounded one (f16, the default) makes the paths agree only to its rounding
+    (a K value 1e-7 apart at a rounding boundary of f16 is one ulp apart, ~1e-3 in logprob later)."""
+    from cooktop.format.kvtypes import KVConfig
+    eng = G.load(path, n_ctx=128, n_batch=64, device=device, n_gpu_layers=-1, kv=KVConfig(T.F32, T.F32))
     seq = eng.new_sequence()
     batch = seq.eval(TOKENS, logits_all=True)
     seq.reset()

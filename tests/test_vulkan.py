@@ -571,8 +571,8 @@ def test_release_on_del_without_gc(vk, stories):
             out = llm.create_completion("Once upon a time", max_tokens=4, temperature=0)["choices"][0]["text"]
             loaded = vk.allocated_bytes
             seq = llm._engine.new_sequence()
-            # K and V of 5 blocks x n_ctx 64 x n_head_kv 4 x head_dim 8, float32
-            assert vk.allocated_bytes - loaded == llm._engine.cfg.kv_cache_bytes(64, 4) == 2 * 5 * 64 * 32 * 4
+            # K and V of 5 blocks x n_ctx 64 x n_head_kv 4 x head_dim 8, f16 (the default cache type)
+            assert vk.allocated_bytes - loaded == llm._engine.cfg.kv_cache_bytes(64, 2) == 2 * 5 * 64 * 32 * 2
             del seq
             assert vk.allocated_bytes == loaded
             del llm

@@ -29,6 +29,7 @@ from ..engine import generate as _generate
 from ..engine.speculative import Speculation
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, read_raw_metadata
+from ..format.kvtypes import KVConfig
 from ..runtime.placement import TensorPlacement
 from ..text.tokenizer import Tokenizer
 from . import options
@@ -65,7 +66,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     ``logits_all``, ``embedding``, ``pooling_type``, ``n_threads`` /
     ``n_threads_batch`` (BLAS threads of the numpy backend, process-wide),
     ``last_n_tokens_size`` (penalty window), ``chat_format``, ``spm_infill``,
-    ``type_k``/``type_v`` (F32 only), ``vocab_only`` (tokenizer only),
+    ``type_k``/``type_v`` (GGML type ids of the KV cache: 0 f32, 1 f16 (default), 30 bf16, 8 q8_0,
+    2 q4_0, 3 q4_1, 6 q5_0, 7 q5_1), ``flash_attn`` (False as llama-cpp-python: then a quantized
+    ``type_v`` is refused, as llama.cpp does; True or ``"auto"``), ``vocab_only`` (tokenizer only),
     ``verbose``. cooktop's own: ``device`` (``--device``), ``split``,
     ``chat_template`` / ``chat_template_file`` (llama-server's ``--chat-template``,
     ``--chat-template-file``: a format name or jinja text, a jinja file),
@@ -86,7 +89,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                  seed: int = -1, n_ctx: int = 512, n_batch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, pooling_type: int = -1, logits_all: bool = False,
                  embedding: bool = False, last_n_tokens_size: int = 64, chat_format: str | None = None,
-                 type_k: int | None = None, type_v: int | None = None, spm_infill: bool = False,
+                 type_k: int | None = None, type_v: int | None = None, flash_attn: bool | str = False,
+                 spm_infill: bool = False,
                  verbose: bool = True, device: str | None = None, split: str | list[float] | None = None,
                  chat_template: str | None = None, chat_template_file: str | None = None,
                  ray_address: str | None = None, n_cpu_moe: int = 0, cpu_moe: bool = False,
@@ -97,8 +101,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         self.model_path = os.fspath(model_path)
         self.verbose = verbose
         options.check_extra(kwargs)
-        options.check_kv_type("type_k", type_k)
-        options.check_kv_type("type_v", type_v)
+        kv = options.kv_config(type_k, type_v, flash_attn)
         options.pooling_name(pooling_type)
         options.set_threads(n_threads_batch or n_threads)
         self._n_batch_arg = n_batch
@@ -133,7 +136,11 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                 from ..cluster.load import load as cluster_load
 
                 load = functools.partial(cluster_load, ray_address=ray_address)
-            extra: dict[str, Any] = {}
+            extra: dict[str, Any] = {"kv": kv}
+            if load is not _generate.load:  # a cluster's segments keep the default cache type
+                if (kv.type_k, kv.type_v) != (KVConfig().type_k, KVConfig().type_v):
+                    raise CooktopError(f"type_k/type_v ({kv.label()}) are not supported on a Ray cluster yet")
+                extra = {}
             tp = TensorPlacement.parse(n_cpu_moe, cpu_moe, override_tensor)
             if tp != TensorPlacement():
                 extra["tensors"] = tp

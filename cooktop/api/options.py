@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 from ..errors import CooktopError
+from ..format.kvtypes import KVConfig
 
 log = logging.getLogger("cooktop")
 
@@ -23,7 +24,7 @@ log = logging.getLogger("cooktop")
 SPLIT_MODE_NONE, SPLIT_MODE_LAYER, SPLIT_MODE_ROW = 0, 1, 2
 #: llama.cpp ``enum llama_pooling_type`` (``-1`` unspecified: the model's ``pooling_type``).
 POOLING = {-1: "unspecified", 0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
-#: GGML type ids of the KV cache types (``type_k``/``type_v``, ``-ctk``/``-ctv``): cooktop's cache is F32.
+#: GGML type id of an F32 KV cache (``type_k``/``type_v`` take any id of ``cooktop.format.kvtypes.KV_TYPES``).
 KV_TYPE_F32 = 0
 
 #: Accepted, no effect in cooktop: name -> (llama-cpp-python default, why nothing changes).
@@ -40,7 +41,6 @@ IGNORED: dict[str, tuple[Any, str]] = {
     "yarn_beta_slow": (1.0, "cooktop has no YaRN"),
     "yarn_orig_ctx": (0, "cooktop has no YaRN"),
     "offload_kqv": (True, "the KV cache lives with its layers' device"),
-    "flash_attn": (False, "cooktop's attention kernels are its own"),
     "op_offload": (None, "cooktop places whole layers"),
     "swa_full": (None, "cooktop has no sliding-window cache"),
     "no_perf": (False, "timings are always kept"),
@@ -92,11 +92,15 @@ def check_extra(args: dict[str, Any]) -> None:
         log.warning("Llama(%s=%r): unknown argument, ignored", name, value)
 
 
-def check_kv_type(name: str, value: int | None) -> None:
-    """``type_k`` / ``type_v``: F32 (the cache's type) is honoured; others are accepted with a warning."""
-    if value is None or value == KV_TYPE_F32:
-        return
-    log.warning("Llama(%s=%r) accepted, has no effect in cooktop: the KV cache is F32", name, value)
+def kv_config(type_k: int | None, type_v: int | None, flash_attn: bool | str | None) -> KVConfig:
+    """``type_k`` / ``type_v`` (GGML type ids, None: the default cache type) and ``flash_attn``
+    (llama-cpp-python's bool: False is llama.cpp's ``LLAMA_FLASH_ATTN_TYPE_DISABLED``, so a
+    quantized ``type_v`` needs ``flash_attn=True``; cooktop also takes ``"auto"``).
+
+    Raises:
+        KVTypeError: an id that is no KV cache type, or a bad flash_attn value.
+    """
+    return KVConfig.parse(type_k, type_v, flash_attn)
 
 
 def pooling_name(pooling_type: int) -> str:

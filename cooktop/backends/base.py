@@ -136,6 +136,7 @@ class Device(DeviceOps):
         self.buffer_limit: int | None = min(caps) if caps else None
         self._chunk_scratch: dict = {}  # chunked.scratch
         self._chunk_retired: list = []  # scratch buffers replaced inside a graph scope, released later
+        self.kv_types = frozenset(T.__members__[n] for n in info.kv_types) | {_F32}
         self.n_allocs = 0
         self.allocated_bytes = 0
         #: verify every replayed graph against its recording (``COOKTOP_GRAPH_CHECK=1``; :meth:`graph`)
@@ -157,8 +158,11 @@ class Device(DeviceOps):
                 raise DeviceError(f"{what}: {t!r} belongs to a released buffer")
             if t.device is not self:
                 raise DeviceError(f"{what}: tensor {t!r} lives on another device than {self.info.selector}")
-            raise DeviceError(f"{what}: {t!r} is a weight; only F32/I32 tensors made by empty() can be "
-                              f"written and read")
+            if t.is_weight:
+                raise DeviceError(f"{what}: {t!r} is a weight; only F32/I32 tensors made by empty() can be "
+                                  f"written and read")
+        raise DeviceError(f"{what}: {t!r} is a {type_name(t.ggml_type)} KV cache: only kv_store writes it "
+                          f"and attention reads it")
 
     # -- memory -----------------------------------------------------------
     def _weight_data(self, data: np.ndarray, ggml_type: T, shape: tuple[int, ...]
@@ -217,31 +221,43 @@ class Device(DeviceOps):
         """Backend part of :meth:`upload`: ``arr`` is contiguous and holds exactly ``nbytes``."""
 
     def empty(self, shape: tuple[int, ...], ggml_type: T = T.F32, split: bool = False) -> DeviceTensor:
-        """Allocate an uninitialized F32 (activations, KV cache) or I32 (ids, positions) tensor.
+        """Allocate an uninitialized F32 (activations, KV cache) or I32 (ids, positions) tensor, or a
+        KV cache [n_cells, n_kv_dim] of another type the device stores (``info.kv_types``: F16, Q8_0...;
+        zero bytes, GGML block layout along each row), which only ``kv_store`` writes and ``attention``
+        reads (``write``/``read`` refuse it).
 
         ``split``: when the tensor is over :attr:`buffer_limit`, store it in row chunks (:mod:`.chunked`;
         for tensors that only matmul's ``out``, the row-wise ops and read / write touch: the logits).
 
         Raises:
-            UnsupportedOpError: any other type.
+            UnsupportedOpError: any other type; a KV cache row that is not whole blocks.
             ShapeError: no dimensions, or a negative one.
             DeviceOutOfMemoryError: the allocation does not fit.
         """
         ggml_type = T(ggml_type)
-        if ggml_type is not _F32 and ggml_type is not _I32:
-            raise UnsupportedOpError(f"empty() makes F32 or I32 tensors, not {type_name(ggml_type)}")
+        if ggml_type is not _F32 and ggml_type is not _I32 and ggml_type not in self.kv_types:
+            raise UnsupportedOpError(f"empty() makes F32 or I32 tensors or a KV cache of a type "
+                                     f"{self.info.selector} stores (DeviceInfo.kv_types), not {type_name(ggml_type)}")
         shape = tuple(int(s) for s in shape)
         if not shape or min(shape) < 0:
             raise ShapeError(f"empty(): bad shape {list(shape)}")
-        if split and self.buffer_limit is not None and len(shape) > 1 and (
-                4 * math.prod(shape) > self.buffer_limit - chunked.PAD_BYTES):
-            return chunked.empty(self, shape, ggml_type)
-        chunked.check_limit(self, 4 * math.prod(shape), f"{type_name(ggml_type)} tensor {list(shape)}")
+        if ggml_type is not _F32 and ggml_type is not _I32:
+            if len(shape) != 2:
+                raise ShapeError(f"empty(): a {type_name(ggml_type)} KV cache is [n_cells, n_kv_dim], "
+                                 f"not {list(shape)}")
+            nbytes = shape[0] * row_bytes(ggml_type, shape[1])  # whole blocks, else UnsupportedOpError
+        else:
+            nbytes = 4 * math.prod(shape)
+            if split and self.buffer_limit is not None and len(shape) > 1 and (
+                    nbytes > self.buffer_limit - chunked.PAD_BYTES):
+                return chunked.empty(self, shape, ggml_type)
+        chunked.check_limit(self, nbytes, f"{type_name(ggml_type)} tensor {list(shape)}")
         return self._empty(shape, ggml_type)
 
     @abstractmethod
     def _empty(self, shape: tuple[int, ...], ggml_type: T) -> DeviceTensor:
-        """Backend part of :meth:`empty` (``ggml_type`` is F32 or I32, ``shape`` ints >= 0)."""
+        """Backend part of :meth:`empty` (``ggml_type`` is F32 or I32, ``shape`` ints >= 0, or a KV
+        cache type of :attr:`kv_types` with a 2-D shape of whole blocks: zero-filled)."""
 
     def write(self, t: DeviceTensor, data: np.ndarray) -> None:
         """Enqueue a host-to-device copy of ``data`` (``t``'s element count; converted to its dtype).
@@ -250,7 +266,8 @@ class Device(DeviceOps):
             DeviceError: ``t`` is a weight, of another device or released; inside a :meth:`graph` scope.
             ShapeError: ``data`` has another element count than ``t``.
         """
-        if t.device is not self or t.is_weight or self._in_graph:
+        if t.device is not self or t.is_weight or self._in_graph or (t.ggml_type is not _F32
+                                                                     and t.ggml_type is not _I32):
             self._refuse_io("write", t)
         arr = np.asarray(data)
         if arr.size != math.prod(t.shape):
@@ -270,7 +287,8 @@ class Device(DeviceOps):
         Raises:
             DeviceError: ``t`` is a weight, of another device or released; inside a :meth:`graph` scope.
         """
-        if t.device is not self or t.is_weight or self._in_graph:
+        if t.device is not self or t.is_weight or self._in_graph or (t.ggml_type is not _F32
+                                                                     and t.ggml_type is not _I32):
             self._refuse_io("read", t)
         if t.chunks is not None:
             return chunked.read(self, t)
@@ -355,8 +373,10 @@ class Device(DeviceOps):
         """Backend part of leaving :meth:`graph` by an exception (default: nothing)."""
 
     def zeros(self, shape: tuple[int, ...], ggml_type: T = T.F32) -> DeviceTensor:
-        """``empty`` then fill with zeros."""
+        """``empty`` then fill with zeros (a KV cache of a block type comes zero-filled from ``empty``)."""
         t = self.empty(shape, ggml_type)
+        if t.ggml_type is not _F32 and t.ggml_type is not _I32:
+            return t
         self._write(t, np.zeros(t.shape, dtype=np.int32 if t.ggml_type == _I32 else np.float32))
         return t
 

@@ -8,7 +8,7 @@ from typing import Any
 from gguf import GGMLQuantizationType as T
 
 from ..format.quants import type_name
-from .optable import OPS, SPECS, TYPED_OPS
+from .optable import KV_OPS, OPS, SPECS, TYPED_OPS
 
 
 @dataclasses.dataclass
@@ -34,7 +34,9 @@ class DeviceInfo:
     variants the device gets (op family -> variant or launch shape).
     ``types`` lists GGML type names the backend runs there, ``ops`` the op names
     (:data:`~.optable.OPS` unless the device lacks one), ``op_limits`` the dimensions a device
-    caps per op (``{"attention": {"head_dim": 256}}``; names from ``OpSpec.limits``).
+    caps per op (``{"attention": {"head_dim": 256}}``; names from ``OpSpec.limits``), ``kv_types``
+    the KV cache types (GGML type names) its ``kv_store`` and ``attention`` take
+    (``cooktop.format.kvtypes.KV_TYPES``; F32 always).
     """
 
     backend: str
@@ -63,18 +65,22 @@ class DeviceInfo:
     usable_mem_bytes: int | None = None
     variants: dict[str, str] = dataclasses.field(default_factory=dict)
     op_limits: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    kv_types: tuple[str, ...] = ("F32",)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def supports(self, op: str, ggml_type: T | None = None) -> bool:
         """True when ``op`` runs on this device with weights (or table) of ``ggml_type``.
 
-        ``ggml_type`` matters for :data:`TYPED_OPS`; other ops take float32.
+        ``ggml_type`` matters for :data:`TYPED_OPS` (the weight's type) and :data:`KV_OPS` (the
+        KV cache's type, :attr:`kv_types`); other ops take float32.
         """
         if op not in self.ops:
             return False
-        if ggml_type is None or op not in TYPED_OPS:
+        if ggml_type is None:
             return True
-        return type_name(ggml_type) in self.types
+        if op in KV_OPS:
+            return type_name(ggml_type) in self.kv_types
+        return op not in TYPED_OPS or type_name(ggml_type) in self.types
 
     def supports_op(self, op: str, ggml_type: T | None = None, **dims: int) -> str:
         """Why ``op`` cannot run here (with weights of ``ggml_type`` and the given dimensions,
@@ -87,6 +93,9 @@ class DeviceInfo:
         if op not in self.ops:
             return f"{self.selector} cannot run {op}"
         if ggml_type is not None and not self.supports(op, ggml_type):
+            if op in KV_OPS:
+                return (f"{self.selector} cannot run {op} on a {type_name(ggml_type)} KV cache (it stores "
+                        f"{', '.join(self.kv_types)})")
             return f"{self.selector} cannot run {op} on {type_name(ggml_type)}"
         limits = self.op_limits.get(op, {})
         for name, value in dims.items():
@@ -109,6 +118,7 @@ class DeviceInfo:
         d["subgroup_sizes"] = list(self.subgroup_sizes)
         d["subgroup_ops"] = list(self.subgroup_ops)
         d["op_limits"] = {k: dict(v) for k, v in self.op_limits.items()}
+        d["kv_types"] = list(self.kv_types)
         d["selector"] = self.selector
         return d
 

@@ -25,7 +25,7 @@ from ..format.quants import type_name
 from . import chunked
 from .info import DeviceInfo
 from .moe_ops import MoeOps
-from .optable import ACT, F32, SPECS, WEIGHT, OpSpec
+from .optable import ACT, F32, KV, SPECS, WEIGHT, OpSpec
 from .tensor import DeviceTensor
 
 T = GGMLQuantizationType
@@ -46,6 +46,8 @@ class DeviceOps(MoeOps, ABC):
     The mixture-of-experts ops come from :class:`~.moe_ops.MoeOps`."""
 
     info: DeviceInfo
+    #: the KV cache types of ``info.kv_types`` (what the ``kv`` arguments' check tests)
+    kv_types: frozenset[T] = frozenset((_F32,))
 
     # -- capability -------------------------------------------------------
     def supports(self, op: str, ggml_type: T | None = None) -> bool:
@@ -88,6 +90,10 @@ class DeviceOps(MoeOps, ABC):
                     self.check(op, t.ggml_type)
                     raise UnsupportedOpError(f"{op}: {name} must be F32 or an uploaded weight, not "
                                              f"{type_name(t.ggml_type)}")
+            elif kind is KV:
+                if t.ggml_type is not _F32 and t.ggml_type not in self.kv_types:
+                    raise UnsupportedOpError(f"{op}: {name} must be F32 or a KV cache type {self.info.selector} "
+                                             f"stores, not {type_name(t.ggml_type)}")
             elif kind is ACT:
                 if t.ggml_type is not _F32 and t.ggml_type is not _I32:
                     raise UnsupportedOpError(f"{op}: {name} must be F32 or I32, not {type_name(t.ggml_type)}")
@@ -177,10 +183,14 @@ class DeviceOps(MoeOps, ABC):
 
 
     def kv_store(self, cache: DeviceTensor, x: DeviceTensor, pos: DeviceTensor) -> None:
-        """``cache[pos[i], :] = x[i, :]``; cache f32 [n_ctx, n_kv_dim], x f32 [n, n_kv_dim], pos I32 [n].
+        """``cache[pos[i], :] = x[i, :]``; cache [n_ctx, n_kv_dim] of a KV cache type, x f32 [n, n_kv_dim],
+        pos I32 [n].
 
-        Positions outside ``[0, n_ctx)`` are the caller's fault (the engine raises
-        ContextOverflowError first); backends may skip or clamp them.
+        The cache stores its type (``info.kv_types``; :mod:`cooktop.format.kvtypes`): f16 and bf16
+        rounded to nearest even, the block types quantized row by row with ggml's
+        ``quantize_row_*_ref`` rounding (blocks run along the row, so along each head's head_dim;
+        :func:`cooktop.backends.reference.quantize_kv`). Positions outside ``[0, n_ctx)`` are the
+        caller's fault (the engine raises ContextOverflowError first); backends may skip or clamp them.
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
         """
@@ -193,7 +203,8 @@ class DeviceOps(MoeOps, ABC):
                   kv_start: DeviceTensor | None = None) -> None:
         """Causal multi-head attention over the KV cache, with GQA and an optional sliding window.
 
-        q, out: f32 [n, n_head * head_dim]; k_cache, v_cache: f32 [n_ctx, n_head_kv * head_dim].
+        q, out: f32 [n, n_head * head_dim]; k_cache, v_cache: [n_ctx, n_head_kv * head_dim] of any KV
+        cache type the device stores (each its own), read as stored (no float32 copy of the cache).
         Query row i of head h attends to cache rows 0..pos[i] of kv head
         ``h // (n_head / n_head_kv)`` (llama.cpp's GQA grouping):
         ``out = softmax(q k^T * scale) v`` with the softmax in float32.

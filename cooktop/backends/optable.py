@@ -11,7 +11,9 @@ f32 ``[n_tokens, n]``; ``pos``/``ids`` are int32 device tensors. Each op writes 
 argument and returns nothing.
 
 Argument kinds: ``f32`` and ``i32`` activations; ``weight``: an uploaded tensor of any type
-the device runs for that op (or an f32 activation); ``act``: f32 or i32.
+the device runs for that op (or an f32 activation); ``act``: f32 or i32; ``kv``: a KV cache,
+f32 or any cache type the device stores (``DeviceInfo.kv_types``; ``cooktop.format.kvtypes``),
+made by ``Device.empty``.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from typing import Any
 
 from gguf import GGMLQuantizationType
 
+from ..format.kvtypes import KV_TYPES
+
 _GGML_F32, _GGML_I32 = GGMLQuantizationType.F32, GGMLQuantizationType.I32
 
 #: Argument kinds.
-F32, I32, WEIGHT, ACT = "f32", "i32", "weight", "act"
+F32, I32, WEIGHT, ACT, KV = "f32", "i32", "weight", "act", "kv"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,7 @@ class OpSpec:
             None), given the scalars its signature names. Only called once devices and types passed.
         source: where the formula or layout comes from (llama.cpp / ggml).
         weight: the argument whose GGML type decides support (``matmul``'s ``w``), or None.
+        kv: the KV cache arguments (kind ``kv``): their type decides support (``DeviceInfo.kv_types``).
         forward: part of the forward pass (``copy`` is a bench tool, not claimed by default).
         default: claimed by every device unless it says otherwise; False for the
             mixture-of-experts ops (:data:`MOE_OPS`), which only the backends implementing them
@@ -72,6 +77,7 @@ class OpSpec:
     fits: Callable[..., bool]
     source: str
     weight: str | None = None
+    kv: tuple[str, ...] = ()
     forward: bool = True
     default: bool = True
     limits: tuple[str, ...] = ()
@@ -105,6 +111,8 @@ def _make_check(spec: OpSpec) -> Callable[..., None]:
             t = f"{n}.device is not dev or {n}.ggml_type is not I32"
         elif a.kind == WEIGHT:
             t = f"{n}.device is not dev or ({n}.ggml_type is not F32 and not {n}.is_weight)"
+        elif a.kind == KV:
+            t = f"{n}.device is not dev or ({n}.ggml_type is not F32 and {n}.ggml_type not in dev.kv_types)"
         else:
             t = f"{n}.device is not dev or ({n}.ggml_type is not F32 and {n}.ggml_type is not I32)"
         tests.append(f"({n} is not None and ({t}))" if a.optional else f"({t})")
@@ -153,6 +161,9 @@ def _attention_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, *
 
 
 _ONE_SHAPE = "want {names} of one shape"
+
+#: The KV cache types a ``kv`` argument may have (each device lists those it stores: ``DeviceInfo.kv_types``).
+_KV_NAMES = "/".join(t.name for t in KV_TYPES)
 
 
 def _route_fits(ids: Any, weights: Any, logits: Any) -> bool:
@@ -210,20 +221,24 @@ TABLE: tuple[OpSpec, ...] = (
            dims=lambda *t, head_dim, **_: {"head_dim": head_dim},
            example={"out": (2, 8), "x": (2, 8), "pos": (2,), "freq_factors": None, "head_dim": 8, "n_rot": 8,
                     "freq_base": 1e4, "freq_scale": 1.0, "mode": 0}),
-    OpSpec("kv_store", (Arg("cache", F32), Arg("x", F32), Arg("pos", I32)), (),
-           "cache[pos[i], :] = x[i, :] (cache f32 [n_cells, n_head_kv*head_dim])",
+    OpSpec("kv_store", (Arg("cache", KV), Arg("x", F32), Arg("pos", I32)), (),
+           "cache[pos[i], :] = x[i, :] (cache [n_cells, n_head_kv*head_dim] of a KV cache type, " + _KV_NAMES
+           + " where the device stores it: f16/bf16 rounded to nearest even, block types quantized along "
+           "the row as quantize_row_*_ref)",
            "want cache [n_ctx, n_kv_dim], x [n, n_kv_dim], pos [n]",
            lambda c, x, pos: len(x.shape) == 2 and c.shape[1:] == x.shape[1:] and pos.shape == x.shape[:1],
-           "ggml_set_rows into the KV cache (llama.cpp src/llama-kv-cache.cpp cpy_k / cpy_v)",
+           "ggml_set_rows into the KV cache (llama.cpp src/llama-kv-cache.cpp cpy_k / cpy_v)", kv=("cache",),
            example={"cache": (16, 8), "x": (2, 8), "pos": (2,)}),
-    OpSpec("attention", (Arg("out", F32), Arg("q", F32), Arg("k_cache", F32), Arg("v_cache", F32),
+    OpSpec("attention", (Arg("out", F32), Arg("q", F32), Arg("k_cache", KV), Arg("v_cache", KV),
                          Arg("pos", I32), Arg("kv_start", I32, True)),
            ("n_head", "n_head_kv", "scale", "window"),
            "causal softmax(q k^T * scale) v over cache rows kv_start[i]..pos[i], GQA (window > 0: rows "
-           "pos[i]-window < j <= pos[i] only)",
+           "pos[i]-window < j <= pos[i] only); k_cache and v_cache each of a KV cache type (" + _KV_NAMES
+           + "), read as stored",
            "want out and q [n, n_head * head_dim], k_cache and v_cache [n_ctx, n_head_kv * head_dim], pos [n], "
            "kv_start [n] if given, with n_head {n_head} a multiple of n_head_kv {n_head_kv} and window {window} >= 0",
            _attention_fits, "llama.cpp src/llama-graph.cpp build_attn_mha; SWA mask llama_hparams::is_masked_swa",
+           kv=("k_cache", "v_cache"),
            limits=("head_dim",), dims=lambda out, q, *t, n_head, **_: {"head_dim": q.shape[-1] // max(1, n_head)},
            example={"out": (2, 8), "q": (2, 8), "k_cache": (16, 4), "v_cache": (16, 4), "pos": (2,),
                     "kv_start": None, "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0}),
@@ -275,14 +290,14 @@ TABLE: tuple[OpSpec, ...] = (
            "out = g * sigmoid(alpha g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit) (gpt-oss)",
            _ONE_SHAPE.format(names="out, gate and up"), _same3, "ggml_swiglu_oai (ggml-cpu/ops.cpp)", default=False,
            example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
-    OpSpec("attention_sinks", (Arg("out", F32), Arg("q", F32), Arg("k_cache", F32), Arg("v_cache", F32),
+    OpSpec("attention_sinks", (Arg("out", F32), Arg("q", F32), Arg("k_cache", KV), Arg("v_cache", KV),
                                Arg("pos", I32), Arg("kv_start", I32, True), Arg("sinks", F32)),
            ("n_head", "n_head_kv", "scale", "window"),
            "attention with one extra logit per head (sinks f32 [n_head]) in each softmax denominator (gpt-oss)",
            "want out and q [n, n_head * head_dim], k_cache and v_cache [n_ctx, n_head_kv * head_dim], pos [n], "
            "kv_start [n] if given, sinks [n_head], with n_head {n_head} a multiple of n_head_kv {n_head_kv} and "
            "window {window} >= 0", _sinks_fits, "llama.cpp build_attn_mha with ggml_soft_max_add_sinks",
-           default=False, limits=("head_dim",),
+           kv=("k_cache", "v_cache"), default=False, limits=("head_dim",),
            dims=lambda out, q, *t, n_head, **_: {"head_dim": q.shape[-1] // max(1, n_head)},
            example={"out": (2, 8), "q": (2, 8), "k_cache": (16, 4), "v_cache": (16, 4), "pos": (2,),
                     "kv_start": None, "sinks": (2,), "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0}),
@@ -303,6 +318,9 @@ MOE_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and not s.de
 
 #: Ops whose weight (or table) type matters to ``DeviceInfo.supports``.
 TYPED_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.weight is not None)
+
+#: Ops reading or writing a KV cache: their cache type matters to ``DeviceInfo.supports``.
+KV_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.kv)
 
 
 def markdown() -> str:

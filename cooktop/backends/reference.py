@@ -3,11 +3,18 @@
 The OpenCL and Vulkan backends quantize a matmul's float32 input to llama.cpp's ``block_q8_1``
 (ggml-common.h) the same way (``Device.quantizes_activations`` says when); this is that rounding
 in numpy, so the integer-dot matmuls can be checked exactly against it.
+
+The KV cache's types are written the same way on every backend: :func:`quantize_kv` is the
+numpy reference of ``kv_store`` (the numpy backend's own, and what the device kernels are
+checked against byte for byte).
 """
 
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType, quants
+
+T = GGMLQuantizationType
 
 
 def quantize_q8_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -40,3 +47,24 @@ def dequantize_q8_ref(x: np.ndarray) -> np.ndarray:
     integer-dot matmuls multiply the weights with)."""
     q, d, _ = quantize_q8_ref(x)
     return (q.reshape(q.shape[:-1] + (-1, 32)).astype(np.float64) * d[..., None]).reshape(q.shape)
+
+
+def quantize_kv(x: np.ndarray, ggml_type: T) -> np.ndarray:
+    """Rows of a KV cache as stored: ``x`` float32 [n, n_kv_dim] in ``ggml_type``.
+
+    F32 as is; F16 rounded to nearest even (``GGML_FP32_TO_FP16``); BF16 rounded to nearest even
+    with NaNs kept quiet (``ggml_compute_fp32_to_bf16``); the block types with ggml's
+    ``quantize_row_*_ref`` (ggml-quants.c: q8_0 ``d = max|x| / 127``, ``q = roundf(x / d)``; q4_0
+    ``d = x[argmax |x|] / -8``, ``q = min(15, (int)(x / d + 8.5))``...), blocks running along each
+    row. gguf-py's quantizers are bit-exact ports of those.
+
+    Returns:
+        float32 [n, n_kv_dim] for F32, else uint8 [n, row_bytes] GGML blocks.
+    Raises:
+        NotImplementedError: a type gguf-py cannot quantize.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if ggml_type == T.F32:
+        return x
+    q = np.ascontiguousarray(quants.quantize(x, T(ggml_type)))
+    return q.view(np.uint8).reshape(x.shape[0], -1)

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import CooktopError
+from ..format.kvtypes import KVConfig, kv_type_name
 from .runner import ModelFacts, Result, TestSpec
 
 #: Environment variable naming the binary when ``--llama-bench`` is not given.
@@ -50,15 +51,21 @@ def find_binary(path: str) -> str:
 
 
 def command(binary: str, model: str, tests: Sequence[TestSpec], reps: int, n_batch: int,
-            device: str) -> tuple[list[str], dict[str, str]]:
-    """(argv, extra environment) of one llama-bench run over ``tests`` (see module doc)."""
-    pp = [t.n_prompt for t in tests if t.n_prompt and not t.n_gen]
-    tg = [t.n_gen for t in tests if t.n_gen and not t.n_prompt]
-    pg = [t for t in tests if t.n_prompt and t.n_gen]
+            device: str, kv: KVConfig | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra environment) of one llama-bench run over ``tests`` (see module doc): their depths
+    as ``-d``, and ``kv``'s cache types and flash attention as ``-ctk``/``-ctv``/``-fa``."""
+    pp = list(dict.fromkeys(t.n_prompt for t in tests if t.n_prompt and not t.n_gen))
+    tg = list(dict.fromkeys(t.n_gen for t in tests if t.n_gen and not t.n_prompt))
+    pg = list(dict.fromkeys((t.n_prompt, t.n_gen) for t in tests if t.n_prompt and t.n_gen))
     argv = [binary, "-m", model, "-p", ",".join(map(str, pp)) or "0", "-n", ",".join(map(str, tg)) or "0",
             "-r", str(reps), "-b", str(n_batch), "-ub", str(n_batch), "-o", "json"]
-    for t in pg:
-        argv += ["-pg", f"{t.n_prompt},{t.n_gen}"]
+    for p, g in pg:
+        argv += ["-pg", f"{p},{g}"]
+    depths = list(dict.fromkeys(t.n_depth for t in tests))
+    if depths != [0]:
+        argv += ["-d", ",".join(map(str, depths))]
+    if kv is not None:
+        argv += ["-ctk", kv_type_name(kv.type_k), "-ctv", kv_type_name(kv.type_v), "-fa", kv.flash_attn]
     env: dict[str, str] = {}
     family, _, index = device.partition(":")
     if family.lower() == "vulkan":
@@ -86,16 +93,16 @@ def parse(text: str) -> list[dict[str, Any]]:
 
 
 def run(binary: str, mf: ModelFacts, tests: Sequence[TestSpec], reps: int, n_batch: int, device: str,
-        timeout: float = 7200.0) -> list[Result]:
+        timeout: float = 7200.0, kv: KVConfig | None = None) -> list[Result]:
     """Run llama-bench on one model; one llama.cpp :class:`Result` per test (in ``tests`` order).
 
     A failed run (exit status, no JSON, a test missing from its output) becomes records with
     ``error`` set (the last line of its stderr), not an exception.
     """
-    argv, extra = command(binary, mf.path, tests, reps, n_batch, device)
+    argv, extra = command(binary, mf.path, tests, reps, n_batch, device, kv)
     ngl = int(argv[argv.index("-ngl") + 1])
     results = [Result(mf, "llama.cpp", device, "llama-bench", ngl, n_batch, None, t,
-                      placement=f"llama-bench -ngl {ngl}") for t in tests]
+                      placement=f"llama-bench -ngl {ngl}", kv=kv or KVConfig()) for t in tests]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **extra})
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -107,9 +114,9 @@ def run(binary: str, mf: ModelFacts, tests: Sequence[TestSpec], reps: int, n_bat
         records = parse(r.stdout)
     except CooktopError as e:
         return _fail(results, str(e))
-    by_test = {(int(d.get("n_prompt", 0)), int(d.get("n_gen", 0))): d for d in records}
+    by_test = {(int(d.get("n_prompt", 0)), int(d.get("n_gen", 0)), int(d.get("n_depth", 0))): d for d in records}
     for res in results:
-        d = by_test.get((res.test.n_prompt, res.test.n_gen))
+        d = by_test.get((res.test.n_prompt, res.test.n_gen, res.test.n_depth))
         if d is None:
             res.error = f"llama-bench printed no record for {res.test.name}"
             continue
@@ -128,9 +135,9 @@ def _fail(results: list[Result], why: str) -> list[Result]:
 
 
 def pair(results: list[Result], refs: list[Result]) -> None:
-    """Give each cooktop result the llama-bench runs of its model, n_batch and test as paired runs."""
-    by_key = {(r.model.path, r.n_batch, r.test): r for r in refs if r.avg_ts is not None}
+    """Give each cooktop result the llama-bench runs of its model, n_batch, cache types and test as paired runs."""
+    by_key = {(r.model.path, r.n_batch, r.kv, r.test): r for r in refs if r.avg_ts is not None}
     for res in results:
-        ref = by_key.get((res.model.path, res.n_batch, res.test))
+        ref = by_key.get((res.model.path, res.n_batch, res.kv, res.test))
         if ref is not None and res.backend != "llama.cpp":
             res.paired_ts = list(ref.samples_ts)

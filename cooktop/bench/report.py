@@ -18,11 +18,13 @@ import io
 import json
 from typing import Any
 
+from ..format.kvtypes import KVConfig
 from .runner import Result
 
 #: Record fields (json/jsonl/csv), in order.
 FIELDS = ("model", "model_path", "model_type", "model_size", "model_n_params", "backend", "device", "device_name",
-          "n_gpu_layers", "n_batch", "tensor_split", "test", "n_prompt", "n_gen", "reps", "avg_ts", "stddev_ts",
+          "n_gpu_layers", "n_batch", "tensor_split", "type_k", "type_v", "flash_attn", "test", "n_prompt", "n_gen",
+          "n_depth", "reps", "avg_ts", "stddev_ts",
           "avg_s", "samples_ts", "samples_s", "llama_cpp_ts", "ratio", "error", "placement", "load_ms",
           "timestamp")
 
@@ -54,8 +56,9 @@ def record(r: Result, machine: dict[str, Any] | None) -> dict[str, Any]:
         "model": r.model.desc, "model_path": r.model.path, "model_type": r.model.file_type,
         "model_size": r.model.size_bytes, "model_n_params": r.model.n_params,
         "backend": r.backend, "device": r.device, "device_name": r.device_name, "n_gpu_layers": r.ngl,
-        "n_batch": r.n_batch, "tensor_split": r.split, "test": r.test.name, "n_prompt": r.test.n_prompt,
-        "n_gen": r.test.n_gen, "reps": len(ts), "avg_ts": r.avg_ts, "stddev_ts": r.stddev_ts,
+        "n_batch": r.n_batch, "tensor_split": r.split, "type_k": r.kv_text[0], "type_v": r.kv_text[1],
+        "flash_attn": r.kv_text[2], "test": r.test.name, "n_prompt": r.test.n_prompt,
+        "n_gen": r.test.n_gen, "n_depth": r.test.n_depth, "reps": len(ts), "avg_ts": r.avg_ts, "stddev_ts": r.stddev_ts,
         "avg_s": sum(r.samples_s) / len(r.samples_s) if r.samples_s else None,
         "samples_ts": ts, "samples_s": list(r.samples_s),
         "llama_cpp_ts": sum(r.paired_ts) / len(r.paired_ts) if r.paired_ts else None,
@@ -74,6 +77,7 @@ def from_records(recs: list[dict[str, Any]]) -> list[Result]:
         CooktopError: a record lacks a field of :data:`FIELDS`.
     """
     from ..errors import CooktopError
+    from ..format.kvtypes import KVConfig
     from .runner import ModelFacts, TestSpec
 
     out = []
@@ -84,9 +88,10 @@ def from_records(recs: list[dict[str, Any]]) -> list[Result]:
             n = d["n_prompt"] + d["n_gen"]
             paired = [d["llama_cpp_ts"]] if d.get("llama_cpp_ts") else []
             out.append(Result(mf, d["backend"], d["device"], d["device_name"], d["n_gpu_layers"], d["n_batch"],
-                              d["tensor_split"], TestSpec(d["n_prompt"], d["n_gen"]),
+                              d["tensor_split"], TestSpec(d["n_prompt"], d["n_gen"], d.get("n_depth", 0)),
                               samples_s=list(d["samples_s"]) or [n / t for t in ts], error=d["error"],
-                              placement=d.get("placement", ""), load_ms=d.get("load_ms", 0.0), paired_ts=paired))
+                              placement=d.get("placement", ""), load_ms=d.get("load_ms", 0.0), paired_ts=paired,
+                              kv=KVConfig.parse(d.get("type_k"), d.get("type_v"), d.get("flash_attn"))))
         except (KeyError, TypeError) as e:
             raise CooktopError(f"benchmark record {i} is not a cooktop bench record (missing {e})") from None
     return out
@@ -118,8 +123,9 @@ def to_markdown(results: list[Result]) -> str:
     """llama-bench's markdown table, plus numbered error notes under it."""
     with_ratio = any(r.backend == "llama.cpp" for r in results)
     with_split = any(r.split for r in results)
+    with_kv = any(r.kv != KVConfig() for r in results)  # llama-bench shows type_k / type_v / fa when set
     head = ["model", "size", "params", "backend", "device", "ngl", "n_batch"] + (["ts"] if with_split else []) + \
-        ["test", "t/s"] + (["vs llama.cpp"] if with_ratio else [])
+        (["type_k", "type_v", "fa"] if with_kv else []) + ["test", "t/s"] + (["vs llama.cpp"] if with_ratio else [])
     right = {"size", "params", "ngl", "n_batch", "t/s", "vs llama.cpp"}
     notes: list[str] = []
     rows = []
@@ -130,7 +136,8 @@ def to_markdown(results: list[Result]) -> str:
                 notes.append(r.error)
             tps = f"error [{notes.index(r.error) + 1}]" if r.avg_ts is None else f"{tps} [{notes.index(r.error) + 1}]"
         row = [r.model.desc, size_text(r.model.size_bytes), params_text(r.model.n_params), r.backend, r.device,
-               str(r.ngl), str(r.n_batch)] + ([r.split or "-"] if with_split else []) + [r.test.name, tps]
+               str(r.ngl), str(r.n_batch)] + ([r.split or "-"] if with_split else []) + \
+            (list(r.kv_text) if with_kv else []) + [r.test.name, tps]
         if with_ratio:
             row.append(f"{r.ratio:.2f}" if r.ratio is not None else ("1.00" if r.backend == "llama.cpp"
                                                                      and r.avg_ts is not None else "-"))

@@ -7,6 +7,11 @@ Tests (llama-bench, examples/llama-bench/llama-bench.cpp):
 - ``tgN``: from an empty context, evaluate ``N`` tokens one after another
   (one forward pass each, no sampling); t/s = N / seconds.
 - ``ppP+tgN``: ``ppP`` then ``tgN`` in the same context; t/s = (P + N) / seconds.
+- ``-d D`` (``--n-depth``, llama-bench's ``n_depth``): before each run the context is filled
+  with ``D`` tokens (in ``n_batch`` chunks, not timed), so the test measures attention over a
+  cache that already holds D tokens; its name gets `` @ dD`` (``tg128 @ d2048``).
+- ``-ctk`` / ``-ctv`` / ``-fa``: the KV cache types and flash attention of each configuration
+  (``cooktop.format.kvtypes.KVConfig``; swept like the other lists).
 
 Each (test, configuration) gets one warm-up run (not counted: it compiles
 kernels, records sequences, fills the numpy backend's dequantized-weight
@@ -41,6 +46,7 @@ import numpy as np
 
 from ..backends.registry import FAMILIES
 from ..errors import CooktopError
+from ..format.kvtypes import KVConfig, kv_type_name
 from ..model.forward import Model
 
 log = logging.getLogger("cooktop")
@@ -51,18 +57,20 @@ BACKEND_NAMES = {name: f.label for name, f in FAMILIES.items()}
 
 @dataclasses.dataclass(frozen=True)
 class TestSpec:
-    """One llama-bench test: ``n_prompt`` prompt tokens then ``n_gen`` generated tokens."""
+    """One llama-bench test: ``n_prompt`` prompt tokens then ``n_gen`` generated tokens, after
+    ``n_depth`` untimed tokens already in the context."""
 
     __test__ = False  # not a pytest class
 
     n_prompt: int
     n_gen: int
+    n_depth: int = 0
 
     @property
     def name(self) -> str:
-        """``pp512``, ``tg128`` or ``pp512+tg128`` (llama-bench's test names)."""
+        """``pp512``, ``tg128``, ``pp512+tg128``, ``tg128 @ d2048`` (llama-bench's test names)."""
         parts = ([f"pp{self.n_prompt}"] if self.n_prompt else []) + ([f"tg{self.n_gen}"] if self.n_gen else [])
-        return "+".join(parts)
+        return "+".join(parts) + (f" @ d{self.n_depth}" if self.n_depth else "")
 
     @property
     def n_tokens(self) -> int:
@@ -70,16 +78,20 @@ class TestSpec:
         return self.n_prompt + self.n_gen
 
 
-def make_tests(n_prompt: list[int], n_gen: list[int], pg: list[tuple[int, int]]) -> list[TestSpec]:
-    """llama-bench's test list: a pp test per ``-p`` > 0, a tg test per ``-n`` > 0, a pg test per ``-pg``.
+def make_tests(n_prompt: list[int], n_gen: list[int], pg: list[tuple[int, int]],
+               n_depth: list[int] | None = None) -> list[TestSpec]:
+    """llama-bench's test list: a pp test per ``-p`` > 0, a tg test per ``-n`` > 0, a pg test per ``-pg``,
+    each at every depth of ``-d`` (default 0; llama-bench's order: depths innermost).
 
     Raises:
         CooktopError: a negative count, or no test at all.
     """
-    if any(v < 0 for v in n_prompt + n_gen + [x for p in pg for x in p]):
-        raise CooktopError("-p, -n and -pg take token counts >= 0")
-    tests = [TestSpec(p, 0) for p in n_prompt if p > 0] + [TestSpec(0, n) for n in n_gen if n > 0]
-    tests += [TestSpec(p, n) for p, n in pg if p > 0 or n > 0]
+    depths = n_depth or [0]
+    if any(v < 0 for v in n_prompt + n_gen + depths + [x for p in pg for x in p]):
+        raise CooktopError("-p, -n, -pg and -d take token counts >= 0")
+    base = [(p, 0) for p in n_prompt if p > 0] + [(0, n) for n in n_gen if n > 0]
+    base += [(p, n) for p, n in pg if p > 0 or n > 0]
+    tests = [TestSpec(p, n, d) for p, n in base for d in depths]
     if not tests:
         raise CooktopError("nothing to measure: every -p, -n and -pg is 0")
     return list(dict.fromkeys(tests))
@@ -156,6 +168,12 @@ class Result:
     placement: str = ""
     load_ms: float = 0.0
     paired_ts: list[float] = dataclasses.field(default_factory=list)
+    kv: KVConfig = dataclasses.field(default_factory=KVConfig)
+
+    @property
+    def kv_text(self) -> tuple[str, str, str]:
+        """(type_k, type_v, fa) as llama-bench's columns name them."""
+        return kv_type_name(self.kv.type_k), kv_type_name(self.kv.type_v), self.kv.flash_attn
 
     @property
     def samples_ts(self) -> list[float]:
@@ -205,7 +223,7 @@ class CooktopRunner:
     """
 
     def __init__(self, path: str, device: str, ngl: Any, n_batch: int, split: str | None, n_ctx: int,
-                 tensors: Any = None):
+                 tensors: Any = None, kv: KVConfig | None = None):
         from ..engine import generate as engine
 
         sels = device.replace("+", ",")
@@ -214,7 +232,7 @@ class CooktopRunner:
         self.device_name = device_names(device)
         extra = {"tensors": tensors} if tensors is not None else {}  # --n-cpu-moe / -ot
         self.eng = engine.load(path, n_ctx=n_ctx, n_batch=n_batch, device=sels, n_gpu_layers=ngl,
-                               split=split.replace("/", ",") if split else None, **extra)
+                               split=split.replace("/", ",") if split else None, kv=kv, **extra)
         self.placement = self.eng.placement.summary()
         self.load_ms = self.eng.load_ms
         assert isinstance(self.eng.model, Model)  # engine.load places it on this machine's devices
@@ -251,20 +269,24 @@ def device_names(device: str) -> str:
 
 
 def run_once(runner: Runner, test: TestSpec, tokens: list[int]) -> float:
-    """One run of ``test`` from an empty context; returns seconds (wall clock, perf_counter)."""
+    """One run of ``test`` from an empty context (after its ``n_depth`` untimed tokens, the first of
+    ``tokens``); returns the seconds of the test itself (wall clock, perf_counter)."""
     runner.reset()
+    d = test.n_depth
+    if d:
+        runner.prompt(tokens[:d])  # llama-bench's n_depth: the cache holds d tokens, not timed
     t0 = time.perf_counter()
     if test.n_prompt:
-        runner.prompt(tokens[:test.n_prompt])
-    for tok in tokens[test.n_prompt:]:
+        runner.prompt(tokens[d:d + test.n_prompt])
+    for tok in tokens[d + test.n_prompt:]:
         runner.decode(tok)
     return time.perf_counter() - t0
 
 
 def tokens_for(test: TestSpec, n_vocab: int, seed: int) -> list[int]:
-    """The ``n_tokens`` ids a test evaluates: uniform in ``[0, n_vocab)``, seeded (numpy PCG64)."""
-    rng = np.random.default_rng([seed, test.n_prompt, test.n_gen])
-    return [int(t) for t in rng.integers(0, n_vocab, test.n_tokens)]
+    """The ``n_depth + n_tokens`` ids a test evaluates: uniform in ``[0, n_vocab)``, seeded (numpy PCG64)."""
+    rng = np.random.default_rng([seed, test.n_prompt, test.n_gen] + ([test.n_depth] if test.n_depth else []))
+    return [int(t) for t in rng.integers(0, n_vocab, test.n_depth + test.n_tokens)]
 
 
 @dataclasses.dataclass
@@ -281,13 +303,15 @@ class BenchParams:
     seed: int = 1234
     #: ``--n-cpu-moe`` / ``--cpu-moe`` / ``-ot`` (``runtime.placement.TensorPlacement``), or None
     tensors: Any = None
+    #: KV cache types and flash attention (``-ctk`` x ``-ctv`` x ``-fa``), swept
+    kv: list[KVConfig] = dataclasses.field(default_factory=lambda: [KVConfig()])
 
-    def configs(self) -> list[tuple[str, Any, int, str | None]]:
-        """(device, ngl, n_batch, split) of every sweep point, device outermost.
+    def configs(self) -> list[tuple[str, Any, int, str | None, KVConfig]]:
+        """(device, ngl, n_batch, split, kv) of every sweep point, device outermost.
 
         ``split`` applies to ``+``-joined devices only (None for a single device)."""
-        points = ((d, g, b, s if "+" in d else None)
-                  for d, g, b, s in itertools.product(self.devices, self.ngl, self.n_batch, self.split))
+        points = ((d, g, b, s if "+" in d else None, kv)
+                  for d, g, b, s, kv in itertools.product(self.devices, self.ngl, self.n_batch, self.split, self.kv))
         return list(dict.fromkeys(points))
 
 
@@ -296,13 +320,14 @@ def _error_text(e: BaseException) -> str:
     return msg if isinstance(e, CooktopError) else f"{type(e).__name__}: {msg}"
 
 
-def run_bench(params: BenchParams, vs: Callable[[str, int, int], Runner] | None = None,
+def run_bench(params: BenchParams, vs: Callable[[str, int, int, KVConfig], Runner] | None = None,
               progress: bool = False, facts: dict[str, ModelFacts] | None = None) -> list[Result]:
     """Measure every test on every sweep point; with ``vs``, interleave a reference engine.
 
     Args:
         params: the sweep.
-        vs: ``vs(model_path, n_ctx, n_batch) -> Runner`` of the reference (llama.cpp), or None.
+        vs: ``vs(model_path, n_ctx, n_batch, kv) -> Runner`` of the reference (llama.cpp, with the same
+            cache types and flash attention), or None.
             Its runs alternate with each configuration's (warm-up of both, then one
             run of each per repetition); its records pool all its runs for a
             (model, n_batch, test), and each cooktop record keeps the paired runs
@@ -316,7 +341,7 @@ def run_bench(params: BenchParams, vs: Callable[[str, int, int], Runner] | None 
     """
     facts = facts or {p: model_facts(p) for p in params.models}
     configs = params.configs()
-    n_ctx = max(t.n_tokens for t in params.tests)
+    n_ctx = max(t.n_depth + t.n_tokens for t in params.tests)
     per_run = 2 if vs else 1
     total = len(params.models) * len(configs) * len(params.tests) * (params.reps + 1) * per_run
     bar = _progress_bar(total, progress)
@@ -324,28 +349,30 @@ def run_bench(params: BenchParams, vs: Callable[[str, int, int], Runner] | None 
     try:
         for path in params.models:
             mf = facts[path]
-            refs: dict[int, Runner | str] = {}
-            ref_results: dict[tuple[int, TestSpec], Result] = {}
-            for device, ngl, n_batch, split in configs:
+            refs: dict[tuple[int, KVConfig], Runner | str] = {}
+            ref_results: dict[tuple[int, KVConfig, TestSpec], Result] = {}
+            for device, ngl, n_batch, split, kv in configs:
                 bar.set_description(f"{os.path.basename(path)} {device} ngl={ngl} b={n_batch}")
                 ref: Runner | None = None
                 if vs is not None:
-                    got = refs.get(n_batch)  # the reference runner, or why it could not start
+                    got = refs.get((n_batch, kv))  # the reference runner, or why it could not start
                     if got is None:
                         try:
-                            got = vs(path, n_ctx, n_batch)
+                            got = vs(path, n_ctx, n_batch, kv)
                         except Exception as e:  # noqa: BLE001 - becomes error records
                             got = f"{_error_text(e)}"
-                        refs[n_batch] = got
+                        refs[(n_batch, kv)] = got
                     for t in params.tests:
-                        if (n_batch, t) not in ref_results:
+                        if (n_batch, kv, t) not in ref_results:
                             r = Result(mf, "llama.cpp", "cpu", getattr(got, "device_name", "cpu"), 0, n_batch,
                                        None, t, error=got if isinstance(got, str) else None,
-                                       placement=getattr(got, "placement", ""), load_ms=getattr(got, "load_ms", 0))
-                            ref_results[(n_batch, t)] = r
+                                       placement=getattr(got, "placement", ""), load_ms=getattr(got, "load_ms", 0),
+                                       kv=kv)
+                            ref_results[(n_batch, kv, t)] = r
                     ref = None if isinstance(got, str) else got
                 try:
-                    runner: Runner | None = CooktopRunner(path, device, ngl, n_batch, split, n_ctx, params.tensors)
+                    runner: Runner | None = CooktopRunner(path, device, ngl, n_batch, split, n_ctx, params.tensors,
+                                                          kv)
                     err = None
                 except Exception as e:  # noqa: BLE001 - an unavailable device is a record, not a crash
                     runner, err = None, _error_text(e)
@@ -355,9 +382,10 @@ def run_bench(params: BenchParams, vs: Callable[[str, int, int], Runner] | None 
                 for t in params.tests:
                     res = Result(mf, backend, device, runner.device_name if runner else device_names(device),
                                  ngl, n_batch, split, t, error=err,
-                                 placement=runner.placement if runner else "", load_ms=runner.load_ms if runner else 0)
+                                 placement=runner.placement if runner else "", load_ms=runner.load_ms if runner else 0,
+                                 kv=kv)
                     results.append(res)
-                    ref_res = ref_results.get((n_batch, t))
+                    ref_res = ref_results.get((n_batch, kv, t))
                     if runner is None:
                         bar.update((params.reps + 1) * per_run)
                         continue

@@ -61,7 +61,8 @@ class LlamaCppRunner:
 
     Args:
         path: GGUF path; n_ctx: context (tokens); n_batch: chunk size (tokens);
-        n_threads: CPU threads (default: logical cores).
+        n_threads: CPU threads (default: logical cores); kv: the ``KVConfig`` (``type_k``, ``type_v``,
+        ``flash_attn``) or None (llama-cpp-python's defaults).
     Raises:
         LlamaCppUnavailable: not installed.
         CooktopError: llama.cpp cannot load the model.
@@ -70,14 +71,17 @@ class LlamaCppRunner:
     backend = "llama.cpp"
     device = "cpu"
 
-    def __init__(self, path: str, n_ctx: int, n_batch: int, n_threads: int | None = None):
+    def __init__(self, path: str, n_ctx: int, n_batch: int, n_threads: int | None = None, kv=None):
         llama_cpp = import_llama_cpp()
+        kv_args = {}
+        if kv is not None:  # the same cache types; -fa auto is on here too (llama.cpp's CPU backend has it)
+            kv_args = {"type_k": int(kv.type_k), "type_v": int(kv.type_v), "flash_attn": kv.flash_attn != "off"}
         n_threads = n_threads or os.cpu_count() or 1
         t0 = time.perf_counter()
         try:
             self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=max(n_ctx, 8), n_batch=n_batch, n_ubatch=n_batch,
                                        n_threads=n_threads, n_threads_batch=n_threads, n_gpu_layers=0,
-                                       logits_all=False, verbose=False, seed=1234)
+                                       logits_all=False, verbose=False, seed=1234, **kv_args)
         except Exception as e:  # noqa: BLE001 - llama_cpp raises ValueError on load failures
             raise CooktopError(f"llama.cpp cannot load {path}: {type(e).__name__}: {e}") from None
         self.load_ms = (time.perf_counter() - t0) * 1e3
@@ -145,7 +149,7 @@ REBUILD_HINT = ("CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DG
 
 
 def factory(engine: str):
-    """``vs(path, n_ctx, n_batch) -> runner`` for ``--vs ENGINE``, checking the import first.
+    """``vs(path, n_ctx, n_batch, kv) -> runner`` for ``--vs ENGINE``, checking the import first.
 
     Raises:
         CooktopError: unknown engine name.
@@ -156,7 +160,7 @@ def factory(engine: str):
     import_llama_cpp()
     checked: dict[str, CooktopError | None] = {}
 
-    def make(path: str, n_ctx: int, n_batch: int) -> LlamaCppRunner:
+    def make(path: str, n_ctx: int, n_batch: int, kv=None) -> LlamaCppRunner:
         if path not in checked:
             try:
                 preflight(path)
@@ -166,6 +170,6 @@ def factory(engine: str):
         err = checked[path]
         if err is not None:
             raise err
-        return LlamaCppRunner(path, n_ctx, n_batch)
+        return LlamaCppRunner(path, n_ctx, n_batch, kv=kv)
 
     return make

@@ -37,6 +37,23 @@ def _pg(values: tuple[str, ...]) -> list[tuple[int, int]]:
     return out
 
 
+def _kv_configs(type_k: str, type_v: str, flash_attn: str) -> list:
+    """Every (-ctk, -ctv, -fa) combination of the comma lists, as ``KVConfig`` s (llama-bench sweeps them).
+
+    Raises:
+        KVTypeError: an unknown type or -fa value.
+    """
+    import itertools
+
+    from ..format.kvtypes import KVConfig
+
+    def items(v: str) -> list[str]:
+        return [x.strip() for x in str(v).split(",") if x.strip()]
+
+    out = [KVConfig.parse(k, v, fa) for k, v, fa in itertools.product(items(type_k), items(type_v), items(flash_attn))]
+    return list(dict.fromkeys(out))
+
+
 def _devices(value: str | None) -> list[str]:
     """Sweep elements of ``--device``: ``auto`` expands to what it picks; ``a+b`` stays one element.
 
@@ -69,6 +86,14 @@ def _emit(text: str) -> None:
 @click.option("-p", "--n-prompt", "n_prompt", default="512", show_default=True, help="Prompt tokens (pp tests).")
 @click.option("-n", "--n-gen", "n_gen", default="128", show_default=True, help="Generated tokens (tg tests).")
 @click.option("-pg", "pg", multiple=True, help="PROMPT,GEN: a pp+tg test (repeatable).")
+@click.option("-d", "--n-depth", "n_depth", default="0", show_default=True,
+              help="Tokens already in the KV cache before each test (comma list; llama-bench's -d).")
+@click.option("-ctk", "--cache-type-k", "cache_type_k", default="f16", show_default=True,
+              help="KV cache type of K (comma list): f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1.")
+@click.option("-ctv", "--cache-type-v", "cache_type_v", default="f16", show_default=True,
+              help="KV cache type of V (comma list).")
+@click.option("-fa", "--flash-attn", "flash_attn", default="auto", show_default=True,
+              help="Flash attention: on, off, auto (comma list; a quantized V cache needs on or auto).")
 @click.option("-r", "--repetitions", "reps", default=5, show_default=True, help="Timed runs per test.")
 @click.option("--device", "-dev", "device", default=None, envvar="COOKTOP_DEVICE",
               help="Comma list swept over: auto, cpu, opencl, opencl:1, vulkan:0, or a split like opencl:0+vulkan:0.")
@@ -108,7 +133,8 @@ def _emit(text: str) -> None:
 @click.option("-npp", "npp", default="128", show_default=True, help="--batched: prompt tokens per sequence (list).")
 @click.option("-ntg", "ntg", default="32", show_default=True, help="--batched: generated tokens per sequence (list).")
 @click.option("-npl", "npl", default="1,2,4,8", show_default=True, help="--batched: parallel sequences (list).")
-def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, n_cpu_moe, cpu_moe, override_tensor,
+def bench_cmd(models, n_prompt, n_gen, pg, n_depth, cache_type_k, cache_type_v, flash_attn, reps, device, ngl,
+              n_batch, split, n_cpu_moe, cpu_moe, override_tensor,
               fmt, progress, plot_path, vs, llama_bench, from_file, seed, ops, quick, shape, types, threads, batched,
               npp, ntg, npl):
     """Measure prompt processing (pp) and generation (tg) speed, like llama.cpp's llama-bench
@@ -150,7 +176,8 @@ def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, n_
     if reps < 1:
         raise CooktopError(f"-r must be at least 1, got {reps}")
     paths = [p.strip() for m in models for p in m.split(",") if p.strip()] or [resolve_model(None, None, None)]
-    tests = runner.make_tests(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), _pg(pg))
+    tests = runner.make_tests(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), _pg(pg), _ints(n_depth, "-d"))
+    kvs = _kv_configs(cache_type_k, cache_type_v, flash_attn)
     batches = _ints(n_batch, "-b")
     if any(b <= 0 for b in batches):
         raise CooktopError(f"-b takes positive chunk sizes, got {n_batch}")
@@ -159,7 +186,7 @@ def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, n_
         ngl=[parse_ngl(v.strip()) for v in str(ngl).split(",") if v.strip()], n_batch=batches,
         split=[s.strip() for s in split.split(",")] if split else [None], reps=reps, seed=seed,
         tensors=TensorPlacement.parse(n_cpu_moe, cpu_moe, override_tensor) if (n_cpu_moe or cpu_moe or override_tensor)
-        else None)
+        else None, kv=kvs)
     facts = {p: runner.model_facts(p) for p in paths}  # a bad file fails here, before any work
     refs = []
     if ext:
@@ -167,8 +194,10 @@ def bench_cmd(models, n_prompt, n_gen, pg, reps, device, ngl, n_batch, split, n_
         dev = next((d for d in params.devices if d.lower().startswith("vulkan")), params.devices[0])
         for p in paths:
             for b in batches:
-                click.echo(f"cooktop bench: {ext} on {os.path.basename(p)} ({dev}, -b {b})", err=True)
-                refs += lb.run(ext, facts[p], tests, reps, b, dev)
+                for kv in kvs:
+                    click.echo(f"cooktop bench: {ext} on {os.path.basename(p)} ({dev}, -b {b}, {kv.label()}, "
+                               f"-fa {kv.flash_attn})", err=True)
+                    refs += lb.run(ext, facts[p], tests, reps, b, dev, kv=kv)
     results = runner.run_bench(params, vs=vs_factory, progress=progress, facts=facts)
     if ext:
         lb.pair(results, refs)

@@ -7,6 +7,7 @@ import functools
 import click
 
 from ..errors import CooktopError
+from ..format.kvtypes import KV_DEFAULT, KV_TYPES, KVConfig, kv_type_name
 from ..runtime.placement import (
     TensorPlacement,
     parse_ngl,  # noqa: F401  (re-exported for the commands)
@@ -63,6 +64,34 @@ def device_options(f):
     f = click.option("--device", "-dev", "device", default=None, envvar="COOKTOP_DEVICE",
                      help="auto, cpu, opencl, opencl:1, vulkan:0, or a comma list (COOKTOP_DEVICE).")(f)
     return f
+
+
+def kv_options(f):
+    """llama.cpp's ``-ctk/--cache-type-k``, ``-ctv/--cache-type-v`` and ``-fa/--flash-attn [on|off|auto]``
+    (also read from ``LLAMA_ARG_CACHE_TYPE_K`` / ``_V`` / ``LLAMA_ARG_FLASH_ATTN``), reaching the command
+    as one ``kv`` argument (``cooktop.format.kvtypes.KVConfig``; bad values are a one-line error)."""
+    command = f
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        kwargs["kv"] = KVConfig.parse(kwargs.pop("cache_type_k"), kwargs.pop("cache_type_v"),
+                                      kwargs.pop("flash_attn"))
+        return command(*args, **kwargs)
+
+    names = ", ".join(kv_type_name(t) for t in KV_TYPES)
+    f = click.option("-fa", "--flash-attn", "flash_attn", default="auto", is_flag=False, flag_value="on",
+                     envvar="LLAMA_ARG_FLASH_ATTN", show_default=True, metavar="[on|off|auto]",
+                     help="Flash attention (a quantized V cache requires it; auto: on).")(wrapper)
+    f = click.option("-ctv", "--cache-type-v", "cache_type_v", default=None, envvar="LLAMA_ARG_CACHE_TYPE_V",
+                     metavar="TYPE", help=f"KV cache type of V: {names} (default {kv_type_name(KV_DEFAULT)}).")(f)
+    f = click.option("-ctk", "--cache-type-k", "cache_type_k", default=None, envvar="LLAMA_ARG_CACHE_TYPE_K",
+                     metavar="TYPE", help=f"KV cache type of K: {names} (default {kv_type_name(KV_DEFAULT)}).")(f)
+    return f
+
+
+def kv_kwargs(kv: KVConfig) -> dict:
+    """``Llama(...)`` keyword arguments of a :class:`KVConfig` (``type_k``, ``type_v``, ``flash_attn``)."""
+    return {"type_k": int(kv.type_k), "type_v": int(kv.type_v), "flash_attn": kv.flash_attn}
 
 
 def moe_kwargs(tensors: TensorPlacement | None) -> dict:

@@ -7,17 +7,27 @@ import json
 import os
 
 import click
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 
 from ..errors import CooktopError, UnsupportedModelError
 from ..format.gguf import open_gguf
+from ..format.kvtypes import KV_TYPES, KVConfig, kv_type_name
 from ..model.config import load_config
 from .group import cli
 
 
-def model_info(path: str, n_ctx: int) -> dict:
+def _kv_bytes(cfg, n_ctx: int, kv: KVConfig) -> int:
+    rk, rv = kv.row_bytes(cfg.n_embd_kv)
+    return cfg.n_layer * n_ctx * (rk + rv)
+
+
+def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
     """Summary dict of a GGUF: architecture, config, parameter count, file size (bytes),
     tensor-type histogram (type -> tensor count and bytes), the largest tensor (name, bytes),
-    KV cache bytes for ``n_ctx``.
+    KV cache bytes for ``n_ctx``: ``kv_cache`` for the cache types of ``kv`` (``-ctk``/``-ctv``,
+    default f16 as llama.cpp's) and ``kv_cache_bytes`` per cache type (K and V of one type; block
+    types whose block divides head_dim).
 
     A readable GGUF that cooktop cannot run (an unknown architecture, say) still gets its
     header, architecture metadata and tensor types, with ``config`` None, ``supported`` False
@@ -35,6 +45,7 @@ def model_info(path: str, n_ctx: int) -> dict:
         return _unsupported_info(gf, path, str(e))
     n_params = sum(t.n_elements for t in gf.tensors.values())
     n_ctx = n_ctx if n_ctx > 0 else cfg.n_ctx_train
+    kv = kv if kv is not None else KVConfig(T.F16, T.F16)
     return {
         "supported": True,
         "path": os.path.abspath(path),
@@ -52,7 +63,10 @@ def model_info(path: str, n_ctx: int) -> dict:
         "rope_freqs": "rope_freqs.weight" in gf.tensors,
         "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
         "n_ctx": n_ctx,
-        "kv_cache_bytes": {"f32": cfg.kv_cache_bytes(n_ctx, 4), "f16": cfg.kv_cache_bytes(n_ctx, 2)},
+        "kv_cache": {"type_k": kv_type_name(kv.type_k), "type_v": kv_type_name(kv.type_v),
+                     "bytes": _kv_bytes(cfg, n_ctx, kv)},
+        "kv_cache_bytes": {kv_type_name(t): _kv_bytes(cfg, n_ctx, KVConfig(t, t)) for t in KV_TYPES
+                           if not cfg.head_dim % GGML_QUANT_SIZES[t][0]},
     }
 
 
@@ -99,11 +113,15 @@ def _params(n: int) -> str:
 @cli.command("info")
 @click.argument("model", type=click.Path())
 @click.option("-c", "--ctx-size", "n_ctx", default=0, help="Context size for the KV cache figure (0 = n_ctx_train).")
+@click.option("-ctk", "--cache-type-k", "cache_type_k", default="f16", show_default=True,
+              help="KV cache type of K for the KV cache figure.")
+@click.option("-ctv", "--cache-type-v", "cache_type_v", default="f16", show_default=True,
+              help="KV cache type of V for the KV cache figure.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def info_cmd(model: str, n_ctx: int, as_json: bool) -> None:
+def info_cmd(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str, as_json: bool) -> None:
     """Describe a GGUF model file (one cooktop cannot run too: what its header, metadata and
     tensors say, then the reason on stderr and exit code 1)."""
-    info = model_info(model, n_ctx)
+    info = model_info(model, n_ctx, KVConfig.parse(cache_type_k, cache_type_v))
     if as_json:
         click.echo(json.dumps(info, indent=2))
         if not info["supported"]:
@@ -140,8 +158,10 @@ def info_cmd(model: str, n_ctx: int, as_json: bool) -> None:
         f"rope scaling:   {c['rope_scaling_type']}    ext_factor: {c['rope_ext_factor']:g}    "
         f"attn_factor: {c['rope_attn_factor']:g}    n_ctx_orig: {c['n_ctx_orig_yarn']}"
         + ("    rope_freqs: yes" if info["rope_freqs"] else ""),
-        f"KV cache:       {_size(info['kv_cache_bytes']['f32'])} at n_ctx {info['n_ctx']} (f32; "
-        f"{_size(info['kv_cache_bytes']['f16'])} as f16)",
+        f"KV cache:       {_size(info['kv_cache']['bytes'])} at n_ctx {info['n_ctx']} (K {info['kv_cache']['type_k']}, "
+        f"V {info['kv_cache']['type_v']}; "
+        + ", ".join(f"{_size(b)} as {t}" for t, b in info["kv_cache_bytes"].items() if t in ("f32", "f16", "q8_0",
+                                                                                           "q4_0")) + ")",
         "tensor types:",
     ]
     if c.get("n_swa"):  # gemma3: llama.cpp's print_info says n_swa and the pattern

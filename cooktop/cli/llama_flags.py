@@ -46,9 +46,6 @@ PROGRAMS = {"run": ("COMPLETION", "CLI"), "chat": ("CLI", "COMPLETION"), "serve"
 
 #: Why an option changes nothing here, by one of its spellings.
 REASONS = {
-    "--flash-attn": "cooktop's attention kernels are its own",
-    "--cache-type-k": "the KV cache is f32",
-    "--cache-type-v": "the KV cache is f32",
     "--model-draft": "speculative decoding is on cooktop run and cooktop serve",
     "--main-gpu": "choose the device with --device (-dev)",
     "--split-mode": "cooktop splits by layer (--split / -ts)",
@@ -75,7 +72,6 @@ REASONS = {
 
 #: Values that are what cooktop does anyway: given, they pass without a notice.
 HARMLESS: dict[str, set[Any]] = {
-    "--flash-attn": {"off", "auto"}, "--cache-type-k": {"f32"}, "--cache-type-v": {"f32"},
     "--main-gpu": {"0"}, "--split-mode": {"layer"}, "--parallel": {"1"},
     "--color": {"off", "auto"}, "--context-shift": {False},
     "--display-prompt": {True}, "--warmup": {False}, "--mmap": {True},
@@ -87,7 +83,7 @@ SILENT = {"--jinja", "--cont-batching", "--webui", "--verbose", "--conversation"
 
 #: Options that take an optional value here (llama.cpp's older spelling was a bare flag):
 #: spelling -> the value a bare flag means.
-OPTIONAL_VALUE = {"--flash-attn": "on", "--color": "on"}
+OPTIONAL_VALUE = {"--color": "on"}
 
 #: Never added: click's own help option, and the group-level ``--version``.
 SKIP = {"--help", "--version", "--completion-bash"}

@@ -9,9 +9,10 @@ from tabulate import tabulate
 
 from ..backends import registry
 from ..format.gguf import open_gguf
+from ..format.kvtypes import KVConfig, kv_type_name
 from ..model.config import load_config
 from ..runtime.loader import check_batch, default_n_ctx, plan_for
-from .common import device_options, model_options, parse_ngl, ray_option, resolve_model
+from .common import device_options, kv_options, model_options, parse_ngl, ray_option, resolve_model
 from .group import cli
 
 PLAN_SCHEMA_VERSION = 1
@@ -35,7 +36,7 @@ def _ranges(blocks: list[int]) -> str:
 
 
 def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_layers, split,
-                ray_address: str | None = None, tensors=None) -> dict:
+                ray_address: str | None = None, tensors=None, kv=None) -> dict:
     """The ``--json`` document (schema in README "cooktop plan --json").
 
     With ``ray_address`` the devices are the cluster's (``NODE/DEVICE``) and the
@@ -60,13 +61,15 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
                    "hops": hops, "bytes_per_token": sum(h["bytes_per_token"] for h in hops)}
     else:
         selectors = registry.resolve(device)
-        p = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, False, tensors)
+        p = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, False, tensors, kv)
     rep = {
         "schema": PLAN_SCHEMA_VERSION,
         "model": model,
         "n_layer": cfg.n_layer,
         "n_ctx": n_ctx,
         "n_batch": n_batch,
+        "cache_type_k": kv_type_name((kv or KVConfig()).type_k),
+        "cache_type_v": kv_type_name((kv or KVConfig()).type_v),
         "devices_requested": selectors,
         "n_gpu_layers": p.n_gpu_layers,
         "n_offloaded": p.n_offloaded(),
@@ -93,22 +96,24 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
 @model_options
 @click.option("-c", "--ctx-size", "n_ctx", default=0, help="Context size in tokens (0 = from the model, <= 4096).")
 @click.option("-b", "--batch-size", "n_batch", default=512, show_default=True)
+@kv_options
 @device_options
 @ray_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema, see README).")
-def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors, as_json):
+def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors, kv,
+             as_json):
     """Show the placement of a model's layers on devices (per-device memory, fits or not).
 
     With --ray, layers are placed across the cluster's nodes by each device's probed memory,
     and each hop of a decoded token is listed with its bytes and measured latency.
     """
     path = resolve_model(model, hf_repo, hf_file)
-    rep = plan_report(path, n_ctx, n_batch, device, parse_ngl(n_gpu_layers), split, ray_address, tensors)
+    rep = plan_report(path, n_ctx, n_batch, device, parse_ngl(n_gpu_layers), split, ray_address, tensors, kv)
     if as_json:
         click.echo(json.dumps(rep, indent=2))
         return
     click.echo(f"{rep['model']}: n_layer {rep['n_layer']}, n_ctx {rep['n_ctx']}, n_batch {rep['n_batch']}, "
-               f"-ngl {rep['n_gpu_layers']}")
+               f"-ngl {rep['n_gpu_layers']}, KV cache K {rep['cache_type_k']} V {rep['cache_type_v']}")
     rows = [[d["device"], _ranges(d["blocks"]), "yes" if d["head"] else "", _mib(d["weight_bytes"]),
              _mib(d["kv_bytes"]), _mib(d["scratch_bytes"]), _mib(d["total_bytes"]),
              _mib(d["usable_bytes"]) if d["device"] != "cpu" else "host", "yes" if d["fits"] else "NO"]

@@ -12,7 +12,9 @@ from ..engine import generate as _engine
 from ..errors import CooktopError
 from .chat import chat_loop, chat_options, open_chat_model
 from .common import (
+    KVConfig,
     device_options,
+    kv_options,
     model_options,
     moe_kwargs,
     parse_ngl,
@@ -109,12 +111,13 @@ def process_escapes(text: str) -> str:
 @chat_options
 @speculative_options
 @threads_option
+@kv_options
 @device_options
 @ray_option
 def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, display_prompt,
             verbose_prompt, context_shift, n_keep, escape, no_bos, special, conversation, single_turn, system,
             chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, ray_address,
-            tensors, speculative, **gen_opts):
+            tensors, speculative, kv, **gen_opts):
     """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple).
 
     Special tokens in the prompt (``<s>``, ``<|im_start|>``) are parsed, escapes
@@ -136,7 +139,7 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         prompt = process_escapes(prompt)
     if conversation or (conversation is None and system is not None):
         llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
-                              chat_template, chat_template_file, ray_address, tensors)
+                              chat_template, chat_template_file, ray_address, tensors, kv)
         llm.draft_model, _draft = speculative.build(llm._engine, device, parse_ngl(n_gpu_layers))
         sys.exit(chat_loop(llm, chat_generation(llm, n_predict, gen_opts), system, prompt or None,
                            single_turn=single_turn))
@@ -148,6 +151,10 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
 
         load = functools.partial(cluster_load, ray_address=ray_address)
     extra = {"tensors": tensors} if moe_kwargs(tensors) else {}
+    if load is _engine.load:
+        extra["kv"] = kv
+    elif (kv.type_k, kv.type_v) != (KVConfig().type_k, KVConfig().type_v):
+        raise CooktopError(f"-ctk/-ctv ({kv.label()}) are not supported on a Ray cluster yet")
     eng = load(path, n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
                **extra)
     tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=True)

@@ -13,6 +13,8 @@ import click
 from ..errors import CooktopError
 from .common import (
     device_options,
+    kv_kwargs,
+    kv_options,
     model_options,
     moe_kwargs,
     parse_ngl,
@@ -60,6 +62,7 @@ from .spec_options import speculative_options
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
 @speculative_options
 @threads_option
+@kv_options
 @device_options
 @ray_option
 @click.option("--replicas", "n_replicas", type=int, default=None,
@@ -67,7 +70,7 @@ from .spec_options import speculative_options
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               embeddings, metrics, threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas,
-              tensors, speculative, **gen_opts):
+              tensors, speculative, kv, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
@@ -104,7 +107,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
     kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
                   seed=seed, n_threads=threads, n_threads_batch=threads_batch, chat_template=chat_template,
                   chat_template_file=chat_template_file, last_n_tokens_size=gen_opts["repeat_last_n"],
-                  **moe_kwargs(tensors))
+                  **moe_kwargs(tensors), **kv_kwargs(kv))
     if rerank:
         kwargs["pooling_type"] = 4  # llama.cpp LLAMA_POOLING_TYPE_RANK
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,

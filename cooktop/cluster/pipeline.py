@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import ClusterError, CooktopError
 from ..format.gguf import GGUFFile
+from ..format.kvtypes import KV_DEFAULT
 from ..model.config import ModelConfig
 from ..model.placed import CacheTokens, PlacedModel, Rows
 from .connect import get, import_ray, translate
@@ -94,13 +95,14 @@ class SegmentWorker:
         return {"pid": os.getpid(), "how": self.how, "actor_id": ray.get_runtime_context().get_actor_id()}
 
     def new_cache(self, cid: int, n_seq: int = 1) -> None:
-        """Allocate cache ``cid``'s K and V for each block: f32 [n_seq * n_ctx, n_head_kv * head_dim] each
-        (the layout of ``model.forward.KVCache``)."""
+        """Allocate cache ``cid``'s K and V for each block: [n_seq * n_ctx, n_head_kv * head_dim] each of the
+        default cache type (f16, ``format.kvtypes.KV_DEFAULT``, what the placement budget counts; the layout
+        of ``model.forward.KVCache``)."""
         shape = (n_seq * self.n_ctx, self.cfg.n_embd_kv)
         buf = self.device.buffer(f"KV cache {cid}")
         try:
-            k = [buf.zeros(shape) for _ in self.segment.blocks]
-            v = [buf.zeros(shape) for _ in self.segment.blocks]
+            k = [buf.zeros(shape, KV_DEFAULT) for _ in self.segment.blocks]
+            v = [buf.zeros(shape, KV_DEFAULT) for _ in self.segment.blocks]
         except BaseException:
             buf.release()
             raise

@@ -197,8 +197,9 @@ class Engine:
         self.seq = Sequence(model, keep_scores)
 
     def new_sequence(self, keep_scores: bool = False) -> Sequence:
-        """Another sequence on this model: a KV cache of its own (``2 x n_layer x n_ctx x
-        n_head_kv x head_dim x 4`` bytes on the devices, not counted by the load-time budget).
+        """Another sequence on this model: a KV cache of its own (``n_layer x n_ctx x`` the bytes of a
+        K and a V row of ``n_head_kv x head_dim`` values in the model's cache types (f16 by default:
+        2 bytes a value) on the devices, not counted by the load-time budget).
         Owned by the caller; freed by its ``close()`` or when dropped.
 
         Raises:

@@ -55,6 +55,7 @@ from gguf import GGMLQuantizationType as T
 from ..backends.base import Device, DeviceBuffer, DeviceTensor
 from ..errors import CooktopError, DeviceOutOfMemoryError
 from ..format.gguf import GGUFFile, TensorInfo
+from ..format.kvtypes import KVConfig
 from ..format.quants import dequantize, row_bytes
 from .arch import Architecture, architecture
 from .arch.base import HEAD, KV, MATRIX, Weights
@@ -284,8 +285,10 @@ class KVCache(CacheTokens):
     caches of one model are independent, but only sequences of one cache share a batch.
 
     Attributes:
-        k, v: per segment, per block of that segment: f32 [n_seq * n_ctx, n_head_kv * head_dim]
-            on the segment's device (cell ``s * n_ctx + p`` holds position ``p`` of sequence ``s``).
+        k, v: per segment, per block of that segment: [n_seq * n_ctx, n_head_kv * head_dim] of the
+            model's ``kv.type_k`` / ``kv.type_v`` (``cooktop.format.kvtypes``) on the segment's device
+            (cell ``s * n_ctx + p`` holds position ``p`` of sequence ``s``; a feed-forward half's entry
+            is a 1-row f32 placeholder).
         seq_tokens: per sequence, the ids at positions ``0 .. n_past - 1`` (their K/V are valid).
         n_ctx: positions per sequence; n_seq: sequences.
     """
@@ -301,13 +304,15 @@ class KVCache(CacheTokens):
         self._releases: list[weakref.finalize] = []
         self._closed = False
         K = model.cfg.n_embd_kv
+        kv = model.kv
         try:
             for seg in model.segments:
                 d = seg.device.buffer("KV cache")
                 self._releases.append(_releaser(self, d))
-                rows = [1 if part == "ffn" else n_seq * self.n_ctx for part in seg.parts]  # ffn halves: no cache
-                self.k.append([d.zeros((r, K)) for r in rows])
-                self.v.append([d.zeros((r, K)) for r in rows])
+                ffn = [part == "ffn" for part in seg.parts]  # feed-forward halves: no cache
+                rows = n_seq * self.n_ctx
+                self.k.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_k) for f in ffn])
+                self.v.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_v) for f in ffn])
         except BaseException:
             self.close()
             raise
@@ -329,13 +334,18 @@ class Model(PlacedModel[KVCache]):
             ``(device, block indices, holds the head, parts)`` (``Placement.units()``: halves of blocks).
         n_ctx: KV cache length of :meth:`new_cache` (tokens); n_batch: max tokens per :meth:`forward`.
         logits_all: keep logits of every position (else only the last).
+        kv: the KV cache types and flash-attention choice (default :class:`~cooktop.format.kvtypes.KVConfig`);
+            ``flash_attn`` is the resolved choice (``KVConfig.resolve``).
     Raises:
+        KVTypeError: a cache type llama.cpp refuses with this model (see ``KVConfig.resolve``).
         UnsupportedOpError / DeviceOutOfMemoryError from the devices while uploading.
     """
 
     def __init__(self, gf: GGUFFile, cfg: ModelConfig, segments: list[tuple],
-                 n_ctx: int, n_batch: int, logits_all: bool = False):
+                 n_ctx: int, n_batch: int, logits_all: bool = False, kv: KVConfig | None = None):
         super().__init__(gf, cfg, n_ctx, n_batch, logits_all)
+        self.kv = kv if kv is not None else KVConfig()
+        self.flash_attn = self.kv.resolve(cfg.head_dim)
         self.segments: list[Segment] = []
         try:
             for device, blocks, head, *parts in segments:

@@ -126,7 +126,8 @@ class PlacedModel(Generic[C]):
 
     def new_cache(self, n_seq: int = 1) -> C:
         """A fresh (empty) KV cache for ``n_seq`` sequences, allocated where each segment runs:
-        ``2 x n_layer`` buffers of f32 [n_seq * n_ctx, n_head_kv * head_dim].
+        ``2 x n_layer`` buffers of [n_seq * n_ctx, n_head_kv * head_dim] (f32, or the cache types of
+        the model's ``kv``: ``cooktop.format.kvtypes.KVConfig``).
 
         Raises:
             CooktopError: the model is closed, or ``n_seq`` < 1.

@@ -6,9 +6,10 @@ Per device (bytes), for the blocks and head placed on it (the same buffers
 - weights: the tensors the architecture declares for those units (``model/arch``):
   the GGUF byte size of each matrix (raw GGML blocks, uploaded as is), 4 bytes per
   value for norm and bias weights (uploaded as float32);
-- KV cache: ``2 x n_head_kv x head_dim x n_ctx x 4`` per block (float32 cache),
-  for one sequence (the engine's default one); each further sequence
-  (``Engine.new_sequence``) needs as much again;
+- KV cache: ``n_ctx x (row bytes of K + row bytes of V)`` per block, a row being
+  ``n_head_kv x head_dim`` values in the cache's type (``-ctk``/``-ctv``: 4 bytes a value for f32,
+  2 for f16, 34/32 for q8_0, 18/32 for q4_0; ``format/kvtypes.py``), for one sequence (the
+  engine's default one); each further sequence (``Engine.new_sequence``) needs as much again;
 - scratch: ``4 x n_batch x (sum of the architecture's scratch widths + 1)`` per segment
   (llama: ``5 n_embd + 2 n_embd_kv + 2 n_ff``; the 1 is the positions), plus for the
   head ``4 x (1 + n_embd + R x n_vocab)`` with R = n_batch when logits_all else 1.
@@ -39,6 +40,7 @@ import numpy as np
 from .. import settings
 from ..errors import DeviceError
 from ..format.gguf import GGUFFile
+from ..format.kvtypes import KVConfig
 from ..model.arch import architecture
 from ..model.arch.base import MATRIX
 from ..model.config import ModelConfig
@@ -148,14 +150,16 @@ def weight_bytes(gf: GGUFFile, cfg: ModelConfig, units: list) -> dict[str, int]:
 
 
 def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int, logits_all: bool,
-            limits) -> list[DeviceBudget]:
+            limits, kv: KVConfig | None = None) -> list[DeviceBudget]:
     """One :class:`DeviceBudget` per device of ``placement`` (cpu included).
 
     Args:
         limits: ``limits(selector) -> (memory bytes | None, max alloc bytes | None)``.
+        kv: the cache types of K and V (default :class:`KVConfig`): their bytes per row.
     """
     out = []
-    kv_block = cfg.kv_cache_bytes(n_ctx, 4) // cfg.n_layer  # K and V of one block, float32
+    rk, rv = (kv if kv is not None else KVConfig()).row_bytes(cfg.n_embd_kv)
+    kv_block = (rk + rv) * n_ctx  # K and V of one block, in the cache types
     units = placement.units()
     for sel in placement.devices():
         mine = [(i, part) for s, blocks, _, parts in units if s == sel for i, part in zip(blocks, parts)]
@@ -170,7 +174,7 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
         # matrices past the max allocation go in row chunks (module doc); anything else must fit whole
         chunked = [n for n, b in sizes.items() if mx is not None and b > mx and len(gf.tensor(n).shape) in (2, 3)]
         whole = {n: b for n, b in sizes.items() if n not in chunked}
-        whole.update({"KV cache": kv_block // 2 if n_kv else 0, "scratch": largest_scratch})
+        whole.update({"KV cache": max(rk, rv) * n_ctx if n_kv else 0, "scratch": largest_scratch})
         what = max(whole, key=lambda n: whole[n])
         if chunked:  # the scratch of one chunk's output (chunked.matmul / matmul_id: k slots)
             scratch += min(mx or 0, 4 * n_batch * max(gf.tensor(n).shape[-2] * (cfg.n_expert_used or 1)

@@ -14,8 +14,10 @@ import time
 
 from ..backends import registry
 from ..backends.base import Device
+from ..backends.optable import KV_OPS
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, open_gguf
+from ..format.kvtypes import KVConfig
 from ..model.config import ModelConfig, load_config
 from ..model.forward import Model
 from ..model.placed import PlacedModel
@@ -105,29 +107,35 @@ def warn_unknown_memory_overrides() -> None:
 
 def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
              split: str | list[float] | None, n_ctx: int, n_batch: int, logits_all: bool,
-             tensors: TensorPlacement | None = None) -> Placement:
+             tensors: TensorPlacement | None = None, kv: KVConfig | None = None) -> Placement:
     """Placement of a model on resolved devices, from their probed capabilities and memory.
 
     Probing only: no device allocation happens here. A ``COOKTOP_DEVICE_MEMORY`` entry for a
-    device that does not exist here gets a warning (once).
+    device that does not exist here gets a warning (once). ``kv``: the KV cache types (default
+    :class:`KVConfig`): a device that does not store them runs no attention (the unit stays on
+    the host with the reason), and the budgets count their bytes.
     """
     warn_unknown_memory_overrides()
     info = registry.device_info
+    kv = kv if kv is not None else KVConfig()
 
     def supports(sel: str, op: str, ty, **dims: int) -> str:
-        return info(sel).supports_op(op, ty, **dims)
+        why = info(sel).supports_op(op, ty, **dims)
+        if not why and ty is None and op in KV_OPS:  # the cache's types, K and V
+            why = "; ".join(dict.fromkeys(r for t in (kv.type_k, kv.type_v) if (r := info(sel).supports_op(op, t))))
+        return why
 
     def limits(sel: str):
         i = info(sel)
         return device_limits(sel, i.usable_mem_bytes or i.global_mem_bytes, i.max_alloc_bytes)
 
     return place(gf, cfg, selectors, n_gpu_layers, parse_split(split), supports, limits, n_ctx, n_batch,
-                 logits_all, tensors)
+                 logits_all, tensors, kv)
 
 
 def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, device: str | None = None,
          n_gpu_layers: int | str = -1, split: str | list[float] | None = None, logits_all: bool = False,
-         tensors: TensorPlacement | None = None) -> LoadedModel:
+         tensors: TensorPlacement | None = None, kv: KVConfig | None = None) -> LoadedModel:
     """Open a GGUF and place it on devices.
 
     Args:
@@ -140,8 +148,10 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
         split: proportions for several devices.
         logits_all: keep logits for every position (needed for ``eval(..., logits_all=True)``).
         tensors: ``--n-cpu-moe`` / ``-ot`` (``runtime.placement.TensorPlacement``).
+        kv: KV cache types and ``-fa`` (``-ctk``/``-ctv``/``-fa``; default :class:`KVConfig`).
     Raises:
-        GGUFError, UnsupportedModelError, DeviceError, DeviceOutOfMemoryError.
+        GGUFError, UnsupportedModelError, DeviceError, DeviceOutOfMemoryError, KVTypeError (a cache
+        type llama.cpp refuses with this model, e.g. quantized V with ``-fa off``).
     """
     t0 = time.perf_counter()
     gf = open_gguf(model_path)
@@ -151,8 +161,10 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
     n_batch = check_batch(n_batch, n_ctx)
     n_gpu_layers = parse_ngl(n_gpu_layers)
     selectors = registry.resolve(device)
+    kv = kv if kv is not None else KVConfig()
+    kv.resolve(cfg.head_dim)  # refused combinations fail before anything is placed
 
-    placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all, tensors)
+    placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all, tensors, kv)
     for note in placement.notes:
         log.info(note)
     devices = {sel: registry.open_device(sel) for sel in placement.devices()}
@@ -162,6 +174,6 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
             if not res.ok:
                 log.warning("%s failed its smoke test (%s); using it because it was named", sel, res.detail)
     segments = [(devices[sel], blocks, head, parts) for sel, blocks, head, parts in placement.units()]
-    model = Model(gf, cfg, segments, n_ctx, n_batch, logits_all)
+    model = Model(gf, cfg, segments, n_ctx, n_batch, logits_all, kv)
     return LoadedModel(gf, cfg, tokenizer, model, placement, devices, n_ctx, n_batch,
                        (time.perf_counter() - t0) * 1e3)

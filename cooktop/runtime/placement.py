@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from ..backends.optable import SPECS
 from ..errors import DeviceError, UnsupportedModelError
 from ..format.gguf import GGUFFile
+from ..format.kvtypes import KVConfig
 from ..model.arch import architecture
 from ..model.arch.base import MATRIX
 from ..model.config import ModelConfig
@@ -408,7 +409,8 @@ def check_runnable(gf: GGUFFile, cfg: ModelConfig, p: Placement, selectors: list
 def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
           split: list[float] | None, supports: Supports,
           limits: Callable[[str], tuple[int | None, int | None]],
-          n_ctx: int, n_batch: int, logits_all: bool, tensors: TensorPlacement | None = None) -> Placement:
+          n_ctx: int, n_batch: int, logits_all: bool, tensors: TensorPlacement | None = None,
+          kv: KVConfig | None = None) -> Placement:
     """:func:`plan` plus memory: resolve ``-ngl auto`` and refuse what cannot fit.
 
     ``n_gpu_layers == "auto"`` picks the largest N (n_layer + 1 down to 0) whose
@@ -419,6 +421,7 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
 
     Args:
         limits: ``limits(selector) -> (memory bytes, max allocation bytes)`` (None = unknown).
+        kv: the KV cache types the budgets count (default :class:`KVConfig`).
     Raises:
         DeviceOutOfMemoryError: an explicit N does not fit a device, or the host's part does not fit
             its memory (the message names it and the sizes).
@@ -455,7 +458,7 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
         p = plan(gf, cfg, selectors, n, split, supports, memory, tensors)
         check_runnable(gf, cfg, p, selectors, supports)
         p.n_gpu_layers = n if any(s != HOST for s in selectors) else 0
-        p.budgets = budgets(gf, cfg, p, n_ctx, n_batch, logits_all, host_free)
+        p.budgets = budgets(gf, cfg, p, n_ctx, n_batch, logits_all, host_free, kv)
         bad = [b for b in p.budgets if not b.fits]
         on_host = host_problem(p)
         if on_host and not bad:

@@ -31,7 +31,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ... import notices, settings
-from ...format.quants import HOST_TYPES
+from ...format.kvtypes import KV_TYPES
+from ...format.quants import HOST_TYPES, row_bytes
 from ..base import (
     MOE_OPS,
     OPS,
@@ -44,6 +45,7 @@ from ..base import (
     rope_yarn_params,
     type_name,
 )
+from ..reference import quantize_kv
 from . import quants as cpu_quants
 from .moe import CpuMoeOps
 
@@ -105,6 +107,10 @@ class CpuDevice(CpuMoeOps, Device):
         return t
 
     def _empty(self, shape, ggml_type):
+        if ggml_type is not T.F32 and ggml_type is not T.I32:  # a KV cache: rows of GGML bytes, zeroed
+            arr = np.zeros((shape[0], row_bytes(ggml_type, shape[1])), dtype=np.uint8)
+            self._count_alloc(arr.nbytes)
+            return DeviceTensor(self, arr, shape, ggml_type)
         dtype = np.int32 if ggml_type == T.I32 else np.float32
         arr = np.empty(shape, dtype=dtype)
         self._count_alloc(arr.nbytes)
@@ -313,7 +319,17 @@ class CpuDevice(CpuMoeOps, Device):
             o[..., 0:n_rot:2], o[..., 1:n_rot:2] = ra, rb
 
     def _kv_store(self, cache, x, pos):
-        cache.handle[self._a(pos)] = self._a(x)
+        cache.handle[self._a(pos)] = quantize_kv(self._a(x), cache.ggml_type)
+
+    @staticmethod
+    def _kv_rows(cache: DeviceTensor, lo: int, n: int) -> np.ndarray:
+        """Cache rows ``lo .. lo + n - 1`` as float32 [n, n_kv_dim] (a view for F32; else the rows
+        dequantized, as ggml's CPU attention converts the rows it reads)."""
+        if cache.ggml_type is T.F32:
+            return cache.handle[lo:lo + n]
+        out = np.empty((n, cache.shape[1]), dtype=np.float32)
+        cpu_quants.dequantize_rows(cache.handle[lo:lo + n], cache.ggml_type, cache.shape[1], out)
+        return out
 
     def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
         self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
@@ -321,7 +337,7 @@ class CpuDevice(CpuMoeOps, Device):
     def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None,
                    sinks=None):
         p = self._a(pos)
-        kc, vc = k_cache.handle, v_cache.handle
+        kc, vc = k_cache, v_cache
         sk = None if sinks is None else self._a(sinks)
         if kv_start is None:
             self._attend(self._a(out), self._a(q), kc, vc, p, 0, n_head, n_head_kv, scale, window, sk)
@@ -346,8 +362,9 @@ class CpuDevice(CpuMoeOps, Device):
         hd = qa.shape[1] // n_head
         g = n_head // n_head_kv
         n_kv = max(int(p.max()) + 1 - lo, 1)
-        k = kc[lo:lo + n_kv].reshape(n_kv, n_head_kv, hd).transpose(1, 2, 0)  # [hkv, hd, n_kv]
-        v = vc[lo:lo + n_kv].reshape(n_kv, n_head_kv, hd).transpose(1, 0, 2)  # [hkv, n_kv, hd]
+        kc, vc = CpuDevice._kv_rows(kc, lo, n_kv), CpuDevice._kv_rows(vc, lo, n_kv)
+        k = kc.reshape(n_kv, n_head_kv, hd).transpose(1, 2, 0)  # [hkv, hd, n_kv]
+        v = vc.reshape(n_kv, n_head_kv, hd).transpose(1, 0, 2)  # [hkv, n_kv, hd]
         qh = qa.reshape(n, n_head_kv, g, hd).transpose(1, 0, 2, 3).reshape(n_head_kv, n * g, hd)
         s = np.matmul(qh, k) * np.float32(scale)  # [hkv, n*g, n_kv]
         s = s.reshape(n_head_kv, n, g, n_kv)
@@ -415,7 +432,8 @@ def cpu_info() -> DeviceInfo:
         backend="cpu", index=0, name=cpu_name, vendor="numpy " + np.__version__, device_type="cpu",
         platform="numpy", driver_version=np.__version__, global_mem_bytes=mem, max_alloc_bytes=mem,
         compute_units=os.cpu_count(), fp16=True, int8=False,
-        types=tuple(type_name(t) for t in CPU_TYPES), ops=OPS + MOE_OPS)
+        types=tuple(type_name(t) for t in CPU_TYPES), ops=OPS + MOE_OPS,
+        kv_types=tuple(type_name(t) for t in KV_TYPES))
 
 
 class CpuBackend(Backend):

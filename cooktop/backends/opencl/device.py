@@ -54,7 +54,7 @@ from gguf import GGMLQuantizationType as T
 
 from ... import settings
 from ...errors import DeviceError, DeviceOutOfMemoryError
-from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params
+from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes
 from ..optable import SPECS
 from . import INSTALL_HINT
 from .info import _safe, describe_icds, device_info, empty_platform_hint, launch_shape
@@ -231,6 +231,11 @@ class OpenCLDevice(Device):
         return DeviceTensor(self, buf, shape, ggml_type)
 
     def _empty(self, shape, ggml_type):
+        if ggml_type is not T.F32 and ggml_type is not T.I32:  # a KV cache of GGML rows, zeroed
+            nbytes = shape[0] * row_bytes(ggml_type, shape[1])
+            buf = self._alloc(nbytes)
+            self._cl.enqueue_fill_buffer(self.queue, buf, np.uint8(0), 0, max(nbytes, 4))
+            return DeviceTensor(self, buf, shape, ggml_type)
         buf = self._alloc(int(np.prod(shape, dtype=np.int64)) * 4)
         self.q8.dirty(buf)
         return DeviceTensor(self, buf, shape, ggml_type)
@@ -355,8 +360,22 @@ class OpenCLDevice(Device):
     def _kv_store(self, cache, x, pos):
         n_tok, dim = x.shape
         self.q8.dirty(cache.handle)
+        if cache.ggml_type is not T.F32:  # kv_store.cl: rounded or quantized as it is written
+            units = dim if cache.ggml_type in (T.F16, T.BF16) else dim // 32
+            self.kernels.kv_store(cache.ggml_type)(self.queue, (_ceil_to(units, 16), n_tok), (16, 1),
+                                                   cache.handle, x.handle, pos.handle, dim, cache.shape[0])
+            return
         self.kernels.ops().kv_store(self.queue, (_ceil_to(dim, 16), n_tok), (16, 1),
                                     cache.handle, x.handle, pos.handle, dim, cache.shape[0])
+
+    def _gqa_group(self, n_head: int, n_head_kv: int, n_tok: int) -> int:
+        """The GQA group size the serial attention runs per work-item (0: one query head each): the
+        group shares each K/V row it reads, when the kv heads x rows still keep every compute unit
+        busy and the group's accumulators stay small (<= 8 heads)."""
+        g = n_head // n_head_kv
+        if not self.shape.at_serial or g < 2 or g > 8 or n_head_kv * n_tok < (self.info.compute_units or 1):
+            return 0
+        return g
 
     def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
         self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
@@ -369,15 +388,18 @@ class OpenCLDevice(Device):
         args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, start, has_start,
                 n_head, n_head_kv, scale, window) + ((sinks.handle,) if sinks is not None else ())
         has_sinks = sinks is not None
+        kt, vt = k_cache.ggml_type, v_cache.ggml_type
+        group = self._gqa_group(n_head, n_head_kv, n_tok)
+        units = (n_head_kv if group else n_head, n_tok)
         if self.shape.at_serial and head_dim % 32 == 0 and self._fuse_q8(n_tok, width):
             slot = self.q8.claim(out.handle, n_tok, width)  # the output projection's 8-bit input
-            self.kernels.attention(head_dim, True, has_sinks)(self.queue, (n_head, n_tok), (1, 1), *args, slot.xq,
-                                                              slot.xd)
+            knl = self.kernels.attention(head_dim, True, has_sinks, kt, vt, group)
+            knl(self.queue, units, (1, 1), *args, slot.xq, slot.xd)
             return
-        knl = self.kernels.attention(head_dim, False, has_sinks)
+        knl = self.kernels.attention(head_dim, False, has_sinks, kt, vt, group)
         self.q8.dirty(out.handle)
         if self.shape.at_serial:
-            knl(self.queue, (n_head, n_tok), (1, 1), *args)  # many groups: all cores busy
+            knl(self.queue, units, (1, 1), *args)  # many groups: all cores busy
         else:
             ls = self.shape.at_ls
             knl(self.queue, (ls, n_head, n_tok), (ls, 1, 1), *args)

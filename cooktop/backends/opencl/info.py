@@ -13,7 +13,7 @@ from typing import Any
 
 from ... import settings
 from ..base import OPS, DeviceInfo, type_name
-from .programs import CPU_SHAPE, GPU_SHAPE, OPENCL_TYPES, host_has_vnni
+from .programs import CPU_SHAPE, GPU_SHAPE, OPENCL_KV_TYPES, OPENCL_TYPES, host_has_vnni
 
 #: The mixture-of-experts ops with kernels here (``backends.optable.MOE_OPS``: claimed by name).
 OPENCL_MOE_OPS = ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai", "attention_sinks")
@@ -141,6 +141,7 @@ def device_info(cl: Any, platform: Any, dev: Any, index: int, p_index: int, d_in
         max_workgroup_size=_safe(lambda: int(dev.max_work_group_size)),
         subgroup_size=sg, fp16="cl_khr_fp16" in ext, int8=any(e in ext for e in _INT8_EXTENSIONS),
         types=tuple(type_name(t) for t in OPENCL_TYPES), ops=OPS + OPENCL_MOE_OPS,
+        kv_types=tuple(type_name(t) for t in OPENCL_KV_TYPES),
         integer_dot=any(e in ext for e in _INT8_EXTENSIONS[:2]),
         cooperative_matrix="cl_intel_subgroup_matrix_multiply_accumulate" in ext,
         subgroup_sizes=_subgroup_sizes(cl, dev, ext, sg), subgroup_ops=_subgroup_ops(ext),

@@ -127,9 +127,13 @@ def host_has_vnni() -> bool:
 PROGRAMS: dict[str, tuple[str, ...]] = {
     "ops": ("norm.cl", "rope.cl", "elementwise.cl", "quant.cl"),
     "weights": ("dequant.cl", "dotq8.cl", "matmul.cl", "mmq8.cl"),
-    "attention": ("attention.cl",),
-    "attention_q8": ("quant.cl", "attention.cl"),
+    "attention": ("kv.cl", "attention.cl"),
+    "attention_q8": ("quant.cl", "kv.cl", "attention.cl"),
+    "kv_store": ("kv.cl", "kv_store.cl"),
 }
+
+#: The KV cache types kv.cl reads and kv_store.cl writes (``DeviceInfo.kv_types``).
+OPENCL_KV_TYPES: tuple[T, ...] = (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0)
 
 
 def read_source(*names: str) -> str:
@@ -417,7 +421,8 @@ class KernelCache:
         self._weights: dict[tuple[T, bool], WeightKernels] = {}
         self._isa: dict[str, bool] | None = None
         self._ops: OpKernels | None = None
-        self._attn: dict[tuple[int, bool, bool], Any] = {}
+        self._attn: dict[tuple[int, bool, bool, int, int, int], Any] = {}
+        self._kv_store: dict[int, Any] = {}
         self._lock = threading.Lock()
 
     def _estimate_subgroup(self, knl: Any) -> None:
@@ -538,20 +543,39 @@ class KernelCache:
                 self._ops = ops
         return self._ops
 
-    def attention(self, head_dim: int, q8: bool = False, sinks: bool = False) -> Any:
+    def attention(self, head_dim: int, q8: bool = False, sinks: bool = False, kt: T = T.F32,
+                  vt: T = T.F32, group: int = 0) -> Any:
         """The attention kernel compiled for ``head_dim`` (built on first use); ``q8``: the variant
         that also writes its output as 8-bit blocks (two more arguments: xq, xd; serial flavour,
-        head_dim % 32 == 0); ``sinks``: attention_sinks (one more argument after ``window``: sinks)."""
-        k = self._attn.get((head_dim, q8, sinks))
+        head_dim % 32 == 0); ``sinks``: attention_sinks (one more argument after ``window``: sinks);
+        ``kt``/``vt``: the K and V cache types (:data:`OPENCL_KV_TYPES`, read as stored by kv.cl);
+        ``group`` > 0 (serial flavour): one work-item per (kv head, token) running that many query
+        heads (the GQA group; global size (n_head_kv, n_tok))."""
+        k = self._attn.get((head_dim, q8, sinks, int(kt), int(vt), group))
         if k is None:
             with self._lock:
                 src = read_source(*PROGRAMS["attention_q8" if q8 else "attention"])
                 opts = (f"{self.options} -DHEAD_DIM={head_dim}" + (" -DATT_Q8=1" if q8 else "")
-                        + (" -DSINKS=1" if sinks else ""))
+                        + (" -DSINKS=1" if sinks else "") + f" -DKTYPE={int(kt)} -DVTYPE={int(vt)}"
+                        + (f" -DGQA_G={group}" if group else ""))
                 prg = build_program(self.ctx, self.device, src, opts, f"attention (head_dim {head_dim})",
                                     self._label)
                 k = prg.attention
                 k.set_scalar_arg_dtypes([None, None, None, None, None, None, np.int32, np.int32, np.int32, np.float32,
                                          np.int32] + ([None] if sinks else []) + ([None, None] if q8 else []))
-                self._attn[(head_dim, q8, sinks)] = k
+                self._attn[(head_dim, q8, sinks, int(kt), int(vt), group)] = k
+        return k
+
+    def kv_store(self, kt: T) -> Any:
+        """kv_store.cl's ``kv_store_t`` writing a cache of type ``kt`` (built on first use, without
+        -cl-mad-enable: ggml's reference rounding, see the kernel)."""
+        k = self._kv_store.get(int(kt))
+        if k is None:
+            with self._lock:
+                opts = self.options.replace("-cl-mad-enable", "").strip() + f" -DKTYPE={int(kt)}"
+                prg = build_program(self.ctx, self.device, read_source(*PROGRAMS["kv_store"]), opts,
+                                    f"kv_store ({kt.name})", self._label)
+                k = prg.kv_store_t
+                k.set_scalar_arg_dtypes([None, None, None, np.int32, np.int32])
+                self._kv_store[int(kt)] = k
         return k

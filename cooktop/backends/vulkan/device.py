@@ -350,8 +350,9 @@ class VulkanDevice(SequenceRecorder, Device):
         return DeviceTensor(self, t, shape, ggml_type)
 
     def _empty(self, shape, ggml_type):
-        """A storage (device-only) F32 or I32 tensor. Raises DeviceOutOfMemoryError."""
-        n = max(4, (math.prod(shape) + 3) // 4 * 4)  # padded to 4 values: shaders may read vec4s
+        """A storage (device-only) F32 or I32 tensor, or a KV cache of GGML rows (kv.glsl) in 32-bit words
+        (zeroed by :meth:`zeros`). Raises DeviceOutOfMemoryError."""
+        n = max(4, (self._words(shape, ggml_type) + 3) // 4 * 4)  # padded to 4 values: shaders may read vec4s
         self._alloc_check(4 * n, f"{type_name(ggml_type)} tensor {list(shape)}")
         dtype = np.int32 if ggml_type == T.I32 else np.float32
         t = self._tensor(np.zeros(n, dtype=dtype), "storage")
@@ -360,10 +361,17 @@ class VulkanDevice(SequenceRecorder, Device):
         dt.extra = _VkExtra()
         return dt
 
+    @staticmethod
+    def _words(shape, ggml_type) -> int:
+        """32-bit words of a tensor: its values, or a KV cache's bytes / 4 (rounded up)."""
+        if ggml_type is T.F32 or ggml_type is T.I32:
+            return math.prod(shape)
+        return (shape[0] * row_bytes(ggml_type, shape[1]) + 3) // 4
+
     def zeros(self, shape, ggml_type=T.F32):
         """``empty`` then a fill dispatch (no host staging buffer for the whole tensor)."""
         t = self.empty(shape, ggml_type)
-        n = math.prod(t.shape)
+        n = self._words(t.shape, t.ggml_type)
         self._dispatch("fill", (t,), self._stride_groups(t), (n, 0))
         return t
 
@@ -563,19 +571,25 @@ class VulkanDevice(SequenceRecorder, Device):
         return self._dummy_t
 
     def _kv_store(self, cache, x, pos):
-        """kv_store.comp: ``cache[pos[i], :] = x[i, :]``; cache f32 [n_ctx, n_kv_dim], x f32 [n, n_kv_dim].
+        """kv_store.comp: ``cache[pos[i], :] = x[i, :]`` as the cache's type stores it (kv.glsl: one
+        invocation per value, pair of values (f16/bf16) or block (q8_0/q4_0)); cache [n_ctx, n_kv_dim],
+        x f32 [n, n_kv_dim].
 
         Positions outside [0, n_ctx) are skipped on the device (the engine raises ContextOverflowError first).
         """
         n = self._rows(x)
         kv_dim = x.shape[-1]
         nb = bucket(n, self._row_cap(x))
-        self._dispatch("kv_store", (cache, x, pos), workgroups((nb * kv_dim + 63) // 64), (n, kv_dim, cache.shape[0]))
+        ty = cache.ggml_type
+        per = kv_dim if ty is T.F32 else kv_dim // 2 if ty in (T.F16, T.BF16) else kv_dim // 32
+        self._dispatch("kv_store", (cache, x, pos), workgroups((nb * per + 63) // 64),
+                       (n, kv_dim, cache.shape[0], int(ty)))
 
     def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
         """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows.
 
-        q, out f32 [n, n_head * head_dim]; caches f32 [n_cells, n_head_kv * head_dim]; head_dim <= 256
+        q, out f32 [n, n_head * head_dim]; caches [n_cells, n_head_kv * head_dim] of any type of
+        ``VULKAN_KV_TYPES`` (read as stored, kv.glsl; the types are push constants); head_dim <= 256
         (``info.OP_LIMITS``: the public check refuses more); ``window`` > 0: sliding window (the loop
         over cache rows starts at pos - window + 1); ``kv_start`` I32 [n] or None (rows start at 0).
         """
@@ -585,7 +599,7 @@ class VulkanDevice(SequenceRecorder, Device):
         start = kv_start if kv_start is not None else pos
         self._dispatch("attention", (q, k_cache, v_cache, pos, start, out), workgroups(nb * n_head),
                        (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window,
-                        int(kv_start is not None)))
+                        int(kv_start is not None), int(k_cache.ggml_type), int(v_cache.ggml_type)))
 
     def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
         """attention.comp with SINKS: :meth:`_attention` plus one logit per head (sinks f32 [n_head]) in
@@ -596,7 +610,7 @@ class VulkanDevice(SequenceRecorder, Device):
         start = kv_start if kv_start is not None else pos
         self._dispatch("attention_sinks", (q, k_cache, v_cache, pos, start, out, sinks), workgroups(nb * n_head),
                        (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window,
-                        int(kv_start is not None)))
+                        int(kv_start is not None), int(k_cache.ggml_type), int(v_cache.ggml_type)))
 
     def _silu_mul(self, out, gate, up):
         """silu_mul.comp: ``out = gate * sigmoid(gate) * up``, f32 [n, n_ff] (``out`` may be ``gate``)."""

@@ -42,7 +42,7 @@ import dataclasses
 
 from ..base import OPS, DeviceInfo, type_name
 from .icd import describe_icds
-from .shaders import VULKAN_TYPES, pick_variant
+from .shaders import VULKAN_KV_TYPES, VULKAN_TYPES, pick_variant
 from .shaders import variants as shader_variants
 
 c_u32 = ctypes.c_uint32
@@ -508,6 +508,7 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
         compute_units=None, max_workgroup_size=f.max_workgroup_invocations or None, subgroup_size=f.subgroup_size,
         fp16=f.shader_float16, int8=f.shader_int8,
         types=tuple(type_name(t) for t in VULKAN_TYPES), ops=ops, op_limits=OP_LIMITS,
+        kv_types=tuple(type_name(t) for t in VULKAN_KV_TYPES),
         integer_dot=f.integer_dot_product, cooperative_matrix=f.cooperative_matrix,
         subgroup_sizes=f.subgroup_sizes, subgroup_ops=f.subgroup_ops,
         bf16="VK_KHR_shader_bfloat16" in f.extensions, max_buffer_bytes=binding,
@@ -530,4 +531,4 @@ def kp_props_to_info(index: int, props: dict) -> DeviceInfo:
         backend="vulkan", index=index, name=str(props.get("device_name", f"vulkan device {index}")),
         device_type="gpu", max_workgroup_size=props.get("max_work_group_invocations"),
         types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS + VULKAN_MOE_OPS, op_limits=OP_LIMITS,
-        extra={"info_source": "kp"})
+        kv_types=tuple(type_name(t) for t in VULKAN_KV_TYPES), extra={"info_source": "kp"})

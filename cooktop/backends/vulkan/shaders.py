@@ -32,6 +32,9 @@ GLSL_DIR = HERE / "glsl"
 #: GGML weight types with shader variants (matmul and get_rows).
 VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES + (T.MXFP4,)
 
+#: KV cache types kv_store.comp writes and attention.comp reads (glsl/kv.glsl; ``DeviceInfo.kv_types``).
+VULKAN_KV_TYPES: tuple[T, ...] = (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0)
+
 #: Shader variant names per weight type, e.g. VARIANTS["mul_mat_vec"][T.Q4_0] == "mul_mat_vec_q4_0".
 VARIANTS: dict[str, dict[T, str]] = {op: {t: f"{op}_{t.name.lower()}" for t in VULKAN_TYPES}
                                      for op in ("mul_mat_vec", "mul_mm", "get_rows", "mul_mat_id")}

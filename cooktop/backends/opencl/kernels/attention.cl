@@ -1,5 +1,6 @@
 // Causal multi-head attention over the KV cache with GQA, one work-group per (head, token).
-// q, out f32 [n_tok, n_head * HEAD_DIM]; k, v f32 [n_cells, n_head_kv * HEAD_DIM]; pos int32 [n_tok].
+// q, out f32 [n_tok, n_head * HEAD_DIM]; k, v [n_cells, n_head_kv * HEAD_DIM] of the cache types
+// KTYPE and VTYPE (kv.cl: f32, f16, bf16, q8_0, q4_0), read as stored; pos int32 [n_tok].
 // Query t of head h attends to cache rows k0..pos[t] of kv head h / (n_head / n_head_kv), where
 // k0 = kv_start[t] when has_start (rows of several sequences sharing one cache), else 0;
 // window > 0 (sliding window, llama.cpp's standard SWA) keeps rows pos[t]-window < k <= pos[t].
@@ -19,24 +20,28 @@
 #if HEAD_DIM % 16 == 0
 #define VW 16
 #define VT float16
+#define KVLOAD(row, type, e) kv_load16(row, type, e)
 #define VLOAD(i, p) vload16(i, p)
 #define VSTORE(v, i, p) vstore16(v, i, p)
 #define VSUM(v) vsum16(v)
 #elif HEAD_DIM % 8 == 0
 #define VW 8
 #define VT float8
+#define KVLOAD(row, type, e) kv_load8(row, type, e)
 #define VLOAD(i, p) vload8(i, p)
 #define VSTORE(v, i, p) vstore8(v, i, p)
 #define VSUM(v) vsum4((v).lo + (v).hi)
 #elif HEAD_DIM % 4 == 0
 #define VW 4
 #define VT float4
+#define KVLOAD(row, type, e) kv_load4(row, type, e)
 #define VLOAD(i, p) vload4(i, p)
 #define VSTORE(v, i, p) vstore4(v, i, p)
 #define VSUM(v) vsum4(v)
 #else
 #define VW 1
 #define VT float
+#define KVLOAD(row, type, e) kv_load1(row, type, e)
 #define VLOAD(i, p) ((p)[i])
 #define VSTORE(v, i, p) ((p)[i] = (v))
 #define VSUM(v) (v)
@@ -46,10 +51,93 @@
 inline float vsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 inline float vsum16(float16 v) { float8 a = v.lo + v.hi; return vsum4(a.lo + a.hi); }
 
+
+#ifdef GQA_G
+// GQA_G (the group size n_head / n_head_kv): one work-item per (kv head, token) runs the G query heads
+// of its group together, so each K and V row is read once for the G heads instead of G times (what
+// dominates decode at depth). Per head the arithmetic is the kernel above's, in the same order, so
+// the outputs are the same bits. Global (n_head_kv, n_tok).
+__kernel void attention(global float *out, const global float *q, const global uchar *kc,
+                        const global uchar *vc, const global int *pos, const global int *kv_start,
+                        const int has_start, const int n_head, const int n_head_kv, const float scale,
+                        const int window
+#ifdef SINKS
+                        , const global float *sinks
+#endif
+#ifdef ATT_Q8
+                        , global char *xq, global float2 *xd
+#endif
+                        ) {
+    const int hk = get_global_id(0);
+    const int t = get_global_id(1);
+    if (hk >= n_head_kv) return;
+    const int kv_dim = n_head_kv * HEAD_DIM;
+    const int n_kv = pos[t] + 1;
+    const int k0 = max(has_start ? kv_start[t] : 0, window > 0 ? n_kv - window : 0);
+    const size_t qoff = ((size_t)t * n_head + hk * GQA_G) * HEAD_DIM;
+    VT qv[GQA_G][NV], acc[GQA_G][NV];
+    float m[GQA_G], l[GQA_G], pg[GQA_G], ag[GQA_G];
+    for (int g = 0; g < GQA_G; g++) {
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            qv[g][i] = VLOAD(i, q + qoff + g * HEAD_DIM);
+            acc[g][i] = (VT)(0.0f);
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    const size_t krb = kv_row_bytes(KTYPE, kv_dim), vrb = kv_row_bytes(VTYPE, kv_dim);
+    const int e0 = hk * HEAD_DIM;
+    const global uchar *kr = kc + (size_t)k0 * krb;
+    const global uchar *vr = vc + (size_t)k0 * vrb;
+    for (int k = k0; k < n_kv; k++, kr += krb, vr += vrb) {
+        VT kv[NV];
+#pragma unroll
+        for (int i = 0; i < NV; i++) kv[i] = KVLOAD(kr, KTYPE, e0 + i * VW);
+        for (int g = 0; g < GQA_G; g++) {
+            VT d = (VT)(0.0f);
+#pragma unroll
+            for (int i = 0; i < NV; i++) d = fma(qv[g][i], kv[i], d);
+            const float s = VSUM(d) * scale;
+            const float e = exp(-fabs(s - m[g]));  // as above: one exp per key and head
+            ag[g] = s > m[g] ? e : 1.0f;
+            pg[g] = s > m[g] ? 1.0f : e;
+            l[g] = fma(l[g], ag[g], pg[g]);
+            m[g] = fmax(m[g], s);
+        }
+#pragma unroll
+        for (int i = 0; i < NV; i++) kv[i] = KVLOAD(vr, VTYPE, e0 + i * VW);
+        for (int g = 0; g < GQA_G; g++) {
+#pragma unroll
+            for (int i = 0; i < NV; i++) acc[g][i] = fma((VT)(pg[g]), kv[i], acc[g][i] * ag[g]);
+        }
+    }
+    for (int g = 0; g < GQA_G; g++) {
+#ifdef SINKS
+        {
+            const float sk = sinks[hk * GQA_G + g], m_sk = fmax(m[g], sk), c = exp(m[g] - m_sk);
+            l[g] = fma(l[g], c, exp(sk - m_sk));
+#pragma unroll
+            for (int i = 0; i < NV; i++) acc[g][i] *= c;
+        }
+#endif
+        const float inv = 1.0f / l[g];
+#pragma unroll
+        for (int i = 0; i < NV; i++) VSTORE(acc[g][i] * inv, i, out + qoff + g * HEAD_DIM);
+#ifdef ATT_Q8
+        const size_t row = (size_t)t * n_head * HEAD_DIM;
+        const int h = hk * GQA_G + g;
+#pragma unroll
+        for (int j = 0; j < HEAD_DIM / 32; j++)
+            store_q8(acc[g][2 * j] * inv, acc[g][2 * j + 1] * inv, xq + row, xd + row / 32, h * (HEAD_DIM / 32) + j);
+#endif
+    }
+}
+#else
 // ATT_Q8 (with quant.cl, HEAD_DIM % 32 == 0): the output is also written as 8-bit blocks
 // (xq, xd) for the integer-dot matmul that reads it (q8.py).
-__kernel void attention(global float *out, const global float *q, const global float *kc,
-                        const global float *vc, const global int *pos, const global int *kv_start,
+__kernel void attention(global float *out, const global float *q, const global uchar *kc,
+                        const global uchar *vc, const global int *pos, const global int *kv_start,
                         const int has_start, const int n_head, const int n_head_kv, const float scale,
                         const int window
 #ifdef SINKS
@@ -74,12 +162,14 @@ __kernel void attention(global float *out, const global float *q, const global f
         acc[i] = (VT)(0.0f);
     }
     float m = -INFINITY, l = 0.0f;
-    const global float *kr = kc + (size_t)k0 * kv_dim + hk * HEAD_DIM;
-    const global float *vr = vc + (size_t)k0 * kv_dim + hk * HEAD_DIM;
-    for (int k = k0; k < n_kv; k++, kr += kv_dim, vr += kv_dim) {
+    const size_t krb = kv_row_bytes(KTYPE, kv_dim), vrb = kv_row_bytes(VTYPE, kv_dim);
+    const int e0 = hk * HEAD_DIM;
+    const global uchar *kr = kc + (size_t)k0 * krb;
+    const global uchar *vr = vc + (size_t)k0 * vrb;
+    for (int k = k0; k < n_kv; k++, kr += krb, vr += vrb) {
         VT d = (VT)(0.0f);
 #pragma unroll
-        for (int i = 0; i < NV; i++) d = fma(qv[i], VLOAD(i, kr), d);
+        for (int i = 0; i < NV; i++) d = fma(qv[i], KVLOAD(kr, KTYPE, e0 + i * VW), d);
         const float s = VSUM(d) * scale;
         // online softmax with one exp per key: e = exp(-|s - m|) is the factor of
         // whichever of (old sum, new key) is below the new maximum
@@ -88,7 +178,7 @@ __kernel void attention(global float *out, const global float *q, const global f
         const float alpha = s > m ? e : 1.0f, p = s > m ? 1.0f : e;
         l = fma(l, alpha, p);
 #pragma unroll
-        for (int i = 0; i < NV; i++) acc[i] = fma((VT)(p), VLOAD(i, vr), acc[i] * alpha);
+        for (int i = 0; i < NV; i++) acc[i] = fma((VT)(p), KVLOAD(vr, VTYPE, e0 + i * VW), acc[i] * alpha);
         m = m_new;
     }
 #ifdef SINKS
@@ -109,13 +199,14 @@ __kernel void attention(global float *out, const global float *q, const global f
         store_q8(acc[2 * j] * inv, acc[2 * j + 1] * inv, xq + row, xd + row / 32, h * (HEAD_DIM / 32) + j);
 #endif
 }
+#endif  // GQA_G
 
 #else
 
 #define HPI ((HEAD_DIM + AT_LS - 1) / AT_LS)
 
-__kernel void attention(global float *out, const global float *q, const global float *kc,
-                        const global float *vc, const global int *pos, const global int *kv_start,
+__kernel void attention(global float *out, const global float *q, const global uchar *kc,
+                        const global uchar *vc, const global int *pos, const global int *kv_start,
                         const int has_start, const int n_head, const int n_head_kv, const float scale,
                         const int window
 #ifdef SINKS
@@ -137,18 +228,20 @@ __kernel void attention(global float *out, const global float *q, const global f
     float acc[HPI];
     for (int j = 0; j < HPI; j++) acc[j] = 0.0f;
     float m = -INFINITY, l = 0.0f;
+    const size_t krb = kv_row_bytes(KTYPE, kv_dim), vrb = kv_row_bytes(VTYPE, kv_dim);
+    const int e0 = hk * HEAD_DIM;
     barrier(CLK_LOCAL_MEM_FENCE);
 
     for (int c0 = k0; c0 < n_kv; c0 += AT_LS) {
         const int k = c0 + lid;
         float s = -INFINITY;
         if (k < n_kv) {
-            const global float *kr = kc + (size_t)k * kv_dim + hk * HEAD_DIM;
+            const global uchar *kr = kc + (size_t)k * krb;
             float dp = 0.0f;
 #if HEAD_DIM % 4 == 0
-            for (int d = 0; d < HEAD_DIM; d += 4) dp += dot(vload4(0, qs + d), vload4(0, kr + d));
+            for (int d = 0; d < HEAD_DIM; d += 4) dp += dot(vload4(0, qs + d), kv_load4(kr, KTYPE, e0 + d));
 #else
-            for (int d = 0; d < HEAD_DIM; d++) dp = mad(qs[d], kr[d], dp);
+            for (int d = 0; d < HEAD_DIM; d++) dp = mad(qs[d], kv_load1(kr, KTYPE, e0 + d), dp);
 #endif
             s = dp * scale;
         }
@@ -174,9 +267,9 @@ __kernel void attention(global float *out, const global float *q, const global f
         for (int j = 0; j < HPI; j++) {
             const int d = lid + j * AT_LS;
             if (d < HEAD_DIM) {
-                const global float *vr = vc + (size_t)c0 * kv_dim + hk * HEAD_DIM + d;
+                const global uchar *vr = vc + (size_t)c0 * vrb;
                 float a = acc[j] * alpha;
-                for (int kk = 0; kk < cnt; kk++) a = mad(sc[kk], vr[(size_t)kk * kv_dim], a);
+                for (int kk = 0; kk < cnt; kk++) a = mad(sc[kk], kv_load1(vr + (size_t)kk * vrb, VTYPE, e0 + d), a);
                 acc[j] = a;
             }
         }

@@ -4,7 +4,8 @@
 // k0 = S0[i] when has_start (rows of several sequences sharing one cache), else 0;
 // window > 0 (sliding window, llama.cpp's standard SWA) keeps rows pos[i]-window < j <= pos[i];
 // out = softmax(q k^T * scale) v, softmax in float32.
-// q, out f32 [n, n_head * head_dim]; k, v f32 [n_cells, n_head_kv * head_dim]; pos, S0 int32 [n].
+// q, out f32 [n, n_head * head_dim]; k, v [n_cells, n_head_kv * head_dim] of the cache types kt and vt
+// (push constants; kv.glsl: f32, f16, bf16, q8_0, q4_0), read as stored; pos, S0 int32 [n].
 // One workgroup of 64 per (row, head). Keys are processed in chunks of KC: scores of a
 // chunk go to shared memory, then an online softmax (running max and sum, rescaling
 // the accumulators; flash-attention style) adds the chunk's weighted values. Each
@@ -14,8 +15,8 @@
 #define KC 256
 layout(local_size_x = WG) in;
 layout(std430, binding = 0) readonly buffer QBuf { float Q[]; };
-layout(std430, binding = 1) readonly buffer KBuf { float K[]; };
-layout(std430, binding = 2) readonly buffer VBuf { float V[]; };
+layout(std430, binding = 1) readonly buffer KBuf { uint K[]; };
+layout(std430, binding = 2) readonly buffer VBuf { uint V[]; };
 layout(std430, binding = 3) readonly buffer PBuf { int P[]; };
 layout(std430, binding = 4) readonly buffer SBuf { int S0[]; };
 layout(std430, binding = 5) writeonly buffer OBuf { float O[]; };
@@ -26,8 +27,12 @@ layout(std430, binding = 6) readonly buffer SkBuf { float SK[]; };
 #endif
 layout(push_constant) uniform PC {
     uint n; uint n_head; uint n_head_kv; uint head_dim; uint n_ctx; uint scale_bits; uint window; uint has_start;
+    uint kt; uint vt;
 } pc;
 #include "common.glsl"
+#include "kv.glsl"
+KV_LOADER(load_k, K)
+KV_LOADER(load_v, V)
 
 shared float qs[256];
 shared float S[KC];
@@ -42,7 +47,8 @@ void main() {
     uint hd = pc.head_dim;
     uint hkv = h / (pc.n_head / pc.n_head_kv);
     uint qo = row * pc.n_head * hd + h * hd;
-    uint kv_stride = pc.n_head_kv * hd;
+    uint kv_dim = pc.n_head_kv * hd;
+    uint krb = kv_row_bytes(pc.kt, kv_dim), vrb = kv_row_bytes(pc.vt, kv_dim);
     uint ko = hkv * hd;
     float scale = uintBitsToFloat(pc.scale_bits);
     int p = P[row];
@@ -59,9 +65,9 @@ void main() {
         uint cn = min(uint(KC), n_kv - c0);
         float lmax = -1.0 / 0.0;
         for (uint j = tid; j < cn; j += WG) {
-            uint kr = (c0 + j) * kv_stride + ko;
+            uint kr = (c0 + j) * krb;
             float s = 0.0;
-            for (uint d = 0u; d < hd; d++) s += qs[d] * K[kr + d];
+            for (uint d = 0u; d < hd; d++) s += qs[d] * load_k(pc.kt, kr, ko + d);
             s *= scale;
             S[j] = s;
             lmax = max(lmax, s);
@@ -79,10 +85,10 @@ void main() {
         for (uint j = 0u; j < cn; j++) {
             float pj = exp(S[j] - m_new);
             l += pj;
-            uint vr = (c0 + j) * kv_stride + ko;
+            uint vr = (c0 + j) * vrb;
             for (uint a = 0u; a < 4u; a++) {
                 uint d = tid + a * WG;
-                if (d < hd) acc[a] += pj * V[vr + d];
+                if (d < hd) acc[a] += pj * load_v(pc.vt, vr, ko + d);
             }
         }
         m = m_new;

@@ -1,0 +1,231 @@
+"""KV cache types (f32, f16, bf16, q8_0, q4_0, ...): kv_store and attention on every backend against a
+float64 reference on the same rounded cache, the option rules (llama.cpp's), and the bytes the budgets
+count. End-to-end comparisons with llama-cpp-python are in test_kv_llama_cpp.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+
+from cooktop.backends.base import nmse
+from cooktop.backends.cpu import quants as cpu_quants
+from cooktop.backends.reference import quantize_kv
+from cooktop.errors import DeviceError, UnsupportedOpError
+from cooktop.format.kvtypes import KV_TYPES, KVConfig, KVTypeError, parse_flash_attn, parse_kv_type
+
+#: (n_head, n_head_kv, head_dim, n_cells): odd head counts, a head_dim of whole q8_0/q4_0 blocks that is
+#: no power of two, and one of 40 (float types only).
+SHAPES = [(6, 2, 96, 41), (3, 3, 40, 19)]
+
+
+def _stored(x: np.ndarray, t: T) -> np.ndarray:
+    """``x`` as the cache holds it (quantized then dequantized), float64."""
+    raw = quantize_kv(x, t)
+    out = np.empty(x.shape, dtype=np.float32)
+    cpu_quants.dequantize_rows(raw, t, x.shape[1], out)
+    return out.astype(np.float64)
+
+
+def _reference(q, k, v, pos, starts, n_head, n_head_kv, scale, window):
+    """float64 causal GQA attention over rows starts[i]..pos[i] (and the window)."""
+    n, width = q.shape
+    hd = width // n_head
+    g = n_head // n_head_kv
+    out = np.zeros((n, width))
+    for i in range(n):
+        lo = starts[i] if window == 0 else max(starts[i], pos[i] - window + 1)
+        for h in range(n_head):
+            hk = h // g
+            kk = k[lo:pos[i] + 1, hk * hd:(hk + 1) * hd]
+            vv = v[lo:pos[i] + 1, hk * hd:(hk + 1) * hd]
+            s = kk @ q[i, h * hd:(h + 1) * hd].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            out[i, h * hd:(h + 1) * hd] = (p / p.sum()) @ vv
+    return out
+
+
+def _case(d, tk: T, tv: T, shape, path: str, seed: int = 0):
+    n_head, n_head_kv, hd, n_cells = shape
+    rng = np.random.default_rng(seed)
+    kv_dim = n_head_kv * hd
+    k = (rng.standard_normal((n_cells, kv_dim)) * 0.7).astype(np.float32)
+    v = rng.standard_normal((n_cells, kv_dim)).astype(np.float32)
+    kc, vc = d.zeros((n_cells, kv_dim), tk), d.zeros((n_cells, kv_dim), tv)
+    cells = rng.permutation(n_cells).astype(np.int32)  # rows written out of order, in two calls
+    for part in (cells[:7], cells[7:]):
+        xk, xv, pt = d.empty((len(part), kv_dim)), d.empty((len(part), kv_dim)), d.empty((len(part),), T.I32)
+        d.write(xk, k[part])
+        d.write(xv, v[part])
+        d.write(pt, part)
+        d.kv_store(kc, xk, pt)
+        d.kv_store(vc, xv, pt)
+    if path == "decode":
+        pos = np.array([n_cells - 1], np.int32)
+    elif path == "first":  # one row attended: out is V's stored row itself
+        pos = np.array([0], np.int32)
+    else:
+        pos = np.array(sorted(rng.choice(np.arange(3, n_cells), 5, replace=False)), np.int32)
+    window = 6 if path == "window" else 0
+    starts = np.zeros(len(pos), np.int32)
+    if path == "batched":  # two sequences in one cache: the second owns the rows from 12 on
+        starts = np.where(pos >= 12, 12, 0).astype(np.int32)
+    q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
+    qt, out, pt = d.empty(q.shape), d.empty(q.shape), d.empty((len(pos),), T.I32)
+    d.write(qt, q)
+    d.write(pt, pos)
+    st = None
+    if path == "batched":
+        st = d.empty((len(pos),), T.I32)
+        d.write(st, starts)
+    scale = 1.0 / np.sqrt(hd)
+    d.attention(out, qt, kc, vc, pt, n_head, n_head_kv, scale, window, st)
+    got = d.read(out)
+    want = _reference(q, _stored(k, tk), _stored(v, tv), pos, starts, n_head, n_head_kv, scale, window)
+    return got, want
+
+
+def _stores(d, t: T) -> bool:
+    return t.name in d.info.kv_types
+
+
+@pytest.mark.parametrize("t", KV_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("path", ["prompt", "decode", "first", "window", "batched"])
+def test_kv_types_attention_parity(any_device, t, path):
+    """Each cache type (K and V alike) on each path at odd shapes, against float64 attention over the
+    cache as llama.cpp's quantize_row_*_ref / fp16 / bf16 rounding stores it: a device that rounds one
+    value differently is caught (the "first" path returns V's stored row itself)."""
+    d = any_device
+    if not _stores(d, t):
+        assert "KV cache" in d.supports_op("attention", t)
+        with pytest.raises(UnsupportedOpError):
+            d.empty((8, 64), t)
+        return
+    for shape in SHAPES:
+        if shape[2] % GGML_QUANT_SIZES[t][0]:
+            continue
+        got, want = _case(d, t, t, shape, path)
+        assert nmse(got, want) < 1e-10, f"{t.name} {shape} {path} on {d.info.selector}: nmse {nmse(got, want):.2e}"
+
+
+@pytest.mark.parametrize("tk,tv", [(T.F16, T.Q8_0), (T.Q4_0, T.F32), (T.Q8_0, T.BF16)], ids=str)
+def test_kv_types_k_and_v_independent(any_device, tk, tv):
+    d = any_device
+    if not (_stores(d, tk) and _stores(d, tv)):
+        pytest.skip(f"{d.info.selector} stores {d.info.kv_types}")
+    got, want = _case(d, tk, tv, SHAPES[0], "prompt", seed=3)
+    assert nmse(got, want) < 1e-10
+
+
+def test_kv_cache_is_not_written_or_read_directly(cpu_device):
+    c = cpu_device.zeros((4, 32), T.Q8_0)
+    assert c.nbytes == 4 * 34
+    with pytest.raises(DeviceError, match="KV cache"):
+        cpu_device.read(c)
+    with pytest.raises(DeviceError, match="KV cache"):
+        cpu_device.write(c, np.zeros((4, 32), np.float32))
+    with pytest.raises(UnsupportedOpError, match="block size"):
+        cpu_device.empty((4, 40), T.Q8_0)
+
+
+def test_quantize_kv_is_the_reference_rounding():
+    """q8_0 / q4_0 / f16 / bf16 rows equal ggml's quantize_row_*_ref on hand-checked values."""
+    x = np.zeros((1, 32), np.float32)
+    x[0, :4] = [1.0, -0.5, 0.25, 127.0 / 2]
+    q8 = quantize_kv(x, T.Q8_0)[0]
+    d = np.frombuffer(q8[:2].tobytes(), np.float16)[0]
+    assert d == np.float16(63.5 / 127) and q8[2:6].view(np.int8).tolist() == [2, -1, 1, 127]
+    q4 = quantize_kv(x, T.Q4_0)[0]
+    # max by |x| keeps its sign: d = 63.5 / -8, q = min(15, trunc(x / d + 8.5))
+    assert np.frombuffer(q4[:2].tobytes(), np.float16)[0] == np.float16(63.5 / -8)
+    assert (q4[2] & 15, q4[5] & 15) == (8, 0)
+    assert quantize_kv(np.array([[1 + 2 ** -11]], np.float32), T.F16).view(np.float16)[0, 0] == 1.0
+    bf = quantize_kv(np.array([[1 + 2 ** -8 + 2 ** -20]], np.float32), T.BF16).view(np.uint16)[0, 0]
+    assert bf == 0x3F81  # rounded up (above the halfway point)
+
+
+def test_kv_type_names_and_ids():
+    assert parse_kv_type("q8_0") is T.Q8_0 and parse_kv_type("Q4_0") is T.Q4_0 and parse_kv_type(1) is T.F16
+    assert parse_kv_type("30") is T.BF16
+    for bad in ("q9", 12, "iq4_nl", "q4_k"):
+        with pytest.raises(KVTypeError, match="allowed values: f32, f16, bf16, q8_0"):
+            parse_kv_type(bad)
+    assert [parse_flash_attn(v) for v in ("on", "off", "auto", True, False, None, "1", "0")] == \
+        ["on", "off", "auto", "on", "off", "auto", "on", "off"]
+    with pytest.raises(KVTypeError, match="flash-attn"):
+        parse_flash_attn("maybe")
+
+
+def test_llama_cpp_rules():
+    """src/llama-context.cpp: quantized V needs flash attention (auto turns it on); a block size must
+    divide head_dim; a quantized K alone is fine without it."""
+    assert KVConfig.parse("q8_0", "q8_0", "auto").resolve(64) is True
+    assert KVConfig.parse("q8_0", "f16", "off").resolve(64) is False
+    with pytest.raises(KVTypeError, match="requires flash attention"):
+        KVConfig.parse("f16", "q4_0", "off").resolve(64)
+    with pytest.raises(KVTypeError, match="does not divide head_dim 8"):
+        KVConfig.parse("q8_0", "f16", "on").resolve(8)
+    assert KVConfig(T.F16, T.Q8_0).row_bytes(256) == (512, 8 * 34)
+
+
+def test_placement_refuses_a_type_the_device_lacks(cpu_device):
+    from cooktop.backends.info import DeviceInfo
+    info = DeviceInfo(backend="opencl", index=0, name="x", kv_types=("F32", "F16"))
+    assert info.supports_op("kv_store", T.F16) == ""
+    why = info.supports_op("attention", T.Q4_1)
+    assert why == "opencl:0 cannot run attention on a Q4_1 KV cache (it stores F32, F16)"
+    assert cpu_device.supports_op("attention", T.Q5_1) == ""
+
+
+def test_budget_and_plan_count_the_cache_type(shared):
+    """``plan`` (and -ngl auto, which reads the same budgets) counts n_ctx rows of each type's bytes."""
+    from cooktop.cli.plan import plan_report
+    path = str(shared / "models" / "tiny" / "tiny-F32.gguf")  # n_layer 2, n_embd_kv 64
+    for tk, tv, row in (("f32", "f32", 2 * 256), ("f16", "f16", 2 * 128), ("q8_0", "q4_0", 68 + 36)):
+        rep = plan_report(path, 1024, 64, "cpu", 0, None, kv=KVConfig.parse(tk, tv, "on"))
+        assert rep["devices"][0]["kv_bytes"] == 2 * 1024 * row
+        assert (rep["cache_type_k"], rep["cache_type_v"]) == (tk, tv)
+
+
+def test_opencl_gpu_launch_shape_reads_every_cache_type():
+    """The GPU flavour of OpenCL's attention (work-groups sharing the keys, scalar cache loads) on PoCL,
+    every cache type OpenCL stores, plain / window / batched, at head_dim 96 and 40."""
+    import dataclasses
+
+    from conftest import open_family_device
+
+    from cooktop.backends.opencl.programs import GPU_SHAPE, KernelCache
+
+    base = open_family_device("opencl")
+    gpu = type(base)(base.info, base.cl_device)
+    gpu.shape = dataclasses.replace(GPU_SHAPE, at_ls=16)
+    gpu.kernels = KernelCache(gpu.ctx, gpu.cl_device, gpu.shape)
+    for t in (T.F16, T.BF16, T.Q8_0, T.Q4_0):
+        assert _stores(gpu, t)
+        for shape in SHAPES:
+            if shape[2] % GGML_QUANT_SIZES[t][0]:
+                continue
+            for path in ("prompt", "window", "batched"):
+                got, want = _case(gpu, t, T.F16 if t == T.Q4_0 else t, shape, path, seed=5)
+                assert nmse(got, want) < 1e-10, (t.name, shape, path)
+
+
+@pytest.mark.parametrize("t", [T.F32, T.F16, T.Q8_0], ids=lambda t: t.name)
+def test_opencl_gqa_grouped_attention_is_the_same_bits(monkeypatch, t):
+    """OpenCL's serial attention running a GQA group per work-item (each K/V row read once for the group)
+    gives exactly what one work-item per query head gives: decode, prompt, window, kv_start, the q8 output."""
+    from conftest import open_family_device
+
+    d = open_family_device("opencl")
+    if not d.shape.at_serial:
+        pytest.skip("the grouped kernel is the serial (CPU) flavour's")
+    shape = (8, 2, 64, 37)  # groups of 4
+    assert d._gqa_group(8, 2, 64) == 4 and d._gqa_group(8, 8, 64) == 0  # a group of 1 is the plain kernel
+    for path in ("decode", "prompt", "window", "batched"):
+        monkeypatch.setattr(type(d), "_gqa_group", lambda self, h, hk, n: h // hk)
+        grouped, want = _case(d, t, t, shape, path, seed=11)
+        monkeypatch.setattr(type(d), "_gqa_group", lambda self, h, hk, n: 0)
+        single, _ = _case(d, t, t, shape, path, seed=11)
+        assert np.array_equal(grouped, single), path
+        assert nmse(grouped, want) < 1e-10
