@@ -325,8 +325,8 @@ def test_push_constants_fit_and_match(vk, monkeypatch):
     monkeypatch.setattr(vk, "_dispatch_raw", spy)
     _decode_layer_run(vk, n_steps=1)
     xb, yb = vk.zeros((16, 256)), vk.empty((16, 256))
-    # 16 rows: the tiled mul_mm (Q4_K: no integer-dot mat-vec, which Q4_0 keeps for every row count)
-    vk.matmul(yb, xb, vk.upload(random_weight(T.Q4_K, (256, 256), np.random.default_rng(0)), T.Q4_K, (256, 256)))
+    # 16 rows: the tiled mul_mm (Q6_K: no integer-dot mat-vec, which Q4_0 / Q4_K keep for every row count)
+    vk.matmul(yb, xb, vk.upload(random_weight(T.Q6_K, (256, 256), np.random.default_rng(0)), T.Q6_K, (256, 256)))
     vk.read(yb)
     assert {"copy", "fill", "rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add"} <= set(seen)
     assert any(v.startswith("mul_mm_") for v in seen) and any(v.startswith("mul_mat_vec_") for v in seen)
@@ -462,8 +462,8 @@ def test_replay_records_barriers_once(vk, cpu_device, monkeypatch):
     b0, r0 = vk.n_barriers, vk.n_recordings
     got = _decode_layer_run(vk, n_steps=3, seed=9)
     ref = _decode_layer_run(cpu_device, n_steps=3, seed=9)
-    for x, y in zip(got, ref):
-        assert nmse(x, y) <= 5e-4
+    for x, y in zip(got, ref):  # Q4_0, Q4_K, Q5_K and Q8_0 run on 8-bit activations on Vulkan, numpy in float
+        assert nmse(x, y) <= 2e-3
     per_record = (vk.n_barriers - b0) / (vk.n_recordings - r0)
     assert vk.n_recordings - r0 == 2 and per_record >= 2
 
