@@ -370,3 +370,41 @@ def test_interrupted_base_leaves_no_file(tmp_path, stories):
     finally:
         m.model.close()
     assert path.stat().st_size == 20 + 4 * 2 * N_CTX + 2 * 2 * 63 * 516 and not (tmp_path / "base.kld.part").exists()
+
+
+def test_corrupt_base_is_refused_in_one_line(tmp_path):
+    """A base with a token id outside the vocabulary (too large, negative), a NaN / inf scale or bytes
+    after its last chunk: one CooktopError naming the file and the place, at open."""
+    from cooktop.quality.logits_file import LogitsWriter, quantize_rows, read_logits_file
+
+    rng = np.random.default_rng(2)
+    n_ctx, n_vocab, n_chunk = 8, 512, 2
+    tokens = rng.integers(0, n_vocab, n_chunk * n_ctx)
+    good = tmp_path / "good.kld"
+    w = LogitsWriter(good, n_ctx, n_vocab, n_chunk, tokens)
+    for _ in range(n_chunk):
+        w.write(quantize_rows(rng.standard_normal((3, n_vocab)).astype(np.float32), np.zeros(3, dtype=int))[0])
+    w.close()
+    assert read_logits_file(good).n_chunk == n_chunk
+    data = good.read_bytes()
+    tok0, rows0 = 20, 20 + 4 * n_chunk * n_ctx
+    row_bytes = 2 * (n_vocab + 4)
+
+    def patched(at: int, raw: bytes) -> pathlib.Path:
+        p = tmp_path / f"bad{at}.kld"
+        p.write_bytes(data[:at] + raw + data[at + len(raw):])
+        return p
+
+    cases = [(patched(tok0 + 4 * 11, np.int32(99999).tobytes()), r"chunk 2, token 3: id 99999 is outside"),
+             (patched(tok0 + 4 * 2, np.int32(-7).tobytes()), r"chunk 1, token 2: id -7 is outside"),
+             (patched(rows0 + row_bytes * 4, np.float32("nan").tobytes()), r"chunk 2, row 1: scale is nan"),
+             (patched(rows0 + row_bytes * 2 + 4, np.float32("-inf").tobytes()),
+              r"chunk 1, row 2: min_log_prob is -inf")]
+    for p, msg in cases:
+        with pytest.raises(CooktopError, match=msg) as e:
+            read_logits_file(p)
+        assert str(p) in str(e.value) and "\n" not in str(e.value)
+    long = tmp_path / "long.kld"
+    long.write_bytes(data + b"\0" * 6)
+    with pytest.raises(CooktopError, match="has 6 bytes after its last chunk"):
+        read_logits_file(long)

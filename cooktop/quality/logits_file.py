@@ -182,7 +182,9 @@ def read_logits_file(path: str | os.PathLike) -> LogitsFile:
     """Open a base file (module doc).
 
     Raises:
-        CooktopError: the file is missing, is not a log-probabilities file, or is truncated.
+        CooktopError: the file is missing, is not a log-probabilities file, is truncated or has bytes
+            after its last chunk, holds a token id outside ``0 .. n_vocab - 1``, or a row whose scale or
+            min_log_prob is not finite (each naming the file, and the chunk and token or row).
     """
     try:
         size = os.path.getsize(path)
@@ -202,7 +204,21 @@ def read_logits_file(path: str | os.PathLike) -> LogitsFile:
     if size < want:
         raise CooktopError(f"{path} is truncated: {size:,} bytes, its header (n_ctx {n_ctx}, n_vocab {n_vocab}, "
                            f"{n_chunk} chunks) needs {want:,}")
+    if size > want:
+        raise CooktopError(f"{path} has {size - want:,} bytes after its last chunk: its header (n_ctx {n_ctx}, "
+                           f"n_vocab {n_vocab}, {n_chunk} chunks) needs {want:,}, the file has {size:,}")
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     tokens = np.frombuffer(mm[20:20 + tok_bytes], dtype="<i4")
+    bad = np.flatnonzero((tokens < 0) | (tokens >= n_vocab))
+    if len(bad):
+        k = int(bad[0])
+        raise CooktopError(f"{path}: chunk {k // n_ctx + 1}, token {k % n_ctx}: id {int(tokens[k])} is outside "
+                           f"the vocabulary (0 .. {n_vocab - 1}); the file is corrupt")
     rows = np.frombuffer(mm[20 + tok_bytes:want], dtype="<u2").reshape(n_chunk, n_scored, row_width(n_vocab))
+    head = np.ascontiguousarray(rows[:, :, :4]).view("<f4")  # [n_chunk, n_scored, 2]: scale, min_log_prob
+    bad = np.argwhere(~np.isfinite(head))
+    if len(bad):
+        c, r, k = (int(v) for v in bad[0])
+        raise CooktopError(f"{path}: chunk {c + 1}, row {r}: {('scale', 'min_log_prob')[k]} is "
+                           f"{float(head[c, r, k])}, not a finite number; the file is corrupt")
     return LogitsFile(str(path), n_ctx, n_vocab, n_chunk, tokens, rows)
