@@ -215,10 +215,10 @@ def read_logits_file(path: str | os.PathLike) -> LogitsFile:
         raise CooktopError(f"{path}: chunk {k // n_ctx + 1}, token {k % n_ctx}: id {int(tokens[k])} is outside "
                            f"the vocabulary (0 .. {n_vocab - 1}); the file is corrupt")
     rows = np.frombuffer(mm[20 + tok_bytes:want], dtype="<u2").reshape(n_chunk, n_scored, row_width(n_vocab))
-    head = np.ascontiguousarray(rows[:, :, :4]).view("<f4")  # [n_chunk, n_scored, 2]: scale, min_log_prob
-    bad = np.argwhere(~np.isfinite(head))
+    floats = np.ascontiguousarray(rows[:, :, :4]).view("<f4")  # [n_chunk, n_scored, 2]: scale, min_log_prob
+    bad = np.argwhere(~np.isfinite(floats))
     if len(bad):
         c, r, k = (int(v) for v in bad[0])
         raise CooktopError(f"{path}: chunk {c + 1}, row {r}: {('scale', 'min_log_prob')[k]} is "
-                           f"{float(head[c, r, k])}, not a finite number; the file is corrupt")
+                           f"{float(floats[c, r, k])}, not a finite number; the file is corrupt")
     return LogitsFile(str(path), n_ctx, n_vocab, n_chunk, tokens, rows)
