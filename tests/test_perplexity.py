@@ -408,3 +408,62 @@ def test_corrupt_base_is_refused_in_one_line(tmp_path):
     long.write_bytes(data + b"\0" * 6)
     with pytest.raises(CooktopError, match="has 6 bytes after its last chunk"):
         read_logits_file(long)
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    """A 2-chunk base of tiny-F32 over GPL-3 (-c 128), made in-process."""
+    from cooktop.quality import perplexity as ppl
+    from cooktop.quality.logits_file import read_logits_file
+    from cooktop.runtime.loader import load_model
+
+    if not TEXT.exists():
+        skip_or_fail("shared", f"no {TEXT} (Debian's base-files ships it)")
+    path = tmp_path_factory.mktemp("base") / "tiny-F32.kld"
+    m = load_model(model_path("tiny/tiny-F32.gguf"), n_ctx=N_CTX, n_batch=N_CTX, device="cpu", logits_all=True)
+    try:
+        tokens = ppl.tokenize_text(m.tokenizer, TEXT.read_text()[:6000])
+        ppl.perplexity_saving(m.model, tokens, ppl.chunking(m.tokenizer, len(tokens), N_CTX, N_CTX, 2), str(path))
+    finally:
+        m.model.close()
+    return read_logits_file(path)
+
+
+def test_kld_table_keeps_going_past_a_bad_file_and_labels_rows(tmp_path, tiny_base, monkeypatch):
+    """A truncated -m file is an error cell with its reason, the others are measured; two files of one
+    weight type get their file names; a cell part of whose model ran on the host gets a footnote."""
+    from cooktop.quality import table
+    from cooktop.runtime import loader
+    from cooktop.runtime.placement import Placement
+
+    q8 = model_path("tiny/tiny-Q8_0.gguf")
+    trunc, copy = tmp_path / "trunc.gguf", tmp_path / "copy-Q8_0.gguf"
+    trunc.write_bytes(q8.read_bytes()[:100000])
+    copy.write_bytes(q8.read_bytes())
+    real = loader.load_model
+
+    def kept_on_host(path, **kw):  # as vulkan:0 with a type it cannot multiply: block 0 on the host
+        m = real(path, **kw)
+        if pathlib.Path(path) == copy:
+            n = len(m.placement.blocks)
+            m.placement = Placement(["cpu"] + ["cpu"] * (n - 1), "cpu",
+                                    ["block 0 stays on cpu: vulkan:0 cannot run matmul on BF16"])
+        return m
+    monkeypatch.setattr(loader, "load_model", kept_on_host)
+    cells = table.measure([str(trunc), str(q8), str(copy)], ["cpu"], tiny_base, N_CTX)
+    assert [c.wtype for c in cells] == ["? (trunc.gguf)", "Q8_0 (tiny-Q8_0.gguf)", "Q8_0 (copy-Q8_0.gguf)"]
+    assert "truncated" in cells[0].error and cells[0].summary is None
+    assert cells[1].summary is not None and cells[2].summary == cells[1].summary
+    assert cells[1].note == "" and cells[2].note.endswith("block 0 stays on cpu: vulkan:0 cannot run matmul on BF16")
+    lines = table.format_table(cells).splitlines()
+    assert lines[2].startswith("| cpu      | ? (trunc.gguf)") and "error: " in lines[2] and "truncated" in lines[2]
+    assert lines[3].startswith("| cpu      | Q8_0 (tiny-Q8_0.gguf)")
+    assert lines[4].startswith("| cpu [1]  | Q8_0 (copy-Q8_0.gguf)")
+    assert lines[5:] == ["", "[1] cpu copy-Q8_0.gguf: " + cells[2].note]
+
+
+def test_kld_table_refuses_a_missing_model_up_front(tmp_path):
+    r = run_cli("kld-table", "--base-model", str(model_path("tiny/tiny-F32.gguf")), "-f", str(TEXT), "-c", "128",
+                "--kl-divergence-base", str(tmp_path / "b.kld"), "--device", "cpu", "-m", str(tmp_path / "no.gguf"))
+    assert r.returncode == 1 and f"error: -m {tmp_path / 'no.gguf'}: no such file" in r.stderr, r.stderr
+    assert not (tmp_path / "b.kld").exists() and "Traceback" not in r.stderr

@@ -212,6 +212,11 @@ def kld_table_cmd(models, kl_base, base_model, text_file, base_device, n_ctx, n_
 
     if plot_path:
         table.check_plot_path(plot_path)
+    if not ray_address:
+        missing = [m for m in models if not os.path.exists(m)]
+        if missing:  # refused before the base is made; a file that exists but cannot load is an error cell
+            raise CooktopError(f"-m {missing[0]}: no such file" + (f" (and {len(missing) - 1} more)"
+                                                                     if len(missing) > 1 else ""))
     if base_model:
         if text_file is None:
             raise CooktopError("--base-model needs -f FILE: the text the base is made from")
