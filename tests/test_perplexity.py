@@ -467,3 +467,19 @@ def test_kld_table_refuses_a_missing_model_up_front(tmp_path):
                 "--kl-divergence-base", str(tmp_path / "b.kld"), "--device", "cpu", "-m", str(tmp_path / "no.gguf"))
     assert r.returncode == 1 and f"error: -m {tmp_path / 'no.gguf'}: no such file" in r.stderr, r.stderr
     assert not (tmp_path / "b.kld").exists() and "Traceback" not in r.stderr
+
+
+def test_kl_divergence_says_when_c_and_f_are_not_used(tmp_path, tiny_base):
+    """--kl-divergence takes n_ctx and the tokens from the base: a different -c or -f gets one line each."""
+    tiny = str(model_path("tiny/tiny-F32.gguf"))
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT.read_text()[3000:9000])
+    same = tmp_path / "same.txt"
+    same.write_text(TEXT.read_text()[:6000])
+    args = ["perplexity", "-m", tiny, "--kl-divergence-base", tiny_base.path, "--kl-divergence"]
+    r = run_cli(*args, "-c", "256", "-f", str(other))
+    assert r.returncode == 0, r.stderr
+    assert "kl_divergence: -c 256 is not used: the chunks are the base's, n_ctx=128" in r.stderr
+    assert f"kl_divergence: -f {other} is not used: its tokens differ from the base's" in r.stderr
+    r = run_cli(*args, "-c", "128", "-f", str(same))
+    assert r.returncode == 0 and "is not used" not in r.stderr, r.stderr

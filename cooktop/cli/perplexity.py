@@ -86,8 +86,14 @@ def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks,
             raise CooktopError("--kl-divergence needs --kl-divergence-base FILE "
                                "(made by a run without --kl-divergence)")
         base = read_logits_file(kl_base)
+        given = click.get_current_context().get_parameter_source("n_ctx") != click.core.ParameterSource.DEFAULT
+        if given and n_ctx != base.n_ctx:
+            _err(f"kl_divergence: -c {n_ctx} is not used: the chunks are the base's, n_ctx={base.n_ctx} "
+                 f"(as llama-perplexity)")
         m = open_model(path, base.n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors)
         try:
+            if text_file is not None:
+                _note_unused_text(text_file, m.tokenizer, base)
             _run_kld(path, m, base, n_batch, n_chunks)
         finally:
             m.model.close()
@@ -108,6 +114,15 @@ def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks,
 
 def _err(line: str) -> None:
     click.echo(line, err=True)
+
+
+def _note_unused_text(text_file, tokenizer, base) -> None:
+    """One line when ``-f``'s tokens are not the base's: --kl-divergence evaluates the base's tokens."""
+    n = base.n_chunk * base.n_ctx
+    tokens = _ppl.tokenize_text(tokenizer, read_prompt_file(text_file))[:n]
+    if len(tokens) != n or any(int(a) != int(b) for a, b in zip(tokens, base.tokens, strict=True)):
+        _err(f"kl_divergence: -f {text_file.name} is not used: its tokens differ from the base's, "
+             f"which are the ones evaluated (as llama-perplexity)")
 
 
 class _Quiet:
