@@ -319,3 +319,167 @@ def test_progress_bar_counts_the_chunks(monkeypatch, stories):
                                  "--device", "cpu"])
     assert r.exit_code == 0, r.output
     assert seen == [[3, "perplexity", "chunk", 3, True]]
+
+
+def test_base_path_never_overwrites_an_input(tmp_path, stories):
+    """--kl-divergence-base naming the model, the text or a kld-table model (itself, a symlink, a hard
+    link) is refused before anything is written; the inputs keep their bytes."""
+    sc, txt = tmp_path / "sc.gguf", tmp_path / "t.txt"
+    sc.write_bytes(stories.read_bytes())
+    txt.write_text(TEXT.read_text()[:3000])
+    (tmp_path / "link.gguf").symlink_to(sc)
+    os.link(txt, tmp_path / "hard.txt")
+    model_bytes, text_bytes = sc.read_bytes(), txt.read_bytes()
+    for base, what in ((sc, "-m"), (tmp_path / "link.gguf", "-m"), (txt, "-f"), (tmp_path / "hard.txt", "-f")):
+        r = run_cli("perplexity", "-m", str(sc), "-f", str(txt), "-c", "128", "--chunks", "2",
+                    "--kl-divergence-base", str(base))
+        assert r.returncode == 1 and f"is the same file as {what}" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    tiny = model_path("tiny/tiny-F32.gguf")
+    tc = tmp_path / "tc.gguf"
+    tc.write_bytes(tiny.read_bytes())
+    tc_bytes = tc.read_bytes()
+    for extra, what in ((["--base-model", str(tc), "-m", str(tiny)], "--base-model"),
+                        (["--base-model", str(tiny), "-m", str(tc)], "-m")):
+        r = run_cli("kld-table", *extra, "-f", str(txt), "-c", "128", "--kl-divergence-base", str(tc),
+                    "--device", "cpu")
+        assert r.returncode == 1 and f"is the same file as {what}" in r.stderr, r.stderr
+    assert sc.read_bytes() == model_bytes and txt.read_bytes() == text_bytes and tc.read_bytes() == tc_bytes
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_interrupted_base_leaves_no_file(tmp_path, stories):
+    """The base is written to a .part file renamed at the end: a run that fails midway leaves neither."""
+    from cooktop.quality import perplexity as ppl
+    from cooktop.runtime.loader import load_model
+
+    path = tmp_path / "base.kld"
+    path.write_bytes(b"old")
+    m = load_model(stories, n_ctx=N_CTX, n_batch=N_CTX, device="cpu", logits_all=True)
+    try:
+        tokens = ppl.tokenize_text(m.tokenizer, TEXT.read_text()[:3000])
+        ch = ppl.chunking(m.tokenizer, len(tokens), N_CTX, N_CTX, 2)
+
+        def boom(i, p):
+            assert (tmp_path / "base.kld.part").exists()
+            raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            ppl.perplexity_saving(m.model, tokens, ch, str(path), on_chunk=boom)
+        assert path.read_bytes() == b"old" and not (tmp_path / "base.kld.part").exists()
+        ppl.perplexity_saving(m.model, tokens, ch, str(path))
+    finally:
+        m.model.close()
+    assert path.stat().st_size == 20 + 4 * 2 * N_CTX + 2 * 2 * 63 * 516 and not (tmp_path / "base.kld.part").exists()
+
+
+def test_corrupt_base_is_refused_in_one_line(tmp_path):
+    """A base with a token id outside the vocabulary (too large, negative), a NaN / inf scale or bytes
+    after its last chunk: one CooktopError naming the file and the place, at open."""
+    from cooktop.quality.logits_file import LogitsWriter, quantize_rows, read_logits_file
+
+    rng = np.random.default_rng(2)
+    n_ctx, n_vocab, n_chunk = 8, 512, 2
+    tokens = rng.integers(0, n_vocab, n_chunk * n_ctx)
+    good = tmp_path / "good.kld"
+    w = LogitsWriter(good, n_ctx, n_vocab, n_chunk, tokens)
+    for _ in range(n_chunk):
+        w.write(quantize_rows(rng.standard_normal((3, n_vocab)).astype(np.float32), np.zeros(3, dtype=int))[0])
+    w.close()
+    assert read_logits_file(good).n_chunk == n_chunk
+    data = good.read_bytes()
+    tok0, rows0 = 20, 20 + 4 * n_chunk * n_ctx
+    row_bytes = 2 * (n_vocab + 4)
+
+    def patched(at: int, raw: bytes) -> pathlib.Path:
+        p = tmp_path / f"bad{at}.kld"
+        p.write_bytes(data[:at] + raw + data[at + len(raw):])
+        return p
+
+    cases = [(patched(tok0 + 4 * 11, np.int32(99999).tobytes()), r"chunk 2, token 3: id 99999 is outside"),
+             (patched(tok0 + 4 * 2, np.int32(-7).tobytes()), r"chunk 1, token 2: id -7 is outside"),
+             (patched(rows0 + row_bytes * 4, np.float32("nan").tobytes()), r"chunk 2, row 1: scale is nan"),
+             (patched(rows0 + row_bytes * 2 + 4, np.float32("-inf").tobytes()),
+              r"chunk 1, row 2: min_log_prob is -inf")]
+    for p, msg in cases:
+        with pytest.raises(CooktopError, match=msg) as e:
+            read_logits_file(p)
+        assert str(p) in str(e.value) and "\n" not in str(e.value)
+    long = tmp_path / "long.kld"
+    long.write_bytes(data + b"\0" * 6)
+    with pytest.raises(CooktopError, match="has 6 bytes after its last chunk"):
+        read_logits_file(long)
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    """A 2-chunk base of tiny-F32 over GPL-3 (-c 128), made in-process."""
+    from cooktop.quality import perplexity as ppl
+    from cooktop.quality.logits_file import read_logits_file
+    from cooktop.runtime.loader import load_model
+
+    if not TEXT.exists():
+        skip_or_fail("shared", f"no {TEXT} (Debian's base-files ships it)")
+    path = tmp_path_factory.mktemp("base") / "tiny-F32.kld"
+    m = load_model(model_path("tiny/tiny-F32.gguf"), n_ctx=N_CTX, n_batch=N_CTX, device="cpu", logits_all=True)
+    try:
+        tokens = ppl.tokenize_text(m.tokenizer, TEXT.read_text()[:6000])
+        ppl.perplexity_saving(m.model, tokens, ppl.chunking(m.tokenizer, len(tokens), N_CTX, N_CTX, 2), str(path))
+    finally:
+        m.model.close()
+    return read_logits_file(path)
+
+
+def test_kld_table_keeps_going_past_a_bad_file_and_labels_rows(tmp_path, tiny_base, monkeypatch):
+    """A truncated -m file is an error cell with its reason, the others are measured; two files of one
+    weight type get their file names; a cell part of whose model ran on the host gets a footnote."""
+    from cooktop.quality import table
+    from cooktop.runtime import loader
+    from cooktop.runtime.placement import Placement
+
+    q8 = model_path("tiny/tiny-Q8_0.gguf")
+    trunc, copy = tmp_path / "trunc.gguf", tmp_path / "copy-Q8_0.gguf"
+    trunc.write_bytes(q8.read_bytes()[:100000])
+    copy.write_bytes(q8.read_bytes())
+    real = loader.load_model
+
+    def kept_on_host(path, **kw):  # as vulkan:0 with a type it cannot multiply: block 0 on the host
+        m = real(path, **kw)
+        if pathlib.Path(path) == copy:
+            n = len(m.placement.blocks)
+            m.placement = Placement(["cpu"] + ["cpu"] * (n - 1), "cpu",
+                                    ["block 0 stays on cpu: vulkan:0 cannot run matmul on BF16"])
+        return m
+    monkeypatch.setattr(loader, "load_model", kept_on_host)
+    cells = table.measure([str(trunc), str(q8), str(copy)], ["cpu"], tiny_base, N_CTX)
+    assert [c.wtype for c in cells] == ["? (trunc.gguf)", "Q8_0 (tiny-Q8_0.gguf)", "Q8_0 (copy-Q8_0.gguf)"]
+    assert "truncated" in cells[0].error and cells[0].summary is None
+    assert cells[1].summary is not None and cells[2].summary == cells[1].summary
+    assert cells[1].note == "" and cells[2].note.endswith("block 0 stays on cpu: vulkan:0 cannot run matmul on BF16")
+    lines = table.format_table(cells).splitlines()
+    assert lines[2].startswith("| cpu      | ? (trunc.gguf)") and "error: " in lines[2] and "truncated" in lines[2]
+    assert lines[3].startswith("| cpu      | Q8_0 (tiny-Q8_0.gguf)")
+    assert lines[4].startswith("| cpu [1]  | Q8_0 (copy-Q8_0.gguf)")
+    assert lines[5:] == ["", "[1] cpu copy-Q8_0.gguf: " + cells[2].note]
+
+
+def test_kld_table_refuses_a_missing_model_up_front(tmp_path):
+    r = run_cli("kld-table", "--base-model", str(model_path("tiny/tiny-F32.gguf")), "-f", str(TEXT), "-c", "128",
+                "--kl-divergence-base", str(tmp_path / "b.kld"), "--device", "cpu", "-m", str(tmp_path / "no.gguf"))
+    assert r.returncode == 1 and f"error: -m {tmp_path / 'no.gguf'}: no such file" in r.stderr, r.stderr
+    assert not (tmp_path / "b.kld").exists() and "Traceback" not in r.stderr
+
+
+def test_kl_divergence_says_when_c_and_f_are_not_used(tmp_path, tiny_base):
+    """--kl-divergence takes n_ctx and the tokens from the base: a different -c or -f gets one line each."""
+    tiny = str(model_path("tiny/tiny-F32.gguf"))
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT.read_text()[3000:9000])
+    same = tmp_path / "same.txt"
+    same.write_text(TEXT.read_text()[:6000])
+    args = ["perplexity", "-m", tiny, "--kl-divergence-base", tiny_base.path, "--kl-divergence"]
+    r = run_cli(*args, "-c", "256", "-f", str(other))
+    assert r.returncode == 0, r.stderr
+    assert "kl_divergence: -c 256 is not used: the chunks are the base's, n_ctx=128" in r.stderr
+    assert f"kl_divergence: -f {other} is not used: its tokens differ from the base's" in r.stderr
+    r = run_cli(*args, "-c", "128", "-f", str(same))
+    assert r.returncode == 0 and "is not used" not in r.stderr, r.stderr

@@ -14,7 +14,7 @@ from ..cluster import is_cluster_selector
 from ..errors import CooktopError
 from ..quality import kld as _kld
 from ..quality import perplexity as _ppl
-from ..quality.logits_file import read_logits_file
+from ..quality.logits_file import read_logits_file, refuse_overwrite
 from ..runtime import loader
 from .common import (
     device_options,
@@ -86,8 +86,14 @@ def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks,
             raise CooktopError("--kl-divergence needs --kl-divergence-base FILE "
                                "(made by a run without --kl-divergence)")
         base = read_logits_file(kl_base)
+        given = click.get_current_context().get_parameter_source("n_ctx") != click.core.ParameterSource.DEFAULT
+        if given and n_ctx != base.n_ctx:
+            _err(f"kl_divergence: -c {n_ctx} is not used: the chunks are the base's, n_ctx={base.n_ctx} "
+                 f"(as llama-perplexity)")
         m = open_model(path, base.n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors)
         try:
+            if text_file is not None:
+                _note_unused_text(text_file, m.tokenizer, base)
             _run_kld(path, m, base, n_batch, n_chunks)
         finally:
             m.model.close()
@@ -96,6 +102,8 @@ def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks,
         raise CooktopError("give the text to evaluate with -f FILE")
     if n_ctx < 4:
         raise CooktopError(f"perplexity needs -c/--ctx-size >= 4, got {n_ctx}")
+    if kl_base:
+        refuse_overwrite(kl_base, [("-m", path), ("-f", text_file.name)])
     text = read_prompt_file(text_file)
     m = open_model(path, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors)
     try:
@@ -106,6 +114,15 @@ def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks,
 
 def _err(line: str) -> None:
     click.echo(line, err=True)
+
+
+def _note_unused_text(text_file, tokenizer, base) -> None:
+    """One line when ``-f``'s tokens are not the base's: --kl-divergence evaluates the base's tokens."""
+    n = base.n_chunk * base.n_ctx
+    tokens = _ppl.tokenize_text(tokenizer, read_prompt_file(text_file))[:n]
+    if len(tokens) != n or any(int(a) != int(b) for a, b in zip(tokens, base.tokens, strict=True)):
+        _err(f"kl_divergence: -f {text_file.name} is not used: its tokens differ from the base's, "
+             f"which are the ones evaluated (as llama-perplexity)")
 
 
 class _Quiet:
@@ -210,9 +227,15 @@ def kld_table_cmd(models, kl_base, base_model, text_file, base_device, n_ctx, n_
 
     if plot_path:
         table.check_plot_path(plot_path)
+    if not ray_address:
+        missing = [m for m in models if not os.path.exists(m)]
+        if missing:  # refused before the base is made; a file that exists but cannot load is an error cell
+            raise CooktopError(f"-m {missing[0]}: no such file" + (f" (and {len(missing) - 1} more)"
+                                                                     if len(missing) > 1 else ""))
     if base_model:
         if text_file is None:
             raise CooktopError("--base-model needs -f FILE: the text the base is made from")
+        refuse_overwrite(kl_base, [("--base-model", base_model), ("-f", text_file.name)] + [("-m", m) for m in models])
         m = open_model(base_model, n_ctx, n_batch, base_device, "-1", None, None, None)
         try:
             tokens = _ppl.tokenize_text(m.tokenizer, read_prompt_file(text_file))

@@ -83,11 +83,38 @@ def dequantize_rows(rows: np.ndarray, n_vocab: int) -> np.ndarray:
     return (scale * rows[:, 4:4 + n_vocab].astype(np.float32) + mlp).astype(np.float32)
 
 
-class LogitsWriter:
-    """Writes a base file chunk by chunk (module doc).
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: the same resolved path (symlinks followed), or, both
+    existing, the same inode (hard links; ``os.path.samefile``)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_overwrite(path: str | os.PathLike, inputs: list[tuple[str, str | os.PathLike | None]]) -> None:
+    """Refuse to write the base ``path`` over one of the run's inputs, before anything is written.
 
     Args:
-        path: the file (created or truncated); n_ctx, n_vocab, n_chunk: ints;
+        path: the base file to write; inputs: ``(what, path)`` pairs (``"-m"``, ``"-f"``...; None: not given).
+    Raises:
+        CooktopError: ``path`` is the same file as one of ``inputs`` (:func:`same_file`).
+    """
+    for what, other in inputs:
+        if other is not None and same_file(path, other):
+            raise CooktopError(f"--kl-divergence-base {path} is the same file as {what} {other}: "
+                               f"writing the base would destroy it; give another path")
+
+
+class LogitsWriter:
+    """Writes a base file chunk by chunk (module doc), into ``path + ".part"`` next to it, renamed to
+    ``path`` by :meth:`close` (an interrupted run leaves no half file at ``path``; :meth:`abort` removes
+    the part file).
+
+    Args:
+        path: the file (created or replaced); n_ctx, n_vocab, n_chunk: ints;
         tokens: int [>= n_chunk * n_ctx], the evaluated text's tokens.
     Raises:
         CooktopError: the file cannot be written.
@@ -96,10 +123,11 @@ class LogitsWriter:
     def __init__(self, path: str | os.PathLike, n_ctx: int, n_vocab: int, n_chunk: int,
                  tokens: np.ndarray | list[int]):
         self.path, self.n_vocab = str(path), n_vocab
+        self.part = self.path + ".part"
         try:
-            self._f: io.BufferedWriter = open(path, "wb")  # noqa: SIM115 (closed by close())
+            self._f: io.BufferedWriter = open(self.part, "wb")  # noqa: SIM115 (closed by close())
         except OSError as e:
-            raise CooktopError(f"cannot write {path}: {e.strerror}") from None
+            raise CooktopError(f"cannot write {self.part}: {e.strerror}") from None
         self._f.write(MAGIC)
         self._f.write(np.array([n_ctx, n_vocab, n_chunk], dtype="<i4").tobytes())
         self._f.write(np.asarray(tokens[:n_chunk * n_ctx], dtype="<i4").tobytes())
@@ -109,8 +137,23 @@ class LogitsWriter:
         self._f.write(np.ascontiguousarray(rows, dtype="<u2").tobytes())
 
     def close(self) -> None:
-        """Flush and close the file."""
+        """Flush and close the part file and rename it to ``path``.
+
+        Raises:
+            CooktopError: the rename fails (the part file is removed).
+        """
         self._f.close()
+        try:
+            os.replace(self.part, self.path)
+        except OSError as e:
+            self.abort()
+            raise CooktopError(f"cannot write {self.path}: {e.strerror}") from None
+
+    def abort(self) -> None:
+        """Close and remove the part file (``path`` is left as it was)."""
+        self._f.close()
+        if os.path.exists(self.part):
+            os.remove(self.part)
 
 
 @dataclasses.dataclass
@@ -139,7 +182,9 @@ def read_logits_file(path: str | os.PathLike) -> LogitsFile:
     """Open a base file (module doc).
 
     Raises:
-        CooktopError: the file is missing, is not a log-probabilities file, or is truncated.
+        CooktopError: the file is missing, is not a log-probabilities file, is truncated or has bytes
+            after its last chunk, holds a token id outside ``0 .. n_vocab - 1``, or a row whose scale or
+            min_log_prob is not finite (each naming the file, and the chunk and token or row).
     """
     try:
         size = os.path.getsize(path)
@@ -159,7 +204,21 @@ def read_logits_file(path: str | os.PathLike) -> LogitsFile:
     if size < want:
         raise CooktopError(f"{path} is truncated: {size:,} bytes, its header (n_ctx {n_ctx}, n_vocab {n_vocab}, "
                            f"{n_chunk} chunks) needs {want:,}")
+    if size > want:
+        raise CooktopError(f"{path} has {size - want:,} bytes after its last chunk: its header (n_ctx {n_ctx}, "
+                           f"n_vocab {n_vocab}, {n_chunk} chunks) needs {want:,}, the file has {size:,}")
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     tokens = np.frombuffer(mm[20:20 + tok_bytes], dtype="<i4")
+    bad = np.flatnonzero((tokens < 0) | (tokens >= n_vocab))
+    if len(bad):
+        k = int(bad[0])
+        raise CooktopError(f"{path}: chunk {k // n_ctx + 1}, token {k % n_ctx}: id {int(tokens[k])} is outside "
+                           f"the vocabulary (0 .. {n_vocab - 1}); the file is corrupt")
     rows = np.frombuffer(mm[20 + tok_bytes:want], dtype="<u2").reshape(n_chunk, n_scored, row_width(n_vocab))
+    floats = np.ascontiguousarray(rows[:, :, :4]).view("<f4")  # [n_chunk, n_scored, 2]: scale, min_log_prob
+    bad = np.argwhere(~np.isfinite(floats))
+    if len(bad):
+        c, r, k = (int(v) for v in bad[0])
+        raise CooktopError(f"{path}: chunk {c + 1}, row {r}: {('scale', 'min_log_prob')[k]} is "
+                           f"{float(floats[c, r, k])}, not a finite number; the file is corrupt")
     return LogitsFile(str(path), n_ctx, n_vocab, n_chunk, tokens, rows)

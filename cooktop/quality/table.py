@@ -5,8 +5,9 @@ and one plot.
 Devices are this machine's (``all``: every usable device of every backend family, numpy
 included) or, with a Ray cluster, ``NODE/DEVICE`` selectors (``all``: every usable device of every
 live node, ``cluster.nodes.probe_nodes``), each run whole on its device (``-ngl -1``). A cell that
-cannot run (a type the device lacks stays on the host: the placement says so; a load error) is kept
-with its reason, so one bad driver does not end the report.
+cannot run (a load error, an unreadable file, a device fault) is kept with its reason, so one bad
+file or driver does not end the report; a cell part of whose model ran elsewhere (a type the device
+lacks stays on the host) keeps the placement's reason as its ``note``, a footnote of the table.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from ..backends import registry
 from ..errors import CooktopError
 from ..format.gguf import open_gguf
+from ..runtime.placement import Placement
 from .kld import compare
 from .logits_file import LogitsFile
 
@@ -31,7 +33,8 @@ class Cell:
     Attributes:
         device: selector; model: path; wtype: weight type label (:func:`weight_type`);
         placement: the placement's one-line summary; summary: :meth:`KldStats.summary` (None on error);
-        error: why it did not run ("" when it did).
+        error: why it did not run ("" when it did); note: why part of the model ran elsewhere than
+        ``device`` (the placement's summary and reasons; "" when all of it ran there).
     """
 
     device: str
@@ -40,6 +43,37 @@ class Cell:
     placement: str = ""
     summary: dict[str, float] | None = None
     error: str = ""
+    note: str = ""
+
+
+def placement_note(placement: Placement, device: str, cluster: bool = False) -> str:
+    """Why a cell's figures are not all ``device``'s: ``""`` when the whole model ran there, else the
+    placement's summary and its reasons (``offloaded 1/2 layers: ...; block 0 stays on cpu: vulkan:0
+    cannot run matmul on BF16``). With ``cluster`` (``NODE/DEVICE`` selectors) only the reasons count."""
+    if not placement.notes and (cluster or set(placement.devices()) == {device}):
+        return ""
+    return "; ".join([placement.summary(), *placement.notes])
+
+
+def labels(models: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The weight-type label of each file (:func:`weight_type`), with the file name added where two
+    files share a label (``Q4_K (a.gguf)``); a file that cannot be read gets ``?`` and its name.
+
+    Returns:
+        ``{path: label}``, and ``{path: error}`` of the files that could not be read (one line each).
+    """
+    types: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    for m in models:
+        try:
+            types[m] = weight_type(m)
+        except (CooktopError, OSError) as e:
+            types[m] = f"? ({os.path.basename(m)})"
+            errors[m] = str(e).splitlines()[0] if str(e) else type(e).__name__
+    seen: dict[str, int] = {}
+    for t in types.values():
+        seen[t] = seen.get(t, 0) + 1
+    return {m: t if seen[t] == 1 else f"{t} ({os.path.basename(m)})" for m, t in types.items()}, errors
 
 
 def weight_type(path: str | os.PathLike) -> str:
@@ -106,17 +140,24 @@ def measure(models: Iterable[str], devices: Iterable[str], base: LogitsFile, n_b
         ray_address: the cluster of ``NODE/DEVICE`` selectors (None: this machine);
         on_cell: called with each finished cell.
     Returns:
-        the cells, one per (device, model).
+        the cells, one per (device, model); a file that cannot be read or loaded, or a device that
+        fails, gives cells with their ``error`` and the others go on.
     """
     from ..cluster.nodes import is_cluster_selector
     from ..runtime.loader import load_model
 
     models = list(models)
-    types = {m: weight_type(m) for m in models}
+    types, unreadable = labels(models)
     cells = []
     for dev in devices:
         for path in models:
             cell = Cell(dev, path, types[path])
+            if path in unreadable:
+                cell.error = unreadable[path]
+                cells.append(cell)
+                if on_cell is not None:
+                    on_cell(cell)
+                continue
             try:
                 kw: dict[str, Any] = dict(n_ctx=base.n_ctx, n_batch=min(n_batch, base.n_ctx), device=dev,
                                           n_gpu_layers=-1, logits_all=True)
@@ -128,12 +169,13 @@ def measure(models: Iterable[str], devices: Iterable[str], base: LogitsFile, n_b
                     m = load_model(path, **kw)
                 try:
                     cell.placement = m.placement.summary()
+                    cell.note = placement_note(m.placement, dev, bool(ray_address or is_cluster_selector(dev)))
                     v = m.tokenizer.vocab
                     cell.summary = compare(m.model, base, n_batch, v.bos_id if v.add_bos else None, n_chunks).summary
                 finally:
                     m.model.close()
-            except CooktopError as e:
-                cell.error = str(e).splitlines()[0]
+            except (CooktopError, OSError) as e:
+                cell.error = str(e).splitlines()[0] if str(e) else type(e).__name__
             cells.append(cell)
             if on_cell is not None:
                 on_cell(cell)
@@ -144,25 +186,40 @@ HEADERS = ["device", "weights", "mean KLD", "99% KLD", "same top p", "RMS Δp", 
 
 
 def rows(cells: list[Cell]) -> list[list[str]]:
-    """The table's rows (:data:`HEADERS`), figures as llama.cpp prints them (± uncertainty)."""
+    """The table's rows (:data:`HEADERS`), figures as llama.cpp prints them (± uncertainty); a cell with
+    a placement note has ``[n]`` after its device, the n-th of :func:`footnotes`."""
     out = []
+    n_note = 0
     for c in cells:
         s = c.summary
+        dev = c.device
+        if c.note and s is not None:
+            n_note += 1
+            dev = f"{c.device} [{n_note}]"
         if s is None:
-            out.append([c.device, c.wtype, f"error: {c.error}", "", "", "", "", ""])
+            out.append([dev, c.wtype, f"error: {c.error}", "", "", "", "", ""])
             continue
-        out.append([c.device, c.wtype, f"{s['kld']:.6f} ± {s['kld_unc']:.6f}", f"{s['kld_p99']:.6f}",
+        out.append([dev, c.wtype, f"{s['kld']:.6f} ± {s['kld_unc']:.6f}", f"{s['kld_p99']:.6f}",
                     f"{100 * s['same_top']:.3f} ± {100 * s['same_top_unc']:.3f} %",
                     f"{100 * s['rms_dp']:.3f} ± {100 * s['rms_dp_unc']:.3f} %",
                     f"{s['ppl']:.4f} ± {s['ppl_unc']:.4f}", f"{s['ln_ratio']:.5f} ± {s['ln_ratio_unc']:.5f}"])
     return out
 
 
+def footnotes(cells: list[Cell]) -> list[str]:
+    """``[n] DEVICE FILE: note`` for each measured cell part of whose model ran on another device."""
+    noted = [c for c in cells if c.note and c.summary is not None]
+    return [f"[{i}] {c.device} {os.path.basename(c.model)}: {c.note}" for i, c in enumerate(noted, 1)]
+
+
 def format_table(cells: list[Cell], fmt: str = "github") -> str:
-    """The cells as one table (``tabulate`` format ``fmt``: ``github`` for Markdown, ``simple``...)."""
+    """The cells as one table (``tabulate`` format ``fmt``: ``github`` for Markdown, ``simple``...), then
+    its :func:`footnotes` (after a blank line)."""
     from tabulate import tabulate
 
-    return tabulate(rows(cells), headers=HEADERS, tablefmt=fmt, disable_numparse=True)
+    table = tabulate(rows(cells), headers=HEADERS, tablefmt=fmt, disable_numparse=True)
+    notes = footnotes(cells)
+    return "\n".join([table, "", *notes]) if notes else table
 
 
 def files_label(paths: list[str]) -> str:
