@@ -319,3 +319,54 @@ def test_progress_bar_counts_the_chunks(monkeypatch, stories):
                                  "--device", "cpu"])
     assert r.exit_code == 0, r.output
     assert seen == [[3, "perplexity", "chunk", 3, True]]
+
+
+def test_base_path_never_overwrites_an_input(tmp_path, stories):
+    """--kl-divergence-base naming the model, the text or a kld-table model (itself, a symlink, a hard
+    link) is refused before anything is written; the inputs keep their bytes."""
+    sc, txt = tmp_path / "sc.gguf", tmp_path / "t.txt"
+    sc.write_bytes(stories.read_bytes())
+    txt.write_text(TEXT.read_text()[:3000])
+    (tmp_path / "link.gguf").symlink_to(sc)
+    os.link(txt, tmp_path / "hard.txt")
+    model_bytes, text_bytes = sc.read_bytes(), txt.read_bytes()
+    for base, what in ((sc, "-m"), (tmp_path / "link.gguf", "-m"), (txt, "-f"), (tmp_path / "hard.txt", "-f")):
+        r = run_cli("perplexity", "-m", str(sc), "-f", str(txt), "-c", "128", "--chunks", "2",
+                    "--kl-divergence-base", str(base))
+        assert r.returncode == 1 and f"is the same file as {what}" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    tiny = model_path("tiny/tiny-F32.gguf")
+    tc = tmp_path / "tc.gguf"
+    tc.write_bytes(tiny.read_bytes())
+    tc_bytes = tc.read_bytes()
+    for extra, what in ((["--base-model", str(tc), "-m", str(tiny)], "--base-model"),
+                        (["--base-model", str(tiny), "-m", str(tc)], "-m")):
+        r = run_cli("kld-table", *extra, "-f", str(txt), "-c", "128", "--kl-divergence-base", str(tc),
+                    "--device", "cpu")
+        assert r.returncode == 1 and f"is the same file as {what}" in r.stderr, r.stderr
+    assert sc.read_bytes() == model_bytes and txt.read_bytes() == text_bytes and tc.read_bytes() == tc_bytes
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_interrupted_base_leaves_no_file(tmp_path, stories):
+    """The base is written to a .part file renamed at the end: a run that fails midway leaves neither."""
+    from cooktop.quality import perplexity as ppl
+    from cooktop.runtime.loader import load_model
+
+    path = tmp_path / "base.kld"
+    path.write_bytes(b"old")
+    m = load_model(stories, n_ctx=N_CTX, n_batch=N_CTX, device="cpu", logits_all=True)
+    try:
+        tokens = ppl.tokenize_text(m.tokenizer, TEXT.read_text()[:3000])
+        ch = ppl.chunking(m.tokenizer, len(tokens), N_CTX, N_CTX, 2)
+
+        def boom(i, p):
+            assert (tmp_path / "base.kld.part").exists()
+            raise KeyboardInterrupt
+        with pytest.raises(KeyboardInterrupt):
+            ppl.perplexity_saving(m.model, tokens, ch, str(path), on_chunk=boom)
+        assert path.read_bytes() == b"old" and not (tmp_path / "base.kld.part").exists()
+        ppl.perplexity_saving(m.model, tokens, ch, str(path))
+    finally:
+        m.model.close()
+    assert path.stat().st_size == 20 + 4 * 2 * N_CTX + 2 * 2 * 63 * 516 and not (tmp_path / "base.kld.part").exists()
