@@ -101,6 +101,18 @@ def test_info_json(stories):
     assert info["kv_cache_bytes"]["f32"] == 2 * 5 * 4 * 8 * 512 * 4
 
 
+def test_info_says_row_chunks_only_past_a_devices_largest_buffer(stories):
+    """No device limit known: no claim about row chunks; one a simulated device is past: named."""
+    r = cooktop("info", str(stories), env={"COOKTOP_DEVICE_MEMORY": ""})
+    assert r.returncode == 0, r.stderr
+    assert "largest tensor: token_embd.weight, 128.00 KiB\n" in r.stdout
+    r = cooktop("info", str(stories), env={"COOKTOP_DEVICE_MEMORY": "opencl:0=1GiB/64KiB,vulkan:0=1GiB/128KiB"})
+    assert ("largest tensor: token_embd.weight, 128.00 KiB (past the largest buffer of opencl:0, 64.00 KiB "
+            "by COOKTOP_DEVICE_MEMORY: stored in row chunks there)\n") in r.stdout, r.stdout
+    r = cooktop("info", str(stories), "--json", env={"COOKTOP_DEVICE_MEMORY": "opencl:0=1GiB/64KiB,cpu=100KiB"})
+    assert json.loads(r.stdout)["largest_tensor_chunked_on"] == ["opencl:0", "cpu"]
+
+
 def test_default_model_from_hf_cache(stories, tmp_path):
     """No -m: the default model comes from the (seeded) HF cache, offline."""
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
