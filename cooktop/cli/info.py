@@ -15,6 +15,7 @@ from ..format.gguf import open_gguf
 from ..format.kvtypes import KV_TYPES, KVConfig, kv_type_name
 from ..model.config import load_config
 from ..settings import device_memory
+from ..units import format_params
 from .group import cli
 
 
@@ -118,10 +119,6 @@ def _size(n: float) -> str:
     return str(n)
 
 
-def _params(n: int) -> str:
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else (f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.1f} K")
-
-
 def _chunked_note(selectors: list[str]) -> str:
     """`` (past the largest buffer of ...: stored in row chunks there)``, or nothing."""
     if not selectors:
@@ -153,12 +150,12 @@ def info_cmd(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str, as_js
                  f"name:           {info['name']}",
                  f"architecture:   {info['architecture']} (GGUF v{info['gguf_version']}, tokenizer "
                  f"{info['tokenizer']}): not supported by cooktop",
-                 f"parameters:     {_params(info['n_params'])} ({info['n_params']:,})",
+                 f"parameters:     {format_params(info['n_params'])} ({info['n_params']:,})",
                  f"file size:      {_size(info['file_size_bytes'])} ({info['file_size_bytes']:,} bytes)",
                  "metadata:", *[f"  {k} = {v!r:.80}" for k, v in info["metadata"].items()], "tensor types:"]
         for name, h in info["tensor_types"].items():
             lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  "
-                         f"{_params(h['params'])} params")
+                         f"{format_params(h['params'])} params")
         click.echo("\n".join(lines))
         raise CooktopError(info["unsupported"])  # after what the file holds: exit 1, the reason on stderr
     c = info["config"]
@@ -166,7 +163,7 @@ def info_cmd(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str, as_js
         f"model:          {info['path']}",
         f"name:           {info['name']}",
         f"architecture:   {info['architecture']} (GGUF v{info['gguf_version']}, tokenizer {info['tokenizer']})",
-        f"parameters:     {_params(info['n_params'])} ({info['n_params']:,})",
+        f"parameters:     {format_params(info['n_params'])} ({info['n_params']:,})",
         f"file size:      {_size(info['file_size_bytes'])} ({info['file_size_bytes']:,} bytes)",
         *([f"largest tensor: {info['largest_tensor']['name']}, {_size(info['largest_tensor']['bytes'])}"
            + _chunked_note(info["largest_tensor_chunked_on"])] if info["largest_tensor"] else []),
@@ -196,5 +193,6 @@ def info_cmd(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str, as_js
                          f"{shared}; gating {c['expert_gating']}"
                          f"{', weights renormalised' if c['expert_weights_norm'] else ''}")
     for name, h in info["tensor_types"].items():
-        lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  {_params(h['params'])} params")
+        lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  "
+                     f"{format_params(h['params'])} params")
     click.echo("\n".join(lines))
