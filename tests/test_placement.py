@@ -210,6 +210,11 @@ def test_forced_ngl_past_the_max_allocation_names_the_option_to_shrink(shared, a
     assert r.returncode == 1
     assert r.stderr.startswith("error: -ngl -1 does not fit on opencl:0") and words in r.stderr, r.stderr
 
+    r = subprocess.run([sys.executable, "-m", "cooktop.cli", "plan", "-m", str(path), "--device", "opencl:0",
+                        "-ngl", "-1", "-c", "128", "-b", "8"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COOKTOP_DEVICE_MEMORY": "opencl:0=1GiB/64KiB"})
+    assert "note: opencl:0: output.weight past the maximum allocation 64.0 KiB: stored in row chunks" in r.stdout
+
 
 def test_block_with_unsupported_type_stays_on_numpy(tmp_path, cpu_device):
     dev = open_family_device("opencl")
