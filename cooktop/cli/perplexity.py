@@ -14,7 +14,7 @@ from ..cluster import is_cluster_selector
 from ..errors import CooktopError
 from ..quality import kld as _kld
 from ..quality import perplexity as _ppl
-from ..quality.logits_file import read_logits_file, refuse_overwrite
+from ..quality.logits_file import read_logits_file
 from ..runtime import loader
 from .common import (
     device_options,
@@ -96,8 +96,6 @@ def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks,
         raise CooktopError("give the text to evaluate with -f FILE")
     if n_ctx < 4:
         raise CooktopError(f"perplexity needs -c/--ctx-size >= 4, got {n_ctx}")
-    if kl_base:
-        refuse_overwrite(kl_base, [("-m", path), ("-f", text_file.name)])
     text = read_prompt_file(text_file)
     m = open_model(path, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors)
     try:
@@ -215,7 +213,6 @@ def kld_table_cmd(models, kl_base, base_model, text_file, base_device, n_ctx, n_
     if base_model:
         if text_file is None:
             raise CooktopError("--base-model needs -f FILE: the text the base is made from")
-        refuse_overwrite(kl_base, [("--base-model", base_model), ("-f", text_file.name)] + [("-m", m) for m in models])
         m = open_model(base_model, n_ctx, n_batch, base_device, "-1", None, None, None)
         try:
             tokens = _ppl.tokenize_text(m.tokenizer, read_prompt_file(text_file))

@@ -83,38 +83,11 @@ def dequantize_rows(rows: np.ndarray, n_vocab: int) -> np.ndarray:
     return (scale * rows[:, 4:4 + n_vocab].astype(np.float32) + mlp).astype(np.float32)
 
 
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether two paths name one file: the same resolved path (symlinks followed), or, both
-    existing, the same inode (hard links; ``os.path.samefile``)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def refuse_overwrite(path: str | os.PathLike, inputs: list[tuple[str, str | os.PathLike | None]]) -> None:
-    """Refuse to write the base ``path`` over one of the run's inputs, before anything is written.
-
-    Args:
-        path: the base file to write; inputs: ``(what, path)`` pairs (``"-m"``, ``"-f"``...; None: not given).
-    Raises:
-        CooktopError: ``path`` is the same file as one of ``inputs`` (:func:`same_file`).
-    """
-    for what, other in inputs:
-        if other is not None and same_file(path, other):
-            raise CooktopError(f"--kl-divergence-base {path} is the same file as {what} {other}: "
-                               f"writing the base would destroy it; give another path")
-
-
 class LogitsWriter:
-    """Writes a base file chunk by chunk (module doc), into ``path + ".part"`` next to it, renamed to
-    ``path`` by :meth:`close` (an interrupted run leaves no half file at ``path``; :meth:`abort` removes
-    the part file).
+    """Writes a base file chunk by chunk (module doc).
 
     Args:
-        path: the file (created or replaced); n_ctx, n_vocab, n_chunk: ints;
+        path: the file (created or truncated); n_ctx, n_vocab, n_chunk: ints;
         tokens: int [>= n_chunk * n_ctx], the evaluated text's tokens.
     Raises:
         CooktopError: the file cannot be written.
@@ -123,11 +96,10 @@ class LogitsWriter:
     def __init__(self, path: str | os.PathLike, n_ctx: int, n_vocab: int, n_chunk: int,
                  tokens: np.ndarray | list[int]):
         self.path, self.n_vocab = str(path), n_vocab
-        self.part = self.path + ".part"
         try:
-            self._f: io.BufferedWriter = open(self.part, "wb")  # noqa: SIM115 (closed by close())
+            self._f: io.BufferedWriter = open(path, "wb")  # noqa: SIM115 (closed by close())
         except OSError as e:
-            raise CooktopError(f"cannot write {self.part}: {e.strerror}") from None
+            raise CooktopError(f"cannot write {path}: {e.strerror}") from None
         self._f.write(MAGIC)
         self._f.write(np.array([n_ctx, n_vocab, n_chunk], dtype="<i4").tobytes())
         self._f.write(np.asarray(tokens[:n_chunk * n_ctx], dtype="<i4").tobytes())
@@ -137,23 +109,8 @@ class LogitsWriter:
         self._f.write(np.ascontiguousarray(rows, dtype="<u2").tobytes())
 
     def close(self) -> None:
-        """Flush and close the part file and rename it to ``path``.
-
-        Raises:
-            CooktopError: the rename fails (the part file is removed).
-        """
+        """Flush and close the file."""
         self._f.close()
-        try:
-            os.replace(self.part, self.path)
-        except OSError as e:
-            self.abort()
-            raise CooktopError(f"cannot write {self.path}: {e.strerror}") from None
-
-    def abort(self) -> None:
-        """Close and remove the part file (``path`` is left as it was)."""
-        self._f.close()
-        if os.path.exists(self.part):
-            os.remove(self.part)
 
 
 @dataclasses.dataclass

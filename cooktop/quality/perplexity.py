@@ -190,7 +190,6 @@ def perplexity_saving(model: PlacedModel, tokens: list[int] | np.ndarray, ch: Ch
                       on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
     """:func:`perplexity` that also writes the base file of ``--kl-divergence-base`` (``logits_file.py``):
     every scored row's log-probabilities, quantized as llama.cpp does, the nll taken from the same pass.
-    The file appears at ``path`` only when every chunk is written (``LogitsWriter``).
 
     Raises:
         CooktopError: the file cannot be written. As :func:`chunk_logits`.
@@ -209,9 +208,6 @@ def perplexity_saving(model: PlacedModel, tokens: list[int] | np.ndarray, ch: Ch
             nlls.append(nll)
         return np.concatenate(nlls)
     try:
-        res = perplexity(model, tokens, ch, on_chunk=on_chunk, on_logits=save)
-    except BaseException:
-        writer.abort()
-        raise
-    writer.close()
-    return res
+        return perplexity(model, tokens, ch, on_chunk=on_chunk, on_logits=save)
+    finally:
+        writer.close()
