@@ -157,6 +157,13 @@ def probe_isolation() -> bool:
     return env_bool("COOKTOP_PROBE_ISOLATION", True)
 
 
+#: Smallest max allocation ``COOKTOP_DEVICE_MEMORY`` takes (bytes): below it no row of a tensor
+#: fits (one page; real devices give at least 128 MiB, OpenCL's CL_DEVICE_MAX_MEM_ALLOC_SIZE minimum).
+MIN_MAX_ALLOC = 4 << 10
+#: Largest size ``COOKTOP_DEVICE_MEMORY`` takes (bytes): 2^60, an exbibyte.
+MAX_DEVICE_BYTES = 1 << 60
+
+
 def device_memory() -> dict[str, tuple[int, int | None]]:
     """``COOKTOP_DEVICE_MEMORY``: simulated device sizes, selector -> (memory bytes, max allocation
     bytes or None), e.g. ``opencl:0=4GiB/1GiB,vulkan:0=2GiB/256MiB`` (selectors lower-cased).
@@ -164,22 +171,34 @@ def device_memory() -> dict[str, tuple[int, int | None]]:
     buffers by the max allocation (``Device.buffer_limit``).
 
     Raises:
-        DeviceError: a malformed entry or a size that is not positive.
+        DeviceError: a malformed entry, an empty or repeated selector, a size that is not
+            positive or past :data:`MAX_DEVICE_BYTES` (2^60 bytes), a max allocation under
+            :data:`MIN_MAX_ALLOC` (4 KiB).
     """
     out: dict[str, tuple[int, int | None]] = {}
     raw = os.environ.get("COOKTOP_DEVICE_MEMORY", "")
     for item in filter(None, (s.strip() for s in raw.split(","))):
         sel, eq, val = item.partition("=")
-        try:
-            mem, _, mx = val.partition("/")
-            out[sel.strip().lower()] = (parse_bytes(mem), parse_bytes(mx) if mx else None)
-        except ValueError:
-            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected e.g. opencl:0=512MiB "
-                              "or vulkan:0=2GiB/256MiB") from None
+        sel = sel.strip().lower()
+        bad = f"bad COOKTOP_DEVICE_MEMORY entry {item!r}"
         if not eq:
-            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: expected SELECTOR=SIZE")
-        if out[sel.strip().lower()][0] <= 0 or (out[sel.strip().lower()][1] or 1) <= 0:
-            raise DeviceError(f"bad COOKTOP_DEVICE_MEMORY entry {item!r}: sizes must be positive")
+            raise DeviceError(f"{bad}: expected SELECTOR=SIZE")
+        if not sel:
+            raise DeviceError(f"{bad}: no device selector before '=' (e.g. opencl:0=512MiB)")
+        if sel in out:
+            raise DeviceError(f"{bad}: {sel} is given twice")
+        try:
+            mem_s, _, mx_s = val.partition("/")
+            mem, mx = parse_bytes(mem_s), (parse_bytes(mx_s) if mx_s else None)
+        except (ValueError, OverflowError):  # OverflowError: inf
+            raise DeviceError(f"{bad}: expected e.g. opencl:0=512MiB or vulkan:0=2GiB/256MiB") from None
+        if mem <= 0 or (mx is not None and mx <= 0):
+            raise DeviceError(f"{bad}: sizes must be positive")
+        if max(mem, mx or 0) > MAX_DEVICE_BYTES:
+            raise DeviceError(f"{bad}: sizes must be at most 2^60 bytes (1048576 TiB)")
+        if mx is not None and mx < MIN_MAX_ALLOC:
+            raise DeviceError(f"{bad}: the max allocation must be at least 4 KiB, got {mx} bytes")
+        out[sel] = (mem, mx)
     return out
 
 

@@ -65,6 +65,38 @@ def test_env_settings_take_llama_style_booleans(monkeypatch):
     assert settings.probe_timeout(60) == 2.5
 
 
+@pytest.mark.parametrize("raw,words", [
+    ("opencl:0=1GiB/0", "sizes must be positive"), ("opencl:0=-5MiB", "sizes must be positive"),
+    ("opencl:0=1GiB/1B", "at least 4 KiB, got 1 bytes"), ("opencl:0=1GiB/4095", "at least 4 KiB"),
+    ("opencl:0=1e99GiB", "at most 2^60 bytes"), ("opencl:0=99999999999999999999999999TiB", "at most 2^60"),
+    ("opencl:0=1GiB/1048577TiB", "at most 2^60"), ("opencl:0=infGiB", "expected e.g."),
+    ("opencl:0=nanGiB", "expected e.g."), ("opencl:0=1GiB/2EiB", "expected e.g."),
+    ("=1GiB", "no device selector before '='"), (" =1GiB", "no device selector"),
+    ("opencl:0=1GiB,opencl:0=2GiB", "opencl:0 is given twice"), ("OpenCL:0=1GiB,opencl:0=2GiB", "given twice"),
+    ("opencl:0", "expected SELECTOR=SIZE"),
+])
+def test_bad_device_memory_is_refused(monkeypatch, raw, words):
+    from cooktop import settings
+    from cooktop.errors import DeviceError
+    monkeypatch.setenv("COOKTOP_DEVICE_MEMORY", raw)
+    with pytest.raises(DeviceError, match="bad COOKTOP_DEVICE_MEMORY entry") as e:
+        settings.device_memory()
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_device_memory_takes_sane_sizes(monkeypatch):
+    from cooktop import settings
+    monkeypatch.setenv("COOKTOP_DEVICE_MEMORY", "OpenCL:0=1GiB/4KiB, vulkan:0=1048576TiB/1048576TiB,cpu=2GiB")
+    assert settings.device_memory() == {"opencl:0": (1 << 30, 4096), "vulkan:0": (1 << 60, 1 << 60),
+                                        "cpu": (2 << 30, None)}
+
+
+def test_bad_device_memory_is_one_line_in_the_cli(stories):
+    r = cooktop("plan", "-m", str(stories), "--device", "cpu", env={"COOKTOP_DEVICE_MEMORY": "=1GiB"})
+    line = one_line_error(r)
+    assert "no device selector" in line, line
+
+
 def test_device_memory_for_no_such_device_warns(stories):
     r = cooktop("plan", "-m", str(stories), "--device", "cpu", env={"COOKTOP_DEVICE_MEMORY": "opencl:9=1GiB"})
     assert r.returncode == 0, r.stderr

@@ -101,6 +101,25 @@ def test_info_json(stories):
     assert info["kv_cache_bytes"]["f32"] == 2 * 5 * 4 * 8 * 512 * 4
 
 
+def test_parameter_counts_print_in_llama_cpp_units():
+    """src/llama-model.cpp ``model params``: two decimals of T, B, M or K."""
+    from cooktop.units import format_params
+    assert [format_params(n) for n in (210_240, 999_999, 1_000_000, 292_800, 1_100_048_384, 2 * 10**12, 0)] == [
+        "210.24 K", "1000.00 K", "1.00 M", "292.80 K", "1.10 B", "2.00 T", "0.00 K"]
+
+
+def test_info_says_row_chunks_only_past_a_devices_largest_buffer(stories):
+    """No device limit known: no claim about row chunks; one a simulated device is past: named."""
+    r = cooktop("info", str(stories), env={"COOKTOP_DEVICE_MEMORY": ""})
+    assert r.returncode == 0, r.stderr
+    assert "largest tensor: token_embd.weight, 128.00 KiB\n" in r.stdout
+    r = cooktop("info", str(stories), env={"COOKTOP_DEVICE_MEMORY": "opencl:0=1GiB/64KiB,vulkan:0=1GiB/128KiB"})
+    assert ("largest tensor: token_embd.weight, 128.00 KiB (past the largest buffer of opencl:0, 64.00 KiB "
+            "by COOKTOP_DEVICE_MEMORY: stored in row chunks there)\n") in r.stdout, r.stdout
+    r = cooktop("info", str(stories), "--json", env={"COOKTOP_DEVICE_MEMORY": "opencl:0=1GiB/64KiB,cpu=100KiB"})
+    assert json.loads(r.stdout)["largest_tensor_chunked_on"] == ["opencl:0", "cpu"]
+
+
 def test_default_model_from_hf_cache(stories, tmp_path):
     """No -m: the default model comes from the (seeded) HF cache, offline."""
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}

@@ -221,9 +221,11 @@ def test_cli_synth_info_run(tmp_path, arch):
     r = cli("synth", "--arch", arch, "--n-embd", "64", "--n-layer", "2", "--n-head", "4", "--n-ff", "64",
             "--n-vocab", "300", "--type", "Q8_0", "-o", str(p))
     assert r.returncode == 0, r.stderr
+    n = sum(t.n_elements for t in open_gguf(p).tensors.values())
+    assert f"wrote {p}: {n / 1e3:.2f} K parameters ({n:,}), Q8_0, " in r.stderr  # llama.cpp's units, not 0.00 B
     r = cli("info", str(p))
     assert r.returncode == 0, r.stderr
-    assert f"architecture:   {arch}" in r.stdout
+    assert f"architecture:   {arch}" in r.stdout and f"parameters:     {n / 1e3:.2f} K ({n:,})" in r.stdout
     r = cli("run", "-m", str(p), "-p", "hello", "-n", "4", "--temp", "0", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("hello")

@@ -176,6 +176,46 @@ def test_forced_ngl_that_does_not_fit_is_refused(shared):
     assert dev.n_allocs == before
 
 
+def test_budget_figures_differ_and_the_hint_names_what_shrinks_the_buffer():
+    from cooktop.runtime.budget import DeviceBudget, size_texts
+
+    assert size_texts(88064, 65536) == ["86.0 KiB", "64.0 KiB"]
+    assert size_texts(65540, 65536) == ["65540 bytes", "65536 bytes"]
+    assert size_texts(3 << 29, 1 << 30) == ["1536.0 MiB", "1024.0 MiB"]
+
+    def budget(what, largest=88064, total=1 << 20, usable=1 << 30):
+        return DeviceBudget("opencl:0", [0], True, total, 0, 0, largest, usable, usable, 65536, what)
+
+    assert budget("scratch").why_not == ("largest buffer that cannot be split (scratch) 86.0 KiB exceeds the "
+                                         "maximum allocation 64.0 KiB")
+    assert budget("scratch").remedy.startswith("a smaller -b ") and "-c" not in budget("scratch").remedy
+    assert budget("KV cache").remedy.startswith("a smaller -c or a smaller -ctk/-ctv type")
+    assert "-b" not in budget("blk.0.attn_norm.weight").remedy
+    assert budget("scratch", largest=100, total=2 << 20, usable=1 << 20).why_not == (
+        "needs 2.0 MiB but 1.0 MiB is usable (1.0 MiB minus reserve)")
+    assert budget("scratch", largest=100).remedy == ""
+
+
+@pytest.mark.parametrize("args,words", [
+    (["-c", "128"], "(scratch) 86.0 KiB exceeds the maximum allocation 64.0 KiB; use a smaller -b "),
+    (["-b", "32"], "(KV cache) 128.0 KiB exceeds the maximum allocation 64.0 KiB; use a smaller -c or a "
+                   "smaller -ctk/-ctv type"),
+])
+def test_forced_ngl_past_the_max_allocation_names_the_option_to_shrink(shared, args, words):
+    open_family_device("opencl")
+    path = shared / "models" / "stories260K.gguf"
+    r = subprocess.run([sys.executable, "-m", "cooktop.cli", "plan", "-m", str(path), "--device", "opencl:0",
+                        "-ngl", "-1", *args], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COOKTOP_DEVICE_MEMORY": "opencl:0=1GiB/64KiB"})
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: -ngl -1 does not fit on opencl:0") and words in r.stderr, r.stderr
+
+    r = subprocess.run([sys.executable, "-m", "cooktop.cli", "plan", "-m", str(path), "--device", "opencl:0",
+                        "-ngl", "-1", "-c", "128", "-b", "8"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COOKTOP_DEVICE_MEMORY": "opencl:0=1GiB/64KiB"})
+    assert "note: opencl:0: output.weight past the maximum allocation 64.0 KiB: stored in row chunks" in r.stdout
+
+
 def test_block_with_unsupported_type_stays_on_numpy(tmp_path, cpu_device):
     dev = open_family_device("opencl")
     assert not dev.supports("matmul", T.BF16)

@@ -256,7 +256,10 @@ def test_cli(tiny_f32, shared, tmp_path):
     r = run("--dry-run", str(shared / "models" / "stories260K.gguf"), "Q4_K_M")
     assert r.returncode == 0 and "blk.0.ffn_down.weight" in r.stdout and "F32 -> F16" in r.stdout
     for args, words in (((str(tiny_f32), str(out), "Q9"), "unknown quantization type"),
-                        ((str(tiny_f32), str(out), "Q8_0", "many"), "invalid nthreads")):
+                        ((str(tiny_f32), str(out), "Q8_0", "many"), "invalid nthreads"),
+                        ((str(tmp_path), str(out), "Q8_0"), f"{tmp_path}: is a directory, not a GGUF file"),
+                        (("--override-kv", "foo=int:abc", str(tiny_f32), str(out), "Q8_0"),
+                         "invalid integer value for KV override 'foo=int:abc'")):
         r = run(*args)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
@@ -384,7 +387,10 @@ def test_override_kv_equals_llama_cpp(tiny_f32, llama_cpp, tmp_path):
     quantize_file(tiny_f32, tmp_path / "ours.gguf", ftypes.file_type("Q8_0"),
                   extra_kv=[parse_kv_override(a) for a in args])
     assert (tmp_path / "ours.gguf").read_bytes() == ref.read_bytes()
-    for bad, words in (("nokey", "malformed"), ("k=long:1", "invalid type"), ("k=bool:yes", "boolean")):
+    for bad, words in (("nokey", "malformed"), ("k=long:1", "invalid type"), ("k=bool:yes", "boolean"),
+                       ("foo=int:abc", "invalid integer value"), ("foo=int:", "invalid integer"),
+                       ("foo=int:12abc", "invalid integer"), ("foo=int:4294967296", "at most 32 bits"),
+                       ("a=float:x", "invalid float value"), ("a=float:1.5.2", "invalid float")):
         with pytest.raises(CooktopError, match=words):
             parse_kv_override(bad)
 

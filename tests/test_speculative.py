@@ -240,9 +240,53 @@ def test_run_prints_the_drafted_and_accepted_counts(stories):
     n_drafted, n_accept = int(lines["cooktop: n_drafted"]), int(lines["cooktop: n_accept "])
     assert 0 < n_accept <= n_drafted  # stories260K as its own draft: its greedy drafts are accepted
     assert "cooktop: accept    = " in spec.stderr and "n_drafted" not in plain.stderr
+    assert (f"cooktop: speculative decoding tries draft-simple (-md {stories}), then ngram-simple: the first "
+            "non-empty draft is verified") in spec.stderr
     bad = run("--spec-type", "eagle3")
     assert bad.returncode != 0 and "--spec-type eagle3 is not supported" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_draft_sizes_are_checked_before_any_model_loads():
+    from cooktop.engine.spec_config import SpecOptions
+
+    with pytest.raises(CooktopError, match="--draft-min 5 is past --draft-max 2: the draft model would never draft"):
+        SpecOptions(model_draft="/nonexistent.gguf", draft_min=5, draft_max=2).check()
+    with pytest.raises(CooktopError, match="--draft-max must be >= 1"):
+        SpecOptions(model_draft="/nonexistent.gguf", draft_max=0).check()
+    assert SpecOptions(model_draft="d.gguf", draft_min=2, draft_max=2).check() == ["draft-simple"]
+    assert SpecOptions(draft_min=5, draft_max=2, spec_type=("ngram-simple",)).check() == ["ngram-simple"]
+    assert SpecOptions(model_draft="d.gguf").notice() == ""
+    assert SpecOptions(spec_type=("ngram-simple",)).notice() == ""
+    assert SpecOptions(model_draft="d.gguf", spec_type=("ngram-simple",)).notice() == (
+        "speculative decoding tries draft-simple (-md d.gguf), then ngram-simple: the first non-empty draft "
+        "is verified")
+
+
+def test_serve_names_the_draft_model_and_checks_its_options_first(stories, tmp_path, server_deps):
+    import subprocess
+    import sys
+
+    trunc = tmp_path / "trunc.gguf"
+    trunc.write_bytes(stories.read_bytes()[:1000])
+
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+
+    def serve(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cooktop.cli", "serve", "--host", "127.0.0.1", "--port", port,
+                               "--device", "cpu", *extra], capture_output=True, text=True, timeout=120)
+    r = serve("-m", str(stories), "-md", str(trunc))
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: cannot load the draft model (-md) {trunc}: "), r.stderr
+    assert str(stories) not in r.stderr.strip().splitlines()[-1]
+    r = serve("-m", str(trunc), "-md", str(stories), "--draft-max", "0")  # refused before the (bad) target loads
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: --draft-max must be >= 1")
+    r = serve("-m", str(trunc), "-md", str(stories), "--draft-min", "5", "--draft-max", "2")
+    assert r.returncode == 1 and "the draft model would never draft" in r.stderr
 
 
 def test_serve_slots_decode_speculatively_with_the_same_answers(stories, server_deps):

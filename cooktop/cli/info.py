@@ -14,6 +14,8 @@ from ..errors import CooktopError, UnsupportedModelError
 from ..format.gguf import open_gguf
 from ..format.kvtypes import KV_TYPES, KVConfig, kv_type_name
 from ..model.config import load_config
+from ..settings import device_memory
+from ..units import format_params
 from .group import cli
 
 
@@ -24,7 +26,8 @@ def _kv_bytes(cfg, n_ctx: int, kv: KVConfig) -> int:
 
 def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
     """Summary dict of a GGUF: architecture, config, parameter count, file size (bytes),
-    tensor-type histogram (type -> tensor count and bytes), the largest tensor (name, bytes),
+    tensor-type histogram (type -> tensor count and bytes), the largest tensor (name, bytes) and
+    the ``COOKTOP_DEVICE_MEMORY`` devices it is past the largest buffer of (``largest_tensor_chunked_on``),
     KV cache bytes for ``n_ctx``: ``kv_cache`` for the cache types of ``kv`` (``-ctk``/``-ctv``,
     default f16 as llama.cpp's) and ``kv_cache_bytes`` per cache type (K and V of one type; block
     types whose block divides head_dim).
@@ -60,6 +63,7 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
         # what meets a device's largest buffer (maxStorageBufferRange, CL_DEVICE_MAX_MEM_ALLOC_SIZE):
         # past it, a matrix is stored in row chunks (backends/chunked.py)
         "largest_tensor": _largest(gf),
+        "largest_tensor_chunked_on": _chunked_on(_largest(gf)),
         "rope_freqs": "rope_freqs.weight" in gf.tensors,
         "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
         "n_ctx": n_ctx,
@@ -74,6 +78,15 @@ def _largest(gf) -> dict | None:
     """``{"name", "bytes"}`` of the file's largest tensor (the first of equals), None without tensors."""
     t = max(gf.tensors.values(), key=lambda t: t.n_bytes, default=None)
     return None if t is None else {"name": t.name, "bytes": int(t.n_bytes)}
+
+
+def _chunked_on(largest: dict | None) -> list[str]:
+    """Selectors of the ``COOKTOP_DEVICE_MEMORY`` devices whose largest buffer (``/MAX``, else the
+    memory) the largest tensor is past: there it is stored in row chunks (``backends/chunked.py``).
+    No device is probed: a real device's limit is ``cooktop devices``' ``max buffer``."""
+    if largest is None:
+        return []
+    return [sel for sel, (mem, mx) in device_memory().items() if largest["bytes"] > (mx or mem)]
 
 
 def _histogram(gf) -> dict[str, dict[str, int]]:
@@ -106,8 +119,13 @@ def _size(n: float) -> str:
     return str(n)
 
 
-def _params(n: int) -> str:
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else (f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.1f} K")
+def _chunked_note(selectors: list[str]) -> str:
+    """`` (past the largest buffer of ...: stored in row chunks there)``, or nothing."""
+    if not selectors:
+        return ""
+    limits = device_memory()
+    where = " and ".join(f"{sel}, {_size(limits[sel][1] or limits[sel][0])}" for sel in selectors)
+    return f" (past the largest buffer of {where} by COOKTOP_DEVICE_MEMORY: stored in row chunks there)"
 
 
 @cli.command("info")
@@ -132,12 +150,12 @@ def info_cmd(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str, as_js
                  f"name:           {info['name']}",
                  f"architecture:   {info['architecture']} (GGUF v{info['gguf_version']}, tokenizer "
                  f"{info['tokenizer']}): not supported by cooktop",
-                 f"parameters:     {_params(info['n_params'])} ({info['n_params']:,})",
+                 f"parameters:     {format_params(info['n_params'])} ({info['n_params']:,})",
                  f"file size:      {_size(info['file_size_bytes'])} ({info['file_size_bytes']:,} bytes)",
                  "metadata:", *[f"  {k} = {v!r:.80}" for k, v in info["metadata"].items()], "tensor types:"]
         for name, h in info["tensor_types"].items():
             lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  "
-                         f"{_params(h['params'])} params")
+                         f"{format_params(h['params'])} params")
         click.echo("\n".join(lines))
         raise CooktopError(info["unsupported"])  # after what the file holds: exit 1, the reason on stderr
     c = info["config"]
@@ -145,10 +163,10 @@ def info_cmd(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str, as_js
         f"model:          {info['path']}",
         f"name:           {info['name']}",
         f"architecture:   {info['architecture']} (GGUF v{info['gguf_version']}, tokenizer {info['tokenizer']})",
-        f"parameters:     {_params(info['n_params'])} ({info['n_params']:,})",
+        f"parameters:     {format_params(info['n_params'])} ({info['n_params']:,})",
         f"file size:      {_size(info['file_size_bytes'])} ({info['file_size_bytes']:,} bytes)",
-        *([f"largest tensor: {info['largest_tensor']['name']}, {_size(info['largest_tensor']['bytes'])} "
-           f"(past a device's largest buffer: stored in row chunks)"] if info["largest_tensor"] else []),
+        *([f"largest tensor: {info['largest_tensor']['name']}, {_size(info['largest_tensor']['bytes'])}"
+           + _chunked_note(info["largest_tensor_chunked_on"])] if info["largest_tensor"] else []),
         f"n_ctx_train:    {c['n_ctx_train']}",
         f"n_embd:         {c['n_embd']}    n_layer: {c['n_layer']}    n_ff: {c['n_ff']}    n_vocab: {c['n_vocab']}",
         f"n_head:         {c['n_head']}    n_head_kv: {c['n_head_kv']}    head_dim: {c['head_dim']}    "
@@ -175,5 +193,6 @@ def info_cmd(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str, as_js
                          f"{shared}; gating {c['expert_gating']}"
                          f"{', weights renormalised' if c['expert_weights_norm'] else ''}")
     for name, h in info["tensor_types"].items():
-        lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  {_params(h['params'])} params")
+        lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  "
+                     f"{format_params(h['params'])} params")
     click.echo("\n".join(lines))

@@ -11,6 +11,7 @@ from ..backends import registry
 from ..format.gguf import open_gguf
 from ..format.kvtypes import KVConfig, kv_type_name
 from ..model.config import load_config
+from ..runtime.budget import size_texts
 from ..runtime.loader import check_batch, default_n_ctx, plan_for
 from .common import device_options, kv_options, model_options, parse_ngl, ray_option, resolve_model
 from .group import cli
@@ -130,7 +131,7 @@ def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, spli
     for d in rep["devices"]:
         if d["chunked"]:
             click.echo(f"note: {d['device']}: {', '.join(d['chunked'])} past the maximum allocation "
-                       f"{_mib(d['max_alloc_bytes'])} MiB: stored in row chunks")
+                       f"{size_texts(d['max_alloc_bytes'])[0]}: stored in row chunks")
     for r in rep["host_reasons"]:
         click.echo(f"note: {r}")
     if "ray" in rep:

@@ -91,6 +91,8 @@ def quantize_cmd(allow_requantize, pure, leave_output_tensor, output_tensor_type
         args.pop(0)
     if args:
         raise click.UsageError(f"unexpected argument {args[0]!r}")
+    if os.path.isdir(src):
+        raise CooktopError(f"{src}: is a directory, not a GGUF file")
     if not os.path.isfile(src):
         raise CooktopError(f"{src}: no such file")
     if (include_weights or exclude_weights) and not imatrix_file:

@@ -137,6 +137,9 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         prompt = read_prompt_file(prompt_file)
     if escape:
         prompt = process_escapes(prompt)
+    speculative.check()  # the draft options, before any model loads
+    if notice := speculative.notice():
+        click.echo(f"cooktop: {notice}", err=True)
     if conversation or (conversation is None and system is not None):
         llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
                               chat_template, chat_template_file, ray_address, tensors, kv)

@@ -104,6 +104,9 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
     path = resolve_model(model, hf_repo, hf_file)
     if not os.path.exists(path):
         raise CooktopError(f"{path}: no such file")
+    speculative.check()  # the draft options, before any model loads
+    if notice := speculative.notice():
+        click.echo(f"cooktop: {notice}", err=True)
     kwargs = dict(n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
                   seed=seed, n_threads=threads, n_threads_batch=threads_batch, chat_template=chat_template,
                   chat_template_file=chat_template_file, last_n_tokens_size=gen_opts["repeat_last_n"],
@@ -138,6 +141,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
                                            log_level="warning"))
     server.run(sockets=[sock])
     if failed:
+        if failed[0].startswith("cannot load the draft model"):  # the draft's own message, named
+            raise CooktopError(failed[0])
         where = "" if path in failed[0] else f" {path}"
         raise CooktopError(f"cannot load the model{where}: {failed[0]}")
 

@@ -9,6 +9,7 @@ import click
 
 from ..model.arch import ARCHITECTURES
 from ..tools import synth
+from ..units import format_params
 from .group import cli
 
 
@@ -66,5 +67,5 @@ def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, head_dim
     t0 = time.perf_counter()
     n = synth.write(output, s, file_type, seed=seed, name=f"synthetic {shape or 'custom'} {file_type}",
                     vocab=vocab)
-    click.echo(f"wrote {output}: {n / 1e9:.2f} B parameters ({n:,}), {file_type}, "
+    click.echo(f"wrote {output}: {format_params(n)} parameters ({n:,}), {file_type}, "
                f"{time.perf_counter() - t0:.1f} s", err=True)

@@ -18,6 +18,10 @@ from .speculative import DraftModel, FirstOf, NgramSimple, Speculation
 SPEC_TYPES = ("none", "draft-simple", "ngram-simple")
 
 
+class DraftLoadError(CooktopError):
+    """The draft model (``-md``) failed to load (the message names it, not the target)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SpecOptions:
     """The speculative options of one command line (llama.cpp names; see the module doc)."""
@@ -49,6 +53,35 @@ class SpecOptions:
             raise CooktopError("--spec-type draft-simple needs a draft model: give -md / --model-draft FNAME")
         return names
 
+    def check(self) -> list[str]:
+        """:meth:`types`, with the sizes checked: what can be refused before any model loads.
+
+        Raises:
+            CooktopError: what :meth:`types` raises; ``--draft-max`` < 1, ``--draft-min`` < 0 or
+                (with a draft model) past ``--draft-max`` (no draft could ever be that long:
+                llama.cpp drops drafts shorter than n_min and stops at n_max, so it would never
+                draft), ``--draft-p-min`` outside [0, 1].
+        """
+        types = self.types()
+        if not types:
+            return types
+        if self.draft_max < 1 or self.draft_min < 0 or not 0.0 <= self.draft_p_min <= 1.0:
+            raise CooktopError(f"--draft-max must be >= 1, --draft-min >= 0 and --draft-p-min in [0, 1]; got "
+                               f"{self.draft_max}, {self.draft_min}, {self.draft_p_min}")
+        if "draft-simple" in types and self.draft_min > self.draft_max:
+            raise CooktopError(f"--draft-min {self.draft_min} is past --draft-max {self.draft_max}: the draft model "
+                               "would never draft (drafts shorter than --draft-min are dropped)")
+        return types
+
+    def notice(self) -> str:
+        """One line saying which drafters run, in which order, where ``-md`` and another
+        ``--spec-type`` are both given (empty otherwise)."""
+        types = self.types()
+        if not self.model_draft or types == ["draft-simple"]:
+            return ""
+        names = [f"draft-simple (-md {self.model_draft})" if t == "draft-simple" else t for t in types]
+        return f"speculative decoding tries {', then '.join(names)}: the first non-empty draft is verified"
+
     def build(self, target: Any, device: str | None, n_gpu_layers: Any) -> tuple[Speculation | None, Any]:
         """(the speculation to pass to ``generate(draft=...)`` or None, the draft engine to close or None).
 
@@ -58,12 +91,9 @@ class SpecOptions:
         Raises:
             CooktopError: bad options, a draft model of another vocabulary; what loading raises.
         """
-        types = self.types()
+        types = self.check()
         if not types:
             return None, None
-        if self.draft_max < 1 or self.draft_min < 0 or not 0.0 <= self.draft_p_min <= 1.0:
-            raise CooktopError(f"--draft-max must be >= 1, --draft-min >= 0 and --draft-p-min in [0, 1]; got "
-                               f"{self.draft_max}, {self.draft_min}, {self.draft_p_min}")
         draft_engine = None
         drafters: list[Any] = []
         n_max = self.draft_max
@@ -71,8 +101,11 @@ class SpecOptions:
             for t in types:
                 if t == "draft-simple":
                     ngl = parse_ngl(self.gpu_layers_draft) if self.gpu_layers_draft is not None else n_gpu_layers
-                    draft_engine = _load(str(self.model_draft), n_ctx=target.n_ctx, n_batch=target.n_batch,
-                                                device=self.device_draft or device, n_gpu_layers=ngl)
+                    try:
+                        draft_engine = _load(str(self.model_draft), n_ctx=target.n_ctx, n_batch=target.n_batch,
+                                             device=self.device_draft or device, n_gpu_layers=ngl)
+                    except CooktopError as e:
+                        raise DraftLoadError(f"cannot load the draft model (-md) {self.model_draft}: {e}") from None
                     drafters.append(DraftModel(draft_engine, self.draft_max, self.draft_p_min, vocab_of=target))
                 else:
                     drafters.append(NgramSimple(self.ngram_size_n, self.ngram_size_m))

@@ -167,17 +167,19 @@ def _metadata(w: GGUFWriter, f: GGUFFile, ftype: int, extra_kv) -> None:
         w.add_key_value(key, value, vtype)
 
 
-_LEADING_INT = re.compile(r"\s*[+-]?\d+")
-_LEADING_FLOAT = re.compile(r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf(inity)?|nan)", re.I)
+_INT = re.compile(r"\s*[+-]?\d+")
+_FLOAT = re.compile(r"\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf(inity)?|nan)", re.I)
 
 
 def parse_kv_override(arg: str) -> tuple[str, Any, GGUFValueType]:
     """``--override-kv KEY=TYPE:VALUE`` as common.cpp ``string_parse_kv_override`` reads it and llama-quant.cpp
-    writes it: ``int:`` -> u32 of ``|atol(VALUE)|``, ``float:`` -> f32 of ``atof(VALUE)``, ``bool:true|false``,
+    writes it: ``int:`` -> u32 of ``|VALUE|``, ``float:`` -> f32 of ``atof(VALUE)``, ``bool:true|false``,
     ``str:`` (at most 127 bytes).
 
     Raises:
-        CooktopError: no ``=``, a key of 128 bytes or more, an unknown TYPE, a bad bool, a long string.
+        CooktopError: no ``=``, a key of 128 bytes or more, an unknown TYPE, a value that is not a
+            number of its type (llama.cpp's atol/atof would write 0 for ``int:abc``) or an int past
+            32 bits, a bad bool, a long string.
     """
     key, sep, rest = arg.partition("=")
     if not sep or len(key.encode()) >= 128:
@@ -186,11 +188,16 @@ def parse_kv_override(arg: str) -> tuple[str, Any, GGUFValueType]:
     if not colon or typ not in ("int", "float", "bool", "str"):
         raise CooktopError(f"invalid type for KV override {arg!r}: use int:, float:, bool: or str:")
     if typ == "int":
-        m = _LEADING_INT.match(value)
-        return key, abs(int(m.group(0))) if m else 0, GGUFValueType.UINT32
+        m = _INT.fullmatch(value.strip())
+        if m is None or abs(int(m.group(0))) > 0xFFFFFFFF:
+            raise CooktopError(f"invalid integer value for KV override {arg!r}: a whole number of at most "
+                               "32 bits, e.g. int:42")
+        return key, abs(int(m.group(0))), GGUFValueType.UINT32
     if typ == "float":
-        m = _LEADING_FLOAT.match(value)
-        return key, float(np.float32(float(m.group(0)))) if m else 0.0, GGUFValueType.FLOAT32
+        m = _FLOAT.fullmatch(value.strip())
+        if m is None:
+            raise CooktopError(f"invalid float value for KV override {arg!r}: a number, e.g. float:0.5")
+        return key, float(np.float32(float(m.group(0)))), GGUFValueType.FLOAT32
     if typ == "bool":
         if value not in ("true", "false"):
             raise CooktopError(f"invalid boolean value for KV override {arg!r}: true or false")

@@ -71,16 +71,30 @@ class DeviceBudget:
 
     @property
     def why_not(self) -> str:
-        """Empty when it fits, else the reason."""
+        """Empty when it fits, else the reason (figures that differ, :func:`size_texts`)."""
         if self.usable_bytes is not None and self.total_bytes > self.usable_bytes:
-            mem = "?" if self.memory_bytes is None else f"{self.memory_bytes / 2**20:.1f}"
-            return (f"needs {self.total_bytes / 2**20:.1f} MiB but {self.usable_bytes / 2**20:.1f} MiB is usable "
-                    f"({mem} MiB minus reserve)")
+            need, usable, *mem = size_texts(self.total_bytes, self.usable_bytes,
+                                            *([self.memory_bytes] if self.memory_bytes is not None else []))
+            return f"needs {need} but {usable} is usable ({mem[0] if mem else '?'} minus reserve)"
         if self.max_alloc_bytes is not None and self.largest_alloc_bytes > self.max_alloc_bytes:
             what = f" ({self.largest_what})" if self.largest_what else ""
-            return (f"largest buffer that cannot be split{what} {self.largest_alloc_bytes / 2**20:.1f} MiB exceeds "
-                    f"the maximum allocation {self.max_alloc_bytes / 2**20:.1f} MiB")
+            big, mx = size_texts(self.largest_alloc_bytes, self.max_alloc_bytes)
+            return f"largest buffer that cannot be split{what} {big} exceeds the maximum allocation {mx}"
         return ""
+
+    @property
+    def remedy(self) -> str:
+        """The options that make what :attr:`why_not` names smaller (empty when it fits): the
+        scratch scales with ``-b`` (module doc), the KV cache with ``-c`` and its types."""
+        if self.fits:
+            return ""
+        if self.usable_bytes is not None and self.total_bytes > self.usable_bytes:
+            return "-ngl auto, a smaller -ngl, a smaller -c, or another device"
+        if self.largest_what == "scratch":
+            return "a smaller -b (the scratch scales with the batch size), -ngl auto, a smaller -ngl, or another device"
+        if self.largest_what == "KV cache":
+            return "a smaller -c or a smaller -ctk/-ctv type, -ngl auto, a smaller -ngl, or another device"
+        return "-ngl auto, a smaller -ngl, or another device"
 
     @property
     def fits(self) -> bool:
@@ -90,6 +104,16 @@ class DeviceBudget:
         d = dataclasses.asdict(self)
         d.update(total_bytes=self.total_bytes, fits=self.fits, why_not=self.why_not)
         return d
+
+
+def size_texts(*sizes: int) -> list[str]:
+    """``sizes`` (bytes) as text that tells them apart: ``"1536.0 MiB"``; KiB when all are under
+    1 MiB (``"64.0 KiB"``); bytes (``"65536 bytes"``) when two different sizes would read the same."""
+    unit, div = ("KiB", 2**10) if max(sizes) < 2**20 else ("MiB", 2**20)
+    out = [f"{n / div:.1f} {unit}" for n in sizes]
+    if len(set(out)) < len(set(sizes)):
+        return [f"{n} bytes" for n in sizes]
+    return out
 
 
 def memory_overrides() -> dict[str, tuple[int, int | None]]:

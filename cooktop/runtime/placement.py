@@ -476,4 +476,4 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
     assert last is not None  # an explicit N runs the loop once, and it did not fit
     raise DeviceOutOfMemoryError(
         f"-ngl {n_gpu_layers} does not fit on {last.selector}: {last.why_not}; "
-        f"use -ngl auto, a smaller -ngl, a smaller -c, or another device")
+        f"use {last.remedy}")
