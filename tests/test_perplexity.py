@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import ROOT, SHARED, require_modules, skip_or_fail
+from gguf import GGMLQuantizationType as T
 
 from cooktop.errors import CooktopError
 
@@ -62,8 +63,10 @@ def llama_cpp_chunks(path: pathlib.Path, text: str) -> tuple[list[int], list[np.
         require_modules("llama_cpp", "llama_cpp")
         import llama_cpp
 
+        # F32 caches on both sides (type_k/type_v 0): with llama.cpp's f16 default, a K value a few ulp
+        # apart before rounding lands one f16 step apart, which moves the PPL by ~1e-4 (measured)
         llm = llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, logits_all=True,
-                              verbose=False, n_threads=2)
+                              verbose=False, n_threads=2, type_k=0, type_v=0)
         tokens = llm.tokenize(text.encode(), add_bos=True, special=False)
         first = N_CTX // 2
         rows = []
@@ -100,12 +103,13 @@ def test_perplexity_of_a_split_model_equals_llama_cpp(text):
 
 
 def check_perplexity(family, model, text, placement):
+    from cooktop.format.kvtypes import KVConfig
     from cooktop.quality import perplexity as ppl
     from cooktop.runtime.loader import load_model
 
     path = model_path(model)
     tokens, rows = llama_cpp_chunks(path, text)
-    m = load_model(path, n_ctx=N_CTX, n_batch=48, logits_all=True, **placement)
+    m = load_model(path, n_ctx=N_CTX, n_batch=48, logits_all=True, kv=KVConfig(T.F32, T.F32), **placement)
     try:
         ours = ppl.tokenize_text(m.tokenizer, text)
         assert ours == tokens  # the same tokens
