@@ -154,7 +154,9 @@ def test_ngl_auto_with_simulated_memory(shared, case):
     mem, mx = {"everything": (1 << 30, 1 << 30), "nothing": (64 << 10, 64 << 10),
                "between": (1_500_000, 1 << 30), "max_alloc": (1 << 30, 120_000)}[case]
     env = {"COOKTOP_DEVICE_MEMORY": f"opencl:0={mem}/{mx}"}
-    rep = plan_json(path, "--device", "opencl", "-ngl", "auto", "-c", str(n_ctx), "-b", str(n_batch), env=env)
+    # F32 K/V caches (-ctk/-ctv f32): expected_auto_n counts 4 bytes a value
+    rep = plan_json(path, "--device", "opencl", "-ngl", "auto", "-c", str(n_ctx), "-b", str(n_batch),
+                    "-ctk", "f32", "-ctv", "f32", env=env)
     want = expected_auto_n(path, n_ctx, n_batch, mem, mx)
     assert rep["n_gpu_layers"] == want
     assert {"everything": want == 3, "nothing": want == 0, "between": 0 < want < 3,
