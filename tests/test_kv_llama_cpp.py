@@ -62,19 +62,17 @@ def reference(shared):
     return path, refs
 
 
-@pytest.fixture(scope="module", params=list(registry.FAMILIES))
-def family(request, shared):
-    if request.param != "cpu":
-        open_family_device(request.param)
-    return request.param
+#: numpy runs every case; the devices DEVICE_CASES (kept short: test_kv_cache.py checks every type there)
+PAIRS = [(f, c) for f in registry.FAMILIES for c in CASES if f == "cpu" or c in DEVICE_CASES]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"k{c[0]}-v{c[1]}-fa{int(c[2])}")
+@pytest.mark.parametrize("family,case", PAIRS, ids=lambda p: p if isinstance(p, str) else
+                         f"k{p[0]}-v{p[1]}-fa{int(p[2])}")
 def test_logits_and_greedy_match_llama_cpp(family, reference, case):
+    if family != "cpu":
+        open_family_device(family)
     path, refs = reference
     tk, tv, fa = case
-    if family != "cpu" and case not in DEVICE_CASES:
-        pytest.skip("numpy only (kept short): test_kv_cache.py checks this type on the devices")
     want, want_tokens, margins = refs[case]
     llm = Llama(model_path=path, n_ctx=N_CTX, n_batch=16, logits_all=True, verbose=False, device=family,
                 n_gpu_layers=-1, type_k=tk, type_v=tv, flash_attn=fa)
