@@ -197,6 +197,9 @@ def test_chunked_weight_in_matmuls(device):
         for o, w in zip(outs, ws):
             one = device.empty((1, w.shape[0]))
             device.matmul(one, xt, w)
-            np.testing.assert_array_equal(device.read(o), device.read(one))
+            if device.info.backend == "cpu":  # BLAS blocks a part's product differently from the whole's
+                assert nmse(device.read(o), device.read(one)) < 1e-12
+            else:  # the same kernel rows: the same bits
+                np.testing.assert_array_equal(device.read(o), device.read(one))
             device.release([one])
         device.release(ws + outs)

@@ -136,6 +136,7 @@ def test_cli_perplexity_then_kl_divergence_of_itself(tmp_path, text, stories):
     KLD (to the file's 16/65535-nat resolution) and 100 % same top token."""
     base = tmp_path / "base.kld"
     r = run_cli("perplexity", "-m", str(stories), "-f", str(TEXT), "-c", str(N_CTX), "--chunks", str(N_CHUNK),
+                "-ctk", "f32", "-ctv", "f32",
                 "--kl-divergence-base", str(base))
     assert r.returncode == 0, r.stderr
     running = re.findall(r"\[(\d+)\](\d+\.\d{4}),", r.stdout)
@@ -150,7 +151,8 @@ def test_cli_perplexity_then_kl_divergence_of_itself(tmp_path, text, stories):
     n_vocab = 512
     assert base.stat().st_size == 20 + 4 * N_CHUNK * N_CTX + 2 * N_CHUNK * 63 * (n_vocab + 4)
 
-    r = run_cli("perplexity", "-m", str(stories), "--kl-divergence-base", str(base), "--kl-divergence")
+    r = run_cli("perplexity", "-m", str(stories), "--kl-divergence-base", str(base), "--kl-divergence",
+                "-ctk", "f32", "-ctv", "f32")
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "chunk             PPL               ln(PPL(Q)/PPL(base))" in out
