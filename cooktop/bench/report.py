@@ -163,9 +163,10 @@ def _series_label(r: Result, varied: set[str]) -> str:
     return label + (" " + " ".join(extra) if extra else "")
 
 
-def check_plot_path(path: str) -> None:
+def check_plot_path(path: str, extra: str = "bench") -> None:
     """Refuse a ``--plot`` path up front (before any measurement): its folder must exist and its
-    extension (if any; none means PNG) must be a format matplotlib's Agg canvas writes.
+    extension (if any; none means PNG) must be a format matplotlib's Agg canvas writes; ``extra``:
+    the cooktop extra that installs matplotlib for this command (``bench``, ``quality``).
 
     Raises:
         CooktopError: no such folder, matplotlib missing, or an unsupported extension (naming the formats).
@@ -179,7 +180,7 @@ def check_plot_path(path: str) -> None:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError:
-        raise CooktopError("--plot needs matplotlib: pip install 'cooktop[bench]'") from None
+        raise CooktopError(f"--plot needs matplotlib: pip install 'cooktop[{extra}]'") from None
     ext = os.path.splitext(path)[1][1:].lower()
     formats = FigureCanvasAgg.get_supported_filetypes()
     if ext and ext not in formats:

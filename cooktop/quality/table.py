@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..backends import registry
+from ..bench import report
 from ..errors import CooktopError
 from ..format.gguf import open_gguf
 from ..runtime.placement import Placement
@@ -232,24 +233,14 @@ def files_label(paths: list[str]) -> str:
 
 
 def check_plot_path(path: str) -> None:
-    """Refuse a ``--plot`` path before measuring: its folder must exist, its extension be one matplotlib writes.
+    """Refuse a ``--plot`` path before measuring (:func:`cooktop.bench.report.check_plot_path`,
+    matplotlib from the ``quality`` extra).
 
     Raises:
         CooktopError: no such folder, matplotlib missing (``pip install 'cooktop[quality]'``), or an
             unsupported extension (naming the formats).
     """
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise CooktopError(f"--plot {path}: folder {folder} does not exist")
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-    except ImportError:
-        raise CooktopError("--plot needs matplotlib: pip install 'cooktop[quality]'") from None
-    ext = os.path.splitext(path)[1][1:].lower()
-    formats = FigureCanvasAgg.get_supported_filetypes()
-    if ext and ext not in formats:
-        raise CooktopError(f"--plot {path}: matplotlib cannot write '.{ext}' files; use one of "
-                           f"{', '.join(sorted(formats))}")
+    report.check_plot_path(path, extra="quality")
 
 
 def plot(cells: list[Cell], path: str, title: str, width_px: int = 1200, height_px: int = 560, dpi: int = 100) -> None:
