@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kquants import QK_K, _f16, _pack2, _pack_scale_min_k4, _requant, _sub, _unsub
-from .search import F32, GROUP_MAX_EPS, make_qkx2_quants, make_qp_quants, make_qx_quants_rmse1, nearest_int, sum0
+from .kquants import QK_K, _f16, _pack2, _pack_scale_min_k4, _requant, _sub, _unsub, quantize_q6_k
+from .search import F32, make_qkx2_quants, make_qp_quants, make_qx_quants_rmse1, sum0
 
 
 def _row_sigma2(x: np.ndarray) -> np.ndarray:
@@ -198,27 +198,5 @@ def quantize_q5_k_w(x: np.ndarray, qw: np.ndarray) -> np.ndarray:
 def quantize_q6_k_w(x: np.ndarray, qw: np.ndarray) -> np.ndarray:
     """``quantize_row_q6_K_impl`` (``make_qx_quants`` weighted by ``qw`` itself): -> uint8 [n_rows, n/256 * 210]."""
     xb, qb = _kblocks(x, qw)
-    nb = xb.shape[0]
-    scales, L = make_qx_quants_rmse1(_sub(xb, 16), 32, _sub(qb, 16))
-    scales = scales.reshape(nb, 16)
-    L = _unsub(L, nb).reshape(nb, 16, 16)
-    a = np.abs(scales)
-    imax = np.argmax(a, axis=1)
-    max_abs = a[np.arange(nb), imax]
-    max_scale = scales[np.arange(nb), imax]
-    zero = max_abs < GROUP_MAX_EPS
-    with np.errstate(divide="ignore", invalid="ignore"):
-        iscale = F32(-128) / np.where(zero, F32(1), max_scale)
-        d_b, d = _f16(np.where(zero, F32(0), F32(1) / iscale))
-        sc = np.minimum(127, nearest_int(iscale[:, None] * scales)).astype(np.int8)
-    sc[zero] = 0
-    dd = d[:, None] * sc.astype(F32)
-    L = _requant(xb.reshape(nb, 16, 16), dd, np.zeros_like(dd), L.astype(np.int32), -32, 31, 32)
-    L = L.reshape(nb, 2, 4, 32)
-    lo = L & 0xF
-    hi = L >> 4
-    ql = np.concatenate([lo[:, :, 0] | (lo[:, :, 2] << 4), lo[:, :, 1] | (lo[:, :, 3] << 4)], axis=2).reshape(nb, 128)
-    qh = (hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)).reshape(nb, 64)
-    out = np.concatenate([ql, qh, sc.view(np.uint8), d_b], axis=1)
-    out[zero] = 0
-    return out.reshape(x.shape[0], -1)
+    return quantize_q6_k(xb, qb).reshape(x.shape[0], -1)
+

@@ -169,11 +169,12 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([d_b, m_b, packed, qh, qs], axis=1)
 
 
-def quantize_q6_k(x: np.ndarray) -> np.ndarray:
+def quantize_q6_k(x: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
     """``quantize_row_q6_K_ref``: ``x float32 [nb, 256]`` -> ``uint8 [nb, 210]``
-    (ql[128], qh[64], scales[16] int8, d)."""
+    (ql[128], qh[64], scales[16] int8, d); ``qw float32 [nb, 256]``: the importance weights of
+    ``quantize_row_q6_K_impl`` (which differs from the reference only in ``make_qx_quants``' weights)."""
     nb = x.shape[0]
-    scales, L = make_qx_quants_rmse1(_sub(x, 16), 32)
+    scales, L = make_qx_quants_rmse1(_sub(x, 16), 32, None if qw is None else _sub(qw, 16))
     scales = scales.reshape(nb, 16)
     L = _unsub(L, nb).reshape(nb, 16, 16)
     a = np.abs(scales)
