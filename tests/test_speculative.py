@@ -232,7 +232,7 @@ def test_run_prints_the_drafted_and_accepted_counts(stories):
                                "--temp", "0", "--device", "cpu", "-c", "256", *extra],
                               capture_output=True, text=True, timeout=120)
     plain = run()
-    spec = run("-md", str(stories), "--draft-max", "4", "--spec-type", "ngram-simple",
+    spec = run("-md", str(stories), "--draft-max", "4", "--spec-type", "draft-simple,ngram-simple",
                "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8")
     assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout
@@ -240,7 +240,7 @@ def test_run_prints_the_drafted_and_accepted_counts(stories):
     n_drafted, n_accept = int(lines["cooktop: n_drafted"]), int(lines["cooktop: n_accept "])
     assert 0 < n_accept <= n_drafted  # stories260K as its own draft: its greedy drafts are accepted
     assert "cooktop: accept    = " in spec.stderr and "n_drafted" not in plain.stderr
-    assert (f"cooktop: speculative decoding tries draft-simple (-md {stories}), then ngram-simple: the first "
+    assert (f"cooktop: speculative decoding tries ngram-simple, then draft-simple (-md {stories}): the first "
             "non-empty draft is verified") in spec.stderr
     bad = run("--spec-type", "eagle3")
     assert bad.returncode != 0 and "--spec-type eagle3 is not supported" in bad.stderr
@@ -258,9 +258,14 @@ def test_draft_sizes_are_checked_before_any_model_loads():
     assert SpecOptions(draft_min=5, draft_max=2, spec_type=("ngram-simple",)).check() == ["ngram-simple"]
     assert SpecOptions(model_draft="d.gguf").notice() == ""
     assert SpecOptions(spec_type=("ngram-simple",)).notice() == ""
-    assert SpecOptions(model_draft="d.gguf", spec_type=("ngram-simple",)).notice() == (
-        "speculative decoding tries draft-simple (-md d.gguf), then ngram-simple: the first non-empty draft "
-        "is verified")
+    both = SpecOptions(model_draft="d.gguf", spec_type=("draft-simple,ngram-simple",))
+    assert both.types() == ["ngram-simple", "draft-simple"]  # llama.cpp's priority, whatever the order given
+    assert both.notice() == ("speculative decoding tries ngram-simple, then draft-simple (-md d.gguf): the first "
+                             "non-empty draft is verified")
+    alone = SpecOptions(model_draft="d.gguf", spec_type=("ngram-simple",))
+    assert alone.types() == ["ngram-simple"]  # an explicit list is taken as given, as llama.cpp
+    assert alone.notice() == ("the draft model -md d.gguf is not used: --spec-type ngram-simple does not include "
+                              "draft-simple (as llama.cpp)")
 
 
 def test_serve_names_the_draft_model_and_checks_its_options_first(stories, tmp_path, server_deps):
@@ -305,7 +310,7 @@ def test_serve_slots_decode_speculatively_with_the_same_answers(stories, server_
 
     answers = []
     prompts = [TEXT, TEXT[40:], "Once upon a time, Tom"]
-    for spec in (None, SpecOptions(model_draft=str(stories), draft_max=4, spec_type=("ngram-simple",),
+    for spec in (None, SpecOptions(model_draft=str(stories), draft_max=4, spec_type=("ngram-simple", "draft-simple"),
                                    ngram_size_n=3, ngram_size_m=8)):
         s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=3,
                                        speculative=spec))

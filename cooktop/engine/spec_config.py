@@ -17,6 +17,10 @@ from .speculative import DraftModel, FirstOf, NgramSimple, Speculation
 #: ``--spec-type`` names (llama.cpp common/speculative.cpp) cooktop implements.
 SPEC_TYPES = ("none", "draft-simple", "ngram-simple")
 
+#: The order drafters are tried in when several are enabled: llama.cpp's priority
+#: (common/speculative.cpp common_speculative_init: the n-gram types before the draft models).
+PRIORITY = ("ngram-simple", "draft-simple")
+
 
 class DraftLoadError(CooktopError):
     """The draft model (``-md``) failed to load (the message names it, not the target)."""
@@ -37,7 +41,11 @@ class SpecOptions:
     ngram_size_m: int = 48
 
     def types(self) -> list[str]:
-        """The drafting types in order (``-md`` alone means ``draft-simple``).
+        """The drafting types, in llama.cpp's order of priority (:data:`PRIORITY`).
+
+        An explicit ``--spec-type`` list is taken as it is (llama.cpp: ``-md`` with ``--spec-type
+        ngram-simple`` runs only ngram-simple; :meth:`notice` says the draft model is unused);
+        ``-md`` without ``--spec-type`` means ``draft-simple``.
 
         Raises:
             CooktopError: an unknown or unimplemented type, or ``draft-simple`` without ``-md``.
@@ -46,12 +54,11 @@ class SpecOptions:
         bad = [t for t in names if t not in SPEC_TYPES]
         if bad:
             raise CooktopError(f"--spec-type {bad[0]} is not supported by cooktop (it has: {', '.join(SPEC_TYPES)})")
-        names = [t for t in names if t != "none"]
-        if self.model_draft and "draft-simple" not in names:
-            names.insert(0, "draft-simple")
+        if not names and self.model_draft:
+            names = ["draft-simple"]
         if "draft-simple" in names and not self.model_draft:
             raise CooktopError("--spec-type draft-simple needs a draft model: give -md / --model-draft FNAME")
-        return names
+        return [t for t in PRIORITY if t in names]
 
     def check(self) -> list[str]:
         """:meth:`types`, with the sizes checked: what can be refused before any model loads.
@@ -74,11 +81,14 @@ class SpecOptions:
         return types
 
     def notice(self) -> str:
-        """One line saying which drafters run, in which order, where ``-md`` and another
-        ``--spec-type`` are both given (empty otherwise)."""
+        """One line where ``-md`` and another ``--spec-type`` are both given (empty otherwise): which
+        drafters run, in which order, or that the draft model is not used."""
         types = self.types()
         if not self.model_draft or types == ["draft-simple"]:
             return ""
+        if "draft-simple" not in types:
+            return (f"the draft model -md {self.model_draft} is not used: --spec-type {','.join(types) or 'none'} "
+                    "does not include draft-simple (as llama.cpp)")
         names = [f"draft-simple (-md {self.model_draft})" if t == "draft-simple" else t for t in types]
         return f"speculative decoding tries {', then '.join(names)}: the first non-empty draft is verified"
 
