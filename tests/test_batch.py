@@ -3,10 +3,9 @@ backend; the batch driver, ``Llama.create_completions``; the errors."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
+from batchutil import run_in_driver
 
 import cooktop
 from cooktop import Llama
@@ -71,23 +70,8 @@ def test_driver_generations_equal_alone(any_device, stories):
     greedy = SamplingParams(temperature=0.0)
     n_pred = [12, 3, 9]
     alone = [e.generate(p, n, greedy, seq=e.new_sequence()).drain().tokens for p, n in zip(PROMPTS, n_pred)]
-    seqs = e.new_sequences(3)
-    drv = BatchDriver(e.model, seqs)
-    got: list[list[int] | None] = [None] * 3
-    drv.join(3)
-
-    def run(i: int) -> None:
-        try:
-            got[i] = e.generate(PROMPTS[i], n_pred[i], greedy, seq=seqs[i]).drain().tokens
-        finally:
-            drv.leave()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    drv.close()
+    got, drv = run_in_driver(e, [lambda seq, i=i: e.generate(PROMPTS[i], n_pred[i], greedy, seq=seq).drain().tokens
+                                 for i in range(3)])
     assert got == alone
     assert drv.stats.max_seqs == 3 and drv.stats.steps < sum(len(p) for p in PROMPTS) + sum(n_pred)
     e.close()

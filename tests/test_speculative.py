@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from batchutil import run_in_driver
 from conftest import SHARED, skip_or_fail
 
 from cooktop.engine import generate as G
@@ -327,32 +328,18 @@ def test_serve_slots_decode_speculatively_with_the_same_answers(stories, server_
 def test_drafts_checked_in_the_batch_drivers_steps_give_the_alone_text():
     """Three threads decode speculatively through one BatchDriver (a draft's rows are one request
     of a shared step, ``forward_batch``'s ``want_logits = k``): each text is its plain one alone."""
-    import threading
-
-    from cooktop.engine.batch import BatchDriver
     eng = _engine("cpu")
     try:
         prompts = [eng.tokenizer.tokenize(t, add_bos=True) for t in (TEXT, TEXT[50:], "Once upon a time, Tom")]
         alone = [eng.generate(p, 24, GREEDY, seq=eng.new_sequence()).drain().tokens for p in prompts]
-        seqs = eng.new_sequences(3)
-        drv = BatchDriver(eng.model, seqs)
-        got: list = [None] * 3
-        drv.join(3)
-
-        def run(i: int) -> None:
-            try:
-                r = eng.generate(prompts[i], 24, GREEDY, seq=seqs[i],
+        def job(i: int):
+            def run(seq):
+                r = eng.generate(prompts[i], 24, GREEDY, seq=seq,
                                  draft=Speculation(LlamaPromptLookupDecoding(2, 6), 6)).drain()
-                got[i] = (r.tokens, r.timings.n_drafted)
-            finally:
-                drv.leave()
+                return r.tokens, r.timings.n_drafted
+            return run
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        drv.close()
+        got, drv = run_in_driver(eng, [job(i) for i in range(3)])
         assert [g[0] for g in got] == alone
         assert sum(g[1] for g in got) > 0 and drv.stats.max_seqs >= 2
     finally:
