@@ -110,7 +110,7 @@ def main() -> None:
                 label[0] = "(other)"
             return op
 
-        for name in list(OPS) + [n for n in ("matmuls", "rmsnorm_q8", "silu_mul_q8") if hasattr(dev, n)]:
+        for name in list(OPS) + [n for n in ("matmuls", "rope_store", "rmsnorm_q8", "silu_mul_q8") if hasattr(dev, n)]:
             setattr(dev, name, wrap(name, getattr(dev, name)))
 
     orig_call = cl.Kernel.__call__

@@ -68,7 +68,7 @@ from .programs import (
 from .q8 import Q8Shadows
 from .replay import ReplayRecorder
 
-_MATMUL = SPECS["matmul"]
+_MATMUL, _ROPE, _KV_STORE = SPECS["matmul"], SPECS["rope"], SPECS["kv_store"]
 
 _GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}
 
@@ -384,6 +384,28 @@ class OpenCLDevice(ReplayRecorder, Device):
             return
         self._launch(self.kernels.ops().kv_store, (_ceil_to(dim, 16), n_tok), (16, 1),
                                     cache.handle, x.handle, pos.handle, dim, cache.shape[0])
+
+    def rope_store(self, cache, x, pos, cells, head_dim, n_rot, freq_base, freq_scale, mode, freq_factors=None,
+                   ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=0):
+        """:meth:`~cooktop.backends.ops.DeviceOps.rope_store` in one launch (``kv_store.cl``
+        ``rope_store``: rope's arithmetic, the cache type's store; ``x`` is not written)."""
+        if mode not in (0, 2) or x.chunks is not None or cache.chunks is not None:
+            super().rope_store(cache, x, pos, cells, head_dim, n_rot, freq_base, freq_scale, mode, freq_factors,
+                               ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig)
+            return
+        _ROPE.check(self, x, x, pos, freq_factors, head_dim=head_dim, n_rot=n_rot)
+        _KV_STORE.check(self, cache, x, cells)
+        n_tok, dim = x.shape
+        corr0, corr1, mscale = rope_yarn_params(n_rot, float(freq_base), float(freq_scale), float(ext_factor),
+                                                float(attn_factor), float(beta_fast), float(beta_slow),
+                                                int(n_ctx_orig))
+        ff = freq_factors.handle if freq_factors is not None else x.handle  # not read without factors
+        units = dim if cache.ggml_type in (T.F32, T.F16, T.BF16) else dim // 32
+        self.q8.dirty(cache.handle)
+        self._launch(self.kernels.rope_store(cache.ggml_type), (_ceil_to(units, 16), n_tok), (16, 1), cache.handle,
+                     x.handle, pos.handle, cells.handle, dim, cache.shape[0], head_dim, n_rot, float(freq_base),
+                     float(freq_scale), mode, ff, int(freq_factors is not None), float(ext_factor), mscale, corr0,
+                     corr1)
 
     def _gqa_group(self, n_head: int, n_head_kv: int, n_tok: int) -> int:
         """The GQA group size the serial attention runs per work-item (0: one query head each): the
