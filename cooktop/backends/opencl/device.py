@@ -400,7 +400,7 @@ class OpenCLDevice(ReplayRecorder, Device):
                                                 float(attn_factor), float(beta_fast), float(beta_slow),
                                                 int(n_ctx_orig))
         ff = freq_factors.handle if freq_factors is not None else x.handle  # not read without factors
-        units = dim if cache.ggml_type in (T.F32, T.F16, T.BF16) else dim // 32
+        units = head_dim // 2 if cache.ggml_type in (T.F32, T.F16, T.BF16) else dim // 32  # see the kernel
         self.q8.dirty(cache.handle)
         self._launch(self.kernels.rope_store(cache.ggml_type), (_ceil_to(units, 16), n_tok), (16, 1), cache.handle,
                      x.handle, pos.handle, cells.handle, dim, cache.shape[0], head_dim, n_rot, float(freq_base),

@@ -9,7 +9,8 @@
 // [0, n_ctx) are skipped.
 // rope_store: rope (rope.cl's rope_cs / rope_rot, the same roundings as the rope kernel) of x's
 // rows by pos, stored in the cache rows cells, in one launch (llama.cpp's backends fuse rope and
-// set_rows alike); the same global size, a work-item ropes the values of its unit itself.
+// set_rows alike). Float caches: global (head_dim / 2, n_tok), rope's own layout (a pair's angle
+// once for every head); block caches: kv_store_t's global size, a work-item ropes its block's values.
 #pragma OPENCL FP_CONTRACT OFF
 
 inline float kv_recip(const float d) {
@@ -107,14 +108,32 @@ __kernel void rope_store(global uchar *cache, const global float *x, const globa
     const int j = get_global_id(0);
     const int t = get_global_id(1);
     const int c = cells[t];
-    if (c < 0 || c >= n_ctx || j >= dim / KV_UNIT) return;
-    global uchar *row = cache + (size_t)c * kv_row_bytes(KTYPE, dim);
     const global float *xr = x + (size_t)t * dim;
     const int p = pos[t];
 #if KV_UNIT == 1
-    kv_put(row, j, rope_value(xr, j, p, head_dim, n_rot, freq_base, freq_scale, mode, ff, has_ff, ext_factor,
-                              mscale, corr0, corr1));
+    // global (head_dim / 2, n_tok) as rope: pair j's angle once, every head's pair rotated and stored
+    const int half_rot = n_rot / 2;
+    if (c < 0 || c >= n_ctx || j >= head_dim / 2) return;
+    global uchar *row = cache + (size_t)c * kv_row_bytes(KTYPE, dim);
+    if (j < half_rot) {
+        const float2 cs = rope_cs(p, j, n_rot, freq_base, freq_scale, ff, has_ff, ext_factor, mscale, corr0, corr1);
+        const int i0 = mode == 2 ? j : 2 * j, i1 = mode == 2 ? j + half_rot : 2 * j + 1;
+        for (int base = 0; base < dim; base += head_dim) {
+            const float2 r = rope_rot(xr[base + i0], xr[base + i1], cs);
+            kv_put(row, base + i0, r.x);
+            kv_put(row, base + i1, r.y);
+        }
+    } else {
+        const int e = n_rot + 2 * (j - half_rot);
+        for (int base = 0; base < dim; base += head_dim) {
+            kv_put(row, base + e, xr[base + e]);
+            kv_put(row, base + e + 1, xr[base + e + 1]);
+        }
+    }
 #else
+    // global (blocks per row, n_tok): the block's 32 values roped one by one, then quantized
+    if (c < 0 || c >= n_ctx || j >= dim / 32) return;
+    global uchar *row = cache + (size_t)c * kv_row_bytes(KTYPE, dim);
     float xb[32];
     for (int i = 0; i < 32; i++)
         xb[i] = rope_value(xr, j * 32 + i, p, head_dim, n_rot, freq_base, freq_scale, mode, ff, has_ff,
