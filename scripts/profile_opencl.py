@@ -10,14 +10,16 @@ contract (matmul split by weight type and n_tokens == 1 or not) it reports:
 and per phase the wall time, the summed kernel time and the difference (launch
 overhead + host work not hidden behind the device + idle queue).
 
-Before the profiled runs it decodes ``-n`` tokens on the plain queue, twice: with the
+Before the profiled runs it decodes ``-n`` tokens on the plain queue, op by op and with the
 decode step replayed from a ``cl_khr_command_buffer`` recording (``opencl/replay.py``; where
-the driver has the extension and ``COOKTOP_OPENCL_REPLAY`` is not 0) and op by op, and prints
-the host cost per decoded token of each: wall ms, the CPU time of the Python thread that
-drives the device (``time.thread_time``: building the step, argument checks, enqueueing,
-reading the logits; not the driver's worker threads that run the kernels on a CPU device),
-in microseconds per token, the kernel launches enqueued one by one and the command-buffer
-enqueues per token. That is the figure a GPU that decodes a step in a few ms would wait on.
+the driver has the extension and ``COOKTOP_OPENCL_REPLAY`` is not 0), two rounds of each
+alternating, each after ``gc.collect()``, and prints the host cost per decoded token: wall
+ms, the CPU time of the Python thread that drives the device (``time.thread_time``:
+building the step, argument checks, enqueueing, reading the logits; not the driver's worker
+threads that run the kernels on a CPU device) in microseconds, the kernel launches enqueued
+one by one and the command-buffer enqueues. That is the figure a GPU that decodes a step in
+a few ms would wait on. Recording a step (the second use of its key, untimed here) costs
+tens of ms once (a ``clCloneKernel`` per launch).
 The profiled runs below go op by op (a replay has no per-kernel events).
 
 Usage:
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import time
 
 import numpy as np
@@ -63,7 +66,7 @@ def main() -> None:
     print(f"## host per decoded token ({args.n} tokens after {args.p} + {WARM} untimed; plain queue)")
     print("| decode step | wall ms | host thread CPU us | launches | command-buffer enqueues |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for replay in (False, True):
+    for replay in (False, True, False, True):  # twice each, alternating
         for k, d in devs.items():
             d.replay = apis[k] if replay else None
         eng.reset()
@@ -72,6 +75,7 @@ def main() -> None:
             eng.eval([t])
         for dev in devs.values():
             dev.queue.finish()
+        gc.collect()  # a collection due now would land in the timed steps (a 1-2 ms per token swing)
         n0 = sum(d.n_launches for d in devs.values())
         r0 = sum(d.n_replays for d in devs.values())
         t0, c0 = time.perf_counter(), time.thread_time()
