@@ -195,6 +195,8 @@ class OpenCLDevice(ReplayRecorder, Device):
         self.q8 = Q8Shadows(self._alloc)
         self.use_q8 = settings.opencl_q8()
         self.exact_prompt = self.use_q8 and settings.opencl_exact_prompt()
+        #: (n_in, weight serials) -> the launches of matmuls (:meth:`_matmuls_plan`)
+        self._matmuls_plans: dict[tuple, list[tuple]] = {}
         self._init_replay(*self._replay_api())
 
     def _replay_api(self) -> tuple[Any, str]:
@@ -271,6 +273,9 @@ class OpenCLDevice(ReplayRecorder, Device):
         """Drop the recordings (:mod:`.replay`) that bind a released buffer (the buffers themselves
         go with their last Python reference)."""
         self._drop_recordings_using({t.handle.int_ptr for t in tensors if t.handle is not None})
+        gone = {t.serial for t in tensors}
+        for key in [k for k in self._matmuls_plans if not gone.isdisjoint(k[1:])]:
+            del self._matmuls_plans[key]
 
     def close(self):
         try:
@@ -313,34 +318,49 @@ class OpenCLDevice(ReplayRecorder, Device):
         with an 8-bit mat-vec (2 or 3 of them: Q/K/V, gate/up; Q and K alone where V has another
         type, as in Q4_K_M) run in one ``mul_mv_q8_3`` launch, each row with ``mul_mv_q8``'s sums;
         the others, and prompts, one matmul each. Every pair is checked before anything runs."""
-        if (len(pairs) < 2 or x.shape[0] != 1 or not self.use_q8 or x.chunks is not None
-                or any(t.chunks is not None for pair in pairs for t in pair)):
+        if len(pairs) < 2 or x.shape[0] != 1 or not self.use_q8 or x.chunks is not None or any(
+                out.chunks is not None or w.chunks is not None for out, w in pairs):
             super().matmuls(x, *pairs)  # chunked tensors: matmul runs per part
             return
         for out, w in pairs:
             _MATMUL.check(self, out, x, w)
-        groups: dict[T, list[tuple[DeviceTensor, DeviceTensor]]] = {}
-        for out, w in pairs:
-            groups.setdefault(w.ggml_type, []).append((out, w))
-        for t, group in groups.items():
-            if t in Q8_TYPES and 1 < len(group) <= 3:
-                self._mv_q8_3(x, t, group)
-            else:
-                for out, w in group:
-                    self._matmul(out, x, w)
+        key = (x.shape[1],) + tuple(w.serial for _, w in pairs)
+        plan = self._matmuls_plans.get(key)
+        if plan is None:  # worked out once per weight tuple (weights never change)
+            plan = self._matmuls_plans[key] = self._matmuls_plan(x, pairs)
+        for step in plan:
+            if step[0] is None:
+                out, w = pairs[step[1]]
+                self._matmul(out, x, w)
+                continue
+            knl, gsize, lsize, idx, n, hw = step
+            ho = [pairs[i][0].handle for i in idx]
+            for h in ho:
+                self.q8.dirty(h)
+            slot = self._q8_input(x)
+            ho += [ho[-1]] * (3 - len(ho))
+            self._launch(knl, gsize, lsize, *hw, slot.xq, slot.xd, *ho, x.shape[1], *n)
 
-    def _mv_q8_3(self, x, t, group):
-        ws, outs = [w for _, w in group], [o for o, _ in group]
-        k = self.kernels.weights(t, self.kernels.repacks(t, ws[0].shape))
-        for o in outs:
-            self.q8.dirty(o.handle)
-        slot = self._q8_input(x)
-        n = [w.shape[0] for w in ws] + [0] * (3 - len(ws))
-        hw = [w.handle for w in ws] + [ws[-1].handle] * (3 - len(ws))
-        ho = [o.handle for o in outs] + [outs[-1].handle] * (3 - len(outs))
+    def _matmuls_plan(self, x, pairs) -> list[tuple]:
+        """The launches of :meth:`matmuls` for these weights: ``(kernel, global, local, pair
+        indices, rows per matrix (3), weight handles (3))`` per ``mul_mv_q8_3`` group (2-3 weights
+        of one type with an 8-bit mat-vec), ``(None, index)`` per pair that runs as a matmul."""
+        groups: dict[T, list[int]] = {}
+        for i, (_, w) in enumerate(pairs):
+            groups.setdefault(w.ggml_type, []).append(i)
         s = self.shape
-        self._launch(k.mul_mv_q8_3, (s.mv_ls, _ceil_to(sum(n), s.mv_r)), (s.mv_ls, s.mv_r), *hw, slot.xq, slot.xd,
-                      *ho, x.shape[1], *n)
+        plan: list[tuple] = []
+        for t, idx in groups.items():
+            if t in Q8_TYPES and 1 < len(idx) <= 3:
+                ws = [pairs[i][1] for i in idx]
+                k = self.kernels.weights(t, self.kernels.repacks(t, ws[0].shape))
+                n = tuple(w.shape[0] for w in ws) + (0,) * (3 - len(ws))
+                hw = tuple(w.handle for w in ws) + (ws[-1].handle,) * (3 - len(ws))
+                plan.append((k.mul_mv_q8_3, (s.mv_ls, _ceil_to(sum(n), s.mv_r)), (s.mv_ls, s.mv_r), tuple(idx), n,
+                             hw))
+            else:
+                plan += [(None, i) for i in idx]
+        return plan
 
     def _get_rows(self, out, table, ids):
         n_ids = ids.shape[0]
