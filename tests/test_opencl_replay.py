@@ -64,6 +64,7 @@ def test_decode_replays_bit_for_bit(stories, cl_dev, monkeypatch):
         n0, r0, l0 = d.n_recordings, d.n_replays, d.n_launches
         toks, logits = greedy(model)
         assert d.n_recordings - n0 == 1 and d.n_replays - r0 == 6  # steps 3..8 (the prompt: seen once)
+        assert not d._recordings  # the closed cache's buffers took its recording with them
         per_step = (d.n_launches - l0) / 3  # launches: the prompt, steps 1 and 2; nothing per replay
         monkeypatch.setattr(d, "graph_check", True)
         toks_checked, checked = greedy(model)

@@ -42,7 +42,7 @@ from .q8 import Q8Shadows
 #: Recordings kept per device (LRU).
 MAX_RECORDINGS = 32
 
-#: Keys remembered as seen once (a key is recorded the second time).
+#: Keys remembered as seen once (a key is recorded the second time), and as not recordable.
 MAX_SEEN = 256
 
 #: A recording whose own 8-bit slots take more bytes than this is not kept (a long prompt's).
@@ -121,7 +121,7 @@ class ReplayRecorder:
         self.replay_reason = reason
         self._recordings: collections.OrderedDict[Hashable, Recording] = collections.OrderedDict()
         self._seen: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
-        self._plain: set[Hashable] = set()
+        self._plain: collections.OrderedDict[Hashable, None] = collections.OrderedDict()  # keys run op by op
         self._rscope: tuple | None = None
         self._main_q8: Q8Shadows | None = None
         self._issued: list[tuple] = []
@@ -181,7 +181,7 @@ class ReplayRecorder:
             try:
                 cmdbuf = self.replay.create(self.queue)
             except DeviceError:
-                self._plain.add(key)
+                self._mark_plain(key)
                 return True
             rec = Recording(key, cmdbuf, self.queue, self._alloc)  # type: ignore[attr-defined]
             self._enter(("record", rec), self._launch_record)
@@ -196,7 +196,7 @@ class ReplayRecorder:
             self.replay.enqueue(rec.cmdbuf)
         except DeviceError:
             self._drop_recording(rec)
-            self._plain.add(key)
+            self._mark_plain(key)
             return True
         self.n_replays += 1
         self.q8.forget_all()
@@ -232,7 +232,7 @@ class ReplayRecorder:
                 except DeviceError as e:
                     rec.failed = str(e)
             if rec.failed:
-                self._plain.add(key)
+                self._mark_plain(key)
                 self._release_cmdbuf(rec)
                 return
             self._recordings[key] = rec
@@ -255,7 +255,7 @@ class ReplayRecorder:
             self.replay.enqueue(rec.cmdbuf)
         except DeviceError:  # run what was issued, op by op
             self._drop_recording(rec)
-            self._plain.add(key)
+            self._mark_plain(key)
             for knl, gsize, lsize, args in issued:
                 self._launch_plain(knl, gsize, lsize, *args)
             return
@@ -266,6 +266,12 @@ class ReplayRecorder:
         self._issued = []
         if scope is not None and scope[0] == "record":
             self._release_cmdbuf(scope[1])
+
+    def _mark_plain(self, key: Hashable) -> None:
+        """From now on ``key`` runs op by op (remembered for the last :data:`MAX_SEEN` such keys)."""
+        self._plain[key] = None
+        if len(self._plain) > MAX_SEEN:
+            self._plain.popitem(last=False)
 
     # -- dropping -------------------------------------------------------------
     def _release_cmdbuf(self, rec: Recording) -> None:
