@@ -157,3 +157,22 @@ def test_plain_keys_drops_and_aborts(cl_dev, monkeypatch):
                 d.add(c, c, c)
                 1 / 0  # noqa: B018
     assert "raises" not in d._recordings and d._launch == d._launch_plain
+
+
+def test_split_model_replays_its_device_part(stories, cl_dev, monkeypatch):
+    """A model split between the OpenCL device and numpy (-ngl 2): the OpenCL segment's step is
+    recorded and replayed (numpy's runs op by op), logits bit for bit those of replay off."""
+    d = cl_dev
+    monkeypatch.setattr(d, "graph_check", False)
+    model = load_model(stories, n_ctx=64, n_batch=16, device=d.info.selector, n_gpu_layers=2).model
+    try:
+        assert len(model.segments) == 2 and model.segments[0].device is not d
+        r0 = d.n_replays
+        toks, logits = greedy(model, n_gen=5)
+        assert d.n_replays - r0 == 3
+        api, d.replay = d.replay, None
+        toks_off, off = greedy(model, n_gen=5)
+        d.replay = api
+        assert toks == toks_off and _same_bits(logits, off)
+    finally:
+        model.close()
