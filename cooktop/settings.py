@@ -108,6 +108,12 @@ def opencl_q8() -> bool:
     return env_bool("COOKTOP_OPENCL_Q8", True)
 
 
+def opencl_replay() -> bool:
+    """``COOKTOP_OPENCL_REPLAY``: record a decode step's OpenCL launches once as a
+    ``cl_khr_command_buffer`` and replay it, where the driver has the extension (default on)."""
+    return env_bool("COOKTOP_OPENCL_REPLAY", True)
+
+
 def opencl_vnni() -> bool:
     """``COOKTOP_OPENCL_VNNI``: the AVX-512 VNNI prompt kernel where the CPU has it (default on)."""
     return env_bool("COOKTOP_OPENCL_VNNI", True)

@@ -10,12 +10,17 @@ contract (matmul split by weight type and n_tokens == 1 or not) it reports:
 and per phase the wall time, the summed kernel time and the difference (launch
 overhead + host work not hidden behind the device + idle queue).
 
-Before the profiled runs it decodes ``-n`` tokens on the plain queue and prints the host
-cost per decoded token: wall ms, and the CPU time of the Python thread that drives the
-device (``time.thread_time``: building the step, argument checks, enqueueing, reading the
-logits; not the driver's worker threads that run the kernels on a CPU device), in
-microseconds per token. With launches per token from the profiled run, that is the
-figure a GPU that decodes a step in a few ms would wait on.
+Before the profiled runs it decodes ``-n`` tokens on the plain queue, op by op and with the
+decode step replayed from a ``cl_khr_command_buffer`` recording (``opencl/replay.py``; where
+the driver has the extension and ``COOKTOP_OPENCL_REPLAY`` is not 0), two rounds of each
+alternating, each after ``gc.collect()``, and prints the host cost per decoded token: wall
+ms, the CPU time of the Python thread that drives the device (``time.thread_time``:
+building the step, argument checks, enqueueing, reading the logits; not the driver's worker
+threads that run the kernels on a CPU device) in microseconds, the kernel launches enqueued
+one by one and the command-buffer enqueues. That is the figure a GPU that decodes a step in
+a few ms would wait on. Recording a step (the second use of its key, untimed here) costs
+tens of ms once (a ``clCloneKernel`` per launch).
+The profiled runs below go op by op (a replay has no per-kernel events).
 
 Usage:
     python scripts/profile_opencl.py -m MODEL.gguf [-p 128] [-n 16] [--device opencl:0]
@@ -25,9 +30,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import time
 
 import numpy as np
+
+#: Decode steps before the timed ones in the host-cost table (a replayed key is seen, then recorded).
+WARM = 2
 
 
 def main() -> None:
@@ -43,23 +52,43 @@ def main() -> None:
     from cooktop.backends.base import OPS, type_name
     from cooktop.engine import generate as engine
 
-    eng = engine.load(args.model, n_ctx=args.p + args.n + 8, n_batch=max(args.p, 1), device=args.device,
+    eng = engine.load(args.model, n_ctx=args.p + args.n + WARM + 8, n_batch=max(args.p, 1), device=args.device,
                       n_gpu_layers=-1)
     devs = {id(s.device): s.device for s in eng.model.segments}
     rng = np.random.default_rng(0)
-    toks = [int(t) for t in rng.integers(0, eng.cfg.n_vocab, args.p + args.n)]
+    toks = [int(t) for t in rng.integers(0, eng.cfg.n_vocab, args.p + args.n + WARM)]
     eng.reset()
     eng.eval(toks[:2])  # warm-up: kernel builds
     eng.reset()
     eng.eval(toks[:args.p])
-    for dev in devs.values():
-        dev.queue.finish()
-    t0, c0 = time.perf_counter(), time.thread_time()
-    for t in toks[args.p:]:
-        eng.eval([t])
-    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-    print(f"## host per decoded token (plain queue, {args.n} tokens after {args.p}): wall "
-          f"{wall * 1e3 / max(args.n, 1):.1f} ms, host thread CPU {cpu * 1e6 / max(args.n, 1):.0f} us")
+    apis = {k: d.replay for k, d in devs.items()}
+    print(f"## replay: {', '.join(f'{d.info.selector}: ' + ('cl_khr_command_buffer' if d.replay else d.replay_reason) for d in devs.values())}")  # noqa: E501
+    print(f"## host per decoded token ({args.n} tokens after {args.p} + {WARM} untimed; plain queue)")
+    print("| decode step | wall ms | host thread CPU us | launches | command-buffer enqueues |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for replay in (False, True, False, True):  # twice each, alternating
+        for k, d in devs.items():
+            d.replay = apis[k] if replay else None
+        eng.reset()
+        eng.eval(toks[:args.p])
+        for t in toks[args.p + args.n:]:  # the step's key seen, then recorded: not timed
+            eng.eval([t])
+        for dev in devs.values():
+            dev.queue.finish()
+        gc.collect()  # a collection due now would land in the timed steps (a 1-2 ms per token swing)
+        n0 = sum(d.n_launches for d in devs.values())
+        r0 = sum(d.n_replays for d in devs.values())
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for t in toks[args.p:args.p + args.n]:
+            eng.eval([t])
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        n = max(args.n, 1)
+        launches = (sum(d.n_launches for d in devs.values()) - n0) / n
+        replays = (sum(d.n_replays for d in devs.values()) - r0) / n
+        print(f"| {'replayed' if replay else 'op by op'} | {wall * 1e3 / n:.1f} | {cpu * 1e6 / n:.0f} | "
+              f"{launches:.1f} | {replays:.2f} |")
+    for d in devs.values():
+        d.replay = None  # the profiled runs: op by op
     label = ["?"]
     events: list[tuple[str, object]] = []
     host = collections.defaultdict(float)
@@ -85,7 +114,7 @@ def main() -> None:
                 label[0] = "(other)"
             return op
 
-        for name in list(OPS) + [n for n in ("matmuls", "rmsnorm_q8", "silu_mul_q8") if hasattr(dev, n)]:
+        for name in list(OPS) + [n for n in ("matmuls", "rope_store", "rmsnorm_q8", "silu_mul_q8") if hasattr(dev, n)]:
             setattr(dev, name, wrap(name, getattr(dev, name)))
 
     orig_call = cl.Kernel.__call__
@@ -97,7 +126,7 @@ def main() -> None:
 
     cl.Kernel.__call__ = kcall
     for phase, run in (("prompt", lambda: eng.eval(toks[:args.p])),
-                       ("decode", lambda: [eng.eval([t]) for t in toks[args.p:]])):
+                       ("decode", lambda: [eng.eval([t]) for t in toks[args.p:args.p + args.n]])):
         eng.reset()
         if phase == "decode":
             eng.eval(toks[:args.p])
@@ -128,6 +157,8 @@ def main() -> None:
             print(f"| {lab} | {calls.get(lab, 0)} | {kc} | {host.get(lab, 0) * 1e3:.1f} | {km * 1e3:.1f} | "
                   f"{100 * km / wall:.1f} | {1e6 * km / max(kc, 1):.0f} |")
     cl.Kernel.__call__ = orig_call
+    for k, d in devs.items():
+        d.replay = apis[k]
     eng.close()
 
 

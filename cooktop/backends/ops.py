@@ -128,6 +128,23 @@ class DeviceOps(MoeOps, ABC):
         for out, w in pairs:
             self.matmul(out, x, w)
 
+    def rope_store(self, cache: DeviceTensor, x: DeviceTensor, pos: DeviceTensor, cells: DeviceTensor,
+                   head_dim: int, n_rot: int, freq_base: float, freq_scale: float, mode: int,
+                   freq_factors: DeviceTensor | None = None, ext_factor: float = 0.0, attn_factor: float = 1.0,
+                   beta_fast: float = 32.0, beta_slow: float = 1.0, n_ctx_orig: int = 0) -> None:
+        """``cache[cells[i], :] = rope(x, pos)[i, :]``: :meth:`rope` of ``x`` (f32 [n, n_kv_dim]) by
+        ``pos``, then :meth:`kv_store` of the result in rows ``cells`` (I32 [n]) of ``cache``; the
+        stored values are exactly those two ops' (llama.cpp's backends fuse rope and set_rows the
+        same way). ``x`` holds the rotated rows or its input afterwards, as the backend does it
+        (OpenCL: one launch that leaves ``x`` alone); by default the two ops, ``x`` rotated in place.
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: as :meth:`rope` and :meth:`kv_store`.
+        """
+        self.rope(x, x, pos, head_dim, n_rot, freq_base, freq_scale, mode, freq_factors, ext_factor, attn_factor,
+                  beta_fast, beta_slow, n_ctx_orig)
+        self.kv_store(cache, x, cells)
+
 
     def rmsnorm(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor, eps: float) -> None:
         """Per group of ``g`` values of a row: ``out = x / sqrt(mean(x^2) + eps) * w``.

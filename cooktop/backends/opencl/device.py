@@ -56,7 +56,7 @@ from ... import settings
 from ...errors import DeviceError, DeviceOutOfMemoryError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes
 from ..optable import SPECS
-from . import INSTALL_HINT
+from . import INSTALL_HINT, cmdbuf
 from .info import _safe, describe_icds, device_info, empty_platform_hint, launch_shape
 from .programs import (
     FLOAT_TYPES,
@@ -66,8 +66,9 @@ from .programs import (
     clear_cache,
 )
 from .q8 import Q8Shadows
+from .replay import ReplayRecorder
 
-_MATMUL = SPECS["matmul"]
+_MATMUL, _ROPE, _KV_STORE = SPECS["matmul"], SPECS["rope"], SPECS["kv_store"]
 
 _GATING = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}
 
@@ -167,10 +168,12 @@ class OpenCLBackend(Backend):
         return OpenCLDevice(info, dev)
 
 
-class OpenCLDevice(Device):
+class OpenCLDevice(ReplayRecorder, Device):
     """One OpenCL device: a context, one in-order queue, lazily built kernels.
 
     Tensors' handles are ``cl.Buffer`` objects; a ``head`` view shares its root's buffer.
+    Every kernel launch goes through ``_launch`` (:mod:`.replay`: graph scopes are recorded as
+    ``cl_khr_command_buffer`` s and replayed where the driver has the extension).
     """
 
     def __init__(self, info: DeviceInfo, cl_device: Any):
@@ -192,6 +195,15 @@ class OpenCLDevice(Device):
         self.q8 = Q8Shadows(self._alloc)
         self.use_q8 = settings.opencl_q8()
         self.exact_prompt = self.use_q8 and settings.opencl_exact_prompt()
+        #: (n_in, weight serials) -> the launches of matmuls (:meth:`_matmuls_plan`)
+        self._matmuls_plans: dict[tuple, list[tuple]] = {}
+        self._init_replay(*self._replay_api())
+
+    def _replay_api(self) -> tuple[Any, str]:
+        """The command-buffer API for :mod:`.replay` (None and the reason when there is none)."""
+        if not settings.opencl_replay():
+            return None, "COOKTOP_OPENCL_REPLAY=0"
+        return cmdbuf.probe(self.cl_device.platform, self.cl_device)
 
     # -- memory -----------------------------------------------------------
     def _alloc(self, nbytes: int, hostbuf: np.ndarray | None = None, count: bool = True) -> Any:
@@ -234,6 +246,7 @@ class OpenCLDevice(Device):
         if ggml_type is not T.F32 and ggml_type is not T.I32:  # a KV cache of GGML rows, zeroed
             nbytes = shape[0] * row_bytes(ggml_type, shape[1])
             buf = self._alloc(nbytes)
+            self._not_recordable("buffer fill")
             self._cl.enqueue_fill_buffer(self.queue, buf, np.uint8(0), 0, max(nbytes, 4))
             return DeviceTensor(self, buf, shape, ggml_type)
         buf = self._alloc(int(np.prod(shape, dtype=np.int64)) * 4)
@@ -256,8 +269,17 @@ class OpenCLDevice(Device):
         """Wait for every enqueued command (``clFinish``)."""
         self.queue.finish()
 
+    def _release(self, tensors):
+        """Drop the recordings (:mod:`.replay`) that bind a released buffer (the buffers themselves
+        go with their last Python reference)."""
+        self._drop_recordings_using({t.handle.int_ptr for t in tensors if t.handle is not None})
+        gone = {t.serial for t in tensors}
+        for key in [k for k in self._matmuls_plans if not gone.isdisjoint(k[1:])]:
+            del self._matmuls_plans[key]
+
     def close(self):
         try:
+            self._drop_all_recordings()
             self.queue.finish()
         except Exception:  # noqa: BLE001
             pass
@@ -275,55 +297,70 @@ class OpenCLDevice(Device):
         if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8:  # VNNI prompt kernel (module doc)
             slot = self._q8_input(x)
             gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // s.mmq_tn))
-            k.mul_mm_q8(self.queue, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
+            self._launch(k.mul_mm_q8, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1 and k.mul_mv_q8 is not None and self.use_q8:
             slot = self._q8_input(x)
-            k.mul_mv_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
+            self._launch(k.mul_mv_q8, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
                         w.handle, slot.xq, slot.xd, out.handle, n_in, n_out)
         elif n_tok > 1 and k.mul_mvt_q8 is not None and self.exact_prompt:  # the one-token sums, token by token
             slot = self._q8_input(x)
-            k.mul_mvt_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r), -(-n_tok // MVT_TN)), (s.mv_ls, s.mv_r, 1),
+            self._launch(k.mul_mvt_q8, (s.mv_ls, _ceil_to(n_out, s.mv_r), -(-n_tok // MVT_TN)), (s.mv_ls, s.mv_r, 1),
                          w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1:
-            k.mul_mv(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
+            self._launch(k.mul_mv, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
                      w.handle, x.handle, out.handle, n_in, n_out)
         else:
             gsize = (_ceil_to(-(-n_out // s.mm_r), s.mm_tm), (n_tok + s.mm_tn - 1) // s.mm_tn)
-            k.mul_mm(self.queue, gsize, (s.mm_tm, 1), w.handle, x.handle, out.handle, n_in, n_out, n_tok)
+            self._launch(k.mul_mm, gsize, (s.mm_tm, 1), w.handle, x.handle, out.handle, n_in, n_out, n_tok)
 
     def matmuls(self, x, *pairs):
         """:meth:`~cooktop.backends.ops.DeviceOps.matmuls`: for one token, the weights of each type
         with an 8-bit mat-vec (2 or 3 of them: Q/K/V, gate/up; Q and K alone where V has another
         type, as in Q4_K_M) run in one ``mul_mv_q8_3`` launch, each row with ``mul_mv_q8``'s sums;
         the others, and prompts, one matmul each. Every pair is checked before anything runs."""
-        if (len(pairs) < 2 or x.shape[0] != 1 or not self.use_q8 or x.chunks is not None
-                or any(t.chunks is not None for pair in pairs for t in pair)):
+        if len(pairs) < 2 or x.shape[0] != 1 or not self.use_q8 or x.chunks is not None or any(
+                out.chunks is not None or w.chunks is not None for out, w in pairs):
             super().matmuls(x, *pairs)  # chunked tensors: matmul runs per part
             return
         for out, w in pairs:
             _MATMUL.check(self, out, x, w)
-        groups: dict[T, list[tuple[DeviceTensor, DeviceTensor]]] = {}
-        for out, w in pairs:
-            groups.setdefault(w.ggml_type, []).append((out, w))
-        for t, group in groups.items():
-            if t in Q8_TYPES and 1 < len(group) <= 3:
-                self._mv_q8_3(x, t, group)
-            else:
-                for out, w in group:
-                    self._matmul(out, x, w)
+        key = (x.shape[1],) + tuple(w.serial for _, w in pairs)
+        plan = self._matmuls_plans.get(key)
+        if plan is None:  # worked out once per weight tuple (weights never change)
+            plan = self._matmuls_plans[key] = self._matmuls_plan(x, pairs)
+        for step in plan:
+            if step[0] is None:
+                out, w = pairs[step[1]]
+                self._matmul(out, x, w)
+                continue
+            knl, gsize, lsize, idx, n, hw = step
+            ho = [pairs[i][0].handle for i in idx]
+            for h in ho:
+                self.q8.dirty(h)
+            slot = self._q8_input(x)
+            ho += [ho[-1]] * (3 - len(ho))
+            self._launch(knl, gsize, lsize, *hw, slot.xq, slot.xd, *ho, x.shape[1], *n)
 
-    def _mv_q8_3(self, x, t, group):
-        ws, outs = [w for _, w in group], [o for o, _ in group]
-        k = self.kernels.weights(t, self.kernels.repacks(t, ws[0].shape))
-        for o in outs:
-            self.q8.dirty(o.handle)
-        slot = self._q8_input(x)
-        n = [w.shape[0] for w in ws] + [0] * (3 - len(ws))
-        hw = [w.handle for w in ws] + [ws[-1].handle] * (3 - len(ws))
-        ho = [o.handle for o in outs] + [outs[-1].handle] * (3 - len(outs))
+    def _matmuls_plan(self, x, pairs) -> list[tuple]:
+        """The launches of :meth:`matmuls` for these weights: ``(kernel, global, local, pair
+        indices, rows per matrix (3), weight handles (3))`` per ``mul_mv_q8_3`` group (2-3 weights
+        of one type with an 8-bit mat-vec), ``(None, index)`` per pair that runs as a matmul."""
+        groups: dict[T, list[int]] = {}
+        for i, (_, w) in enumerate(pairs):
+            groups.setdefault(w.ggml_type, []).append(i)
         s = self.shape
-        k.mul_mv_q8_3(self.queue, (s.mv_ls, _ceil_to(sum(n), s.mv_r)), (s.mv_ls, s.mv_r), *hw, slot.xq, slot.xd,
-                      *ho, x.shape[1], *n)
+        plan: list[tuple] = []
+        for t, idx in groups.items():
+            if t in Q8_TYPES and 1 < len(idx) <= 3:
+                ws = [pairs[i][1] for i in idx]
+                k = self.kernels.weights(t, self.kernels.repacks(t, ws[0].shape))
+                n = tuple(w.shape[0] for w in ws) + (0,) * (3 - len(ws))
+                hw = tuple(w.handle for w in ws) + (ws[-1].handle,) * (3 - len(ws))
+                plan.append((k.mul_mv_q8_3, (s.mv_ls, _ceil_to(sum(n), s.mv_r)), (s.mv_ls, s.mv_r), tuple(idx), n,
+                             hw))
+            else:
+                plan += [(None, i) for i in idx]
+        return plan
 
     def _get_rows(self, out, table, ids):
         n_ids = ids.shape[0]
@@ -331,7 +368,7 @@ class OpenCLDevice(Device):
         k = self.kernels.weights(table.ggml_type, self.kernels.repacks(table.ggml_type, table.shape))
         self.q8.dirty(out.handle)
         nu = n // 32 + (1 if table.ggml_type in FLOAT_TYPES else 0)
-        k.get_rows(self.queue, (nu, n_ids), None, table.handle, ids.handle, out.handle, n, n_rows, n_ids)
+        self._launch(k.get_rows, (nu, n_ids), None, table.handle, ids.handle, out.handle, n, n_rows, n_ids)
 
     def _rmsnorm(self, out, x, w, eps):
         n_rows, width = x.shape
@@ -339,11 +376,11 @@ class OpenCLDevice(Device):
         ls = self.shape.rn_ls
         if g == width and self._fuse_q8(n_rows, width):  # the next matmul's 8-bit input in the same kernel
             slot = self.q8.claim(out.handle, n_rows, width)
-            self.kernels.ops().rmsnorm_q8(self.queue, (ls, n_rows), (ls, 1), out.handle, x.handle, w.handle, width,
+            self._launch(self.kernels.ops().rmsnorm_q8, (ls, n_rows), (ls, 1), out.handle, x.handle, w.handle, width,
                                           eps, slot.xq, slot.xd)
             return
         self.q8.dirty(out.handle)
-        self.kernels.ops().rmsnorm(self.queue, (ls, n_rows * (width // g)), (ls, 1), out.handle, x.handle,
+        self._launch(self.kernels.ops().rmsnorm, (ls, n_rows * (width // g)), (ls, 1), out.handle, x.handle,
                                    w.handle, g, eps)
 
     def _rope(self, out, x, pos, head_dim, n_rot, freq_base, freq_scale, mode, freq_factors,
@@ -353,7 +390,7 @@ class OpenCLDevice(Device):
                                                 beta_fast, beta_slow, n_ctx_orig)
         ff = freq_factors.handle if freq_factors is not None else x.handle  # not read without factors
         self.q8.dirty(out.handle)
-        self.kernels.ops().rope(self.queue, (head_dim // 2, n_tok), None, out.handle, x.handle, pos.handle,
+        self._launch(self.kernels.ops().rope, (head_dim // 2, n_tok), None, out.handle, x.handle, pos.handle,
                                 head_dim, n_rot, freq_base, freq_scale, mode, width // head_dim,
                                 ff, int(freq_factors is not None), ext_factor, mscale, corr0, corr1)
 
@@ -362,11 +399,33 @@ class OpenCLDevice(Device):
         self.q8.dirty(cache.handle)
         if cache.ggml_type is not T.F32:  # kv_store.cl: rounded or quantized as it is written
             units = dim if cache.ggml_type in (T.F16, T.BF16) else dim // 32
-            self.kernels.kv_store(cache.ggml_type)(self.queue, (_ceil_to(units, 16), n_tok), (16, 1),
+            self._launch(self.kernels.kv_store(cache.ggml_type), (_ceil_to(units, 16), n_tok), (16, 1),
                                                    cache.handle, x.handle, pos.handle, dim, cache.shape[0])
             return
-        self.kernels.ops().kv_store(self.queue, (_ceil_to(dim, 16), n_tok), (16, 1),
+        self._launch(self.kernels.ops().kv_store, (_ceil_to(dim, 16), n_tok), (16, 1),
                                     cache.handle, x.handle, pos.handle, dim, cache.shape[0])
+
+    def rope_store(self, cache, x, pos, cells, head_dim, n_rot, freq_base, freq_scale, mode, freq_factors=None,
+                   ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0, n_ctx_orig=0):
+        """:meth:`~cooktop.backends.ops.DeviceOps.rope_store` in one launch (``kv_store.cl``
+        ``rope_store``: rope's arithmetic, the cache type's store; ``x`` is not written)."""
+        if mode not in (0, 2) or x.chunks is not None or cache.chunks is not None:
+            super().rope_store(cache, x, pos, cells, head_dim, n_rot, freq_base, freq_scale, mode, freq_factors,
+                               ext_factor, attn_factor, beta_fast, beta_slow, n_ctx_orig)
+            return
+        _ROPE.check(self, x, x, pos, freq_factors, head_dim=head_dim, n_rot=n_rot)
+        _KV_STORE.check(self, cache, x, cells)
+        n_tok, dim = x.shape
+        corr0, corr1, mscale = rope_yarn_params(n_rot, float(freq_base), float(freq_scale), float(ext_factor),
+                                                float(attn_factor), float(beta_fast), float(beta_slow),
+                                                int(n_ctx_orig))
+        ff = freq_factors.handle if freq_factors is not None else x.handle  # not read without factors
+        units = head_dim // 2 if cache.ggml_type in (T.F32, T.F16, T.BF16) else dim // 32  # see the kernel
+        self.q8.dirty(cache.handle)
+        self._launch(self.kernels.rope_store(cache.ggml_type), (_ceil_to(units, 16), n_tok), (16, 1), cache.handle,
+                     x.handle, pos.handle, cells.handle, dim, cache.shape[0], head_dim, n_rot, float(freq_base),
+                     float(freq_scale), mode, ff, int(freq_factors is not None), float(ext_factor), mscale, corr0,
+                     corr1)
 
     def _gqa_group(self, n_head: int, n_head_kv: int, n_tok: int) -> int:
         """The GQA group size the serial attention runs per work-item (0: one query head each): the
@@ -394,21 +453,21 @@ class OpenCLDevice(Device):
         if self.shape.at_serial and head_dim % 32 == 0 and self._fuse_q8(n_tok, width):
             slot = self.q8.claim(out.handle, n_tok, width)  # the output projection's 8-bit input
             knl = self.kernels.attention(head_dim, True, has_sinks, kt, vt, group)
-            knl(self.queue, units, (1, 1), *args, slot.xq, slot.xd)
+            self._launch(knl, units, (1, 1), *args, slot.xq, slot.xd)
             return
         knl = self.kernels.attention(head_dim, False, has_sinks, kt, vt, group)
         self.q8.dirty(out.handle)
         if self.shape.at_serial:
-            knl(self.queue, units, (1, 1), *args)  # many groups: all cores busy
+            self._launch(knl, units, (1, 1), *args)  # many groups: all cores busy
         else:
             ls = self.shape.at_ls
-            knl(self.queue, (ls, n_head, n_tok), (ls, 1, 1), *args)
+            self._launch(knl, (ls, n_head, n_tok), (ls, 1, 1), *args)
 
     # -- mixture of experts (kernels in matmul.cl mul_mv_id and elementwise.cl) ---------
     def _moe_route(self, ids, weights, logits, gating, norm, scale):
         n, n_expert = logits.shape
         self.q8.dirty(weights.handle)
-        self.kernels.ops().moe_route(self.queue, (n,), None, ids.handle, weights.handle, logits.handle, n_expert,
+        self._launch(self.kernels.ops().moe_route, (n,), None, ids.handle, weights.handle, logits.handle, n_expert,
                                      ids.shape[1], _GATING[gating], int(norm), scale, n)
 
     def _matmul_id(self, out, x, w, ids):
@@ -420,12 +479,12 @@ class OpenCLDevice(Device):
         kern = self.kernels.weights(w.ggml_type, False)  # expert tensors are never repacked (3-D)
         per_slot = int(x.shape[1] != n_in)
         if n == 1:
-            kern.mul_mv_id(self.queue, (n_out, n * k), None, w.handle, x.handle, ids.handle, out.handle, n_in, n_out,
+            self._launch(kern.mul_mv_id, (n_out, n * k), None, w.handle, x.handle, ids.handle, out.handle, n_in, n_out,
                            k, per_slot, n_exp)
             return
         offs, order = self._moe_group_buffers(n_exp, n * k)
-        self.kernels.ops().moe_group(self.queue, (1,), None, ids.handle, offs, order, n * k, n_exp)
-        kern.mul_mm_id(self.queue, (n_out, n_exp), None, w.handle, x.handle, offs, order, out.handle, n_in, n_out, k,
+        self._launch(self.kernels.ops().moe_group, (1,), None, ids.handle, offs, order, n * k, n_exp)
+        self._launch(kern.mul_mm_id, (n_out, n_exp), None, w.handle, x.handle, offs, order, out.handle, n_in, n_out, k,
                        per_slot)
 
     def _moe_group_buffers(self, n_expert: int, n_slots: int) -> tuple[Any, Any]:
@@ -441,33 +500,33 @@ class OpenCLDevice(Device):
         n, k = ids.shape
         n_exp, m = b.shape
         self.q8.dirty(out.handle)
-        self.kernels.ops().add_id(self.queue, (k * m, n), None, out.handle, x.handle, b.handle, ids.handle, k, m,
+        self._launch(self.kernels.ops().add_id, (k * m, n), None, out.handle, x.handle, b.handle, ids.handle, k, m,
                                   n_exp)
 
     def _moe_combine(self, out, y, weights):
         n, m = out.shape
         self.q8.dirty(out.handle)
-        self.kernels.ops().moe_combine(self.queue, (m, n), None, out.handle, y.handle, weights.handle,
+        self._launch(self.kernels.ops().moe_combine, (m, n), None, out.handle, y.handle, weights.handle,
                                        weights.shape[1], m)
 
     def _swiglu_oai(self, out, gate, up, alpha, limit):
         n = math.prod(out.shape)
         ls = self.shape.ew_ls
         self.q8.dirty(out.handle)
-        self.kernels.ops().swiglu_oai(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, gate.handle, up.handle, n,
+        self._launch(self.kernels.ops().swiglu_oai, (_ceil_to(n, ls),), (ls,), out.handle, gate.handle, up.handle, n,
                                       alpha, limit)
 
     def _elementwise(self, knl, out, a, b):
         n = math.prod(out.shape)
         ls = self.shape.ew_ls
         self.q8.dirty(out.handle)
-        knl(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, a.handle, b.handle, n)
+        self._launch(knl, (_ceil_to(n, ls),), (ls,), out.handle, a.handle, b.handle, n)
 
     def _silu_mul(self, out, gate, up):
         n_rows, n = out.shape
         if self._fuse_q8(n_rows, n):  # the down projection's 8-bit input in the same kernel
             slot = self.q8.claim(out.handle, n_rows, n)
-            self.kernels.ops().silu_mul_q8(self.queue, (n // 32, n_rows), None, out.handle, gate.handle, up.handle,
+            self._launch(self.kernels.ops().silu_mul_q8, (n // 32, n_rows), None, out.handle, gate.handle, up.handle,
                                            n, slot.xq, slot.xd)
             return
         self._elementwise(self.kernels.ops().silu_mul, out, gate, up)
@@ -482,7 +541,7 @@ class OpenCLDevice(Device):
         n = math.prod(out.shape)
         ls = self.shape.ew_ls
         self.q8.dirty(out.handle)
-        self.kernels.ops().add_bias(self.queue, (_ceil_to(n, ls),), (ls,), out.handle, x.handle, b.handle, n,
+        self._launch(self.kernels.ops().add_bias, (_ceil_to(n, ls),), (ls,), out.handle, x.handle, b.handle, n,
                                     b.shape[0])
 
     def _copy(self, out, x):
@@ -492,14 +551,16 @@ class OpenCLDevice(Device):
         self.q8.dirty(out.handle)
         n = math.prod(x.shape)
         if self.info.device_type == "cpu" and n < 2 ** 31:
-            self.kernels.ops().copy_f32(self.queue, (-(-n // 256),), None, out.handle, x.handle, n)
+            self._launch(self.kernels.ops().copy_f32, (-(-n // 256),), None, out.handle, x.handle, n)
         else:
+            self._not_recordable("buffer copy")
             self._cl.enqueue_copy(self.queue, out.handle, x.handle, byte_count=n * 4)
 
     def _copy_rect(self, dst, dst_row, dst_col, src, src_row, src_col, n_rows, n_cols):
         """``clEnqueueCopyBufferRect`` (no kernel; :meth:`Device._copy_rect
         <cooktop.backends.base.Device._copy_rect>`): rows of 4-byte values, pitches the tensors' widths."""
         self.q8.dirty(dst.handle)
+        self._not_recordable("rectangle copy")
         self._cl.enqueue_copy(self.queue, dst.handle, src.handle, src_origin=(4 * src_col, src_row, 0),
                               dst_origin=(4 * dst_col, dst_row, 0), region=(4 * n_cols, n_rows, 1),
                               src_pitches=(4 * src.shape[-1], 0), dst_pitches=(4 * dst.shape[-1], 0))
@@ -539,5 +600,5 @@ class OpenCLDevice(Device):
         slot = self.q8.lookup(x.handle, n, n_in)
         if slot is None:
             slot = self.q8.claim(x.handle, n, n_in)
-            self.kernels.ops().quantize_q8(self.queue, (n_in // 32, n), None, x.handle, slot.xq, slot.xd, n_in)
+            self._launch(self.kernels.ops().quantize_q8, (n_in // 32, n), None, x.handle, slot.xq, slot.xd, n_in)
         return slot

@@ -129,7 +129,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "weights": ("dequant.cl", "dotq8.cl", "matmul.cl", "mmq8.cl"),
     "attention": ("kv.cl", "attention.cl"),
     "attention_q8": ("quant.cl", "kv.cl", "attention.cl"),
-    "kv_store": ("kv.cl", "kv_store.cl"),
+    "kv_store": ("kv.cl", "rope.cl", "kv_store.cl"),
 }
 
 #: The KV cache types kv.cl reads and kv_store.cl writes (``DeviceInfo.kv_types``).
@@ -422,7 +422,7 @@ class KernelCache:
         self._isa: dict[str, bool] | None = None
         self._ops: OpKernels | None = None
         self._attn: dict[tuple[int, bool, bool, int, int, int], Any] = {}
-        self._kv_store: dict[int, Any] = {}
+        self._kv_store: dict[int, tuple[Any, Any]] = {}
         self._lock = threading.Lock()
 
     def _estimate_subgroup(self, knl: Any) -> None:
@@ -569,13 +569,25 @@ class KernelCache:
     def kv_store(self, kt: T) -> Any:
         """kv_store.cl's ``kv_store_t`` writing a cache of type ``kt`` (built on first use, without
         -cl-mad-enable: ggml's reference rounding, see the kernel)."""
+        return self._kv_store_program(kt)[0]
+
+    def rope_store(self, kt: T) -> Any:
+        """kv_store.cl's ``rope_store`` (rope, then the store of ``kv_store_t``, in one launch) for a
+        cache of type ``kt`` (any of :data:`OPENCL_KV_TYPES`; the program of :meth:`kv_store`)."""
+        return self._kv_store_program(kt)[1]
+
+    def _kv_store_program(self, kt: T) -> tuple[Any, Any]:
         k = self._kv_store.get(int(kt))
         if k is None:
             with self._lock:
                 opts = self.options.replace("-cl-mad-enable", "").strip() + f" -DKTYPE={int(kt)}"
                 prg = build_program(self.ctx, self.device, read_source(*PROGRAMS["kv_store"]), opts,
                                     f"kv_store ({kt.name})", self._label)
-                k = prg.kv_store_t
-                k.set_scalar_arg_dtypes([None, None, None, np.int32, np.int32])
-                self._kv_store[int(kt)] = k
+                i32, f32 = np.int32, np.float32
+                store = prg.kv_store_t
+                store.set_scalar_arg_dtypes([None, None, None, i32, i32])
+                rope = prg.rope_store
+                rope.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32, i32, f32, f32, i32, None, i32,
+                                            f32, f32, f32, f32])
+                k = self._kv_store[int(kt)] = (store, rope)
         return k

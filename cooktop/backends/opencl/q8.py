@@ -93,3 +93,8 @@ class Q8Shadows:
     def clear(self) -> None:
         """Drop every slot and its buffers."""
         self._slots = []
+
+    def forget_all(self) -> None:
+        """Forget every copy (every buffer may have been written), keeping the slots' buffers."""
+        for s in self._slots:
+            s.owner, s.rows = 0, 0

@@ -145,13 +145,19 @@ class KV:
     n_ctx: int = 0
 
     def attend(self, d: Device, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
-               n_head: int, n_head_kv: int, scale: float, window: int = 0, sinks: DeviceTensor | None = None) -> None:
-        """Store the rows' ``k``, ``v`` (f32 [n, n_embd_kv]) in their cells, then
+               n_head: int, n_head_kv: int, scale: float, window: int = 0, sinks: DeviceTensor | None = None,
+               k_rope: dict[str, Any] | None = None) -> None:
+        """Store the rows' ``k``, ``v`` (f32 [n, n_embd_kv]) in their cells (``k_rope``: the
+        ``Device.rope`` keyword arguments ``k`` is first rotated with, by ``pos``, in the same op:
+        ``Device.rope_store``; ``k`` is left unspecified then), then
         ``out f32 [n, n_head * head_dim] = attention(q)`` over each row's own sequence
         (causal, GQA, ``window`` > 0: sliding window; ops ``kv_store`` and ``attention``, or
         ``attention_sinks`` with ``sinks`` f32 [n_head]: one extra logit per head in the softmax,
         gpt-oss, llama.cpp ``build_attn`` with ``sinks``)."""
-        d.kv_store(self.k, k, self.cells)
+        if k_rope is not None:
+            d.rope_store(self.k, k, self.pos, self.cells, **k_rope)
+        else:
+            d.kv_store(self.k, k, self.cells)
         d.kv_store(self.v, v, self.cells)
         if sinks is not None:
             d.attention_sinks(out, q, self.k, self.v, self.cells, sinks, n_head, n_head_kv, scale, window,

@@ -128,6 +128,8 @@ def build_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: 
                                                            [sinks: attn_sinks (gpt-oss)]
         o = a @ Wo^T [+ bo]                                                               (gpt-oss)
 
+    rope(k) and its store are one op (``Device.rope_store``, one launch on OpenCL).
+
     (llama.cpp: ``build_qkv``, ``ggml_rope_ext`` and ``build_attn`` of src/models/llama.cpp,
     qwen3.cpp, gemma3.cpp, openai-moe.cpp.) ``kv`` holds the rows' positions and this block's cache; the cells
     ``kv.cells`` are written.
@@ -140,10 +142,9 @@ def build_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: 
         build_norm(d, cfg, k, k, w["attn_k_norm"])
     rope, ff = rope_args(cfg, il), rope_factors(cfg, w, kv.n_ctx)
     d.rope(q, q, kv.pos, **rope, freq_factors=ff)
-    d.rope(k, k, kv.pos, **rope, freq_factors=ff)
     scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
     kv.attend(d, s.att, q, k, v, cfg.n_head, cfg.n_head_kv, scale, cfg.n_swa if is_swa(cfg, il) else 0,
-              sinks=w.get("attn_sinks"))
+              sinks=w.get("attn_sinks"), k_rope={**rope, "freq_factors": ff})
     d.matmul(s.o, s.att, w["attn_output"])
     if "attn_output.bias" in w:
         d.add_bias(s.o, s.o, w["attn_output.bias"])

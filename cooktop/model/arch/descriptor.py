@@ -36,8 +36,9 @@ NormFn = Callable[[Device, ModelConfig, Weights, DeviceTensor, DeviceTensor], No
 HeadFn = Callable[[Device, ModelConfig, Weights, DeviceTensor, DeviceTensor], None]
 
 
-#: Device methods made of one op of the table, noted as that op (``Device.matmuls``: matmuls of one input).
-_COMPOSITE = {"matmuls": "matmul"}
+#: Device methods made of ops of the table, noted as those ops (``Device.matmuls``: matmuls of one
+#: input; ``Device.rope_store``: rope, then kv_store).
+_COMPOSITE: dict[str, tuple[str, ...]] = {"matmuls": ("matmul",), "rope_store": ("rope", "kv_store")}
 
 
 class OpRecorder:
@@ -56,10 +57,11 @@ class OpRecorder:
     def __getattr__(self, op: str) -> Callable[..., None]:
         if op.startswith("_"):
             raise AttributeError(op)
-        op = _COMPOSITE.get(op, op)
+        names = _COMPOSITE.get(op, (op,))
 
         def record(*args: Any, **kwargs: Any) -> None:
-            self._seen[op] = None
+            for name in names:
+                self._seen[name] = None
 
         return record
 
