@@ -274,6 +274,10 @@ def test_overload_is_503(stories, server_deps):
                     raise AssertionError(f"second request answered {busy.status_code} while the first stream "
                                          f"should run; its first line {first[:300]!r}, then {rest!r}")
                 assert "overloaded" in busy.json()["error"]["message"]
+                slots = c.get("/slots").json()
+                assert len(slots) == 1 and slots[0]["is_processing"] is True
+                none_idle = c.get("/slots", params={"fail_on_no_slot": 1})
+                assert none_idle.status_code == 503 and "no slot available" in none_idle.json()["error"]["message"]
     finally:
         s.stop()
 
@@ -338,3 +342,21 @@ def test_load_32_concurrent_streams(srv, http):
         assert text == expected[p], p
         assert n >= 2
     assert srv.state.scheduler.driver.stats.max_seqs == 2  # both slots decoded in shared forward passes
+
+
+def test_slots_endpoint(srv, http):
+    """GET /slots as llama-server's: one record per slot; the slot of the last request holds its
+    prompt and what it generated; --no-slots answers 501."""
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0}).json()
+    recs = http.get("/slots").json()
+    assert [s["id"] for s in recs] == [0, 1]
+    assert all(s["n_ctx"] == 256 and s["is_processing"] is False and s["speculative"] is False for s in recs)
+    last = max((s for s in recs if "id_task" in s), key=lambda s: s["id_task"])
+    usage = r["usage"]  # the last sampled token is not evaluated yet: the slot holds one less
+    assert last["n_prompt_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] - 1
+    srv.state.config.endpoint_slots = False
+    try:
+        off = http.get("/slots")
+    finally:
+        srv.state.config.endpoint_slots = True
+    assert off.status_code == 501 and "--slots" in off.json()["error"]["message"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,7 +60,10 @@ class Job:
         cancelled: set by :meth:`cancel`; the worker stops the job at its next step.
         cache_prompt: False (llama-server's request field): each generation evaluates its whole
             prompt instead of reusing what its slot holds.
+        id: the task id ``/slots`` reports (``id_task``), counted from 0 per process.
     """
+
+    _ids = itertools.count()
 
     def __init__(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop,
                  cache_prompt: bool = True):
@@ -67,6 +71,7 @@ class Job:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.submitted = time.perf_counter()
+        self.id = next(Job._ids)
 
     def post(self, kind: str, payload: Any = None) -> None:
         """Hand an event to the event loop (dropped when the loop is gone)."""
@@ -92,12 +97,14 @@ class Job:
 
 @dataclasses.dataclass
 class Slot:
-    """A sequence (KV cells) for one running job at a time; keeps its tokens when freed (prefix reuse)."""
+    """A sequence (KV cells) for one running job at a time; keeps its tokens when freed (prefix reuse).
+    ``id_task``: the id of the job it runs or last ran (None: never used)."""
 
     id: int
     seq: Any
     job: Job | None = None
     last_used: int = 0
+    id_task: int | None = None
 
 
 @dataclasses.dataclass
@@ -171,6 +178,25 @@ class Scheduler:
             return self.driver.tokens_per_second()
         m = self.metrics
         return m.tokens_predicted_total / m.busy_seconds_total if m.busy_seconds_total > 0 else 0.0
+
+    def slots_info(self, n_ctx: int, speculative: bool) -> tuple[list[dict[str, Any]], int]:
+        """llama-server's ``GET /slots`` records and the number of idle slots.
+
+        Each record: ``id``, ``n_ctx`` (``n_ctx`` tokens per slot), ``speculative``, ``is_processing``
+        and, once the slot has run a job, ``id_task`` and ``n_prompt_tokens`` (tokens its cache
+        holds: prompt and generated so far, as llama-server's ``prompt.tokens``); llama-server
+        tools/server/server-context.cpp ``server_slot::to_json`` with metrics only.
+        """
+        with self._cv:
+            out = []
+            for s in self.slots:
+                rec: dict[str, Any] = {"id": s.id, "n_ctx": n_ctx, "speculative": speculative,
+                                       "is_processing": s.job is not None}
+                if s.id_task is not None:
+                    rec["id_task"] = s.id_task
+                    rec["n_prompt_tokens"] = len(s.seq.tokens)
+                out.append(rec)
+            return out, sum(1 for s in self.slots if s.job is None)
 
     def submit(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop,
                cache_prompt: bool = True) -> Job:
@@ -281,7 +307,7 @@ class Scheduler:
             if best.seq.common_prefix(prompt) < SLOT_PROMPT_SIMILARITY * len(prompt):
                 best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
             self._tick += 1
-            best.job, best.last_used = job, self._tick
+            best.job, best.last_used, best.id_task = job, self._tick, job.id
             if not job.cache_prompt:
                 best.seq.reset()
             return best.seq
