@@ -360,3 +360,18 @@ def test_slots_endpoint(srv, http):
     finally:
         srv.state.config.endpoint_slots = True
     assert off.status_code == 501 and "--slots" in off.json()["error"]["message"]
+
+
+def test_timings_as_llama_server(http):
+    """Each answer carries llama-server's ``timings`` (the last stream chunk too); no draft counts
+    without speculative decoding."""
+    r = http.post("/v1/completions", json={"prompt": PROMPT + " there", "max_tokens": 5, "temperature": 0,
+                                           "cache_prompt": False}).json()
+    t = r["timings"]
+    assert t["prompt_n"] == r["usage"]["prompt_tokens"] and t["cache_n"] == 0
+    assert t["predicted_n"] == r["usage"]["completion_tokens"] == 5 and t["predicted_ms"] > 0
+    assert t["predicted_per_second"] == pytest.approx(1e3 * 5 / t["predicted_ms"]) and "draft_n" not in t
+    with http.stream("POST", "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "stream": True}) as s:
+        chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+    assert "timings" in chunks[-1] and chunks[-1]["timings"]["predicted_n"] == 3
+    assert not any("timings" in c for c in chunks[:-1])
