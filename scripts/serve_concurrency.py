@@ -90,11 +90,15 @@ def measure_server(base: str, prompts: list[str], n: int, stagger: float = 0.0, 
     answers equal their alone text; request ``i`` of the concurrent run starts ``i * stagger`` s in
     (so later prompts are read while earlier requests decode: mixed batches). ``cache_prompt``
     False (llama-server's request field) makes every request read its whole prompt again."""
+    read: list[int] = []  # prompt tokens each concurrent request evaluated (llama-server's timings.prompt_n)
+
     def ask(p: str) -> str:
         r = httpx.post(base + "/v1/completions", timeout=900,
                        json={"prompt": p, "max_tokens": n, "temperature": 0, "cache_prompt": cache_prompt})
         r.raise_for_status()
-        return r.json()["choices"][0]["text"]
+        body = r.json()
+        read.append(int((body.get("timings") or {}).get("prompt_n", -1)))
+        return body["choices"][0]["text"]
 
     ask(prompts[0])  # warm-up (kernels built, caches touched)
     t0 = time.perf_counter()
@@ -104,12 +108,14 @@ def measure_server(base: str, prompts: list[str], n: int, stagger: float = 0.0, 
         time.sleep(i * stagger)
         return ask(prompts[i])
 
+    read.clear()
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
         t0 = time.perf_counter()
         together = list(ex.map(later, range(len(prompts))))
         t_conc = time.perf_counter() - t0
     return {"sequential_s": round(t_seq, 3), "concurrent_s": round(t_conc, 3),
             "equal": sum(a == b for a, b in zip(alone, together)), "n": len(prompts),
+            "prompt_tokens_read_concurrent": sum(read),
             "differing": [i for i, (a, b) in enumerate(zip(alone, together)) if a != b]}
 
 
@@ -230,12 +236,14 @@ def main() -> int:
     if a.vs_llama_cpp:
         report["llama.cpp"] = run_llama_server(a, prompts) if a.llama_server else run_llama_cpp_batched(a, prompts)
     print(json.dumps(report, indent=1))
-    print("| server | sequential | concurrent | speed-up | equal to alone | load before / after |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("| server | sequential | concurrent | speed-up | equal to alone | prompt tokens read (concurrent) "
+          "| load before / after |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for name, r in report.items():
         if isinstance(r, dict):
             print(f"| {name} | {r['sequential_s']:.2f} s | {r['concurrent_s']:.2f} s | "
                   f"{r['sequential_s'] / r['concurrent_s']:.2f}x | {r['equal']} / {r['n']} | "
+                  f"{r.get('prompt_tokens_read_concurrent', '')} | "
                   f"{r.get('load_before', '')} / {r.get('load_after', '')} |")
     return 0
 

@@ -375,3 +375,65 @@ def test_timings_as_llama_server(http):
         chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
     assert "timings" in chunks[-1] and chunks[-1]["timings"]["predicted_n"] == 3
     assert not any("timings" in c for c in chunks[:-1])
+
+
+class _Seq:
+    """A stand-in slot sequence (tokens and prefix only) for the slot-choice rules."""
+
+    def __init__(self, cache, model, i):
+        self.cache, self.model, self.seq_id, self.tokens, self.driver = cache, model, i, [], None
+
+    def common_prefix(self, prompt):
+        n = 0
+        for a, b in zip(self.tokens, prompt):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def reset(self):
+        self.tokens = []
+
+    def close(self):
+        pass
+
+
+def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
+    """A prompt sharing a prefix with a free slot reuses it (in place) only when that keeps half its
+    cache or no slot is empty: prompts with one system prompt get their own slots (as llama-server
+    keeps the evicted one in its RAM prompt cache); a continued prompt stays on its slot."""
+    import asyncio
+    import types
+
+    from cooktop.server.slots import Job, Scheduler
+
+    class Engine:
+        model = types.SimpleNamespace(n_batch=8)
+        seq = None
+
+        def new_sequences(self, n):
+            cache = object()
+            return [_Seq(cache, self.model, i) for i in range(n)]
+
+    loop = asyncio.new_event_loop()
+    sched = Scheduler(types.SimpleNamespace(_engine=Engine()), n_parallel=3)
+    try:
+        def run(prompt, generated=(9, 9, 9, 9, 9, 9)):
+            job = Job(lambda llm: iter(()), loop)
+            seq = sched._choose(job, prompt)
+            seq.tokens = list(prompt) + list(generated)
+            for s in sched.slots:
+                if s.job is job:
+                    s.job = None
+            return seq.seq_id
+
+        system = [1, 2, 3, 4]
+        a = run(system + [10, 11, 12])
+        assert run(system + [20, 21, 22]) != a  # would discard 9 of slot a's 13 tokens: the empty slot
+        assert run(system + [10, 11, 12, 9, 9, 9, 9, 9, 9, 30]) == a  # a continuation: in place
+        third = run(system + [40])
+        assert len({a, third}) == 2
+        assert run(system + [50, 51, 52]) in range(3)  # no slot empty: the longest prefix, in place
+    finally:
+        sched.close()
+        loop.close()

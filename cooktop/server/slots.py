@@ -8,7 +8,9 @@ of one shared KV cache, :meth:`Engine.new_sequences
 job and runs it; when the job starts a generation, it gets the free slot whose
 cached tokens share the longest prefix with its prompt (llama-server's prompt
 cache: a repeated system prompt or a continued conversation is not evaluated
-again; ``usage.prompt_tokens_details.cached_tokens`` reports it), else the
+again; ``usage.prompt_tokens_details.cached_tokens`` reports it), except that a
+slot whose cache would mostly be discarded is left alone while an empty slot is
+free (so conversations sharing a system prompt keep their own slots), else the
 least recently used one. Every evaluation goes through one
 :class:`~cooktop.engine.batch.BatchDriver`: a step evaluates one token of every
 decoding slot and chunks of the prompts being read, in one forward pass, so a
@@ -46,6 +48,12 @@ class OverloadedError(CooktopError):
 #: A free slot is chosen for its cached prefix when it covers at least this share of the prompt
 #: (llama-server's ``--slot-prompt-similarity``, default 0.5); otherwise the least recently used one.
 SLOT_PROMPT_SIMILARITY = 0.5
+
+#: A free slot sharing a prefix with the prompt is reused only when that keeps at least this share
+#: of what it caches, or when no slot is empty (llama-server's ``f_keep < 0.5``, below which it
+#: saves the slot to its host-memory prompt cache before overwriting it; here the empty slots are
+#: that cache: distinct prompts sharing a system prompt keep distinct slots).
+SLOT_KEEP = 0.5
 
 #: Kinds of what a job posts: an item, the end, or an error (the exception).
 ITEM, END, ERROR = "item", "end", "error"
@@ -292,8 +300,9 @@ class Scheduler:
     def _choose(self, job: Job, prompt: list[int]) -> Any:
         """The slot sequence a generation of ``job`` runs on: the one it holds, else the free slot
         sharing the longest prefix with ``prompt`` when that prefix is at least
-        :data:`SLOT_PROMPT_SIMILARITY` of the prompt, else the least recently used free slot
-        (so a short unrelated prompt does not evict a long cached one)."""
+        :data:`SLOT_PROMPT_SIMILARITY` of the prompt (and keeps :data:`SLOT_KEEP` of the slot's
+        cache, or no slot is empty: else the first empty slot), else the least recently used free
+        slot (so a short unrelated prompt does not evict a long cached one)."""
         with self._cv:
             for slot in self.slots:
                 if slot.job is job:
@@ -304,8 +313,15 @@ class Scheduler:
             if not free:  # cannot happen: one worker thread per slot, a job holds at most one
                 raise CooktopError("no free slot for this request")
             best = max(free, key=lambda s: (s.seq.common_prefix(prompt), -s.last_used))
-            if best.seq.common_prefix(prompt) < SLOT_PROMPT_SIMILARITY * len(prompt):
+            common = best.seq.common_prefix(prompt)
+            if common < SLOT_PROMPT_SIMILARITY * len(prompt):
                 best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
+            elif common < SLOT_KEEP * len(best.seq.tokens):
+                # reusing it would discard most of another prompt's cache (llama-server saves such a
+                # slot to its RAM prompt cache first): an empty slot keeps both, at the prefix's cost
+                empty = [s for s in free if not s.seq.tokens]
+                if empty:
+                    best = empty[0]
             self._tick += 1
             best.job, best.last_used, best.id_task = job, self._tick, job.id
             if not job.cache_prompt:
