@@ -10,6 +10,7 @@
 #   make bench                      setup, then `cooktop bench`
 #   make llamacpp-vulkan            build llama.cpp's llama-bench with its Vulkan backend (in ../llamacpp-vk)
 #   make bench-vs-vulkan [MODEL=..] cooktop Vulkan vs that llama-bench on lavapipe, back to back, one table
+#   make llamacpp-cpu               build llama.cpp's CPU llama-server + llama-bench (in /tmp/llama-build)
 #   make lint                       ruff (style, imports) and mypy on the package
 #   make fuzz [FUZZ_EXAMPLES=100000] the long fuzz run (GGUF reader, tokenizer; tests/test_fuzz.py)
 # Variables passed on the command line (COOKTOP_EXTRAS=compare, PYTHON=python3.11,
@@ -27,10 +28,10 @@ comma := ,
 
 .DEFAULT_GOAL := help
 .PHONY: help setup setup-compare run test test-vulkan-validation test-opencl-validation shaders bench llamacpp-vulkan bench-vs-vulkan \
-	lint fuzz
+	lint fuzz llamacpp-cpu
 
 help:
-	@sed -n '1,16s/^# \{0,1\}//p' Makefile
+	@sed -n '1,17s/^# \{0,1\}//p' Makefile
 
 setup:
 	bash scripts/setup.sh
@@ -84,6 +85,12 @@ MODEL ?=
 BENCH_VS_ARGS ?= -p 32 -n 8 -r 3
 llamacpp-vulkan:
 	bash scripts/build-llamacpp-vulkan.sh $(LLAMACPP_DIR)
+
+# llama.cpp's CPU llama-server and llama-bench, the baselines of `cooktop bench --vs llama.cpp
+# --llama-bench` and scripts/serve_concurrency.py (scripts/build-llamacpp-cpu.sh, ~10 minutes on 2 cores).
+LLAMACPP_CPU_DIR ?= /tmp/llama-build
+llamacpp-cpu:
+	bash scripts/build-llamacpp-cpu.sh $(LLAMACPP_CPU_DIR)
 
 bench-vs-vulkan: setup
 	@test -x $(LLAMA_BENCH) || { echo "make bench-vs-vulkan: no $(LLAMA_BENCH); run 'make llamacpp-vulkan'" >&2; exit 1; }

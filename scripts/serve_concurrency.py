@@ -8,9 +8,13 @@ llama.cpp in the same run: ``llama-server`` when ``--llama-server PATH`` is give
 llama-cpp-python's low-level batch API driven as llama-server's ``update_slots`` drives it
 (one ``llama_decode`` holding every sequence's prompt, then one per step holding one token of
 every sequence; ``--parallel`` sequences of one unified cache; ``-t`` threads), greedy,
-sequential (one sequence at a time) and concurrent.
+sequential (one sequence at a time) and concurrent. Each server's figures come with the load
+averages before and after its run (the machine may be shared); a last table sums them up.
+``--no-cache-prompt`` sends ``cache_prompt: false`` so the concurrent requests read their
+prompts again instead of finding them in the slots the sequential run left.
 
-    python scripts/serve_concurrency.py -m /tmp/tinyllama-1.1b-Q4_0.gguf --device opencl -np 8 -n 16 --vs-llama-cpp
+    python scripts/serve_concurrency.py -m /tmp/tinyllama-1.1b-Q4_0.gguf --device opencl -np 8 -n 16 \
+        --vs-llama-cpp --llama-server /tmp/llama-build/bin/llama-server -t 2
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -36,7 +43,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_up(base: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+def wait_up(base: str, proc: subprocess.Popen, log: Any, timeout: float = 600) -> None:
+    """Wait for ``/health`` to answer 200; exit with the server's last log lines if it died or timed out."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -45,18 +53,52 @@ def wait_up(base: str, proc: subprocess.Popen, timeout: float = 600) -> None:
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit("the server did not start")
+            log.seek(0)
+            tail = log.read().decode(errors="replace").splitlines()[-8:]
+            raise SystemExit(f"the server did not start ({' '.join(proc.args[:1])}, exit {proc.poll()}):\n"
+                             + "\n".join(tail))
         time.sleep(0.2)
 
 
-def measure_server(base: str, prompts: list[str], n: int, stagger: float = 0.0) -> dict:
+def load() -> str:
+    """The 1/5/15-minute load averages, as ``uptime`` prints them."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def serve(cmd: list[str], port: int, measure: Callable[[str], dict], env: dict | None = None) -> dict:
+    """Start ``cmd`` (a server on 127.0.0.1:``port``), run ``measure(base_url)`` on it, stop it;
+    the result gets the load averages before and after."""
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stderr=log, stdout=log, env=env)
+        try:
+            wait_up(base, proc, log)
+            before = load()
+            out = measure(base)
+            return {**out, "load_before": before, "load_after": load()}
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def measure_server(base: str, prompts: list[str], n: int, stagger: float = 0.0, cache_prompt: bool = True) -> dict:
     """Sequential and concurrent wall times against an OpenAI-style server, and how many concurrent
     answers equal their alone text; request ``i`` of the concurrent run starts ``i * stagger`` s in
-    (so later prompts are read while earlier requests decode: mixed batches)."""
+    (so later prompts are read while earlier requests decode: mixed batches). ``cache_prompt``
+    False (llama-server's request field) makes every request read its whole prompt again."""
+    read: list[int] = []  # prompt tokens each concurrent request evaluated (llama-server's timings.prompt_n)
+
     def ask(p: str) -> str:
-        r = httpx.post(base + "/v1/completions", json={"prompt": p, "max_tokens": n, "temperature": 0}, timeout=900)
+        r = httpx.post(base + "/v1/completions", timeout=900,
+                       json={"prompt": p, "max_tokens": n, "temperature": 0, "cache_prompt": cache_prompt})
         r.raise_for_status()
-        return r.json()["choices"][0]["text"]
+        body = r.json()
+        read.append(int((body.get("timings") or {}).get("prompt_n", -1)))
+        return body["choices"][0]["text"]
 
     ask(prompts[0])  # warm-up (kernels built, caches touched)
     t0 = time.perf_counter()
@@ -66,41 +108,31 @@ def measure_server(base: str, prompts: list[str], n: int, stagger: float = 0.0) 
         time.sleep(i * stagger)
         return ask(prompts[i])
 
+    read.clear()
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
         t0 = time.perf_counter()
         together = list(ex.map(later, range(len(prompts))))
         t_conc = time.perf_counter() - t0
     return {"sequential_s": round(t_seq, 3), "concurrent_s": round(t_conc, 3),
             "equal": sum(a == b for a, b in zip(alone, together)), "n": len(prompts),
+            "prompt_tokens_read_concurrent": sum(read),
             "differing": [i for i, (a, b) in enumerate(zip(alone, together)) if a != b]}
 
 
 def run_cooktop(a: argparse.Namespace, prompts: list[str]) -> dict:
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "cooktop.cli", "serve", "-m", a.model, "--port", str(port), "-np", str(a.parallel),
            "-c", str(a.ctx_size), "--device", a.device, *a.extra]
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=dict(os.environ))
-    try:
-        wait_up(base, proc)
-        return measure_server(base, prompts, a.n_predict, a.stagger)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    return serve(cmd, port, lambda base: measure_server(base, prompts, a.n_predict, a.stagger, a.cache_prompt),
+                 env=dict(os.environ))
 
 
 def run_llama_server(a: argparse.Namespace, prompts: list[str]) -> dict:
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     cmd = [a.llama_server, "-m", a.model, "--host", "127.0.0.1", "--port", str(port), "-np", str(a.parallel),
            "-c", str(a.ctx_size * a.parallel), "-t", str(a.threads)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    try:
-        wait_up(base, proc)
-        return measure_server(base, prompts, a.n_predict)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    res = serve(cmd, port, lambda base: measure_server(base, prompts, a.n_predict, a.stagger, a.cache_prompt))
+    return {**res, "how": f"llama-server -np {a.parallel} -t {a.threads} ({a.llama_server})"}
 
 
 def run_llama_cpp_batched(a: argparse.Namespace, prompts: list[str]) -> dict:
@@ -189,7 +221,10 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads")
     ap.add_argument("--device", default="opencl")
     ap.add_argument("--vs-llama-cpp", action="store_true")
-    ap.add_argument("--llama-server", default=None, help="a llama-server binary (else llama-cpp-python's batch API)")
+    ap.add_argument("--llama-server", default=os.environ.get("COOKTOP_LLAMA_SERVER"),
+                    help="a llama-server binary (default $COOKTOP_LLAMA_SERVER; else llama-cpp-python's batch API)")
+    ap.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false",
+                    help="send cache_prompt: false (each request reads its whole prompt, none reuses a slot's)")
     ap.add_argument("--no-cooktop", action="store_true")
     ap.add_argument("--stagger", type=float, default=0.0, help="seconds between the concurrent requests' starts")
     ap.add_argument("extra", nargs="*", help="more `cooktop serve` options (after --)")
@@ -201,6 +236,15 @@ def main() -> int:
     if a.vs_llama_cpp:
         report["llama.cpp"] = run_llama_server(a, prompts) if a.llama_server else run_llama_cpp_batched(a, prompts)
     print(json.dumps(report, indent=1))
+    print("| server | sequential | concurrent | speed-up | equal to alone | prompt tokens read (concurrent) "
+          "| load before / after |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name, r in report.items():
+        if isinstance(r, dict):
+            print(f"| {name} | {r['sequential_s']:.2f} s | {r['concurrent_s']:.2f} s | "
+                  f"{r['sequential_s'] / r['concurrent_s']:.2f}x | {r['equal']} / {r['n']} | "
+                  f"{r.get('prompt_tokens_read_concurrent', '')} | "
+                  f"{r.get('load_before', '')} / {r.get('load_after', '')} |")
     return 0
 
 

@@ -274,6 +274,10 @@ def test_overload_is_503(stories, server_deps):
                     raise AssertionError(f"second request answered {busy.status_code} while the first stream "
                                          f"should run; its first line {first[:300]!r}, then {rest!r}")
                 assert "overloaded" in busy.json()["error"]["message"]
+                slots = c.get("/slots").json()
+                assert len(slots) == 1 and slots[0]["is_processing"] is True
+                none_idle = c.get("/slots", params={"fail_on_no_slot": 1})
+                assert none_idle.status_code == 503 and "no slot available" in none_idle.json()["error"]["message"]
     finally:
         s.stop()
 
@@ -338,3 +342,98 @@ def test_load_32_concurrent_streams(srv, http):
         assert text == expected[p], p
         assert n >= 2
     assert srv.state.scheduler.driver.stats.max_seqs == 2  # both slots decoded in shared forward passes
+
+
+def test_slots_endpoint(srv, http):
+    """GET /slots as llama-server's: one record per slot; the slot of the last request holds its
+    prompt and what it generated; --no-slots answers 501."""
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0}).json()
+    recs = http.get("/slots").json()
+    assert [s["id"] for s in recs] == [0, 1]
+    assert all(s["n_ctx"] == 256 and s["is_processing"] is False and s["speculative"] is False for s in recs)
+    last = max((s for s in recs if "id_task" in s), key=lambda s: s["id_task"])
+    usage = r["usage"]  # the last sampled token is not evaluated yet: the slot holds one less
+    assert last["n_prompt_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] - 1
+    srv.state.config.endpoint_slots = False
+    try:
+        off = http.get("/slots")
+    finally:
+        srv.state.config.endpoint_slots = True
+    assert off.status_code == 501 and "--slots" in off.json()["error"]["message"]
+
+
+def test_timings_as_llama_server(http):
+    """Each answer carries llama-server's ``timings`` (the last stream chunk too); no draft counts
+    without speculative decoding."""
+    r = http.post("/v1/completions", json={"prompt": PROMPT + " there", "max_tokens": 5, "temperature": 0,
+                                           "cache_prompt": False}).json()
+    t = r["timings"]
+    assert t["prompt_n"] == r["usage"]["prompt_tokens"] and t["cache_n"] == 0
+    assert t["predicted_n"] == r["usage"]["completion_tokens"] == 5 and t["predicted_ms"] > 0
+    assert t["predicted_per_second"] == pytest.approx(1e3 * 5 / t["predicted_ms"]) and "draft_n" not in t
+    with http.stream("POST", "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "stream": True}) as s:
+        chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+    assert "timings" in chunks[-1] and chunks[-1]["timings"]["predicted_n"] == 3
+    assert not any("timings" in c for c in chunks[:-1])
+
+
+class _Seq:
+    """A stand-in slot sequence (tokens and prefix only) for the slot-choice rules."""
+
+    def __init__(self, cache, model, i):
+        self.cache, self.model, self.seq_id, self.tokens, self.driver = cache, model, i, [], None
+
+    def common_prefix(self, prompt):
+        n = 0
+        for a, b in zip(self.tokens, prompt):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def reset(self):
+        self.tokens = []
+
+    def close(self):
+        pass
+
+
+def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
+    """A prompt sharing a prefix with a free slot reuses it (in place) only when that keeps half its
+    cache or no slot is empty: prompts with one system prompt get their own slots (as llama-server
+    keeps the evicted one in its RAM prompt cache); a continued prompt stays on its slot."""
+    import asyncio
+    import types
+
+    from cooktop.server.slots import Job, Scheduler
+
+    class Engine:
+        model = types.SimpleNamespace(n_batch=8)
+        seq = None
+
+        def new_sequences(self, n):
+            cache = object()
+            return [_Seq(cache, self.model, i) for i in range(n)]
+
+    loop = asyncio.new_event_loop()
+    sched = Scheduler(types.SimpleNamespace(_engine=Engine()), n_parallel=3)
+    try:
+        def run(prompt, generated=(9, 9, 9, 9, 9, 9)):
+            job = Job(lambda llm: iter(()), loop)
+            seq = sched._choose(job, prompt)
+            seq.tokens = list(prompt) + list(generated)
+            for s in sched.slots:
+                if s.job is job:
+                    s.job = None
+            return seq.seq_id
+
+        system = [1, 2, 3, 4]
+        a = run(system + [10, 11, 12])
+        assert run(system + [20, 21, 22]) != a  # would discard 9 of slot a's 13 tokens: the empty slot
+        assert run(system + [10, 11, 12, 9, 9, 9, 9, 9, 9, 30]) == a  # a continuation: in place
+        third = run(system + [40])
+        assert len({a, third}) == 2
+        assert run(system + [50, 51, 52]) in range(3)  # no slot empty: the longest prefix, in place
+    finally:
+        sched.close()
+        loop.close()

@@ -304,12 +304,12 @@ def test_serve_slots_decode_speculatively_with_the_same_answers(stories, server_
     from cooktop.engine.spec_config import SpecOptions
     from cooktop.server.app import ServerConfig
 
-    def ask(base: str, p: str) -> str:
+    def ask(base: str, p: str) -> dict:
         r = httpx.post(base + "/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0}, timeout=120)
         assert r.status_code == 200, r.text
-        return r.json()["choices"][0]["text"]
+        return r.json()
 
-    answers = []
+    answers, timings = [], []
     prompts = [TEXT, TEXT[40:], "Once upon a time, Tom"]
     for spec in (None, SpecOptions(model_draft=str(stories), draft_max=4, spec_type=("ngram-simple", "draft-simple"),
                                    ngram_size_n=3, ngram_size_m=8)):
@@ -317,12 +317,19 @@ def test_serve_slots_decode_speculatively_with_the_same_answers(stories, server_
                                        speculative=spec))
         try:
             with concurrent.futures.ThreadPoolExecutor(3) as ex:
-                answers.append(list(ex.map(lambda p, base=s.base: ask(base, p), prompts)))
+                got = list(ex.map(lambda p, base=s.base: ask(base, p), prompts))
+            answers.append([g["choices"][0]["text"] for g in got])
+            timings.append([g["timings"] for g in got])
+            assert all(t["predicted_n"] == g["usage"]["completion_tokens"] for t, g in zip(timings[-1], got))
+            assert all(x["speculative"] is (spec is not None) for x in httpx.get(s.base + "/slots").json())
             if spec is not None:
                 assert s.state.draft_engine is not None
         finally:
             s.stop()
     assert answers[0] == answers[1]
+    # llama-server's per-request draft counts: only with drafting; the self-draft accepts every token
+    assert not any("draft_n" in t for t in timings[0])
+    assert all(t["draft_n"] > 0 and t["draft_n_accepted"] == t["draft_n"] for t in timings[1])
 
 
 def test_drafts_checked_in_the_batch_drivers_steps_give_the_alone_text():

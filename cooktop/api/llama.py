@@ -96,7 +96,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                  ray_address: str | None = None, n_cpu_moe: int = 0, cpu_moe: bool = False,
                  override_tensor: str | list[str] | None = None, draft_model: Any = None, **kwargs: Any):
         self._engine_or_none: _generate.Engine | None = None
-        self._last: _generate.GenerationResult | None = None
+        self._last = None
         notices.set_verbose(verbose)  # process-wide, like llama-cpp-python's log callback: False prints nothing
         self.model_path = os.fspath(model_path)
         self.verbose = verbose
@@ -211,6 +211,23 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         if self.__dict__.get("_local") is None:
             self.__dict__["_local"] = threading.local()
         self.__dict__["_local"].seq = seq
+
+    @property
+    def _last(self) -> _generate.GenerationResult | None:
+        """The last finished completion's result (any thread's; :attr:`last_timings`)."""
+        return self.__dict__.get("_last_any")
+
+    @_last.setter
+    def _last(self, result: _generate.GenerationResult | None) -> None:
+        self.__dict__["_last_any"] = result
+        if self.__dict__.get("_local") is None:
+            self.__dict__["_local"] = threading.local()
+        self.__dict__["_local"].last = result
+
+    def _last_here(self) -> _generate.GenerationResult | None:
+        """The last completion finished on the calling thread (the server's slot threads each read their own)."""
+        local = self.__dict__.get("_local")
+        return getattr(local, "last", None) if local is not None else None
 
     @property
     def draft_model(self) -> Any:

@@ -59,6 +59,8 @@ from .spec_options import speculative_options
               help="Pooling rank for /v1/rerank (a reranker GGUF with a classification head).")
 @click.option("--embedding", "--embeddings", "embeddings", is_flag=True,
               help="(Accepted: /v1/embeddings is always on in cooktop.)")
+@click.option("--slots/--no-slots", "endpoint_slots", default=True, show_default=True,
+              envvar="LLAMA_ARG_ENDPOINT_SLOTS", help="Serve GET /slots (each slot's state), as llama-server.")
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
 @speculative_options
 @threads_option
@@ -69,8 +71,8 @@ from .spec_options import speculative_options
               help="With --ray: replicas of the model behind Ray Serve (default 1), requests balanced across them.")
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
-              embeddings, metrics, threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas,
-              tensors, speculative, kv, **gen_opts):
+              embeddings, endpoint_slots, metrics, threads, threads_batch, device, n_gpu_layers, split, ray_address,
+              n_replicas, tensors, speculative, kv, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
@@ -115,7 +117,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         kwargs["pooling_type"] = 4  # llama.cpp LLAMA_POOLING_TYPE_RANK
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
                           api_key=api_key, reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
-                          webui=not no_webui, defaults=defaults,
+                          webui=not no_webui, defaults=defaults, endpoint_slots=endpoint_slots,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if ray_address:

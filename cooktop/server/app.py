@@ -3,8 +3,8 @@
 Endpoints: ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``, ``/tokenize``, ``/detokenize``, ``/apply-template``;
 ``GET /v1/models``, ``/health`` (503 while the model loads), ``/metrics``
-(Prometheus text), ``/props``; and in their own modules the Responses API
-(:mod:`.responses_api`), Anthropic's ``/v1/messages`` (:mod:`.anthropic`),
+(Prometheus text), ``/props``, ``/slots`` (llama-server's slot monitor; ``--no-slots``: 501);
+and in their own modules the Responses API (:mod:`.responses_api`), Anthropic's ``/v1/messages`` (:mod:`.anthropic`),
 ``/v1/rerank`` (:mod:`.rerank`) and the web chat page at ``/`` (:mod:`.webui`).
 Any ``model`` name is accepted (one model is served) and echoed back. Generations run on the :class:`Scheduler`'s
 worker thread; handlers wait for their job's events. Streams are Server-Sent
@@ -73,6 +73,7 @@ class ServerConfig:
         defaults: request fields' defaults from the command line (``protocol.sampling_args``).
         speculative: a :class:`~cooktop.engine.spec_config.SpecOptions` (``-md``, ``--spec-type``)
             or None: every slot decodes speculatively with its own drafter.
+        endpoint_slots: serve ``GET /slots`` (llama-server's ``--slots``, default on; ``--no-slots``: 501).
     """
 
     model_path: str
@@ -86,6 +87,7 @@ class ServerConfig:
     webui: bool = True
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
     speculative: Any = None
+    endpoint_slots: bool = True
 
     @property
     def model_id(self) -> str:
@@ -425,6 +427,17 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     @endpoint
     async def metrics(request: Request):
         return PlainTextResponse(prometheus(state), media_type="text/plain; version=0.0.4")
+
+    @app.get("/slots")
+    @endpoint
+    async def slots(request: Request):
+        if not config.endpoint_slots:
+            return JSONResponse(P.error_body(501, "This server does not support slots endpoint. Start it with "
+                                             "`--slots`", "not_supported_error"), status_code=501)
+        records, idle = state.ready.slots_info(state.llm.n_ctx(), config.speculative is not None)
+        if request.query_params.get("fail_on_no_slot") and idle == 0:
+            return JSONResponse(P.error_body(503, "no slot available", "unavailable_error"), status_code=503)
+        return records
 
     @app.get("/props")
     @endpoint

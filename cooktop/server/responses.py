@@ -51,6 +51,46 @@ def empty_chat(llm: Any, kw: dict[str, Any]):
                       "prompt_tokens_details": {"cached_tokens": 0}})
 
 
+def timings_json(t: Any, cached: int) -> dict[str, Any]:
+    """llama-server's ``timings`` of one generation (tools/server/server-common.cpp
+    ``server_slot_stats::to_json``) from a :class:`~cooktop.engine.generate.Timings` (ms) and its
+    ``cached`` prompt tokens; ``draft_n`` / ``draft_n_accepted`` only when tokens were drafted."""
+    def per(ms: float, n: int) -> tuple[float, float]:
+        return (ms / n if n else 0.0), (1e3 * n / ms if ms > 0 else 0.0)
+
+    predicted_ms = t.eval_ms + t.sample_ms
+    p_tok, p_sec = per(t.prompt_ms, t.prompt_n)
+    g_tok, g_sec = per(predicted_ms, t.n_decoded)
+    out = {"cache_n": cached, "prompt_n": t.prompt_n, "prompt_ms": t.prompt_ms, "prompt_per_token_ms": p_tok,
+           "prompt_per_second": p_sec, "predicted_n": t.n_decoded, "predicted_ms": predicted_ms,
+           "predicted_per_token_ms": g_tok, "predicted_per_second": g_sec}
+    if t.n_drafted:
+        out["draft_n"], out["draft_n_accepted"] = t.n_drafted, t.n_accepted
+    return out
+
+
+def with_timings(llm: Any, chunks: Any):
+    """``chunks`` of one choice, the last (``finish_reason`` set) held back until the generation has
+    finished and then sent with its ``timings`` (llama-server's last chunk carries them). Reads the
+    result this thread's completion left (``Llama._last_here``); none (``max_tokens: 0``): no timings."""
+    before = llm._last_here()
+    held = None
+    for chunk in chunks:
+        if held is not None:
+            yield held
+            held = None
+        if chunk["choices"] and chunk["choices"][0].get("finish_reason") is not None:
+            held = chunk
+        else:
+            yield chunk
+    if held is not None:
+        res = llm._last_here()
+        if res is not None and res is not before:
+            cached = ((held.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            held["timings"] = timings_json(res.timings, cached or 0)
+        yield held
+
+
 def eos_ignored(llm: Any, kw: dict[str, Any]) -> dict[str, Any]:
     """``kw`` without its ``ignore_eos`` (llama-server's field), which becomes a -inf
     ``logit_bias`` on the model's end-of-generation tokens."""
@@ -69,7 +109,7 @@ def choices_job(n: int, args: dict[str, Any], call, model: str):
                 kw = eos_ignored(llm, dict(args, stream=True, model=model))
                 if n > 1 and kw.get("seed") is not None:
                     kw["seed"] = kw["seed"] + i
-                for chunk in call(llm, kw):
+                for chunk in with_timings(llm, call(llm, kw)):
                     chunk["choices"][0]["index"] = i
                     yield repeat_usage(chunk) if i else chunk
         return gen()
@@ -86,7 +126,7 @@ def prompt_choices_job(prompts: list[Any], n: int, args: dict[str, Any], model: 
                     kw = eos_ignored(llm, dict(args, stream=True, model=model))
                     if n > 1 and kw.get("seed") is not None:
                         kw["seed"] = kw["seed"] + i
-                    for chunk in llm.create_completion(prompt, **kw):
+                    for chunk in with_timings(llm, llm.create_completion(prompt, **kw)):
                         chunk["choices"][0]["index"] = idx
                         yield repeat_usage(chunk) if i else chunk
                     idx += 1
@@ -109,11 +149,12 @@ def assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
         if c.get("usage"):
             usage = add_usage(usage, c["usage"])
     first = chunks[0]
-    return {"id": first["id"], "object": "chat.completion", "created": first["created"], "model": first["model"],
-            "choices": [{"index": i, "message": assemble_message(s["text"]),
-                         "logprobs": None if s["lp"] is None else {"content": s["lp"], "refusal": None},
-                         "finish_reason": s["finish"]} for i, s in sorted(choices.items())],
-            "usage": usage}
+    return with_last_timings(chunks, {
+        "id": first["id"], "object": "chat.completion", "created": first["created"], "model": first["model"],
+        "choices": [{"index": i, "message": assemble_message(s["text"]),
+                     "logprobs": None if s["lp"] is None else {"content": s["lp"], "refusal": None},
+                     "finish_reason": s["finish"]} for i, s in sorted(choices.items())],
+        "usage": usage})
 
 
 def assemble_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -135,10 +176,20 @@ def assemble_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
         if c.get("usage"):
             usage = add_usage(usage, c["usage"])
     first = chunks[0]
-    return {"id": first["id"], "object": "text_completion", "created": first["created"], "model": first["model"],
-            "choices": [{"index": i, "text": "".join(s["text"]), "logprobs": s["lp"], "finish_reason": s["finish"]}
-                        for i, s in sorted(choices.items())],
-            "usage": usage}
+    return with_last_timings(chunks, {
+        "id": first["id"], "object": "text_completion", "created": first["created"], "model": first["model"],
+        "choices": [{"index": i, "text": "".join(s["text"]), "logprobs": s["lp"], "finish_reason": s["finish"]}
+                    for i, s in sorted(choices.items())],
+        "usage": usage})
+
+
+def with_last_timings(chunks: list[dict[str, Any]], answer: dict[str, Any]) -> dict[str, Any]:
+    """``answer`` with the ``timings`` of the last chunk that has them (the last choice's), if any."""
+    for c in reversed(chunks):
+        if "timings" in c:
+            answer["timings"] = c["timings"]
+            break
+    return answer
 
 
 def prometheus(state: Any) -> str:

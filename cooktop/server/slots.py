@@ -8,7 +8,9 @@ of one shared KV cache, :meth:`Engine.new_sequences
 job and runs it; when the job starts a generation, it gets the free slot whose
 cached tokens share the longest prefix with its prompt (llama-server's prompt
 cache: a repeated system prompt or a continued conversation is not evaluated
-again; ``usage.prompt_tokens_details.cached_tokens`` reports it), else the
+again; ``usage.prompt_tokens_details.cached_tokens`` reports it), except that a
+slot whose cache would mostly be discarded is left alone while an empty slot is
+free (so conversations sharing a system prompt keep their own slots), else the
 least recently used one. Every evaluation goes through one
 :class:`~cooktop.engine.batch.BatchDriver`: a step evaluates one token of every
 decoding slot and chunks of the prompts being read, in one forward pass, so a
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -46,6 +49,12 @@ class OverloadedError(CooktopError):
 #: (llama-server's ``--slot-prompt-similarity``, default 0.5); otherwise the least recently used one.
 SLOT_PROMPT_SIMILARITY = 0.5
 
+#: A free slot sharing a prefix with the prompt is reused only when that keeps at least this share
+#: of what it caches, or when no slot is empty (llama-server's ``f_keep < 0.5``, below which it
+#: saves the slot to its host-memory prompt cache before overwriting it; here the empty slots are
+#: that cache: distinct prompts sharing a system prompt keep distinct slots).
+SLOT_KEEP = 0.5
+
 #: Kinds of what a job posts: an item, the end, or an error (the exception).
 ITEM, END, ERROR = "item", "end", "error"
 
@@ -59,7 +68,10 @@ class Job:
         cancelled: set by :meth:`cancel`; the worker stops the job at its next step.
         cache_prompt: False (llama-server's request field): each generation evaluates its whole
             prompt instead of reusing what its slot holds.
+        id: the task id ``/slots`` reports (``id_task``), counted from 0 per process.
     """
+
+    _ids = itertools.count()
 
     def __init__(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop,
                  cache_prompt: bool = True):
@@ -67,6 +79,7 @@ class Job:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.submitted = time.perf_counter()
+        self.id = next(Job._ids)
 
     def post(self, kind: str, payload: Any = None) -> None:
         """Hand an event to the event loop (dropped when the loop is gone)."""
@@ -92,12 +105,14 @@ class Job:
 
 @dataclasses.dataclass
 class Slot:
-    """A sequence (KV cells) for one running job at a time; keeps its tokens when freed (prefix reuse)."""
+    """A sequence (KV cells) for one running job at a time; keeps its tokens when freed (prefix reuse).
+    ``id_task``: the id of the job it runs or last ran (None: never used)."""
 
     id: int
     seq: Any
     job: Job | None = None
     last_used: int = 0
+    id_task: int | None = None
 
 
 @dataclasses.dataclass
@@ -171,6 +186,25 @@ class Scheduler:
             return self.driver.tokens_per_second()
         m = self.metrics
         return m.tokens_predicted_total / m.busy_seconds_total if m.busy_seconds_total > 0 else 0.0
+
+    def slots_info(self, n_ctx: int, speculative: bool) -> tuple[list[dict[str, Any]], int]:
+        """llama-server's ``GET /slots`` records and the number of idle slots.
+
+        Each record: ``id``, ``n_ctx`` (``n_ctx`` tokens per slot), ``speculative``, ``is_processing``
+        and, once the slot has run a job, ``id_task`` and ``n_prompt_tokens`` (tokens its cache
+        holds: prompt and generated so far, as llama-server's ``prompt.tokens``); llama-server
+        tools/server/server-context.cpp ``server_slot::to_json`` with metrics only.
+        """
+        with self._cv:
+            out = []
+            for s in self.slots:
+                rec: dict[str, Any] = {"id": s.id, "n_ctx": n_ctx, "speculative": speculative,
+                                       "is_processing": s.job is not None}
+                if s.id_task is not None:
+                    rec["id_task"] = s.id_task
+                    rec["n_prompt_tokens"] = len(s.seq.tokens)
+                out.append(rec)
+            return out, sum(1 for s in self.slots if s.job is None)
 
     def submit(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop,
                cache_prompt: bool = True) -> Job:
@@ -266,8 +300,9 @@ class Scheduler:
     def _choose(self, job: Job, prompt: list[int]) -> Any:
         """The slot sequence a generation of ``job`` runs on: the one it holds, else the free slot
         sharing the longest prefix with ``prompt`` when that prefix is at least
-        :data:`SLOT_PROMPT_SIMILARITY` of the prompt, else the least recently used free slot
-        (so a short unrelated prompt does not evict a long cached one)."""
+        :data:`SLOT_PROMPT_SIMILARITY` of the prompt (and keeps :data:`SLOT_KEEP` of the slot's
+        cache, or no slot is empty: else the first empty slot), else the least recently used free
+        slot (so a short unrelated prompt does not evict a long cached one)."""
         with self._cv:
             for slot in self.slots:
                 if slot.job is job:
@@ -278,10 +313,17 @@ class Scheduler:
             if not free:  # cannot happen: one worker thread per slot, a job holds at most one
                 raise CooktopError("no free slot for this request")
             best = max(free, key=lambda s: (s.seq.common_prefix(prompt), -s.last_used))
-            if best.seq.common_prefix(prompt) < SLOT_PROMPT_SIMILARITY * len(prompt):
+            common = best.seq.common_prefix(prompt)
+            if common < SLOT_PROMPT_SIMILARITY * len(prompt):
                 best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
+            elif common < SLOT_KEEP * len(best.seq.tokens):
+                # reusing it would discard most of another prompt's cache (llama-server saves such a
+                # slot to its RAM prompt cache first): an empty slot keeps both, at the prefix's cost
+                empty = [s for s in free if not s.seq.tokens]
+                if empty:
+                    best = empty[0]
             self._tick += 1
-            best.job, best.last_used = job, self._tick
+            best.job, best.last_used, best.id_task = job, self._tick, job.id
             if not job.cache_prompt:
                 best.seq.reset()
             return best.seq
