@@ -192,6 +192,7 @@ class OpenCLDevice(Device):
         self.q8 = Q8Shadows(self._alloc)
         self.use_q8 = settings.opencl_q8()
         self.exact_prompt = self.use_q8 and settings.opencl_exact_prompt()
+        self.q8_fmt = "q8_1"  # what the producers write: the format the last integer-dot matmul read
 
     # -- memory -----------------------------------------------------------
     def _alloc(self, nbytes: int, hostbuf: np.ndarray | None = None, count: bool = True) -> Any:
@@ -273,15 +274,15 @@ class OpenCLDevice(Device):
         s = self.shape
         self.q8.dirty(out.handle)
         if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8:  # VNNI prompt kernel (module doc)
-            slot = self._q8_input(x)
+            slot = self._q8_input(x, k.act)
             gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // s.mmq_tn))
             k.mul_mm_q8(self.queue, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1 and k.mul_mv_q8 is not None and self.use_q8:
-            slot = self._q8_input(x)
+            slot = self._q8_input(x, k.act)
             k.mul_mv_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
                         w.handle, slot.xq, slot.xd, out.handle, n_in, n_out)
         elif n_tok > 1 and k.mul_mvt_q8 is not None and self.exact_prompt:  # the one-token sums, token by token
-            slot = self._q8_input(x)
+            slot = self._q8_input(x, k.act)
             k.mul_mvt_q8(self.queue, (s.mv_ls, _ceil_to(n_out, s.mv_r), -(-n_tok // MVT_TN)), (s.mv_ls, s.mv_r, 1),
                          w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1:
@@ -317,7 +318,7 @@ class OpenCLDevice(Device):
         k = self.kernels.weights(t, self.kernels.repacks(t, ws[0].shape))
         for o in outs:
             self.q8.dirty(o.handle)
-        slot = self._q8_input(x)
+        slot = self._q8_input(x, k.act)
         n = [w.shape[0] for w in ws] + [0] * (3 - len(ws))
         hw = [w.handle for w in ws] + [ws[-1].handle] * (3 - len(ws))
         ho = [o.handle for o in outs] + [outs[-1].handle] * (3 - len(outs))
@@ -337,6 +338,11 @@ class OpenCLDevice(Device):
         n_rows, width = x.shape
         g = w.shape[0]  # groups of g values are rows of their own (contiguous)
         ls = self.shape.rn_ls
+        if g == width and self._fuse_q8(n_rows, width) and self._fuse_q8k(width):
+            slot = self.q8.claim(out.handle, n_rows, width, "q8_K")
+            self.kernels.ops().rmsnorm_q8k(self.queue, (ls, n_rows), (ls, 1), out.handle, x.handle, w.handle, width,
+                                           eps, slot.xq, slot.xd)
+            return
         if g == width and self._fuse_q8(n_rows, width):  # the next matmul's 8-bit input in the same kernel
             slot = self.q8.claim(out.handle, n_rows, width)
             self.kernels.ops().rmsnorm_q8(self.queue, (ls, n_rows), (ls, 1), out.handle, x.handle, w.handle, width,
@@ -391,7 +397,7 @@ class OpenCLDevice(Device):
         kt, vt = k_cache.ggml_type, v_cache.ggml_type
         group = self._gqa_group(n_head, n_head_kv, n_tok)
         units = (n_head_kv if group else n_head, n_tok)
-        if self.shape.at_serial and head_dim % 32 == 0 and self._fuse_q8(n_tok, width):
+        if self.shape.at_serial and head_dim % 32 == 0 and self._fuse_q8(n_tok, width) and self.q8_fmt == "q8_1":
             slot = self.q8.claim(out.handle, n_tok, width)  # the output projection's 8-bit input
             knl = self.kernels.attention(head_dim, True, has_sinks, kt, vt, group)
             knl(self.queue, units, (1, 1), *args, slot.xq, slot.xd)
@@ -465,6 +471,11 @@ class OpenCLDevice(Device):
 
     def _silu_mul(self, out, gate, up):
         n_rows, n = out.shape
+        if self._fuse_q8(n_rows, n) and self._fuse_q8k(n):
+            slot = self.q8.claim(out.handle, n_rows, n, "q8_K")
+            self.kernels.ops().silu_mul_q8k(self.queue, (n // 256, n_rows), None, out.handle, gate.handle,
+                                            up.handle, n, slot.xq, slot.xd)
+            return
         if self._fuse_q8(n_rows, n):  # the down projection's 8-bit input in the same kernel
             slot = self.q8.claim(out.handle, n_rows, n)
             self.kernels.ops().silu_mul_q8(self.queue, (n // 32, n_rows), None, out.handle, gate.handle, up.handle,
@@ -525,6 +536,19 @@ class OpenCLDevice(Device):
             return True
         return shape is not None and self.kernels.mm_q8(T(ggml_type), tuple(shape))
 
+    def activation_format(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> str | None:
+        """:meth:`quantizes_activations` with the format: ``"q8_K"`` for the K-quants (llama.cpp's
+        block_q8_K, ``reference.quantize_q8_K_ref``; ``COOKTOP_OPENCL_Q8K=0``: block_q8_1),
+        ``"q8_1"`` for the other integer-dot types, None for float32 activations."""
+        if not self.quantizes_activations(ggml_type, n_tokens, shape):
+            return None
+        return "q8_K" if self.kernels.q8k(T(ggml_type)) else "q8_1"
+
+    def _fuse_q8k(self, n: int) -> bool:
+        """True when a producer should write block_q8_K (the last integer-dot matmul read it and
+        whole 256-value super-blocks fit); block_q8_1 otherwise."""
+        return self.q8_fmt == "q8_K" and n % 256 == 0
+
     def _fuse_q8(self, n_rows: int, n: int) -> bool:
         """True when an op producing ``[n_rows, n]`` should also write its 8-bit copy: the
         integer-dot matmuls read it (any number of rows: mul_mv_q8, mul_mm_q8, mul_mvt_q8) and
@@ -532,12 +556,17 @@ class OpenCLDevice(Device):
         8-bit copies those of its tokens one at a time."""
         return self.use_q8 and (n_rows == 1 or self.kernels.vnni or self.exact_prompt) and n % 32 == 0
 
-    def _q8_input(self, x: DeviceTensor):
-        """The 8-bit copy of ``x`` (f32 [n, n_in], n_in % 32 == 0), quantizing it now if no
-        op made one since ``x`` was last written."""
+    def _q8_input(self, x: DeviceTensor, fmt: str = "q8_1"):
+        """The 8-bit copy of ``x`` (f32 [n, n_in], n_in % 32 == 0; % 256 for ``"q8_K"``) in
+        format ``fmt``, quantizing it now if no op made one since ``x`` was last written."""
         n, n_in = x.shape
-        slot = self.q8.lookup(x.handle, n, n_in)
+        self.q8_fmt = fmt
+        slot = self.q8.lookup(x.handle, n, n_in, fmt)
         if slot is None:
-            slot = self.q8.claim(x.handle, n, n_in)
-            self.kernels.ops().quantize_q8(self.queue, (n_in // 32, n), None, x.handle, slot.xq, slot.xd, n_in)
+            slot = self.q8.claim(x.handle, n, n_in, fmt, keep_others=True)
+            if fmt == "q8_K":
+                self.kernels.ops().quantize_q8k(self.queue, (n_in // 256, n), None, x.handle, slot.xq, slot.xd,
+                                                n_in)
+            else:
+                self.kernels.ops().quantize_q8(self.queue, (n_in // 32, n), None, x.handle, slot.xq, slot.xd, n_in)
         return slot
