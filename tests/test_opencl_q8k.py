@@ -1,7 +1,7 @@
 """OpenCL K-quant matmuls on llama.cpp's block_q8_K activations (quant.cl store_q8k, dotq8k.cl, mmq8.cl).
 
 On PoCL, in the host-ISA build (AVX-512 code where clang predefines it) and the portable one
-(``-DCOOKTOP_PORTABLE=1``, the kernels GPUs run): the quantize kernel is byte for byte
+(``-DCOOKTOP_PORTABLE=1``, the kernels GPUs run) and the GPU launch shape: the quantize kernel is byte for byte
 ``quantize_q8_K_ref`` (llama.cpp's quantize_row_q8_K_ref); Q4_K / Q5_K / Q6_K matmuls are exact
 against numpy on the same q8_K activations (float64); a prompt gives each token the one-token
 sums bit for bit; the fused producers (rmsnorm, silu_mul) write the same copy as the standalone
@@ -13,9 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from conftest import skip_or_fail
 from test_opencl_q8 import _pocl
 
+from cooktop.backends import registry
 from cooktop.backends.base import nmse
+from cooktop.backends.opencl.programs import GPU_SHAPE, KernelCache
 from cooktop.backends.reference import dequantize_activations_ref, dequantize_q8_K_ref, quantize_q8_K_ref
 from cooktop.format.quants import dequantize, random_weight
 
@@ -23,12 +26,31 @@ K_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K]
 EXACT = 1e-12  # nmse against float64 on the same 8-bit activations (float32 sums of exact int32s)
 
 
-@pytest.fixture(params=[False, True], ids=["native", "portable"], scope="module")
+def _device(kind: str, mp):
+    """PoCL's host-ISA build, its portable build, or the GPU launch shape (work-groups sharing a
+    row) on PoCL; where another OpenCL device is listed (Oclgrind, a simulated GPU, in
+    ``make test-opencl-validation``; a real GPU), that device for each kind."""
+    res = registry.probe("opencl")
+    if not res.available:
+        skip_or_fail("opencl", f"{res.reason}; to enable: {res.hint}")
+    other = [d for d in res.devices if "Portable Computing Language" not in d.platform]
+    if other:
+        return registry.open_device(other[0].selector)
+    if kind != "gpu-shape":
+        return _pocl(kind == "portable", mp)
+    dev = _pocl(False, mp)
+    gpu = type(dev)(dev.info, dev.cl_device)
+    gpu.shape = GPU_SHAPE
+    gpu.kernels = KernelCache(gpu.ctx, gpu.cl_device, GPU_SHAPE)
+    return gpu
+
+
+@pytest.fixture(params=["native", "portable", "gpu-shape"], scope="module")
 def kdev(request):
     mp = pytest.MonkeyPatch()
     mp.setenv("COOKTOP_OPENCL_Q8K", "1")
     try:
-        yield _pocl(request.param, mp)
+        yield _device(request.param, mp)
     finally:
         mp.undo()
 

@@ -107,7 +107,7 @@ inline void store_q8k(const global float *v, global char *xq, global float *rec)
     const float iscale = amax > 0.0f ? -127.0f / mx : 0.0f;
     global short *bs = (global short *)rec;
     for (int i = 0; i < 16; i++) {
-        const int16 q = min(convert_int16(rint(vload16(i, v) * iscale)), 127);
+        const int16 q = min(convert_int16(rint(vload16(i, v) * iscale)), (int16)(127));  // a vector bound: Oclgrind 21.10 gave wrong values with min(int16, int)
         vstore16(convert_char16(q), i, xq);
         const int8 s8 = q.lo + q.hi;
         const int4 s4 = s8.lo + s8.hi;
