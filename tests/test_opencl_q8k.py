@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as T
 from conftest import skip_or_fail
+from gguf import GGMLQuantizationType as T
 from test_opencl_q8 import _pocl
 
 from cooktop.backends import registry
