@@ -42,11 +42,14 @@ inline int q8k_mins(const int8 mn, const global float *rec) {
     return hsum_i8(mn * (convert_int8(bs.even) + convert_int8(bs.odd)));
 }
 
-// bsums[2s] + bsums[2s+1]: the quant sums of the 8 sub-blocks of 32
-inline int8 q8k_bsums32(const global float *rec) {
-    const short16 bs = vload16(0, (const global short *)rec);
-    return convert_int8(bs.even) + convert_int8(bs.odd);
+#if defined(X86_512) && (defined(W_Q4_K) || defined(W_Q5_K))
+typedef int v8si_ __attribute__((vector_size(32)));
+// lane s of m_s * (bsums[2s] + bsums[2s+1]) in one pmaddwd: each min twice against the 16 bsums
+inline int8 q8k_mins8(const short8 mn, const short16 bs) {
+    const short16 m2 = __builtin_shufflevector(mn, mn, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return as_int8(__builtin_ia32_pmaddwd256((v16hi)m2, (v16hi)bs));
 }
+#endif
 
 #if defined(X86_512)
 // Float lanes (mmq8.cl's q8_K prompt kernel repeats them): 16 int32 lanes of the super-block's
@@ -64,16 +67,24 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
         const float dy = rec[8];
         Q8K_SCALES(p, sc, mn);
         v16si isum = (v16si)(int16)(0);
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const v32qi z = *(const global v32qi_u *)(p + QK_QS + 32 * j);
-            const v64qi q = Q45K_QUANTS(z, p, j, m15);
-            const v32hi scv = (v32hi)CAT16((short16)(sc[2 * j]), (short16)(sc[2 * j + 1]));
-            const v64qi ya = LOAD64(xq + (size_t)ib * 256 + 64 * j);
-            isum += __builtin_ia32_pmaddwd512(__builtin_ia32_pmaddubsw512(q, ya), scv);
+        // the scales of sub-blocks 2j (int16 lanes 0..15) and 2j+1 (16..31): one constant shuffle
+#define Q8K_STEP(j, a, b)                                                                                  \
+        {                                                                                                  \
+            const v32qi z = *(const global v32qi_u *)(p + QK_QS + 32 * (j));                               \
+            const v64qi q = Q45K_QUANTS(z, p, (j), m15);                                                   \
+            const v32hi scv = (v32hi)__builtin_shufflevector(sc, sc, a, a, a, a, a, a, a, a, a, a, a, a, a, \
+                                                             a, a, a, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b); \
+            const v64qi ya = LOAD64(xq + (size_t)ib * 256 + 64 * (j));                                     \
+            isum += __builtin_ia32_pmaddwd512(__builtin_ia32_pmaddubsw512(q, ya), scv);                    \
         }
+        Q8K_STEP(0, 0, 1)
+        Q8K_STEP(1, 2, 3)
+        Q8K_STEP(2, 4, 5)
+        Q8K_STEP(3, 6, 7)
+#undef Q8K_STEP
         acc = fma(convert_float16(as_int16(isum)), (float16)(h2f(p) * dy), acc);
-        acc.lo = fma((float8)(-(h2f(p + 2) * dy)), convert_float8(mn * q8k_bsums32(rec)), acc.lo);
+        const short16 bs = vload16(0, (const global short *)rec);
+        acc.lo = fma((float8)(-(h2f(p + 2) * dy)), convert_float8(q8k_mins8(convert_short8(mn), bs)), acc.lo);
     }
     return acc;
 }

@@ -249,9 +249,15 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
     {                                                                                                \
         const v32qi z = *(const global v32qi_u *)((p) + QK_QS + 32 * (g));                           \
         q = Q45K_QUANTS(z, (p), (g), m15);                                                           \
-        scv = (v16si)CAT16((short16)(scr[r][2 * (g)]), (short16)(scr[r][2 * (g) + 1]));              \
+        scv = MMQK_SCV(scr[r], g);                                                                   \
     }
 #define MMQK_BYTES QK_BYTES
+// the scales of sub-blocks 2g (int16 lanes 0..15) and 2g+1 (16..31), one constant shuffle once g is
+// unrolled (dotq8k.cl's Q8K_STEP)
+#define MMQK_SH(v, a, b) ((v16si)__builtin_shufflevector(v, v, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, \
+                                                        b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b))
+#define MMQK_SCV(v, g) ((g) == 0 ? MMQK_SH(v, 0, 1) : (g) == 1 ? MMQK_SH(v, 2, 3) : (g) == 2 ? MMQK_SH(v, 4, 5) \
+                                                                                         : MMQK_SH(v, 6, 7))
 #endif
 __attribute__((target("avx512vnni"))) __attribute__((noinline))
 void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
@@ -296,7 +302,7 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #if defined(W_Q6_K)
             int16 bs[MMQ_TN];  // 32 bsums per 16-value sub-block
 #else
-            int8 bs[MMQ_TN];  // bsums per 32-value sub-block
+            short16 bs[MMQ_TN];
 #endif
 #pragma unroll
             for (int t = 0; t < MMQ_TN; t++) {
@@ -305,7 +311,7 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #if defined(W_Q6_K)
                 bs[t] = convert_int16(vload16(0, (const global short *)rec)) << 5;
 #else
-                bs[t] = q8k_bsums32(rec);
+                bs[t] = vload16(0, (const global short *)rec);
 #endif
             }
 #pragma unroll
@@ -321,11 +327,12 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
                 }
 #else
                 Q8K_SCALES(p, sc, mn);
+                const short8 m8 = convert_short8(mn);
                 const float dw = h2f(p), mw = h2f(p + 2);
 #pragma unroll
                 for (int t = 0; t < MMQ_TN; t++) {
                     acc[rp + r][t] = fma(convert_float16(as_int16(isum[r][t])), (float16)(dw * dy[t]), acc[rp + r][t]);
-                    acc[rp + r][t].lo = fma((float8)(-(mw * dy[t])), convert_float8(mn * bs[t]), acc[rp + r][t].lo);
+                    acc[rp + r][t].lo = fma((float8)(-(mw * dy[t])), convert_float8(q8k_mins8(m8, bs[t])), acc[rp + r][t].lo);
                 }
 #endif
             }
