@@ -22,7 +22,7 @@ from cooktop.backends.opencl.programs import GPU_SHAPE, KernelCache
 from cooktop.backends.reference import dequantize_activations_ref, dequantize_q8_K_ref, quantize_q8_K_ref
 from cooktop.format.quants import dequantize, random_weight
 
-K_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K]
+K_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K]
 EXACT = 1e-12  # nmse against float64 on the same 8-bit activations (float32 sums of exact int32s)
 
 
@@ -97,18 +97,19 @@ def test_quantize_kernel_is_the_reference(kdev):
 
 @pytest.mark.parametrize("ty", K_TYPES, ids=lambda t: t.name)
 def test_matmul_exact_and_prompt_is_tokens_one_at_a_time(kdev, ty):
-    """3 super-blocks per row, row counts off the work-group multiples, prompts of 1, 9 and 13
+    """3 super-blocks per row, row counts off the work-group multiples, prompts of 3 and 9
     tokens (not multiples of the prompt kernel's 8): exact on q8_K, prompt rows = one-token rows."""
     dev = kdev
     rng = np.random.default_rng(int(ty))
     n_in = 768
-    for n_out in (1, 13, 130):
+    for n_out in (13, 130):
         raw = random_weight(ty, (n_out, n_in), rng)
         w = dev.upload(raw, ty, (n_out, n_in))
         wf = dequantize(raw, ty, (n_out, n_in)).astype(np.float64)
-        x = (rng.standard_normal((13, n_in)) * 2).astype(np.float32)
+        x = (rng.standard_normal((9, n_in)) * 2).astype(np.float32)
+        x[2, 256:512] = 0  # an all-zero super-block (d = 0)
         one = []
-        for t in range(13):
+        for t in range(9):
             xt, y = dev.empty((1, n_in)), dev.empty((1, n_out))
             dev.write(xt, x[t:t + 1])
             dev.matmul(y, xt, w)
@@ -116,7 +117,7 @@ def test_matmul_exact_and_prompt_is_tokens_one_at_a_time(kdev, ty):
         one = np.concatenate(one)
         assert dev.activation_format(ty, 1) == "q8_K"
         assert nmse(one, dequantize_q8_K_ref(x) @ wf.T) <= EXACT, (ty.name, n_out)
-        for n_tok in (9, 13):
+        for n_tok in (3, 9):
             xt, y = dev.empty((n_tok, n_in)), dev.empty((n_tok, n_out))
             dev.write(xt, x[:n_tok])
             dev.matmul(y, xt, w)

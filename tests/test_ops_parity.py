@@ -128,7 +128,8 @@ def test_matmuls_of_one_input(gpu_device, cpu_device, n_tok):
 
 @pytest.mark.parametrize("ty", [T.Q2_K, T.Q3_K], ids=lambda t: t.name)
 def test_low_bit_k_quants(gpu_device, cpu_device, ty):
-    """Q2_K and Q3_K (OpenCL only: float kernels over units of 32 dequantized values): matmul at
+    """Q2_K and Q3_K (OpenCL only: integer dots on block_q8_K activations, or float kernels over units
+    of 32 dequantized values with COOKTOP_OPENCL_Q8K=0): matmul at
     odd rows, tokens and super-block counts, and get_rows, against numpy; Vulkan says it lacks them."""
     if not gpu_device.supports("matmul", ty):
         assert gpu_device.info.backend == "vulkan" and gpu_device.supports_op("matmul", ty)
@@ -146,7 +147,14 @@ def test_low_bit_k_quants(gpu_device, cpu_device, ty):
                     return out
 
                 got, ref = _both(gpu_device, cpu_device, run)
-                assert nmse(got, ref) <= 1e-10, (ty.name, n_in, n_out, n_tok)
+                fmt = _fmt(gpu_device, ty, n_tok, (n_out, n_in))
+                if fmt is None:
+                    assert nmse(got, ref) <= 1e-10, (ty.name, n_in, n_out, n_tok)
+                else:  # OpenCL's integer dots on block_q8_K: exact on the same 8-bit x
+                    exact = dequantize_activations_ref(x, fmt) @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
+                    assert nmse(got, exact) <= 1e-10, (ty.name, n_in, n_out, n_tok)
+                    if n_out >= 129:
+                        assert nmse(got, ref) <= QUANT_BOUND, (ty.name, n_in, n_out, n_tok)
         ids = np.array([0, n_out - 1, 0], dtype=np.int32)
 
         def rows(dev, raw=raw, n_out=n_out, n_in=n_in, ids=ids):

@@ -27,7 +27,9 @@ backend does: the activation row is quantized to 8-bit blocks once
 (:mod:`.q8`; ``rmsnorm``, ``silu_mul`` and ``attention`` write that copy
 in the same kernel) and each weight block is multiplied with integer dot
 products (``dotq8.cl``; pmaddubsw on x86 PoCL, portable OpenCL C elsewhere).
-``COOKTOP_OPENCL_Q8=0`` keeps float32 activations. Q4_0 weights whose rows hold
+``COOKTOP_OPENCL_Q8=0`` keeps float32 activations. The K-quants read llama.cpp's
+``block_q8_K`` (one scale per 256 values; ``dotq8k.cl``, :meth:`activation_format`), the
+others ``block_q8_1``. Q4_0 weights whose rows hold
 whole groups of 128 values are repacked on upload for the 64-byte SIMD kernels
 where the compiler targets AVX-512BW (``dequant.cl``).
 
@@ -62,6 +64,7 @@ from .programs import (
     FLOAT_TYPES,
     MVT_TN,
     Q8_TYPES,
+    Q8K_ONLY_TYPES,
     KernelCache,
     clear_cache,
 )
@@ -307,7 +310,7 @@ class OpenCLDevice(Device):
         for out, w in pairs:
             groups.setdefault(w.ggml_type, []).append((out, w))
         for t, group in groups.items():
-            if t in Q8_TYPES and 1 < len(group) <= 3:
+            if t in Q8_TYPES and 1 < len(group) <= 3 and self.quantizes_activations(t, 1):
                 self._mv_q8_3(x, t, group)
             else:
                 for out, w in group:
@@ -531,6 +534,8 @@ class OpenCLDevice(Device):
         activations (``reference.quantize_q8_ref``) with integer dot products, as llama.cpp's CPU
         backend does; False when it computes in float32."""
         if not self.use_q8 or T(ggml_type) not in Q8_TYPES:
+            return False
+        if T(ggml_type) in Q8K_ONLY_TYPES and not self.kernels.q8k(T(ggml_type)):
             return False
         if n_tokens == 1 or self.exact_prompt:  # mul_mv_q8; a prompt: mul_mvt_q8 or mul_mm_q8
             return True

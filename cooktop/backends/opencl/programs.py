@@ -47,12 +47,15 @@ OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q
                                 T.MXFP4, T.Q2_K, T.Q3_K)
 
 #: Weight types with an integer-dot mat-vec kernel on 8-bit activations (dotq8.cl: mul_mv_q8).
-Q8_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
+Q8_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K)
 
 #: K-quant types whose integer-dot kernels read llama.cpp's block_q8_K activations (one scale per
-#: 256 values and bsums: quant.cl store_q8k, dotq8k.cl) unless ``COOKTOP_OPENCL_Q8K=0``; the other
-#: Q8_TYPES read block_q8_1 (one scale per 32).
-Q8K_TYPES: tuple[T, ...] = (T.Q4_K, T.Q5_K, T.Q6_K)
+#: 256 values and bsums: quant.cl store_q8k, dotq8k.cl) unless ``COOKTOP_OPENCL_Q8K=0`` (then Q4_K,
+#: Q5_K, Q6_K read block_q8_1 and Q2_K, Q3_K float32); the other Q8_TYPES read block_q8_1.
+Q8K_TYPES: tuple[T, ...] = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K)
+
+#: Of Q8K_TYPES, those with no block_q8_1 kernels.
+Q8K_ONLY_TYPES: tuple[T, ...] = (T.Q2_K, T.Q3_K)
 
 #: Tokens per work-group of ``mul_mvt_q8`` (a prompt on the one-token integer sums).
 MVT_TN = 16

@@ -17,7 +17,7 @@
 // the float kernels (mul_mv / mul_mm) only.
 
 // -DQ8K: the K-quants (Q4_K, Q5_K, Q6_K) read block_q8_K activations instead (dotq8k.cl).
-#if defined(Q8K) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
+#if defined(Q8K) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K) || defined(W_Q2_K) || defined(W_Q3_K))
 #define Q8K_ON 1
 #endif
 

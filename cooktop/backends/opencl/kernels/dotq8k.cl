@@ -1,4 +1,4 @@
-// K-quant rows (Q4_K, Q5_K, Q6_K) dotted with llama.cpp's block_q8_K activations (quant.cl's
+// K-quant rows (Q4_K, Q5_K, Q6_K; Q2_K, Q3_K in portable C only) dotted with llama.cpp's block_q8_K activations (quant.cl's
 // store_q8k: one scale per 256 values, sums of quants per 16), built with -DQ8K (Q8K_ON, set in
 // dotq8.cl, which then leaves its block_q8_1 versions of these types out). Appended to dotq8.cl;
 // matmul.cl's mul_mv_q8 / mul_mv_q8_3 / mul_mvt_q8 and mmq8.cl's mul_mm_q8 call dotq8_row with
@@ -51,7 +51,7 @@ inline int8 q8k_mins8(const short8 mn, const short16 bs) {
 }
 #endif
 
-#if defined(X86_512)
+#if defined(X86_512) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
 // Float lanes (mmq8.cl's q8_K prompt kernel repeats them): 16 int32 lanes of the super-block's
 // integer, one fma with d_w d_y; Q4_K / Q5_K: lanes 0..7 add -(dmin_w d_y) m_s sum_s(qy), one
 // sub-block each; Q6_K: the -32 enters the integer lanes, lane s taking -32 sc_s bsums_s.
@@ -190,6 +190,62 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 #undef Q6K_GROUP
         }
         acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 208) * rec[8]), acc);
+    }
+    return acc;
+}
+#elif defined(W_Q2_K)
+// block_q2_K (dequant.cl): 32-value unit s reads bits 2 (s % 4) of qs[32 (s / 4) + l]; its 16-value
+// halves have the 4-bit scale and min of scales[2s], scales[2s+1] (ggml_vec_dot_q2_K_q8_K: the mins
+// as sum_j bsums[j] * (scales[j] >> 4)). nb counts 32-value units (QKV).
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    for (int ib = lid; ib < nb / 8; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * 84;
+        const global float *rec = (const global float *)xd + (size_t)ib * 16;
+        const global char *xb = xq + (size_t)ib * 256;
+        const uchar16 sc = vload16(0, p);
+        const int16 isc = convert_int16(sc & (uchar)15);
+        int16 isum = (int16)(0);
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            const global uchar *q = p + 16 + 32 * (s >> 2);
+            const uchar sh = (uchar)(2 * (s & 3));
+            isum += I16((vload16(0, q) >> sh) & (uchar)3) * I16(vload16(2 * s, xb)) * isc[2 * s]
+                  + I16((vload16(1, q) >> sh) & (uchar)3) * I16(vload16(2 * s + 1, xb)) * isc[2 * s + 1];
+        }
+        const int16 mins = convert_int16(sc >> (uchar)4) * convert_int16(vload16(0, (const global short *)rec));
+        const int8 m8 = mins.lo + mins.hi;
+        acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 80) * rec[8]), acc);
+        acc.s0 = fma(-(LOAD_HALF(p + 82) * rec[8]), (float)hsum_i8(m8), acc.s0);
+    }
+    return acc;
+}
+#elif defined(W_Q3_K)
+// block_q3_K (dequant.cl): unit s reads bits 2 (s % 4) of qs[32 (s / 4) + l] and bit s of hmask[l]
+// (clear: minus 4); 6-bit scales minus 32 per 16 values (ggml_vec_dot_q3_K_q8_K). nb counts units.
+inline int q3k_iscale(const global uchar *p, int k) {
+    const uint lo = k < 8 ? (p[96 + k] & 15u) : (p[96 + k - 8] >> 4);
+    const uint hi = (p[104 + (k & 3)] >> (2 * (k >> 2))) & 3u;
+    return (int)(lo | (hi << 4)) - 32;
+}
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    for (int ib = lid; ib < nb / 8; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * 110;
+        const global float *rec = (const global float *)xd + (size_t)ib * 16;
+        const global char *xb = xq + (size_t)ib * 256;
+        const uchar16 h0 = vload16(0, p), h1 = vload16(1, p);
+        int16 isum = (int16)(0);
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            const global uchar *q = p + 32 + 32 * (s >> 2);
+            const uchar sh = (uchar)(2 * (s & 3)), m = (uchar)(1 << s);
+            const int16 qa = I16((vload16(0, q) >> sh) & (uchar)3) - select((int16)(4), (int16)(0), I16(h0 & m) != 0);
+            const int16 qb = I16((vload16(1, q) >> sh) & (uchar)3) - select((int16)(4), (int16)(0), I16(h1 & m) != 0);
+            isum += qa * I16(vload16(2 * s, xb)) * q3k_iscale(p, 2 * s)
+                  + qb * I16(vload16(2 * s + 1, xb)) * q3k_iscale(p, 2 * s + 1);
+        }
+        acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 108) * rec[8]), acc);
     }
     return acc;
 }
