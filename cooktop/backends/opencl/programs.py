@@ -540,7 +540,9 @@ class KernelCache:
         """True when prompt matrices (n_tokens > 1) with weights of this type and shape run on
         8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: repacked Q4_0, and Q4_K, Q5_K
         and Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``; each gives a token the 64-byte mat-vec's sums
-        bit for bit)."""
+        bit for bit; Q2_K and Q3_K on the CPU launch shape: dotq8k.cl's prompt kernel, likewise)."""
+        if ggml_type in Q8K_ONLY_TYPES:
+            return self.q8k(ggml_type) and self.shape.mv_ls == 1
         if not self.vnni:
             return False
         if ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) and self.mmq_k and not self.shape.mm_local:

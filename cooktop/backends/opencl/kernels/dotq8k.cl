@@ -193,62 +193,96 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     }
     return acc;
 }
-#elif defined(W_Q2_K)
-// block_q2_K (dequant.cl): 32-value unit s reads bits 2 (s % 4) of qs[32 (s / 4) + l]; its 16-value
-// halves have the 4-bit scale and min of scales[2s], scales[2s+1] (ggml_vec_dot_q2_K_q8_K: the mins
-// as sum_j bsums[j] * (scales[j] >> 4)). nb counts 32-value units (QKV).
-inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
-                         float16 acc) {
-    for (int ib = lid; ib < nb / 8; ib += MV_LS) {
-        const global uchar *p = row + (size_t)ib * 84;
-        const global float *rec = (const global float *)xd + (size_t)ib * 16;
-        const global char *xb = xq + (size_t)ib * 256;
-        const uchar16 sc = vload16(0, p);
-        const int16 isc = convert_int16(sc & (uchar)15);
-        int16 isum = (int16)(0);
+#elif defined(W_Q2_K) || defined(W_Q3_K)
+// Q2_K / Q3_K (block layouts in dequant.cl): a super-block's weights unpacked once as 16 int16-lane
+// vectors w[c] = scale_c * q of values 16c..16c+15, then per token isum = sum_c w[c] * qy[c] and
+// the float lanes of the others (ggml_vec_dot_q2_K_q8_K / q3_K: Q2_K's 4-bit scales and mins, the
+// mins as sum_j bsums[j] * (scales[j] >> 4); Q3_K's 6-bit scales minus 32 and the hmask bit
+// (clear: minus 4)). The prompt kernel below reuses one unpacking for its tokens, with the same
+// integers and float operations per token as dotq8_row. nb counts 32-value units (QKV).
+#if defined(W_Q2_K)
+#define Q8K_SB_BYTES 84
+inline void q8k_unpack(const global uchar *p, int16 *w) {
+    const int16 isc = convert_int16(vload16(0, p) & (uchar)15);
 #pragma unroll
-        for (int s = 0; s < 8; s++) {
-            const global uchar *q = p + 16 + 32 * (s >> 2);
-            const uchar sh = (uchar)(2 * (s & 3));
-            isum += I16((vload16(0, q) >> sh) & (uchar)3) * I16(vload16(2 * s, xb)) * isc[2 * s]
-                  + I16((vload16(1, q) >> sh) & (uchar)3) * I16(vload16(2 * s + 1, xb)) * isc[2 * s + 1];
-        }
-        const int16 mins = convert_int16(sc >> (uchar)4) * convert_int16(vload16(0, (const global short *)rec));
-        const int8 m8 = mins.lo + mins.hi;
-        acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 80) * rec[8]), acc);
-        acc.s0 = fma(-(LOAD_HALF(p + 82) * rec[8]), (float)hsum_i8(m8), acc.s0);
+    for (int s = 0; s < 8; s++) {
+        const global uchar *q = p + 16 + 32 * (s >> 2);
+        const uchar sh = (uchar)(2 * (s & 3));
+        w[2 * s] = I16((vload16(0, q) >> sh) & (uchar)3) * isc[2 * s];
+        w[2 * s + 1] = I16((vload16(1, q) >> sh) & (uchar)3) * isc[2 * s + 1];
     }
-    return acc;
 }
-#elif defined(W_Q3_K)
-// block_q3_K (dequant.cl): unit s reads bits 2 (s % 4) of qs[32 (s / 4) + l] and bit s of hmask[l]
-// (clear: minus 4); 6-bit scales minus 32 per 16 values (ggml_vec_dot_q3_K_q8_K). nb counts units.
+#else
+#define Q8K_SB_BYTES 110
 inline int q3k_iscale(const global uchar *p, int k) {
     const uint lo = k < 8 ? (p[96 + k] & 15u) : (p[96 + k - 8] >> 4);
     const uint hi = (p[104 + (k & 3)] >> (2 * (k >> 2))) & 3u;
     return (int)(lo | (hi << 4)) - 32;
 }
+inline void q8k_unpack(const global uchar *p, int16 *w) {
+    const uchar16 h0 = vload16(0, p), h1 = vload16(1, p);
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        const global uchar *q = p + 32 + 32 * (s >> 2);
+        const uchar sh = (uchar)(2 * (s & 3)), m = (uchar)(1 << s);
+        w[2 * s] = (I16((vload16(0, q) >> sh) & (uchar)3) - select((int16)(4), (int16)(0), I16(h0 & m) != 0))
+                   * q3k_iscale(p, 2 * s);
+        w[2 * s + 1] = (I16((vload16(1, q) >> sh) & (uchar)3) - select((int16)(4), (int16)(0), I16(h1 & m) != 0))
+                       * q3k_iscale(p, 2 * s + 1);
+    }
+}
+#endif
+// acc + super-block p's products with one token's quants xb and record rec
+inline float16 q8k_sb_dot(const global uchar *p, const int16 *w, const global char *xb, const global float *rec,
+                          float16 acc) {
+    int16 isum = (int16)(0);
+#pragma unroll
+    for (int c = 0; c < 16; c++) isum += w[c] * I16(vload16(c, xb));
+#if defined(W_Q2_K)
+    const int16 mins = convert_int16(vload16(0, p) >> (uchar)4) * convert_int16(vload16(0, (const global short *)rec));
+    acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 80) * rec[8]), acc);
+    acc.s0 = fma(-(LOAD_HALF(p + 82) * rec[8]), (float)hsum_i8(mins.lo + mins.hi), acc.s0);
+#else
+    acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 108) * rec[8]), acc);
+#endif
+    return acc;
+}
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
     for (int ib = lid; ib < nb / 8; ib += MV_LS) {
-        const global uchar *p = row + (size_t)ib * 110;
-        const global float *rec = (const global float *)xd + (size_t)ib * 16;
-        const global char *xb = xq + (size_t)ib * 256;
-        const uchar16 h0 = vload16(0, p), h1 = vload16(1, p);
-        int16 isum = (int16)(0);
-#pragma unroll
-        for (int s = 0; s < 8; s++) {
-            const global uchar *q = p + 32 + 32 * (s >> 2);
-            const uchar sh = (uchar)(2 * (s & 3)), m = (uchar)(1 << s);
-            const int16 qa = I16((vload16(0, q) >> sh) & (uchar)3) - select((int16)(4), (int16)(0), I16(h0 & m) != 0);
-            const int16 qb = I16((vload16(1, q) >> sh) & (uchar)3) - select((int16)(4), (int16)(0), I16(h1 & m) != 0);
-            isum += qa * I16(vload16(2 * s, xb)) * q3k_iscale(p, 2 * s)
-                  + qb * I16(vload16(2 * s + 1, xb)) * q3k_iscale(p, 2 * s + 1);
-        }
-        acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 108) * rec[8]), acc);
+        const global uchar *p = row + (size_t)ib * Q8K_SB_BYTES;
+        int16 w[16];
+        q8k_unpack(p, w);
+        acc = q8k_sb_dot(p, w, xq + (size_t)ib * 256, (const global float *)xd + (size_t)ib * 16, acc);
     }
     return acc;
 }
+#if MV_LS == 1
+// Prompt matrices (CPU launch shape): mul_mm_q8's grid (mmq8.cl), MMQ_R rows x MMQ_TN tokens per
+// work-item; each row's super-block is unpacked once for the tokens, each token gets dotq8_row's sums.
+#define Q8K_MM_LOW 1
+__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out, const int n_tok) {
+    const int r0 = get_global_id(0) * MMQ_R, t0 = get_group_id(1) * MMQ_TN;
+    const int nt = min(MMQ_TN, n_tok - t0), nsb = n_in / 256;
+    for (int r = r0; r < min(r0 + MMQ_R, n_out); r++) {
+        const global uchar *wr = w + (size_t)r * ROW_BYTES(n_in);
+        float16 acc[MMQ_TN];
+        for (int t = 0; t < MMQ_TN; t++) acc[t] = (float16)(0.0f);
+        for (int ib = 0; ib < nsb; ib++) {
+            const global uchar *p = wr + (size_t)ib * Q8K_SB_BYTES;
+            int16 wq[16];
+            q8k_unpack(p, wq);
+            for (int t = 0; t < nt; t++) {
+                const size_t tt = (size_t)(t0 + t);
+                acc[t] = q8k_sb_dot(p, wq, xq + tt * n_in + (size_t)ib * 256,
+                                    (const global float *)(xd + tt * (n_in / 32)) + (size_t)ib * 16, acc[t]);
+            }
+        }
+        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r] = hsum16(acc[t]);
+    }
+}
+#endif
 #endif
 #endif  // portable
 #endif  // Q8K_ON

@@ -218,7 +218,8 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #define HAS_MM_Q8_WI
 #endif
 
-#if defined(Q8K_ON) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
+#if defined(Q8K_ON) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) \
+    && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
 // Prompt matrices of Q4_K, Q5_K and Q6_K on block_q8_K activations (dotq8k.cl): per super-block,
 // row and token an int32 vector of sum_s sc_s sum(q qy) (pmaddubsw, then vpdpwssd with the scales:
 // dotq8k.cl's pmaddubsw + pmaddwd in one instruction, the same integers), then the one-token
