@@ -217,6 +217,7 @@ def check_environment() -> None:
     dequant_threads()
     cpu_cache(0)
     opencl_q8()
+    opencl_q8k()
     opencl_vnni()
     opencl_mmq_k()
     opencl_exact_prompt()
