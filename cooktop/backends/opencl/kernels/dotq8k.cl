@@ -89,6 +89,11 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     return acc;
 }
 #elif defined(W_Q6_K)
+// the scales of 16-value sub-blocks 4g..4g+3 as int16 lanes 8 each: one constant shuffle once g is unrolled
+#define Q6K_SH(v, a) __builtin_shufflevector(v, v, a, a, a, a, a, a, a, a, a + 1, a + 1, a + 1, a + 1, a + 1, \
+    a + 1, a + 1, a + 1, a + 2, a + 2, a + 2, a + 2, a + 2, a + 2, a + 2, a + 2, a + 3, a + 3, a + 3, a + 3, a + 3, \
+    a + 3, a + 3, a + 3)
+#define Q6K_SCV(v, g) ((g) == 0 ? Q6K_SH(v, 0) : (g) == 1 ? Q6K_SH(v, 4) : (g) == 2 ? Q6K_SH(v, 8) : Q6K_SH(v, 12))
 // group g (0..3) = values 64g..64g+63 (dotq8.cl's Q6_K layout), 16-value sub-blocks 4g..4g+3;
 // the -32: 32 sum_s sc_s bsums_s, taken out of lane 0's integer
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
@@ -98,7 +103,8 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     for (int ib = lid; ib < nb; ib += MV_LS) {
         const global uchar *p = row + (size_t)ib * 210;
         const global float *rec = (const global float *)xd + (size_t)ib * 16;
-        const int16 sc16 = convert_int16(vload16(0, (const global char *)(p + 192)));
+        const short16 sc16s = convert_short16(vload16(0, (const global char *)(p + 192)));
+        const int16 sc16 = convert_int16(sc16s);
         // lane s: -32 sc_s bsums_s (the -32 of the quants, one 16-value sub-block per lane)
         v16si isum = (v16si)(-(sc16 * (convert_int16(vload16(0, (const global short *)rec)) << 5)));
 #pragma unroll
@@ -109,9 +115,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
             const v16hi qw = (v16hi)qh >> (short)(4 * (g & 1));
             const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;
             const v64qi q = lq | (v64qi)((v16si)hq << 4);
-            const short4 s4 = convert_short4(vload4(g, (const global char *)(p + 192)));
-            const v32hi scv = (v32hi)__builtin_shufflevector(s4, s4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+            const v32hi scv = (v32hi)Q6K_SCV(sc16s, g);
             const v64qi ya = LOAD64(xq + (size_t)ib * 256 + 64 * g);
             isum += __builtin_ia32_pmaddwd512(__builtin_ia32_pmaddubsw512(q, ya), scv);
         }

@@ -240,9 +240,7 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
         const v16hi qw = (v16hi)qh >> (short)(4 * ((g) & 1));                                        \
         const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;                             \
         q = lq | (v64qi)((v16si)hq << 4);                                                            \
-        const short4 s4 = convert_short4(vload4((g), (const global char *)((p) + 192)));            \
-        scv = (v16si)__builtin_shufflevector(s4, s4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, \
-                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);        \
+        scv = (v16si)Q6K_SCV(scr[r], (g));                                                           \
     }
 #define MMQK_BYTES 210
 #else
@@ -283,6 +281,11 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
                 Q8K_SCALES(wr[rp + r] + (size_t)ib * MMQK_BYTES, sc, mn);
                 scr[r] = sc;
             }
+#else
+            short16 scr[MMQK_RP];  // the int8 scales of each row's super-block
+#pragma unroll
+            for (int r = 0; r < MMQK_RP; r++)
+                scr[r] = convert_short16(vload16(0, (const global char *)(wr[rp + r] + (size_t)ib * MMQK_BYTES + 192)));
 #endif
 #pragma unroll
             for (int g = 0; g < 4; g++) {
