@@ -2,7 +2,9 @@
 
 The OpenCL and Vulkan backends quantize a matmul's float32 input to llama.cpp's ``block_q8_1``
 (ggml-common.h) the same way (``Device.quantizes_activations`` says when); this is that rounding
-in numpy, so the integer-dot matmuls can be checked exactly against it.
+in numpy, so the integer-dot matmuls can be checked exactly against it; OpenCL's K-quant kernels
+read llama.cpp's ``block_q8_K`` instead (:func:`quantize_q8_K_ref`; ``Device.activation_format``
+names the format, :func:`dequantize_activations_ref` applies it).
 
 The KV cache's types are written the same way on every backend: :func:`quantize_kv` is the
 numpy reference of ``kv_store`` (the numpy backend's own, and what the device kernels are
