@@ -114,6 +114,12 @@ def opencl_replay() -> bool:
     return env_bool("COOKTOP_OPENCL_REPLAY", True)
 
 
+def opencl_q8k() -> bool:
+    """``COOKTOP_OPENCL_Q8K``: Q4_K, Q5_K and Q6_K integer-dot matmuls on llama.cpp's block_q8_K
+    activations (one scale per 256 values) instead of block_q8_1 (default on)."""
+    return env_bool("COOKTOP_OPENCL_Q8K", True)
+
+
 def opencl_vnni() -> bool:
     """``COOKTOP_OPENCL_VNNI``: the AVX-512 VNNI prompt kernel where the CPU has it (default on)."""
     return env_bool("COOKTOP_OPENCL_VNNI", True)
@@ -217,6 +223,7 @@ def check_environment() -> None:
     dequant_threads()
     cpu_cache(0)
     opencl_q8()
+    opencl_q8k()
     opencl_vnni()
     opencl_mmq_k()
     opencl_exact_prompt()

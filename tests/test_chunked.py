@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as T
 
 from cooktop.backends import chunked, registry
 from cooktop.backends.base import nmse
-from cooktop.backends.reference import dequantize_q8_ref
+from cooktop.backends.reference import dequantize_activations_ref
 from cooktop.errors import DeviceOutOfMemoryError, UnsupportedOpError
 from cooktop.format.quants import dequantize, random_weight, row_bytes
 
@@ -51,7 +51,7 @@ def test_chunked_matmul(device, ty):
         device.write(xt, x)
         bias = rng.standard_normal(n_out).astype(np.float32)
         b = device.upload(bias, T.F32, (n_out,))
-        xr = dequantize_q8_ref(x) if device.quantizes_activations(ty, n_tok, (per, n_in)) else x.astype(np.float64)
+        xr = dequantize_activations_ref(x, device.activation_format(ty, n_tok, (per, n_in)))
         ref = xr @ ref_w.T
         with limit(device, 16384):
             w = device.upload(raw, ty, (n_out, n_in))

@@ -298,7 +298,7 @@ def _check_matmul(dev, ty, rng, n_in, cases):
     """matmul of random ``ty`` weights [n_out, n_in] for each (n_tok, n_out) of ``cases``, against
     numpy on the activations the device multiplies (8-bit where it quantizes them): nmse < 1e-10."""
     from cooktop.backends.base import nmse
-    from cooktop.backends.reference import dequantize_q8_ref
+    from cooktop.backends.reference import dequantize_activations_ref
     from cooktop.format.quants import dequantize, random_weight
 
     for n_tok, n_out in cases:
@@ -307,7 +307,7 @@ def _check_matmul(dev, ty, rng, n_in, cases):
         xt, y = dev.empty((n_tok, n_in)), dev.empty((n_tok, n_out))
         dev.write(xt, x)
         dev.matmul(y, xt, dev.upload(raw, ty, (n_out, n_in)))
-        xr = dequantize_q8_ref(x) if dev.quantizes_activations(ty, n_tok) else x.astype(np.float64)
+        xr = dequantize_activations_ref(x, dev.activation_format(ty, n_tok))
         ref = xr @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
         assert nmse(dev.read(y), ref) < 1e-10, (ty.name, n_tok, n_out)
 

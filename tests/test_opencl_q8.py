@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as T
 from cooktop.backends import registry
 from cooktop.backends.base import nmse
 from cooktop.backends.opencl.programs import Q8_TYPES
-from cooktop.backends.reference import dequantize_q8_ref, quantize_q8_ref
+from cooktop.backends.reference import dequantize_activations_ref, dequantize_q8_ref, quantize_q8_ref
 from cooktop.errors import ShapeError
 from cooktop.format.quants import dequantize, random_weight
 
@@ -83,7 +83,7 @@ def test_matvec_exact_on_8bit_activations(q8dev, ty):
         dev.matmul(y, xt, dev.upload(raw, ty, (n_out, n_in)))
         got = dev.read(y)
         wf = dequantize(raw, ty, (n_out, n_in)).astype(np.float64)
-        exact = dequantize_q8_ref(x) @ wf.T
+        exact = dequantize_activations_ref(x, dev.activation_format(ty, 1)) @ wf.T
         assert nmse(got, exact) <= 1e-10, (ty.name, n_out, nmse(got, exact))
         if n_out >= 129:
             assert nmse(got, x.astype(np.float64) @ wf.T) <= QUANT_BOUND, (ty.name, n_out)
@@ -110,7 +110,7 @@ def test_fused_producers_match_standalone_quantize(q8dev, ty):
         produce()
         dev.matmul(y, mid, w)
         fused, mid_f = dev.read(y), dev.read(mid)
-        exact = dequantize_q8_ref(mid_f) @ wf.T
+        exact = dequantize_activations_ref(mid_f, dev.activation_format(ty, 1)) @ wf.T
         assert nmse(fused, exact) <= 1e-10
         dev.write(mid, mid_f)  # same values, copy made by quantize_q8 now
         dev.matmul(y, mid, w)
@@ -255,7 +255,8 @@ def test_prompt_matrices_vnni(q8dev, ty):
                 q8 = dev.quantizes_activations(ty, n_tok, (n_out, n_in))
                 assert q8 == (dev.exact_prompt or (vnni and n_in % 128 == 0))
                 if q8:
-                    assert nmse(got, dequantize_q8_ref(x) @ wf.T) <= 1e-10, (n_in, n_out, n_tok)
+                    xr = dequantize_activations_ref(x, dev.activation_format(ty, n_tok, (n_out, n_in)))
+                    assert nmse(got, xr @ wf.T) <= 1e-10, (n_in, n_out, n_tok)
                     if n_out >= 129:
                         assert nmse(got, x.astype(np.float64) @ wf.T) <= QUANT_BOUND
                 else:

@@ -176,3 +176,28 @@ def test_split_model_replays_its_device_part(stories, cl_dev, monkeypatch):
         assert toks == toks_off and _same_bits(logits, off)
     finally:
         model.close()
+
+
+def test_k_quant_decode_on_block_q8_K_replays_bit_for_bit(cl_dev, monkeypatch):
+    """A K-quant model (its matmuls on block_q8_K activations, the producers switching format
+    with the matmul they feed) replays its decode step bit for bit the op-by-op logits."""
+    from conftest import SHARED
+    from gguf import GGMLQuantizationType as T
+
+    d = cl_dev
+    path = SHARED / "models" / "tiny" / "tiny-Q4_K_M.gguf"
+    if not path.exists():
+        skip_or_fail("shared", f"{path} is missing")
+    assert d.activation_format(T.Q4_K, 1) == "q8_K"
+    model = load_model(str(path), n_ctx=64, n_batch=16, device=d.info.selector).model
+    try:
+        monkeypatch.setattr(d, "graph_check", False)
+        r0 = d.n_replays
+        toks, logits = greedy(model)
+        assert d.n_replays - r0 == 6
+        api, d.replay = d.replay, None
+        toks_off, off = greedy(model)
+        d.replay = api
+        assert toks == toks_off and _same_bits(logits, off)
+    finally:
+        model.close()

@@ -14,7 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from cooktop.backends.base import DEVICE_WEIGHT_TYPES, ROPE_NEOX, ROPE_NORMAL, nmse
-from cooktop.backends.reference import dequantize_q8_ref
+from cooktop.backends.reference import dequantize_activations_ref
 from cooktop.format.quants import dequantize, random_weight
 
 FLOAT_BOUND = 1e-7
@@ -39,6 +39,12 @@ def _quantizes(dev, ty: T, n_tok: int, shape: tuple[int, int]) -> bool:
     integer-dot kernels, ``quantizes_activations``)."""
     fn = getattr(dev, "quantizes_activations", None)
     return bool(fn and fn(ty, n_tok, shape))
+
+
+def _fmt(dev, ty: T, n_tok: int, shape: tuple[int, int]) -> str | None:
+    """The activation format of ``dev``'s matmul for these weights (``Device.activation_format``)."""
+    fn = getattr(dev, "activation_format", None)
+    return fn(ty, n_tok, shape) if fn else None
 
 
 def _bound(ty: T) -> float:
@@ -91,7 +97,8 @@ def test_matmul(gpu_device, cpu_device, ty, n_tok):
                 # integer dot products on 8-bit activations (llama.cpp's way): exact against numpy
                 # on the same 8-bit x, and within the quantized bound of numpy's float32 product
                 # wherever the output has enough values for nmse to be a ratio of sums
-                exact = dequantize_q8_ref(x) @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
+                xq = dequantize_activations_ref(x, _fmt(gpu_device, ty, n_tok, (n_out, n_in)))
+                exact = xq @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
                 assert nmse(got, exact) <= 1e-10, f"{what}; vs 8-bit x {nmse(got, exact):.2e}"
                 if got.size >= 100:
                     assert err <= QUANT_BOUND, what
@@ -113,7 +120,7 @@ def test_matmuls_of_one_input(gpu_device, cpu_device, n_tok):
         dev.matmuls(_act(dev, x, MAX_TOK), *((o, dev.upload(r, ty, (n, n_in))) for o, (ty, n, r) in zip(outs, raws)))
         into += [dev.read(o) for o in outs]
     for (ty, n, raw), g, r in zip(raws, got, ref):
-        exact = (dequantize_q8_ref(x) if _quantizes(gpu_device, ty, n_tok, (n, n_in)) else x.astype(np.float64)) \
+        exact = dequantize_activations_ref(x, _fmt(gpu_device, ty, n_tok, (n, n_in))) \
             @ dequantize(raw, ty, (n, n_in)).astype(np.float64).T
         assert nmse(g, exact) <= 1e-10, (ty.name, n, n_tok)
         assert nmse(g, r) <= QUANT_BOUND, (ty.name, n, n_tok)
@@ -121,7 +128,8 @@ def test_matmuls_of_one_input(gpu_device, cpu_device, n_tok):
 
 @pytest.mark.parametrize("ty", [T.Q2_K, T.Q3_K], ids=lambda t: t.name)
 def test_low_bit_k_quants(gpu_device, cpu_device, ty):
-    """Q2_K and Q3_K (OpenCL only: float kernels over units of 32 dequantized values): matmul at
+    """Q2_K and Q3_K (OpenCL only: integer dots on block_q8_K activations, or float kernels over units
+    of 32 dequantized values with COOKTOP_OPENCL_Q8K=0): matmul at
     odd rows, tokens and super-block counts, and get_rows, against numpy; Vulkan says it lacks them."""
     if not gpu_device.supports("matmul", ty):
         assert gpu_device.info.backend == "vulkan" and gpu_device.supports_op("matmul", ty)
@@ -139,7 +147,14 @@ def test_low_bit_k_quants(gpu_device, cpu_device, ty):
                     return out
 
                 got, ref = _both(gpu_device, cpu_device, run)
-                assert nmse(got, ref) <= 1e-10, (ty.name, n_in, n_out, n_tok)
+                fmt = _fmt(gpu_device, ty, n_tok, (n_out, n_in))
+                if fmt is None:
+                    assert nmse(got, ref) <= 1e-10, (ty.name, n_in, n_out, n_tok)
+                else:  # OpenCL's integer dots on block_q8_K: exact on the same 8-bit x
+                    exact = dequantize_activations_ref(x, fmt) @ dequantize(raw, ty, (n_out, n_in)).astype(np.float64).T
+                    assert nmse(got, exact) <= 1e-10, (ty.name, n_in, n_out, n_tok)
+                    if n_out >= 129:
+                        assert nmse(got, ref) <= QUANT_BOUND, (ty.name, n_in, n_out, n_tok)
         ids = np.array([0, n_out - 1, 0], dtype=np.int32)
 
         def rows(dev, raw=raw, n_out=n_out, n_in=n_in, ids=ids):

@@ -2,7 +2,8 @@
 
 Bounds (shared/reference/README.md): stories260K logits nmse
 <= 1e-6 and the exact greedy continuation; tiny-F32/F16 <= 5e-6; quantized
-tiny models <= 3e-3 (llama.cpp quantizes activations to 8 bits).
+tiny models <= 3e-3 (llama.cpp quantizes activations to 8 bits), the K-quants on OpenCL
+<= 1e-3 (they quantize activations as llama.cpp does, to block_q8_K).
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ TINY = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q
 FAMILIES = list(registry.FAMILIES)
 
 
-def bound(name: str) -> float:
+def bound(name: str, family: str = "cpu") -> float:
     if name == "stories260K":
         return 1e-6
-    return 5e-6 if name in ("tiny-F32", "tiny-F16") else 3e-3
+    if name in ("tiny-F32", "tiny-F16"):
+        return 5e-6
+    if family == "opencl" and "_K" in name:  # llama.cpp's block_q8_K activations, as llama.cpp (7.4e-4 measured)
+        return 1e-3
+    return 3e-3
 
 
 def model_path(name: str):
@@ -63,7 +68,7 @@ def test_logits_match_llama_cpp(family, name):
             want = npz[case["logits_key"]]
             assert got.shape == want.shape
             err = nmse(got, want)
-            assert err <= bound(name), f"{name} on {family}: nmse {err:.3e} > {bound(name):.0e}"
+            assert err <= bound(name, family), f"{name} on {family}: nmse {err:.3e} > {bound(name, family):.0e}"
             if name == "stories260K":
                 n_p = len(case["prompt_tokens"])
                 assert got[n_p - 1:-1].argmax(1).tolist() == case["greedy_tokens"]

@@ -427,6 +427,13 @@ class Device(DeviceOps):
         reference on the same 8-bit activations when it is True."""
         return False
 
+    def activation_format(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> str | None:
+        """The activations :meth:`quantizes_activations` makes: ``"q8_1"``
+        (:func:`.reference.quantize_q8_ref`) by default, ``"q8_K"`` where a backend's K-quant
+        kernels read llama.cpp's block_q8_K (:func:`.reference.quantize_q8_K_ref`), None for
+        float32 (:func:`.reference.dequantize_activations_ref` applies either)."""
+        return "q8_1" if self.quantizes_activations(ggml_type, n_tokens, shape) else None
+
     def close(self) -> None:  # noqa: B027 - an optional hook (default: nothing to release)
         """Release device resources (buffers, queues). The device is unusable afterwards."""
 

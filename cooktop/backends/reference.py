@@ -2,7 +2,9 @@
 
 The OpenCL and Vulkan backends quantize a matmul's float32 input to llama.cpp's ``block_q8_1``
 (ggml-common.h) the same way (``Device.quantizes_activations`` says when); this is that rounding
-in numpy, so the integer-dot matmuls can be checked exactly against it.
+in numpy, so the integer-dot matmuls can be checked exactly against it; OpenCL's K-quant kernels
+read llama.cpp's ``block_q8_K`` instead (:func:`quantize_q8_K_ref`; ``Device.activation_format``
+names the format, :func:`dequantize_activations_ref` applies it).
 
 The KV cache's types are written the same way on every backend: :func:`quantize_kv` is the
 numpy reference of ``kv_store`` (the numpy backend's own, and what the device kernels are
@@ -47,6 +49,58 @@ def dequantize_q8_ref(x: np.ndarray) -> np.ndarray:
     integer-dot matmuls multiply the weights with)."""
     q, d, _ = quantize_q8_ref(x)
     return (q.reshape(q.shape[:-1] + (-1, 32)).astype(np.float64) * d[..., None]).reshape(q.shape)
+
+
+def quantize_q8_K_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """numpy reference of the OpenCL ``store_q8k`` (llama.cpp ``quantize_row_q8_K_ref``, ggml-quants.c).
+
+    Per 256 values: ``max`` is the first value of largest magnitude, ``iscale = -127 / max``,
+    ``q = min(127, rint(iscale * x))`` (ggml's nearest_int rounds half to even), ``d = 1 / iscale``
+    (so ``d`` has the opposite sign of ``max``) and ``bsums`` the sums of ``q`` per 16 values
+    (block_q8_K, ggml-common.h); an all-zero block has ``d = 0`` and ``q = 0``.
+
+    Args:
+        x: float32 [..., n] with ``n % 256 == 0``.
+    Returns:
+        (q int8 [..., n], d float32 [..., n / 256], bsums int16 [..., n / 16]).
+    Raises:
+        ValueError: ``n`` is not a multiple of 256.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[-1] % 256:
+        raise ValueError(f"quantize_q8_K_ref: row length {x.shape[-1]} is not a multiple of 256")
+    b = x.reshape(x.shape[:-1] + (-1, 256))
+    mx = np.take_along_axis(b, np.abs(b).argmax(axis=-1)[..., None], axis=-1)  # first of largest |x|
+    with np.errstate(divide="ignore"):
+        iscale = np.where(mx != 0, np.float32(-127.0) / mx, np.float32(0.0)).astype(np.float32)
+        d = np.where(mx != 0, np.float32(1.0) / iscale, np.float32(0.0)).astype(np.float32)[..., 0]
+    q = np.minimum(np.rint(b * iscale), 127).astype(np.int8)
+    bsums = q.reshape(q.shape[:-1] + (16, 16)).astype(np.int32).sum(-1).astype(np.int16)
+    return q.reshape(x.shape), d, bsums.reshape(x.shape[:-1] + (-1,))
+
+
+def dequantize_q8_K_ref(x: np.ndarray) -> np.ndarray:
+    """``x`` after the round trip of :func:`quantize_q8_K_ref`, float64 ``d * q`` (what the q8_K
+    integer-dot matmuls multiply the weights with)."""
+    q, d, _ = quantize_q8_K_ref(x)
+    return (q.reshape(q.shape[:-1] + (-1, 256)).astype(np.float64) * d[..., None]).reshape(q.shape)
+
+
+def dequantize_activations_ref(x: np.ndarray, fmt: str | None) -> np.ndarray:
+    """``x`` float64 as a matmul with activation format ``fmt`` sees it
+    (``Device.activation_format``): None (float32 as is), ``"q8_1"``
+    (:func:`dequantize_q8_ref`) or ``"q8_K"`` (:func:`dequantize_q8_K_ref`).
+
+    Raises:
+        ValueError: an unknown format.
+    """
+    if fmt is None:
+        return np.asarray(x, dtype=np.float64)
+    if fmt == "q8_1":
+        return dequantize_q8_ref(x)
+    if fmt == "q8_K":
+        return dequantize_q8_K_ref(x)
+    raise ValueError(f"unknown activation format {fmt!r}")
 
 
 def quantize_kv(x: np.ndarray, ggml_type: T) -> np.ndarray:

@@ -27,7 +27,9 @@ backend does: the activation row is quantized to 8-bit blocks once
 (:mod:`.q8`; ``rmsnorm``, ``silu_mul`` and ``attention`` write that copy
 in the same kernel) and each weight block is multiplied with integer dot
 products (``dotq8.cl``; pmaddubsw on x86 PoCL, portable OpenCL C elsewhere).
-``COOKTOP_OPENCL_Q8=0`` keeps float32 activations. Q4_0 weights whose rows hold
+``COOKTOP_OPENCL_Q8=0`` keeps float32 activations. The K-quants read llama.cpp's
+``block_q8_K`` (one scale per 256 values; ``dotq8k.cl``, :meth:`activation_format`), the
+others ``block_q8_1``. Q4_0 weights whose rows hold
 whole groups of 128 values are repacked on upload for the 64-byte SIMD kernels
 where the compiler targets AVX-512BW (``dequant.cl``).
 
@@ -62,6 +64,7 @@ from .programs import (
     FLOAT_TYPES,
     MVT_TN,
     Q8_TYPES,
+    Q8K_ONLY_TYPES,
     KernelCache,
     clear_cache,
 )
@@ -195,6 +198,7 @@ class OpenCLDevice(ReplayRecorder, Device):
         self.q8 = Q8Shadows(self._alloc)
         self.use_q8 = settings.opencl_q8()
         self.exact_prompt = self.use_q8 and settings.opencl_exact_prompt()
+        self.q8_fmt = "q8_1"  # what the producers write: the format the last integer-dot matmul read
         #: (n_in, weight serials) -> the launches of matmuls (:meth:`_matmuls_plan`)
         self._matmuls_plans: dict[tuple, list[tuple]] = {}
         self._init_replay(*self._replay_api())
@@ -295,15 +299,15 @@ class OpenCLDevice(ReplayRecorder, Device):
         s = self.shape
         self.q8.dirty(out.handle)
         if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8:  # VNNI prompt kernel (module doc)
-            slot = self._q8_input(x)
+            slot = self._q8_input(x, k.act)
             gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // s.mmq_tn))
             self._launch(k.mul_mm_q8, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1 and k.mul_mv_q8 is not None and self.use_q8:
-            slot = self._q8_input(x)
+            slot = self._q8_input(x, k.act)
             self._launch(k.mul_mv_q8, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
                         w.handle, slot.xq, slot.xd, out.handle, n_in, n_out)
         elif n_tok > 1 and k.mul_mvt_q8 is not None and self.exact_prompt:  # the one-token sums, token by token
-            slot = self._q8_input(x)
+            slot = self._q8_input(x, k.act)
             self._launch(k.mul_mvt_q8, (s.mv_ls, _ceil_to(n_out, s.mv_r), -(-n_tok // MVT_TN)), (s.mv_ls, s.mv_r, 1),
                          w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1:
@@ -333,11 +337,11 @@ class OpenCLDevice(ReplayRecorder, Device):
                 out, w = pairs[step[1]]
                 self._matmul(out, x, w)
                 continue
-            knl, gsize, lsize, idx, n, hw = step
+            knl, gsize, lsize, idx, n, hw, fmt = step
             ho = [pairs[i][0].handle for i in idx]
             for h in ho:
                 self.q8.dirty(h)
-            slot = self._q8_input(x)
+            slot = self._q8_input(x, fmt)
             ho += [ho[-1]] * (3 - len(ho))
             self._launch(knl, gsize, lsize, *hw, slot.xq, slot.xd, *ho, x.shape[1], *n)
 
@@ -351,13 +355,13 @@ class OpenCLDevice(ReplayRecorder, Device):
         s = self.shape
         plan: list[tuple] = []
         for t, idx in groups.items():
-            if t in Q8_TYPES and 1 < len(idx) <= 3:
+            if t in Q8_TYPES and 1 < len(idx) <= 3 and self.quantizes_activations(t, 1):
                 ws = [pairs[i][1] for i in idx]
                 k = self.kernels.weights(t, self.kernels.repacks(t, ws[0].shape))
                 n = tuple(w.shape[0] for w in ws) + (0,) * (3 - len(ws))
                 hw = tuple(w.handle for w in ws) + (ws[-1].handle,) * (3 - len(ws))
                 plan.append((k.mul_mv_q8_3, (s.mv_ls, _ceil_to(sum(n), s.mv_r)), (s.mv_ls, s.mv_r), tuple(idx), n,
-                             hw))
+                             hw, k.act))
             else:
                 plan += [(None, i) for i in idx]
         return plan
@@ -374,10 +378,15 @@ class OpenCLDevice(ReplayRecorder, Device):
         n_rows, width = x.shape
         g = w.shape[0]  # groups of g values are rows of their own (contiguous)
         ls = self.shape.rn_ls
+        if g == width and self._fuse_q8(n_rows, width) and self._fuse_q8k(width):
+            slot = self.q8.claim(out.handle, n_rows, width, "q8_K")
+            self._launch(self.kernels.ops().rmsnorm_q8k, (ls, n_rows), (ls, 1), out.handle, x.handle, w.handle, width,
+                         eps, slot.xq, slot.xd)
+            return
         if g == width and self._fuse_q8(n_rows, width):  # the next matmul's 8-bit input in the same kernel
             slot = self.q8.claim(out.handle, n_rows, width)
             self._launch(self.kernels.ops().rmsnorm_q8, (ls, n_rows), (ls, 1), out.handle, x.handle, w.handle, width,
-                                          eps, slot.xq, slot.xd)
+                         eps, slot.xq, slot.xd)
             return
         self.q8.dirty(out.handle)
         self._launch(self.kernels.ops().rmsnorm, (ls, n_rows * (width // g)), (ls, 1), out.handle, x.handle,
@@ -450,7 +459,7 @@ class OpenCLDevice(ReplayRecorder, Device):
         kt, vt = k_cache.ggml_type, v_cache.ggml_type
         group = self._gqa_group(n_head, n_head_kv, n_tok)
         units = (n_head_kv if group else n_head, n_tok)
-        if self.shape.at_serial and head_dim % 32 == 0 and self._fuse_q8(n_tok, width):
+        if self.shape.at_serial and head_dim % 32 == 0 and self._fuse_q8(n_tok, width) and self.q8_fmt == "q8_1":
             slot = self.q8.claim(out.handle, n_tok, width)  # the output projection's 8-bit input
             knl = self.kernels.attention(head_dim, True, has_sinks, kt, vt, group)
             self._launch(knl, units, (1, 1), *args, slot.xq, slot.xd)
@@ -524,10 +533,15 @@ class OpenCLDevice(ReplayRecorder, Device):
 
     def _silu_mul(self, out, gate, up):
         n_rows, n = out.shape
+        if self._fuse_q8(n_rows, n) and self._fuse_q8k(n):
+            slot = self.q8.claim(out.handle, n_rows, n, "q8_K")
+            self._launch(self.kernels.ops().silu_mul_q8k, (n // 256, n_rows), None, out.handle, gate.handle,
+                         up.handle, n, slot.xq, slot.xd)
+            return
         if self._fuse_q8(n_rows, n):  # the down projection's 8-bit input in the same kernel
             slot = self.q8.claim(out.handle, n_rows, n)
             self._launch(self.kernels.ops().silu_mul_q8, (n // 32, n_rows), None, out.handle, gate.handle, up.handle,
-                                           n, slot.xq, slot.xd)
+                         n, slot.xq, slot.xd)
             return
         self._elementwise(self.kernels.ops().silu_mul, out, gate, up)
 
@@ -582,9 +596,24 @@ class OpenCLDevice(ReplayRecorder, Device):
         backend does; False when it computes in float32."""
         if not self.use_q8 or T(ggml_type) not in Q8_TYPES:
             return False
+        if T(ggml_type) in Q8K_ONLY_TYPES and not self.kernels.q8k(T(ggml_type)):
+            return False
         if n_tokens == 1 or self.exact_prompt:  # mul_mv_q8; a prompt: mul_mvt_q8 or mul_mm_q8
             return True
         return shape is not None and self.kernels.mm_q8(T(ggml_type), tuple(shape))
+
+    def activation_format(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> str | None:
+        """:meth:`quantizes_activations` with the format: ``"q8_K"`` for the K-quants (llama.cpp's
+        block_q8_K, ``reference.quantize_q8_K_ref``; ``COOKTOP_OPENCL_Q8K=0``: block_q8_1),
+        ``"q8_1"`` for the other integer-dot types, None for float32 activations."""
+        if not self.quantizes_activations(ggml_type, n_tokens, shape):
+            return None
+        return "q8_K" if self.kernels.q8k(T(ggml_type)) else "q8_1"
+
+    def _fuse_q8k(self, n: int) -> bool:
+        """True when a producer should write block_q8_K (the last integer-dot matmul read it and
+        whole 256-value super-blocks fit); block_q8_1 otherwise."""
+        return self.q8_fmt == "q8_K" and n % 256 == 0
 
     def _fuse_q8(self, n_rows: int, n: int) -> bool:
         """True when an op producing ``[n_rows, n]`` should also write its 8-bit copy: the
@@ -593,12 +622,17 @@ class OpenCLDevice(ReplayRecorder, Device):
         8-bit copies those of its tokens one at a time."""
         return self.use_q8 and (n_rows == 1 or self.kernels.vnni or self.exact_prompt) and n % 32 == 0
 
-    def _q8_input(self, x: DeviceTensor):
-        """The 8-bit copy of ``x`` (f32 [n, n_in], n_in % 32 == 0), quantizing it now if no
-        op made one since ``x`` was last written."""
+    def _q8_input(self, x: DeviceTensor, fmt: str = "q8_1"):
+        """The 8-bit copy of ``x`` (f32 [n, n_in], n_in % 32 == 0; % 256 for ``"q8_K"``) in
+        format ``fmt``, quantizing it now if no op made one since ``x`` was last written."""
         n, n_in = x.shape
-        slot = self.q8.lookup(x.handle, n, n_in)
+        self.q8_fmt = fmt
+        slot = self.q8.lookup(x.handle, n, n_in, fmt)
         if slot is None:
-            slot = self.q8.claim(x.handle, n, n_in)
-            self._launch(self.kernels.ops().quantize_q8, (n_in // 32, n), None, x.handle, slot.xq, slot.xd, n_in)
+            slot = self.q8.claim(x.handle, n, n_in, fmt, keep_others=True)
+            if fmt == "q8_K":
+                self._launch(self.kernels.ops().quantize_q8k, (n_in // 256, n), None, x.handle, slot.xq, slot.xd,
+                             n_in)
+            else:
+                self._launch(self.kernels.ops().quantize_q8, (n_in // 32, n), None, x.handle, slot.xq, slot.xd, n_in)
         return slot

@@ -47,7 +47,15 @@ OPENCL_TYPES: tuple[T, ...] = (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q
                                 T.MXFP4, T.Q2_K, T.Q3_K)
 
 #: Weight types with an integer-dot mat-vec kernel on 8-bit activations (dotq8.cl: mul_mv_q8).
-Q8_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
+Q8_TYPES: tuple[T, ...] = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K)
+
+#: K-quant types whose integer-dot kernels read llama.cpp's block_q8_K activations (one scale per
+#: 256 values and bsums: quant.cl store_q8k, dotq8k.cl) unless ``COOKTOP_OPENCL_Q8K=0`` (then Q4_K,
+#: Q5_K, Q6_K read block_q8_1 and Q2_K, Q3_K float32); the other Q8_TYPES read block_q8_1.
+Q8K_TYPES: tuple[T, ...] = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K)
+
+#: Of Q8K_TYPES, those with no block_q8_1 kernels.
+Q8K_ONLY_TYPES: tuple[T, ...] = (T.Q2_K, T.Q3_K)
 
 #: Tokens per work-group of ``mul_mvt_q8`` (a prompt on the one-token integer sums).
 MVT_TN = 16
@@ -126,7 +134,7 @@ def host_has_vnni() -> bool:
 #: The programs built from ``kernels/*.cl``: name -> the files concatenated, in order.
 PROGRAMS: dict[str, tuple[str, ...]] = {
     "ops": ("norm.cl", "rope.cl", "elementwise.cl", "quant.cl"),
-    "weights": ("dequant.cl", "dotq8.cl", "matmul.cl", "mmq8.cl"),
+    "weights": ("dequant.cl", "dotq8.cl", "dotq8k.cl", "matmul.cl", "mmq8.cl"),
     "attention": ("kv.cl", "attention.cl"),
     "attention_q8": ("quant.cl", "kv.cl", "attention.cl"),
     "kv_store": ("kv.cl", "rope.cl", "kv_store.cl"),
@@ -290,10 +298,13 @@ class WeightKernels:
     three matrices of one input in one launch), ``mul_mm_q8`` (VNNI prompt kernel)."""
 
     __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mvt_q8", "mul_mv_id",
-                 "mul_mm_id", "mul_mv_q8_3")
+                 "mul_mm_id", "mul_mv_q8_3", "act")
 
-    def __init__(self, prg: Any):
+    def __init__(self, prg: Any, act: str = "q8_1"):
         import pyopencl as cl
+
+        #: the activation format the *_q8 kernels read: "q8_1" (xd float2 per 32) or "q8_K" (quant.cl)
+        self.act = act
 
         names = set(prg.get_info(cl.program_info.KERNEL_NAMES).split(";"))
         self.mul_mv = prg.mul_mv
@@ -329,7 +340,7 @@ class OpKernels:
 
     __slots__ = ("rmsnorm", "rope", "add", "add_bias", "silu_mul", "kv_store", "gelu_mul", "quantize_q8",
                  "rmsnorm_q8", "silu_mul_q8", "copy_f32", "moe_route", "add_id", "moe_combine", "swiglu_oai",
-                 "moe_group")
+                 "moe_group", "quantize_q8k", "rmsnorm_q8k", "silu_mul_q8k")
 
     def __init__(self, prg: Any):
         i32, f32 = np.int32, np.float32
@@ -354,6 +365,12 @@ class OpKernels:
         self.rmsnorm_q8.set_scalar_arg_dtypes([None, None, None, i32, f32, None, None])
         self.silu_mul_q8 = prg.silu_mul_q8
         self.silu_mul_q8.set_scalar_arg_dtypes([None, None, None, i32, None, None])
+        self.quantize_q8k = prg.quantize_q8k
+        self.quantize_q8k.set_scalar_arg_dtypes([None, None, None, i32])
+        self.rmsnorm_q8k = prg.rmsnorm_q8k
+        self.rmsnorm_q8k.set_scalar_arg_dtypes([None, None, None, i32, f32, None, None])
+        self.silu_mul_q8k = prg.silu_mul_q8k
+        self.silu_mul_q8k.set_scalar_arg_dtypes([None, None, None, i32, None, None])
         self.copy_f32 = prg.copy_f32
         self.copy_f32.set_scalar_arg_dtypes([None, None, i32])
         self.moe_route = prg.moe_route
@@ -442,6 +459,8 @@ class KernelCache:
 
     def _weight_program(self, ggml_type: T, repacked: bool = False) -> tuple[str, str]:
         opts = f"{self.options} -DW_{ggml_type.name}" + (f" -DREPACK_{ggml_type.name}" if repacked else "")
+        if self.q8k(ggml_type):
+            opts += " -DQ8K=1"
         return read_source(*PROGRAMS["weights"]), opts
 
     def _ops_program(self) -> tuple[str, str]:
@@ -487,8 +506,14 @@ class KernelCache:
             with self._lock:
                 src, options = self._weight_program(ggml_type, repacked)
                 prg = build_program(self.ctx, self.device, src, options, f"matmul {ggml_type.name}", self._label)
-                k = self._weights[(ggml_type, repacked)] = WeightKernels(prg)
+                k = WeightKernels(prg, "q8_K" if self.q8k(ggml_type) else "q8_1")
+                self._weights[(ggml_type, repacked)] = k
         return k
+
+    def q8k(self, ggml_type: T) -> bool:
+        """True when the integer-dot kernels of ``ggml_type`` read block_q8_K activations
+        (:data:`Q8K_TYPES`, ``COOKTOP_OPENCL_Q8K``, default on)."""
+        return ggml_type in Q8K_TYPES and settings.opencl_q8k()
 
     def isa(self) -> dict[str, bool]:
         """What the device compiler targets, from its predefined macros (a one-line probe kernel,
@@ -515,7 +540,9 @@ class KernelCache:
         """True when prompt matrices (n_tokens > 1) with weights of this type and shape run on
         8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: repacked Q4_0, and Q4_K, Q5_K
         and Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``; each gives a token the 64-byte mat-vec's sums
-        bit for bit)."""
+        bit for bit; Q2_K and Q3_K on the CPU launch shape: dotq8k.cl's prompt kernel, likewise)."""
+        if ggml_type in Q8K_ONLY_TYPES:
+            return self.q8k(ggml_type) and self.shape.mv_ls == 1
         if not self.vnni:
             return False
         if ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) and self.mmq_k and not self.shape.mm_local:

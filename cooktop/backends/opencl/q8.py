@@ -6,7 +6,9 @@ A matmul whose weight type has an integer-dot kernel (``dotq8.cl``) reads its in
 activation is made once and reused by every matmul that reads it (q, k and v read
 the same normed row; gate and up too), and the ops that produce matmul inputs
 (``rmsnorm``, ``silu_mul``) write it in the same kernel (``quant.cl``), so
-quantization costs no extra launch there.
+quantization costs no extra launch there. The K-quants read llama.cpp's ``block_q8_K``
+instead (one scale per 256 values, sums per 16; :func:`..reference.quantize_q8_K_ref`), in the
+same two buffers; the producers write the format the last integer-dot matmul read.
 
 A :class:`Q8Shadows` holds a few slots; slot ``i`` belongs to one activation buffer
 (identified by the buffer itself) and is valid for its first ``rows`` rows of
@@ -24,7 +26,9 @@ from typing import Any
 @dataclasses.dataclass
 class Q8Slot:
     """One quantized copy: ``xq`` (int8 [cap_values]) and ``xd`` (float2 [cap_values / 32]) buffers,
-    the owner buffer's address, and the rows x n_in it holds (0 rows = free)."""
+    the owner buffer's address, the rows x n_in it holds (0 rows = free) and its format: ``"q8_1"``
+    (``xd`` = (d, d * sum) per 32 values) or ``"q8_K"`` (``xd`` = a 16-float record per 256
+    values: short bsums[16], float d; quant.cl ``store_q8k``), in the same buffers."""
 
     xq: Any
     xd: Any
@@ -33,6 +37,7 @@ class Q8Slot:
     rows: int = 0
     n_in: int = 0
     tick: int = 0
+    fmt: str = "q8_1"
 
 
 class Q8Shadows:
@@ -49,24 +54,31 @@ class Q8Shadows:
         self._n_slots = n_slots
         self._tick = 0
 
-    def lookup(self, handle: Any, rows: int, n_in: int) -> Q8Slot | None:
-        """The valid copy of rows ``0..rows-1`` (``n_in`` values each) of ``handle``, or None."""
+    def lookup(self, handle: Any, rows: int, n_in: int, fmt: str = "q8_1") -> Q8Slot | None:
+        """The valid copy in format ``fmt`` of rows ``0..rows-1`` (``n_in`` values each) of ``handle``, or None."""
         key = handle.int_ptr
         for s in self._slots:
-            if s.owner == key and s.n_in == n_in and s.rows >= rows:
+            if s.owner == key and s.n_in == n_in and s.rows >= rows and s.fmt == fmt:
                 self._tick += 1
                 s.tick = self._tick
                 return s
         return None
 
-    def claim(self, handle: Any, rows: int, n_in: int) -> Q8Slot:
-        """A slot that will hold rows ``0..rows-1`` of ``handle`` once the caller's kernel has run.
+    def claim(self, handle: Any, rows: int, n_in: int, fmt: str = "q8_1", keep_others: bool = False) -> Q8Slot:
+        """A slot that will hold rows ``0..rows-1`` of ``handle`` in format ``fmt`` once the caller's
+        kernel has run. Every other copy of ``handle`` is forgotten (a producer is about to write
+        it), or with ``keep_others`` only those of ``fmt`` (a second format of unchanged values).
 
         Raises:
             DeviceOutOfMemoryError: growing a slot failed.
         """
         key = handle.int_ptr
-        self.dirty(handle)
+        if keep_others:
+            for s in self._slots:
+                if s.owner == key and s.fmt == fmt:
+                    s.owner, s.rows = 0, 0
+        else:
+            self.dirty(handle)
         need = rows * n_in
         free = [s for s in self._slots if s.rows == 0]
         if free:
@@ -80,7 +92,7 @@ class Q8Shadows:
             cap = max(need, 2 * slot.cap_values)
             slot.xq, slot.xd, slot.cap_values = self._alloc(cap), self._alloc(cap // 32 * 8), cap
         self._tick += 1
-        slot.owner, slot.rows, slot.n_in, slot.tick = key, rows, n_in, self._tick
+        slot.owner, slot.rows, slot.n_in, slot.tick, slot.fmt = key, rows, n_in, self._tick, fmt
         return slot
 
     def dirty(self, handle: Any) -> None:

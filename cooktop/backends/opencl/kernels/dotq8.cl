@@ -16,6 +16,11 @@
 // whose 16 lanes hold partial sums (hsum16 at the end). Types without HAS_Q8 run
 // the float kernels (mul_mv / mul_mm) only.
 
+// -DQ8K: the K-quants (Q4_K, Q5_K, Q6_K) read block_q8_K activations instead (dotq8k.cl).
+#if defined(Q8K) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K) || defined(W_Q2_K) || defined(W_Q3_K))
+#define Q8K_ON 1
+#endif
+
 // x86 CPUs (PoCL compiles for the host, so clang predefines __AVX2__ etc.): the block
 // dot products use the same instructions as ggml's AVX2 code (ggml-cpu/arch/x86/quants.c):
 // pmaddubsw (unsigned x signed bytes -> pairs summed in int16), pmaddwd (pairs -> int32),
@@ -126,7 +131,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     acc.s0123 -= 8.0f * acc_o;
     return acc;
 }
-#elif (defined(W_Q4_K) || defined(W_Q5_K)) && defined(X86_512)
+#elif (defined(W_Q4_K) || defined(W_Q5_K)) && defined(X86_512) && !defined(Q8K_ON)
 // Q4_K / Q5_K with 64-byte vectors: per 32-byte group j of qs the low nibbles (sub-block 2j) and
 // high nibbles (2j+1) make one 64-byte vector against 64 contiguous activation bytes (lanes 0..7:
 // sub-block 2j, 8..15: 2j+1; Q5_K ORs in bits 2j, 2j+1 of qh as bit 4, values 0..31); the mins
@@ -164,7 +169,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     }
     return acc;
 }
-#elif defined(W_Q6_K) && defined(X86_512)
+#elif defined(W_Q6_K) && defined(X86_512) && !defined(Q8K_ON)
 // Q6_K with 64-byte vectors: group g (0..3) of a super-block is 64 values (half g / 2 of ql/qh,
 // low or high nibbles of its 64 ql bytes, two qh bits each as bits 4-5); int32 lane i covers
 // values 4i..4i+3 (16-value sub-block 4g + i / 4, 32-value activation block 2g + i / 8). The -32 of
@@ -214,7 +219,7 @@ inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq
     const float2 dx = xd[ib];
     return fma(fma(t, (float8)dx.x, (float8)(-dx.y)), (float8)h2f(p), acc);
 }
-#elif defined(W_Q4_K)
+#elif defined(W_Q4_K) && !defined(Q8K_ON)
 inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
                           float8 acc) {
     const global uchar *p = row + (size_t)ib * 144;
@@ -239,7 +244,7 @@ inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq
     }
     return acc;
 }
-#elif defined(W_Q6_K)
+#elif defined(W_Q6_K) && !defined(Q8K_ON)
 // per group of 32: sum over its two 16-value halves of sc * ((q - 32) y): pmaddubsw of q
 // and of 32 (then subtracted), pmaddwd with the scales as int16 (ggml's AVX2 q6_K)
 inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq, const global float2 *xd,
@@ -344,7 +349,7 @@ inline float16 dotq8_block(const global uchar *row, int ib, const global char *x
     return fma(convert_float16(s), (float16)(d * dx.x), acc);
 }
 
-#elif defined(W_Q4_K) || defined(W_Q5_K)
+#elif (defined(W_Q4_K) || defined(W_Q5_K)) && !defined(Q8K_ON)
 #define HAS_Q8 1
 // Super-block of 8 sub-blocks s of 32: y = d*sc_s*q - dmin*m_s, so the block adds
 // sum_s d*sc_s*dx_s*sum(q*qx) - dmin*m_s*(dx_s*sum(qx)) (vec_dot_q4_K_q8_K).
@@ -387,7 +392,7 @@ inline float16 dotq8_block(const global uchar *row, int ib, const global char *x
     return acc;
 }
 
-#elif defined(W_Q6_K)
+#elif defined(W_Q6_K) && !defined(Q8K_ON)
 #define HAS_Q8 1
 // Two halves of 128 values, four groups r of 32 each (deq_unit in dequant.cl); the
 // 16-value halves of a group have their own int8 scale: y = d * sc * (q - 32).
@@ -427,7 +432,7 @@ inline float16 dotq8_block(const global uchar *row, int ib, const global char *x
 #endif
 #endif  // portable
 
-#if defined(HAS_Q8) && !defined(DOTQ8_ROW)
+#if defined(HAS_Q8) && !defined(DOTQ8_ROW) && !defined(Q8K_ON)
 // partial sums of a row's blocks lid, lid + MV_LS, ... (mul_mv_q8)
 inline Q8ACC dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                        Q8ACC acc) {

@@ -100,7 +100,8 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #endif
 
 
-#if (defined(W_Q4_K) || defined(W_Q5_K)) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
+#if (defined(W_Q4_K) || defined(W_Q5_K)) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) \
+    && !defined(Q8K_ON)
 // Prompt matrices on 8-bit activations with AVX-512 VNNI for Q4_K and Q5_K (block layouts in dequant.cl;
 // Q5_K's fifth bit from qh as in dotq8.cl's Q45K_QUANTS),
 // llama.cpp's Q4_K x Q8 idea (ggml_vec_dot_q4_K_q8_K, ggml-cpu/arch/x86/quants.c) on block_q8_1
@@ -164,7 +165,7 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #define HAS_MM_Q8_WI
 #endif
 
-#if defined(W_Q6_K) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
+#if defined(W_Q6_K) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) && !defined(Q8K_ON)
 // Prompt matrices on 8-bit activations with AVX-512 VNNI for Q6_K (block layout in dequant.cl;
 // ggml_vec_dot_q6_K_q8_K's scheme on block_q8_1 activations): group g (0..3) of a super-block is
 // 64 values, half h = g / 2 of ql/qh, low (g even) or high (g odd) nibbles of 64 ql bytes with
@@ -208,6 +209,136 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
                     const float16 pr = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(na, (v16si)q[r], (v16si)ya)));
                     acc[r][t] = fma(pr, ds[r] * dx, acc[r][t]);
                 }
+            }
+        }
+    }
+    MMQ_WI_STORE();
+}
+
+#define HAS_MM_Q8_WI
+#endif
+
+#if defined(Q8K_ON) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) \
+    && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
+// Prompt matrices of Q4_K, Q5_K and Q6_K on block_q8_K activations (dotq8k.cl): per super-block,
+// row and token an int32 vector of sum_s sc_s sum(q qy) (pmaddubsw, then vpdpwssd with the scales:
+// dotq8k.cl's pmaddubsw + pmaddwd in one instruction, the same integers), then the one-token
+// row's float operations in its order, so each token gets dotq8_row's sums bit for bit. The
+// MMQ_R rows of a work-item run in passes of MMQK_RP against all its MMQ_TN tokens, so that the
+// MMQK_RP x MMQ_TN integer accumulators stay in registers (the float ones are touched once per
+// super-block). At 64 tokens 2 rows x 8 tokens beat 4 x 4 and 4 x 2 (fewer quants built per
+// product; scripts/bench_q8k.py).
+#ifndef MMQK_RP
+#define MMQK_RP 2
+#endif
+#if defined(W_Q6_K)
+#define MMQK_GROUP(p, g, q, scv)                                                                     \
+    {                                                                                                \
+        const v64qi ql = *(const global v64qi_u *)((p) + 64 * ((g) >> 1));                          \
+        const v32qi qh = *(const global v32qi_u *)((p) + 128 + 32 * ((g) >> 1));                     \
+        const v64qi lq = ((g) & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);            \
+        const v16hi qw = (v16hi)qh >> (short)(4 * ((g) & 1));                                        \
+        const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;                             \
+        q = lq | (v64qi)((v16si)hq << 4);                                                            \
+        scv = (v16si)Q6K_SCV(scr[r], (g));                                                           \
+    }
+#define MMQK_BYTES 210
+#else
+#define MMQK_GROUP(p, g, q, scv)                                                                     \
+    {                                                                                                \
+        const v32qi z = *(const global v32qi_u *)((p) + QK_QS + 32 * (g));                           \
+        q = Q45K_QUANTS(z, (p), (g), m15);                                                           \
+        scv = MMQK_SCV(scr[r], g);                                                                   \
+    }
+#define MMQK_BYTES QK_BYTES
+// the scales of sub-blocks 2g (int16 lanes 0..15) and 2g+1 (16..31), one constant shuffle once g is
+// unrolled (dotq8k.cl's Q8K_STEP)
+#define MMQK_SH(v, a, b) ((v16si)__builtin_shufflevector(v, v, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, \
+                                                        b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b))
+#define MMQK_SCV(v, g) ((g) == 0 ? MMQK_SH(v, 0, 1) : (g) == 1 ? MMQK_SH(v, 2, 3) : (g) == 2 ? MMQK_SH(v, 4, 5) \
+                                                                                         : MMQK_SH(v, 6, 7))
+#endif
+__attribute__((target("avx512vnni"))) __attribute__((noinline))
+void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
+              const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
+    const int nsb = n_in / 256;
+    MMQ_WI_BEGIN();
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+#if defined(W_Q6_K)
+    const v64qi m3 = (v64qi)(int16)(0x03030303);
+#endif
+    for (int rp = 0; rp < MMQ_R; rp += MMQK_RP) {
+        for (int ib = 0; ib < nsb; ib++) {
+            v16si isum[MMQK_RP][MMQ_TN];
+#pragma unroll
+            for (int r = 0; r < MMQK_RP; r++)
+#pragma unroll
+                for (int t = 0; t < MMQ_TN; t++) isum[r][t] = zero;
+#if !defined(W_Q6_K)
+            short8 scr[MMQK_RP];  // the 6-bit scales of each row's super-block, decoded once
+#pragma unroll
+            for (int r = 0; r < MMQK_RP; r++) {
+                Q8K_SCALES(wr[rp + r] + (size_t)ib * MMQK_BYTES, sc, mn);
+                scr[r] = sc;
+            }
+#else
+            short16 scr[MMQK_RP];  // the int8 scales of each row's super-block
+#pragma unroll
+            for (int r = 0; r < MMQK_RP; r++)
+                scr[r] = convert_short16(vload16(0, (const global char *)(wr[rp + r] + (size_t)ib * MMQK_BYTES + 192)));
+#endif
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                v64qi q[MMQK_RP];
+                v16si scv[MMQK_RP];
+#pragma unroll
+                for (int r = 0; r < MMQK_RP; r++) MMQK_GROUP(wr[rp + r] + (size_t)ib * MMQK_BYTES, g, q[r], scv[r]);
+#pragma unroll
+                for (int t = 0; t < MMQ_TN; t++) {
+                    const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)ib * 256 + 64 * g);
+#pragma unroll
+                    for (int r = 0; r < MMQK_RP; r++)
+                        isum[r][t] = __builtin_ia32_vpdpwssd512(
+                            isum[r][t], (v16si)__builtin_ia32_pmaddubsw512(q[r], ya), scv[r]);
+                }
+            }
+            float dy[MMQ_TN];
+#if defined(W_Q6_K)
+            int16 bs[MMQ_TN];  // 32 bsums per 16-value sub-block
+#else
+            short16 bs[MMQ_TN];
+#endif
+#pragma unroll
+            for (int t = 0; t < MMQ_TN; t++) {
+                const global float *rec = dr[t] + (size_t)ib * 16;
+                dy[t] = rec[8];
+#if defined(W_Q6_K)
+                bs[t] = convert_int16(vload16(0, (const global short *)rec)) << 5;
+#else
+                bs[t] = vload16(0, (const global short *)rec);
+#endif
+            }
+#pragma unroll
+            for (int r = 0; r < MMQK_RP; r++) {  // dotq8_row's float lanes (dotq8k.cl), in its order
+                const global uchar *p = wr[rp + r] + (size_t)ib * MMQK_BYTES;
+#if defined(W_Q6_K)
+                const int16 sc16 = convert_int16(vload16(0, (const global char *)(p + 192)));
+                const float dw = h2f(p + 208);
+#pragma unroll
+                for (int t = 0; t < MMQ_TN; t++) {
+                    const int16 iv = as_int16(isum[r][t] + (v16si)(-(sc16 * bs[t])));
+                    acc[rp + r][t] = fma(convert_float16(iv), (float16)(dw * dy[t]), acc[rp + r][t]);
+                }
+#else
+                Q8K_SCALES(p, sc, mn);
+                const short8 m8 = convert_short8(mn);
+                const float dw = h2f(p), mw = h2f(p + 2);
+#pragma unroll
+                for (int t = 0; t < MMQ_TN; t++) {
+                    acc[rp + r][t] = fma(convert_float16(as_int16(isum[r][t])), (float16)(dw * dy[t]), acc[rp + r][t]);
+                    acc[rp + r][t].lo = fma((float8)(-(mw * dy[t])), convert_float8(q8k_mins8(m8, bs[t])), acc[rp + r][t].lo);
+                }
+#endif
             }
         }
     }

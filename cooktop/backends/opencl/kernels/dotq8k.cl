@@ -1,0 +1,292 @@
+// K-quant rows (Q4_K, Q5_K, Q6_K; Q2_K, Q3_K in portable C only) dotted with llama.cpp's block_q8_K activations (quant.cl's
+// store_q8k: one scale per 256 values, sums of quants per 16), built with -DQ8K (Q8K_ON, set in
+// dotq8.cl, which then leaves its block_q8_1 versions of these types out). Appended to dotq8.cl;
+// matmul.cl's mul_mv_q8 / mul_mv_q8_3 / mul_mvt_q8 and mmq8.cl's mul_mm_q8 call dotq8_row with
+// xd as the record plane (16 floats per super-block: short bsums[16], float d).
+//
+// As ggml_vec_dot_q4_K_q8_K / q5_K / q6_K (ggml-cpu quants.c, arch/x86/quants.c): inside a
+// super-block everything is an int32 sum, sum_s sc_s * sum(q * qy) (the -32 of Q6_K folded in
+// through bsums); the super-block then adds (d_w d_y) * isum in float, and Q4_K / Q5_K
+// subtract (dmin_w d_y) * sum_s m_s * (bsums[2s] + bsums[2s+1]). 16 float lanes of partial sums
+// per row; every lane's float operations are one fma per super-block (plus one for the mins),
+// which mmq8.cl's q8_K prompt kernel repeats in the same order, so prompts are bit for bit
+// their tokens one at a time.
+
+#ifdef Q8K_ON
+#ifndef HAS_Q8
+#define HAS_Q8 1
+#endif
+#undef Q8ACC
+#undef Q8_HSUM
+#define Q8ACC float16
+#define Q8_HSUM(v) hsum16(v)
+#define DOTQ8_ROW 1
+
+#if defined(W_Q4_K) || defined(W_Q5_K)
+// 6-bit scales (sc) and mins (mn) of the 8 sub-blocks (get_scale_min_k4, ggml-quants.c)
+#define Q8K_SCALES(p, sc, mn)                                                                       \
+    const uchar4 s0_ = vload4(0, (p) + 4), s1_ = vload4(1, (p) + 4), s2_ = vload4(2, (p) + 4);     \
+    const short8 sc = convert_short8((uchar8)(s0_ & (uchar)63, (s2_ & (uchar)15) | ((s0_ >> (uchar)6) << (uchar)4))); \
+    const int8 mn = convert_int8((uchar8)(s1_ & (uchar)63, (s2_ >> (uchar)4) | ((s1_ >> (uchar)6) << (uchar)4)))
+#endif
+
+inline int hsum_i8(int8 v) {
+    const int4 s4 = v.lo + v.hi;
+    const int2 s2 = s4.lo + s4.hi;
+    return s2.x + s2.y;
+}
+
+// sum_s m_s * (bsums[2s] + bsums[2s+1]): the integer of the mins term
+inline int q8k_mins(const int8 mn, const global float *rec) {
+    const short16 bs = vload16(0, (const global short *)rec);
+    return hsum_i8(mn * (convert_int8(bs.even) + convert_int8(bs.odd)));
+}
+
+#if defined(X86_512) && (defined(W_Q4_K) || defined(W_Q5_K))
+typedef int v8si_ __attribute__((vector_size(32)));
+// lane s of m_s * (bsums[2s] + bsums[2s+1]) in one pmaddwd: each min twice against the 16 bsums
+inline int8 q8k_mins8(const short8 mn, const short16 bs) {
+    const short16 m2 = __builtin_shufflevector(mn, mn, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    return as_int8(__builtin_ia32_pmaddwd256((v16hi)m2, (v16hi)bs));
+}
+#endif
+
+#if defined(X86_512) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
+// Float lanes (mmq8.cl's q8_K prompt kernel repeats them): 16 int32 lanes of the super-block's
+// integer, one fma with d_w d_y; Q4_K / Q5_K: lanes 0..7 add -(dmin_w d_y) m_s sum_s(qy), one
+// sub-block each; Q6_K: the -32 enters the integer lanes, lane s taking -32 sc_s bsums_s.
+#if defined(W_Q4_K) || defined(W_Q5_K)
+// per 32-byte group j of qs: 64 quants (Q45K_QUANTS: sub-blocks 2j, 2j+1) x 64 activation bytes,
+// pmaddubsw then pmaddwd with the two sub-blocks' scales as int16 (int32 lanes 0..7: 2j, 8..15: 2j+1)
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    for (int ib = lid; ib < nb; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * QK_BYTES;
+        const global float *rec = (const global float *)xd + (size_t)ib * 16;
+        const float dy = rec[8];
+        Q8K_SCALES(p, sc, mn);
+        v16si isum = (v16si)(int16)(0);
+        // the scales of sub-blocks 2j (int16 lanes 0..15) and 2j+1 (16..31): one constant shuffle
+#define Q8K_STEP(j, a, b)                                                                                  \
+        {                                                                                                  \
+            const v32qi z = *(const global v32qi_u *)(p + QK_QS + 32 * (j));                               \
+            const v64qi q = Q45K_QUANTS(z, p, (j), m15);                                                   \
+            const v32hi scv = (v32hi)__builtin_shufflevector(sc, sc, a, a, a, a, a, a, a, a, a, a, a, a, a, \
+                                                             a, a, a, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b); \
+            const v64qi ya = LOAD64(xq + (size_t)ib * 256 + 64 * (j));                                     \
+            isum += __builtin_ia32_pmaddwd512(__builtin_ia32_pmaddubsw512(q, ya), scv);                    \
+        }
+        Q8K_STEP(0, 0, 1)
+        Q8K_STEP(1, 2, 3)
+        Q8K_STEP(2, 4, 5)
+        Q8K_STEP(3, 6, 7)
+#undef Q8K_STEP
+        acc = fma(convert_float16(as_int16(isum)), (float16)(h2f(p) * dy), acc);
+        const short16 bs = vload16(0, (const global short *)rec);
+        acc.lo = fma((float8)(-(h2f(p + 2) * dy)), convert_float8(q8k_mins8(convert_short8(mn), bs)), acc.lo);
+    }
+    return acc;
+}
+#elif defined(W_Q6_K)
+// the scales of 16-value sub-blocks 4g..4g+3 as int16 lanes 8 each: one constant shuffle once g is unrolled
+#define Q6K_SH(v, a) __builtin_shufflevector(v, v, a, a, a, a, a, a, a, a, a + 1, a + 1, a + 1, a + 1, a + 1, \
+    a + 1, a + 1, a + 1, a + 2, a + 2, a + 2, a + 2, a + 2, a + 2, a + 2, a + 2, a + 3, a + 3, a + 3, a + 3, a + 3, \
+    a + 3, a + 3, a + 3)
+#define Q6K_SCV(v, g) ((g) == 0 ? Q6K_SH(v, 0) : (g) == 1 ? Q6K_SH(v, 4) : (g) == 2 ? Q6K_SH(v, 8) : Q6K_SH(v, 12))
+// group g (0..3) = values 64g..64g+63 (dotq8.cl's Q6_K layout), 16-value sub-blocks 4g..4g+3;
+// the -32: 32 sum_s sc_s bsums_s, taken out of lane 0's integer
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    const v64qi m3 = (v64qi)(int16)(0x03030303);
+    for (int ib = lid; ib < nb; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * 210;
+        const global float *rec = (const global float *)xd + (size_t)ib * 16;
+        const short16 sc16s = convert_short16(vload16(0, (const global char *)(p + 192)));
+        const int16 sc16 = convert_int16(sc16s);
+        // lane s: -32 sc_s bsums_s (the -32 of the quants, one 16-value sub-block per lane)
+        v16si isum = (v16si)(-(sc16 * (convert_int16(vload16(0, (const global short *)rec)) << 5)));
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const v64qi ql = LOAD64(p + 64 * (g >> 1));
+            const v32qi qh = *(const global v32qi_u *)(p + 128 + 32 * (g >> 1));
+            const v64qi lq = (g & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);
+            const v16hi qw = (v16hi)qh >> (short)(4 * (g & 1));
+            const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;
+            const v64qi q = lq | (v64qi)((v16si)hq << 4);
+            const v32hi scv = (v32hi)Q6K_SCV(sc16s, g);
+            const v64qi ya = LOAD64(xq + (size_t)ib * 256 + 64 * g);
+            isum += __builtin_ia32_pmaddwd512(__builtin_ia32_pmaddubsw512(q, ya), scv);
+        }
+        acc = fma(convert_float16(as_int16(isum)), (float16)(h2f(p + 208) * rec[8]), acc);
+    }
+    return acc;
+}
+#endif
+
+#else  // portable OpenCL C (GPUs, other CPUs)
+#define I16(v) convert_int16(v)
+#if defined(W_Q4_K) || defined(W_Q5_K)
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    for (int ib = lid; ib < nb; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * QK_BYTES;
+        const global float *rec = (const global float *)xd + (size_t)ib * 16;
+        const float dy = rec[8];
+        Q8K_SCALES(p, sc, mn);
+        const global char *xb = xq + (size_t)ib * 256;
+        const global uchar *qs = p + QK_QS;
+#if defined(W_Q5_K)
+        const uchar16 ha = vload16(0, p + 16), hb = vload16(1, p + 16);
+#endif
+        int16 isum = (int16)(0);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uchar16 qa = vload16(0, qs + 32 * j), qb = vload16(1, qs + 32 * j);
+            uchar16 q0a = qa & (uchar)15, q0b = qb & (uchar)15, q1a = qa >> (uchar)4, q1b = qb >> (uchar)4;
+#if defined(W_Q5_K)
+            const uchar h0 = (uchar)(2 * j), h1 = (uchar)(2 * j + 1);
+            q0a |= ((ha >> h0) & (uchar)1) << (uchar)4;
+            q0b |= ((hb >> h0) & (uchar)1) << (uchar)4;
+            q1a |= ((ha >> h1) & (uchar)1) << (uchar)4;
+            q1b |= ((hb >> h1) & (uchar)1) << (uchar)4;
+#endif
+            const global char *x0 = xb + 64 * j;
+            const int16 t0 = I16(q0a) * I16(vload16(0, x0)) + I16(q0b) * I16(vload16(1, x0));
+            const int16 t1 = I16(q1a) * I16(vload16(2, x0)) + I16(q1b) * I16(vload16(3, x0));
+            isum += t0 * (int)sc[2 * j] + t1 * (int)sc[2 * j + 1];
+        }
+        acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p) * dy), acc);
+        acc.s0 = fma(-(LOAD_HALF(p + 2) * dy), (float)q8k_mins(mn, rec), acc.s0);
+    }
+    return acc;
+}
+#elif defined(W_Q6_K)
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    for (int ib = lid; ib < nb; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * 210;
+        const global float *rec = (const global float *)xd + (size_t)ib * 16;
+        const global char *xb = xq + (size_t)ib * 256;
+        const int16 scv = convert_int16(vload16(0, (const global char *)(p + 192)));
+        int16 isum = (int16)(0);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const global uchar *ql = p + 64 * h;
+            const global uchar *qh = p + 128 + 32 * h;
+            const uchar16 la = vload16(0, ql), lb = vload16(1, ql), lc = vload16(2, ql), ld = vload16(3, ql);
+            const uchar16 ha = vload16(0, qh), hb = vload16(1, qh);
+            const global char *xh = xb + 128 * h;
+#define Q6K_GROUP(r, lo_a, lo_b, nsh)                                                                     \
+            {                                                                                             \
+                const char16 qa = as_char16(((lo_a >> (uchar)nsh) & (uchar)15)                            \
+                                            | (((ha >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (char)32; \
+                const char16 qb = as_char16(((lo_b >> (uchar)nsh) & (uchar)15)                            \
+                                            | (((hb >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (char)32; \
+                isum += I16(qa) * I16(vload16(2 * r, xh)) * scv[8 * h + 2 * r]                            \
+                      + I16(qb) * I16(vload16(2 * r + 1, xh)) * scv[8 * h + 2 * r + 1];                   \
+            }
+            Q6K_GROUP(0, la, lb, 0)
+            Q6K_GROUP(1, lc, ld, 0)
+            Q6K_GROUP(2, la, lb, 4)
+            Q6K_GROUP(3, lc, ld, 4)
+#undef Q6K_GROUP
+        }
+        acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 208) * rec[8]), acc);
+    }
+    return acc;
+}
+#elif defined(W_Q2_K) || defined(W_Q3_K)
+// Q2_K / Q3_K (block layouts in dequant.cl): a super-block's weights unpacked once as 16 int16-lane
+// vectors w[c] = scale_c * q of values 16c..16c+15, then per token isum = sum_c w[c] * qy[c] and
+// the float lanes of the others (ggml_vec_dot_q2_K_q8_K / q3_K: Q2_K's 4-bit scales and mins, the
+// mins as sum_j bsums[j] * (scales[j] >> 4); Q3_K's 6-bit scales minus 32 and the hmask bit
+// (clear: minus 4)). The prompt kernel below reuses one unpacking for its tokens, with the same
+// integers and float operations per token as dotq8_row. nb counts 32-value units (QKV).
+#if defined(W_Q2_K)
+#define Q8K_SB_BYTES 84
+inline void q8k_unpack(const global uchar *p, int16 *w) {
+    const int16 isc = convert_int16(vload16(0, p) & (uchar)15);
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        const global uchar *q = p + 16 + 32 * (s >> 2);
+        const uchar sh = (uchar)(2 * (s & 3));
+        w[2 * s] = I16((vload16(0, q) >> sh) & (uchar)3) * isc[2 * s];
+        w[2 * s + 1] = I16((vload16(1, q) >> sh) & (uchar)3) * isc[2 * s + 1];
+    }
+}
+#else
+#define Q8K_SB_BYTES 110
+inline int q3k_iscale(const global uchar *p, int k) {
+    const uint lo = k < 8 ? (p[96 + k] & 15u) : (p[96 + k - 8] >> 4);
+    const uint hi = (p[104 + (k & 3)] >> (2 * (k >> 2))) & 3u;
+    return (int)(lo | (hi << 4)) - 32;
+}
+inline void q8k_unpack(const global uchar *p, int16 *w) {
+    const uchar16 h0 = vload16(0, p), h1 = vload16(1, p);
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+        const global uchar *q = p + 32 + 32 * (s >> 2);
+        const uchar sh = (uchar)(2 * (s & 3)), m = (uchar)(1 << s);
+        w[2 * s] = (I16((vload16(0, q) >> sh) & (uchar)3) - select((int16)(4), (int16)(0), I16(h0 & m) != 0))
+                   * q3k_iscale(p, 2 * s);
+        w[2 * s + 1] = (I16((vload16(1, q) >> sh) & (uchar)3) - select((int16)(4), (int16)(0), I16(h1 & m) != 0))
+                       * q3k_iscale(p, 2 * s + 1);
+    }
+}
+#endif
+// acc + super-block p's products with one token's quants xb and record rec
+inline float16 q8k_sb_dot(const global uchar *p, const int16 *w, const global char *xb, const global float *rec,
+                          float16 acc) {
+    int16 isum = (int16)(0);
+#pragma unroll
+    for (int c = 0; c < 16; c++) isum += w[c] * I16(vload16(c, xb));
+#if defined(W_Q2_K)
+    const int16 mins = convert_int16(vload16(0, p) >> (uchar)4) * convert_int16(vload16(0, (const global short *)rec));
+    acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 80) * rec[8]), acc);
+    acc.s0 = fma(-(LOAD_HALF(p + 82) * rec[8]), (float)hsum_i8(mins.lo + mins.hi), acc.s0);
+#else
+    acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 108) * rec[8]), acc);
+#endif
+    return acc;
+}
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    for (int ib = lid; ib < nb / 8; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * Q8K_SB_BYTES;
+        int16 w[16];
+        q8k_unpack(p, w);
+        acc = q8k_sb_dot(p, w, xq + (size_t)ib * 256, (const global float *)xd + (size_t)ib * 16, acc);
+    }
+    return acc;
+}
+#if MV_LS == 1
+// Prompt matrices (CPU launch shape): mul_mm_q8's grid (mmq8.cl), MMQ_R rows x MMQ_TN tokens per
+// work-item; each row's super-block is unpacked once for the tokens, each token gets dotq8_row's sums.
+#define Q8K_MM_LOW 1
+__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out, const int n_tok) {
+    const int r0 = get_global_id(0) * MMQ_R, t0 = get_group_id(1) * MMQ_TN;
+    const int nt = min(MMQ_TN, n_tok - t0), nsb = n_in / 256;
+    for (int r = r0; r < min(r0 + MMQ_R, n_out); r++) {
+        const global uchar *wr = w + (size_t)r * ROW_BYTES(n_in);
+        float16 acc[MMQ_TN];
+        for (int t = 0; t < MMQ_TN; t++) acc[t] = (float16)(0.0f);
+        for (int ib = 0; ib < nsb; ib++) {
+            const global uchar *p = wr + (size_t)ib * Q8K_SB_BYTES;
+            int16 wq[16];
+            q8k_unpack(p, wq);
+            for (int t = 0; t < nt; t++) {
+                const size_t tt = (size_t)(t0 + t);
+                acc[t] = q8k_sb_dot(p, wq, xq + tt * n_in + (size_t)ib * 256,
+                                    (const global float *)(xd + tt * (n_in / 32)) + (size_t)ib * 16, acc[t]);
+            }
+        }
+        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r] = hsum16(acc[t]);
+    }
+}
+#endif
+#endif
+#endif  // portable
+#endif  // Q8K_ON
