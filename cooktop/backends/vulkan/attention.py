@@ -1,0 +1,52 @@
+"""Vulkan attention without flash attention (``-fa off``): llama.cpp's ``build_attn_mha`` path with
+the scores materialised (``glsl/attention_kq.comp``: variants ``attention_kq``, ``attention_softmax``,
+``attention_kqv``).
+
+The scores of a chunk of tokens and heads live in one scratch tensor (``chunked.scratch``, role
+``"attention scores"``) of ``tc x hc x n_ctx`` floats, under ``chunked.SCORES_CAP_BYTES`` and
+``maxStorageBufferRange`` (``chunked.score_chunks``); three dispatches per chunk. The chunking depends
+only on the shapes, so a recorded graph replays it; the columns a row reads are bounded by ``pos``
+on the device (a row costs its own ``n_kv``, not ``n_ctx``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import chunked
+from .shaders import bucket, f32_bits, workgroups
+
+#: Invocations per workgroup of the three shaders (``WG`` in attention_kq.comp).
+WG = 64
+
+
+def attention_kq(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv: int, scale: float, window: int,
+                 kv_start, sinks) -> None:
+    """Enqueue ``out = softmax(K^T q * scale + mask) V`` on the Vulkan device ``dev`` through the score
+    scratch (module doc). Arguments as ``Device.attention`` / ``attention_sinks`` (checked).
+
+    Raises:
+        DeviceOutOfMemoryError: the scratch cannot be allocated.
+    """
+    n = dev._rows(q)
+    head_dim = q.shape[-1] // n_head
+    n_ctx = k_cache.shape[0]
+    tc, hc = chunked.score_chunks(dev, n, n_head, n_ctx)
+    s = chunked.scratch(dev, "attention scores", tc * hc, n_ctx)
+    start = kv_start if kv_start is not None else pos
+    sk = sinks.handle if sinks is not None else dev._dummy_tensor()
+    kt, vt = int(k_cache.ggml_type), int(v_cache.ggml_type)
+    bits = f32_bits(scale)
+    per_j, per_d = -(-n_ctx // WG), -(-head_dim // WG)
+    for t0 in range(0, n, tc):
+        nt = min(tc, n - t0)
+        nb = bucket(nt, tc)  # the grid by powers of two: chunks of other lengths share pipelines
+        for h0 in range(0, n_head, hc):
+            nh = min(hc, n_head - h0)
+            push = [nt, n_head, n_head_kv, head_dim, n_ctx, bits, window, int(kv_start is not None), kt, t0, h0, nh,
+                    int(sinks is not None)]
+            dev._dispatch("attention_kq", (q, k_cache, pos, start, s), workgroups(per_j * nh * nb), tuple(push))
+            dev._dispatch_raw("attention_softmax", (s.handle, pos.handle, start.handle, sk),
+                              workgroups(nh * nb), tuple(push))
+            push[8] = vt
+            dev._dispatch("attention_kqv", (s, v_cache, pos, start, out), workgroups(per_d * nh * nb), tuple(push))
