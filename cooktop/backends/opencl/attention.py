@@ -16,10 +16,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from .. import chunked
-from .programs import build_program, read_source
-
-_KQ_SOURCE = ("kv.cl", "attention_kq.cl")
-
+from .programs import PROGRAMS, build_program, read_source
 
 class KQKernels:
     """The three kernels of one (head_dim, K type, V type), built on first use by :func:`kernels`."""
@@ -43,7 +40,7 @@ def kernels(kc: Any, head_dim: int, kt: T, vt: T, ls: int) -> KQKernels:
     if k is None:
         with kc._lock:
             opts = f"{kc.options} -DHEAD_DIM={head_dim} -DKTYPE={int(kt)} -DVTYPE={int(vt)} -DNF_LS={ls}"
-            prg = build_program(kc.ctx, kc.device, read_source(*_KQ_SOURCE), opts,
+            prg = build_program(kc.ctx, kc.device, read_source(*PROGRAMS["attention_kq"]), opts,
                                 f"attention without flash (head_dim {head_dim})", kc._label)
             k = cache[key] = KQKernels(prg)
     return k
