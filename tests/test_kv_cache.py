@@ -70,18 +70,20 @@ def _case(d, tk: T, tv: T, shape, path: str, seed: int = 0, flash: bool = True):
         pos = np.array([n_cells - 1], np.int32)
     elif path == "first":  # one row attended: out is V's stored row itself
         pos = np.array([0], np.int32)
+    elif path == "long":  # every row a query (query tiles, the last one partial), two sequences
+        pos = np.arange(n_cells, dtype=np.int32)
     else:
         pos = np.array(sorted(rng.choice(np.arange(3, n_cells), 5, replace=False)), np.int32)
     window = 6 if path == "window" else 0
     starts = np.zeros(len(pos), np.int32)
-    if path == "batched":  # two sequences in one cache: the second owns the rows from 12 on
+    if path in ("batched", "long"):  # two sequences in one cache: the second owns the rows from 12 on
         starts = np.where(pos >= 12, 12, 0).astype(np.int32)
     q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
     qt, out, pt = d.empty(q.shape), d.empty(q.shape), d.empty((len(pos),), T.I32)
     d.write(qt, q)
     d.write(pt, pos)
     st = None
-    if path == "batched":
+    if path in ("batched", "long"):
         st = d.empty((len(pos),), T.I32)
         d.write(st, starts)
     scale = 1.0 / np.sqrt(hd)
@@ -105,7 +107,7 @@ def _stores(d, t: T) -> bool:
 
 
 @pytest.mark.parametrize("t", KV_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("path", ["prompt", "decode", "first", "window", "batched", "sinks"])
+@pytest.mark.parametrize("path", ["prompt", "decode", "first", "window", "batched", "long", "sinks"])
 @pytest.mark.parametrize("flash", [True, False], ids=["fa", "nofa"])
 def test_kv_types_attention_parity(any_device, t, path, flash):
     """Each cache type (K and V alike) on each path at odd shapes, with the flash kernel and without
@@ -207,8 +209,9 @@ def test_budget_and_plan_count_the_cache_type(shared):
 
 
 def test_opencl_gpu_launch_shape_reads_every_cache_type():
-    """The GPU flavour of OpenCL's attention (work-groups sharing the keys, scalar cache loads) on PoCL,
-    every cache type OpenCL stores, plain / window / batched, at head_dim 96 and 40."""
+    """The GPU flavour of OpenCL's attention (work-groups sharing the keys, scalar cache loads; prompts: query
+    tiles sharing each key tile) on PoCL, every cache type OpenCL stores, plain / window / batched / every
+    row / sinks, at head_dim 96 and 40."""
     import dataclasses
 
     from conftest import open_family_device
@@ -224,9 +227,10 @@ def test_opencl_gpu_launch_shape_reads_every_cache_type():
         for shape in SHAPES:
             if shape[2] % GGML_QUANT_SIZES[t][0]:
                 continue
-            for path in ("prompt", "window", "batched"):
+            for path in ("prompt", "window", "batched", "long", "sinks"):
                 got, want = _case(gpu, t, T.F16 if t == T.Q4_0 else t, shape, path, seed=5)
                 assert nmse(got, want) < 1e-10, (t.name, shape, path)
+    assert gpu.kernels._attn_tiled  # the prompts ran the query-tiled kernel
 
 
 @pytest.mark.parametrize("t", [T.F32, T.F16, T.Q8_0], ids=lambda t: t.name)
@@ -267,3 +271,20 @@ def test_attention_without_flash_in_chunks(any_device, monkeypatch, cap_heads):
     if d.info.backend != "cpu":
         scratch = d._chunk_scratch[("attention scores", shape[3], T.F32)]
         assert scratch.shape[0] * scratch.shape[1] * 4 <= 2 * cap_heads * 4 * shape[3]
+
+
+def test_vulkan_prompts_run_the_query_tiled_shader():
+    """Vulkan prompts with flash attention run attention_tiled.comp (16-query tiles) where the shared memory
+    holds its tile, decode the per-row attention.comp; both against the float64 reference."""
+    from conftest import open_family_device
+
+    from cooktop.backends.vulkan.attention import TILE_SHARED_BYTES
+
+    d = open_family_device("vulkan")
+    if (d.info.extra.get("max_compute_shared_memory") or 0) < TILE_SHARED_BYTES:
+        pytest.skip(f"{d.info.selector} has less shared memory than the tile's {TILE_SHARED_BYTES} bytes")
+    for path in ("long", "decode"):
+        got, want = _case(d, T.Q8_0, T.F16, (8, 2, 64, 37), path, seed=13)
+        assert nmse(got, want) < 1e-10, path
+    ran = {e[4] for e in d._algos.values()}
+    assert {"attention_tiled", "attention"} <= ran

@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 from .. import chunked
 from .programs import PROGRAMS, build_program, read_source
 
+
 class KQKernels:
     """The three kernels of one (head_dim, K type, V type), built on first use by :func:`kernels`."""
 
@@ -76,3 +77,54 @@ def attention_kq(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv
                        nh, sk, has_sinks)
             kn.kqv(queue, (head_dim, nh, nt), None, out.handle, s, v_cache.handle, pos.handle, start, has_start,
                    n_head, n_head_kv, window, n_ctx, t0, h0, nh)
+
+
+#: Query-tile shapes of ``attention_tiled`` (queries QT, value slices per query DS, keys per tile KT),
+#: the first whose local memory fits the device is taken.
+TILES = ((16, 4, 16), (16, 4, 8), (8, 8, 8), (4, 16, 4))
+
+
+def tile_shape(head_dim: int, local_mem: int | None) -> tuple[int, int, int] | None:
+    """``(QT, DS, KT)`` of the query-tiled flash kernel for ``head_dim`` within ``local_mem`` bytes of
+    local memory (None: OpenCL's minimum, 32 KiB), or None when no tile fits."""
+    cap = local_mem or 32 << 10
+    for qt, ds, kt in TILES:
+        if 4 * (qt * head_dim + 2 * kt * head_dim + qt * kt) + 8 * qt <= cap:
+            return qt, ds, kt
+    return None
+
+
+def attention_tiled(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv: int, scale: float,
+                    window: int, kv_start, sinks) -> bool:
+    """Enqueue the query-tiled flash kernel (``attention.cl`` ``attention_tiled``) for a prompt on the GPU
+    flavour; False (nothing enqueued) where it does not apply: the serial (CPU) flavour, one token, or no
+    tile fitting the local memory. Arguments as ``Device.attention`` (checked)."""
+    n_tok, width = q.shape
+    head_dim = width // n_head
+    tile = tile_shape(head_dim, dev.info.extra.get("local_mem_bytes"))
+    if dev.shape.at_serial or n_tok < 2 or tile is None:
+        return False
+    qt, ds, kt = tile
+    kc = dev.kernels
+    cache = kc.__dict__.setdefault("_attn_tiled", {})
+    key = (head_dim, int(k_cache.ggml_type), int(v_cache.ggml_type), sinks is not None, tile)
+    knl = cache.get(key)
+    if knl is None:
+        with kc._lock:
+            opts = (f"{kc.options} -DHEAD_DIM={head_dim} -DKTYPE={int(k_cache.ggml_type)} "
+                    f"-DVTYPE={int(v_cache.ggml_type)} -DAT_TILED=1 -DQT={qt} -DDS={ds} -DKT={kt}"
+                    + (" -DSINKS=1" if sinks is not None else ""))
+            prg = build_program(kc.ctx, kc.device, read_source(*PROGRAMS["attention"]), opts,
+                                f"tiled attention (head_dim {head_dim})", kc._label)
+            knl = prg.attention_tiled
+            i = np.int32
+            knl.set_scalar_arg_dtypes([None] * 6 + [i, i, i, np.float32, i] + ([None] if sinks is not None else [])
+                                      + [i])
+            cache[key] = knl
+    start, has_start = (kv_start.handle, 1) if kv_start is not None else (pos.handle, 0)
+    args = (out.handle, q.handle, k_cache.handle, v_cache.handle, pos.handle, start, has_start, n_head, n_head_kv,
+            scale, window) + ((sinks.handle,) if sinks is not None else ()) + (n_tok,)
+    dev.q8.dirty(out.handle)
+    ls = qt * ds
+    knl(dev.queue, (ls * -(-n_tok // qt), n_head), (ls, 1), *args)
+    return True

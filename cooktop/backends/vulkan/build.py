@@ -90,6 +90,9 @@ def default_variants() -> list[dict]:
     # attention without flash attention: scores, softmax, weighted V
     out += [{"name": f"attention_{s.lower()}", "source": "attention_kq.comp", "defines": {s: "1"}}
             for s in ("KQ", "SOFTMAX", "KQV")]
+    # query-tiled flash attention for prompts
+    out.append({"name": "attention_tiled", "source": "attention_tiled.comp", "defines": {}})
+    out.append({"name": "attention_tiled_sinks", "source": "attention_tiled.comp", "defines": {"SINKS": "1"}})
     return out
 
 

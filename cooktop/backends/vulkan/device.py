@@ -83,7 +83,7 @@ from gguf import GGMLQuantizationType as T
 from ...errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
 from . import INSTALL_HINT
-from .attention import attention_kq
+from .attention import attention_kq, attention_tiled
 from .graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
     ACCESS_HOST_READ,
     ACCESS_SHADER_READ,
@@ -599,6 +599,8 @@ class VulkanDevice(SequenceRecorder, Device):
         if not flash:
             attention_kq(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, None)
             return
+        if attention_tiled(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, None):
+            return  # a prompt: query tiles sharing each key tile (attention_tiled.comp)
         head_dim = q.shape[-1] // n_head
         n = self._rows(q)
         nb = bucket(n, self._row_cap(q))
@@ -613,6 +615,8 @@ class VulkanDevice(SequenceRecorder, Device):
         each softmax denominator (gpt-oss)."""
         if not flash:
             attention_kq(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
+            return
+        if attention_tiled(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
             return
         head_dim = q.shape[-1] // n_head
         n = self._rows(q)
