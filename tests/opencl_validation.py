@@ -63,7 +63,7 @@ DEFAULT_ARGS = ["-q", "-p", "no:cacheprovider",
                 "tests/test_kv_cache.py::test_kv_types_k_and_v_independent",
                 "tests/test_kv_cache.py::test_attention_without_flash_in_chunks",
                 *[f"tests/test_kv_cache.py::test_kv_types_attention_parity[opencl-{c}]"
-                  for c in ("fa-long-Q4_0", "fa-sinks-F16", "nofa-long-Q8_0", "nofa-sinks-BF16", "nofa-window-F16")],
+                  for c in ("long-fa-Q4_0", "sinks-fa-F16", "long-nofa-Q8_0", "sinks-nofa-BF16", "window-nofa-F16")],
                 "tests/test_opencl.py::test_work_group_sizes_of_real_gpus",
                 "-k", "opencl and not greedy and not (tiny and not Q4_K_M)"]
 

@@ -18,6 +18,8 @@ from cooktop.format.kvtypes import KV_TYPES, KVConfig, KVTypeError, parse_flash_
 #: (n_head, n_head_kv, head_dim, n_cells): odd head counts, a head_dim of whole q8_0/q4_0 blocks that is
 #: no power of two, and one of 40 (float types only).
 SHAPES = [(6, 2, 96, 41), (3, 3, 40, 19)]
+#: The attention paths of :func:`_case` (all with flash attention on and off, but "first": one row).
+PATHS = ["prompt", "decode", "first", "window", "batched", "long", "sinks"]
 
 
 def _stored(x: np.ndarray, t: T) -> np.ndarray:
@@ -107,8 +109,8 @@ def _stores(d, t: T) -> bool:
 
 
 @pytest.mark.parametrize("t", KV_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("path", ["prompt", "decode", "first", "window", "batched", "long", "sinks"])
-@pytest.mark.parametrize("flash", [True, False], ids=["fa", "nofa"])
+@pytest.mark.parametrize("path,flash", [(p, f) for f in (True, False) for p in PATHS if f or p != "first"],
+                         ids=lambda v: v if isinstance(v, str) else "fa" if v else "nofa")
 def test_kv_types_attention_parity(any_device, t, path, flash):
     """Each cache type (K and V alike) on each path at odd shapes, with the flash kernel and without
     (scores materialised), against float64 attention over the cache as llama.cpp's quantize_row_*_ref /
