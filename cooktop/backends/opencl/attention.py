@@ -66,12 +66,11 @@ def attention_kq(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv
     sk, has_sinks = (sinks.handle, 1) if sinks is not None else (pos.handle, 0)
     dev.q8.dirty(out.handle)
     queue = dev.queue
-    g0 = -(-n_ctx // 64) * 64
     for t0 in range(0, n_tok, tc):
         nt = min(tc, n_tok - t0)
         for h0 in range(0, n_head, hc):
             nh = min(hc, n_head - h0)
-            kn.kq(queue, (g0, nh, nt), None, s, q.handle, k_cache.handle, pos.handle, start, has_start,
+            kn.kq(queue, (ls, nh, nt), (ls, 1, 1), s, q.handle, k_cache.handle, pos.handle, start, has_start,
                   n_head, n_head_kv, scale, window, n_ctx, t0, h0, nh)
             kn.softmax(queue, (ls, nh, nt), (ls, 1, 1), s, pos.handle, start, has_start, window, n_ctx, t0, h0,
                        nh, sk, has_sinks)

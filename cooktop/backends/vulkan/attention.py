@@ -38,7 +38,7 @@ def attention_kq(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv
     sk = sinks.handle if sinks is not None else dev._dummy_tensor()
     kt, vt = int(k_cache.ggml_type), int(v_cache.ggml_type)
     bits = f32_bits(scale)
-    per_j, per_d = -(-n_ctx // WG), -(-head_dim // WG)
+    per_d = -(-head_dim // WG)
     for t0 in range(0, n, tc):
         nt = min(tc, n - t0)
         nb = bucket(nt, tc)  # the grid by powers of two: chunks of other lengths share pipelines
@@ -46,7 +46,7 @@ def attention_kq(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv
             nh = min(hc, n_head - h0)
             push = [nt, n_head, n_head_kv, head_dim, n_ctx, bits, window, int(kv_start is not None), kt, t0, h0, nh,
                     int(sinks is not None)]
-            dev._dispatch("attention_kq", (q, k_cache, pos, start, s), workgroups(per_j * nh * nb), tuple(push))
+            dev._dispatch("attention_kq", (q, k_cache, pos, start, s), workgroups(nh * nb), tuple(push))
             dev._dispatch_raw("attention_softmax", (s.handle, pos.handle, start.handle, sk),
                               workgroups(nh * nb), tuple(push))
             push[8] = vt

@@ -14,27 +14,33 @@ inline int kq_first(const global int *pos, const global int *kv_start, const int
     return max(has_start ? kv_start[t] : 0, window > 0 ? n_kv - window : 0);
 }
 
-// KQ: one work-item per (cache row j, head, token). Global (>= n_ctx, hc, tc), any local size.
+// KQ: one work-group of NF_LS per (head, token) walks the row's columns, NF_LS at a time (the
+// launch does not depend on n_ctx, so a short row costs its own length).
+// Global (NF_LS, hc, tc), local (NF_LS, 1, 1).
 __kernel void attn_kq(global float *s, const global float *q, const global uchar *kc, const global int *pos,
                       const global int *kv_start, const int has_start, const int n_head, const int n_head_kv,
                       const float scale, const int window, const int n_ctx, const int t0, const int h0,
                       const int hc) {
-    const int j = get_global_id(0);
-    const int hh = get_global_id(1);
-    const int tt = get_global_id(2);
+    const int lid = get_local_id(0);
+    const int hh = get_group_id(1);
+    const int tt = get_group_id(2);
     const int t = t0 + tt, h = h0 + hh;
-    if (j >= n_ctx || j > pos[t] || j < kq_first(pos, kv_start, has_start, window, t)) return;
     const int kv_dim = n_head_kv * HEAD_DIM;
     const int e0 = (h / (n_head / n_head_kv)) * HEAD_DIM;
-    const global uchar *kr = kc + (size_t)j * kv_row_bytes(KTYPE, kv_dim);
+    const size_t krb = kv_row_bytes(KTYPE, kv_dim);
     const global float *qr = q + ((size_t)t * n_head + h) * HEAD_DIM;
-    float dp = 0.0f;
+    global float *row = s + ((size_t)tt * hc + hh) * n_ctx;
+    const int n_kv = min(pos[t] + 1, n_ctx);
+    for (int j = kq_first(pos, kv_start, has_start, window, t) + lid; j < n_kv; j += NF_LS) {
+        const global uchar *kr = kc + (size_t)j * krb;
+        float dp = 0.0f;
 #if HEAD_DIM % 4 == 0
-    for (int d = 0; d < HEAD_DIM; d += 4) dp += dot(vload4(0, qr + d), kv_load4(kr, KTYPE, e0 + d));
+        for (int d = 0; d < HEAD_DIM; d += 4) dp += dot(vload4(0, qr + d), kv_load4(kr, KTYPE, e0 + d));
 #else
-    for (int d = 0; d < HEAD_DIM; d++) dp = mad(qr[d], kv_load1(kr, KTYPE, e0 + d), dp);
+        for (int d = 0; d < HEAD_DIM; d++) dp = mad(qr[d], kv_load1(kr, KTYPE, e0 + d), dp);
 #endif
-    s[((size_t)tt * hc + hh) * n_ctx + j] = dp * scale;
+        row[j] = dp * scale;
+    }
 }
 
 // soft_max_ext over each score row in place: max, exp, sum, normalise in float32. sinks f32

@@ -2,7 +2,8 @@
 // Attention without flash attention, llama.cpp's build_attn_mha with flash_attn off: the scores
 // KQ = K^T Q * scale materialised in a scratch buffer, soft_max_ext over them, then KQV = V KQ.
 // One source, three variants (one dispatch each per chunk of tokens and heads; device.py):
-//   KQ:      S[tt, hh, j] = scale * q[t0+tt, h0+hh] . k[j, kv head]   one invocation per (j, head, token)
+//   KQ:      S[tt, hh, j] = scale * q[t0+tt, h0+hh] . k[j, kv head]   one workgroup per (head, token),
+//            WG columns at a time
 //   SOFTMAX: each row S[tt, hh, k0..pos] in place, float32 (sinks: one more logit in the max and the
 //            denominator, no value; ggml_soft_max_add_sinks)         one workgroup per (head, token)
 //   KQV:     out[t0+tt, h0+hh, d] = sum_j S[tt, hh, j] v[j, kv head, d]   one invocation per (d, head, token)
@@ -38,7 +39,7 @@ layout(push_constant) uniform PC {
 #include "kv.glsl"
 #if defined(KQ)
 KV_LOADER(load_k, K)
-#define KQ_SPAN pc.n_ctx
+#define KQ_SPAN WG
 #elif !defined(SOFTMAX)
 KV_LOADER(load_v, V)
 #define KQ_SPAN pc.head_dim
@@ -92,7 +93,7 @@ void main() {
     for (uint j = k0 + tid; j < n_kv; j += WG) S[ro + j] *= inv;
 #else
     uint hd = pc.head_dim;
-    uint per = (KQ_SPAN + WG - 1u) / WG;  // workgroups along j (KQ) or d (KQV)
+    uint per = (KQ_SPAN + WG - 1u) / WG;  // workgroups along d (KQV; KQ: one, looping over j)
     uint x = (g % per) * WG + tid;
     uint hh = (g / per) % pc.hc, tt = g / per / pc.hc;
     if (tt >= pc.nt) return;
@@ -103,12 +104,13 @@ void main() {
     uint ko = (h / (pc.n_head / pc.n_head_kv)) * hd;
     uint ro = (tt * pc.hc + hh) * pc.n_ctx;
 #if defined(KQ)
-    if (x < k0 || x >= n_kv) return;
-    uint kr = x * kv_row_bytes(pc.kvt, kv_dim);
+    uint krb = kv_row_bytes(pc.kvt, kv_dim);
     uint qo = (t * pc.n_head + h) * hd;
-    float s = 0.0;
-    for (uint d = 0u; d < hd; d++) s += Q[qo + d] * load_k(pc.kvt, kr, ko + d);
-    S[ro + x] = s * uintBitsToFloat(pc.scale_bits);
+    for (uint j = k0 + x; j < n_kv; j += WG) {
+        float s = 0.0;
+        for (uint d = 0u; d < hd; d++) s += Q[qo + d] * load_k(pc.kvt, j * krb, ko + d);
+        S[ro + j] = s * uintBitsToFloat(pc.scale_bits);
+    }
 #else
     if (x >= hd) return;
     uint vrb = kv_row_bytes(pc.kvt, kv_dim);
