@@ -588,8 +588,9 @@ class VulkanDevice(SequenceRecorder, Device):
 
     def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None,
                    flash=True):
-        """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows
-        (``flash`` False: scores, softmax and weighted V through a scratch, attention.py).
+        """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows;
+        prompts (n > 1, head_dim <= 128): attention_tiled.comp, 16-query tiles sharing each key tile;
+        ``flash`` False: scores, softmax and weighted V through a scratch (attention.py for both).
 
         q, out f32 [n, n_head * head_dim]; caches [n_cells, n_head_kv * head_dim] of any type of
         ``VULKAN_KV_TYPES`` (read as stored, kv.glsl; the types are push constants); head_dim <= 256
