@@ -54,13 +54,17 @@ MARKER = "=== cooktop-opencl-validation:"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 #: What runs on the simulated GPU: every OpenCL op parity test (odd shapes, every weight type,
-#: the op table's contract) and, end to end, stories260K and a tiny quantized model against
+#: the op table's contract), attention with and without flash attention (query tiles, the score
+#: scratch in chunks, sinks) and, end to end, stories260K and a tiny quantized model against
 #: llama.cpp's logits.
 DEFAULT_ARGS = ["-q", "-p", "no:cacheprovider",
                 "tests/test_ops_parity.py", "tests/test_ops_parity_ext.py", "tests/test_device_contract.py",
                 "tests/test_opencl_q8.py", "tests/test_opencl_q8k.py", "tests/test_reference.py",
                 "tests/test_rope_store.py",
                 "tests/test_kv_cache.py::test_kv_types_k_and_v_independent",
+                "tests/test_kv_cache.py::test_attention_without_flash_in_chunks",
+                *[f"tests/test_kv_cache.py::test_kv_types_attention_parity[opencl-{c}]"
+                  for c in ("long-fa-Q4_0", "sinks-fa-F16", "long-nofa-Q8_0", "sinks-nofa-BF16", "window-nofa-F16")],
                 "tests/test_opencl.py::test_work_group_sizes_of_real_gpus",
                 "-k", "opencl and not greedy and not (tiny and not Q4_K_M) and not (q8k and (portable or gpu-shape))"]
 

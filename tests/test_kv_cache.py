@@ -18,6 +18,8 @@ from cooktop.format.kvtypes import KV_TYPES, KVConfig, KVTypeError, parse_flash_
 #: (n_head, n_head_kv, head_dim, n_cells): odd head counts, a head_dim of whole q8_0/q4_0 blocks that is
 #: no power of two, and one of 40 (float types only).
 SHAPES = [(6, 2, 96, 41), (3, 3, 40, 19)]
+#: The attention paths of :func:`_case` (all with flash attention on and off, but "first": one row).
+PATHS = ["prompt", "decode", "first", "window", "batched", "long", "sinks"]
 
 
 def _stored(x: np.ndarray, t: T) -> np.ndarray:
@@ -28,8 +30,9 @@ def _stored(x: np.ndarray, t: T) -> np.ndarray:
     return out.astype(np.float64)
 
 
-def _reference(q, k, v, pos, starts, n_head, n_head_kv, scale, window):
-    """float64 causal GQA attention over rows starts[i]..pos[i] (and the window)."""
+def _reference(q, k, v, pos, starts, n_head, n_head_kv, scale, window, sinks=None):
+    """float64 causal GQA attention over rows starts[i]..pos[i] (and the window); ``sinks``: one more
+    logit per head in each denominator (ggml_soft_max_add_sinks)."""
     n, width = q.shape
     hd = width // n_head
     g = n_head // n_head_kv
@@ -41,12 +44,16 @@ def _reference(q, k, v, pos, starts, n_head, n_head_kv, scale, window):
             kk = k[lo:pos[i] + 1, hk * hd:(hk + 1) * hd]
             vv = v[lo:pos[i] + 1, hk * hd:(hk + 1) * hd]
             s = kk @ q[i, h * hd:(h + 1) * hd].astype(np.float64) * scale
-            p = np.exp(s - s.max())
-            out[i, h * hd:(h + 1) * hd] = (p / p.sum()) @ vv
+            m = s.max() if sinks is None else max(s.max(), sinks[h])
+            p = np.exp(s - m)
+            den = p.sum() + (0.0 if sinks is None else np.exp(sinks[h] - m))
+            out[i, h * hd:(h + 1) * hd] = (p / den) @ vv
     return out
 
 
-def _case(d, tk: T, tv: T, shape, path: str, seed: int = 0):
+def _case(d, tk: T, tv: T, shape, path: str, seed: int = 0, flash: bool = True):
+    """``attention`` (``path`` "sinks": ``attention_sinks``) on ``d`` with the given kernel choice, and the
+    float64 reference over the cache as stored: ``(got, want)``."""
     n_head, n_head_kv, hd, n_cells = shape
     rng = np.random.default_rng(seed)
     kv_dim = n_head_kv * hd
@@ -65,24 +72,35 @@ def _case(d, tk: T, tv: T, shape, path: str, seed: int = 0):
         pos = np.array([n_cells - 1], np.int32)
     elif path == "first":  # one row attended: out is V's stored row itself
         pos = np.array([0], np.int32)
+    elif path == "long":  # every row a query (query tiles, the last one partial), two sequences
+        pos = np.arange(n_cells, dtype=np.int32)
     else:
         pos = np.array(sorted(rng.choice(np.arange(3, n_cells), 5, replace=False)), np.int32)
     window = 6 if path == "window" else 0
     starts = np.zeros(len(pos), np.int32)
-    if path == "batched":  # two sequences in one cache: the second owns the rows from 12 on
+    if path in ("batched", "long"):  # two sequences in one cache: the second owns the rows from 12 on
         starts = np.where(pos >= 12, 12, 0).astype(np.int32)
     q = rng.standard_normal((len(pos), n_head * hd)).astype(np.float32)
     qt, out, pt = d.empty(q.shape), d.empty(q.shape), d.empty((len(pos),), T.I32)
     d.write(qt, q)
     d.write(pt, pos)
     st = None
-    if path == "batched":
+    if path in ("batched", "long"):
         st = d.empty((len(pos),), T.I32)
         d.write(st, starts)
     scale = 1.0 / np.sqrt(hd)
-    d.attention(out, qt, kc, vc, pt, n_head, n_head_kv, scale, window, st)
+    sinks = None
+    if path == "sinks":  # gpt-oss: window and sinks together, one sink above every score
+        window = 9
+        sinks = (rng.standard_normal(n_head) * 2).astype(np.float32)
+        sinks[0] = 30.0
+        sk = d.empty((n_head,))
+        d.write(sk, sinks)
+        d.attention_sinks(out, qt, kc, vc, pt, sk, n_head, n_head_kv, scale, window, None, flash=flash)
+    else:
+        d.attention(out, qt, kc, vc, pt, n_head, n_head_kv, scale, window, st, flash=flash)
     got = d.read(out)
-    want = _reference(q, _stored(k, tk), _stored(v, tv), pos, starts, n_head, n_head_kv, scale, window)
+    want = _reference(q, _stored(k, tk), _stored(v, tv), pos, starts, n_head, n_head_kv, scale, window, sinks)
     return got, want
 
 
@@ -91,12 +109,16 @@ def _stores(d, t: T) -> bool:
 
 
 @pytest.mark.parametrize("t", KV_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("path", ["prompt", "decode", "first", "window", "batched"])
-def test_kv_types_attention_parity(any_device, t, path):
-    """Each cache type (K and V alike) on each path at odd shapes, against float64 attention over the
-    cache as llama.cpp's quantize_row_*_ref / fp16 / bf16 rounding stores it: a device that rounds one
-    value differently is caught (the "first" path returns V's stored row itself)."""
+@pytest.mark.parametrize("path,flash", [(p, f) for f in (True, False) for p in PATHS if f or p != "first"],
+                         ids=lambda v: v if isinstance(v, str) else "fa" if v else "nofa")
+def test_kv_types_attention_parity(any_device, t, path, flash):
+    """Each cache type (K and V alike) on each path at odd shapes, with the flash kernel and without
+    (scores materialised), against float64 attention over the cache as llama.cpp's quantize_row_*_ref /
+    fp16 / bf16 rounding stores it: a device that rounds one value differently is caught (the "first"
+    path returns V's stored row itself)."""
     d = any_device
+    if path == "sinks" and "attention_sinks" not in d.info.ops:
+        pytest.skip(f"{d.info.selector} has no attention_sinks")
     if not _stores(d, t):
         assert "KV cache" in d.supports_op("attention", t)
         with pytest.raises(UnsupportedOpError):
@@ -105,7 +127,7 @@ def test_kv_types_attention_parity(any_device, t, path):
     for shape in SHAPES:
         if shape[2] % GGML_QUANT_SIZES[t][0]:
             continue
-        got, want = _case(d, t, t, shape, path)
+        got, want = _case(d, t, t, shape, path, flash=flash)
         assert nmse(got, want) < 1e-10, f"{t.name} {shape} {path} on {d.info.selector}: nmse {nmse(got, want):.2e}"
 
 
@@ -189,8 +211,9 @@ def test_budget_and_plan_count_the_cache_type(shared):
 
 
 def test_opencl_gpu_launch_shape_reads_every_cache_type():
-    """The GPU flavour of OpenCL's attention (work-groups sharing the keys, scalar cache loads) on PoCL,
-    every cache type OpenCL stores, plain / window / batched, at head_dim 96 and 40."""
+    """The GPU flavour of OpenCL's attention (work-groups sharing the keys, scalar cache loads; prompts: query
+    tiles sharing each key tile) on PoCL, every cache type OpenCL stores, plain / window / batched / every
+    row / sinks, at head_dim 96 and 40."""
     import dataclasses
 
     from conftest import open_family_device
@@ -206,9 +229,10 @@ def test_opencl_gpu_launch_shape_reads_every_cache_type():
         for shape in SHAPES:
             if shape[2] % GGML_QUANT_SIZES[t][0]:
                 continue
-            for path in ("prompt", "window", "batched"):
+            for path in ("prompt", "window", "batched", "long", "sinks"):
                 got, want = _case(gpu, t, T.F16 if t == T.Q4_0 else t, shape, path, seed=5)
                 assert nmse(got, want) < 1e-10, (t.name, shape, path)
+    assert gpu.kernels._attn_tiled  # the prompts ran the query-tiled kernel
 
 
 @pytest.mark.parametrize("t", [T.F32, T.F16, T.Q8_0], ids=lambda t: t.name)
@@ -229,3 +253,40 @@ def test_opencl_gqa_grouped_attention_is_the_same_bits(monkeypatch, t):
         single, _ = _case(d, t, t, shape, path, seed=11)
         assert np.array_equal(grouped, single), path
         assert nmse(grouped, want) < 1e-10
+
+
+@pytest.mark.parametrize("cap_heads", [2, 6 * 3], ids=["heads", "tokens"])
+def test_attention_without_flash_in_chunks(any_device, monkeypatch, cap_heads):
+    """The score scratch of ``-fa off`` under a small cap: chunks of 2 heads of one token, or of 3 tokens
+    of every head; the same result as the float64 reference, and the scratch no larger than the cap."""
+    from cooktop.backends import chunked
+
+    d = any_device
+    shape = (6, 2, 64, 37)
+    monkeypatch.setattr(chunked, "SCORES_CAP_BYTES", cap_heads * 4 * shape[3])
+    assert chunked.score_chunks(d, 5, 6, 37) == ((1, 2) if cap_heads == 2 else (3, 6))
+    for path in ("prompt", "batched", "sinks"):
+        if path == "sinks" and "attention_sinks" not in d.info.ops:
+            continue
+        got, want = _case(d, T.Q8_0 if _stores(d, T.Q8_0) else T.F32, T.F16, shape, path, seed=7, flash=False)
+        assert nmse(got, want) < 1e-10, path
+    if d.info.backend != "cpu":
+        scratch = d._chunk_scratch[("attention scores", shape[3], T.F32)]
+        assert scratch.shape[0] * scratch.shape[1] * 4 <= 2 * cap_heads * 4 * shape[3]
+
+
+def test_vulkan_prompts_run_the_query_tiled_shader():
+    """Vulkan prompts with flash attention run attention_tiled.comp (16-query tiles) where the shared memory
+    holds its tile, decode the per-row attention.comp; both against the float64 reference."""
+    from conftest import open_family_device
+
+    from cooktop.backends.vulkan.attention import TILE_SHARED_BYTES
+
+    d = open_family_device("vulkan")
+    if (d.info.extra.get("max_compute_shared_memory") or 0) < TILE_SHARED_BYTES:
+        pytest.skip(f"{d.info.selector} has less shared memory than the tile's {TILE_SHARED_BYTES} bytes")
+    for path in ("long", "decode"):
+        got, want = _case(d, T.Q8_0, T.F16, (8, 2, 64, 37), path, seed=13)
+        assert nmse(got, want) < 1e-10, path
+    ran = {e[4] for e in d._algos.values()}
+    assert {"attention_tiled", "attention"} <= ran

@@ -20,7 +20,7 @@ N_GREEDY = 12
 #: (type_k, type_v, flash_attn): GGML ids (0 f32, 1 f16, 30 bf16, 8 q8_0, 2 q4_0)
 CASES = [(1, 1, False), (1, 1, True), (30, 30, True), (8, 8, True), (2, 2, True), (8, 1, False)]
 #: the cases the device backends run too (the parity tests of test_kv_cache.py cover every type there)
-DEVICE_CASES = [(1, 1, False), (8, 8, True), (2, 2, True)]
+DEVICE_CASES = [(1, 1, False), (8, 8, True), (2, 2, True), (8, 1, False)]
 
 
 def bound(tk: int, tv: int) -> float:
@@ -130,3 +130,29 @@ def test_serve_uses_the_cache_types(reference, server_deps):
         assert llm.create_completion("Once upon", max_tokens=6, temperature=0)["choices"][0]["text"] == served
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("family", registry.DEVICE_FAMILIES)
+def test_flash_attention_off_is_on(shared, family):
+    """``-fa off`` (scores materialised, softmax, then V) and ``-fa on`` (the fused kernel) on one device: the
+    logits of a prompt and its continuation within the float bound of each other, the greedy tokens equal."""
+    open_family_device(family)
+    path = str(shared / "models" / "tiny" / "tiny-F32.gguf")
+    runs = []
+    for fa in (True, False):
+        llm = Llama(model_path=path, n_ctx=64, n_batch=16, logits_all=True, verbose=False, device=family,
+                    n_gpu_layers=-1, type_k=8, type_v=1, flash_attn=fa)
+        try:
+            assert llm._engine.model.flash_attn is fa
+            toks = llm.tokenize(b"Once upon a time", add_bos=True)
+            out: list[int] = []
+            llm.eval(toks)
+            for _ in range(8):
+                out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+                llm.eval([out[-1]])
+            runs.append((np.array(llm.scores[:llm.n_tokens], dtype=np.float64), out))
+        finally:
+            llm.close()
+    (on, tok_on), (off, tok_off) = runs
+    assert nmse(off, on) < 1e-8, nmse(off, on)  # float32 summation orders only (1e-9 seen): far under 5e-6
+    assert tok_on == tok_off

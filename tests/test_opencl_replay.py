@@ -201,3 +201,25 @@ def test_k_quant_decode_on_block_q8_K_replays_bit_for_bit(cl_dev, monkeypatch):
         assert toks == toks_off and _same_bits(logits, off)
     finally:
         model.close()
+
+
+def test_decode_without_flash_attention_replays_bit_for_bit(stories, cl_dev, monkeypatch):
+    """``-fa off`` (scores through the scratch: attention.py's three launches per chunk) records and
+    replays like the flash path: its launches go through the device, the scratch is one buffer."""
+    from cooktop.format.kvtypes import KVConfig
+
+    d = cl_dev
+    model = load_model(stories, n_ctx=64, n_batch=16, device=d.info.selector,
+                       kv=KVConfig.parse(None, None, "off")).model
+    try:
+        assert model.flash_attn is False
+        monkeypatch.setattr(d, "graph_check", False)
+        r0 = d.n_replays
+        toks, logits = greedy(model)
+        assert d.n_replays - r0 == 6
+        api, d.replay = d.replay, None
+        toks_off, off = greedy(model)
+        d.replay = api
+        assert toks == toks_off and _same_bits(logits, off)
+    finally:
+        model.close()

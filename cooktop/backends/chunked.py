@@ -96,6 +96,22 @@ def scratch(dev: Device, role: str, rows: int, cols: int | None, ggml_type: T = 
     return have.head(rows)
 
 
+#: Largest score scratch (bytes) of attention without flash attention; llama.cpp's KQ of one ubatch is
+#: n_kv x n_ubatch x n_head floats.
+SCORES_CAP_BYTES = 64 << 20
+
+
+def score_chunks(dev: Device, n_tok: int, n_head: int, n_ctx: int) -> tuple[int, int]:
+    """``(tokens, heads)`` per chunk of attention without flash attention, whose scores are a scratch
+    ``[tokens * heads, n_ctx]`` f32 (role ``"attention scores"``): under :data:`SCORES_CAP_BYTES` and
+    ``dev.buffer_limit``, all heads of as many tokens as fit, else part of one token's heads, at least one."""
+    cap = min(SCORES_CAP_BYTES, (dev.buffer_limit or 1 << 62) - PAD_BYTES)
+    row = 4 * max(1, n_ctx)
+    hc = max(1, min(n_head, cap // row))
+    tc = max(1, min(n_tok, cap // (row * hc))) if hc == n_head else 1
+    return tc, hc
+
+
 def _parts(t: DeviceTensor) -> tuple[Part, ...]:
     return t.chunks if t.chunks is not None else ((0, t),)
 

@@ -119,7 +119,7 @@ class MoeOps:
 
     def attention_sinks(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
                         pos: DeviceTensor, sinks: DeviceTensor, n_head: int, n_head_kv: int, scale: float,
-                        window: int = 0, kv_start: DeviceTensor | None = None) -> None:
+                        window: int = 0, kv_start: DeviceTensor | None = None, flash: bool = True) -> None:
         """``attention`` (same arguments and mask) with gpt-oss's attention sinks: one extra logit per
         head (sinks f32 [n_head]) that joins each row's softmax denominator and has no value
         (llama.cpp ``ggml_soft_max_add_sinks``): ``out = sum_j e^(s_j - M) v_j / (e^(sink - M) +
@@ -129,8 +129,9 @@ class MoeOps:
             DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
         """
         _SINKS.check(self, out, q, k_cache, v_cache, pos, kv_start, sinks, n_head=n_head, n_head_kv=n_head_kv,
-                     scale=scale, window=window)
-        self._attention_sinks(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start, sinks)
+                     scale=scale, window=window, flash=flash)
+        self._attention_sinks(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start, sinks,
+                              flash=bool(flash))
 
     # -- the backend's hooks (arguments checked; default: not supported) ----
     def _moe_route(self, ids: DeviceTensor, weights: DeviceTensor, logits: DeviceTensor, gating: str,
@@ -157,6 +158,6 @@ class MoeOps:
 
     def _attention_sinks(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
                          pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int,
-                         kv_start: DeviceTensor | None, sinks: DeviceTensor) -> None:
+                         kv_start: DeviceTensor | None, sinks: DeviceTensor, flash: bool = True) -> None:
         """Enqueue ``attention(..., sinks=sinks)`` (op name ``attention_sinks``)."""
         self._unsupported("attention_sinks")

@@ -217,7 +217,7 @@ class DeviceOps(MoeOps, ABC):
 
     def attention(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
                   pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int = 0,
-                  kv_start: DeviceTensor | None = None) -> None:
+                  kv_start: DeviceTensor | None = None, flash: bool = True) -> None:
         """Causal multi-head attention over the KV cache, with GQA and an optional sliding window.
 
         q, out: f32 [n, n_head * head_dim]; k_cache, v_cache: [n_ctx, n_head_kv * head_dim] of any KV
@@ -235,14 +235,22 @@ class DeviceOps(MoeOps, ABC):
         see ``model/forward.py``): row i attends to rows ``kv_start[i]..pos[i]`` (and the window).
         ``kv_start[i] <= pos[i]`` is the caller's duty.
 
+        ``flash`` (``-fa``, ``KVConfig.resolve``) picks the kernel, not the result: True, the fused
+        kernel with an online softmax that never materialises the scores (llama.cpp
+        ``ggml_flash_attn_ext``); False, llama.cpp's path without flash attention
+        (``build_attn_mha``: ``KQ = K^T Q`` into a scratch of n_head x n_kv scores per token,
+        ``soft_max_ext`` with the scale, mask and sinks, then ``KQV = V KQ``). The numpy reference
+        has one path for both.
+
         Raises:
             ShapeError: the shapes above do not hold, n_head is not a multiple of n_head_kv,
                 or ``window`` < 0.
             DeviceError / UnsupportedOpError: see the class doc.
         """
         _ATTENTION.check(self, out, q, k_cache, v_cache, pos, kv_start, n_head=n_head, n_head_kv=n_head_kv,
-                         window=window)
-        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start)
+                         window=window, flash=flash)
+        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, int(window), kv_start,
+                        flash=bool(flash))
 
 
     def silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:
@@ -361,8 +369,9 @@ class DeviceOps(MoeOps, ABC):
     @abstractmethod
     def _attention(self, out: DeviceTensor, q: DeviceTensor, k_cache: DeviceTensor, v_cache: DeviceTensor,
                    pos: DeviceTensor, n_head: int, n_head_kv: int, scale: float, window: int,
-                   kv_start: DeviceTensor | None) -> None:
-        """Enqueue :meth:`attention` (``window`` 0: no sliding window; ``kv_start`` None: rows start at 0)."""
+                   kv_start: DeviceTensor | None, flash: bool = True) -> None:
+        """Enqueue :meth:`attention` (``window`` 0: no sliding window; ``kv_start`` None: rows start at 0;
+        ``flash``: which kernel, see :meth:`attention`)."""
 
     @abstractmethod
     def _silu_mul(self, out: DeviceTensor, gate: DeviceTensor, up: DeviceTensor) -> None:

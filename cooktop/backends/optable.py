@@ -231,17 +231,19 @@ TABLE: tuple[OpSpec, ...] = (
            example={"cache": (16, 8), "x": (2, 8), "pos": (2,)}),
     OpSpec("attention", (Arg("out", F32), Arg("q", F32), Arg("k_cache", KV), Arg("v_cache", KV),
                          Arg("pos", I32), Arg("kv_start", I32, True)),
-           ("n_head", "n_head_kv", "scale", "window"),
+           ("n_head", "n_head_kv", "scale", "window", "flash"),
            "causal softmax(q k^T * scale) v over cache rows kv_start[i]..pos[i], GQA (window > 0: rows "
            "pos[i]-window < j <= pos[i] only); k_cache and v_cache each of a KV cache type (" + _KV_NAMES
-           + "), read as stored",
+           + "), read as stored; flash: the fused online-softmax kernel, else scores materialised, "
+           "softmax, then V (same result)",
            "want out and q [n, n_head * head_dim], k_cache and v_cache [n_ctx, n_head_kv * head_dim], pos [n], "
            "kv_start [n] if given, with n_head {n_head} a multiple of n_head_kv {n_head_kv} and window {window} >= 0",
-           _attention_fits, "llama.cpp src/llama-graph.cpp build_attn_mha; SWA mask llama_hparams::is_masked_swa",
+           _attention_fits, "llama.cpp src/llama-graph.cpp build_attn_mha (flash: ggml_flash_attn_ext, else mul_mat, "
+           "soft_max_ext, mul_mat); SWA mask llama_hparams::is_masked_swa",
            kv=("k_cache", "v_cache"),
            limits=("head_dim",), dims=lambda out, q, *t, n_head, **_: {"head_dim": q.shape[-1] // max(1, n_head)},
            example={"out": (2, 8), "q": (2, 8), "k_cache": (16, 4), "v_cache": (16, 4), "pos": (2,),
-                    "kv_start": None, "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0}),
+                    "kv_start": None, "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0, "flash": True}),
     OpSpec("silu_mul", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), (),
            "out = silu(gate) * up (SwiGLU)", _ONE_SHAPE.format(names="out, gate and up"), _same3,
            "ggml_swiglu_split", example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
@@ -292,7 +294,7 @@ TABLE: tuple[OpSpec, ...] = (
            example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
     OpSpec("attention_sinks", (Arg("out", F32), Arg("q", F32), Arg("k_cache", KV), Arg("v_cache", KV),
                                Arg("pos", I32), Arg("kv_start", I32, True), Arg("sinks", F32)),
-           ("n_head", "n_head_kv", "scale", "window"),
+           ("n_head", "n_head_kv", "scale", "window", "flash"),
            "attention with one extra logit per head (sinks f32 [n_head]) in each softmax denominator (gpt-oss)",
            "want out and q [n, n_head * head_dim], k_cache and v_cache [n_ctx, n_head_kv * head_dim], pos [n], "
            "kv_start [n] if given, sinks [n_head], with n_head {n_head} a multiple of n_head_kv {n_head_kv} and "
@@ -300,7 +302,8 @@ TABLE: tuple[OpSpec, ...] = (
            kv=("k_cache", "v_cache"), default=False, limits=("head_dim",),
            dims=lambda out, q, *t, n_head, **_: {"head_dim": q.shape[-1] // max(1, n_head)},
            example={"out": (2, 8), "q": (2, 8), "k_cache": (16, 4), "v_cache": (16, 4), "pos": (2,),
-                    "kv_start": None, "sinks": (2,), "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0}),
+                    "kv_start": None, "sinks": (2,), "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0,
+                    "flash": True}),
     OpSpec("copy", (Arg("out", ACT), Arg("x", ACT)), (),
            "out = x (F32 or I32; `cooktop bench --ops` measures bandwidth with it; not in the forward pass)",
            _ONE_SHAPE.format(names="out and x"), _same2, "ggml_cpy", forward=False,

@@ -127,6 +127,8 @@ class Segment:
         self.parts = list(parts) if parts is not None else ["all"] * len(blocks)
         self.arch = arch or architecture(cfg.arch)
         self._serial = next(_segment_serials)
+        #: the attention kernel its blocks ask for (``Device.attention``'s ``flash``; the model's ``-fa``)
+        self.flash_attn = True
         #: the arena owning every weight and scratch buffer of this segment
         self.buffer = device.buffer(f"blocks {blocks[0]}-{blocks[-1]}" if blocks else "head")
         self._release = _releaser(self, self.buffer)
@@ -262,7 +264,7 @@ class Segment:
         """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`."""
         d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
-            kv = KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0])
+            kv = KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0], self.flash_attn)
             arch.run_block(d, cfg, w, s, kv, self.blocks[j], self.parts[j])
         out = self._result(s, n, m, embeddings)
         if not self.head:
@@ -351,6 +353,7 @@ class Model(PlacedModel[KVCache]):
             for device, blocks, head, *parts in segments:
                 self.segments.append(Segment(device, blocks, head, gf, cfg, n_batch, logits_all, self.arch,
                                              parts[0] if parts else None))
+                self.segments[-1].flash_attn = self.flash_attn
         except BaseException:
             self.close()
             raise

@@ -331,11 +331,13 @@ class CpuDevice(CpuMoeOps, Device):
         cpu_quants.dequantize_rows(cache.handle[lo:lo + n], cache.ggml_type, cache.shape[1], out)
         return out
 
-    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
-        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
+    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks,
+                         flash=True):
+        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, flash, sinks)
 
     def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None,
-                   sinks=None):
+                   flash=True, sinks=None):
+        # one path for flash on and off: the scores materialised (the plain reference)
         p = self._a(pos)
         kc, vc = k_cache, v_cache
         sk = None if sinks is None else self._a(sinks)

@@ -59,6 +59,7 @@ from ...errors import DeviceError, DeviceOutOfMemoryError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes
 from ..optable import SPECS
 from . import INSTALL_HINT, cmdbuf
+from .attention import attention_kq, attention_tiled
 from .info import _safe, describe_icds, device_info, empty_platform_hint, launch_shape
 from .programs import (
     FLOAT_TYPES,
@@ -445,11 +446,17 @@ class OpenCLDevice(ReplayRecorder, Device):
             return 0
         return g
 
-    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
-        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
+    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks,
+                         flash=True):
+        self._attention(out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, flash, sinks)
 
     def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None,
-                   sinks=None):
+                   flash=True, sinks=None):
+        if not flash:  # scores materialised, softmax, then V (attention.py, attention_kq.cl)
+            attention_kq(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
+            return
+        if attention_tiled(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
+            return  # a prompt on the GPU flavour: query tiles sharing each key tile (attention.py)
         n_tok, width = q.shape
         head_dim = width // n_head
         start, has_start = (kv_start.handle, 1) if kv_start is not None else (pos.handle, 0)

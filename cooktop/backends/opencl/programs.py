@@ -138,6 +138,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "attention": ("kv.cl", "attention.cl"),
     "attention_q8": ("quant.cl", "kv.cl", "attention.cl"),
     "kv_store": ("kv.cl", "rope.cl", "kv_store.cl"),
+    "attention_kq": ("kv.cl", "attention_kq.cl"),
 }
 
 #: The KV cache types kv.cl reads and kv_store.cl writes (``DeviceInfo.kv_types``).

@@ -87,6 +87,12 @@ def default_variants() -> list[dict]:
     out.append({"name": "fill", "source": "copy.comp", "defines": {"FILL": "1"}})
     out.append({"name": "attention_sinks", "source": "attention.comp", "defines": {"SINKS": "1"}})
     out.append({"name": "copy_rect", "source": "copy_rect.comp", "defines": {}})  # tensors in row chunks
+    # attention without flash attention: scores, softmax, weighted V
+    out += [{"name": f"attention_{s.lower()}", "source": "attention_kq.comp", "defines": {s: "1"}}
+            for s in ("KQ", "SOFTMAX", "KQV")]
+    # query-tiled flash attention for prompts
+    out.append({"name": "attention_tiled", "source": "attention_tiled.comp", "defines": {}})
+    out.append({"name": "attention_tiled_sinks", "source": "attention_tiled.comp", "defines": {"SINKS": "1"}})
     return out
 
 

@@ -83,6 +83,7 @@ from gguf import GGMLQuantizationType as T
 from ...errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
 from . import INSTALL_HINT
+from .attention import attention_kq, attention_tiled
 from .graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
     ACCESS_HOST_READ,
     ACCESS_SHADER_READ,
@@ -585,14 +586,22 @@ class VulkanDevice(SequenceRecorder, Device):
         self._dispatch("kv_store", (cache, x, pos), workgroups((nb * per + 63) // 64),
                        (n, kv_dim, cache.shape[0], int(ty)))
 
-    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None):
-        """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows.
+    def _attention(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window=0, kv_start=None,
+                   flash=True):
+        """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows;
+        prompts (n > 1, head_dim <= 128): attention_tiled.comp, 16-query tiles sharing each key tile;
+        ``flash`` False: scores, softmax and weighted V through a scratch (attention.py for both).
 
         q, out f32 [n, n_head * head_dim]; caches [n_cells, n_head_kv * head_dim] of any type of
         ``VULKAN_KV_TYPES`` (read as stored, kv.glsl; the types are push constants); head_dim <= 256
         (``info.OP_LIMITS``: the public check refuses more); ``window`` > 0: sliding window (the loop
         over cache rows starts at pos - window + 1); ``kv_start`` I32 [n] or None (rows start at 0).
         """
+        if not flash:
+            attention_kq(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, None)
+            return
+        if attention_tiled(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, None):
+            return  # a prompt: query tiles sharing each key tile (attention_tiled.comp)
         head_dim = q.shape[-1] // n_head
         n = self._rows(q)
         nb = bucket(n, self._row_cap(q))
@@ -601,9 +610,15 @@ class VulkanDevice(SequenceRecorder, Device):
                        (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window,
                         int(kv_start is not None), int(k_cache.ggml_type), int(v_cache.ggml_type)))
 
-    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
+    def _attention_sinks(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks,
+                         flash=True):
         """attention.comp with SINKS: :meth:`_attention` plus one logit per head (sinks f32 [n_head]) in
         each softmax denominator (gpt-oss)."""
+        if not flash:
+            attention_kq(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
+            return
+        if attention_tiled(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
+            return
         head_dim = q.shape[-1] // n_head
         n = self._rows(q)
         nb = bucket(n, self._row_cap(q))

@@ -135,6 +135,7 @@ class KV:
         kv_start: I32 [n] first cache row each row attends to (its sequence's first cell),
             or None when every row starts at row 0 (one sequence).
         n_ctx: positions per sequence (the context length; the LongRoPE choice, ``builders.rope_factors``, reads it).
+        flash: the attention kernel (``Device.attention``'s ``flash``: the model's resolved ``-fa``).
     """
 
     k: DeviceTensor
@@ -143,6 +144,7 @@ class KV:
     cells: DeviceTensor
     kv_start: DeviceTensor | None = None
     n_ctx: int = 0
+    flash: bool = True
 
     def attend(self, d: Device, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
                n_head: int, n_head_kv: int, scale: float, window: int = 0, sinks: DeviceTensor | None = None,
@@ -161,10 +163,10 @@ class KV:
         d.kv_store(self.v, v, self.cells)
         if sinks is not None:
             d.attention_sinks(out, q, self.k, self.v, self.cells, sinks, n_head, n_head_kv, scale, window,
-                              kv_start=self.kv_start)
+                              kv_start=self.kv_start, flash=self.flash)
         else:
             d.attention(out, q, self.k, self.v, self.cells, n_head, n_head_kv, scale, window,
-                        kv_start=self.kv_start)
+                        kv_start=self.kv_start, flash=self.flash)
 
 
 def rms_eps_hparams(m: Metadata) -> dict[str, Any]:

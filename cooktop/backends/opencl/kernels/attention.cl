@@ -291,3 +291,111 @@ __kernel void attention(global float *out, const global float *q, const global u
 }
 
 #endif
+
+#if AT_TILED
+// Query-tiled flash attention for prompts (GPU flavour, n_tok > 1): a work-group of QT * DS
+// work-items takes QT consecutive query rows of one head and walks the union of their key ranges
+// in tiles of KT keys. Each tile's K and V rows are loaded (dequantized from the cache's own type)
+// into local memory once for all QT queries; the QT x KT scores go to local memory, masked per
+// query (causal, kv_start, window) with -inf, and each query keeps an online softmax (running max m,
+// sum l, rescaled accumulator) over the tiles, never the n_tok x n_kv score matrix. Work-item
+// (query qi, slice ds) accumulates values d = ds, ds + DS, ... of its query's output.
+// Global (QT * DS * ceil(n_tok / QT), n_head), local (QT * DS, 1). Arguments as attention's, then n_tok.
+#define TLS (QT * DS)
+#define HPD ((HEAD_DIM + DS - 1) / DS)
+__kernel void attention_tiled(global float *out, const global float *q, const global uchar *kc,
+                              const global uchar *vc, const global int *pos, const global int *kv_start,
+                              const int has_start, const int n_head, const int n_head_kv, const float scale,
+                              const int window,
+#ifdef SINKS
+                              const global float *sinks,
+#endif
+                              const int n_tok) {
+    const int lid = get_local_id(0);
+    const int t0 = get_group_id(0) * QT;
+    const int h = get_group_id(1);
+    const int kv_dim = n_head_kv * HEAD_DIM;
+    const int e0 = (h / (n_head / n_head_kv)) * HEAD_DIM;
+    const size_t krb = kv_row_bytes(KTYPE, kv_dim), vrb = kv_row_bytes(VTYPE, kv_dim);
+    local float qs[QT * HEAD_DIM];
+    local float ks[KT * HEAD_DIM];
+    local float vs[KT * HEAD_DIM];
+    local float sc[QT * KT];
+    local int lo_q[QT], hi_q[QT];
+    const int nq = min(QT, n_tok - t0);
+    // the key range of the tile: the union of its queries' [k0, pos + 1)
+    int lo = INT_MAX, hi = 0;
+    for (int i = 0; i < nq; i++) {
+        const int t = t0 + i, n_kv = pos[t] + 1;
+        lo = min(lo, max(has_start ? kv_start[t] : 0, window > 0 ? n_kv - window : 0));
+        hi = max(hi, n_kv);
+    }
+    if (lid < QT) {
+        const int t = t0 + lid;
+        const int n_kv = lid < nq ? pos[t] + 1 : 0;
+        lo_q[lid] = lid < nq ? max(has_start ? kv_start[t] : 0, window > 0 ? n_kv - window : 0) : 0;
+        hi_q[lid] = n_kv;
+    }
+    for (int i = lid; i < QT * HEAD_DIM; i += TLS) {
+        const int qi = i / HEAD_DIM;
+        qs[i] = qi < nq ? q[((size_t)(t0 + qi) * n_head + h) * HEAD_DIM + i % HEAD_DIM] : 0.0f;
+    }
+    const int qi = lid / DS, ds = lid % DS;
+    float acc[HPD];
+    for (int j = 0; j < HPD; j++) acc[j] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int c0 = lo; c0 < hi; c0 += KT) {
+        const int cn = min(KT, hi - c0);
+        barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's readers are done (and qs, lo_q are written)
+        for (int i = lid; i < KT * HEAD_DIM; i += TLS) {
+            const int kk = i / HEAD_DIM, d = i % HEAD_DIM;
+            const bool in = kk < cn;
+            ks[i] = in ? kv_load1(kc + (size_t)(c0 + kk) * krb, KTYPE, e0 + d) : 0.0f;
+            vs[i] = in ? kv_load1(vc + (size_t)(c0 + kk) * vrb, VTYPE, e0 + d) : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = lid; i < QT * KT; i += TLS) {
+            const int a = i / KT, kk = i % KT, k = c0 + kk;
+            float s = -INFINITY;
+            if (kk < cn && k >= lo_q[a] && k < hi_q[a]) {
+                float dp = 0.0f;
+                for (int d = 0; d < HEAD_DIM; d++) dp = mad(qs[a * HEAD_DIM + d], ks[kk * HEAD_DIM + d], dp);
+                s = dp * scale;
+            }
+            sc[i] = s;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float mt = -INFINITY;
+        for (int kk = 0; kk < cn; kk++) mt = fmax(mt, sc[qi * KT + kk]);
+        const float m_new = fmax(m, mt);
+        if (m_new != -INFINITY) {  // else no key of this query yet
+            const float alpha = exp(m - m_new);
+            l *= alpha;
+            for (int j = 0; j < HPD; j++) acc[j] *= alpha;
+            for (int kk = 0; kk < cn; kk++) {
+                const float p = exp(sc[qi * KT + kk] - m_new);
+                l += p;
+                for (int j = 0; j < HPD; j++) {
+                    const int d = ds + j * DS;
+                    if (d < HEAD_DIM) acc[j] = mad(p, vs[kk * HEAD_DIM + d], acc[j]);
+                }
+            }
+            m = m_new;
+        }
+    }
+    if (qi >= nq) return;
+#ifdef SINKS
+    {
+        const float sk = sinks[h], m_sk = fmax(m, sk), c = exp(m - m_sk);
+        l = l * c + exp(sk - m_sk);
+        for (int j = 0; j < HPD; j++) acc[j] *= c;
+    }
+#endif
+    const float inv = 1.0f / l;
+    const size_t qoff = ((size_t)(t0 + qi) * n_head + h) * HEAD_DIM;
+    for (int j = 0; j < HPD; j++) {
+        const int d = ds + j * DS;
+        if (d < HEAD_DIM) out[qoff + d] = acc[j] * inv;
+    }
+}
+#endif  // AT_TILED

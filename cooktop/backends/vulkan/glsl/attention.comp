@@ -79,11 +79,14 @@ void main() {
             barrier();
         }
         float m_new = max(m, red[0]);
+        // each score's exp once, by the invocation that computed it (not once per invocation)
+        for (uint j = tid; j < cn; j += WG) S[j] = exp(S[j] - m_new);
+        barrier();
         float corr = exp(m - m_new);
         l *= corr;
         for (uint a = 0u; a < 4u; a++) acc[a] *= corr;
         for (uint j = 0u; j < cn; j++) {
-            float pj = exp(S[j] - m_new);
+            float pj = S[j];
             l += pj;
             uint vr = (c0 + j) * vrb;
             for (uint a = 0u; a < 4u; a++) {

@@ -1,0 +1,81 @@
+"""Vulkan attention paths beside ``attention.comp`` (the flash kernel of decode): without flash
+attention (``-fa off``), llama.cpp's ``build_attn_mha`` path with the scores materialised
+(``glsl/attention_kq.comp``: variants ``attention_kq``, ``attention_softmax``, ``attention_kqv``);
+and for prompts with it, the query-tiled flash shader (``glsl/attention_tiled.comp``).
+
+The scores of a chunk of tokens and heads live in one scratch tensor (``chunked.scratch``, role
+``"attention scores"``) of ``tc x hc x n_ctx`` floats, under ``chunked.SCORES_CAP_BYTES`` and
+``maxStorageBufferRange`` (``chunked.score_chunks``); three dispatches per chunk. The chunking depends
+only on the shapes, so a recorded graph replays it; the columns a row reads are bounded by ``pos``
+on the device (a row costs its own ``n_kv``, not ``n_ctx``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import chunked
+from .shaders import bucket, f32_bits, workgroups
+
+#: Invocations per workgroup of the three shaders (``WG`` in attention_kq.comp).
+WG = 64
+
+
+def attention_kq(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv: int, scale: float, window: int,
+                 kv_start, sinks) -> None:
+    """Enqueue ``out = softmax(K^T q * scale + mask) V`` on the Vulkan device ``dev`` through the score
+    scratch (module doc). Arguments as ``Device.attention`` / ``attention_sinks`` (checked).
+
+    Raises:
+        DeviceOutOfMemoryError: the scratch cannot be allocated.
+    """
+    n = dev._rows(q)
+    head_dim = q.shape[-1] // n_head
+    n_ctx = k_cache.shape[0]
+    tc, hc = chunked.score_chunks(dev, n, n_head, n_ctx)
+    s = chunked.scratch(dev, "attention scores", tc * hc, n_ctx)
+    start = kv_start if kv_start is not None else pos
+    sk = sinks.handle if sinks is not None else dev._dummy_tensor()
+    kt, vt = int(k_cache.ggml_type), int(v_cache.ggml_type)
+    bits = f32_bits(scale)
+    per_d = -(-head_dim // WG)
+    for t0 in range(0, n, tc):
+        nt = min(tc, n - t0)
+        nb = bucket(nt, tc)  # the grid by powers of two: chunks of other lengths share pipelines
+        for h0 in range(0, n_head, hc):
+            nh = min(hc, n_head - h0)
+            push = [nt, n_head, n_head_kv, head_dim, n_ctx, bits, window, int(kv_start is not None), kt, t0, h0, nh,
+                    int(sinks is not None)]
+            dev._dispatch("attention_kq", (q, k_cache, pos, start, s), workgroups(nh * nb), tuple(push))
+            dev._dispatch_raw("attention_softmax", (s.handle, pos.handle, start.handle, sk),
+                              workgroups(nh * nb), tuple(push))
+            push[8] = vt
+            dev._dispatch("attention_kqv", (s, v_cache, pos, start, out), workgroups(per_d * nh * nb), tuple(push))
+
+
+#: attention_tiled.comp's tile (queries per workgroup, keys per tile) and largest head_dim, and its
+#: shared memory in bytes (qs, ks, vs, sc).
+TILE_QT, TILE_KT, TILE_HD_MAX = 16, 8, 128
+TILE_SHARED_BYTES = 4 * (TILE_QT * TILE_HD_MAX + 2 * TILE_KT * TILE_HD_MAX + TILE_QT * TILE_KT)
+
+
+def attention_tiled(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv: int, scale: float,
+                    window: int, kv_start, sinks) -> bool:
+    """Enqueue the query-tiled flash shader (``attention_tiled.comp``) for a prompt; False (nothing
+    enqueued) where it does not apply: one row, head_dim over TILE_HD_MAX, or less shared memory than
+    TILE_SHARED_BYTES (``maxComputeSharedMemorySize``). Arguments as ``Device.attention`` (checked)."""
+    n = dev._rows(q)
+    head_dim = q.shape[-1] // n_head
+    shared = dev.info.extra.get("max_compute_shared_memory") or 0
+    if n < 2 or head_dim > TILE_HD_MAX or shared < TILE_SHARED_BYTES:
+        return False
+    tiles = -(-bucket(n, dev._row_cap(q)) // TILE_QT)
+    start = kv_start if kv_start is not None else pos
+    push = (n, n_head, n_head_kv, head_dim, k_cache.shape[0], f32_bits(scale), window, int(kv_start is not None),
+            int(k_cache.ggml_type), int(v_cache.ggml_type))
+    if sinks is None:
+        dev._dispatch("attention_tiled", (q, k_cache, v_cache, pos, start, out), workgroups(tiles * n_head), push)
+    else:
+        dev._dispatch("attention_tiled_sinks", (q, k_cache, v_cache, pos, start, out, sinks),
+                      workgroups(tiles * n_head), push)
+    return True
