@@ -327,9 +327,11 @@ def test_serve_slots_decode_speculatively_with_the_same_answers(stories, server_
         finally:
             s.stop()
     assert answers[0] == answers[1]
-    # llama-server's per-request draft counts: only with drafting; the self-draft accepts every token
+    # llama-server's per-request draft counts: only with drafting (ngram-simple's drafts are tried
+    # first and may be cut short; the self-draft's are accepted whole)
     assert not any("draft_n" in t for t in timings[0])
-    assert all(t["draft_n"] > 0 and t["draft_n_accepted"] == t["draft_n"] for t in timings[1])
+    assert all(0 <= t["draft_n_accepted"] <= t["draft_n"] for t in timings[1])
+    assert sum(t["draft_n"] for t in timings[1]) > 0 and sum(t["draft_n_accepted"] for t in timings[1]) > 0
 
 
 def test_drafts_checked_in_the_batch_drivers_steps_give_the_alone_text():
