@@ -96,6 +96,17 @@ def scratch(dev: Device, role: str, rows: int, cols: int | None, ggml_type: T = 
     return have.head(rows)
 
 
+def release_scratch(dev: Device) -> None:
+    """Give back every :func:`scratch` buffer of ``dev`` (when a model on it closes: the next use
+    allocates again), outside a graph scope only (releasing waits for the device)."""
+    if dev._in_graph:
+        return
+    held = list(dev._chunk_scratch.values()) + dev._chunk_retired
+    dev._chunk_scratch, dev._chunk_retired = {}, []
+    if held:
+        dev.release(held)
+
+
 #: Largest score scratch (bytes) of attention without flash attention; llama.cpp's KQ of one ubatch is
 #: n_kv x n_ubatch x n_head floats.
 SCORES_CAP_BYTES = 64 << 20

@@ -52,6 +52,7 @@ from types import SimpleNamespace
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from ..backends import chunked
 from ..backends.base import Device, DeviceBuffer, DeviceTensor
 from ..errors import CooktopError, DeviceOutOfMemoryError
 from ..format.gguf import GGUFFile, TensorInfo
@@ -66,12 +67,19 @@ from .placed import CacheTokens, PlacedModel, Rows
 _segment_serials = itertools.count(1)
 
 
-def _releaser(owner: object, buffer: DeviceBuffer) -> weakref.finalize:
+def _releaser(owner: object, buffer: DeviceBuffer, scratch_of: Device | None = None) -> weakref.finalize:
     """A finalizer releasing ``buffer`` when ``owner`` is collected (or when called; it runs
-    at most once). Not run at interpreter exit, where devices may be gone."""
-    fin = weakref.finalize(owner, buffer.release)
+    at most once), then the scratch of chunked ops of ``scratch_of`` (a segment's device:
+    ``chunked.release_scratch``). Not run at interpreter exit, where devices may be gone."""
+    fin = weakref.finalize(owner, _release, buffer, scratch_of)
     fin.atexit = False
     return fin
+
+
+def _release(buffer: DeviceBuffer, scratch_of: Device | None) -> None:
+    buffer.release()
+    if scratch_of is not None:
+        chunked.release_scratch(scratch_of)
 
 
 def upload(d: Device | DeviceBuffer, t: TensorInfo, as_f32: bool, shape: tuple[int, ...] | None = None
@@ -131,7 +139,7 @@ class Segment:
         self.flash_attn = True
         #: the arena owning every weight and scratch buffer of this segment
         self.buffer = device.buffer(f"blocks {blocks[0]}-{blocks[-1]}" if blocks else "head")
-        self._release = _releaser(self, self.buffer)
+        self._release = _releaser(self, self.buffer, device)
         try:
             self._allocate(gf, n_batch, logits_all)
         except BaseException:
@@ -139,7 +147,8 @@ class Segment:
             raise
 
     def release(self) -> None:
-        """Give every buffer of this segment back to its device (once; also on collection)."""
+        """Give every buffer of this segment back to its device (once; also on collection), and
+        the device's scratch of chunked ops (``chunked.release_scratch``: allocated again on use)."""
         self._release()
 
     def _allocate(self, gf: GGUFFile, n_batch: int, logits_all: bool) -> None:
