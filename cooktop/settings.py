@@ -224,6 +224,7 @@ def check_environment() -> None:
     cpu_cache(0)
     opencl_q8()
     opencl_q8k()
+    opencl_replay()
     opencl_vnni()
     opencl_mmq_k()
     opencl_exact_prompt()

@@ -3,11 +3,13 @@ or named clearly when it can only show while running."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+from conftest import SHARED
 
 
 def cooktop(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -42,6 +44,7 @@ def test_bench_plot_format_refused_before_any_work(stories, tmp_path):
     ("COOKTOP_DEQUANT_THREADS", "x", "integer 1..256"), ("COOKTOP_DEQUANT_THREADS", "1000", "integer 1..256"),
     ("COOKTOP_OPENCL_Q8", "maybe", "not a boolean"), ("COOKTOP_OPENCL_VNNI", "banana", "not a boolean"),
     ("COOKTOP_OPENCL_MMQ_K", "2", "not a boolean"), ("COOKTOP_OPENCL_Q8K", "k", "not a boolean"),
+    ("COOKTOP_OPENCL_REPLAY", "maybe", "not a boolean"),
     ("COOKTOP_PROBE_TIMEOUT", "abc", "number >= 1"), ("COOKTOP_PROBE_TIMEOUT", "0", "number >= 1"),
     ("COOKTOP_PROBE_TIMEOUT", "-5", "number >= 1"), ("COOKTOP_PROBE_ISOLATION", "maybe", "not a boolean"),
     ("COOKTOP_DISABLE", "foo", "unknown 'foo'"),
@@ -177,3 +180,21 @@ def test_context_past_the_training_context_warns_like_llama_cpp(stories):
     assert "cooktop: n_ctx_seq (8192) > n_ctx_train (2048) -- possible training context overflow" in r.stderr
     r = cooktop("run", "-m", str(stories), "-p", "Once", "-n", "2", "-c", "2048", "--device", "cpu")
     assert r.returncode == 0 and "n_ctx_train" not in r.stderr
+
+
+def test_plan_refuses_what_run_refuses_and_names_the_flash_choice(stories):
+    """``plan`` applies llama.cpp's cache-type rules as ``run`` does (a quantized V cache with
+    ``-fa off``; a block size not dividing head_dim) and reports the resolved ``-fa``; ``-fa``
+    takes llama.cpp's values, ``-1`` (auto) included; ``info`` takes ``-fa`` as the other commands."""
+    tiny = SHARED / "models" / "tiny" / "tiny-Q8_0.gguf"
+    r = cooktop("plan", "-m", str(tiny), "--device", "cpu", "-ctv", "q8_0", "-fa", "off")
+    assert "quantized V cache (q8_0) requires flash attention" in one_line_error(r)
+    r = cooktop("plan", "-m", str(stories), "--device", "cpu", "-ctv", "q8_0")
+    assert "does not divide head_dim 8" in one_line_error(r)
+    for fa, want in (("-1", "on"), ("off", "off"), ("auto", "on")):
+        r = cooktop("plan", "-m", str(stories), "--device", "cpu", "-fa", fa, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["flash_attn"] == want
+    r = cooktop("info", str(stories), "-fa", "off", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["kv_cache"]["flash_attn"] == "off"

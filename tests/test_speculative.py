@@ -263,6 +263,13 @@ def test_draft_sizes_are_checked_before_any_model_loads():
     assert both.types() == ["ngram-simple", "draft-simple"]  # llama.cpp's priority, whatever the order given
     assert both.notice() == ("speculative decoding tries ngram-simple, then draft-simple (-md d.gguf): the first "
                              "non-empty draft is verified")
+    with pytest.raises(CooktopError, match="unknown speculative type ''"):
+        SpecOptions(spec_type=("",)).types()
+    with pytest.raises(CooktopError, match="unknown speculative type ''"):
+        SpecOptions(spec_type=("ngram-simple,",)).types()
+    # llama.cpp: a list naming none is none, a draft model given or not
+    assert SpecOptions(spec_type=("ngram-simple,none",)).types() == []
+    assert SpecOptions(model_draft="d.gguf", spec_type=("none",)).types() == []
     alone = SpecOptions(model_draft="d.gguf", spec_type=("ngram-simple",))
     assert alone.types() == ["ngram-simple"]  # an explicit list is taken as given, as llama.cpp
     assert alone.notice() == ("the draft model -md d.gguf is not used: --spec-type ngram-simple does not include "

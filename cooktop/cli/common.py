@@ -79,7 +79,7 @@ def kv_options(f):
         return command(*args, **kwargs)
 
     names = ", ".join(kv_type_name(t) for t in KV_TYPES)
-    f = click.option("-fa", "--flash-attn", "flash_attn", default="auto", is_flag=False, flag_value="on",
+    f = click.option("-fa", "--flash-attn", "flash_attn", default="auto",
                      envvar="LLAMA_ARG_FLASH_ATTN", show_default=True, metavar="[on|off|auto]",
                      help="Flash attention (a quantized V cache requires it; auto: on).")(wrapper)
     f = click.option("-ctv", "--cache-type-v", "cache_type_v", default=None, envvar="LLAMA_ARG_CACHE_TYPE_V",

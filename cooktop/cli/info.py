@@ -16,6 +16,7 @@ from ..format.kvtypes import KV_TYPES, KVConfig, kv_type_name
 from ..model.config import load_config
 from ..settings import device_memory
 from ..units import format_params
+from .common import kv_options
 from .group import cli
 
 
@@ -67,7 +68,7 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
         "rope_freqs": "rope_freqs.weight" in gf.tensors,
         "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
         "n_ctx": n_ctx,
-        "kv_cache": {"type_k": kv_type_name(kv.type_k), "type_v": kv_type_name(kv.type_v),
+        "kv_cache": {"type_k": kv_type_name(kv.type_k), "type_v": kv_type_name(kv.type_v), "flash_attn": kv.flash_attn,
                      "bytes": _kv_bytes(cfg, n_ctx, kv)},
         "kv_cache_bytes": {kv_type_name(t): _kv_bytes(cfg, n_ctx, KVConfig(t, t)) for t in KV_TYPES
                            if not cfg.head_dim % GGML_QUANT_SIZES[t][0]},
@@ -131,15 +132,12 @@ def _chunked_note(selectors: list[str]) -> str:
 @cli.command("info")
 @click.argument("model", type=click.Path())
 @click.option("-c", "--ctx-size", "n_ctx", default=0, help="Context size for the KV cache figure (0 = n_ctx_train).")
-@click.option("-ctk", "--cache-type-k", "cache_type_k", default="f16", show_default=True,
-              help="KV cache type of K for the KV cache figure.")
-@click.option("-ctv", "--cache-type-v", "cache_type_v", default="f16", show_default=True,
-              help="KV cache type of V for the KV cache figure.")
+@kv_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def info_cmd(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str, as_json: bool) -> None:
+def info_cmd(model: str, n_ctx: int, kv: KVConfig, as_json: bool) -> None:
     """Describe a GGUF model file (one cooktop cannot run too: what its header, metadata and
     tensors say, then the reason on stderr and exit code 1)."""
-    info = model_info(model, n_ctx, KVConfig.parse(cache_type_k, cache_type_v))
+    info = model_info(model, n_ctx, kv)
     if as_json:
         click.echo(json.dumps(info, indent=2))
         if not info["supported"]:

@@ -48,6 +48,8 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
     cfg = load_config(gf)
     n_ctx = default_n_ctx(cfg, n_ctx)
     n_batch = check_batch(n_batch, n_ctx)
+    kv = kv or KVConfig()
+    flash = kv.resolve(cfg.head_dim)  # what run would refuse (llama.cpp's rules) is refused here too
     cluster = None
     if ray_address:
         from ..cluster import connect
@@ -69,8 +71,9 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
         "n_layer": cfg.n_layer,
         "n_ctx": n_ctx,
         "n_batch": n_batch,
-        "cache_type_k": kv_type_name((kv or KVConfig()).type_k),
-        "cache_type_v": kv_type_name((kv or KVConfig()).type_v),
+        "cache_type_k": kv_type_name(kv.type_k),
+        "cache_type_v": kv_type_name(kv.type_v),
+        "flash_attn": "on" if flash else "off",
         "devices_requested": selectors,
         "n_gpu_layers": p.n_gpu_layers,
         "n_offloaded": p.n_offloaded(),
@@ -114,7 +117,8 @@ def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, spli
         click.echo(json.dumps(rep, indent=2))
         return
     click.echo(f"{rep['model']}: n_layer {rep['n_layer']}, n_ctx {rep['n_ctx']}, n_batch {rep['n_batch']}, "
-               f"-ngl {rep['n_gpu_layers']}, KV cache K {rep['cache_type_k']} V {rep['cache_type_v']}")
+               f"-ngl {rep['n_gpu_layers']}, KV cache K {rep['cache_type_k']} V {rep['cache_type_v']}, "
+               f"flash attention {rep['flash_attn']}")
     rows = [[d["device"], _ranges(d["blocks"]), "yes" if d["head"] else "", _mib(d["weight_bytes"]),
              _mib(d["kv_bytes"]), _mib(d["scratch_bytes"]), _mib(d["total_bytes"]),
              _mib(d["usable_bytes"]) if d["device"] != "cpu" else "host", "yes" if d["fits"] else "NO"]

@@ -50,11 +50,18 @@ class SpecOptions:
         Raises:
             CooktopError: an unknown or unimplemented type, or ``draft-simple`` without ``-md``.
         """
-        names = [t.strip() for v in self.spec_type for t in v.split(",") if t.strip()]
-        bad = [t for t in names if t not in SPEC_TYPES]
-        if bad:
-            raise CooktopError(f"--spec-type {bad[0]} is not supported by cooktop (it has: {', '.join(SPEC_TYPES)})")
-        if not names and self.model_draft:
+        names = []
+        for v in self.spec_type:
+            items = [t.strip() for t in v.split(",")]
+            if "" in items:
+                raise CooktopError(f"--spec-type {v!r}: unknown speculative type '' (a comma list of: "
+                                   f"{', '.join(SPEC_TYPES)})")
+            bad = [t for t in items if t not in SPEC_TYPES]
+            if bad:
+                raise CooktopError(f"--spec-type {bad[0]} is not supported by cooktop (it has: {', '.join(SPEC_TYPES)})")
+            # llama.cpp common_speculative_types_from_names: a list naming none is none
+            names += [] if "none" in items else items
+        if not self.spec_type and self.model_draft:
             names = ["draft-simple"]
         if "draft-simple" in names and not self.model_draft:
             raise CooktopError("--spec-type draft-simple needs a draft model: give -md / --model-draft FNAME")
