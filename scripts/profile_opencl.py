@@ -40,21 +40,30 @@ WARM = 2
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("-p", type=int, default=128)
-    ap.add_argument("-n", type=int, default=16)
-    ap.add_argument("--device", default="opencl")
+    ap = argparse.ArgumentParser(description="Per-op profile of the forward pass on an OpenCL device "
+                                 "and the host cost per decoded token, op by op and replayed.")
+    ap.add_argument("-m", "--model", required=True, help="GGUF model, every layer placed on --device")
+    ap.add_argument("-p", type=int, default=128, help="prompt tokens (default 128)")
+    ap.add_argument("-n", type=int, default=16, help="decoded tokens (default 16)")
+    ap.add_argument("--device", default="opencl", help="an OpenCL selector (default opencl)")
     args = ap.parse_args()
 
     import pyopencl as cl
 
     from cooktop.backends.base import OPS, type_name
     from cooktop.engine import generate as engine
+    from cooktop.errors import CooktopError
 
-    eng = engine.load(args.model, n_ctx=args.p + args.n + WARM + 8, n_batch=max(args.p, 1), device=args.device,
-                      n_gpu_layers=-1)
+    try:
+        eng = engine.load(args.model, n_ctx=args.p + args.n + WARM + 8, n_batch=max(args.p, 1), device=args.device,
+                          n_gpu_layers=-1)
+    except CooktopError as e:
+        raise SystemExit(f"error: {e}") from None
     devs = {id(s.device): s.device for s in eng.model.segments}
+    not_cl = [d.info.selector for d in devs.values() if not hasattr(d, "replay")]
+    if not_cl:
+        raise SystemExit(f"error: profile_opencl.py profiles OpenCL devices; {', '.join(not_cl)} is not one "
+                         "(give --device opencl or opencl:N)")
     rng = np.random.default_rng(0)
     toks = [int(t) for t in rng.integers(0, eng.cfg.n_vocab, args.p + args.n + WARM)]
     eng.reset()
