@@ -101,7 +101,7 @@ def chat_loop(llm: Any, gen: dict[str, Any], system: str | None = None, first: s
         try:
             stream = llm.create_chat_completion(messages, stream=True, **gen)
         except ContextOverflowError as e:
-            click.echo(f"error: {e}; the conversation is too long for the context (-c)", err=True)
+            click.echo(f"error: the conversation is too long for the context: {e}", err=True)
             return 1
         try:
             for chunk in stream:
