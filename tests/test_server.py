@@ -8,6 +8,7 @@ for the API key, a model with a template, loading and overload cases.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import math
 import threading
@@ -398,10 +399,10 @@ class _Seq:
         pass
 
 
-def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
-    """A prompt sharing a prefix with a free slot reuses it (in place) only when that keeps half its
-    cache or no slot is empty: prompts with one system prompt get their own slots (as llama-server
-    keeps the evicted one in its RAM prompt cache); a continued prompt stays on its slot."""
+@contextlib.contextmanager
+def _slot_chooser(n_parallel):
+    """``run(prompt, generated)``: the slot id a fake scheduler of ``n_parallel`` slots chooses for
+    ``prompt``, then leaves holding ``prompt + generated`` (free again)."""
     import asyncio
     import types
 
@@ -416,7 +417,7 @@ def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
             return [_Seq(cache, self.model, i) for i in range(n)]
 
     loop = asyncio.new_event_loop()
-    sched = Scheduler(types.SimpleNamespace(_engine=Engine()), n_parallel=3)
+    sched = Scheduler(types.SimpleNamespace(_engine=Engine()), n_parallel=n_parallel)
     try:
         def run(prompt, generated=(9, 9, 9, 9, 9, 9)):
             job = Job(lambda llm: iter(()), loop)
@@ -427,6 +428,17 @@ def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
                     s.job = None
             return seq.seq_id
 
+        yield run
+    finally:
+        sched.close()
+        loop.close()
+
+
+def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
+    """A prompt sharing a prefix with a free slot reuses it (in place) only when that keeps half its
+    cache or no slot is empty: prompts with one system prompt get their own slots (as llama-server
+    keeps the evicted one in its RAM prompt cache); a continued prompt stays on its slot."""
+    with _slot_chooser(3) as run:
         system = [1, 2, 3, 4]
         a = run(system + [10, 11, 12])
         assert run(system + [20, 21, 22]) != a  # would discard 9 of slot a's 13 tokens: the empty slot
@@ -434,6 +446,15 @@ def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
         third = run(system + [40])
         assert len({a, third}) == 2
         assert run(system + [50, 51, 52]) in range(3)  # no slot empty: the longest prefix, in place
-    finally:
-        sched.close()
-        loop.close()
+
+
+def test_slot_choice_tries_every_tied_slot_before_an_empty_one():
+    """Two slots tie on the prefix: the least recently used fails the keep rule, the other keeps
+    9 of its 13 tokens and is taken (not an empty slot); an unrelated prompt takes the LRU slot."""
+    prompt, gen = [1, 2, 3, 4, 5], list(range(6, 22))
+    with _slot_chooser(3) as run:
+        a = run(prompt, gen)  # holds 21 tokens
+        b = run(prompt, gen[:8])  # would keep 5 of a's 21: the empty slot, holds 13
+        assert b != a
+        assert run(prompt + gen[:4] + [70, 71], [80]) == b  # 9 of a's 21 fails, 9 of b's 13 keeps
+        assert run([90, 91, 92]) not in (a, b)  # nothing similar: the LRU (empty) slot

@@ -45,9 +45,10 @@ class OverloadedError(CooktopError):
     """The queue of waiting requests is full (HTTP 503)."""
 
 
-#: A free slot is chosen for its cached prefix when it covers at least this share of the prompt
-#: (llama-server's ``--slot-prompt-similarity``, default 0.5); otherwise the least recently used one.
-SLOT_PROMPT_SIMILARITY = 0.5
+#: A free slot is chosen for its cached prefix when that prefix covers more than this share of the
+#: prompt (llama-server's ``--slot-prompt-similarity``, default 0.1: llama.cpp common/common.h,
+#: compared with ``>`` in tools/server/server-context.cpp); otherwise the least recently used one.
+SLOT_PROMPT_SIMILARITY = 0.1
 
 #: A free slot sharing a prefix with the prompt is reused only when that keeps at least this share
 #: of what it caches, or when no slot is empty (llama-server's ``f_keep < 0.5``, below which it
@@ -298,10 +299,11 @@ class Scheduler:
                 self.driver.leave()
 
     def _choose(self, job: Job, prompt: list[int]) -> Any:
-        """The slot sequence a generation of ``job`` runs on: the one it holds, else the free slot
-        sharing the longest prefix with ``prompt`` when that prefix is at least
-        :data:`SLOT_PROMPT_SIMILARITY` of the prompt (and keeps :data:`SLOT_KEEP` of the slot's
-        cache, or no slot is empty: else the first empty slot), else the least recently used free
+        """The slot sequence a generation of ``job`` runs on: the one it holds; else, among the free
+        slots whose prefix shared with ``prompt`` is over :data:`SLOT_PROMPT_SIMILARITY` of the
+        prompt, those that keep at least :data:`SLOT_KEEP` of their cache, the one with the longest
+        prefix (then the least recently used); if none keeps enough, the first empty slot, or when
+        none is empty the similar slot with the longest prefix; else the least recently used free
         slot (so a short unrelated prompt does not evict a long cached one)."""
         with self._cv:
             for slot in self.slots:
@@ -312,16 +314,20 @@ class Scheduler:
             free = [s for s in self.slots if s.job is None]
             if not free:  # cannot happen: one worker thread per slot, a job holds at most one
                 raise CooktopError("no free slot for this request")
-            best = max(free, key=lambda s: (s.seq.common_prefix(prompt), -s.last_used))
-            common = best.seq.common_prefix(prompt)
-            if common < SLOT_PROMPT_SIMILARITY * len(prompt):
+            common = {id(s): s.seq.common_prefix(prompt) for s in free}
+            similar = [s for s in free if common[id(s)] > SLOT_PROMPT_SIMILARITY * len(prompt)]
+            # reusing a slot that keeps under SLOT_KEEP of its cache discards most of another prompt
+            # (llama-server saves such a slot to its RAM prompt cache first): an empty slot keeps
+            # both, at the prefix's cost; every similar slot is tried before giving up on them
+            kept = [s for s in similar if common[id(s)] >= SLOT_KEEP * len(s.seq.tokens)]
+            empty = [s for s in free if not s.seq.tokens]
+            pool = kept or ([] if empty else similar)
+            if pool:
+                best = max(pool, key=lambda s: (common[id(s)], -s.last_used))
+            elif similar:
+                best = empty[0]
+            else:
                 best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
-            elif common < SLOT_KEEP * len(best.seq.tokens):
-                # reusing it would discard most of another prompt's cache (llama-server saves such a
-                # slot to its RAM prompt cache first): an empty slot keeps both, at the prefix's cost
-                empty = [s for s in free if not s.seq.tokens]
-                if empty:
-                    best = empty[0]
             self._tick += 1
             best.job, best.last_used, best.id_task = job, self._tick, job.id
             if not job.cache_prompt:
