@@ -376,6 +376,27 @@ def test_timings_as_llama_server(http):
         chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
     assert "timings" in chunks[-1] and chunks[-1]["timings"]["predicted_n"] == 3
     assert not any("timings" in c for c in chunks[:-1])
+    with http.stream("POST", "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "stream": True,
+                                                           "stream_options": {"include_usage": True}}) as s:
+        chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["timings"]["predicted_n"] == 3  # on the usage chunk
+    assert not any("timings" in c for c in chunks[:-1])
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": CHAT, "n": 2}),
+    ("/v1/completions", {"prompt": [PROMPT, "The dog"]}),
+    ("/v1/completions", {"prompt": [PROMPT + " a cat", "The dog"], "n": 2}),
+])
+def test_timings_sum_the_choices_as_usage(http, path, body):
+    """With several choices the timings count what usage counts: every generated token, each
+    prompt once (read or cached)."""
+    r = http.post(path, json=dict(body, max_tokens=4, temperature=0)).json()
+    t, u = r["timings"], r["usage"]
+    assert t["predicted_n"] == u["completion_tokens"] == 4 * len(r["choices"])
+    assert t["cache_n"] == u["prompt_tokens_details"]["cached_tokens"]
+    assert t["prompt_n"] + t["cache_n"] == u["prompt_tokens"]
+    assert t["predicted_per_second"] == pytest.approx(1e3 * t["predicted_n"] / t["predicted_ms"])
 
 
 class _Seq:

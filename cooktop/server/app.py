@@ -289,10 +289,13 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
 
         async def events() -> AsyncIterator[str]:
             total: dict[str, int] | None = None
+            timings = None
             try:
                 kind, chunk = first
                 while kind != END:
                     usage = chunk.pop("usage", None)
+                    if include_usage and "timings" in chunk:  # they go on the last chunk sent
+                        timings = chunk.pop("timings")
                     if usage:
                         record_usage({"usage": usage})
                         total = add_usage(total, usage)
@@ -305,7 +308,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
                         return
                 if include_usage:
                     yield _sse({"id": cid, "object": obj, "created": int(time.time()), "model": config.model_id,
-                                "choices": [], "usage": total})
+                                "choices": [], "usage": total, **({"timings": timings} if timings else {})})
                 yield "data: [DONE]\n\n"
             finally:
                 job.cancel()
