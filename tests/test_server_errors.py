@@ -67,3 +67,19 @@ def test_logit_bias_outside_the_vocabulary(http, stories):  # noqa: F811
     llm = Llama(model_path=str(stories), n_ctx=64, verbose=False, device="cpu")
     with pytest.raises(InvalidTokenError, match=r"logit_bias: token id 99999 is not in the vocabulary \(0\.\.511\)"):
         llm.create_completion(PROMPT, max_tokens=2, logit_bias={99999: 5.0})
+
+
+@pytest.mark.parametrize("var,value,words", [
+    ("LLAMA_ARG_ENDPOINT_SLOTS", "maybe", "not a valid boolean"),
+    ("LLAMA_ARG_CTX_SIZE", "abc", "not a valid integer"),
+])
+def test_bad_llama_arg_variable_is_named(monkeypatch, capsys, var, value, words):
+    """A bad value from a LLAMA_ARG_* variable names the variable (one line), not the flag."""
+    from cooktop.cli.main import main
+    monkeypatch.setenv(var, value)
+    monkeypatch.setattr(sys, "argv", ["cooktop", "serve", "-m", "unused.gguf"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: invalid value {value!r} in ${var} (for --") and words in err
