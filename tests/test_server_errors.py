@@ -83,3 +83,13 @@ def test_bad_llama_arg_variable_is_named(monkeypatch, capsys, var, value, words)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and len(err.splitlines()) == 1, err
     assert err.startswith(f"error: invalid value {value!r} in ${var} (for --") and words in err
+
+
+def test_serve_concurrency_names_a_missing_llama_server(tmp_path):
+    """scripts/serve_concurrency.py with a --llama-server path that is not there: one error line
+    naming it, before anything runs (it ended in a FileNotFoundError traceback)."""
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "serve_concurrency.py")
+    missing = str(tmp_path / "nonexistent")
+    r = subprocess.run([sys.executable, script, "-m", "unused.gguf", "--vs-llama-cpp", "--no-cooktop",
+                        "--llama-server", missing], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == f"error: --llama-server {missing}: no executable file there"
