@@ -363,6 +363,33 @@ def test_slots_endpoint(srv, http):
     assert off.status_code == 501 and "--slots" in off.json()["error"]["message"]
 
 
+def test_id_slot_and_erase_as_llama_server(http):
+    """``id_slot`` runs a request on that slot (modulo the slots); ``POST /slots/ID?action=erase``
+    empties its cache (the same prompt then reads all of it again); save/restore 501, bad 400."""
+    def ask(id_slot):
+        body = {"prompt": PROMPT + " a frog", "max_tokens": 2, "temperature": 0, "id_slot": id_slot}
+        return http.post("/v1/completions", json=body).json()["usage"]
+
+    def held():
+        return {s["id"]: s.get("n_prompt_tokens", 0) for s in http.get("/slots").json()}
+
+    for id_slot in (1, 0, 3):  # 3: slot 1 of 2
+        ask(id_slot)
+        last = max(http.get("/slots").json(), key=lambda s: s.get("id_task", -1))
+        assert last["id"] == id_slot % 2
+    assert ask(1)["prompt_tokens_details"]["cached_tokens"] > 0
+    n = held()[1]
+    r = http.post("/slots/1?action=erase")
+    assert r.status_code == 200 and r.json() == {"id_slot": 1, "n_erased": n} and n > 0
+    assert held()[1] == 0
+    assert ask(1)["prompt_tokens_details"]["cached_tokens"] == 0
+    assert http.post("/slots/0?action=save").status_code == 501
+    assert http.post("/slots/0?action=nope").json()["error"]["message"] == "Invalid action"
+    assert http.post("/slots/x?action=erase").status_code == 400
+    bad = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "id_slot": -2})
+    assert bad.status_code == 400 and "id_slot" in bad.text
+
+
 def test_timings_as_llama_server(http):
     """Each answer carries llama-server's ``timings`` (the last stream chunk too); no draft counts
     without speculative decoding."""
