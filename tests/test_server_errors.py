@@ -82,7 +82,7 @@ def test_bad_llama_arg_variable_is_named(monkeypatch, capsys, var, value, words)
         main()
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and len(err.splitlines()) == 1, err
-    assert err.startswith(f"error: invalid value {value!r} in ${var} (for --") and words in err
+    assert err.startswith(f"error: {var}={value!r} is no valid value of --") and words in err
 
 
 def test_serve_concurrency_names_a_missing_llama_server(tmp_path):

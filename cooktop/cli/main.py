@@ -55,7 +55,7 @@ def main() -> None:
         var = _from_env(e)
         if var is not None:  # name the variable, not the flag it stands for
             assert isinstance(e, click.BadParameter) and e.param is not None
-            msg = f"invalid value {os.environ[var]!r} in ${var} (for {e.param.opts[-1]}): {e.message}"
+            msg = f"{var}={os.environ[var]!r} is no valid value of {e.param.opts[-1]}: {e.message}"
         click.echo(f"error: {msg}{hint}".replace("\n", " "), err=True)
         sys.exit(1)
     sys.exit(rc if isinstance(rc, int) else 0)
