@@ -229,6 +229,9 @@ def main() -> int:
     ap.add_argument("--stagger", type=float, default=0.0, help="seconds between the concurrent requests' starts")
     ap.add_argument("extra", nargs="*", help="more `cooktop serve` options (after --)")
     a = ap.parse_args()
+    if a.vs_llama_cpp and a.llama_server and not (os.path.isfile(a.llama_server)
+                                                  and os.access(a.llama_server, os.X_OK)):
+        raise SystemExit(f"error: --llama-server {a.llama_server}: no executable file there")
     prompts = [f"Once upon a time {WORDS[i % len(WORDS)]}" for i in range(a.parallel)]
     report: dict = {"model": os.path.basename(a.model), "requests": a.parallel, "max_tokens": a.n_predict}
     if not a.no_cooktop:

@@ -8,6 +8,7 @@ for the API key, a model with a template, loading and overload cases.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import math
 import threading
@@ -362,6 +363,33 @@ def test_slots_endpoint(srv, http):
     assert off.status_code == 501 and "--slots" in off.json()["error"]["message"]
 
 
+def test_id_slot_and_erase_as_llama_server(http):
+    """``id_slot`` runs a request on that slot (modulo the slots); ``POST /slots/ID?action=erase``
+    empties its cache (the same prompt then reads all of it again); save/restore 501, bad 400."""
+    def ask(id_slot):
+        body = {"prompt": PROMPT + " a frog", "max_tokens": 2, "temperature": 0, "id_slot": id_slot}
+        return http.post("/v1/completions", json=body).json()["usage"]
+
+    def held():
+        return {s["id"]: s.get("n_prompt_tokens", 0) for s in http.get("/slots").json()}
+
+    for id_slot in (1, 0, 3):  # 3: slot 1 of 2
+        ask(id_slot)
+        last = max(http.get("/slots").json(), key=lambda s: s.get("id_task", -1))
+        assert last["id"] == id_slot % 2
+    assert ask(1)["prompt_tokens_details"]["cached_tokens"] > 0
+    n = held()[1]
+    r = http.post("/slots/1?action=erase")
+    assert r.status_code == 200 and r.json() == {"id_slot": 1, "n_erased": n} and n > 0
+    assert held()[1] == 0
+    assert ask(1)["prompt_tokens_details"]["cached_tokens"] == 0
+    assert http.post("/slots/0?action=save").status_code == 501
+    assert http.post("/slots/0?action=nope").json()["error"]["message"] == "Invalid action"
+    assert http.post("/slots/x?action=erase").status_code == 400
+    bad = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "id_slot": -2})
+    assert bad.status_code == 400 and "id_slot" in bad.text
+
+
 def test_timings_as_llama_server(http):
     """Each answer carries llama-server's ``timings`` (the last stream chunk too); no draft counts
     without speculative decoding."""
@@ -375,6 +403,27 @@ def test_timings_as_llama_server(http):
         chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
     assert "timings" in chunks[-1] and chunks[-1]["timings"]["predicted_n"] == 3
     assert not any("timings" in c for c in chunks[:-1])
+    with http.stream("POST", "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "stream": True,
+                                                           "stream_options": {"include_usage": True}}) as s:
+        chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["timings"]["predicted_n"] == 3  # on the usage chunk
+    assert not any("timings" in c for c in chunks[:-1])
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": CHAT, "n": 2}),
+    ("/v1/completions", {"prompt": [PROMPT, "The dog"]}),
+    ("/v1/completions", {"prompt": [PROMPT + " a cat", "The dog"], "n": 2}),
+])
+def test_timings_sum_the_choices_as_usage(http, path, body):
+    """With several choices the timings count what usage counts: every generated token, each
+    prompt once (read or cached)."""
+    r = http.post(path, json=dict(body, max_tokens=4, temperature=0)).json()
+    t, u = r["timings"], r["usage"]
+    assert t["predicted_n"] == u["completion_tokens"] == 4 * len(r["choices"])
+    assert t["cache_n"] == u["prompt_tokens_details"]["cached_tokens"]
+    assert t["prompt_n"] + t["cache_n"] == u["prompt_tokens"]
+    assert t["predicted_per_second"] == pytest.approx(1e3 * t["predicted_n"] / t["predicted_ms"])
 
 
 class _Seq:
@@ -398,10 +447,10 @@ class _Seq:
         pass
 
 
-def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
-    """A prompt sharing a prefix with a free slot reuses it (in place) only when that keeps half its
-    cache or no slot is empty: prompts with one system prompt get their own slots (as llama-server
-    keeps the evicted one in its RAM prompt cache); a continued prompt stays on its slot."""
+@contextlib.contextmanager
+def _slot_chooser(n_parallel):
+    """``run(prompt, generated)``: the slot id a fake scheduler of ``n_parallel`` slots chooses for
+    ``prompt``, then leaves holding ``prompt + generated`` (free again)."""
     import asyncio
     import types
 
@@ -416,7 +465,7 @@ def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
             return [_Seq(cache, self.model, i) for i in range(n)]
 
     loop = asyncio.new_event_loop()
-    sched = Scheduler(types.SimpleNamespace(_engine=Engine()), n_parallel=3)
+    sched = Scheduler(types.SimpleNamespace(_engine=Engine()), n_parallel=n_parallel)
     try:
         def run(prompt, generated=(9, 9, 9, 9, 9, 9)):
             job = Job(lambda llm: iter(()), loop)
@@ -427,6 +476,17 @@ def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
                     s.job = None
             return seq.seq_id
 
+        yield run
+    finally:
+        sched.close()
+        loop.close()
+
+
+def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
+    """A prompt sharing a prefix with a free slot reuses it (in place) only when that keeps half its
+    cache or no slot is empty: prompts with one system prompt get their own slots (as llama-server
+    keeps the evicted one in its RAM prompt cache); a continued prompt stays on its slot."""
+    with _slot_chooser(3) as run:
         system = [1, 2, 3, 4]
         a = run(system + [10, 11, 12])
         assert run(system + [20, 21, 22]) != a  # would discard 9 of slot a's 13 tokens: the empty slot
@@ -434,6 +494,15 @@ def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
         third = run(system + [40])
         assert len({a, third}) == 2
         assert run(system + [50, 51, 52]) in range(3)  # no slot empty: the longest prefix, in place
-    finally:
-        sched.close()
-        loop.close()
+
+
+def test_slot_choice_tries_every_tied_slot_before_an_empty_one():
+    """Two slots tie on the prefix: the least recently used fails the keep rule, the other keeps
+    9 of its 13 tokens and is taken (not an empty slot); an unrelated prompt takes the LRU slot."""
+    prompt, gen = [1, 2, 3, 4, 5], list(range(6, 22))
+    with _slot_chooser(3) as run:
+        a = run(prompt, gen)  # holds 21 tokens
+        b = run(prompt, gen[:8])  # would keep 5 of a's 21: the empty slot, holds 13
+        assert b != a
+        assert run(prompt + gen[:4] + [70, 71], [80]) == b  # 9 of a's 21 fails, 9 of b's 13 keeps
+        assert run([90, 91, 92]) not in (a, b)  # nothing similar: the LRU (empty) slot

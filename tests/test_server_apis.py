@@ -89,6 +89,21 @@ def test_responses_previous_response_id_is_refused_and_store_is_not_pretended(ht
     assert r.status_code == 200 and r.json()["store"] is False and r.json()["previous_response_id"] is None
 
 
+def test_responses_stream_ends_with_timings_as_llama_server(http):  # noqa: F811
+    """The last event of a /v1/responses stream carries ``timings`` beside the response, as
+    llama-server's; its non-streamed response and /v1/messages carry none there either."""
+    body = {"input": "Hi", "max_output_tokens": 3, **T0}
+    r = http.post("/v1/responses", json=dict(body, stream=True))
+    events = _sse(r.text)
+    name, last = events[-1]
+    assert name == "response.incomplete" and last["timings"]["predicted_n"] == 3
+    assert last["timings"]["prompt_n"] + last["timings"]["cache_n"] == last["response"]["usage"]["input_tokens"]
+    assert not any("timings" in data for _, data in events[:-1])
+    assert "timings" not in http.post("/v1/responses", json=body).json()
+    msg = http.post("/v1/messages", json={"max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}], **T0})
+    assert msg.status_code == 200 and "timings" not in msg.json()
+
+
 # -- chat messages ---------------------------------------------------------------------------
 
 def test_developer_role_is_system(http):  # noqa: F811

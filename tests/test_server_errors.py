@@ -67,3 +67,29 @@ def test_logit_bias_outside_the_vocabulary(http, stories):  # noqa: F811
     llm = Llama(model_path=str(stories), n_ctx=64, verbose=False, device="cpu")
     with pytest.raises(InvalidTokenError, match=r"logit_bias: token id 99999 is not in the vocabulary \(0\.\.511\)"):
         llm.create_completion(PROMPT, max_tokens=2, logit_bias={99999: 5.0})
+
+
+@pytest.mark.parametrize("var,value,words", [
+    ("LLAMA_ARG_ENDPOINT_SLOTS", "maybe", "not a valid boolean"),
+    ("LLAMA_ARG_CTX_SIZE", "abc", "not a valid integer"),
+])
+def test_bad_llama_arg_variable_is_named(monkeypatch, capsys, var, value, words):
+    """A bad value from a LLAMA_ARG_* variable names the variable (one line), not the flag."""
+    from cooktop.cli.main import main
+    monkeypatch.setenv(var, value)
+    monkeypatch.setattr(sys, "argv", ["cooktop", "serve", "-m", "unused.gguf"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: {var}={value!r} is no valid value of --") and words in err
+
+
+def test_serve_concurrency_names_a_missing_llama_server(tmp_path):
+    """scripts/serve_concurrency.py with a --llama-server path that is not there: one error line
+    naming it, before anything runs (it ended in a FileNotFoundError traceback)."""
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "serve_concurrency.py")
+    missing = str(tmp_path / "nonexistent")
+    r = subprocess.run([sys.executable, script, "-m", "unused.gguf", "--vs-llama-cpp", "--no-cooktop",
+                        "--llama-server", missing], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == f"error: --llama-server {missing}: no executable file there"

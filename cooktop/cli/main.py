@@ -6,6 +6,7 @@ Usage errors and :class:`~cooktop.errors.CooktopError` end with ``error: <messag
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -21,6 +22,17 @@ COMMANDS = ("info", "run", "chat", "serve", "devices", "plan", "bench", "synth",
 def _register() -> None:
     for name in COMMANDS:
         importlib.import_module(f"{__package__}.{name}")
+
+
+def _from_env(e: click.ClickException) -> str | None:
+    """The environment variable a bad option value came from (``LLAMA_ARG_*``), or None when the
+    value was given on the command line (click names the flag then)."""
+    if not isinstance(e, click.BadParameter) or e.ctx is None or not isinstance(e.param, click.Option):
+        return None
+    if e.param.name is None or e.ctx.get_parameter_source(e.param.name) != click.core.ParameterSource.ENVIRONMENT:
+        return None
+    names = [e.param.envvar] if isinstance(e.param.envvar, str) else list(e.param.envvar or [])
+    return next((str(n) for n in names if n and n in os.environ), None)
 
 
 def main() -> None:
@@ -39,6 +51,11 @@ def main() -> None:
         hint = ""
         if isinstance(e, click.UsageError) and e.ctx is not None:
             hint = f" (see: {e.ctx.command_path} --help)"
-        click.echo(f"error: {e.format_message()}{hint}".replace("\n", " "), err=True)
+        msg = e.format_message()
+        var = _from_env(e)
+        if var is not None:  # name the variable, not the flag it stands for
+            assert isinstance(e, click.BadParameter) and e.param is not None
+            msg = f"{var}={os.environ[var]!r} is no valid value of {e.param.opts[-1]}: {e.message}"
+        click.echo(f"error: {msg}{hint}".replace("\n", " "), err=True)
         sys.exit(1)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
-from . import anthropic, rerank, responses_api, webui
+from . import anthropic, rerank, responses_api, slots_api, webui
 from . import protocol as P
 from .bridge import Bridge
 from .responses import (
@@ -289,10 +289,13 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
 
         async def events() -> AsyncIterator[str]:
             total: dict[str, int] | None = None
+            timings = None
             try:
                 kind, chunk = first
                 while kind != END:
                     usage = chunk.pop("usage", None)
+                    if include_usage and "timings" in chunk:  # they go on the last chunk sent
+                        timings = chunk.pop("timings")
                     if usage:
                         record_usage({"usage": usage})
                         total = add_usage(total, usage)
@@ -305,7 +308,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
                         return
                 if include_usage:
                     yield _sse({"id": cid, "object": obj, "created": int(time.time()), "model": config.model_id,
-                                "choices": [], "usage": total})
+                                "choices": [], "usage": total, **({"timings": timings} if timings else {})})
                 yield "data: [DONE]\n\n"
             finally:
                 job.cancel()
@@ -319,7 +322,8 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         opts = body.get("stream_options") or {}
         if not isinstance(opts, dict):
             raise P.bad("stream_options", "expected an object")
-        job = state.ready.submit(make, asyncio.get_running_loop(), P.field(body, "cache_prompt", bool, True))
+        job = state.ready.submit(make, asyncio.get_running_loop(), P.field(body, "cache_prompt", bool, True),
+                                 P.id_slot(body))
         try:
             first = await first_event(job)
         except BaseException:
@@ -428,17 +432,6 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
     async def metrics(request: Request):
         return PlainTextResponse(prometheus(state), media_type="text/plain; version=0.0.4")
 
-    @app.get("/slots")
-    @endpoint
-    async def slots(request: Request):
-        if not config.endpoint_slots:
-            return JSONResponse(P.error_body(501, "This server does not support slots endpoint. Start it with "
-                                             "`--slots`", "not_supported_error"), status_code=501)
-        records, idle = state.ready.slots_info(state.llm.n_ctx(), config.speculative is not None)
-        if request.query_params.get("fail_on_no_slot") and idle == 0:
-            return JSONResponse(P.error_body(503, "no slot available", "unavailable_error"), status_code=503)
-        return records
-
     @app.get("/props")
     @endpoint
     async def props(request: Request):
@@ -497,6 +490,6 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         return {"prompt": state.llm.apply_chat_template(args["messages"], tools=args["tools"])}
 
     ctx = Bridge(state, config, body_of, check_model, _error)
-    for module in (responses_api, anthropic, rerank, webui):
+    for module in (responses_api, anthropic, rerank, slots_api, webui):
         module.register(app, ctx)
     return app

@@ -150,6 +150,18 @@ def grammar_arg(body: dict[str, Any], defaults: dict[str, Any] | None = None) ->
     return None
 
 
+def id_slot(body: dict[str, Any]) -> int:
+    """llama-server's ``id_slot`` field: the slot to run on (modulo the slots), -1 (default) any.
+
+    Raises:
+        HTTPError: 400 when it is not an integer of at least -1.
+    """
+    v = field(body, "id_slot", int, -1)
+    if v < -1:
+        raise bad("id_slot", f"expected -1 (any slot) or a slot id, got {v}")
+    return v
+
+
 def n_choices(body: dict[str, Any]) -> int:
     """``n``: 1..MAX_N choices.
 

@@ -91,6 +91,55 @@ def with_timings(llm: Any, chunks: Any):
         yield held
 
 
+class TimingsSum:
+    """The ``timings`` of a request making several choices (``n`` > 1, a list of prompts), summed
+    to agree with its usage: ``predicted_n`` (and ``draft_n`` / ``draft_n_accepted``) over every
+    choice; ``prompt_n`` and ``cache_n`` over the first choice of each prompt (its usage counts a
+    prompt once, and a further choice of it reads it from the cache); ``prompt_ms`` and
+    ``predicted_ms`` over every choice (they run one after the other: the request's wall time in
+    each phase); the per-token and per-second figures derived from those sums."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+
+    def add(self, t: dict[str, Any], repeat: bool) -> None:
+        """Count ``t`` (one choice's :func:`timings_json`); ``repeat``: a further choice of a prompt."""
+        keys = ["prompt_ms", "predicted_ms", "predicted_n", "draft_n", "draft_n_accepted"]
+        keys += [] if repeat else ["prompt_n", "cache_n"]
+        for k in keys:
+            if k in t:
+                self.sums[k] = self.sums.get(k, 0) + t[k]
+
+    def json(self) -> dict[str, Any]:
+        """llama-server's ``timings`` fields of the sums (ms; counts)."""
+        g = self.sums.get
+
+        def per(ms: float, n: float) -> tuple[float, float]:
+            return (ms / n if n else 0.0), (1e3 * n / ms if ms > 0 else 0.0)
+
+        p_tok, p_sec = per(g("prompt_ms", 0.0), g("prompt_n", 0))
+        g_tok, g_sec = per(g("predicted_ms", 0.0), g("predicted_n", 0))
+        out = {"cache_n": g("cache_n", 0), "prompt_n": g("prompt_n", 0), "prompt_ms": g("prompt_ms", 0.0),
+               "prompt_per_token_ms": p_tok, "prompt_per_second": p_sec, "predicted_n": g("predicted_n", 0),
+               "predicted_ms": g("predicted_ms", 0.0), "predicted_per_token_ms": g_tok,
+               "predicted_per_second": g_sec}
+        if "draft_n" in self.sums:
+            out["draft_n"], out["draft_n_accepted"] = g("draft_n", 0), g("draft_n_accepted", 0)
+        return out
+
+
+def summed_timings(chunks: Any, acc: TimingsSum, repeat: bool, last: bool):
+    """``chunks`` of one choice with its ``timings`` counted in ``acc``; only the ``last`` choice's
+    finish chunk keeps them, replaced by the request's sums."""
+    for chunk in chunks:
+        t = chunk.pop("timings", None)
+        if t is not None:
+            acc.add(t, repeat)
+            if last:
+                chunk["timings"] = acc.json()
+        yield chunk
+
+
 def eos_ignored(llm: Any, kw: dict[str, Any]) -> dict[str, Any]:
     """``kw`` without its ``ignore_eos`` (llama-server's field), which becomes a -inf
     ``logit_bias`` on the model's end-of-generation tokens."""
@@ -105,11 +154,12 @@ def choices_job(n: int, args: dict[str, Any], call, model: str):
     """A job making ``n`` streamed choices one after the other (choice i: seed + i)."""
     def make(llm):
         def gen():
+            acc = TimingsSum()
             for i in range(n):
                 kw = eos_ignored(llm, dict(args, stream=True, model=model))
                 if n > 1 and kw.get("seed") is not None:
                     kw["seed"] = kw["seed"] + i
-                for chunk in with_timings(llm, call(llm, kw)):
+                for chunk in summed_timings(with_timings(llm, call(llm, kw)), acc, i > 0, i == n - 1):
                     chunk["choices"][0]["index"] = i
                     yield repeat_usage(chunk) if i else chunk
         return gen()
@@ -120,13 +170,14 @@ def prompt_choices_job(prompts: list[Any], n: int, args: dict[str, Any], model: 
     """A job for ``/v1/completions``: ``n`` choices per prompt, indexed prompt-major as OpenAI does."""
     def make(llm):
         def gen():
-            idx = 0
+            idx, acc = 0, TimingsSum()
             for prompt in prompts:
                 for i in range(n):
                     kw = eos_ignored(llm, dict(args, stream=True, model=model))
                     if n > 1 and kw.get("seed") is not None:
                         kw["seed"] = kw["seed"] + i
-                    for chunk in with_timings(llm, llm.create_completion(prompt, **kw)):
+                    chunks = with_timings(llm, llm.create_completion(prompt, **kw))
+                    for chunk in summed_timings(chunks, acc, i > 0, idx == len(prompts) * n - 1):
                         chunk["choices"][0]["index"] = idx
                         yield repeat_usage(chunk) if i else chunk
                     idx += 1
@@ -184,7 +235,7 @@ def assemble_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def with_last_timings(chunks: list[dict[str, Any]], answer: dict[str, Any]) -> dict[str, Any]:
-    """``answer`` with the ``timings`` of the last chunk that has them (the last choice's), if any."""
+    """``answer`` with the ``timings`` of the last chunk that has them (the request's sums), if any."""
     for c in reversed(chunks):
         if "timings" in c:
             answer["timings"] = c["timings"]

@@ -142,6 +142,7 @@ class ResponseBuilder:
         self.items: list[dict[str, Any]] = []
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.timings: dict[str, Any] | None = None
 
     def event(self, kind: str, **data: Any) -> dict[str, Any]:
         ev = {"type": kind, "sequence_number": self.seq, **data}
@@ -220,14 +221,19 @@ class ResponseBuilder:
         if ch.get("finish_reason") is not None:
             self.finish = ch["finish_reason"]
             self.usage = chunk.get("usage")
+        if "timings" in chunk:
+            self.timings = chunk["timings"]
         return out
 
     def end(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """(the closing events, the finished response)."""
         out = self._steps(self.blocks.close())
         resp = self.response("incomplete" if self.finish == "length" else "completed")
+        # llama-server's last event carries the generation's timings beside the response (its
+        # non-streamed response has none: tools/server/server-task.cpp to_json_oaicompat_resp*)
+        extra = {"timings": self.timings} if self.timings else {}
         out.append(self.event("response.completed" if resp["status"] == "completed" else "response.incomplete",
-                              response=resp))
+                              response=resp, **extra))
         return out, resp
 
 

@@ -45,9 +45,10 @@ class OverloadedError(CooktopError):
     """The queue of waiting requests is full (HTTP 503)."""
 
 
-#: A free slot is chosen for its cached prefix when it covers at least this share of the prompt
-#: (llama-server's ``--slot-prompt-similarity``, default 0.5); otherwise the least recently used one.
-SLOT_PROMPT_SIMILARITY = 0.5
+#: A free slot is chosen for its cached prefix when that prefix covers more than this share of the
+#: prompt (llama-server's ``--slot-prompt-similarity``, default 0.1: llama.cpp common/common.h,
+#: compared with ``>`` in tools/server/server-context.cpp); otherwise the least recently used one.
+SLOT_PROMPT_SIMILARITY = 0.1
 
 #: A free slot sharing a prefix with the prompt is reused only when that keeps at least this share
 #: of what it caches, or when no slot is empty (llama-server's ``f_keep < 0.5``, below which it
@@ -69,13 +70,15 @@ class Job:
         cache_prompt: False (llama-server's request field): each generation evaluates its whole
             prompt instead of reusing what its slot holds.
         id: the task id ``/slots`` reports (``id_task``), counted from 0 per process.
+        id_slot: the slot the request asked for (llama-server's ``id_slot``: taken modulo the
+            number of slots, waited for while busy); -1: any.
     """
 
     _ids = itertools.count()
 
     def __init__(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop,
-                 cache_prompt: bool = True):
-        self.make, self.loop, self.cache_prompt = make, loop, cache_prompt
+                 cache_prompt: bool = True, id_slot: int = -1):
+        self.make, self.loop, self.cache_prompt, self.id_slot = make, loop, cache_prompt, id_slot
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.submitted = time.perf_counter()
@@ -207,13 +210,13 @@ class Scheduler:
             return out, sum(1 for s in self.slots if s.job is None)
 
     def submit(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop,
-               cache_prompt: bool = True) -> Job:
-        """Queue a job (``cache_prompt``: see :class:`Job`).
+               cache_prompt: bool = True, id_slot: int = -1) -> Job:
+        """Queue a job (``cache_prompt``, ``id_slot``: see :class:`Job`).
 
         Raises:
             OverloadedError: ``max_queue`` jobs are already waiting (and every slot is busy).
         """
-        job = Job(make, loop, cache_prompt)
+        job = Job(make, loop, cache_prompt, id_slot)
         with self._cv:
             free = len(self.slots) - self._running
             if len(self._waiting) >= self.max_queue + free:
@@ -222,6 +225,31 @@ class Scheduler:
             self._waiting.append(job)
             self._cv.notify()
         return job
+
+    def _wait_free(self, slot: Slot) -> None:
+        """Wait (holding ``_cv``) until ``slot`` runs no job.
+
+        Raises:
+            CooktopError: the server is shutting down.
+        """
+        while slot.job is not None and not self._stop:
+            self._cv.wait()
+        if self._stop:
+            raise CooktopError("the server is shutting down")
+
+    def erase(self, id_slot: int) -> int:
+        """llama-server's ``POST /slots/ID?action=erase``: forget what slot ``id_slot`` (modulo the
+        number of slots) caches, once it is idle; returns how many tokens it held (``n_erased``).
+
+        Raises:
+            CooktopError: the server is shutting down.
+        """
+        with self._cv:
+            slot = self.slots[id_slot % len(self.slots)]
+            self._wait_free(slot)
+            n = len(slot.seq.tokens)
+            slot.seq.reset()
+            return n
 
     def close(self) -> None:
         """Stop the workers (running jobs end with an error, waiting ones too) and wait for them."""
@@ -260,6 +288,7 @@ class Scheduler:
                     for slot in self.slots:
                         if slot.job is job:
                             slot.job = None
+                    self._cv.notify_all()  # a request (or an erase) waiting for that slot
 
     def _run(self, job: Job) -> None:
         """Run ``job`` on this thread until its end, an error, its cancellation or shutdown."""
@@ -298,10 +327,12 @@ class Scheduler:
                 self.driver.leave()
 
     def _choose(self, job: Job, prompt: list[int]) -> Any:
-        """The slot sequence a generation of ``job`` runs on: the one it holds, else the free slot
-        sharing the longest prefix with ``prompt`` when that prefix is at least
-        :data:`SLOT_PROMPT_SIMILARITY` of the prompt (and keeps :data:`SLOT_KEEP` of the slot's
-        cache, or no slot is empty: else the first empty slot), else the least recently used free
+        """The slot sequence a generation of ``job`` runs on: the one it holds; else the one it asks
+        for (``id_slot``, waited for while busy); else, among the free
+        slots whose prefix shared with ``prompt`` is over :data:`SLOT_PROMPT_SIMILARITY` of the
+        prompt, those that keep at least :data:`SLOT_KEEP` of their cache, the one with the longest
+        prefix (then the least recently used); if none keeps enough, the first empty slot, or when
+        none is empty the similar slot with the longest prefix; else the least recently used free
         slot (so a short unrelated prompt does not evict a long cached one)."""
         with self._cv:
             for slot in self.slots:
@@ -309,19 +340,28 @@ class Scheduler:
                     if not job.cache_prompt:
                         slot.seq.reset()
                     return slot.seq
-            free = [s for s in self.slots if s.job is None]
+            if job.id_slot >= 0:  # the asked-for slot, as llama-server (modulo the slots), once free
+                asked = self.slots[job.id_slot % len(self.slots)]
+                self._wait_free(asked)
+                free = [asked]
+            else:
+                free = [s for s in self.slots if s.job is None]
             if not free:  # cannot happen: one worker thread per slot, a job holds at most one
                 raise CooktopError("no free slot for this request")
-            best = max(free, key=lambda s: (s.seq.common_prefix(prompt), -s.last_used))
-            common = best.seq.common_prefix(prompt)
-            if common < SLOT_PROMPT_SIMILARITY * len(prompt):
+            common = {id(s): s.seq.common_prefix(prompt) for s in free}
+            similar = [s for s in free if common[id(s)] > SLOT_PROMPT_SIMILARITY * len(prompt)]
+            # reusing a slot that keeps under SLOT_KEEP of its cache discards most of another prompt
+            # (llama-server saves such a slot to its RAM prompt cache first): an empty slot keeps
+            # both, at the prefix's cost; every similar slot is tried before giving up on them
+            kept = [s for s in similar if common[id(s)] >= SLOT_KEEP * len(s.seq.tokens)]
+            empty = [s for s in free if not s.seq.tokens]
+            pool = kept or ([] if empty else similar)
+            if pool:
+                best = max(pool, key=lambda s: (common[id(s)], -s.last_used))
+            elif similar:
+                best = empty[0]
+            else:
                 best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
-            elif common < SLOT_KEEP * len(best.seq.tokens):
-                # reusing it would discard most of another prompt's cache (llama-server saves such a
-                # slot to its RAM prompt cache first): an empty slot keeps both, at the prefix's cost
-                empty = [s for s in free if not s.seq.tokens]
-                if empty:
-                    best = empty[0]
             self._tick += 1
             best.job, best.last_used, best.id_task = job, self._tick, job.id
             if not job.cache_prompt:
