@@ -58,7 +58,8 @@ class SpecOptions:
                                    f"{', '.join(SPEC_TYPES)})")
             bad = [t for t in items if t not in SPEC_TYPES]
             if bad:
-                raise CooktopError(f"--spec-type {bad[0]} is not supported by cooktop (it has: {', '.join(SPEC_TYPES)})")
+                raise CooktopError(f"--spec-type {bad[0]} is not supported by cooktop "
+                                   f"(it has: {', '.join(SPEC_TYPES)})")
             # llama.cpp common_speculative_types_from_names: a list naming none is none
             names += [] if "none" in items else items
         if not self.spec_type and self.model_draft:
