@@ -290,3 +290,25 @@ def test_vulkan_prompts_run_the_query_tiled_shader():
         assert nmse(got, want) < 1e-10, path
     ran = {e[4] for e in d._algos.values()}
     assert {"attention_tiled", "attention"} <= ran
+
+
+@pytest.mark.parametrize("path", ["decode", "first", "window", "batched", "sinks"])
+def test_vulkan_decode_split_k(monkeypatch, path):
+    """Vulkan flash decode over a cache of several splits (split-K: partials per split, then the reduce):
+    splits all full, a row with fewer keys than one split (the other splits empty), a window, two
+    sequences (kv_start) and sinks, against the float64 reference; and at the default split size."""
+    from conftest import open_family_device
+
+    from cooktop.backends.vulkan import attention as vk_attention
+
+    d = open_family_device("vulkan")
+    monkeypatch.setattr(vk_attention, "SPLIT_KEYS", 64)
+    assert vk_attention.split_count(1, 6, 300) == 5
+    got, want = _case(d, T.Q8_0, T.F16, (6, 2, 64, 300), path, seed=17)
+    assert nmse(got, want) < 1e-10, path
+    assert "attention_split" in {e[4] for e in d._algos.values()}
+    if path == "decode":
+        monkeypatch.undo()
+        assert vk_attention.split_count(1, 4, 1100) == 3
+        got, want = _case(d, T.F16, T.F16, (4, 2, 64, 1100), path, seed=19)
+        assert nmse(got, want) < 1e-10
