@@ -296,7 +296,8 @@ def test_vulkan_prompts_run_the_query_tiled_shader():
 def test_vulkan_decode_split_k(monkeypatch, path):
     """Vulkan flash decode over a cache of several splits (split-K: partials per split, then the reduce):
     splits all full, a row with fewer keys than one split (the other splits empty), a window, two
-    sequences (kv_start) and sinks, against the float64 reference; and at the default split size."""
+    sequences (kv_start) and sinks, against the float64 reference, also at head_dims of 24 and 32 (the lanes
+    split into groups over the keys) and unsplit; and at the default split size."""
     from conftest import open_family_device
 
     from cooktop.backends.vulkan import attention as vk_attention
@@ -304,8 +305,9 @@ def test_vulkan_decode_split_k(monkeypatch, path):
     d = open_family_device("vulkan")
     monkeypatch.setattr(vk_attention, "SPLIT_KEYS", 64)
     assert vk_attention.split_count(1, 6, 300) == 5
-    got, want = _case(d, T.Q8_0, T.F16, (6, 2, 64, 300), path, seed=17)
-    assert nmse(got, want) < 1e-10, path
+    for shape in ((6, 2, 64, 300), (5, 1, 24, 300), (3, 3, 32, 19)):  # head_dims <= 32: lanes in key groups
+        got, want = _case(d, T.Q8_0 if shape[2] % 32 == 0 else T.F32, T.F16, shape, path, seed=17)
+        assert nmse(got, want) < 1e-10, (path, shape)
     assert "attention_split" in {e[4] for e in d._algos.values()}
     if path == "decode":
         monkeypatch.undo()
