@@ -275,13 +275,15 @@ def test_attention_without_flash_in_chunks(any_device, monkeypatch, cap_heads):
         assert scratch.shape[0] * scratch.shape[1] * 4 <= 2 * cap_heads * 4 * shape[3]
 
 
-def test_vulkan_prompts_run_the_query_tiled_shader():
+def test_vulkan_prompts_run_the_query_tiled_shader(monkeypatch):
     """Vulkan prompts with flash attention run attention_tiled.comp (16-query tiles) where the shared memory
     holds its tile, decode the per-row attention.comp; both against the float64 reference."""
     from conftest import open_family_device
 
+    from cooktop.backends.vulkan import attention as vk_attention
     from cooktop.backends.vulkan.attention import TILE_SHARED_BYTES
 
+    monkeypatch.setattr(vk_attention, "SCORES_DECODE_ON_CPU", False)
     d = open_family_device("vulkan")
     if (d.info.extra.get("max_compute_shared_memory") or 0) < TILE_SHARED_BYTES:
         pytest.skip(f"{d.info.selector} has less shared memory than the tile's {TILE_SHARED_BYTES} bytes")
@@ -297,20 +299,26 @@ def test_vulkan_decode_split_k(monkeypatch, path):
     """Vulkan flash decode over a cache of several splits (split-K: partials per split, then the reduce):
     splits all full, a row with fewer keys than one split (the other splits empty), a window, two
     sequences (kv_start) and sinks, against the float64 reference, also at head_dims of 24 and 32 (the lanes
-    split into groups over the keys) and unsplit; and at the default split size."""
+    split into groups over the keys) and unsplit; and at the default split size. On a CPU driver flash
+    decode otherwise runs the score kernels (``SCORES_DECODE_ON_CPU``), checked last."""
     from conftest import open_family_device
 
     from cooktop.backends.vulkan import attention as vk_attention
 
     d = open_family_device("vulkan")
     monkeypatch.setattr(vk_attention, "SPLIT_KEYS", 64)
+    monkeypatch.setattr(vk_attention, "SCORES_DECODE_ON_CPU", False)  # lavapipe: the flash kernels all the same
     assert vk_attention.split_count(1, 6, 300) == 5
-    for shape in ((6, 2, 64, 300), (5, 1, 24, 300), (3, 3, 32, 19)):  # head_dims <= 32: lanes in key groups
+    # head_dims <= 32: lanes in key groups; SHAPES: attention.comp unsplit (lavapipe decodes with the
+    # score kernels, so the parity matrix above does not reach it there)
+    for shape in ((6, 2, 64, 300), (5, 1, 24, 300), (3, 3, 32, 19), *SHAPES):
         got, want = _case(d, T.Q8_0 if shape[2] % 32 == 0 else T.F32, T.F16, shape, path, seed=17)
         assert nmse(got, want) < 1e-10, (path, shape)
     assert "attention_split" in {e[4] for e in d._algos.values()}
     if path == "decode":
-        monkeypatch.undo()
+        monkeypatch.setattr(vk_attention, "SPLIT_KEYS", 512)
         assert vk_attention.split_count(1, 4, 1100) == 3
         got, want = _case(d, T.F16, T.F16, (4, 2, 64, 1100), path, seed=19)
         assert nmse(got, want) < 1e-10
+    monkeypatch.setattr(vk_attention, "SCORES_DECODE_ON_CPU", True)
+    assert vk_attention.scores_decode(d, d.empty((1, 64))) == (d.info.device_type == "cpu")

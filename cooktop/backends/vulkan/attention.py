@@ -82,6 +82,19 @@ def attention_tiled(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head
     return True
 
 
+#: Run flash decode (one row) through the score kernels on CPU drivers (``device_type`` "cpu"):
+#: on lavapipe they decode ~4x faster at depth than attention.comp, split or not (2M tiny model,
+#: head_dim 32, 2048 keys: ~5.5 against ~27 ms per layer; the weighted-V loop of attention.comp
+#: costs most of it). False keeps attention.comp / split-K there too (the tests flip it).
+SCORES_DECODE_ON_CPU = True
+
+
+def scores_decode(dev: Any, q) -> bool:
+    """Whether flash decode of ``q`` (f32 [n, n_head * head_dim]) on ``dev`` runs :func:`attention_kq`:
+    one row on a CPU driver, while :data:`SCORES_DECODE_ON_CPU`."""
+    return SCORES_DECODE_ON_CPU and dev.info.device_type == "cpu" and dev._rows(q) == 1
+
+
 #: Split-K decode: keys per split aimed at (of the cache size ``n_ctx``), most splits, and the
 #: workgroup count past which splitting stops (the (row, head) grid alone fills the device).
 SPLIT_KEYS, SPLIT_MAX, SPLIT_TARGET_GROUPS = 512, 16, 256
