@@ -210,6 +210,32 @@ def test_budget_and_plan_count_the_cache_type(shared):
         assert (rep["cache_type_k"], rep["cache_type_v"]) == (tk, tv)
 
 
+def test_plan_counts_the_attention_scratch(shared):
+    """``plan`` / -ngl auto count a device's attention scratch: the scores of -fa off (n_batch x n_head x
+    n_ctx floats under chunked.SCORES_CAP_BYTES), or with flash attention the split-K partials and one
+    token's scores; the host's numpy path has none."""
+    from conftest import open_family_device
+
+    from cooktop.backends import chunked
+    from cooktop.cli.plan import plan_report
+
+    open_family_device("vulkan")
+    path = str(shared / "models" / "tiny" / "tiny-F32.gguf")  # n_head 8, head_dim 32
+
+    def scratch(device, ngl, fa):
+        rep = plan_report(path, 1024, 64, device, ngl, None, kv=KVConfig.parse("f16", "f16", fa))
+        return rep["devices"][0]["scratch_bytes"]
+
+    off, on = 64 * 8 * 1024 * 4, 4 * chunked.SPLIT_ROWS_CAP * (32 + 2) + 8 * 1024 * 4
+    assert chunked.attention_scratch_bytes(8, 32, 1024, 64, False) == off == 2 << 20
+    assert chunked.attention_scratch_bytes(8, 32, 1024, 64, True) == on
+    assert chunked.attention_scratch_bytes(32, 128, 131072, 512, False) == chunked.SCORES_CAP_BYTES
+    host = scratch("cpu", 0, "off")
+    assert scratch("cpu", 0, "on") == host
+    assert scratch("vulkan", 99, "off") - host == off
+    assert scratch("vulkan", 99, "on") - host == on
+
+
 def test_opencl_gpu_launch_shape_reads_every_cache_type():
     """The GPU flavour of OpenCL's attention (work-groups sharing the keys, scalar cache loads; prompts: query
     tiles sharing each key tile) on PoCL, every cache type OpenCL stores, plain / window / batched / every

@@ -97,7 +97,7 @@ def scores_decode(dev: Any, q) -> bool:
 
 #: Split-K decode: keys per split aimed at (of the cache size ``n_ctx``), most splits, and the
 #: workgroup count past which splitting stops (the (row, head) grid alone fills the device).
-SPLIT_KEYS, SPLIT_MAX, SPLIT_TARGET_GROUPS = 512, 16, 256
+SPLIT_KEYS, SPLIT_MAX, SPLIT_TARGET_GROUPS = 512, 16, chunked.SPLIT_ROWS_CAP
 
 
 def split_count(n_rows: int, n_head: int, n_ctx: int) -> int:
