@@ -348,3 +348,46 @@ def test_vulkan_decode_split_k(monkeypatch, path):
         assert nmse(got, want) < 1e-10
     monkeypatch.setattr(vk_attention, "SCORES_DECODE_ON_CPU", True)
     assert vk_attention.scores_decode(d, d.empty((1, 64))) == (d.info.device_type == "cpu")
+
+
+def test_vulkan_split_k_decode_replays(shared, monkeypatch):
+    """A model's decode on Vulkan through split-K (four splits of a 256-row cache, over 64 keys attended, so
+    several splits hold keys) inside recorded graphs (COOKTOP_GRAPH_CHECK compares each replay with its
+    recording): logits within float rounding of ``-fa off``, the greedy tokens equal."""
+    from conftest import open_family_device
+
+    from cooktop import Llama
+    from cooktop.backends.vulkan import attention as vk_attention
+    from cooktop.backends.vulkan import device as vk_device
+
+    open_family_device("vulkan")
+    split = []
+
+    def counted(*args):
+        split.append(vk_attention.attention_split(*args))
+        return split[-1]
+
+    monkeypatch.setattr(vk_device, "attention_split", counted)
+    monkeypatch.setattr(vk_attention, "SCORES_DECODE_ON_CPU", False)
+    monkeypatch.setattr(vk_attention, "SPLIT_KEYS", 64)
+    assert vk_attention.split_count(1, 8, 256) == 4
+    path = str(shared / "models" / "tiny" / "tiny-F32.gguf")
+    runs = []
+    for fa in (True, False):
+        llm = Llama(model_path=path, n_ctx=256, n_batch=32, logits_all=True, verbose=False, device="vulkan",
+                    n_gpu_layers=-1, flash_attn=fa)
+        try:
+            toks = llm.tokenize(b"Once upon a time there was a little girl who liked to play. " * 6, add_bos=True)
+            assert len(toks) > 70
+            out: list[int] = []
+            llm.eval(toks)
+            for _ in range(6):
+                out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+                llm.eval([out[-1]])
+            runs.append((np.array(llm.scores[len(toks) - 1:llm.n_tokens], dtype=np.float64), out))
+        finally:
+            llm.close()
+    (on, tok_on), (off, tok_off) = runs
+    assert nmse(off, on) < 1e-8, nmse(off, on)
+    assert tok_on == tok_off
+    assert split and all(split)  # every flash decode split (recorded once, then replayed)
