@@ -541,8 +541,10 @@ def test_float_matmul_rows_of_any_length(vk, cpu_device, ty, n_tok):
 def test_release_gives_memory_back(vk, stories):
     """Load/close cycles return device memory (no false out-of-memory in bench sweeps)."""
     from cooktop import Llama
+    from cooktop.backends import chunked
 
     registry.smoke_test(vk.info.selector)  # once per process; its small buffers stay
+    chunked.release_scratch(vk)  # what earlier tests' ops left (a closing model gives it back)
     before = vk.allocated_bytes
     for _ in range(3):
         llm = Llama(model_path=str(stories), n_ctx=64, verbose=False, device=vk.info.selector, n_gpu_layers=-1)
@@ -559,8 +561,10 @@ def test_release_on_del_without_gc(vk, stories):
     import gc
 
     from cooktop import Llama
+    from cooktop.backends import chunked
 
     registry.smoke_test(vk.info.selector)
+    chunked.release_scratch(vk)  # what earlier tests' ops left (a closing model gives it back)
     before = vk.allocated_bytes
     gc.collect()
     gc.disable()
