@@ -95,8 +95,10 @@ def test_split_quantized_model_shipped_through_the_object_store(address):
     finally:
         eng.close()
     assert nmse(got, npz[case["logits_key"]]) <= 3e-3
+    # the cluster's segments run flash attention (their KV config is the default: f16, -fa auto);
+    # llama-cpp-python's default flash_attn=False would take the -fa off kernels here
     local = Llama(model_path=str(TINY_Q4_0), device="opencl:0,cpu", n_ctx=128, logits_all=True, n_gpu_layers=-1,
-                  verbose=False)
+                  verbose=False, flash_attn=True)
     try:
         assert local._engine.placement.segments() == [("opencl:0", [0], False), ("cpu", [1], True)]
         np.testing.assert_allclose(got, all_logits(local, tokens), rtol=0, atol=1e-5)
