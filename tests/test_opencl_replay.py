@@ -178,6 +178,21 @@ def test_split_model_replays_its_device_part(stories, cl_dev, monkeypatch):
         model.close()
 
 
+def _replays_as_op_by_op(d, model, monkeypatch) -> None:
+    """8 greedy steps of ``model`` replayed (steps 3..8) give op by op's tokens and logit bits; closes it."""
+    try:
+        monkeypatch.setattr(d, "graph_check", False)
+        r0 = d.n_replays
+        toks, logits = greedy(model)
+        assert d.n_replays - r0 == 6
+        api, d.replay = d.replay, None
+        toks_off, off = greedy(model)
+        d.replay = api
+        assert toks == toks_off and _same_bits(logits, off)
+    finally:
+        model.close()
+
+
 def test_k_quant_decode_on_block_q8_K_replays_bit_for_bit(cl_dev, monkeypatch):
     """A K-quant model (its matmuls on block_q8_K activations, the producers switching format
     with the matmul they feed) replays its decode step bit for bit the op-by-op logits."""
@@ -190,17 +205,7 @@ def test_k_quant_decode_on_block_q8_K_replays_bit_for_bit(cl_dev, monkeypatch):
         skip_or_fail("shared", f"{path} is missing")
     assert d.activation_format(T.Q4_K, 1) == "q8_K"
     model = load_model(str(path), n_ctx=64, n_batch=16, device=d.info.selector).model
-    try:
-        monkeypatch.setattr(d, "graph_check", False)
-        r0 = d.n_replays
-        toks, logits = greedy(model)
-        assert d.n_replays - r0 == 6
-        api, d.replay = d.replay, None
-        toks_off, off = greedy(model)
-        d.replay = api
-        assert toks == toks_off and _same_bits(logits, off)
-    finally:
-        model.close()
+    _replays_as_op_by_op(d, model, monkeypatch)
 
 
 def test_decode_without_flash_attention_replays_bit_for_bit(stories, cl_dev, monkeypatch):
@@ -211,15 +216,5 @@ def test_decode_without_flash_attention_replays_bit_for_bit(stories, cl_dev, mon
     d = cl_dev
     model = load_model(stories, n_ctx=64, n_batch=16, device=d.info.selector,
                        kv=KVConfig.parse(None, None, "off")).model
-    try:
-        assert model.flash_attn is False
-        monkeypatch.setattr(d, "graph_check", False)
-        r0 = d.n_replays
-        toks, logits = greedy(model)
-        assert d.n_replays - r0 == 6
-        api, d.replay = d.replay, None
-        toks_off, off = greedy(model)
-        d.replay = api
-        assert toks == toks_off and _same_bits(logits, off)
-    finally:
-        model.close()
+    assert model.flash_attn is False
+    _replays_as_op_by_op(d, model, monkeypatch)
