@@ -42,6 +42,24 @@ inline int q8k_mins(const int8 mn, const global float *rec) {
     return hsum_i8(mn * (convert_int8(bs.even) + convert_int8(bs.odd)));
 }
 
+#if defined(X86_512)
+// the 16 bsums of a q8_K record in one 32-byte load (PoCL splits vload16 of shorts into 8 loads
+// and 7 shuffles; mmq8.cl's q8_K prompt kernel uses it too)
+typedef short v16hi_u __attribute__((vector_size(32), aligned(1)));
+#define Q8K_BSUMS(rec) as_short16(*(const global v16hi_u *)(rec))
+#endif
+
+#if defined(X86_512) && defined(W_Q6_K)
+// lane s: -32 sc_s bsums_s (the -32 of Q6_K's quants, one 16-value sub-block per lane) in one
+// pmaddwd: -32 sc_s sign-extended to int32 against bsums_s zero-extended (its high int16 half 0,
+// so the product is that of the signed low halves); mmq8.cl's q8_K prompt kernel uses it too
+inline v16si q6k_bsum_term(const short16 sc16s, const global float *rec) {
+    const v16si a = (v16si)convert_int16(sc16s * (short)(-32));
+    const v16si b = (v16si)convert_int16(as_ushort16(Q8K_BSUMS(rec)));
+    return __builtin_ia32_pmaddwd512((v32hi)a, (v32hi)b);
+}
+#endif
+
 #if defined(X86_512) && (defined(W_Q4_K) || defined(W_Q5_K))
 typedef int v8si_ __attribute__((vector_size(32)));
 // lane s of m_s * (bsums[2s] + bsums[2s+1]) in one pmaddwd: each min twice against the 16 bsums
@@ -83,8 +101,8 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
         Q8K_STEP(3, 6, 7)
 #undef Q8K_STEP
         acc = fma(convert_float16(as_int16(isum)), (float16)(h2f(p) * dy), acc);
-        const short16 bs = vload16(0, (const global short *)rec);
-        acc.lo = fma((float8)(-(h2f(p + 2) * dy)), convert_float8(q8k_mins8(convert_short8(mn), bs)), acc.lo);
+        acc.lo = fma((float8)(-(h2f(p + 2) * dy)), convert_float8(q8k_mins8(convert_short8(mn), Q8K_BSUMS(rec))),
+                     acc.lo);
     }
     return acc;
 }
@@ -95,7 +113,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     a + 3, a + 3, a + 3)
 #define Q6K_SCV(v, g) ((g) == 0 ? Q6K_SH(v, 0) : (g) == 1 ? Q6K_SH(v, 4) : (g) == 2 ? Q6K_SH(v, 8) : Q6K_SH(v, 12))
 // group g (0..3) = values 64g..64g+63 (dotq8.cl's Q6_K layout), 16-value sub-blocks 4g..4g+3;
-// the -32: 32 sum_s sc_s bsums_s, taken out of lane 0's integer
+// the -32: lane s starts from -32 sc_s bsums_s (q6k_bsum_term)
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
@@ -104,9 +122,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
         const global uchar *p = row + (size_t)ib * 210;
         const global float *rec = (const global float *)xd + (size_t)ib * 16;
         const short16 sc16s = convert_short16(vload16(0, (const global char *)(p + 192)));
-        const int16 sc16 = convert_int16(sc16s);
-        // lane s: -32 sc_s bsums_s (the -32 of the quants, one 16-value sub-block per lane)
-        v16si isum = (v16si)(-(sc16 * (convert_int16(vload16(0, (const global short *)rec)) << 5)));
+        v16si isum = q6k_bsum_term(sc16s, rec);
 #pragma unroll
         for (int g = 0; g < 4; g++) {
             const v64qi ql = LOAD64(p + 64 * (g >> 1));

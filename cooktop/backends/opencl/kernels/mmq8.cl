@@ -270,11 +270,11 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
     for (int rp = 0; rp < MMQ_R; rp += MMQK_RP) {
         for (int ib = 0; ib < nsb; ib++) {
             v16si isum[MMQK_RP][MMQ_TN];
+#if !defined(W_Q6_K)
 #pragma unroll
             for (int r = 0; r < MMQK_RP; r++)
 #pragma unroll
                 for (int t = 0; t < MMQ_TN; t++) isum[r][t] = zero;
-#if !defined(W_Q6_K)
             short8 scr[MMQK_RP];  // the 6-bit scales of each row's super-block, decoded once
 #pragma unroll
             for (int r = 0; r < MMQK_RP; r++) {
@@ -286,6 +286,15 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #pragma unroll
             for (int r = 0; r < MMQK_RP; r++)
                 scr[r] = convert_short16(vload16(0, (const global char *)(wr[rp + r] + (size_t)ib * MMQK_BYTES + 192)));
+            // the integers start from the -32 term, lane s: -32 sc_s bsums_s (dotq8k.cl's q6k_bsum_term,
+            // the same int32 lanes: one vpdpwssd of sign-extended -32 sc_s and zero-extended bsums_s)
+#pragma unroll
+            for (int t = 0; t < MMQ_TN; t++) {
+                const v16si bz = (v16si)convert_int16(as_ushort16(Q8K_BSUMS(dr[t] + (size_t)ib * 16)));
+#pragma unroll
+                for (int r = 0; r < MMQK_RP; r++)
+                    isum[r][t] = __builtin_ia32_vpdpwssd512(zero, (v16si)convert_int16(scr[r] * (short)(-32)), bz);
+            }
 #endif
 #pragma unroll
             for (int g = 0; g < 4; g++) {
@@ -303,32 +312,25 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
                 }
             }
             float dy[MMQ_TN];
-#if defined(W_Q6_K)
-            int16 bs[MMQ_TN];  // 32 bsums per 16-value sub-block
-#else
+#if !defined(W_Q6_K)
             short16 bs[MMQ_TN];
 #endif
 #pragma unroll
             for (int t = 0; t < MMQ_TN; t++) {
                 const global float *rec = dr[t] + (size_t)ib * 16;
                 dy[t] = rec[8];
-#if defined(W_Q6_K)
-                bs[t] = convert_int16(vload16(0, (const global short *)rec)) << 5;
-#else
-                bs[t] = vload16(0, (const global short *)rec);
+#if !defined(W_Q6_K)
+                bs[t] = Q8K_BSUMS(rec);
 #endif
             }
 #pragma unroll
             for (int r = 0; r < MMQK_RP; r++) {  // dotq8_row's float lanes (dotq8k.cl), in its order
                 const global uchar *p = wr[rp + r] + (size_t)ib * MMQK_BYTES;
 #if defined(W_Q6_K)
-                const int16 sc16 = convert_int16(vload16(0, (const global char *)(p + 192)));
                 const float dw = h2f(p + 208);
 #pragma unroll
-                for (int t = 0; t < MMQ_TN; t++) {
-                    const int16 iv = as_int16(isum[r][t] + (v16si)(-(sc16 * bs[t])));
-                    acc[rp + r][t] = fma(convert_float16(iv), (float16)(dw * dy[t]), acc[rp + r][t]);
-                }
+                for (int t = 0; t < MMQ_TN; t++)
+                    acc[rp + r][t] = fma(convert_float16(as_int16(isum[r][t])), (float16)(dw * dy[t]), acc[rp + r][t]);
 #else
                 Q8K_SCALES(p, sc, mn);
                 const short8 m8 = convert_short8(mn);
