@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import os
 import pathlib
 import statistics
 import time
@@ -71,11 +73,25 @@ def main() -> None:
     ap.add_argument("--types", default="Q4_0,Q4_K,Q6_K")
     ap.add_argument("--tokens", default="1,64")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--ref-tt", type=int, default=0, help="LaunchShape.mmq_tt of ref (default: the device's)")
+    ap.add_argument("--new-tt", type=int, default=0, help="LaunchShape.mmq_tt of new (default: the device's)")
+    ap.add_argument("--ref-options", default="", help="more build options of ref (e.g. -DMMQK_RP=1)")
+    ap.add_argument("--new-options", default="", help="more build options of new")
     ap.add_argument("--shapes", default="", help="n_outxn_in comma list (default: TinyLlama's four)")
     args = ap.parse_args()
     ref = pathlib.Path(args.ref)
     shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES)
     devs = {"ref": _device(args.device), "new": _device(args.device)}
+    tts = {"ref": args.ref_tt, "new": args.new_tt}
+    if "MMQ_TT" not in (ref / "mmq8.cl").read_text():  # before mul_mm_q8 ran several token tiles per work-item
+        tts["ref"] = 1
+    extra = {"ref": args.ref_options, "new": args.new_options}
+    for k, d in devs.items():
+        if tts[k] or extra[k]:
+            d.shape = dataclasses.replace(d.shape, mmq_tt=tts[k] or d.shape.mmq_tt)
+            d.kernels = programs.KernelCache(d.ctx, d.cl_device, d.shape,
+                                             f"{os.environ.get('COOKTOP_OPENCL_OPTIONS', '')} {extra[k]}".strip(),
+                                             d.info)
     rng = np.random.default_rng(0)
     cdev = devs["new"]
     n_copy = 16 * 1024 * 1024

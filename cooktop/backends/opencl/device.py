@@ -301,7 +301,7 @@ class OpenCLDevice(ReplayRecorder, Device):
         self.q8.dirty(out.handle)
         if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8:  # VNNI prompt kernel (module doc)
             slot = self._q8_input(x, k.act)
-            gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // s.mmq_tn))
+            gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // (s.mmq_tn * k.mmq_tt)))
             self._launch(k.mul_mm_q8, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1 and k.mul_mv_q8 is not None and self.use_q8:
             slot = self._q8_input(x, k.act)

@@ -71,7 +71,9 @@ class LaunchShape:
     mv_ls: work-items sharing one output row in ``mul_mv``; mv_r: rows per group.
     mm_tm: rows (= work-items) per group in ``mul_mm``; mm_tn: tokens per tile;
     mm_uc: 32-value units per staged x tile; mm_r: rows per work-item (CPU flavour);
-    mmq_r, mmq_tn: rows and tokens per work-item of ``mul_mm_q8`` (8-bit activations, VNNI). rn_ls: rmsnorm group size.
+    mmq_r, mmq_tn: rows and tokens per work-item of ``mul_mm_q8`` (8-bit activations, VNNI) in one pass;
+    mmq_tt: passes (tiles of mmq_tn tokens) per work-item of the K-quants' ``mul_mm_q8``, its rows reused
+    from the cache (:meth:`KernelCache.mmq_tiles`). rn_ls: rmsnorm group size.
     at_ls: keys per attention chunk (= group size). ew_ls: elementwise group size.
     mm_local: 1 to stage x tiles in local memory in ``mul_mm`` (GPUs), 0 to read x
     through the cache without barriers (CPUs: PoCL spills registers across barriers).
@@ -86,6 +88,7 @@ class LaunchShape:
     mm_r: int = 1
     mmq_r: int = 4
     mmq_tn: int = 8
+    mmq_tt: int = 8
     mm_uc: int = 4
     rn_ls: int = 16
     at_ls: int = 16
@@ -299,13 +302,15 @@ class WeightKernels:
     three matrices of one input in one launch), ``mul_mm_q8`` (VNNI prompt kernel)."""
 
     __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mvt_q8", "mul_mv_id",
-                 "mul_mm_id", "mul_mv_q8_3", "act")
+                 "mul_mm_id", "mul_mv_q8_3", "act", "mmq_tt")
 
-    def __init__(self, prg: Any, act: str = "q8_1"):
+    def __init__(self, prg: Any, act: str = "q8_1", mmq_tt: int = 1):
         import pyopencl as cl
 
         #: the activation format the *_q8 kernels read: "q8_1" (xd float2 per 32) or "q8_K" (quant.cl)
         self.act = act
+        #: token tiles per ``mul_mm_q8`` work-item (``-DMMQ_TT``, :meth:`KernelCache.mmq_tiles`)
+        self.mmq_tt = mmq_tt
 
         names = set(prg.get_info(cl.program_info.KERNEL_NAMES).split(";"))
         self.mul_mv = prg.mul_mv
@@ -458,8 +463,18 @@ class KernelCache:
     def _label(self) -> str | None:
         return getattr(self.info, "selector", None)
 
+    def mmq_tiles(self, ggml_type: T) -> int:
+        """Tiles of ``mmq_tn`` tokens one ``mul_mm_q8`` work-item runs (its grid's second dimension
+        counts ``mmq_tn`` times this many tokens): ``LaunchShape.mmq_tt`` for the K-quants on
+        block_q8_K, whose rows then come from the cache after the first tile (Q6_K prompt matrices
+        2x faster at 64 tokens, Q4_K 1.1-1.3x), 1 for the others (repacked Q4_0 lost 25 % with 8:
+        it reads its 8 tokens' activations from L1 only when every work-item of a group shares them;
+        scripts/bench_kernels_ab.py --new-tt)."""
+        return self.shape.mmq_tt if self.q8k(ggml_type) else 1
+
     def _weight_program(self, ggml_type: T, repacked: bool = False) -> tuple[str, str]:
-        opts = f"{self.options} -DW_{ggml_type.name}" + (f" -DREPACK_{ggml_type.name}" if repacked else "")
+        opts = (f"{self.options} -DW_{ggml_type.name} -DMMQ_TT={self.mmq_tiles(ggml_type)}"
+                + (f" -DREPACK_{ggml_type.name}" if repacked else ""))
         if self.q8k(ggml_type):
             opts += " -DQ8K=1"
         return read_source(*PROGRAMS["weights"]), opts
@@ -507,7 +522,7 @@ class KernelCache:
             with self._lock:
                 src, options = self._weight_program(ggml_type, repacked)
                 prg = build_program(self.ctx, self.device, src, options, f"matmul {ggml_type.name}", self._label)
-                k = WeightKernels(prg, "q8_K" if self.q8k(ggml_type) else "q8_1")
+                k = WeightKernels(prg, "q8_K" if self.q8k(ggml_type) else "q8_1", self.mmq_tiles(ggml_type))
                 self._weights[(ggml_type, repacked)] = k
         return k
 

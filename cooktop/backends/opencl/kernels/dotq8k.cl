@@ -278,13 +278,15 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     return acc;
 }
 #if MV_LS == 1
-// Prompt matrices (CPU launch shape): mul_mm_q8's grid (mmq8.cl), MMQ_R rows x MMQ_TN tokens per
-// work-item; each row's super-block is unpacked once for the tokens, each token gets dotq8_row's sums.
+// Prompt matrices (CPU launch shape): mul_mm_q8's grid (mmq8.cl), MMQ_R rows x MMQ_TT tiles of
+// MMQ_TN tokens per work-item; each row's super-block is unpacked once for a tile's tokens, each
+// token gets dotq8_row's sums.
 #define Q8K_MM_LOW 1
 __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
                         global float *y, const int n_in, const int n_out, const int n_tok) {
-    const int r0 = get_global_id(0) * MMQ_R, t0 = get_group_id(1) * MMQ_TN;
-    const int nt = min(MMQ_TN, n_tok - t0), nsb = n_in / 256;
+    const int tb = get_group_id(1) * (MMQ_TN * MMQ_TT), r0 = get_global_id(0) * MMQ_R, nsb = n_in / 256;
+    for (int t0 = tb; t0 < min(n_tok, tb + MMQ_TN * MMQ_TT); t0 += MMQ_TN) {
+    const int nt = min(MMQ_TN, n_tok - t0);
     for (int r = r0; r < min(r0 + MMQ_R, n_out); r++) {
         const global uchar *wr = w + (size_t)r * ROW_BYTES(n_in);
         float16 acc[MMQ_TN];
@@ -300,6 +302,7 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
             }
         }
         for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r] = hsum16(acc[t]);
+    }
     }
 }
 #endif

@@ -351,9 +351,14 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #endif
 
 #ifdef HAS_MM_Q8_WI
+// A work-item runs its MMQ_R rows against MMQ_TT tiles of MMQ_TN tokens, one tile after the other,
+// so its rows stay in the cache across the tiles (one tile per work-item streamed the whole matrix
+// from memory once per MMQ_TN tokens); the grid's second dimension counts MMQ_TN * MMQ_TT tokens.
 __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
                         global float *y, const int n_in, const int n_out, const int n_tok) {
-    const int r0 = get_global_id(0) * MMQ_R;
-    if (r0 < n_out) mm_q8_wi(w, xq, xd, y, n_in, n_out, n_tok, r0, get_group_id(1) * MMQ_TN);
+    const int r0 = get_global_id(0) * MMQ_R, tb = get_group_id(1) * (MMQ_TN * MMQ_TT);
+    if (r0 < n_out)
+        for (int t0 = tb; t0 < min(n_tok, tb + MMQ_TN * MMQ_TT); t0 += MMQ_TN)
+            mm_q8_wi(w, xq, xd, y, n_in, n_out, n_tok, r0, t0);
 }
 #endif
