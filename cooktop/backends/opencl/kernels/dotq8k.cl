@@ -61,18 +61,26 @@ inline v16si q6k_bsum_term(const short16 sc16s, const global float *rec) {
 #endif
 
 #if defined(X86_512) && (defined(W_Q4_K) || defined(W_Q5_K))
-typedef int v8si_ __attribute__((vector_size(32)));
-// lane s of m_s * (bsums[2s] + bsums[2s+1]) in one pmaddwd: each min twice against the 16 bsums
-inline int8 q8k_mins8(const short8 mn, const short16 bs) {
-    const short16 m2 = __builtin_shufflevector(mn, mn, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    return as_int8(__builtin_ia32_pmaddwd256((v16hi)m2, (v16hi)bs));
+typedef short v32hi_u __attribute__((vector_size(64), aligned(1)));
+// The mins of a row's super-block as pmaddwd's first operand: int16 lanes 2s, 2s+1 hold m_s, 16..31 zero.
+inline v32hi q8k_mins_op(const int8 mn) {
+    const short8 m = convert_short8(mn);
+    return (v32hi)__builtin_shufflevector(m, (short8)(0), 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8,
+                                          8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8);
+}
+// int32 lane s (0..7): m_s * (bsums[2s] + bsums[2s+1]); lanes 8..15: 0. One pmaddwd against the q8_K
+// record's 64 bytes (its 16 bsums, then d and padding, which meet the zero half of m2), so the
+// float lanes take the mins term in one 16-lane fma (lanes 8..15 add a zero product: unchanged).
+inline v16si q8k_mins16(const v32hi m2, const global float *rec) {
+    return __builtin_ia32_pmaddwd512(m2, *(const global v32hi_u *)rec);
 }
 #endif
 
 #if defined(X86_512) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
 // Float lanes (mmq8.cl's q8_K prompt kernel repeats them): 16 int32 lanes of the super-block's
 // integer, one fma with d_w d_y; Q4_K / Q5_K: lanes 0..7 add -(dmin_w d_y) m_s sum_s(qy), one
-// sub-block each; Q6_K: the -32 enters the integer lanes, lane s taking -32 sc_s bsums_s.
+// sub-block each (in a 16-lane fma whose lanes 8..15 add zero products); Q6_K: the -32 enters the
+// integer lanes, lane s taking -32 sc_s bsums_s.
 #if defined(W_Q4_K) || defined(W_Q5_K)
 // per 32-byte group j of qs: 64 quants (Q45K_QUANTS: sub-blocks 2j, 2j+1) x 64 activation bytes,
 // pmaddubsw then pmaddwd with the two sub-blocks' scales as int16 (int32 lanes 0..7: 2j, 8..15: 2j+1)
@@ -101,8 +109,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
         Q8K_STEP(3, 6, 7)
 #undef Q8K_STEP
         acc = fma(convert_float16(as_int16(isum)), (float16)(h2f(p) * dy), acc);
-        acc.lo = fma((float8)(-(h2f(p + 2) * dy)), convert_float8(q8k_mins8(convert_short8(mn), Q8K_BSUMS(rec))),
-                     acc.lo);
+        acc = fma((float16)(-(h2f(p + 2) * dy)), convert_float16(as_int16(q8k_mins16(q8k_mins_op(mn), rec))), acc);
     }
     return acc;
 }

@@ -312,17 +312,8 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
                 }
             }
             float dy[MMQ_TN];
-#if !defined(W_Q6_K)
-            short16 bs[MMQ_TN];
-#endif
 #pragma unroll
-            for (int t = 0; t < MMQ_TN; t++) {
-                const global float *rec = dr[t] + (size_t)ib * 16;
-                dy[t] = rec[8];
-#if !defined(W_Q6_K)
-                bs[t] = Q8K_BSUMS(rec);
-#endif
-            }
+            for (int t = 0; t < MMQ_TN; t++) dy[t] = dr[t][(size_t)ib * 16 + 8];
 #pragma unroll
             for (int r = 0; r < MMQK_RP; r++) {  // dotq8_row's float lanes (dotq8k.cl), in its order
                 const global uchar *p = wr[rp + r] + (size_t)ib * MMQK_BYTES;
@@ -333,12 +324,13 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
                     acc[rp + r][t] = fma(convert_float16(as_int16(isum[r][t])), (float16)(dw * dy[t]), acc[rp + r][t]);
 #else
                 Q8K_SCALES(p, sc, mn);
-                const short8 m8 = convert_short8(mn);
+                const v32hi m2 = q8k_mins_op(mn);
                 const float dw = h2f(p), mw = h2f(p + 2);
 #pragma unroll
                 for (int t = 0; t < MMQ_TN; t++) {
+                    const v16si mins = q8k_mins16(m2, dr[t] + (size_t)ib * 16);
                     acc[rp + r][t] = fma(convert_float16(as_int16(isum[r][t])), (float16)(dw * dy[t]), acc[rp + r][t]);
-                    acc[rp + r][t].lo = fma((float8)(-(mw * dy[t])), convert_float8(q8k_mins8(m8, bs[t])), acc[rp + r][t].lo);
+                    acc[rp + r][t] = fma((float16)(-(mw * dy[t])), convert_float16(as_int16(mins)), acc[rp + r][t]);
                 }
 #endif
             }
