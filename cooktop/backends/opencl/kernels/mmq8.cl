@@ -325,7 +325,8 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #else
                 Q8K_SCALES(p, sc, mn);
                 const v32hi m2 = q8k_mins_op(mn);
-                const float dw = h2f(p), mw = h2f(p + 2);
+                const float2 dm = h2f2(p);
+                const float dw = dm.x, mw = dm.y;
 #pragma unroll
                 for (int t = 0; t < MMQ_TN; t++) {
                     const v16si mins = q8k_mins16(m2, dr[t] + (size_t)ib * 16);
