@@ -1,17 +1,21 @@
 """A/B timing of the OpenCL weight kernels: this tree's ``kernels/*.cl`` against another copy, in one process.
 
 Two devices on the same OpenCL device: ``new`` builds the weight programs from this checkout's
-kernels, ``ref`` from the ``.cl`` files of ``--ref`` (e.g. ``git --work-tree=/tmp/ref checkout
-main -- cooktop/backends/opencl/kernels``). Their matmuls are timed alternately, several rounds,
+kernels, ``ref`` from the ``.cl`` files of ``--ref`` (e.g. ``git archive main
+cooktop/backends/opencl/kernels | tar -x -C /tmp/ref``; kernels from before ``LaunchShape.mmq_tt``
+get one token tile per work-item). Their matmuls are timed alternately, several rounds,
 together with a float32 copy of 64 MiB on the same device, so the load of a shared machine hits
 both alike; each figure is the median of the rounds (wall ms per call; the 8-bit copy of x is made
 once, as a decode step reuses it) and, for one token, GB/s of the weight bytes as a fraction of the
 copy bandwidth of the same round (read + write, ``cooktop bench --ops``'s convention); also the
 median process CPU ms per call (PoCL's worker threads count in it: less sensitive to other load).
 
+Variants of one tree: ``--ref-tt`` / ``--new-tt`` set ``LaunchShape.mmq_tt``, ``--ref-options`` /
+``--new-options`` add build options (e.g. ``--new-options=-DMMQK_RP=1``).
+
 Usage:
     python scripts/bench_kernels_ab.py --ref DIR [--device opencl:0] [--types Q4_0,Q4_K,Q6_K]
-        [--tokens 1,64] [--rounds 7]
+        [--tokens 1,64] [--rounds 7] [--shapes 2048x2048,5632x2048]
 """
 
 from __future__ import annotations
