@@ -83,7 +83,7 @@ from gguf import GGMLQuantizationType as T
 from ...errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
 from . import INSTALL_HINT
-from .attention import attention_kq, attention_tiled
+from .attention import attention_kq, attention_split, attention_tiled, scores_decode
 from .graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
     ACCESS_HOST_READ,
     ACCESS_SHADER_READ,
@@ -590,6 +590,8 @@ class VulkanDevice(SequenceRecorder, Device):
                    flash=True):
         """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows;
         prompts (n > 1, head_dim <= 128): attention_tiled.comp, 16-query tiles sharing each key tile;
+        decode with a cache over 512 rows: split-K, the keys of a (row, head) over several workgroups;
+        decode on a CPU driver (lavapipe): the score kernels of ``flash`` False, faster there;
         ``flash`` False: scores, softmax and weighted V through a scratch (attention.py for both).
 
         q, out f32 [n, n_head * head_dim]; caches [n_cells, n_head_kv * head_dim] of any type of
@@ -602,6 +604,11 @@ class VulkanDevice(SequenceRecorder, Device):
             return
         if attention_tiled(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, None):
             return  # a prompt: query tiles sharing each key tile (attention_tiled.comp)
+        if scores_decode(self, q):
+            attention_kq(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, None)
+            return  # decode on a CPU driver: the score kernels, faster there (attention.py)
+        if attention_split(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, None):
+            return  # decode at a large cache: split-K (attention.py)
         head_dim = q.shape[-1] // n_head
         n = self._rows(q)
         nb = bucket(n, self._row_cap(q))
@@ -618,6 +625,11 @@ class VulkanDevice(SequenceRecorder, Device):
             attention_kq(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
             return
         if attention_tiled(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
+            return
+        if scores_decode(self, q):
+            attention_kq(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
+            return
+        if attention_split(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
             return
         head_dim = q.shape[-1] // n_head
         n = self._rows(q)
