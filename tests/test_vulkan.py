@@ -324,9 +324,9 @@ def test_push_constants_fit_and_match(vk, monkeypatch):
 
     monkeypatch.setattr(vk, "_dispatch_raw", spy)
     from cooktop.backends.vulkan import attention as vk_attention
-    monkeypatch.setattr(vk_attention, "SCORES_DECODE_ON_CPU", False)  # decode on attention.comp, as on GPUs
+    monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", False)  # decode on attention.comp, as on GPUs
     _decode_layer_run(vk, n_steps=1)
-    monkeypatch.setattr(vk_attention, "SCORES_DECODE_ON_CPU", True)  # and on the score kernels (CPU drivers)
+    monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", True)  # and on the score kernels (CPU drivers)
     _decode_layer_run(vk, n_steps=1)
     xb, yb = vk.zeros((16, 256)), vk.empty((16, 256))
     # 16 rows: the tiled mul_mm (Q6_K: no integer-dot mat-vec, which Q4_0 / Q4_K keep for every row count)

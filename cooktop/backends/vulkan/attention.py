@@ -2,7 +2,8 @@
 attention (``-fa off``), llama.cpp's ``build_attn_mha`` path with the scores materialised
 (``glsl/attention_kq.comp``: variants ``attention_kq``, ``attention_softmax``, ``attention_kqv``);
 for prompts with it, the query-tiled flash shader (``glsl/attention_tiled.comp``); and for decode
-with it, split-K (``attention.comp`` with SPLIT, then ``glsl/attention_split_reduce.comp``).
+with it, split-K (``attention.comp`` with SPLIT, then ``glsl/attention_split_reduce.comp``). A CPU
+driver runs flash attention through the ``-fa off`` kernels (:func:`scores_flash`).
 
 The scores of a chunk of tokens and heads live in one scratch tensor (``chunked.scratch``, role
 ``"attention scores"``) of ``tc x hc x n_ctx`` floats, under ``chunked.SCORES_CAP_BYTES`` and
@@ -82,17 +83,21 @@ def attention_tiled(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head
     return True
 
 
-#: Run flash decode (one row) through the score kernels on CPU drivers (``device_type`` "cpu"):
-#: on lavapipe they decode ~4x faster at depth than attention.comp, split or not (2M tiny model,
-#: head_dim 32, 2048 keys: ~5.5 against ~27 ms per layer; the weighted-V loop of attention.comp
-#: costs most of it). False keeps attention.comp / split-K there too (the tests flip it).
-SCORES_DECODE_ON_CPU = True
+#: Run flash attention (prompts and decode) through the score kernels on CPU drivers (``device_type``
+#: "cpu"): on lavapipe they decode ~8x faster at depth than attention.comp, split or not (2M tiny
+#: model shape, head_dim 32, f16 cache, 2048 keys: ~5 against ~46 ms for the 8 heads; the weighted-V
+#: loop of attention.comp costs most of it) and run prompts as fast as attention_tiled.comp (64 rows
+#: at depth 1984: ~520 against ~680 ms). Prompts take them too so that a row's arithmetic is the same
+#: in a prompt and in decode (the score kernels are row-independent): a last-bit difference there turns
+#: into a different 8-bit activation in the next mat-vec (q8_1) and moves a logprob by 0.05
+#: (tests/test_prompt_paths.py). False keeps the flash kernels there too (the tests flip it).
+SCORES_FLASH_ON_CPU = True
 
 
-def scores_decode(dev: Any, q) -> bool:
-    """Whether flash decode of ``q`` (f32 [n, n_head * head_dim]) on ``dev`` runs :func:`attention_kq`:
-    one row on a CPU driver, while :data:`SCORES_DECODE_ON_CPU`."""
-    return SCORES_DECODE_ON_CPU and dev.info.device_type == "cpu" and dev._rows(q) == 1
+def scores_flash(dev: Any) -> bool:
+    """Whether flash attention on ``dev`` runs :func:`attention_kq` (the kernels of ``-fa off``): on a CPU
+    driver, while :data:`SCORES_FLASH_ON_CPU`."""
+    return SCORES_FLASH_ON_CPU and dev.info.device_type == "cpu"
 
 
 #: Split-K decode: keys per split aimed at (of the cache size ``n_ctx``), most splits, and the

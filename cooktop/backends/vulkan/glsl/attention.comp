@@ -9,8 +9,9 @@
 // One workgroup of 64 per (row, head). Keys are processed in chunks of KC: scores of a
 // chunk go to shared memory, then an online softmax (running max and sum, rescaling
 // the accumulators; flash-attention style) adds the chunk's weighted values. Each
-// invocation owns output dims tid, tid + 64, ... (head_dim <= 256); a head_dim of at most 32 has
-// the lanes in groups taking every other (third, ...) key instead, summed at the end.
+// invocation owns output dims tid, tid + 64, ... (head_dim <= 256) and adds every key in order, as
+// attention_tiled.comp does for its query: a row decoded here and the same row of a prompt are the
+// same bits while the row's running max stays that of its first 8 keys (the tiled shader's key tile).
 // SPLIT (split-K, "flash decoding"; llama.cpp ggml-vulkan's split_k): n_split workgroups per
 // (row, head), split s taking the s-th of n_split equal parts (at least SPLIT_MIN keys each) of the
 // row's keys k0..pos[i]; each writes its partial (acc[head_dim] unnormalised, running max m, sum l)
@@ -79,14 +80,9 @@ void main() {
     for (uint d = tid; d < hd; d += WG) qs[d] = Q[qo + d];
     barrier();
 
-    // weighted V: head_dim <= WG / 2 splits the workgroup into ng = WG / head_dim groups of lanes,
-    // lane (group jg, dim dd) summing keys jg, jg + ng, ... of each chunk (every lane busy; the
-    // groups are added at the end); else each lane owns dims tid, tid + WG, ... over every key
-    uint ng = hd <= WG / 2u ? WG / hd : 1u;
-    uint na = ng > 1u ? 1u : (hd + WG - 1u) / WG;
-    uint dd = ng > 1u ? tid % hd : tid;
-    uint jg = ng > 1u ? tid / hd : 0u;
-    if (jg >= ng) jg = uint(KC);  // lanes past ng * head_dim take no key
+    // weighted V: each lane owns dims tid, tid + WG, ... and adds every key in order (not lanes in
+    // groups over the keys: that sums in another order than a prompt's attention_tiled.comp)
+    uint na = (hd + WG - 1u) / WG;
     // four scalars, not an array: lavapipe keeps a dynamically indexed array in memory
     float acc0 = 0.0, acc1 = 0.0, acc2 = 0.0, acc3 = 0.0;
     float m = -1.0 / 0.0;  // running max (-inf)
@@ -115,33 +111,19 @@ void main() {
         float corr = exp(m - m_new);
         l *= corr;
         acc0 *= corr; acc1 *= corr; acc2 *= corr; acc3 *= corr;
-        for (uint j = jg; j < cn; j += ng) {
+        for (uint j = 0u; j < cn; j++) {
             float pj = S[j];
             l += pj;
             uint vr = (c0 + j) * vrb;
-            if (dd < hd) acc0 += pj * load_v(pc.vt, vr, ko + dd);
+            if (tid < hd) acc0 += pj * load_v(pc.vt, vr, ko + tid);
             if (na > 1u) {
-                if (dd + WG < hd) acc1 += pj * load_v(pc.vt, vr, ko + dd + WG);
-                if (dd + 2u * WG < hd) acc2 += pj * load_v(pc.vt, vr, ko + dd + 2u * WG);
-                if (dd + 3u * WG < hd) acc3 += pj * load_v(pc.vt, vr, ko + dd + 3u * WG);
+                if (tid + WG < hd) acc1 += pj * load_v(pc.vt, vr, ko + tid + WG);
+                if (tid + 2u * WG < hd) acc2 += pj * load_v(pc.vt, vr, ko + tid + 2u * WG);
+                if (tid + 3u * WG < hd) acc3 += pj * load_v(pc.vt, vr, ko + tid + 3u * WG);
             }
         }
         m = m_new;
         barrier();  // S and red are reused by the next chunk
-    }
-    if (ng > 1u) {  // add the groups' sums (uniform branch)
-        S[tid] = acc0;
-        S[WG + tid] = l;
-        barrier();
-        if (tid < hd) {
-            float a0 = 0.0, ls = 0.0;
-            for (uint gi = 0u; gi < ng; gi++) {
-                a0 += S[gi * hd + tid];
-                ls += S[WG + gi * hd + tid];
-            }
-            acc0 = a0;
-            l = ls;
-        }
     }
 #ifdef SPLIT
     uint po = ((row * pc.n_head + h) * pc.n_split + split) * (hd + 2u);
