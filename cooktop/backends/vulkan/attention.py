@@ -85,12 +85,13 @@ def attention_tiled(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head
 
 #: Run flash attention (prompts and decode) through the score kernels on CPU drivers (``device_type``
 #: "cpu"): on lavapipe they decode ~8x faster at depth than attention.comp, split or not (2M tiny
-#: model shape, head_dim 32, f16 cache, 2048 keys: ~5 against ~46 ms for the 8 heads; the weighted-V
-#: loop of attention.comp costs most of it) and run prompts as fast as attention_tiled.comp (64 rows
-#: at depth 1984: ~520 against ~680 ms). Prompts take them too so that a row's arithmetic is the same
-#: in a prompt and in decode (the score kernels are row-independent): a last-bit difference there turns
-#: into a different 8-bit activation in the next mat-vec (q8_1) and moves a logprob by 0.05
-#: (tests/test_prompt_paths.py). False keeps the flash kernels there too (the tests flip it).
+#: model shape, head_dim 32, f16 cache, 2048 keys: ~4 against ~33 ms for the 8 heads; the weighted-V
+#: loop of attention.comp costs most of it) and run prompts a little faster than attention_tiled.comp
+#: (64 rows at depth 1984: ~310 against ~365 ms; load 3.4 on 2 cores). Prompts take them too so that
+#: a row's arithmetic is the same in a prompt and in decode (the score kernels are row-independent):
+#: a last-bit difference there turns into a different 8-bit activation in the next mat-vec (q8_1)
+#: and moves a logprob by 0.05 (tests/test_prompt_paths.py). False keeps the flash kernels there
+#: too (the tests flip it).
 SCORES_FLASH_ON_CPU = True
 
 
