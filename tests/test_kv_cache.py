@@ -111,7 +111,7 @@ def _stores(d, t: T) -> bool:
 @pytest.mark.parametrize("t", KV_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("path,flash", [(p, f) for f in (True, False) for p in PATHS if f or p != "first"],
                          ids=lambda v: v if isinstance(v, str) else "fa" if v else "nofa")
-def test_kv_types_attention_parity(any_device, t, path, flash):
+def test_kv_types_attention_parity(any_device, monkeypatch, t, path, flash):
     """Each cache type (K and V alike) on each path at odd shapes, with the flash kernel and without
     (scores materialised), against float64 attention over the cache as llama.cpp's quantize_row_*_ref /
     fp16 / bf16 rounding stores it: a device that rounds one value differently is caught (the "first"
@@ -124,11 +124,20 @@ def test_kv_types_attention_parity(any_device, t, path, flash):
         with pytest.raises(UnsupportedOpError):
             d.empty((8, 64), t)
         return
-    for shape in SHAPES:
-        if shape[2] % GGML_QUANT_SIZES[t][0]:
-            continue
-        got, want = _case(d, t, t, shape, path, flash=flash)
-        assert nmse(got, want) < 1e-10, f"{t.name} {shape} {path} on {d.info.selector}: nmse {nmse(got, want):.2e}"
+    # a CPU Vulkan driver runs flash attention through the score kernels: there its flash kernels as well
+    flash_kernels_too = False
+    if flash and d.info.selector.startswith("vulkan"):
+        from cooktop.backends.vulkan import attention as vk_attention
+        flash_kernels_too = vk_attention.scores_flash(d)
+    for default in (True, False) if flash_kernels_too else (True,):
+        if not default:
+            monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", False)
+        for shape in SHAPES:
+            if shape[2] % GGML_QUANT_SIZES[t][0]:
+                continue
+            got, want = _case(d, t, t, shape, path, flash=flash)
+            assert nmse(got, want) < 1e-10, \
+                f"{t.name} {shape} {path} on {d.info.selector} ({default}): nmse {nmse(got, want):.2e}"
 
 
 @pytest.mark.parametrize("tk,tv", [(T.F16, T.Q8_0), (T.Q4_0, T.F32), (T.Q8_0, T.BF16)], ids=str)
@@ -210,6 +219,34 @@ def test_budget_and_plan_count_the_cache_type(shared):
         assert (rep["cache_type_k"], rep["cache_type_v"]) == (tk, tv)
 
 
+def test_plan_counts_the_attention_scratch(shared):
+    """``plan`` / -ngl auto count a device's attention scratch: the scores of -fa off (n_batch x n_head x
+    n_ctx floats under chunked.SCORES_CAP_BYTES), with flash attention the split-K partials and on Vulkan
+    those scores too (a CPU driver runs it through the score kernels); the host's numpy path has none."""
+    from conftest import open_family_device
+
+    from cooktop.backends import chunked
+    from cooktop.cli.plan import plan_report
+
+    open_family_device("vulkan")
+    path = str(shared / "models" / "tiny" / "tiny-F32.gguf")  # n_head 8, head_dim 32
+
+    def scratch(device, ngl, fa):
+        rep = plan_report(path, 1024, 64, device, ngl, None, kv=KVConfig.parse("f16", "f16", fa))
+        return rep["devices"][0]["scratch_bytes"]
+
+    off = 64 * 8 * 1024 * 4
+    on = off + 4 * chunked.SPLIT_ROWS_CAP * (32 + 2)
+    assert chunked.attention_scratch_bytes(8, 32, 1024, 64, False) == off == 2 << 20
+    assert chunked.attention_scratch_bytes(8, 32, 1024, 64, True, True) == on
+    assert chunked.attention_scratch_bytes(8, 32, 1024, 64, True) == on - off  # OpenCL: the partials alone
+    assert chunked.attention_scratch_bytes(32, 128, 131072, 512, False) == chunked.SCORES_CAP_BYTES
+    host = scratch("cpu", 0, "off")
+    assert scratch("cpu", 0, "on") == host
+    assert scratch("vulkan", 99, "off") - host == off
+    assert scratch("vulkan", 99, "on") - host == on
+
+
 def test_opencl_gpu_launch_shape_reads_every_cache_type():
     """The GPU flavour of OpenCL's attention (work-groups sharing the keys, scalar cache loads; prompts: query
     tiles sharing each key tile) on PoCL, every cache type OpenCL stores, plain / window / batched / every
@@ -275,13 +312,15 @@ def test_attention_without_flash_in_chunks(any_device, monkeypatch, cap_heads):
         assert scratch.shape[0] * scratch.shape[1] * 4 <= 2 * cap_heads * 4 * shape[3]
 
 
-def test_vulkan_prompts_run_the_query_tiled_shader():
+def test_vulkan_prompts_run_the_query_tiled_shader(monkeypatch):
     """Vulkan prompts with flash attention run attention_tiled.comp (16-query tiles) where the shared memory
     holds its tile, decode the per-row attention.comp; both against the float64 reference."""
     from conftest import open_family_device
 
+    from cooktop.backends.vulkan import attention as vk_attention
     from cooktop.backends.vulkan.attention import TILE_SHARED_BYTES
 
+    monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", False)
     d = open_family_device("vulkan")
     if (d.info.extra.get("max_compute_shared_memory") or 0) < TILE_SHARED_BYTES:
         pytest.skip(f"{d.info.selector} has less shared memory than the tile's {TILE_SHARED_BYTES} bytes")
@@ -290,3 +329,133 @@ def test_vulkan_prompts_run_the_query_tiled_shader():
         assert nmse(got, want) < 1e-10, path
     ran = {e[4] for e in d._algos.values()}
     assert {"attention_tiled", "attention"} <= ran
+
+
+@pytest.mark.parametrize("path", ["decode", "first", "window", "batched", "sinks"])
+def test_vulkan_decode_split_k(monkeypatch, path):
+    """Vulkan flash decode over a cache of several splits (split-K: partials per split, then the reduce):
+    splits all full, a row with fewer keys than one split (the other splits empty), a window, two
+    sequences (kv_start) and sinks, against the float64 reference, also at head_dims of 24 and 32 and
+    unsplit; and at the default split size. On a CPU driver flash attention otherwise runs the score
+    kernels (``SCORES_FLASH_ON_CPU``), checked last."""
+    from conftest import open_family_device
+
+    from cooktop.backends.vulkan import attention as vk_attention
+    from cooktop.backends.vulkan import device as vk_device
+
+    d = open_family_device("vulkan")
+    monkeypatch.setattr(vk_attention, "SPLIT_KEYS", 64)
+    # rows of several tokens (window, batched, sinks) would take the query-tiled shader: here they split
+    monkeypatch.setattr(vk_device, "attention_tiled", lambda *args: False)
+    split = []
+
+    def counted(*args):
+        split.append(vk_attention.attention_split(*args))
+        return split[-1]
+
+    monkeypatch.setattr(vk_device, "attention_split", counted)
+    monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", False)  # lavapipe: the flash kernels all the same
+    assert vk_attention.split_count(1, 6, 300) == 5
+    # head_dims <= 32 (half a workgroup); SHAPES: attention.comp unsplit
+    for shape in ((6, 2, 64, 300), (5, 1, 24, 300), (3, 3, 32, 19), *SHAPES):
+        got, want = _case(d, T.Q8_0 if shape[2] % 32 == 0 else T.F32, T.F16, shape, path, seed=17)
+        assert nmse(got, want) < 1e-10, (path, shape)
+    assert split[:2] == [True, True] and split[2] is False  # 300 cells split, 19 do not
+    if path == "decode":
+        monkeypatch.setattr(vk_attention, "SPLIT_KEYS", 512)
+        assert vk_attention.split_count(1, 4, 1100) == 3
+        got, want = _case(d, T.F16, T.F16, (4, 2, 64, 1100), path, seed=19)
+        assert nmse(got, want) < 1e-10
+    monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", True)
+    assert vk_attention.scores_flash(d) == (d.info.device_type == "cpu")
+
+
+@pytest.mark.parametrize("kernels", ["default", "flash"])
+def test_vulkan_decode_is_the_prompts_arithmetic(monkeypatch, kernels):
+    """A row of Vulkan flash attention decoded alone gives the same bits as the same row of a prompt: a
+    last-bit difference there turns into another 8-bit activation in the next mat-vec (q8_1) and moves a
+    logprob by 0.05 (tests/test_prompt_paths.py). "default": the device's choice (a CPU driver: the score
+    kernels for both, row-independent, so every row); "flash": attention_tiled.comp for the prompt and
+    attention.comp for decode, which add each key in the same order, so every row whose running max is that
+    of its first 8 keys (the tiled shader's key tile; every row of at most 8 keys). Odd shapes, head_dims of
+    24 to 96, GQA, the f16 cache."""
+    from conftest import open_family_device
+
+    from cooktop.backends.vulkan import attention as vk_attention
+
+    d = open_family_device("vulkan")
+    if kernels == "flash":
+        monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", False)
+    if (d.info.extra.get("max_compute_shared_memory") or 0) < vk_attention.TILE_SHARED_BYTES:
+        pytest.skip(f"{d.info.selector} has less shared memory than the tile's {vk_attention.TILE_SHARED_BYTES} bytes")
+    exact_all = kernels == "default" and vk_attention.scores_flash(d)
+    for n_head, n_head_kv, hd, n in ((6, 2, 96, 41), (3, 3, 40, 19), (5, 1, 24, 23), (4, 2, 32, 30)):
+        rng = np.random.default_rng(hd)
+        kv_dim = n_head_kv * hd
+        kc, vc = d.zeros((n, kv_dim), T.F16), d.zeros((n, kv_dim), T.F16)
+        x, pt = d.empty((n, kv_dim)), d.empty((n,), T.I32)
+        d.write(pt, np.arange(n, dtype=np.int32))
+        stored = []
+        for c in (kc, vc):
+            stored.append(rng.standard_normal((n, kv_dim)).astype(np.float32))
+            d.write(x, stored[-1])
+            d.kv_store(c, x, pt)
+        q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+        qt, out = d.empty(q.shape), d.empty(q.shape)
+        d.write(qt, q)
+        d.attention(out, qt, kc, vc, pt, n_head, n_head_kv, 1.0 / np.sqrt(hd))
+        prompt = d.read(out)
+        k = stored[0].astype(np.float16).astype(np.float64).reshape(n, n_head_kv, hd)  # as the f16 cache
+        q1, o1, p1 = d.empty((1, n_head * hd)), d.empty((1, n_head * hd)), d.empty((1,), T.I32)
+        for r in range(n):
+            d.write(q1, q[r:r + 1])
+            d.write(p1, np.array([r], np.int32))
+            d.attention(o1, q1, kc, vc, p1, n_head, n_head_kv, 1.0 / np.sqrt(hd))
+            one = d.read(o1)[0].reshape(n_head, hd)
+            for h in range(n_head):
+                s = k[:r + 1, h // (n_head // n_head_kv)] @ q[r].reshape(n_head, hd)[h].astype(np.float64)
+                if exact_all or s[:8].max() >= s.max():
+                    assert np.array_equal(one[h], prompt[r].reshape(n_head, hd)[h]), (kernels, hd, r, h)
+
+
+def test_vulkan_split_k_decode_replays(shared, monkeypatch):
+    """A model's decode on Vulkan through split-K (four splits of a 256-row cache, over 64 keys attended, so
+    several splits hold keys) inside recorded graphs (COOKTOP_GRAPH_CHECK compares each replay with its
+    recording): logits within float rounding of ``-fa off``, the greedy tokens equal."""
+    from conftest import open_family_device
+
+    from cooktop import Llama
+    from cooktop.backends.vulkan import attention as vk_attention
+    from cooktop.backends.vulkan import device as vk_device
+
+    open_family_device("vulkan")
+    split = []
+
+    def counted(*args):
+        split.append(vk_attention.attention_split(*args))
+        return split[-1]
+
+    monkeypatch.setattr(vk_device, "attention_split", counted)
+    monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", False)
+    monkeypatch.setattr(vk_attention, "SPLIT_KEYS", 64)
+    assert vk_attention.split_count(1, 8, 256) == 4
+    path = str(shared / "models" / "tiny" / "tiny-F32.gguf")
+    runs = []
+    for fa in (True, False):
+        llm = Llama(model_path=path, n_ctx=256, n_batch=32, logits_all=True, verbose=False, device="vulkan",
+                    n_gpu_layers=-1, flash_attn=fa)
+        try:
+            toks = llm.tokenize(b"Once upon a time there was a little girl who liked to play. " * 6, add_bos=True)
+            assert len(toks) > 70
+            out: list[int] = []
+            llm.eval(toks)
+            for _ in range(6):
+                out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+                llm.eval([out[-1]])
+            runs.append((np.array(llm.scores[len(toks) - 1:llm.n_tokens], dtype=np.float64), out))
+        finally:
+            llm.close()
+    (on, tok_on), (off, tok_off) = runs
+    assert nmse(off, on) < 1e-8, nmse(off, on)
+    assert tok_on == tok_off
+    assert split and all(split)  # every flash decode split (recorded once, then replayed)

@@ -323,12 +323,17 @@ def test_push_constants_fit_and_match(vk, monkeypatch):
         return orig(variant, handles, grid, push)
 
     monkeypatch.setattr(vk, "_dispatch_raw", spy)
+    from cooktop.backends.vulkan import attention as vk_attention
+    monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", False)  # decode on attention.comp, as on GPUs
+    _decode_layer_run(vk, n_steps=1)
+    monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", True)  # and on the score kernels (CPU drivers)
     _decode_layer_run(vk, n_steps=1)
     xb, yb = vk.zeros((16, 256)), vk.empty((16, 256))
     # 16 rows: the tiled mul_mm (Q6_K: no integer-dot mat-vec, which Q4_0 / Q4_K keep for every row count)
     vk.matmul(yb, xb, vk.upload(random_weight(T.Q6_K, (256, 256), np.random.default_rng(0)), T.Q6_K, (256, 256)))
     vk.read(yb)
     assert {"copy", "fill", "rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add"} <= set(seen)
+    assert any(v.startswith("attention_kq") for v in seen)
     assert any(v.startswith("mul_mm_") for v in seen) and any(v.startswith("mul_mat_vec_") for v in seen)
     for variant, n in seen.items():
         words = _push_block_words(variants[variant]["source"], variants[variant]["defines"])

@@ -107,9 +107,27 @@ def release_scratch(dev: Device) -> None:
         dev.release(held)
 
 
+#: Most partial rows of split-K flash attention (``(rows x n_head x splits)``, each ``head_dim + 2``
+#: floats, role ``"attention splits"``): splitting stops past this many workgroups.
+SPLIT_ROWS_CAP = 256
+
 #: Largest score scratch (bytes) of attention without flash attention; llama.cpp's KQ of one ubatch is
 #: n_kv x n_ubatch x n_head floats.
 SCORES_CAP_BYTES = 64 << 20
+
+
+def attention_scratch_bytes(n_head: int, head_dim: int, n_ctx: int, n_batch: int, flash: bool,
+                            scores_flash: bool = False) -> int:
+    """Upper bound of a device's attention scratch (bytes; counted by ``runtime/budget.py``): without
+    flash attention the scores of a chunk (``min(4 n_batch n_head n_ctx, SCORES_CAP_BYTES)``, at least
+    one row); with it the split-K partials (``4 SPLIT_ROWS_CAP (head_dim + 2)``), plus those scores when
+    ``scores_flash`` (the device may run flash attention through the score kernels: a CPU Vulkan driver
+    does, ``vulkan/attention.py``)."""
+    row = 4 * max(1, n_ctx)
+    scores = max(row, min(n_batch * n_head * row, SCORES_CAP_BYTES))
+    if not flash:
+        return scores
+    return 4 * SPLIT_ROWS_CAP * (head_dim + 2) + (scores if scores_flash else 0)
 
 
 def score_chunks(dev: Device, n_tok: int, n_head: int, n_ctx: int) -> tuple[int, int]:

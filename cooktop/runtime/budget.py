@@ -12,7 +12,11 @@ Per device (bytes), for the blocks and head placed on it (the same buffers
   engine's default one); each further sequence (``Engine.new_sequence``) needs as much again;
 - scratch: ``4 x n_batch x (sum of the architecture's scratch widths + 1)`` per segment
   (llama: ``5 n_embd + 2 n_embd_kv + 2 n_ff``; the 1 is the positions), plus for the
-  head ``4 x (1 + n_embd + R x n_vocab)`` with R = n_batch when logits_all else 1.
+  head ``4 x (1 + n_embd + R x n_vocab)`` with R = n_batch when logits_all else 1; and once per
+  device holding a KV cache (not the host's numpy), attention's scratch
+  (``chunked.attention_scratch_bytes``: the scores of ``-fa off``, at most 64 MiB; with flash
+  attention the split-K partials of decode, plus those scores on Vulkan, whose CPU drivers run flash
+  attention through the score kernels: a GPU's figure is an upper bound).
 
 A device fits when the total is within its usable memory (probed global memory
 minus a reserve of ``COOKTOP_MEMORY_RESERVE`` percent, default 5) and no buffer
@@ -38,6 +42,7 @@ import os
 import numpy as np
 
 from .. import settings
+from ..backends.chunked import attention_scratch_bytes
 from ..errors import DeviceError
 from ..format.gguf import GGUFFile
 from ..format.kvtypes import KVConfig
@@ -194,6 +199,11 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
         n_segments = sum(1 for s, _, _, _ in units if s == sel)
         scratch, largest_scratch = segment_scratch_bytes(cfg, n_batch, head, logits_all)
         scratch *= n_segments
+        if n_kv and sel != "cpu":  # attention's scratch, one per device (chunked.scratch)
+            flash = (kv if kv is not None else KVConfig()).flash_attn != "off"
+            # a Vulkan device's flash attention may be the score kernels' (a CPU driver: vulkan/attention.py)
+            scratch += attention_scratch_bytes(cfg.n_head, cfg.head_dim, n_ctx, n_batch, flash,
+                                               sel.startswith("vulkan"))
         mem, mx = limits(sel)
         # matrices past the max allocation go in row chunks (module doc); anything else must fit whole
         chunked = [n for n, b in sizes.items() if mx is not None and b > mx and len(gf.tensor(n).shape) in (2, 3)]

@@ -1,7 +1,9 @@
 """Vulkan attention paths beside ``attention.comp`` (the flash kernel of decode): without flash
 attention (``-fa off``), llama.cpp's ``build_attn_mha`` path with the scores materialised
 (``glsl/attention_kq.comp``: variants ``attention_kq``, ``attention_softmax``, ``attention_kqv``);
-and for prompts with it, the query-tiled flash shader (``glsl/attention_tiled.comp``).
+for prompts with it, the query-tiled flash shader (``glsl/attention_tiled.comp``); and for decode
+with it, split-K (``attention.comp`` with SPLIT, then ``glsl/attention_split_reduce.comp``). A CPU
+driver runs flash attention through the ``-fa off`` kernels (:func:`scores_flash`).
 
 The scores of a chunk of tokens and heads live in one scratch tensor (``chunked.scratch``, role
 ``"attention scores"``) of ``tc x hc x n_ctx`` floats, under ``chunked.SCORES_CAP_BYTES`` and
@@ -78,4 +80,64 @@ def attention_tiled(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head
     else:
         dev._dispatch("attention_tiled_sinks", (q, k_cache, v_cache, pos, start, out, sinks),
                       workgroups(tiles * n_head), push)
+    return True
+
+
+#: Run flash attention (prompts and decode) through the score kernels on CPU drivers (``device_type``
+#: "cpu"): on lavapipe they decode ~8x faster at depth than attention.comp, split or not (2M tiny
+#: model shape, head_dim 32, f16 cache, 2048 keys: ~4 against ~33 ms for the 8 heads; the weighted-V
+#: loop of attention.comp costs most of it) and run prompts a little faster than attention_tiled.comp
+#: (64 rows at depth 1984: ~310 against ~365 ms; load 3.4 on 2 cores). Prompts take them too so that
+#: a row's arithmetic is the same in a prompt and in decode (the score kernels are row-independent):
+#: a last-bit difference there turns into a different 8-bit activation in the next mat-vec (q8_1)
+#: and moves a logprob by 0.05 (tests/test_prompt_paths.py). False keeps the flash kernels there
+#: too (the tests flip it).
+SCORES_FLASH_ON_CPU = True
+
+
+def scores_flash(dev: Any) -> bool:
+    """Whether flash attention on ``dev`` runs :func:`attention_kq` (the kernels of ``-fa off``): on a CPU
+    driver, while :data:`SCORES_FLASH_ON_CPU`."""
+    return SCORES_FLASH_ON_CPU and dev.info.device_type == "cpu"
+
+
+#: Split-K decode: keys per split aimed at (of the cache size ``n_ctx``), most splits, and the
+#: workgroup count past which splitting stops (the (row, head) grid alone fills the device).
+SPLIT_KEYS, SPLIT_MAX, SPLIT_TARGET_GROUPS = 512, 16, chunked.SPLIT_ROWS_CAP
+
+
+def split_count(n_rows: int, n_head: int, n_ctx: int) -> int:
+    """Splits per (row, head) of split-K flash attention: ``ceil(n_ctx / SPLIT_KEYS)`` (so a full cache
+    gives each split ~SPLIT_KEYS keys), at most SPLIT_MAX and SPLIT_TARGET_GROUPS / (n_rows * n_head);
+    1 means no split. ``n_rows``: the bucketed row count of the grid. It depends on the cache size, not
+    on the rows' ``pos`` (a recorded graph replays the same launch at every depth; a split past a
+    row's keys writes an empty partial)."""
+    return max(1, min(-(-n_ctx // SPLIT_KEYS), SPLIT_MAX, SPLIT_TARGET_GROUPS // max(1, n_rows * n_head)))
+
+
+def attention_split(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv: int, scale: float,
+                    window: int, kv_start, sinks) -> bool:
+    """Enqueue split-K flash attention ("flash decoding", llama.cpp ggml-vulkan's ``split_k`` with
+    ``flash_attn_split_k_reduce.comp``): ``split_count`` workgroups per (row, head) each write a partial
+    ``(acc [head_dim], m, l)`` of their share of the row's keys to a scratch ``[rows * n_head * S,
+    head_dim + 2]`` f32 (``chunked.scratch`` role ``"attention splits"``), then one reduce workgroup
+    per (row, head) rescales them by ``exp(m_s - max m)``, sums, folds in ``sinks`` and divides.
+    False (nothing enqueued) where one split would do. Arguments as ``Device.attention`` (checked)."""
+    n = dev._rows(q)
+    nb = bucket(n, dev._row_cap(q))
+    n_ctx = k_cache.shape[0]
+    ns = split_count(nb, n_head, n_ctx)
+    if ns < 2:
+        return False
+    head_dim = q.shape[-1] // n_head
+    part = chunked.scratch(dev, "attention splits", nb * n_head * ns, head_dim + 2)
+    start = kv_start if kv_start is not None else pos
+    dev._dispatch("attention_split", (q, k_cache, v_cache, pos, start, part), workgroups(nb * n_head * ns),
+                  (n, n_head, n_head_kv, head_dim, n_ctx, f32_bits(scale), window, int(kv_start is not None),
+                   int(k_cache.ggml_type), int(v_cache.ggml_type), ns))
+    push = (n, n_head, head_dim, ns)
+    if sinks is None:
+        dev._dispatch("attention_split_reduce", (part, out), workgroups(nb * n_head), push)
+    else:
+        dev._dispatch("attention_split_reduce_sinks", (part, out, sinks), workgroups(nb * n_head), push)
     return True

@@ -93,6 +93,11 @@ def default_variants() -> list[dict]:
     # query-tiled flash attention for prompts
     out.append({"name": "attention_tiled", "source": "attention_tiled.comp", "defines": {}})
     out.append({"name": "attention_tiled_sinks", "source": "attention_tiled.comp", "defines": {"SINKS": "1"}})
+    # split-K flash decode: partials per split of the keys, then their reduce (with sinks or not)
+    out.append({"name": "attention_split", "source": "attention.comp", "defines": {"SPLIT": "1"}})
+    out.append({"name": "attention_split_reduce", "source": "attention_split_reduce.comp", "defines": {}})
+    out.append({"name": "attention_split_reduce_sinks", "source": "attention_split_reduce.comp",
+                "defines": {"SINKS": "1"}})
     return out
 
 

@@ -83,7 +83,7 @@ from gguf import GGMLQuantizationType as T
 from ...errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
 from . import INSTALL_HINT
-from .attention import attention_kq, attention_tiled
+from .attention import attention_kq, attention_split, attention_tiled, scores_flash
 from .graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
     ACCESS_HOST_READ,
     ACCESS_SHADER_READ,
@@ -590,18 +590,23 @@ class VulkanDevice(SequenceRecorder, Device):
                    flash=True):
         """attention.comp: one workgroup per (row, head), online softmax over chunks of 256 cache rows;
         prompts (n > 1, head_dim <= 128): attention_tiled.comp, 16-query tiles sharing each key tile;
-        ``flash`` False: scores, softmax and weighted V through a scratch (attention.py for both).
+        decode with a cache over 512 rows: split-K, the keys of a (row, head) over several workgroups;
+        ``flash`` False, and on a CPU driver (lavapipe) ``flash`` True too: scores, softmax and weighted V
+        through a scratch (attention.py for all; ``scores_flash``: faster there, and one arithmetic for
+        a row in a prompt and in decode).
 
         q, out f32 [n, n_head * head_dim]; caches [n_cells, n_head_kv * head_dim] of any type of
         ``VULKAN_KV_TYPES`` (read as stored, kv.glsl; the types are push constants); head_dim <= 256
         (``info.OP_LIMITS``: the public check refuses more); ``window`` > 0: sliding window (the loop
         over cache rows starts at pos - window + 1); ``kv_start`` I32 [n] or None (rows start at 0).
         """
-        if not flash:
+        if not flash or scores_flash(self):  # a CPU driver: the score kernels for flash too (attention.py)
             attention_kq(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, None)
             return
         if attention_tiled(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, None):
             return  # a prompt: query tiles sharing each key tile (attention_tiled.comp)
+        if attention_split(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, None):
+            return  # decode at a large cache: split-K (attention.py)
         head_dim = q.shape[-1] // n_head
         n = self._rows(q)
         nb = bucket(n, self._row_cap(q))
@@ -614,10 +619,12 @@ class VulkanDevice(SequenceRecorder, Device):
                          flash=True):
         """attention.comp with SINKS: :meth:`_attention` plus one logit per head (sinks f32 [n_head]) in
         each softmax denominator (gpt-oss)."""
-        if not flash:
+        if not flash or scores_flash(self):
             attention_kq(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks)
             return
         if attention_tiled(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
+            return
+        if attention_split(self, out, q, k_cache, v_cache, pos, n_head, n_head_kv, scale, window, kv_start, sinks):
             return
         head_dim = q.shape[-1] // n_head
         n = self._rows(q)
