@@ -74,7 +74,7 @@ def attention_kq(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv
                    n_head, n_head_kv, scale, window, n_ctx, t0, h0, nh)
             launch(kn.softmax, (ls, nh, nt), (ls, 1, 1), s, pos.handle, start, has_start, window, n_ctx, t0, h0,
                    nh, sk, has_sinks)
-            launch(kn.kqv, (head_dim, nh, nt), None, out.handle, s, v_cache.handle, pos.handle, start, has_start,
+            launch(kn.kqv, (1 if dev.shape.at_serial else head_dim, nh, nt), None, out.handle, s, v_cache.handle, pos.handle, start, has_start,
                    n_head, n_head_kv, window, n_ctx, t0, h0, nh)
 
 
