@@ -129,6 +129,32 @@ def test_cooktop_runner_truncate_keeps_the_depth(stories):
         r.close()
 
 
+def test_llama_cpp_runner_truncate_keeps_the_depth(stories):
+    """LlamaCppRunner.truncate(d) (Llama.n_tokens = d) then the same token: the logits of the first pass."""
+    from conftest import skip_or_fail
+
+    from cooktop.bench import vs_llamacpp
+
+    try:
+        vs_llamacpp.import_llama_cpp()
+    except vs_llamacpp.LlamaCppUnavailable as e:
+        skip_or_fail("llama_cpp", str(e))
+    r = vs_llamacpp.LlamaCppRunner(str(stories), 128, 64, n_threads=1)
+    try:
+        toks = runner.tokens_for(runner.TestSpec(0, 2, 40), 512, 7)
+        r.prompt(toks[:40])
+        r.decode(toks[40])
+        first = np.array(r.llm.scores[40]).copy()
+        r.decode(toks[41])
+        r.truncate(40)
+        assert r.llm.n_tokens == 40
+        r.decode(toks[40])
+        np.testing.assert_allclose(np.array(r.llm.scores[40]), first, rtol=1e-5, atol=1e-5)
+        assert r.llm.n_tokens == 41
+    finally:
+        r.close()
+
+
 def test_llama_bench_gets_depths_and_cache_types():
     tests = runner.make_tests([16], [4], [(8, 2)], [0, 2048])
     argv, _ = llama_bench.command("lb", "/m.gguf", tests, 2, 64, "cpu", KVConfig(T.Q8_0, T.Q8_0, "on"))
