@@ -22,8 +22,12 @@ a few ms would wait on. Recording a step (the second use of its key, untimed her
 tens of ms once (a ``clCloneKernel`` per launch).
 The profiled runs below go op by op (a replay has no per-kernel events).
 
+``-fa on|off`` picks the attention kernels (default auto: on) and ``-b`` the prompt chunk
+(default: the whole prompt in one chunk); ``-p 2048 -b 512 -fa off`` profiles a depth fill as
+``cooktop bench -d 2048`` runs it, then decode at depth 2048.
+
 Usage:
-    python scripts/profile_opencl.py -m MODEL.gguf [-p 128] [-n 16] [--device opencl:0]
+    python scripts/profile_opencl.py -m MODEL.gguf [-p 128] [-n 16] [-b N] [-fa on|off] [--device opencl:0]
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def main() -> None:
     ap.add_argument("-p", type=int, default=128, help="prompt tokens (default 128)")
     ap.add_argument("-n", type=int, default=16, help="decoded tokens (default 16)")
     ap.add_argument("--device", default="opencl", help="an OpenCL selector (default opencl)")
+    ap.add_argument("-b", type=int, default=None, help="prompt chunk size (default: the whole prompt)")
+    ap.add_argument("-fa", default="auto", choices=["on", "off", "auto"], help="flash attention (default auto)")
     args = ap.parse_args()
 
     import pyopencl as cl
@@ -53,10 +59,11 @@ def main() -> None:
     from cooktop.backends.base import OPS, type_name
     from cooktop.engine import generate as engine
     from cooktop.errors import CooktopError
+    from cooktop.format.kvtypes import KVConfig
 
     try:
-        eng = engine.load(args.model, n_ctx=args.p + args.n + WARM + 8, n_batch=max(args.p, 1), device=args.device,
-                          n_gpu_layers=-1)
+        eng = engine.load(args.model, n_ctx=args.p + args.n + WARM + 8, n_batch=args.b or max(args.p, 1),
+                          device=args.device, n_gpu_layers=-1, kv=KVConfig.parse(None, None, args.fa))
     except CooktopError as e:
         raise SystemExit(f"error: {e}") from None
     devs = {id(s.device): s.device for s in eng.model.segments}

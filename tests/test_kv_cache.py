@@ -292,6 +292,39 @@ def test_opencl_gqa_grouped_attention_is_the_same_bits(monkeypatch, t):
         assert nmse(grouped, want) < 1e-10
 
 
+@pytest.mark.parametrize("t", [T.F32, T.F16], ids=lambda t: t.name)
+def test_opencl_serial_attention_vector_widths_and_key_blocks(monkeypatch, t):
+    """OpenCL's serial (CPU) kernels with and without flash attention at every vector width (head_dim 64:
+    16 lanes, 40: 8, 36: 4, 18: 1) over key ranges that end inside a 16-key block (flash) and span many
+    blocks; the GQA-grouped flash kernel gives the same bits as the one-head one. On a GPU-type device
+    (Oclgrind, which checks every access) a second device object runs the CPU launch shape."""
+    from conftest import open_family_device
+
+    from cooktop.backends.opencl import device as cl_device
+    from cooktop.backends.opencl.programs import CPU_SHAPE
+
+    d = open_family_device("opencl")
+    if not d.shape.at_serial:
+        monkeypatch.setattr(cl_device, "launch_shape", lambda info: ("cpu", CPU_SHAPE))
+        d = cl_device.OpenCLDevice(d.info, d.cl_device)
+    assert d.shape.at_serial
+    paths = ["decode", "prompt", "first", "window", "long"] + (["sinks"] if "attention_sinks" in d.info.ops else [])
+    for shape in [(6, 3, 64, 203), (4, 2, 40, 29), (3, 1, 36, 53), (4, 2, 18, 33)]:
+        for path in paths:
+            for flash in (True, False):
+                if path == "first" and not flash:
+                    continue
+                got, want = _case(d, t, t, shape, path, seed=5, flash=flash)
+                assert nmse(got, want) < 1e-10, (shape, path, flash, nmse(got, want))
+                if flash and path != "sinks":
+                    with pytest.MonkeyPatch.context() as mp:
+                        mp.setattr(type(d), "_gqa_group", lambda self, h, hk, n: h // hk)
+                        grouped, _ = _case(d, t, t, shape, path, seed=5)
+                        mp.setattr(type(d), "_gqa_group", lambda self, h, hk, n: 0)
+                        single, _ = _case(d, t, t, shape, path, seed=5)
+                    assert np.array_equal(grouped, single), (shape, path)
+
+
 @pytest.mark.parametrize("cap_heads", [2, 6 * 3], ids=["heads", "tokens"])
 def test_attention_without_flash_in_chunks(any_device, monkeypatch, cap_heads):
     """The score scratch of ``-fa off`` under a small cap: chunks of 2 heads of one token, or of 3 tokens

@@ -51,9 +51,10 @@ def find_binary(path: str) -> str:
 
 
 def command(binary: str, model: str, tests: Sequence[TestSpec], reps: int, n_batch: int,
-            device: str, kv: KVConfig | None = None) -> tuple[list[str], dict[str, str]]:
+            device: str, kv: KVConfig | None = None, warmup: bool = True) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) of one llama-bench run over ``tests`` (see module doc): their depths
-    as ``-d``, and ``kv``'s cache types and flash attention as ``-ctk``/``-ctv``/``-fa``."""
+    as ``-d``, ``kv``'s cache types and flash attention as ``-ctk``/``-ctv``/``-fa``, and
+    ``--no-warmup`` when ``warmup`` is False."""
     pp = list(dict.fromkeys(t.n_prompt for t in tests if t.n_prompt and not t.n_gen))
     tg = list(dict.fromkeys(t.n_gen for t in tests if t.n_gen and not t.n_prompt))
     pg = list(dict.fromkeys((t.n_prompt, t.n_gen) for t in tests if t.n_prompt and t.n_gen))
@@ -64,6 +65,8 @@ def command(binary: str, model: str, tests: Sequence[TestSpec], reps: int, n_bat
     depths = list(dict.fromkeys(t.n_depth for t in tests))
     if depths != [0]:
         argv += ["-d", ",".join(map(str, depths))]
+    if not warmup:
+        argv += ["--no-warmup"]
     if kv is not None:
         argv += ["-ctk", kv_type_name(kv.type_k), "-ctv", kv_type_name(kv.type_v), "-fa", kv.flash_attn]
     env: dict[str, str] = {}
@@ -93,13 +96,14 @@ def parse(text: str) -> list[dict[str, Any]]:
 
 
 def run(binary: str, mf: ModelFacts, tests: Sequence[TestSpec], reps: int, n_batch: int, device: str,
-        timeout: float = 7200.0, kv: KVConfig | None = None) -> list[Result]:
-    """Run llama-bench on one model; one llama.cpp :class:`Result` per test (in ``tests`` order).
+        timeout: float = 7200.0, kv: KVConfig | None = None, warmup: bool = True) -> list[Result]:
+    """Run llama-bench on one model; one llama.cpp :class:`Result` per test (in ``tests`` order);
+    ``warmup=False`` passes ``--no-warmup``.
 
     A failed run (exit status, no JSON, a test missing from its output) becomes records with
     ``error`` set (the last line of its stderr), not an exception.
     """
-    argv, extra = command(binary, mf.path, tests, reps, n_batch, device, kv)
+    argv, extra = command(binary, mf.path, tests, reps, n_batch, device, kv, warmup)
     ngl = int(argv[argv.index("-ngl") + 1])
     results = [Result(mf, "llama.cpp", device, "llama-bench", ngl, n_batch, None, t,
                       placement=f"llama-bench -ngl {ngl}", kv=kv or KVConfig()) for t in tests]

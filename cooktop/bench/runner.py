@@ -13,13 +13,21 @@ Tests (llama-bench, examples/llama-bench/llama-bench.cpp):
 - ``-ctk`` / ``-ctv`` / ``-fa``: the KV cache types and flash attention of each configuration
   (``cooktop.format.kvtypes.KVConfig``; swept like the other lists).
 
-Each (test, configuration) gets one warm-up run (not counted: it compiles
+Each (test, configuration) gets a warm-up as llama-bench's (not counted: it compiles
 kernels, records sequences, fills the numpy backend's dequantized-weight
-cache), then ``reps`` timed runs (with ``--vs``, the reference engine's runs
+cache): from an empty context, the test's ``P`` prompt tokens when ``P > 0``, then
+*one* generated token when ``N > 0``; the depth is not filled (``--no-warmup``:
+none at all). Then ``reps`` timed runs (with ``--vs``, the reference engine's runs
 alternate with these, each after a :data:`SETTLE_S` pause so that the other
 engine's spinning worker threads have gone to sleep); the result is the mean and sample standard
 deviation of the per-run tokens/s. Token ids come from a generator seeded
 per test, so every engine evaluates the same ids.
+
+The depth is filled once per (test, configuration, engine): the first timed run clears the
+cache and evaluates the ``D`` depth tokens; each later run keeps those ``D`` cached positions
+and drops the rest (:meth:`Runner.truncate`), which leaves the cache as a fresh fill would, as
+llama-bench restores the state it saved after its first depth fill
+(``llama_state_seq_set_data``, llama.cpp PR 16944). A runner without ``truncate`` refills every run.
 
 The sweep is the product of models x devices x ``-ngl`` x ``-b`` x ``-ts``.
 A device element may join several devices with ``+`` (``opencl:0+vulkan:0``),
@@ -201,7 +209,12 @@ class Result:
 
 
 class Runner(Protocol):
-    """An engine under test: evaluates prompt chunks and single tokens from an empty context."""
+    """An engine under test: evaluates prompt chunks and single tokens from an empty context.
+
+    ``reset()`` empties the context; ``prompt(tokens)`` / ``decode(token)`` append to it. A runner
+    may also have ``truncate(n)``: keep the first ``n`` positions of the context, forget the rest
+    (then a depth fill is reused by the next run, see the module doc).
+    """
 
     backend: str
     device: str
@@ -242,6 +255,10 @@ class CooktopRunner:
     def reset(self) -> None:
         self.eng.reset()
 
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` cached positions (``Sequence.truncate``)."""
+        self.eng.seq.truncate(n)
+
     def prompt(self, tokens: list[int]) -> None:
         self.eng.eval(tokens)
 
@@ -268,19 +285,38 @@ def device_names(device: str) -> str:
     return " + ".join(names)
 
 
-def run_once(runner: Runner, test: TestSpec, tokens: list[int]) -> float:
+def run_once(runner: Runner, test: TestSpec, tokens: list[int], depth_cached: bool = False) -> float:
     """One run of ``test`` from an empty context (after its ``n_depth`` untimed tokens, the first of
-    ``tokens``); returns the seconds of the test itself (wall clock, perf_counter)."""
-    runner.reset()
+    ``tokens``); returns the seconds of the test itself (wall clock, perf_counter).
+
+    ``depth_cached``: the runner's context already starts with those ``n_depth`` tokens (an earlier
+    run of this test filled them): they are kept (``runner.truncate``) instead of evaluated again.
+    """
     d = test.n_depth
-    if d:
-        runner.prompt(tokens[:d])  # llama-bench's n_depth: the cache holds d tokens, not timed
+    if d and depth_cached:
+        runner.truncate(d)  # type: ignore[attr-defined]  # only passed for runners that have it
+    else:
+        runner.reset()
+        if d:
+            runner.prompt(tokens[:d])  # llama-bench's n_depth: the cache holds d tokens, not timed
     t0 = time.perf_counter()
     if test.n_prompt:
         runner.prompt(tokens[d:d + test.n_prompt])
     for tok in tokens[d + test.n_prompt:]:
         runner.decode(tok)
     return time.perf_counter() - t0
+
+
+def warm_up(runner: Runner, test: TestSpec, tokens: list[int]) -> None:
+    """llama-bench's warm-up of a test: from an empty context, its prompt (``n_prompt`` > 0) then one
+    generated token (``n_gen`` > 0), without the depth (llama-bench.cpp: ``test_prompt(n_prompt)``,
+    ``test_gen(1)``). The ids are the test's own, past its depth tokens."""
+    runner.reset()
+    d = test.n_depth
+    if test.n_prompt:
+        runner.prompt(tokens[d:d + test.n_prompt])
+    if test.n_gen:
+        runner.decode(tokens[d + test.n_prompt])
 
 
 def tokens_for(test: TestSpec, n_vocab: int, seed: int) -> list[int]:
@@ -305,6 +341,8 @@ class BenchParams:
     tensors: Any = None
     #: KV cache types and flash attention (``-ctk`` x ``-ctv`` x ``-fa``), swept
     kv: list[KVConfig] = dataclasses.field(default_factory=lambda: [KVConfig()])
+    #: a warm-up before each test's timed runs (``--no-warmup``: False)
+    warmup: bool = True
 
     def configs(self) -> list[tuple[str, Any, int, str | None, KVConfig]]:
         """(device, ngl, n_batch, split, kv) of every sweep point, device outermost.
@@ -328,8 +366,8 @@ def run_bench(params: BenchParams, vs: Callable[[str, int, int, KVConfig], Runne
         params: the sweep.
         vs: ``vs(model_path, n_ctx, n_batch, kv) -> Runner`` of the reference (llama.cpp, with the same
             cache types and flash attention), or None.
-            Its runs alternate with each configuration's (warm-up of both, then one
-            run of each per repetition); its records pool all its runs for a
+            Its runs alternate with each configuration's (warm-up of both unless
+            ``params.warmup`` is False, then one run of each per repetition); its records pool all its runs for a
             (model, n_batch, test), and each cooktop record keeps the paired runs
             for its ratio.
         progress: a tqdm bar on stderr.
@@ -343,7 +381,8 @@ def run_bench(params: BenchParams, vs: Callable[[str, int, int, KVConfig], Runne
     configs = params.configs()
     n_ctx = max(t.n_depth + t.n_tokens for t in params.tests)
     per_run = 2 if vs else 1
-    total = len(params.models) * len(configs) * len(params.tests) * (params.reps + 1) * per_run
+    n_runs = params.reps + (1 if params.warmup else 0)  # per test and engine, warm-up included
+    total = len(params.models) * len(configs) * len(params.tests) * n_runs * per_run
     bar = _progress_bar(total, progress)
     results: list[Result] = []
     try:
@@ -387,7 +426,7 @@ def run_bench(params: BenchParams, vs: Callable[[str, int, int, KVConfig], Runne
                     results.append(res)
                     ref_res = ref_results.get((n_batch, kv, t))
                     if runner is None:
-                        bar.update((params.reps + 1) * per_run)
+                        bar.update(n_runs * per_run)
                         continue
                     _measure(runner, ref, res, ref_res, t, params, mf.n_vocab, bar)
                 if runner is not None:
@@ -408,11 +447,14 @@ SETTLE_S = 0.3
 
 def _measure(runner: Runner, ref: Runner | None, res: Result, ref_res: Result | None, t: TestSpec,
              params: BenchParams, n_vocab: int, bar: Any) -> None:
-    """Warm-up then ``reps`` runs of ``t``, alternating with ``ref`` when given; fills the results."""
+    """Warm-up (unless ``params.warmup`` is False) then ``reps`` runs of ``t``, alternating with ``ref``
+    when given; fills the results. Each engine fills the depth in its first timed run and keeps it
+    for the next ones when it can truncate (module doc)."""
     tokens = tokens_for(t, n_vocab, params.seed)
     engines = [(runner, res)] + ([(ref, ref_res)] if ref is not None and ref_res is not None else [])
     alive = {id(r): True for r, _ in engines}
-    for rep in range(params.reps + 1):  # rep 0 is the warm-up
+    filled = {id(r): False for r, _ in engines}  # the context starts with this test's depth tokens
+    for rep in range(0 if params.warmup else 1, params.reps + 1):  # rep 0 is the warm-up
         paired = None
         for r, out in engines:
             if not alive[id(r)]:
@@ -421,7 +463,12 @@ def _measure(runner: Runner, ref: Runner | None, res: Result, ref_res: Result | 
             if len(engines) > 1:
                 time.sleep(SETTLE_S)
             try:
-                s = run_once(r, t, tokens)
+                if rep == 0:
+                    warm_up(r, t, tokens)
+                    s = 0.0
+                else:
+                    s = run_once(r, t, tokens, depth_cached=filled[id(r)])
+                    filled[id(r)] = bool(t.n_depth) and callable(getattr(r, "truncate", None))
             except Exception as e:  # noqa: BLE001 - a failing backend is a record
                 out.error = _error_text(e)
                 alive[id(r)] = False

@@ -4,7 +4,11 @@ llama.cpp runs with ``n_gpu_layers=0``, ``n_threads = n_threads_batch = `` the
 logical core count, ``n_batch = n_ubatch = -b`` (so prompt chunks match
 cooktop's) and ``logits_all=False``; tokens go through ``Llama.eval``, which
 removes cached positions past the context (``kv_cache_seq_rm``) and decodes
-in ``n_batch`` chunks, computing logits for the last token only.
+in ``n_batch`` chunks, computing logits for the last token only. ``truncate(n)``
+sets ``Llama.n_tokens = n`` (what ``Llama.generate`` does to reuse a cached prefix), so the
+next ``eval`` drops the cached positions from ``n`` on and a depth fill serves every timed run
+(as llama-bench restores its saved depth state); the warm-up is llama-bench's (the test's
+prompt, then one token, no depth: :func:`cooktop.bench.runner.warm_up`).
 
 Each model is first run once in a child process (:func:`preflight`): a
 llama.cpp build that dies of an illegal instruction becomes an error record
@@ -90,6 +94,11 @@ class LlamaCppRunner:
 
     def reset(self) -> None:
         self.llm.reset()
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` cached positions: the next ``eval`` removes those past them
+        (llama-cpp-python's ``Llama.eval``: ``kv_cache_seq_rm(-1, n_tokens, -1)``)."""
+        self.llm.n_tokens = min(n, self.llm.n_tokens)
 
     def prompt(self, tokens: list[int]) -> None:
         self.llm.eval(tokens)

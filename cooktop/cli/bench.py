@@ -95,6 +95,9 @@ def _emit(text: str) -> None:
 @click.option("-fa", "--flash-attn", "flash_attn", default="auto", show_default=True,
               help="Flash attention: on, off, auto (comma list; a quantized V cache needs on or auto).")
 @click.option("-r", "--repetitions", "reps", default=5, show_default=True, help="Timed runs per test.")
+@click.option("--no-warmup", "no_warmup", is_flag=True,
+              help="Skip the warm-up before each test (llama-bench's --no-warmup; default: the test's prompt "
+                   "and one generated token, without the depth).")
 @click.option("--device", "-dev", "device", default=None, envvar="COOKTOP_DEVICE",
               help="Comma list swept over: auto, cpu, opencl, opencl:1, vulkan:0, or a split like opencl:0+vulkan:0.")
 @click.option("-ngl", "--n-gpu-layers", "ngl", default="-1", show_default=True,
@@ -133,8 +136,8 @@ def _emit(text: str) -> None:
 @click.option("-npp", "npp", default="128", show_default=True, help="--batched: prompt tokens per sequence (list).")
 @click.option("-ntg", "ntg", default="32", show_default=True, help="--batched: generated tokens per sequence (list).")
 @click.option("-npl", "npl", default="1,2,4,8", show_default=True, help="--batched: parallel sequences (list).")
-def bench_cmd(models, n_prompt, n_gen, pg, n_depth, cache_type_k, cache_type_v, flash_attn, reps, device, ngl,
-              n_batch, split, n_cpu_moe, cpu_moe, override_tensor,
+def bench_cmd(models, n_prompt, n_gen, pg, n_depth, cache_type_k, cache_type_v, flash_attn, reps, no_warmup, device,
+              ngl, n_batch, split, n_cpu_moe, cpu_moe, override_tensor,
               fmt, progress, plot_path, vs, llama_bench, from_file, seed, ops, quick, shape, types, threads, batched,
               npp, ntg, npl):
     """Measure prompt processing (pp) and generation (tg) speed, like llama.cpp's llama-bench
@@ -186,7 +189,7 @@ def bench_cmd(models, n_prompt, n_gen, pg, n_depth, cache_type_k, cache_type_v, 
         ngl=[parse_ngl(v.strip()) for v in str(ngl).split(",") if v.strip()], n_batch=batches,
         split=[s.strip() for s in split.split(",")] if split else [None], reps=reps, seed=seed,
         tensors=TensorPlacement.parse(n_cpu_moe, cpu_moe, override_tensor) if (n_cpu_moe or cpu_moe or override_tensor)
-        else None, kv=kvs)
+        else None, kv=kvs, warmup=not no_warmup)
     facts = {p: runner.model_facts(p) for p in paths}  # a bad file fails here, before any work
     refs = []
     if ext:
@@ -197,7 +200,7 @@ def bench_cmd(models, n_prompt, n_gen, pg, n_depth, cache_type_k, cache_type_v, 
                 for kv in kvs:
                     click.echo(f"cooktop bench: {ext} on {os.path.basename(p)} ({dev}, -b {b}, {kv.label()}, "
                                f"-fa {kv.flash_attn})", err=True)
-                    refs += lb.run(ext, facts[p], tests, reps, b, dev, kv=kv)
+                    refs += lb.run(ext, facts[p], tests, reps, b, dev, kv=kv, warmup=not no_warmup)
     results = runner.run_bench(params, vs=vs_factory, progress=progress, facts=facts)
     if ext:
         lb.pair(results, refs)

@@ -5,7 +5,9 @@ The scores of a chunk of tokens and heads live in one scratch buffer (``chunked.
 ``"attention scores"``) of ``tc x hc x n_ctx`` floats, kept under ``chunked.SCORES_CAP_BYTES`` and the
 device's largest buffer (``chunked.score_chunks``): the tokens (and, when one token's heads alone are over the cap, the
 heads) are processed in chunks, three launches per chunk. The columns a row reads are bounded by
-``pos`` on the device, so a row costs its own ``n_kv``, not ``n_ctx``.
+``pos`` on the device, so a row costs its own ``n_kv``, not ``n_ctx``. On the serial (CPU) flavour
+KQ and KQV run one work-item per (head, token) row that reads whole K / V rows as vectors (KQV:
+all ``head_dim`` values of the output at once, not one work-item per value striding over V).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def attention_kq(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head_kv
                    n_head, n_head_kv, scale, window, n_ctx, t0, h0, nh)
             launch(kn.softmax, (ls, nh, nt), (ls, 1, 1), s, pos.handle, start, has_start, window, n_ctx, t0, h0,
                    nh, sk, has_sinks)
-            launch(kn.kqv, (head_dim, nh, nt), None, out.handle, s, v_cache.handle, pos.handle, start, has_start,
+            kqv_items = 1 if dev.shape.at_serial else head_dim  # CPU flavour: a whole row per work-item
+            launch(kn.kqv, (kqv_items, nh, nt), None, out.handle, s, v_cache.handle, pos.handle, start, has_start,
                    n_head, n_head_kv, window, n_ctx, t0, h0, nh)
 
 

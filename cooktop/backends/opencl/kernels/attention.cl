@@ -10,7 +10,10 @@
 //
 // AT_SERIAL (CPU devices): one work-item per (head, token) walks every key itself,
 // with the head's q and output accumulator in vector registers; no barriers, which
-// PoCL turns into work-item loops with spilled state (7x slower decode).
+// PoCL turns into work-item loops with spilled state (7x slower decode). Keys go in blocks
+// of AT_KB (16): the block's scores into a float16, its maximum, one vector exp of
+// (scores - new maximum) (masked lanes -inf, so 0), and the accumulator and sum rescaled once
+// per block by exp(old max - new max) (the softmax of llama.cpp's flash kernels, by blocks).
 // Global (n_head, n_tok), any local size.
 // SINKS (attention_sinks, gpt-oss): sinks f32 [n_head], one more logit per head in each softmax
 // denominator (llama.cpp ggml_soft_max_add_sinks), folded in after the last key.
@@ -50,6 +53,12 @@
 
 inline float vsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 inline float vsum16(float16 v) { float8 a = v.lo + v.hi; return vsum4(a.lo + a.hi); }
+inline float blk_max(float16 v) {
+    const float8 a = fmax(v.lo, v.hi);
+    const float4 b = fmax(a.lo, a.hi);
+    return fmax(fmax(b.x, b.y), fmax(b.z, b.w));
+}
+#define AT_KB 16
 
 
 #ifdef GQA_G
@@ -76,7 +85,7 @@ __kernel void attention(global float *out, const global float *q, const global u
     const int k0 = max(has_start ? kv_start[t] : 0, window > 0 ? n_kv - window : 0);
     const size_t qoff = ((size_t)t * n_head + hk * GQA_G) * HEAD_DIM;
     VT qv[GQA_G][NV], acc[GQA_G][NV];
-    float m[GQA_G], l[GQA_G], pg[GQA_G], ag[GQA_G];
+    float m[GQA_G], l[GQA_G];
     for (int g = 0; g < GQA_G; g++) {
 #pragma unroll
         for (int i = 0; i < NV; i++) {
@@ -88,28 +97,42 @@ __kernel void attention(global float *out, const global float *q, const global u
     }
     const size_t krb = kv_row_bytes(KTYPE, kv_dim), vrb = kv_row_bytes(VTYPE, kv_dim);
     const int e0 = hk * HEAD_DIM;
-    const global uchar *kr = kc + (size_t)k0 * krb;
-    const global uchar *vr = vc + (size_t)k0 * vrb;
-    for (int k = k0; k < n_kv; k++, kr += krb, vr += vrb) {
-        VT kv[NV];
+    for (int c0 = k0; c0 < n_kv; c0 += AT_KB) {
+        const int cn = min(AT_KB, n_kv - c0);
+        float sc[GQA_G][AT_KB];
+        for (int kk = 0; kk < AT_KB; kk++) {
+            VT kv[NV];
+            const global uchar *kr = kc + (size_t)(c0 + min(kk, cn - 1)) * krb;  // the last row again past cn
 #pragma unroll
-        for (int i = 0; i < NV; i++) kv[i] = KVLOAD(kr, KTYPE, e0 + i * VW);
-        for (int g = 0; g < GQA_G; g++) {
-            VT d = (VT)(0.0f);
+            for (int i = 0; i < NV; i++) kv[i] = KVLOAD(kr, KTYPE, e0 + i * VW);
+            for (int g = 0; g < GQA_G; g++) {
+                VT d = (VT)(0.0f);
 #pragma unroll
-            for (int i = 0; i < NV; i++) d = fma(qv[g][i], kv[i], d);
-            const float s = VSUM(d) * scale;
-            const float e = exp(-fabs(s - m[g]));  // as above: one exp per key and head
-            ag[g] = s > m[g] ? e : 1.0f;
-            pg[g] = s > m[g] ? 1.0f : e;
-            l[g] = fma(l[g], ag[g], pg[g]);
-            m[g] = fmax(m[g], s);
+                for (int i = 0; i < NV; i++) d = fma(qv[g][i], kv[i], d);
+                sc[g][kk] = kk < cn ? VSUM(d) * scale : -INFINITY;
+            }
         }
+        for (int g = 0; g < GQA_G; g++) {  // as the kernel below, per head
+            const float16 sv = vload16(0, sc[g]);
+            const float m_new = fmax(m[g], blk_max(sv));
+            const float alpha = exp(m[g] - m_new);
+            vstore16(exp(sv - m_new), 0, sc[g]);
+            l[g] *= alpha;
 #pragma unroll
-        for (int i = 0; i < NV; i++) kv[i] = KVLOAD(vr, VTYPE, e0 + i * VW);
-        for (int g = 0; g < GQA_G; g++) {
+            for (int i = 0; i < NV; i++) acc[g][i] *= alpha;
+            m[g] = m_new;
+        }
+        const global uchar *vr = vc + (size_t)c0 * vrb;
+        for (int kk = 0; kk < cn; kk++, vr += vrb) {
+            VT kv[NV];
 #pragma unroll
-            for (int i = 0; i < NV; i++) acc[g][i] = fma((VT)(pg[g]), kv[i], acc[g][i] * ag[g]);
+            for (int i = 0; i < NV; i++) kv[i] = KVLOAD(vr, VTYPE, e0 + i * VW);
+            for (int g = 0; g < GQA_G; g++) {
+                const float p = sc[g][kk];
+                l[g] += p;
+#pragma unroll
+                for (int i = 0; i < NV; i++) acc[g][i] = fma((VT)(p), kv[i], acc[g][i]);
+            }
         }
     }
     for (int g = 0; g < GQA_G; g++) {
@@ -164,22 +187,32 @@ __kernel void attention(global float *out, const global float *q, const global u
     float m = -INFINITY, l = 0.0f;
     const size_t krb = kv_row_bytes(KTYPE, kv_dim), vrb = kv_row_bytes(VTYPE, kv_dim);
     const int e0 = hk * HEAD_DIM;
-    const global uchar *kr = kc + (size_t)k0 * krb;
-    const global uchar *vr = vc + (size_t)k0 * vrb;
-    for (int k = k0; k < n_kv; k++, kr += krb, vr += vrb) {
-        VT d = (VT)(0.0f);
+    for (int c0 = k0; c0 < n_kv; c0 += AT_KB) {
+        const int cn = min(AT_KB, n_kv - c0);
+        float sc[AT_KB];
+        for (int kk = 0; kk < AT_KB; kk++) {
+            const global uchar *kr = kc + (size_t)(c0 + min(kk, cn - 1)) * krb;  // the last row again past cn
+            VT d = (VT)(0.0f);
 #pragma unroll
-        for (int i = 0; i < NV; i++) d = fma(qv[i], KVLOAD(kr, KTYPE, e0 + i * VW), d);
-        const float s = VSUM(d) * scale;
-        // online softmax with one exp per key: e = exp(-|s - m|) is the factor of
-        // whichever of (old sum, new key) is below the new maximum
-        const float m_new = fmax(m, s);
-        const float e = exp(-fabs(s - m));
-        const float alpha = s > m ? e : 1.0f, p = s > m ? 1.0f : e;
-        l = fma(l, alpha, p);
+            for (int i = 0; i < NV; i++) d = fma(qv[i], KVLOAD(kr, KTYPE, e0 + i * VW), d);
+            sc[kk] = kk < cn ? VSUM(d) * scale : -INFINITY;
+        }
+        // the block's softmax terms at the new maximum; what was summed so far is rescaled once
+        const float16 sv = vload16(0, sc);
+        const float m_new = fmax(m, blk_max(sv));
+        const float alpha = exp(m - m_new);
+        vstore16(exp(sv - m_new), 0, sc);
+        l *= alpha;
 #pragma unroll
-        for (int i = 0; i < NV; i++) acc[i] = fma((VT)(p), KVLOAD(vr, VTYPE, e0 + i * VW), acc[i] * alpha);
+        for (int i = 0; i < NV; i++) acc[i] *= alpha;
         m = m_new;
+        const global uchar *vr = vc + (size_t)c0 * vrb;
+        for (int kk = 0; kk < cn; kk++, vr += vrb) {
+            const float p = sc[kk];
+            l += p;
+#pragma unroll
+            for (int i = 0; i < NV; i++) acc[i] = fma((VT)(p), KVLOAD(vr, VTYPE, e0 + i * VW), acc[i]);
+        }
     }
 #ifdef SINKS
     {  // gpt-oss's sink: one more logit in the denominator, no value (ggml_soft_max_add_sinks)

@@ -14,6 +14,45 @@ inline int kq_first(const global int *pos, const global int *kv_start, const int
     return max(has_start ? kv_start[t] : 0, window > 0 ? n_kv - window : 0);
 }
 
+#if AT_SERIAL
+// CPU devices (AT_SERIAL, NF_LS 1): one work-item per (head, token) row holds the head's q in vector
+// registers and reads each K row (KQ) or V row (KQV) as VW-wide vectors, as attention.cl's serial
+// kernel does; per output value the sums run in the same order as the other flavour's.
+#if HEAD_DIM % 16 == 0
+#define VW 16
+#define VT float16
+#define KVLOAD(row, type, e) kv_load16(row, type, e)
+#define VLOAD(i, p) vload16(i, p)
+#define VSTORE(v, i, p) vstore16(v, i, p)
+#define VSUM(v) kq_vsum16(v)
+#elif HEAD_DIM % 8 == 0
+#define VW 8
+#define VT float8
+#define KVLOAD(row, type, e) kv_load8(row, type, e)
+#define VLOAD(i, p) vload8(i, p)
+#define VSTORE(v, i, p) vstore8(v, i, p)
+#define VSUM(v) kq_vsum4((v).lo + (v).hi)
+#elif HEAD_DIM % 4 == 0
+#define VW 4
+#define VT float4
+#define KVLOAD(row, type, e) kv_load4(row, type, e)
+#define VLOAD(i, p) vload4(i, p)
+#define VSTORE(v, i, p) vstore4(v, i, p)
+#define VSUM(v) kq_vsum4(v)
+#else
+#define VW 1
+#define VT float
+#define KVLOAD(row, type, e) kv_load1(row, type, e)
+#define VLOAD(i, p) ((p)[i])
+#define VSTORE(v, i, p) ((p)[i] = (v))
+#define VSUM(v) (v)
+#endif
+#define NV (HEAD_DIM / VW)
+
+inline float kq_vsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+inline float kq_vsum16(float16 v) { float8 a = v.lo + v.hi; return kq_vsum4(a.lo + a.hi); }
+#endif
+
 // KQ: one work-group of NF_LS per (head, token) walks the row's columns, NF_LS at a time (the
 // launch does not depend on n_ctx, so a short row costs its own length).
 // Global (NF_LS, hc, tc), local (NF_LS, 1, 1).
@@ -31,6 +70,20 @@ __kernel void attn_kq(global float *s, const global float *q, const global uchar
     const global float *qr = q + ((size_t)t * n_head + h) * HEAD_DIM;
     global float *row = s + ((size_t)tt * hc + hh) * n_ctx;
     const int n_kv = min(pos[t] + 1, n_ctx);
+#if AT_SERIAL
+    VT qv[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) qv[i] = VLOAD(i, qr);
+    const int j0 = kq_first(pos, kv_start, has_start, window, t);
+    const global uchar *kr = kc + (size_t)j0 * krb;
+    for (int j = j0; j < n_kv; j++, kr += krb) {
+        VT dv = (VT)(0.0f);
+#pragma unroll
+        for (int i = 0; i < NV; i++) dv = fma(qv[i], KVLOAD(kr, KTYPE, e0 + i * VW), dv);
+        row[j] = VSUM(dv) * scale;
+    }
+    (void)lid;
+#else
     for (int j = kq_first(pos, kv_start, has_start, window, t) + lid; j < n_kv; j += NF_LS) {
         const global uchar *kr = kc + (size_t)j * krb;
         float dp = 0.0f;
@@ -41,6 +94,7 @@ __kernel void attn_kq(global float *s, const global float *q, const global uchar
 #endif
         row[j] = dp * scale;
     }
+#endif
 }
 
 // soft_max_ext over each score row in place: max, exp, sum, normalise in float32. sinks f32
@@ -86,24 +140,44 @@ __kernel void attn_softmax(global float *s, const global int *pos, const global 
     for (int j = k0 + lid; j < n_kv; j += NF_LS) row[j] *= inv;
 }
 
-// KQV: one work-item per (value d, head, token) sums p_j v_j[d] over the row's columns.
-// Global (>= HEAD_DIM, hc, tc), any local size.
+// KQV: one work-item per (value d, head, token) sums p_j v_j[d] over the row's columns
+// (AT_SERIAL: one work-item per (head, token) sums all HEAD_DIM values, a V row a vector load).
+// Global (>= HEAD_DIM, hc, tc) (AT_SERIAL: (1, hc, tc)), any local size.
 __kernel void attn_kqv(global float *out, const global float *s, const global uchar *vc, const global int *pos,
                        const global int *kv_start, const int has_start, const int n_head, const int n_head_kv,
                        const int window, const int n_ctx, const int t0, const int h0, const int hc) {
     const int d = get_global_id(0);
     const int hh = get_global_id(1);
     const int tt = get_global_id(2);
+#if AT_SERIAL
+    if (d > 0) return;
+#else
     if (d >= HEAD_DIM) return;
+#endif
     const int t = t0 + tt, h = h0 + hh;
     const int kv_dim = n_head_kv * HEAD_DIM;
-    const int e = (h / (n_head / n_head_kv)) * HEAD_DIM + d;
     const int n_kv = min(pos[t] + 1, n_ctx);
     const int k0 = kq_first(pos, kv_start, has_start, window, t);
     const size_t vrb = kv_row_bytes(VTYPE, kv_dim);
     const global float *row = s + ((size_t)tt * hc + hh) * n_ctx;
     const global uchar *vr = vc + (size_t)k0 * vrb;
+#if AT_SERIAL
+    const int e0 = (h / (n_head / n_head_kv)) * HEAD_DIM;
+    VT acc[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) acc[i] = (VT)(0.0f);
+    for (int j = k0; j < n_kv; j++, vr += vrb) {
+        const VT p = (VT)(row[j]);
+#pragma unroll
+        for (int i = 0; i < NV; i++) acc[i] = fma(p, KVLOAD(vr, VTYPE, e0 + i * VW), acc[i]);
+    }
+    global float *o = out + ((size_t)t * n_head + h) * HEAD_DIM;
+#pragma unroll
+    for (int i = 0; i < NV; i++) VSTORE(acc[i], i, o);
+#else
+    const int e = (h / (n_head / n_head_kv)) * HEAD_DIM + d;
     float a = 0.0f;
     for (int j = k0; j < n_kv; j++, vr += vrb) a = mad(row[j], kv_load1(vr, VTYPE, e), a);
     out[((size_t)t * n_head + h) * HEAD_DIM + d] = a;
+#endif
 }
