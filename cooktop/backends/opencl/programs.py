@@ -138,10 +138,10 @@ def host_has_vnni() -> bool:
 PROGRAMS: dict[str, tuple[str, ...]] = {
     "ops": ("norm.cl", "rope.cl", "elementwise.cl", "quant.cl"),
     "weights": ("dequant.cl", "dotq8.cl", "dotq8k.cl", "matmul.cl", "mmq8.cl"),
-    "attention": ("kv.cl", "attention.cl"),
-    "attention_q8": ("quant.cl", "kv.cl", "attention.cl"),
+    "attention": ("kv.cl", "kv_rows.cl", "attention.cl"),
+    "attention_q8": ("quant.cl", "kv.cl", "kv_rows.cl", "attention.cl"),
     "kv_store": ("kv.cl", "rope.cl", "kv_store.cl"),
-    "attention_kq": ("kv.cl", "attention_kq.cl"),
+    "attention_kq": ("kv.cl", "kv_rows.cl", "attention_kq.cl"),
 }
 
 #: The KV cache types kv.cl reads and kv_store.cl writes (``DeviceInfo.kv_types``).

@@ -20,39 +20,6 @@
 
 #if AT_SERIAL
 
-#if HEAD_DIM % 16 == 0
-#define VW 16
-#define VT float16
-#define KVLOAD(row, type, e) kv_load16(row, type, e)
-#define VLOAD(i, p) vload16(i, p)
-#define VSTORE(v, i, p) vstore16(v, i, p)
-#define VSUM(v) vsum16(v)
-#elif HEAD_DIM % 8 == 0
-#define VW 8
-#define VT float8
-#define KVLOAD(row, type, e) kv_load8(row, type, e)
-#define VLOAD(i, p) vload8(i, p)
-#define VSTORE(v, i, p) vstore8(v, i, p)
-#define VSUM(v) vsum4((v).lo + (v).hi)
-#elif HEAD_DIM % 4 == 0
-#define VW 4
-#define VT float4
-#define KVLOAD(row, type, e) kv_load4(row, type, e)
-#define VLOAD(i, p) vload4(i, p)
-#define VSTORE(v, i, p) vstore4(v, i, p)
-#define VSUM(v) vsum4(v)
-#else
-#define VW 1
-#define VT float
-#define KVLOAD(row, type, e) kv_load1(row, type, e)
-#define VLOAD(i, p) ((p)[i])
-#define VSTORE(v, i, p) ((p)[i] = (v))
-#define VSUM(v) (v)
-#endif
-#define NV (HEAD_DIM / VW)
-
-inline float vsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
-inline float vsum16(float16 v) { float8 a = v.lo + v.hi; return vsum4(a.lo + a.hi); }
 inline float blk_max(float16 v) {
     const float8 a = fmax(v.lo, v.hi);
     const float4 b = fmax(a.lo, a.hi);

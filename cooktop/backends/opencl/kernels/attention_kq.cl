@@ -14,44 +14,9 @@ inline int kq_first(const global int *pos, const global int *kv_start, const int
     return max(has_start ? kv_start[t] : 0, window > 0 ? n_kv - window : 0);
 }
 
-#if AT_SERIAL
 // CPU devices (AT_SERIAL, NF_LS 1): one work-item per (head, token) row holds the head's q in vector
-// registers and reads each K row (KQ) or V row (KQV) as VW-wide vectors, as attention.cl's serial
-// kernel does; per output value the sums run in the same order as the other flavour's.
-#if HEAD_DIM % 16 == 0
-#define VW 16
-#define VT float16
-#define KVLOAD(row, type, e) kv_load16(row, type, e)
-#define VLOAD(i, p) vload16(i, p)
-#define VSTORE(v, i, p) vstore16(v, i, p)
-#define VSUM(v) kq_vsum16(v)
-#elif HEAD_DIM % 8 == 0
-#define VW 8
-#define VT float8
-#define KVLOAD(row, type, e) kv_load8(row, type, e)
-#define VLOAD(i, p) vload8(i, p)
-#define VSTORE(v, i, p) vstore8(v, i, p)
-#define VSUM(v) kq_vsum4((v).lo + (v).hi)
-#elif HEAD_DIM % 4 == 0
-#define VW 4
-#define VT float4
-#define KVLOAD(row, type, e) kv_load4(row, type, e)
-#define VLOAD(i, p) vload4(i, p)
-#define VSTORE(v, i, p) vstore4(v, i, p)
-#define VSUM(v) kq_vsum4(v)
-#else
-#define VW 1
-#define VT float
-#define KVLOAD(row, type, e) kv_load1(row, type, e)
-#define VLOAD(i, p) ((p)[i])
-#define VSTORE(v, i, p) ((p)[i] = (v))
-#define VSUM(v) (v)
-#endif
-#define NV (HEAD_DIM / VW)
-
-inline float kq_vsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
-inline float kq_vsum16(float16 v) { float8 a = v.lo + v.hi; return kq_vsum4(a.lo + a.hi); }
-#endif
+// registers and reads each K row (KQ) or V row (KQV) as VW-wide vectors (kv_rows.cl), as attention.cl's
+// serial kernel does; per output value the sums run in the same order as the other flavour's.
 
 // KQ: one work-group of NF_LS per (head, token) walks the row's columns, NF_LS at a time (the
 // launch does not depend on n_ctx, so a short row costs its own length).
