@@ -2,7 +2,9 @@
 
 Dequantization is :mod:`.quants` (whole tensors in cache-sized row chunks on a
 few threads, equal to ``gguf.quants.dequantize``, the gguf package's reference of the
-GGML block layouts); products are float32 ``np.matmul`` (BLAS, multi-threaded).
+GGML block layouts); products are float32 ``np.matmul`` (BLAS): a weight's in fixed blocks of rows,
+one-thread products spread over the dequantization threads, attention's on one thread, so that the
+same tokens give the same bits whatever the thread counts and whether a weight is cached yet.
 
 Memory policy for weights: an F32 weight is used in place (a view of the
 memory-mapped file, never copied). Any other type is dequantized to float32
@@ -26,6 +28,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -238,22 +241,38 @@ class CpuDevice(CpuMoeOps, Device):
         self._first_pass.set()
         self.wait_converted()
 
-    def _streamed_matmul(self, out: np.ndarray, x: np.ndarray, w: DeviceTensor) -> None:
-        """``out = x @ w^T`` for a weight past the budget: blocks of rows dequantized into a
-        per-thread scratch that stays in cache and multiplied at once, blocks spread over the
-        dequantization threads (BLAS kept to one thread meanwhile)."""
-        n_out, n_in = w.shape
+    @staticmethod
+    def _blocked_matmul(out: np.ndarray, x: np.ndarray, n_out: int, n_in: int,
+                        block: Callable[[int, int], np.ndarray]) -> None:
+        """``out = x @ w^T`` (``x: float32 [n_tokens, n_in]``, ``w: [n_out, n_in]``) in blocks of
+        ``CHUNK_VALUES // n_in`` rows, ``block(r0, r1)`` giving rows r0..r1 of w as float32, each
+        multiplied by a one-thread BLAS product on the dequantization threads.
+
+        Every weight takes these blocks, streamed or cached, so a weight gives the same bits before
+        and after its conversion to the cache and under any thread count: a BLAS product's rounding
+        depends on its shape and, multi-threaded, on its thread count (OpenBLAS's Haswell kernels on
+        an AVX-512 EPYC), so one whole-matrix product would give other logits than its blocks."""
         rows = max(1, cpu_quants.CHUNK_VALUES // n_in)
-        raw = w.handle.reshape(n_out, -1)
 
         def run(r0: int) -> None:
             r1 = min(n_out, r0 + rows)
-            blk = cpu_quants.scratch_f32((r1 - r0) * n_in).reshape(r1 - r0, n_in)
-            cpu_quants.dequantize_rows(raw[r0:r1], w.ggml_type, n_in, blk)
-            np.matmul(x, blk.T, out=out[:, r0:r1])
+            np.matmul(x, block(r0, r1).T, out=out[:, r0:r1])
 
         with cpu_quants.blas_single_thread():
             cpu_quants.parallel(run, range(0, n_out, rows))
+
+    def _streamed_matmul(self, out: np.ndarray, x: np.ndarray, w: DeviceTensor) -> None:
+        """``out = x @ w^T`` for a weight not in the cache: blocks of rows dequantized into a
+        per-thread scratch that stays in cache (:meth:`_blocked_matmul`)."""
+        n_out, n_in = w.shape
+        raw = w.handle.reshape(n_out, -1)
+
+        def block(r0: int, r1: int) -> np.ndarray:
+            blk = cpu_quants.scratch_f32((r1 - r0) * n_in).reshape(r1 - r0, n_in)
+            cpu_quants.dequantize_rows(raw[r0:r1], w.ggml_type, n_in, blk)
+            return blk
+
+        self._blocked_matmul(out, x, n_out, n_in, block)
 
     def _uncache(self, nbytes: int) -> None:
         with self._lock:
@@ -275,7 +294,7 @@ class CpuDevice(CpuMoeOps, Device):
             if self._stream_goal <= 0:
                 self._first_pass.set()
         else:
-            np.matmul(self._a(x), f.T, out=self._a(out))
+            self._blocked_matmul(self._a(out), self._a(x), f.shape[0], f.shape[1], lambda r0, r1: f[r0:r1])
 
     def _rmsnorm(self, out, x, w, eps):
         wa = self._a(w)
@@ -368,7 +387,8 @@ class CpuDevice(CpuMoeOps, Device):
         k = kc.reshape(n_kv, n_head_kv, hd).transpose(1, 2, 0)  # [hkv, hd, n_kv]
         v = vc.reshape(n_kv, n_head_kv, hd).transpose(1, 0, 2)  # [hkv, n_kv, hd]
         qh = qa.reshape(n, n_head_kv, g, hd).transpose(1, 0, 2, 3).reshape(n_head_kv, n * g, hd)
-        s = np.matmul(qh, k) * np.float32(scale)  # [hkv, n*g, n_kv]
+        with cpu_quants.blas_single_thread():  # one thread: the same bits under any BLAS thread count
+            s = np.matmul(qh, k) * np.float32(scale)  # [hkv, n*g, n_kv]
         s = s.reshape(n_head_kv, n, g, n_kv)
         j = lo + np.arange(n_kv)[None, :]
         mask = j > p[:, None]  # [n, n_kv]
@@ -385,7 +405,8 @@ class CpuDevice(CpuMoeOps, Device):
             s -= m
             np.exp(s, out=s)
             s /= s.sum(axis=-1, keepdims=True) + np.exp(sk - m)
-        o = np.matmul(s.reshape(n_head_kv, n * g, n_kv), v)  # [hkv, n*g, hd]
+        with cpu_quants.blas_single_thread():
+            o = np.matmul(s.reshape(n_head_kv, n * g, n_kv), v)  # [hkv, n*g, hd]
         oa[...] = o.reshape(n_head_kv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, n_head * hd)
 
     def _silu_mul(self, out, gate, up):
