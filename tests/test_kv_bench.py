@@ -191,3 +191,16 @@ def test_bench_cli_sweeps_depth_and_flash_attention(stories):
     bad = subprocess.run([sys.executable, "-m", "cooktop", "bench", "-m", str(stories), "--device", "cpu",
                           "-ctk", "q9"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "unsupported K cache type 'q9'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_bench_empty_fa_list_is_a_clear_error():
+    """``-fa ""`` (or ``-ctk ""``) names no configuration: one clear error, not an empty table."""
+    import pytest
+
+    from cooktop.cli.bench import _kv_configs
+    from cooktop.format.kvtypes import KVTypeError
+
+    with pytest.raises(KVTypeError, match=r"-fa needs at least one value, got ''"):
+        _kv_configs("f16", "f16", "")
+    with pytest.raises(KVTypeError, match=r"-ctk needs at least one value"):
+        _kv_configs(" , ", "f16", "on")

@@ -47,10 +47,19 @@ def _kv_configs(type_k: str, type_v: str, flash_attn: str) -> list:
 
     from ..format.kvtypes import KVConfig
 
+    def locals_value(flag: str) -> str:
+        return {"-ctk": type_k, "-ctv": type_v, "-fa": flash_attn}[flag]
+
     def items(v: str) -> list[str]:
         return [x.strip() for x in str(v).split(",") if x.strip()]
 
-    out = [KVConfig.parse(k, v, fa) for k, v, fa in itertools.product(items(type_k), items(type_v), items(flash_attn))]
+    from ..format.kvtypes import KVTypeError
+
+    lists = {"-ctk": items(type_k), "-ctv": items(type_v), "-fa": items(flash_attn)}
+    for flag, vals in lists.items():
+        if not vals:
+            raise KVTypeError(f"{flag} needs at least one value, got {locals_value(flag)!r}")
+    out = [KVConfig.parse(k, v, fa) for k, v, fa in itertools.product(*lists.values())]
     return list(dict.fromkeys(out))
 
 
