@@ -79,26 +79,27 @@ def _bench_with(monkeypatch, fake, tests, reps, warmup=True, ref=None):
     return runner.run_bench(params, vs=vs, facts={"/m.gguf": mf})
 
 
-def test_warm_up_is_llama_benchs_prompt_and_one_token_without_the_depth(monkeypatch):
-    """llama-bench.cpp: warm-up = test_prompt(n_prompt) if n_prompt, test_gen(1) if n_gen; no depth fill.
+def test_warm_up_is_llama_benchs_prompt_and_two_tokens_without_the_depth(monkeypatch):
+    """llama-bench.cpp: warm-up = test_prompt(n_prompt) if n_prompt, test_gen(1) if n_gen; no depth fill
+    (cooktop decodes 2 tokens: a decode step is recorded for replay the second time it is seen).
     Then the first timed run fills the depth, and the later ones keep it (llama-bench's saved state)."""
     fake, ref = _Counting(), _Counting()
     res = _bench_with(monkeypatch, fake, [runner.TestSpec(0, 3, 50)], reps=3, ref=ref)
     timed = [("decode", 1)] * 3
     for r in (fake, ref):
-        assert r.calls == ([("reset", 0), ("decode", 1)]  # warm-up: one token from an empty context
+        assert r.calls == ([("reset", 0), ("decode", 1), ("decode", 1)]  # warm-up: two tokens, empty context
                            + [("reset", 0), ("prompt", 50)] + timed  # run 1 fills the depth
                            + [("truncate", 50)] + timed + [("truncate", 50)] + timed)  # runs 2, 3 keep it
     toks = runner.tokens_for(runner.TestSpec(0, 3, 50), 512, 1234)
-    assert fake.timed_contexts[0] == []  # the warm-up token sees no depth
+    assert fake.timed_contexts[:2] == [[], [toks[50]]]  # the warm-up tokens see no depth
     for i in range(3):  # each timed run decodes the same 3 tokens after the same 50-token depth
-        assert fake.timed_contexts[1 + 3 * i: 4 + 3 * i] == [toks[:50 + j] for j in range(3)]
+        assert fake.timed_contexts[2 + 3 * i: 5 + 3 * i] == [toks[:50 + j] for j in range(3)]
     assert all(len(x.samples_s) == 3 and x.error is None for x in res)
 
     fake = _Counting()
     _bench_with(monkeypatch, fake, [runner.TestSpec(16, 0, 8), runner.TestSpec(16, 2, 0)], reps=1)
     assert fake.calls == [("reset", 0), ("prompt", 16), ("reset", 0), ("prompt", 8), ("prompt", 16),  # pp16 @ d8
-                          ("reset", 0), ("prompt", 16), ("decode", 1),  # pp16+tg2: warm-up prompt then one token
+                          ("reset", 0), ("prompt", 16), ("decode", 1), ("decode", 1),  # pp16+tg2: warm-up
                           ("reset", 0), ("prompt", 16), ("decode", 1), ("decode", 1)]
 
 

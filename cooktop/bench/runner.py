@@ -16,8 +16,10 @@ Tests (llama-bench, examples/llama-bench/llama-bench.cpp):
 Each (test, configuration) gets a warm-up as llama-bench's (not counted: it compiles
 kernels, records sequences, fills the numpy backend's dequantized-weight
 cache): from an empty context, the test's ``P`` prompt tokens when ``P > 0``, then
-*one* generated token when ``N > 0``; the depth is not filled (``--no-warmup``:
-none at all). Then ``reps`` timed runs (with ``--vs``, the reference engine's runs
+generated tokens when ``N > 0``: two (one when ``N == 1``) where llama-bench's has one, since
+cooktop records a decode step for replay (OpenCL command buffers, Vulkan graphs) the second time
+it sees it, and one token would leave that recording to the first timed run; the depth is not
+filled (``--no-warmup``: none at all). Then ``reps`` timed runs (with ``--vs``, the reference engine's runs
 alternate with these, each after a :data:`SETTLE_S` pause so that the other
 engine's spinning worker threads have gone to sleep); the result is the mean and sample standard
 deviation of the per-run tokens/s. Token ids come from a generator seeded
@@ -307,16 +309,22 @@ def run_once(runner: Runner, test: TestSpec, tokens: list[int], depth_cached: bo
     return time.perf_counter() - t0
 
 
+#: Tokens a test's warm-up decodes (at most ``n_gen``): llama-bench decodes 1; a decode step is
+#: recorded for replay the second time it is seen (OpenCL ``replay.py``, Vulkan graphs), so 2.
+WARMUP_GEN = 2
+
+
 def warm_up(runner: Runner, test: TestSpec, tokens: list[int]) -> None:
-    """llama-bench's warm-up of a test: from an empty context, its prompt (``n_prompt`` > 0) then one
-    generated token (``n_gen`` > 0), without the depth (llama-bench.cpp: ``test_prompt(n_prompt)``,
-    ``test_gen(1)``). The ids are the test's own, past its depth tokens."""
+    """llama-bench's warm-up of a test: from an empty context, its prompt (``n_prompt`` > 0) then
+    ``min(n_gen, WARMUP_GEN)`` generated tokens, without the depth (llama-bench.cpp:
+    ``test_prompt(n_prompt)``, ``test_gen(1)``; module doc: why two). The ids are the test's own,
+    past its depth tokens."""
     runner.reset()
     d = test.n_depth
     if test.n_prompt:
         runner.prompt(tokens[d:d + test.n_prompt])
-    if test.n_gen:
-        runner.decode(tokens[d + test.n_prompt])
+    for tok in tokens[d + test.n_prompt:d + test.n_prompt + min(test.n_gen, WARMUP_GEN)]:
+        runner.decode(tok)
 
 
 def tokens_for(test: TestSpec, n_vocab: int, seed: int) -> list[int]:
