@@ -66,7 +66,13 @@ DEFAULT_ARGS = ["-q", "-p", "no:cacheprovider",
                 *[f"tests/test_kv_cache.py::test_kv_types_attention_parity[opencl-{c}]"
                   for c in ("long-fa-Q4_0", "sinks-fa-F16", "long-nofa-Q8_0", "sinks-nofa-BF16", "window-nofa-F16")],
                 "tests/test_opencl.py::test_work_group_sizes_of_real_gpus",
-                "-k", "opencl and not greedy and not (tiny and not Q4_K_M) and not (q8k and (portable or gpu-shape))"]
+                "-k", "opencl and not greedy and not (tiny and not Q4_K_M) and not (q8k and (portable or gpu-shape))"
+                      " and not (test_opencl_q8.py and (native or portable or q4_k_prompt_kernel_can_be_turned_off))"]
+
+# test_opencl_q8.py's native / portable cases (and the MMQ_K switch's) open a PoCL device by name (they test PoCL's CPU
+# kernels), never Oclgrind: under this harness only pip's PoCL 3.0-rc2 is left for them, whose LLVM
+# does not know every host CPU (on an AMD EPYC: "unknown target CPU 'generic'"), so they are left
+# out here; `make test` runs them on Debian's PoCL.
 
 #: Where Debian's package puts the ICD library of the Oclgrind runtime.
 ICD_LIBRARIES = ("/usr/lib/oclgrind/liboclgrind-rt-icd.so", "/usr/lib/*/oclgrind/liboclgrind-rt-icd.so",
