@@ -109,6 +109,41 @@ def test_matmul_id_reads_only_the_selected_experts(dev, monkeypatch):
     assert w.extra is None  # no float32 copy kept
 
 
+@pytest.mark.parametrize("ty", [T.F32, T.Q8_0])
+def test_matmul_id_bits_do_not_depend_on_thread_counts(ty, monkeypatch):
+    """An expert's rows give the same bits under 1 or 2 BLAS threads and 1 or 3 dequantization
+    threads, and the bits of the dense matmul of that expert's matrix on the same rows (the same
+    fixed row blocks, one-thread BLAS each)."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(11)
+    E, n_out, n_in, n, k = 3, 301, 512, 7, 2
+    mats = [random_weight(ty, (n_out, n_in), rng) if ty is not T.F32
+            else rng.standard_normal((n_out, n_in)).astype(np.float32) for _ in range(E)]
+    ids = np.array([[0, 2], [2, 1], [1, 0], [0, 1], [2, 0], [1, 2], [0, 2]], np.int32)
+    x = rng.standard_normal((n, n_in)).astype(np.float32)
+    outs = []
+    for blas, dq in ((1, 1), (2, 3), (2, 1)):
+        monkeypatch.setenv("COOKTOP_DEQUANT_THREADS", str(dq))
+        with threadpool_limits(blas, user_api="blas"):
+            d = CpuDevice(cpu_info(), cache_budget=0)
+            w = d.upload(np.concatenate(mats), ty, (E, n_out, n_in))
+            out = d.empty((n, k * n_out))
+            d.matmul_id(out, _put(d, x), w, _put(d, ids, T.I32))
+            outs.append(d.read(out).reshape(n, k, n_out))
+            d.close()
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    d = CpuDevice(cpu_info(), cache_budget=0)
+    for e in range(E):
+        rows, slots = np.nonzero(ids == e)
+        we = d.upload(mats[e], ty, (n_out, n_in))
+        o = d.empty((len(rows), n_out))
+        d.matmul(o, _put(d, np.ascontiguousarray(x[rows])), we)
+        np.testing.assert_array_equal(outs[0][rows, slots], d.read(o))
+    d.close()
+
+
 def test_add_id_combine_swiglu_oai(dev):
     rng = np.random.default_rng(4)
     n, k, m, E = 5, 3, 7, 4

@@ -244,22 +244,10 @@ class CpuDevice(CpuMoeOps, Device):
     @staticmethod
     def _blocked_matmul(out: np.ndarray, x: np.ndarray, n_out: int, n_in: int,
                         block: Callable[[int, int], np.ndarray]) -> None:
-        """``out = x @ w^T`` (``x: float32 [n_tokens, n_in]``, ``w: [n_out, n_in]``) in blocks of
-        ``CHUNK_VALUES // n_in`` rows, ``block(r0, r1)`` giving rows r0..r1 of w as float32, each
-        multiplied by a one-thread BLAS product on the dequantization threads.
-
-        Every weight takes these blocks, streamed or cached, so a weight gives the same bits before
-        and after its conversion to the cache and under any thread count: a BLAS product's rounding
-        depends on its shape and, multi-threaded, on its thread count (OpenBLAS's Haswell kernels on
-        an AVX-512 EPYC), so one whole-matrix product would give other logits than its blocks."""
-        rows = max(1, cpu_quants.CHUNK_VALUES // n_in)
-
-        def run(r0: int) -> None:
-            r1 = min(n_out, r0 + rows)
-            np.matmul(x, block(r0, r1).T, out=out[:, r0:r1])
-
-        with cpu_quants.blas_single_thread():
-            cpu_quants.parallel(run, range(0, n_out, rows))
+        """``out = x @ w^T`` (``x: float32 [n_tokens, n_in]``, ``w: [n_out, n_in]``) in the fixed
+        row blocks of :func:`~.cpu_quants.blocked_matmuls` (the same bits streamed or cached, under
+        any thread count)."""
+        cpu_quants.blocked_matmuls([(out, x, n_out, n_in, block)])
 
     def _streamed_matmul(self, out: np.ndarray, x: np.ndarray, w: DeviceTensor) -> None:
         """``out = x @ w^T`` for a weight not in the cache: blocks of rows dequantized into a

@@ -5,8 +5,10 @@ Memory: an expert tensor is never converted whole (a 30B-A3B model's experts are
 float32, and the numpy backend's float32 cache only takes 2-D weights). Each ``matmul_id`` call
 finds the experts its rows selected, and for each of them dequantizes that expert's rows only, in
 blocks of :data:`~.cpu_quants.CHUNK_VALUES` values into a per-thread scratch that stays in cache,
-multiplied at once by every row routed to it; experts no row selected are not read. The
-(expert, row block) jobs are spread over the dequantization threads (BLAS on one thread meanwhile).
+multiplied at once by every row routed to it; experts no row selected are not read. F32 experts
+take the same blocks of the file's rows. The (expert, row block) jobs are spread over the
+dequantization threads, each a one-thread BLAS product (:func:`~.cpu_quants.blocked_matmuls`, the
+dense matmul's blocks): the same bits under any thread count.
 """
 
 from __future__ import annotations
@@ -67,23 +69,25 @@ def matmul_id(out: np.ndarray, x: np.ndarray, w: DeviceTensor, ids: np.ndarray) 
         r = order[a:b]
         i, j = r // k, r % k
         groups.append((int(e), i, j, np.ascontiguousarray(x3[i, j] if x3 is not None else x[i])))  # [m, n_in]
+    outs = [np.empty((len(xe), n_out), np.float32) for _, _, _, xe in groups]
     if w.ggml_type == T.F32:  # the file's values, used in place
         wf = w.handle.reshape(n_exp, n_out, n_in)
-        for e, i, j, xe in groups:
-            o3[i, j] = xe @ wf[e].T
-        return
-    rows_per = max(1, cpu_quants.CHUNK_VALUES // n_in)
-    jobs = [(g, r0, min(n_out, r0 + rows_per)) for g in groups for r0 in range(0, n_out, rows_per)]
-    raw = w.handle.reshape(n_exp * n_out, -1)
 
-    def run(q: int) -> None:
-        (e, i, j, xe), r0, r1 = jobs[q]
-        blk = cpu_quants.scratch_f32((r1 - r0) * n_in).reshape(r1 - r0, n_in)
-        cpu_quants.dequantize_rows(raw[e * n_out + r0:e * n_out + r1], w.ggml_type, n_in, blk)
-        o3[i, j, r0:r1] = xe @ blk.T
+        def rows_of(e: int):
+            return lambda r0, r1: wf[e, r0:r1]
+    else:
+        raw = w.handle.reshape(n_exp * n_out, -1)
 
-    with cpu_quants.blas_single_thread():
-        cpu_quants.parallel(run, range(len(jobs)))
+        def rows_of(e: int):
+            def block(r0: int, r1: int) -> np.ndarray:
+                blk = cpu_quants.scratch_f32((r1 - r0) * n_in).reshape(r1 - r0, n_in)
+                cpu_quants.dequantize_rows(raw[e * n_out + r0:e * n_out + r1], w.ggml_type, n_in, blk)
+                return blk
+            return block
+    # the dense matmul's fixed row blocks (one-thread BLAS each): the same bits under any thread count
+    cpu_quants.blocked_matmuls([(oe, xe, n_out, n_in, rows_of(e)) for oe, (e, _, _, xe) in zip(outs, groups)])
+    for oe, (_, i, j, _) in zip(outs, groups):
+        o3[i, j] = oe
 
 
 def add_id(out: np.ndarray, x: np.ndarray, b: np.ndarray, ids: np.ndarray) -> None:

@@ -92,6 +92,29 @@ def parallel(fn: Callable[[int], None], items: range) -> None:
 _blas_ctl = None
 
 
+def blocked_matmuls(products: list[tuple[np.ndarray, np.ndarray, int, int, Callable[[int, int], np.ndarray]]]) -> None:
+    """``out = x @ w^T`` for each ``(out, x, n_out, n_in, block)`` of ``products`` (``x: float32
+    [n_tokens, n_in]``, ``w: [n_out, n_in]``, ``out: float32 [n_tokens, n_out]``, may be a column
+    view), in blocks of ``CHUNK_VALUES // n_in`` rows: ``block(r0, r1)`` gives rows r0..r1 of w as
+    float32 (called on a pool thread: it may dequantize into :func:`scratch_f32`), each block
+    multiplied by a one-thread BLAS product, every block of every product spread over the pool.
+
+    Every weight takes these blocks, streamed, cached or an expert of a ``matmul_id``, so a weight
+    gives the same bits before and after its conversion to the cache and under any thread count: a
+    BLAS product's rounding depends on its shape and, multi-threaded, on its thread count
+    (OpenBLAS's Haswell kernels on an AVX-512 EPYC), so one whole-matrix product would give other
+    logits than its blocks."""
+    jobs = [(p, r0) for p in products for r0 in range(0, p[2], max(1, CHUNK_VALUES // p[3]))]
+
+    def run(q: int) -> None:
+        (out, x, n_out, n_in, block), r0 = jobs[q]
+        r1 = min(n_out, r0 + max(1, CHUNK_VALUES // n_in))
+        np.matmul(x, block(r0, r1).T, out=out[:, r0:r1])
+
+    with blas_single_thread():
+        parallel(run, range(len(jobs)))
+
+
 def blas_single_thread():
     """Context manager limiting BLAS (OpenBLAS/MKL under numpy) to one thread, for BLAS calls made
     from the pool's threads (threadpoolctl; a no-op context when it is missing)."""
