@@ -43,7 +43,7 @@ def _both(ocl, ref, fn):
     return ocl.read(fn(ocl)), ref.read(fn(ref))
 
 
-TYPES = [T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4]
+TYPES = [T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4, T.Q2_K, T.Q3_K]
 
 
 @pytest.mark.parametrize("n", [1, 5], ids=["decode", "prompt"])

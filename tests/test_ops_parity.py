@@ -128,12 +128,12 @@ def test_matmuls_of_one_input(gpu_device, cpu_device, n_tok):
 
 @pytest.mark.parametrize("ty", [T.Q2_K, T.Q3_K], ids=lambda t: t.name)
 def test_low_bit_k_quants(gpu_device, cpu_device, ty):
-    """Q2_K and Q3_K (OpenCL only: integer dots on block_q8_K activations, or float kernels over units
-    of 32 dequantized values with COOKTOP_OPENCL_Q8K=0): matmul at
-    odd rows, tokens and super-block counts, and get_rows, against numpy; Vulkan says it lacks them."""
-    if not gpu_device.supports("matmul", ty):
-        assert gpu_device.info.backend == "vulkan" and gpu_device.supports_op("matmul", ty)
-        return
+    """Q2_K and Q3_K (OpenCL: integer dots on block_q8_K activations, or float kernels over units
+    of 32 dequantized values with COOKTOP_OPENCL_Q8K=0; Vulkan: float shaders over units of 32
+    dequantized values, glsl/dequant.glsl): matmul at odd rows, tokens (1, 7: mat-vec; 20: Vulkan's
+    tiled mul_mm) and super-block counts, and get_rows (bit for bit), against numpy."""
+    assert gpu_device.supports("matmul", ty) and gpu_device.supports("get_rows", ty)
+    assert gpu_device.supports_op("matmul", ty) == ""
     rng = np.random.default_rng(300 + int(ty))
     for n_in in (256, 768):
         for n_out in (1, 129):

@@ -56,7 +56,8 @@ MANIFEST = HERE / "variants.json"
 FLAGS = ["-fshader-stage=compute", "--target-env=vulkan1.1", "-O"]
 
 #: Weight types with shader variants, and the op families that take a weight type.
-TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
+TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4",
+         "Q2_K", "Q3_K"]
 TYPED = ["mul_mat_vec", "mul_mm", "get_rows", "mul_mat_id"]
 PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "quantize_q8_1", "copy",
          "moe_route", "add_id", "moe_combine", "swiglu_oai"]

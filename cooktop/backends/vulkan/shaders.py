@@ -29,8 +29,9 @@ SHADER_DIR = HERE / "spv"
 #: GLSL sources of the variants (``.comp``) and what they include (``.glsl``).
 GLSL_DIR = HERE / "glsl"
 
-#: GGML weight types with shader variants (matmul and get_rows).
-VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES + (T.MXFP4,)
+#: GGML weight types with shader variants (mul_mat_vec, mul_mm, get_rows, mul_mat_id: build.py
+#: TYPED x TYPES), in OpenCL's order (opencl/programs.py OPENCL_TYPES).
+VULKAN_TYPES: tuple[T, ...] = DEVICE_WEIGHT_TYPES + (T.MXFP4, T.Q2_K, T.Q3_K)
 
 #: KV cache types kv_store.comp writes and attention.comp reads (glsl/kv.glsl; ``DeviceInfo.kv_types``).
 VULKAN_KV_TYPES: tuple[T, ...] = (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0)

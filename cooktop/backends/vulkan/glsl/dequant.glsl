@@ -1,12 +1,12 @@
 // Dequantization of one 32-value "unit" of a weight row, per GGML type.
 //
 // Every supported type splits a row into units of 32 consecutive values:
-// one block of F32/F16 (32 values), Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, or one
-// 32-value sub-block of the 256-value super-blocks of Q4_K, Q5_K, Q6_K.
+// one block of F32/F16 (32 values), Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, or one
+// 32-value sub-block of the 256-value super-blocks of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 // unit_values(row_off, u, v) writes the 32 float values of unit `u` of the
 // row that starts at byte `row_off` into v[0..31].
 //
-// Block layouts and formulas: ggml-common.h (block_q4_0 ... block_q6_K) and
+// Block layouts and formulas: ggml-common.h (block_q4_0 ... block_q6_K, block_mxfp4) and
 // ggml-quants.c dequantize_row_*; checked against gguf.quants.dequantize by
 // tests/test_vulkan.py and the parity tests.
 //
@@ -260,6 +260,59 @@ void unit_values(uint row_off, uint u, out float v[32]) {
         v[j + 16u] = kvalues_mxfp4[q >> 4] * d;
     }
 }
+#elif defined(TYPE_Q2_K)
+// block_q2_K (84 bytes): uint8 scales[16]; uint8 qs[64]; f16 d (offset 80), dmin (82).
+// Unit s (0..7): half h = s/4, j = s%4; for l < 32: q = (qs[32h + l] >> 2j) & 3,
+// sc = scales[2s + l/16]: x = (d * (sc & 15)) * q - dmin * (sc >> 4) (dequantize_row_q2_K).
+// 84-byte super-blocks keep every field 4-byte aligned.
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint s = u & 7u;
+    uint off = row_off + (u >> 3) * 84u;
+    vec2 dm = unpackHalf2x16(w_u32a(off + 80u));
+    uint sc2 = (w_u32a(off + ((2u * s) & ~3u)) >> (8u * ((2u * s) & 3u))) & 0xFFFFu;  // scales[2s], [2s+1]
+    float d0 = dm.x * float(sc2 & 15u), m0 = dm.y * float((sc2 >> 4) & 15u);
+    float d1 = dm.x * float((sc2 >> 8) & 15u), m1 = dm.y * float(sc2 >> 12);
+    uint qoff = off + 16u + 32u * (s >> 2);
+    uint sh = 2u * (s & 3u);
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint q = w_u32a(qoff + 4u * j);
+        [[unroll]] for (uint k = 0u; k < 4u; k++) {
+            uint l = 4u * j + k;
+            // precise: no fused multiply-add, so the values are numpy's bit for bit
+            precise float y = (l < 16u ? d0 : d1) * float((q >> (8u * k + sh)) & 3u) - (l < 16u ? m0 : m1);
+            v[l] = y;
+        }
+    }
+}
+#elif defined(TYPE_Q3_K)
+// block_q3_K (110 bytes): uint8 hmask[32]; uint8 qs[64]; uint8 scales[12] (offset 96); f16 d (108).
+// Unit s (0..7): half h = s/4, j = s%4; for l < 32: q = ((qs[32 + 32h + l] >> 2j) & 3) - 4 where
+// bit s of hmask[l] is clear; 6-bit scale i = 2s + l/16: low 4 bits (scales[i % 8] >> 4 (i / 8)) & 15,
+// high 2 bits (scales[8 + i % 4] >> 2 (i / 4)) & 3; x = (d * (scale - 32)) * q (dequantize_row_q3_K).
+// 110-byte super-blocks start at even offsets only: 32-bit loads through w_u32.
+float q3k_scale(uint off, uint i) {
+    uint lo = (w_u8(off + 96u + (i & 7u)) >> (4u * (i >> 3))) & 15u;
+    uint hi = (w_u8(off + 104u + (i & 3u)) >> (2u * (i >> 2))) & 3u;
+    return float(int(lo | (hi << 4)) - 32);
+}
+void unit_values(uint row_off, uint u, out float v[32]) {
+    uint s = u & 7u;
+    uint off = row_off + (u >> 3) * 110u;
+    float d = w_f16(off + 108u);
+    float d0 = d * q3k_scale(off, 2u * s);
+    float d1 = d * q3k_scale(off, 2u * s + 1u);
+    uint qoff = off + 32u + 32u * (s >> 2);
+    uint sh = 2u * (s & 3u);
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint q = w_u32(qoff + 4u * j);
+        uint hm = w_u32(off + 4u * j);
+        [[unroll]] for (uint k = 0u; k < 4u; k++) {
+            uint l = 4u * j + k;
+            int qq = int((q >> (8u * k + sh)) & 3u) - (((hm >> (8u * k + s)) & 1u) != 0u ? 0 : 4);
+            v[l] = (l < 16u ? d0 : d1) * float(qq);
+        }
+    }
+}
 #else
-#error "define one TYPE_* (F32 F16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K MXFP4)"
+#error "define one TYPE_* (F32 F16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K MXFP4 Q2_K Q3_K)"
 #endif
