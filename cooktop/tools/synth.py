@@ -106,11 +106,12 @@ SHAPES: dict[str, Shape] = {
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
-FILE_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M", "MXFP4_MOE")
+FILE_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K",
+              "Q4_K_M", "MXFP4_MOE")
 
 #: llama_ftype values for general.file_type (llama.h).
 _FTYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K": 15, "Q5_K": 17,
-          "Q6_K": 18, "Q4_K_M": 15, "MXFP4_MOE": 38}
+          "Q6_K": 18, "Q2_K": 10, "Q3_K": 11, "Q4_K_M": 15, "MXFP4_MOE": 38}
 
 #: Tensors llama.cpp's quantizer leaves in F32 whatever the file type (llama-quant.cpp: the router).
 _KEEP_F32 = ("ffn_gate_inp", "ffn_gate_inp_shexp")
