@@ -130,15 +130,15 @@ def test_matmuls_of_one_input(gpu_device, cpu_device, n_tok):
 def test_low_bit_k_quants(gpu_device, cpu_device, ty):
     """Q2_K and Q3_K (OpenCL: integer dots on block_q8_K activations, or float kernels over units
     of 32 dequantized values with COOKTOP_OPENCL_Q8K=0; Vulkan: float shaders over units of 32
-    dequantized values, glsl/dequant.glsl): matmul at odd rows, tokens (1, 7: mat-vec; 20: Vulkan's
-    tiled mul_mm) and super-block counts, and get_rows (bit for bit), against numpy."""
+    dequantized values, glsl/dequant.glsl): matmul at odd rows, tokens (1, 7: mat-vec; 20, 40: Vulkan's
+    tiled mul_mm, one and two 32-token tiles) and super-block counts, and get_rows (bit for bit), against numpy."""
     assert gpu_device.supports("matmul", ty) and gpu_device.supports("get_rows", ty)
     assert gpu_device.supports_op("matmul", ty) == ""
     rng = np.random.default_rng(300 + int(ty))
     for n_in in (256, 768):
         for n_out in (1, 129):
             raw = random_weight(ty, (n_out, n_in), rng)
-            for n_tok in (1, 7, 20):
+            for n_tok in (1, 7, 20, 40):
                 x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
 
                 def run(dev, raw=raw, n_out=n_out, n_in=n_in, x=x, n_tok=n_tok):  # bind (B023)
