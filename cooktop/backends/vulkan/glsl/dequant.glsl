@@ -286,29 +286,42 @@ void unit_values(uint row_off, uint u, out float v[32]) {
 }
 #elif defined(TYPE_Q3_K)
 // block_q3_K (110 bytes): uint8 hmask[32]; uint8 qs[64]; uint8 scales[12] (offset 96); f16 d (108).
-// Unit s (0..7): half h = s/4, j = s%4; for l < 32: q = ((qs[32 + 32h + l] >> 2j) & 3) - 4 where
+// Unit s (0..7): half h = s/4, j = s%4; for l < 32: q = ((qs[32h + l] >> 2j) & 3) - 4 where
 // bit s of hmask[l] is clear; 6-bit scale i = 2s + l/16: low 4 bits (scales[i % 8] >> 4 (i / 8)) & 15,
 // high 2 bits (scales[8 + i % 4] >> 2 (i / 4)) & 3; x = (d * (scale - 32)) * q (dequantize_row_q3_K).
-// 110-byte super-blocks start at even offsets only: 32-bit loads through w_u32.
-float q3k_scale(uint off, uint i) {
-    uint lo = (w_u8(off + 96u + (i & 7u)) >> (4u * (i >> 3))) & 15u;
-    uint hi = (w_u8(off + 104u + (i & 3u)) >> (2u * (i >> 2))) & 3u;
-    return float(int(lo | (hi << 4)) - 32);
+// 110-byte super-blocks start at even offsets only (every other one is 4-byte aligned).
+
+// The 8 little-endian words of the 32 bytes at even byte offset o: 9 aligned loads (a misaligned
+// word would take two), shifted together without a branch (shift 0 or 16; the second shift is
+// split in two so that no shift is by 32, which GLSL leaves undefined).
+void q3k_words(uint o, out uint w[8]) {
+    uint b = o & ~3u;
+    uint sh = (o & 2u) * 8u;
+    uint a = w_u32a(b);
+    [[unroll]] for (uint j = 0u; j < 8u; j++) {
+        uint n = w_u32a(b + 4u * j + 4u);  // the 9th word: still inside the block (qs or scales)
+        w[j] = (a >> sh) | ((n << 16u) << (16u - sh));
+        a = n;
+    }
 }
 void unit_values(uint row_off, uint u, out float v[32]) {
     uint s = u & 7u;
     uint off = row_off + (u >> 3) * 110u;
     float d = w_f16(off + 108u);
-    float d0 = d * q3k_scale(off, 2u * s);
-    float d1 = d * q3k_scale(off, 2u * s + 1u);
-    uint qoff = off + 32u + 32u * (s >> 2);
+    // scales 2s and 2s + 1: their low nibbles sit in bytes 96 + (2s % 8) and the next, high bits in
+    // bytes 104 + (2s % 4) and the next, at the same shifts (4 (s / 4) and 2 (s / 2))
+    uint lo = w_u16(off + 96u + ((2u * s) & 7u)) >> (4u * (s >> 2));
+    uint hi = w_u16(off + 104u + ((2u * s) & 3u)) >> (2u * (s >> 1));
+    float d0 = d * float(int((lo & 15u) | ((hi & 3u) << 4)) - 32);
+    float d1 = d * float(int(((lo >> 8) & 15u) | (((hi >> 8) & 3u) << 4)) - 32);
+    uint q[8], hm[8];
+    q3k_words(off + 32u + 32u * (s >> 2), q);
+    q3k_words(off, hm);
     uint sh = 2u * (s & 3u);
     [[unroll]] for (uint j = 0u; j < 8u; j++) {
-        uint q = w_u32(qoff + 4u * j);
-        uint hm = w_u32(off + 4u * j);
         [[unroll]] for (uint k = 0u; k < 4u; k++) {
             uint l = 4u * j + k;
-            int qq = int((q >> (8u * k + sh)) & 3u) - (((hm >> (8u * k + s)) & 1u) != 0u ? 0 : 4);
+            int qq = int((q[j] >> (8u * k + sh)) & 3u) - (((hm[j] >> (8u * k + s)) & 1u) != 0u ? 0 : 4);
             v[l] = (l < 16u ? d0 : d1) * float(qq);
         }
     }
