@@ -233,9 +233,11 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 // acc[row][token] in memory; d_w d_y and dmin_w d_y of the pass's tokens one vector product per row
 // and super-block, each fma taking its scalar as a broadcast operand). Per (row, token, super-block)
 // the token loop is ~21 instructions, where building each row's quants per 8 tokens and holding
-// 2 x 8 integer accumulators took ~36 (spilling the activations to the stack); 1.1-1.4x at
-// 128 tokens (scripts/bench_kernels_ab.py). Passes of 8 tokens measured alike, 32 slower
-// (the pass's activations leave L1 at n_in 2048); 4 rows at a time ~5 % faster than 2.
+// 2 x 8 integer accumulators took ~36 (spilling the activations to the stack): at 128 tokens Q5_K
+// 1.2-1.4x, Q4_K 1.1-1.3x, Q6_K 1.04-1.2x (README; scripts/bench_kernels_ab.py). Passes of 8 tokens
+// measured alike, 32 slower (the pass's activations leave L1 at n_in 2048); 4 rows at a time ~5 %
+// faster than 2; pmaddubsw + vpdpwssd per group as fast as the vpdpbusd pairs below (but 32 registers
+// of quants and scales for 4 rows).
 #ifndef MMQK_RP
 #define MMQK_RP 4
 #endif
