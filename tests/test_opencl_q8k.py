@@ -98,8 +98,8 @@ def test_quantize_kernel_is_the_reference(kdev):
 @pytest.mark.parametrize("ty", K_TYPES, ids=lambda t: t.name)
 def test_matmul_exact_and_prompt_is_tokens_one_at_a_time(kdev, ty):
     """3 super-blocks per row, row counts off the work-group multiples, prompts of 3, 9, 37 and 70
-    tokens (not multiples of the prompt kernel's passes of 16 tokens; 70: two work-items' 64-token
-    spans, the second partial): exact on q8_K, prompt rows = one-token rows."""
+    tokens (not multiples of the prompt kernel's passes of 16 tokens; 70: Q4_K / Q5_K's work-items
+    take 64 tokens each, so two, the second partial): exact on q8_K, prompt rows = one-token rows."""
     dev = kdev
     rng = np.random.default_rng(int(ty))
     n_in = 768
