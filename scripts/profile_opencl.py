@@ -6,6 +6,8 @@ contract (matmul split by weight type and n_tokens == 1 or not) it reports:
 
 - calls, host ms: Python time spent in the op call (argument checks, enqueue),
 - kernel ms: sum of the kernels' device execution time (CL_PROFILING_COMMAND_START..END),
+  and, for the matmul ops, a second table by kernel name (the 8-bit prompt kernel ``mul_mm_q8``
+  or the float ``mul_mm``, the ``quantize_q8k`` a matmul launched first),
 
 and per phase the wall time, the summed kernel time and the difference (launch
 overhead + host work not hidden behind the device + idle queue).
@@ -106,7 +108,7 @@ def main() -> None:
     for d in devs.values():
         d.replay = None  # the profiled runs: op by op
     label = ["?"]
-    events: list[tuple[str, object]] = []
+    events: list[tuple[str, str, object]] = []
     host = collections.defaultdict(float)
     calls = collections.Counter()
 
@@ -137,7 +139,7 @@ def main() -> None:
 
     def kcall(self, *a, **k):
         ev = orig_call(self, *a, **k)
-        events.append((label[0], ev))
+        events.append((label[0], self.function_name, ev))
         return ev
 
     cl.Kernel.__call__ = kcall
@@ -156,9 +158,12 @@ def main() -> None:
         wall = time.perf_counter() - t0
         kern = collections.defaultdict(float)
         kcount = collections.Counter()
-        for lab, ev in events:
-            kern[lab] += (ev.profile.end - ev.profile.start) * 1e-9
+        by_name = collections.defaultdict(float)  # (op, kernel function) -> s
+        for lab, fname, ev in events:
+            dt = (ev.profile.end - ev.profile.start) * 1e-9
+            kern[lab] += dt
             kcount[lab] += 1
+            by_name[(lab, fname)] += dt
         n_tok = args.p if phase == "prompt" else args.n
         tot_k = sum(kern.values())
         print(f"\n## {phase}: {n_tok} tokens, wall {wall * 1e3:.1f} ms ({n_tok / wall:.2f} t/s), kernels "
@@ -172,6 +177,12 @@ def main() -> None:
             kc = kcount.get(lab, 0)
             print(f"| {lab} | {calls.get(lab, 0)} | {kc} | {host.get(lab, 0) * 1e3:.1f} | {km * 1e3:.1f} | "
                   f"{100 * km / wall:.1f} | {1e6 * km / max(kc, 1):.0f} |")
+        print(f"\n{phase}: the matmul kernels by name (which kernel each matmul op ran)")
+        print("| op | kernel | kernel ms |")
+        print("| --- | --- | ---: |")
+        for (lab, fname), dt in sorted(by_name.items(), key=lambda kv: -kv[1]):
+            if lab.startswith("matmul"):
+                print(f"| {lab} | {fname} | {dt * 1e3:.1f} |")
     cl.Kernel.__call__ = orig_call
     for k, d in devs.items():
         d.replay = apis[k]

@@ -323,6 +323,34 @@ def test_prompt_kernels_equal_one_token_kernels(q8dev, ty):
             np.testing.assert_array_equal(batch[t], dev.read(y1)[0], err_msg=f"{ty.name} {n_out} token {t}")
 
 
+@pytest.mark.parametrize("ty", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+def test_long_prompt_k_quants_equal_one_token_kernels(q8dev, ty):
+    """140 tokens: more than one work-item's span of the K-quant prompt kernel (64 tokens, Q6_K 128)
+    and passes of 16 with a partial one at the end; 7 rows (off the 4 rows of a work-item): every
+    token's row is the one-token kernel's, bit for bit."""
+    dev = q8dev
+    rng = np.random.default_rng(31)
+    n_in, n_out, n_tok = 512, 7, 140
+    raw = random_weight(ty, (n_out, n_in), rng)
+    w = dev.upload(raw, ty, (n_out, n_in))
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    x[100, 256:] = 0  # an all-zero super-block
+    xt, y = dev.empty((n_tok, n_in)), dev.empty((n_tok, n_out))
+    dev.write(xt, x)
+    dev.matmul(y, xt, w)
+    batch = dev.read(y)
+    x1, y1 = dev.empty((1, n_in)), dev.empty((1, n_out))
+    one = []
+    for t in range(n_tok):
+        dev.write(x1, x[t:t + 1])
+        dev.matmul(y1, x1, w)
+        one.append(dev.read(y1)[0])
+    np.testing.assert_array_equal(batch, np.stack(one), err_msg=ty.name)
+    wf = dequantize(raw, ty, (n_out, n_in)).astype(np.float64)
+    xr = dequantize_activations_ref(x, dev.activation_format(ty, n_tok, (n_out, n_in)))
+    assert nmse(batch, xr @ wf.T) <= 1e-10
+
+
 def test_matmuls_of_one_input_equal_matmul(q8dev):
     """Device.matmuls (Q/K/V, gate/up of one token in one mul_mv_q8_3 launch per weight type, Q4_K_M's
     mixed types included) gives exactly matmul's floats, with the CPU and the GPU launch shapes;

@@ -97,8 +97,9 @@ def test_quantize_kernel_is_the_reference(kdev):
 
 @pytest.mark.parametrize("ty", K_TYPES, ids=lambda t: t.name)
 def test_matmul_exact_and_prompt_is_tokens_one_at_a_time(kdev, ty):
-    """3 super-blocks per row, row counts off the work-group multiples, prompts of 3 and 9
-    tokens (not multiples of the prompt kernel's 8): exact on q8_K, prompt rows = one-token rows."""
+    """3 super-blocks per row, row counts off the work-group multiples, prompts of 3, 9, 37 and 70
+    tokens (not multiples of the prompt kernel's passes of 16 tokens; 70: Q4_K / Q5_K's work-items
+    take 64 tokens each, so two, the second partial): exact on q8_K, prompt rows = one-token rows."""
     dev = kdev
     rng = np.random.default_rng(int(ty))
     n_in = 768
@@ -106,10 +107,10 @@ def test_matmul_exact_and_prompt_is_tokens_one_at_a_time(kdev, ty):
         raw = random_weight(ty, (n_out, n_in), rng)
         w = dev.upload(raw, ty, (n_out, n_in))
         wf = dequantize(raw, ty, (n_out, n_in)).astype(np.float64)
-        x = (rng.standard_normal((9, n_in)) * 2).astype(np.float32)
+        x = (rng.standard_normal((70, n_in)) * 2).astype(np.float32)
         x[2, 256:512] = 0  # an all-zero super-block (d = 0)
         one = []
-        for t in range(9):
+        for t in range(70):
             xt, y = dev.empty((1, n_in)), dev.empty((1, n_out))
             dev.write(xt, x[t:t + 1])
             dev.matmul(y, xt, w)
@@ -117,7 +118,7 @@ def test_matmul_exact_and_prompt_is_tokens_one_at_a_time(kdev, ty):
         one = np.concatenate(one)
         assert dev.activation_format(ty, 1) == "q8_K"
         assert nmse(one, dequantize_q8_K_ref(x) @ wf.T) <= EXACT, (ty.name, n_out)
-        for n_tok in (3, 9):
+        for n_tok in (3, 9, 37, 70):
             xt, y = dev.empty((n_tok, n_in)), dev.empty((n_tok, n_out))
             dev.write(xt, x[:n_tok])
             dev.matmul(y, xt, w)

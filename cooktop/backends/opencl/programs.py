@@ -72,8 +72,9 @@ class LaunchShape:
     mm_tm: rows (= work-items) per group in ``mul_mm``; mm_tn: tokens per tile;
     mm_uc: 32-value units per staged x tile; mm_r: rows per work-item (CPU flavour);
     mmq_r, mmq_tn: rows and tokens per work-item of ``mul_mm_q8`` (8-bit activations, VNNI) in one pass;
-    mmq_tt: passes (tiles of mmq_tn tokens) per work-item of the K-quants' ``mul_mm_q8``, its rows reused
-    from the cache (:meth:`KernelCache.mmq_tiles`). rn_ls: rmsnorm group size.
+    mmq_tt: tiles of mmq_tn tokens per work-item of the K-quants' ``mul_mm_q8`` (its grid counts
+    mmq_tn * mmq_tt tokens per work-item, which mmq8.cl runs in passes of ``MMQK_TN``, its rows reused
+    from the cache; :meth:`KernelCache.mmq_tiles`). rn_ls: rmsnorm group size.
     at_ls: keys per attention chunk (= group size). ew_ls: elementwise group size.
     mm_local: 1 to stage x tiles in local memory in ``mul_mm`` (GPUs), 0 to read x
     through the cache without barriers (CPUs: PoCL spills registers across barriers).
@@ -466,11 +467,16 @@ class KernelCache:
     def mmq_tiles(self, ggml_type: T) -> int:
         """Tiles of ``mmq_tn`` tokens one ``mul_mm_q8`` work-item runs (its grid's second dimension
         counts ``mmq_tn`` times this many tokens): ``LaunchShape.mmq_tt`` for the K-quants on
-        block_q8_K, whose rows then come from the cache after the first tile (Q6_K prompt matrices
-        2x faster at 64 tokens, Q4_K 1.1-1.3x), 1 for the others (repacked Q4_0 lost 25 % with 8:
+        block_q8_K, whose rows then come from the cache after the first pass (mmq8.cl's passes of
+        ``MMQK_TN`` tokens; 8 tiles of 8 made Q6_K prompt matrices 2x faster at 64 tokens than one
+        tile, Q4_K 1.1-1.3x), 1 for the others (repacked Q4_0 lost 25 % with 8:
         it reads its 8 tokens' activations from L1 only when every work-item of a group shares them;
-        scripts/bench_kernels_ab.py --new-tt)."""
-        return self.shape.mmq_tt if self.q8k(ggml_type) else 1
+        scripts/bench_kernels_ab.py --new-tt). Q6_K gets twice ``mmq_tt``: 16 tiles (128 tokens a
+        work-item) made its prompt matrices 1.04-1.17x faster than 8 at 100 and 128 tokens, while
+        Q4_K (0.91-1.2x) and Q5_K (0.98-1.02x) gained nothing."""
+        if not self.q8k(ggml_type):
+            return 1
+        return 2 * self.shape.mmq_tt if ggml_type == T.Q6_K else self.shape.mmq_tt
 
     def _weight_program(self, ggml_type: T, repacked: bool = False) -> tuple[str, str]:
         opts = (f"{self.options} -DW_{ggml_type.name} -DMMQ_TT={self.mmq_tiles(ggml_type)}"

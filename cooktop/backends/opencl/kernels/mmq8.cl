@@ -1,5 +1,6 @@
 // Prompt matrices on 8-bit activations with AVX-512 VNNI (mul_mm_q8): one mm_q8_wi per weight
-// type (a program has one), for repacked Q4_0, Q4_K / Q5_K and Q6_K; each gives a token the
+// type (a program has one), for repacked Q4_0, Q4_K / Q5_K and Q6_K (block_q8_K activations: the
+// K-quants' own mul_mm_q8 at the end instead); each gives a token the
 // 64-byte mat-vec rows' sums (dotq8.cl) bit for bit. Appended to dequant.cl, dotq8.cl and
 // matmul.cl (programs.py PROGRAMS["weights"]).
 
@@ -221,126 +222,185 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #if defined(Q8K_ON) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) \
     && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
 // Prompt matrices of Q4_K, Q5_K and Q6_K on block_q8_K activations (dotq8k.cl): per super-block,
-// row and token an int32 vector of sum_s sc_s sum(q qy) (pmaddubsw, then vpdpwssd with the scales:
-// dotq8k.cl's pmaddubsw + pmaddwd in one instruction, the same integers), then the one-token
-// row's float operations in its order, so each token gets dotq8_row's sums bit for bit. The
-// MMQ_R rows of a work-item run in passes of MMQK_RP against all its MMQ_TN tokens, so that the
-// MMQK_RP x MMQ_TN integer accumulators stay in registers (the float ones are touched once per
-// super-block). At 64 tokens 2 rows x 8 tokens beat 4 x 4 and 4 x 2 (fewer quants built per
-// product; scripts/bench_q8k.py).
+// row and token an int32 vector whose lane i is dotq8_row's (sum over the 4 groups of 64 values of
+// the scale of lane i's sub-block times the 4 products of lane i; MMQK_PAIR below), then the
+// one-token row's float operations in its order, so each token gets dotq8_row's sums bit for bit.
+// This file's own mul_mm_q8 (below; no mm_q8_wi): a work-item owns MMQ_R rows and the grid's
+// MMQ_TN * MMQ_TT tokens, in passes of MMQK_TN tokens (mmqk_pass). Per pass and super-block,
+// MMQK_RP rows at a time get their quants and scale vectors built once (Q5_K's fifth bits from one
+// 64-byte vector of qh for all 4 groups), then a loop over the pass's tokens finishes each token's
+// integer sums (its activations loaded once per MMQK_RP rows) and float lanes (float16
+// acc[row][token] in memory; d_w d_y and dmin_w d_y of the pass's tokens one vector product per row
+// and super-block, each fma taking its scalar as a broadcast operand). Per (row, token, super-block)
+// the token loop is ~21 instructions, where building each row's quants per 8 tokens and holding
+// 2 x 8 integer accumulators took ~36 (spilling the activations to the stack): at 128 tokens Q5_K
+// 1.2-1.4x, Q4_K 1.1-1.3x, Q6_K 1.04-1.2x (README; scripts/bench_kernels_ab.py). Passes of 8 tokens
+// measured alike, 32 slower (the pass's activations leave L1 at n_in 2048); 4 rows at a time ~5 %
+// faster than 2; pmaddubsw + vpdpwssd per group as fast as the vpdpbusd pairs below (but 32 registers
+// of quants and scales for 4 rows).
 #ifndef MMQK_RP
-#define MMQK_RP 2
+#define MMQK_RP 4
 #endif
+#ifndef MMQK_TN
+#define MMQK_TN 16
+#endif
+// per-token scalars of a row: out[t] = a * dyt[t], 8 tokens per vector product (MMQK_TN % 8 == 0)
+#define MMQK_TOKENS(out, a, dyt)                                                 \
+    _Pragma("unroll") for (int c_ = 0; c_ < MMQK_TN / 8; c_++) vstore8((a) * vload8(c_, dyt), c_, out)
 #if defined(W_Q6_K)
-#define MMQK_GROUP(p, g, q, scv)                                                                     \
-    {                                                                                                \
-        const v64qi ql = *(const global v64qi_u *)((p) + 64 * ((g) >> 1));                          \
-        const v32qi qh = *(const global v32qi_u *)((p) + 128 + 32 * ((g) >> 1));                     \
-        const v64qi lq = ((g) & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);            \
-        const v16hi qw = (v16hi)qh >> (short)(4 * ((g) & 1));                                        \
-        const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;                             \
-        q = lq | (v64qi)((v16si)hq << 4);                                                            \
-        scv = (v16si)Q6K_SCV(scr[r], (g));                                                           \
-    }
 #define MMQK_BYTES 210
 #else
-#define MMQK_GROUP(p, g, q, scv)                                                                     \
-    {                                                                                                \
-        const v32qi z = *(const global v32qi_u *)((p) + QK_QS + 32 * (g));                           \
-        q = Q45K_QUANTS(z, (p), (g), m15);                                                           \
-        scv = MMQK_SCV(scr[r], g);                                                                   \
-    }
 #define MMQK_BYTES QK_BYTES
-// the scales of sub-blocks 2g (int16 lanes 0..15) and 2g+1 (16..31), one constant shuffle once g is
-// unrolled (dotq8k.cl's Q8K_STEP)
-#define MMQK_SH(v, a, b) ((v16si)__builtin_shufflevector(v, v, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, \
-                                                        b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b))
-#define MMQK_SCV(v, g) ((g) == 0 ? MMQK_SH(v, 0, 1) : (g) == 1 ? MMQK_SH(v, 2, 3) : (g) == 2 ? MMQK_SH(v, 4, 5) \
-                                                                                         : MMQK_SH(v, 6, 7))
+#endif
+// Per token and pair of groups 2h, 2h+1 (128 values): vpdpbusd gives each group's int32 lanes (lane i: the
+// 4 products of values 4i..4i+3, |sum| < 2^15 for these quants), MMQK_PAIR puts lane i of both in one int32
+// as two int16 words (group 2h low, 2h+1 high: exact), and one vpdpwssd weighs them with the two groups'
+// scales of lane i: lane i gets sc(2h, i) u(2h, i) + sc(2h+1, i) u(2h+1, i), the mat-vec's integers lane by
+// lane (its pmaddwd of pmaddubsw per group), in 3 multiplies per 128 values instead of 4.
+#define MMQK_PAIR(u0, u1) ((v16si)__builtin_shufflevector((v32hi)(u0), (v32hi)(u1), 0, 32, 2, 34, 4, 36, 6, 38, 8, 40, 10, 42, 12, 44, 14, 46, 16, 48, 18, 50, 20, 52, 22, 54, 24, 56, 26, 58, 28, 60, 30, 62))
+#if defined(W_Q6_K)
+// Q6_K: lane i of group g is 16-value sub-block 4g + i / 4
+#define MMQK_SCP(v, h) ((v16si)((h) == 0 ? __builtin_shufflevector(v, v, 0, 4, 0, 4, 0, 4, 0, 4, 1, 5, 1, 5, 1, 5, 1, 5, 2, 6, 2, 6, 2, 6, 2, 6, 3, 7, 3, 7, 3, 7, 3, 7) \
+                                         : __builtin_shufflevector(v, v, 8, 12, 8, 12, 8, 12, 8, 12, 9, 13, 9, 13, 9, 13, 9, 13, 10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15)))
+#else
+// Q4_K / Q5_K: lane i of group g is 32-value sub-block 2g + i / 8
+#define MMQK_SCP(v, h) ((v16si)((h) == 0 ? __builtin_shufflevector(v, v, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3) \
+                                         : __builtin_shufflevector(v, v, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7)))
 #endif
 __attribute__((target("avx512vnni"))) __attribute__((noinline))
-void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
-              const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
+void mmqk_pass(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
+               const int n_in, const int n_out, const int r0, const int t0, const int nt) {
     const int nsb = n_in / 256;
-    MMQ_WI_BEGIN();
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
 #if defined(W_Q6_K)
     const v64qi m3 = (v64qi)(int16)(0x03030303);
+#elif defined(W_Q5_K)
+    const v64qi m16 = (v64qi)(int16)(0x10101010);
 #endif
-    for (int rp = 0; rp < MMQ_R; rp += MMQK_RP) {
-        for (int ib = 0; ib < nsb; ib++) {
-            v16si isum[MMQK_RP][MMQ_TN];
-#if !defined(W_Q6_K)
+    const size_t xs = (size_t)n_in, rs = (size_t)(n_in / 16);  // one token's quants / records (floats)
+    const global char *x0 = xq + (size_t)t0 * xs;
+    const global float *d0 = (const global float *)xd + (size_t)t0 * rs;
+    const global uchar *wr[MMQ_R];
 #pragma unroll
-            for (int r = 0; r < MMQK_RP; r++)
+    for (int r = 0; r < MMQ_R; r++) wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
+    float16 acc[MMQ_R][MMQK_TN];
+    for (int t = 0; t < MMQK_TN; t++)
 #pragma unroll
-                for (int t = 0; t < MMQ_TN; t++) isum[r][t] = zero;
-            short8 scr[MMQK_RP];  // the 6-bit scales of each row's super-block, decoded once
+        for (int r = 0; r < MMQ_R; r++) acc[r][t] = (float16)(0.0f);
+    for (int ib = 0; ib < nsb; ib++) {
+        float dyt[MMQK_TN];  // d of each token's super-block ib (the last token's past nt)
+        for (int t = 0; t < MMQK_TN; t++) dyt[t] = d0[(size_t)min(t, nt - 1) * rs + (size_t)ib * 16 + 8];
+        const global char *xb = x0 + (size_t)ib * 256;
+        const global float *db = d0 + (size_t)ib * 16;
+#pragma unroll
+        for (int rp = 0; rp < MMQ_R; rp += MMQK_RP) {
+            v64qi q[MMQK_RP][4];
+            v16si scp[MMQK_RP][2];
+            float pd[MMQK_RP][MMQK_TN];  // d_w d_y per token
+#if defined(W_Q6_K)
+            v32hi sc32[MMQK_RP];  // -32 sc_s as int32 lanes: lane s starts from -32 sc_s bsums_s (q6k_bsum_term)
 #pragma unroll
             for (int r = 0; r < MMQK_RP; r++) {
-                Q8K_SCALES(wr[rp + r] + (size_t)ib * MMQK_BYTES, sc, mn);
-                scr[r] = sc;
-            }
-#else
-            short16 scr[MMQK_RP];  // the int8 scales of each row's super-block
-#pragma unroll
-            for (int r = 0; r < MMQK_RP; r++)
-                scr[r] = convert_short16(vload16(0, (const global char *)(wr[rp + r] + (size_t)ib * MMQK_BYTES + 192)));
-            // the integers start from the -32 term, lane s: -32 sc_s bsums_s (dotq8k.cl's q6k_bsum_term,
-            // the same int32 lanes: one vpdpwssd of sign-extended -32 sc_s and zero-extended bsums_s)
-#pragma unroll
-            for (int t = 0; t < MMQ_TN; t++) {
-                const v16si bz = (v16si)convert_int16(as_ushort16(Q8K_BSUMS(dr[t] + (size_t)ib * 16)));
-#pragma unroll
-                for (int r = 0; r < MMQK_RP; r++)
-                    isum[r][t] = __builtin_ia32_vpdpwssd512(zero, (v16si)convert_int16(scr[r] * (short)(-32)), bz);
-            }
-#endif
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                v64qi q[MMQK_RP];
-                v16si scv[MMQK_RP];
-#pragma unroll
-                for (int r = 0; r < MMQK_RP; r++) MMQK_GROUP(wr[rp + r] + (size_t)ib * MMQK_BYTES, g, q[r], scv[r]);
-#pragma unroll
-                for (int t = 0; t < MMQ_TN; t++) {
-                    const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)ib * 256 + 64 * g);
-#pragma unroll
-                    for (int r = 0; r < MMQK_RP; r++)
-                        isum[r][t] = __builtin_ia32_vpdpwssd512(
-                            isum[r][t], (v16si)__builtin_ia32_pmaddubsw512(q[r], ya), scv[r]);
-                }
-            }
-            float dy[MMQ_TN];
-#pragma unroll
-            for (int t = 0; t < MMQ_TN; t++) dy[t] = dr[t][(size_t)ib * 16 + 8];
-#pragma unroll
-            for (int r = 0; r < MMQK_RP; r++) {  // dotq8_row's float lanes (dotq8k.cl), in its order
                 const global uchar *p = wr[rp + r] + (size_t)ib * MMQK_BYTES;
-#if defined(W_Q6_K)
-                const float dw = h2f(p + 208);
+                const short16 scr = convert_short16(vload16(0, (const global char *)(p + 192)));
+                sc32[r] = (v32hi)convert_int16(scr * (short)(-32));
 #pragma unroll
-                for (int t = 0; t < MMQ_TN; t++)
-                    acc[rp + r][t] = fma(convert_float16(as_int16(isum[r][t])), (float16)(dw * dy[t]), acc[rp + r][t]);
-#else
-                Q8K_SCALES(p, sc, mn);
-                const v32hi m2 = q8k_mins_op(mn);
-                const float2 dm = h2f2(p);
-                const float dw = dm.x, mw = dm.y;
-#pragma unroll
-                for (int t = 0; t < MMQ_TN; t++) {
-                    const v16si mins = q8k_mins16(m2, dr[t] + (size_t)ib * 16);
-                    acc[rp + r][t] = fma(convert_float16(as_int16(isum[r][t])), (float16)(dw * dy[t]), acc[rp + r][t]);
-                    acc[rp + r][t] = fma((float16)(-(mw * dy[t])), convert_float16(as_int16(mins)), acc[rp + r][t]);
+                for (int g = 0; g < 4; g++) {
+                    const v64qi ql = *(const global v64qi_u *)(p + 64 * (g >> 1));
+                    const v32qi qh = *(const global v32qi_u *)(p + 128 + 32 * (g >> 1));
+                    const v64qi lq = (g & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);
+                    const v16hi qw = (v16hi)qh >> (short)(4 * (g & 1));
+                    const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;
+                    q[r][g] = lq | (v64qi)((v16si)hq << 4);
                 }
+                scp[r][0] = MMQK_SCP(scr, 0);
+                scp[r][1] = MMQK_SCP(scr, 1);
+                MMQK_TOKENS(pd[r], h2f(p + 208), dyt);
+            }
+#else
+            v32hi m2[MMQK_RP];  // the mins as pmaddwd's first operand (q8k_mins_op)
+            float pm[MMQK_RP][MMQK_TN];  // -(dmin_w d_y) per token
+#pragma unroll
+            for (int r = 0; r < MMQK_RP; r++) {
+                const global uchar *p = wr[rp + r] + (size_t)ib * MMQK_BYTES;
+                Q8K_SCALES(p, sc, mn);
+                m2[r] = q8k_mins_op(mn);
+#if defined(W_Q5_K)
+                // the fifth bits: byte k of hb holds qh[k] (k < 32) and qh[k - 32] >> 1, so bit 2g of
+                // sub-block 2g (bytes 0..31) and bit 2g+1 of sub-block 2g+1 (32..63) sit at bit 2g,
+                // shifted to bit 4 per group (16-bit shifts: the 0x10 mask keeps each byte's own bit)
+                const v32qi qh = *(const global v32qi_u *)(p + 16);
+                const v64qi hb = (v64qi)CAT32(qh, (v32qi)((v16hi)qh >> 1));
 #endif
+#pragma unroll
+                for (int g = 0; g < 4; g++) {
+                    const v32qi z = *(const global v32qi_u *)(p + QK_QS + 32 * g);
+                    const v64qi lo = (v64qi)CAT32(z, (v32qi)((v16hi)z >> 4)) & m15;
+#if defined(W_Q5_K)
+                    const v64qi hs = g < 2 ? (v64qi)((v32hi)hb << (short)(4 - 2 * g))
+                                           : (v64qi)((v32hi)hb >> (short)(2 * g - 4));
+                    q[r][g] = lo | (hs & m16);
+#else
+                    q[r][g] = lo;
+#endif
+                }
+                scp[r][0] = MMQK_SCP(sc, 0);
+                scp[r][1] = MMQK_SCP(sc, 1);
+                const float2 dm = h2f2(p);
+                MMQK_TOKENS(pd[r], dm.x, dyt);
+                MMQK_TOKENS(pm[r], -dm.y, dyt);  // -(dmin_w d_y): the same bits
+            }
+#endif
+            for (int t = 0; t < nt; t++) {
+                const global char *xt = xb + (size_t)t * xs;
+                const global float *rec = db + (size_t)t * rs;
+                v16si isum[MMQK_RP];
+#if defined(W_Q6_K)
+                const v32hi bz = (v32hi)convert_int16(as_ushort16(Q8K_BSUMS(rec)));
+#pragma unroll
+                for (int r = 0; r < MMQK_RP; r++) isum[r] = __builtin_ia32_pmaddwd512(sc32[r], bz);
+#endif
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const v64qi ya = *(const global v64qi_u *)(xt + 128 * h);
+                    const v64qi yb = *(const global v64qi_u *)(xt + 128 * h + 64);
+#pragma unroll
+                    for (int r = 0; r < MMQK_RP; r++) {
+                        const v16si zero = (v16si)(int16)(0);
+                        const v16si pk = MMQK_PAIR(__builtin_ia32_vpdpbusd512(zero, (v16si)q[r][2 * h], (v16si)ya),
+                                                   __builtin_ia32_vpdpbusd512(zero, (v16si)q[r][2 * h + 1], (v16si)yb));
+#if defined(W_Q6_K)
+                        isum[r] = __builtin_ia32_vpdpwssd512(isum[r], pk, scp[r][h]);
+#else
+                        isum[r] = h == 0 ? __builtin_ia32_pmaddwd512((v32hi)pk, (v32hi)scp[r][h])
+                                         : __builtin_ia32_vpdpwssd512(isum[r], pk, scp[r][h]);
+#endif
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < MMQK_RP; r++) {  // dotq8_row's float lanes (dotq8k.cl), in its order
+                    float16 a = fma(convert_float16(as_int16(isum[r])), (float16)(pd[r][t]), acc[rp + r][t]);
+#if !defined(W_Q6_K)
+                    a = fma((float16)(pm[r][t]), convert_float16(as_int16(q8k_mins16(m2[r], rec))), a);
+#endif
+                    acc[rp + r][t] = a;
+                }
             }
         }
     }
-    MMQ_WI_STORE();
+    for (int r = 0; r < MMQ_R && r0 + r < n_out; r++)
+        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r0 + r] = hsum16(acc[r][t]);
 }
 
-#define HAS_MM_Q8_WI
+// A work-item runs its MMQ_R rows against the grid's MMQ_TN * MMQ_TT tokens (LaunchShape.mmq_tn /
+// mmq_tt), in passes of MMQK_TN, so its rows come from the cache after the first pass.
+__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out, const int n_tok) {
+    const int r0 = get_global_id(0) * MMQ_R, tb = get_group_id(1) * (MMQ_TN * MMQ_TT);
+    if (r0 < n_out)
+        for (int t0 = tb; t0 < min(n_tok, tb + MMQ_TN * MMQ_TT); t0 += MMQK_TN)
+            mmqk_pass(w, xq, xd, y, n_in, n_out, r0, t0, min(MMQK_TN, min(n_tok, tb + MMQ_TN * MMQ_TT) - t0));
+}
 #endif
 
 #ifdef HAS_MM_Q8_WI
