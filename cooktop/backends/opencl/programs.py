@@ -467,10 +467,11 @@ class KernelCache:
         """Tiles of ``mmq_tn`` tokens one ``mul_mm_q8`` work-item runs (its grid's second dimension
         counts ``mmq_tn`` times this many tokens): ``LaunchShape.mmq_tt`` for the K-quants on
         block_q8_K, whose rows then come from the cache after the first tile (Q6_K prompt matrices
-        2x faster at 64 tokens, Q4_K 1.1-1.3x), 1 for the others (repacked Q4_0 lost 25 % with 8:
+        2x faster at 64 tokens, Q4_K 1.1-1.3x), and for Q8_0 (8 tiles: 1.2-2.3x less CPU time than 1
+        at 128 tokens, 2048 and 5632 rows, the machine loaded), 1 for the others (repacked Q4_0 lost 25 % with 8:
         it reads its 8 tokens' activations from L1 only when every work-item of a group shares them;
         scripts/bench_kernels_ab.py --new-tt)."""
-        return self.shape.mmq_tt if self.q8k(ggml_type) else 1
+        return self.shape.mmq_tt if self.q8k(ggml_type) or ggml_type == T.Q8_0 else 1
 
     def _weight_program(self, ggml_type: T, repacked: bool = False) -> tuple[str, str]:
         opts = (f"{self.options} -DW_{ggml_type.name} -DMMQ_TT={self.mmq_tiles(ggml_type)}"
@@ -554,14 +555,14 @@ class KernelCache:
 
     def mm_q8(self, ggml_type: T, shape: tuple[int, ...]) -> bool:
         """True when prompt matrices (n_tokens > 1) with weights of this type and shape run on
-        8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: repacked Q4_0, and Q4_K, Q5_K
-        and Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``; each gives a token the 64-byte mat-vec's sums
+        8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: Q8_0, repacked Q4_0, and Q4_K,
+        Q5_K and Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``; each gives a token the mat-vec's sums
         bit for bit; Q2_K and Q3_K on the CPU launch shape: dotq8k.cl's prompt kernel, likewise)."""
         if ggml_type in Q8K_ONLY_TYPES:
             return self.q8k(ggml_type) and self.shape.mv_ls == 1
         if not self.vnni:
             return False
-        if ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) and self.mmq_k and not self.shape.mm_local:
+        if (ggml_type == T.Q8_0 or ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) and self.mmq_k) and not self.shape.mm_local:
             isa = self.isa()
             return isa["avx512bw"] and isa["f16c"] and not isa["portable"]
         return self.repacks(ggml_type, shape)
