@@ -229,10 +229,10 @@ def test_drop_file_pages(tmp_path):
     assert drop_file_pages(np.memmap(path, mode="c")) == 0
 
 
-@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ty", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_prompt_matrices_vnni(q8dev, ty):
-    """mul_mm_q8 (repacked Q4_0, Q4_K, Q5_K and Q6_K, on a CPU with AVX-512 VNNI): exact against numpy on
-    8-bit activations at odd row/token/group counts, within the quantized bound of the float
+    """mul_mm_q8 (Q8_0, repacked Q4_0, Q4_K, Q5_K and Q6_K, on a CPU with AVX-512 VNNI): exact against numpy
+    on 8-bit activations at odd row/token/group counts, within the quantized bound of the float
     product; Q4_0 rows of other lengths and builds without VNNI run mul_mvt_q8 (also exact on
     8-bit activations), or the float mul_mm with COOKTOP_OPENCL_EXACT_PROMPT=0."""
     dev = q8dev
@@ -240,20 +240,22 @@ def test_prompt_matrices_vnni(q8dev, ty):
     vnni = dev.kernels.vnni
     if not vnni and not dev.kernels.isa()["portable"]:
         pytest.skip("this CPU has no AVX-512 VNNI (the float mul_mm runs; test_ops_parity covers it)")
-    for n_in in ((128, 384, 224) if ty == T.Q4_0 else (256, 768, 1280)):
+    n_ins = {T.Q4_0: (128, 384, 224), T.Q8_0: (32, 224, 2080)}.get(ty, (256, 768, 1280))
+    for n_in in n_ins:
         for n_out in (1, 3, 129):
             raw = random_weight(ty, (n_out, n_in), rng)
             w = dev.upload(raw, ty, (n_out, n_in))
             wf = dequantize(raw, ty, (n_out, n_in)).astype(np.float64)
-            for n_tok in (2, 9, 17):
+            for n_tok in (2, 9, 17) + ((67,) if ty == T.Q8_0 else ()):  # Q8_0: 64 tokens per work-item
                 x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
-                x[-1, 32:64] = 0  # an all-zero activation block (d = 0)
-                xt, y = dev.empty((20, n_in)).head(n_tok), dev.empty((20, n_out)).head(n_tok)
+                x[-1, n_in - 32:] = 0  # an all-zero activation block (d = 0)
+                xt, y = dev.empty((70, n_in)).head(n_tok), dev.empty((70, n_out)).head(n_tok)
                 dev.write(xt, x)
                 dev.matmul(y, xt, w)
                 got = dev.read(y)
                 q8 = dev.quantizes_activations(ty, n_tok, (n_out, n_in))
-                assert q8 == (dev.exact_prompt or (vnni and n_in % 128 == 0))
+                assert q8 == (dev.exact_prompt or (vnni and (ty == T.Q8_0 or n_in % 128 == 0)))
+                assert dev.kernels.mm_q8(ty, (n_out, n_in)) == (vnni and (ty != T.Q4_0 or n_in % 128 == 0))
                 if q8:
                     xr = dequantize_activations_ref(x, dev.activation_format(ty, n_tok, (n_out, n_in)))
                     assert nmse(got, xr @ wf.T) <= 1e-10, (n_in, n_out, n_tok)
@@ -275,6 +277,8 @@ def test_q4_k_prompt_kernel_can_be_turned_off(monkeypatch):
     assert not dev.quantizes_activations(T.Q6_K, 8, (64, 256))
     assert dev.kernels.weights(T.Q4_K).mul_mm_q8 is None and dev.kernels.weights(T.Q6_K).mul_mm_q8 is None
     assert dev.quantizes_activations(T.Q4_0, 8, (64, 256)) == dev.kernels.vnni
+    assert dev.quantizes_activations(T.Q8_0, 8, (64, 96)) == dev.kernels.vnni
+    assert (dev.kernels.weights(T.Q8_0).mul_mm_q8 is not None) == dev.kernels.vnni
 
 
 def test_fused_producers_many_rows(q8dev):
@@ -297,18 +301,21 @@ def test_fused_producers_many_rows(q8dev):
         assert nmse(got, xr @ wf.T) <= 1e-10
 
 
-@pytest.mark.parametrize("ty", [T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("ty", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_prompt_kernels_equal_one_token_kernels(q8dev, ty):
     """Every prompt matrix on 8-bit activations (mul_mm_q8 where the CPU has AVX-512 VNNI, else
     mul_mvt_q8) gives each token exactly the one-token kernel's floats, at odd row and token
-    counts and a zero activation block: a prompt's logits do not depend on how it was split."""
+    counts and a zero activation block: a prompt's logits do not depend on how it was split.
+    Q8_0 also at 75 tokens (its work-items run 64: a second, partial one)."""
     dev = q8dev
     rng = np.random.default_rng(29)
-    n_in = 384 if ty == T.Q4_0 else 768
+    n_in = {T.Q4_0: 384, T.Q8_0: 224}.get(ty, 768)
     for n_out in (3, 67):
         raw = random_weight(ty, (n_out, n_in), rng)
         w = dev.upload(raw, ty, (n_out, n_in))
-        n_tok = 11
+        n_tok = 75 if ty == T.Q8_0 and n_out == 67 else 11
+        if dev.kernels.vnni:
+            assert dev.kernels.weights(ty, dev.kernels.repacks(ty, (n_out, n_in))).mul_mm_q8 is not None
         x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
         x[3, 64:96] = 0
         assert dev.quantizes_activations(ty, n_tok, (n_out, n_in)) == dev.exact_prompt

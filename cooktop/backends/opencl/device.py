@@ -37,8 +37,9 @@ Prompt matrices run on the same 8-bit activations, so that a prompt's logits are
 of its tokens one at a time (a cached prefix, a continued conversation, the same request
 again: the same text): ``mul_mvt_q8`` gives each token exactly ``mul_mv_q8``'s sums
 (``COOKTOP_OPENCL_EXACT_PROMPT``, default on), and so do the AVX-512 VNNI prompt kernels of
-repacked Q4_0, Q4_K, Q5_K and Q6_K (``mul_mm_q8``): their float operations per lane are those of
-the 64-byte mat-vec rows (``dotq8_row``) in the same order, so a prompt on them is bit for bit
+Q8_0, repacked Q4_0, Q4_K, Q5_K and Q6_K (``mul_mm_q8``, ``mmq8.cl``): their integer sums and
+float operations per lane are those of the mat-vec rows (``dotq8_row``; Q8_0's 32-byte blocks,
+two rows per 16-lane accumulator) in the same order, so a prompt on them is bit for bit
 its tokens one at a time. Float weights, and every type with ``COOKTOP_OPENCL_EXACT_PROMPT=0``
 where no VNNI kernel applies, use ``mul_mm``: weight units dequantized to float32 registers
 and reused across 8 tokens and 2 rows per work-item.

@@ -469,11 +469,14 @@ class KernelCache:
         counts ``mmq_tn`` times this many tokens): ``LaunchShape.mmq_tt`` for the K-quants on
         block_q8_K, whose rows then come from the cache after the first pass (mmq8.cl's passes of
         ``MMQK_TN`` tokens; 8 tiles of 8 made Q6_K prompt matrices 2x faster at 64 tokens than one
-        tile, Q4_K 1.1-1.3x), 1 for the others (repacked Q4_0 lost 25 % with 8:
+        tile, Q4_K 1.1-1.3x), and for Q8_0 (8 tiles: 1.2-2.3x less CPU time than 1 at 128 tokens,
+        2048 and 5632 rows, the machine loaded), 1 for the others (repacked Q4_0 lost 25 % with 8:
         it reads its 8 tokens' activations from L1 only when every work-item of a group shares them;
         scripts/bench_kernels_ab.py --new-tt). Q6_K gets twice ``mmq_tt``: 16 tiles (128 tokens a
         work-item) made its prompt matrices 1.04-1.17x faster than 8 at 100 and 128 tokens, while
         Q4_K (0.91-1.2x) and Q5_K (0.98-1.02x) gained nothing."""
+        if ggml_type == T.Q8_0:
+            return self.shape.mmq_tt
         if not self.q8k(ggml_type):
             return 1
         return 2 * self.shape.mmq_tt if ggml_type == T.Q6_K else self.shape.mmq_tt
@@ -560,14 +563,14 @@ class KernelCache:
 
     def mm_q8(self, ggml_type: T, shape: tuple[int, ...]) -> bool:
         """True when prompt matrices (n_tokens > 1) with weights of this type and shape run on
-        8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: repacked Q4_0, and Q4_K, Q5_K
-        and Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``; each gives a token the 64-byte mat-vec's sums
+        8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: Q8_0, repacked Q4_0, and Q4_K,
+        Q5_K and Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``; each gives a token the mat-vec's sums
         bit for bit; Q2_K and Q3_K on the CPU launch shape: dotq8k.cl's prompt kernel, likewise)."""
         if ggml_type in Q8K_ONLY_TYPES:
             return self.q8k(ggml_type) and self.shape.mv_ls == 1
         if not self.vnni:
             return False
-        if ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) and self.mmq_k and not self.shape.mm_local:
+        if (ggml_type == T.Q8_0 or ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) and self.mmq_k) and not self.shape.mm_local:
             isa = self.isa()
             return isa["avx512bw"] and isa["f16c"] and not isa["portable"]
         return self.repacks(ggml_type, shape)
