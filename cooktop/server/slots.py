@@ -10,8 +10,10 @@ cached tokens share the longest prefix with its prompt (llama-server's prompt
 cache: a repeated system prompt or a continued conversation is not evaluated
 again; ``usage.prompt_tokens_details.cached_tokens`` reports it), except that a
 slot whose cache would mostly be discarded is left alone while an empty slot is
-free (so conversations sharing a system prompt keep their own slots), else the
-least recently used one. Every evaluation goes through one
+free (so conversations sharing a system prompt keep their own slots): the empty
+slot then gets a copy of the shared prefix's K/V cells (llama.cpp's
+``llama_memory_seq_cp``; llama-server restores such a prefix from its host-memory
+prompt cache), so the prefix is not evaluated again; else the least recently used one. Every evaluation goes through one
 :class:`~cooktop.engine.batch.BatchDriver`: a step evaluates one token of every
 decoding slot and chunks of the prompts being read, in one forward pass, so a
 new request joins the running batch at the next step and a finished or
@@ -331,9 +333,12 @@ class Scheduler:
         for (``id_slot``, waited for while busy); else, among the free
         slots whose prefix shared with ``prompt`` is over :data:`SLOT_PROMPT_SIMILARITY` of the
         prompt, those that keep at least :data:`SLOT_KEEP` of their cache, the one with the longest
-        prefix (then the least recently used); if none keeps enough, the first empty slot, or when
-        none is empty the similar slot with the longest prefix; else the least recently used free
-        slot (so a short unrelated prompt does not evict a long cached one)."""
+        prefix (then the least recently used); if none keeps enough, the first empty slot, given a
+        copy of the longest similar slot's shared prefix (K/V cells copied on the device,
+        :meth:`Sequence.copy_prefix <cooktop.engine.sequence.Sequence.copy_prefix>`: not evaluated
+        again; where the devices cannot copy rows, it reads the whole prompt), or when none is empty
+        the similar slot with the longest prefix; else the least recently used free slot (so a short
+        unrelated prompt does not evict a long cached one)."""
         with self._cv:
             for slot in self.slots:
                 if slot.job is job:
@@ -356,14 +361,18 @@ class Scheduler:
             kept = [s for s in similar if common[id(s)] >= SLOT_KEEP * len(s.seq.tokens)]
             empty = [s for s in free if not s.seq.tokens]
             pool = kept or ([] if empty else similar)
+            src = None
             if pool:
                 best = max(pool, key=lambda s: (common[id(s)], -s.last_used))
-            elif similar:
+            elif similar:  # the empty slot gets the shared prefix's cells copied from the similar one
                 best = empty[0]
+                src = max(similar, key=lambda s: (common[id(s)], -s.last_used))
             else:
                 best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
             self._tick += 1
             best.job, best.last_used, best.id_task = job, self._tick, job.id
             if not job.cache_prompt:
                 best.seq.reset()
+            elif src is not None:  # under the lock: no other job takes src while its cells are read
+                best.seq.copy_prefix(src.seq, common[id(src)])  # False (no row copy): read in full
             return best.seq
