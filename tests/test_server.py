@@ -495,7 +495,7 @@ def _slot_chooser(n_parallel):
     from cooktop.server.slots import Job, Scheduler
 
     class Engine:
-        model = types.SimpleNamespace(n_batch=8)
+        model = types.SimpleNamespace(n_batch=8, graph_uses_before_replay=0)
         seq = None
 
         def new_sequences(self, n):

@@ -341,6 +341,13 @@ class Device(DeviceOps):
         """
 
     # -- graphs (a fixed op list handed over whole) -------------------------
+    @property
+    def graph_uses_before_replay(self) -> int:
+        """How many times a :meth:`graph` key runs its ops before the backend replays it (0: it
+        never replays, as this base implementation; OpenCL: 2, the key is recorded the second time
+        it is seen). The server runs its decode steps this many times at start (``BatchDriver.prepare_steps``)."""
+        return 0
+
     @contextlib.contextmanager
     def graph(self, key: Hashable) -> Iterator[bool]:
         """A scope whose ops are one fixed op list named ``key``, so that a backend can record it

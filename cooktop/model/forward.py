@@ -379,6 +379,11 @@ class Model(PlacedModel[KVCache]):
                 x = seg.run(x, rows, k, v, embeddings)
         return x
 
+    @property
+    def graph_uses_before_replay(self) -> int:
+        """The largest ``Device.graph_uses_before_replay`` of the segments' devices."""
+        return max((seg.device.graph_uses_before_replay for seg in self.segments), default=0)
+
     def _copy_cells(self, cache: KVCache, src: int, dst: int, n: int) -> bool:
         """Each segment's device copies the cells of every cached block (``Device.copy_rows``; a
         feed-forward half has no cache); under the lock, so in order with the forward passes."""

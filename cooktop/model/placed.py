@@ -272,6 +272,12 @@ class PlacedModel(Generic[C]):
         False (maybe partly copied: the destination holds no tokens) where a device cannot. Default: False."""
         return False
 
+    @property
+    def graph_uses_before_replay(self) -> int:
+        """The most times a pass of one shape runs its ops on a device of this model before that
+        device replays it (``Device.graph_uses_before_replay``; 0: none replays). Default 0."""
+        return 0
+
     def _new_cache(self, n_seq: int) -> C:
         """An empty cache of ``n_seq`` (>= 1) sequences where the segments run."""
         raise NotImplementedError

@@ -137,7 +137,8 @@ class Scheduler:
     Args:
         llm: the loaded :class:`cooktop.api.Llama`.
         n_parallel: slots (``-np``); more than one allocates one shared KV cache of ``n_parallel``
-            sequences and a :class:`~cooktop.engine.batch.BatchDriver`.
+            sequences and a :class:`~cooktop.engine.batch.BatchDriver`, whose decode steps are run
+            now as often as the device needs to replay them (``BatchDriver.prepare_steps``).
         max_queue: waiting jobs beyond which :meth:`submit` raises OverloadedError.
     Attributes:
         slots, metrics, driver (None with one slot).
@@ -154,6 +155,8 @@ class Scheduler:
         eng = llm._engine
         seqs = [eng.seq] if n_parallel == 1 else eng.new_sequences(n_parallel)
         self.driver: BatchDriver | None = BatchDriver(eng.model, seqs) if n_parallel > 1 else None
+        if self.driver is not None:
+            self.driver.prepare_steps()  # decode steps of 1..n slots recorded now, not in the first requests
         self.slots = [Slot(i, s) for i, s in enumerate(seqs)]
         self.metrics = Metrics()
         self._waiting: collections.deque[Job] = collections.deque()
