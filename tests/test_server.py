@@ -465,13 +465,13 @@ class _Seq:
     def __init__(self, cache, model, i):
         self.cache, self.model, self.seq_id, self.tokens, self.driver = cache, model, i, [], None
 
-    def common_prefix(self, prompt):
+    def common_prefix(self, prompt):  # as Sequence.common_prefix: at most len(prompt) - 1
         n = 0
         for a, b in zip(self.tokens, prompt):
             if a != b:
                 break
             n += 1
-        return n
+        return max(min(n, len(prompt) - 1), 0)
 
     def reset(self):
         self.tokens = []
@@ -547,6 +547,18 @@ def test_slot_choice_tries_every_tied_slot_before_an_empty_one():
         assert run(prompt + gen[:4] + [70, 71], [80]) == b  # 9 of a's 21 fails, 9 of b's 13 keeps
         assert run([90, 91, 92]) not in (a, b)  # nothing similar: the LRU (empty) slot
         assert run.held == []
+
+
+def test_slot_choice_prefers_the_slot_holding_the_whole_prompt():
+    """Prompts one token past a shared prefix tie on the reusable prefix (all but the last token) in
+    every slot: the slot holding the prompt itself wins over the least recently used one."""
+    system = [1, 2, 3, 4]
+    with _slot_chooser(3) as run:
+        a = run(system + [10])
+        b = run(system + [20])  # a would keep under half: the empty slot (system copied)
+        c = run(system + [30])
+        assert len({a, b, c}) == 3
+        assert run(system + [20]) == b and run(system + [30]) == c and run(system + [10]) == a  # not LRU order
 
 
 def test_slot_choice_copies_no_prefix_without_cache_prompt():

@@ -336,7 +336,8 @@ class Scheduler:
         for (``id_slot``, waited for while busy); else, among the free
         slots whose prefix shared with ``prompt`` is over :data:`SLOT_PROMPT_SIMILARITY` of the
         prompt, those that keep at least :data:`SLOT_KEEP` of their cache, the one with the longest
-        prefix (then the least recently used); if none keeps enough, the first empty slot, given a
+        prefix (then the one holding more of the prompt, its last token included; then the least
+        recently used); if none keeps enough, the first empty slot, given a
         copy of the longest similar slot's shared prefix (K/V cells copied on the device,
         :meth:`Sequence.copy_prefix <cooktop.engine.sequence.Sequence.copy_prefix>`: not evaluated
         again; where the devices cannot copy rows, it reads the whole prompt), or when none is empty
@@ -357,6 +358,10 @@ class Scheduler:
             if not free:  # cannot happen: one worker thread per slot, a job holds at most one
                 raise CooktopError("no free slot for this request")
             common = {id(s): s.seq.common_prefix(prompt) for s in free}
+            # ties on the reusable prefix (at most len - 1 tokens: the last is evaluated again) go to
+            # the slot holding more of the prompt: its own last token too (a prompt one token past a
+            # shared prefix, asked again, finds its own slot, not the least recently used similar one)
+            rank = {id(s): (common[id(s)], _shared(s.seq.tokens, prompt), -s.last_used) for s in free}
             similar = [s for s in free if common[id(s)] > SLOT_PROMPT_SIMILARITY * len(prompt)]
             # reusing a slot that keeps under SLOT_KEEP of its cache discards most of another prompt
             # (llama-server saves such a slot to its RAM prompt cache first): an empty slot keeps
@@ -366,10 +371,10 @@ class Scheduler:
             pool = kept or ([] if empty else similar)
             src = None
             if pool:
-                best = max(pool, key=lambda s: (common[id(s)], -s.last_used))
+                best = max(pool, key=lambda s: rank[id(s)])
             elif similar:  # the empty slot gets the shared prefix's cells copied from the similar one
                 best = empty[0]
-                src = max(similar, key=lambda s: (common[id(s)], -s.last_used))
+                src = max(similar, key=lambda s: rank[id(s)])
             else:
                 best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
             self._tick += 1
@@ -379,3 +384,13 @@ class Scheduler:
             elif src is not None:  # under the lock: no other job takes src while its cells are read
                 best.seq.copy_prefix(src.seq, common[id(src)])  # False (no row copy): read in full
             return best.seq
+
+
+def _shared(tokens: list[int], prompt: list[int]) -> int:
+    """Leading tokens ``tokens`` and ``prompt`` share (uncapped, unlike ``Sequence.common_prefix``)."""
+    n = 0
+    for a, b in zip(tokens, prompt):
+        if a != b:
+            break
+        n += 1
+    return n
