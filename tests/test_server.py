@@ -396,6 +396,14 @@ def test_slots_endpoint(srv, http):
     assert off.status_code == 501 and "--slots" in off.json()["error"]["message"]
 
 
+def test_slot_is_free_when_its_answer_arrives(http):
+    """The slot is released before the last event goes out (as llama-server releases it before its
+    final response): right after each answer, /slots shows every slot idle."""
+    for i in range(6):
+        http.post("/v1/completions", json={"prompt": f"{PROMPT} {i}", "max_tokens": 2, "temperature": 0})
+        assert not any(s["is_processing"] for s in http.get("/slots").json())
+
+
 def test_id_slot_and_erase_as_llama_server(http):
     """``id_slot`` runs a request on that slot (modulo the slots); ``POST /slots/ID?action=erase``
     empties its cache (the same prompt then reads all of it again); save/restore 501, bad 400."""

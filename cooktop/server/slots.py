@@ -24,7 +24,8 @@ evaluates directly, as before.
 A job is a function ``make(llm) -> iterator`` run on a worker thread (the
 ``Llama``'s sequence choice is per thread); its items are posted to the job's
 asyncio queue on the server's event loop. A job whose client went away is
-cancelled: its iterator is closed before its next step and its slot freed.
+cancelled: its iterator is closed before its next step and its slot freed. A job's last event
+(its end or its error) is posted once its slot is free, so its client finds the slot idle.
 More than ``max_queue`` waiting jobs: :class:`OverloadedError` (HTTP 503).
 """
 
@@ -283,8 +284,9 @@ class Scheduler:
                 if self._running == 0:
                     self._busy_since = time.perf_counter()
                 self._running += 1
+            last = None
             try:
-                self._run(job)
+                last = self._run(job)
             finally:
                 with self._cv:
                     self._running -= 1
@@ -294,11 +296,15 @@ class Scheduler:
                         if slot.job is job:
                             slot.job = None
                     self._cv.notify_all()  # a request (or an erase) waiting for that slot
+            if last is not None:  # after the slot is free: the answer's client finds it idle (/slots)
+                job.post(*last)
 
-    def _run(self, job: Job) -> None:
-        """Run ``job`` on this thread until its end, an error, its cancellation or shutdown."""
+    def _run(self, job: Job) -> tuple[str, Any] | None:
+        """Run ``job`` on this thread until its end, an error, its cancellation or shutdown; returns
+        the job's last event (END or ERROR, posted by :meth:`_work` once the slot is free), None when
+        it was cancelled."""
         if job.cancelled.is_set():
-            return
+            return None
         if self.driver is not None:
             self.driver.join()
         self.llm._active_seq = lambda prompt: self._choose(job, prompt)
@@ -307,19 +313,17 @@ class Scheduler:
             it = iter(job.make(self.llm))
             while True:
                 if self._stop:
-                    job.post(ERROR, CooktopError("the server is shutting down"))
-                    return
+                    return ERROR, CooktopError("the server is shutting down")
                 if job.cancelled.is_set():
-                    return
+                    return None
                 try:
                     item = next(it)
                 except StopIteration:
-                    job.post(END)
-                    return
+                    return END, None
                 job.post(ITEM, item)
         except Exception as e:  # noqa: BLE001 - every failure goes back to its request
             self.metrics.errors_total += 1
-            job.post(ERROR, e)
+            return ERROR, e
         finally:
             close = getattr(it, "close", None)
             if close is not None:
