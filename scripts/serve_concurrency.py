@@ -3,7 +3,9 @@
 Starts ``cooktop serve`` on 127.0.0.1 (an ephemeral port), warms it up with one request, sends
 the N prompts one after another (each one's *alone* text, and the sequential wall time), then
 all N at once from N threads (the concurrent wall time), and checks that every concurrent
-answer equals its alone text. With ``--vs-llama-cpp`` the same N prompts run through
+answer equals its alone text. Every request goes through one ``httpx.Client`` (a connection per
+concurrent request; a client made per request would spend this process's CPU on SSL contexts
+inside the timed phases). With ``--vs-llama-cpp`` the same N prompts run through
 llama.cpp in the same run: ``llama-server`` when ``--llama-server PATH`` is given, else
 llama-cpp-python's low-level batch API driven as llama-server's ``update_slots`` drives it
 (one ``llama_decode`` holding every sequence's prompt, then one per step holding one token of
@@ -91,10 +93,15 @@ def measure_server(base: str, prompts: list[str], n: int, stagger: float = 0.0, 
     (so later prompts are read while earlier requests decode: mixed batches). ``cache_prompt``
     False (llama-server's request field) makes every request read its whole prompt again."""
     read: list[int] = []  # prompt tokens each concurrent request evaluated (llama-server's timings.prompt_n)
+    # one client for every request (a connection each, kept open): httpx.post would make a client
+    # (an SSL context: 40-180 ms of this process's CPU on 2 busy cores) per request, inside the
+    # timed phases and competing with the server for the cores
+    client = httpx.Client(timeout=900, limits=httpx.Limits(max_connections=len(prompts),
+                                                           max_keepalive_connections=len(prompts)))
 
     def ask(p: str) -> str:
-        r = httpx.post(base + "/v1/completions", timeout=900,
-                       json={"prompt": p, "max_tokens": n, "temperature": 0, "cache_prompt": cache_prompt})
+        r = client.post(base + "/v1/completions",
+                        json={"prompt": p, "max_tokens": n, "temperature": 0, "cache_prompt": cache_prompt})
         r.raise_for_status()
         body = r.json()
         read.append(int((body.get("timings") or {}).get("prompt_n", -1)))
@@ -113,6 +120,7 @@ def measure_server(base: str, prompts: list[str], n: int, stagger: float = 0.0, 
         t0 = time.perf_counter()
         together = list(ex.map(later, range(len(prompts))))
         t_conc = time.perf_counter() - t0
+    client.close()
     return {"sequential_s": round(t_seq, 3), "concurrent_s": round(t_conc, 3),
             "equal": sum(a == b for a, b in zip(alone, together)), "n": len(prompts),
             "prompt_tokens_read_concurrent": sum(read),

@@ -3,6 +3,8 @@ backend; the batch driver, ``Llama.create_completions``; the errors."""
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 from batchutil import run_in_driver
@@ -163,3 +165,58 @@ def test_batched_rows_are_bit_identical_to_alone_on_the_exact_paths(model):
                                                for i, p in enumerate(prompts)])
     finally:
         e.close()
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_copied_prefix_gives_the_source_prefix_logits(any_device, stories, kv_type):
+    """``Sequence.copy_prefix``: a sequence given a copy of another's first ``k`` cells (llama.cpp's
+    ``llama_memory_seq_cp``) then reading the rest of the prompt and decoding gets bit for bit the
+    logits the source gets after its own prefix; the source keeps its context. Where the device has
+    no row copy (Vulkan) it says so and the sequence is left empty. A q8_0 cache (34-byte blocks)
+    on the tiny Q4_0 model (head_dim 32; stories260K's 8 holds no block)."""
+    from conftest import SHARED, skip_or_fail
+    from gguf import GGMLQuantizationType as T
+
+    from cooktop.format.kvtypes import KVConfig
+    kt = T.F16 if kv_type == "f16" else T.Q8_0
+    path = str(stories)
+    if kt == T.Q8_0:
+        path = str(SHARED / "models" / "tiny" / "tiny-Q4_0.gguf")
+        if not pathlib.Path(path).exists():
+            skip_or_fail("shared", f"{path} missing")
+    e = cooktop.load(path, n_ctx=64, n_batch=12, device=any_device.info.selector, n_gpu_layers=-1,
+                     kv=KVConfig(kt, kt, "on"))
+    a, b, c = e.new_sequences(3)
+    prompt, k = PROMPTS[2], 7
+    a.eval(prompt[:k])
+    ref = [a.eval(prompt[k:])[-1], a.eval([42])[-1]]
+    c.eval([1, 99, 98])  # another sequence's cells next to b's
+    v = b.version
+    ok = b.copy_prefix(a, k)
+    assert b.version != v and a.tokens == prompt + [42]
+    if any_device.info.selector.startswith("vulkan"):
+        assert not ok and b.tokens == []
+        e.close()
+        return
+    assert ok and b.tokens == prompt[:k]
+    got = [b.eval(prompt[k:])[-1], b.eval([42])[-1]]
+    for x, y in zip(got, ref):
+        np.testing.assert_array_equal(x, y)
+    assert b.tokens == a.tokens
+    assert b.copy_prefix(a, 0) and b.tokens == []
+    e.close()
+
+
+def test_copy_prefix_errors(stories):
+    """Another cache, the sequence itself, more tokens than the source holds: refused, nothing copied."""
+    e = cooktop.load(stories, n_ctx=32, device="cpu")
+    a, b = e.new_sequences(2)
+    a.eval([1, 5, 9])
+    with pytest.raises(CooktopError, match="share one KV cache"):
+        e.new_sequence().copy_prefix(a, 2)
+    with pytest.raises(ValueError, match="one sequence"):
+        a.copy_prefix(a, 1)
+    with pytest.raises(ValueError, match="4 tokens asked of a sequence holding 3"):
+        b.copy_prefix(a, 4)
+    assert a.tokens == [1, 5, 9]
+    e.close()

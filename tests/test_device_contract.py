@@ -290,3 +290,31 @@ def test_synchronize_waits_for_enqueued_ops(any_device):
             dev.add(a, a, a)
         assert dev.synchronize() is None
         np.testing.assert_array_equal(dev.read(a), np.full((4, 256), 8, np.float32))
+
+
+def test_copy_rows_within_one_tensor(any_device):
+    """``copy_rows`` copies whole rows inside one allocation (the KV cells of a shared prefix) where
+    the backend has it, and refuses views, overlapping or outside ranges everywhere the same way."""
+    d = any_device
+    t = d.empty((6, 5))
+    data = np.arange(30, dtype=np.float32).reshape(6, 5)
+    d.write(t, data)
+    if d.info.selector.startswith("vulkan"):
+        with pytest.raises(UnsupportedOpError, match="copy_rows is not supported"):
+            d.copy_rows(t, 0, 3, 2)
+    else:
+        d.copy_rows(t, 0, 3, 2)
+        d.copy_rows(t, 5, 1, 1)
+        d.copy_rows(t, 2, 4, 0)
+        want = data.copy()
+        want[3:5] = data[0:2]
+        want[1] = data[5]
+        np.testing.assert_array_equal(d.read(t), want)
+    with pytest.raises(ShapeError, match="overlap"):
+        d.copy_rows(t, 0, 1, 2)
+    with pytest.raises(ShapeError, match="outside the 6 rows"):
+        d.copy_rows(t, 4, 0, 3)
+    with pytest.raises(DeviceError, match="is a view"):
+        d.copy_rows(t.head(4), 0, 2, 1)
+    with pytest.raises(ShapeError, match="2-D"):
+        d.copy_rows(d.empty((4,)), 0, 2, 1)

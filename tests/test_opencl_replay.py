@@ -218,3 +218,50 @@ def test_decode_without_flash_attention_replays_bit_for_bit(stories, cl_dev, mon
                        kv=KVConfig.parse(None, None, "off")).model
     assert model.flash_attn is False
     _replays_as_op_by_op(d, model, monkeypatch)
+
+
+def test_batch_driver_prepares_its_decode_steps(stories, cl_dev, monkeypatch):
+    """``BatchDriver.prepare_steps`` runs the steps of 3, 2 and 1 sequences twice each (the device
+    records a shape the second time): the first real steps of 1..3 sequences are replayed, nothing
+    more is recorded, the sequences come back empty and the logits are those of the steps run op by
+    op; on the numpy device (nothing replays) it runs nothing."""
+    import cooktop
+    from cooktop.engine.batch import BatchDriver
+    d = cl_dev
+    monkeypatch.setattr(d, "graph_check", False)
+    e = cooktop.load(stories, n_ctx=64, n_batch=32, device=d.info.selector, n_gpu_layers=-1)
+    try:
+        assert d.graph_uses_before_replay == 2 and e.model.graph_uses_before_replay == 2
+        seqs = e.new_sequences(3)
+        drv = BatchDriver(e.model, seqs)
+        try:
+            n0, r0 = d.n_recordings, d.n_replays
+            assert drv.prepare_steps() == 6
+            assert d.n_recordings - n0 == 3 and d.n_replays == r0 and all(s.tokens == [] for s in seqs)
+            m = e.model
+            m.forward_batch(seqs[0].cache, [(s.seq_id, 0, PROMPT, True) for s in seqs])  # a prompt shape
+            n1, r1 = d.n_recordings, d.n_replays
+            got = [m.forward_batch(seqs[0].cache, [(s.seq_id, len(PROMPT), [42], True) for s in seqs[:k]])
+                   for k in (3, 2, 1)]
+            assert d.n_recordings == n1 and d.n_replays - r1 == 3
+        finally:
+            drv.close()
+        ref = []
+        api, d.replay = d.replay, None  # op by op
+        try:
+            for k in (3, 2, 1):
+                for s in seqs[:k]:
+                    s.truncate(0)
+                m.forward_batch(seqs[0].cache, [(s.seq_id, 0, PROMPT, True) for s in seqs[:k]])
+                ref.append(m.forward_batch(seqs[0].cache, [(s.seq_id, len(PROMPT), [42], True) for s in seqs[:k]]))
+        finally:
+            d.replay = api
+        for a, b in zip(got, ref, strict=True):
+            assert _same_bits(a, b)
+    finally:
+        e.close()
+    cpu = cooktop.load(stories, n_ctx=32, device="cpu")
+    drv = BatchDriver(cpu.model, cpu.new_sequences(2))
+    assert cpu.model.graph_uses_before_replay == 0 and drv.prepare_steps() == 0
+    drv.close()
+    cpu.close()

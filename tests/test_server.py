@@ -169,6 +169,39 @@ def test_prompt_prefix_reuse_reports_cached_tokens(http):
     assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_sys - 1
 
 
+def test_empty_slot_gets_the_shared_prefix_copied(stories, server_deps):
+    """A prompt sharing a prefix with a free slot whose cache that would mostly discard goes to an
+    empty slot (the other prompt is kept) and reads only its own tail: the prefix's K/V cells are
+    copied from the similar slot (timings.prompt_n, cached_tokens); its answer is the one it gets
+    reading the whole prompt (``cache_prompt: false``)."""
+    import httpx
+
+    from cooktop.server.app import ServerConfig
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=2))
+    try:
+        with httpx.Client(base_url=s.base, timeout=120) as http:
+            system = "Once upon a time there was a little girl"
+            n_sys = len(http.post("/tokenize", json={"content": system, "add_special": True}).json()["tokens"])
+
+            def ask(words, **kw):
+                return http.post("/v1/completions", json={"prompt": system + words, "max_tokens": 3 * n_sys,
+                                                          "temperature": 0, **kw}).json()
+
+            first = ask(" named Lily")
+            second = ask(" who")  # slot 0 would keep under half of its cache: the empty slot 1
+            assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_sys - 1
+            assert second["timings"]["prompt_n"] == second["usage"]["prompt_tokens"] - second["timings"]["cache_n"]
+            assert second["timings"]["prompt_n"] <= second["usage"]["prompt_tokens"] - n_sys + 1
+            slots = http.get("/slots").json()
+            assert sorted(x["id_task"] for x in slots) == sorted({x["id_task"] for x in slots})  # both used
+            whole = ask(" who", cache_prompt=False)
+            assert whole["timings"]["prompt_n"] == whole["usage"]["prompt_tokens"]
+            assert second["choices"][0]["text"] == whole["choices"][0]["text"]
+    finally:
+        s.stop()
+
+
 @pytest.mark.parametrize("path,body,status,words", [
     ("/v1/chat/completions", b"{not json", 400, ["not valid JSON"]),
     ("/v1/chat/completions", b"[1, 2]", 400, ["JSON object"]),
@@ -363,6 +396,14 @@ def test_slots_endpoint(srv, http):
     assert off.status_code == 501 and "--slots" in off.json()["error"]["message"]
 
 
+def test_slot_is_free_when_its_answer_arrives(http):
+    """The slot is released before the last event goes out (as llama-server releases it before its
+    final response): right after each answer, /slots shows every slot idle."""
+    for i in range(6):
+        http.post("/v1/completions", json={"prompt": f"{PROMPT} {i}", "max_tokens": 2, "temperature": 0})
+        assert not any(s["is_processing"] for s in http.get("/slots").json())
+
+
 def test_id_slot_and_erase_as_llama_server(http):
     """``id_slot`` runs a request on that slot (modulo the slots); ``POST /slots/ID?action=erase``
     empties its cache (the same prompt then reads all of it again); save/restore 501, bad 400."""
@@ -432,16 +473,20 @@ class _Seq:
     def __init__(self, cache, model, i):
         self.cache, self.model, self.seq_id, self.tokens, self.driver = cache, model, i, [], None
 
-    def common_prefix(self, prompt):
+    def common_prefix(self, prompt):  # as Sequence.common_prefix: at most len(prompt) - 1
         n = 0
         for a, b in zip(self.tokens, prompt):
             if a != b:
                 break
             n += 1
-        return n
+        return max(min(n, len(prompt) - 1), 0)
 
     def reset(self):
         self.tokens = []
+
+    def copy_prefix(self, src, n):
+        self.tokens = list(src.tokens[:n])
+        return True
 
     def close(self):
         pass
@@ -449,15 +494,16 @@ class _Seq:
 
 @contextlib.contextmanager
 def _slot_chooser(n_parallel):
-    """``run(prompt, generated)``: the slot id a fake scheduler of ``n_parallel`` slots chooses for
-    ``prompt``, then leaves holding ``prompt + generated`` (free again)."""
+    """``run(prompt, generated, cache_prompt)``: the slot id a fake scheduler of ``n_parallel`` slots
+    chooses for ``prompt``, then leaves holding ``prompt + generated`` (free again); ``run.held``: the
+    tokens that slot held when chosen (a prefix copied from another slot, or what it kept)."""
     import asyncio
     import types
 
     from cooktop.server.slots import Job, Scheduler
 
     class Engine:
-        model = types.SimpleNamespace(n_batch=8)
+        model = types.SimpleNamespace(n_batch=8, graph_uses_before_replay=0)
         seq = None
 
         def new_sequences(self, n):
@@ -467,9 +513,10 @@ def _slot_chooser(n_parallel):
     loop = asyncio.new_event_loop()
     sched = Scheduler(types.SimpleNamespace(_engine=Engine()), n_parallel=n_parallel)
     try:
-        def run(prompt, generated=(9, 9, 9, 9, 9, 9)):
-            job = Job(lambda llm: iter(()), loop)
+        def run(prompt, generated=(9, 9, 9, 9, 9, 9), cache_prompt=True):
+            job = Job(lambda llm: iter(()), loop, cache_prompt)
             seq = sched._choose(job, prompt)
+            run.held = list(seq.tokens)  # what the chosen slot held for the prompt (a copied prefix)
             seq.tokens = list(prompt) + list(generated)
             for s in sched.slots:
                 if s.job is job:
@@ -490,6 +537,7 @@ def test_slot_choice_keeps_other_prompts_while_a_slot_is_empty():
         system = [1, 2, 3, 4]
         a = run(system + [10, 11, 12])
         assert run(system + [20, 21, 22]) != a  # would discard 9 of slot a's 13 tokens: the empty slot
+        assert run.held == system  # ... given a copy of the shared prefix
         assert run(system + [10, 11, 12, 9, 9, 9, 9, 9, 9, 30]) == a  # a continuation: in place
         third = run(system + [40])
         assert len({a, third}) == 2
@@ -506,3 +554,25 @@ def test_slot_choice_tries_every_tied_slot_before_an_empty_one():
         assert b != a
         assert run(prompt + gen[:4] + [70, 71], [80]) == b  # 9 of a's 21 fails, 9 of b's 13 keeps
         assert run([90, 91, 92]) not in (a, b)  # nothing similar: the LRU (empty) slot
+        assert run.held == []
+
+
+def test_slot_choice_prefers_the_slot_holding_the_whole_prompt():
+    """Prompts one token past a shared prefix tie on the reusable prefix (all but the last token) in
+    every slot: the slot holding the prompt itself wins over the least recently used one."""
+    system = [1, 2, 3, 4]
+    with _slot_chooser(3) as run:
+        a = run(system + [10])
+        b = run(system + [20])  # a would keep under half: the empty slot (system copied)
+        c = run(system + [30])
+        assert len({a, b, c}) == 3
+        assert run(system + [20]) == b and run(system + [30]) == c and run(system + [10]) == a  # not LRU order
+
+
+def test_slot_choice_copies_no_prefix_without_cache_prompt():
+    """``cache_prompt: false``: the empty slot chosen for a similar prompt is reset, nothing copied."""
+    with _slot_chooser(2) as run:
+        system = [1, 2, 3, 4]
+        a = run(system + [10, 11, 12])
+        assert run(system + [20, 21, 22], cache_prompt=False) != a
+        assert run.held == []

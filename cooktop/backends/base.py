@@ -298,6 +298,41 @@ class Device(DeviceOps):
     def _read(self, t: DeviceTensor) -> np.ndarray:
         """Backend part of :meth:`read`."""
 
+    def copy_rows(self, t: DeviceTensor, src_row: int, dst_row: int, n_rows: int) -> None:
+        """Enqueue ``t[dst_row + r] = t[src_row + r]`` for ``r < n_rows``: whole rows of one 2-D
+        allocation of any type (a KV cache's cells: one sequence's prefix copied to another, as
+        llama.cpp's ``llama_memory_seq_cp``), the two ranges not overlapping. Ordered with the
+        device's other work; not inside a :meth:`graph` scope. ``n_rows`` 0 does nothing.
+
+        Raises:
+            DeviceError: ``t`` is of another device, released, a weight or a view; inside a graph scope.
+            ShapeError: ``t`` is not 2-D, a range is outside its rows, or the ranges overlap.
+            UnsupportedOpError: the backend has no row copy (Vulkan), or ``t`` is stored in row chunks.
+        """
+        if t.device is not self or t.is_weight or self._in_graph or t.base is not None:
+            if t.base is not None and t.device is self and not self._in_graph and not t.is_weight:
+                raise DeviceError(f"copy_rows: {t!r} is a view; copy rows of its allocation")
+            self._refuse_io("copy_rows", t)
+        if len(t.shape) != 2:
+            raise ShapeError(f"copy_rows takes a 2-D tensor, not one of shape {list(t.shape)}")
+        rows = t.shape[0]
+        if n_rows < 0 or min(src_row, dst_row) < 0 or max(src_row, dst_row) + n_rows > rows:
+            raise ShapeError(f"copy_rows: rows {src_row}..+{n_rows} -> {dst_row}..+{n_rows} are outside the "
+                             f"{rows} rows of {list(t.shape)}")
+        if abs(src_row - dst_row) < n_rows:
+            raise ShapeError(f"copy_rows: the ranges {src_row}..+{n_rows} and {dst_row}..+{n_rows} overlap")
+        if n_rows == 0:
+            return
+        if t.chunks is not None:
+            raise UnsupportedOpError(f"copy_rows: {t!r} is stored in row chunks")
+        self._copy_rows(t, src_row, dst_row, n_rows)
+
+    def _copy_rows(self, t: DeviceTensor, src_row: int, dst_row: int, n_rows: int) -> None:
+        """Backend part of :meth:`copy_rows` (checked). Default: UnsupportedOpError (callers fall back:
+        the server's slots then evaluate a shared prefix again)."""
+        raise UnsupportedOpError(f"{self.info.selector} ({self.info.name}): copy_rows is not supported on "
+                                 f"this backend")
+
     @abstractmethod
     def synchronize(self) -> None:
         """Wait until every op enqueued so far has finished (``ggml_backend_synchronize``).
@@ -306,6 +341,13 @@ class Device(DeviceOps):
         """
 
     # -- graphs (a fixed op list handed over whole) -------------------------
+    @property
+    def graph_uses_before_replay(self) -> int:
+        """How many times a :meth:`graph` key runs its ops before the backend replays it (0: it
+        never replays, as this base implementation; OpenCL: 2, the key is recorded the second time
+        it is seen). The server runs its decode steps this many times at start (``BatchDriver.prepare_steps``)."""
+        return 0
+
     @contextlib.contextmanager
     def graph(self, key: Hashable) -> Iterator[bool]:
         """A scope whose ops are one fixed op list named ``key``, so that a backend can record it

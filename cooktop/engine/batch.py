@@ -143,6 +143,35 @@ class BatchDriver:
         assert req.logits is not None  # a finished request without an error has its logits
         return req.logits
 
+    def prepare_steps(self, token: int = 0) -> int:
+        """Run the decode steps of 1 .. n of the driver's sequences (one ``token`` each, at position 0;
+        n at most ``n_batch``)
+        as many times as a device of the model runs a pass's ops before replaying it
+        (``graph_uses_before_replay``: OpenCL records a shape the second time it is seen), so that
+        the first steps of concurrent requests are replayed instead of issued op by op and recorded;
+        the most sequences first (the output rows' buffers grow to their size once). The sequences
+        are emptied after. Call before any member evaluates (the server's scheduler does at start).
+
+        Returns:
+            the forward passes run (0 where no device replays).
+        Raises:
+            CooktopError: the driver is closed; whatever a forward pass raises.
+        """
+        uses = self.model.graph_uses_before_replay
+        if self._stop:
+            raise CooktopError("the batch driver is closed")
+        runs = 0
+        with self._cv:  # no step of the driver runs meanwhile (they need parked members anyway)
+            for k in range(min(len(self._sequences), self.n_batch), 0, -1) if uses else ():
+                items = [(s.seq_id, 0, [int(token)], True) for s in self._sequences[:k]]
+                for _ in range(uses):
+                    self.model.forward_batch(self.cache, items)
+                    runs += 1
+            if runs:
+                for s in self._sequences:
+                    s.truncate(0)
+        return runs
+
     def tokens_per_second(self, window: float = 10.0) -> float:
         """Decoded tokens per second over the last ``window`` seconds (all sequences together)."""
         now = time.perf_counter()

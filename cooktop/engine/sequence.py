@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ContextOverflowError
+from ..errors import ContextOverflowError, CooktopError
 from ..model.placed import CacheTokens, PlacedModel
 from ..text.tokenizer import InvalidTokenError
 
@@ -152,6 +152,31 @@ class Sequence:
                 break
             common += 1
         return max(min(common, len(prompt) - 1), 0)
+
+    def copy_prefix(self, src: Sequence, n: int) -> bool:
+        """Make this sequence's context the first ``n`` tokens of ``src``, a sequence of the same
+        shared cache, by copying their K/V cells (:meth:`PlacedModel.copy_prefix
+        <cooktop.model.placed.PlacedModel.copy_prefix>`) instead of evaluating them; ``src`` is
+        unchanged and must not be evaluated meanwhile. Kept logits (``keep_scores``) of those
+        positions are ``src``'s when it keeps them too, else zero.
+
+        Returns:
+            True when copied; False when the devices cannot (this sequence is then empty).
+        Raises:
+            CooktopError: ``src`` is of another cache, or closed. ValueError: ``src`` is this
+            sequence, or ``n`` is outside ``0 .. src.n_past``.
+        """
+        if src.cache is not self.cache:
+            raise CooktopError("copy_prefix: the sequences do not share one KV cache (Engine.new_sequences)")
+        if src is self or src.seq_id == self.seq_id:
+            raise ValueError("copy_prefix: the source and the destination are one sequence")
+        if not 0 <= n <= src.n_past:
+            raise ValueError(f"copy_prefix: {n} tokens asked of a sequence holding {src.n_past}")
+        self.truncate(0)
+        ok = self.model.copy_prefix(self.cache, src.seq_id, self.seq_id, n)
+        if ok and self._scores is not None and src._scores is not None and n:
+            self._record(0, src._scores[:n])
+        return ok
 
     def prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
         """Make the context ``prompt``, reusing the longest common prefix with what is cached

@@ -54,7 +54,7 @@ from gguf import GGMLQuantizationType as T
 
 from ..backends import chunked
 from ..backends.base import Device, DeviceBuffer, DeviceTensor
-from ..errors import CooktopError, DeviceOutOfMemoryError
+from ..errors import CooktopError, DeviceOutOfMemoryError, UnsupportedOpError
 from ..format.gguf import GGUFFile, TensorInfo
 from ..format.kvtypes import KVConfig
 from ..format.quants import dequantize, row_bytes
@@ -378,6 +378,27 @@ class Model(PlacedModel[KVCache]):
             for seg, k, v in zip(self.segments, cache.k, cache.v):
                 x = seg.run(x, rows, k, v, embeddings)
         return x
+
+    @property
+    def graph_uses_before_replay(self) -> int:
+        """The largest ``Device.graph_uses_before_replay`` of the segments' devices."""
+        return max((seg.device.graph_uses_before_replay for seg in self.segments), default=0)
+
+    def _copy_cells(self, cache: KVCache, src: int, dst: int, n: int) -> bool:
+        """Each segment's device copies the cells of every cached block (``Device.copy_rows``; a
+        feed-forward half has no cache); under the lock, so in order with the forward passes."""
+        with self._lock:
+            self._check_open()
+            for seg, ks, vs in zip(self.segments, cache.k, cache.v):
+                for part, k, v in zip(seg.parts, ks, vs):
+                    if part == "ffn":
+                        continue
+                    try:
+                        seg.device.copy_rows(k, src, dst, n)
+                        seg.device.copy_rows(v, src, dst, n)
+                    except UnsupportedOpError:
+                        return False
+        return True
 
     def close(self) -> None:
         """Give the weights and scratch buffers back (devices stay open in the registry;

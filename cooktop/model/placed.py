@@ -235,6 +235,49 @@ class PlacedModel(Generic[C]):
             j += n_out[i]
         return out
 
+    def copy_prefix(self, cache: C, src_seq: int, dst_seq: int, n: int) -> bool:
+        """Make sequence ``dst_seq`` of ``cache`` hold the first ``n`` tokens of ``src_seq`` by copying
+        their K/V cells on the devices (llama.cpp's ``llama_memory_seq_cp``): a shared prefix (a
+        system prompt) is not evaluated again. The cells are copied bytes, so what is evaluated after
+        them gives the logits it gives after ``src_seq``'s own prefix. Ordered with the forward passes
+        (the model's lock); ``src_seq`` is unchanged.
+
+        Returns:
+            True when copied; False when a device of the model cannot copy rows (Vulkan, a cluster):
+            ``dst_seq`` is then empty and the caller evaluates the prefix itself.
+        Raises:
+            CooktopError: the model or the cache is closed, or the cache is another model's.
+            ValueError: a sequence outside the cache, ``src_seq == dst_seq``, or ``n`` outside
+            ``0 .. len(src_seq's tokens)``.
+        """
+        self._check_cache(cache)
+        for s in (src_seq, dst_seq):
+            if not 0 <= s < cache.n_seq:
+                raise ValueError(f"seq_id {s} is outside the cache's 0..{cache.n_seq - 1} sequences")
+        if src_seq == dst_seq:
+            raise ValueError("copy_prefix: the source and the destination are one sequence")
+        have = len(cache.seq_tokens[src_seq])
+        if not 0 <= n <= have:
+            raise ValueError(f"copy_prefix: {n} tokens asked of a sequence holding {have}")
+        cache.truncate(0, dst_seq)
+        if n == 0:
+            return True
+        if not self._copy_cells(cache, src_seq * self.n_ctx, dst_seq * self.n_ctx, n):
+            return False
+        cache.seq_tokens[dst_seq].extend(cache.seq_tokens[src_seq][:n])
+        return True
+
+    def _copy_cells(self, cache: C, src: int, dst: int, n: int) -> bool:
+        """Copy cells ``src .. src + n - 1`` of every block's K and V to ``dst ..`` (:meth:`copy_prefix`);
+        False (maybe partly copied: the destination holds no tokens) where a device cannot. Default: False."""
+        return False
+
+    @property
+    def graph_uses_before_replay(self) -> int:
+        """The most times a pass of one shape runs its ops on a device of this model before that
+        device replays it (``Device.graph_uses_before_replay``; 0: none replays). Default 0."""
+        return 0
+
     def _new_cache(self, n_seq: int) -> C:
         """An empty cache of ``n_seq`` (>= 1) sequences where the segments run."""
         raise NotImplementedError

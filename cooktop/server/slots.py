@@ -10,8 +10,10 @@ cached tokens share the longest prefix with its prompt (llama-server's prompt
 cache: a repeated system prompt or a continued conversation is not evaluated
 again; ``usage.prompt_tokens_details.cached_tokens`` reports it), except that a
 slot whose cache would mostly be discarded is left alone while an empty slot is
-free (so conversations sharing a system prompt keep their own slots), else the
-least recently used one. Every evaluation goes through one
+free (so conversations sharing a system prompt keep their own slots): the empty
+slot then gets a copy of the shared prefix's K/V cells (llama.cpp's
+``llama_memory_seq_cp``; llama-server restores such a prefix from its host-memory
+prompt cache), so the prefix is not evaluated again; else the least recently used one. Every evaluation goes through one
 :class:`~cooktop.engine.batch.BatchDriver`: a step evaluates one token of every
 decoding slot and chunks of the prompts being read, in one forward pass, so a
 new request joins the running batch at the next step and a finished or
@@ -22,7 +24,8 @@ evaluates directly, as before.
 A job is a function ``make(llm) -> iterator`` run on a worker thread (the
 ``Llama``'s sequence choice is per thread); its items are posted to the job's
 asyncio queue on the server's event loop. A job whose client went away is
-cancelled: its iterator is closed before its next step and its slot freed.
+cancelled: its iterator is closed before its next step and its slot freed. A job's last event
+(its end or its error) is posted once its slot is free, so its client finds the slot idle.
 More than ``max_queue`` waiting jobs: :class:`OverloadedError` (HTTP 503).
 """
 
@@ -135,7 +138,8 @@ class Scheduler:
     Args:
         llm: the loaded :class:`cooktop.api.Llama`.
         n_parallel: slots (``-np``); more than one allocates one shared KV cache of ``n_parallel``
-            sequences and a :class:`~cooktop.engine.batch.BatchDriver`.
+            sequences and a :class:`~cooktop.engine.batch.BatchDriver`, whose decode steps are run
+            now as often as the device needs to replay them (``BatchDriver.prepare_steps``).
         max_queue: waiting jobs beyond which :meth:`submit` raises OverloadedError.
     Attributes:
         slots, metrics, driver (None with one slot).
@@ -152,6 +156,8 @@ class Scheduler:
         eng = llm._engine
         seqs = [eng.seq] if n_parallel == 1 else eng.new_sequences(n_parallel)
         self.driver: BatchDriver | None = BatchDriver(eng.model, seqs) if n_parallel > 1 else None
+        if self.driver is not None:
+            self.driver.prepare_steps()  # decode steps of 1..n slots recorded now, not in the first requests
         self.slots = [Slot(i, s) for i, s in enumerate(seqs)]
         self.metrics = Metrics()
         self._waiting: collections.deque[Job] = collections.deque()
@@ -278,8 +284,9 @@ class Scheduler:
                 if self._running == 0:
                     self._busy_since = time.perf_counter()
                 self._running += 1
+            last = None
             try:
-                self._run(job)
+                last = self._run(job)
             finally:
                 with self._cv:
                     self._running -= 1
@@ -289,11 +296,15 @@ class Scheduler:
                         if slot.job is job:
                             slot.job = None
                     self._cv.notify_all()  # a request (or an erase) waiting for that slot
+            if last is not None:  # after the slot is free: the answer's client finds it idle (/slots)
+                job.post(*last)
 
-    def _run(self, job: Job) -> None:
-        """Run ``job`` on this thread until its end, an error, its cancellation or shutdown."""
+    def _run(self, job: Job) -> tuple[str, Any] | None:
+        """Run ``job`` on this thread until its end, an error, its cancellation or shutdown; returns
+        the job's last event (END or ERROR, posted by :meth:`_work` once the slot is free), None when
+        it was cancelled."""
         if job.cancelled.is_set():
-            return
+            return None
         if self.driver is not None:
             self.driver.join()
         self.llm._active_seq = lambda prompt: self._choose(job, prompt)
@@ -302,19 +313,17 @@ class Scheduler:
             it = iter(job.make(self.llm))
             while True:
                 if self._stop:
-                    job.post(ERROR, CooktopError("the server is shutting down"))
-                    return
+                    return ERROR, CooktopError("the server is shutting down")
                 if job.cancelled.is_set():
-                    return
+                    return None
                 try:
                     item = next(it)
                 except StopIteration:
-                    job.post(END)
-                    return
+                    return END, None
                 job.post(ITEM, item)
         except Exception as e:  # noqa: BLE001 - every failure goes back to its request
             self.metrics.errors_total += 1
-            job.post(ERROR, e)
+            return ERROR, e
         finally:
             close = getattr(it, "close", None)
             if close is not None:
@@ -331,9 +340,13 @@ class Scheduler:
         for (``id_slot``, waited for while busy); else, among the free
         slots whose prefix shared with ``prompt`` is over :data:`SLOT_PROMPT_SIMILARITY` of the
         prompt, those that keep at least :data:`SLOT_KEEP` of their cache, the one with the longest
-        prefix (then the least recently used); if none keeps enough, the first empty slot, or when
-        none is empty the similar slot with the longest prefix; else the least recently used free
-        slot (so a short unrelated prompt does not evict a long cached one)."""
+        prefix (then the one holding more of the prompt, its last token included; then the least
+        recently used); if none keeps enough, the first empty slot, given a
+        copy of the longest similar slot's shared prefix (K/V cells copied on the device,
+        :meth:`Sequence.copy_prefix <cooktop.engine.sequence.Sequence.copy_prefix>`: not evaluated
+        again; where the devices cannot copy rows, it reads the whole prompt), or when none is empty
+        the similar slot with the longest prefix; else the least recently used free slot (so a short
+        unrelated prompt does not evict a long cached one)."""
         with self._cv:
             for slot in self.slots:
                 if slot.job is job:
@@ -349,6 +362,10 @@ class Scheduler:
             if not free:  # cannot happen: one worker thread per slot, a job holds at most one
                 raise CooktopError("no free slot for this request")
             common = {id(s): s.seq.common_prefix(prompt) for s in free}
+            # ties on the reusable prefix (at most len - 1 tokens: the last is evaluated again) go to
+            # the slot holding more of the prompt: its own last token too (a prompt one token past a
+            # shared prefix, asked again, finds its own slot, not the least recently used similar one)
+            rank = {id(s): (common[id(s)], _shared(s.seq.tokens, prompt), -s.last_used) for s in free}
             similar = [s for s in free if common[id(s)] > SLOT_PROMPT_SIMILARITY * len(prompt)]
             # reusing a slot that keeps under SLOT_KEEP of its cache discards most of another prompt
             # (llama-server saves such a slot to its RAM prompt cache first): an empty slot keeps
@@ -356,14 +373,28 @@ class Scheduler:
             kept = [s for s in similar if common[id(s)] >= SLOT_KEEP * len(s.seq.tokens)]
             empty = [s for s in free if not s.seq.tokens]
             pool = kept or ([] if empty else similar)
+            src = None
             if pool:
-                best = max(pool, key=lambda s: (common[id(s)], -s.last_used))
-            elif similar:
+                best = max(pool, key=lambda s: rank[id(s)])
+            elif similar:  # the empty slot gets the shared prefix's cells copied from the similar one
                 best = empty[0]
+                src = max(similar, key=lambda s: rank[id(s)])
             else:
                 best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
             self._tick += 1
             best.job, best.last_used, best.id_task = job, self._tick, job.id
             if not job.cache_prompt:
                 best.seq.reset()
+            elif src is not None:  # under the lock: no other job takes src while its cells are read
+                best.seq.copy_prefix(src.seq, common[id(src)])  # False (no row copy): read in full
             return best.seq
+
+
+def _shared(tokens: list[int], prompt: list[int]) -> int:
+    """Leading tokens ``tokens`` and ``prompt`` share (uncapped, unlike ``Sequence.common_prefix``)."""
+    n = 0
+    for a, b in zip(tokens, prompt):
+        if a != b:
+            break
+        n += 1
+    return n

@@ -420,6 +420,11 @@ class CpuDevice(CpuMoeOps, Device):
     def _copy(self, out, x):
         np.copyto(self._a(out), self._a(x))
 
+    def _copy_rows(self, t, src_row, dst_row, n_rows):
+        """numpy slicing of the rows (:meth:`Device.copy_rows <cooktop.backends.base.Device.copy_rows>`;
+        a KV cache of GGML rows is a uint8 [rows, row bytes] array)."""
+        t.handle[dst_row:dst_row + n_rows] = t.handle[src_row:src_row + n_rows]
+
     def _copy_rect(self, dst, dst_row, dst_col, src, src_row, src_col, n_rows, n_cols):
         """numpy slicing (:meth:`Device._copy_rect <cooktop.backends.base.Device._copy_rect>`)."""
         self._a(dst)[dst_row:dst_row + n_rows, dst_col:dst_col + n_cols] = \

@@ -578,6 +578,16 @@ class OpenCLDevice(ReplayRecorder, Device):
             self._not_recordable("buffer copy")
             self._cl.enqueue_copy(self.queue, out.handle, x.handle, byte_count=n * 4)
 
+    def _copy_rows(self, t, src_row, dst_row, n_rows):
+        """``clEnqueueCopyBuffer`` within ``t``'s buffer (no kernel; :meth:`Device.copy_rows
+        <cooktop.backends.base.Device.copy_rows>`): rows of ``row_bytes(type, width)`` bytes,
+        the two regions not overlapping (OpenCL's rule for a copy inside one buffer)."""
+        rb = row_bytes(t.ggml_type, t.shape[1]) if t.ggml_type not in (T.F32, T.I32) else 4 * t.shape[1]
+        self.q8.dirty(t.handle)
+        self._not_recordable("buffer copy")
+        self._cl.enqueue_copy(self.queue, t.handle, t.handle, byte_count=n_rows * rb, src_offset=src_row * rb,
+                              dst_offset=dst_row * rb)
+
     def _copy_rect(self, dst, dst_row, dst_col, src, src_row, src_col, n_rows, n_cols):
         """``clEnqueueCopyBufferRect`` (no kernel; :meth:`Device._copy_rect
         <cooktop.backends.base.Device._copy_rect>`): rows of 4-byte values, pitches the tensors' widths."""

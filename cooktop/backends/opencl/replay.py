@@ -165,6 +165,11 @@ class ReplayRecorder:
             self._issued.append((None, what, None, ()))
 
     # -- graph scopes ---------------------------------------------------------
+    @property
+    def graph_uses_before_replay(self) -> int:
+        """2 (the first use runs op by op, the second records) with recordings on, else 0 (never replays)."""
+        return 2 if self.replay is not None else 0
+
     def _graph_begin(self, key: Hashable) -> bool:
         if self.replay is None or key in self._plain:
             return True
