@@ -330,6 +330,37 @@ def test_prompt_kernels_equal_one_token_kernels(q8dev, ty):
             np.testing.assert_array_equal(batch[t], dev.read(y1)[0], err_msg=f"{ty.name} {n_out} token {t}")
 
 
+def test_short_q4_0_prompts_run_the_one_token_kernel(q8dev, monkeypatch):
+    """Repacked Q4_0 prompts of 2-4 tokens run mul_mvt_q8 (its mul_mm_q8 costs a whole tile of 8
+    tokens), 5 and more mul_mm_q8 (unrepacked Q4_0, the portable build: mul_mvt_q8 always); every
+    token's row is the one-token kernel's either way."""
+    dev = q8dev
+    rng = np.random.default_rng(37)
+    n_in, n_out = 256, 45
+    w = dev.upload(random_weight(T.Q4_0, (n_out, n_in), rng), T.Q4_0, (n_out, n_in))
+    repacked = dev.kernels.repacks(T.Q4_0, (n_out, n_in))
+    k = dev.kernels.weights(T.Q4_0, repacked)
+    assert k.mvt_tokens == (4 if repacked else 1)
+    assert (k.mul_mm_q8 is not None) == (repacked and dev.kernels.vnni)
+    launched = []
+    real = dev._launch
+    monkeypatch.setattr(dev, "_launch", lambda kern, *a: (launched.append(kern.function_name), real(kern, *a)))
+    x1, y1 = dev.empty((1, n_in)), dev.empty((1, n_out))
+    for n_tok in (2, 3, 4, 5, 9):
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        xt, y = dev.empty((n_tok, n_in)), dev.empty((n_tok, n_out))
+        dev.write(xt, x)
+        launched.clear()
+        dev.matmul(y, xt, w)
+        assert launched[-1] == ("mul_mm_q8" if k.mul_mm_q8 is not None and n_tok > 4 else "mul_mvt_q8"), (
+            n_tok, launched)
+        batch = dev.read(y)
+        for t in range(n_tok):
+            dev.write(x1, x[t:t + 1])
+            dev.matmul(y1, x1, w)
+            np.testing.assert_array_equal(batch[t], dev.read(y1)[0], err_msg=f"{n_tok} tokens, token {t}")
+
+
 @pytest.mark.parametrize("ty", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_long_prompt_k_quants_equal_one_token_kernels(q8dev, ty):
     """140 tokens: more than one work-item's span of the K-quant prompt kernel (64 tokens, Q6_K 128)

@@ -300,7 +300,8 @@ class OpenCLDevice(ReplayRecorder, Device):
         k = self.kernels.weights(w.ggml_type, self.kernels.repacks(w.ggml_type, w.shape))
         s = self.shape
         self.q8.dirty(out.handle)
-        if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8:  # VNNI prompt kernel (module doc)
+        if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8 and not (
+                n_tok <= k.mvt_tokens and k.mul_mvt_q8 is not None and self.exact_prompt):  # VNNI (module doc)
             slot = self._q8_input(x, k.act)
             gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // (s.mmq_tn * k.mmq_tt)))
             self._launch(k.mul_mm_q8, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)

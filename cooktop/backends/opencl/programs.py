@@ -303,15 +303,18 @@ class WeightKernels:
     three matrices of one input in one launch), ``mul_mm_q8`` (VNNI prompt kernel)."""
 
     __slots__ = ("mul_mv", "mul_mm", "get_rows", "mul_mv_q8", "repack", "mul_mm_q8", "mul_mvt_q8", "mul_mv_id",
-                 "mul_mm_id", "mul_mv_q8_3", "act", "mmq_tt")
+                 "mul_mm_id", "mul_mv_q8_3", "act", "mmq_tt", "mvt_tokens")
 
-    def __init__(self, prg: Any, act: str = "q8_1", mmq_tt: int = 1):
+    def __init__(self, prg: Any, act: str = "q8_1", mmq_tt: int = 1, mvt_tokens: int = 1):
         import pyopencl as cl
 
         #: the activation format the *_q8 kernels read: "q8_1" (xd float2 per 32) or "q8_K" (quant.cl)
         self.act = act
         #: token tiles per ``mul_mm_q8`` work-item (``-DMMQ_TT``, :meth:`KernelCache.mmq_tiles`)
         self.mmq_tt = mmq_tt
+        #: prompts of up to this many tokens run ``mul_mvt_q8`` rather than ``mul_mm_q8`` (the same
+        #: sums bit for bit; :meth:`KernelCache.mvt_tokens`)
+        self.mvt_tokens = mvt_tokens
 
         names = set(prg.get_info(cl.program_info.KERNEL_NAMES).split(";"))
         self.mul_mv = prg.mul_mv
@@ -531,9 +534,21 @@ class KernelCache:
             with self._lock:
                 src, options = self._weight_program(ggml_type, repacked)
                 prg = build_program(self.ctx, self.device, src, options, f"matmul {ggml_type.name}", self._label)
-                k = WeightKernels(prg, "q8_K" if self.q8k(ggml_type) else "q8_1", self.mmq_tiles(ggml_type))
+                k = WeightKernels(prg, "q8_K" if self.q8k(ggml_type) else "q8_1", self.mmq_tiles(ggml_type),
+                                  self.mvt_tokens(ggml_type, repacked))
                 self._weights[(ggml_type, repacked)] = k
         return k
+
+    @staticmethod
+    def mvt_tokens(ggml_type: T, repacked: bool) -> int:
+        """Prompt sizes (tokens) up to which ``mul_mvt_q8`` (the one-token kernel token by token)
+        runs instead of ``mul_mm_q8``; both give the one-token sums bit for bit. Repacked Q4_0's
+        ``mul_mm_q8`` costs a whole tile of 8 tokens whatever the count: at 2, 3 and 4 tokens
+        ``mul_mvt_q8`` took 0.39-0.43x, 0.56-0.62x and 0.76-0.81x its CPU time (2048x2048,
+        5632x2048, 2048x5632, one PoCL thread; the server's short prompt tails and 2-4-row steps).
+        The K-quants' and Q8_0's ``mul_mm_q8`` cost about the same as ``mul_mvt_q8`` at 2 tokens
+        and less from 3 on: 1 for them."""
+        return 4 if ggml_type == T.Q4_0 and repacked else 1
 
     def q8k(self, ggml_type: T) -> bool:
         """True when the integer-dot kernels of ``ggml_type`` read block_q8_K activations
