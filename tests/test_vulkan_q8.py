@@ -255,7 +255,7 @@ def test_fallback_without_the_feature(vk, monkeypatch, ty):
     if IDOT <= vk.features:
         got8 = _matvec(vk, w, x, 131)
         assert vk._q8.n_quantized == q0 + 1
-        assert nmse(got8, dequantize_q8_1_ref(x) @ wf.T) <= EXACT_BOUND
+        assert nmse(got8, dequantize_activations_ref(x, vk.activation_format(ty, 2)) @ wf.T) <= EXACT_BOUND
 
 
 def test_disable_features_env(vk, monkeypatch):
