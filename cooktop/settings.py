@@ -120,6 +120,14 @@ def opencl_q8k() -> bool:
     return env_bool("COOKTOP_OPENCL_Q8K", True)
 
 
+def vulkan_q8k() -> bool:
+    """``COOKTOP_VULKAN_Q8K``: Vulkan Q4_K, Q5_K and Q6_K integer-dot mat-vecs on llama.cpp's
+    block_q8_K activations (one scale per 256 values, int16 sums per 16) instead of block_q8_1
+    (default off: on lavapipe the two run within a few percent of each other, block_q8_1
+    slightly ahead and closer to the float product)."""
+    return env_bool("COOKTOP_VULKAN_Q8K", False)
+
+
 def opencl_vnni() -> bool:
     """``COOKTOP_OPENCL_VNNI``: the AVX-512 VNNI prompt kernel where the CPU has it (default on)."""
     return env_bool("COOKTOP_OPENCL_VNNI", True)
@@ -227,6 +235,7 @@ def check_environment() -> None:
     opencl_replay()
     opencl_vnni()
     opencl_mmq_k()
+    vulkan_q8k()
     opencl_exact_prompt()
     probe_timeout(1.0)
     probe_isolation()

@@ -12,12 +12,23 @@ Three measurements, each the best of ``--reps`` runs after two warm-ups:
    total time per step minus the time of ``Sequence.eval()`` of the cached
    sequence alone.
 
-Usage: ``python scripts/bench_vulkan.py [--n 2048] [--types Q4_0,Q4_K] [--layers 22]``
+With ``--formats SHAPES`` (e.g. ``2048x2048,5632x2048``) it measures instead the integer-dot
+mat-vec's activation formats against each other for ``--types``: the float variant (as without
+shaderIntegerDotProduct), block_q8_1 and, for the K-quants, block_q8_K (``COOKTOP_VULKAN_Q8K``),
+alternated in one process for ``--reps`` rounds; each matmul of a pass reads its own activation
+and weight (4 of each), so every pass quantizes again. Times are CPU time of the process
+(``time.process_time``: lavapipe's worker threads included), per matmul, medians, which a shared
+machine distorts far less than wall time; the ratios are the figures to compare.
+
+Usage: ``python scripts/bench_vulkan.py [--n 2048] [--types Q4_0,Q4_K] [--layers 22]``,
+``python scripts/bench_vulkan.py --types Q4_K,Q5_K,Q6_K --formats 2048x2048,5632x2048 --reps 7``
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 
 import numpy as np
@@ -69,6 +80,58 @@ def bench_matmul(dev, ty: T, n: int, repeat: int, reps: int) -> None:
 
     dt = best_of(prompt, max(1, reps // 3)) / 4
     print(f"{ty.name:5s} mul_mm 64 tokens {n}x{n}: {dt * 1e3:8.2f} ms  {2 * 64 * n * n / dt / 1e9:6.2f} GFLOP/s")
+
+
+def bench_activation_formats(dev, ty: T, shapes: list[tuple[int, int]], rounds: int, per_pass: int = 4) -> None:
+    """float / q8_1 / q8_K mat-vec of ``ty`` at each [n_out, n_in] of ``shapes`` (module docstring)."""
+    from cooktop.backends.vulkan.shaders import variant_info
+
+    feats = dev.features
+    modes = ["float", "q8_1"] + (["q8_K"] if variant_info(f"mul_mat_vec_{ty.name.lower()}_q8k") else [])
+    saved = os.environ.get("COOKTOP_VULKAN_Q8K")
+
+    def set_mode(m: str) -> None:
+        dev.features = feats - {"shaderIntegerDotProduct"} if m == "float" else feats
+        os.environ["COOKTOP_VULKAN_Q8K"] = "1" if m == "q8_K" else "0"
+
+    rng = np.random.default_rng(0)
+    try:
+        for n_out, n_in in shapes:
+            ws = [dev.upload(random_weight(ty, (n_out, n_in), rng), ty, (n_out, n_in)) for _ in range(per_pass)]
+            xs = [dev.empty((1, n_in)) for _ in range(per_pass)]
+            for x in xs:
+                dev.write(x, rng.standard_normal((1, n_in)).astype(np.float32))
+            y = dev.empty((1, n_out))
+
+            def run(ws=ws, xs=xs, y=y):
+                for w, x in zip(ws, xs):
+                    dev.matmul(y, x, w)
+                dev.read(y)
+
+            times: dict[str, list[float]] = {m: [] for m in modes}
+            for m in modes:  # warm-up: pipelines, 8-bit copies
+                set_mode(m)
+                run()
+            for r in range(rounds):
+                for m in modes if r % 2 == 0 else modes[::-1]:
+                    set_mode(m)
+                    t0 = time.process_time()
+                    run()
+                    run()
+                    times[m].append((time.process_time() - t0) / (2 * per_pass))
+            med = {m: statistics.median(v) * 1e3 for m, v in times.items()}
+            ratios = f"q8_1/float {med['q8_1'] / med['float']:.3f}"
+            if "q8_K" in med:
+                ratios += f"  q8_K/q8_1 {med['q8_K'] / med['q8_1']:.3f}"
+            print(f"{ty.name:5s} mul_mat_vec {n_out}x{n_in}, CPU ms per matmul: "
+                  + "  ".join(f"{m} {med[m]:.3f}" for m in modes) + f"   {ratios}", flush=True)
+            dev.release(ws + xs + [y])
+    finally:
+        dev.features = feats
+        if saved is None:
+            os.environ.pop("COOKTOP_VULKAN_Q8K", None)
+        else:
+            os.environ["COOKTOP_VULKAN_Q8K"] = saved
 
 
 def bench_dispatch(dev, n: int, reps: int) -> None:
@@ -161,9 +224,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=16)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=22)
+    ap.add_argument("--formats", metavar="SHAPES", help="A/B of the activation formats at these N_OUTxN_IN shapes")
     args = ap.parse_args()
     dev = registry.open_device(args.device)
     print(f"{dev.info.selector}: {dev.info.name} ({dev.info.driver_version})")
+    if args.formats:
+        shapes = [(int(a), int(b)) for a, b in (s.lower().split("x") for s in args.formats.split(","))]
+        for name in args.types.split(","):
+            bench_activation_formats(dev, T[name.strip()], shapes, args.reps)
+        return
     for name in args.types.split(","):
         bench_matmul(dev, T[name.strip()], args.n, args.repeat, args.reps)
     bench_dispatch(dev, 379, args.reps)

@@ -44,7 +44,7 @@ def test_bench_plot_format_refused_before_any_work(stories, tmp_path):
     ("COOKTOP_DEQUANT_THREADS", "x", "integer 1..256"), ("COOKTOP_DEQUANT_THREADS", "1000", "integer 1..256"),
     ("COOKTOP_OPENCL_Q8", "maybe", "not a boolean"), ("COOKTOP_OPENCL_VNNI", "banana", "not a boolean"),
     ("COOKTOP_OPENCL_MMQ_K", "2", "not a boolean"), ("COOKTOP_OPENCL_Q8K", "k", "not a boolean"),
-    ("COOKTOP_OPENCL_REPLAY", "maybe", "not a boolean"),
+    ("COOKTOP_OPENCL_REPLAY", "maybe", "not a boolean"), ("COOKTOP_VULKAN_Q8K", "kay", "not a boolean"),
     ("COOKTOP_PROBE_TIMEOUT", "abc", "number >= 1"), ("COOKTOP_PROBE_TIMEOUT", "0", "number >= 1"),
     ("COOKTOP_PROBE_TIMEOUT", "-5", "number >= 1"), ("COOKTOP_PROBE_ISOLATION", "maybe", "not a boolean"),
     ("COOKTOP_DISABLE", "foo", "unknown 'foo'"),

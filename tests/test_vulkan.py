@@ -256,7 +256,10 @@ def test_pick_variant_by_features():
     assert vulkan.pick_variant("mul_mat_vec_q8_0", no_dot) == "mul_mat_vec_q8_0_p16"
     assert vulkan.pick_variant("mul_mat_vec_q4_k", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_k_q8"
     assert vulkan.pick_variant("mul_mat_vec_q4_k", no_dot) == "mul_mat_vec_q4_k"
-    assert vulkan.pick_variant("mul_mat_vec_q6_k", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q6_k"
+    assert vulkan.pick_variant("mul_mat_vec_q6_k", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q6_k_q8"
+    assert vulkan.pick_variant("mul_mat_vec_q6_k", frozenset(vulkan.KP_FEATURES), "q8_K") == "mul_mat_vec_q6_k_q8k"
+    assert vulkan.pick_variant("mul_mat_vec_q6_k", no_dot, "q8_K") == "mul_mat_vec_q6_k"
+    assert vulkan.pick_variant("mul_mat_vec_q4_1", frozenset(vulkan.KP_FEATURES)) == "mul_mat_vec_q4_1"
     assert vulkan.pick_variant("add", frozenset(vulkan.KP_FEATURES)) == "add"
 
 
@@ -279,7 +282,7 @@ def test_feature_variant_and_fallback_agree(vk, cpu_device, monkeypatch, ty):
     want_first = base + "_p16" if "storageBuffer16BitAccess" in feats16 else base
     picked = []
     orig = vulkan.pick_variant
-    monkeypatch.setattr(vulkan, "pick_variant", lambda n, f: picked.append(orig(n, f)) or picked[-1])
+    monkeypatch.setattr(vulkan, "pick_variant", lambda n, f, *a: picked.append(orig(n, f, *a)) or picked[-1])
     for feats in (feats16, frozenset()):
         monkeypatch.setattr(vk, "features", feats)
         w = vk.upload(raw, ty, shape)
@@ -329,8 +332,8 @@ def test_push_constants_fit_and_match(vk, monkeypatch):
     monkeypatch.setattr(vk_attention, "SCORES_FLASH_ON_CPU", True)  # and on the score kernels (CPU drivers)
     _decode_layer_run(vk, n_steps=1)
     xb, yb = vk.zeros((16, 256)), vk.empty((16, 256))
-    # 16 rows: the tiled mul_mm (Q6_K: no integer-dot mat-vec, which Q4_0 / Q4_K keep for every row count)
-    vk.matmul(yb, xb, vk.upload(random_weight(T.Q6_K, (256, 256), np.random.default_rng(0)), T.Q6_K, (256, 256)))
+    # 16 rows: the tiled mul_mm (Q4_1: no integer-dot mat-vec, which Q4_0 / the K-quants keep for every row count)
+    vk.matmul(yb, xb, vk.upload(random_weight(T.Q4_1, (256, 256), np.random.default_rng(0)), T.Q4_1, (256, 256)))
     vk.read(yb)
     assert {"copy", "fill", "rmsnorm", "rope", "kv_store", "attention", "silu_mul", "add"} <= set(seen)
     assert any(v.startswith("attention_kq") for v in seen)
@@ -632,7 +635,7 @@ def test_mat_vec_at_the_subgroup_sizes_of_real_gpus(vk, subgroup):
     super-blocks (Q4_K, Q6_K); the reduction and the unit loop are shared by every type."""
     import dataclasses
 
-    from cooktop.backends.reference import dequantize_q8_ref
+    from cooktop.backends.reference import dequantize_activations_ref
     from cooktop.backends.vulkan.device import VULKAN_TYPES, VulkanDevice
     from cooktop.format.quants import dequantize
 
@@ -648,7 +651,7 @@ def test_mat_vec_at_the_subgroup_sizes_of_real_gpus(vk, subgroup):
             xt, y = dev.empty((2, n_in)), dev.empty((2, 45))
             dev.write(xt, x)
             dev.matmul(y, xt, dev.upload(raw, ty, (45, n_in)))
-            xr = dequantize_q8_ref(x) if dev.quantizes_activations(ty, 2, (45, n_in)) else x.astype(np.float64)
+            xr = dequantize_activations_ref(x, dev.activation_format(ty, 2, (45, n_in)))
             ref = xr @ dequantize(raw, ty, (45, n_in)).astype(np.float64).T
             assert nmse(dev.read(y), ref) < 1e-10, ty.name
     finally:

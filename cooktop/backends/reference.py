@@ -3,8 +3,9 @@
 The OpenCL and Vulkan backends quantize a matmul's float32 input to llama.cpp's ``block_q8_1``
 (ggml-common.h) the same way (``Device.quantizes_activations`` says when); this is that rounding
 in numpy, so the integer-dot matmuls can be checked exactly against it; OpenCL's K-quant kernels
-read llama.cpp's ``block_q8_K`` instead (:func:`quantize_q8_K_ref`; ``Device.activation_format``
-names the format, :func:`dequantize_activations_ref` applies it).
+(and Vulkan's with ``COOKTOP_VULKAN_Q8K=1``) read llama.cpp's ``block_q8_K`` instead
+(:func:`quantize_q8_K_ref`; ``Device.activation_format`` names the format,
+:func:`dequantize_activations_ref` applies it).
 
 The KV cache's types are written the same way on every backend: :func:`quantize_kv` is the
 numpy reference of ``kv_store`` (the numpy backend's own, and what the device kernels are
@@ -52,7 +53,8 @@ def dequantize_q8_ref(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_q8_K_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """numpy reference of the OpenCL ``store_q8k`` (llama.cpp ``quantize_row_q8_K_ref``, ggml-quants.c).
+    """numpy reference of the OpenCL ``store_q8k`` and the Vulkan ``quantize_q8_K.comp`` (llama.cpp
+    ``quantize_row_q8_K_ref``, ggml-quants.c).
 
     Per 256 values: ``max`` is the first value of largest magnitude, ``iscale = -127 / max``,
     ``q = min(127, rint(iscale * x))`` (ggml's nearest_int rounds half to even), ``d = 1 / iscale``

@@ -59,18 +59,22 @@ FLAGS = ["-fshader-stage=compute", "--target-env=vulkan1.1", "-O"]
 TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "MXFP4",
          "Q2_K", "Q3_K"]
 TYPED = ["mul_mat_vec", "mul_mm", "get_rows", "mul_mat_id"]
-PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "quantize_q8_1", "copy",
+PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "quantize_q8_1",
+         "quantize_q8_K", "copy",
          "moe_route", "add_id", "moe_combine", "swiglu_oai"]
-#: Weight types with an integer-dot mat-vec on 8-bit activations, and with 16-bit-storage loads.
-INT_DOT_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K"]
+#: Weight types with an integer-dot mat-vec on 8-bit activations (block_q8_1), those of them with
+#: one on llama.cpp's block_q8_K too, and the types with 16-bit-storage loads.
+INT_DOT_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+Q8K_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
 PACKED16_TYPES = ["Q4_0", "Q8_0"]
 
 
 def default_variants() -> list[dict]:
     """The variant list ``--init`` writes, in ``variants.json`` order: every typed op x weight type
     (with, after the mat-vec ones, the integer-dot and 16-bit-storage mat-vec variants that stand in
-    for them where a device has the features; the integer-dot ones with ``"input": "q8_1"``), then
-    the float ops, the 8-bit activation quantizer, copy, the mixture-of-experts ops (``mul_mat_id``
+    for them where a device has the features; the integer-dot ones with ``"input": "q8_1"``, then
+    the K-quants' with ``"input": "q8_K"``), then the float ops, the two 8-bit activation
+    quantizers, copy, the mixture-of-experts ops (``mul_mat_id``
     per type among the typed ones; routing, ``add_id``, the weighted sum, ``swiglu_oai``), fill,
     attention with sinks and the rectangle copy of tensors stored in row chunks. ``access`` and
     ``features`` are filled in by :func:`build`."""
@@ -82,6 +86,8 @@ def default_variants() -> list[dict]:
     out = typed("mul_mat_vec")
     # 8-bit activations (block_q8_1 input, made by quantize_q8_1), integer dot products (OpSDot)
     out += [{**v, "input": "q8_1"} for v in typed("mul_mat_vec", "mul_mat_vec_q8.comp", INT_DOT_TYPES, "_q8")]
+    # the K-quants on block_q8_K (made by quantize_q8_K), the same shader built with Q8K
+    out += [{**v, "input": "q8_K"} for v in typed("mul_mat_vec", "mul_mat_vec_q8.comp", Q8K_TYPES, "_q8k", Q8K="1")]
     out += typed("mul_mat_vec", None, PACKED16_TYPES, "_p16", PACKED16="1")  # 16-bit storage loads
     out += typed("mul_mm") + typed("get_rows") + typed("mul_mat_id")
     out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in PLAIN]

@@ -80,6 +80,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from ... import settings
 from ...errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
 from . import INSTALL_HINT
@@ -106,7 +107,7 @@ from .info import (
     kp_props_to_info,
     query_devices,
 )
-from .q8 import Q8Inputs, takes_q8_1
+from .q8 import Q8Inputs, input_format
 from .shaders import (  # noqa: F401
     MAX_PUSH_BYTES,
     SHADER_DIR,
@@ -499,13 +500,29 @@ class VulkanDevice(SequenceRecorder, Device):
             self.n_pipelines += 1
         self._sink.append(("algo", entry, push))
 
+    def _mmv_variant(self, ggml_type: T) -> str | None:
+        """The mat-vec variant this device runs for ``ggml_type`` weights (None: no mat-vec):
+        :func:`pick_variant` by features, the K-quants' block_q8_1 one (``"input": "q8_1"``), or
+        their block_q8_K one (``"q8_K"``) with ``COOKTOP_VULKAN_Q8K=1``."""
+        name = VARIANTS["mul_mat_vec"].get(T(ggml_type))
+        if name is None:
+            return None
+        return pick_variant(name, self.features, "q8_K" if settings.vulkan_q8k() else "q8_1")
+
     def quantizes_activations(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> bool:
         """True when ``matmul`` of ``n_tokens`` rows with ``ggml_type`` weights runs the integer-dot
-        mat-vec on 8-bit activations (q8.py; exact on ``reference.quantize_q8_ref``'s
-        quantization), False when it computes in float32. Any ``n_tokens``: a type with that
+        mat-vec on 8-bit activations (q8.py; exact on the quantization :meth:`activation_format`
+        names), False when it computes in float32. Any ``n_tokens``: a type with that
         variant keeps it for prompts too. ``shape`` is unused (same as OpenCL's)."""
-        name = VARIANTS["mul_mat_vec"].get(T(ggml_type))
-        return name is not None and takes_q8_1(pick_variant(name, self.features))
+        return self.activation_format(ggml_type, n_tokens, shape) is not None
+
+    def activation_format(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> str | None:
+        """The 8-bit activations ``matmul`` with ``ggml_type`` weights reads: ``"q8_1"``
+        (``reference.quantize_q8_ref``: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), ``"q8_K"``
+        (``reference.quantize_q8_K_ref``: Q4_K, Q5_K, Q6_K with ``COOKTOP_VULKAN_Q8K=1``), or None
+        (float32: the other types, or a device without shaderIntegerDotProduct / 16-bit storage)."""
+        name = self._mmv_variant(ggml_type)
+        return None if name is None else input_format(name)
 
     # -- ops --------------------------------------------------------------
     @staticmethod
@@ -531,12 +548,13 @@ class VulkanDevice(SequenceRecorder, Device):
             n_groups = (n_out + MMV_NROWS - 1) // MMV_NROWS
             gpw = max(1, n_groups // self._mmv_target_wgs)
             grid = workgroups(nb * ((n_groups + gpw - 1) // gpw))
-            name = pick_variant(VARIANTS["mul_mat_vec"][w.ggml_type], self.features)
-            if takes_q8_1(name):  # integer dots on the 8-bit copy of x (q8.py)
+            name = self._mmv_variant(w.ggml_type)
+            fmt = input_format(name)
+            if fmt is not None:  # integer dots on the 8-bit copy of x (q8.py)
                 for t in (w, x, out):
                     if t.device is not self:
                         raise DeviceError(f"{name}: tensor {t!r} lives on another device than {self.info.selector}")
-                xq = self._q8.input(x, n, n_in, self._row_cap(x))
+                xq = self._q8.input(x, n, n_in, self._row_cap(x), fmt)
                 self._dispatch_raw(name, (w.handle, xq, out.handle), grid, (n_in, n_out, n, rb, gpw))
             else:
                 self._dispatch(name, (w, x, out), grid, (n_in, n_out, n, rb, gpw))

@@ -38,6 +38,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 
+from ... import settings
 from ..base import OPS, DeviceInfo, type_name
 from .icd import describe_icds
 from .shaders import VULKAN_KV_TYPES, VULKAN_TYPES, pick_variant
@@ -377,7 +378,8 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     ``max_alloc_bytes`` is the largest buffer the shaders can use: the smallest of
     maxStorageBufferRange (one binding), maxMemoryAllocationSize, maxBufferSize and the usable memory.
     ``variants``: for each shader with feature-dependent stand-ins, the one this device runs
-    (:func:`.shaders.pick_variant` over the features kp enables here).
+    (:func:`.shaders.pick_variant` over the features kp enables here; the K-quants' block_q8_K
+    variants with ``COOKTOP_VULKAN_Q8K=1``).
     """
     mem = f.memory_bytes or None
     ops = (OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")) + VULKAN_MOE_OPS
@@ -385,7 +387,8 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     binding = min(x for x in (f.max_storage_buffer_range, f.max_buffer_size) if x) if (
         f.max_storage_buffer_range or f.max_buffer_size) else None
     feats = frozenset(f.features)
-    variants = {name: pick_variant(name, feats) for name in sorted({v["variant_of"] for v in shader_variants()
+    prefer = "q8_K" if settings.vulkan_q8k() else "q8_1"  # the device's choice (VulkanDevice._mmv_variant)
+    variants = {name: pick_variant(name, feats, prefer) for name in sorted({v["variant_of"] for v in shader_variants()
                                                                     if v.get("variant_of")})}
     return DeviceInfo(
         backend="vulkan", index=f.index, name=f.name, vendor=f.vendor, device_type=f.device_type,

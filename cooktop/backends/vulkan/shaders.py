@@ -88,16 +88,17 @@ def binding_access(name: str) -> tuple[str, ...]:
     return tuple(v["access"])
 
 
-def pick_variant(name: str, features: frozenset[str] | set[str]) -> str:
+def pick_variant(name: str, features: frozenset[str] | set[str], prefer_input: str | None = None) -> str:
     """The variant to run for the logical variant ``name`` on a device with ``features`` enabled.
 
     A variant with ``"variant_of": name`` and ``"features": [...]`` all in ``features``
-    is preferred (the first listed); otherwise ``name`` itself, which needs no optional feature.
+    is preferred (the first listed, or the first of those whose ``"input"`` is ``prefer_input``,
+    e.g. ``"q8_K"`` over ``"q8_1"``, where there is one); otherwise ``name`` itself, which needs no
+    optional feature.
     """
-    for v in variants_of(name):
-        if set(_manifest()[v].get("features", ())) <= set(features):
-            return v
-    return name
+    ok = [v for v in variants_of(name) if set(_manifest()[v].get("features", ())) <= set(features)]
+    preferred = [v for v in ok if prefer_input is not None and _manifest()[v].get("input") == prefer_input]
+    return (preferred or ok or [name])[0]
 
 
 @functools.cache
