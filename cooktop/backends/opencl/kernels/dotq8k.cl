@@ -94,12 +94,27 @@ inline v16si q8k_mins16(const v32hi m2, const global float *rec) {
 #endif
 
 #if defined(X86_512) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
+// int16 lanes 0..15 a, 16..31 b: per-half counts of one variable shift (vpsravw / vpsllvw)
+#define Q8K_SH2(a, b) (v32hi)((short16)(a), (short16)(b))
 // Float lanes (mmq8.cl's q8_K prompt kernel repeats them): 16 int32 lanes of the super-block's
 // integer, one fma with d_w d_y; Q4_K / Q5_K: lanes 0..7 add -(dmin_w d_y) m_s sum_s(qy), one
 // sub-block each (in a 16-lane fma whose lanes 8..15 add zero products); Q6_K: the -32 enters the
 // integer lanes, lane s taking -32 sc_s bsums_s.
 #if defined(W_Q4_K) || defined(W_Q5_K)
-// per 32-byte group j of qs: 64 quants (Q45K_QUANTS: sub-blocks 2j, 2j+1) x 64 activation bytes,
+// The 64 quants of sub-blocks 2j, 2j + 1 (Q45K_QUANTS's bytes): the 32 qs bytes z loaded into both
+// halves (one vbroadcasti64x4) and shifted as int16 by 0 (low half: low nibbles) and 4 (high half:
+// high nibbles) in one vpsrlvw before the mask; Q5_K's fifth bits likewise, the bits 2j, 2j + 1 of
+// qh moved to bit 4 by one variable shift per half (left for j < 2, right after).
+#define Q8K_NIB(p, j, m15) \
+    ((v64qi)((v32hi)CAT32(LOAD32((p) + QK_QS + 32 * (j)), LOAD32((p) + QK_QS + 32 * (j))) >> Q8K_SH2(0, 4)) & (m15))
+#if defined(W_Q5_K)
+#define Q8K_QH(p) (v32hi)CAT32(LOAD32((p) + 16), LOAD32((p) + 16))
+#define Q8K_HB(p, j) ((j) < 2 ? Q8K_QH(p) << Q8K_SH2(4 - 2 * (j), 3 - 2 * (j)) : Q8K_QH(p) >> Q8K_SH2(2 * (j) - 4, 2 * (j) - 3))
+#define Q8K_Q45(p, j, m15) (Q8K_NIB(p, j, m15) | ((v64qi)Q8K_HB(p, j) & (v64qi)(int16)(0x10101010)))
+#else
+#define Q8K_Q45(p, j, m15) Q8K_NIB(p, j, m15)
+#endif
+// per 32-byte group j of qs: 64 quants (Q8K_Q45: sub-blocks 2j, 2j+1) x 64 activation bytes,
 // pmaddubsw then pmaddwd with the two sub-blocks' scales as int16 (int32 lanes 0..7: 2j, 8..15: 2j+1)
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
@@ -113,8 +128,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
         // the scales of sub-blocks 2j (int16 lanes 0..15) and 2j+1 (16..31): one constant shuffle
 #define Q8K_STEP(j, a, b)                                                                                  \
         {                                                                                                  \
-            const v32qi z = *(const global v32qi_u *)(p + QK_QS + 32 * (j));                               \
-            const v64qi q = Q45K_QUANTS(z, p, (j), m15);                                                   \
+            const v64qi q = Q8K_Q45(p, (j), m15);                                                          \
             const v32hi scv = (v32hi)__builtin_shufflevector(sc, sc, a, a, a, a, a, a, a, a, a, a, a, a, a, \
                                                              a, a, a, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b); \
             const v64qi ya = LOAD64(xq + (size_t)ib * 256 + 64 * (j));                                     \
@@ -138,11 +152,13 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     a + 3, a + 3, a + 3)
 #define Q6K_SCV(v, g) ((g) == 0 ? Q6K_SH(v, 0) : (g) == 1 ? Q6K_SH(v, 4) : (g) == 2 ? Q6K_SH(v, 8) : Q6K_SH(v, 12))
 // group g (0..3) = values 64g..64g+63 (dotq8.cl's Q6_K layout), 16-value sub-blocks 4g..4g+3;
-// the -32: lane s starts from -32 sc_s bsums_s (q6k_bsum_term)
+// the -32: lane s starts from -32 sc_s bsums_s (q6k_bsum_term). The two high bits of each quant
+// (qh's bits 2r, 2r + 1 for row r of the group's two halves) land on bits 4, 5 in one variable shift
+// of qh loaded into both halves (one vbroadcasti64x4), then one mask and one or with the low nibbles.
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-    const v64qi m3 = (v64qi)(int16)(0x03030303);
+    const v64qi m48 = (v64qi)(int16)(0x30303030);
     for (int ib = lid; ib < nb; ib += MV_LS) {
         const global uchar *p = row + (size_t)ib * 210;
         const global float *rec = (const global float *)xd + (size_t)ib * 16;
@@ -151,11 +167,10 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 #pragma unroll
         for (int g = 0; g < 4; g++) {
             const v64qi ql = LOAD64(p + 64 * (g >> 1));
-            const v32qi qh = *(const global v32qi_u *)(p + 128 + 32 * (g >> 1));
             const v64qi lq = (g & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);
-            const v16hi qw = (v16hi)qh >> (short)(4 * (g & 1));
-            const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;
-            const v64qi q = lq | (v64qi)((v16si)hq << 4);
+            const v32hi qh2 = (v32hi)CAT32(LOAD32(p + 128 + 32 * (g >> 1)), LOAD32(p + 128 + 32 * (g >> 1)));
+            const v64qi hq = (v64qi)((g & 1) ? qh2 >> Q8K_SH2(0, 2) : qh2 << Q8K_SH2(4, 2)) & m48;
+            const v64qi q = lq | hq;
             const v32hi scv = (v32hi)Q6K_SCV(sc16s, g);
             const v64qi ya = LOAD64(xq + (size_t)ib * 256 + 64 * g);
             isum += __builtin_ia32_pmaddwd512(__builtin_ia32_pmaddubsw512(q, ya), scv);
