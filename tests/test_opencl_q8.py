@@ -162,15 +162,17 @@ def _ids(dev, ids):
 
 
 def test_q4_0_repacked_layout(q8dev):
-    """Q4_0 rows of n_in % 128 == 0 are repacked on upload where the 64-byte SIMD kernels build
-    (AVX-512BW): mat-vec, mat-mat and get_rows read the layout right at odd group/row counts,
-    and the temporary raw copy is not counted as an allocation."""
+    """Q4_0 matrices of n_out % 16 == 0 rows are repacked on upload (16 rows in the lanes) where
+    the 64-byte SIMD kernels build (AVX-512BW): mat-vec, mat-mat and get_rows read the layout right
+    at odd block / row-group counts, other row counts keep block_q4_0, and the temporary raw copy
+    is not counted as an allocation."""
     dev = q8dev
     rng = np.random.default_rng(11)
-    for n_in in (128, 384):
-        assert dev.kernels.repacks(T.Q4_0, (5, n_in)) == (dev.kernels.isa()["avx512bw"]
-                                                          and not dev.kernels.isa()["portable"])
-        for n_out in (1, 3, 129):
+    for n_in in (32, 224, 384):
+        assert dev.kernels.repacks(T.Q4_0, (48, n_in)) == (dev.kernels.isa()["avx512bw"]
+                                                           and not dev.kernels.isa()["portable"])
+        assert not dev.kernels.repacks(T.Q4_0, (5, n_in)) and not dev.kernels.repacks(T.Q4_0, (40, n_in))
+        for n_out in (16, 48, 3):
             raw = random_weight(T.Q4_0, (n_out, n_in), rng)
             wf = dequantize(raw, T.Q4_0, (n_out, n_in)).astype(np.float64)
             before = dev.allocated_bytes
@@ -233,7 +235,7 @@ def test_drop_file_pages(tmp_path):
 def test_prompt_matrices_vnni(q8dev, ty):
     """mul_mm_q8 (Q8_0, repacked Q4_0, Q4_K, Q5_K and Q6_K, on a CPU with AVX-512 VNNI): exact against numpy
     on 8-bit activations at odd row/token/group counts, within the quantized bound of the float
-    product; Q4_0 rows of other lengths and builds without VNNI run mul_mvt_q8 (also exact on
+    product; Q4_0 matrices of other row counts and builds without VNNI run mul_mvt_q8 (also exact on
     8-bit activations), or the float mul_mm with COOKTOP_OPENCL_EXACT_PROMPT=0."""
     dev = q8dev
     rng = np.random.default_rng(13)
@@ -242,7 +244,7 @@ def test_prompt_matrices_vnni(q8dev, ty):
         pytest.skip("this CPU has no AVX-512 VNNI (the float mul_mm runs; test_ops_parity covers it)")
     n_ins = {T.Q4_0: (128, 384, 224), T.Q8_0: (32, 224, 2080)}.get(ty, (256, 768, 1280))
     for n_in in n_ins:
-        for n_out in (1, 3, 129):
+        for n_out in (1, 48, 144) if ty == T.Q4_0 else (1, 3, 129):  # Q4_0: repacked for n_out % 16 == 0
             raw = random_weight(ty, (n_out, n_in), rng)
             w = dev.upload(raw, ty, (n_out, n_in))
             wf = dequantize(raw, ty, (n_out, n_in)).astype(np.float64)
@@ -254,8 +256,8 @@ def test_prompt_matrices_vnni(q8dev, ty):
                 dev.matmul(y, xt, w)
                 got = dev.read(y)
                 q8 = dev.quantizes_activations(ty, n_tok, (n_out, n_in))
-                assert q8 == (dev.exact_prompt or (vnni and (ty == T.Q8_0 or n_in % 128 == 0)))
-                assert dev.kernels.mm_q8(ty, (n_out, n_in)) == (vnni and (ty != T.Q4_0 or n_in % 128 == 0))
+                assert q8 == (dev.exact_prompt or (vnni and (ty != T.Q4_0 or n_out % 16 == 0)))
+                assert dev.kernels.mm_q8(ty, (n_out, n_in)) == (vnni and (ty != T.Q4_0 or n_out % 16 == 0))
                 if q8:
                     xr = dequantize_activations_ref(x, dev.activation_format(ty, n_tok, (n_out, n_in)))
                     assert nmse(got, xr @ wf.T) <= 1e-10, (n_in, n_out, n_tok)
@@ -309,8 +311,8 @@ def test_prompt_kernels_equal_one_token_kernels(q8dev, ty):
     Q8_0 also at 75 tokens (its work-items run 64: a second, partial one)."""
     dev = q8dev
     rng = np.random.default_rng(29)
-    n_in = {T.Q4_0: 384, T.Q8_0: 224}.get(ty, 768)
-    for n_out in (3, 67):
+    n_in = {T.Q4_0: 224, T.Q8_0: 224}.get(ty, 768)
+    for n_out in (16, 80) if ty == T.Q4_0 else (3, 67):  # Q4_0: repacked row groups of 16
         raw = random_weight(ty, (n_out, n_in), rng)
         w = dev.upload(raw, ty, (n_out, n_in))
         n_tok = 75 if ty == T.Q8_0 and n_out == 67 else 11

@@ -29,9 +29,8 @@ in the same kernel) and each weight block is multiplied with integer dot
 products (``dotq8.cl``; pmaddubsw on x86 PoCL, portable OpenCL C elsewhere).
 ``COOKTOP_OPENCL_Q8=0`` keeps float32 activations. The K-quants read llama.cpp's
 ``block_q8_K`` (one scale per 256 values; ``dotq8k.cl``, :meth:`activation_format`), the
-others ``block_q8_1``. Q4_0 weights whose rows hold
-whole groups of 128 values are repacked on upload for the 64-byte SIMD kernels
-where the compiler targets AVX-512BW (``dequant.cl``).
+others ``block_q8_1``. Q4_0 matrices of a multiple of 16 rows are repacked on upload
+with 16 rows in the SIMD lanes (``dequant.cl``) where the compiler targets AVX-512BW.
 
 Prompt matrices run on the same 8-bit activations, so that a prompt's logits are those
 of its tokens one at a time (a cached prefix, a continued conversation, the same request
@@ -239,8 +238,8 @@ class OpenCLDevice(ReplayRecorder, Device):
         host = arr.view(np.uint8).reshape(-1)
         if len(shape) == 2 and self.kernels.repacks(ggml_type, shape):  # SIMD layout, made on the device
             buf, raw = self._alloc(nbytes), self._alloc(nbytes, host, count=False)  # raw: freed once repacked
-            self.kernels.weights(ggml_type, True).repack(self.queue, (shape[1] // 128, shape[0]), None, raw, buf,
-                                                         shape[1])
+            self.kernels.weights(ggml_type, True).repack(self.queue, (shape[1] // 32, shape[0] // 16), None, raw,
+                                                         buf, shape[1])
         else:
             buf = self._alloc(nbytes, host)
         self.q8.dirty(buf)
@@ -297,21 +296,23 @@ class OpenCLDevice(ReplayRecorder, Device):
     def _matmul(self, out, x, w):
         n_tok, n_in = x.shape
         n_out = w.shape[0]
-        k = self.kernels.weights(w.ggml_type, self.kernels.repacks(w.ggml_type, w.shape))
+        repacked = self.kernels.repacks(w.ggml_type, w.shape)
+        k = self.kernels.weights(w.ggml_type, repacked)
         s = self.shape
+        rows = n_out // 16 if repacked else n_out  # repacked Q4_0: a work-item per group of 16 rows (dequant.cl)
         self.q8.dirty(out.handle)
         if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8 and not (
                 n_tok <= k.mvt_tokens and k.mul_mvt_q8 is not None and self.exact_prompt):  # VNNI (module doc)
             slot = self._q8_input(x, k.act)
-            gsize = (_ceil_to(-(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // (s.mmq_tn * k.mmq_tt)))
+            gsize = (_ceil_to(rows if repacked else -(-n_out // s.mmq_r), s.mm_tm), -(-n_tok // (s.mmq_tn * k.mmq_tt)))
             self._launch(k.mul_mm_q8, gsize, (s.mm_tm, 1), w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1 and k.mul_mv_q8 is not None and self.use_q8:
             slot = self._q8_input(x, k.act)
-            self._launch(k.mul_mv_q8, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
+            self._launch(k.mul_mv_q8, (s.mv_ls, _ceil_to(rows, s.mv_r)), (s.mv_ls, s.mv_r),
                         w.handle, slot.xq, slot.xd, out.handle, n_in, n_out)
         elif n_tok > 1 and k.mul_mvt_q8 is not None and self.exact_prompt:  # the one-token sums, token by token
             slot = self._q8_input(x, k.act)
-            self._launch(k.mul_mvt_q8, (s.mv_ls, _ceil_to(n_out, s.mv_r), -(-n_tok // MVT_TN)), (s.mv_ls, s.mv_r, 1),
+            self._launch(k.mul_mvt_q8, (s.mv_ls, _ceil_to(rows, s.mv_r), -(-n_tok // MVT_TN)), (s.mv_ls, s.mv_r, 1),
                          w.handle, slot.xq, slot.xd, out.handle, n_in, n_out, n_tok)
         elif n_tok == 1:
             self._launch(k.mul_mv, (s.mv_ls, _ceil_to(n_out, s.mv_r)), (s.mv_ls, s.mv_r),
@@ -358,12 +359,15 @@ class OpenCLDevice(ReplayRecorder, Device):
         s = self.shape
         plan: list[tuple] = []
         for t, idx in groups.items():
-            if t in Q8_TYPES and 1 < len(idx) <= 3 and self.quantizes_activations(t, 1):
-                ws = [pairs[i][1] for i in idx]
-                k = self.kernels.weights(t, self.kernels.repacks(t, ws[0].shape))
+            ws = [pairs[i][1] for i in idx]
+            rp = {self.kernels.repacks(t, w.shape) for w in ws}  # one layout per launch
+            if t in Q8_TYPES and 1 < len(idx) <= 3 and self.quantizes_activations(t, 1) and len(rp) == 1:
+                repacked = rp.pop()
+                k = self.kernels.weights(t, repacked)
                 n = tuple(w.shape[0] for w in ws) + (0,) * (3 - len(ws))
                 hw = tuple(w.handle for w in ws) + (ws[-1].handle,) * (3 - len(ws))
-                plan.append((k.mul_mv_q8_3, (s.mv_ls, _ceil_to(sum(n), s.mv_r)), (s.mv_ls, s.mv_r), tuple(idx), n,
+                rows = sum(n) // 16 if repacked else sum(n)  # repacked Q4_0: groups of 16 rows
+                plan.append((k.mul_mv_q8_3, (s.mv_ls, _ceil_to(rows, s.mv_r)), (s.mv_ls, s.mv_r), tuple(idx), n,
                              hw, k.act))
             else:
                 plan += [(None, i) for i in idx]

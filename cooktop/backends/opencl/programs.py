@@ -71,7 +71,8 @@ class LaunchShape:
     mv_ls: work-items sharing one output row in ``mul_mv``; mv_r: rows per group.
     mm_tm: rows (= work-items) per group in ``mul_mm``; mm_tn: tokens per tile;
     mm_uc: 32-value units per staged x tile; mm_r: rows per work-item (CPU flavour);
-    mmq_r, mmq_tn: rows and tokens per work-item of ``mul_mm_q8`` (8-bit activations, VNNI) in one pass;
+    mmq_r, mmq_tn: rows and tokens per work-item of ``mul_mm_q8`` (8-bit activations, VNNI) in one pass
+    (repacked Q4_0: 16 rows, its row group);
     mmq_tt: tiles of mmq_tn tokens per work-item of the K-quants' ``mul_mm_q8`` (its grid counts
     mmq_tn * mmq_tt tokens per work-item, which mmq8.cl runs in passes of ``MMQK_TN``, its rows reused
     from the cache; :meth:`KernelCache.mmq_tiles`). rn_ls: rmsnorm group size.
@@ -473,12 +474,11 @@ class KernelCache:
         block_q8_K, whose rows then come from the cache after the first pass (mmq8.cl's passes of
         ``MMQK_TN`` tokens; 8 tiles of 8 made Q6_K prompt matrices 2x faster at 64 tokens than one
         tile, Q4_K 1.1-1.3x), and for Q8_0 (8 tiles: 1.2-2.3x less CPU time than 1 at 128 tokens,
-        2048 and 5632 rows, the machine loaded), 1 for the others (repacked Q4_0 lost 25 % with 8:
-        it reads its 8 tokens' activations from L1 only when every work-item of a group shares them;
-        scripts/bench_kernels_ab.py --new-tt). Q6_K gets twice ``mmq_tt``: 16 tiles (128 tokens a
+        2048 and 5632 rows, the machine loaded) and repacked Q4_0 (16 rows a work-item, dequant.cl),
+        1 for the others. Q6_K gets twice ``mmq_tt``: 16 tiles (128 tokens a
         work-item) made its prompt matrices 1.04-1.17x faster than 8 at 100 and 128 tokens, while
         Q4_K (0.91-1.2x) and Q5_K (0.98-1.02x) gained nothing."""
-        if ggml_type == T.Q8_0:
+        if ggml_type in (T.Q8_0, T.Q4_0):
             return self.shape.mmq_tt
         if not self.q8k(ggml_type):
             return 1
@@ -504,8 +504,8 @@ class KernelCache:
             DeviceError: a build failed (see :func:`build_program`).
         """
         todo: list[Any] = ([] if self._ops is not None else [None])
-        # the layout real models get (rows of n_in % 128 == 0): repacked Q4_0 where the SIMD path builds
-        todo += [(t, self.repacks(t, (1, 128))) for t in types if t in OPENCL_TYPES]
+        # the layout real models get (n_out % 16 == 0): repacked Q4_0 where the SIMD path builds
+        todo += [(t, self.repacks(t, (16, 128))) for t in types if t in OPENCL_TYPES]
         todo = [t for t in todo if t is None or t not in self._weights]
         fresh = [t for t in todo if not built_before(self.device, *(self._ops_program() if t is None
                                                                     else self._weight_program(*t)))]
@@ -591,10 +591,13 @@ class KernelCache:
         return self.repacks(ggml_type, shape)
 
     def repacks(self, ggml_type: T, shape: tuple[int, ...]) -> bool:
-        """True when weights of this type and shape are stored repacked on this device: Q4_0 rows
-        of n_in % 128 == 0 where the 64-byte SIMD kernels build (AVX-512BW; dequant.cl documents
-        the layout). Every op derives it from the weight's shape, so tensors carry no flag."""
-        if ggml_type != T.Q4_0 or shape[-1] % 128 or self.shape.mm_local:
+        """True when weights of this type and shape are stored repacked on this device: Q4_0
+        matrices of n_out % 16 == 0 rows (16 rows in the SIMD lanes, a work-item per group of 16:
+        dequant.cl documents the layout) on the CPU launch shape (one work-item per row group,
+        ``mv_ls`` 1) where the 64-byte SIMD kernels build (AVX-512BW). Other Q4_0 matrices keep
+        the block_q4_0 layout. Every op derives it from the weight's shape, so tensors carry no flag."""
+        if ggml_type != T.Q4_0 or len(shape) != 2 or shape[0] % 16 or shape[-1] % 32 or self.shape.mm_local \
+                or self.shape.mv_ls != 1:
             return False
         isa = self.isa()
         return isa["avx512bw"] and isa["f16c"] and not isa["portable"]

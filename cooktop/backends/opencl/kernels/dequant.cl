@@ -13,7 +13,8 @@
 //   QKV                       values per block (32, or 256 for K-quants)
 //   dot_block(row, ib, x, acc)  acc + the products of block ib with x (matrix-vector)
 // K-quants also have block_scales(row, ib) -> float16 and deq_sub(row, ib, s, scales, &a, &b)
-// so mul_mm decodes a super-block's scales once for its eight units.
+// so mul_mm decodes a super-block's scales once for its eight units. Kernels address row r as
+// ROW_PTR(w, r, n) and call DEQ_UNIT / DOT_BLOCK with ROW_LANE(r) (repacked Q4_0 interleaves rows).
 
 // IEEE half -> float by bit manipulation: PoCL's vload_half is a slow library call
 // (1.5x slower Q4_0 decode when used for the block scales). Exact for every input,
@@ -99,45 +100,47 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
 }
 
 #elif defined(W_Q4_0) && defined(REPACK_Q4_0)
-// Q4_0 repacked at upload, ggml's repack idea (ggml-cpu/repack.cpp) with its own layout,
-// for rows of n_in % 128 == 0 where dotq8.cl's 64-byte SIMD path runs (the host decides;
-// kernel `repack` below makes it). A row is n_in / 128 groups of 4 blocks; a group (72
-// bytes, as 4 blocks) is half d[4], then 64 bytes whose low nibbles are the 4-bit quants
-// q of the group's values 0..63 and high nibbles those of values 64..127, so one 64-byte
-// load holds two blocks' quants in value order. y = d * (q - 8) as in block_q4_0.
+// Q4_0 repacked at upload with 16 rows in the lanes, llama.cpp's block_q4_0x8 idea
+// (ggml-cpu/repack.cpp: ggml_gemv/gemm_q4_0_8x8_q8_0) with its own layout, for matrices of
+// n_out % 16 == 0 rows where dotq8.cl's 64-byte SIMD path runs (the host decides, KernelCache.repacks;
+// kernel `repack` below makes it). Rows 16G..16G+15 (a row group, 16 * ROW_BYTES(n_in) bytes at
+// row 16G's place) are n_in / 32 blocks of 288 bytes: half d[16] (lane l: row 16G + l), then four
+// 64-byte vectors j = 0..3 whose bytes 4l..4l+3 are qs[4j..4j+3] of row 16G + l's block_q4_0, so
+// the low nibbles of vector j hold each row's values 4j..4j+3 in its int32 lane l and the high
+// nibbles its values 16+4j..16+4j+3. y = d * (q - 8) as in block_q4_0.
 #define ROW_BYTES(n) ((size_t)(n) / 32 * 18)
-inline void deq_unit(const global uchar *row, int u, float16 *a, float16 *b) {
-    const int k = u & 3;
-    const global uchar *gp = row + (size_t)(u >> 2) * 72;
-    const float d = LOAD_HALF(gp + 2 * k);
-    const global uchar *q = gp + 8 + 32 * (k & 1);
-    const uchar sh = (uchar)(4 * (k >> 1));
-    *a = (convert_float16((vload16(0, q) >> sh) & (uchar)15) - 8.0f) * d;
-    *b = (convert_float16((vload16(1, q) >> sh) & (uchar)15) - 8.0f) * d;
+#define Q4R_BLOCK 288
+// row r: its group's start and its lane (what deq_unit / dot_block take for this layout)
+#define ROW_PTR(w, r, n) ((w) + (size_t)((r) >> 4) * 16 * ROW_BYTES(n))
+#define ROW_LANE(r) ((r) & 15)
+inline void deq_unit_l(const global uchar *grp, int l, int u, float16 *a, float16 *b) {
+    const global uchar *p = grp + (size_t)u * Q4R_BLOCK;
+    const float d = LOAD_HALF(p + 2 * l);
+    const global uchar *q = p + 32 + 4 * l;
+    const uchar16 z = (uchar16)(vload4(0, q), vload4(0, q + 64), vload4(0, q + 128), vload4(0, q + 192));
+    *a = (convert_float16(z & (uchar)15) - 8.0f) * d;
+    *b = (convert_float16(z >> (uchar)4) - 8.0f) * d;
 }
+#define DEQ_UNIT(row, l, u, a, b) deq_unit_l(row, l, u, a, b)
 #define QKV 32
-inline float16 dot_block(const global uchar *row, int ib, const global float *x, float16 acc) {
+inline float16 dot_block_l(const global uchar *grp, int l, int ib, const global float *x, float16 acc) {
     float16 a, b;
-    deq_unit(row, ib, &a, &b);
+    deq_unit_l(grp, l, ib, &a, &b);
     return fma(b, vload16(2 * ib + 1, x), fma(a, vload16(2 * ib, x), acc));
 }
-// src: block_q4_0 rows; dst: the layout above. Global (n_in / 128, n_rows): one group each.
+#define DOT_BLOCK(row, l, ib, x, acc) dot_block_l(row, l, ib, x, acc)
+// src: block_q4_0 rows; dst: the layout above. Global (n_in / 32, n_out / 16): one block of a row group each.
 __kernel void repack(const global uchar *src, global uchar *dst, const int n_in) {
-    const int g = get_global_id(0);
-    const size_t r = get_global_id(1);
-    const global uchar *s = src + r * ROW_BYTES(n_in) + (size_t)g * 72;
-    global uchar *d = dst + r * ROW_BYTES(n_in) + (size_t)g * 72;
-    uchar v[128];
-    for (int k = 0; k < 4; k++) {
-        d[2 * k] = s[18 * k];
-        d[2 * k + 1] = s[18 * k + 1];
-        for (int i = 0; i < 16; i++) {
-            const uchar q = s[18 * k + 2 + i];
-            v[32 * k + i] = q & (uchar)15;
-            v[32 * k + 16 + i] = q >> (uchar)4;
-        }
+    const int b = get_global_id(0);
+    const size_t g = get_global_id(1);
+    global uchar *d = dst + g * 16 * ROW_BYTES(n_in) + (size_t)b * Q4R_BLOCK;
+    for (int l = 0; l < 16; l++) {
+        const global uchar *s = src + (16 * g + l) * ROW_BYTES(n_in) + (size_t)b * 18;
+        d[2 * l] = s[0];
+        d[2 * l + 1] = s[1];
+        for (int j = 0; j < 4; j++)
+            for (int i = 0; i < 4; i++) d[32 + 64 * j + 4 * l + i] = s[2 + 4 * j + i];
     }
-    for (int j = 0; j < 64; j++) d[8 + j] = v[j] | (uchar)(v[64 + j] << 4);
 }
 
 #elif defined(W_Q4_0)
@@ -483,6 +486,15 @@ inline float16 dot_block(const global uchar *row, int ib, const global float *x,
 
 #else
 #error "define one W_<TYPE> (see cooktop/backends/opencl/programs.py)"
+#endif
+
+// Row r of a matrix in the kernels' terms: ROW_PTR its bytes, ROW_LANE 0, except in layouts that
+// interleave rows (repacked Q4_0: its row group and lane in it), whose deq_unit / dot_block take the lane.
+#ifndef ROW_PTR
+#define ROW_PTR(w, r, n) ((w) + (size_t)(r) * ROW_BYTES(n))
+#define ROW_LANE(r) 0
+#define DEQ_UNIT(row, l, u, a, b) deq_unit(row, u, a, b)
+#define DOT_BLOCK(row, l, ib, x, acc) dot_block(row, ib, x, acc)
 #endif
 
 inline float hsum16(float16 v) {

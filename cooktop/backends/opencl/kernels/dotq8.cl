@@ -102,34 +102,56 @@ inline float8 dotq8_block(const global uchar *row, int ib, const global char *xq
     return fma(t, (float8)(h2f(p) * xd[ib].x), acc);
 }
 #elif defined(W_Q4_0) && defined(REPACK_Q4_0) && defined(X86_512)
-// Repacked Q4_0 (dequant.cl): a group of 4 blocks per step, 64-byte pmaddubsw on the
-// low nibbles (blocks 0, 1) and high nibbles (blocks 2, 3); the 4 fp16 scales convert
-// at once. d * sum((q - 8) y) = (d dx) * sum(q qy) - 8 * d * sx.
-#undef Q8ACC
-#undef Q8_HSUM
-#define Q8ACC float16
-#define Q8_HSUM(v) hsum16(v)
+// Repacked Q4_0 (dequant.cl: 16 rows in the lanes): a work-item runs a row group, 16 rows at
+// once (q4r_rows16; matmul.cl's mat-vec kernels with Q8_ROWS16). Per block, the 8 four-byte
+// pieces of the activation's 32 quants, each broadcast to the 16 lanes, meet vectors of the
+// 16 rows' matching quants (u8 x s8 products: vpdpbusd with COOKTOP_VNNI, else pmaddubsw +
+// pmaddwd, the same exact int32 sums), so int32 lane l holds row l's sum(q qy) over the whole
+// block; then per block and lane one conversion and the float operations
+//   acc = fma(float(sum(q qy)), d dx, acc),  aco = fma(d, sx, aco)   (blocks in order)
+// and y = acc - 8 aco (the -8 of block_q4_0: sx = dx sum(qy)). mul_mm_q8 (mmq8.cl) does the same
+// per lane in the same order, so a prompt's tokens get these sums bit for bit.
 #define DOTQ8_ROW 1
-inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
-                         float16 acc) {
-    float4 acc_o = (float4)(0.0f);
+#define Q8_ROWS16 1
+#if MV_LS != 1
+#error "repacked Q4_0 runs with one work-item per row group (MV_LS 1; KernelCache.repacks)"
+#endif
+typedef float v16sf_q4r __attribute__((vector_size(64)));
+typedef short v16hi_q4r __attribute__((vector_size(32)));
+// the 16 fp16 scales at p as floats
+inline float16 q4r_scales(const global uchar *p) {
+    const v8hi a = *(const global v8hi *)p, b = *(const global v8hi *)(p + 16);
+    return (float16)(as_float8(__builtin_ia32_vcvtph2ps256(a)), as_float8(__builtin_ia32_vcvtph2ps256(b)));
+}
+#if defined(COOKTOP_VNNI)
+#define Q4R_DOT(s, q, x) __builtin_ia32_vpdpbusd512((s), (v16si)(q), (v16si)(int16)(x))
+__attribute__((target("avx512vnni")))
+#else
+#define Q4R_DOT(s, q, x) ((s) + dot64_u8s8((q), (v64qi)(int16)(x)))
+#endif
+// y[0..15] = rows 16G..16G+15 (group grp) times the activation row xq / xd
+__attribute__((noinline)) void q4r_rows16(const global uchar *grp, const int nb, const global char *xq,
+                                          const global float2 *xd, global float *y) {
+    const v16si zero = (v16si)(int16)(0);
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-    for (int g = lid; g < nb / 4; g += MV_LS) {
-        const global uchar *gp = row + (size_t)g * 72;
-        const short8 h = (short8)(vload4(0, (const global short *)gp), (short4)(0));
-        const float4 d = as_float4(__builtin_ia32_vcvtph2ps((v8hi)h));
-        const float8 dxs = vload8(g, (const global float *)xd);
-        const float4 sc = d * dxs.even;
-        acc_o = fma(d, dxs.odd, acc_o);
-        const v64qi w = *(const global v64qi_u *)(gp + 8);
-        const global char *xg = xq + (size_t)g * 128;
-        const float16 t01 = mulsum64_u8s8(w & m15, *(const global v64qi_u *)xg);
-        const float16 t23 = mulsum64_u8s8((v64qi)(((v16si)w >> 4) & (v16si)m15), *(const global v64qi_u *)(xg + 64));
-        acc = fma(t01, __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), acc);
-        acc = fma(t23, __builtin_shufflevector(sc, sc, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), acc);
+    const global float *dr = (const global float *)xd;
+    float16 acc = (float16)(0.0f), aco = (float16)(0.0f);
+    for (int b = 0; b < nb; b++) {
+        const global uchar *p = grp + (size_t)b * Q4R_BLOCK;
+        const float16 d = q4r_scales(p);
+        const global int *xi = (const global int *)(xq + (size_t)b * 32);
+        v16si s0 = zero, s1 = zero;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const v64qi z = *(const global v64qi_u *)(p + 32 + 64 * j);
+            s0 = Q4R_DOT(s0, z & m15, xi[j]);
+            s1 = Q4R_DOT(s1, (v64qi)(((v16si)z >> 4) & (v16si)m15), xi[j + 4]);
+        }
+        const float dx = dr[2 * b], sx = dr[2 * b + 1];
+        acc = fma(convert_float16(as_int16(s0 + s1)), d * dx, acc);
+        aco = fma(d, (float16)(sx), aco);
     }
-    acc.s0123 -= 8.0f * acc_o;
-    return acc;
+    vstore16(acc - 8.0f * aco, 0, y);
 }
 #elif (defined(W_Q4_K) || defined(W_Q5_K)) && defined(X86_512) && !defined(Q8K_ON)
 // Q4_K / Q5_K with 64-byte vectors: per 32-byte group j of qs the low nibbles (sub-block 2j) and

@@ -25,8 +25,8 @@ __kernel void mul_mv(const global uchar *w, const global float *x, global float 
     float16 acc = (float16)(0.0f);
     float tail = 0.0f;
     if (row < n_out) {
-        const global uchar *wr = w + (size_t)row * ROW_BYTES(n_in);
-        for (int ib = lid; ib < nb; ib += MV_LS) acc = dot_block(wr, ib, x, acc);
+        const global uchar *wr = ROW_PTR(w, row, n_in);
+        for (int ib = lid; ib < nb; ib += MV_LS) acc = DOT_BLOCK(wr, ROW_LANE(row), ib, x, acc);
 #ifdef W_FLOAT
         for (int i = nb * QKV + lid; i < n_in; i += MV_LS) tail += deq_elem(wr, i) * x[i];
 #endif
@@ -49,6 +49,10 @@ __kernel void mul_mv(const global uchar *w, const global float *x, global float 
 // launch shape as mul_mv.
 __kernel void mul_mv_q8(const global uchar *w, const global char *xq, const global float2 *xd,
                         global float *y, const int n_in, const int n_out) {
+#ifdef Q8_ROWS16
+    const int row = 16 * get_global_id(1);  // one row group of 16 (repacked Q4_0, dotq8.cl)
+    if (row < n_out) q4r_rows16(ROW_PTR(w, row, n_in), n_in / QKV, xq, xd, y + row);
+#else
     const int lid = get_local_id(0);
     const int lr = get_local_id(1);
     const int row = get_global_id(1);
@@ -72,6 +76,7 @@ __kernel void mul_mv_q8(const global uchar *w, const global char *xq, const glob
 #else
     if (row < n_out) y[row] = Q8_HSUM(acc);
 #endif
+#endif  // Q8_ROWS16
 }
 
 // mul_mv_q8 of up to three matrices of one type and one input in one launch (Q/K/V, gate/up):
@@ -80,6 +85,14 @@ __kernel void mul_mv_q8(const global uchar *w, const global char *xq, const glob
 __kernel void mul_mv_q8_3(const global uchar *w0, const global uchar *w1, const global uchar *w2,
                           const global char *xq, const global float2 *xd, global float *y0, global float *y1,
                           global float *y2, const int n_in, const int n0, const int n1, const int n2) {
+#ifdef Q8_ROWS16
+    const int g = 16 * get_global_id(1);  // row groups of 16 (n0, n1, n2 multiples of 16)
+    const bool in0 = g < n0, in1 = !in0 && g < n0 + n1;
+    const int row = in0 ? g : in1 ? g - n0 : g - n0 - n1;
+    const global uchar *w = in0 ? w0 : in1 ? w1 : w2;
+    global float *y = in0 ? y0 : in1 ? y1 : y2;
+    if (g < n0 + n1 + n2) q4r_rows16(ROW_PTR(w, row, n_in), n_in / QKV, xq, xd, y + row);
+#else
     const int lid = get_local_id(0);
     const int lr = get_local_id(1);
     const int g = get_global_id(1);
@@ -108,6 +121,7 @@ __kernel void mul_mv_q8_3(const global uchar *w0, const global uchar *w1, const 
 #else
     if (row < n_out) y[row] = Q8_HSUM(acc);
 #endif
+#endif  // Q8_ROWS16
 }
 
 // mul_mm on 8-bit activations for the weight types without a prompt kernel (mul_mm_q8):
@@ -120,6 +134,14 @@ __kernel void mul_mv_q8_3(const global uchar *w0, const global uchar *w1, const 
 #endif
 __kernel void mul_mvt_q8(const global uchar *w, const global char *xq, const global float2 *xd,
                          global float *y, const int n_in, const int n_out, const int n_tok) {
+#ifdef Q8_ROWS16
+    const int row = 16 * get_global_id(1);  // one row group of 16 (repacked Q4_0, dotq8.cl)
+    const int t0 = get_global_id(2) * MVT_TN;
+    if (row < n_out)
+        for (int t = t0; t < min(t0 + MVT_TN, n_tok); ++t)
+            q4r_rows16(ROW_PTR(w, row, n_in), n_in / QKV, xq + (size_t)t * n_in, xd + (size_t)t * (n_in / 32),
+                       y + (size_t)t * n_out + row);
+#else
     const int lid = get_local_id(0);
     const int lr = get_local_id(1);
     const int row = get_global_id(1);
@@ -146,6 +168,7 @@ __kernel void mul_mvt_q8(const global uchar *w, const global char *xq, const glo
         if (row < n_out) y[(size_t)t * n_out + row] = Q8_HSUM(acc);
 #endif
     }
+#endif  // Q8_ROWS16
 }
 #endif
 
@@ -163,7 +186,7 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
     local float xs[MM_TN * MM_TW];
     float16 acc[MM_TN];
     for (int t = 0; t < MM_TN; t++) acc[t] = (float16)(0.0f);
-    const global uchar *wr = w + (size_t)min(row, n_out - 1) * ROW_BYTES(n_in);
+    const global uchar *wr = ROW_PTR(w, min(row, n_out - 1), n_in);
 
     for (int u0 = 0; u0 < nu; u0 += MM_UC) {
         const int nc = min(MM_UC, nu - u0) * 32;
@@ -175,7 +198,7 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int uu = 0; uu < nc / 32; uu++) {
             float16 a, b;
-            deq_unit(wr, u0 + uu, &a, &b);
+            DEQ_UNIT(wr, ROW_LANE(min(row, n_out - 1)), u0 + uu, &a, &b);
             for (int t = 0; t < MM_TN; t++) {
                 const local float *xt = xs + t * MM_TW + uu * 32;
                 acc[t] = fma(a, vload16(0, xt), acc[t]);
@@ -214,7 +237,7 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
     for (int t = 0; t < MM_TN; t++) xr[t] = x + (size_t)(t0 + min(t, nt - 1)) * n_in;
 #pragma unroll
     for (int r = 0; r < MM_R; r++) {
-        wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
+        wr[r] = ROW_PTR(w, min(r0 + r, n_out - 1), n_in);
 #pragma unroll
         for (int t = 0; t < MM_TN; t++) acc[r][t] = (float16)(0.0f);
     }
@@ -242,7 +265,7 @@ __kernel void mul_mm(const global uchar *w, const global float *x, global float 
     for (int u = 0; u < nu; u++) {
         float16 a[MM_R], b[MM_R];
 #pragma unroll
-        for (int r = 0; r < MM_R; r++) deq_unit(wr[r], u, &a[r], &b[r]);
+        for (int r = 0; r < MM_R; r++) DEQ_UNIT(wr[r], ROW_LANE(min(r0 + r, n_out - 1)), u, &a[r], &b[r]);
 #pragma unroll
         for (int t = 0; t < MM_TN; t++) {
             const float16 xa = vload16(2 * u, xr[t]), xb = vload16(2 * u + 1, xr[t]);
@@ -273,11 +296,11 @@ __kernel void get_rows(const global uchar *w, const global int *ids, global floa
     const int nu = n_in / 32;
     if (i >= n_ids) return;
     const int id = clamp(ids[i], 0, n_rows - 1);
-    const global uchar *wr = w + (size_t)id * ROW_BYTES(n_in);
+    const global uchar *wr = ROW_PTR(w, id, n_in);
     global float *o = out + (size_t)i * n_in;
     if (u < nu) {
         float16 a, b;
-        deq_unit(wr, u, &a, &b);
+        DEQ_UNIT(wr, ROW_LANE(id), u, &a, &b);
         vstore16(a, 2 * u, o);
         vstore16(b, 2 * u + 1, o);
     }
@@ -299,12 +322,12 @@ __kernel void mul_mv_id(const global uchar *w, const global float *x, const glob
     const int rs = get_global_id(1);
     if (o >= n_out) return;
     const int e = clamp(ids[rs], 0, n_expert - 1);
-    const global uchar *wr = w + ((size_t)e * n_out + o) * ROW_BYTES(n_in);
+    const global uchar *wr = ROW_PTR(w, e * n_out + o, n_in);
     const global float *xr = x + (size_t)(per_slot ? rs : rs / k) * n_in;
     const int nb = n_in / QKV;
     float16 acc = (float16)(0.0f);
     float tail = 0.0f;
-    for (int ib = 0; ib < nb; ib++) acc = dot_block(wr, ib, xr, acc);
+    for (int ib = 0; ib < nb; ib++) acc = DOT_BLOCK(wr, ROW_LANE(e * n_out + o), ib, xr, acc);
 #ifdef W_FLOAT
     for (int i = nb * QKV; i < n_in; i++) tail += deq_elem(wr, i) * xr[i];
 #endif
@@ -323,7 +346,7 @@ __kernel void mul_mm_id(const global uchar *w, const global float *x, const glob
     const int e = get_global_id(1);
     if (o >= n_out) return;
     const int s0 = offs[e], s1 = offs[e + 1];
-    const global uchar *wr = w + ((size_t)e * n_out + o) * ROW_BYTES(n_in);
+    const global uchar *wr = ROW_PTR(w, e * n_out + o, n_in);
     const int nu = n_in / 32;
     for (int c0 = s0; c0 < s1; c0 += MMID_TN) {
         const int cnt = min(MMID_TN, s1 - c0);
@@ -336,7 +359,7 @@ __kernel void mul_mm_id(const global uchar *w, const global float *x, const glob
         }
         for (int u = 0; u < nu; u++) {
             float16 a, b;
-            deq_unit(wr, u, &a, &b);
+            DEQ_UNIT(wr, ROW_LANE(e * n_out + o), u, &a, &b);
             for (int t = 0; t < cnt; t++)
                 acc[t] = fma(b, vload16(2 * u + 1, xr[t]), fma(a, vload16(2 * u, xr[t]), acc[t]));
         }

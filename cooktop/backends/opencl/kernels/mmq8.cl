@@ -34,67 +34,57 @@
 #endif
 
 #if defined(W_Q4_0) && defined(REPACK_Q4_0) && defined(X86_512) && defined(COOKTOP_VNNI)
-// Prompt matrices on 8-bit activations with AVX-512 VNNI (vpdpbusd: 64 u8 x s8 products
-// summed in 16 int32 lanes, one instruction), for repacked Q4_0 (dequant.cl): the host
-// defines COOKTOP_VNNI when the CPU (the PoCL device) has avx512_vnni; the compiler's
-// target need not. Per group of 4 blocks each row's nibbles are split once and each
-// token's 128 quants loaded once: y = sum_b d_b dx_b sum((q - 8) qy) (block_q4_0).
+// Prompt matrices on 8-bit activations with AVX-512 VNNI for repacked Q4_0 (dequant.cl: 16 rows in
+// the lanes), llama.cpp's ggml_gemm_q4_0_8x8_q8_0 idea (ggml-cpu/repack.cpp): a work-item owns one
+// row group (16 rows, MMQ_WI_ROWS) x MMQ_TN tokens. Per block the group's 8 vectors of quants
+// (low / high nibbles of its four 64-byte vectors) and 16 scales are made once; per token the 8
+// four-byte pieces of its 32 quants go to 8 vpdpbusd as broadcast operands, so int32 lane l sums
+// row l's whole block, and then one conversion and the float operations of the mat-vec
+// (q4r_rows16 in dotq8.cl) per lane in its order: acc = fma(float(sum), d dx, acc),
+// aco = fma(d, sx, aco), y = acc - 8 aco; each token gets the one-token sums bit for bit.
 // The VNNI code is one function per work-item with the target attribute: PoCL inlines the
 // kernel into a work-group function compiled for its own target, so VNNI instructions may
 // not appear in the kernel itself, and helpers called per block would spill every register.
-// A work-item owns MMQ_R rows x MMQ_TN tokens (LaunchShape.mmq_r / mmq_tn). The float
-// operations per lane are those of the repacked mat-vec (dotq8_row in dotq8.cl) in its order,
-// so each token gets the one-token sums bit for bit: y = sum_g (d dx) sum(q qy) - 8 sum_g d sx,
-// the second sum (one float4 per row and token) in a pass of its own after the main loop.
+#define MMQ_WI_ROWS 16
 __attribute__((target("avx512vnni"))) __attribute__((noinline))
 void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
               const int n_in, const int n_out, const int n_tok, const int r0, const int t0) {
-    const int ng = n_in / 128;
-    MMQ_WI_BEGIN();
+    const int nb = n_in / 32;
+    const int nt = min(MMQ_TN, n_tok - t0);
+    float16 acc[MMQ_TN], aco[MMQ_TN];
+    const global char *xr[MMQ_TN];
+    const global float *dr[MMQ_TN];
+    const global uchar *wg = ROW_PTR(w, r0, n_in);
+    const v16si zero = (v16si)(int16)(0);
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-    for (int g = 0; g < ng; g++) {
-        v64qi lo[MMQ_R], hi[MMQ_R];
-        float4 d[MMQ_R];
 #pragma unroll
-        for (int r = 0; r < MMQ_R; r++) {
-            const global uchar *gp = wr[r] + (size_t)g * 72;
-            const v64qi z = *(const global v64qi_u *)(gp + 8);
-            lo[r] = z & m15;
-            hi[r] = (v64qi)(((v16si)z >> 4) & (v16si)m15);
-            const short8 h = (short8)(vload4(0, (const global short *)gp), (short4)(0));
-            d[r] = as_float4(__builtin_ia32_vcvtph2ps((v8hi)h));
+    for (int t = 0; t < MMQ_TN; t++) {
+        const size_t tt = (size_t)(t0 + min(t, nt - 1));
+        xr[t] = xq + tt * n_in;
+        dr[t] = (const global float *)(xd + tt * nb);
+        acc[t] = aco[t] = (float16)(0.0f);
+    }
+    for (int b = 0; b < nb; b++) {
+        const global uchar *p = wg + (size_t)b * Q4R_BLOCK;
+        const float16 d = q4r_scales(p);
+        v64qi q[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const v64qi z = *(const global v64qi_u *)(p + 32 + 64 * j);
+            q[j] = z & m15;
+            q[j + 4] = (v64qi)(((v16si)z >> 4) & (v16si)m15);
         }
 #pragma unroll
         for (int t = 0; t < MMQ_TN; t++) {
-            const v64qi ya = *(const global v64qi_u *)(xr[t] + (size_t)g * 128);
-            const v64qi yb = *(const global v64qi_u *)(xr[t] + (size_t)g * 128 + 64);
-            const float4 dx = vload8(g, dr[t]).even;
+            const global int *xi = (const global int *)(xr[t] + (size_t)b * 32);
+            v16si s = zero;
 #pragma unroll
-            for (int r = 0; r < MMQ_R; r++) {
-                const float4 sc = d[r] * dx;
-                const float16 s01 = __builtin_shufflevector(sc, sc, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-                const float16 s23 = __builtin_shufflevector(sc, sc, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-                const float16 p01 = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(zero, (v16si)lo[r], (v16si)ya)));
-                const float16 p23 = convert_float16(as_int16(__builtin_ia32_vpdpbusd512(zero, (v16si)hi[r], (v16si)yb)));
-                acc[r][t] = fma(p23, s23, fma(p01, s01, acc[r][t]));
-            }
+            for (int c = 0; c < 8; c++) s = __builtin_ia32_vpdpbusd512(s, (v16si)q[c], (v16si)(int16)(xi[c]));
+            acc[t] = fma(convert_float16(as_int16(s)), d * dr[t][2 * b], acc[t]);
+            aco[t] = fma(d, (float16)(dr[t][2 * b + 1]), aco[t]);
         }
     }
-#pragma unroll
-    for (int r = 0; r < MMQ_R; r++) {  // the -8 of block_q4_0: 8 sum_g d_g sx_g, as dotq8_row sums it
-        float4 acc_o[MMQ_TN];
-#pragma unroll
-        for (int t = 0; t < MMQ_TN; t++) acc_o[t] = (float4)(0.0f);
-        for (int g = 0; g < ng; g++) {
-            const short8 h = (short8)(vload4(0, (const global short *)(wr[r] + (size_t)g * 72)), (short4)(0));
-            const float4 d = as_float4(__builtin_ia32_vcvtph2ps((v8hi)h));
-#pragma unroll
-            for (int t = 0; t < MMQ_TN; t++) acc_o[t] = fma(d, vload8(g, dr[t]).odd, acc_o[t]);
-        }
-#pragma unroll
-        for (int t = 0; t < MMQ_TN; t++) acc[r][t].s0123 -= 8.0f * acc_o[t];
-    }
-    MMQ_WI_STORE();
+    for (int t = 0; t < nt; t++) vstore16(acc[t] - 8.0f * aco[t], 0, y + (size_t)(t0 + t) * n_out + r0);
 }
 
 #define HAS_MM_Q8_WI
@@ -475,12 +465,16 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
 #endif
 
 #ifdef HAS_MM_Q8_WI
-// A work-item runs its MMQ_R rows against MMQ_TT tiles of MMQ_TN tokens, one tile after the other,
+#ifndef MMQ_WI_ROWS
+#define MMQ_WI_ROWS MMQ_R
+#endif
+// A work-item runs its MMQ_WI_ROWS rows (MMQ_R; 16 for repacked Q4_0) against MMQ_TT tiles of
+// MMQ_TN tokens, one tile after the other,
 // so its rows stay in the cache across the tiles (one tile per work-item streamed the whole matrix
 // from memory once per MMQ_TN tokens); the grid's second dimension counts MMQ_TN * MMQ_TT tokens.
 __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
                         global float *y, const int n_in, const int n_out, const int n_tok) {
-    const int r0 = get_global_id(0) * MMQ_R, tb = get_group_id(1) * (MMQ_TN * MMQ_TT);
+    const int r0 = get_global_id(0) * MMQ_WI_ROWS, tb = get_group_id(1) * (MMQ_TN * MMQ_TT);
     if (r0 < n_out)
         for (int t0 = tb; t0 < min(n_tok, tb + MMQ_TN * MMQ_TT); t0 += MMQ_TN)
             mm_q8_wi(w, xq, xd, y, n_in, n_out, n_tok, r0, t0);
