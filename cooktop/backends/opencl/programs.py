@@ -544,8 +544,9 @@ class KernelCache:
         """Prompt sizes (tokens) up to which ``mul_mvt_q8`` (the one-token kernel token by token)
         runs instead of ``mul_mm_q8``; both give the one-token sums bit for bit. Repacked Q4_0's
         ``mul_mm_q8`` costs a whole tile of 8 tokens whatever the count: at 2, 3 and 4 tokens
-        ``mul_mvt_q8`` took 0.39-0.43x, 0.56-0.62x and 0.76-0.81x its CPU time (2048x2048,
-        5632x2048, 2048x5632, one PoCL thread; the server's short prompt tails and 2-4-row steps).
+        ``mul_mvt_q8`` took 0.49-0.53x, 0.65-0.82x and 0.82-0.92x its CPU time (16-row layout;
+        2048x2048, 5632x2048, 2048x5632, one PoCL thread; the server's short prompt tails and
+        2-4-row steps).
         The K-quants' and Q8_0's ``mul_mm_q8`` cost about the same as ``mul_mvt_q8`` at 2 tokens
         and less from 3 on: 1 for them."""
         return 4 if ggml_type == T.Q4_0 and repacked else 1
