@@ -46,9 +46,10 @@ def test_amd_like_gpu():
     # the largest usable buffer is the smallest cap: maxBufferSize 2 GiB < range 4 GiB - 1 < 16 GiB VRAM
     assert d["max_alloc_bytes"] == 2 * GIB and d["max_buffer_bytes"] == 2 * GIB
     assert d["unified_memory"] is False and d["usable_mem_bytes"] == 16 * GIB == d["global_mem_bytes"]
-    # every device feature kp enables is there: the integer-dot Q4_0 / Q8_0 / Q4_K / Q5_K mat-vec variants
+    # every device feature kp enables is there: the integer-dot Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K mat-vec variants
     assert d["variants"] == {"mul_mat_vec_q4_0": "mul_mat_vec_q4_0_q8", "mul_mat_vec_q8_0": "mul_mat_vec_q8_0_q8",
-                             "mul_mat_vec_q4_k": "mul_mat_vec_q4_k_q8", "mul_mat_vec_q5_k": "mul_mat_vec_q5_k_q8"}
+                             "mul_mat_vec_q4_k": "mul_mat_vec_q4_k_q8", "mul_mat_vec_q5_k": "mul_mat_vec_q5_k_q8",
+                             "mul_mat_vec_q6_k": "mul_mat_vec_q6_k_q8"}
     json.dumps(d)
 
 
@@ -63,7 +64,8 @@ def test_igpu_counts_the_shared_heap_as_usable():
     assert budgeted.usable_mem_bytes == (400 << 20) + 9 * GIB
     # without integer-dot or 16-bit storage the float mat-vec runs
     assert budgeted.variants == {"mul_mat_vec_q4_0": "mul_mat_vec_q4_0", "mul_mat_vec_q8_0": "mul_mat_vec_q8_0",
-                                 "mul_mat_vec_q4_k": "mul_mat_vec_q4_k", "mul_mat_vec_q5_k": "mul_mat_vec_q5_k"}
+                                 "mul_mat_vec_q4_k": "mul_mat_vec_q4_k", "mul_mat_vec_q5_k": "mul_mat_vec_q5_k",
+                                 "mul_mat_vec_q6_k": "mul_mat_vec_q6_k"}
 
 
 def test_placement_budgets_an_igpu_with_its_usable_memory(monkeypatch):

@@ -53,7 +53,7 @@ def dequantize_q8_ref(x: np.ndarray) -> np.ndarray:
 
 
 def quantize_q8_K_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """numpy reference of the OpenCL ``store_q8k`` and the Vulkan ``quantize_q8_K.comp`` (llama.cpp
+    """numpy reference of the OpenCL ``store_q8k`` and the Vulkan ``quantize_q8_K`` shader (llama.cpp
     ``quantize_row_q8_K_ref``, ggml-quants.c).
 
     Per 256 values: ``max`` is the first value of largest magnitude, ``iscale = -127 / max``,
