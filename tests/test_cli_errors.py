@@ -174,6 +174,19 @@ def test_synth_refuses_a_negative_rope_scaling_factor(tmp_path):
     assert not out.exists()
 
 
+def test_synth_types_read_as_llama_cpp_writes_them(tmp_path):
+    """--type lists Q8_0, not Q8-0 (the group turns "_" into "-" for option names), and takes any case."""
+    r = cooktop("synth", "--help")
+    assert "Q8_0|Q4_0" in r.stdout and "Q4_K_M|MXFP4_MOE" in r.stdout and "Q8-0" not in r.stdout, r.stdout
+    out = tmp_path / "q3.gguf"
+    r = cooktop("synth", "--n-embd", "256", "--n-layer", "1", "--n-head", "2", "--n-ff", "256", "--n-vocab", "300",
+                "--type", "q3_k", "-o", str(out))
+    assert r.returncode == 0 and ", Q3_K, " in r.stdout + r.stderr, r.stderr
+    r = cooktop("synth", "--n-embd", "256", "--n-layer", "1", "--n-head", "2", "--n-ff", "256", "--n-vocab", "300",
+                "--type", "Q9_0", "-o", str(out))
+    assert r.returncode != 0 and "'Q9_0' is not one of 'F32', 'F16', 'Q8_0'" in r.stderr, r.stderr
+
+
 def test_context_past_the_training_context_warns_like_llama_cpp(stories):
     r = cooktop("run", "-m", str(stories), "-p", "Once", "-n", "2", "-c", "8192", "--device", "cpu")
     assert r.returncode == 0, r.stderr

@@ -13,6 +13,18 @@ from ..units import format_params
 from .group import cli
 
 
+class _TypeChoice(click.Choice):
+    """A weight type, shown and matched as written (any case, as llama-quantize): the group's
+    ``token_normalize_func`` (``_`` -> ``-``, for option names) made the choices read ``Q8-0``."""
+
+    def normalize_choice(self, choice, ctx):  # noqa: ANN001, ANN201 - click's signature
+        return str(choice)
+
+    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201 - click's signature
+        upper = {str(c).upper(): c for c in self.choices}
+        return super().convert(upper.get(str(value).upper(), value), param, ctx)
+
+
 @cli.command("synth")
 @click.option("--shape", type=click.Choice(sorted(synth.SHAPES)), default=None, help="Named model shape.")
 @click.option("--n-embd", type=int, default=None)
@@ -25,7 +37,7 @@ from .group import cli
 @click.option("--n-expert", type=int, default=None, help="expert_count (mixture-of-experts architectures).")
 @click.option("--n-expert-used", type=int, default=None, help="expert_used_count (experts per token).")
 @click.option("--n-ff-exp", type=int, default=None, help="expert_feed_forward_length (one expert's width).")
-@click.option("--type", "file_type", type=click.Choice(synth.FILE_TYPES), default="Q4_0", show_default=True)
+@click.option("--type", "file_type", type=_TypeChoice(synth.FILE_TYPES), default="Q4_0", show_default=True)
 @click.option("--arch", type=click.Choice(sorted(ARCHITECTURES)), default=None,
               help="general.architecture (default: the --shape's, else llama): the tensors written are the "
                    "ones model/arch/<arch>.py declares.")
