@@ -246,6 +246,38 @@ def test_client_disconnect_stops_generation(srv):
         assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}).status_code == 200
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": PROMPT}),
+    ("/v1/chat/completions", {"messages": CHAT}),
+])
+def test_client_disconnect_stops_a_non_streamed_generation(srv, path, body, monkeypatch):
+    """A non-streamed request whose client goes away (here: a 0.5 s read timeout) cancels its job,
+    as llama-server does: the slot is idle long before its tokens are done. Each token is slowed to
+    20 ms (about 5 s for the 256 of the context), so the job cannot finish before the client leaves,
+    and it emits a token far more often than every 0.5 s."""
+    import httpx
+
+    from cooktop.server import slots
+    real_init = slots.Job.__init__
+
+    def slow_init(self, make, *a, **k):
+        def slow(llm):
+            for item in make(llm):
+                time.sleep(0.02)
+                yield item
+        real_init(self, slow, *a, **k)
+    monkeypatch.setattr(slots.Job, "__init__", slow_init)
+    sched = srv.state.scheduler
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.base + path, json={**body, "max_tokens": 100000, "temperature": 0, "ignore_eos": True},
+                   timeout=0.5)
+    deadline = time.monotonic() + 2
+    while sched.busy and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sched.busy == 0 and sched.queue_depth == 0
+    assert not any(s["is_processing"] for s in httpx.get(srv.base + "/slots").json())
+
+
 # -- other servers ---------------------------------------------------------------------------
 def test_api_key(stories, server_deps, openai_client_dep):
     import httpx

@@ -57,6 +57,7 @@ from .slots import END, ERROR, Job, Scheduler
 log = logging.getLogger("cooktop.server")
 
 OPEN_PATHS = ("/health", "/v1/health")
+DISCONNECT_CHECK_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
 @dataclasses.dataclass
@@ -195,11 +196,12 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         msg = f"{request.method} {request.url.path}: {exc.detail}"
         return JSONResponse(P.error_body(exc.status_code, msg, kind), status_code=exc.status_code)
 
-    @app.middleware("http")
-    async def gate(request: Request, call_next):
+    def refusal(request: Request) -> JSONResponse | None:
+        """The answer the gate gives instead of the app (bad API key, model failed or loading), else None."""
         path = request.url.path
         if path in OPEN_PATHS or (config.webui and path in webui.PATHS):
-            return await call_next(request)
+            return None
+
         def refuse(status: int, msg: str, kind: str) -> JSONResponse:
             if path.startswith("/v1/messages"):  # Anthropic's clients read Anthropic's error shape
                 return anthropic.error_response(P.HTTPError(status, msg, kind))
@@ -214,7 +216,26 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
             return refuse(500, f"the model failed to load: {state.load_error}", "server_error")
         if state.loading:
             return refuse(503, "Loading model", "unavailable_error")
-        return await call_next(request)
+        return None
+
+    class Gate:
+        """The ``gate`` middleware, pure ASGI: it answers :func:`refusal` 's errors before any endpoint
+        runs and otherwise hands the request on with its own ``receive`` channel, so that an endpoint's
+        ``request.is_disconnected()`` sees the client go away (Starlette's ``BaseHTTPMiddleware``
+        wraps that channel and hides the disconnect)."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                answer = refusal(Request(scope))
+                if answer is not None:
+                    await answer(scope, receive, send)
+                    return
+            await self.inner(scope, receive, send)
+
+    app.add_middleware(Gate)
 
     # added after the gate, so outside it: a browser's preflight (OPTIONS, no API key) is answered here
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
@@ -261,19 +282,26 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         return kind, payload
 
     async def collect(request: Request, job: Job, first: tuple[str, Any]) -> list[Any]:
-        """Every item of ``job`` (cancelling it if the client goes away)."""
+        """Every item of ``job``. The client's connection is checked every ``DISCONNECT_CHECK_S``
+        seconds whether or not items arrive (a job posts one per token); if it went away the job is
+        cancelled and CancelledError raised, as llama-server stops a task whose client left."""
         items = []
         kind, payload = first
+        next_check = time.monotonic() + DISCONNECT_CHECK_S
         while kind != END:
             items.append(payload)
             while True:
-                try:
-                    kind, payload = await asyncio.wait_for(job.queue.get(), timeout=0.5)
-                    break
-                except asyncio.TimeoutError:
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + DISCONNECT_CHECK_S
                     if await request.is_disconnected():
                         job.cancel()
-                        raise asyncio.CancelledError from None
+                        raise asyncio.CancelledError
+                try:
+                    kind, payload = await asyncio.wait_for(job.queue.get(), timeout=next_check - now)
+                    break
+                except asyncio.TimeoutError:
+                    continue
             if kind == ERROR:
                 raise payload
         return items
