@@ -438,7 +438,9 @@ def test_slot_is_free_when_its_answer_arrives(http):
 
 def test_id_slot_and_erase_as_llama_server(http):
     """``id_slot`` runs a request on that slot (modulo the slots); ``POST /slots/ID?action=erase``
-    empties its cache (the same prompt then reads all of it again); save/restore 501, bad 400."""
+    empties its cache (the same prompt then reads all of it again), ``ID`` modulo the slots too
+    (llama-server's ``get_slot_by_id``, server-context.cpp: "allow id_slot to be out of bounds (wrap
+    around)"); save/restore 501, bad 400."""
     def ask(id_slot):
         body = {"prompt": PROMPT + " a frog", "max_tokens": 2, "temperature": 0, "id_slot": id_slot}
         return http.post("/v1/completions", json=body).json()["usage"]
@@ -456,6 +458,11 @@ def test_id_slot_and_erase_as_llama_server(http):
     assert r.status_code == 200 and r.json() == {"id_slot": 1, "n_erased": n} and n > 0
     assert held()[1] == 0
     assert ask(1)["prompt_tokens_details"]["cached_tokens"] == 0
+    n = held()[1]  # an id past the last slot wraps around, as llama-server's get_slot_by_id
+    r = http.post("/slots/3?action=erase")
+    assert r.status_code == 200 and r.json() == {"id_slot": 3, "n_erased": n} and n > 0 and held()[1] == 0
+    r = http.post("/slots/-1?action=erase")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid slot ID"
     assert http.post("/slots/0?action=save").status_code == 501
     assert http.post("/slots/0?action=nope").json()["error"]["message"] == "Invalid action"
     assert http.post("/slots/x?action=erase").status_code == 400
