@@ -98,9 +98,9 @@ class ServerConfig:
 class ServerState:
     """The loaded model and its scheduler; ``loading`` until :meth:`load` finishes."""
 
-    def __init__(self, config: ServerConfig, llm: Any = None, on_load_error: Any = None):
+    def __init__(self, config: ServerConfig, llm: Any = None, on_load_error: Any = None, on_loaded: Any = None):
         self.config = config
-        self.on_load_error = on_load_error
+        self.on_load_error, self.on_loaded = on_load_error, on_loaded
         self.llm = llm
         self.scheduler: Scheduler | None = None
         self.load_error: str | None = None
@@ -129,6 +129,7 @@ class ServerState:
 
         A failure is kept for ``/health`` and passed to ``on_load_error`` (``cooktop serve``
         then stops and exits 1, as llama-server does); without that callback it is logged.
+        Success calls ``on_loaded()`` (``cooktop serve`` then announces its address).
         """
         from ..api import Llama
         try:
@@ -142,6 +143,8 @@ class ServerState:
             self.scheduler = Scheduler(llm, self.config.n_parallel, self.config.max_queue)
             self.llm = llm
             log.info("model loaded: %s", self.config.model_path)
+            if self.on_loaded is not None:
+                self.on_loaded()
         except Exception as e:  # noqa: BLE001 - reported by /health and every endpoint
             self.load_error = f"{type(e).__name__}: {e}" if not isinstance(e, P.CooktopError) else str(e)
             if self.on_load_error is not None:
@@ -172,14 +175,14 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None) -> FastAPI:
+def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None, on_loaded: Any = None) -> FastAPI:
     """The FastAPI application for ``config`` (``llm``: an already loaded model, else loaded at startup).
 
     The model loads on a background thread when the app starts, so ``/health``
     answers 503 meanwhile; the state is ``app.state.cooktop``. ``on_load_error(message)``
-    is called (on the loading thread) if the model cannot load.
+    is called (on the loading thread) if the model cannot load, ``on_loaded()`` once it has.
     """
-    state = ServerState(config, llm, on_load_error)
+    state = ServerState(config, llm, on_load_error, on_loaded)
 
     async def lifespan(app: FastAPI):
         if state.loading:
