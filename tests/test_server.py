@@ -278,6 +278,55 @@ def test_client_disconnect_stops_a_non_streamed_generation(srv, path, body, monk
     assert not any(s["is_processing"] for s in httpx.get(srv.base + "/slots").json())
 
 
+def test_client_disconnect_while_queued_cancels_the_job(srv, monkeypatch):
+    """A non-streamed request waiting for a slot (both busy) whose client goes away never runs:
+    once the slots free, its job is dropped before it reads its prompt."""
+    import httpx
+
+    from cooktop.server import slots
+    real_init = slots.Job.__init__
+    started = []
+
+    def slow_init(self, make, *a, **k):
+        def slow(llm):
+            for i, item in enumerate(make(llm)):
+                if i == 0:  # the job read its prompt and produced a token
+                    started.append(1)
+                time.sleep(0.02)
+                yield item
+        real_init(self, slow, *a, **k)
+    monkeypatch.setattr(slots.Job, "__init__", slow_init)
+    sched = srv.state.scheduler
+    release = threading.Event()
+    body = {"prompt": PROMPT, "max_tokens": 100000, "temperature": 0, "ignore_eos": True}
+
+    def hold():
+        with httpx.Client(base_url=srv.base, timeout=60) as c:
+            with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                lines = r.iter_lines()  # kept: a dropped iterator closes the response
+                assert next(lines).startswith("data: ")
+                release.wait(30)
+
+    holders = [threading.Thread(target=hold) for _ in range(2)]
+    for t in holders:
+        t.start()
+    deadline = time.monotonic() + 20
+    while sched.busy < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sched.busy == 2
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.base + "/v1/completions", json=body, timeout=0.5)
+    time.sleep(0.5)  # the server notices the client has gone
+    release.set()
+    for t in holders:
+        t.join(30)
+    deadline = time.monotonic() + 5
+    while (sched.busy or sched.queue_depth) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sched.busy == 0 and sched.queue_depth == 0
+    assert len(started) == 2  # the two streams ran; the queued request never produced a token
+
+
 # -- other servers ---------------------------------------------------------------------------
 def test_api_key(stories, server_deps, openai_client_dep):
     import httpx

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
@@ -58,6 +58,10 @@ log = logging.getLogger("cooktop.server")
 
 OPEN_PATHS = ("/health", "/v1/health")
 DISCONNECT_CHECK_S = 0.25  # how often a non-streamed request checks that its client is still there
+
+
+class ClientGone(Exception):
+    """The client of a request went away before its answer: its job is cancelled."""
 
 
 @dataclasses.dataclass
@@ -278,33 +282,39 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
             args["logit_bias"] = {k: v for k, v in bias.items() if not outside(k)}
         return args
 
-    async def first_event(job: Job) -> tuple[str, Any]:
-        kind, payload = await job.queue.get()
+    async def next_event(request: Request, job: Job, watch: list[float]) -> tuple[str, Any]:
+        """The next ``(kind, payload)`` of ``job``. The client's connection is checked whenever
+        ``watch[0]`` (a ``time.monotonic()`` instant, moved ``DISCONNECT_CHECK_S`` on at each check) has
+        passed, whether or not events arrive (a job posts one per token); if the client went away the
+        job is cancelled and :class:`ClientGone` raised, as llama-server stops a task whose client left."""
+        while True:
+            now = time.monotonic()
+            if now >= watch[0]:
+                watch[0] = now + DISCONNECT_CHECK_S
+                if await request.is_disconnected():
+                    job.cancel()
+                    raise ClientGone
+            try:
+                return await asyncio.wait_for(job.queue.get(), timeout=watch[0] - now)
+            except asyncio.TimeoutError:
+                continue
+
+    async def first_event(request: Request, job: Job) -> tuple[str, Any]:
+        """``job`` 's first event (its exception raised), waited for while it is queued or reads its
+        prompt; a client that leaves meanwhile cancels it (:func:`next_event`)."""
+        kind, payload = await next_event(request, job, [time.monotonic() + DISCONNECT_CHECK_S])
         if kind == ERROR:
             raise payload
         return kind, payload
 
     async def collect(request: Request, job: Job, first: tuple[str, Any]) -> list[Any]:
-        """Every item of ``job``. The client's connection is checked every ``DISCONNECT_CHECK_S``
-        seconds whether or not items arrive (a job posts one per token); if it went away the job is
-        cancelled and CancelledError raised, as llama-server stops a task whose client left."""
+        """Every item of ``job``, cancelling it if the client goes away (:func:`next_event`)."""
         items = []
         kind, payload = first
-        next_check = time.monotonic() + DISCONNECT_CHECK_S
+        watch = [time.monotonic() + DISCONNECT_CHECK_S]
         while kind != END:
             items.append(payload)
-            while True:
-                now = time.monotonic()
-                if now >= next_check:
-                    next_check = now + DISCONNECT_CHECK_S
-                    if await request.is_disconnected():
-                        job.cancel()
-                        raise asyncio.CancelledError
-                try:
-                    kind, payload = await asyncio.wait_for(job.queue.get(), timeout=next_check - now)
-                    break
-                except asyncio.TimeoutError:
-                    continue
+            kind, payload = await next_event(request, job, watch)
             if kind == ERROR:
                 raise payload
         return items
@@ -356,7 +366,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         job = state.ready.submit(make, asyncio.get_running_loop(), P.field(body, "cache_prompt", bool, True),
                                  P.id_slot(body))
         try:
-            first = await first_event(job)
+            first = await first_event(request, job)
         except BaseException:
             job.cancel()
             raise
@@ -376,6 +386,8 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
                 return await fn(request)
             except asyncio.CancelledError:
                 raise
+            except ClientGone:  # nobody reads it: answered quietly (nginx's 499), not logged as a failure
+                return Response(status_code=499)
             except Exception as e:  # noqa: BLE001 - mapped to an OpenAI-shaped error
                 return _error(e)
         wrapped.__name__ = fn.__name__
@@ -423,7 +435,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         state.ready.metrics.requests_total["embeddings"] += 1
         job = state.ready.submit(lambda llm: iter([llm.create_embedding(inp, model=model, truncate=False)]),
                                      asyncio.get_running_loop())
-        first = await first_event(job)
+        first = await first_event(request, job)
         (result,) = await collect(request, job, first)
         state.ready.metrics.prompt_tokens_total += result["usage"]["prompt_tokens"]
         if fmt == "base64":  # OpenAI's: little-endian float32 bytes, base64 (what the openai client asks for)
