@@ -147,6 +147,26 @@ def test_echo_logprobs_include_the_prompt(llm, client):
     assert r.choices[0].logprobs.token_logprobs[1:] == pytest.approx(lp["token_logprobs"][1:5], abs=1e-4)
 
 
+def test_echo_logprobs_count_the_prompt_as_read_not_cached(llm, srv):
+    """Scoring the prompt for ``echo`` with ``logprobs`` is its evaluation: usage and timings say it
+    was read in full (``cached_tokens`` / ``cache_n`` 0, ``prompt_n`` all of it, ``prompt_ms`` its
+    time), as llama-server evaluates it once, in the API and the server alike."""
+    import httpx
+    llm.reset()
+    out = llm.create_completion(PROMPT, max_tokens=0, echo=True, logprobs=1)
+    n = out["usage"]["prompt_tokens"]
+    assert n == 5 and out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert llm.last_timings.prompt_n == n and llm.last_timings.prompt_ms > 0
+    body = {"prompt": PROMPT + " there was a little girl", "max_tokens": 0, "echo": True, "logprobs": 1,
+            "cache_prompt": False}
+    for _ in range(2):  # the second time the slot holds the prompt: still read in full (scored)
+        r = httpx.post(srv.base + "/v1/completions", json=body, timeout=60).json()
+        n = r["usage"]["prompt_tokens"]
+        assert n > 5 and r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert r["timings"]["cache_n"] == 0 and r["timings"]["prompt_n"] == n and r["timings"]["prompt_ms"] > 0
+        assert len(r["choices"][0]["logprobs"]["tokens"]) == n
+
+
 # -- cooktop serve's command line: request defaults -----------------------------------------
 def test_serve_flags_are_request_defaults(concat_model, server_deps, openai_client_dep):
     from openai import OpenAI

@@ -246,6 +246,87 @@ def test_client_disconnect_stops_generation(srv):
         assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}).status_code == 200
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": PROMPT}),
+    ("/v1/chat/completions", {"messages": CHAT}),
+])
+def test_client_disconnect_stops_a_non_streamed_generation(srv, path, body, monkeypatch):
+    """A non-streamed request whose client goes away (here: a 0.5 s read timeout) cancels its job,
+    as llama-server does: the slot is idle long before its tokens are done. Each token is slowed to
+    20 ms (about 5 s for the 256 of the context), so the job cannot finish before the client leaves,
+    and it emits a token far more often than every 0.5 s."""
+    import httpx
+
+    from cooktop.server import slots
+    real_init = slots.Job.__init__
+
+    def slow_init(self, make, *a, **k):
+        def slow(llm):
+            for item in make(llm):
+                time.sleep(0.02)
+                yield item
+        real_init(self, slow, *a, **k)
+    monkeypatch.setattr(slots.Job, "__init__", slow_init)
+    sched = srv.state.scheduler
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.base + path, json={**body, "max_tokens": 100000, "temperature": 0, "ignore_eos": True},
+                   timeout=0.5)
+    deadline = time.monotonic() + 2
+    while sched.busy and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sched.busy == 0 and sched.queue_depth == 0
+    assert not any(s["is_processing"] for s in httpx.get(srv.base + "/slots").json())
+
+
+def test_client_disconnect_while_queued_cancels_the_job(srv, monkeypatch):
+    """A non-streamed request waiting for a slot (both busy) whose client goes away never runs:
+    once the slots free, its job is dropped before it reads its prompt."""
+    import httpx
+
+    from cooktop.server import slots
+    real_init = slots.Job.__init__
+    started = []
+
+    def slow_init(self, make, *a, **k):
+        def slow(llm):
+            for i, item in enumerate(make(llm)):
+                if i == 0:  # the job read its prompt and produced a token
+                    started.append(1)
+                time.sleep(0.02)
+                yield item
+        real_init(self, slow, *a, **k)
+    monkeypatch.setattr(slots.Job, "__init__", slow_init)
+    sched = srv.state.scheduler
+    release = threading.Event()
+    body = {"prompt": PROMPT, "max_tokens": 100000, "temperature": 0, "ignore_eos": True}
+
+    def hold():
+        with httpx.Client(base_url=srv.base, timeout=60) as c:
+            with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                lines = r.iter_lines()  # kept: a dropped iterator closes the response
+                assert next(lines).startswith("data: ")
+                release.wait(30)
+
+    holders = [threading.Thread(target=hold) for _ in range(2)]
+    for t in holders:
+        t.start()
+    deadline = time.monotonic() + 20
+    while sched.busy < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sched.busy == 2
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.base + "/v1/completions", json=body, timeout=0.5)
+    time.sleep(0.5)  # the server notices the client has gone
+    release.set()
+    for t in holders:
+        t.join(30)
+    deadline = time.monotonic() + 5
+    while (sched.busy or sched.queue_depth) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sched.busy == 0 and sched.queue_depth == 0
+    assert len(started) == 2  # the two streams ran; the queued request never produced a token
+
+
 # -- other servers ---------------------------------------------------------------------------
 def test_api_key(stories, server_deps, openai_client_dep):
     import httpx
@@ -406,7 +487,9 @@ def test_slot_is_free_when_its_answer_arrives(http):
 
 def test_id_slot_and_erase_as_llama_server(http):
     """``id_slot`` runs a request on that slot (modulo the slots); ``POST /slots/ID?action=erase``
-    empties its cache (the same prompt then reads all of it again); save/restore 501, bad 400."""
+    empties its cache (the same prompt then reads all of it again), ``ID`` modulo the slots too
+    (llama-server's ``get_slot_by_id``, server-context.cpp: "allow id_slot to be out of bounds (wrap
+    around)"); save/restore 501, bad 400."""
     def ask(id_slot):
         body = {"prompt": PROMPT + " a frog", "max_tokens": 2, "temperature": 0, "id_slot": id_slot}
         return http.post("/v1/completions", json=body).json()["usage"]
@@ -424,6 +507,11 @@ def test_id_slot_and_erase_as_llama_server(http):
     assert r.status_code == 200 and r.json() == {"id_slot": 1, "n_erased": n} and n > 0
     assert held()[1] == 0
     assert ask(1)["prompt_tokens_details"]["cached_tokens"] == 0
+    n = held()[1]  # an id past the last slot wraps around, as llama-server's get_slot_by_id
+    r = http.post("/slots/3?action=erase")
+    assert r.status_code == 200 and r.json() == {"id_slot": 3, "n_erased": n} and n > 0 and held()[1] == 0
+    r = http.post("/slots/-1?action=erase")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid slot ID"
     assert http.post("/slots/0?action=save").status_code == 501
     assert http.post("/slots/0?action=nope").json()["error"]["message"] == "Invalid action"
     assert http.post("/slots/x?action=erase").status_code == 400

@@ -18,10 +18,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(model) -> subprocess.CompletedProcess:
+def _serve(model, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cooktop.cli", "serve", "-m", str(model), "--port",
-                           str(_free_port()), "--device", "cpu"], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
+                           str(_free_port()), "--device", "cpu", *args], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ))
 
 
 def test_serve_exits_1_when_the_model_cannot_load(stories, tmp_path, server_deps):
@@ -37,6 +37,23 @@ def test_serve_exits_1_when_the_model_cannot_load(stories, tmp_path, server_deps
     r = _serve(trunc)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: cannot load the model")
     assert str(trunc) in r.stderr.strip().splitlines()[-1]
+    assert "serving" not in r.stderr  # announced only once the model has loaded
+
+
+def test_serve_checks_its_options_and_the_file_before_announcing(stories, tmp_path, server_deps):
+    """A negative -c or a file that is not a GGUF is one error line and exit 1, with no "serving ...
+    on http://..." line before it (cooktop announces the address once the model has loaded, as
+    llama-server prints "listening on ..." after "model loaded", tools/server/server.cpp)."""
+    r = _serve(stories, "-c", "-5")
+    assert r.returncode == 1 and "serving" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "error: n_ctx (-c) must be >= 0 (0 = from the model), got -5"
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model at all")
+    r = _serve(text)
+    assert r.returncode == 1 and "serving" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {text}: not a GGUF file: magic b'not '"), last
+    assert "Traceback" not in r.stderr
 
 
 def test_deeply_nested_json_is_400(http):  # noqa: F811

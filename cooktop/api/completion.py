@@ -190,9 +190,13 @@ class CompletionMixin(LlamaBase):
         prompt_lp = None
         if echo and logprobs is not None:
             seq.reset()
+            t0 = time.perf_counter()
             prompt_lp = self._prompt_logprobs(seq, tokens, logprobs)
+            score_ms = (time.perf_counter() - t0) * 1e3
         steps = eng.generate(tokens, n_predict, sampler, stop_list(stop), stopping_criteria=criteria, seq=seq,
                              draft=self._speculation())
+        if prompt_lp is not None:  # the scoring read the prompt: nothing of it was cached
+            steps.count_prompt_scoring(len(tokens), score_ms)
         prefix = ""
         if echo:
             prefix = prompt if isinstance(prompt, str) else self.detokenize(tokens).decode("utf-8", "replace")

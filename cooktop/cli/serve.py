@@ -103,9 +103,13 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         raise CooktopError(f"--port must be in 1..65535, got {port}")
     if n_parallel < 1:
         raise CooktopError(f"-np must be >= 1, got {n_parallel}")
+    if n_ctx < 0:  # the loader's own check, before anything listens
+        raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = from the model), got {n_ctx}")
     path = resolve_model(model, hf_repo, hf_file)
     if not os.path.exists(path):
         raise CooktopError(f"{path}: no such file")
+    from ..format.gguf import read_raw_metadata
+    read_raw_metadata(path, keys=())  # GGUFError (one line) for a file that is not a GGUF, before listening
     speculative.check()  # the draft options, before any model loads
     if notice := speculative.notice():
         click.echo(f"cooktop: {notice}", err=True)
@@ -130,17 +134,19 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
             f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} ({n_replicas} replica(s) "
             f"behind Ray Serve, {n_parallel} slot(s) each{', API key required' if api_key else ''})", err=True))
         return
-    sock = listen_socket(host, port)  # before "serving on": a port in use is one error line, exit 1
-    click.echo(f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} "
-               f"({n_parallel} slot(s){', API key required' if api_key else ''})", err=True)
+    sock = listen_socket(host, port)  # a port in use is one error line, exit 1
     failed: list[str] = []
+
+    def loaded() -> None:  # once the model has loaded, as llama-server prints "listening on"
+        click.echo(f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} "
+                   f"({n_parallel} slot(s){', API key required' if api_key else ''})", err=True)
 
     def load_failed(message: str) -> None:  # llama-server: "failed to load model", exit 1
         failed.append(message)
         server.should_exit = True
 
-    server = uvicorn.Server(uvicorn.Config(create_app(config, on_load_error=load_failed), host=host, port=port,
-                                           log_level="warning"))
+    app = create_app(config, on_load_error=load_failed, on_loaded=loaded)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     server.run(sockets=[sock])
     if failed:
         if failed[0].startswith("cannot load the draft model"):  # the draft's own message, named

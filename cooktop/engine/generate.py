@@ -146,6 +146,16 @@ class Generation(Iterator[Step]):
         self.result: GenerationResult | None = None
         #: prompt tokens whose K/V the sequence already held (reused, not evaluated again)
         self.n_cached = n_cached
+        self._scored: tuple[int, float] | None = None
+
+    def count_prompt_scoring(self, n: int, ms: float) -> None:
+        """Count an evaluation of the whole ``n``-token prompt (``ms`` milliseconds) made on an
+        emptied sequence just before this generation, as ``echo`` with ``logprobs`` does to score
+        it: the prompt is then reported as read, not cached (:attr:`n_cached` 0; the result's
+        ``timings.prompt_n`` ``n``, ``prompt_ms`` and ``ttft_ms`` plus ``ms``), as llama-server
+        evaluates it once. Call it before the first step."""
+        self.n_cached = 0
+        self._scored = (n, ms)
 
     def __iter__(self) -> Generation:
         return self
@@ -156,6 +166,12 @@ class Generation(Iterator[Step]):
         except StopIteration as end:
             if end.value is not None:
                 self.result = end.value
+                if self._scored is not None:
+                    t = self.result.timings
+                    t.prompt_n, t.prompt_ms = self._scored[0], t.prompt_ms + self._scored[1]
+                    if t.ttft_ms:
+                        t.ttft_ms += self._scored[1]
+                    self._scored = None
             raise
 
     def drain(self) -> GenerationResult:

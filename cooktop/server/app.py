@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
@@ -57,6 +57,11 @@ from .slots import END, ERROR, Job, Scheduler
 log = logging.getLogger("cooktop.server")
 
 OPEN_PATHS = ("/health", "/v1/health")
+DISCONNECT_CHECK_S = 0.25  # how often a non-streamed request checks that its client is still there
+
+
+class ClientGone(Exception):
+    """The client of a request went away before its answer: its job is cancelled."""
 
 
 @dataclasses.dataclass
@@ -97,9 +102,9 @@ class ServerConfig:
 class ServerState:
     """The loaded model and its scheduler; ``loading`` until :meth:`load` finishes."""
 
-    def __init__(self, config: ServerConfig, llm: Any = None, on_load_error: Any = None):
+    def __init__(self, config: ServerConfig, llm: Any = None, on_load_error: Any = None, on_loaded: Any = None):
         self.config = config
-        self.on_load_error = on_load_error
+        self.on_load_error, self.on_loaded = on_load_error, on_loaded
         self.llm = llm
         self.scheduler: Scheduler | None = None
         self.load_error: str | None = None
@@ -128,6 +133,7 @@ class ServerState:
 
         A failure is kept for ``/health`` and passed to ``on_load_error`` (``cooktop serve``
         then stops and exits 1, as llama-server does); without that callback it is logged.
+        Success calls ``on_loaded()`` (``cooktop serve`` then announces its address).
         """
         from ..api import Llama
         try:
@@ -141,6 +147,8 @@ class ServerState:
             self.scheduler = Scheduler(llm, self.config.n_parallel, self.config.max_queue)
             self.llm = llm
             log.info("model loaded: %s", self.config.model_path)
+            if self.on_loaded is not None:
+                self.on_loaded()
         except Exception as e:  # noqa: BLE001 - reported by /health and every endpoint
             self.load_error = f"{type(e).__name__}: {e}" if not isinstance(e, P.CooktopError) else str(e)
             if self.on_load_error is not None:
@@ -171,14 +179,14 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None) -> FastAPI:
+def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None, on_loaded: Any = None) -> FastAPI:
     """The FastAPI application for ``config`` (``llm``: an already loaded model, else loaded at startup).
 
     The model loads on a background thread when the app starts, so ``/health``
     answers 503 meanwhile; the state is ``app.state.cooktop``. ``on_load_error(message)``
-    is called (on the loading thread) if the model cannot load.
+    is called (on the loading thread) if the model cannot load, ``on_loaded()`` once it has.
     """
-    state = ServerState(config, llm, on_load_error)
+    state = ServerState(config, llm, on_load_error, on_loaded)
 
     async def lifespan(app: FastAPI):
         if state.loading:
@@ -195,11 +203,12 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         msg = f"{request.method} {request.url.path}: {exc.detail}"
         return JSONResponse(P.error_body(exc.status_code, msg, kind), status_code=exc.status_code)
 
-    @app.middleware("http")
-    async def gate(request: Request, call_next):
+    def refusal(request: Request) -> JSONResponse | None:
+        """The answer the gate gives instead of the app (bad API key, model failed or loading), else None."""
         path = request.url.path
         if path in OPEN_PATHS or (config.webui and path in webui.PATHS):
-            return await call_next(request)
+            return None
+
         def refuse(status: int, msg: str, kind: str) -> JSONResponse:
             if path.startswith("/v1/messages"):  # Anthropic's clients read Anthropic's error shape
                 return anthropic.error_response(P.HTTPError(status, msg, kind))
@@ -214,7 +223,26 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
             return refuse(500, f"the model failed to load: {state.load_error}", "server_error")
         if state.loading:
             return refuse(503, "Loading model", "unavailable_error")
-        return await call_next(request)
+        return None
+
+    class Gate:
+        """The ``gate`` middleware, pure ASGI: it answers :func:`refusal` 's errors before any endpoint
+        runs and otherwise hands the request on with its own ``receive`` channel, so that an endpoint's
+        ``request.is_disconnected()`` sees the client go away (Starlette's ``BaseHTTPMiddleware``
+        wraps that channel and hides the disconnect)."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                answer = refusal(Request(scope))
+                if answer is not None:
+                    await answer(scope, receive, send)
+                    return
+            await self.inner(scope, receive, send)
+
+    app.add_middleware(Gate)
 
     # added after the gate, so outside it: a browser's preflight (OPTIONS, no API key) is answered here
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
@@ -254,26 +282,39 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
             args["logit_bias"] = {k: v for k, v in bias.items() if not outside(k)}
         return args
 
-    async def first_event(job: Job) -> tuple[str, Any]:
-        kind, payload = await job.queue.get()
+    async def next_event(request: Request, job: Job, watch: list[float]) -> tuple[str, Any]:
+        """The next ``(kind, payload)`` of ``job``. The client's connection is checked whenever
+        ``watch[0]`` (a ``time.monotonic()`` instant, moved ``DISCONNECT_CHECK_S`` on at each check) has
+        passed, whether or not events arrive (a job posts one per token); if the client went away the
+        job is cancelled and :class:`ClientGone` raised, as llama-server stops a task whose client left."""
+        while True:
+            now = time.monotonic()
+            if now >= watch[0]:
+                watch[0] = now + DISCONNECT_CHECK_S
+                if await request.is_disconnected():
+                    job.cancel()
+                    raise ClientGone
+            try:
+                return await asyncio.wait_for(job.queue.get(), timeout=watch[0] - now)
+            except asyncio.TimeoutError:
+                continue
+
+    async def first_event(request: Request, job: Job) -> tuple[str, Any]:
+        """``job`` 's first event (its exception raised), waited for while it is queued or reads its
+        prompt; a client that leaves meanwhile cancels it (:func:`next_event`)."""
+        kind, payload = await next_event(request, job, [time.monotonic() + DISCONNECT_CHECK_S])
         if kind == ERROR:
             raise payload
         return kind, payload
 
     async def collect(request: Request, job: Job, first: tuple[str, Any]) -> list[Any]:
-        """Every item of ``job`` (cancelling it if the client goes away)."""
+        """Every item of ``job``, cancelling it if the client goes away (:func:`next_event`)."""
         items = []
         kind, payload = first
+        watch = [time.monotonic() + DISCONNECT_CHECK_S]
         while kind != END:
             items.append(payload)
-            while True:
-                try:
-                    kind, payload = await asyncio.wait_for(job.queue.get(), timeout=0.5)
-                    break
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        job.cancel()
-                        raise asyncio.CancelledError from None
+            kind, payload = await next_event(request, job, watch)
             if kind == ERROR:
                 raise payload
         return items
@@ -325,7 +366,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         job = state.ready.submit(make, asyncio.get_running_loop(), P.field(body, "cache_prompt", bool, True),
                                  P.id_slot(body))
         try:
-            first = await first_event(job)
+            first = await first_event(request, job)
         except BaseException:
             job.cancel()
             raise
@@ -345,6 +386,8 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
                 return await fn(request)
             except asyncio.CancelledError:
                 raise
+            except ClientGone:  # nobody reads it: answered quietly (nginx's 499), not logged as a failure
+                return Response(status_code=499)
             except Exception as e:  # noqa: BLE001 - mapped to an OpenAI-shaped error
                 return _error(e)
         wrapped.__name__ = fn.__name__
@@ -392,7 +435,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None)
         state.ready.metrics.requests_total["embeddings"] += 1
         job = state.ready.submit(lambda llm: iter([llm.create_embedding(inp, model=model, truncate=False)]),
                                      asyncio.get_running_loop())
-        first = await first_event(job)
+        first = await first_event(request, job)
         (result,) = await collect(request, job, first)
         state.ready.metrics.prompt_tokens_total += result["usage"]["prompt_tokens"]
         if fmt == "base64":  # OpenAI's: little-endian float32 bytes, base64 (what the openai client asks for)

@@ -76,13 +76,25 @@ class CooktopReplica:
         replica = self.replica_id
         segments = ",".join(f"{s['selector']}={s['pid']}" for s in self.cluster_info()["segments"])
 
-        @app.middleware("http")
-        async def tag(request, call_next):
-            response = await call_next(request)
-            response.headers["x-cooktop-replica"] = replica
-            if segments:
-                response.headers["x-cooktop-segments"] = segments
-            return response
+        tags = [(b"x-cooktop-replica", replica.encode())]
+        if segments:
+            tags.append((b"x-cooktop-segments", segments.encode()))
+
+        class Tag:
+            """Pure ASGI middleware adding ``tags`` to every HTTP response's headers (not Starlette's
+            ``BaseHTTPMiddleware``, which would hide a client's disconnect from the endpoints)."""
+
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+                async def tagged(message: dict[str, Any]) -> None:
+                    if message["type"] == "http.response.start":
+                        message = {**message, "headers": [*message.get("headers", []), *tags]}
+                    await send(message)
+                await self.inner(scope, receive, tagged if scope["type"] == "http" else send)
+
+        app.add_middleware(Tag)
 
         @app.get("/cluster")
         async def cluster() -> JSONResponse:

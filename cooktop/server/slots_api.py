@@ -3,7 +3,9 @@
 ``GET /slots``: :meth:`~cooktop.server.slots.Scheduler.slots_info`'s records;
 ``?fail_on_no_slot=1`` answers 503 when none is idle. ``POST /slots/{id}``
 with ``action=erase`` forgets what the slot caches once it is idle and answers
-``{"id_slot", "n_erased"}``, as llama-server; ``save`` / ``restore`` (slot
+``{"id_slot", "n_erased"}``, as llama-server (an id past the last slot wraps around, modulo the
+number of slots, as llama-server's ``get_slot_by_id`` in ``tools/server/server-context.cpp``; a
+negative or non-integer id is 400 ``Invalid slot ID``); ``save`` / ``restore`` (slot
 files under llama-server's ``--slot-save-path``) are 501 ``not_supported_error``,
 another action 400. ``--no-slots`` turns both off (501), as there.
 """
