@@ -587,7 +587,7 @@ class OpenCLDevice(ReplayRecorder, Device):
         """``clEnqueueCopyBuffer`` within ``t``'s buffer (no kernel; :meth:`Device.copy_rows
         <cooktop.backends.base.Device.copy_rows>`): rows of ``row_bytes(type, width)`` bytes,
         the two regions not overlapping (OpenCL's rule for a copy inside one buffer)."""
-        rb = row_bytes(t.ggml_type, t.shape[1]) if t.ggml_type not in (T.F32, T.I32) else 4 * t.shape[1]
+        rb = row_bytes(t.ggml_type, t.shape[1])
         self.q8.dirty(t.handle)
         self._not_recordable("buffer copy")
         self._cl.enqueue_copy(self.queue, t.handle, t.handle, byte_count=n_rows * rb, src_offset=src_row * rb,
