@@ -40,6 +40,10 @@ inline int hsum_i8(int8 v) {
 // Q5_K rows on one float lane (where mmq8.cl's Q5_K prompt kernel, 16 rows in the SIMD lanes, runs)
 #define Q5K_LANES 1
 #endif
+#if defined(X86_512) && defined(W_Q6_K) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
+// Q6_K rows on one float lane (where mmq8.cl's Q6_K prompt kernel, 16 rows in the SIMD lanes, runs)
+#define Q6K_LANES 1
+#endif
 #if defined(Q5K_LANES)
 // (sum of the 16 int32 lanes of isum, sum of lanes 0..7 of mins): both reductions in one chain of
 // shuffles (exact integers)
@@ -241,6 +245,57 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 // the -32: lane s starts from -32 sc_s bsums_s (q6k_bsum_term). The two high bits of each quant
 // (qh's bits 2r, 2r + 1 for row r of the group's two halves) land on bits 4, 5 in one variable shift
 // of qh loaded into both halves (one vbroadcasti64x4), then one mask and one or with the low nibbles.
+#if defined(Q6K_LANES)
+// Q6_K where mmq8.cl's Q6_K prompt kernel runs: the same integers per super-block, summed to one int32,
+// and the row's sum in one float lane, a0 = fma(float(isum), d_w d_y, a0) per super-block in order (the
+// prompt kernel's per-row operations; lanes 1..15 of acc stay +0); two super-blocks share one chain
+// of shuffles; pmaddubsw then vpdpwssd (VNNI: a function of that target, one call per row).
+inline __attribute__((always_inline, target("avx512vnni"))) v16si q6k_sb(const global uchar *p, const global char *xb,
+                                                                         const global float *rec) {
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    const v64qi m48 = (v64qi)(int16)(0x30303030);
+    const short16 sc16s = convert_short16(vload16(0, (const global char *)(p + 192)));
+    v16si isum = q6k_bsum_term(sc16s, rec);
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        const v64qi ql = LOAD64(p + 64 * (g >> 1));
+        const v64qi lq = (g & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);
+        const v32hi qh2 = (v32hi)CAT32(LOAD32(p + 128 + 32 * (g >> 1)), LOAD32(p + 128 + 32 * (g >> 1)));
+        const v64qi hq = (v64qi)((g & 1) ? qh2 >> Q8K_SH2(0, 2) : qh2 << Q8K_SH2(4, 2)) & m48;
+        const v32hi scv = (v32hi)Q6K_SCV(sc16s, g);
+        isum = __builtin_ia32_vpdpwssd512(isum, (v16si)__builtin_ia32_pmaddubsw512(lq | hq, LOAD64(xb + 64 * g)), (v16si)scv);
+    }
+    return isum;
+}
+__attribute__((target("avx512vnni"))) __attribute__((noinline))
+float q6k_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid, float a0) {
+    int ib = lid;
+    for (; ib + MV_LS < nb; ib += 2 * MV_LS) {
+        const int ic = ib + MV_LS;
+        const global uchar *p0 = row + (size_t)ib * 210, *p1 = row + (size_t)ic * 210;
+        const global float *r0 = (const global float *)xd + (size_t)ib * 16, *r1 = (const global float *)xd + (size_t)ic * 16;
+        const int16 a = as_int16(q6k_sb(p0, xq + (size_t)ib * 256, r0)), b = as_int16(q6k_sb(p1, xq + (size_t)ic * 256, r1));
+        const int16 x = (int16)(a.lo + a.hi, b.lo + b.hi);
+        const int8 z = x.even + x.odd;
+        const int4 z2 = z.even + z.odd;
+        const float2 f = convert_float2(z2.even + z2.odd);
+        a0 = fma(f.x, h2f(p0 + 208) * r0[8], a0);
+        a0 = fma(f.y, h2f(p1 + 208) * r1[8], a0);
+    }
+    if (ib < nb) {
+        const global uchar *p = row + (size_t)ib * 210;
+        const global float *rec = (const global float *)xd + (size_t)ib * 16;
+        const int16 a = as_int16(q6k_sb(p, xq + (size_t)ib * 256, rec));
+        a0 = fma((float)hsum_i8(a.lo + a.hi), h2f(p + 208) * rec[8], a0);
+    }
+    return a0;
+}
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    acc.s0 = q6k_row(row, nb, xq, xd, lid, acc.s0);
+    return acc;
+}
+#else
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
@@ -265,6 +320,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     }
     return acc;
 }
+#endif
 #endif
 
 #else  // portable OpenCL C (GPUs, other CPUs)

@@ -280,8 +280,7 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #define HAS_MM_Q8_WI
 #endif
 
-#if defined(Q8K_ON) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) \
-    && (defined(W_Q4_K) || defined(W_Q6_K))
+#if defined(Q8K_ON) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) && defined(W_Q4_K)
 // Prompt matrices of Q4_K and Q6_K on block_q8_K activations (dotq8k.cl; Q5_K: mmq5_pass below): per super-block,
 // row and token an int32 vector whose lane i is dotq8_row's (sum over the 4 groups of 64 values of
 // the scale of lane i's sub-block times the 4 products of lane i; MMQK_PAIR below), then the
@@ -448,7 +447,7 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
 }
 #endif
 
-#if defined(Q5K_LANES)
+#if defined(Q5K_LANES) || defined(Q6K_LANES)
 // Prompt matrices of Q5_K on block_q8_K activations with 16 rows in the SIMD lanes (llama.cpp's
 // block_q4_Kx8 idea, ggml-cpu/repack.cpp, but the plain layout: the rows are transposed in
 // registers once per super-block and pass): int32 lane r is row r0 + r. Per super-block the 16 rows'
@@ -490,6 +489,9 @@ inline __attribute__((always_inline)) void mq5_tr8(v16si *o, const v16si *p) {
     }
 }
 #define MQ5_SH(v, n) ((n) >= 0 ? (v) << (n) : (v) >> (-(n)))
+#endif
+
+#if defined(Q5K_LANES)
 __attribute__((target("avx512vnni"))) __attribute__((noinline))
 void mmq5_pass(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
                const int n_in, const int n_out, const int r0, const int t0, const int nt) {
@@ -581,8 +583,118 @@ void mmq5_pass(const global uchar *w, const global char *xq, const global float2
             for (int r = 0; r < n_out - r0; r++) y[(size_t)(t0 + t) * n_out + r0 + r] = acc[t][r];
 }
 
+#endif
+
+#if defined(Q6K_LANES)
+// Prompt matrices of Q6_K on block_q8_K activations, 16 rows in the SIMD lanes as mmq5_pass: per super-block
+// and pass the rows' ql (4 transposes) and qh (2) make the 64 quant vectors wq[4 k + i] (lane r: the 4
+// quants of values 16 k + 4 i.. of row r, 0..63: the -32 comes through the bsums), the scales 16
+// vectors and the (-32 sc_2j, -32 sc_2j+1) word pairs 8; per token and sub-block k 4 vpdpbusd of
+// broadcast activations and one vpmulld by sc_k, 8 vpdpwssd of the bsum pairs, then the mat-vec's one
+// fma per row (dotq8k.cl's Q6_K dotq8_row under Q6K_LANES), lane by lane: each token gets the
+// one-token sums bit for bit.
+__attribute__((target("avx512vnni"))) __attribute__((noinline))
+void mmq6_pass(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
+               const int n_in, const int n_out, const int r0, const int t0, const int nt) {
+    const int nsb = n_in / 256;
+    const size_t xs = (size_t)n_in, rs = (size_t)(n_in / 16);
+    const v16si m15 = (v16si)(int16)(0x0f0f0f0f), m48 = (v16si)(int16)(0x30303030);
+    const global uchar *wr[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
+    float16 acc[MQ5_TN * MQ5_TH];
+    for (int t = 0; t < MQ5_TN * MQ5_TH; t++) acc[t] = (float16)(0.0f);
+    for (int ib = 0; ib < nsb; ib++) {
+        const size_t ob = (size_t)ib * 210;
+        v16si wq[64], scv[16], nsw[8];
+        float dd[16];
+        {
+            v16si p[8], h[8], l0[8], l1[8];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) p[i] = MQ5_P(wr[i], wr[i + 8], ob + 128 + 32 * hh);  // qh of half hh
+                mq5_tr8(h, p);
+#pragma unroll
+                for (int i = 0; i < 8; i++) p[i] = MQ5_P(wr[i], wr[i + 8], ob + 64 * hh);  // ql dwords 0..7
+                mq5_tr8(l0, p);
+#pragma unroll
+                for (int i = 0; i < 8; i++) p[i] = MQ5_P(wr[i], wr[i + 8], ob + 64 * hh + 32);  // ql dwords 8..15
+                mq5_tr8(l1, p);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {  // values 128 hh + 32 m + 4 j: dword 32 hh + 8 m + j
+                    wq[32 * hh + j] = (l0[j] & m15) | ((h[j] << 4) & m48);
+                    wq[32 * hh + 8 + j] = (l1[j] & m15) | ((h[j] << 2) & m48);
+                    wq[32 * hh + 16 + j] = ((l0[j] >> 4) & m15) | (h[j] & m48);
+                    wq[32 * hh + 24 + j] = ((l1[j] >> 4) & m15) | ((h[j] >> 2) & m48);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int16 sa = convert_int16(vload16(0, (const global char *)(wr[i] + ob + 192)));
+                const int16 sb = convert_int16(vload16(0, (const global char *)(wr[i + 8] + ob + 192)));
+                p[i] = (v16si)(int16)(sa.lo, sb.lo);
+                l0[i] = (v16si)(int16)(sa.hi, sb.hi);
+                dd[i] = h2f(wr[i] + ob + 208), dd[i + 8] = h2f(wr[i + 8] + ob + 208);
+            }
+            mq5_tr8(scv, p);
+            mq5_tr8(scv + 8, l0);
+#pragma unroll
+            for (int j = 0; j < 8; j++)  // (-32 sc_2j, -32 sc_2j+1) as int16 words
+                nsw[j] = ((scv[2 * j] * -32) & (v16si)(int16)(0xffff)) | ((scv[2 * j + 1] * -32) << 16);
+        }
+        const float16 dv = vload16(0, dd);
+        const global char *xb = xq + (size_t)t0 * xs + (size_t)ib * 256;
+        const global float *db = (const global float *)xd + (size_t)t0 * rs + (size_t)ib * 16;
+        for (int hf = 0; hf < MQ5_TH && hf * MQ5_TN < nt; hf++) {
+            int toff[MQ5_TN];
+#pragma unroll
+            for (int t = 0; t < MQ5_TN; t++) toff[t] = min(hf * MQ5_TN + t, nt - 1);
+            v16si is[MQ5_TN];
+#pragma unroll
+            for (int t = 0; t < MQ5_TN; t++) is[t] = (v16si)(int16)(0);
+#pragma unroll 1
+            for (int s = 0; s < 8; s++) {  // sub-blocks 2 s, 2 s + 1
+                v16si wk[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) wk[k] = wq[8 * s + k];
+                const v16si sc0 = scv[2 * s], sc1 = scv[2 * s + 1];
+#pragma unroll
+                for (int t = 0; t < MQ5_TN; t++) {
+                    const global int *xi = (const global int *)(xb + (size_t)toff[t] * xs + 32 * s);
+                    v16si a = (v16si)(int16)(0), b = (v16si)(int16)(0);
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        a = __builtin_ia32_vpdpbusd512(a, wk[k], (v16si)(int16)(xi[k]));
+                        b = __builtin_ia32_vpdpbusd512(b, wk[k + 4], (v16si)(int16)(xi[k + 4]));
+                    }
+                    is[t] += a * sc0 + b * sc1;
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < MQ5_TN; t++) {
+                const global int *rec = (const global int *)(db + (size_t)toff[t] * rs);
+                v16si i = is[t];
+#pragma unroll
+                for (int j = 0; j < 8; j++) i = __builtin_ia32_vpdpwssd512(i, nsw[j], (v16si)(int16)(rec[j]));
+                acc[hf * MQ5_TN + t] = fma(convert_float16(as_int16(i)), dv * as_float(rec[8]), acc[hf * MQ5_TN + t]);
+            }
+        }
+    }
+    if (r0 + 16 <= n_out)
+        for (int t = 0; t < nt; t++) vstore16(acc[t], 0, y + (size_t)(t0 + t) * n_out + r0);
+    else
+        for (int t = 0; t < nt; t++)
+            for (int r = 0; r < n_out - r0; r++) y[(size_t)(t0 + t) * n_out + r0 + r] = acc[t][r];
+}
+#define MQK_PASS mmq6_pass
+#else
+#define MQK_PASS mmq5_pass
+#endif
+
+#if defined(Q5K_LANES) || defined(Q6K_LANES)
 #if 16 % MMQ_R != 0
-#error "the Q5_K prompt kernel takes 16 rows per work-item of 16 / MMQ_R"
+#error "the Q5_K / Q6_K prompt kernels take 16 rows per work-item of 16 / MMQ_R"
 #endif
 // The grid is the other K-quants' (MMQ_R rows per work-item): the work-item whose rows start a group
 // of 16 runs the group, the others none; tokens as there (MMQ_TN * MMQ_TT per work-item), in passes
@@ -593,7 +705,7 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
     const int te = min(n_tok, tb + MMQ_TN * MMQ_TT);
     if (r0 % 16 == 0 && r0 < n_out)
         for (int t0 = tb; t0 < te; t0 += MQ5_TN * MQ5_TH)
-            mmq5_pass(w, xq, xd, y, n_in, n_out, r0, t0, min(MQ5_TN * MQ5_TH, te - t0));
+            MQK_PASS(w, xq, xd, y, n_in, n_out, r0, t0, min(MQ5_TN * MQ5_TH, te - t0));
 }
 #endif
 
