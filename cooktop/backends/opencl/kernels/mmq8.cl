@@ -281,7 +281,7 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #endif
 
 #if defined(Q8K_ON) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) && defined(W_Q4_K)
-// Prompt matrices of Q4_K and Q6_K on block_q8_K activations (dotq8k.cl; Q5_K: mmq5_pass below): per super-block,
+// Prompt matrices of Q4_K on block_q8_K activations (dotq8k.cl; Q5_K, Q6_K: mmq5_pass, mmq6_pass below): per super-block,
 // row and token an int32 vector whose lane i is dotq8_row's (sum over the 4 groups of 64 values of
 // the scale of lane i's sub-block times the 4 products of lane i; MMQK_PAIR below), then the
 // one-token row's float operations in its order, so each token gets dotq8_row's sums bit for bit.
@@ -306,34 +306,21 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 // per-token scalars of a row: out[t] = a * dyt[t], 8 tokens per vector product (MMQK_TN % 8 == 0)
 #define MMQK_TOKENS(out, a, dyt)                                                 \
     _Pragma("unroll") for (int c_ = 0; c_ < MMQK_TN / 8; c_++) vstore8((a) * vload8(c_, dyt), c_, out)
-#if defined(W_Q6_K)
-#define MMQK_BYTES 210
-#else
 #define MMQK_BYTES QK_BYTES
-#endif
 // Per token and pair of groups 2h, 2h+1 (128 values): vpdpbusd gives each group's int32 lanes (lane i: the
 // 4 products of values 4i..4i+3, |sum| < 2^15 for these quants), MMQK_PAIR puts lane i of both in one int32
 // as two int16 words (group 2h low, 2h+1 high: exact), and one vpdpwssd weighs them with the two groups'
 // scales of lane i: lane i gets sc(2h, i) u(2h, i) + sc(2h+1, i) u(2h+1, i), the mat-vec's integers lane by
 // lane (its pmaddwd of pmaddubsw per group), in 3 multiplies per 128 values instead of 4.
 #define MMQK_PAIR(u0, u1) ((v16si)__builtin_shufflevector((v32hi)(u0), (v32hi)(u1), 0, 32, 2, 34, 4, 36, 6, 38, 8, 40, 10, 42, 12, 44, 14, 46, 16, 48, 18, 50, 20, 52, 22, 54, 24, 56, 26, 58, 28, 60, 30, 62))
-#if defined(W_Q6_K)
-// Q6_K: lane i of group g is 16-value sub-block 4g + i / 4
-#define MMQK_SCP(v, h) ((v16si)((h) == 0 ? __builtin_shufflevector(v, v, 0, 4, 0, 4, 0, 4, 0, 4, 1, 5, 1, 5, 1, 5, 1, 5, 2, 6, 2, 6, 2, 6, 2, 6, 3, 7, 3, 7, 3, 7, 3, 7) \
-                                         : __builtin_shufflevector(v, v, 8, 12, 8, 12, 8, 12, 8, 12, 9, 13, 9, 13, 9, 13, 9, 13, 10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15)))
-#else
 // Q4_K / Q5_K: lane i of group g is 32-value sub-block 2g + i / 8
 #define MMQK_SCP(v, h) ((v16si)((h) == 0 ? __builtin_shufflevector(v, v, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3) \
                                          : __builtin_shufflevector(v, v, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7)))
-#endif
 __attribute__((target("avx512vnni"))) __attribute__((noinline))
 void mmqk_pass(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
                const int n_in, const int n_out, const int r0, const int t0, const int nt) {
     const int nsb = n_in / 256;
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-#if defined(W_Q6_K)
-    const v64qi m3 = (v64qi)(int16)(0x03030303);
-#endif
     const size_t xs = (size_t)n_in, rs = (size_t)(n_in / 16);  // one token's quants / records (floats)
     const global char *x0 = xq + (size_t)t0 * xs;
     const global float *d0 = (const global float *)xd + (size_t)t0 * rs;
@@ -354,27 +341,6 @@ void mmqk_pass(const global uchar *w, const global char *xq, const global float2
             v64qi q[MMQK_RP][4];
             v16si scp[MMQK_RP][2];
             float pd[MMQK_RP][MMQK_TN];  // d_w d_y per token
-#if defined(W_Q6_K)
-            v32hi sc32[MMQK_RP];  // -32 sc_s as int32 lanes: lane s starts from -32 sc_s bsums_s (q6k_bsum_term)
-#pragma unroll
-            for (int r = 0; r < MMQK_RP; r++) {
-                const global uchar *p = wr[rp + r] + (size_t)ib * MMQK_BYTES;
-                const short16 scr = convert_short16(vload16(0, (const global char *)(p + 192)));
-                sc32[r] = (v32hi)convert_int16(scr * (short)(-32));
-#pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    const v64qi ql = *(const global v64qi_u *)(p + 64 * (g >> 1));
-                    const v32qi qh = *(const global v32qi_u *)(p + 128 + 32 * (g >> 1));
-                    const v64qi lq = (g & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);
-                    const v16hi qw = (v16hi)qh >> (short)(4 * (g & 1));
-                    const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;
-                    q[r][g] = lq | (v64qi)((v16si)hq << 4);
-                }
-                scp[r][0] = MMQK_SCP(scr, 0);
-                scp[r][1] = MMQK_SCP(scr, 1);
-                MMQK_TOKENS(pd[r], h2f(p + 208), dyt);
-            }
-#else
             v32hi m2[MMQK_RP];  // the mins as pmaddwd's first operand (q8k_mins_op)
             float pm[MMQK_RP][MMQK_TN];  // -(dmin_w d_y) per token
 #pragma unroll
@@ -394,16 +360,10 @@ void mmqk_pass(const global uchar *w, const global char *xq, const global float2
                 MMQK_TOKENS(pd[r], dm.x, dyt);
                 MMQK_TOKENS(pm[r], -dm.y, dyt);  // -(dmin_w d_y): the same bits
             }
-#endif
             for (int t = 0; t < nt; t++) {
                 const global char *xt = xb + (size_t)t * xs;
                 const global float *rec = db + (size_t)t * rs;
                 v16si isum[MMQK_RP];
-#if defined(W_Q6_K)
-                const v32hi bz = (v32hi)convert_int16(as_ushort16(Q8K_BSUMS(rec)));
-#pragma unroll
-                for (int r = 0; r < MMQK_RP; r++) isum[r] = __builtin_ia32_pmaddwd512(sc32[r], bz);
-#endif
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const v64qi ya = *(const global v64qi_u *)(xt + 128 * h);
@@ -413,20 +373,14 @@ void mmqk_pass(const global uchar *w, const global char *xq, const global float2
                         const v16si zero = (v16si)(int16)(0);
                         const v16si pk = MMQK_PAIR(__builtin_ia32_vpdpbusd512(zero, (v16si)q[r][2 * h], (v16si)ya),
                                                    __builtin_ia32_vpdpbusd512(zero, (v16si)q[r][2 * h + 1], (v16si)yb));
-#if defined(W_Q6_K)
-                        isum[r] = __builtin_ia32_vpdpwssd512(isum[r], pk, scp[r][h]);
-#else
                         isum[r] = h == 0 ? __builtin_ia32_pmaddwd512((v32hi)pk, (v32hi)scp[r][h])
                                          : __builtin_ia32_vpdpwssd512(isum[r], pk, scp[r][h]);
-#endif
                     }
                 }
 #pragma unroll
                 for (int r = 0; r < MMQK_RP; r++) {  // dotq8_row's float lanes (dotq8k.cl), in its order
                     float16 a = fma(convert_float16(as_int16(isum[r])), (float16)(pd[r][t]), acc[rp + r][t]);
-#if !defined(W_Q6_K)
                     a = fma((float16)(pm[r][t]), convert_float16(as_int16(q8k_mins16(m2[r], rec))), a);
-#endif
                     acc[rp + r][t] = a;
                 }
             }
