@@ -36,6 +36,26 @@ inline int hsum_i8(int8 v) {
     return s2.x + s2.y;
 }
 
+#if defined(X86_512) && defined(W_Q5_K) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
+// Q5_K rows on one float lane (where mmq8.cl's Q5_K prompt kernel, 16 rows in the SIMD lanes, runs)
+#define Q5K_LANES 1
+#endif
+#if defined(X86_512) && defined(W_Q6_K) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
+// Q6_K rows on one float lane (where mmq8.cl's Q6_K prompt kernel, 16 rows in the SIMD lanes, runs)
+#define Q6K_LANES 1
+#endif
+#if defined(Q5K_LANES)
+// (sum of the 16 int32 lanes of isum, sum of lanes 0..7 of mins): both reductions in one chain of
+// shuffles (exact integers)
+inline int2 q5k_sums(v16si isum, v16si mins) {
+    const int16 a = as_int16(isum);
+    const int8 a8 = a.lo + a.hi, m8 = as_int16(mins).lo;
+    const int8 e = (int8)(a8.lo + a8.hi, m8.lo + m8.hi);
+    const int4 f = e.even + e.odd;
+    return f.even + f.odd;
+}
+#endif
+
 // sum_s m_s * (bsums[2s] + bsums[2s+1]): the integer of the mins term
 inline int q8k_mins(const int8 mn, const global float *rec) {
     const short16 bs = vload16(0, (const global short *)rec);
@@ -114,6 +134,75 @@ inline v16si q8k_mins16(const v32hi m2, const global float *rec) {
 #else
 #define Q8K_Q45(p, j, m15) Q8K_NIB(p, j, m15)
 #endif
+#if defined(Q5K_LANES)
+// Q5_K where mmq8.cl's Q5_K prompt kernel runs: the same integers per super-block (Q8K_Q45 quants,
+// pmaddubsw, pmaddwd with the scales; the mins' pmaddwd), each summed to one int32, and the row's sum in
+// one float lane: a0 = fma(float(isum), d_w d_y, a0), a0 = fma(-(dmin_w d_y), float(mins), a0) per
+// super-block in order (the prompt kernel's per-row operations; lanes 1..15 of acc stay +0, so
+// hsum16 gives lane 0). Two super-blocks at a time share one chain of shuffles for their four sums;
+// inside a super-block pmaddubsw, then vpdpwssd with the scales (any order of the exact integers will do).
+inline __attribute__((always_inline, target("avx512vnni"))) void q5k_sb(const global uchar *p, const global char *xb, const global float *rec,
+                                                  v16si *isum, v16si *mins) {
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    Q8K_SCALES(p, sc, mn);
+    v16si is = (v16si)(int16)(0);
+#define Q8K_STEP(j, a, b)                                                                                  \
+    {                                                                                                      \
+        const v64qi q = Q8K_Q45(p, (j), m15);                                                              \
+        const v32hi scv = (v32hi)__builtin_shufflevector(sc, sc, a, a, a, a, a, a, a, a, a, a, a, a, a,     \
+                                                         a, a, a, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b); \
+        is = __builtin_ia32_vpdpwssd512(is, (v16si)__builtin_ia32_pmaddubsw512(q, LOAD64(xb + 64 * (j))), (v16si)scv); \
+    }
+    Q8K_STEP(0, 0, 1)
+    Q8K_STEP(1, 2, 3)
+    Q8K_STEP(2, 4, 5)
+    Q8K_STEP(3, 6, 7)
+#undef Q8K_STEP
+    *isum = is;
+    *mins = q8k_mins16(q8k_mins_op(mn), rec);
+}
+// the row's float lane from a0 on; VNNI (vpdpwssd) needs a function of that target, one call per row
+__attribute__((target("avx512vnni"))) __attribute__((noinline))
+float q5k_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid, float a0) {
+    int ib = lid;
+    for (; ib + MV_LS < nb; ib += 2 * MV_LS) {
+        const int ic = ib + MV_LS;
+        const global uchar *p0 = row + (size_t)ib * QK_BYTES, *p1 = row + (size_t)ic * QK_BYTES;
+        const global float *r0 = (const global float *)xd + (size_t)ib * 16, *r1 = (const global float *)xd + (size_t)ic * 16;
+        v16si i0, n0, i1, n1;
+        q5k_sb(p0, xq + (size_t)ib * 256, r0, &i0, &n0);
+        q5k_sb(p1, xq + (size_t)ic * 256, r1, &i1, &n1);
+        const int16 a = as_int16(i0), b = as_int16(i1);
+        const int16 x = (int16)(a.lo + a.hi, b.lo + b.hi), m = (int16)(as_int16(n0).lo, as_int16(n1).lo);
+        // 4-lane partial sums of isum_0, mins_0, isum_1, mins_1, then pairs, then the four sums
+        const int16 z = __builtin_shufflevector(x, m, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+                      + __builtin_shufflevector(x, m, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+        const int8 z2 = z.even + z.odd;
+        const float4 f = convert_float4(z2.even + z2.odd);
+        const float2 d0 = h2f2(p0), d1 = h2f2(p1);
+        const float y0 = r0[8], y1 = r1[8];
+        a0 = fma(f.x, d0.x * y0, a0);
+        a0 = fma(-(d0.y * y0), f.y, a0);
+        a0 = fma(f.z, d1.x * y1, a0);
+        a0 = fma(-(d1.y * y1), f.w, a0);
+    }
+    if (ib < nb) {
+        const global uchar *p = row + (size_t)ib * QK_BYTES;
+        const global float *rec = (const global float *)xd + (size_t)ib * 16;
+        v16si is, mi;
+        q5k_sb(p, xq + (size_t)ib * 256, rec, &is, &mi);
+        const float2 im = convert_float2(q5k_sums(is, mi)), dm = h2f2(p);
+        a0 = fma(im.x, dm.x * rec[8], a0);
+        a0 = fma(-(dm.y * rec[8]), im.y, a0);
+    }
+    return a0;
+}
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    acc.s0 = q5k_row(row, nb, xq, xd, lid, acc.s0);
+    return acc;
+}
+#else
 // per 32-byte group j of qs: 64 quants (Q8K_Q45: sub-blocks 2j, 2j+1) x 64 activation bytes,
 // pmaddubsw then pmaddwd with the two sub-blocks' scales as int16 (int32 lanes 0..7: 2j, 8..15: 2j+1)
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
@@ -148,6 +237,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     }
     return acc;
 }
+#endif
 #elif defined(W_Q6_K)
 // the scales of 16-value sub-blocks 4g..4g+3 as int16 lanes 8 each: one constant shuffle once g is unrolled
 #define Q6K_SH(v, a) __builtin_shufflevector(v, v, a, a, a, a, a, a, a, a, a + 1, a + 1, a + 1, a + 1, a + 1, \
@@ -158,6 +248,57 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 // the -32: lane s starts from -32 sc_s bsums_s (q6k_bsum_term). The two high bits of each quant
 // (qh's bits 2r, 2r + 1 for row r of the group's two halves) land on bits 4, 5 in one variable shift
 // of qh loaded into both halves (one vbroadcasti64x4), then one mask and one or with the low nibbles.
+#if defined(Q6K_LANES)
+// Q6_K where mmq8.cl's Q6_K prompt kernel runs: the same integers per super-block, summed to one int32,
+// and the row's sum in one float lane, a0 = fma(float(isum), d_w d_y, a0) per super-block in order (the
+// prompt kernel's per-row operations; lanes 1..15 of acc stay +0); two super-blocks share one chain
+// of shuffles; pmaddubsw then vpdpwssd (VNNI: a function of that target, one call per row).
+inline __attribute__((always_inline, target("avx512vnni"))) v16si q6k_sb(const global uchar *p, const global char *xb,
+                                                                         const global float *rec) {
+    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
+    const v64qi m48 = (v64qi)(int16)(0x30303030);
+    const short16 sc16s = convert_short16(vload16(0, (const global char *)(p + 192)));
+    v16si isum = q6k_bsum_term(sc16s, rec);
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        const v64qi ql = LOAD64(p + 64 * (g >> 1));
+        const v64qi lq = (g & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);
+        const v32hi qh2 = (v32hi)CAT32(LOAD32(p + 128 + 32 * (g >> 1)), LOAD32(p + 128 + 32 * (g >> 1)));
+        const v64qi hq = (v64qi)((g & 1) ? qh2 >> Q8K_SH2(0, 2) : qh2 << Q8K_SH2(4, 2)) & m48;
+        const v32hi scv = (v32hi)Q6K_SCV(sc16s, g);
+        isum = __builtin_ia32_vpdpwssd512(isum, (v16si)__builtin_ia32_pmaddubsw512(lq | hq, LOAD64(xb + 64 * g)), (v16si)scv);
+    }
+    return isum;
+}
+__attribute__((target("avx512vnni"))) __attribute__((noinline))
+float q6k_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid, float a0) {
+    int ib = lid;
+    for (; ib + MV_LS < nb; ib += 2 * MV_LS) {
+        const int ic = ib + MV_LS;
+        const global uchar *p0 = row + (size_t)ib * 210, *p1 = row + (size_t)ic * 210;
+        const global float *r0 = (const global float *)xd + (size_t)ib * 16, *r1 = (const global float *)xd + (size_t)ic * 16;
+        const int16 a = as_int16(q6k_sb(p0, xq + (size_t)ib * 256, r0)), b = as_int16(q6k_sb(p1, xq + (size_t)ic * 256, r1));
+        const int16 x = (int16)(a.lo + a.hi, b.lo + b.hi);
+        const int8 z = x.even + x.odd;
+        const int4 z2 = z.even + z.odd;
+        const float2 f = convert_float2(z2.even + z2.odd);
+        a0 = fma(f.x, h2f(p0 + 208) * r0[8], a0);
+        a0 = fma(f.y, h2f(p1 + 208) * r1[8], a0);
+    }
+    if (ib < nb) {
+        const global uchar *p = row + (size_t)ib * 210;
+        const global float *rec = (const global float *)xd + (size_t)ib * 16;
+        const int16 a = as_int16(q6k_sb(p, xq + (size_t)ib * 256, rec));
+        a0 = fma((float)hsum_i8(a.lo + a.hi), h2f(p + 208) * rec[8], a0);
+    }
+    return a0;
+}
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    acc.s0 = q6k_row(row, nb, xq, xd, lid, acc.s0);
+    return acc;
+}
+#else
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
@@ -182,6 +323,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     }
     return acc;
 }
+#endif
 #endif
 
 #else  // portable OpenCL C (GPUs, other CPUs)

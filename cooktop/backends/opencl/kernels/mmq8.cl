@@ -280,16 +280,14 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #define HAS_MM_Q8_WI
 #endif
 
-#if defined(Q8K_ON) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) \
-    && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
-// Prompt matrices of Q4_K, Q5_K and Q6_K on block_q8_K activations (dotq8k.cl): per super-block,
+#if defined(Q8K_ON) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) && defined(W_Q4_K)
+// Prompt matrices of Q4_K on block_q8_K activations (dotq8k.cl; Q5_K, Q6_K: mmq5_pass, mmq6_pass below): per super-block,
 // row and token an int32 vector whose lane i is dotq8_row's (sum over the 4 groups of 64 values of
 // the scale of lane i's sub-block times the 4 products of lane i; MMQK_PAIR below), then the
 // one-token row's float operations in its order, so each token gets dotq8_row's sums bit for bit.
 // This file's own mul_mm_q8 (below; no mm_q8_wi): a work-item owns MMQ_R rows and the grid's
 // MMQ_TN * MMQ_TT tokens, in passes of MMQK_TN tokens (mmqk_pass). Per pass and super-block,
-// MMQK_RP rows at a time get their quants and scale vectors built once (Q5_K's fifth bits from one
-// 64-byte vector of qh for all 4 groups), then a loop over the pass's tokens finishes each token's
+// MMQK_RP rows at a time get their quants and scale vectors built once, then a loop over the pass's tokens finishes each token's
 // integer sums (its activations loaded once per MMQK_RP rows) and float lanes (float16
 // acc[row][token] in memory; d_w d_y and dmin_w d_y of the pass's tokens one vector product per row
 // and super-block, each fma taking its scalar as a broadcast operand). Per (row, token, super-block)
@@ -308,36 +306,21 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 // per-token scalars of a row: out[t] = a * dyt[t], 8 tokens per vector product (MMQK_TN % 8 == 0)
 #define MMQK_TOKENS(out, a, dyt)                                                 \
     _Pragma("unroll") for (int c_ = 0; c_ < MMQK_TN / 8; c_++) vstore8((a) * vload8(c_, dyt), c_, out)
-#if defined(W_Q6_K)
-#define MMQK_BYTES 210
-#else
 #define MMQK_BYTES QK_BYTES
-#endif
 // Per token and pair of groups 2h, 2h+1 (128 values): vpdpbusd gives each group's int32 lanes (lane i: the
 // 4 products of values 4i..4i+3, |sum| < 2^15 for these quants), MMQK_PAIR puts lane i of both in one int32
 // as two int16 words (group 2h low, 2h+1 high: exact), and one vpdpwssd weighs them with the two groups'
 // scales of lane i: lane i gets sc(2h, i) u(2h, i) + sc(2h+1, i) u(2h+1, i), the mat-vec's integers lane by
 // lane (its pmaddwd of pmaddubsw per group), in 3 multiplies per 128 values instead of 4.
 #define MMQK_PAIR(u0, u1) ((v16si)__builtin_shufflevector((v32hi)(u0), (v32hi)(u1), 0, 32, 2, 34, 4, 36, 6, 38, 8, 40, 10, 42, 12, 44, 14, 46, 16, 48, 18, 50, 20, 52, 22, 54, 24, 56, 26, 58, 28, 60, 30, 62))
-#if defined(W_Q6_K)
-// Q6_K: lane i of group g is 16-value sub-block 4g + i / 4
-#define MMQK_SCP(v, h) ((v16si)((h) == 0 ? __builtin_shufflevector(v, v, 0, 4, 0, 4, 0, 4, 0, 4, 1, 5, 1, 5, 1, 5, 1, 5, 2, 6, 2, 6, 2, 6, 2, 6, 3, 7, 3, 7, 3, 7, 3, 7) \
-                                         : __builtin_shufflevector(v, v, 8, 12, 8, 12, 8, 12, 8, 12, 9, 13, 9, 13, 9, 13, 9, 13, 10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15)))
-#else
 // Q4_K / Q5_K: lane i of group g is 32-value sub-block 2g + i / 8
 #define MMQK_SCP(v, h) ((v16si)((h) == 0 ? __builtin_shufflevector(v, v, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3) \
                                          : __builtin_shufflevector(v, v, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7)))
-#endif
 __attribute__((target("avx512vnni"))) __attribute__((noinline))
 void mmqk_pass(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
                const int n_in, const int n_out, const int r0, const int t0, const int nt) {
     const int nsb = n_in / 256;
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-#if defined(W_Q6_K)
-    const v64qi m3 = (v64qi)(int16)(0x03030303);
-#elif defined(W_Q5_K)
-    const v64qi m16 = (v64qi)(int16)(0x10101010);
-#endif
     const size_t xs = (size_t)n_in, rs = (size_t)(n_in / 16);  // one token's quants / records (floats)
     const global char *x0 = xq + (size_t)t0 * xs;
     const global float *d0 = (const global float *)xd + (size_t)t0 * rs;
@@ -358,27 +341,6 @@ void mmqk_pass(const global uchar *w, const global char *xq, const global float2
             v64qi q[MMQK_RP][4];
             v16si scp[MMQK_RP][2];
             float pd[MMQK_RP][MMQK_TN];  // d_w d_y per token
-#if defined(W_Q6_K)
-            v32hi sc32[MMQK_RP];  // -32 sc_s as int32 lanes: lane s starts from -32 sc_s bsums_s (q6k_bsum_term)
-#pragma unroll
-            for (int r = 0; r < MMQK_RP; r++) {
-                const global uchar *p = wr[rp + r] + (size_t)ib * MMQK_BYTES;
-                const short16 scr = convert_short16(vload16(0, (const global char *)(p + 192)));
-                sc32[r] = (v32hi)convert_int16(scr * (short)(-32));
-#pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    const v64qi ql = *(const global v64qi_u *)(p + 64 * (g >> 1));
-                    const v32qi qh = *(const global v32qi_u *)(p + 128 + 32 * (g >> 1));
-                    const v64qi lq = (g & 1) ? (v64qi)(((v16si)ql >> 4) & (v16si)m15) : (ql & m15);
-                    const v16hi qw = (v16hi)qh >> (short)(4 * (g & 1));
-                    const v64qi hq = (v64qi)CAT32((v32qi)qw, (v32qi)(qw >> 2)) & m3;
-                    q[r][g] = lq | (v64qi)((v16si)hq << 4);
-                }
-                scp[r][0] = MMQK_SCP(scr, 0);
-                scp[r][1] = MMQK_SCP(scr, 1);
-                MMQK_TOKENS(pd[r], h2f(p + 208), dyt);
-            }
-#else
             v32hi m2[MMQK_RP];  // the mins as pmaddwd's first operand (q8k_mins_op)
             float pm[MMQK_RP][MMQK_TN];  // -(dmin_w d_y) per token
 #pragma unroll
@@ -386,24 +348,11 @@ void mmqk_pass(const global uchar *w, const global char *xq, const global float2
                 const global uchar *p = wr[rp + r] + (size_t)ib * MMQK_BYTES;
                 Q8K_SCALES(p, sc, mn);
                 m2[r] = q8k_mins_op(mn);
-#if defined(W_Q5_K)
-                // the fifth bits: byte k of hb holds qh[k] (k < 32) and qh[k - 32] >> 1, so bit 2g of
-                // sub-block 2g (bytes 0..31) and bit 2g+1 of sub-block 2g+1 (32..63) sit at bit 2g,
-                // shifted to bit 4 per group (16-bit shifts: the 0x10 mask keeps each byte's own bit)
-                const v32qi qh = *(const global v32qi_u *)(p + 16);
-                const v64qi hb = (v64qi)CAT32(qh, (v32qi)((v16hi)qh >> 1));
-#endif
 #pragma unroll
                 for (int g = 0; g < 4; g++) {
                     const v32qi z = *(const global v32qi_u *)(p + QK_QS + 32 * g);
                     const v64qi lo = (v64qi)CAT32(z, (v32qi)((v16hi)z >> 4)) & m15;
-#if defined(W_Q5_K)
-                    const v64qi hs = g < 2 ? (v64qi)((v32hi)hb << (short)(4 - 2 * g))
-                                           : (v64qi)((v32hi)hb >> (short)(2 * g - 4));
-                    q[r][g] = lo | (hs & m16);
-#else
                     q[r][g] = lo;
-#endif
                 }
                 scp[r][0] = MMQK_SCP(sc, 0);
                 scp[r][1] = MMQK_SCP(sc, 1);
@@ -411,16 +360,10 @@ void mmqk_pass(const global uchar *w, const global char *xq, const global float2
                 MMQK_TOKENS(pd[r], dm.x, dyt);
                 MMQK_TOKENS(pm[r], -dm.y, dyt);  // -(dmin_w d_y): the same bits
             }
-#endif
             for (int t = 0; t < nt; t++) {
                 const global char *xt = xb + (size_t)t * xs;
                 const global float *rec = db + (size_t)t * rs;
                 v16si isum[MMQK_RP];
-#if defined(W_Q6_K)
-                const v32hi bz = (v32hi)convert_int16(as_ushort16(Q8K_BSUMS(rec)));
-#pragma unroll
-                for (int r = 0; r < MMQK_RP; r++) isum[r] = __builtin_ia32_pmaddwd512(sc32[r], bz);
-#endif
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const v64qi ya = *(const global v64qi_u *)(xt + 128 * h);
@@ -430,20 +373,14 @@ void mmqk_pass(const global uchar *w, const global char *xq, const global float2
                         const v16si zero = (v16si)(int16)(0);
                         const v16si pk = MMQK_PAIR(__builtin_ia32_vpdpbusd512(zero, (v16si)q[r][2 * h], (v16si)ya),
                                                    __builtin_ia32_vpdpbusd512(zero, (v16si)q[r][2 * h + 1], (v16si)yb));
-#if defined(W_Q6_K)
-                        isum[r] = __builtin_ia32_vpdpwssd512(isum[r], pk, scp[r][h]);
-#else
                         isum[r] = h == 0 ? __builtin_ia32_pmaddwd512((v32hi)pk, (v32hi)scp[r][h])
                                          : __builtin_ia32_vpdpwssd512(isum[r], pk, scp[r][h]);
-#endif
                     }
                 }
 #pragma unroll
                 for (int r = 0; r < MMQK_RP; r++) {  // dotq8_row's float lanes (dotq8k.cl), in its order
                     float16 a = fma(convert_float16(as_int16(isum[r])), (float16)(pd[r][t]), acc[rp + r][t]);
-#if !defined(W_Q6_K)
                     a = fma((float16)(pm[r][t]), convert_float16(as_int16(q8k_mins16(m2[r], rec))), a);
-#endif
                     acc[rp + r][t] = a;
                 }
             }
@@ -461,6 +398,268 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
     if (r0 < n_out)
         for (int t0 = tb; t0 < min(n_tok, tb + MMQ_TN * MMQ_TT); t0 += MMQK_TN)
             mmqk_pass(w, xq, xd, y, n_in, n_out, r0, t0, min(MMQK_TN, min(n_tok, tb + MMQ_TN * MMQ_TT) - t0));
+}
+#endif
+
+#if defined(Q5K_LANES) || defined(Q6K_LANES)
+// Prompt matrices of Q5_K on block_q8_K activations with 16 rows in the SIMD lanes (llama.cpp's
+// block_q4_Kx8 idea, ggml-cpu/repack.cpp, but the plain layout: the rows are transposed in
+// registers once per super-block and pass): int32 lane r is row r0 + r. Per super-block the 16 rows'
+// quants become 64 vectors wq[8 s + k] (lane r: the 4 quants of values 32 s + 4 k.. of row r, fifth
+// bit included) and their scales / mins 8 vectors each; per token and sub-block s, 8 vpdpbusd with the
+// token's 4-byte pieces as broadcast operands give each row's sum over the sub-block, one vpmulld by
+// the scales adds it to the row's integer, and 8 vpdpwssd of the (m_s, m_s) pairs with the bsum pairs
+// give the mins' integer. Then per token the mat-vec's float operations (dotq8k.cl's Q5_K
+// dotq8_row: one float lane per row, fma(float(isum), d_w d_y), fma(-(dmin_w d_y), float(mins))),
+// so each token gets the one-token sums bit for bit. 64 vpdpbusd per 16 rows, token and super-block
+// where the 4-row kernel above needed 16 vpdpbusd, 8 word shuffles, 8 pmaddwd and 12 float /
+// mins operations per 4 rows.
+#define MQ5_TN 16  // tokens whose integers sit in registers
+#define MQ5_TH 2   // halves of MQ5_TN tokens per built super-block (a pass)
+typedef int mq5_v8si_u __attribute__((vector_size(32), aligned(1)));
+// rows a, b's 8 dwords at byte offset o of super-block ib as one vector (row a low half)
+#define MQ5_P(a, b, o) ((v16si)__builtin_shufflevector(*(const global mq5_v8si_u *)(a + (o)),        \
+                        *(const global mq5_v8si_u *)(b + (o)), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))
+// 8 x 8 dword transposes in both 256-bit halves: p[i] = (row i dwords 0..7, row i + 8 dwords 0..7) ->
+// o[c] lane r = row r's dword c (unpack 32, unpack 64, 128-bit lanes)
+inline __attribute__((always_inline)) void mq5_tr8(v16si *o, const v16si *p) {
+    v16si t[8], u[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = __builtin_shufflevector(p[2 * i], p[2 * i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29);
+        t[2 * i + 1] = __builtin_shufflevector(p[2 * i], p[2 * i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            u[4 * j + 2 * e] = __builtin_shufflevector(t[4 * j + e], t[4 * j + e + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+            u[4 * j + 2 * e + 1] = __builtin_shufflevector(t[4 * j + e], t[4 * j + e + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+        }
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        o[c] = __builtin_shufflevector(u[c], u[c + 4], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+        o[c + 4] = __builtin_shufflevector(u[c], u[c + 4], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    }
+}
+#define MQ5_SH(v, n) ((n) >= 0 ? (v) << (n) : (v) >> (-(n)))
+#endif
+
+#if defined(Q5K_LANES)
+__attribute__((target("avx512vnni"))) __attribute__((noinline))
+void mmq5_pass(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
+               const int n_in, const int n_out, const int r0, const int t0, const int nt) {
+    const int nsb = n_in / 256;
+    const size_t xs = (size_t)n_in, rs = (size_t)(n_in / 16);  // one token's quants / records (floats)
+    const v16si m15 = (v16si)(int16)(0x0f0f0f0f), m16 = (v16si)(int16)(0x10101010);
+    const global uchar *wr[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
+    float16 acc[MQ5_TN * MQ5_TH];
+    for (int t = 0; t < MQ5_TN * MQ5_TH; t++) acc[t] = (float16)(0.0f);
+    for (int ib = 0; ib < nsb; ib++) {
+        const size_t ob = (size_t)ib * QK_BYTES;
+        v16si wq[64], scv[8], mnw[8];
+        float dd[16], dmn[16];
+        {
+            v16si p[8], h[8], qv[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) p[i] = MQ5_P(wr[i], wr[i + 8], ob + 16);  // qh
+            mq5_tr8(h, p);
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) p[i] = MQ5_P(wr[i], wr[i + 8], ob + QK_QS + 32 * g);
+                mq5_tr8(qv, p);
+#pragma unroll
+                for (int c = 0; c < 8; c++) {  // qh bit 2g (low nibbles) and 2g + 1 (high) to bit 4
+                    wq[16 * g + c] = (qv[c] & m15) | (MQ5_SH(h[c], 4 - 2 * g) & m16);
+                    wq[16 * g + 8 + c] = ((qv[c] >> 4) & m15) | (MQ5_SH(h[c], 3 - 2 * g) & m16);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const global uchar *pa = wr[i] + ob, *pb = wr[i + 8] + ob;
+                int8 sa, ma, sb, mb;
+                { Q8K_SCALES(pa, sc, mn); sa = convert_int8(sc); ma = mn; }
+                { Q8K_SCALES(pb, sc, mn); sb = convert_int8(sc); mb = mn; }
+                p[i] = (v16si)(int16)(sa, sb);
+                qv[i] = (v16si)(int16)(ma, mb);
+                const float2 da = h2f2(pa), db = h2f2(pb);
+                dd[i] = da.x, dmn[i] = da.y, dd[i + 8] = db.x, dmn[i + 8] = db.y;
+            }
+            mq5_tr8(scv, p);
+            mq5_tr8(h, qv);
+#pragma unroll
+            for (int s = 0; s < 8; s++) mnw[s] = h[s] | (h[s] << 16);  // (m_s, m_s) as int16 words
+        }
+        const float16 dv = vload16(0, dd), mv = vload16(0, dmn);
+        const global char *xb = xq + (size_t)t0 * xs + (size_t)ib * 256;
+        const global float *db = (const global float *)xd + (size_t)t0 * rs + (size_t)ib * 16;
+        for (int hf = 0; hf < MQ5_TH && hf * MQ5_TN < nt; hf++) {
+            int toff[MQ5_TN];  // token of each slot (the last one past nt)
+#pragma unroll
+            for (int t = 0; t < MQ5_TN; t++) toff[t] = min(hf * MQ5_TN + t, nt - 1);
+            v16si is[MQ5_TN];
+#pragma unroll
+            for (int t = 0; t < MQ5_TN; t++) is[t] = (v16si)(int16)(0);
+#pragma unroll 1
+            for (int s = 0; s < 8; s++) {
+                v16si wk[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) wk[k] = wq[8 * s + k];
+                const v16si sc = scv[s];
+#pragma unroll
+                for (int t = 0; t < MQ5_TN; t++) {
+                    const global int *xi = (const global int *)(xb + (size_t)toff[t] * xs + 32 * s);
+                    v16si a = (v16si)(int16)(0);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) a = __builtin_ia32_vpdpbusd512(a, wk[k], (v16si)(int16)(xi[k]));
+                    is[t] += a * sc;
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < MQ5_TN; t++) {
+                const global int *rec = (const global int *)(db + (size_t)toff[t] * rs);
+                v16si mi = (v16si)(int16)(0);
+#pragma unroll
+                for (int s = 0; s < 8; s++) mi = __builtin_ia32_vpdpwssd512(mi, mnw[s], (v16si)(int16)(rec[s]));
+                const float dy = as_float(rec[8]);
+                float16 a = fma(convert_float16(as_int16(is[t])), dv * dy, acc[hf * MQ5_TN + t]);
+                acc[hf * MQ5_TN + t] = fma(-(mv * dy), convert_float16(as_int16(mi)), a);
+            }
+        }
+    }
+    if (r0 + 16 <= n_out)
+        for (int t = 0; t < nt; t++) vstore16(acc[t], 0, y + (size_t)(t0 + t) * n_out + r0);
+    else
+        for (int t = 0; t < nt; t++)
+            for (int r = 0; r < n_out - r0; r++) y[(size_t)(t0 + t) * n_out + r0 + r] = acc[t][r];
+}
+
+#endif
+
+#if defined(Q6K_LANES)
+// Prompt matrices of Q6_K on block_q8_K activations, 16 rows in the SIMD lanes as mmq5_pass: per super-block
+// and pass the rows' ql (4 transposes) and qh (2) make the 64 quant vectors wq[4 k + i] (lane r: the 4
+// quants of values 16 k + 4 i.. of row r, 0..63: the -32 comes through the bsums), the scales 16
+// vectors and the (-32 sc_2j, -32 sc_2j+1) word pairs 8; per token and sub-block k 4 vpdpbusd of
+// broadcast activations and one vpmulld by sc_k, 8 vpdpwssd of the bsum pairs, then the mat-vec's one
+// fma per row (dotq8k.cl's Q6_K dotq8_row under Q6K_LANES), lane by lane: each token gets the
+// one-token sums bit for bit.
+__attribute__((target("avx512vnni"))) __attribute__((noinline))
+void mmq6_pass(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
+               const int n_in, const int n_out, const int r0, const int t0, const int nt) {
+    const int nsb = n_in / 256;
+    const size_t xs = (size_t)n_in, rs = (size_t)(n_in / 16);
+    const v16si m15 = (v16si)(int16)(0x0f0f0f0f), m48 = (v16si)(int16)(0x30303030);
+    const global uchar *wr[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
+    float16 acc[MQ5_TN * MQ5_TH];
+    for (int t = 0; t < MQ5_TN * MQ5_TH; t++) acc[t] = (float16)(0.0f);
+    for (int ib = 0; ib < nsb; ib++) {
+        const size_t ob = (size_t)ib * 210;
+        v16si wq[64], scv[16], nsw[8];
+        float dd[16];
+        {
+            v16si p[8], h[8], l0[8], l1[8];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) p[i] = MQ5_P(wr[i], wr[i + 8], ob + 128 + 32 * hh);  // qh of half hh
+                mq5_tr8(h, p);
+#pragma unroll
+                for (int i = 0; i < 8; i++) p[i] = MQ5_P(wr[i], wr[i + 8], ob + 64 * hh);  // ql dwords 0..7
+                mq5_tr8(l0, p);
+#pragma unroll
+                for (int i = 0; i < 8; i++) p[i] = MQ5_P(wr[i], wr[i + 8], ob + 64 * hh + 32);  // ql dwords 8..15
+                mq5_tr8(l1, p);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {  // values 128 hh + 32 m + 4 j: dword 32 hh + 8 m + j
+                    wq[32 * hh + j] = (l0[j] & m15) | ((h[j] << 4) & m48);
+                    wq[32 * hh + 8 + j] = (l1[j] & m15) | ((h[j] << 2) & m48);
+                    wq[32 * hh + 16 + j] = ((l0[j] >> 4) & m15) | (h[j] & m48);
+                    wq[32 * hh + 24 + j] = ((l1[j] >> 4) & m15) | ((h[j] >> 2) & m48);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int16 sa = convert_int16(vload16(0, (const global char *)(wr[i] + ob + 192)));
+                const int16 sb = convert_int16(vload16(0, (const global char *)(wr[i + 8] + ob + 192)));
+                p[i] = (v16si)(int16)(sa.lo, sb.lo);
+                l0[i] = (v16si)(int16)(sa.hi, sb.hi);
+                dd[i] = h2f(wr[i] + ob + 208), dd[i + 8] = h2f(wr[i + 8] + ob + 208);
+            }
+            mq5_tr8(scv, p);
+            mq5_tr8(scv + 8, l0);
+#pragma unroll
+            for (int j = 0; j < 8; j++)  // (-32 sc_2j, -32 sc_2j+1) as int16 words
+                nsw[j] = ((scv[2 * j] * -32) & (v16si)(int16)(0xffff)) | ((scv[2 * j + 1] * -32) << 16);
+        }
+        const float16 dv = vload16(0, dd);
+        const global char *xb = xq + (size_t)t0 * xs + (size_t)ib * 256;
+        const global float *db = (const global float *)xd + (size_t)t0 * rs + (size_t)ib * 16;
+        for (int hf = 0; hf < MQ5_TH && hf * MQ5_TN < nt; hf++) {
+            int toff[MQ5_TN];
+#pragma unroll
+            for (int t = 0; t < MQ5_TN; t++) toff[t] = min(hf * MQ5_TN + t, nt - 1);
+            v16si is[MQ5_TN];
+#pragma unroll
+            for (int t = 0; t < MQ5_TN; t++) is[t] = (v16si)(int16)(0);
+#pragma unroll 1
+            for (int s = 0; s < 8; s++) {  // sub-blocks 2 s, 2 s + 1
+                v16si wk[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) wk[k] = wq[8 * s + k];
+                const v16si sc0 = scv[2 * s], sc1 = scv[2 * s + 1];
+#pragma unroll
+                for (int t = 0; t < MQ5_TN; t++) {
+                    const global int *xi = (const global int *)(xb + (size_t)toff[t] * xs + 32 * s);
+                    v16si a = (v16si)(int16)(0), b = (v16si)(int16)(0);
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        a = __builtin_ia32_vpdpbusd512(a, wk[k], (v16si)(int16)(xi[k]));
+                        b = __builtin_ia32_vpdpbusd512(b, wk[k + 4], (v16si)(int16)(xi[k + 4]));
+                    }
+                    is[t] += a * sc0 + b * sc1;
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < MQ5_TN; t++) {
+                const global int *rec = (const global int *)(db + (size_t)toff[t] * rs);
+                v16si i = is[t];
+#pragma unroll
+                for (int j = 0; j < 8; j++) i = __builtin_ia32_vpdpwssd512(i, nsw[j], (v16si)(int16)(rec[j]));
+                acc[hf * MQ5_TN + t] = fma(convert_float16(as_int16(i)), dv * as_float(rec[8]), acc[hf * MQ5_TN + t]);
+            }
+        }
+    }
+    if (r0 + 16 <= n_out)
+        for (int t = 0; t < nt; t++) vstore16(acc[t], 0, y + (size_t)(t0 + t) * n_out + r0);
+    else
+        for (int t = 0; t < nt; t++)
+            for (int r = 0; r < n_out - r0; r++) y[(size_t)(t0 + t) * n_out + r0 + r] = acc[t][r];
+}
+#define MQK_PASS mmq6_pass
+#else
+#define MQK_PASS mmq5_pass
+#endif
+
+#if defined(Q5K_LANES) || defined(Q6K_LANES)
+#if 16 % MMQ_R != 0
+#error "the Q5_K / Q6_K prompt kernels take 16 rows per work-item of 16 / MMQ_R"
+#endif
+// The grid is the other K-quants' (MMQ_R rows per work-item): the work-item whose rows start a group
+// of 16 runs the group, the others none; tokens as there (MMQ_TN * MMQ_TT per work-item), in passes
+// of MQ5_TN * MQ5_TH.
+__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out, const int n_tok) {
+    const int r0 = get_global_id(0) * MMQ_R, tb = get_group_id(1) * (MMQ_TN * MMQ_TT);
+    const int te = min(n_tok, tb + MMQ_TN * MMQ_TT);
+    if (r0 % 16 == 0 && r0 < n_out)
+        for (int t0 = tb; t0 < te; t0 += MQ5_TN * MQ5_TH)
+            MQK_PASS(w, xq, xd, y, n_in, n_out, r0, t0, min(MQ5_TN * MQ5_TH, te - t0));
 }
 #endif
 
