@@ -168,6 +168,7 @@ float q5k_row(const global uchar *row, int nb, const global char *xq, const glob
     for (; ib + MV_LS < nb; ib += 2 * MV_LS) {
         const int ic = ib + MV_LS;
         const global uchar *p0 = row + (size_t)ib * QK_BYTES, *p1 = row + (size_t)ic * QK_BYTES;
+        Q8_PREFETCH(p0, 6);  // two super-blocks, 352 bytes a step (dotq8.cl)
         const global float *r0 = (const global float *)xd + (size_t)ib * 16, *r1 = (const global float *)xd + (size_t)ic * 16;
         v16si i0, n0, i1, n1;
         q5k_sb(p0, xq + (size_t)ib * 256, r0, &i0, &n0);
@@ -276,6 +277,7 @@ float q6k_row(const global uchar *row, int nb, const global char *xq, const glob
     for (; ib + MV_LS < nb; ib += 2 * MV_LS) {
         const int ic = ib + MV_LS;
         const global uchar *p0 = row + (size_t)ib * 210, *p1 = row + (size_t)ic * 210;
+        Q8_PREFETCH(p0, 7);  // two super-blocks, 420 bytes a step (dotq8.cl)
         const global float *r0 = (const global float *)xd + (size_t)ib * 16, *r1 = (const global float *)xd + (size_t)ic * 16;
         const int16 a = as_int16(q6k_sb(p0, xq + (size_t)ib * 256, r0)), b = as_int16(q6k_sb(p1, xq + (size_t)ic * 256, r1));
         const int16 x = (int16)(a.lo + a.hi, b.lo + b.hi);
