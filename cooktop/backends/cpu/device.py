@@ -82,6 +82,55 @@ _CONVERTING = "converting"
 CONVERT_AFTER_S = 10.0
 
 
+#: Values of the temporaries of :func:`_scores` / :func:`_weighted_sum` per step (1 MiB of float32).
+ATTN_CHUNK = 1 << 18
+#: Cache positions per partial sum of :func:`_weighted_sum` (aligned at the first position read).
+ATTN_KV_BLOCK = 64
+
+
+def _scores(qt: np.ndarray, kt: np.ndarray) -> np.ndarray:
+    """float32 [h, r, j] = sum over d of qt[h, d, r] * kt[h, d, j], summed in d order (one multiply,
+    one add per d, vectorized over r and j), in blocks of rows that keep the temporaries in cache:
+    each value depends on its own q row and k column only."""
+    h, hd, r = qt.shape
+    nj = kt.shape[2]
+    s = np.empty((h, r, nj), np.float32)
+    step = max(1, ATTN_CHUNK // max(1, h * nj))
+    tmp = np.empty((h, min(step, r), nj), np.float32)
+    for r0 in range(0, r, step):
+        r1 = min(r, r0 + step)
+        sv, t = s[:, r0:r1], tmp[:, :r1 - r0]
+        np.multiply(qt[:, 0, r0:r1, None], kt[:, None, 0, :], out=sv)
+        for d in range(1, hd):
+            np.multiply(qt[:, d, r0:r1, None], kt[:, None, d, :], out=t)
+            sv += t
+    return s
+
+
+def _row_sums(s: np.ndarray) -> np.ndarray:
+    """Sums over the last axis in index order (keepdims): trailing zeros (masked positions) leave a
+    row's sum as it is, which numpy's pairwise ``sum`` does not promise."""
+    return np.cumsum(s, axis=-1)[..., -1:]
+
+
+def _weighted_sum(pr: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """float32 [h, r, hd] = sum over j of pr[h, r, j] * v[h, j, :]: partial sums over blocks of
+    :data:`ATTN_KV_BLOCK` positions (in j order within a block), added block after block, so
+    positions past a row's own (zero weights) change none of its bits however many are read."""
+    h, r, nj = pr.shape
+    hd = v.shape[2]
+    o = np.zeros((h, r, hd), np.float32)
+    step = max(1, ATTN_CHUNK // max(1, h * ATTN_KV_BLOCK * hd))
+    for j0 in range(0, nj, ATTN_KV_BLOCK):
+        j1 = min(nj, j0 + ATTN_KV_BLOCK)
+        for r0 in range(0, r, step):
+            r1 = min(r, r0 + step)
+            # a reduction over a middle axis adds its slices in order (numpy is pairwise only
+            # along the innermost axis)
+            o[:, r0:r1] += (pr[:, r0:r1, j0:j1, None] * v[:, None, j0:j1, :]).sum(axis=2)
+    return o
+
+
 class CpuDevice(CpuMoeOps, Device):
     """The numpy device. Tensors are numpy arrays; ops run synchronously (the mixture-of-experts
     ops are :class:`~.moe.CpuMoeOps`)."""
@@ -366,17 +415,23 @@ class CpuDevice(CpuMoeOps, Device):
     @staticmethod
     def _attend(oa, qa, kc, vc, p, lo, n_head, n_head_kv, scale, window, sinks=None):
         """Rows ``qa`` attend to cache rows ``lo..p[i]`` (and the window); writes ``oa``. ``sinks``
-        (float32 [n_head] or None): one more logit per head in each softmax denominator."""
+        (float32 [n_head] or None): one more logit per head in each softmax denominator.
+
+        Every sum runs in a fixed order that depends on neither the number of query rows nor the
+        number of cache rows read (:func:`_scores`, :func:`_weighted_sum`, a sequential softmax
+        denominator; the masked positions past a row's own are exact zeros), so a token's output is
+        the same bits in a prompt, alone, or after a cached prefix. BLAS products do not promise
+        that: OpenBLAS rounds a row of q k^T otherwise as the cache grows by a column."""
         n = qa.shape[0]
         hd = qa.shape[1] // n_head
         g = n_head // n_head_kv
         n_kv = max(int(p.max()) + 1 - lo, 1)
         kc, vc = CpuDevice._kv_rows(kc, lo, n_kv), CpuDevice._kv_rows(vc, lo, n_kv)
-        k = kc.reshape(n_kv, n_head_kv, hd).transpose(1, 2, 0)  # [hkv, hd, n_kv]
-        v = vc.reshape(n_kv, n_head_kv, hd).transpose(1, 0, 2)  # [hkv, n_kv, hd]
-        qh = qa.reshape(n, n_head_kv, g, hd).transpose(1, 0, 2, 3).reshape(n_head_kv, n * g, hd)
-        with cpu_quants.blas_single_thread():  # one thread: the same bits under any BLAS thread count
-            s = np.matmul(qh, k) * np.float32(scale)  # [hkv, n*g, n_kv]
+        kt = np.ascontiguousarray(kc.reshape(n_kv, n_head_kv, hd).transpose(1, 2, 0))  # [hkv, hd, n_kv]
+        v = np.ascontiguousarray(vc.reshape(n_kv, n_head_kv, hd).transpose(1, 0, 2))  # [hkv, n_kv, hd]
+        qt = np.ascontiguousarray(qa.reshape(n, n_head_kv, g, hd).transpose(1, 3, 0, 2)).reshape(n_head_kv, hd, n * g)
+        s = _scores(qt, kt)  # [hkv, n*g, n_kv]
+        s *= np.float32(scale)
         s = s.reshape(n_head_kv, n, g, n_kv)
         j = lo + np.arange(n_kv)[None, :]
         mask = j > p[:, None]  # [n, n_kv]
@@ -386,15 +441,14 @@ class CpuDevice(CpuMoeOps, Device):
         if sinks is None:
             s -= s.max(axis=-1, keepdims=True)
             np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
+            s /= _row_sums(s)
         else:  # ggml_soft_max_add_sinks: the sink joins the max and the denominator
             sk = sinks.astype(np.float32).reshape(n_head_kv, 1, g, 1)
             m = np.maximum(s.max(axis=-1, keepdims=True), sk)
             s -= m
             np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True) + np.exp(sk - m)
-        with cpu_quants.blas_single_thread():
-            o = np.matmul(s.reshape(n_head_kv, n * g, n_kv), v)  # [hkv, n*g, hd]
+            s /= _row_sums(s) + np.exp(sk - m)
+        o = _weighted_sum(s.reshape(n_head_kv, n * g, n_kv), v)  # [hkv, n*g, hd]
         oa[...] = o.reshape(n_head_kv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, n_head * hd)
 
     def _silu_mul(self, out, gate, up):
