@@ -22,6 +22,7 @@ Selectors (``--device`` / ``COOKTOP_DEVICE``): ``auto``, ``cpu``, ``opencl``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -266,16 +267,58 @@ class SmokeResult:
 
 
 def smoke_test(sel: str) -> SmokeResult:
-    """Run (once, cached) the smoke test of a device; never raises."""
+    """Run (once, cached) the smoke test of a device; never raises.
+
+    What the driver writes to the process's stderr meanwhile (PoCL's compiler diagnostics, e.g. pip
+    PoCL 3.0-rc2's "unknown target CPU 'generic'" for every kernel) is taken off it: logged at info,
+    and on a FAIL its first line joins the one-line detail. (Anything else written to fd 2 during
+    the test goes the same way.)"""
     from .smoke import run_smoke_test
 
     with _lock:
         if sel in _smoke:
             return _smoke[sel]
-        try:
-            dev = open_device(sel)
-            ok, detail = run_smoke_test(dev)
-        except Exception as e:  # noqa: BLE001 - a broken driver is a FAIL, not a crash
-            ok, detail = False, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        with _stderr_captured() as said:
+            try:
+                dev = open_device(sel)
+                ok, detail = run_smoke_test(dev)
+            except Exception as e:  # noqa: BLE001 - a broken driver is a FAIL, not a crash
+                ok, detail = False, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        text = said.get("text", "").strip()
+        if text:
+            log.info("%s wrote to stderr during its smoke test:\n%s", sel, text)
+            if not ok:
+                first = next(ln.strip() for ln in text.splitlines() if ln.strip())
+                detail = f"{detail} (driver: {first[:200]})"
         _smoke[sel] = SmokeResult(ok, detail)
         return _smoke[sel]
+
+
+@contextlib.contextmanager
+def _stderr_captured():
+    """File descriptor 2 goes to a temporary file inside the block (C libraries write there, past
+    ``sys.stderr``); yields a dict whose ``text`` is what was written, set on exit. Where fd 2
+    cannot be redirected it yields the dict and captures nothing."""
+    import sys
+    import tempfile
+
+    out: dict[str, str] = {}
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield out
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out["text"] = tmp.read().decode("utf-8", "replace")
