@@ -22,12 +22,11 @@ Selectors (``--device`` / ``COOKTOP_DEVICE``): ``auto``, ``cpu``, ``opencl``
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 
-from .. import settings
+from .. import notices, settings
 from ..errors import DeviceError
 from . import safeprobe
 from .base import Backend, Device, DeviceInfo, ProbeResult
@@ -272,19 +271,19 @@ def smoke_test(sel: str) -> SmokeResult:
     What the driver writes to the process's stderr meanwhile (PoCL's compiler diagnostics, e.g. pip
     PoCL 3.0-rc2's "unknown target CPU 'generic'" for every kernel) is taken off it: logged at info,
     and on a FAIL its first line joins the one-line detail. (Anything else written to fd 2 during
-    the test goes the same way.)"""
+    the test goes the same way; ``sys.stderr``, notices included, still reaches it.)"""
     from .smoke import run_smoke_test
 
     with _lock:
         if sel in _smoke:
             return _smoke[sel]
-        with _stderr_captured() as said:
+        with notices.capture_stderr(keep_python=True) as said:
             try:
                 dev = open_device(sel)
                 ok, detail = run_smoke_test(dev)
             except Exception as e:  # noqa: BLE001 - a broken driver is a FAIL, not a crash
                 ok, detail = False, f"{type(e).__name__}: {e}".splitlines()[0][:300]
-        text = said.get("text", "").strip()
+        text = said.text.strip()
         if text:
             log.info("%s wrote to stderr during its smoke test:\n%s", sel, text)
             if not ok:
@@ -293,32 +292,3 @@ def smoke_test(sel: str) -> SmokeResult:
         _smoke[sel] = SmokeResult(ok, detail)
         return _smoke[sel]
 
-
-@contextlib.contextmanager
-def _stderr_captured():
-    """File descriptor 2 goes to a temporary file inside the block (C libraries write there, past
-    ``sys.stderr``); yields a dict whose ``text`` is what was written, set on exit. Where fd 2
-    cannot be redirected it yields the dict and captures nothing."""
-    import sys
-    import tempfile
-
-    out: dict[str, str] = {}
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):
-        yield out
-        return
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield out
-        finally:
-            try:
-                sys.stderr.flush()
-            except (OSError, ValueError):
-                pass
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            out["text"] = tmp.read().decode("utf-8", "replace")
