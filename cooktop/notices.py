@@ -134,13 +134,14 @@ class Captured:
 
 
 @contextlib.contextmanager
-def capture_stderr() -> Iterator[Captured]:
+def capture_stderr(keep_python: bool = False) -> Iterator[Captured]:
     """Redirect file descriptor 2 to a temporary file while the block runs; ``.text`` holds it after.
 
     Captures are serialized (one at a time in the process; nested ones in the same thread
     yield an empty capture and leave the outer one in place). Output other threads write to
     stderr meanwhile is captured too. If the descriptor cannot be redirected the block
-    runs without capture.
+    runs without capture. ``keep_python``: ``sys.stderr`` keeps writing to the real stderr
+    meanwhile (a notice such as the first-compile one still shows; only C-level writes are taken).
     """
     global _fd_depth
     cap = Captured()
@@ -159,11 +160,21 @@ def capture_stderr() -> Iterator[Captured]:
             yield cap
             return
         _fd_depth += 1
+        py_err, kept = sys.stderr, None
         try:
             os.dup2(tmp.fileno(), 2)
+            if keep_python:
+                try:
+                    kept = os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
+                    sys.stderr = kept
+                except OSError:
+                    kept = None
             try:
                 yield cap
             finally:
+                if kept is not None:
+                    sys.stderr = py_err
+                    kept.close()
                 os.dup2(saved, 2)
                 tmp.seek(0)
                 cap.text = tmp.read().decode("utf-8", errors="replace")

@@ -67,6 +67,67 @@ def test_matmul_id(ocl, ref, ty, per_slot, n):
     assert nmse(got, want) < 1e-10, ty.name
 
 
+EXACT_TYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K, T.Q2_K, T.F32]
+
+
+@pytest.mark.parametrize("per_slot", [False, True], ids=["broadcast", "per-slot"])
+@pytest.mark.parametrize("ty", EXACT_TYPES, ids=lambda t: t.name)
+def test_matmul_id_prompt_is_the_one_row_sums_bit_for_bit(ocl, ty, per_slot):
+    """A prompt's matmul_id (OpenCL: grouped by expert, mul_mm_id) gives every slot exactly what the
+    one-row call (mul_mv_id) gives it: 11 rows (an expert's slots are not a multiple of its 8-slot
+    tile), 6 experts, 37 outputs (not a multiple of 16), the F32 matrix with a partial unit. Q8_0,
+    Q4_0 and the K-quants' one-row blocks fold the scale out of the products, which a dequantize
+    then fma prompt kernel rounds otherwise (Q4_0: up to 7.6e-6 here, 4.1e-3 in a model's logits)."""
+    rng = np.random.default_rng(int(ty) + 11)
+    E, n_out, k, n = 6, 37, 3, 11
+    n_in = 512 if ty.name.endswith("_K") else (166 if ty == T.F32 else 160)
+    raw = np.concatenate([random_weight(ty, (n_out, n_in), rng) for _ in range(E)])
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int32)
+    ids[:9, 0] = 4  # expert 4 gets 9 or more slots: a full tile of 8 and a partial one
+    x = rng.standard_normal((n, k * n_in if per_slot else n_in)).astype(np.float32)
+    w = ocl.upload(raw, ty, (E, n_out, n_in))
+    out = ocl.empty((n, k * n_out))
+    ocl.matmul_id(out, _put(ocl, x), w, _put(ocl, ids, T.I32))
+    batch = ocl.read(out)
+    one = []
+    for i in range(n):
+        o = ocl.empty((1, k * n_out))
+        ocl.matmul_id(o, _put(ocl, x[i:i + 1]), w, _put(ocl, ids[i:i + 1], T.I32))
+        one.append(ocl.read(o))
+    one = np.concatenate(one)
+    assert np.abs(one).max() > 1.0  # real sums, not zeros on both sides
+    np.testing.assert_array_equal(batch, one, err_msg=ty.name)
+
+
+def test_qwen3moe_q4_0_prompt_token_by_token_and_cached_prefix_agree(tmp_path):
+    """A Q4_0 mixture all on OpenCL: one batch, token by token and a cached prefix + the rest give the
+    same logits bit for bit (f32 KV cache, as tests/test_prompt_paths.py). OpenCL only: Vulkan's
+    matmul_id passes the op test above, but its whole model is 1 ulp apart between the paths
+    (something outside matmul_id; tests/test_prompt_paths.py holds Vulkan to its float bound)."""
+    from cooktop.engine import generate as G
+    from cooktop.format.kvtypes import KVConfig
+    ocl = open_family_device("opencl")
+    p = tmp_path / "q3moe-Q4_0.gguf"
+    synth.write(p, SHAPES["qwen3moe"], "Q4_0", seed=3)
+    toks = PROMPT[:21]
+    eng = G.load(str(p), n_ctx=64, n_batch=32, device=ocl.info.selector, n_gpu_layers=-1, kv=KVConfig(T.F32, T.F32))
+    try:
+        pl = eng.placement
+        assert pl.blocks == [ocl.info.selector] * 2 and pl.experts is None, pl.notes
+        seq = eng.new_sequence()
+        batch = seq.eval(toks, logits_all=True)
+        seq.reset()
+        one = np.stack([seq.eval([t])[-1] for t in toks])
+        seq.reset()
+        seq.eval(toks[:9])
+        rest = seq.eval(toks[9:], logits_all=True)
+    finally:
+        eng.close()
+    assert np.abs(batch).max() > 0.1
+    np.testing.assert_array_equal(one, batch)
+    np.testing.assert_array_equal(rest, batch[9:])
+
+
 @pytest.mark.parametrize("gating,norm,scale", [("softmax", True, 0.0), ("softmax", False, 0.0),
                                                ("softmax_weight", False, 0.0), ("sigmoid", True, 2.5)])
 def test_route(ocl, ref, gating, norm, scale):

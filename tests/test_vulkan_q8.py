@@ -360,3 +360,21 @@ def test_graph_quantizes_its_own_inputs(idot, monkeypatch, check):
         xn = (xn / np.sqrt((xn * xn).mean() + 1e-5)).astype(np.float32)
         assert nmse(got_y2, dequantize_q8_1_ref(xn) @ wf.T) <= 1e-6, step
     assert dev.n_graph_replays >= 2
+
+
+def test_grown_copy_replaces_the_old_one(idot):
+    """An activation root quantized at a larger width gets a larger 8-bit copy; the smaller one is
+    destroyed after the next flush (it may be bound by what is pending until then), so
+    allocated_bytes counts only the new one."""
+    dev = idot
+    root = dev.empty((4, 256))
+    before = dev.allocated_bytes
+    small = dev._q8.input(root.head(1), 1, 64, 2)  # rows of 64 values, 2 rows of capacity
+    dev.flush()
+    assert dev.allocated_bytes - before == 4 * int(small.size())
+    big = dev._q8.input(root.head(2), 2, 256, 4)
+    assert big is not small and int(big.size()) > int(small.size())
+    dev.flush()
+    assert dev.allocated_bytes - before == 4 * int(big.size())
+    assert small not in dev._tensors and big in dev._tensors
+    assert dev._q8.retired == []

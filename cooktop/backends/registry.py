@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 
-from .. import settings
+from .. import notices, settings
 from ..errors import DeviceError
 from . import safeprobe
 from .base import Backend, Device, DeviceInfo, ProbeResult
@@ -266,16 +266,29 @@ class SmokeResult:
 
 
 def smoke_test(sel: str) -> SmokeResult:
-    """Run (once, cached) the smoke test of a device; never raises."""
+    """Run (once, cached) the smoke test of a device; never raises.
+
+    What the driver writes to the process's stderr meanwhile (PoCL's compiler diagnostics, e.g. pip
+    PoCL 3.0-rc2's "unknown target CPU 'generic'" for every kernel) is taken off it: logged at info,
+    and on a FAIL its first line joins the one-line detail. (Anything else written to fd 2 during
+    the test goes the same way; ``sys.stderr``, notices included, still reaches it.)"""
     from .smoke import run_smoke_test
 
     with _lock:
         if sel in _smoke:
             return _smoke[sel]
-        try:
-            dev = open_device(sel)
-            ok, detail = run_smoke_test(dev)
-        except Exception as e:  # noqa: BLE001 - a broken driver is a FAIL, not a crash
-            ok, detail = False, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        with notices.capture_stderr(keep_python=True) as said:
+            try:
+                dev = open_device(sel)
+                ok, detail = run_smoke_test(dev)
+            except Exception as e:  # noqa: BLE001 - a broken driver is a FAIL, not a crash
+                ok, detail = False, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        text = said.text.strip()
+        if text:
+            log.info("%s wrote to stderr during its smoke test:\n%s", sel, text)
+            if not ok:
+                first = next(ln.strip() for ln in text.splitlines() if ln.strip())
+                detail = f"{detail} (driver: {first[:200]})"
         _smoke[sel] = SmokeResult(ok, detail)
         return _smoke[sel]
+

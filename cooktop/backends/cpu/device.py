@@ -82,6 +82,128 @@ _CONVERTING = "converting"
 CONVERT_AFTER_S = 10.0
 
 
+#: Query positions per tile of :func:`_attend_tiles` are ``max(1, ATTN_TILE_ROWS // g)`` (``g``
+#: query heads per KV head): a tile's products have about this many rows.
+ATTN_TILE_ROWS = 16
+#: Score values per step of :func:`_attend_tiles` (2 MiB of float32: its temporaries stay in cache).
+ATTN_CHUNK = 1 << 19
+#: Cache positions per key block of :func:`_attend_tiles` (aligned at the first position read).
+ATTN_KV_BLOCK = 64
+
+
+def _attend_tiles(qa, kc, vc, p, lo, n_head, n_head_kv, scale, window, sinks):
+    """float32 [n, n_head * hd]: query rows ``qa`` (float32 [n, n_head * hd], at the distinct
+    positions ``p``, int [n]) attend to cache rows ``lo .. p[i]`` (and the window) of ``kc`` / ``vc``
+    (float32 [>= p.max() + 1 - lo, n_head_kv * hd], row 0 at position ``lo``); ``sinks`` (float32
+    [n_head] or None): one more logit per head in each softmax denominator.
+
+    Every product is one BLAS call of a fixed shape and every sum runs in a fixed order, so a
+    value's bits depend only on its own query row and cache rows, never on the other rows or on
+    how many cache rows are read. Query tiles of ``T = max(1, ATTN_TILE_ROWS // g)`` positions x
+    ``g`` heads (``R = T * g`` rows; a query at position ``p`` sits in rows ``(p % T) * g ..`` of tile
+    ``p // T``, zero rows where a position is absent) times key blocks of ``B =``
+    :data:`ATTN_KV_BLOCK` positions (from ``lo``, zero-padded at the end) give the scores, each an
+    ``[R, hd] @ [hd, B]`` product; the softmax sums each block's ``B`` values (one numpy reduction of a
+    fixed length) then the block sums in block order (``cumsum``); ``p . v`` is one ``[R, B] @ [B,
+    hd]`` product per block, the partials added in block order. Masked positions give exact zeros
+    (weights) and a zero added changes no sum, so a longer cache or skipped all-masked blocks (before
+    every row's window) leave a row as it is. ``np.matmul`` calls one cblas ``sgemm`` per stacked item
+    (core strides fixed per model)."""
+    n = qa.shape[0]
+    hkv = n_head_kv
+    hd = qa.shape[1] // n_head
+    g = n_head // hkv
+    tq, bk = max(1, ATTN_TILE_ROWS // g), ATTN_KV_BLOCK
+    r = tq * g
+    n_kv = int(p.max()) + 1 - lo
+    b0 = max(0, (int(p.min()) - window + 1 - lo) // bk) if window > 0 else 0
+    nb = -(-n_kv // bk) - b0
+    j0 = b0 * bk  # first cache row read
+    nfull = (n_kv - j0) // bk  # whole blocks: views of the cache rows; the last one zero-padded
+
+    def blocks(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        c = c[j0:n_kv]
+        if c.strides != (hkv * hd * 4, 4):
+            c = np.ascontiguousarray(c)
+        tail = np.zeros((bk, hkv * hd), np.float32)
+        tail[:len(c) - nfull * bk] = c[nfull * bk:]
+        return c[:nfull * bk].reshape(nfull, bk, hkv, hd), tail.reshape(1, bk, hkv, hd)
+
+    (kf, kt), (vf, vt) = blocks(kc), blocks(vc)
+    # [hkv, 1, nb', hd, B] / [hkv, 1, nb', B, hd] views with the same core strides
+    kb = [x.transpose(2, 0, 3, 1)[:, None] for x in (kf, kt)]
+    vb = [x.transpose(2, 0, 1, 3)[:, None] for x in (vf, vt)]
+    t_ids, t_of = np.unique(p // tq, return_inverse=True)
+    nt = len(t_ids)
+    qt = np.zeros((nt, tq, hkv, g, hd), np.float32)
+    qt[t_of, p % tq] = qa.reshape(n, hkv, g, hd)
+    qt = np.ascontiguousarray(qt.transpose(2, 0, 1, 3, 4)).reshape(hkv, nt, 1, r, hd)
+    # tiles from ts[b] on reach block b (t_ids ascend): the blocks past a tile's last position
+    # (all masked) are skipped, their scores -inf and partials zero
+    ts = np.searchsorted(t_ids * tq + tq - 1, lo + j0 + np.arange(nb) * bk)
+    pos = np.repeat(t_ids[:, None] * tq + np.arange(tq)[None, :], g, axis=1)[:, None, :, None]  # [nt, 1, R, 1]
+    jj = (lo + j0 + np.arange(nb * bk)).reshape(1, nb, 1, bk)  # [1, nb, 1, B]
+    sk = None
+    if sinks is not None:
+        sk = np.tile(sinks.astype(np.float32).reshape(hkv, g), (1, tq)).reshape(hkv, 1, 1, r, 1)
+    o = np.zeros((hkv, nt, r, hd), np.float32)
+    step = max(1, ATTN_CHUNK // (hkv * r * nb * bk))  # tiles per step: the temporaries stay in cache
+    with cpu_quants.blas_single_thread():  # one thread: the same bits under any BLAS thread count
+        for c0 in range(0, nt, step):
+            c1 = min(nt, c0 + step)
+            _attend_step(qt[:, c0:c1, 0], kb, vb, np.maximum(ts[ts < c1] - c0, 0), pos[c0:c1], jj, scale,
+                         window, sk, o[:, c0:c1])
+    o = o.reshape(hkv, nt, tq, g, hd)[:, t_of, p % tq]  # [hkv, n, g, hd]
+    return o.transpose(1, 0, 2, 3).reshape(n, n_head * hd)
+
+
+def _attend_step(qt, kb, vb, ts, pos, jj, scale, window, sk, o):
+    """One step of :func:`_attend_tiles` over ``nt`` query tiles and the first ``nb = len(ts)`` key
+    blocks: ``qt`` float32 [hkv, nt, R, hd]; ``kb`` / ``vb`` the whole blocks float32 [hkv, 1,
+    nfull, hd, B] / [.., B, hd] and the zero-padded last one [hkv, 1, 1, ..] (a pair, one core stride),
+    block ``b`` reaching tiles ``ts[b]..`` (ascending), ``pos`` int [nt, 1, R, 1] and ``jj`` int [1,
+    >= nb, 1, B] the rows' and columns' positions, ``sk`` float32 [hkv, 1, 1, R, 1] or None; writes
+    ``o`` float32 [hkv, nt, R, hd] (zeros on entry)."""
+    hkv, nt, r, _ = qt.shape
+    nb, bk = len(ts), kb[0].shape[-1]
+    nfull = kb[0].shape[2]
+    nf = min(int(np.searchsorted(ts, 0, side="right")), nfull)  # whole blocks every tile reaches
+
+    def block(x: list[np.ndarray], b: int) -> np.ndarray:
+        return x[0][:, :, b] if b < nfull else x[1][:, :, 0]
+
+    s = np.full((hkv, nt, nb, r, bk), -np.inf, np.float32)
+    if nf:  # one call for them (one sgemm per stacked item)
+        np.matmul(qt[:, :, None], kb[0][:, :, :nf], out=s[:, :, :nf])
+    for b in range(nf, nb):
+        np.matmul(qt[:, ts[b]:], block(kb, b), out=s[:, ts[b]:, b])  # [hkv, nt', R, B]
+    s *= np.float32(scale)
+    jj = jj[:, :nb]
+    mask = jj > pos  # [nt, nb, R, B]
+    if window > 0:  # llama.cpp's standard SWA: masked when p - j >= window
+        mask |= jj <= pos - window
+    s[:, mask] = np.float32(-np.inf)
+    m = s.max(axis=(2, 4), keepdims=True)  # [hkv, nt, 1, R, 1]: exact in any order
+    if sk is not None:  # ggml_soft_max_add_sinks: the sink joins the max and the denominator
+        m = np.maximum(m, sk)
+    m[~np.isfinite(m)] = 0  # tile rows of absent positions before lo: all masked
+    s -= m
+    np.exp(s, out=s)
+    bsum = np.ascontiguousarray(s.sum(axis=4).transpose(0, 1, 3, 2))  # [hkv, nt, R, nb]: B values each
+    den = np.cumsum(bsum, axis=-1)[..., -1].reshape(hkv, nt, 1, r, 1)  # the blocks in order
+    if sk is not None:
+        den += np.exp(sk - m)
+    den[den == 0] = 1  # those all-masked rows
+    s /= den
+    # the partials added in block order (0 + x is x)
+    if nf:
+        part = np.matmul(s[:, :, :nf], vb[0][:, :, :nf])  # [hkv, nt, nf, R, hd]
+        for b in range(nf):
+            o += part[:, :, b]
+    for b in range(nf, nb):
+        o[:, ts[b]:] += np.matmul(s[:, ts[b]:, b], block(vb, b))  # [hkv, nt', R, hd]
+
+
 class CpuDevice(CpuMoeOps, Device):
     """The numpy device. Tensors are numpy arrays; ops run synchronously (the mixture-of-experts
     ops are :class:`~.moe.CpuMoeOps`)."""
@@ -366,36 +488,24 @@ class CpuDevice(CpuMoeOps, Device):
     @staticmethod
     def _attend(oa, qa, kc, vc, p, lo, n_head, n_head_kv, scale, window, sinks=None):
         """Rows ``qa`` attend to cache rows ``lo..p[i]`` (and the window); writes ``oa``. ``sinks``
-        (float32 [n_head] or None): one more logit per head in each softmax denominator."""
-        n = qa.shape[0]
-        hd = qa.shape[1] // n_head
-        g = n_head // n_head_kv
+        (float32 [n_head] or None): one more logit per head in each softmax denominator.
+
+        A token's output is the same bits in a prompt, alone, or after a cached prefix
+        (:func:`_attend_tiles`: fixed-shape BLAS products at positions fixed by the token's own
+        position). Plain BLAS products do not promise that: OpenBLAS rounds a row of q k^T otherwise
+        as the cache grows by a column. Rows at the same position (several sequences from one
+        ``lo``) go to separate calls."""
         n_kv = max(int(p.max()) + 1 - lo, 1)
         kc, vc = CpuDevice._kv_rows(kc, lo, n_kv), CpuDevice._kv_rows(vc, lo, n_kv)
-        k = kc.reshape(n_kv, n_head_kv, hd).transpose(1, 2, 0)  # [hkv, hd, n_kv]
-        v = vc.reshape(n_kv, n_head_kv, hd).transpose(1, 0, 2)  # [hkv, n_kv, hd]
-        qh = qa.reshape(n, n_head_kv, g, hd).transpose(1, 0, 2, 3).reshape(n_head_kv, n * g, hd)
-        with cpu_quants.blas_single_thread():  # one thread: the same bits under any BLAS thread count
-            s = np.matmul(qh, k) * np.float32(scale)  # [hkv, n*g, n_kv]
-        s = s.reshape(n_head_kv, n, g, n_kv)
-        j = lo + np.arange(n_kv)[None, :]
-        mask = j > p[:, None]  # [n, n_kv]
-        if window > 0:  # llama.cpp's standard SWA: masked when p - j >= window
-            mask |= j <= p[:, None] - window
-        s += np.where(mask, np.float32(-np.inf), np.float32(0))[None, :, None, :]
-        if sinks is None:
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
-        else:  # ggml_soft_max_add_sinks: the sink joins the max and the denominator
-            sk = sinks.astype(np.float32).reshape(n_head_kv, 1, g, 1)
-            m = np.maximum(s.max(axis=-1, keepdims=True), sk)
-            s -= m
-            np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True) + np.exp(sk - m)
-        with cpu_quants.blas_single_thread():
-            o = np.matmul(s.reshape(n_head_kv, n * g, n_kv), v)  # [hkv, n*g, hd]
-        oa[...] = o.reshape(n_head_kv, n, g, hd).transpose(1, 0, 2, 3).reshape(n, n_head * hd)
+        order = np.argsort(p, kind="stable")
+        ps = p[order]
+        rank = np.zeros(len(p), np.int64)  # how many earlier rows share a row's position
+        same = np.flatnonzero(ps[1:] == ps[:-1]) + 1
+        for i in same:
+            rank[i] = rank[i - 1] + 1
+        for k in range(int(rank.max()) + 1 if len(rank) else 0):
+            rows = order[rank == k]
+            oa[rows] = _attend_tiles(qa[rows], kc, vc, p[rows], lo, n_head, n_head_kv, scale, window, sinks)
 
     def _silu_mul(self, out, gate, up):
         ga = self._a(gate)

@@ -494,7 +494,8 @@ class OpenCLDevice(ReplayRecorder, Device):
 
     def _matmul_id(self, out, x, w, ids):
         """mul_mv_id for one row (decode); for more, the slots are first grouped by expert on the
-        device (moe_group) and mul_mm_id reuses each dequantized weight unit for up to 8 slots."""
+        device (moe_group) and mul_mm_id reads each weight block once for up to 8 slots, giving each slot
+        mul_mv_id's value bit for bit (kernels/matmul.cl)."""
         n, k = ids.shape
         n_exp, n_out, n_in = w.shape
         self.q8.dirty(out.handle)

@@ -429,18 +429,31 @@ class VulkanDevice(SequenceRecorder, Device):
         self.flush()
         doomed = {t.handle for t in tensors}  # kp tensors hash by identity
         doomed |= self._q8.drop(doomed)  # their 8-bit copies (q8.py)
-        for key in [k for k, entry in self._algos.items() if any(h in doomed for h in entry[1])]:
-            del self._algos[key]
-        self._drop_graphs_using(doomed)  # their keys must not replay freed buffers
-        for seq in self._seqs.values():  # sequences record pipelines by identity: drop them all
-            seq.destroy()
-        self._seqs.clear()
         extra = []
         for t in tensors:
             if t.extra is not None:
                 extra += [st[0] for st in t.extra.staging]
                 extra += [t.extra.readback] if t.extra.readback is not None else []
                 t.extra = None
+        self._destroy(doomed, extra)
+
+    def flush(self) -> None:
+        """:meth:`GraphRunner.flush <cooktop.backends.vulkan.graph.GraphRunner.flush>`, then destroy
+        the 8-bit copies replaced by larger ones meanwhile (q8.py ``retired``: nothing runs on them
+        any more once the list has run)."""
+        super().flush()
+        if self._q8.retired:
+            self._destroy(self._q8.take_retired())
+
+    def _destroy(self, doomed: set, extra: list | tuple = ()) -> None:
+        """Destroy kp tensors ``doomed`` (counted in ``allocated_bytes``) and ``extra`` (staging,
+        readback: not counted), with every pipeline, graph and sequence that binds them."""
+        for key in [k for k, entry in self._algos.items() if any(h in doomed for h in entry[1])]:
+            del self._algos[key]
+        self._drop_graphs_using(doomed)  # their keys must not replay freed buffers
+        for seq in self._seqs.values():  # sequences record pipelines by identity: drop them all
+            seq.destroy()
+        self._seqs.clear()
         gone = doomed | set(extra)
         self._tensors = [t for t in self._tensors if t not in gone]
         for h in doomed:

@@ -94,6 +94,9 @@ class Q8Inputs:
         self._bufs: dict[tuple[Any, str], Any] = {}  # (x root kp tensor, format) -> 8-bit copy kp tensor
         # (x root, format) -> (pending list, index after the quantize dispatch, rows, that dispatch's entry)
         self._fresh: dict[tuple[Any, str], tuple[list, int, int, Any]] = {}
+        #: copies replaced by a larger one: pending ops, pipelines or graphs may still bind them, so
+        #: the device destroys them after its next flush (:meth:`take_retired`)
+        self.retired: list[Any] = []
         self.n_quantized = 0
 
     def input(self, x: Any, n: int, n_in: int, row_cap: int, fmt: str = "q8_1") -> Any:
@@ -129,6 +132,9 @@ class Q8Inputs:
         if buf is None or int(buf.size()) < n_blocks_cap * words:
             nbytes = 4 * n_blocks_cap * words
             dev._alloc_check(nbytes, f"8-bit ({fmt}) copy of activation [{row_cap}, {n_in}]")
+            if buf is not None:  # grown (a wider view of the same root): the old copy goes
+                self.retired.append(buf)
+                self._fresh.pop(key, None)
             buf = dev._tensor(np.zeros(n_blocks_cap * words, dtype=np.uint32), "storage")
             dev._count_alloc(nbytes)
             self._bufs[key] = buf
@@ -143,6 +149,11 @@ class Q8Inputs:
         """Make the next :meth:`input` of every activation quantize again (a graph scope
         begins: what it records must not lean on copies made before it)."""
         self._fresh.clear()
+
+    def take_retired(self) -> set[Any]:
+        """The replaced copies (kp tensors) for the caller to destroy, forgotten here."""
+        out, self.retired = set(self.retired), []
+        return out
 
     def drop(self, roots: set[Any]) -> set[Any]:
         """Forget the copies (every format) of activations ``roots`` (kp tensors being released);

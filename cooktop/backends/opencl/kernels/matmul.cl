@@ -335,9 +335,12 @@ __kernel void mul_mv_id(const global uchar *w, const global float *x, const glob
 }
 
 // The prompt form of mul_mv_id: the slots routed to each expert are processed together, so each
-// weight unit is dequantized once per MMID_TN slots instead of once per slot. offs int [n_expert + 1]
+// weight block is read once per MMID_TN slots instead of once per slot. offs int [n_expert + 1]
 // and order int [n_slots] (from moe_group: the slots of expert e are order[offs[e] .. offs[e+1]-1]);
-// global (n_out, n_expert). Same values as mul_mv_id, other summation order.
+// global (n_out, n_expert). Every slot gets exactly mul_mv_id's value, bit for bit: the same
+// DOT_BLOCK per block in the same order into its own float16 accumulator, the same hsum16 + tail
+// (the folded dot_blocks of Q8_0, Q4_0 and the K-quants round otherwise than deq_unit + fma; the
+// weight decode inside DOT_BLOCK does not depend on the slot and is hoisted out of the slot loop).
 #define MMID_TN 8
 __kernel void mul_mm_id(const global uchar *w, const global float *x, const global int *offs,
                         const global int *order, global float *y, const int n_in, const int n_out, const int k,
@@ -347,7 +350,7 @@ __kernel void mul_mm_id(const global uchar *w, const global float *x, const glob
     if (o >= n_out) return;
     const int s0 = offs[e], s1 = offs[e + 1];
     const global uchar *wr = ROW_PTR(w, e * n_out + o, n_in);
-    const int nu = n_in / 32;
+    const int nb = n_in / QKV;
     for (int c0 = s0; c0 < s1; c0 += MMID_TN) {
         const int cnt = min(MMID_TN, s1 - c0);
         const global float *xr[MMID_TN];
@@ -357,16 +360,12 @@ __kernel void mul_mm_id(const global uchar *w, const global float *x, const glob
             xr[t] = x + (size_t)(per_slot ? rs : rs / k) * n_in;
             acc[t] = (float16)(0.0f);
         }
-        for (int u = 0; u < nu; u++) {
-            float16 a, b;
-            DEQ_UNIT(wr, ROW_LANE(e * n_out + o), u, &a, &b);
-            for (int t = 0; t < cnt; t++)
-                acc[t] = fma(b, vload16(2 * u + 1, xr[t]), fma(a, vload16(2 * u, xr[t]), acc[t]));
-        }
+        for (int ib = 0; ib < nb; ib++)
+            for (int t = 0; t < cnt; t++) acc[t] = DOT_BLOCK(wr, ROW_LANE(e * n_out + o), ib, xr[t], acc[t]);
         for (int t = 0; t < cnt; t++) {
             float tail = 0.0f;
 #ifdef W_FLOAT
-            for (int i = nu * 32; i < n_in; i++) tail += deq_elem(wr, i) * xr[t][i];
+            for (int i = nb * QKV; i < n_in; i++) tail += deq_elem(wr, i) * xr[t][i];
 #endif
             y[(size_t)order[c0 + t] * n_out + o] = hsum16(acc[t]) + tail;
         }
