@@ -7,10 +7,10 @@
 // As ggml_vec_dot_q4_K_q8_K / q5_K / q6_K (ggml-cpu quants.c, arch/x86/quants.c): inside a
 // super-block everything is an int32 sum, sum_s sc_s * sum(q * qy) (the -32 of Q6_K folded in
 // through bsums); the super-block then adds (d_w d_y) * isum in float, and Q4_K / Q5_K
-// subtract (dmin_w d_y) * sum_s m_s * (bsums[2s] + bsums[2s+1]). 16 float lanes of partial sums
-// per row; every lane's float operations are one fma per super-block (plus one for the mins),
-// which mmq8.cl's q8_K prompt kernel repeats in the same order, so prompts are bit for bit
-// their tokens one at a time.
+// subtract (dmin_w d_y) * sum_s m_s * (bsums[2s] + bsums[2s+1]). Where mmq8.cl's VNNI q8_K prompt
+// kernels build (Q45K_LANES, Q6K_LANES below) one float lane per row, one fma per super-block (plus
+// one for the mins), which those kernels repeat in the same order, so prompts are bit for bit their
+// tokens one at a time; elsewhere 16 float lanes of partial sums per row (prompts: mul_mvt_q8).
 
 #ifdef Q8K_ON
 #ifndef HAS_Q8
@@ -36,18 +36,18 @@ inline int hsum_i8(int8 v) {
     return s2.x + s2.y;
 }
 
-#if defined(X86_512) && defined(W_Q5_K) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
-// Q5_K rows on one float lane (where mmq8.cl's Q5_K prompt kernel, 16 rows in the SIMD lanes, runs)
-#define Q5K_LANES 1
+#if defined(X86_512) && (defined(W_Q4_K) || defined(W_Q5_K)) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
+// Q4_K / Q5_K rows on one float lane (where mmq8.cl's Q4_K / Q5_K prompt kernel, 16 rows in the SIMD lanes, runs)
+#define Q45K_LANES 1
 #endif
 #if defined(X86_512) && defined(W_Q6_K) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K)
 // Q6_K rows on one float lane (where mmq8.cl's Q6_K prompt kernel, 16 rows in the SIMD lanes, runs)
 #define Q6K_LANES 1
 #endif
-#if defined(Q5K_LANES)
+#if defined(Q45K_LANES)
 // (sum of the 16 int32 lanes of isum, sum of lanes 0..7 of mins): both reductions in one chain of
 // shuffles (exact integers)
-inline int2 q5k_sums(v16si isum, v16si mins) {
+inline int2 q45k_sums(v16si isum, v16si mins) {
     const int16 a = as_int16(isum);
     const int8 a8 = a.lo + a.hi, m8 = as_int16(mins).lo;
     const int8 e = (int8)(a8.lo + a8.hi, m8.lo + m8.hi);
@@ -64,7 +64,7 @@ inline int q8k_mins(const int8 mn, const global float *rec) {
 
 #if defined(X86_512)
 // the 16 bsums of a q8_K record in one 32-byte load (PoCL splits vload16 of shorts into 8 loads
-// and 7 shuffles; mmq8.cl's q8_K prompt kernel uses it too)
+// and 7 shuffles)
 typedef short v16hi_u __attribute__((vector_size(32), aligned(1)));
 #define Q8K_BSUMS(rec) as_short16(*(const global v16hi_u *)(rec))
 #endif
@@ -72,7 +72,7 @@ typedef short v16hi_u __attribute__((vector_size(32), aligned(1)));
 #if defined(X86_512) && defined(W_Q6_K)
 // lane s: -32 sc_s bsums_s (the -32 of Q6_K's quants, one 16-value sub-block per lane) in one
 // pmaddwd: -32 sc_s sign-extended to int32 against bsums_s zero-extended (its high int16 half 0,
-// so the product is that of the signed low halves); mmq8.cl's q8_K prompt kernel uses it too
+// so the product is that of the signed low halves)
 inline v16si q6k_bsum_term(const short16 sc16s, const global float *rec) {
     const v16si a = (v16si)convert_int16(sc16s * (short)(-32));
     const v16si b = (v16si)convert_int16(as_ushort16(Q8K_BSUMS(rec)));
@@ -116,7 +116,7 @@ inline v16si q8k_mins16(const v32hi m2, const global float *rec) {
 #if defined(X86_512) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
 // int16 lanes 0..15 a, 16..31 b: per-half counts of one variable shift (vpsravw / vpsllvw)
 #define Q8K_SH2(a, b) (v32hi)((short16)(a), (short16)(b))
-// Float lanes (mmq8.cl's q8_K prompt kernel repeats them): 16 int32 lanes of the super-block's
+// Float lanes without Q45K_LANES / Q6K_LANES: 16 int32 lanes of the super-block's
 // integer, one fma with d_w d_y; Q4_K / Q5_K: lanes 0..7 add -(dmin_w d_y) m_s sum_s(qy), one
 // sub-block each (in a 16-lane fma whose lanes 8..15 add zero products); Q6_K: the -32 enters the
 // integer lanes, lane s taking -32 sc_s bsums_s.
@@ -134,14 +134,14 @@ inline v16si q8k_mins16(const v32hi m2, const global float *rec) {
 #else
 #define Q8K_Q45(p, j, m15) Q8K_NIB(p, j, m15)
 #endif
-#if defined(Q5K_LANES)
-// Q5_K where mmq8.cl's Q5_K prompt kernel runs: the same integers per super-block (Q8K_Q45 quants,
+#if defined(Q45K_LANES)
+// Q4_K / Q5_K where mmq8.cl's prompt kernel for them runs: the same integers per super-block (Q8K_Q45 quants,
 // pmaddubsw, pmaddwd with the scales; the mins' pmaddwd), each summed to one int32, and the row's sum in
 // one float lane: a0 = fma(float(isum), d_w d_y, a0), a0 = fma(-(dmin_w d_y), float(mins), a0) per
 // super-block in order (the prompt kernel's per-row operations; lanes 1..15 of acc stay +0, so
 // hsum16 gives lane 0). Two super-blocks at a time share one chain of shuffles for their four sums;
 // inside a super-block pmaddubsw, then vpdpwssd with the scales (any order of the exact integers will do).
-inline __attribute__((always_inline, target("avx512vnni"))) void q5k_sb(const global uchar *p, const global char *xb, const global float *rec,
+inline __attribute__((always_inline, target("avx512vnni"))) void q45k_sb(const global uchar *p, const global char *xb, const global float *rec,
                                                   v16si *isum, v16si *mins) {
     const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
     Q8K_SCALES(p, sc, mn);
@@ -163,16 +163,16 @@ inline __attribute__((always_inline, target("avx512vnni"))) void q5k_sb(const gl
 }
 // the row's float lane from a0 on; VNNI (vpdpwssd) needs a function of that target, one call per row
 __attribute__((target("avx512vnni"))) __attribute__((noinline))
-float q5k_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid, float a0) {
+float q45k_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid, float a0) {
     int ib = lid;
     for (; ib + MV_LS < nb; ib += 2 * MV_LS) {
         const int ic = ib + MV_LS;
         const global uchar *p0 = row + (size_t)ib * QK_BYTES, *p1 = row + (size_t)ic * QK_BYTES;
-        Q8_PREFETCH(p0, 6);  // two super-blocks, 352 bytes a step (dotq8.cl)
+        Q8_PREFETCH(p0, (2 * QK_BYTES + 63) / 64);  // two super-blocks a step: Q4_K 288 bytes (5 lines), Q5_K 352 (6)
         const global float *r0 = (const global float *)xd + (size_t)ib * 16, *r1 = (const global float *)xd + (size_t)ic * 16;
         v16si i0, n0, i1, n1;
-        q5k_sb(p0, xq + (size_t)ib * 256, r0, &i0, &n0);
-        q5k_sb(p1, xq + (size_t)ic * 256, r1, &i1, &n1);
+        q45k_sb(p0, xq + (size_t)ib * 256, r0, &i0, &n0);
+        q45k_sb(p1, xq + (size_t)ic * 256, r1, &i1, &n1);
         const int16 a = as_int16(i0), b = as_int16(i1);
         const int16 x = (int16)(a.lo + a.hi, b.lo + b.hi), m = (int16)(as_int16(n0).lo, as_int16(n1).lo);
         // 4-lane partial sums of isum_0, mins_0, isum_1, mins_1, then pairs, then the four sums
@@ -191,8 +191,8 @@ float q5k_row(const global uchar *row, int nb, const global char *xq, const glob
         const global uchar *p = row + (size_t)ib * QK_BYTES;
         const global float *rec = (const global float *)xd + (size_t)ib * 16;
         v16si is, mi;
-        q5k_sb(p, xq + (size_t)ib * 256, rec, &is, &mi);
-        const float2 im = convert_float2(q5k_sums(is, mi)), dm = h2f2(p);
+        q45k_sb(p, xq + (size_t)ib * 256, rec, &is, &mi);
+        const float2 im = convert_float2(q45k_sums(is, mi)), dm = h2f2(p);
         a0 = fma(im.x, dm.x * rec[8], a0);
         a0 = fma(-(dm.y * rec[8]), im.y, a0);
     }
@@ -200,7 +200,7 @@ float q5k_row(const global uchar *row, int nb, const global char *xq, const glob
 }
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
-    acc.s0 = q5k_row(row, nb, xq, xd, lid, acc.s0);
+    acc.s0 = q45k_row(row, nb, xq, xd, lid, acc.s0);
     return acc;
 }
 #else

@@ -280,140 +280,19 @@ void mm_q8_wi(const global uchar *w, const global char *xq, const global float2 
 #define HAS_MM_Q8_WI
 #endif
 
-#if defined(Q8K_ON) && defined(X86_512) && defined(COOKTOP_VNNI) && !defined(COOKTOP_NO_MMQ_K) && defined(W_Q4_K)
-// Prompt matrices of Q4_K on block_q8_K activations (dotq8k.cl; Q5_K, Q6_K: mmq5_pass, mmq6_pass below): per super-block,
-// row and token an int32 vector whose lane i is dotq8_row's (sum over the 4 groups of 64 values of
-// the scale of lane i's sub-block times the 4 products of lane i; MMQK_PAIR below), then the
-// one-token row's float operations in its order, so each token gets dotq8_row's sums bit for bit.
-// This file's own mul_mm_q8 (below; no mm_q8_wi): a work-item owns MMQ_R rows and the grid's
-// MMQ_TN * MMQ_TT tokens, in passes of MMQK_TN tokens (mmqk_pass). Per pass and super-block,
-// MMQK_RP rows at a time get their quants and scale vectors built once, then a loop over the pass's tokens finishes each token's
-// integer sums (its activations loaded once per MMQK_RP rows) and float lanes (float16
-// acc[row][token] in memory; d_w d_y and dmin_w d_y of the pass's tokens one vector product per row
-// and super-block, each fma taking its scalar as a broadcast operand). Per (row, token, super-block)
-// the token loop is ~21 instructions, where building each row's quants per 8 tokens and holding
-// 2 x 8 integer accumulators took ~36 (spilling the activations to the stack): at 128 tokens Q5_K
-// 1.2-1.4x, Q4_K 1.1-1.3x, Q6_K 1.04-1.2x (README; scripts/bench_kernels_ab.py). Passes of 8 tokens
-// measured alike, 32 slower (the pass's activations leave L1 at n_in 2048); 4 rows at a time ~5 %
-// faster than 2; pmaddubsw + vpdpwssd per group as fast as the vpdpbusd pairs below (but 32 registers
-// of quants and scales for 4 rows).
-#ifndef MMQK_RP
-#define MMQK_RP 4
-#endif
-#ifndef MMQK_TN
-#define MMQK_TN 16
-#endif
-// per-token scalars of a row: out[t] = a * dyt[t], 8 tokens per vector product (MMQK_TN % 8 == 0)
-#define MMQK_TOKENS(out, a, dyt)                                                 \
-    _Pragma("unroll") for (int c_ = 0; c_ < MMQK_TN / 8; c_++) vstore8((a) * vload8(c_, dyt), c_, out)
-#define MMQK_BYTES QK_BYTES
-// Per token and pair of groups 2h, 2h+1 (128 values): vpdpbusd gives each group's int32 lanes (lane i: the
-// 4 products of values 4i..4i+3, |sum| < 2^15 for these quants), MMQK_PAIR puts lane i of both in one int32
-// as two int16 words (group 2h low, 2h+1 high: exact), and one vpdpwssd weighs them with the two groups'
-// scales of lane i: lane i gets sc(2h, i) u(2h, i) + sc(2h+1, i) u(2h+1, i), the mat-vec's integers lane by
-// lane (its pmaddwd of pmaddubsw per group), in 3 multiplies per 128 values instead of 4.
-#define MMQK_PAIR(u0, u1) ((v16si)__builtin_shufflevector((v32hi)(u0), (v32hi)(u1), 0, 32, 2, 34, 4, 36, 6, 38, 8, 40, 10, 42, 12, 44, 14, 46, 16, 48, 18, 50, 20, 52, 22, 54, 24, 56, 26, 58, 28, 60, 30, 62))
-// Q4_K / Q5_K: lane i of group g is 32-value sub-block 2g + i / 8
-#define MMQK_SCP(v, h) ((v16si)((h) == 0 ? __builtin_shufflevector(v, v, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3) \
-                                         : __builtin_shufflevector(v, v, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 4, 6, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7, 5, 7)))
-__attribute__((target("avx512vnni"))) __attribute__((noinline))
-void mmqk_pass(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
-               const int n_in, const int n_out, const int r0, const int t0, const int nt) {
-    const int nsb = n_in / 256;
-    const v64qi m15 = (v64qi)(int16)(0x0f0f0f0f);
-    const size_t xs = (size_t)n_in, rs = (size_t)(n_in / 16);  // one token's quants / records (floats)
-    const global char *x0 = xq + (size_t)t0 * xs;
-    const global float *d0 = (const global float *)xd + (size_t)t0 * rs;
-    const global uchar *wr[MMQ_R];
-#pragma unroll
-    for (int r = 0; r < MMQ_R; r++) wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
-    float16 acc[MMQ_R][MMQK_TN];
-    for (int t = 0; t < MMQK_TN; t++)
-#pragma unroll
-        for (int r = 0; r < MMQ_R; r++) acc[r][t] = (float16)(0.0f);
-    for (int ib = 0; ib < nsb; ib++) {
-        float dyt[MMQK_TN];  // d of each token's super-block ib (the last token's past nt)
-        for (int t = 0; t < MMQK_TN; t++) dyt[t] = d0[(size_t)min(t, nt - 1) * rs + (size_t)ib * 16 + 8];
-        const global char *xb = x0 + (size_t)ib * 256;
-        const global float *db = d0 + (size_t)ib * 16;
-#pragma unroll
-        for (int rp = 0; rp < MMQ_R; rp += MMQK_RP) {
-            v64qi q[MMQK_RP][4];
-            v16si scp[MMQK_RP][2];
-            float pd[MMQK_RP][MMQK_TN];  // d_w d_y per token
-            v32hi m2[MMQK_RP];  // the mins as pmaddwd's first operand (q8k_mins_op)
-            float pm[MMQK_RP][MMQK_TN];  // -(dmin_w d_y) per token
-#pragma unroll
-            for (int r = 0; r < MMQK_RP; r++) {
-                const global uchar *p = wr[rp + r] + (size_t)ib * MMQK_BYTES;
-                Q8K_SCALES(p, sc, mn);
-                m2[r] = q8k_mins_op(mn);
-#pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    const v32qi z = *(const global v32qi_u *)(p + QK_QS + 32 * g);
-                    const v64qi lo = (v64qi)CAT32(z, (v32qi)((v16hi)z >> 4)) & m15;
-                    q[r][g] = lo;
-                }
-                scp[r][0] = MMQK_SCP(sc, 0);
-                scp[r][1] = MMQK_SCP(sc, 1);
-                const float2 dm = h2f2(p);
-                MMQK_TOKENS(pd[r], dm.x, dyt);
-                MMQK_TOKENS(pm[r], -dm.y, dyt);  // -(dmin_w d_y): the same bits
-            }
-            for (int t = 0; t < nt; t++) {
-                const global char *xt = xb + (size_t)t * xs;
-                const global float *rec = db + (size_t)t * rs;
-                v16si isum[MMQK_RP];
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const v64qi ya = *(const global v64qi_u *)(xt + 128 * h);
-                    const v64qi yb = *(const global v64qi_u *)(xt + 128 * h + 64);
-#pragma unroll
-                    for (int r = 0; r < MMQK_RP; r++) {
-                        const v16si zero = (v16si)(int16)(0);
-                        const v16si pk = MMQK_PAIR(__builtin_ia32_vpdpbusd512(zero, (v16si)q[r][2 * h], (v16si)ya),
-                                                   __builtin_ia32_vpdpbusd512(zero, (v16si)q[r][2 * h + 1], (v16si)yb));
-                        isum[r] = h == 0 ? __builtin_ia32_pmaddwd512((v32hi)pk, (v32hi)scp[r][h])
-                                         : __builtin_ia32_vpdpwssd512(isum[r], pk, scp[r][h]);
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < MMQK_RP; r++) {  // dotq8_row's float lanes (dotq8k.cl), in its order
-                    float16 a = fma(convert_float16(as_int16(isum[r])), (float16)(pd[r][t]), acc[rp + r][t]);
-                    a = fma((float16)(pm[r][t]), convert_float16(as_int16(q8k_mins16(m2[r], rec))), a);
-                    acc[rp + r][t] = a;
-                }
-            }
-        }
-    }
-    for (int r = 0; r < MMQ_R && r0 + r < n_out; r++)
-        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r0 + r] = hsum16(acc[r][t]);
-}
-
-// A work-item runs its MMQ_R rows against the grid's MMQ_TN * MMQ_TT tokens (LaunchShape.mmq_tn /
-// mmq_tt), in passes of MMQK_TN, so its rows come from the cache after the first pass.
-__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
-                        global float *y, const int n_in, const int n_out, const int n_tok) {
-    const int r0 = get_global_id(0) * MMQ_R, tb = get_group_id(1) * (MMQ_TN * MMQ_TT);
-    if (r0 < n_out)
-        for (int t0 = tb; t0 < min(n_tok, tb + MMQ_TN * MMQ_TT); t0 += MMQK_TN)
-            mmqk_pass(w, xq, xd, y, n_in, n_out, r0, t0, min(MMQK_TN, min(n_tok, tb + MMQ_TN * MMQ_TT) - t0));
-}
-#endif
-
-#if defined(Q5K_LANES) || defined(Q6K_LANES)
-// Prompt matrices of Q5_K on block_q8_K activations with 16 rows in the SIMD lanes (llama.cpp's
+#if defined(Q45K_LANES) || defined(Q6K_LANES)
+// Prompt matrices of Q4_K and Q5_K on block_q8_K activations with 16 rows in the SIMD lanes (llama.cpp's
 // block_q4_Kx8 idea, ggml-cpu/repack.cpp, but the plain layout: the rows are transposed in
 // registers once per super-block and pass): int32 lane r is row r0 + r. Per super-block the 16 rows'
-// quants become 64 vectors wq[8 s + k] (lane r: the 4 quants of values 32 s + 4 k.. of row r, fifth
-// bit included) and their scales / mins 8 vectors each; per token and sub-block s, 8 vpdpbusd with the
+// quants become 64 vectors wq[8 s + k] (lane r: the 4 quants of values 32 s + 4 k.. of row r; Q5_K's
+// fifth bit included, Q4_K the same code without the qh part) and their scales / mins 8 vectors each; per token and sub-block s, 8 vpdpbusd with the
 // token's 4-byte pieces as broadcast operands give each row's sum over the sub-block, one vpmulld by
 // the scales adds it to the row's integer, and 8 vpdpwssd of the (m_s, m_s) pairs with the bsum pairs
-// give the mins' integer. Then per token the mat-vec's float operations (dotq8k.cl's Q5_K
-// dotq8_row: one float lane per row, fma(float(isum), d_w d_y), fma(-(dmin_w d_y), float(mins))),
+// give the mins' integer. Then per token the mat-vec's float operations (dotq8k.cl's Q4_K / Q5_K
+// dotq8_row under Q45K_LANES: one float lane per row, fma(float(isum), d_w d_y), fma(-(dmin_w d_y), float(mins))),
 // so each token gets the one-token sums bit for bit. 64 vpdpbusd per 16 rows, token and super-block
-// where the 4-row kernel above needed 16 vpdpbusd, 8 word shuffles, 8 pmaddwd and 12 float /
-// mins operations per 4 rows.
+// where the former 4-row kernel (one row's quant vectors per group, a token's 64 activation bytes
+// against them) needed 16 vpdpbusd, 8 word shuffles, 8 pmaddwd and 12 float / mins operations per 4 rows.
 #define MQ5_TN 16  // tokens whose integers sit in registers
 #define MQ5_TH 2   // halves of MQ5_TN tokens per built super-block (a pass)
 typedef int mq5_v8si_u __attribute__((vector_size(32), aligned(1)));
@@ -445,13 +324,16 @@ inline __attribute__((always_inline)) void mq5_tr8(v16si *o, const v16si *p) {
 #define MQ5_SH(v, n) ((n) >= 0 ? (v) << (n) : (v) >> (-(n)))
 #endif
 
-#if defined(Q5K_LANES)
+#if defined(Q45K_LANES)
 __attribute__((target("avx512vnni"))) __attribute__((noinline))
-void mmq5_pass(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
+void mmq45_pass(const global uchar *w, const global char *xq, const global float2 *xd, global float *y,
                const int n_in, const int n_out, const int r0, const int t0, const int nt) {
     const int nsb = n_in / 256;
     const size_t xs = (size_t)n_in, rs = (size_t)(n_in / 16);  // one token's quants / records (floats)
-    const v16si m15 = (v16si)(int16)(0x0f0f0f0f), m16 = (v16si)(int16)(0x10101010);
+    const v16si m15 = (v16si)(int16)(0x0f0f0f0f);
+#if defined(W_Q5_K)
+    const v16si m16 = (v16si)(int16)(0x10101010);
+#endif
     const global uchar *wr[16];
 #pragma unroll
     for (int r = 0; r < 16; r++) wr[r] = w + (size_t)min(r0 + r, n_out - 1) * ROW_BYTES(n_in);
@@ -463,18 +345,26 @@ void mmq5_pass(const global uchar *w, const global char *xq, const global float2
         float dd[16], dmn[16];
         {
             v16si p[8], h[8], qv[8];
+#if defined(W_Q5_K)
 #pragma unroll
             for (int i = 0; i < 8; i++) p[i] = MQ5_P(wr[i], wr[i + 8], ob + 16);  // qh
             mq5_tr8(h, p);
+#endif
 #pragma unroll
             for (int g = 0; g < 4; g++) {
 #pragma unroll
                 for (int i = 0; i < 8; i++) p[i] = MQ5_P(wr[i], wr[i + 8], ob + QK_QS + 32 * g);
                 mq5_tr8(qv, p);
 #pragma unroll
-                for (int c = 0; c < 8; c++) {  // qh bit 2g (low nibbles) and 2g + 1 (high) to bit 4
+                for (int c = 0; c < 8; c++) {
+#if defined(W_Q5_K)
+                    // qh bit 2g (low nibbles) and 2g + 1 (high) to bit 4
                     wq[16 * g + c] = (qv[c] & m15) | (MQ5_SH(h[c], 4 - 2 * g) & m16);
                     wq[16 * g + 8 + c] = ((qv[c] >> 4) & m15) | (MQ5_SH(h[c], 3 - 2 * g) & m16);
+#else
+                    wq[16 * g + c] = qv[c] & m15;
+                    wq[16 * g + 8 + c] = (qv[c] >> 4) & m15;
+#endif
                 }
             }
 #pragma unroll
@@ -540,7 +430,7 @@ void mmq5_pass(const global uchar *w, const global char *xq, const global float2
 #endif
 
 #if defined(Q6K_LANES)
-// Prompt matrices of Q6_K on block_q8_K activations, 16 rows in the SIMD lanes as mmq5_pass: per super-block
+// Prompt matrices of Q6_K on block_q8_K activations, 16 rows in the SIMD lanes as mmq45_pass: per super-block
 // and pass the rows' ql (4 transposes) and qh (2) make the 64 quant vectors wq[4 k + i] (lane r: the 4
 // quants of values 16 k + 4 i.. of row r, 0..63: the -32 comes through the bsums), the scales 16
 // vectors and the (-32 sc_2j, -32 sc_2j+1) word pairs 8; per token and sub-block k 4 vpdpbusd of
@@ -643,12 +533,12 @@ void mmq6_pass(const global uchar *w, const global char *xq, const global float2
 }
 #define MQK_PASS mmq6_pass
 #else
-#define MQK_PASS mmq5_pass
+#define MQK_PASS mmq45_pass
 #endif
 
-#if defined(Q5K_LANES) || defined(Q6K_LANES)
+#if defined(Q45K_LANES) || defined(Q6K_LANES)
 #if 16 % MMQ_R != 0
-#error "the Q5_K / Q6_K prompt kernels take 16 rows per work-item of 16 / MMQ_R"
+#error "the Q4_K / Q5_K / Q6_K prompt kernels take 16 rows per work-item of 16 / MMQ_R"
 #endif
 // The grid is the other K-quants' (MMQ_R rows per work-item): the work-item whose rows start a group
 // of 16 runs the group, the others none; tokens as there (MMQ_TN * MMQ_TT per work-item), in passes
