@@ -91,8 +91,9 @@ def test_numpy_paths_bit_for_bit(model):
 
 
 def test_split_numpy_and_opencl_cached_prefix_bit_for_bit():
-    """Layers split between OpenCL and numpy (``n_gpu_layers`` 2 of 3: block 1 and the head on OpenCL, f16 KV cache): the last token's
-    logits of a whole prompt and of its prefix then the rest are the same bits (each side is exact)."""
+    """Layers split between OpenCL and numpy (``n_gpu_layers`` 2 of 3: block 1 and the head on
+    OpenCL, f16 KV cache): the last token's logits of a whole prompt and of its prefix then the
+    rest are the same bits (each side is exact)."""
     from cooktop.backends import registry
     res = registry.probe("opencl")
     if not res.available or not res.devices:

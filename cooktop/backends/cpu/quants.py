@@ -118,7 +118,7 @@ def blocked_matmuls(products: list[tuple[np.ndarray, np.ndarray, int, int, Calla
     between a prompt and its prefix then tail before; one token costs ~1.6x a gemv, 4 rows at
     5632 x 2048, and a prompt's product is ~1.5x faster in this orientation)."""
     jobs, padded = [], {}
-    for i, (out, x, n_out, n_in, _) in enumerate(products):
+    for i, (_out, x, n_out, n_in, _) in enumerate(products):
         step = max(1, CHUNK_VALUES // n_in)
         jobs += [(i, r0) for r0 in range(0, n_out, step)]
         m = max(x.shape[0], _min_rows(min(step, n_out - (n_out - 1) // step * step), n_in))
