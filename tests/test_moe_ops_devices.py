@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from conftest import open_family_device
 from gguf import GGMLQuantizationType as T
+from pathsutil import eval_three_ways
 from test_arch_moe import PROMPT, SHAPES
 
 from cooktop import Llama
@@ -114,13 +115,7 @@ def test_qwen3moe_q4_0_prompt_token_by_token_and_cached_prefix_agree(tmp_path):
     try:
         pl = eng.placement
         assert pl.blocks == [ocl.info.selector] * 2 and pl.experts is None, pl.notes
-        seq = eng.new_sequence()
-        batch = seq.eval(toks, logits_all=True)
-        seq.reset()
-        one = np.stack([seq.eval([t])[-1] for t in toks])
-        seq.reset()
-        seq.eval(toks[:9])
-        rest = seq.eval(toks[9:], logits_all=True)
+        batch, one, rest = eval_three_ways(eng, toks, 9)
     finally:
         eng.close()
     assert np.abs(batch).max() > 0.1

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import SHARED, skip_or_fail
 from gguf import GGMLQuantizationType as T
+from pathsutil import eval_three_ways
 
 from cooktop.engine import generate as G
 
@@ -40,13 +41,7 @@ def _paths(path: str, device: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     (a K value 1e-7 apart at a rounding boundary of f16 is one ulp apart, ~1e-3 in logprob later)."""
     from cooktop.format.kvtypes import KVConfig
     eng = G.load(path, n_ctx=128, n_batch=64, device=device, n_gpu_layers=-1, kv=KVConfig(T.F32, T.F32))
-    seq = eng.new_sequence()
-    batch = seq.eval(TOKENS, logits_all=True)
-    seq.reset()
-    one = np.stack([seq.eval([t])[-1] for t in TOKENS])
-    seq.reset()
-    seq.eval(TOKENS[:13])
-    rest = seq.eval(TOKENS[13:], logits_all=True)
+    batch, one, rest = eval_three_ways(eng, TOKENS, 13)
     return batch, one, np.concatenate([batch[:13], rest]), eng
 
 
@@ -104,13 +99,7 @@ def test_split_numpy_and_opencl_cached_prefix_bit_for_bit():
     eng = G.load(str(path), n_ctx=128, n_batch=64, device=res.devices[0].selector, n_gpu_layers=2)
     try:
         assert len(set(eng.placement.blocks)) == 2, eng.placement.summary()
-        seq = eng.new_sequence()
-        whole = seq.eval(TOKENS, logits_all=True)
-        seq.reset()
-        seq.eval(TOKENS[:13])
-        rest = seq.eval(TOKENS[13:], logits_all=True)
-        seq.reset()
-        one = np.stack([seq.eval([t])[-1] for t in TOKENS])
+        whole, one, rest = eval_three_ways(eng, TOKENS, 13)
     finally:
         eng.close()
     np.testing.assert_array_equal(rest, whole[13:])
