@@ -291,4 +291,3 @@ def smoke_test(sel: str) -> SmokeResult:
                 detail = f"{detail} (driver: {first[:200]})"
         _smoke[sel] = SmokeResult(ok, detail)
         return _smoke[sel]
-
