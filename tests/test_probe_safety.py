@@ -138,7 +138,8 @@ def isolated(monkeypatch, tmp_path):
 def _child(monkeypatch, code: str) -> None:
     """Make the probe child run ``code`` (after reporting a step, as the real child does)."""
     step = f"print({safeprobe.MARK!r} + '{{\"step\": \"opening vulkan:0 (Fake GPU) with kp.Manager\"}}', flush=True)"
-    monkeypatch.setattr(safeprobe, "_child_argv", lambda family, target: [sys.executable, "-c", f"{step}\n{code}"])
+    monkeypatch.setattr(safeprobe, "_child_argv",
+                        lambda family, target, start=0: [sys.executable, "-c", f"{step}\n{code}"])
 
 
 def test_child_crash_is_a_reason_not_a_crash(isolated, monkeypatch):
@@ -170,7 +171,7 @@ def test_child_hang_times_out(isolated, monkeypatch):
 
 def test_child_that_cannot_start_falls_back_in_process(isolated, monkeypatch):
     """No step reported (our module never ran): probe in-process as before, no false 'crash'."""
-    monkeypatch.setattr(safeprobe, "_child_argv", lambda f, t: [sys.executable, "-c", "raise SystemExit(3)"])
+    monkeypatch.setattr(safeprobe, "_child_argv", lambda f, t, start=0: [sys.executable, "-c", "raise SystemExit(3)"])
     assert safeprobe.check("cpu", "cooktop.backends.cpu.device:CpuBackend") is None
     assert registry.probe("cpu").available
 
@@ -207,3 +208,93 @@ def test_opencl_no_platform_names_the_icd_files(monkeypatch, tmp_path):
     assert res.reason == ("no OpenCL platform found (RuntimeError: clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR); "
                           f"1 ICD file(s) in OCL_ICD_VENDORS={tmp_path}: {tmp_path}/fake.icd names "
                           "/nonexistent/libcooktop_fake_cl.so, which does not exist")
+
+
+# -- an OpenCL platform that lists a device but cannot build on it ---------------------------------
+
+def _failing_pocl(tmp_path, mode: str) -> str:
+    """A folder of OpenCL ICD files: Debian's PoCL first, then a copy of PyPI's PoCL 3.0-rc2 that
+    lists its CPU but cannot build: ``"error"`` (its OpenCL headers are gone: every build fails
+    with a compiler error, as 3.0-rc2 does on CPUs its LLVM does not know) or ``"crash"`` (its
+    kernel library is garbage: a build kills the process with SIGSEGV, so any build in the
+    user's process would end it). The copy finds its data next to itself (RPATH
+    ``$ORIGIN/../../pocl_binary_distribution/.libs``), so the real installation is untouched."""
+    import glob
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("pocl_binary_distribution") is None or importlib.util.find_spec("pyopencl") is None:
+        skip_or_fail("pocl-binary", "pip install pyopencl pocl-binary-distribution (the opencl extra)")
+    pyocl = os.path.dirname(importlib.util.find_spec("pyopencl").origin)
+    data = os.path.join(os.path.dirname(importlib.util.find_spec("pocl_binary_distribution").origin), ".libs")
+    libs = glob.glob(os.path.join(pyocl, ".libs", "libpocl*.so*"))
+    debian = "/etc/OpenCL/vendors/pocl.icd"
+    if not libs or not os.path.exists(debian):
+        skip_or_fail("pocl-binary", f"need pyopencl/.libs/libpocl*.so ({libs}) and {debian}")
+    root = tmp_path / f"pocl-{mode}"
+    (root / "x" / "libs").mkdir(parents=True)
+    lib = shutil.copy(libs[0], root / "x" / "libs")
+    shutil.copytree(data, root / "pocl_binary_distribution" / ".libs", symlinks=True)
+    share = root / "pocl_binary_distribution" / ".libs" / "share" / "pocl"
+    if mode == "error":
+        shutil.rmtree(share / "include")
+    else:
+        for bc in share.glob("kernel-*.bc"):
+            bc.write_bytes(b"not LLVM bitcode\n")
+    vendors = tmp_path / f"vendors-{mode}"
+    vendors.mkdir()
+    shutil.copy(debian, vendors / "a-debian-pocl.icd")
+    (vendors / "b-failing-pocl.icd").write_text(f"{lib}\n")
+    return str(vendors)
+
+
+def _env(tmp_path, vendors: str) -> dict:
+    return {"OCL_ICD_VENDORS": vendors, "COOKTOP_DISABLE": "vulkan", "POCL_CACHE_DIR": str(tmp_path / "pocl"),
+            "COOKTOP_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def test_second_opencl_platform_whose_build_fails(tmp_path):
+    """``cooktop devices`` (and ``--json``) exit 0 beside a platform whose every build fails: its
+    devices are listed unusable with the compiler's first line, the verdict is kept with the
+    driver set, ``auto`` takes Debian's PoCL, and asking for a failing device is a clear error."""
+    env = _env(tmp_path, _failing_pocl(tmp_path, "error"))
+    r = cooktop("devices", "--json", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(r.stdout)
+    devs = {d["selector"]: d for d in rep["families"]["opencl"]["devices"]}
+    bad = [s for s, d in devs.items() if "3.0-rc2" in d["platform"]]
+    good = [s for s, d in devs.items() if "3.1" in d["platform"]]
+    assert bad and len(good) == 1, devs
+    for s in bad:
+        assert not devs[s]["usable"] and devs[s]["smoke_test"] == "FAIL"
+        assert devs[s]["smoke_detail"].startswith("unusable on this machine (checked in a probe process): OpenCL "
+                                                  "build of the ISA probe kernels failed on pthread-"), devs[s]
+        assert "pocl_types.h' file not found" in devs[s]["smoke_detail"]
+        assert "(driver: 1 error generated.)" in devs[s]["smoke_detail"]
+    assert devs[good[0]]["usable"] and devs[good[0]]["smoke_test"] == "PASS"
+    assert rep["auto"] == good
+    (verdict,) = [json.load(open(os.path.join(env["COOKTOP_CACHE_DIR"], "probe", f)))
+                  for f in os.listdir(os.path.join(env["COOKTOP_CACHE_DIR"], "probe"))]
+    assert sorted(int(i) for i in verdict["result"]["errors"]) == sorted(devs[s]["index"] for s in bad)
+    r = cooktop("devices", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert re.search(rf"^{bad[0]} +cpu +no ", r.stdout, re.M), r.stdout
+    assert f"{bad[0]}: smoke test FAILED: unusable on this machine" in r.stdout
+    assert f"auto selects: {good}" in r.stdout
+    r = cooktop("run", "-dev", bad[0], "-p", "Once", "-n", "2", env=env)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert f"device {bad[0]} is unusable on this machine (checked in a probe process): OpenCL build" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_opencl_platform_whose_build_crashes(tmp_path):
+    """A build that kills the probe child (SIGSEGV) makes that device unusable, a new child checks
+    the next one, and the user's process, which never builds there, exits 0."""
+    env = _env(tmp_path, _failing_pocl(tmp_path, "crash"))
+    r = cooktop("devices", env=env)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    bad = re.findall(r"^(opencl:\d+): smoke test FAILED: unusable on this machine: the opencl driver crashed a "
+                     r"probe process: it was killed by SIGSEGV while checking \1 \(pthread-", r.stdout, re.M)
+    good = re.findall(r"^(opencl:\d+) +cpu +yes +pthread-.* PoCL 3\.1", r.stdout, re.M)
+    assert bad and len(good) == 1, r.stdout
+    assert f"auto selects: {good}" in r.stdout

@@ -45,6 +45,12 @@ class Family:
         probe_modules: modules besides ``backend``'s whose code a probe verdict depends on.
         cpu_default: its CPU-type devices beat numpy, so ``auto`` takes one when no GPU passes
             its smoke test (say why where it is set).
+        open_call: the driver call that opens a device, named in the probe child's steps
+            (``kp.Manager``); ``""``: none worth naming.
+        check_device: ``"module:function"`` the probe child calls with each device it opened:
+            it raises when the device cannot be used in a process (its kernel build fails, or
+            its driver crashes). A device that fails it is listed with the reason and never
+            opened in the user's process (:mod:`.safeprobe`); ``""``: no check beyond opening.
     """
 
     name: str
@@ -57,6 +63,8 @@ class Family:
     env_prefixes: tuple[str, ...] = ()
     probe_modules: tuple[str, ...] = ()
     cpu_default: bool = False
+    open_call: str = ""
+    check_device: str = ""
 
     def load_backend(self) -> Backend:
         """A new instance of the family's Backend class.
@@ -74,6 +82,15 @@ class Family:
     def drivers(self) -> str:
         """:attr:`describe_drivers`' line (``""`` without the hook). May raise what the hook raises."""
         return str(_resolve(self.describe_drivers)()) if self.describe_drivers else ""
+
+    def check(self, device: Any) -> None:
+        """Run :attr:`check_device` on an opened device (nothing without the hook).
+
+        Raises:
+            whatever the hook raises (a :class:`~cooktop.errors.DeviceError` for a failed build).
+        """
+        if self.check_device:
+            _resolve(self.check_device)(device)
 
     def module_files(self) -> list[str]:
         """Source files of :attr:`backend`'s module and :attr:`probe_modules` (for the verdict key)."""

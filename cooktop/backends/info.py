@@ -129,7 +129,9 @@ class ProbeResult:
 
     ``available`` is H_k AND F_k: the package and runtime load (F_k) and at least
     one device was found (H_k). ``reason`` says why not; ``hint`` how to fix it.
-    ``errors`` maps a device index that failed to open to its error.
+    ``errors`` maps the index of a device that is listed but unusable to why: it failed to open,
+    or failed its family's check in the probe child (``Family.check_device``: e.g. no kernel
+    builds), or crashed that child. Such a device is never opened in the user's process.
     """
 
     backend: str

@@ -12,6 +12,11 @@ driver raises SIGABRT in C++), so each family is first probed in a child
 process (:mod:`.safeprobe`, verdict kept per driver set); only when the child
 found usable devices does the probe (and later ``open``) run here.
 
+The child also opens each device and runs its family's check (``Family.check_device``: OpenCL
+builds and runs one small kernel); a device that fails it, or crashes the child, is listed with
+the reason (``ProbeResult.errors``, FAIL in ``cooktop devices``) and never opened here: a driver
+whose build fails may also abort the process at exit (PyPI's PoCL 3.0-rc2 on some AMD CPUs).
+
 Every opened device is smoke-tested once (a small matmul per supported weight
 type and an rmsnorm, against the numpy reference); a device that computes
 wrong answers is marked FAIL and never chosen by ``auto``.
@@ -83,6 +88,8 @@ def probe(family: str, refresh: bool = False) -> ProbeResult:
                 except Exception as e:  # noqa: BLE001
                     res = ProbeResult(family, False, reason=f"probe failed: {type(e).__name__}: {e}")
                 _backends[family] = backend
+                if gate is not None:  # devices the child found unusable: listed, never opened here
+                    res.errors = {**gate.errors, **res.errors}
                 if not res.hint:
                     res.hint = hint
                 if res.available and not res.devices:
@@ -182,11 +189,14 @@ def open_device(sel: str) -> Device:
     """Open (once, cached) the device a single selector names.
 
     Raises:
-        DeviceError: see :func:`parse_selector`, or the device fails to open.
+        DeviceError: see :func:`parse_selector`, the probe child found the device unusable
+            (``ProbeResult.errors``: it is not opened), or the device fails to open.
     """
     fam, index = parse_selector(sel)
     key = f"{fam}:{index}"
     with _lock:
+        if index in probe(fam).errors:
+            raise DeviceError(f"device {key} is {probe(fam).errors[index]}")
         if key not in _devices:
             try:
                 _devices[key] = _backends[fam].open(index)
@@ -276,6 +286,14 @@ def smoke_test(sel: str) -> SmokeResult:
 
     with _lock:
         if sel in _smoke:
+            return _smoke[sel]
+        try:
+            fam, index = parse_selector(sel)
+            unusable = probe(fam).errors.get(index)
+        except DeviceError:  # open_device below says why
+            unusable = None
+        if unusable:  # found unusable by the probe child: not opened here
+            _smoke[sel] = SmokeResult(False, unusable)
             return _smoke[sel]
         with notices.capture_stderr(keep_python=True) as said:
             try:

@@ -3,17 +3,24 @@
 Some driver calls end the process in C/C++ where no ``except`` can catch them:
 ``kp.Manager()`` aborts (SIGABRT) when the Vulkan loader has no driver, a
 broken ICD can segfault inside ``vkCreateInstance`` or ``clGetPlatformIDs``,
-and a driver can hang. So before the registry probes a family in the user's
-process, :func:`check` runs the same probe in a child (``python -m
-cooktop.backends.safeprobe FAMILY module:Class``) with a timeout: the child
-probes, then opens and closes every device it found (for Vulkan that is
-``kp.Manager(i)``, the call that aborts), reporting each step on stdout.
+and a driver can hang; a driver can also list a device, fail every kernel build on it and
+abort at interpreter exit (PyPI's PoCL 3.0-rc2 on some AMD CPUs: "unknown target CPU
+'generic'", then "still have references to IRs - can't release LLVM context"). So before the
+registry probes a family in the user's process, :func:`check` runs the same probe in a child
+(:func:`child_main`, started by :func:`_child_argv`) with a timeout: the child probes, then
+opens every device it found (``Family.open_call``: for Vulkan ``kp.Manager(i)``, the call that
+aborts), runs the family's check on it (``Family.check_device``: OpenCL builds and runs one
+small kernel) and closes it, reporting each step on stdout.
 
 - The child finished and found nothing usable: its :class:`ProbeResult` (reason
   and hint) is the answer; the user's process makes no driver call.
 - The child finished with devices: the caller probes in-process (the same calls
-  just succeeded with the same drivers).
-- The child died (a signal, an exit without a result) or did not answer within
+  just succeeded with the same drivers). A device that failed to open or failed its check is
+  in the result's ``errors`` (index -> reason, with the driver's first line on stderr): the
+  registry lists it as unusable and never opens it in the user's process.
+- The child died while opening or checking one device: that device is unusable (the signal is
+  its reason) and a new child goes on from the next device.
+- The child died elsewhere (a signal, an exit without a result) or did not answer within
   ``COOKTOP_PROBE_TIMEOUT`` seconds (default :data:`TIMEOUT_S`): the family is
   unavailable, with a reason naming the step, the signal and the drivers found.
 
@@ -42,6 +49,7 @@ import time
 from typing import Any
 
 from .. import settings
+from ..errors import CooktopError
 from ..notices import cache_dir
 from .base import ProbeResult
 from .families import FAMILIES
@@ -107,12 +115,23 @@ def _cache_path(digest: str) -> str:
     return os.path.join(cache_dir("probe"), f"{digest}.json")
 
 
+def _result_dict(res: ProbeResult) -> dict:
+    return {"backend": res.backend, "available": res.available, "reason": res.reason, "hint": res.hint,
+            "errors": {str(k): v for k, v in res.errors.items()}}
+
+
+def _result_from(d: dict, family: str | None = None) -> ProbeResult:
+    """A ProbeResult from a verdict's JSON (the cache's, or the child's ``result`` message)."""
+    errors = {int(k): str(v) for k, v in (d.get("errors") or {}).items()}
+    return ProbeResult(family or d["backend"], bool(d["available"]), reason=d.get("reason", ""),
+                       hint=d.get("hint", ""), errors=errors)
+
+
 def _load_cached(digest: str) -> ProbeResult | None:
     try:
         with open(_cache_path(digest), encoding="utf-8") as f:
-            d = json.load(f)["result"]
-        return ProbeResult(d["backend"], bool(d["available"]), reason=d.get("reason", ""), hint=d.get("hint", ""))
-    except (OSError, ValueError, KeyError, TypeError):
+            return _result_from(json.load(f)["result"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -122,8 +141,7 @@ def _store(digest: str, key: dict, res: ProbeResult) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"key": key, "result": {"backend": res.backend, "available": res.available,
-                                              "reason": res.reason, "hint": res.hint}}, f, indent=1, default=str)
+            json.dump({"key": key, "result": _result_dict(res)}, f, indent=1, default=str)
         os.replace(tmp, path)
     except OSError as e:  # a read-only home only costs a child per process
         log.debug("cannot keep the probe verdict in %s: %s", path, e)
@@ -133,9 +151,12 @@ def _timeout() -> float:
     return settings.probe_timeout(TIMEOUT_S)
 
 
-def _child_argv(family: str, target: str) -> list[str]:
-    """The command of a probe child (tests replace it to simulate crashes and hangs)."""
-    return [sys.executable, "-m", "cooktop.backends.safeprobe", family, target]
+def _child_argv(family: str, target: str, start: int = 0) -> list[str]:
+    """The command of a probe child that opens and checks the devices from index ``start`` on
+    (tests replace it to simulate crashes and hangs)."""
+    # not ``-m cooktop.backends.safeprobe``: runpy warns when the package imported the module first
+    return [sys.executable, "-c", "import sys; from cooktop.backends.safeprobe import child_main; "
+            "sys.exit(child_main(sys.argv[1:]))", family, target, str(start)]
 
 
 def _child_env() -> dict[str, str]:
@@ -161,9 +182,15 @@ def _signal_name(rc: int) -> str:
         return f"signal {-rc}"
 
 
-def _verdict(family: str, rc: int | None, out: str, err: str, waited: float | None) -> tuple[ProbeResult | None, bool]:
-    """(result, keep) from a child's exit code and output; result None: run the probe in-process."""
-    steps, result = [], None
+def _verdict(family: str, rc: int | None, out: str, err: str, waited: float | None,
+             errors: dict[int, str]) -> tuple[ProbeResult | None, bool, int | None]:
+    """``(result, keep, resume)`` from one child's exit code and output.
+
+    ``result`` None: run the probe in-process (``resume`` None), or start a new child at device
+    ``resume``: this one died while opening or checking the device before it, now in ``errors``
+    (device index -> why it is unusable; the ``device_error`` reports of the child are added too).
+    """
+    steps, result, device = [], None, None
     for line in out.splitlines():
         if line.startswith(MARK):
             try:
@@ -172,29 +199,41 @@ def _verdict(family: str, rc: int | None, out: str, err: str, waited: float | No
                 continue
             if "step" in msg:
                 steps.append(msg["step"])
+                device = msg.get("device")
+            if "device_error" in msg:
+                errors[int(msg["device_error"][0])] = str(msg["device_error"][1])
             if "result" in msg:
                 result = msg["result"]
     err_tail = " | ".join(ln.strip() for ln in err.strip().splitlines()[-3:] if ln.strip())[:400]
     if err.strip():
         log.info("%s probe child stderr:\n%s", family, err.rstrip())
     if result is not None:
-        res = ProbeResult(family, bool(result["available"]), reason=result.get("reason", ""),
-                          hint=result.get("hint", ""))
-        return res, True
+        res = _result_from(result, family)
+        res.errors = {**errors, **res.errors}
+        return res, True, None
     if not steps:  # our module never ran (broken install, odd interpreter): cannot isolate
         log.warning("cannot probe %s in a child process (exit %s: %s); probing in-process", family, rc,
                     err_tail or "no output")
-        return None, False
+        return None, False, None
     where = steps[-1]
     found = _drivers_found(family)
     if waited is not None:
         return ProbeResult(family, False, reason=f"the {family} probe did not finish within {waited:g} s while "
                            f"{where} (a hung driver?); {found}",
                            hint="set COOKTOP_PROBE_TIMEOUT=<seconds> to wait longer, or COOKTOP_DISABLE="
-                           f"{family} to skip it"), False
+                           f"{family} to skip it"), False, None
     how = f"was killed by {_signal_name(rc)}" if rc is not None and rc < 0 else f"exited with code {rc}"
-    return ProbeResult(family, False, reason=f"the {family} driver crashed a probe process: it {how} while "
-                       f"{where}" + (f" ({err_tail})" if err_tail else "") + f"; {found}"), True
+    crash = f"the {family} driver crashed a probe process: it {how} while {where}" + (
+        f" ({err_tail})" if err_tail else "")
+    if device is not None:  # one device's open or check: that device is unusable, go on with the next
+        errors[int(device)] = f"unusable on this machine: {crash}"
+        return None, False, int(device) + 1
+    return ProbeResult(family, False, reason=f"{crash}; {found}"), True, None
+
+
+def _spawn(family: str, target: str, start: int) -> subprocess.Popen:
+    return subprocess.Popen(_child_argv(family, target, start), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=_child_env(), text=True, errors="replace")
 
 
 def check_many(targets: dict[str, str]) -> dict[str, ProbeResult | None]:
@@ -228,8 +267,7 @@ def check_many(targets: dict[str, str]) -> dict[str, ProbeResult | None]:
             _memo[digest] = out[family] = cached
             continue
         try:
-            proc = subprocess.Popen(_child_argv(family, target), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    stdin=subprocess.DEVNULL, env=_child_env(), text=True, errors="replace")
+            proc = _spawn(family, target, 0)
         except OSError as e:
             log.warning("cannot start a %s probe process (%s); probing in-process", family, e)
             out[family] = None
@@ -238,14 +276,25 @@ def check_many(targets: dict[str, str]) -> dict[str, ProbeResult | None]:
     limit = _timeout()
     t0 = time.monotonic()
     for family, (digest, key, proc) in running.items():
-        waited = None
-        try:
-            o, err = proc.communicate(timeout=max(0.1, limit - (time.monotonic() - t0)))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            o, err = proc.communicate()
-            waited = limit
-        res, keep = _verdict(family, proc.returncode, o or "", err or "", waited)
+        errors: dict[int, str] = {}
+        while True:
+            waited = None
+            try:
+                o, err = proc.communicate(timeout=max(0.1, limit - (time.monotonic() - t0)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                o, err = proc.communicate()
+                waited = limit
+            res, keep, resume = _verdict(family, proc.returncode, o or "", err or "", waited, errors)
+            if resume is None:
+                break
+            try:  # the child died on one device: a new one checks the devices after it
+                proc = _spawn(family, targets[family], resume)
+            except OSError as e:
+                log.warning("cannot start a %s probe process (%s); probing in-process", family, e)
+                res, keep = None, False
+                break
+            t0 = time.monotonic()
         out[family] = res
         if res is not None and keep:
             _memo[digest] = res
@@ -272,8 +321,18 @@ def _report(**msg: Any) -> None:
 
 
 def child_main(argv: list[str]) -> int:
-    """Probe one family and open/close each of its devices, reporting steps and the result."""
+    """Probe one family, then open, check (``Family.check_device``) and close each of its devices
+    from index ``argv[2]`` (default 0) on, reporting each step, each unusable device and the result.
+
+    What a driver writes to stderr while a device is checked is captured: its first line joins the
+    reason of a device that fails (a compiler's "unknown target CPU" says more than the exception).
+    """
+    from ..notices import capture_stderr, set_verbose
+
+    set_verbose(False)  # the child's stderr is the drivers' (the parent logs it); no notices of ours there
     family, target = argv[0], argv[1]
+    start = int(argv[2]) if len(argv) > 2 else 0
+    fam = _family(family)
     os.environ["COOKTOP_PROBE_CHILD"] = "1"
     _report(step=f"loading the {family} backend ({target})")
     mod_name, cls_name = target.split(":")
@@ -286,12 +345,28 @@ def child_main(argv: list[str]) -> int:
     res = backend.probe()
     if res.available:
         for info in res.devices:
-            _report(step=f"opening {info.selector} ({info.name})" + (" with kp.Manager" if family == "vulkan" else ""))
-            try:
-                dev = backend.open(info.index)
-                dev.close()
-            except Exception as e:  # noqa: BLE001 - an error is the in-process open's to report
-                _report(note=f"{info.selector}: {type(e).__name__}: {e}")
+            if info.index < start:
+                continue
+            _report(step=f"opening {info.selector} ({info.name})" + (f" with {fam.open_call}" if fam.open_call else ""),
+                    device=info.index)
+            with capture_stderr(keep_python=True) as said:
+                try:
+                    dev = backend.open(info.index)
+                    try:
+                        if fam.check_device:
+                            _report(step=f"checking {info.selector} ({info.name}) with {fam.check_device}",
+                                    device=info.index)
+                        fam.check(dev)
+                    finally:
+                        dev.close()
+                    error = None
+                except Exception as e:  # noqa: BLE001 - reported: the device is unusable, with the reason
+                    error = (str(e) if isinstance(e, CooktopError) else f"{type(e).__name__}: {e}").strip()
+                    error = (error.splitlines() or [type(e).__name__])[0][:400]
+            if error is not None:
+                first = next((ln.strip() for ln in said.text.splitlines() if ln.strip()), "")
+                _report(device_error=[info.index, f"unusable on this machine (checked in a probe process): {error}"
+                                      + (f" (driver: {first[:200]})" if first else "")])
     _report(result={"available": res.available and bool(res.devices), "reason": res.reason, "hint": res.hint,
                     "devices": len(res.devices)})
     return 0

@@ -12,6 +12,10 @@ from ..family import Family
 INSTALL_HINT = ("pip install 'cooktop[opencl]' and an OpenCL driver (Debian/Ubuntu: apt-get install "
                 "pocl-opencl-icd for CPUs, mesa-opencl-icd / intel-opencl-icd / rocm-opencl-runtime for GPUs)")
 
+#: ``check_device``: a driver can list a device and still fail every kernel build (PyPI's PoCL
+#: 3.0-rc2 on some AMD CPUs: "unknown target CPU 'generic'"), and then abort the process at exit
+#: ("still have references to IRs - can't release LLVM context"). The probe child builds and runs
+#: one small kernel on each device, so such a device is listed unusable and never built on here.
 #: ``cpu_default``: measured on the 2-core dev machine (README "Benchmarks"), OpenCL on PoCL runs
 #: the 1.1B Q4_0 shape 2.3x (tg) and 2.6x (pp) faster than numpy and ties on stories260K, so
 #: ``auto`` prefers PoCL to numpy when no GPU passes; Vulkan on lavapipe is 10-50x slower than
@@ -20,4 +24,5 @@ FAMILY = Family("opencl", "cooktop.backends.opencl.device:OpenCLBackend", "openc
                 driver_files="cooktop.backends.opencl.info:driver_files",
                 describe_drivers="cooktop.backends.opencl.info:describe_icds",
                 env_prefixes=("OCL_", "OPENCL_", "POCL_", "PYOPENCL_", "RUSTICL_", "COOKTOP_OPENCL"),
-                cpu_default=True, probe_modules=("cooktop.backends.opencl.info",))
+                cpu_default=True, probe_modules=("cooktop.backends.opencl.info",),
+                check_device="cooktop.backends.opencl.device:check_build")

@@ -110,6 +110,25 @@ def _ceil_to(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
+def check_build(dev: OpenCLDevice) -> None:
+    """Build and run one small kernel on ``dev`` with its real build options (the ISA probe of
+    :meth:`~.programs.KernelCache.isa`): the probe child's check (``Family.check_device``) that
+    the driver can build kernels at all on this machine.
+
+    Raises:
+        DeviceError: the build failed (the build log's first lines), or the built program does not
+            hold or run the kernel (some drivers report a failed build as a success).
+    """
+    try:
+        dev.kernels.isa()
+    except DeviceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pyopencl raises RuntimeError/LogicError/AttributeError...
+        raise DeviceError(f"a one-line test kernel does not build and run on {dev.info.selector}: "
+                          f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+                          ) from e
+
+
 class OpenCLBackend(Backend):
     """The pyopencl backend family: every device of every platform, indexed across platforms."""
 

@@ -18,5 +18,5 @@ INSTALL_HINT = ("build kp 0.9.0 with cooktop's patch: cooktop setup-vulkan (need
 FAMILY = Family("vulkan", "cooktop.backends.vulkan.device:VulkanBackend", "vulkan", INSTALL_HINT,
                 driver_files="cooktop.backends.vulkan.icd:driver_files",
                 describe_drivers="cooktop.backends.vulkan.icd:describe_icds",
-                env_prefixes=("VK_", "MESA_", "LP_", "GALLIUM_", "COOKTOP_VULKAN"),
+                env_prefixes=("VK_", "MESA_", "LP_", "GALLIUM_", "COOKTOP_VULKAN"), open_call="kp.Manager",
                 probe_modules=("cooktop.backends.vulkan.info", "cooktop.backends.vulkan.icd"))
