@@ -393,7 +393,7 @@ def test_real_second_platform_pocl_binary(tmp_path):
         if "3.1" in plat:
             assert ok, f"{sel} ({plat}): {detail}"
         elif not ok:  # the broken-driver case: found by the probe child, never built on here
-            assert detail.startswith("unusable on this machine") and "build" in detail, detail
+            assert detail.startswith(f"{sel} is unusable on this machine") and "build" in detail, detail
             assert sel not in out["auto"]
     # both are CPU devices: auto takes the first one that passes (PoCL beats numpy here)
     passing = [sel for sel, _, _ in out["devices"] if out["smoke"][sel][0]]

@@ -267,8 +267,8 @@ def test_second_opencl_platform_whose_build_fails(tmp_path):
     assert bad and len(good) == 1, devs
     for s in bad:
         assert not devs[s]["usable"] and devs[s]["smoke_test"] == "FAIL"
-        assert devs[s]["smoke_detail"].startswith("unusable on this machine (checked in a probe process): OpenCL "
-                                                  "build of the ISA probe kernels failed on pthread-"), devs[s]
+        assert devs[s]["smoke_detail"].startswith(f"{s} is unusable on this machine (checked in a probe process): "
+                                                  "OpenCL build of the ISA probe kernels failed on pthread-"), devs[s]
         assert "pocl_types.h' file not found" in devs[s]["smoke_detail"]
         assert "(driver: 1 error generated.)" in devs[s]["smoke_detail"]
     assert devs[good[0]]["usable"] and devs[good[0]]["smoke_test"] == "PASS"
@@ -279,11 +279,11 @@ def test_second_opencl_platform_whose_build_fails(tmp_path):
     r = cooktop("devices", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert re.search(rf"^{bad[0]} +cpu +no ", r.stdout, re.M), r.stdout
-    assert f"{bad[0]}: smoke test FAILED: unusable on this machine" in r.stdout
+    assert f"{bad[0]}: smoke test FAILED: {bad[0]} is unusable on this machine" in r.stdout
     assert f"auto selects: {good}" in r.stdout
     r = cooktop("run", "-dev", bad[0], "-p", "Once", "-n", "2", env=env)
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
-    assert f"device {bad[0]} is unusable on this machine (checked in a probe process): OpenCL build" in r.stderr
+    assert f"error: {bad[0]} is unusable on this machine (checked in a probe process): OpenCL build" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -293,7 +293,7 @@ def test_opencl_platform_whose_build_crashes(tmp_path):
     env = _env(tmp_path, _failing_pocl(tmp_path, "crash"))
     r = cooktop("devices", env=env)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
-    bad = re.findall(r"^(opencl:\d+): smoke test FAILED: unusable on this machine: the opencl driver crashed a "
+    bad = re.findall(r"^(opencl:\d+): smoke test FAILED: \1 is unusable on this machine: the opencl driver crashed a "
                      r"probe process: it was killed by SIGSEGV while checking \1 \(pthread-", r.stdout, re.M)
     good = re.findall(r"^(opencl:\d+) +cpu +yes +pthread-.* PoCL 3\.1", r.stdout, re.M)
     assert bad and len(good) == 1, r.stdout

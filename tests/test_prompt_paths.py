@@ -104,3 +104,18 @@ def test_split_numpy_and_opencl_cached_prefix_bit_for_bit():
         eng.close()
     np.testing.assert_array_equal(rest, whole[13:])
     np.testing.assert_array_equal(one, whole)
+
+
+def test_numpy_row_layout_holds_on_other_shapes():
+    """The token-row layout numpy measured on this machine (cpu/quants.py ``row_layout``) gives a token's
+    row of a weight product the same bits alone, in a batch and in a batch's prefix at shapes other
+    than those it was measured on (a 1.1B FFN's n_in, stories260K's, an odd one)."""
+    from cooktop.backends.cpu import quants
+
+    lay = quants.row_layout()
+    rng = np.random.default_rng(7)
+    with quants.blas_single_thread():
+        for n_out, n_in in ((600, 2048), (512, 64), (333, 172)):
+            w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+            x = rng.standard_normal((37, n_in)).astype(np.float32)
+            assert quants._layout_holds(lay, w, x), (lay, n_out, n_in)

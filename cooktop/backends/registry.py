@@ -196,7 +196,7 @@ def open_device(sel: str) -> Device:
     key = f"{fam}:{index}"
     with _lock:
         if index in probe(fam).errors:
-            raise DeviceError(f"device {key} is {probe(fam).errors[index]}")
+            raise DeviceError(probe(fam).errors[index])
         if key not in _devices:
             try:
                 _devices[key] = _backends[fam].open(index)

@@ -226,7 +226,7 @@ def _verdict(family: str, rc: int | None, out: str, err: str, waited: float | No
     crash = f"the {family} driver crashed a probe process: it {how} while {where}" + (
         f" ({err_tail})" if err_tail else "")
     if device is not None:  # one device's open or check: that device is unusable, go on with the next
-        errors[int(device)] = f"unusable on this machine: {crash}"
+        errors[int(device)] = f"{_family(family).name}:{int(device)} is unusable on this machine: {crash}"
         return None, False, int(device) + 1
     return ProbeResult(family, False, reason=f"{crash}; {found}"), True, None
 
@@ -350,26 +350,39 @@ def child_main(argv: list[str]) -> int:
             _report(step=f"opening {info.selector} ({info.name})" + (f" with {fam.open_call}" if fam.open_call else ""),
                     device=info.index)
             with capture_stderr(keep_python=True) as said:
-                try:
-                    dev = backend.open(info.index)
-                    try:
-                        if fam.check_device:
-                            _report(step=f"checking {info.selector} ({info.name}) with {fam.check_device}",
-                                    device=info.index)
-                        fam.check(dev)
-                    finally:
-                        dev.close()
-                    error = None
-                except Exception as e:  # noqa: BLE001 - reported: the device is unusable, with the reason
-                    error = (str(e) if isinstance(e, CooktopError) else f"{type(e).__name__}: {e}").strip()
-                    error = (error.splitlines() or [type(e).__name__])[0][:400]
+                error = _open_and_check(backend, fam, info)
             if error is not None:
                 first = next((ln.strip() for ln in said.text.splitlines() if ln.strip()), "")
-                _report(device_error=[info.index, f"unusable on this machine (checked in a probe process): {error}"
-                                      + (f" (driver: {first[:200]})" if first else "")])
+                _report(device_error=[info.index, error + (f" (driver: {first[:200]})" if first else "")])
     _report(result={"available": res.available and bool(res.devices), "reason": res.reason, "hint": res.hint,
                     "devices": len(res.devices)})
     return 0
+
+
+def _first_line(e: Exception) -> str:
+    text = (str(e) if isinstance(e, CooktopError) else f"{type(e).__name__}: {e}").strip()
+    return (text.splitlines() or [type(e).__name__])[0][:400]
+
+
+def _open_and_check(backend: Any, fam: Family, info: Any) -> str | None:
+    """Open, check and close one device in the child; None, or why it is unusable: the open's own
+    error (a setting the driver refuses says so itself), else ``SEL is unusable on this machine``."""
+    try:
+        dev = backend.open(info.index)
+    except Exception as e:  # noqa: BLE001 - reported: the device is unusable, with the reason
+        return _first_line(e)
+    try:
+        if fam.check_device:
+            _report(step=f"checking {info.selector} ({info.name}) with {fam.check_device}", device=info.index)
+        fam.check(dev)
+    except Exception as e:  # noqa: BLE001
+        return f"{info.selector} is unusable on this machine (checked in a probe process): {_first_line(e)}"
+    finally:
+        try:
+            dev.close()
+        except Exception as e:  # noqa: BLE001 - a close that fails is the next open's problem
+            _report(note=f"{info.selector}: close: {type(e).__name__}: {e}")
+    return None
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Block layouts and formulas: ggml-common.h and ggml-quants.c ``dequantize_row_*``
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import mmap
 import threading
 from collections.abc import Callable
@@ -94,10 +95,75 @@ _blas_ctl = None
 #: Fewest token rows a weight product runs with (fewer are padded with zero rows): OpenBLAS
 #: (0.3.23, SkylakeX) rounds one token (gemv), two or three, and products of m * n * k <= 100^3
 #: (:data:`SMALL_MNK`, its small-matrix kernels) otherwise than its gemm, whose rows past that
-#: do not depend on how many there are (measured on this machine: 4..511 rows, k 2048 / 5632).
+#: do not depend on how many there are (measured on an AVX-512 Xeon: 4..511 rows, k 2048 / 5632).
 MIN_ROWS = 4
 #: OpenBLAS's small-matrix bound on m * n * k (interface/gemm.c, ``*_small_kernel_permit``).
 SMALL_MNK = 100 ** 3
+#: Token-row layouts :func:`row_layout` tries, cheapest first: ``(0, 0)`` is one product of all the
+#: token rows (at least :func:`_padded_rows`); ``(group, rows)`` splits the tokens into groups of
+#: ``group``, each the first rows of a product of ``rows`` rows (zeros past them), one sgemm each.
+LAYOUTS = ((0, 0), (16, 16), (8, 16))
+
+log = logging.getLogger("cooktop")
+
+_layout: tuple[int, int] | None = None
+
+
+def row_layout() -> tuple[int, int]:
+    """How this machine's BLAS gives a token's row of ``w_block @ x^T`` the same bits whatever the
+    other rows are (alone, in a prompt, after a cached prefix): the cheapest of :data:`LAYOUTS` that
+    does, measured once per process (one BLAS thread, 40 tokens against their prefixes and each
+    token alone, a 1024 x 1024 and a 64 x 64 weight; about 0.1 s).
+
+    OpenBLAS's SkylakeX sgemm gives every row the same bits from 4 rows on: ``(0, 0)``. Its Haswell
+    kernels, which it takes on AMD Zen CPUs without AVX-512, round a row by where it falls in the
+    tiles the product is cut into, which depends on how many rows there are; products of exactly 16
+    rows do not: ``(16, 16)`` (measured on a 2-core EPYC VM, OpenBLAS 0.3.23 "Zen": a 5632 x 2048
+    weight 1.3x the time of ``(0, 0)`` for one token, 1.6-2.1x for 64 and 512). When none does
+    (logged), ``(0, 0)``."""
+    global _layout
+    if _layout is None:
+        rng = np.random.default_rng(0)
+        _layout = LAYOUTS[0]
+        with blas_single_thread():
+            for lay in LAYOUTS:
+                if all(_layout_holds(lay, rng.standard_normal((n, n)).astype(np.float32),
+                                     rng.standard_normal((40, n)).astype(np.float32)) for n in (1024, 64)):
+                    _layout = lay
+                    break
+            else:
+                log.warning("no token-row layout gives numpy's matmuls the same bits for a token alone and in "
+                            "a batch with this BLAS (%s); numpy's logits may differ in the last bits between "
+                            "a prompt and its tokens one at a time", LAYOUTS)
+    return _layout
+
+
+def _layout_holds(lay: tuple[int, int], w: np.ndarray, x: np.ndarray) -> bool:
+    ref = _product(w, x, lay)
+    return (all(np.array_equal(_product(w, x[:m], lay), ref[:, :m]) for m in range(1, len(x)))
+            and all(np.array_equal(_product(w, x[j:j + 1], lay)[:, 0], ref[:, j]) for j in range(len(x))))
+
+
+def _product(w: np.ndarray, x: np.ndarray, lay: tuple[int, int]) -> np.ndarray:
+    """``w @ x^T`` (``w: float32 [rows, n_in]``, ``x: float32 [n, n_in]``) -> float32 [rows, n] in
+    the token-row layout ``lay`` (:data:`LAYOUTS`)."""
+    n, n_in = x.shape
+    group, rows = lay
+    if group == 0:
+        m = _padded_rows(n, w.shape[0], n_in)
+        if m == n:
+            return np.matmul(w, x.T)
+        xp = np.zeros((m, n_in), np.float32)
+        xp[:n] = x
+        return np.matmul(w, xp.T)[:, :n]
+    y = np.empty((w.shape[0], n), np.float32)
+    xp = np.zeros((rows, n_in), np.float32)
+    for t0 in range(0, n, group):  # one 2-D sgemm per group (a stacked matmul of one group differs)
+        t1 = min(n, t0 + group)
+        xp[:t1 - t0] = x[t0:t1]
+        xp[t1 - t0:group] = 0
+        y[:, t0:t1] = np.matmul(w, xp.T)[:, :t1 - t0]
+    return y
 
 
 def blocked_matmuls(products: list[tuple[np.ndarray, np.ndarray, int, int, Callable[[int, int], np.ndarray]]]) -> None:
@@ -111,41 +177,38 @@ def blocked_matmuls(products: list[tuple[np.ndarray, np.ndarray, int, int, Calla
     gives the same bits before and after its conversion to the cache and under any thread count: a
     BLAS product's rounding depends on its shape and, multi-threaded, on its thread count
     (OpenBLAS's Haswell kernels on an AVX-512 EPYC), so one whole-matrix product would give other
-    logits than its blocks. Each block's product runs as ``w_block @ x^T`` with at least
-    :func:`_min_rows` token rows (zero rows added, their results dropped), so that a token's row of
+    logits than its blocks. Each block's product runs as ``w_block @ x^T`` in this machine's token-row
+    layout (:func:`row_layout`: at least :func:`_padded_rows` token rows, zero rows added and their
+    results dropped; in groups of 8 where the BLAS needs it), so that a token's row of
     ``out`` is the same bits whether it came alone, in a prompt, or after a cached prefix: OpenBLAS's
     gemv and small-matrix kernels round otherwise than its gemm (a 1.1B model's last logits 2e-4 apart
     between a prompt and its prefix then tail before; one token costs ~1.6x a gemv, 4 rows at
     5632 x 2048, and a prompt's product is ~1.5x faster in this orientation)."""
-    jobs, padded = [], {}
-    for i, (_out, x, n_out, n_in, _) in enumerate(products):
+    jobs = []
+    for i, (_out, _x, n_out, n_in, _) in enumerate(products):
         step = max(1, CHUNK_VALUES // n_in)
         jobs += [(i, r0) for r0 in range(0, n_out, step)]
-        m = max(x.shape[0], _min_rows(min(step, n_out - (n_out - 1) // step * step), n_in))
-        if m > x.shape[0]:  # one token, a few, or a thin last block: zero rows added
-            xp = np.zeros((m, n_in), np.float32)
-            xp[:x.shape[0]] = x
-            padded[i] = xp
+    lay = row_layout()
 
     def run(q: int) -> None:
         i, r0 = jobs[q]
         out, x, n_out, n_in, block = products[i]
         r1 = min(n_out, r0 + max(1, CHUNK_VALUES // n_in))
-        n, m = x.shape[0], max(x.shape[0], _min_rows(r1 - r0, n_in))
-        if m == n:
-            np.matmul(block(r0, r1), x.T, out=out[:, r0:r1].T)
+        w = block(r0, r1)
+        if lay == (0, 0) and _padded_rows(x.shape[0], r1 - r0, n_in) == x.shape[0]:
+            np.matmul(w, x.T, out=out[:, r0:r1].T)
         else:
-            out[:, r0:r1] = np.matmul(block(r0, r1), padded[i][:m].T)[:, :n].T
+            out[:, r0:r1] = _product(w, x, lay).T
 
     with blas_single_thread():
         parallel(run, range(len(jobs)))
 
 
-def _min_rows(n_rows: int, n_in: int) -> int:
-    """Token rows a product with a weight block of ``n_rows`` x ``n_in`` runs with at least (the
-    block's rows past them are zero): :data:`MIN_ROWS`, and more where the product would be
-    within OpenBLAS's small-matrix size (m * n * k <= :data:`SMALL_MNK`)."""
-    return max(MIN_ROWS, SMALL_MNK // max(1, n_rows * n_in) + 1)
+def _padded_rows(n_tokens: int, n_rows: int, n_in: int) -> int:
+    """Token rows a product of ``n_tokens`` rows with a weight block of ``n_rows`` x ``n_in`` runs
+    with in layout ``(0, 0)`` (the rows past ``n_tokens`` are zero): at least :data:`MIN_ROWS`, and
+    more where the product would be within OpenBLAS's small-matrix size (m * n * k <= :data:`SMALL_MNK`)."""
+    return max(n_tokens, MIN_ROWS, SMALL_MNK // max(1, n_rows * n_in) + 1)
 
 
 def blas_single_thread():
