@@ -4,6 +4,7 @@
 #   make setup-compare              also the `compare` extra (llama-cpp-python, built from source)
 #   make run [PROMPT=... N=64]      setup, then generate with the default model
 #   make test [PYTEST_ARGS=...]     setup, then pytest
+#   make test-quick                 the edit loop's subset (under 3 minutes)
 #   make test-vulkan-validation     setup, then the Vulkan tests under the Khronos validation layer
 #   make test-opencl-validation     setup, then the OpenCL tests on Oclgrind (a simulated GPU: races, bounds)
 #   make shaders                    compile the Vulkan GLSL shaders to SPIR-V
@@ -27,7 +28,7 @@ FUZZ_EXAMPLES ?= 100000
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-compare run test test-vulkan-validation test-opencl-validation shaders bench llamacpp-vulkan bench-vs-vulkan \
+.PHONY: help setup setup-compare run test test-quick test-vulkan-validation test-opencl-validation shaders bench llamacpp-vulkan bench-vs-vulkan \
 	lint fuzz llamacpp-cpu
 
 help:
@@ -48,6 +49,16 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS) || { rc=$$?; \
 		if [ $$rc -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit 5)" >&2; fi; \
 		exit $$rc; }
+
+# The edit loop's suite (under 3 minutes on 2 cores): every op on numpy and OpenCL against the
+# references, the device contract, the llama.cpp reference logits and one model end to end per
+# architecture family, the server's smoke, the layout rules; no test marked slow, no Vulkan
+# (lavapipe compiles each pipeline cold). `make test` stays the whole suite.
+QUICK_TESTS ?= tests/test_ops_parity.py tests/test_ops_parity_ext.py tests/test_moe_ops.py \
+	tests/test_device_contract.py tests/test_reference.py tests/test_arch.py tests/test_arch_moe.py \
+	tests/test_gemma3_phi3.py tests/test_server.py tests/test_layout.py tests/test_slowguard.py
+test-quick: setup
+	$(PY) -m pytest -q -m "not slow" -k "not vulkan" $(QUICK_TESTS)
 
 # Every Vulkan test (-k vulkan) under VK_LAYER_KHRONOS_validation with synchronization
 # validation; fails on any error message (tests/vulkan_validation.py parses the layer's log).

@@ -18,6 +18,9 @@ import pytest
 
 from cooktop.backends import registry
 
+#: The slow-test guard (a call over 20 s needs @pytest.mark.slow(reason=...)).
+pytest_plugins = ["slowguard"]
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = pathlib.Path(os.environ.get("COOKTOP_SHARED", ROOT.parent / "shared"))
 

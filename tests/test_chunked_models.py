@@ -72,6 +72,7 @@ def reference(models):
     return {name: _logits(p, "cpu") for name, p in models.items()}
 
 
+@pytest.mark.slow(reason="lavapipe compiles each model's pipelines cold (16 s on 2 cores); one model per case")
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("family", registry.DEVICE_FAMILIES)
 def test_split_model_matches_unsplit(family, models, reference, name, monkeypatch):

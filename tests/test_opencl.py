@@ -358,6 +358,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow(reason="PyPI's PoCL compiles every kernel the smoke test runs, cold (19 s on 2 cores)")
 def test_real_second_platform_pocl_binary(tmp_path):
     """Debian's PoCL 3.1 plus PyPI's pocl-binary-distribution (PoCL 3.0-rc2) as two platforms.
 

@@ -253,6 +253,7 @@ def _env(tmp_path, vendors: str) -> dict:
             "COOKTOP_CACHE_DIR": str(tmp_path / "cache")}
 
 
+@pytest.mark.slow(reason="three cooktop processes, Debian's PoCL compiling the smoke test's kernels cold (15 s)")
 def test_second_opencl_platform_whose_build_fails(tmp_path):
     """``cooktop devices`` (and ``--json``) exit 0 beside a platform whose every build fails: its
     devices are listed unusable with the compiler's first line, the verdict is kept with the

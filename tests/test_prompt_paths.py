@@ -45,6 +45,7 @@ def _paths(path: str, device: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     return batch, one, np.concatenate([batch[:13], rest]), eng
 
 
+@pytest.mark.slow(reason="on Vulkan, lavapipe compiles each weight type's pipelines cold (13-18 s)")
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("family", ["cpu", "opencl", "vulkan"])
 def test_batch_token_by_token_and_cached_prefix_agree(family, model):

@@ -188,6 +188,7 @@ def test_every_variant_ships_spirv():
         assert spv[:4] == b"\x03\x02\x23\x07", f"{name}.spv is not SPIR-V"  # magic 0x07230203, little-endian
 
 
+@pytest.mark.slow(reason="compiles every shader variant with glslc (47 s on 2 cores): the comparison is the test")
 def test_spirv_not_stale():
     """Recompile every variant with the same glslc flags; the shipped .spv must be identical and
     the recorded access and features must be the fresh module's (one glslc run per variant)."""
@@ -625,14 +626,21 @@ def test_release_on_del_without_gc(vk, stories):
     assert out.startswith(", there was")
 
 
-@pytest.mark.parametrize("subgroup", [16, 32, 64, 128])
+#: The quantized type each subgroup size is tested with beside F32 (every path once: the
+#: integer-dot variants on 8-bit activations, Q4_0 and Q8_0, and the 256-value super-blocks,
+#: Q4_K and Q6_K): each new size compiles its pipelines cold on lavapipe (4-14 s a type).
+SUBGROUP_TYPES = {16: T.Q4_0, 32: T.Q8_0, 64: T.Q4_K, 128: T.Q6_K}
+
+
+@pytest.mark.slow(reason="a new specialization constant: lavapipe compiles the mat-vec pipelines cold (up to 18 s)")
+@pytest.mark.parametrize("subgroup", list(SUBGROUP_TYPES))
 def test_mat_vec_at_the_subgroup_sizes_of_real_gpus(vk, subgroup):
     """mul_mat_vec's workgroup is the device's subgroup size (specialization constant 0): the
     sizes of Intel (16), NVIDIA (32), AMD GCN (64) and Adreno (128) here, where lavapipe's
     subgroups have 8 lanes, so each workgroup is several subgroups and the reduction takes its
-    shared-memory step. Against numpy, for one type of each mat-vec path: float rows with a tail
-    (F32), the integer-dot variants on 8-bit activations (Q4_0, Q8_0) and the 256-value
-    super-blocks (Q4_K, Q6_K); the reduction and the unit loop are shared by every type."""
+    shared-memory step. Against numpy, float rows with a tail (F32) at every size and one
+    quantized path per size (:data:`SUBGROUP_TYPES`); the reduction and the unit loop are shared
+    by every type."""
     import dataclasses
 
     from cooktop.backends.reference import dequantize_activations_ref
@@ -643,7 +651,7 @@ def test_mat_vec_at_the_subgroup_sizes_of_real_gpus(vk, subgroup):
     try:
         assert int(dev._mmv_spec[0]) == subgroup
         rng = np.random.default_rng(subgroup)
-        for ty in (T.F32, T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K):
+        for ty in (T.F32, SUBGROUP_TYPES[subgroup]):
             assert ty in VULKAN_TYPES
             n_in = 512 if ty.name.endswith("_K") else 170 if ty == T.F32 else 160
             raw = random_weight(ty, (45, n_in), rng)

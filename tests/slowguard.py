@@ -1,0 +1,67 @@
+"""The slow-test guard: a test whose call takes more than :data:`LIMIT_S` seconds fails unless it is
+marked ``@pytest.mark.slow(reason="why it cannot be cheaper")``.
+
+Loaded by ``tests/conftest.py`` (``pytest_plugins``). ``COOKTOP_SLOW_LIMIT`` (seconds) overrides the
+limit (``0`` turns the guard off, e.g. under the validation harnesses, where every test runs many
+times slower). Only the call phase counts: a session fixture's one-time cost (a model load, a kernel
+build) is the fixture's, shared by every test that uses it. A ``slow`` marker without a reason is
+an error at collection. README "Tests" lists the marked tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+#: Seconds a test's call may take without a ``slow`` marker (a 2-core machine, the whole suite).
+LIMIT_S = 20.0
+
+
+def limit() -> float:
+    """The limit in seconds (``COOKTOP_SLOW_LIMIT``, else :data:`LIMIT_S`); 0: no guard.
+
+    Raises:
+        pytest.UsageError: ``COOKTOP_SLOW_LIMIT`` is not a number of seconds >= 0.
+    """
+    raw = os.environ.get("COOKTOP_SLOW_LIMIT", "").strip()
+    if not raw:
+        return LIMIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"COOKTOP_SLOW_LIMIT={raw!r}: expected seconds, e.g. 20") from None
+    if value < 0:
+        raise pytest.UsageError(f"COOKTOP_SLOW_LIMIT={raw!r}: expected seconds >= 0")
+    return value
+
+
+def _reason(item: pytest.Item) -> str:
+    m = item.get_closest_marker("slow")
+    if m is None:
+        return ""
+    return str(m.kwargs.get("reason") or (m.args[0] if m.args else "")).strip()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow(reason): the test's call takes more than 20 s on a 2-core machine; "
+                                       "reason: why it cannot be cheaper")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    bad = [it.nodeid for it in items if it.get_closest_marker("slow") is not None and not _reason(it)]
+    if bad:
+        raise pytest.UsageError("@pytest.mark.slow needs reason='why it cannot be cheaper': " + ", ".join(bad[:5]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    rep = outcome.get_result()
+    lim = limit()
+    if call.when != "call" or not rep.passed or lim <= 0 or call.duration <= lim or _reason(item):
+        return
+    rep.outcome = "failed"
+    rep.longrepr = (f"{item.nodeid}: its call took {call.duration:.1f} s, more than {lim:g} s, without "
+                    "@pytest.mark.slow(reason='...'): make it cheaper (a session fixture, fewer cases) or mark it "
+                    "and say why (tests/slowguard.py)")
