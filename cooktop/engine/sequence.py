@@ -145,13 +145,15 @@ class Sequence:
         return np.concatenate(outs)
 
     def common_prefix(self, prompt: list[int]) -> int:
-        """Tokens of ``prompt`` that :meth:`prefill` would reuse from the cache (at most len - 1)."""
+        """Tokens of ``prompt`` that :meth:`prefill` would reuse from the cache (at most len - 1): the
+        common prefix, or with recurrent layers the longest part of it their states can go back to
+        (``CacheTokens.reusable_prefix``: the whole context, a checkpoint, or 0)."""
         common = 0
         for a, b in zip(self.tokens, prompt):
             if a != b:
                 break
             common += 1
-        return max(min(common, len(prompt) - 1), 0)
+        return self.cache.reusable_prefix(max(min(common, len(prompt) - 1), 0), self.seq_id)
 
     def copy_prefix(self, src: Sequence, n: int) -> bool:
         """Make this sequence's context the first ``n`` tokens of ``src``, a sequence of the same

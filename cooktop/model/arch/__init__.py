@@ -14,6 +14,7 @@ from ...errors import UnsupportedModelError
 from .descriptor import Architecture
 from .gemma3 import GEMMA3
 from .gpt_oss import GPT_OSS
+from .lfm2 import LFM2
 from .llama import LLAMA
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
@@ -21,7 +22,7 @@ from .qwen_moe import OLMOE, QWEN2MOE, QWEN3MOE
 
 #: general.architecture -> descriptor.
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
-                                                               OLMOE, GPT_OSS)}
+                                                               OLMOE, GPT_OSS, LFM2)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).
