@@ -288,3 +288,35 @@ def test_info_counts_attention_kv_and_the_state(models):
     info = model_info(str(models["small", "F32"]), 128, KVConfig(T.F32, T.F32))
     assert info["kv_cache"]["bytes"] == 2 * 2 * 128 * 2 * 16 * 4  # 2 attention blocks x K and V x n_ctx x 32 x f32
     assert info["recurrent_state_bytes"] == 2 * 2 * 64 * 4  # 2 conv blocks x (l_cache - 1) x n_embd x f32
+
+
+@pytest.mark.parametrize("family", ["opencl", "vulkan"])
+def test_attention_blocks_on_a_device_conv_blocks_on_numpy(models, reference, family):
+    """On a device without ssm_conv the convolution blocks stay on numpy and the attention blocks run
+    there: the states live on numpy, the K/V on the device, and the logits are numpy's."""
+    from conftest import open_family_device
+    from gguf import GGMLQuantizationType as T
+    sel = open_family_device(family).info.selector
+    path = str(models["small", "F32"])
+
+    def run(**kw):
+        llm = Llama(model_path=path, n_ctx=N_CTX, n_batch=7, logits_all=True, verbose=False,
+                    type_k=T.F32, type_v=T.F32, **kw)
+        try:
+            return _greedy(llm, PROMPT, 0)[0], llm._engine.placement
+        finally:
+            llm.close()
+
+    ref, _ = run(device="cpu")
+    got, p = run(device=sel, n_gpu_layers=-1)
+    assert p.blocks == ["cpu", sel, "cpu", sel], p.summary()
+    assert nmse(got, ref) < 1e-6
+    assert nmse(got, reference["small", "F32"][0]) <= 1e-5
+
+
+
+@pytest.mark.parametrize("name", ["qwen35", "rwkv7", "jamba", "kimi-linear", "granitehybrid", "lfm2moe"])
+def test_unsupported_recurrent_families_are_refused_by_name(name):
+    from cooktop.model.arch import architecture
+    with pytest.raises(UnsupportedModelError, match=f"unsupported architecture '{name}': a recurrent architecture"):
+        architecture(name)
