@@ -1,8 +1,8 @@
 """``ssm_conv`` (the short causal convolution with a carried state) and ``mul`` on numpy against a
 plain loop written from ggml's formula (ggml-cpu/ops.cpp ``ssm_conv_f32``), at odd shapes: one
 token, many tokens, a state carried across two chunks, and several sequences' rows in one call.
-Also: the other backends do not claim the recurrent ops, and placement keeps such a block on the
-host with the reason."""
+The OpenCL kernels (``kernels/recurrent.cl``) against numpy at the same shapes; Vulkan does not
+claim the recurrent ops yet."""
 
 from __future__ import annotations
 
@@ -116,10 +116,63 @@ def test_shape_errors(dev):
     buf.release()
 
 
-def test_recurrent_ops_are_claimed_by_numpy_only():
+def test_recurrent_ops_are_apart_from_the_default_and_moe_ops():
     assert RECURRENT_OPS == ("ssm_conv", "mul")
     assert not set(RECURRENT_OPS) & (set(OPS) | set(MOE_OPS))
-    from cooktop.backends.opencl.info import OPENCL_MOE_OPS
     from cooktop.backends.vulkan.info import VULKAN_MOE_OPS
-    assert not set(RECURRENT_OPS) & (set(OPENCL_MOE_OPS) | set(VULKAN_MOE_OPS))
+    assert not set(RECURRENT_OPS) & set(VULKAN_MOE_OPS)  # Vulkan has no recurrent shaders yet
     assert set(RECURRENT_OPS) <= set(CpuBackend().open(0).info.ops)
+
+
+@pytest.fixture(scope="module")
+def opencl():
+    from conftest import open_family_device
+    return open_family_device("opencl")
+
+
+def _run_on(d, x, state, w, slots):
+    buf = d.buffer("t")
+    try:
+        tx, ts, tw = buf.empty(x.shape), buf.empty(state.shape), buf.empty(w.shape)
+        tsl, to = buf.empty(slots.shape, T.I32), buf.empty(x.shape)
+        d.write(tx, x)
+        d.write(ts, state)
+        d.write(tw, w)
+        d.write(tsl, slots.astype(np.int32))
+        d.ssm_conv(to, tx, ts, tw, tsl)
+        return d.read(to), d.read(ts)
+    finally:
+        buf.release()
+
+
+@pytest.mark.parametrize("name,n,c,k,slots", CASES + [("wide", 5, 1000, 3, [1, 1, 0, 0, 0])],
+                         ids=[c[0] for c in CASES] + ["wide"])
+def test_opencl_ssm_conv_matches_numpy(dev, opencl, name, n, c, k, slots):
+    assert set(RECURRENT_OPS) <= set(opencl.info.ops)
+    rng = np.random.default_rng(n * 7 + c)
+    x = rng.normal(size=(n, c)).astype(np.float32)
+    w = rng.normal(size=(c, k)).astype(np.float32)
+    state = rng.normal(size=(4, (k - 1) * c)).astype(np.float32)
+    sl = np.array(slots)
+    out, st = _run_on(opencl, x, state, w, sl)
+    want_out, want_st = run(dev, x, state, w, sl)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(st, want_st)
+
+
+def test_opencl_state_across_two_chunks_and_mul(dev, opencl):
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(17, 33)).astype(np.float32)
+    w = rng.normal(size=(33, 3)).astype(np.float32)
+    state = np.zeros((2, 66), np.float32)
+    whole, _ = run(dev, x, state, w, np.zeros(17))
+    a, st = _run_on(opencl, x[:6], state, w, np.zeros(6))
+    b, _ = _run_on(opencl, x[6:], st, w, np.zeros(11))
+    np.testing.assert_allclose(np.concatenate([a, b]), whole, rtol=1e-5, atol=1e-5)
+    buf = opencl.buffer("m")
+    ta, tb, to = buf.empty((17, 33)), buf.empty((17, 33)), buf.empty((17, 33))
+    opencl.write(ta, x)
+    opencl.write(tb, x[::-1].copy())
+    opencl.mul(to, ta, tb)
+    np.testing.assert_array_equal(opencl.read(to), x * x[::-1])
+    buf.release()
