@@ -323,3 +323,17 @@ def test_unsupported_recurrent_families_are_refused_by_name(name):
     from cooktop.model.arch import architecture
     with pytest.raises(UnsupportedModelError, match=f"unsupported architecture '{name}': a recurrent architecture"):
         architecture(name)
+
+
+def test_prefill_keeps_a_checkpoint_before_the_last_token(engine, caplog):
+    import logging
+    seq = engine.new_sequence()
+    first, n1 = seq.prefill(PROMPT)
+    assert n1 == len(PROMPT) and sorted(seq.cache.recurrent.checkpoints[0]) == [len(PROMPT) - 1]
+    again, n2 = seq.prefill(PROMPT)  # a regenerated answer: only the last token is evaluated again
+    assert n2 == 1 and close(again, first)
+    seq.eval([7, 8, 9])
+    with caplog.at_level(logging.INFO, logger="cooktop.engine.sequence"):
+        other, n3 = seq.prefill(PROMPT[:20] + [11, 12])  # shares 20 tokens, no checkpoint at or before 20
+    assert n3 == 22 and "can go back only to 0" in caplog.text
+    assert close(other, engine.new_sequence().eval(PROMPT[:20] + [11, 12])[-1])

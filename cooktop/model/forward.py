@@ -390,6 +390,11 @@ class KVCache(CacheTokens):
             return True
         return self.recurrent.copy(src_seq, dst_seq, n, len(self.seq_tokens[src_seq]))
 
+    @property
+    def keeps_checkpoints(self) -> bool:  # type: ignore[override]
+        """True with recurrent layers (``CacheTokens.keeps_checkpoints``)."""
+        return self.recurrent is not None
+
     def checkpoint(self, seq_id: int = 0) -> int:
         """Keep the recurrent states of ``seq_id`` at its current position so that a later
         :meth:`truncate` (prefix reuse, a speculative rollback) can go back to it; returns that

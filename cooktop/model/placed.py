@@ -94,6 +94,16 @@ class CacheTokens:
         states (``model.forward.KVCache``) can go back only to a checkpoint, or to 0."""
         return min(n, len(self.seq_tokens[seq_id]))
 
+    #: True when :meth:`truncate` can go back only to checkpoints (a cache with recurrent states):
+    #: ``Sequence.prefill`` then takes one before a prompt's last token, for the next prompt to reuse.
+    keeps_checkpoints: bool = False
+
+    def checkpoint(self, seq_id: int = 0) -> int:
+        """Mark the current position of ``seq_id`` as one :meth:`truncate` can go back to; returns it.
+        A cache of K/V can go back anywhere: nothing to keep (``model.forward.KVCache`` keeps its
+        recurrent states)."""
+        return len(self.seq_tokens[seq_id])
+
     def copy_state(self, src_seq: int, dst_seq: int, n: int) -> bool:
         """Copy the state ``src_seq`` has after its first ``n`` tokens, beyond its K/V cells, to ``dst_seq``
         (:meth:`PlacedModel.copy_prefix`): True when there is none to copy (a cache of K/V only) or it
