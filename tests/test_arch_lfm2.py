@@ -337,3 +337,9 @@ def test_prefill_keeps_a_checkpoint_before_the_last_token(engine, caplog):
         other, n3 = seq.prefill(PROMPT[:20] + [11, 12])  # shares 20 tokens, no checkpoint at or before 20
     assert n3 == 22 and "can go back only to 0" in caplog.text
     assert close(other, engine.new_sequence().eval(PROMPT[:20] + [11, 12])[-1])
+
+
+def test_a_ray_cluster_refuses_recurrent_models(models):
+    from cooktop.cluster.load import load_model
+    with pytest.raises(UnsupportedModelError, match="recurrent layers, whose states a Ray cluster does not hold"):
+        load_model(models["small", "F32"], ray_address="ray://127.0.0.1:1")
