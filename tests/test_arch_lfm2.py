@@ -343,3 +343,17 @@ def test_a_ray_cluster_refuses_recurrent_models(models):
     from cooktop.cluster.load import load_model
     with pytest.raises(UnsupportedModelError, match="recurrent layers, whose states a Ray cluster does not hold"):
         load_model(models["small", "F32"], ray_address="ray://127.0.0.1:1")
+
+
+def test_eight_generations_batched_each_equal_alone(engine):
+    """As the server's slots: 8 sequences of one cache decoded by one BatchDriver from threads, each
+    greedy continuation equal to the one it gets alone (the states of 8 sequences in one batch)."""
+    from batchutil import run_in_driver
+    rng = np.random.default_rng(11)
+    prompts = [[int(t) for t in rng.integers(3, 300, n)] for n in (3, 7, 1, 12, 5, 9, 2, 6)]
+    greedy = SamplingParams(temperature=0.0)
+    alone = [engine.generate(p, 5, greedy, seq=engine.new_sequence()).drain().tokens for p in prompts]
+    got, drv = run_in_driver(engine, [lambda seq, p=p: engine.generate(p, 5, greedy, seq=seq).drain().tokens
+                                      for p in prompts])
+    assert got == alone
+    assert drv.stats.max_seqs > 1
