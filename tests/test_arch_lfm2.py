@@ -292,13 +292,12 @@ def test_info_counts_attention_kv_and_the_state(models):
 
 @pytest.mark.parametrize("family", ["opencl", "vulkan"])
 def test_on_a_device(models, reference, family):
-    """OpenCL runs every block (its ``ssm_conv`` kernel: the states live on the device); Vulkan has no
-    ``ssm_conv`` yet, so the convolution blocks stay on numpy (their states there) and the attention
-    blocks run on the device. Either way the logits are numpy's and match llama.cpp's."""
+    """OpenCL and Vulkan run every block (their ``ssm_conv`` kernels: the states live on the device);
+    the logits are numpy's and match llama.cpp's."""
     from conftest import open_family_device
     from gguf import GGMLQuantizationType as T
     sel = open_family_device(family).info.selector
-    want = [sel] * 4 if family == "opencl" else ["cpu", sel, "cpu", sel]
+    want = [sel] * 4
 
     def run(path, **kw):
         llm = Llama(model_path=str(path), n_ctx=N_CTX, n_batch=7, logits_all=True, verbose=False,

@@ -1,8 +1,8 @@
 """``ssm_conv`` (the short causal convolution with a carried state) and ``mul`` on numpy against a
 plain loop written from ggml's formula (ggml-cpu/ops.cpp ``ssm_conv_f32``), at odd shapes: one
 token, many tokens, a state carried across two chunks, and several sequences' rows in one call.
-The OpenCL kernels (``kernels/recurrent.cl``) against numpy at the same shapes; Vulkan does not
-claim the recurrent ops yet."""
+The OpenCL kernels (``kernels/recurrent.cl``) and the Vulkan shaders (``glsl/ssm_conv.comp``,
+``mul.comp``) against numpy at the same shapes."""
 
 from __future__ import annotations
 
@@ -119,15 +119,15 @@ def test_shape_errors(dev):
 def test_recurrent_ops_are_apart_from_the_default_and_moe_ops():
     assert RECURRENT_OPS == ("ssm_conv", "mul")
     assert not set(RECURRENT_OPS) & (set(OPS) | set(MOE_OPS))
-    from cooktop.backends.vulkan.info import VULKAN_MOE_OPS
-    assert not set(RECURRENT_OPS) & set(VULKAN_MOE_OPS)  # Vulkan has no recurrent shaders yet
     assert set(RECURRENT_OPS) <= set(CpuBackend().open(0).info.ops)
 
 
-@pytest.fixture(scope="module")
-def opencl():
+@pytest.fixture(scope="module", params=["opencl", "vulkan"])
+def opencl(request):
+    """Each device family with recurrent kernels (OpenCL ``kernels/recurrent.cl``, Vulkan
+    ``glsl/ssm_conv.comp`` and ``mul.comp``)."""
     from conftest import open_family_device
-    return open_family_device("opencl")
+    return open_family_device(request.param)
 
 
 def _run_on(d, x, state, w, slots):
@@ -147,7 +147,7 @@ def _run_on(d, x, state, w, slots):
 
 @pytest.mark.parametrize("name,n,c,k,slots", CASES + [("wide", 5, 1000, 3, [1, 1, 0, 0, 0])],
                          ids=[c[0] for c in CASES] + ["wide"])
-def test_opencl_ssm_conv_matches_numpy(dev, opencl, name, n, c, k, slots):
+def test_device_ssm_conv_matches_numpy(dev, opencl, name, n, c, k, slots):
     assert set(RECURRENT_OPS) <= set(opencl.info.ops)
     rng = np.random.default_rng(n * 7 + c)
     x = rng.normal(size=(n, c)).astype(np.float32)
@@ -160,7 +160,7 @@ def test_opencl_ssm_conv_matches_numpy(dev, opencl, name, n, c, k, slots):
     np.testing.assert_array_equal(st, want_st)
 
 
-def test_opencl_state_across_two_chunks_and_mul(dev, opencl):
+def test_device_state_across_two_chunks_and_mul(dev, opencl):
     rng = np.random.default_rng(9)
     x = rng.normal(size=(17, 33)).astype(np.float32)
     w = rng.normal(size=(33, 3)).astype(np.float32)
