@@ -356,3 +356,9 @@ def test_eight_generations_batched_each_equal_alone(engine):
                                       for p in prompts])
     assert got == alone
     assert drv.stats.max_seqs > 1
+
+
+def test_spec_options_refuse_a_recurrent_target(engine):
+    from cooktop.engine.spec_config import SpecOptions
+    with pytest.raises(RecurrentStateError, match=r"decoding \(--spec-type ngram-simple\) is not supported"):
+        SpecOptions(spec_type=("ngram-simple",)).build(engine, "cpu", -1)

@@ -302,7 +302,7 @@ class Engine:
             layers, whose state cannot be cut back (all now, before anything runs).
         """
         self.check_prompt(prompt_tokens)
-        if self.model.arch.recurrent and (n_keep is not None or draft is not None):
+        if any(getattr(self.cfg, "recurrent_layers", ())) and (n_keep is not None or draft is not None):
             what = "a context shift (--context-shift)" if n_keep is not None else "speculative decoding"
             raise RecurrentStateError(f"{what} is not supported on {self.cfg.arch}, a model with recurrent "
                                       "layers: their state cannot be cut back to an earlier position "
