@@ -60,3 +60,9 @@ class ChatTemplateError(CooktopError, ValueError):
 class ClusterError(CooktopError):
     """A Ray cluster cannot be used: Ray is missing, the cluster is unreachable, a node
     name is unknown, or a node (or the actor holding a segment there) died or stopped answering."""
+
+
+class RecurrentStateError(CooktopError, ValueError):
+    """A recurrent model's state was asked to go back to a position it has no checkpoint of (a
+    recurrent layer keeps one state per sequence, not one per position: ``cooktop.model.recurrent``),
+    or asked for what such a model cannot do (a context shift)."""

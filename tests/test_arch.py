@@ -18,7 +18,7 @@ from conftest import rewrite_gguf
 
 from cooktop import Llama
 from cooktop.backends.base import OPS
-from cooktop.backends.optable import MOE_OPS
+from cooktop.backends.optable import MOE_OPS, RECURRENT_OPS
 from cooktop.errors import UnsupportedModelError
 from cooktop.format.gguf import open_gguf
 from cooktop.model import arch as arch_pkg
@@ -108,6 +108,9 @@ EXPECTED_OPS = {
                "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
     "gpt-oss": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention_sinks", "add", "moe_route",
                  "matmul_id", "add_id", "swiglu_oai", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+    # SMALL has no recurrent blocks (n_conv 0): its lfm2 blocks are attention blocks
+    "lfm2": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "silu_mul"},
+             {"get_rows", "rmsnorm", "matmul"}),
 }
 
 #: Of the MoE architectures, the ops of the attention half and of the feed-forward half.
@@ -166,7 +169,8 @@ def test_the_halves_split_a_blocks_tensors(name):
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_derived_ops_are_the_ops_a_segment_runs(name, tmp_path, cpu_device, monkeypatch):
     """The union over units of ops(cfg, unit, the file's tensors) is what running the model calls on numpy."""
-    extra = {"qwen3": {"head_dim": 24}, "gpt-oss": {"n_swa": 4}, "olmoe": {"n_head_kv": SMALL.n_head}}.get(name, {})
+    extra = {"qwen3": {"head_dim": 24}, "gpt-oss": {"n_swa": 4}, "olmoe": {"n_head_kv": SMALL.n_head},
+             "lfm2": {"n_conv": 3, "attn_layers": (1,)}}.get(name, {})
     if name in EXPECTED_OPS and "matmul_id" in EXPECTED_OPS[name][0]:
         extra.update(n_expert=4, n_expert_used=2, n_ff_exp=SMALL.n_ff)  # olmoe: experts n_ff wide
     shape = dataclasses.replace(SMALL, n_ctx_train=512, **extra)
@@ -175,7 +179,7 @@ def test_derived_ops_are_the_ops_a_segment_runs(name, tmp_path, cpu_device, monk
     gf = open_gguf(p)
     cfg = load_config(gf)
     seen: set[str] = set()
-    for op in OPS + MOE_OPS:
+    for op in OPS + MOE_OPS + RECURRENT_OPS:
         real = getattr(cpu_device, op)
         monkeypatch.setattr(cpu_device, op, lambda *a, _op=op, _real=real, **kw: (seen.add(_op), _real(*a, **kw))[1])
     llm = Llama(model_path=str(p), n_ctx=32, verbose=False, device="cpu")

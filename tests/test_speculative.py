@@ -19,6 +19,7 @@ from cooktop.engine.speculative import (
     Speculation,
 )
 from cooktop.errors import CooktopError
+from cooktop.model.placed import CacheTokens
 
 #: a story that repeats itself, so that n-gram drafts get accepted
 TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play with her ball. One day, "
@@ -127,7 +128,9 @@ P = np.array([[0.1, 0.2, 0.3, 0.4],
               [0.7, 0.1, 0.1, 0.1]])
 
 
-class _Cache:
+class _Cache(CacheTokens):
+    """A stand-in cache (the engine's contract: ``CacheTokens``) of token ids only."""
+
     closed = False
     n_seq = 1
 

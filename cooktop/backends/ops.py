@@ -26,6 +26,7 @@ from . import chunked
 from .info import DeviceInfo
 from .moe_ops import MoeOps
 from .optable import ACT, F32, KV, SPECS, WEIGHT, OpSpec
+from .recurrent_ops import RecurrentOps
 from .tensor import DeviceTensor
 
 T = GGMLQuantizationType
@@ -40,10 +41,11 @@ ROPE_NORMAL = 0
 ROPE_NEOX = 2
 
 
-class DeviceOps(MoeOps, ABC):
+class DeviceOps(MoeOps, RecurrentOps, ABC):
     """The ops of a :class:`~cooktop.backends.base.Device`: public methods that check their
     arguments (errors: see ``Device``) and the abstract ``_op`` methods each backend enqueues.
-    The mixture-of-experts ops come from :class:`~.moe_ops.MoeOps`."""
+    The mixture-of-experts ops come from :class:`~.moe_ops.MoeOps`, the recurrent ones from
+    :class:`~.recurrent_ops.RecurrentOps`."""
 
     info: DeviceInfo
     #: the KV cache types of ``info.kv_types`` (what the ``kv`` arguments' check tests)

@@ -61,8 +61,9 @@ class OpSpec:
         kv: the KV cache arguments (kind ``kv``): their type decides support (``DeviceInfo.kv_types``).
         forward: part of the forward pass (``copy`` is a bench tool, not claimed by default).
         default: claimed by every device unless it says otherwise; False for the
-            mixture-of-experts ops (:data:`MOE_OPS`), which only the backends implementing them
-            list in their ``DeviceInfo.ops``.
+            mixture-of-experts ops (:data:`MOE_OPS`) and the recurrent ops (:data:`RECURRENT_OPS`),
+            which only the backends implementing them list in their ``DeviceInfo.ops``.
+        group: the op group of a non-default op: ``moe`` or ``recurrent`` ("" for the default ops).
         limits: dimension names a device may cap for this op (``DeviceInfo.op_limits``), and
             ``dims(*tensors, **scalars) -> {name: value}`` computing them from a call.
         example: a valid call: ``{arg: shape}`` for tensors (absent optional ones are None)
@@ -80,6 +81,7 @@ class OpSpec:
     kv: tuple[str, ...] = ()
     forward: bool = True
     default: bool = True
+    group: str = ""
     limits: tuple[str, ...] = ()
     dims: Callable[..., dict[str, int]] | None = None
     example: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -192,6 +194,12 @@ def _sinks_fits(out: Any, q: Any, k: Any, v: Any, pos: Any, kv_start: Any, sinks
     return (_attention_fits(out, q, k, v, pos, kv_start, n_head=n_head, n_head_kv=n_head_kv, window=window)
             and sinks.shape == (n_head,))
 
+def _ssm_conv_fits(out: Any, x: Any, state: Any, w: Any, slots: Any) -> bool:
+    xs, ws, ss = x.shape, w.shape, state.shape
+    return (len(xs) == 2 and out.shape == xs and len(ws) == 2 and ws[0] == xs[1] and ws[1] >= 2
+            and len(ss) == 2 and ss[1] == (ws[1] - 1) * xs[1] and slots.shape == xs[:1])
+
+
 #: Every op, in the order of the design doc's table.
 TABLE: tuple[OpSpec, ...] = (
     OpSpec("matmul", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT)), (),
@@ -272,25 +280,28 @@ TABLE: tuple[OpSpec, ...] = (
            "(renormalised when norm, times scale)",
            "want ids and weights [n, k], logits [n, n_expert] with 0 < k <= n_expert", _route_fits,
            "llama.cpp src/llama-graph.cpp build_moe_ffn (ggml_argsort_top_k, get_rows of the probs)",
-           default=False, example={"ids": (3, 2), "weights": (3, 2), "logits": (3, 5), "gating": "softmax"}),
+           default=False, group="moe",
+           example={"ids": (3, 2), "weights": (3, 2), "logits": (3, 5), "gating": "softmax"}),
     OpSpec("matmul_id", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT), Arg("ids", I32)), (),
            "out[i, slot j] = x[i] (or its slot j) @ w[ids[i, j]]^T; out f32 [n, k * n_out], "
            "w [n_expert, n_out, n_in]",
            "want out [n, k * n_out], x [n, n_in] or [n, k * n_in], w [n_expert, n_out, n_in], ids [n, k]",
-           _matmul_id_fits, "ggml_mul_mat_id", weight="w", default=False,
+           _matmul_id_fits, "ggml_mul_mat_id", weight="w", default=False, group="moe",
            example={"out": (3, 10), "x": (3, 32), "w": (4, 5, 32), "ids": (3, 2)}),
     OpSpec("add_id", (Arg("out", F32), Arg("x", F32), Arg("b", F32), Arg("ids", I32)), (),
            "out[i, slot j] = x[i, slot j] + b[ids[i, j]] (per-expert bias, b f32 [n_expert, m])",
-           "want out and x [n, k * m], b [n_expert, m], ids [n, k]", _add_id_fits, "ggml_add_id", default=False,
+           "want out and x [n, k * m], b [n_expert, m], ids [n, k]", _add_id_fits, "ggml_add_id",
+           default=False, group="moe",
            example={"out": (3, 8), "x": (3, 8), "b": (4, 4), "ids": (3, 2)}),
     OpSpec("moe_combine", (Arg("out", F32), Arg("y", F32), Arg("weights", F32)), (),
            "out[i] = sum_j weights[i, j] * y[i, slot j] in slot order (y f32 [n, k * m])",
            "want out [n, m], y [n, k * m], weights [n, k]", _combine_fits,
-           "llama.cpp build_moe_ffn (ggml_mul by the weights, views added in order)", default=False,
+           "llama.cpp build_moe_ffn (ggml_mul by the weights, views added in order)", default=False, group="moe",
            example={"out": (3, 4), "y": (3, 8), "weights": (3, 2)}),
     OpSpec("swiglu_oai", (Arg("out", F32), Arg("gate", F32), Arg("up", F32)), ("alpha", "limit"),
            "out = g * sigmoid(alpha g) * (clamp(up, -limit, limit) + 1), g = min(gate, limit) (gpt-oss)",
-           _ONE_SHAPE.format(names="out, gate and up"), _same3, "ggml_swiglu_oai (ggml-cpu/ops.cpp)", default=False,
+           _ONE_SHAPE.format(names="out, gate and up"), _same3, "ggml_swiglu_oai (ggml-cpu/ops.cpp)",
+           default=False, group="moe",
            example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
     OpSpec("attention_sinks", (Arg("out", F32), Arg("q", F32), Arg("k_cache", KV), Arg("v_cache", KV),
                                Arg("pos", I32), Arg("kv_start", I32, True), Arg("sinks", F32)),
@@ -299,11 +310,24 @@ TABLE: tuple[OpSpec, ...] = (
            "want out and q [n, n_head * head_dim], k_cache and v_cache [n_ctx, n_head_kv * head_dim], pos [n], "
            "kv_start [n] if given, sinks [n_head], with n_head {n_head} a multiple of n_head_kv {n_head_kv} and "
            "window {window} >= 0", _sinks_fits, "llama.cpp build_attn_mha with ggml_soft_max_add_sinks",
-           kv=("k_cache", "v_cache"), default=False, limits=("head_dim",),
+           kv=("k_cache", "v_cache"), default=False, group="moe", limits=("head_dim",),
            dims=lambda out, q, *t, n_head, **_: {"head_dim": q.shape[-1] // max(1, n_head)},
            example={"out": (2, 8), "q": (2, 8), "k_cache": (16, 4), "v_cache": (16, 4), "pos": (2,),
                     "kv_start": None, "sinks": (2,), "n_head": 2, "n_head_kv": 1, "scale": 0.5, "window": 0,
                     "flash": True}),
+    # -- recurrent layers (backends/recurrent_ops.py): claimed only where implemented ---------
+    OpSpec("ssm_conv", (Arg("out", F32), Arg("x", F32), Arg("state", F32), Arg("w", F32), Arg("slots", I32)), (),
+           "out[i, c] = sum_k window_i[k, c] * w[c, k], window_i = the last d_conv - 1 inputs of row i's slot "
+           "(state f32 [n_slots, (d_conv - 1) * n_channels]) then x[i]; each row then shifts x[i] into "
+           "its slot's state (causal depthwise conv, rows of a slot in order)",
+           "want out and x [n, n_channels], w [n_channels, d_conv] with d_conv >= 2, "
+           "state [n_slots, (d_conv - 1) * n_channels], slots [n]", _ssm_conv_fits,
+           "ggml_ssm_conv (ggml-cpu/ops.cpp ssm_conv_f32), state as llama.cpp src/models/lfm2.cpp",
+           default=False, group="recurrent",
+           example={"out": (3, 4), "x": (3, 4), "state": (2, 8), "w": (4, 3), "slots": (3,)}),
+    OpSpec("mul", (Arg("out", F32), Arg("a", F32), Arg("b", F32)), (),
+           "out = a * b elementwise", _ONE_SHAPE.format(names="out, a and b"), _same3, "ggml_mul",
+           default=False, group="recurrent", example={"out": (2, 3), "a": (2, 3), "b": (2, 3)}),
     OpSpec("copy", (Arg("out", ACT), Arg("x", ACT)), (),
            "out = x (F32 or I32; `cooktop bench --ops` measures bandwidth with it; not in the forward pass)",
            _ONE_SHAPE.format(names="out and x"), _same2, "ggml_cpy", forward=False,
@@ -317,7 +341,11 @@ SPECS: dict[str, OpSpec] = {s.name: s for s in TABLE}
 OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.default)
 
 #: The mixture-of-experts ops: claimed only by the backends that implement them (after :data:`OPS`).
-MOE_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and not s.default)
+MOE_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.group == "moe")
+
+#: The recurrent layers' ops (short convolution with state, elementwise product): claimed only by the
+#: backends that implement them (numpy).
+RECURRENT_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.group == "recurrent")
 
 #: Ops whose weight (or table) type matters to ``DeviceInfo.supports``.
 TYPED_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.weight is not None)

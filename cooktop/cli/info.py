@@ -14,6 +14,7 @@ from ..errors import CooktopError, UnsupportedModelError
 from ..format.gguf import open_gguf
 from ..format.kvtypes import KV_TYPES, KVConfig, kv_type_name
 from ..model.config import load_config
+from ..runtime.budget import recurrent_state_bytes
 from ..settings import device_memory
 from ..units import format_params
 from .common import kv_options
@@ -22,7 +23,7 @@ from .group import cli
 
 def _kv_bytes(cfg, n_ctx: int, kv: KVConfig) -> int:
     rk, rv = kv.row_bytes(cfg.n_embd_kv)
-    return cfg.n_layer * n_ctx * (rk + rv)
+    return (cfg.n_layer - sum(cfg.recurrent_layers)) * n_ctx * (rk + rv)  # recurrent layers hold no K/V
 
 
 def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
@@ -70,6 +71,8 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
         "n_ctx": n_ctx,
         "kv_cache": {"type_k": kv_type_name(kv.type_k), "type_v": kv_type_name(kv.type_v), "flash_attn": kv.flash_attn,
                      "bytes": _kv_bytes(cfg, n_ctx, kv)},
+        # one sequence's recurrent state (model/recurrent.py): f32, whatever n_ctx
+        "recurrent_state_bytes": recurrent_state_bytes(cfg),
         "kv_cache_bytes": {kv_type_name(t): _kv_bytes(cfg, n_ctx, KVConfig(t, t)) for t in KV_TYPES
                            if not cfg.head_dim % GGML_QUANT_SIZES[t][0]},
     }
@@ -180,6 +183,10 @@ def info_cmd(model: str, n_ctx: int, kv: KVConfig, as_json: bool) -> None:
                                                                                            "q4_0")) + ")",
         "tensor types:",
     ]
+    if info.get("recurrent_state_bytes"):
+        n_recr = sum(c["recurrent_layers"])
+        state = _size(info["recurrent_state_bytes"])
+        lines.insert(-1, f"recurrent:      {n_recr} of {c['n_layer']} layers; state {state} per sequence (f32)")
     if c.get("n_swa"):  # gemma3: llama.cpp's print_info says n_swa and the pattern
         swa = [i for i, on in enumerate(c["swa_layers"]) if on]
         lines.insert(-2, f"sliding window: {c['n_swa']} tokens on {len(swa)} of {c['n_layer']} layers "

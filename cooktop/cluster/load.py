@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from ..engine.generate import Engine
-from ..errors import CooktopError
+from ..errors import CooktopError, UnsupportedModelError
 from ..format.gguf import GGUFFile, open_gguf
 from ..model.config import ModelConfig, load_config
 from ..runtime.budget import device_limits
@@ -173,13 +173,16 @@ def load_model(model_path: str | os.PathLike, *, ray_address: str | None = None,
         weights: ``auto`` or ``ship`` (default ``COOKTOP_RAY_WEIGHTS`` or auto), see :func:`start_segments`.
         Others: as ``runtime.loader.load_model``.
     Raises:
-        ClusterError (Ray missing, cluster unreachable, node lost), GGUFError, UnsupportedModelError,
-        DeviceError, DeviceOutOfMemoryError.
+        ClusterError (Ray missing, cluster unreachable, node lost), GGUFError, UnsupportedModelError (also:
+        a model with recurrent layers), DeviceError, DeviceOutOfMemoryError.
     """
     t0 = time.perf_counter()
-    connect(address_from(ray_address))
     gf = open_gguf(model_path)
     cfg = load_config(gf)
+    if cfg.recurrent_layers:
+        raise UnsupportedModelError(f"{model_path}: {cfg.arch} has recurrent layers, whose states a Ray cluster "
+                                    "does not hold yet; run it on one machine")
+    connect(address_from(ray_address))
     tokenizer = Tokenizer.from_gguf(gf.raw)
     n_ctx = default_n_ctx(cfg, n_ctx)
     n_batch = check_batch(n_batch, n_ctx)

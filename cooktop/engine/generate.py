@@ -29,7 +29,7 @@ from collections.abc import Callable, Generator, Iterator
 import numpy as np
 
 from ..backends.base import Device
-from ..errors import ContextOverflowError, CooktopError
+from ..errors import ContextOverflowError, CooktopError, RecurrentStateError
 from ..format.gguf import GGUFFile
 from ..model.config import ModelConfig
 from ..model.placed import PlacedModel
@@ -298,9 +298,15 @@ class Engine:
                 accepted counts land in the result's timings.
         Raises:
             CooktopError: an empty prompt; ContextOverflowError: the prompt alone does not
-            fit in ``n_ctx`` (both now, before anything runs).
+            fit in ``n_ctx``; RecurrentStateError: ``n_keep`` or ``draft`` on a model with recurrent
+            layers, whose state cannot be cut back (all now, before anything runs).
         """
         self.check_prompt(prompt_tokens)
+        if any(getattr(self.cfg, "recurrent_layers", ())) and (n_keep is not None or draft is not None):
+            what = "a context shift (--context-shift)" if n_keep is not None else "speculative decoding"
+            raise RecurrentStateError(f"{what} is not supported on {self.cfg.arch}, a model with recurrent "
+                                      "layers: their state cannot be cut back to an earlier position "
+                                      "(llama.cpp refuses the context shift for these models too)")
         if seq is None:
             seq = self.seq
         elif not isinstance(seq, Sequence):  # a chooser (the server's slots: prompt-prefix reuse)

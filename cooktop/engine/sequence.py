@@ -16,11 +16,15 @@ is no reference cycle, so dropping the last reference frees its cache at once.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from ..errors import ContextOverflowError, CooktopError
 from ..model.placed import CacheTokens, PlacedModel
 from ..text.tokenizer import InvalidTokenError
+
+log = logging.getLogger(__name__)
 
 
 class Sequence:
@@ -145,13 +149,10 @@ class Sequence:
         return np.concatenate(outs)
 
     def common_prefix(self, prompt: list[int]) -> int:
-        """Tokens of ``prompt`` that :meth:`prefill` would reuse from the cache (at most len - 1)."""
-        common = 0
-        for a, b in zip(self.tokens, prompt):
-            if a != b:
-                break
-            common += 1
-        return max(min(common, len(prompt) - 1), 0)
+        """Tokens of ``prompt`` that :meth:`prefill` would reuse from the cache (at most len - 1): the
+        common prefix, or with recurrent layers the longest part of it their states can go back to
+        (``CacheTokens.reusable_prefix``: the whole context, a checkpoint, or 0)."""
+        return self.cache.reusable_prefix(self._shared_prefix(prompt), self.seq_id)
 
     def copy_prefix(self, src: Sequence, n: int) -> bool:
         """Make this sequence's context the first ``n`` tokens of ``src``, a sequence of the same
@@ -180,7 +181,11 @@ class Sequence:
 
     def prefill(self, prompt: list[int]) -> tuple[np.ndarray, int]:
         """Make the context ``prompt``, reusing the longest common prefix with what is cached
-        (as llama-cpp-python does) and re-evaluating at least the last token.
+        (as llama-cpp-python does) and re-evaluating at least the last token. With recurrent layers
+        (``cache.keeps_checkpoints``) the prefix is the longest their states can go back to (logged
+        when shorter than the shared one), and a checkpoint is taken before the last token, so the
+        same prompt again (a regenerated answer) reuses all but that token, as llama-server's context
+        checkpoints do.
 
         Returns:
             (float32 [n_vocab] logits of its last token, number of tokens evaluated)
@@ -188,8 +193,28 @@ class Sequence:
             as :meth:`eval`.
         """
         common = self.common_prefix(prompt)
+        if self.cache.keeps_checkpoints:
+            shared = self._shared_prefix(prompt)
+            if common < shared:
+                log.info("sequence %d: %d cached tokens match the prompt but its recurrent state can go back "
+                         "only to %d of them (a checkpoint, or 0): evaluating from there", self.seq_id, shared,
+                         common)
+            self.truncate(common)
+            if common < len(prompt) - 1:  # a checkpoint before the last token, for the next prompt to reuse
+                self.eval(prompt[common:-1])
+            self.cache.checkpoint(self.seq_id)
+            return self.eval(prompt[-1:])[-1], len(prompt) - common
         self.truncate(common)
         return self.eval(prompt[common:])[-1], len(prompt) - common
+
+    def _shared_prefix(self, prompt: list[int]) -> int:
+        """Leading tokens the context and ``prompt`` share, at most ``len(prompt) - 1``."""
+        common = 0
+        for a, b in zip(self.tokens, prompt):
+            if a != b:
+                break
+            common += 1
+        return max(min(common, len(prompt) - 1), 0)
 
     def _record(self, pos: int, rows: np.ndarray) -> None:
         """Keep ``rows`` as the logits of positions ``pos .. pos + len(rows) - 1`` (keep_scores only)."""

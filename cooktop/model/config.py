@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGUFFile
 from ..format.quants import HOST_TYPES
@@ -48,7 +50,11 @@ def _check_unused(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
         m = _BLOCK_RE.fullmatch(name)
         block = int(m.group(1)) if m else None
         if spec is not None and (block is None or not spec.per_block or block < cfg.n_layer):
-            continue
+            if block is None or not spec.per_block or spec.in_block(cfg, block):
+                continue
+            kind = "recurrent" if cfg.is_recurrent(block) else "attention"
+            raise UnsupportedModelError(f"{f.path}: tensor {name!r} does not belong in block {block}, "
+                                        f"a {kind} block of this {cfg.arch} model")
         if name in RANK_HEAD:
             continue
         if name in _KNOWN_UNUSED:
@@ -95,6 +101,34 @@ def _check_tensors(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
                 f"n_vocab {V}); the file is inconsistent")
 
 
+def _head_count_kv(m: Metadata, arch: Architecture, n_head: int, n_layer: int) -> tuple[int, tuple[bool, ...]]:
+    """``(n_head_kv, recurrent_layers)`` from ``attention.head_count_kv`` (default ``n_head``).
+
+    A number is every block's. A per-layer array (llama.cpp ``get_key_or_arr``) is accepted for an
+    architecture with recurrent layers (``Architecture.recurrent``): its 0 entries mark the recurrent
+    blocks (llama.cpp ``is_recr_impl[il] = n_head_kv(il) == 0``, src/models/lfm2.cpp), the others
+    must all be one value, the attention blocks' ``n_head_kv``.
+
+    Raises:
+        UnsupportedModelError: an array for another architecture, of another length than
+            ``block_count``, with attention blocks of different head counts, or with no attention block.
+    """
+    raw = m.get("attention.head_count_kv")
+    if not isinstance(raw, (list, tuple, np.ndarray)):
+        return m.num("attention.head_count_kv", default=n_head, minimum=1), ()
+    key = m.key("attention.head_count_kv")
+    if not arch.recurrent:
+        raise UnsupportedModelError(f"{m.path}: per-layer {key!r} is not supported for {arch.name}")
+    vals = [int(v) for v in raw]
+    if len(vals) != n_layer:
+        raise UnsupportedModelError(f"{m.path}: {key!r} has {len(vals)} entries for block_count = {n_layer}")
+    kv = sorted({v for v in vals if v != 0})
+    if len(kv) != 1 or kv[0] < 1:
+        raise UnsupportedModelError(f"{m.path}: {key!r} = {vals}: cooktop needs one head count (> 0) shared by "
+                                    "the attention blocks and 0 for the recurrent ones")
+    return kv[0], tuple(v == 0 for v in vals)
+
+
 def load_config(f: GGUFFile) -> ModelConfig:
     """Build the :class:`ModelConfig` of an opened GGUF and check its tensors.
 
@@ -112,7 +146,7 @@ def load_config(f: GGUFFile) -> ModelConfig:
     n_head = m.num("attention.head_count", required=True, minimum=1)
     n_ff = m.num("feed_forward_length", required=True, minimum=1)
     n_ctx_train = m.num("context_length", required=True, minimum=1)
-    n_head_kv = m.num("attention.head_count_kv", default=n_head, minimum=1)
+    n_head_kv, recurrent_layers = _head_count_kv(m, arch, n_head, n_layer)
     if n_embd % n_head and not m.has("attention.key_length"):
         raise UnsupportedModelError(f"{p}: n_head = {n_head} does not divide n_embd = {n_embd}")
     if n_head % n_head_kv:
@@ -141,6 +175,7 @@ def load_config(f: GGUFFile) -> ModelConfig:
         rope_freq_base=float(m.num("rope.freq_base", float, 10000.0, minimum=1e-30)),
         **rope,
         rope_mode=arch.rope_mode,
+        recurrent_layers=recurrent_layers,
         tied_output=any(s.tied_to is not None and s.name not in tensors for s in arch.tensors),
         **arch.hparams(m),
     )

@@ -62,6 +62,7 @@ from .arch import Architecture, architecture
 from .arch.base import HEAD, KV, MATRIX, Weights
 from .config import ModelConfig
 from .placed import CacheTokens, PlacedModel, Rows
+from .recurrent import RecurrentState
 
 #: Segment serials (graph keys name the segment by it: never reused, unlike id()).
 _segment_serials = itertools.count(1)
@@ -176,6 +177,7 @@ class Segment:
         if arch.scratch_i32 is not None:
             self.scratch.update({name: d.empty((B, width), T.I32) for name, width in arch.scratch_i32(cfg).items()})
         self.pos = d.empty((B,), T.I32)
+        self.slots = d.empty((B,), T.I32)
         self.cells = d.empty((B,), T.I32)
         self.kv_start = d.empty((B,), T.I32)
         if self.head:
@@ -200,7 +202,7 @@ class Segment:
             d.tensors = [t for t in d.tensors if t.device is not None]
 
     def run(self, x_host: np.ndarray, rows: Rows, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
-            embeddings: bool = False) -> np.ndarray:
+            embeddings: bool = False, states: list[DeviceTensor | None] | None = None) -> np.ndarray:
         """Run this segment on ``n`` rows (tokens of one or several sequences).
 
         Args:
@@ -210,6 +212,8 @@ class Segment:
                 f32 [n_cells, n_head_kv * head_dim] on this segment's device.
             embeddings: head only: return the output-normed hidden states of every
                 row instead of logits (llama.cpp's ``result_norm``, what its embeddings pool).
+            states: the recurrent state of each block of this segment (``model/recurrent.py``:
+                f32 [n_seq, width], None for an attention block); None: no recurrent block.
         Returns:
             float32 [n, n_embd] activations after the last block, or, with the
             head, logits float32 [m, n_vocab] of the output rows (``embeddings``: float32 [n, n_embd]).
@@ -246,15 +250,20 @@ class Segment:
             d.write(start, rows.kv_start)
         if outputs is not None:
             d.write(self.ids.head(m), outputs)
+        slots = None
+        if states is not None and any(t is not None for t in states):
+            slots = self.slots.head(n)
+            d.write(slots, rows.seqs if rows.seqs is not None else np.zeros(n, dtype=np.int32))
         # everything the op list depends on (Device.graph's contract): the rows, the output mode,
         # n_ctx (LongRoPE's choice), which optional inputs are bound, and the buffers by serial
         # (the cache's; ids/xl/logits change when _grow_outputs reallocates them)
         mode = "x" if not head else "embd" if embeddings else "rows" if m else "all"
         key = (self._serial, n, mode, m, rows.n_ctx, rows.cells is not None, start is not None,
-               self.ids.serial if m else 0, tuple(t.serial for t in k_cache), tuple(t.serial for t in v_cache))
+               self.ids.serial if m else 0, tuple(t.serial for t in k_cache), tuple(t.serial for t in v_cache),
+               tuple(0 if t is None else t.serial for t in states or ()))
         with d.graph(key) as issue:
             if issue:
-                out = self._ops(s, n, m, pos, cells, start, rows.n_ctx, k_cache, v_cache, embeddings)
+                out = self._ops(s, n, m, pos, cells, start, rows.n_ctx, k_cache, v_cache, embeddings, states, slots)
             else:
                 out = self._result(s, n, m, embeddings)
         return d.read(out)
@@ -269,11 +278,14 @@ class Segment:
 
     def _ops(self, s: SimpleNamespace, n: int, m: int, pos: DeviceTensor, cells: DeviceTensor,
              start: DeviceTensor | None, n_ctx: int, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
-             embeddings: bool) -> DeviceTensor:
+             embeddings: bool, states: list[DeviceTensor | None] | None = None,
+             slots: DeviceTensor | None = None) -> DeviceTensor:
         """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`."""
         d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
-            kv = KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0], self.flash_attn)
+            state = states[j] if states is not None else None
+            kv = KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0], self.flash_attn,
+                    state, slots if state is not None else None)
             arch.run_block(d, cfg, w, s, kv, self.blocks[j], self.parts[j])
         out = self._result(s, n, m, embeddings)
         if not self.head:
@@ -302,6 +314,11 @@ class KVCache(CacheTokens):
             is a 1-row f32 placeholder).
         seq_tokens: per sequence, the ids at positions ``0 .. n_past - 1`` (their K/V are valid).
         n_ctx: positions per sequence; n_seq: sequences.
+        recurrent: the recurrent layers' states (:class:`~cooktop.model.recurrent.RecurrentState`, one
+            row per sequence on each recurrent block's device; those blocks' K/V entries are 1-row f32
+            placeholders), or None for a model without recurrent layers. Such a cache cannot be cut
+            back to any position: :meth:`truncate` goes back to a checkpoint (:meth:`checkpoint`) or to 0,
+            and raises ``RecurrentStateError`` otherwise.
     """
 
     def __init__(self, model: Model, n_seq: int = 1):
@@ -314,19 +331,78 @@ class KVCache(CacheTokens):
         self.v: list[list[DeviceTensor]] = []
         self._releases: list[weakref.finalize] = []
         self._closed = False
-        K = model.cfg.n_embd_kv
+        self.recurrent: RecurrentState | None = None
+        cfg, arch = model.cfg, model.arch
+        K = cfg.n_embd_kv
         kv = model.kv
         try:
+            states = []
             for seg in model.segments:
                 d = seg.device.buffer("KV cache")
                 self._releases.append(_releaser(self, d))
-                ffn = [part == "ffn" for part in seg.parts]  # feed-forward halves: no cache
+                # feed-forward halves and recurrent blocks: no K/V
+                none = [part == "ffn" or cfg.is_recurrent(i) for i, part in zip(seg.blocks, seg.parts)]
                 rows = n_seq * self.n_ctx
-                self.k.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_k) for f in ffn])
-                self.v.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_v) for f in ffn])
+                self.k.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_k) for f in none])
+                self.v.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_v) for f in none])
+                if arch.state_width is not None:
+                    states.append((d, [arch.state_width(cfg, i) for i in seg.blocks]))
+            if arch.state_width is not None:
+                self.recurrent = RecurrentState(states, n_seq, model._lock)
         except BaseException:
             self.close()
             raise
+
+    def states(self) -> list[list[DeviceTensor | None] | None]:
+        """Per segment, the recurrent state of each of its blocks (None per segment without recurrent layers)."""
+        if self.recurrent is None:
+            return [None] * len(self.k)
+        return list(self.recurrent.tensors)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the recurrent states on the devices (0 without recurrent layers)."""
+        return self.recurrent.nbytes if self.recurrent is not None else 0
+
+    def truncate(self, n: int, seq_id: int = 0) -> None:
+        """Keep positions ``0 .. n - 1`` of sequence ``seq_id``. With recurrent layers the states go
+        back too: cleared at 0, else restored from the checkpoint at ``n`` (:meth:`checkpoint`).
+
+        Raises:
+            RecurrentStateError: recurrent layers and no checkpoint at ``n`` (nothing is changed then).
+        """
+        if self.recurrent is not None and not self._closed:
+            self.recurrent.truncate(seq_id, n, len(self.seq_tokens[seq_id]))
+        super().truncate(n, seq_id)
+
+    def reusable_prefix(self, n: int, seq_id: int = 0) -> int:
+        """The longest prefix ``p <= n`` of ``seq_id`` that :meth:`truncate` can keep: ``n`` without
+        recurrent layers, else the sequence's whole context, a checkpoint's position, or 0."""
+        have = len(self.seq_tokens[seq_id])
+        if self.recurrent is None:
+            return min(n, have)
+        return self.recurrent.reusable(seq_id, n, have)
+
+    def copy_state(self, src_seq: int, dst_seq: int, n: int) -> bool:
+        """The recurrent states of ``src_seq`` after ``n`` tokens copied to ``dst_seq`` (its current
+        ones, or its checkpoint at ``n``); False when it has neither. True without recurrent layers."""
+        if self.recurrent is None:
+            return True
+        return self.recurrent.copy(src_seq, dst_seq, n, len(self.seq_tokens[src_seq]))
+
+    @property
+    def keeps_checkpoints(self) -> bool:  # type: ignore[override]
+        """True with recurrent layers (``CacheTokens.keeps_checkpoints``)."""
+        return self.recurrent is not None
+
+    def checkpoint(self, seq_id: int = 0) -> int:
+        """Keep the recurrent states of ``seq_id`` at its current position so that a later
+        :meth:`truncate` (prefix reuse, a speculative rollback) can go back to it; returns that
+        position. Without recurrent layers nothing is kept (every position can be gone back to)."""
+        n = len(self.seq_tokens[seq_id])
+        if self.recurrent is not None:
+            self.recurrent.checkpoint(seq_id, n)
+        return n
 
     def _free(self) -> None:
         """Give the cache's device buffers back (each release runs once)."""
@@ -375,8 +451,8 @@ class Model(PlacedModel[KVCache]):
         time (the lock: the segments' scratch buffers are shared by every caller)."""
         with self._lock:
             self._check_open()
-            for seg, k, v in zip(self.segments, cache.k, cache.v):
-                x = seg.run(x, rows, k, v, embeddings)
+            for seg, k, v, st in zip(self.segments, cache.k, cache.v, cache.states()):
+                x = seg.run(x, rows, k, v, embeddings, st)
         return x
 
     @property
@@ -390,8 +466,8 @@ class Model(PlacedModel[KVCache]):
         with self._lock:
             self._check_open()
             for seg, ks, vs in zip(self.segments, cache.k, cache.v):
-                for part, k, v in zip(seg.parts, ks, vs):
-                    if part == "ffn":
+                for i, part, k, v in zip(seg.blocks, seg.parts, ks, vs):
+                    if part == "ffn" or self.cfg.is_recurrent(i):
                         continue
                     try:
                         seg.device.copy_rows(k, src, dst, n)

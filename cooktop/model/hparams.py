@@ -53,6 +53,10 @@ class ModelConfig:
         expert_gating: the router's gating function (``backends.moe_ops.GATING``).
         expert_weights_norm: renormalise the selected experts' weights to sum 1.
         expert_weights_scale: factor of the selected experts' weights (0 or 1: none).
+        recurrent_layers: per block, True when it is a recurrent layer (llama.cpp ``is_recr(il)``;
+            lfm2: the blocks whose ``attention.head_count_kv`` entry is 0); () when none is.
+        n_conv: the short convolution's kernel length (lfm2 ``shortconv.l_cache``: its state keeps
+            the last ``n_conv - 1`` inputs); 0 without recurrent layers.
 
     A hyper-parameter that only some architectures have (a sliding window, a logit
     softcap) is added here with a neutral default, as llama.cpp's ``llama_hparams``
@@ -92,6 +96,12 @@ class ModelConfig:
     expert_gating: str = "softmax"
     expert_weights_norm: bool = False
     expert_weights_scale: float = 0.0
+    recurrent_layers: tuple[bool, ...] = ()
+    n_conv: int = 0
+
+    def is_recurrent(self, il: int) -> bool:
+        """True when block ``il`` is a recurrent layer (llama.cpp ``hparams.is_recr(il)``)."""
+        return bool(self.recurrent_layers) and self.recurrent_layers[il]
 
     @property
     def n_embd_q(self) -> int:
@@ -112,8 +122,10 @@ class ModelConfig:
                 "beta_slow": self.rope_yarn_beta_slow, "n_ctx_orig": self.n_ctx_orig_yarn or self.n_ctx_train}
 
     def kv_cache_bytes(self, n_ctx: int, bytes_per_element: int = 4) -> int:
-        """KV cache size: 2 x n_layer x n_head_kv x head_dim x n_ctx x bytes per element (bytes)."""
-        return 2 * self.n_layer * self.n_head_kv * self.head_dim * n_ctx * bytes_per_element
+        """KV cache size: 2 x (attention layers) x n_head_kv x head_dim x n_ctx x bytes per element
+        (bytes; recurrent layers hold no K/V)."""
+        n_attn = self.n_layer - sum(self.recurrent_layers)
+        return 2 * n_attn * self.n_head_kv * self.head_dim * n_ctx * bytes_per_element
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready (``cooktop info``)."""

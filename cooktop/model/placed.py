@@ -42,6 +42,8 @@ class Rows:
         kv_start: int32 [n] first cache row each row attends to (None: 0).
         outputs: int32 [m] rows whose logits are returned (None: every row).
         n_ctx: positions per sequence (0: the cache's rows; one sequence).
+        seqs: int32 [n] the sequence of each row (the recurrent state row it reads and updates;
+            ``model/recurrent.py``); None: sequence 0.
     """
 
     pos: np.ndarray
@@ -49,6 +51,7 @@ class Rows:
     kv_start: np.ndarray | None = None
     outputs: np.ndarray | None = None
     n_ctx: int = 0
+    seqs: np.ndarray | None = None
 
 
 class CacheTokens:
@@ -84,6 +87,28 @@ class CacheTokens:
     def truncate(self, n: int, seq_id: int = 0) -> None:
         """Keep positions ``0 .. n - 1`` of sequence ``seq_id`` (later cells are overwritten by the next forward)."""
         del self.seq_tokens[seq_id][max(n, 0):]
+
+    def reusable_prefix(self, n: int, seq_id: int = 0) -> int:
+        """The longest prefix ``p <= n`` of sequence ``seq_id`` that :meth:`truncate` can keep: ``n``
+        (at most its token count) for a cache of K/V, which keeps every position; a cache with recurrent
+        states (``model.forward.KVCache``) can go back only to a checkpoint, or to 0."""
+        return min(n, len(self.seq_tokens[seq_id]))
+
+    #: True when :meth:`truncate` can go back only to checkpoints (a cache with recurrent states):
+    #: ``Sequence.prefill`` then takes one before a prompt's last token, for the next prompt to reuse.
+    keeps_checkpoints: bool = False
+
+    def checkpoint(self, seq_id: int = 0) -> int:
+        """Mark the current position of ``seq_id`` as one :meth:`truncate` can go back to; returns it.
+        A cache of K/V can go back anywhere: nothing to keep (``model.forward.KVCache`` keeps its
+        recurrent states)."""
+        return len(self.seq_tokens[seq_id])
+
+    def copy_state(self, src_seq: int, dst_seq: int, n: int) -> bool:
+        """Copy the state ``src_seq`` has after its first ``n`` tokens, beyond its K/V cells, to ``dst_seq``
+        (:meth:`PlacedModel.copy_prefix`): True when there is none to copy (a cache of K/V only) or it
+        was copied; False when it cannot be (a recurrent state with no checkpoint at ``n``)."""
+        return True
 
     def close(self) -> None:
         """Free the K/V (:meth:`_free`) and forget the tokens. Idempotent; also runs when the cache is collected."""
@@ -182,7 +207,8 @@ class PlacedModel(Generic[C]):
         h = self.embed(ids)
         pos = np.arange(n_past, n_past + n, dtype=np.int32)
         out_rows = np.arange(n, dtype=np.int32) if logits_all else np.array([n - 1], dtype=np.int32)
-        rows = Rows(pos, outputs=None if la else out_rows, n_ctx=self.n_ctx)
+        rows = Rows(pos, outputs=None if la else out_rows, n_ctx=self.n_ctx,
+                    seqs=np.full(n, seq_id, dtype=np.int32))
         if seq_id:
             rows.cells = pos + np.int32(seq_id * self.n_ctx)
             rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
@@ -222,7 +248,8 @@ class PlacedModel(Generic[C]):
         want = [i for i, k in enumerate(n_out) if k]
         outputs = (np.concatenate([np.arange(ends[i] - n_out[i] + 1, ends[i] + 1) for i in want]).astype(np.int32)
                    if want else np.array([n - 1], dtype=np.int32))
-        rows = Rows(pos, pos + base, base, outputs, self.n_ctx)
+        seqs = np.concatenate([np.full(len(t), s, dtype=np.int32) for s, _, t, _ in items])
+        rows = Rows(pos, pos + base, base, outputs, self.n_ctx, seqs)
         for seq_id, n_past, _, _ in items:
             cache.truncate(n_past, seq_id)
         logits = self._run(self.embed(ids), rows, cache, False)
@@ -243,8 +270,9 @@ class PlacedModel(Generic[C]):
         (the model's lock); ``src_seq`` is unchanged.
 
         Returns:
-            True when copied; False when a device of the model cannot copy rows (Vulkan, a cluster):
-            ``dst_seq`` is then empty and the caller evaluates the prefix itself.
+            True when copied; False when a device of the model cannot copy rows (Vulkan, a cluster),
+            or ``src_seq`` has no recurrent state at ``n`` (``CacheTokens.copy_state``): ``dst_seq`` is
+            then empty and the caller evaluates the prefix itself.
         Raises:
             CooktopError: the model or the cache is closed, or the cache is another model's.
             ValueError: a sequence outside the cache, ``src_seq == dst_seq``, or ``n`` outside
@@ -262,7 +290,10 @@ class PlacedModel(Generic[C]):
         cache.truncate(0, dst_seq)
         if n == 0:
             return True
+        if not cache.copy_state(src_seq, dst_seq, n):
+            return False
         if not self._copy_cells(cache, src_seq * self.n_ctx, dst_seq * self.n_ctx, n):
+            cache.truncate(0, dst_seq)
             return False
         cache.seq_tokens[dst_seq].extend(cache.seq_tokens[src_seq][:n])
         return True

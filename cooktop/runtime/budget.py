@@ -178,6 +178,16 @@ def weight_bytes(gf: GGUFFile, cfg: ModelConfig, units: list) -> dict[str, int]:
     return out
 
 
+def recurrent_state_bytes(cfg: ModelConfig, blocks: list[int] | None = None, n_seq: int = 1) -> int:
+    """Bytes of the recurrent states of ``blocks`` (default: every block) for ``n_seq`` sequences:
+    f32 ``Architecture.state_width`` values per sequence and block (``model/recurrent.py``); 0 without
+    recurrent layers."""
+    width = architecture(cfg.arch).state_width
+    if width is None:
+        return 0
+    return 4 * n_seq * sum(width(cfg, i) for i in (range(cfg.n_layer) if blocks is None else blocks))
+
+
 def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int, logits_all: bool,
             limits, kv: KVConfig | None = None) -> list[DeviceBudget]:
     """One :class:`DeviceBudget` per device of ``placement`` (cpu included).
@@ -193,7 +203,9 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
     for sel in placement.devices():
         mine = [(i, part) for s, blocks, _, parts in units if s == sel for i, part in zip(blocks, parts)]
         blocks = sorted({i for i, _ in mine})
-        n_kv = sum(1 for _, part in mine if part != "ffn")  # a feed-forward half has no cache
+        # a feed-forward half and a recurrent block have no K/V; a recurrent block has its state (one sequence)
+        n_kv = sum(1 for i, part in mine if part != "ffn" and not cfg.is_recurrent(i))
+        state = sum(recurrent_state_bytes(cfg, [i]) for i, part in mine if part != "ffn")
         head = placement.head == sel
         sizes = weight_bytes(gf, cfg, [*mine, *(["head"] if head else [])])
         n_segments = sum(1 for s, _, _, _ in units if s == sel)
@@ -215,6 +227,6 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
                                                       if len(gf.tensor(n).shape) == 3 else gf.tensor(n).shape[0]
                                                       for n in chunked))
         usable = None if mem is None else int(mem * (1.0 - reserve_fraction()))
-        out.append(DeviceBudget(sel, blocks, head, sum(sizes.values()), kv_block * n_kv, scratch, whole[what],
+        out.append(DeviceBudget(sel, blocks, head, sum(sizes.values()), kv_block * n_kv + state, scratch, whole[what],
                                 mem, usable, mx, what, chunked))
     return out

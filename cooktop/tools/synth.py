@@ -17,6 +17,8 @@ Optional tensors that change the numbers are written with values that exercise t
 per-head Q/K norm weights (``attn_q_norm``, ``attn_k_norm``) and gemma3's post norms are
 ``1 + N(0, 0.1)``; phi3's LongRoPE factors (``Shape.long_rope``) rise from 1 to 16 (long)
 and from 1 to 1.5 (short);
+lfm2's convolution kernels (``shortconv.conv``) are N(0, 0.5) taps and its per-layer
+``attention.head_count_kv`` is 0 on the blocks not in ``Shape.attn_layers``;
 Llama 3.1's ``rope_freqs`` is written only when the shape asks (``Shape.rope_freqs``),
 with the factors llama.cpp's converter computes for Llama 3.1 (factor 8, low/high
 frequency factors 1 and 4, original context 8192).
@@ -83,6 +85,17 @@ class Shape:
     n_ff_exp: int | None = None
     #: expert_shared_feed_forward_length (qwen2moe's shared expert; default n_ff)
     n_ff_shexp: int | None = None
+    #: a hybrid (lfm2): the attention blocks (indices >= n_layer ignored, so ``--n-layer`` keeps the
+    #: pattern's start); the other blocks are recurrent (head_count_kv 0 in the file's per-layer array)
+    attn_layers: tuple[int, ...] = ()
+    #: lfm2: shortconv.l_cache (the convolution's kernel length)
+    n_conv: int = 0
+
+    def recurrent_layers(self) -> tuple[bool, ...]:
+        """Per block, True when it is recurrent (a hybrid: not in :attr:`attn_layers`); () otherwise."""
+        if not self.n_conv:
+            return ()
+        return tuple(i not in self.attn_layers for i in range(self.n_layer))
 
 
 #: Named shapes with the dimensions and GQA ratios of the real models.
@@ -103,6 +116,10 @@ SHAPES: dict[str, Shape] = {
     "gpt-oss-20b": Shape(2880, 24, 64, 8, 2880, 201088, 131072, 150000.0, head_dim=64, arch="gpt-oss",
                          rope_scaling="yarn", rope_scaling_factor=32.0, n_ctx_orig=4096, n_swa=128,
                          n_expert=32, n_expert_used=4, n_ff_exp=2880),
+    # hybrids: LFM2-1.2B (HF config: 16 blocks, layer_types with full attention at 2, 5, 8, 10, 12, 14,
+    # conv_L_cache 3, block_ff_dim 12288 auto-adjusted to 8192)
+    "lfm2-1.2b": Shape(2048, 16, 32, 8, 8192, 65536, 128000, 1000000.0, tied=True, arch="lfm2",
+                       attn_layers=(2, 5, 8, 10, 12, 14), n_conv=3),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
@@ -170,7 +187,8 @@ def config(s: Shape, arch: str | None = None) -> ModelConfig:
                        head_dim=head_dim, rope_freq_base=s.rope_freq_base, rms_eps=1e-5, rope_mode=a.rope_mode,
                        tied_output=s.tied, n_expert=s.n_expert, n_expert_used=s.n_expert_used,
                        n_ff_exp=(s.n_ff_exp or s.n_ff // max(1, s.n_expert_used)) if moe else 0,
-                       n_ff_shexp=(s.n_ff_shexp or s.n_ff) if moe else 0)
+                       n_ff_shexp=(s.n_ff_shexp or s.n_ff) if moe else 0,
+                       recurrent_layers=s.recurrent_layers(), n_conv=s.n_conv)
 
 
 def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | None = None
@@ -244,6 +262,12 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
     if moe_arch and not 0 < s.n_expert_used <= s.n_expert:
         raise CooktopError(f"synthetic shape: {arch} needs 0 < n_expert_used ({s.n_expert_used}) <= "
                            f"n_expert ({s.n_expert})")
+    if architecture(arch).recurrent:
+        if s.n_conv < 2:
+            raise CooktopError(f"synthetic shape: {arch} needs n_conv (shortconv.l_cache) >= 2, not {s.n_conv}")
+        if all(s.recurrent_layers()):
+            raise CooktopError(f"synthetic shape: none of the {s.n_layer} blocks is an attention block "
+                               f"(attn_layers {list(s.attn_layers)}); keep at least one")
     if s.head_dim is not None and (isinstance(s.head_dim, bool) or not isinstance(s.head_dim, int)
                                    or s.head_dim <= 0):
         raise CooktopError(f"synthetic shape: head_dim = {s.head_dim!r} must be a positive integer")
@@ -370,7 +394,10 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
     w.add_block_count(s.n_layer)
     w.add_feed_forward_length(s.n_ff)
     w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
+    recr = s.recurrent_layers()
+    w.add_head_count_kv([0 if r else s.n_head_kv for r in recr] if recr else s.n_head_kv)
+    if s.n_conv:
+        w.add_uint32(f"{arch}.shortconv.l_cache", s.n_conv)
     if s.head_dim is not None:
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
@@ -424,6 +451,8 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
                 values = rng.normal(0.0, 0.02, shp)
             elif tname.endswith("attn_sinks.weight"):  # a logit per head: N(0, 1)
                 values = rng.normal(0.0, 1.0, shp)
+            elif tname.endswith("shortconv.conv.weight"):  # a convolution kernel: N(0, 0.5) taps
+                values = rng.normal(0.0, 0.5, shp)
             elif tname.endswith(("attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
                                   "post_ffw_norm.weight")):
                 values = 1.0 + rng.normal(0.0, 0.1, shp)

@@ -584,6 +584,18 @@ class OpenCLDevice(ReplayRecorder, Device):
     def _add(self, out, a, b):
         self._elementwise(self.kernels.ops().add, out, a, b)
 
+    def _mul(self, out, a, b):
+        self._elementwise(self.kernels.ops().mul, out, a, b)
+
+    def _ssm_conv(self, out, x, state, w, slots):
+        """``kernels/recurrent.cl`` ``ssm_conv``: one work-item per channel, the rows in order."""
+        n, c = x.shape
+        ls = self.shape.ew_ls
+        self.q8.dirty(out.handle)
+        self.q8.dirty(state.handle)
+        self._launch(self.kernels.ops().ssm_conv, (_ceil_to(c, ls),), (ls,), out.handle, x.handle, state.handle,
+                     w.handle, slots.handle, n, c, w.shape[1])
+
     def _add_bias(self, out, x, b):
         n = math.prod(out.shape)
         ls = self.shape.ew_ls

@@ -138,7 +138,7 @@ def host_has_vnni() -> bool:
 
 #: The programs built from ``kernels/*.cl``: name -> the files concatenated, in order.
 PROGRAMS: dict[str, tuple[str, ...]] = {
-    "ops": ("norm.cl", "rope.cl", "elementwise.cl", "quant.cl"),
+    "ops": ("norm.cl", "rope.cl", "elementwise.cl", "quant.cl", "recurrent.cl"),
     "weights": ("dequant.cl", "dotq8.cl", "dotq8k.cl", "matmul.cl", "mmq8.cl"),
     "attention": ("kv.cl", "kv_rows.cl", "attention.cl"),
     "attention_q8": ("quant.cl", "kv.cl", "kv_rows.cl", "attention.cl"),
@@ -347,11 +347,12 @@ class WeightKernels:
 
 
 class OpKernels:
-    """Kernels of the float ops (rmsnorm, rope, add, add_bias, silu_mul, gelu_mul, kv_store) on one device."""
+    """Kernels of the float ops (rmsnorm, rope, add, add_bias, silu_mul, gelu_mul, kv_store, the MoE and the
+    recurrent ops) on one device."""
 
     __slots__ = ("rmsnorm", "rope", "add", "add_bias", "silu_mul", "kv_store", "gelu_mul", "quantize_q8",
                  "rmsnorm_q8", "silu_mul_q8", "copy_f32", "moe_route", "add_id", "moe_combine", "swiglu_oai",
-                 "moe_group", "quantize_q8k", "rmsnorm_q8k", "silu_mul_q8k")
+                 "moe_group", "quantize_q8k", "rmsnorm_q8k", "silu_mul_q8k", "ssm_conv", "mul")
 
     def __init__(self, prg: Any):
         i32, f32 = np.int32, np.float32
@@ -394,6 +395,10 @@ class OpKernels:
         self.swiglu_oai.set_scalar_arg_dtypes([None, None, None, i32, f32, f32])
         self.moe_group = prg.moe_group
         self.moe_group.set_scalar_arg_dtypes([None, None, None, i32, i32])
+        self.ssm_conv = prg.ssm_conv
+        self.ssm_conv.set_scalar_arg_dtypes([None, None, None, None, None, i32, i32, i32])
+        self.mul = prg.mul
+        self.mul.set_scalar_arg_dtypes([None, None, None, i32])
 
 
 def check_build_options(ctx: Any, device: Any, options: str, extra: str) -> None:

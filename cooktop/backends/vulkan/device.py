@@ -680,6 +680,16 @@ class VulkanDevice(SequenceRecorder, Device):
         n = math.prod(out.shape)
         self._dispatch("add", (a, b, out), self._stride_groups(out), (n,))
 
+    def _mul(self, out, a, b):
+        """mul.comp: ``out = a * b``, f32 (``out`` may be ``a`` or ``b``)."""
+        n = math.prod(out.shape)
+        self._dispatch("mul", (a, b, out), self._stride_groups(out), (n,))
+
+    def _ssm_conv(self, out, x, state, w, slots):
+        """ssm_conv.comp: one invocation per channel walking the rows in order (``RecurrentOps.ssm_conv``)."""
+        n, c = x.shape
+        self._dispatch("ssm_conv", (x, state, w, slots, out), self._stride_grid(c, c), (n, c, w.shape[1]))
+
     def _add_bias(self, out, x, b):
         """add_bias.comp: ``out[i, :] = x[i, :] + b``; x, out f32 [n, m], b f32 [m] (``out`` may be ``x``)."""
         n = math.prod(out.shape)

@@ -39,7 +39,7 @@ import ctypes.util
 import dataclasses
 
 from ... import settings
-from ..base import OPS, DeviceInfo, type_name
+from ..base import OPS, RECURRENT_OPS, DeviceInfo, type_name
 from .icd import describe_icds
 from .shaders import VULKAN_KV_TYPES, VULKAN_TYPES, pick_variant
 from .shaders import variants as shader_variants
@@ -382,7 +382,7 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     variants with ``COOKTOP_VULKAN_Q8K=1``).
     """
     mem = f.memory_bytes or None
-    ops = (OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")) + VULKAN_MOE_OPS
+    ops = (OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")) + VULKAN_MOE_OPS + RECURRENT_OPS
     caps = [x for x in (f.max_storage_buffer_range, f.max_allocation, f.max_buffer_size, f.usable_bytes) if x]
     binding = min(x for x in (f.max_storage_buffer_range, f.max_buffer_size) if x) if (
         f.max_storage_buffer_range or f.max_buffer_size) else None
@@ -420,5 +420,5 @@ def kp_props_to_info(index: int, props: dict) -> DeviceInfo:
     return DeviceInfo(
         backend="vulkan", index=index, name=str(props.get("device_name", f"vulkan device {index}")),
         device_type="gpu", max_workgroup_size=props.get("max_work_group_invocations"),
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS + VULKAN_MOE_OPS, op_limits=OP_LIMITS,
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS + VULKAN_MOE_OPS + RECURRENT_OPS, op_limits=OP_LIMITS,
         kv_types=tuple(type_name(t) for t in VULKAN_KV_TYPES), extra={"info_source": "kp"})

@@ -14,6 +14,7 @@ from ...errors import UnsupportedModelError
 from .descriptor import Architecture
 from .gemma3 import GEMMA3
 from .gpt_oss import GPT_OSS
+from .lfm2 import LFM2
 from .llama import LLAMA
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
@@ -21,7 +22,7 @@ from .qwen_moe import OLMOE, QWEN2MOE, QWEN3MOE
 
 #: general.architecture -> descriptor.
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
-                                                               OLMOE, GPT_OSS)}
+                                                               OLMOE, GPT_OSS, LFM2)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).
@@ -32,6 +33,27 @@ UNSUPPORTED_MOE = {
     "qwen3next": "Qwen3-Next's gated delta-net (linear attention) layers",
     "qwen35moe": "Qwen3.5 MoE's hybrid linear-attention layers",
     "granitemoe": "Granite MoE's embedding, residual and attention multipliers",
+}
+
+
+#: Recurrent and hybrid architectures llama.cpp runs and cooktop does not (yet), and what they need
+#: (refused by name rather than as an unknown architecture).
+UNSUPPORTED_RECURRENT = {
+    "qwen35": "Qwen3.5's gated delta-net (linear attention) layers and multi-section rope",
+    "lfm2moe": "LFM2-MoE's sigmoid-routed experts beside its convolution blocks",
+    "mamba": "Mamba's selective scan (ssm_scan)",
+    "mamba2": "Mamba-2's selective scan with groups (ssm_scan)",
+    "granitehybrid": "Granite 4 hybrids' Mamba-2 layers",
+    "nemotron_h": "Nemotron-H's Mamba-2 layers",
+    "falcon-h1": "Falcon-H1's parallel Mamba-2 and attention layers",
+    "jamba": "Jamba's Mamba layers and experts",
+    "rwkv6": "RWKV-6's time-mix recurrence",
+    "rwkv6qwen2": "RWKV-6's time-mix recurrence",
+    "rwkv7": "RWKV-7's time-mix recurrence",
+    "arwkv7": "RWKV-7's time-mix recurrence",
+    "nemotron_h_moe": "Nemotron-H's Mamba-2 layers and experts",
+    "kimi-linear": "Kimi-Linear's delta-rule attention",
+    "plamo2": "PLaMo-2's Mamba layers",
 }
 
 
@@ -47,6 +69,10 @@ def architecture(name: str, path: str = "") -> Architecture:
         if name in UNSUPPORTED_MOE:
             raise UnsupportedModelError(f"{where}the mixture-of-experts architecture {name!r} is not supported "
                                         f"(it needs {UNSUPPORTED_MOE[name]}); cooktop runs "
+                                        f"{', '.join(sorted(ARCHITECTURES))}")
+        if name in UNSUPPORTED_RECURRENT:
+            raise UnsupportedModelError(f"{where}unsupported architecture {name!r}: a recurrent architecture cooktop "
+                                        f"does not run yet (it needs {UNSUPPORTED_RECURRENT[name]}); cooktop runs "
                                         f"{', '.join(sorted(ARCHITECTURES))}")
         raise UnsupportedModelError(f"{where}unsupported architecture {name!r}; cooktop runs "
                                     f"{', '.join(sorted(ARCHITECTURES))} (general.architecture)")

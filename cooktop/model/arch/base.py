@@ -63,6 +63,9 @@ class TensorSpec:
         ffn: part of the block's feed-forward half (set by ``skeleton.llama_tensors`` on the FFN
             norm, the FFN and what follows): placement may run that half on another device than
             the attention half (``Architecture.block_ffn``: a MoE block's experts).
+        layers: ``layers(cfg, il) -> bool``: the blocks that hold this per-block tensor (a hybrid's
+            attention tensors only in its attention blocks, its convolution tensors only in its
+            recurrent ones); None: every block.
     """
 
     name: str
@@ -73,6 +76,11 @@ class TensorSpec:
     tied_to: str | None = None
     parts: tuple[tuple[str, Callable[[ModelConfig], int]], ...] = ()
     ffn: bool = False
+    layers: Callable[[ModelConfig, int], bool] | None = None
+
+    def in_block(self, cfg: ModelConfig, il: int) -> bool:
+        """True when block ``il`` of a model of ``cfg`` holds this per-block tensor (:attr:`layers`)."""
+        return self.layers is None or self.layers(cfg, il)
 
     @property
     def per_block(self) -> bool:
@@ -136,6 +144,9 @@ class KV:
             or None when every row starts at row 0 (one sequence).
         n_ctx: positions per sequence (the context length; the LongRoPE choice, ``builders.rope_factors``, reads it).
         flash: the attention kernel (``Device.attention``'s ``flash``: the model's resolved ``-fa``).
+        state: a recurrent block's state, f32 [n_seq, width] (``model/recurrent.py``: one row per
+            sequence, the convolution's last inputs), or None (an attention block).
+        slots: I32 [n] the state row of each row's sequence (its seq id), or None (no state).
     """
 
     k: DeviceTensor
@@ -145,6 +156,8 @@ class KV:
     kv_start: DeviceTensor | None = None
     n_ctx: int = 0
     flash: bool = True
+    state: DeviceTensor | None = None
+    slots: DeviceTensor | None = None
 
     def attend(self, d: Device, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
                n_head: int, n_head_kv: int, scale: float, window: int = 0, sinks: DeviceTensor | None = None,

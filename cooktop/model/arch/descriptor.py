@@ -96,6 +96,9 @@ class Architecture:
             attention: ``block_attn`` (:data:`BlockFn`) adds the attention to ``s.x``, ``block_ffn``
             (:data:`FfnFn`) the feed-forward, whose tensors are those marked ``TensorSpec.ffn``;
             running both is :attr:`block`. None: the block is placed whole.
+        state_width: ``state_width(cfg, il) -> int``: the f32 values per sequence of block ``il``'s
+            recurrent state (``model/recurrent.py``; lfm2's convolution: ``(n_conv - 1) * n_embd``),
+            0 for an attention block; None: the architecture has no recurrent layers.
     """
 
     name: str
@@ -110,6 +113,12 @@ class Architecture:
     scratch_i32: Callable[[ModelConfig], dict[str, int]] | None = None
     block_attn: BlockFn | None = None
     block_ffn: FfnFn | None = None
+    state_width: Callable[[ModelConfig, int], int] | None = None
+
+    @property
+    def recurrent(self) -> bool:
+        """True when some blocks are recurrent layers with a state (:attr:`state_width`)."""
+        return self.state_width is not None
 
     @property
     def has_halves(self) -> bool:
@@ -242,7 +251,7 @@ class Architecture:
                 yield s.name, s
         for i in range(cfg.n_layer):
             for s in self.tensors:
-                if s.per_block:
+                if s.per_block and s.in_block(cfg, i):
                     yield s.gguf_name(i), s
 
 
