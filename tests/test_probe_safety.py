@@ -299,3 +299,30 @@ def test_opencl_platform_whose_build_crashes(tmp_path):
     good = re.findall(r"^(opencl:\d+) +cpu +yes +pthread-.* PoCL 3\.1", r.stdout, re.M)
     assert bad and len(good) == 1, r.stdout
     assert f"auto selects: {good}" in r.stdout
+
+
+def test_child_killed_before_its_first_report_is_no_in_process_probe(isolated, monkeypatch):
+    """A child the timeout kills before it reports a step (a slow start) makes the family
+    unavailable, not kept; the user's process never probes unchecked drivers then."""
+    monkeypatch.setenv("COOKTOP_PROBE_TIMEOUT", "1")
+    monkeypatch.setattr(safeprobe, "_child_argv",
+                        lambda family, target, start=0: [sys.executable, "-c", "import time; time.sleep(120)"])
+    res = registry.probe("vulkan")
+    assert not res.available
+    assert res.reason.startswith("the vulkan probe process did not report within 1 s (killed; ")
+    assert "COOKTOP_PROBE_TIMEOUT" in res.hint
+    assert not os.path.exists(os.path.join(isolated, "probe")) or not os.listdir(os.path.join(isolated, "probe"))
+
+
+def test_malformed_cached_verdicts_probe_again(tmp_path):
+    """A verdict file that is not a well-formed verdict (deep nesting, wrong types) is probed again."""
+    for i, text in enumerate(("[" * 200000, '{"result": {"backend": "opencl", "available": "false"}}',
+                              '{"result": {"backend": "opencl", "available": true, "errors": {"1": null}}}')):
+        path = tmp_path / f"v{i}.json"
+        path.write_text(text)
+        monkeypatch_path = safeprobe._cache_path
+        try:
+            safeprobe._cache_path = lambda digest, p=path: str(p)
+            assert safeprobe._load_cached("x") is None
+        finally:
+            safeprobe._cache_path = monkeypatch_path

@@ -31,7 +31,9 @@ the driver manifest files with their sizes and modification times (and those of
 the libraries they name), the Python executable, the backend modules, and the
 boot id, so a new driver, a changed variable or a reboot probes again; a
 timeout is never kept. ``COOKTOP_PROBE_ISOLATION=0`` turns the child off
-(probes run in-process).
+(probes run in-process, devices unchecked: a driver that crashes or aborts takes the process
+down). A child killed by the timeout before its first report makes the family unavailable
+(never an unchecked in-process probe); each new child after a crash gets the whole timeout.
 """
 
 from __future__ import annotations
@@ -122,16 +124,18 @@ def _result_dict(res: ProbeResult) -> dict:
 
 def _result_from(d: dict, family: str | None = None) -> ProbeResult:
     """A ProbeResult from a verdict's JSON (the cache's, or the child's ``result`` message)."""
-    errors = {int(k): str(v) for k, v in (d.get("errors") or {}).items()}
-    return ProbeResult(family or d["backend"], bool(d["available"]), reason=d.get("reason", ""),
-                       hint=d.get("hint", ""), errors=errors)
+    errors = {int(k): v for k, v in (d.get("errors") or {}).items()}
+    if not isinstance(d["available"], bool) or not all(isinstance(v, str) and v for v in errors.values()):
+        raise ValueError(f"malformed probe verdict: {d!r}"[:200])
+    return ProbeResult(family or d["backend"], d["available"], reason=str(d.get("reason", "")),
+                       hint=str(d.get("hint", "")), errors=errors)
 
 
 def _load_cached(digest: str) -> ProbeResult | None:
     try:
         with open(_cache_path(digest), encoding="utf-8") as f:
             return _result_from(json.load(f)["result"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except Exception:  # noqa: BLE001 - any unreadable or malformed verdict is probed again
         return None
 
 
@@ -195,7 +199,9 @@ def _verdict(family: str, rc: int | None, out: str, err: str, waited: float | No
         if line.startswith(MARK):
             try:
                 msg = json.loads(line[len(MARK):])
-            except ValueError:
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(msg, dict):
                 continue
             if "step" in msg:
                 steps.append(msg["step"])
@@ -211,6 +217,11 @@ def _verdict(family: str, rc: int | None, out: str, err: str, waited: float | No
         res = _result_from(result, family)
         res.errors = {**errors, **res.errors}
         return res, True, None
+    if waited is not None and not steps:  # killed before its first report: never probe in-process then
+        return ProbeResult(family, False, reason=f"the {family} probe process did not report within {waited:g} s "
+                           f"(killed; a slow start or a hung driver?); {_drivers_found(family)}",
+                           hint="set COOKTOP_PROBE_TIMEOUT=<seconds> to wait longer, or COOKTOP_DISABLE="
+                           f"{family} to skip it"), False, None
     if not steps:  # our module never ran (broken install, odd interpreter): cannot isolate
         log.warning("cannot probe %s in a child process (exit %s: %s); probing in-process", family, rc,
                     err_tail or "no output")

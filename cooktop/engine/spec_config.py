@@ -114,7 +114,7 @@ class SpecOptions:
         if not types:
             return None, None
         cfg = getattr(target, "cfg", None)  # an Engine (a stand-in without a config: no check)
-        if any(getattr(cfg, "recurrent_layers", ())):
+        if cfg is not None and any(getattr(cfg, "recurrent_layers", ())):
             raise RecurrentStateError(f"speculative decoding (--spec-type {','.join(types)}) is not supported on "
                                       f"{cfg.arch}, a model with recurrent layers: their state cannot be "
                                       "cut back to the last accepted token yet")

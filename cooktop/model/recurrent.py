@@ -25,6 +25,7 @@ tensors; they are small (lfm2-1.2B: 10 recurrent blocks x 2 x 2048 floats = 160 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -67,14 +68,15 @@ class RecurrentState:
 
     def _rows(self, seq: int) -> list[np.ndarray]:
         """Host copies of row ``seq`` of every state tensor (the caller holds the lock)."""
-        return [np.array(t.device.read(t)[seq]) for t in self._all()]
+        return [np.array(_device(t).read(t)[seq]) for t in self._all()]
 
     def _put(self, seq: int, rows: list[np.ndarray] | None) -> None:
         """Write ``rows`` (None: zeros) into row ``seq`` of every state tensor (the caller holds the lock)."""
         for i, t in enumerate(self._all()):
-            full = np.array(t.device.read(t))
+            dev = _device(t)
+            full = np.array(dev.read(t))
             full[seq] = 0.0 if rows is None else rows[i]
-            t.device.write(t, full)
+            dev.write(t, full)
 
     def _check_seq(self, *seqs: int) -> None:
         for s in seqs:
@@ -158,3 +160,10 @@ class RecurrentState:
                 f"sequence {seq}: a recurrent model's state cannot be cut back from {n_have} to {n} tokens "
                 f"without a checkpoint there (checkpoints at: {', '.join(map(str, have)) or 'none'}; "
                 "0 clears it)")
+
+
+def _device(t: DeviceTensor) -> Any:
+    """The Device holding ``t`` (state tensors are always allocated on one)."""
+    if t.device is None:  # pragma: no cover - every state tensor comes from Device.zeros
+        raise RuntimeError("a recurrent state tensor without a device")
+    return t.device

@@ -183,8 +183,9 @@ def describe_icds() -> str:
 
 
 def driver_files() -> list[str]:
-    """The ICD files the loader reads, the libraries they name, and pyopencl's package with the
-    libraries its wheel ships: what a probe verdict depends on (:mod:`..safeprobe`)."""
+    """The ICD files the loader reads, the libraries they name, pyopencl's package with the
+    libraries its wheel ships, and pocl-binary-distribution's data (PyPI PoCL's kernel library and
+    headers): what a probe verdict depends on (:mod:`..safeprobe`)."""
     files: list[str] = []
     spec_dir = os.environ.get("OCL_ICD_VENDORS") or "/etc/OpenCL/vendors"
     icds = sorted(glob.glob(os.path.join(spec_dir, "*.icd"))) if os.path.isdir(spec_dir) else [spec_dir]
@@ -201,6 +202,11 @@ def driver_files() -> list[str]:
     if spec and spec.origin:
         pkg = os.path.dirname(spec.origin)
         files += [pkg] + sorted(glob.glob(os.path.join(pkg, ".libs", "*")))
+    # PyPI's PoCL: its kernel library and headers decide whether its builds work (an upgrade re-probes)
+    spec = importlib.util.find_spec("pocl_binary_distribution")
+    if spec and spec.origin:
+        data = os.path.join(os.path.dirname(spec.origin), ".libs", "share", "pocl")
+        files += [os.path.dirname(spec.origin), data] + sorted(glob.glob(os.path.join(data, "*")))
     return files
 
 
