@@ -200,6 +200,23 @@ def _ssm_conv_fits(out: Any, x: Any, state: Any, w: Any, slots: Any) -> bool:
             and len(ss) == 2 and ss[1] == (ws[1] - 1) * xs[1] and slots.shape == xs[:1])
 
 
+def _gdn_fits(out: Any, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, slots: Any) -> bool:
+    vs, gs, ss = v.shape, g.shape, state.shape
+    if len(vs) != 2 or len(gs) != 2 or gs[0] != vs[0] or gs[1] < 1 or vs[1] % gs[1]:
+        return False
+    h_v, n = gs[1], vs[0]
+    d = vs[1] // h_v
+    return (d > 0 and q.shape == k.shape and len(q.shape) == 2 and q.shape[0] == n and q.shape[1] % d == 0
+            and q.shape[1] > 0 and h_v % (q.shape[1] // d) == 0 and beta.shape == gs and out.shape == vs
+            and len(ss) == 2 and ss[1] == h_v * d * d and slots.shape == (n,))
+
+
+def _gdn_gate_fits(g: Any, beta: Any, alpha: Any, b: Any, dt_bias: Any, a: Any) -> bool:
+    s = alpha.shape
+    return len(s) == 2 and g.shape == s and beta.shape == s and b.shape == s and dt_bias.shape == s[1:] \
+        and a.shape == s[1:]
+
+
 #: Every op, in the order of the design doc's table.
 TABLE: tuple[OpSpec, ...] = (
     OpSpec("matmul", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT)), (),
@@ -328,6 +345,43 @@ TABLE: tuple[OpSpec, ...] = (
     OpSpec("mul", (Arg("out", F32), Arg("a", F32), Arg("b", F32)), (),
            "out = a * b elementwise", _ONE_SHAPE.format(names="out, a and b"), _same3, "ggml_mul",
            default=False, group="recurrent", example={"out": (2, 3), "a": (2, 3), "b": (2, 3)}),
+    OpSpec("silu", (Arg("out", F32), Arg("x", F32)), (),
+           "out = x * sigmoid(x) elementwise", _ONE_SHAPE.format(names="out and x"), _same2,
+           "ggml_silu (ggml-cpu/vec.h ggml_silu_f32)", default=False, group="recurrent",
+           example={"out": (2, 3), "x": (2, 3)}),
+    OpSpec("sigmoid_mul", (Arg("out", F32), Arg("a", F32), Arg("gate", F32)), (),
+           "out = a * sigmoid(gate) elementwise (gated attention output)", _ONE_SHAPE.format(names="out, a and gate"),
+           _same3, "ggml_sigmoid + ggml_mul (llama.cpp src/models/qwen35.cpp build_layer_attn)",
+           default=False, group="recurrent", example={"out": (2, 3), "a": (2, 3), "gate": (2, 3)}),
+    OpSpec("l2_norm", (Arg("out", F32), Arg("x", F32)), ("group", "eps"),
+           "out = x / sqrt(mean(x^2) + eps / g) / sqrt(g) over each group of g values of a row (an L2 norm: "
+           "x / sqrt(sum(x^2) + eps))",
+           "want out and x [n, width] with group {group} > 0 dividing width",
+           lambda out, x, *, group: (out.shape == x.shape and len(x.shape) == 2 and group > 0
+                                     and not x.shape[1] % group),
+           "llama.cpp src/models/models.h build_gdn_l2_norm (ggml_rms_norm with eps / g, ggml_scale 1 / sqrt(g))",
+           default=False, group="recurrent", example={"out": (2, 8), "x": (2, 8), "group": 4, "eps": 1e-6}),
+    OpSpec("gdn_gate", (Arg("g", F32), Arg("beta", F32), Arg("alpha", F32), Arg("b", F32), Arg("dt_bias", F32),
+                        Arg("a", F32)), (),
+           "g = softplus(alpha + dt_bias) * a (the log decay), beta = sigmoid(b); alpha, b f32 [n, n_head], "
+           "dt_bias, a f32 [n_head] broadcast over rows",
+           "want g, beta, alpha and b [n, n_head], dt_bias and a [n_head]", _gdn_gate_fits,
+           "ggml_add + ggml_softplus + ggml_mul, ggml_sigmoid (llama.cpp src/models/qwen35.cpp "
+           "build_layer_attn_linear; softplus as ggml-cpu/unary-ops.cpp op_softplus)",
+           default=False, group="recurrent",
+           example={"g": (3, 2), "beta": (3, 2), "alpha": (3, 2), "b": (3, 2), "dt_bias": (2,), "a": (2,)}),
+    OpSpec("gated_delta_net", (Arg("out", F32), Arg("q", F32), Arg("k", F32), Arg("v", F32), Arg("g", F32),
+                               Arg("beta", F32), Arg("state", F32), Arg("slots", I32)), (),
+           "the gated delta rule per value head h (key head h mod n_k_heads) with a carried state "
+           "S [d, d] per slot and head: S = exp(g) S; S += k (beta (v - S^T k))^T; out = S^T q / sqrt(d) "
+           "(rows of a slot in order; q, k [n, n_k_heads * d], v, out [n, n_v_heads * d], g, beta "
+           "[n, n_v_heads], state [n_slots, n_v_heads * d * d])",
+           "want out and v [n, n_v_heads * d], q and k [n, n_k_heads * d] with n_k_heads dividing n_v_heads, "
+           "g and beta [n, n_v_heads], state [n_slots, n_v_heads * d * d], slots [n]", _gdn_fits,
+           "ggml_gated_delta_net (ggml-cpu/ops.cpp ggml_compute_forward_gated_delta_net_one_chunk; state "
+           "layout and head mapping as there)", default=False, group="recurrent",
+           example={"out": (3, 8), "q": (3, 4), "k": (3, 4), "v": (3, 8), "g": (3, 2), "beta": (3, 2),
+                    "state": (2, 32), "slots": (3,)}),
     OpSpec("copy", (Arg("out", ACT), Arg("x", ACT)), (),
            "out = x (F32 or I32; `cooktop bench --ops` measures bandwidth with it; not in the forward pass)",
            _ONE_SHAPE.format(names="out and x"), _same2, "ggml_cpy", forward=False,
@@ -343,8 +397,8 @@ OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.default)
 #: The mixture-of-experts ops: claimed only by the backends that implement them (after :data:`OPS`).
 MOE_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.group == "moe")
 
-#: The recurrent layers' ops (short convolution with state, elementwise product): claimed only by the
-#: backends that implement them (numpy).
+#: The recurrent layers' ops (short convolution with state, the gated delta rule and the small ops around
+#: them): claimed only by the backends that implement them.
 RECURRENT_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.group == "recurrent")
 
 #: Ops whose weight (or table) type matters to ``DeviceInfo.supports``.

@@ -1,5 +1,6 @@
 """The recurrent layers' half of the op contract: the causal depthwise convolution with a carried
-state (ggml's ``ssm_conv``) and the elementwise product that gates it (ggml's ``mul``).
+state (ggml's ``ssm_conv``), the gated delta rule with its state (ggml's ``gated_delta_net``) and the
+small ops around them (``mul``, ``silu``, ``sigmoid_mul``, ``l2_norm``, ``gdn_gate``).
 
 Layout (numpy order, as the rest of the contract): ``n`` rows (tokens, of one or several
 sequences), ``C`` channels. A convolution state holds, per *slot* (a sequence's state row), the
@@ -22,7 +23,8 @@ from ..errors import UnsupportedOpError
 from .optable import SPECS
 from .tensor import DeviceTensor
 
-_SSM_CONV, _MUL = SPECS["ssm_conv"], SPECS["mul"]
+_SSM_CONV, _MUL, _SILU, _SIGMOID_MUL = SPECS["ssm_conv"], SPECS["mul"], SPECS["silu"], SPECS["sigmoid_mul"]
+_L2_NORM, _GDN_GATE, _GDN = SPECS["l2_norm"], SPECS["gdn_gate"], SPECS["gated_delta_net"]
 
 
 class RecurrentOps:
@@ -61,6 +63,85 @@ class RecurrentOps:
         _MUL.check(self, out, a, b)
         self._mul(out, a, b)
 
+    def silu(self, out: DeviceTensor, x: DeviceTensor) -> None:
+        """``out = x / (1 + exp(-x))`` elementwise, f32 of one shape (``out`` may be ``x``; ggml ``ggml_silu``).
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
+        """
+        _SILU.check(self, out, x)
+        self._silu(out, x)
+
+    def sigmoid_mul(self, out: DeviceTensor, a: DeviceTensor, gate: DeviceTensor) -> None:
+        """``out = a * 1 / (1 + exp(-gate))`` elementwise, f32 of one shape (``out`` may be ``a`` or
+        ``gate``; llama.cpp src/models/qwen35.cpp: the gated attention's ``ggml_sigmoid`` then ``ggml_mul``).
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
+        """
+        _SIGMOID_MUL.check(self, out, a, gate)
+        self._sigmoid_mul(out, a, gate)
+
+    def l2_norm(self, out: DeviceTensor, x: DeviceTensor, group: int, eps: float) -> None:
+        """L2 norm of each group of ``group`` consecutive values of a row, as llama.cpp writes it
+        (src/models/models.h ``build_gdn_l2_norm``: ``ggml_rms_norm`` with ``eps / group``, then
+        ``ggml_scale`` by ``1 / sqrt(group)``)::
+
+            out[r, grp] = x[r, grp] * (1 / sqrt(sum(x[r, grp]^2) / group + eps / group)) * (1 / sqrt(group))
+
+        x, out: f32 [n, width] (``out`` may be ``x``), ``group`` dividing ``width`` (one head per group).
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
+        """
+        _L2_NORM.check(self, out, x, group=group, eps=eps)
+        self._l2_norm(out, x, group, eps)
+
+    def gdn_gate(self, g: DeviceTensor, beta: DeviceTensor, alpha: DeviceTensor, b: DeviceTensor,
+                 dt_bias: DeviceTensor, a: DeviceTensor) -> None:
+        """The gated delta rule's per-head gates (llama.cpp src/models/qwen35.cpp
+        ``build_layer_attn_linear``)::
+
+            g[i, h]    = softplus(alpha[i, h] + dt_bias[h]) * a[h]    (the log of the state's decay; a = -exp(A_log))
+            beta[i, h] = 1 / (1 + exp(-b[i, h]))                      (the write strength)
+
+        with ``softplus(x) = x if x > 20 else log(1 + exp(x))`` (ggml-cpu/unary-ops.cpp ``op_softplus``).
+        alpha, b, g, beta: f32 [n, n_head] (``g`` may be ``alpha``, ``beta`` may be ``b``);
+        dt_bias, a: f32 [n_head].
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
+        """
+        _GDN_GATE.check(self, g, beta, alpha, b, dt_bias, a)
+        self._gdn_gate(g, beta, alpha, b, dt_bias, a)
+
+    def gated_delta_net(self, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
+                        g: DeviceTensor, beta: DeviceTensor, state: DeviceTensor, slots: DeviceTensor) -> None:
+        """The gated delta rule (Gated DeltaNet's recurrence) with a carried state, and the state's update.
+
+        Shapes (``d`` the head width, ``H_k`` key heads, ``H_v`` value heads, ``H_k`` dividing ``H_v``):
+        q, k: f32 [n, H_k * d] (L2-normed by the caller); v, out: f32 [n, H_v * d]; g, beta:
+        f32 [n, H_v] (:meth:`gdn_gate`); state: f32 [n_slots, H_v * d * d], row ``s`` viewed as
+        ``M[h, j, i]`` = the state ``S_h[i][j]`` of slot ``s`` (ggml's transposed layout);
+        slots: I32 [n] in ``[0, n_slots)`` (outside: the caller's fault). Value head ``h`` reads key
+        head ``h mod H_k`` (ggml's ``iq1 = iv1 % neq1``). The rows of one slot are taken in order,
+        each with the state its previous row left::
+
+            S_h  = exp(g[i, h]) * S_h
+            u[j] = (v[i, h, j] - sum_i' S_h[i'][j] * k[i, h', i']) * beta[i, h]
+            S_h[i'][j] += k[i, h', i'] * u[j]
+            out[i, h, j] = (sum_i' S_h[i'][j] * q[i, h', i']) / sqrt(d)
+
+        Formula: ggml ``ggml_gated_delta_net`` with one snapshot (ggml/src/ggml-cpu/ops.cpp
+        ``ggml_compute_forward_gated_delta_net_one_chunk``); q, k, v, g and beta as llama.cpp
+        src/models/qwen35.cpp builds them.
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
+        """
+        _GDN.check(self, out, q, k, v, g, beta, state, slots)
+        self._gated_delta_net(out, q, k, v, g, beta, state, slots)
+
     # -- the backend's hooks (arguments checked; default: not supported) ----
     def _recurrent_unsupported(self, op: str) -> None:
         info = getattr(self, "info", None)
@@ -75,3 +156,25 @@ class RecurrentOps:
     def _mul(self, out: DeviceTensor, a: DeviceTensor, b: DeviceTensor) -> None:
         """Enqueue :meth:`mul`."""
         self._recurrent_unsupported("mul")
+
+    def _silu(self, out: DeviceTensor, x: DeviceTensor) -> None:
+        """Enqueue :meth:`silu`."""
+        self._recurrent_unsupported("silu")
+
+    def _sigmoid_mul(self, out: DeviceTensor, a: DeviceTensor, gate: DeviceTensor) -> None:
+        """Enqueue :meth:`sigmoid_mul`."""
+        self._recurrent_unsupported("sigmoid_mul")
+
+    def _l2_norm(self, out: DeviceTensor, x: DeviceTensor, group: int, eps: float) -> None:
+        """Enqueue :meth:`l2_norm`."""
+        self._recurrent_unsupported("l2_norm")
+
+    def _gdn_gate(self, g: DeviceTensor, beta: DeviceTensor, alpha: DeviceTensor, b: DeviceTensor,
+                  dt_bias: DeviceTensor, a: DeviceTensor) -> None:
+        """Enqueue :meth:`gdn_gate`."""
+        self._recurrent_unsupported("gdn_gate")
+
+    def _gated_delta_net(self, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
+                         g: DeviceTensor, beta: DeviceTensor, state: DeviceTensor, slots: DeviceTensor) -> None:
+        """Enqueue :meth:`gated_delta_net`."""
+        self._recurrent_unsupported("gated_delta_net")
