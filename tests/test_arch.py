@@ -111,6 +111,9 @@ EXPECTED_OPS = {
     # SMALL has no recurrent blocks (n_conv 0): its lfm2 blocks are attention blocks
     "lfm2": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "silu_mul"},
              {"get_rows", "rmsnorm", "matmul"}),
+    # likewise qwen35's (no full_attention_interval): gated attention blocks
+    "qwen35": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "sigmoid_mul", "silu_mul"},
+               {"get_rows", "rmsnorm", "matmul"}),
 }
 
 #: Of the MoE architectures, the ops of the attention half and of the feed-forward half.
@@ -137,7 +140,7 @@ def test_ops_are_derived_from_what_block_and_head_call(name):
     block_ops, head_ops = EXPECTED_OPS[name]
     assert set(a.ops(cfg, 0)) == set(a.ops(cfg, 1)) == block_ops
     assert set(a.ops(cfg, HEAD)) == head_ops
-    assert a.ops(cfg, HEAD)[0] == "get_rows" and set(a.ops(cfg, 0)) | head_ops <= set(OPS + MOE_OPS)
+    assert a.ops(cfg, HEAD)[0] == "get_rows" and set(a.ops(cfg, 0)) | head_ops <= set(OPS + MOE_OPS + RECURRENT_OPS)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_HALF_OPS))
@@ -170,7 +173,9 @@ def test_the_halves_split_a_blocks_tensors(name):
 def test_derived_ops_are_the_ops_a_segment_runs(name, tmp_path, cpu_device, monkeypatch):
     """The union over units of ops(cfg, unit, the file's tensors) is what running the model calls on numpy."""
     extra = {"qwen3": {"head_dim": 24}, "gpt-oss": {"n_swa": 4}, "olmoe": {"n_head_kv": SMALL.n_head},
-             "lfm2": {"n_conv": 3, "attn_layers": (1,)}}.get(name, {})
+             "lfm2": {"n_conv": 3, "attn_layers": (1,)},
+             "qwen35": {"n_conv": 4, "full_attention_interval": 2, "ssm_d_state": 8, "ssm_n_group": 2,
+                        "ssm_dt_rank": 4, "rope_sections": (2, 1, 1, 0)}}.get(name, {})
     if name in EXPECTED_OPS and "matmul_id" in EXPECTED_OPS[name][0]:
         extra.update(n_expert=4, n_expert_used=2, n_ff_exp=SMALL.n_ff)  # olmoe: experts n_ff wide
     shape = dataclasses.replace(SMALL, n_ctx_train=512, **extra)

@@ -158,8 +158,8 @@ def test_phi3_fused_weights_are_split_into_row_ranges():
     a = ARCHITECTURES["phi3"]
     qkv, up = a.spec("blk.1.attn_qkv.weight"), a.spec("blk.0.ffn_up.weight")
     assert qkv.shape(cfg) == (64 + 2 * 64, 64) and up.shape(cfg) == (192, 64)
-    assert qkv.part_rows(cfg) == [("attn_q", 0, 64), ("attn_k", 64, 128), ("attn_v", 128, 192)]
-    assert up.part_rows(cfg) == [("ffn_gate", 0, 96), ("ffn_up", 96, 192)]
+    assert qkv.part_rows(cfg) == [("attn_q", [(0, 64)]), ("attn_k", [(64, 128)]), ("attn_v", [(128, 192)])]
+    assert up.part_rows(cfg) == [("ffn_gate", [(0, 96)]), ("ffn_up", [(96, 192)])]
     assert a.spec("rope_factors_long.weight").unit == BLOCK and not a.spec("rope_factors_long.weight").required
 
 

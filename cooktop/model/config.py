@@ -49,6 +49,8 @@ def _check_unused(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
         spec = arch.spec(name)
         m = _BLOCK_RE.fullmatch(name)
         block = int(m.group(1)) if m else None
+        if block is not None and cfg.n_layer <= block < cfg.n_layer + cfg.n_layer_nextn:
+            continue  # a multi-token-prediction block after the trunk: not run (ModelConfig.n_layer_nextn)
         if spec is not None and (block is None or not spec.per_block or block < cfg.n_layer):
             if block is None or not spec.per_block or spec.in_block(cfg, block):
                 continue
@@ -169,7 +171,7 @@ def load_config(f: GGUFFile) -> ModelConfig:
     if toks is not None and len(toks) != n_vocab:
         raise UnsupportedModelError(
             f"{p}: vocabulary has {len(toks)} tokens but token_embd has {n_vocab} rows")
-    cfg = ModelConfig(
+    fields: dict = dict(
         arch=arch.name, n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layer=n_layer,
         n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_rot=n_rot, head_dim=head_dim,
         rope_freq_base=float(m.num("rope.freq_base", float, 10000.0, minimum=1e-30)),
@@ -177,7 +179,8 @@ def load_config(f: GGUFFile) -> ModelConfig:
         rope_mode=arch.rope_mode,
         recurrent_layers=recurrent_layers,
         tied_output=any(s.tied_to is not None and s.name not in tensors for s in arch.tensors),
-        **arch.hparams(m),
     )
+    fields.update(arch.hparams(m))  # an architecture's own reading wins (qwen35: its trunk, its recurrent blocks)
+    cfg = ModelConfig(**fields)
     _check_tensors(f, cfg, arch)
     return cfg

@@ -103,16 +103,23 @@ def upload(d: Device | DeviceBuffer, t: TensorInfo, as_f32: bool, shape: tuple[i
         raise DeviceOutOfMemoryError(f"tensor {t.name}: {e}") from e
 
 
-def upload_rows(d: Device | DeviceBuffer, t: TensorInfo, first: int, end: int) -> DeviceTensor:
-    """Upload rows ``first .. end - 1`` of matrix ``t`` (``[n_out, n_in]``, any GGML type) as a
-    weight of shape ``[end - first, n_in]``: a slice of the file's bytes, since each GGML row
-    is ``row_bytes(type, n_in)`` contiguous bytes (a fused weight's part, ``TensorSpec.parts``)."""
+def upload_rows(d: Device | DeviceBuffer, t: TensorInfo, ranges: list[tuple[int, int]],
+                as_f32: bool = False) -> DeviceTensor:
+    """Upload the rows of ``ranges`` (``(first, end)`` each, in order) of matrix ``t`` (``[n_out, n_in]``,
+    any GGML type) as one weight of shape ``[rows, n_in]``: slices of the file's bytes, since each
+    GGML row is ``row_bytes(type, n_in)`` contiguous bytes (a fused weight's part, ``TensorSpec.parts``).
+    ``as_f32``: a norm-kind tensor (a convolution kernel), dequantized to f32 if the file's is not."""
     rb = row_bytes(t.ggml_type, t.shape[-1])
-    raw = np.asarray(t.data).reshape(-1).view(np.uint8)[first * rb:end * rb]
+    flat = np.asarray(t.data).reshape(-1).view(np.uint8)
+    raw = np.concatenate([flat[a * rb:e * rb] for a, e in ranges]) if len(ranges) > 1 else \
+        flat[ranges[0][0] * rb:ranges[0][1] * rb]
+    shape = (sum(e - a for a, e in ranges),) + tuple(t.shape[1:])
     try:
-        return d.upload(raw, t.ggml_type, (end - first,) + tuple(t.shape[1:]))
+        if as_f32 and t.ggml_type != T.F32:
+            return d.upload(dequantize(raw, t.ggml_type, shape), T.F32, shape)
+        return d.upload(raw, t.ggml_type, shape)
     except DeviceOutOfMemoryError as e:
-        raise DeviceOutOfMemoryError(f"tensor {t.name} rows {first}-{end - 1}: {e}") from e
+        raise DeviceOutOfMemoryError(f"tensor {t.name} rows {ranges[0][0]}-{ranges[-1][1] - 1}: {e}") from e
 
 
 class Segment:
@@ -161,9 +168,10 @@ class Segment:
             w = {}
             for key, (name, spec) in arch.unit_tensors(gf.tensors, unit, part).items():
                 if spec.parts:  # a fused matrix: each row range is a weight of its own
-                    for pkey, first, end in spec.part_rows(cfg):
+                    for pkey, ranges in spec.part_rows(cfg):
                         if (name, pkey) not in uploaded:
-                            uploaded[(name, pkey)] = upload_rows(d, gf.tensor(name), first, end)
+                            uploaded[(name, pkey)] = upload_rows(d, gf.tensor(name), ranges,
+                                                                 as_f32=spec.kind != MATRIX)
                         w[pkey] = uploaded[(name, pkey)]
                     continue
                 if name not in uploaded:
@@ -202,7 +210,7 @@ class Segment:
             d.tensors = [t for t in d.tensors if t.device is not None]
 
     def run(self, x_host: np.ndarray, rows: Rows, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
-            embeddings: bool = False, states: list[DeviceTensor | None] | None = None) -> np.ndarray:
+            embeddings: bool = False, states: list[tuple[DeviceTensor, ...] | None] | None = None) -> np.ndarray:
         """Run this segment on ``n`` rows (tokens of one or several sequences).
 
         Args:
@@ -212,8 +220,8 @@ class Segment:
                 f32 [n_cells, n_head_kv * head_dim] on this segment's device.
             embeddings: head only: return the output-normed hidden states of every
                 row instead of logits (llama.cpp's ``result_norm``, what its embeddings pool).
-            states: the recurrent state of each block of this segment (``model/recurrent.py``:
-                f32 [n_seq, width], None for an attention block); None: no recurrent block.
+            states: the recurrent state tensors of each block of this segment (``model/recurrent.py``:
+                each f32 [n_seq, width]; None for an attention block); None: no recurrent block.
         Returns:
             float32 [n, n_embd] activations after the last block, or, with the
             head, logits float32 [m, n_vocab] of the output rows (``embeddings``: float32 [n, n_embd]).
@@ -260,7 +268,7 @@ class Segment:
         mode = "x" if not head else "embd" if embeddings else "rows" if m else "all"
         key = (self._serial, n, mode, m, rows.n_ctx, rows.cells is not None, start is not None,
                self.ids.serial if m else 0, tuple(t.serial for t in k_cache), tuple(t.serial for t in v_cache),
-               tuple(0 if t is None else t.serial for t in states or ()))
+               tuple(() if b is None else tuple(t.serial for t in b) for b in states or ()))
         with d.graph(key) as issue:
             if issue:
                 out = self._ops(s, n, m, pos, cells, start, rows.n_ctx, k_cache, v_cache, embeddings, states, slots)
@@ -278,7 +286,7 @@ class Segment:
 
     def _ops(self, s: SimpleNamespace, n: int, m: int, pos: DeviceTensor, cells: DeviceTensor,
              start: DeviceTensor | None, n_ctx: int, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
-             embeddings: bool, states: list[DeviceTensor | None] | None = None,
+             embeddings: bool, states: list[tuple[DeviceTensor, ...] | None] | None = None,
              slots: DeviceTensor | None = None) -> DeviceTensor:
         """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`."""
         d, cfg, arch = self.device, self.cfg, self.arch
@@ -345,15 +353,15 @@ class KVCache(CacheTokens):
                 rows = n_seq * self.n_ctx
                 self.k.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_k) for f in none])
                 self.v.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_v) for f in none])
-                if arch.state_width is not None:
-                    states.append((d, [arch.state_width(cfg, i) for i in seg.blocks]))
-            if arch.state_width is not None:
+                if arch.state_widths is not None:
+                    states.append((d, [arch.state_widths(cfg, i) for i in seg.blocks]))
+            if arch.state_widths is not None:
                 self.recurrent = RecurrentState(states, n_seq, model._lock)
         except BaseException:
             self.close()
             raise
 
-    def states(self) -> list[list[DeviceTensor | None] | None]:
+    def states(self) -> list[list[tuple[DeviceTensor, ...] | None] | None]:
         """Per segment, the recurrent state of each of its blocks (None per segment without recurrent layers)."""
         if self.recurrent is None:
             return [None] * len(self.k)

@@ -55,8 +55,14 @@ class ModelConfig:
         expert_weights_scale: factor of the selected experts' weights (0 or 1: none).
         recurrent_layers: per block, True when it is a recurrent layer (llama.cpp ``is_recr(il)``;
             lfm2: the blocks whose ``attention.head_count_kv`` entry is 0); () when none is.
-        n_conv: the short convolution's kernel length (lfm2 ``shortconv.l_cache``: its state keeps
-            the last ``n_conv - 1`` inputs); 0 without recurrent layers.
+        n_conv: the short convolution's kernel length (lfm2 ``shortconv.l_cache``, qwen35
+            ``ssm.conv_kernel``: its state keeps the last ``n_conv - 1`` inputs); 0 without recurrent layers.
+        ssm_d_state, ssm_n_group, ssm_dt_rank, ssm_d_inner: the gated delta-net's head width (``ssm.state_size``),
+            key heads (``ssm.group_count``), value heads (``ssm.time_step_rank``) and value width
+            (``ssm.inner_size`` = value heads x head width); llama.cpp ``hparams.ssm_*``; 0 without.
+        n_layer_nextn: multi-token-prediction blocks after the ``n_layer`` trunk blocks
+            (``nextn_predict_layers``; their tensors are skipped); 0 without.
+        rope_sections: multi-section rope's sections (``rope.dimension_sections``, 4 values; () without).
 
     A hyper-parameter that only some architectures have (a sliding window, a logit
     softcap) is added here with a neutral default, as llama.cpp's ``llama_hparams``
@@ -98,6 +104,12 @@ class ModelConfig:
     expert_weights_scale: float = 0.0
     recurrent_layers: tuple[bool, ...] = ()
     n_conv: int = 0
+    ssm_d_state: int = 0
+    ssm_n_group: int = 0
+    ssm_dt_rank: int = 0
+    ssm_d_inner: int = 0
+    rope_sections: tuple[int, ...] = ()
+    n_layer_nextn: int = 0
 
     def is_recurrent(self, il: int) -> bool:
         """True when block ``il`` is a recurrent layer (llama.cpp ``hparams.is_recr(il)``)."""

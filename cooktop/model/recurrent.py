@@ -9,11 +9,12 @@ copied to another sequence (llama.cpp ``llama_memory_seq_cp``), or put back to a
 reference is ``llama_memory_recurrent`` (src/llama-memory-recurrent.cpp, one cell per sequence)
 inside ``llama_memory_hybrid`` (the attention layers' KV cache beside it).
 
-:class:`RecurrentState` holds, per segment and per block of that segment, one tensor
-``f32 [n_seq, width]`` on the segment's device (row ``s`` is sequence ``s``'s state; ``width`` from
-``Architecture.state_width``; None for an attention block). The forward pass reaches it as it
-reaches the K/V: the cache hands each segment its list, each block its tensor and the rows'
-sequence ids (``KV.state``, ``KV.slots``), and the block's ``ssm_conv`` reads and updates the rows.
+:class:`RecurrentState` holds, per segment and per block of that segment, a tuple of tensors
+``f32 [n_seq, width]`` on the segment's device (row ``s`` is sequence ``s``'s state; the widths from
+``Architecture.state_widths``: lfm2 one, qwen35's linear attention four: its three convolutions'
+and the delta rule's; None for an attention block). The forward pass reaches it as it reaches the
+K/V: the cache hands each segment its list, each block its tuple and the rows' sequence ids
+(``KV.state``, ``KV.slots``), and the block's ``ssm_conv`` / ``gated_delta_net`` read and update the rows.
 
 Checkpoints are host copies (numpy) of one sequence's rows of every block, keyed by the position
 they were taken at (the sequence's token count then); at most :data:`MAX_CHECKPOINTS` per sequence,
@@ -40,31 +41,31 @@ class RecurrentState:
     """The recurrent states of ``n_seq`` sequences for every recurrent block of a placed model.
 
     Args:
-        buffers: per segment, (the device buffer the states are made in, the state width of each
-            block of that segment: 0 for an attention block).
+        buffers: per segment, (the device buffer the states are made in, the state tensors' widths
+            of each block of that segment: () for an attention block).
         n_seq: sequences (state rows per block).
         lock: the model's forward lock (state edits take it, module doc).
     Attributes:
-        tensors: per segment, per block: f32 [n_seq, width] on the segment's device, or None.
+        tensors: per segment, per block: a tuple of f32 [n_seq, width] on the segment's device, or None.
         checkpoints: per sequence, position -> host copies of that sequence's rows (one per state tensor).
     Raises:
         DeviceOutOfMemoryError: a state tensor does not fit.
     """
 
-    def __init__(self, buffers: list[tuple[DeviceBuffer, list[int]]], n_seq: int, lock: threading.Lock):
+    def __init__(self, buffers: list[tuple[DeviceBuffer, list[tuple[int, ...]]]], n_seq: int, lock: threading.Lock):
         self.n_seq = n_seq
         self._lock = lock
-        self.tensors: list[list[DeviceTensor | None]] = [
-            [d.zeros((n_seq, w)) if w else None for w in widths] for d, widths in buffers]
+        self.tensors: list[list[tuple[DeviceTensor, ...] | None]] = [
+            [tuple(d.zeros((n_seq, w)) for w in ws) if ws else None for ws in widths] for d, widths in buffers]
         self.checkpoints: list[dict[int, list[np.ndarray]]] = [{} for _ in range(n_seq)]
 
     @property
     def nbytes(self) -> int:
         """Bytes of the states on the devices (every sequence; checkpoints on the host not counted)."""
-        return sum(t.shape[0] * t.shape[1] * 4 for ts in self.tensors for t in ts if t is not None)
+        return sum(t.shape[0] * t.shape[1] * 4 for t in self._all())
 
     def _all(self) -> list[DeviceTensor]:
-        return [t for ts in self.tensors for t in ts if t is not None]
+        return [t for ts in self.tensors for block in ts if block is not None for t in block]
 
     def _rows(self, seq: int) -> list[np.ndarray]:
         """Host copies of row ``seq`` of every state tensor (the caller holds the lock)."""

@@ -180,12 +180,12 @@ def weight_bytes(gf: GGUFFile, cfg: ModelConfig, units: list) -> dict[str, int]:
 
 def recurrent_state_bytes(cfg: ModelConfig, blocks: list[int] | None = None, n_seq: int = 1) -> int:
     """Bytes of the recurrent states of ``blocks`` (default: every block) for ``n_seq`` sequences:
-    f32 ``Architecture.state_width`` values per sequence and block (``model/recurrent.py``); 0 without
+    f32 ``Architecture.state_widths`` values per sequence and block (``model/recurrent.py``); 0 without
     recurrent layers."""
-    width = architecture(cfg.arch).state_width
-    if width is None:
+    widths = architecture(cfg.arch).state_widths
+    if widths is None:
         return 0
-    return 4 * n_seq * sum(width(cfg, i) for i in (range(cfg.n_layer) if blocks is None else blocks))
+    return 4 * n_seq * sum(sum(widths(cfg, i)) for i in (range(cfg.n_layer) if blocks is None else blocks))
 
 
 def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int, logits_all: bool,

@@ -32,6 +32,7 @@ import math
 import os
 import string
 import tempfile
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter, TokenType
@@ -88,11 +89,26 @@ class Shape:
     #: a hybrid (lfm2): the attention blocks (indices >= n_layer ignored, so ``--n-layer`` keeps the
     #: pattern's start); the other blocks are recurrent (head_count_kv 0 in the file's per-layer array)
     attn_layers: tuple[int, ...] = ()
-    #: lfm2: shortconv.l_cache (the convolution's kernel length)
+    #: lfm2: shortconv.l_cache; qwen35: ssm.conv_kernel (the convolution's kernel length)
     n_conv: int = 0
+    #: qwen35: full_attention_interval (every n-th block attends, the others are linear attention);
+    #: written in place of a per-layer head_count_kv
+    full_attention_interval: int = 0
+    #: qwen35's gated delta-net: head width (ssm.state_size), key heads (ssm.group_count), value heads
+    #: (ssm.time_step_rank); ssm.inner_size is value heads x head width
+    ssm_d_state: int = 0
+    ssm_n_group: int = 0
+    ssm_dt_rank: int = 0
+    #: rope.dimension_count when set (partial rotary: qwen35 rotates a quarter of each head)
+    n_rot: int | None = None
+    #: rope.dimension_sections written when set (qwen35's multi-section rope, 4 values)
+    rope_sections: tuple[int, ...] = ()
 
     def recurrent_layers(self) -> tuple[bool, ...]:
-        """Per block, True when it is recurrent (a hybrid: not in :attr:`attn_layers`); () otherwise."""
+        """Per block, True when it is recurrent (a hybrid: not in :attr:`attn_layers`, or with
+        :attr:`full_attention_interval` not an interval-th block); () otherwise."""
+        if self.full_attention_interval:
+            return tuple((i + 1) % self.full_attention_interval != 0 for i in range(self.n_layer))
         if not self.n_conv:
             return ()
         return tuple(i not in self.attn_layers for i in range(self.n_layer))
@@ -120,6 +136,14 @@ SHAPES: dict[str, Shape] = {
     # conv_L_cache 3, block_ff_dim 12288 auto-adjusted to 8192)
     "lfm2-1.2b": Shape(2048, 16, 32, 8, 8192, 65536, 128000, 1000000.0, tied=True, arch="lfm2",
                        attn_layers=(2, 5, 8, 10, 12, 14), n_conv=3),
+    # Qwen3.5 (HF configs: every 4th block full attention, head_dim 256 with a quarter rotated,
+    # mrope_section 11/11/10, conv kernel 4, linear heads 128 wide)
+    "qwen3.5-0.8b": Shape(1024, 24, 8, 2, 3584, 248320, 262144, 10000000.0, tied=True, head_dim=256, arch="qwen35",
+                          n_conv=4, full_attention_interval=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=16,
+                          n_rot=64, rope_sections=(11, 11, 10, 0)),
+    "qwen3.5-9b": Shape(4096, 32, 16, 4, 12288, 248320, 262144, 10000000.0, head_dim=256, arch="qwen35",
+                        n_conv=4, full_attention_interval=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=32,
+                        n_rot=64, rope_sections=(11, 11, 10, 0)),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
@@ -182,13 +206,16 @@ def config(s: Shape, arch: str | None = None) -> ModelConfig:
     a = architecture(arch or s.arch)
     head_dim = s.head_dim or s.n_embd // s.n_head
     moe = s.n_expert > 0
+    gdn: dict[str, Any] = dict(ssm_d_state=s.ssm_d_state, ssm_n_group=s.ssm_n_group, ssm_dt_rank=s.ssm_dt_rank,
+               ssm_d_inner=s.ssm_dt_rank * s.ssm_d_state, rope_sections=s.rope_sections)
     return ModelConfig(arch=a.name, n_vocab=s.n_vocab, n_ctx_train=s.n_ctx_train, n_embd=s.n_embd,
-                       n_layer=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv, n_ff=s.n_ff, n_rot=head_dim,
+                       n_layer=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv, n_ff=s.n_ff,
+                       n_rot=s.n_rot or head_dim,
                        head_dim=head_dim, rope_freq_base=s.rope_freq_base, rms_eps=1e-5, rope_mode=a.rope_mode,
                        tied_output=s.tied, n_expert=s.n_expert, n_expert_used=s.n_expert_used,
                        n_ff_exp=(s.n_ff_exp or s.n_ff // max(1, s.n_expert_used)) if moe else 0,
                        n_ff_shexp=(s.n_ff_shexp or s.n_ff) if moe else 0,
-                       recurrent_layers=s.recurrent_layers(), n_conv=s.n_conv)
+                       recurrent_layers=s.recurrent_layers(), n_conv=s.n_conv, **gdn)
 
 
 def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | None = None
@@ -262,6 +289,11 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
     if moe_arch and not 0 < s.n_expert_used <= s.n_expert:
         raise CooktopError(f"synthetic shape: {arch} needs 0 < n_expert_used ({s.n_expert_used}) <= "
                            f"n_expert ({s.n_expert})")
+    if arch == "qwen35" and not (s.ssm_d_state > 0 and s.ssm_n_group > 0 and s.ssm_dt_rank > 0
+                                 and s.ssm_dt_rank % s.ssm_n_group == 0 and s.full_attention_interval > 0
+                                 and len(s.rope_sections) == 4):
+        raise CooktopError("synthetic shape: qwen35 needs ssm_d_state, ssm_n_group, ssm_dt_rank (a multiple of "
+                           "ssm_n_group), full_attention_interval > 0 and four rope_sections")
     if architecture(arch).recurrent:
         if s.n_conv < 2:
             raise CooktopError(f"synthetic shape: {arch} needs n_conv (shortconv.l_cache) >= 2, not {s.n_conv}")
@@ -395,9 +427,20 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
     w.add_feed_forward_length(s.n_ff)
     w.add_head_count(s.n_head)
     recr = s.recurrent_layers()
-    w.add_head_count_kv([0 if r else s.n_head_kv for r in recr] if recr else s.n_head_kv)
-    if s.n_conv:
+    per_layer_kv = bool(recr) and not s.full_attention_interval  # lfm2 marks its recurrent blocks so
+    w.add_head_count_kv([0 if r else s.n_head_kv for r in recr] if per_layer_kv else s.n_head_kv)
+    if s.full_attention_interval:
+        w.add_uint32(f"{arch}.full_attention_interval", s.full_attention_interval)
+    if s.ssm_d_state:
+        w.add_uint32(f"{arch}.ssm.conv_kernel", s.n_conv)
+        w.add_uint32(f"{arch}.ssm.inner_size", s.ssm_dt_rank * s.ssm_d_state)
+        w.add_uint32(f"{arch}.ssm.state_size", s.ssm_d_state)
+        w.add_uint32(f"{arch}.ssm.time_step_rank", s.ssm_dt_rank)
+        w.add_uint32(f"{arch}.ssm.group_count", s.ssm_n_group)
+    elif s.n_conv:
         w.add_uint32(f"{arch}.shortconv.l_cache", s.n_conv)
+    if s.rope_sections:
+        w.add_array(f"{arch}.rope.dimension_sections", list(s.rope_sections))
     if s.head_dim is not None:
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
@@ -451,10 +494,12 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
                 values = rng.normal(0.0, 0.02, shp)
             elif tname.endswith("attn_sinks.weight"):  # a logit per head: N(0, 1)
                 values = rng.normal(0.0, 1.0, shp)
-            elif tname.endswith("shortconv.conv.weight"):  # a convolution kernel: N(0, 0.5) taps
+            elif tname.endswith(("shortconv.conv.weight", "ssm_conv1d.weight")):  # a kernel: N(0, 0.5) taps
                 values = rng.normal(0.0, 0.5, shp)
+            elif tname.endswith(".ssm_a"):  # -exp(A_log): a decay rate per head, -U(0.05, 1)
+                values = -rng.uniform(0.05, 1.0, shp)
             elif tname.endswith(("attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
-                                  "post_ffw_norm.weight")):
+                                  "post_ffw_norm.weight", "ssm_norm.weight")):
                 values = 1.0 + rng.normal(0.0, 0.1, shp)
             else:
                 values = np.ones(shp)

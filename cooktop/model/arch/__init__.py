@@ -18,11 +18,12 @@ from .lfm2 import LFM2
 from .llama import LLAMA
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
+from .qwen35 import QWEN35
 from .qwen_moe import OLMOE, QWEN2MOE, QWEN3MOE
 
 #: general.architecture -> descriptor.
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
-                                                               OLMOE, GPT_OSS, LFM2)}
+                                                               OLMOE, GPT_OSS, LFM2, QWEN35)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).
@@ -39,7 +40,6 @@ UNSUPPORTED_MOE = {
 #: Recurrent and hybrid architectures llama.cpp runs and cooktop does not (yet), and what they need
 #: (refused by name rather than as an unknown architecture).
 UNSUPPORTED_RECURRENT = {
-    "qwen35": "Qwen3.5's gated delta-net (linear attention) layers and multi-section rope",
     "lfm2moe": "LFM2-MoE's sigmoid-routed experts beside its convolution blocks",
     "mamba": "Mamba's selective scan (ssm_scan)",
     "mamba2": "Mamba-2's selective scan with groups (ssm_scan)",

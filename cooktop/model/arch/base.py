@@ -60,6 +60,11 @@ class TensorSpec:
             and every op, kernel and device works on it unchanged. llama.cpp instead multiplies
             by the whole fused weight and views column ranges of the product
             (``build_qkv``, ``ggml_swiglu``); each output value is the same dot product.
+        groups: ``groups(cfg) -> int`` when the parts repeat per group (qwen35's ``attn_q``: per head,
+            the head's query rows then its gate's): the rows are ``groups`` runs of the parts in order,
+            each part's ``rows(cfg)`` counting one run's rows; a part is uploaded as its rows of every
+            run, in run order (llama.cpp views the product with a stride instead: ``ggml_view_3d``).
+            None: one run.
         ffn: part of the block's feed-forward half (set by ``skeleton.llama_tensors`` on the FFN
             norm, the FFN and what follows): placement may run that half on another device than
             the attention half (``Architecture.block_ffn``: a MoE block's experts).
@@ -75,6 +80,7 @@ class TensorSpec:
     required: bool = True
     tied_to: str | None = None
     parts: tuple[tuple[str, Callable[[ModelConfig], int]], ...] = ()
+    groups: Callable[[ModelConfig], int] | None = None
     ffn: bool = False
     layers: Callable[[ModelConfig, int], bool] | None = None
 
@@ -99,12 +105,16 @@ class TensorSpec:
         """The keys the block code reads this tensor under: its :attr:`parts`' keys, else :attr:`key`."""
         return tuple(k for k, _ in self.parts) or (self.key,)
 
-    def part_rows(self, cfg: ModelConfig) -> list[tuple[str, int, int]]:
-        """``(key, first row, end row)`` of each of :attr:`parts` for a model of ``cfg``."""
-        out, a = [], 0
-        for key, rows in self.parts:
-            n = int(rows(cfg))
-            out.append((key, a, a + n))
+    def part_rows(self, cfg: ModelConfig) -> list[tuple[str, list[tuple[int, int]]]]:
+        """``(key, [(first row, end row), ...])`` of each of :attr:`parts` for a model of ``cfg``: one
+        range per run of the parts (:attr:`groups`), in order."""
+        sizes = [int(rows(cfg)) for _, rows in self.parts]
+        per_run = sum(sizes)
+        runs = int(self.groups(cfg)) if self.groups is not None else 1
+        out = []
+        a = 0
+        for (key, _), n in zip(self.parts, sizes):
+            out.append((key, [(r * per_run + a, r * per_run + a + n) for r in range(runs)]))
             a += n
         return out
 
@@ -144,8 +154,8 @@ class KV:
             or None when every row starts at row 0 (one sequence).
         n_ctx: positions per sequence (the context length; the LongRoPE choice, ``builders.rope_factors``, reads it).
         flash: the attention kernel (``Device.attention``'s ``flash``: the model's resolved ``-fa``).
-        state: a recurrent block's state, f32 [n_seq, width] (``model/recurrent.py``: one row per
-            sequence, the convolution's last inputs), or None (an attention block).
+        state: a recurrent block's state tensors, each f32 [n_seq, width] (``model/recurrent.py``: one
+            row per sequence; ``Architecture.state_widths``), or None (an attention block).
         slots: I32 [n] the state row of each row's sequence (its seq id), or None (no state).
     """
 
@@ -156,7 +166,7 @@ class KV:
     kv_start: DeviceTensor | None = None
     n_ctx: int = 0
     flash: bool = True
-    state: DeviceTensor | None = None
+    state: tuple[DeviceTensor, ...] | None = None
     slots: DeviceTensor | None = None
 
     def attend(self, d: Device, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,

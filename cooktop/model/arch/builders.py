@@ -140,15 +140,24 @@ def build_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: 
         build_norm(d, cfg, q, q, w["attn_q_norm"])
     if "attn_k_norm" in w:
         build_norm(d, cfg, k, k, w["attn_k_norm"])
-    rope, ff = rope_args(cfg, il), rope_factors(cfg, w, kv.n_ctx)
-    d.rope(q, q, kv.pos, **rope, freq_factors=ff)
-    scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
-    kv.attend(d, s.att, q, k, v, cfg.n_head, cfg.n_head_kv, scale, cfg.n_swa if is_swa(cfg, il) else 0,
-              sinks=w.get("attn_sinks"), k_rope={**rope, "freq_factors": ff})
+    build_attn_core(d, cfg, w, s, kv, il)
     d.matmul(s.o, s.att, w["attn_output"])
     if "attn_output.bias" in w:
         d.add_bias(s.o, s.o, w["attn_output.bias"])
     return s.o
+
+
+def build_attn_core(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> DeviceTensor:
+    """The rope and attention steps of :func:`build_attn` on the rows' ``s.q`` f32 [n, n_embd_q] and
+    ``s.k``, ``s.v`` f32 [n, n_embd_kv] (projected and normed by the caller): rotate q and k
+    (``rope_args(il)``, ``rope_factors``), store k and v in the cache, attend; returns ``s.att``
+    f32 [n, n_embd_q] (before the output projection)."""
+    rope, ff = rope_args(cfg, il), rope_factors(cfg, w, kv.n_ctx)
+    d.rope(s.q, s.q, kv.pos, **rope, freq_factors=ff)
+    scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
+    kv.attend(d, s.att, s.q, s.k, s.v, cfg.n_head, cfg.n_head_kv, scale, cfg.n_swa if is_swa(cfg, il) else 0,
+              sinks=w.get("attn_sinks"), k_rope={**rope, "freq_factors": ff})
+    return s.att
 
 
 def build_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, act: str = SILU) -> DeviceTensor:

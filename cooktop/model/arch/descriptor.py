@@ -96,9 +96,10 @@ class Architecture:
             attention: ``block_attn`` (:data:`BlockFn`) adds the attention to ``s.x``, ``block_ffn``
             (:data:`FfnFn`) the feed-forward, whose tensors are those marked ``TensorSpec.ffn``;
             running both is :attr:`block`. None: the block is placed whole.
-        state_width: ``state_width(cfg, il) -> int``: the f32 values per sequence of block ``il``'s
-            recurrent state (``model/recurrent.py``; lfm2's convolution: ``(n_conv - 1) * n_embd``),
-            0 for an attention block; None: the architecture has no recurrent layers.
+        state_widths: ``state_widths(cfg, il) -> (width, ...)``: block ``il``'s recurrent state tensors,
+            the f32 values per sequence of each (``model/recurrent.py``; lfm2's convolution: one of
+            ``(n_conv - 1) * n_embd``; qwen35's linear attention: three convolution states and the
+            delta rule's), () for an attention block; None: the architecture has no recurrent layers.
     """
 
     name: str
@@ -113,12 +114,12 @@ class Architecture:
     scratch_i32: Callable[[ModelConfig], dict[str, int]] | None = None
     block_attn: BlockFn | None = None
     block_ffn: FfnFn | None = None
-    state_width: Callable[[ModelConfig, int], int] | None = None
+    state_widths: Callable[[ModelConfig, int], tuple[int, ...]] | None = None
 
     @property
     def recurrent(self) -> bool:
-        """True when some blocks are recurrent layers with a state (:attr:`state_width`)."""
-        return self.state_width is not None
+        """True when some blocks are recurrent layers with a state (:attr:`state_widths`)."""
+        return self.state_widths is not None
 
     @property
     def has_halves(self) -> bool:
@@ -189,7 +190,9 @@ class Architecture:
             names = [*self.scratch(cfg), *(self.scratch_i32(cfg) if self.scratch_i32 else ())]
             s = SimpleNamespace(**{name: _Placeholder(name) for name in names})
             t: Any = _Placeholder("kv")
-            self.run_block(d, cfg, w, s, KV(t, t, t, t, t, cfg.n_ctx_train), unit, part)
+            st = (t,) * len(self.state_widths(cfg, unit)) if self.state_widths is not None else None
+            self.run_block(d, cfg, w, s, KV(t, t, t, t, t, cfg.n_ctx_train, state=st, slots=t if st else None),
+                           unit, part)
         else:
             x: Any = _Placeholder("x")
             self.head(d, cfg, w, x, x, x, x)

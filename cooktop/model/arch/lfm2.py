@@ -101,10 +101,10 @@ def hparams(m: Metadata) -> dict[str, Any]:
     return out
 
 
-def state_width(cfg: ModelConfig, il: int) -> int:
-    """Floats per sequence of block ``il``'s state: ``(l_cache - 1) * n_embd`` for a convolution block
-    (llama.cpp ``hparams.n_embd_r()``), 0 for an attention block."""
-    return (cfg.n_conv - 1) * cfg.n_embd if cfg.is_recurrent(il) else 0
+def state_widths(cfg: ModelConfig, il: int) -> tuple[int, ...]:
+    """Floats per sequence of block ``il``'s one state tensor: ``(l_cache - 1) * n_embd`` for a
+    convolution block (llama.cpp ``hparams.n_embd_r()``); () for an attention block."""
+    return ((cfg.n_conv - 1) * cfg.n_embd,) if cfg.is_recurrent(il) else ()
 
 
 def scratch(cfg: ModelConfig) -> dict[str, int]:
@@ -115,11 +115,11 @@ def scratch(cfg: ModelConfig) -> dict[str, int]:
 
 def shortconv(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> DeviceTensor:
     """The short-convolution operator on the normed rows ``s.xn`` (llama.cpp ``build_shortconv_block``):
-    returns ``s.o`` f32 [n, n_embd] = ``(c * ssm_conv(b * u)) @ out_proj^T``; ``kv.state`` (f32
+    returns ``s.o`` f32 [n, n_embd] = ``(c * ssm_conv(b * u)) @ out_proj^T``; ``kv.state[0]`` (f32
     [n_seq, (l_cache - 1) * n_embd]) is read and updated at the rows' sequences ``kv.slots``."""
     d.matmuls(s.xn, (s.cb, w["conv_b"]), (s.cc, w["conv_c"]), (s.cx, w["conv_x"]))
     d.mul(s.cb, s.cb, s.cx)
-    d.ssm_conv(s.cv, s.cb, kv.state, w["shortconv.conv"], kv.slots)  # type: ignore[arg-type]
+    d.ssm_conv(s.cv, s.cb, kv.state[0], w["shortconv.conv"], kv.slots)  # type: ignore[index,arg-type]
     d.mul(s.cv, s.cc, s.cv)
     d.matmul(s.o, s.cv, w["shortconv.out_proj"])
     return s.o
@@ -143,4 +143,4 @@ def final_norm(d: Device, cfg: ModelConfig, w: Weights, xn: DeviceTensor, x: Dev
 
 
 LFM2 = Architecture(name="lfm2", tensors=TENSORS, rope_mode=ROPE_NEOX, hparams=hparams, block=block,
-                    scratch=scratch, final_norm=final_norm, state_width=state_width)
+                    scratch=scratch, final_norm=final_norm, state_widths=state_widths)
