@@ -114,6 +114,8 @@ EXPECTED_OPS = {
     # likewise qwen35's (no full_attention_interval): gated attention blocks
     "qwen35": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "sigmoid_mul", "silu_mul"},
                {"get_rows", "rmsnorm", "matmul"}),
+    "qwen35moe": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "sigmoid_mul", "moe_route",
+                   "matmul_id", "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
 }
 
 #: Of the MoE architectures, the ops of the attention half and of the feed-forward half.
@@ -174,8 +176,9 @@ def test_derived_ops_are_the_ops_a_segment_runs(name, tmp_path, cpu_device, monk
     """The union over units of ops(cfg, unit, the file's tensors) is what running the model calls on numpy."""
     extra = {"qwen3": {"head_dim": 24}, "gpt-oss": {"n_swa": 4}, "olmoe": {"n_head_kv": SMALL.n_head},
              "lfm2": {"n_conv": 3, "attn_layers": (1,)},
-             "qwen35": {"n_conv": 4, "full_attention_interval": 2, "ssm_d_state": 8, "ssm_n_group": 2,
-                        "ssm_dt_rank": 4, "rope_sections": (2, 1, 1, 0)}}.get(name, {})
+             **dict.fromkeys(("qwen35", "qwen35moe"), {"n_conv": 4, "full_attention_interval": 2, "ssm_d_state": 8,
+                                                       "ssm_n_group": 2, "ssm_dt_rank": 4,
+                                                       "rope_sections": (2, 1, 1, 0)})}.get(name, {})
     if name in EXPECTED_OPS and "matmul_id" in EXPECTED_OPS[name][0]:
         extra.update(n_expert=4, n_expert_used=2, n_ff_exp=SMALL.n_ff)  # olmoe: experts n_ff wide
     shape = dataclasses.replace(SMALL, n_ctx_train=512, **extra)

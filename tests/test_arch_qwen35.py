@@ -235,3 +235,29 @@ def test_an_mtp_block_after_the_trunk_is_skipped(models, reference, tmp_path):
         finally:
             llm.close()
     assert close(got[0], want[0])
+
+
+MOE = dataclasses.replace(SMALL, arch="qwen35moe", n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64)
+
+
+@pytest.mark.parametrize("ft", ["F32", "Q8_0"])
+def test_qwen35moe_matches_llama_cpp(tmp_path, ft):
+    """qwen35moe (Qwen3.6-35B-A3B's structure, narrow): the qwen35 blocks with the experts and the shared
+    expert in place of the FFN; logits against llama.cpp's."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        skip_or_fail("llama_cpp", f"llama-cpp-python is not installed ({e}); pip install llama-cpp-python")
+    p = tmp_path / f"moe-{ft}.gguf"
+    synth.write(p, MOE, ft, seed=5, scales=SCALES)
+    ref = llama_cpp.Llama(model_path=str(p), logits_all=True, n_ctx=N_CTX, n_batch=16, verbose=False)
+    want = _greedy(ref, PROMPT, 0)[0]
+    ref.close()
+    llm = Llama(model_path=str(p), n_ctx=N_CTX, n_batch=7, logits_all=True, verbose=False, device="cpu")
+    try:
+        got = _greedy(llm, PROMPT, 0)[0]
+    finally:
+        llm.close()
+    err = nmse(got, want)
+    print(f"qwen35moe {ft}: nmse {err:.3g} vs llama.cpp")
+    assert err <= bound(ft)

@@ -354,7 +354,9 @@ class KVCache(CacheTokens):
                 self.k.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_k) for f in none])
                 self.v.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_v) for f in none])
                 if arch.state_widths is not None:
-                    states.append((d, [arch.state_widths(cfg, i) for i in seg.blocks]))
+                    # a block's feed-forward half keeps no state (its attention half's segment does)
+                    states.append((d, [() if part == "ffn" else arch.state_widths(cfg, i)
+                                       for i, part in zip(seg.blocks, seg.parts)]))
             if arch.state_widths is not None:
                 self.recurrent = RecurrentState(states, n_seq, model._lock)
         except BaseException:

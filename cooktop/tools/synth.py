@@ -144,6 +144,11 @@ SHAPES: dict[str, Shape] = {
     "qwen3.5-9b": Shape(4096, 32, 16, 4, 12288, 248320, 262144, 10000000.0, head_dim=256, arch="qwen35",
                         n_conv=4, full_attention_interval=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=32,
                         n_rot=64, rope_sections=(11, 11, 10, 0)),
+    # Qwen3.6-35B-A3B (qwen35moe): 40 blocks, 256 experts of 512, 8 used, a shared expert of 512
+    "qwen3.6-35b-a3b": Shape(2048, 40, 16, 2, 512, 248320, 262144, 10000000.0, head_dim=256, arch="qwen35moe",
+                             n_conv=4, full_attention_interval=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=32,
+                             n_rot=64, rope_sections=(11, 11, 10, 0), n_expert=256, n_expert_used=8, n_ff_exp=512,
+                             n_ff_shexp=512),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
@@ -289,10 +294,10 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
     if moe_arch and not 0 < s.n_expert_used <= s.n_expert:
         raise CooktopError(f"synthetic shape: {arch} needs 0 < n_expert_used ({s.n_expert_used}) <= "
                            f"n_expert ({s.n_expert})")
-    if arch == "qwen35" and not (s.ssm_d_state > 0 and s.ssm_n_group > 0 and s.ssm_dt_rank > 0
+    if arch in ("qwen35", "qwen35moe") and not (s.ssm_d_state > 0 and s.ssm_n_group > 0 and s.ssm_dt_rank > 0
                                  and s.ssm_dt_rank % s.ssm_n_group == 0 and s.full_attention_interval > 0
                                  and len(s.rope_sections) == 4):
-        raise CooktopError("synthetic shape: qwen35 needs ssm_d_state, ssm_n_group, ssm_dt_rank (a multiple of "
+        raise CooktopError(f"synthetic shape: {arch} needs ssm_d_state, ssm_n_group, ssm_dt_rank (a multiple of "
                            "ssm_n_group), full_attention_interval > 0 and four rope_sections")
     if architecture(arch).recurrent:
         if s.n_conv < 2:

@@ -18,12 +18,13 @@ from .lfm2 import LFM2
 from .llama import LLAMA
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
-from .qwen35 import QWEN35
+from .qwen35 import QWEN35, QWEN35MOE
 from .qwen_moe import OLMOE, QWEN2MOE, QWEN3MOE
 
 #: general.architecture -> descriptor.
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
-                                                               OLMOE, GPT_OSS, LFM2, QWEN35)}
+                                                               OLMOE, GPT_OSS, LFM2, QWEN35,
+                                                               QWEN35MOE)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).
@@ -32,7 +33,6 @@ UNSUPPORTED_MOE = {
     "deepseek": "DeepSeek-MoE's shared experts with its expert-weight scale",
     "glm4moe": "GLM-4.5 MoE's sigmoid router with expert selection bias",
     "qwen3next": "Qwen3-Next's gated delta-net (linear attention) layers",
-    "qwen35moe": "Qwen3.5 MoE's hybrid linear-attention layers",
     "granitemoe": "Granite MoE's embedding, residual and attention multipliers",
 }
 

@@ -1,7 +1,8 @@
-"""The qwen35 architecture (``general.architecture = qwen35``): Qwen3.5 and Qwen3.6 dense models
-(0.8B-27B), hybrids of Gated DeltaNet (linear attention) blocks and gated full-attention blocks.
+"""The qwen35 and qwen35moe architectures (``general.architecture = qwen35`` / ``qwen35moe``): Qwen3.5
+and Qwen3.6 dense models (0.8B-27B) and mixtures of experts (Qwen3.6-35B-A3B, 122B-A10B, 397B-A17B),
+hybrids of Gated DeltaNet (linear attention) blocks and gated full-attention blocks.
 
-Sources: llama.cpp src/models/qwen35.cpp (``load_arch_hparams``, ``load_arch_tensors``, the graph:
+Sources: llama.cpp src/models/qwen35.cpp and qwen35moe.cpp (``load_arch_hparams``, ``load_arch_tensors``, the graph:
 ``build_layer_attn``, ``build_layer_attn_linear``, ``build_norm_gated``), src/models/delta-net-base.cpp
 (``build_conv_state``, ``build_recurrent_attn``), src/models/models.h (``build_gdn_l2_norm``),
 src/llama-arch.cpp (tensor and key names), src/llama-model.cpp (rope type IMROPE) and src/llama-graph.cpp
@@ -13,7 +14,9 @@ block but each ``full_attention_interval``-th (default 4: blocks 3, 7, 11... att
     xn = rmsnorm(x) * attn_norm
     x += linear_attn(xn)  or  gated_attn(xn)
     xn = rmsnorm(x) * post_attention_norm
-    x += (silu(xn @ Wg^T) * (xn @ Wu^T)) @ Wd^T
+    x += (silu(xn @ Wg^T) * (xn @ Wu^T)) @ Wd^T          qwen35
+    x += moe_ffn(xn) + sigmoid(xn . g_shexp) ffn_shexp(xn) qwen35moe (``builders.build_moe_ffn``: softmax
+                                                          router, top-k weights renormalised, shared expert)
 
 The linear attention (``d`` = ``ssm.state_size``, ``H_k`` = ``ssm.group_count`` key heads, ``H_v`` =
 ``ssm.time_step_rank`` value heads, ``ssm.inner_size`` = ``H_v * d``)::
@@ -57,9 +60,10 @@ from ...errors import UnsupportedModelError
 from ..hparams import Metadata, ModelConfig
 from . import builders
 from .base import BLOCK, KV, TensorSpec, Weights, matrix, norm
-from .builders import SILU, build_attn_core, build_ffn, build_norm
+from . import moe
+from .builders import SILU, build_attn_core, build_ffn, build_moe_ffn, build_norm, moe_scratch_i32, moe_shared_scratch
 from .descriptor import Architecture
-from .skeleton import FFN, OUTPUT, OUTPUT_NORM, QK_NORM, TOKEN_EMBD
+from .skeleton import FFN, OUTPUT, OUTPUT_NORM, QK_NORM, TOKEN_EMBD, moe_ffn
 
 
 def _attn(c: ModelConfig, il: int) -> bool:
@@ -112,14 +116,18 @@ LINEAR_TENSORS = _only((
     matrix("blk.{i}.ssm_out.weight", lambda c: (c.n_embd, value_dim(c))),
 ), _recr)
 
+def _tensors(ffn: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+    return (TOKEN_EMBD, OUTPUT_NORM, OUTPUT,
+            norm("blk.{i}.attn_norm.weight", lambda c: (c.n_embd,)),
+            norm("blk.{i}.post_attention_norm.weight", lambda c: (c.n_embd,), ffn=True),
+            *ATTN_TENSORS, *LINEAR_TENSORS,
+            *(dataclasses.replace(s, ffn=True) for s in ffn))
+
+
 #: llama.cpp ``llama_model_qwen35::load_arch_tensors`` (the trunk), in file order
-TENSORS: tuple[TensorSpec, ...] = (
-    TOKEN_EMBD, OUTPUT_NORM, OUTPUT,
-    norm("blk.{i}.attn_norm.weight", lambda c: (c.n_embd,)),
-    norm("blk.{i}.post_attention_norm.weight", lambda c: (c.n_embd,), ffn=True),
-    *ATTN_TENSORS, *LINEAR_TENSORS,
-    *(dataclasses.replace(s, ffn=True) for s in FFN),
-)
+TENSORS = _tensors(FFN)
+#: llama.cpp ``llama_model_qwen35moe::load_arch_tensors``: the experts and the shared expert in place of the FFN
+MOE_TENSORS = _tensors(moe_ffn(shared=True))
 
 
 def _text_pairs_rotate(sections: tuple[int, ...], n_rot: int) -> bool:
@@ -208,6 +216,12 @@ def hparams(m: Metadata) -> dict[str, Any]:
     return out
 
 
+def moe_hparams(m: Metadata) -> dict[str, Any]:
+    """qwen35moe: :func:`hparams` and the MoE keys (``moe.hparams``: softmax router, top-k weights
+    renormalised; llama.cpp ``build_moe_ffn(..., LLM_FFN_SILU, true, ...)``)."""
+    return {**hparams(m), **moe.hparams(m, "softmax", norm=True)}
+
+
 def state_widths(cfg: ModelConfig, il: int) -> tuple[int, ...]:
     """Block ``il``'s state tensors, floats per sequence: the three convolutions' last ``n_conv - 1``
     inputs (q, k, v channel ranges; llama.cpp ``n_embd_r()`` together) and the delta rule's
@@ -218,13 +232,23 @@ def state_widths(cfg: ModelConfig, il: int) -> tuple[int, ...]:
     return (r * key_dim(cfg), r * key_dim(cfg), r * value_dim(cfg), cfg.ssm_dt_rank * cfg.ssm_d_state ** 2)
 
 
+def _linear_scratch(cfg: ModelConfig) -> dict[str, int]:
+    K, V, H = key_dim(cfg), value_dim(cfg), cfg.ssm_dt_rank
+    return {"qg": cfg.n_embd_q, "lq": K, "lk": K, "cq": K, "ck": K, "lv": V, "cv": V, "z": V, "lo": V,
+            "la": H, "lb": H, "lg": H, "lbeta": H}
+
+
 def scratch(cfg: ModelConfig) -> dict[str, int]:
     """The builders' buffers, the gate of the attention (``qg`` [n_embd_q]) and the linear attention's:
     ``lq``, ``lk``, ``cq``, ``ck`` [H_k d]; ``lv``, ``cv``, ``z``, ``lo`` [H_v d]; ``la``, ``lb``,
     ``lg``, ``lbeta`` [H_v] (f32 [n_batch, width] each)."""
-    K, V, H = key_dim(cfg), value_dim(cfg), cfg.ssm_dt_rank
-    return {**builders.scratch(cfg), "qg": cfg.n_embd_q, "lq": K, "lk": K, "cq": K, "ck": K,
-            "lv": V, "cv": V, "z": V, "lo": V, "la": H, "lb": H, "lg": H, "lbeta": H}
+    return {**builders.scratch(cfg), **_linear_scratch(cfg)}
+
+
+def moe_scratch(cfg: ModelConfig) -> dict[str, int]:
+    """qwen35moe: :func:`scratch`'s own buffers and a MoE block's with its shared expert
+    (``builders.moe_shared_scratch``)."""
+    return {**moe_shared_scratch(cfg), **_linear_scratch(cfg)}
 
 
 def linear_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> DeviceTensor:
@@ -260,17 +284,35 @@ def gated_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: 
     return s.o
 
 
-def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
-    """Block ``il`` on the ``n`` rows of ``s.x`` (f32 [n, n_embd], updated in place): the operator
-    (linear or gated attention), then the SwiGLU feed-forward after ``post_attention_norm``."""
+def block_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
+    """The first half of block ``il`` on the rows of ``s.x`` (f32 [n, n_embd], updated in place):
+    ``x += operator(rmsnorm(x) * attn_norm)``, the operator linear or gated attention."""
     build_norm(d, cfg, s.xn, s.x, w["attn_norm"])
     if cfg.is_recurrent(il):
         d.add(s.x, s.x, linear_attn(d, cfg, w, s, kv))
     else:
         d.add(s.x, s.x, gated_attn(d, cfg, w, s, kv, il))
+
+
+def block_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, il: int) -> None:
+    """The feed-forward half: ``x += ffn(rmsnorm(x) * post_attention_norm)``, the SwiGLU FFN (qwen35)
+    or the experts and the shared expert (qwen35moe: the block holds ``ffn_gate_inp``)."""
     build_norm(d, cfg, s.xn, s.x, w["post_attention_norm"])
-    d.add(s.x, s.x, build_ffn(d, cfg, w, s, SILU))
+    if "ffn_gate_inp" in w:
+        d.add(s.x, s.x, build_moe_ffn(d, cfg, w, s, SILU))
+    else:
+        d.add(s.x, s.x, build_ffn(d, cfg, w, s, SILU))
+
+
+def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
+    """Block ``il`` on the ``n`` rows of ``s.x`` (f32 [n, n_embd], updated in place): :func:`block_attn`
+    then :func:`block_ffn`."""
+    block_attn(d, cfg, w, s, kv, il)
+    block_ffn(d, cfg, w, s, il)
 
 
 QWEN35 = Architecture(name="qwen35", tensors=TENSORS, rope_mode=ROPE_NEOX, hparams=hparams, block=block,
                       scratch=scratch, state_widths=state_widths)
+QWEN35MOE = Architecture(name="qwen35moe", tensors=MOE_TENSORS, rope_mode=ROPE_NEOX, hparams=moe_hparams,
+                         block=block, block_attn=block_attn, block_ffn=block_ffn, scratch=moe_scratch,
+                         scratch_i32=moe_scratch_i32, state_widths=state_widths)
