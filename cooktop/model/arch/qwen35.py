@@ -58,9 +58,8 @@ import numpy as np
 from ...backends.base import ROPE_NEOX, Device, DeviceTensor
 from ...errors import UnsupportedModelError
 from ..hparams import Metadata, ModelConfig
-from . import builders
+from . import builders, moe
 from .base import BLOCK, KV, TensorSpec, Weights, matrix, norm
-from . import moe
 from .builders import SILU, build_attn_core, build_ffn, build_moe_ffn, build_norm, moe_scratch_i32, moe_shared_scratch
 from .descriptor import Architecture
 from .skeleton import FFN, OUTPUT, OUTPUT_NORM, QK_NORM, TOKEN_EMBD, moe_ffn
