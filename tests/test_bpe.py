@@ -248,7 +248,7 @@ def test_clean_spaces(shared):
 
 
 def test_pre_tokenizer_names():
-    wanted = {"default", "gpt-2", "llama-bpe", "qwen2", "smollm", "starcoder", "refact", "deepseek-llm",
+    wanted = {"default", "gpt-2", "llama-bpe", "qwen2", "qwen35", "smollm", "starcoder", "refact", "deepseek-llm",
               "deepseek-coder", "deepseek-v3", "falcon", "mpt", "command-r", "gpt-4o", "tekken"}
     assert wanted <= set(PRE_TYPES)
 
@@ -256,6 +256,8 @@ def test_pre_tokenizer_names():
 @pytest.mark.parametrize("regexes,text,words", [
     ("llama3", "12345 abc", ["123", "45", " abc"]),
     ("qwen2", "12345", ["1", "2", "3", "4", "5"]),
+    ("qwen2", "e\u0301x", ["e", "\u0301x"]),
+    ("qwen35", "e\u0301x e\u0301", ["e\u0301x", " e\u0301"]),  # letter runs take combining marks
     ("gpt2", "don't  stop\n", ["don", "'t", " ", " stop", "\n"]),
     ("gpt-4o", " CamelCase's", [" Camel", "Case's"]),
     ("deepseek-coder", "x\n中文12", ["x", "\n", "中文", "1", "2"]),

@@ -15,7 +15,7 @@ this module reproduces each:
   :mod:`cooktop.text.unicode_data`), not from Python's or the ``regex`` package's
   newer Unicode, and ``\\s`` is its 25-code-point whitespace set.
 * **How each regex runs.** The GPT-2, Llama 3 and Qwen2 regexes run as llama.cpp's
-  hand-written splitters (``unicode_regex_split_custom_*``), whose results are those
+  hand-written splitters (``unicode_regex_split_custom_*``; Qwen3.5's too), whose results are those
   of the regex with the classes above; here they are that regex with the classes
   spelled out. Any other regex that names a ``\\p{..}`` class runs, as in llama.cpp,
   on a *collapsed* text where every code point >= 128 is replaced by one placeholder
@@ -115,6 +115,9 @@ _LLAMA3 = (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\
            "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 _QWEN2 = (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
           "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+#: Qwen3.5: qwen2's, with letter runs taking combining marks (``[\p{L}\p{M}]+``)
+_QWEN35 = (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
+           "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 _CASED = ("[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+{c}"
           "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*{c}")
 
@@ -123,6 +126,7 @@ _REGEXES: dict[str, tuple[str, ...]] = {
     "gpt2": (_GPT2,),
     "llama3": (_LLAMA3,),
     "qwen2": (_QWEN2,),
+    "qwen35": (_QWEN35,),
     "starcoder": ("\\p{N}", _GPT2),
     "falcon": ("[\\p{P}\\$\\+<=>\\^~\\|`]+", _GPT2, "[0-9][0-9][0-9]"),
     "deepseek-llm": (
@@ -206,6 +210,7 @@ PRE_TYPES: dict[str, PreType] = {
     "minerva-7b": PreType("starcoder"),
     "mellum2": PreType("starcoder"),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2"), _QWEN2_TYPE),
+    "qwen35": PreType("qwen35", clean_spaces=False),
     "megrez": PreType("qwen2"),
     "stablelm2": PreType("qwen2"),
     "hunyuan": _QWEN2_TYPE,
@@ -301,7 +306,7 @@ def _ecmascript_dollar(expr: str) -> str:
 
 def _exact_regex(expr: str) -> str:
     """A regex with ``\\p{L}``, ``\\p{N}``, ``\\s``, ``\\S`` spelled out from llama.cpp's tables."""
-    sub = {"\\p{L}": _class("L"), "\\p{N}": _class("N"), "\\s": _ws()}
+    sub = {"\\p{L}": _class("L"), "\\p{N}": _class("N"), "\\p{M}": _class("M"), "\\s": _ws()}
     out, inside, i = [], False, 0
     while i < len(expr):
         c = expr[i]
@@ -329,7 +334,7 @@ def _exact_regex(expr: str) -> str:
 @cache
 def _compile(expr: str) -> tuple[re.Pattern, str]:
     """(compiled pattern, text mode) for one llama.cpp regex; mode is ``plain``, ``collapsed`` or ``wide``."""
-    if expr in (_GPT2, _LLAMA3, _QWEN2):  # llama.cpp's hand-written splitters: the regex over its exact classes
+    if expr in (_GPT2, _LLAMA3, _QWEN2, _QWEN35):  # llama.cpp's hand-written splitters: the regex, exact classes
         return re.compile(_exact_regex(expr)), "plain"
     if any(u in expr for u in _UCAT):
         return re.compile(_ecmascript_dollar(_collapse_regex(expr)), re.ASCII), "collapsed"
