@@ -261,3 +261,52 @@ def test_qwen35moe_matches_llama_cpp(tmp_path, ft):
     err = nmse(got, want)
     print(f"qwen35moe {ft}: nmse {err:.3g} vs llama.cpp")
     assert err <= bound(ft)
+
+
+def _spec_run(engine, prompt, n, drafter):
+    """Greedy tokens of ``n`` steps with ``drafter`` (or none), the drafted / accepted counts, and the
+    logits of one more token evaluated on the sequence afterwards (its state after the generation)."""
+    from cooktop.engine.sampling import SamplingParams
+    from cooktop.engine.speculative import Speculation
+    seq = engine.new_sequence()
+    res = engine.generate(prompt, n, SamplingParams(temperature=0.0), seq=seq,
+                          draft=Speculation(drafter, n_max=4) if drafter else None).drain()
+    after = seq.eval([7])[-1]
+    cps = dict(seq.cache.recurrent.checkpoints[seq.seq_id])
+    seq.close()
+    return res.tokens, res.timings.n_drafted, res.timings.n_accepted, after, cps
+
+
+def test_speculative_rollback_of_the_state(engine):
+    """A drafter right on its first two tokens and wrong on the third: each verification keeps a
+    checkpoint, each rejection rolls the four state tensors back and evaluates the accepted tokens
+    again; the tokens, and the logits after them, are those of decoding without a draft."""
+    prompt = PROMPT[:9]
+    want, _, _, want_after, _ = _spec_run(engine, prompt, 12, None)
+
+    def drafter(ids):
+        done = len(ids) - len(prompt)  # tokens generated so far (the last one sampled, not evaluated)
+        return np.array(want[done:done + 2] + [3], dtype=np.intc)
+
+    got, drafted, accepted, after, cps = _spec_run(engine, prompt, 12, drafter)
+    assert got == want
+    assert drafted > accepted > 0 and drafted - accepted >= 2  # both paths ran
+    assert close(after, want_after)
+    assert all(p < len(prompt) for p in cps)  # the verifications' checkpoints are dropped once settled
+
+
+def test_speculative_decoding_with_ngram_and_a_draft_model(engine, models):
+    """n-gram drafting and a draft model (another qwen35, so its drafts are often wrong) give the tokens
+    of decoding without a draft on the recurrent target."""
+    from cooktop.engine.speculative import DraftModel, NgramSimple
+    prompt = PROMPT[:6] * 3  # repeats: the n-gram drafter finds matches
+    want = _spec_run(engine, prompt, 10, None)[0]
+    assert _spec_run(engine, prompt, 10, NgramSimple())[0] == want
+    other = G.load(str(models["small", "Q8_0"]), n_ctx=N_CTX, n_batch=32, device="cpu")
+    try:
+        drafter = DraftModel(other, n_max=3)
+        got, drafted, accepted, _, _ = _spec_run(engine, prompt, 10, drafter)
+        drafter.close()
+    finally:
+        other.close()
+    assert got == want and drafted > 0

@@ -19,8 +19,8 @@ from vocab_cases import VOCABS, copy_vocab, llama_cpp_safe, random_bytes, random
 from cooktop.text.tokenizer import Tokenizer
 
 CHILD = __file__.replace("test_vocab_llama_cpp.py", "llama_cpp_vocab_child.py")
-PRES = ("default", "gpt-2", "llama-bpe", "qwen2", "qwen35", "smollm", "starcoder", "refact", "deepseek-llm", "deepseek-coder",
-        "deepseek-v3", "falcon", "mpt", "command-r", "gpt-4o", "tekken")
+PRES = ("default", "gpt-2", "llama-bpe", "qwen2", "qwen35", "smollm", "starcoder", "refact", "deepseek-llm",
+        "deepseek-coder", "deepseek-v3", "falcon", "mpt", "command-r", "gpt-4o", "tekken")
 N_RANDOM = 150
 
 

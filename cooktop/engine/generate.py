@@ -298,15 +298,18 @@ class Engine:
                 accepted counts land in the result's timings.
         Raises:
             CooktopError: an empty prompt; ContextOverflowError: the prompt alone does not
-            fit in ``n_ctx``; RecurrentStateError: ``n_keep`` or ``draft`` on a model with recurrent
-            layers, whose state cannot be cut back (all now, before anything runs).
+            fit in ``n_ctx``; RecurrentStateError: ``n_keep`` on a model with recurrent layers, whose
+            state cannot be cut back (all now, before anything runs).
+
+        With recurrent layers and ``draft``, each verification keeps a checkpoint of the state before
+        it, and a rejected draft rolls the state back to it and evaluates the accepted tokens again
+        (``Sequence.rollback``).
         """
         self.check_prompt(prompt_tokens)
-        if any(getattr(self.cfg, "recurrent_layers", ())) and (n_keep is not None or draft is not None):
-            what = "a context shift (--context-shift)" if n_keep is not None else "speculative decoding"
-            raise RecurrentStateError(f"{what} is not supported on {self.cfg.arch}, a model with recurrent "
-                                      "layers: their state cannot be cut back to an earlier position "
-                                      "(llama.cpp refuses the context shift for these models too)")
+        if any(getattr(self.cfg, "recurrent_layers", ())) and n_keep is not None:
+            raise RecurrentStateError(f"a context shift (--context-shift) is not supported on {self.cfg.arch}, a "
+                                      "model with recurrent layers: their state cannot be cut back to an earlier "
+                                      "position (llama.cpp refuses the context shift for these models too)")
         if seq is None:
             seq = self.seq
         elif not isinstance(seq, Sequence):  # a chooser (the server's slots: prompt-prefix reuse)
@@ -330,6 +333,8 @@ class Engine:
         if draft is not None:
             timings.n_drafted = 0
         ahead: list[tuple[int, np.ndarray]] = []
+        recurrent = seq.cache.keeps_checkpoints  # a verification keeps a checkpoint to roll back to
+        spec_cp = -1  # the position of the checkpoint of the draft being verified (-1: none)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         generated: list[int] = []
         text_out: list[str] = []
@@ -392,9 +397,12 @@ class Engine:
                     timings.n_accepted += 1
                     continue
                 te = time.perf_counter()
-                if ahead:  # rejected: drop the K/V of the draft tokens past the sampled one
-                    seq.truncate(seq.n_past - len(ahead))
+                if ahead:  # rejected: drop the K/V (roll back the state) of the draft tokens past the sampled one
+                    seq.rollback(seq.n_past - len(ahead))
                     ahead = []
+                if spec_cp >= 0:  # the draft is settled
+                    seq.cache.drop_checkpoint(spec_cp, seq.seq_id)
+                    spec_cp = -1
                 proposal: list[int] = []
                 if draft is not None:
                     room = min(self.n_ctx - seq.n_past - 1, seq.model.n_batch - 1)
@@ -402,6 +410,8 @@ class Engine:
                         room = min(room, n_predict - len(generated) - 1)
                     proposal = draft.propose(history, room, self.cfg.n_vocab)
                 if proposal:
+                    if recurrent:
+                        spec_cp = seq.cache.checkpoint(seq.seq_id)
                     rows = seq.eval([tok] + proposal, logits_all=True)
                     logits = rows[0]
                     ahead = list(zip(proposal, rows[1:]))
@@ -413,10 +423,12 @@ class Engine:
                 timings.eval_n += 1
         except GeneratorExit:  # closed early: forget the unchecked draft, as at the end
             if ahead and seq.version == version and not seq.cache.closed:
-                seq.truncate(seq.n_past - len(ahead))
+                seq.rollback(seq.n_past - len(ahead))
             raise
         if ahead:  # the context is the prompt and the generated tokens but the last
-            seq.truncate(seq.n_past - len(ahead))
+            seq.rollback(seq.n_past - len(ahead))
+        if spec_cp >= 0:
+            seq.cache.drop_checkpoint(spec_cp, seq.seq_id)
         timings.n_decoded = len(generated)
         tail = "" if hit else pending + decoder.decode(b"", final=True)
         if tail:

@@ -76,6 +76,24 @@ class Sequence:
         if self._scores is not None:
             self._scores[max(n, 0):] = 0.0
 
+    def rollback(self, n: int) -> None:
+        """Keep the first ``n`` tokens of the context on any cache: :meth:`truncate` where the cache can
+        cut there; a recurrent state (which cannot, ``CacheTokens.reusable_prefix``) goes back to its
+        latest checkpoint at or before ``n`` (or to 0) and the tokens after it are evaluated again.
+        Speculative decoding rolls back rejected draft tokens with it (llama.cpp keeps per-token state
+        snapshots instead, ``n_rs_seq``; this costs one forward of the accepted tokens on a rejection).
+
+        Raises:
+            CooktopError: the model is closed.
+        """
+        keep = self.cache.reusable_prefix(n, self.seq_id) if 0 < n < self.n_past else n
+        if keep >= n:
+            self.truncate(n)
+            return
+        replay = list(self.tokens[keep:n])
+        self.truncate(keep)
+        self.eval(replay)
+
     def reset(self) -> None:
         """Forget the context (the cache rows are overwritten by the next eval)."""
         self.truncate(0)

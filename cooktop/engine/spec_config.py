@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..errors import CooktopError, RecurrentStateError
+from ..errors import CooktopError
 from ..runtime.placement import parse_ngl
 from .generate import load as _load
 from .speculative import DraftModel, FirstOf, NgramSimple, Speculation
@@ -108,16 +108,10 @@ class SpecOptions:
 
         Raises:
             CooktopError: bad options, a draft model of another vocabulary; what loading raises.
-            RecurrentStateError: a target model with recurrent layers (before anything is loaded).
         """
         types = self.check()
         if not types:
             return None, None
-        cfg = getattr(target, "cfg", None)  # an Engine (a stand-in without a config: no check)
-        if cfg is not None and any(getattr(cfg, "recurrent_layers", ())):
-            raise RecurrentStateError(f"speculative decoding (--spec-type {','.join(types)}) is not supported on "
-                                      f"{cfg.arch}, a model with recurrent layers: their state cannot be "
-                                      "cut back to the last accepted token yet")
         draft_engine = None
         drafters: list[Any] = []
         n_max = self.draft_max

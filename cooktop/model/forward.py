@@ -414,6 +414,11 @@ class KVCache(CacheTokens):
             self.recurrent.checkpoint(seq_id, n)
         return n
 
+    def drop_checkpoint(self, pos: int, seq_id: int = 0) -> None:
+        """Forget the checkpoint of ``seq_id`` at ``pos``, if any (``CacheTokens.drop_checkpoint``)."""
+        if self.recurrent is not None:
+            self.recurrent.checkpoints[seq_id].pop(pos, None)
+
     def _free(self) -> None:
         """Give the cache's device buffers back (each release runs once)."""
         for release in self._releases:

@@ -104,6 +104,10 @@ class CacheTokens:
         recurrent states)."""
         return len(self.seq_tokens[seq_id])
 
+    def drop_checkpoint(self, pos: int, seq_id: int = 0) -> None:
+        """Forget the checkpoint of ``seq_id`` at ``pos`` (a speculative step's, once its draft is
+        settled), if there is one; a cache of K/V keeps none."""
+
     def copy_state(self, src_seq: int, dst_seq: int, n: int) -> bool:
         """Copy the state ``src_seq`` has after its first ``n`` tokens, beyond its K/V cells, to ``dst_seq``
         (:meth:`PlacedModel.copy_prefix`): True when there is none to copy (a cache of K/V only) or it
