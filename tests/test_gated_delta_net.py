@@ -6,7 +6,8 @@ one token, many tokens, head widths that are no power of two, key heads shared b
 several sequences' rows interleaved in one call and a state carried across two chunks.
 The OpenCL kernels (``kernels/recurrent.cl``) and the Vulkan shaders (``glsl/gated_delta_net.comp``,
 ``gdn_gate.comp``, ``l2_norm.comp``, ``silu.comp``, ``sigmoid_mul.comp``) against numpy at the same
-shapes and at the real head width (d = 128)."""
+shapes and at the real head width (d = 128), in place and on head views, OpenCL's at GPU launch
+shapes, and a block's decode steps recorded and replayed as a graph."""
 
 from __future__ import annotations
 
@@ -313,3 +314,49 @@ def test_opencl_gpu_launch_shapes(dev, ls):
         want = _small_ops(dev, xs, xs[::-1].copy(), alpha, b, dt_bias, a, group, 1e-6, False)
         for name, gv, wv in zip(("silu", "sigmoid_mul", "l2_norm", "g", "beta"), got, want):
             np.testing.assert_allclose(gv, wv, rtol=1e-5, atol=1e-6, err_msg=f"{name}, group {group}")
+
+
+def _decode_steps(d, steps, h_k, h_v, dd, state):
+    """A gated delta-net block's decode steps in one ``graph`` scope per step (the same key each
+    time: recorded, then replayed where the backend does): the gates, the L2 norms of q and k, the
+    recurrence, the output gate; each step's inputs written before the scope, its output read after."""
+    buf = d.buffer("decode")
+    try:
+        q, k = buf.empty((1, h_k * dd)), buf.empty((1, h_k * dd))
+        v, z, o = buf.empty((1, h_v * dd)), buf.empty((1, h_v * dd)), buf.empty((1, h_v * dd))
+        alpha, b = buf.empty((1, h_v)), buf.empty((1, h_v))
+        dt_bias, a, sl = buf.empty((h_v,)), buf.empty((h_v,)), buf.empty((1,), T.I32)
+        st = buf.empty(state.shape)
+        d.write(st, state)
+        d.write(dt_bias, np.linspace(-1, 1, h_v).astype(np.float32))
+        d.write(a, -np.exp(np.linspace(-2, 0.5, h_v)).astype(np.float32))
+        d.write(sl, np.array([1], np.int32))
+        outs = []
+        for step in steps:
+            for t, x in zip((q, k, v, z, alpha, b), step):
+                d.write(t, x)
+            with d.graph(("gdn decode", st.serial)) as issue:
+                if issue:
+                    d.gdn_gate(alpha, b, alpha, b, dt_bias, a)
+                    d.l2_norm(q, q, dd, 1e-6)
+                    d.l2_norm(k, k, dd, 1e-6)
+                    d.gated_delta_net(o, q, k, v, alpha, b, st, sl)
+                    d.silu(z, z)
+                    d.sigmoid_mul(o, o, z)
+            outs.append(d.read(o))
+        return np.concatenate(outs), d.read(st)
+    finally:
+        buf.release()
+
+
+def test_device_decode_steps_in_a_graph(dev, gpu):
+    rng = np.random.default_rng(11)
+    h_k, h_v, dd = 1, 2, 16
+    steps = [tuple(rng.normal(size=(1, w)).astype(np.float32)
+                   for w in (h_k * dd, h_k * dd, h_v * dd, h_v * dd, h_v, h_v)) for _ in range(5)]
+    state = (rng.normal(size=(2, h_v * dd * dd)) * 0.3).astype(np.float32)
+    out, st = _decode_steps(gpu, steps, h_k, h_v, dd, state)
+    want_out, want_st = _decode_steps(dev, steps, h_k, h_v, dd, state)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(st, want_st, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(st[0], state[0])
