@@ -67,8 +67,10 @@ VALIDATION_ARGS ?=
 # Then GPU-assisted validation (shaders instrumented for out-of-bounds access) on the op parity
 # tests whose shaders it instruments in seconds; the dequantizing shaders (matmul, get_rows) take
 # ~4 minutes per pipeline under it on lavapipe, so they are left out by name (README "Tests"), and
-# so is test_low_bit_k_quants (Q2_K / Q3_K matmul and get_rows pipelines).
-GPU_ASSISTED_ARGS ?= -q -p no:cacheprovider tests/test_ops_parity.py -k "vulkan and not matmul and not get_rows and not low_bit"
+# so is test_low_bit_k_quants (Q2_K / Q3_K matmul and get_rows pipelines). The gated delta rule's
+# shaders (tests/test_gated_delta_net.py) take 20 s under it.
+GPU_ASSISTED_ARGS ?= -q -p no:cacheprovider tests/test_ops_parity.py tests/test_gated_delta_net.py \
+	-k "vulkan and not matmul and not get_rows and not low_bit"
 test-vulkan-validation: setup
 	$(PY) tests/vulkan_validation.py $(VALIDATION_ARGS)
 	$(PY) tests/vulkan_validation.py --gpu-assisted $(GPU_ASSISTED_ARGS)

@@ -54,13 +54,14 @@ MARKER = "=== cooktop-opencl-validation:"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 #: What runs on the simulated GPU: every OpenCL op parity test (odd shapes, every weight type,
-#: the op table's contract), attention with and without flash attention (query tiles, the score
-#: scratch in chunks, sinks) and, end to end, stories260K and a tiny quantized model against
-#: llama.cpp's logits.
+#: the op table's contract), the gated delta rule and its small ops (their kernels at the GPU launch
+#: shape, several sequences' rows in one call, d = 128), attention with and without flash attention
+#: (query tiles, the score scratch in chunks, sinks) and, end to end, stories260K and a tiny quantized
+#: model against llama.cpp's logits.
 DEFAULT_ARGS = ["-q", "-p", "no:cacheprovider",
                 "tests/test_ops_parity.py", "tests/test_ops_parity_ext.py", "tests/test_device_contract.py",
                 "tests/test_opencl_q8.py", "tests/test_opencl_q8k.py", "tests/test_reference.py",
-                "tests/test_rope_store.py",
+                "tests/test_rope_store.py", "tests/test_gated_delta_net.py",
                 "tests/test_kv_cache.py::test_kv_types_k_and_v_independent",
                 "tests/test_kv_cache.py::test_attention_without_flash_in_chunks",
                 *[f"tests/test_kv_cache.py::test_kv_types_attention_parity[opencl-{c}]"

@@ -596,6 +596,43 @@ class OpenCLDevice(ReplayRecorder, Device):
         self._launch(self.kernels.ops().ssm_conv, (_ceil_to(c, ls),), (ls,), out.handle, x.handle, state.handle,
                      w.handle, slots.handle, n, c, w.shape[1])
 
+    def _silu(self, out, x):
+        n = math.prod(out.shape)
+        ls = self.shape.ew_ls
+        self.q8.dirty(out.handle)
+        self._launch(self.kernels.ops().silu, (_ceil_to(n, ls),), (ls,), out.handle, x.handle, n)
+
+    def _sigmoid_mul(self, out, a, gate):
+        self._elementwise(self.kernels.ops().sigmoid_mul, out, a, gate)
+
+    def _l2_norm(self, out, x, group, eps):
+        """``kernels/recurrent.cl`` ``l2_norm``: one work-group per group of ``group`` values (rmsnorm's shape)."""
+        n_rows, width = x.shape
+        ls = self.shape.rn_ls
+        self.q8.dirty(out.handle)
+        self._launch(self.kernels.ops().l2_norm, (ls, n_rows * (width // group)), (ls, 1), out.handle, x.handle,
+                     group, eps / group, 1.0 / math.sqrt(group))
+
+    def _gdn_gate(self, g, beta, alpha, b, dt_bias, a):
+        n = math.prod(g.shape)
+        ls = self.shape.ew_ls
+        self.q8.dirty(g.handle)
+        self.q8.dirty(beta.handle)
+        self._launch(self.kernels.ops().gdn_gate, (_ceil_to(n, ls),), (ls,), g.handle, beta.handle, alpha.handle,
+                     b.handle, dt_bias.handle, a.handle, n, g.shape[1])
+
+    def _gated_delta_net(self, out, q, k, v, g, beta, state, slots):
+        """``kernels/recurrent.cl`` ``gated_delta_net``: one work-item per (value head, column of the state),
+        the rows in order."""
+        n, h_v = g.shape
+        d = v.shape[1] // h_v
+        ls = self.shape.ew_ls
+        self.q8.dirty(out.handle)
+        self.q8.dirty(state.handle)
+        self._launch(self.kernels.ops().gated_delta_net, (_ceil_to(h_v * d, ls),), (ls,), out.handle, q.handle,
+                     k.handle, v.handle, g.handle, beta.handle, state.handle, slots.handle, n, h_v,
+                     q.shape[1] // d, d, float(np.float32(1.0 / np.sqrt(np.float32(d)))))
+
     def _add_bias(self, out, x, b):
         n = math.prod(out.shape)
         ls = self.shape.ew_ls

@@ -352,7 +352,8 @@ class OpKernels:
 
     __slots__ = ("rmsnorm", "rope", "add", "add_bias", "silu_mul", "kv_store", "gelu_mul", "quantize_q8",
                  "rmsnorm_q8", "silu_mul_q8", "copy_f32", "moe_route", "add_id", "moe_combine", "swiglu_oai",
-                 "moe_group", "quantize_q8k", "rmsnorm_q8k", "silu_mul_q8k", "ssm_conv", "mul")
+                 "moe_group", "quantize_q8k", "rmsnorm_q8k", "silu_mul_q8k", "ssm_conv", "mul", "silu",
+                 "sigmoid_mul", "l2_norm", "gdn_gate", "gated_delta_net")
 
     def __init__(self, prg: Any):
         i32, f32 = np.int32, np.float32
@@ -399,6 +400,16 @@ class OpKernels:
         self.ssm_conv.set_scalar_arg_dtypes([None, None, None, None, None, i32, i32, i32])
         self.mul = prg.mul
         self.mul.set_scalar_arg_dtypes([None, None, None, i32])
+        self.silu = prg.silu
+        self.silu.set_scalar_arg_dtypes([None, None, i32])
+        self.sigmoid_mul = prg.sigmoid_mul
+        self.sigmoid_mul.set_scalar_arg_dtypes([None, None, None, i32])
+        self.l2_norm = prg.l2_norm
+        self.l2_norm.set_scalar_arg_dtypes([None, None, i32, f32, f32])
+        self.gdn_gate = prg.gdn_gate
+        self.gdn_gate.set_scalar_arg_dtypes([None] * 6 + [i32, i32])
+        self.gated_delta_net = prg.gated_delta_net
+        self.gated_delta_net.set_scalar_arg_dtypes([None] * 8 + [i32, i32, i32, i32, f32])
 
 
 def check_build_options(ctx: Any, device: Any, options: str, extra: str) -> None:

@@ -690,6 +690,37 @@ class VulkanDevice(SequenceRecorder, Device):
         n, c = x.shape
         self._dispatch("ssm_conv", (x, state, w, slots, out), self._stride_grid(c, c), (n, c, w.shape[1]))
 
+    def _silu(self, out, x):
+        """silu.comp: ``out = x / (1 + exp(-x))``, f32 (``out`` may be ``x``)."""
+        n = math.prod(out.shape)
+        self._dispatch("silu", (x, out), self._stride_groups(out), (n,))
+
+    def _sigmoid_mul(self, out, a, gate):
+        """sigmoid_mul.comp: ``out = a * sigmoid(gate)``, f32 (``out`` may be ``a`` or ``gate``)."""
+        n = math.prod(out.shape)
+        self._dispatch("sigmoid_mul", (a, gate, out), self._stride_groups(out), (n,))
+
+    def _l2_norm(self, out, x, group, eps):
+        """l2_norm.comp: one workgroup of 64 per group of ``group`` values (rmsnorm.comp's shape)."""
+        per_row = x.shape[-1] // group
+        n = self._rows(x) * per_row
+        self._dispatch("l2_norm", (x, out), workgroups(bucket(n, self._row_cap(x) * per_row)),
+                       (group, n, f32_bits(eps / group), f32_bits(1.0 / math.sqrt(group))))
+
+    def _gdn_gate(self, g, beta, alpha, b, dt_bias, a):
+        """gdn_gate.comp: one invocation per (row, head) value (grid-stride; ``RecurrentOps.gdn_gate``)."""
+        n = math.prod(g.shape)
+        self._dispatch("gdn_gate", (alpha, b, dt_bias, a, g, beta), self._stride_groups(g), (n, g.shape[1]))
+
+    def _gated_delta_net(self, out, q, k, v, g, beta, state, slots):
+        """gated_delta_net.comp: one invocation per (value head, column of the state) walking the rows in
+        order (``RecurrentOps.gated_delta_net``)."""
+        n, h_v = g.shape
+        d = v.shape[1] // h_v
+        grid = workgroups(min(MAX_STRIDE_GROUPS, -(-h_v * d // 64)))
+        self._dispatch("gated_delta_net", (q, k, v, g, beta, state, slots, out), grid,
+                       (n, h_v, q.shape[1] // d, d, f32_bits(float(np.float32(1.0 / np.sqrt(np.float32(d)))))))
+
     def _add_bias(self, out, x, b):
         """add_bias.comp: ``out[i, :] = x[i, :] + b``; x, out f32 [n, m], b f32 [m] (``out`` may be ``x``)."""
         n = math.prod(out.shape)

@@ -27,3 +27,94 @@ __kernel void mul(global float *out, const global float *a, const global float *
     const int i = get_global_id(0);
     if (i < n) out[i] = a[i] * b[i];
 }
+
+// out = x / (1 + exp(-x)) (ggml_silu, ggml-cpu/vec.h ggml_silu_f32; out may alias x)
+__kernel void silu(global float *out, const global float *x, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) {
+        const float v = x[i];
+        out[i] = v / (1.0f + exp(-v));
+    }
+}
+
+// out = a * 1 / (1 + exp(-gate)) (ggml_sigmoid then ggml_mul, llama.cpp src/models/qwen35.cpp's gated
+// attention output; out may alias a or gate)
+__kernel void sigmoid_mul(global float *out, const global float *a, const global float *gate, const int n) {
+    const int i = get_global_id(0);
+    if (i < n) out[i] = a[i] * (1.0f / (1.0f + exp(-gate[i])));
+}
+
+// L2 norm of each group of g consecutive values, as llama.cpp src/models/models.h build_gdn_l2_norm
+// writes it: ggml_rms_norm with eps / g (eps_g), then ggml_scale by 1 / sqrt(g) (inv_sqrt_g). x, out f32
+// [n_groups * g] (out may alias x). Local size (RN_LS, 1), one group per work-group (get_group_id(1)); the
+// sum of squares is reduced in local memory, as rmsnorm's.
+__kernel void l2_norm(global float *out, const global float *x, const int g, const float eps_g,
+                      const float inv_sqrt_g) {
+    const int lid = get_local_id(0);
+    const size_t off = (size_t)get_group_id(1) * g;
+    local float red[RN_LS];
+    float s = 0.0f;
+    for (int i = lid; i < g; i += RN_LS) s = mad(x[off + i], x[off + i], s);
+    red[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int k = RN_LS / 2; k > 0; k >>= 1) {
+        if (lid < k) red[lid] += red[lid + k];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float scale = 1.0f / sqrt(red[0] / (float)g + eps_g);
+    for (int i = lid; i < g; i += RN_LS) out[off + i] = x[off + i] * scale * inv_sqrt_g;
+}
+
+// The gated delta rule's gates (llama.cpp src/models/qwen35.cpp build_layer_attn_linear): over n = rows *
+// n_head values, g = softplus(alpha + dt_bias[h]) * a[h] with softplus(x) = x > 20 ? x : log(1 + exp(x))
+// (ggml-cpu/unary-ops.cpp op_softplus), beta = 1 / (1 + exp(-b)) (op_sigmoid). alpha, b, g, beta f32
+// [rows, n_head] (g may alias alpha, beta may alias b); dt_bias, a f32 [n_head].
+__kernel void gdn_gate(global float *g, global float *beta, const global float *alpha, const global float *b,
+                       const global float *dt_bias, const global float *a, const int n, const int n_head) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    const int h = i % n_head;
+    const float x = alpha[i] + dt_bias[h];
+    const float sp = x > 20.0f ? x : log(1.0f + exp(x));
+    beta[i] = 1.0f / (1.0f + exp(-b[i]));
+    g[i] = sp * a[h];
+}
+
+// The gated delta rule with a carried state (ggml_gated_delta_net, ggml-cpu/ops.cpp
+// ggml_compute_forward_gated_delta_net_one_chunk, one snapshot). q, k f32 [n, h_k * d]; v, out f32
+// [n, h_v * d]; g, beta f32 [n, h_v]; state f32 [n_slots, h_v * d * d], slot s's row as m[h, j, i] (the
+// state S_h[i][j], contiguous in i); slots int [n]; value head h reads key head h % h_k; scale = 1 / sqrt(d).
+// One work-item per (value head h, column j) walks the rows in order: for each row it owns m[h, j, :] of
+// the row's slot (no other work-item reads or writes it), so the rows of one slot see the state the rows
+// before them left, and the dot products over i are its own:
+//   m[j, :] *= exp(g); u = (v[j] - m[j, :] . k) * beta; m[j, :] += u * k; out[j] = (m[j, :] . q) * scale
+__kernel void gated_delta_net(global float *out, const global float *q, const global float *k,
+                              const global float *v, const global float *g, const global float *beta,
+                              global float *state, const global int *slots, const int n, const int h_v,
+                              const int h_k, const int d, const float scale) {
+    const int id = get_global_id(0);  // h * d + j
+    if (id >= h_v * d) return;
+    const int h = id / d;
+    const size_t qk_w = (size_t)h_k * d, v_w = (size_t)h_v * d, dd = (size_t)d * d;
+    const size_t key = (size_t)(h % h_k) * d;
+    for (int r = 0; r < n; ++r) {
+        global float *m = state + (size_t)slots[r] * h_v * dd + (size_t)id * d;
+        const global float *kr = k + (size_t)r * qk_w + key;
+        const global float *qr = q + (size_t)r * qk_w + key;
+        const float decay = exp(g[(size_t)r * h_v + h]);
+        float sk = 0.0f;
+        for (int i = 0; i < d; ++i) {
+            const float s = m[i] * decay;
+            m[i] = s;
+            sk = mad(s, kr[i], sk);
+        }
+        const float u = (v[(size_t)r * v_w + id] - sk) * beta[(size_t)r * h_v + h];
+        float o = 0.0f;
+        for (int i = 0; i < d; ++i) {
+            const float s = mad(kr[i], u, m[i]);
+            m[i] = s;
+            o = mad(s, qr[i], o);
+        }
+        out[(size_t)r * v_w + id] = o * scale;
+    }
+}

@@ -1,0 +1,17 @@
+#version 450
+// out = x / (1 + exp(-x)), elementwise f32 [n] (ggml_silu, ggml-cpu/vec.h ggml_silu_f32; out may be x).
+// Grid-stride loop, 256-wide workgroups.
+#extension GL_GOOGLE_include_directive : require
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer XBuf { float X[]; };
+layout(std430, binding = 1) buffer OBuf { float O[]; };
+layout(push_constant) uniform PC { uint n; } pc;
+#include "common.glsl"
+
+void main() {
+    uint stride = gl_NumWorkGroups.x * gl_NumWorkGroups.y * 256u;
+    for (uint i = flat_group() * 256u + gl_LocalInvocationID.x; i < pc.n; i += stride) {
+        float x = X[i];
+        O[i] = x / (1.0 + exp(-x));
+    }
+}
