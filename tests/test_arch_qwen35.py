@@ -310,3 +310,32 @@ def test_speculative_decoding_with_ngram_and_a_draft_model(engine, models):
     finally:
         other.close()
     assert got == want and drafted > 0
+
+
+@pytest.mark.slow(reason="lavapipe compiles the qwen35 pipelines cold, F32 and Q8_0")
+@pytest.mark.parametrize("family", ["opencl", "vulkan"])
+def test_on_a_device(models, reference, family):
+    """OpenCL and Vulkan run every block (their gated_delta_net, ssm_conv and small-op kernels: the four
+    state tensors live on the device); the logits are numpy's and match llama.cpp's (F32 1e-8; Q8_0
+    2.4e-4 against llama.cpp and numpy: OpenCL's 8-bit activations)."""
+    from conftest import open_family_device
+    from gguf import GGMLQuantizationType as T
+    sel = open_family_device(family).info.selector
+
+    def run(path, **kw):
+        llm = Llama(model_path=str(path), n_ctx=N_CTX, n_batch=7, logits_all=True, verbose=False,
+                    type_k=T.F32, type_v=T.F32, **kw)
+        try:
+            return _greedy(llm, PROMPT, 0)[0], llm._engine.placement
+        finally:
+            llm.close()
+
+    # Vulkan: F32 only (lavapipe compiles each pipeline cold; its Q8_0 matmul is lfm2's test's)
+    for case in (("small", "F32"), ("small", "Q8_0"))[:1 if family == "vulkan" else 2]:
+        ref, _ = run(models[case], device="cpu")
+        got, p = run(models[case], device=sel, n_gpu_layers=-1)
+        assert p.blocks == [sel] * SMALL.n_layer, p.summary()
+        err = nmse(got, reference[case][0])
+        print(f"qwen35 {case[1]} on {sel}: nmse {err:.3g} vs llama.cpp, {nmse(got, ref):.3g} vs numpy")
+        assert nmse(got, ref) < (1e-6 if case[1] == "F32" else 3e-4)  # OpenCL: 8-bit activations
+        assert err <= bound(case[1])
