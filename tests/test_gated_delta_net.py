@@ -159,10 +159,30 @@ def test_state_carried_across_two_chunks_equals_one_call(dev):
     whole, st_whole = run_gdn(dev, q, k, v, g, beta, state, [1] * 23)
     a, st = run_gdn(dev, q[:10], k[:10], v[:10], g[:10], beta[:10], state, [1] * 10)
     b, st = run_gdn(dev, q[10:], k[10:], v[10:], g[10:], beta[10:], st, [1] * 13)
-    np.testing.assert_array_equal(np.concatenate([a, b]), whole)  # the same float32 steps
-    np.testing.assert_array_equal(st, st_whole)
+    # 10 and 13 rows run in closed form (>= GDN_CHUNKED_MIN), as do the 23: float32 rounding apart
+    np.testing.assert_allclose(np.concatenate([a, b]), whole, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(st, st_whole, rtol=1e-5, atol=1e-7)
     fresh, _ = run_gdn(dev, q[10:], k[10:], v[10:], g[10:], beta[10:], state, [1] * 13)
     assert not np.allclose(fresh[0], b[0])  # the state matters
+
+
+@pytest.mark.parametrize("n", [8, 150])
+def test_chunked_form_equals_token_by_token(dev, n):
+    """A prompt's rows (>= GDN_CHUNKED_MIN of one slot) run chunk by chunk in closed form (150: three
+    chunks of GDN_CHUNK = 64, the last partial); one call per row runs ggml's token-by-token loop.
+    Same outputs and state within float32 rounding, with decays strong enough to matter."""
+    from cooktop.backends.cpu.recurrent import GDN_CHUNK, GDN_CHUNKED_MIN
+    assert n >= GDN_CHUNKED_MIN and (n < GDN_CHUNK or n > 2 * GDN_CHUNK)
+    rng = np.random.default_rng(n)
+    q, k, v, g, beta, state = gdn_inputs(rng, n, 2, 4, 16, n_slots=1)
+    g = (g * 3).astype(np.float32)
+    whole, st_whole = run_gdn(dev, q, k, v, g, beta, state, [0] * n)
+    rows, st = [], state
+    for i in range(n):
+        o, st = run_gdn(dev, q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1], st, [0])
+        rows.append(o)
+    np.testing.assert_allclose(whole, np.concatenate(rows), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(st_whole, st, rtol=2e-5, atol=2e-6)
 
 
 def test_small_ops_match_the_formulas(dev):

@@ -7,9 +7,12 @@ small ops around them (``mul``, ``silu``, ``sigmoid_mul``, ``l2_norm``, ``gdn_ga
 in kernel order in float32 (ggml's ``ssm_conv_f32`` sums ``k = 0 .. d_conv - 1`` into a float),
 then the last ``d_conv - 1`` rows written back as the slot's state.
 
-``gated_delta_net`` runs each slot's rows in order, one token at a time as ggml's CPU kernel does,
-every value head at once (float32 ``[H_v, d, d]`` products; sums in numpy's order, so equal to
-ggml's within float32 rounding, not bit for bit).
+``gated_delta_net`` runs each slot's rows in order: a run of fewer than :data:`GDN_CHUNKED_MIN` rows
+one token at a time as ggml's CPU kernel does, every value head at once (float32 ``[H_v, d, d]``
+products); a longer run (a prompt) in chunks of :data:`GDN_CHUNK` tokens, the chunkwise form of the
+delta rule (:func:`gdn_chunk`, llama.cpp src/models/delta-net-base.cpp ``build_delta_net_chunking``:
+the same recurrence solved for a chunk at once with a triangular system), in float64. Both equal
+ggml's token-by-token result within float32 rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -29,6 +32,48 @@ def _runs(slots: np.ndarray) -> list[tuple[int, int, int]]:
         out.append((i, j, int(slots[i])))
         i = j
     return out
+
+
+#: Tokens per chunk of the chunkwise delta rule (llama.cpp's ``CHUNK_SIZE`` in build_delta_net_chunking).
+GDN_CHUNK = 64
+#: Rows of one slot from which the chunkwise form is used (fewer: token by token).
+GDN_CHUNKED_MIN = 8
+
+
+def gdn_chunk(s: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+              beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One chunk of the gated delta rule for every head at once, in closed form.
+
+    s: float64 [H, d, d], ``s[h, i, j]`` the state ``S_h[i][j]`` before the chunk; q, k, v: [C, H, d]
+    (the heads' key rows already picked per value head); g, beta: [C, H]. Returns (out [C, H, d] before
+    the ``1 / sqrt(d)`` scale, the state after the chunk [H, d, d]). With ``G`` the running sum of ``g``
+    over the chunk (``gamma_t = exp(G_t)``) the recurrence of ``RecurrentOps.gated_delta_net`` gives
+
+        u_t = beta_t (v_t - gamma_t S_0^T k_t - sum_{s<t} exp(G_t - G_s) (k_t . k_s) u_s)
+        (I + A) U = diag(beta) (V - diag(gamma) K S_0),  A[t, s] = beta_t exp(G_t - G_s) (k_t . k_s), s < t
+        o_t = gamma_t S_0^T q_t + sum_{s<=t} exp(G_t - G_s) (q_t . k_s) u_s
+        S_C = gamma_C S_0 + K^T diag(exp(G_C - G)) U
+
+    (the WY form of the delta rule: Yang et al., "Gated Delta Networks", 2024; llama.cpp
+    src/models/delta-net-base.cpp ``build_delta_net_chunking``).
+    """
+    n = q.shape[0]
+    qh, kh, vh = (np.transpose(x, (1, 0, 2)) for x in (q, k, v))  # [H, C, d]
+    G = np.cumsum(g.T, axis=1)  # [H, C]
+    diff = G[:, :, None] - G[:, None, :]  # G_t - G_s
+    lower = np.tril(np.ones((n, n), dtype=bool))
+    decay = np.where(lower, np.exp(np.where(lower, diff, 0.0)), 0.0)  # exp(G_t - G_s), s <= t
+    gamma = np.exp(G)
+    kk = np.matmul(kh, np.transpose(kh, (0, 2, 1)))  # k_t . k_s
+    a = beta.T[:, :, None] * decay * kk
+    a[:, np.arange(n), np.arange(n)] = 0.0  # strictly lower
+    rhs = beta.T[:, :, None] * (vh - gamma[:, :, None] * np.matmul(kh, s))
+    u = np.linalg.solve(a + np.eye(n), rhs)  # [H, C, d]
+    qk = np.matmul(qh, np.transpose(kh, (0, 2, 1))) * decay
+    out = gamma[:, :, None] * np.matmul(qh, s) + np.matmul(qk, u)
+    tail = np.exp(G[:, -1:] - G)  # [H, C]
+    s_new = gamma[:, -1, None, None] * s + np.matmul(np.transpose(kh, (0, 2, 1)), tail[:, :, None] * u)
+    return np.transpose(out, (1, 0, 2)), s_new
 
 
 def _a(t: DeviceTensor) -> np.ndarray:
@@ -107,6 +152,18 @@ class CpuRecurrentOps:
         heads = np.arange(h_v) % h_k  # value head h reads key head h mod H_k
         scale = np.float32(1.0 / np.sqrt(np.float32(d)))
         for i0, i1, s in _runs(np.asarray(_a(slots), dtype=np.int64)):
+            if i1 - i0 >= GDN_CHUNKED_MIN:  # a prompt: chunk by chunk, in closed form
+                st = sa[s].reshape(h_v, d, d).transpose(0, 2, 1).astype(np.float64)  # st[h, i, j] = S_h[i][j]
+                for c0 in range(i0, i1, GDN_CHUNK):
+                    c1 = min(c0 + GDN_CHUNK, i1)
+                    rows = slice(c0, c1)
+                    o, st = gdn_chunk(st, qa[rows].reshape(-1, h_k, d)[:, heads].astype(np.float64),
+                                      ka[rows].reshape(-1, h_k, d)[:, heads].astype(np.float64),
+                                      va[rows].reshape(-1, h_v, d).astype(np.float64),
+                                      ga[rows].astype(np.float64), ba[rows].astype(np.float64))
+                    oa[rows] = (o * float(scale)).reshape(c1 - c0, -1)
+                sa[s] = st.transpose(0, 2, 1).reshape(-1)
+                continue
             m = np.array(sa[s].reshape(h_v, d, d))  # m[h, j, i] = S_h[i][j]
             for i in range(i0, i1):
                 qh = qa[i].reshape(h_k, d)[heads]
