@@ -339,3 +339,21 @@ def test_on_a_device(models, reference, family):
         print(f"qwen35 {case[1]} on {sel}: nmse {err:.3g} vs llama.cpp, {nmse(got, ref):.3g} vs numpy")
         assert nmse(got, ref) < (1e-6 if case[1] == "F32" else 3e-4)  # OpenCL: 8-bit activations
         assert err <= bound(case[1])
+
+
+def test_save_state_and_load_state(models):
+    """``Llama.save_state`` / ``load_state`` on a recurrent model: the restored context (its states
+    rebuilt) continues as the saved one did."""
+    llm = Llama(model_path=str(models["small", "F32"]), n_ctx=N_CTX, verbose=False, device="cpu")
+    try:
+        llm.eval(PROMPT[:10])
+        state = llm.save_state()
+        llm.eval(PROMPT[10:14])
+        want = np.array(llm.scores[13])
+        llm.eval([5, 6])  # moves the states on
+        llm.load_state(state)
+        assert llm.n_tokens == 10
+        llm.eval(PROMPT[10:14])
+        assert close(llm.scores[13], want)
+    finally:
+        llm.close()
