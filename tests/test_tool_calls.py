@@ -137,3 +137,49 @@ def test_tool_schemas_are_closed_as_llama_cpp_does():
     assert s["additionalProperties"] is True  # given: kept
     assert s["properties"]["a"]["additionalProperties"] is False
     assert s["properties"]["c"]["items"]["additionalProperties"] is False
+
+
+QWEN3_CODER = ('Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n'
+               '<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n'
+               '<parameter=tz>\nCET\n</parameter>\n</function>\n</tool_call>')
+
+
+@pytest.mark.parametrize("text,content,calls", [
+    (QWEN3_CODER, "Let me check.", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"tz": "CET"})]),
+    ('<tool_call>\n<function=f>\n<parameter=q>\nline one\nline <b>two</b>\n</parameter>\n<parameter=o>\n'
+     '{"k": [1, 2]}\n</parameter>\n</function>\n</tool_call>', "",
+     [("f", {"q": "line one\nline <b>two</b>", "o": {"k": [1, 2]}})]),
+    ("no call here <b>bold</b>", "no call here <b>bold</b>", []),
+])
+def test_qwen3_coder_xml_calls(text, content, calls):
+    """Qwen3.5's (Qwen3-Coder's) XML calls: whole and streamed alike; values that read as JSON are JSON,
+    other text (several lines, with markup) a string."""
+    test_parse_whole_and_streamed_agree("qwen3-coder", text, content, calls)
+
+
+def test_qwen3_coder_detection_and_grammar(shared):
+    """A template with ``<tool_call>``, ``<function=`` and ``<parameter=`` (Qwen3.5's) is qwen3-coder, a
+    plain ``<tool_call>`` one hermes; the call grammar accepts a call in that layout and refuses JSON."""
+    from cooktop.api import Llama
+    from cooktop.engine.grammar import Grammar, GrammarTokenizer
+    from cooktop.text.tool_grammar import call_grammar
+    assert detect_format("{{ '<tool_call>\\n<function=' + name + '>\\n<parameter=' }}") == "qwen3-coder"
+    assert detect_format("{{ '<tool_call>\\n' + tool | tojson }}") == "hermes"
+    fns = check_tools([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}}])
+    llm = Llama(model_path=str(shared / "vocab" / "ggml-vocab-qwen2.gguf"), vocab_only=True, verbose=False)
+    gtok = GrammarTokenizer(llm._tokenizer)
+
+    def accepts(text: str) -> bool:
+        g = Grammar(gtok, *call_grammar("qwen3-coder", fns))
+        toks = llm._tokenizer.tokenize(text.encode(), add_bos=False, special=False)
+        return g.matcher.try_consume_tokens(toks) == len(toks) and g.matcher.is_accepting()
+
+    assert accepts("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                   "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+    assert accepts("<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n"
+                   "</tool_call>")
+    assert not accepts('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    assert not accepts("<tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\n"
+                       "</function>\n</tool_call>")

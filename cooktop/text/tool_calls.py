@@ -5,6 +5,10 @@ tells them apart):
 
 * ``hermes`` (Hermes 2 Pro, Qwen 2.5 / 3, SmolLM3): ``<tool_call>{"name": ...,
   "arguments": {...}}</tool_call>``, one block per call;
+* ``qwen3-coder`` (Qwen3-Coder, Qwen3.5 / 3.6, Nemotron Nano 3; llama.cpp's ``QWEN3_CODER_XML``):
+  ``<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>``;
+  a value that reads as JSON (a number, ``true``, an object...) is that value, any other text a
+  string (the arguments are the JSON object of the parameters, in order);
 * ``llama3`` (Llama 3.1 / 3.2 / 3.3): a bare ``{"name": ..., "parameters": {...}}``
   answer, or ``<|python_tag|>`` followed by such JSON (``;``-separated) or a
   built-in ``tool.call(key="value")``;
@@ -40,7 +44,7 @@ from ..errors import CooktopError
 from .json_scan import object_members, scan_value, skip_ws
 from .reasoning import ReasoningSplit, held_prefix, split_think
 
-FORMATS = ("hermes", "llama3", "mistral", "gpt-oss", "generic")
+FORMATS = ("hermes", "qwen3-coder", "llama3", "mistral", "gpt-oss", "generic")
 
 
 class ToolCallError(CooktopError):
@@ -51,11 +55,14 @@ def detect_format(source: str) -> str:
     """The tool-call format of a chat template's jinja source (one of :data:`FORMATS`).
 
     Semantics: llama.cpp common/chat.cpp template detection (``<|channel|>`` gpt-oss,
-    ``<tool_call>`` Hermes/Qwen, ``[TOOL_CALLS]`` Mistral, ``<|python_tag|>`` / ``ipython``
-    Llama 3.x, anything else the generic JSON fallback).
+    ``<tool_call>`` with ``<function=`` and ``<parameter=`` Qwen3-Coder's XML, other ``<tool_call>``
+    Hermes/Qwen, ``[TOOL_CALLS]`` Mistral, ``<|python_tag|>`` / ``ipython`` Llama 3.x, anything else
+    the generic JSON fallback).
     """
     if "<|channel|>" in source:
         return "gpt-oss"
+    if "<tool_call>" in source and "<function=" in source and "<parameter=" in source:
+        return "qwen3-coder"
     if "<tool_call>" in source:
         return "hermes"
     if "[TOOL_CALLS]" in source:
@@ -149,6 +156,81 @@ def _hermes(text: str, partial: bool) -> Parsed:
                 content.append(text[k:body_end + (len(HERMES_CLOSE) if close >= 0 else 0)])
         elif close >= 0 or not partial:
             content.append(text[k:body_end + (len(HERMES_CLOSE) if close >= 0 else 0)])
+        if close < 0:
+            break
+        pos = close + len(HERMES_CLOSE)
+    out.content = "".join(content).strip() if out.calls else "".join(content)
+    return out
+
+
+_XML_FUNC = re.compile(r"<function=([^>\n]+)>")
+_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?")
+XML_PARAM_CLOSE, XML_FUNC_CLOSE = "</parameter>", "</function>"
+
+
+def xml_value(raw: str) -> Any:
+    """A Qwen3-Coder parameter's value: its text without the newline the format puts around it, as
+    JSON when it reads as a JSON number, literal, object or array, else as a string."""
+    text = raw[1:] if raw.startswith("\n") else raw
+    text = text[:-1] if text.endswith("\n") else text
+    stripped = text.strip()
+    if stripped and (stripped[0] in "{[-0123456789" or stripped in ("true", "false", "null")):
+        try:
+            return json.loads(stripped)
+        except ValueError:
+            pass
+    return text
+
+
+def _xml_call(body: str, partial: bool) -> ToolCall | None:
+    """One ``<function=NAME>`` block (``body``: the text after ``<tool_call>``); None until the name is read.
+    While streaming, the arguments are the parameters closed so far (JSON text without its ``}``)."""
+    m = _XML_FUNC.search(body)
+    if m is None or body[:m.start()].strip():
+        return None
+    name, pos = m.group(1).strip(), m.end()
+    parts: list[str] = []
+    done = False
+    while True:
+        j = skip_ws(body, pos)
+        if body.startswith(XML_FUNC_CLOSE, j):
+            done = True
+            break
+        p = _XML_PARAM.match(body, j)
+        if p is None:
+            break
+        close = body.find(XML_PARAM_CLOSE, p.end())
+        if close < 0:
+            break
+        key = p.group(1).strip()
+        parts.append(json.dumps(key, ensure_ascii=False) + ": "
+                     + json.dumps(xml_value(body[p.end():close]), ensure_ascii=False))
+        pos = close + len(XML_PARAM_CLOSE)
+    if not done and not partial:
+        return None
+    args = "{" + ", ".join(parts) + ("}" if done else "")
+    return ToolCall(name, args, None, done)
+
+
+def _qwen3_coder(text: str, partial: bool) -> Parsed:
+    """``<tool_call>`` blocks holding ``<function=...>`` (module doc); other text is content."""
+    out = Parsed()
+    content: list[str] = []
+    pos = 0
+    while True:
+        k = text.find(HERMES_OPEN, pos)
+        if k < 0:
+            rest = text[pos:]
+            content.append(rest[:len(rest) - held_prefix(rest, (HERMES_OPEN,))] if partial else rest)
+            break
+        content.append(text[pos:k])
+        close = text.find(HERMES_CLOSE, k)
+        body = text[k + len(HERMES_OPEN):close if close >= 0 else len(text)]
+        call = _xml_call(body, partial and close < 0)
+        if call is not None:
+            out.calls.append(call)
+        elif close >= 0 or not partial:
+            content.append(text[k:close + len(HERMES_CLOSE) if close >= 0 else len(text)])
         if close < 0:
             break
         pos = close + len(HERMES_CLOSE)
@@ -255,6 +337,7 @@ _HARMONY_END = ("<|end|>", "<|call|>", "<|return|>")
 #: the marker texts of each format (the answer must show them: :func:`parse` reads them)
 MARKERS: dict[str, tuple[str, ...]] = {
     "hermes": (HERMES_OPEN, HERMES_CLOSE),
+    "qwen3-coder": (HERMES_OPEN, HERMES_CLOSE, "<function=", XML_FUNC_CLOSE),
     "llama3": (PYTHON_TAG,),
     "mistral": (MISTRAL_TAG, MISTRAL_ARGS),
     "gpt-oss": ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"),
@@ -353,6 +436,8 @@ def parse(text: str, fmt: str, *, partial: bool = False, reasoning_format: str =
         p = Parsed(body)
     elif fmt == "hermes":
         p = _hermes(body, partial)
+    elif fmt == "qwen3-coder":
+        p = _qwen3_coder(body, partial)
     elif fmt == "llama3":
         p = _llama3(body, partial)
     elif fmt == "mistral":

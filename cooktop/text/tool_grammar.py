@@ -145,6 +145,10 @@ def call_grammar(fmt: str, functions: list[dict[str, Any]], *, name: str | None 
         elif fmt == "mistral":
             pre, mid, post = head + '"arguments": ', ', "id": "', '"}'
             body = f'{_q(pre)} args_{i} {_q(mid)} CALL_ID {_q(post)}'
+        elif fmt == "qwen3-coder":
+            rules.extend(_xml_param_rules(i, f["parameters"]))
+            body = (f'{lit("<tool_call>")} {_q(chr(10) + "<function=" + n + ">" + chr(10))} params_{i} '
+                    f'{_q("</function>" + chr(10))} {lit("</tool_call>")}')
         elif fmt == "gpt-oss":
             body = (f'{lit("<|channel|>")} {_q("commentary to=functions." + n + " ")} {lit("<|constrain|>")} '
                     f'"json" {lit("<|message|>")} args_{i} {lit("<|call|>")}')
@@ -157,13 +161,35 @@ def call_grammar(fmt: str, functions: list[dict[str, Any]], *, name: str | None 
         rules.append("CALL_ID: /[a-zA-Z0-9]{9}/")
         more = ' (", " call)*' if parallel else ""
         start = f'start: {lit("[TOOL_CALLS]")} "[" call{more} "]"'
-    elif fmt == "hermes" and parallel:
+    elif fmt in ("hermes", "qwen3-coder") and parallel:
         start = 'start: call ("\\n" call)*'
     elif fmt == "llama3" and parallel:
         start = 'start: call ("; " call)*'
     else:
         start = "start: call"
     return "lark", "\n".join([start, *rules]) + "\n"
+
+
+def _xml_param_rules(i: int, schema: dict[str, Any]) -> list[str]:
+    """Rules ``params_i`` of a Qwen3-Coder call: each property of ``schema`` in its order as
+    ``<parameter=KEY>\nVALUE\n</parameter>\n`` (required ones always, the others optional); a string
+    property's value is text without ``<`` (one lexeme with its closing tag: a lexer's longest match
+    would otherwise take the newline before it), another's ``%json`` of its schema (llama.cpp's grammar for
+    this format asks for the same layout, common/chat.cpp)."""
+    props = schema.get("properties") or {}
+    required = set(schema.get("required") or ())
+    rules, seq = [], []
+    for k, (key, sub) in enumerate(props.items()):
+        sub = sub if isinstance(sub, dict) else {}
+        close = _q(chr(10) + "</parameter>" + chr(10))
+        value = ("XML_TEXT_CLOSE" if sub.get("type") == "string"  # one lexeme: the text runs to the first '<'
+                 else f"%json {json.dumps(strict_schema(sub), ensure_ascii=False)} {close}")
+        rules.append(f"param_{i}_{k}: {_q('<parameter=' + key + '>' + chr(10))} {value}")
+        seq.append(f"param_{i}_{k}" + ("" if key in required else "?"))
+    rules.append(f"params_{i}: " + (" ".join(seq) if seq else '""'))
+    if i == 0:
+        rules.append(r"XML_TEXT_CLOSE: /[^<]*\n<\/parameter>\n/")
+    return rules
 
 
 def generic_schema(functions: list[dict[str, Any]], *, parallel: bool, allow_response: bool) -> dict[str, Any]:
