@@ -143,6 +143,20 @@ BAD_SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("name", sorted(synth.SHAPES))
+def test_every_preset_is_a_valid_shape(name):
+    """Each ``cooktop synth --shape`` preset passes its own checks (Q8_0: every preset's rows are multiples
+    of 32; not all of 256, as K-quants need)."""
+    synth.validate(synth.SHAPES[name], "Q8_0")
+
+
+def test_a_qwen35_shape_needs_its_delta_net_heads():
+    import dataclasses
+    bad = dataclasses.replace(synth.SHAPES["qwen3.5-0.8b"], ssm_dt_rank=24)  # not a multiple of 16 key heads
+    with pytest.raises(CooktopError, match="qwen35 needs ssm_d_state"):
+        synth.validate(bad, "F32")
+
+
 @pytest.mark.parametrize("change, text", BAD_SHAPES)
 def test_synth_bad_shape_leaves_no_file(tmp_path, change, text):
     import dataclasses
