@@ -86,6 +86,11 @@ shaders:
 	@test -x $(PY) || { echo "make shaders: no $(PY); run 'make setup' first" >&2; exit 1; }
 	$(PY) -m cooktop.backends.vulkan.build
 
+# Recompile every shader variant with glslc and compare the shipped .spv bytes (about 50 s; the test
+# suite checks the recorded source digests instead, without a compiler).
+shaders-check: setup
+	$(PY) -m cooktop.backends.vulkan.build --check
+
 bench: setup
 	$(COOKTOP) bench --device cpu,opencl,vulkan -p 128 -n 32 -r 3
 

@@ -5,8 +5,12 @@ The variants are listed in ``variants.json`` beside this module: each has a
 a ``source`` (``.comp`` file in ``glsl/``) and ``defines`` (passed as ``-DNAME=VALUE``).
 Every variant is compiled with the same flags (:data:`FLAGS`), so the output is
 deterministic for a given glslc; the glslc version is recorded in the
-manifest, and ``tests/test_vulkan.py`` recompiles each variant and fails when
-a shipped ``.spv`` differs (a stale shader).
+manifest, and so are each variant's ``digest`` (sha256 of the flags, its
+defines, its ``.comp`` and every ``.glsl`` include: :func:`source_digest`) and
+``spv_sha256`` (of the ``.spv`` built from them). ``tests/test_vulkan.py``
+checks both without a compiler (a source edited without ``make shaders``, or a
+``.spv`` changed by hand, fails); ``make shaders-check`` (``--check``)
+recompiles every variant and compares the bytes (about 50 s on 2 cores).
 
 Each variant's ``access`` is recorded too: per descriptor binding, ``"r"``
 (``readonly buffer``), ``"w"`` (``writeonly``) or ``"rw"``, read from the
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import json
 import os
 import pathlib
@@ -123,6 +128,30 @@ def glslc_version(glslc: str) -> str:
 def load_manifest() -> dict:
     """The parsed variants.json: ``{"glslc": str, "flags": [...], "variants": [...]}``."""
     return json.loads(MANIFEST.read_text())
+
+
+def source_digest(variant: dict) -> str:
+    """sha256 (hex) of what a variant's SPIR-V is built from: :data:`FLAGS`, its ``source`` and
+    ``defines``, the ``.comp`` file and every ``.glsl`` file of :data:`GLSL_DIR` (the includes, all
+    of them: a change to any include changes every digest)."""
+    h = hashlib.sha256(json.dumps({"flags": FLAGS, "source": variant["source"], "defines": variant["defines"]},
+                                  sort_keys=True).encode())
+    h.update((GLSL_DIR / variant["source"]).read_bytes())
+    for p in sorted(GLSL_DIR.glob("*.glsl")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def unbuilt_variants() -> list[str]:
+    """Names of variants whose sources changed since :func:`build` (``digest``), or whose shipped
+    ``.spv`` is not the one it wrote (``spv_sha256``, or missing); no compiler needed."""
+    out = []
+    for v in load_manifest()["variants"]:
+        spv = SPV_DIR / f"{v['name']}.spv"
+        if (v.get("digest") != source_digest(v) or not spv.exists()
+                or v.get("spv_sha256") != hashlib.sha256(spv.read_bytes()).hexdigest()):
+            out.append(v["name"])
+    return out
 
 
 def compile_variant(glslc: str, variant: dict, out: pathlib.Path) -> None:
@@ -298,6 +327,8 @@ def build(glslc: str) -> int:
             v.pop("features", None)
         if feats and not v.get("variant_of"):
             raise RuntimeError(f"{v['name']} needs {feats} but stands in for no feature-free variant (variant_of)")
+        v["digest"] = source_digest(v)
+        v["spv_sha256"] = hashlib.sha256(spv).hexdigest()
     manifest["glslc"] = glslc_version(glslc)
     manifest["flags"] = FLAGS
     MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
@@ -312,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.init:
         old = {v["name"]: v for v in load_manifest()["variants"]} if MANIFEST.exists() else {}
-        fresh = [{**v, **{k: old[v["name"]][k] for k in ("access", "features") if k in old.get(v["name"], {})}}
+        kept = ("access", "features", "digest", "spv_sha256")
+        fresh = [{**v, **{k: old[v["name"]][k] for k in kept if k in old.get(v["name"], {})}}
                  for v in default_variants()]
         MANIFEST.write_text(json.dumps({"glslc": "", "flags": FLAGS, "variants": fresh}, indent=1) + "\n")
     if args.list:
