@@ -357,3 +357,21 @@ def test_save_state_and_load_state(models):
         assert close(llm.scores[13], want)
     finally:
         llm.close()
+
+
+def test_budgets_count_every_sequences_kv_and_state(models):
+    """``n_seq_max`` (the server's slots): the placement's K/V-and-state bytes are n_seq times one
+    sequence's, the K/V of the attention block and the linear blocks' four state tensors."""
+    from cooktop.runtime.loader import plan_for
+    gf = open_gguf(str(models["small", "F32"]))
+    cfg = load_config(gf)
+
+    def kv_bytes(n_seq):
+        p = plan_for(gf, cfg, ["cpu"], -1, None, 64, 32, False, n_seq=n_seq)
+        return sum(b.kv_bytes for b in p.budgets)
+
+    per_seq = 1 * 64 * 2 * 32 * 2 + 4 * (3 * (2 * 16 + 32) + 4 * 8 * 8) * 4  # f16 K/V + f32 states
+    assert kv_bytes(1) == per_seq
+    assert kv_bytes(4) == 4 * per_seq
+    with pytest.raises(Exception, match="n_seq_max must be an integer >= 1"):
+        Llama(model_path=str(models["small", "F32"]), n_seq_max=0, verbose=False, device="cpu")

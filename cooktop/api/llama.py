@@ -77,7 +77,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     ``cooktop.cluster``; needs ``cooktop[ray]``), and llama.cpp's expert placement (no
     llama-cpp-python spelling exists): ``n_cpu_moe`` (``--n-cpu-moe``: experts of the first N
     blocks on the host), ``cpu_moe`` (``--cpu-moe``: all of them), ``override_tensor``
-    (``-ot``: ``"REGEX=DEVICE"`` strings; see ``runtime/placement.py``).
+    (``-ot``: ``"REGEX=DEVICE"`` strings; see ``runtime/placement.py``), and ``n_seq_max`` (llama.cpp's
+    context parameter: the sequences that will share the cache, the server's ``-np``; ``-ngl auto`` and
+    the memory check count their K/V and recurrent states).
 
     Raises:
         GGUFError, UnsupportedModelError, DeviceError, ChatTemplateError (an
@@ -94,7 +96,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                  verbose: bool = True, device: str | None = None, split: str | list[float] | None = None,
                  chat_template: str | None = None, chat_template_file: str | None = None,
                  ray_address: str | None = None, n_cpu_moe: int = 0, cpu_moe: bool = False,
-                 override_tensor: str | list[str] | None = None, draft_model: Any = None, **kwargs: Any):
+                 override_tensor: str | list[str] | None = None, draft_model: Any = None, n_seq_max: int = 1,
+                 **kwargs: Any):
         self._engine_or_none: _generate.Engine | None = None
         self._last = None
         notices.set_verbose(verbose)  # process-wide, like llama-cpp-python's log callback: False prints nothing
@@ -144,6 +147,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
             tp = TensorPlacement.parse(n_cpu_moe, cpu_moe, override_tensor)
             if tp != TensorPlacement():
                 extra["tensors"] = tp
+            if int(n_seq_max) != 1:
+                extra["n_seq_max"] = int(n_seq_max)
             self._engine_or_none = load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                                         n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all,
                                         keep_scores=True, **extra)

@@ -117,6 +117,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
                   seed=seed, n_threads=threads, n_threads_batch=threads_batch, chat_template=chat_template,
                   chat_template_file=chat_template_file, last_n_tokens_size=gen_opts["repeat_last_n"],
                   **moe_kwargs(tensors), **kv_kwargs(kv))
+    if n_parallel > 1:  # the slots share one cache: -ngl auto and the memory check count every slot's K/V
+        kwargs["n_seq_max"] = n_parallel
     if rerank:
         kwargs["pooling_type"] = 4  # llama.cpp LLAMA_POOLING_TYPE_RANK
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,

@@ -189,23 +189,25 @@ def recurrent_state_bytes(cfg: ModelConfig, blocks: list[int] | None = None, n_s
 
 
 def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int, logits_all: bool,
-            limits, kv: KVConfig | None = None) -> list[DeviceBudget]:
+            limits, kv: KVConfig | None = None, n_seq: int = 1) -> list[DeviceBudget]:
     """One :class:`DeviceBudget` per device of ``placement`` (cpu included).
 
     Args:
         limits: ``limits(selector) -> (memory bytes | None, max alloc bytes | None)``.
         kv: the cache types of K and V (default :class:`KVConfig`): their bytes per row.
+        n_seq: sequences sharing the cache: each has ``n_ctx`` K/V rows per attention block and a
+            recurrent state per recurrent block (``model/forward.py``'s ``KVCache``).
     """
     out = []
     rk, rv = (kv if kv is not None else KVConfig()).row_bytes(cfg.n_embd_kv)
-    kv_block = (rk + rv) * n_ctx  # K and V of one block, in the cache types
+    kv_block = (rk + rv) * n_ctx * n_seq  # K and V of one block, in the cache types, every sequence
     units = placement.units()
     for sel in placement.devices():
         mine = [(i, part) for s, blocks, _, parts in units if s == sel for i, part in zip(blocks, parts)]
         blocks = sorted({i for i, _ in mine})
-        # a feed-forward half and a recurrent block have no K/V; a recurrent block has its state (one sequence)
+        # a feed-forward half and a recurrent block have no K/V; a recurrent block has its state (per sequence)
         n_kv = sum(1 for i, part in mine if part != "ffn" and not cfg.is_recurrent(i))
-        state = sum(recurrent_state_bytes(cfg, [i]) for i, part in mine if part != "ffn")
+        state = sum(recurrent_state_bytes(cfg, [i], n_seq) for i, part in mine if part != "ffn")
         head = placement.head == sel
         sizes = weight_bytes(gf, cfg, [*mine, *(["head"] if head else [])])
         n_segments = sum(1 for s, _, _, _ in units if s == sel)
@@ -220,7 +222,7 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
         # matrices past the max allocation go in row chunks (module doc); anything else must fit whole
         chunked = [n for n, b in sizes.items() if mx is not None and b > mx and len(gf.tensor(n).shape) in (2, 3)]
         whole = {n: b for n, b in sizes.items() if n not in chunked}
-        whole.update({"KV cache": max(rk, rv) * n_ctx if n_kv else 0, "scratch": largest_scratch})
+        whole.update({"KV cache": max(rk, rv) * n_ctx * n_seq if n_kv else 0, "scratch": largest_scratch})
         what = max(whole, key=lambda n: whole[n])
         if chunked:  # the scratch of one chunk's output (chunked.matmul / matmul_id: k slots)
             scratch += min(mx or 0, 4 * n_batch * max(gf.tensor(n).shape[-2] * (cfg.n_expert_used or 1)

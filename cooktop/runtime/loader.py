@@ -107,13 +107,14 @@ def warn_unknown_memory_overrides() -> None:
 
 def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: int | str,
              split: str | list[float] | None, n_ctx: int, n_batch: int, logits_all: bool,
-             tensors: TensorPlacement | None = None, kv: KVConfig | None = None) -> Placement:
+             tensors: TensorPlacement | None = None, kv: KVConfig | None = None, n_seq: int = 1) -> Placement:
     """Placement of a model on resolved devices, from their probed capabilities and memory.
 
     Probing only: no device allocation happens here. A ``COOKTOP_DEVICE_MEMORY`` entry for a
     device that does not exist here gets a warning (once). ``kv``: the KV cache types (default
     :class:`KVConfig`): a device that does not store them runs no attention (the unit stays on
-    the host with the reason), and the budgets count their bytes.
+    the host with the reason), and the budgets count their bytes, for ``n_seq`` sequences (the K/V
+    and the recurrent states of each).
     """
     warn_unknown_memory_overrides()
     info = registry.device_info
@@ -130,12 +131,12 @@ def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers:
         return device_limits(sel, i.usable_mem_bytes or i.global_mem_bytes, i.max_alloc_bytes)
 
     return place(gf, cfg, selectors, n_gpu_layers, parse_split(split), supports, limits, n_ctx, n_batch,
-                 logits_all, tensors, kv)
+                 logits_all, tensors, kv, n_seq)
 
 
 def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, device: str | None = None,
          n_gpu_layers: int | str = -1, split: str | list[float] | None = None, logits_all: bool = False,
-         tensors: TensorPlacement | None = None, kv: KVConfig | None = None) -> LoadedModel:
+         tensors: TensorPlacement | None = None, kv: KVConfig | None = None, n_seq_max: int = 1) -> LoadedModel:
     """Open a GGUF and place it on devices.
 
     Args:
@@ -149,6 +150,8 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
         logits_all: keep logits for every position (needed for ``eval(..., logits_all=True)``).
         tensors: ``--n-cpu-moe`` / ``-ot`` (``runtime.placement.TensorPlacement``).
         kv: KV cache types and ``-fa`` (``-ctk``/``-ctv``/``-fa``; default :class:`KVConfig`).
+        n_seq_max: sequences that will share one cache (the server's slots): the placement's budgets
+            count the K/V and recurrent states of that many (llama.cpp ``n_seq_max``).
     Raises:
         GGUFError, UnsupportedModelError, DeviceError, DeviceOutOfMemoryError, KVTypeError (a cache
         type llama.cpp refuses with this model, e.g. quantized V with ``-fa off``).
@@ -164,7 +167,10 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
     kv = kv if kv is not None else KVConfig()
     kv.resolve(cfg.head_dim)  # refused combinations fail before anything is placed
 
-    placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all, tensors, kv)
+    if not isinstance(n_seq_max, int) or n_seq_max < 1:
+        raise CooktopError(f"n_seq_max must be an integer >= 1, not {n_seq_max!r}")
+    placement = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, logits_all, tensors, kv,
+                         n_seq_max)
     for note in placement.notes:
         log.info(note)
     devices = {sel: registry.open_device(sel) for sel in placement.devices()}

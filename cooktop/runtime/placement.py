@@ -410,7 +410,7 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
           split: list[float] | None, supports: Supports,
           limits: Callable[[str], tuple[int | None, int | None]],
           n_ctx: int, n_batch: int, logits_all: bool, tensors: TensorPlacement | None = None,
-          kv: KVConfig | None = None) -> Placement:
+          kv: KVConfig | None = None, n_seq: int = 1) -> Placement:
     """:func:`plan` plus memory: resolve ``-ngl auto`` and refuse what cannot fit.
 
     ``n_gpu_layers == "auto"`` picks the largest N (n_layer + 1 down to 0) whose
@@ -422,6 +422,7 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
     Args:
         limits: ``limits(selector) -> (memory bytes, max allocation bytes)`` (None = unknown).
         kv: the KV cache types the budgets count (default :class:`KVConfig`).
+        n_seq: sequences sharing the cache (their K/V and recurrent states are counted).
     Raises:
         DeviceOutOfMemoryError: an explicit N does not fit a device, or the host's part does not fit
             its memory (the message names it and the sizes).
@@ -458,7 +459,7 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
         p = plan(gf, cfg, selectors, n, split, supports, memory, tensors)
         check_runnable(gf, cfg, p, selectors, supports)
         p.n_gpu_layers = n if any(s != HOST for s in selectors) else 0
-        p.budgets = budgets(gf, cfg, p, n_ctx, n_batch, logits_all, host_free, kv)
+        p.budgets = budgets(gf, cfg, p, n_ctx, n_batch, logits_all, host_free, kv, n_seq)
         bad = [b for b in p.budgets if not b.fits]
         on_host = host_problem(p)
         if on_host and not bad:
