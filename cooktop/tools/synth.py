@@ -120,8 +120,6 @@ class Shape:
         :attr:`full_attention_interval` not an interval-th block); () otherwise."""
         if self.full_attention_interval:
             return tuple((i + 1) % self.full_attention_interval != 0 for i in range(self.n_layer))
-        if self.arch == "mamba2":
-            return (True,) * self.n_layer
         if not self.n_conv:
             return ()
         return tuple(i not in self.attn_layers for i in range(self.n_layer))
@@ -255,7 +253,8 @@ def config(s: Shape, arch: str | None = None) -> ModelConfig:
                        n_ff_exp=(s.n_ff if granite else s.n_ff_exp or s.n_ff // max(1, s.n_expert_used))
                        if moe else 0,
                        n_ff_shexp=((s.n_ff_shexp or 0) if granite else (s.n_ff_shexp or s.n_ff)) if moe else 0,
-                       recurrent_layers=s.recurrent_layers(), n_conv=s.n_conv, **gdn)
+                       recurrent_layers=(True,) * s.n_layer if a.name == "mamba2" else s.recurrent_layers(),
+                       n_conv=s.n_conv, **gdn)
 
 
 def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | None = None

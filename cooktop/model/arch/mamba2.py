@@ -269,11 +269,11 @@ def granite_block_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespac
     experts (softmax router, top-k renormalised) plus the ungated shared expert (llama.cpp
     ``build_layer_ffn``)."""
     build_norm(d, cfg, s.xn, s.x, w["ffn_norm"])
-    if "ffn_gate_inp" not in w:
+    if not cfg.n_expert:
         _residual(d, cfg, s, build_ffn(d, cfg, w, s, SILU))
         return
     o = build_moe_ffn(d, cfg, w, s, SILU)
-    if "ffn_gate_shexp" in w:
+    if cfg.n_ff_shexp:
         d.matmuls(s.xn, (s.shgate, w["ffn_gate_shexp"]), (s.shup, w["ffn_up_shexp"]))
         d.silu_mul(s.shgate, s.shgate, s.shup)
         d.matmul(s.shdown, s.shgate, w["ffn_down_shexp"])
