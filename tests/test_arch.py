@@ -116,6 +116,12 @@ EXPECTED_OPS = {
                {"get_rows", "rmsnorm", "matmul"}),
     "qwen35moe": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "sigmoid_mul", "moe_route",
                    "matmul_id", "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+    # likewise granitehybrid's (no recurrent blocks, no multipliers): attention blocks with rope
+    "granitehybrid": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "add_bias", "silu_mul"},
+                      {"get_rows", "rmsnorm", "matmul"}),
+    # every mamba2 block is a Mamba-2 layer
+    "mamba2": ({"rmsnorm", "matmul", "ssm_conv", "add_bias", "silu", "ssm_scan", "ssm_norm", "add"},
+               {"get_rows", "rmsnorm", "matmul"}),
 }
 
 #: Of the MoE architectures, the ops of the attention half and of the feed-forward half.
@@ -178,7 +184,11 @@ def test_derived_ops_are_the_ops_a_segment_runs(name, tmp_path, cpu_device, monk
              "lfm2": {"n_conv": 3, "attn_layers": (1,)},
              **dict.fromkeys(("qwen35", "qwen35moe"), {"n_conv": 4, "full_attention_interval": 2, "ssm_d_state": 8,
                                                        "ssm_n_group": 2, "ssm_dt_rank": 4,
-                                                       "rope_sections": (2, 1, 1, 0)})}.get(name, {})
+                                                       "rope_sections": (2, 1, 1, 0)}),
+             **dict.fromkeys(("granitehybrid", "mamba2"), {"n_conv": 4, "attn_layers": (1,), "ssm_d_state": 8,
+                                                           "ssm_n_group": 2, "ssm_dt_rank": 4, "ssm_d_inner": 32,
+                                                           "residual_scale": 0.5, "logit_scale": 2.0})
+             }.get(name, {})
     if name in EXPECTED_OPS and "matmul_id" in EXPECTED_OPS[name][0]:
         extra.update(n_expert=4, n_expert_used=2, n_ff_exp=SMALL.n_ff)  # olmoe: experts n_ff wide
     shape = dataclasses.replace(SMALL, n_ctx_train=512, **extra)

@@ -315,7 +315,7 @@ def test_on_a_device(models, reference, family):
         assert err <= bound(case[1])
 
 
-@pytest.mark.parametrize("name", ["mamba2", "rwkv7", "jamba", "kimi-linear", "granitehybrid", "lfm2moe"])
+@pytest.mark.parametrize("name", ["mamba", "rwkv7", "jamba", "kimi-linear", "nemotron_h", "lfm2moe"])
 def test_unsupported_recurrent_families_are_refused_by_name(name):
     from cooktop.model.arch import architecture
     with pytest.raises(UnsupportedModelError, match=f"unsupported architecture '{name}': a recurrent architecture"):

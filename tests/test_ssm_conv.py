@@ -117,7 +117,8 @@ def test_shape_errors(dev):
 
 
 def test_recurrent_ops_are_apart_from_the_default_and_moe_ops():
-    assert RECURRENT_OPS == ("ssm_conv", "mul", "silu", "sigmoid_mul", "l2_norm", "gdn_gate", "gated_delta_net")
+    assert RECURRENT_OPS == ("ssm_conv", "mul", "silu", "sigmoid_mul", "l2_norm", "gdn_gate", "gated_delta_net",
+                             "ssm_scan", "ssm_norm", "scale")
     assert not set(RECURRENT_OPS) & (set(OPS) | set(MOE_OPS))
     assert set(RECURRENT_OPS) <= set(CpuBackend().open(0).info.ops)
 

@@ -217,6 +217,26 @@ def _gdn_gate_fits(g: Any, beta: Any, alpha: Any, b: Any, dt_bias: Any, a: Any) 
         and a.shape == s[1:]
 
 
+def _ssm_scan_fits(out: Any, xbc: Any, dt: Any, a: Any, d: Any, dt_bias: Any, state: Any, slots: Any) -> bool:
+    os_, ds, ss, xs = out.shape, dt.shape, state.shape, xbc.shape
+    if len(os_) != 2 or len(ds) != 2 or len(ss) != 2 or len(xs) != 2 or ds[0] != os_[0] or ds[1] < 1:
+        return False
+    n, d_inner, h = os_[0], os_[1], ds[1]
+    if d_inner < 1 or d_inner % h or ss[1] % d_inner or ss[1] == 0:
+        return False
+    n_state = ss[1] // d_inner
+    rest = xs[1] - d_inner
+    if xs[0] != n or rest <= 0 or rest % (2 * n_state) or h % (rest // (2 * n_state)):
+        return False
+    return a.shape == (h, 1) and d.shape == (h, 1) and dt_bias.shape == (h,) and slots.shape == (n,)
+
+
+def _ssm_norm_fits(out: Any, y: Any, z: Any, w: Any) -> bool:
+    ys, ws = y.shape, w.shape
+    return (len(ys) == 2 and out.shape == ys and z.shape == ys and len(ws) == 2 and ws[0] > 0 and ws[1] > 0
+            and ws[0] * ws[1] == ys[1])
+
+
 #: Every op, in the order of the design doc's table.
 TABLE: tuple[OpSpec, ...] = (
     OpSpec("matmul", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT)), (),
@@ -382,6 +402,30 @@ TABLE: tuple[OpSpec, ...] = (
            "layout and head mapping as there)", default=False, group="recurrent",
            example={"out": (3, 8), "q": (3, 4), "k": (3, 4), "v": (3, 8), "g": (3, 2), "beta": (3, 2),
                     "state": (2, 32), "slots": (3,)}),
+    OpSpec("ssm_scan", (Arg("out", F32), Arg("xbc", F32), Arg("dt", F32), Arg("a", F32), Arg("d", F32),
+                        Arg("dt_bias", F32), Arg("state", F32), Arg("slots", I32)), (),
+           "Mamba-2's selective scan per head h (group h // (H / G)) with a carried state S [P, N] per slot "
+           "and head: dt' = softplus(dt + dt_bias); S = exp(dt' a) S + (dt' x) B^T; out = S C + d x "
+           "(rows of a slot in order; xbc [n, H * P + 2 * G * N]: x, then B [G, N], then C [G, N]; dt "
+           "[n, H]; a, d [H, 1]; state [n_slots, H * P * N])",
+           "want out [n, H * P], xbc [n, H * P + 2 * G * N] with G dividing H, dt [n, H], a and d [H, 1], "
+           "dt_bias [H], state [n_slots, H * P * N], slots [n]", _ssm_scan_fits,
+           "ggml_ssm_scan (ggml-cpu/ops.cpp ggml_compute_forward_ssm_scan_f32, Mamba-2's scalar A per head), "
+           "dt bias and D as llama.cpp src/models/mamba-base.cpp build_mamba2_layer",
+           default=False, group="recurrent",
+           example={"out": (3, 8), "xbc": (3, 16), "dt": (3, 2), "a": (2, 1), "d": (2, 1), "dt_bias": (2,),
+                    "state": (2, 32), "slots": (3,)}),
+    OpSpec("ssm_norm", (Arg("out", F32), Arg("y", F32), Arg("z", F32), Arg("w", F32)), ("eps",),
+           "Mamba-2's gated grouped RMS norm: g = y * silu(z), then each group j of a row (w f32 [G, width / G]) "
+           "out = g / sqrt(mean(g^2) + eps) * w[j]",
+           "want out, y and z [n, width], w [G, width / G]", _ssm_norm_fits,
+           "ggml_swiglu_split + ggml_rms_norm + ggml_mul (llama.cpp src/models/mamba-base.cpp build_mamba2_layer)",
+           default=False, group="recurrent",
+           example={"out": (2, 8), "y": (2, 8), "z": (2, 8), "w": (2, 4), "eps": 1e-5}),
+    OpSpec("scale", (Arg("out", F32), Arg("x", F32)), ("s",),
+           "out = x * s elementwise (s a float32 scalar)", _ONE_SHAPE.format(names="out and x"), _same2,
+           "ggml_scale (Granite's residual and logit multipliers, llama.cpp src/models/granite-hybrid.cpp)",
+           default=False, group="recurrent", example={"out": (2, 3), "x": (2, 3), "s": 0.5}),
     OpSpec("copy", (Arg("out", ACT), Arg("x", ACT)), (),
            "out = x (F32 or I32; `cooktop bench --ops` measures bandwidth with it; not in the forward pass)",
            _ONE_SHAPE.format(names="out and x"), _same2, "ggml_cpy", forward=False,

@@ -1,6 +1,7 @@
 """The recurrent layers' half of the op contract: the causal depthwise convolution with a carried
-state (ggml's ``ssm_conv``), the gated delta rule with its state (ggml's ``gated_delta_net``) and the
-small ops around them (``mul``, ``silu``, ``sigmoid_mul``, ``l2_norm``, ``gdn_gate``).
+state (ggml's ``ssm_conv``), the gated delta rule with its state (ggml's ``gated_delta_net``), Mamba-2's
+selective scan with its state (ggml's ``ssm_scan``) and the small ops around them (``mul``, ``silu``,
+``sigmoid_mul``, ``l2_norm``, ``gdn_gate``, ``ssm_norm``, ``scale``).
 
 Layout (numpy order, as the rest of the contract): ``n`` rows (tokens, of one or several
 sequences), ``C`` channels. A convolution state holds, per *slot* (a sequence's state row), the
@@ -25,6 +26,7 @@ from .tensor import DeviceTensor
 
 _SSM_CONV, _MUL, _SILU, _SIGMOID_MUL = SPECS["ssm_conv"], SPECS["mul"], SPECS["silu"], SPECS["sigmoid_mul"]
 _L2_NORM, _GDN_GATE, _GDN = SPECS["l2_norm"], SPECS["gdn_gate"], SPECS["gated_delta_net"]
+_SSM_SCAN, _SSM_NORM, _SCALE = SPECS["ssm_scan"], SPECS["ssm_norm"], SPECS["scale"]
 
 
 class RecurrentOps:
@@ -142,6 +144,61 @@ class RecurrentOps:
         _GDN.check(self, out, q, k, v, g, beta, state, slots)
         self._gated_delta_net(out, q, k, v, g, beta, state, slots)
 
+    def ssm_scan(self, out: DeviceTensor, xbc: DeviceTensor, dt: DeviceTensor, a: DeviceTensor, d: DeviceTensor,
+                 dt_bias: DeviceTensor, state: DeviceTensor, slots: DeviceTensor) -> None:
+        """Mamba-2's selective scan with a carried state, the dt bias and the D skip, and the state's update.
+
+        Shapes (``H`` heads of ``P`` values, ``G`` groups dividing ``H``, ``N`` the state size): xbc:
+        f32 [n, H * P + 2 * G * N], each row ``x`` [H, P], then ``B`` [G, N], then ``C`` [G, N] (llama.cpp's
+        ``xBC`` after the convolution and silu); dt: f32 [n, H] (before its bias); a, d: f32 [H, 1]
+        (GGUF ``ne = (1, H)``: ``a = -exp(A_log)``, one decay rate per head, and the skip factor);
+        dt_bias: f32 [H]; state: f32 [n_slots, H * P * N], row ``s`` viewed as ``S[h, p, n]`` (ggml's
+        ``{d_state, head_dim, n_head}``); slots: I32 [n] in ``[0, n_slots)`` (outside: the caller's
+        fault); out: f32 [n, H * P]. Head ``h`` reads group ``g = h // (H / G)`` (ggml's
+        repeat_interleave). The rows of one slot are taken in order, each with the state its previous
+        row left::
+
+            dt'[h]  = softplus(dt[i, h] + dt_bias[h])       softplus(v) = v if v > 20 else log(1 + exp(v))
+            S[h]    = S[h] * exp(dt'[h] * a[h]) + (x[i, h, :] * dt'[h]) B[i, g, :]^T       [P, N]
+            out[i, h, p] = sum_n S[h, p, n] * C[i, g, n] + x[i, h, p] * d[h]
+
+        Formula: ggml ``ggml_ssm_scan`` (ggml/src/ggml-cpu/ops.cpp ``ggml_compute_forward_ssm_scan_f32``,
+        the Mamba-2 branch: ``A`` a scalar per head, ``ggml_compute_softplus_f32``); the bias added to
+        ``dt`` before it and ``y + x * D`` after it as llama.cpp src/models/mamba-base.cpp
+        ``build_mamba2_layer`` does (``ggml_add(dt, ssm_dt_b)``, ``ggml_add(y, ggml_mul(x, ssm_d))``).
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
+        """
+        _SSM_SCAN.check(self, out, xbc, dt, a, d, dt_bias, state, slots)
+        self._ssm_scan(out, xbc, dt, a, d, dt_bias, state, slots)
+
+    def ssm_norm(self, out: DeviceTensor, y: DeviceTensor, z: DeviceTensor, w: DeviceTensor, eps: float) -> None:
+        """Mamba-2's gated RMS norm over groups (llama.cpp src/models/mamba-base.cpp ``build_mamba2_layer``:
+        ``ggml_swiglu_split(z, y)``, then ``build_norm`` of the ``[width / G, G]`` view by ``ssm_norm``)::
+
+            g = y * silu(z)                        (float32)
+            out[r, j] = g[r, j] / sqrt(mean(g[r, j]^2) + eps) * w[j]      for each group j of width / G
+
+        y, z, out: f32 [n, width] (``out`` may be ``y`` or ``z``); w: f32 [G, width / G] (GGUF
+        ``ne = (width / G, G)``).
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
+        """
+        _SSM_NORM.check(self, out, y, z, w, eps=eps)
+        self._ssm_norm(out, y, z, w, eps)
+
+    def scale(self, out: DeviceTensor, x: DeviceTensor, s: float) -> None:
+        """``out = x * s`` elementwise in float32, f32 of one shape (``out`` may be ``x``; ggml ``ggml_scale``:
+        Granite's residual and logit multipliers, llama.cpp src/models/granite-hybrid.cpp).
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
+        """
+        _SCALE.check(self, out, x, s=s)
+        self._scale(out, x, s)
+
     # -- the backend's hooks (arguments checked; default: not supported) ----
     def _recurrent_unsupported(self, op: str) -> None:
         info = getattr(self, "info", None)
@@ -178,3 +235,16 @@ class RecurrentOps:
                          g: DeviceTensor, beta: DeviceTensor, state: DeviceTensor, slots: DeviceTensor) -> None:
         """Enqueue :meth:`gated_delta_net`."""
         self._recurrent_unsupported("gated_delta_net")
+
+    def _ssm_scan(self, out: DeviceTensor, xbc: DeviceTensor, dt: DeviceTensor, a: DeviceTensor, d: DeviceTensor,
+                  dt_bias: DeviceTensor, state: DeviceTensor, slots: DeviceTensor) -> None:
+        """Enqueue :meth:`ssm_scan`."""
+        self._recurrent_unsupported("ssm_scan")
+
+    def _ssm_norm(self, out: DeviceTensor, y: DeviceTensor, z: DeviceTensor, w: DeviceTensor, eps: float) -> None:
+        """Enqueue :meth:`ssm_norm`."""
+        self._recurrent_unsupported("ssm_norm")
+
+    def _scale(self, out: DeviceTensor, x: DeviceTensor, s: float) -> None:
+        """Enqueue :meth:`scale`."""
+        self._recurrent_unsupported("scale")

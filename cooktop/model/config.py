@@ -131,6 +131,12 @@ def _head_count_kv(m: Metadata, arch: Architecture, n_head: int, n_layer: int) -
     return kv[0], tuple(v == 0 for v in vals)
 
 
+def _attention_free(arch: Architecture) -> bool:
+    """True when the architecture has no attention tensors (mamba2: every block recurrent; its file's
+    ``attention.head_count`` and ``feed_forward_length`` are 0 or absent, and not read)."""
+    return not any(s.key.startswith("attn_") and s.key != "attn_norm" for s in arch.tensors)
+
+
 def load_config(f: GGUFFile) -> ModelConfig:
     """Build the :class:`ModelConfig` of an opened GGUF and check its tensors.
 
@@ -145,23 +151,29 @@ def load_config(f: GGUFFile) -> ModelConfig:
     m = Metadata(f.metadata, arch.name, p)
     n_embd = m.num("embedding_length", required=True, minimum=1)
     n_layer = m.num("block_count", required=True, minimum=1)
-    n_head = m.num("attention.head_count", required=True, minimum=1)
-    n_ff = m.num("feed_forward_length", required=True, minimum=1)
     n_ctx_train = m.num("context_length", required=True, minimum=1)
-    n_head_kv, recurrent_layers = _head_count_kv(m, arch, n_head, n_layer)
-    if n_embd % n_head and not m.has("attention.key_length"):
-        raise UnsupportedModelError(f"{p}: n_head = {n_head} does not divide n_embd = {n_embd}")
-    if n_head % n_head_kv:
-        raise UnsupportedModelError(f"{p}: n_head_kv = {n_head_kv} does not divide n_head = {n_head}")
-    head_dim = m.num("attention.key_length", default=n_embd // n_head, minimum=1)
-    v_len = m.num("attention.value_length", default=head_dim, minimum=1)
-    if v_len != head_dim:
-        raise UnsupportedModelError(
-            f"{p}: metadata key '{m.key('attention.value_length')}' = {v_len} differs from key_length = "
-            f"{head_dim}; cooktop does not implement value heads of another width")
-    n_rot = m.num("rope.dimension_count", default=head_dim, minimum=0)
-    if n_rot % 2 or n_rot > head_dim:
-        raise UnsupportedModelError(f"{p}: rope dimension count {n_rot} must be even and <= head_dim {head_dim}")
+    if _attention_free(arch):  # mamba2: conversion/mamba.py writes 0 heads and a feed-forward of 0
+        n_head = n_head_kv = head_dim = n_rot = 0
+        n_ff = m.num("feed_forward_length", default=0, minimum=0)
+        recurrent_layers: tuple[bool, ...] = ()
+    else:
+        n_head = m.num("attention.head_count", required=True, minimum=1)
+        n_ff = m.num("feed_forward_length", required=True, minimum=1)
+        n_head_kv, recurrent_layers = _head_count_kv(m, arch, n_head, n_layer)
+        if n_embd % n_head and not m.has("attention.key_length"):
+            raise UnsupportedModelError(f"{p}: n_head = {n_head} does not divide n_embd = {n_embd}")
+        if n_head % n_head_kv:
+            raise UnsupportedModelError(f"{p}: n_head_kv = {n_head_kv} does not divide n_head = {n_head}")
+        head_dim = m.num("attention.key_length", default=n_embd // n_head, minimum=1)
+        v_len = m.num("attention.value_length", default=head_dim, minimum=1)
+        if v_len != head_dim:
+            raise UnsupportedModelError(
+                f"{p}: metadata key '{m.key('attention.value_length')}' = {v_len} differs from key_length = "
+                f"{head_dim}; cooktop does not implement value heads of another width")
+        n_rot = m.num("rope.dimension_count", default=head_dim, minimum=0)
+        if n_rot % 2 or n_rot > head_dim:
+            raise UnsupportedModelError(f"{p}: rope dimension count {n_rot} must be even and <= head_dim "
+                                        f"{head_dim}")
     rope = rope_scaling(m, n_ctx_train)
     tensors = f.tensors
     if "token_embd.weight" not in tensors:

@@ -63,6 +63,15 @@ class ModelConfig:
         n_layer_nextn: multi-token-prediction blocks after the ``n_layer`` trunk blocks
             (``nextn_predict_layers``; their tensors are skipped); 0 without.
         rope_sections: multi-section rope's sections (``rope.dimension_sections``, 4 values; () without).
+            Mamba-2 (granitehybrid, mamba2) reads the ``ssm_*`` fields as llama.cpp does: ``ssm_d_state`` the
+            state size N, ``ssm_n_group`` the groups of B and C, ``ssm_dt_rank`` the heads, ``ssm_d_inner``
+            heads x head width.
+        embedding_scale, residual_scale, logit_scale: Granite's multipliers (``embedding_scale``: the token
+            embeddings times it; ``residual_scale``: each block's attention / SSM and FFN outputs times it
+            before the residual add; ``logit_scale``: the logits divided by it); 0 means none (llama.cpp
+            ``f_embedding_scale``, ``f_residual_scale``, ``f_logit_scale``).
+        use_rope: False when the attention blocks rotate nothing (Granite 4.0-H's NoPE attention:
+            ``rope.scaling.finetuned`` false, llama.cpp ``hparams.rope_pattern`` / ``has_rope``).
 
     A hyper-parameter that only some architectures have (a sliding window, a logit
     softcap) is added here with a neutral default, as llama.cpp's ``llama_hparams``
@@ -110,6 +119,10 @@ class ModelConfig:
     ssm_d_inner: int = 0
     rope_sections: tuple[int, ...] = ()
     n_layer_nextn: int = 0
+    embedding_scale: float = 0.0
+    residual_scale: float = 0.0
+    logit_scale: float = 0.0
+    use_rope: bool = True
 
     def is_recurrent(self, il: int) -> bool:
         """True when block ``il`` is a recurrent layer (llama.cpp ``hparams.is_recr(il)``)."""

@@ -103,6 +103,17 @@ class Shape:
     n_rot: int | None = None
     #: rope.dimension_sections written when set (qwen35's multi-section rope, 4 values)
     rope_sections: tuple[int, ...] = ()
+    #: Mamba-2 (granitehybrid, mamba2): ssm.inner_size (heads x head width); 0: ssm_dt_rank x ssm_d_state
+    #: (qwen35's); its ssm_d_state is the state size, ssm_n_group the groups, ssm_dt_rank the heads
+    ssm_d_inner: int = 0
+    #: Granite's multipliers (granitehybrid): embedding_scale, residual_scale, attention.scale and
+    #: logit_scale, each written when set
+    embedding_scale: float | None = None
+    residual_scale: float | None = None
+    attention_scale: float | None = None
+    logit_scale: float | None = None
+    #: rope.scaling.finetuned written when set (granitehybrid: False = attention without rope, Granite 4.0-H)
+    rope_finetuned: bool | None = None
 
     def recurrent_layers(self) -> tuple[bool, ...]:
         """Per block, True when it is recurrent (a hybrid: not in :attr:`attn_layers`, or with
@@ -144,6 +155,26 @@ SHAPES: dict[str, Shape] = {
     "qwen3.5-9b": Shape(4096, 32, 16, 4, 12288, 248320, 262144, 10000000.0, head_dim=256, arch="qwen35",
                         n_conv=4, full_attention_interval=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=32,
                         n_rot=64, rope_sections=(11, 11, 10, 0)),
+    # Granite 4.0-H (granitehybrid; HF configs as IBM publishes them: 40 blocks, 4 of them attention, in
+    # groups of 9 Mamba-2 blocks and one attention block (the files' layer_types give the exact indices;
+    # these presets put attention at 9, 19, 29, 39), NoPE attention, Mamba-2 heads of 64 with a state of
+    # 128 in one group, conv kernel 4, expand 2 (ssm.inner_size = 2 n_embd), vocabulary 100352, and the
+    # Granite multipliers). H-Micro: dense, 2048 wide, 32 heads (8 KV), FFN 8192
+    "granite-4.0-h-micro": Shape(2048, 40, 32, 8, 8192, 100352, 131072, 10000.0, arch="granitehybrid",
+                                 attn_layers=(9, 19, 29, 39), n_conv=4, ssm_d_state=128, ssm_n_group=1,
+                                 ssm_dt_rank=64, ssm_d_inner=4096, embedding_scale=12.0, residual_scale=0.246,
+                                 attention_scale=0.0078125, logit_scale=8.0, rope_finetuned=False),
+    # H-Tiny (7B, 1B active): 1536 wide, 12 heads (4 KV), 64 experts of 512 with 6 used and a shared
+    # expert of 1024; 48 Mamba-2 heads
+    "granite-4.0-h-tiny": Shape(1536, 40, 12, 4, 512, 100352, 131072, 10000.0, arch="granitehybrid",
+                                attn_layers=(9, 19, 29, 39), n_conv=4, ssm_d_state=128, ssm_n_group=1,
+                                ssm_dt_rank=48, ssm_d_inner=3072, n_expert=64, n_expert_used=6, n_ff_exp=512,
+                                n_ff_shexp=1024, embedding_scale=12.0, residual_scale=0.22,
+                                attention_scale=0.0078125, logit_scale=6.0, rope_finetuned=False),
+    # Mamba-2 2.7B (state-spaces/mamba2-2.7b: 64 blocks, 2560 wide, expand 2, heads of 64, state 128, one
+    # group, conv kernel 4; vocabulary 50288 padded)
+    "mamba2-2.7b": Shape(2560, 64, 1, 1, 1, 50288, 1048576, arch="mamba2", n_conv=4, ssm_d_state=128,
+                         ssm_n_group=1, ssm_dt_rank=80, ssm_d_inner=5120, tied=True),
     # Qwen3.6-35B-A3B (qwen35moe): 40 blocks, 256 experts of 512, 8 used, a shared expert of 512
     "qwen3.6-35b-a3b": Shape(2048, 40, 16, 2, 512, 248320, 262144, 10000000.0, head_dim=256, arch="qwen35moe",
                              n_conv=4, full_attention_interval=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=32,
@@ -212,15 +243,18 @@ def config(s: Shape, arch: str | None = None) -> ModelConfig:
     head_dim = s.head_dim or s.n_embd // s.n_head
     moe = s.n_expert > 0
     gdn: dict[str, Any] = dict(ssm_d_state=s.ssm_d_state, ssm_n_group=s.ssm_n_group, ssm_dt_rank=s.ssm_dt_rank,
-               ssm_d_inner=s.ssm_dt_rank * s.ssm_d_state, rope_sections=s.rope_sections)
+               ssm_d_inner=s.ssm_d_inner or s.ssm_dt_rank * s.ssm_d_state, rope_sections=s.rope_sections)
+    granite = a.name == "granitehybrid"  # its experts are feed_forward_length wide, its shared expert optional
     return ModelConfig(arch=a.name, n_vocab=s.n_vocab, n_ctx_train=s.n_ctx_train, n_embd=s.n_embd,
                        n_layer=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv, n_ff=s.n_ff,
                        n_rot=s.n_rot or head_dim,
                        head_dim=head_dim, rope_freq_base=s.rope_freq_base, rms_eps=1e-5, rope_mode=a.rope_mode,
                        tied_output=s.tied, n_expert=s.n_expert, n_expert_used=s.n_expert_used,
-                       n_ff_exp=(s.n_ff_exp or s.n_ff // max(1, s.n_expert_used)) if moe else 0,
-                       n_ff_shexp=(s.n_ff_shexp or s.n_ff) if moe else 0,
-                       recurrent_layers=s.recurrent_layers(), n_conv=s.n_conv, **gdn)
+                       n_ff_exp=(s.n_ff if granite else s.n_ff_exp or s.n_ff // max(1, s.n_expert_used))
+                       if moe else 0,
+                       n_ff_shexp=((s.n_ff_shexp or 0) if granite else (s.n_ff_shexp or s.n_ff)) if moe else 0,
+                       recurrent_layers=(True,) * s.n_layer if a.name == "mamba2" else s.recurrent_layers(),
+                       n_conv=s.n_conv, **gdn)
 
 
 def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | None = None
@@ -290,7 +324,8 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
         v = getattr(s, field)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise CooktopError(f"synthetic shape: {field} = {v!r} must be a positive integer")
-    moe_arch = any(sp.key == "ffn_gate_inp" for sp in architecture(arch).tensors)
+    # an architecture of experts only (granitehybrid's experts are optional: its FFN is dense without them)
+    moe_arch = any(sp.key == "ffn_gate_inp" and sp.layers is None for sp in architecture(arch).tensors)
     if moe_arch and not 0 < s.n_expert_used <= s.n_expert:
         raise CooktopError(f"synthetic shape: {arch} needs 0 < n_expert_used ({s.n_expert_used}) <= "
                            f"n_expert ({s.n_expert})")
@@ -299,10 +334,16 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
                                  and len(s.rope_sections) == 4):
         raise CooktopError(f"synthetic shape: {arch} needs ssm_d_state, ssm_n_group, ssm_dt_rank (a multiple of "
                            "ssm_n_group), full_attention_interval > 0 and four rope_sections")
+    if arch in ("granitehybrid", "mamba2"):
+        d_inner = s.ssm_d_inner or s.ssm_dt_rank * s.ssm_d_state
+        if not (s.ssm_d_state > 0 and s.ssm_n_group > 0 and s.ssm_dt_rank > 0 and d_inner % s.ssm_dt_rank == 0
+                and s.ssm_dt_rank % s.ssm_n_group == 0 and d_inner % s.ssm_n_group == 0):
+            raise CooktopError(f"synthetic shape: {arch} needs ssm_d_state, ssm_n_group and ssm_dt_rank (heads: a "
+                               "multiple of ssm_n_group, dividing ssm_d_inner) > 0")
     if architecture(arch).recurrent:
         if s.n_conv < 2:
             raise CooktopError(f"synthetic shape: {arch} needs n_conv (shortconv.l_cache) >= 2, not {s.n_conv}")
-        if all(s.recurrent_layers()):
+        if all(s.recurrent_layers()) and arch != "mamba2":
             raise CooktopError(f"synthetic shape: none of the {s.n_layer} blocks is an attention block "
                                f"(attn_layers {list(s.attn_layers)}); keep at least one")
     if s.head_dim is not None and (isinstance(s.head_dim, bool) or not isinstance(s.head_dim, int)
@@ -429,16 +470,18 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
     w.add_context_length(s.n_ctx_train)
     w.add_embedding_length(s.n_embd)
     w.add_block_count(s.n_layer)
-    w.add_feed_forward_length(s.n_ff)
-    w.add_head_count(s.n_head)
+    attention_free = arch == "mamba2"  # conversion/mamba.py writes 0 heads and no feed-forward
+    w.add_feed_forward_length(0 if attention_free else s.n_ff)
+    w.add_head_count(0 if attention_free else s.n_head)
     recr = s.recurrent_layers()
     per_layer_kv = bool(recr) and not s.full_attention_interval  # lfm2 marks its recurrent blocks so
-    w.add_head_count_kv([0 if r else s.n_head_kv for r in recr] if per_layer_kv else s.n_head_kv)
+    if not attention_free:
+        w.add_head_count_kv([0 if r else s.n_head_kv for r in recr] if per_layer_kv else s.n_head_kv)
     if s.full_attention_interval:
         w.add_uint32(f"{arch}.full_attention_interval", s.full_attention_interval)
     if s.ssm_d_state:
         w.add_uint32(f"{arch}.ssm.conv_kernel", s.n_conv)
-        w.add_uint32(f"{arch}.ssm.inner_size", s.ssm_dt_rank * s.ssm_d_state)
+        w.add_uint32(f"{arch}.ssm.inner_size", s.ssm_d_inner or s.ssm_dt_rank * s.ssm_d_state)
         w.add_uint32(f"{arch}.ssm.state_size", s.ssm_d_state)
         w.add_uint32(f"{arch}.ssm.time_step_rank", s.ssm_dt_rank)
         w.add_uint32(f"{arch}.ssm.group_count", s.ssm_n_group)
@@ -446,10 +489,17 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
         w.add_uint32(f"{arch}.shortconv.l_cache", s.n_conv)
     if s.rope_sections:
         w.add_array(f"{arch}.rope.dimension_sections", list(s.rope_sections))
+    for key, v in (("embedding_scale", s.embedding_scale), ("residual_scale", s.residual_scale),
+                   ("attention.scale", s.attention_scale), ("logit_scale", s.logit_scale)):
+        if v is not None:
+            w.add_float32(f"{arch}.{key}", v)
+    if s.rope_finetuned is not None:
+        w.add_bool(f"{arch}.rope.scaling.finetuned", s.rope_finetuned)
     if s.head_dim is not None:
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
-    w.add_rope_dimension_count(cfg.n_rot)
+    if not attention_free:
+        w.add_rope_dimension_count(cfg.n_rot)
     w.add_rope_freq_base(s.rope_freq_base)
     if s.rope_scaling is not None:
         w.add_string(f"{arch}.rope.scaling.type", s.rope_scaling)
@@ -470,7 +520,8 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
     if s.n_expert:
         w.add_expert_count(s.n_expert)
         w.add_expert_used_count(s.n_expert_used)
-        w.add_expert_feed_forward_length(cfg.n_ff_exp)
+        if arch != "granitehybrid":  # its experts are feed_forward_length wide
+            w.add_expert_feed_forward_length(cfg.n_ff_exp)
         if s.n_ff_shexp is not None:
             w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
     w.add_layer_norm_rms_eps(1e-5)
@@ -504,7 +555,7 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
             elif tname.endswith(".ssm_a"):  # -exp(A_log): a decay rate per head, -U(0.05, 1)
                 values = -rng.uniform(0.05, 1.0, shp)
             elif tname.endswith(("attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
-                                  "post_ffw_norm.weight", "ssm_norm.weight")):
+                                  "post_ffw_norm.weight", "ssm_norm.weight", ".ssm_d")):
                 values = 1.0 + rng.normal(0.0, 0.1, shp)
             else:
                 values = np.ones(shp)

@@ -1,6 +1,10 @@
 """The numpy backend's recurrent ops (:mod:`cooktop.backends.recurrent_ops`): the short causal
-convolution with a carried state (``ssm_conv``), the gated delta rule (``gated_delta_net``) and the
-small ops around them (``mul``, ``silu``, ``sigmoid_mul``, ``l2_norm``, ``gdn_gate``).
+convolution with a carried state (``ssm_conv``), the gated delta rule (``gated_delta_net``), Mamba-2's
+selective scan (``ssm_scan``) and the small ops around them (``mul``, ``silu``, ``sigmoid_mul``,
+``l2_norm``, ``gdn_gate``, ``ssm_norm``, ``scale``).
+
+``ssm_scan`` runs each slot's rows one token at a time as ggml's CPU kernel does, every head at once
+(float32 ``[H, P, N]`` products; the dot product over the state in float32, ggml's order aside).
 
 ``ssm_conv`` takes each slot's rows at once: the slot's state and its rows' inputs stacked
 (``[d_conv - 1 + m, C]``, llama.cpp's ``ggml_concat``), then the ``d_conv`` shifted products added
@@ -174,3 +178,46 @@ class CpuRecurrentOps:
                 m += u[:, :, None] * kh[:, None, :]
                 oa[i] = (np.matmul(m, qh[:, :, None])[:, :, 0] * scale).reshape(-1)
             sa[s] = m.reshape(-1)
+
+    def _ssm_scan(self, out: DeviceTensor, xbc: DeviceTensor, dt: DeviceTensor, a: DeviceTensor, d: DeviceTensor,
+                  dt_bias: DeviceTensor, state: DeviceTensor, slots: DeviceTensor) -> None:
+        """See :meth:`RecurrentOps.ssm_scan <cooktop.backends.recurrent_ops.RecurrentOps.ssm_scan>`."""
+        xa, dta, sa, oa = _a(xbc), _a(dt), _a(state), _a(out)
+        n, h = dta.shape
+        d_inner = oa.shape[1]
+        p = d_inner // h
+        n_state = sa.shape[1] // d_inner
+        g = (xa.shape[1] - d_inner) // (2 * n_state)
+        groups = np.arange(h) // (h // g)  # head h reads group h // (H / G)
+        av, dv, bias = _a(a)[:, 0], _a(d)[:, 0], _a(dt_bias)
+        x = xa[:, :d_inner].reshape(n, h, p)
+        bm = xa[:, d_inner:d_inner + g * n_state].reshape(n, g, n_state)[:, groups]  # [n, H, N]
+        cm = xa[:, d_inner + g * n_state:].reshape(n, g, n_state)[:, groups]
+        v = dta + bias
+        with np.errstate(over="ignore"):
+            sp = np.where(v > 20.0, v, np.log(np.float32(1.0) + np.exp(np.minimum(v, 20.0)))).astype(np.float32)
+        decay = np.exp(sp * av).astype(np.float32)  # [n, H]
+        xdt = x * sp[:, :, None]  # [n, H, P]
+        skip = x * dv[:, None]
+        for i0, i1, sl in _runs(np.asarray(_a(slots), dtype=np.int64)):
+            st = np.array(sa[sl].reshape(h, p, n_state))
+            for i in range(i0, i1):
+                st *= decay[i][:, None, None]
+                st += xdt[i][:, :, None] * bm[i][:, None, :]
+                y = np.matmul(st, cm[i][:, :, None])[:, :, 0]
+                oa[i] = (y + skip[i]).reshape(-1)
+            sa[sl] = st.reshape(-1)
+
+    def _ssm_norm(self, out: DeviceTensor, y: DeviceTensor, z: DeviceTensor, w: DeviceTensor, eps: float) -> None:
+        """See :meth:`RecurrentOps.ssm_norm <cooktop.backends.recurrent_ops.RecurrentOps.ssm_norm>`."""
+        za, wa = _a(z), _a(w)
+        with np.errstate(over="ignore"):
+            gated = _a(y) * (za / (np.float32(1.0) + np.exp(-za)))
+        n, width = gated.shape
+        grp = gated.reshape(n, wa.shape[0], wa.shape[1])
+        ms = np.mean(grp * grp, axis=-1, keepdims=True, dtype=np.float32)
+        _a(out)[...] = (grp * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * wa).reshape(n, width)
+
+    def _scale(self, out: DeviceTensor, x: DeviceTensor, s: float) -> None:
+        """See :meth:`RecurrentOps.scale <cooktop.backends.recurrent_ops.RecurrentOps.scale>`."""
+        np.multiply(_a(x), np.float32(s), out=_a(out))

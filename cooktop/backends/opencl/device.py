@@ -633,6 +633,34 @@ class OpenCLDevice(ReplayRecorder, Device):
                      k.handle, v.handle, g.handle, beta.handle, state.handle, slots.handle, n, h_v,
                      q.shape[1] // d, d, float(np.float32(1.0 / np.sqrt(np.float32(d)))))
 
+    def _ssm_scan(self, out, xbc, dt, a, d, dt_bias, state, slots):
+        """``kernels/recurrent.cl`` ``ssm_scan``: one work-item per (head, head value), the rows in order."""
+        n, h = dt.shape
+        d_inner = out.shape[1]
+        ns = state.shape[1] // d_inner
+        g = (xbc.shape[1] - d_inner) // (2 * ns)
+        ls = self.shape.ew_ls
+        self.q8.dirty(out.handle)
+        self.q8.dirty(state.handle)
+        self._launch(self.kernels.ops().ssm_scan, (_ceil_to(d_inner, ls),), (ls,), out.handle, xbc.handle,
+                     dt.handle, a.handle, d.handle, dt_bias.handle, state.handle, slots.handle, n, h, d_inner // h,
+                     ns, g)
+
+    def _ssm_norm(self, out, y, z, w, eps):
+        """``kernels/recurrent.cl`` ``ssm_norm``: one work-group per group of a row (rmsnorm's shape)."""
+        n_groups, gw = w.shape
+        ls = self.shape.rn_ls
+        self.q8.dirty(out.handle)
+        self._launch(self.kernels.ops().ssm_norm, (ls, out.shape[0] * n_groups), (ls, 1), out.handle, y.handle,
+                     z.handle, w.handle, gw, n_groups, eps)
+
+    def _scale(self, out, x, s):
+        n = math.prod(out.shape)
+        ls = self.shape.ew_ls
+        self.q8.dirty(out.handle)
+        self._launch(self.kernels.ops().scale, (_ceil_to(n, ls),), (ls,), out.handle, x.handle, n,
+                     float(np.float32(s)))
+
     def _add_bias(self, out, x, b):
         n = math.prod(out.shape)
         ls = self.shape.ew_ls

@@ -353,7 +353,7 @@ class OpKernels:
     __slots__ = ("rmsnorm", "rope", "add", "add_bias", "silu_mul", "kv_store", "gelu_mul", "quantize_q8",
                  "rmsnorm_q8", "silu_mul_q8", "copy_f32", "moe_route", "add_id", "moe_combine", "swiglu_oai",
                  "moe_group", "quantize_q8k", "rmsnorm_q8k", "silu_mul_q8k", "ssm_conv", "mul", "silu",
-                 "sigmoid_mul", "l2_norm", "gdn_gate", "gated_delta_net")
+                 "sigmoid_mul", "l2_norm", "gdn_gate", "gated_delta_net", "ssm_scan", "ssm_norm", "scale")
 
     def __init__(self, prg: Any):
         i32, f32 = np.int32, np.float32
@@ -410,6 +410,12 @@ class OpKernels:
         self.gdn_gate.set_scalar_arg_dtypes([None] * 6 + [i32, i32])
         self.gated_delta_net = prg.gated_delta_net
         self.gated_delta_net.set_scalar_arg_dtypes([None] * 8 + [i32, i32, i32, i32, f32])
+        self.ssm_scan = prg.ssm_scan
+        self.ssm_scan.set_scalar_arg_dtypes([None] * 8 + [i32, i32, i32, i32, i32])
+        self.ssm_norm = prg.ssm_norm
+        self.ssm_norm.set_scalar_arg_dtypes([None] * 4 + [i32, i32, f32])
+        self.scale = prg.scale
+        self.scale.set_scalar_arg_dtypes([None, None, i32, f32])
 
 
 def check_build_options(ctx: Any, device: Any, options: str, extra: str) -> None:

@@ -67,7 +67,7 @@ TYPED = ["mul_mat_vec", "mul_mm", "get_rows", "mul_mat_id"]
 PLAIN = ["rmsnorm", "rope", "kv_store", "attention", "silu_mul", "gelu_mul", "add", "add_bias", "quantize_q8_1",
          "quantize_q8_K", "copy",
          "moe_route", "add_id", "moe_combine", "swiglu_oai", "mul", "ssm_conv",
-         "silu", "sigmoid_mul", "l2_norm", "gdn_gate", "gated_delta_net"]
+         "silu", "sigmoid_mul", "l2_norm", "gdn_gate", "gated_delta_net", "ssm_scan", "ssm_norm", "scale"]
 #: Weight types with an integer-dot mat-vec on 8-bit activations (block_q8_1), those of them with
 #: one on llama.cpp's block_q8_K too, and the types with 16-bit-storage loads.
 INT_DOT_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]

@@ -721,6 +721,28 @@ class VulkanDevice(SequenceRecorder, Device):
         self._dispatch("gated_delta_net", (q, k, v, g, beta, state, slots, out), grid,
                        (n, h_v, q.shape[1] // d, d, f32_bits(float(np.float32(1.0 / np.sqrt(np.float32(d)))))))
 
+    def _ssm_scan(self, out, xbc, dt, a, d, dt_bias, state, slots):
+        """ssm_scan.comp: one invocation per (head, head value) walking the rows in order
+        (``RecurrentOps.ssm_scan``)."""
+        n, h = dt.shape
+        d_inner = out.shape[1]
+        ns = state.shape[1] // d_inner
+        g = (xbc.shape[1] - d_inner) // (2 * ns)
+        grid = workgroups(min(MAX_STRIDE_GROUPS, -(-d_inner // 64)))
+        self._dispatch("ssm_scan", (xbc, dt, a, d, dt_bias, state, slots, out), grid, (n, h, d_inner // h, ns, g))
+
+    def _ssm_norm(self, out, y, z, w, eps):
+        """ssm_norm.comp: one workgroup of 64 per group of a row (rmsnorm.comp's shape)."""
+        n_groups, gw = w.shape
+        n = self._rows(y) * n_groups
+        self._dispatch("ssm_norm", (y, z, w, out), workgroups(bucket(n, self._row_cap(y) * n_groups)),
+                       (gw, n_groups, n, f32_bits(eps)))
+
+    def _scale(self, out, x, s):
+        """scale.comp: ``out = x * s``, f32 (``out`` may be ``x``)."""
+        n = math.prod(out.shape)
+        self._dispatch("scale", (x, out), self._stride_groups(out), (n, f32_bits(float(np.float32(s)))))
+
     def _add_bias(self, out, x, b):
         """add_bias.comp: ``out[i, :] = x[i, :] + b``; x, out f32 [n, m], b f32 [m] (``out`` may be ``x``)."""
         n = math.prod(out.shape)

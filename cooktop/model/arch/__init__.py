@@ -16,6 +16,7 @@ from .gemma3 import GEMMA3
 from .gpt_oss import GPT_OSS
 from .lfm2 import LFM2
 from .llama import LLAMA
+from .mamba2 import GRANITEHYBRID, MAMBA2
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
 from .qwen35 import QWEN35, QWEN35MOE
@@ -24,7 +25,7 @@ from .qwen_moe import OLMOE, QWEN2MOE, QWEN3MOE
 #: general.architecture -> descriptor.
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
                                                                OLMOE, GPT_OSS, LFM2, QWEN35,
-                                                               QWEN35MOE)}
+                                                               QWEN35MOE, GRANITEHYBRID, MAMBA2)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).
@@ -42,8 +43,6 @@ UNSUPPORTED_MOE = {
 UNSUPPORTED_RECURRENT = {
     "lfm2moe": "LFM2-MoE's sigmoid-routed experts beside its convolution blocks",
     "mamba": "Mamba's selective scan (ssm_scan)",
-    "mamba2": "Mamba-2's selective scan with groups (ssm_scan)",
-    "granitehybrid": "Granite 4 hybrids' Mamba-2 layers",
     "nemotron_h": "Nemotron-H's Mamba-2 layers",
     "falcon-h1": "Falcon-H1's parallel Mamba-2 and attention layers",
     "jamba": "Jamba's Mamba layers and experts",

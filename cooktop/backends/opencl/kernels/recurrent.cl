@@ -118,3 +118,79 @@ __kernel void gated_delta_net(global float *out, const global float *q, const gl
         out[(size_t)r * v_w + id] = o * scale;
     }
 }
+
+// Mamba-2's selective scan with a carried state (ggml_ssm_scan, ggml-cpu/ops.cpp
+// ggml_compute_forward_ssm_scan_f32, the Mamba-2 branch: a scalar A per head), with dt's bias before it and
+// y + x * D after it as llama.cpp src/models/mamba-base.cpp build_mamba2_layer adds them. xbc f32 [n, w]
+// (w = h * p + 2 * g * ns: x [h, p], then B [g, ns], then C [g, ns]); dt f32 [n, h]; a, d, dt_bias f32 [h];
+// state f32 [n_slots, h * p * ns], slot s's row as S[h, p, ns]; slots int [n]; out f32 [n, h * p]. Head hd
+// reads group hd / (h / g). One work-item per (head, p) walks the rows in order: it owns S[hd, p, :] of the
+// row's slot (no other work-item reads or writes it), so the rows of one slot see the state the rows
+// before them left:
+//   dt' = softplus(dt + dt_bias); S = S * exp(dt' a) + B * (x dt'); out = S . C + x * D
+__kernel void ssm_scan(global float *out, const global float *xbc, const global float *dt, const global float *a,
+                       const global float *d, const global float *dt_bias, global float *state,
+                       const global int *slots, const int n, const int h, const int p, const int ns, const int g) {
+    const int id = get_global_id(0);  // hd * p + j
+    if (id >= h * p) return;
+    const int hd = id / p;
+    const size_t d_inner = (size_t)h * p, w = d_inner + (size_t)2 * g * ns;
+    const size_t grp = (size_t)(hd / (h / g)) * ns;
+    for (int r = 0; r < n; ++r) {
+        global float *s = state + (size_t)slots[r] * d_inner * ns + (size_t)id * ns;
+        const global float *row = xbc + (size_t)r * w;
+        const global float *bm = row + d_inner + grp;
+        const global float *cm = row + d_inner + (size_t)g * ns + grp;
+        const float v = dt[(size_t)r * h + hd] + dt_bias[hd];
+        const float sp = v > 20.0f ? v : log(1.0f + exp(v));
+        const float da = exp(sp * a[hd]);
+        const float x = row[id];
+        const float xdt = x * sp;
+        float sum = 0.0f;
+        for (int i = 0; i < ns; ++i) {
+            const float st = s[i] * da + bm[i] * xdt;
+            s[i] = st;
+            sum = mad(st, cm[i], sum);
+        }
+        out[(size_t)r * d_inner + id] = sum + x * d[hd];
+    }
+}
+
+// Mamba-2's gated RMS norm over groups (llama.cpp src/models/mamba-base.cpp build_mamba2_layer:
+// ggml_swiglu_split(z, y), then ggml_rms_norm of each group of gw values times ssm_norm): with
+// v = y * silu(z), out = v / sqrt(mean(v^2) + eps) * w[group]. y, z, out f32 [n_rows * n_groups * gw]
+// (out may alias y or z: every value is read in the first pass, before the barrier, and written by the
+// work-item that reads it again in the second); w f32 [n_groups * gw]. Local size (RN_LS, 1), one group of
+// one row per work-group (get_group_id(1)); the sum of squares reduced in local memory, as rmsnorm's.
+__kernel void ssm_norm(global float *out, const global float *y, const global float *z, const global float *w,
+                       const int gw, const int n_groups, const float eps) {
+    const int lid = get_local_id(0);
+    const size_t grp = get_group_id(1);
+    const size_t off = grp * gw;
+    const global float *wg = w + (grp % n_groups) * gw;
+    local float red[RN_LS];
+    float s = 0.0f;
+    for (int i = lid; i < gw; i += RN_LS) {
+        const float zv = z[off + i];
+        const float v = y[off + i] * (zv / (1.0f + exp(-zv)));
+        s = mad(v, v, s);
+    }
+    red[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int k = RN_LS / 2; k > 0; k >>= 1) {
+        if (lid < k) red[lid] += red[lid + k];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float scale = 1.0f / sqrt(red[0] / (float)gw + eps);
+    for (int i = lid; i < gw; i += RN_LS) {
+        const float zv = z[off + i];
+        const float v = y[off + i] * (zv / (1.0f + exp(-zv)));
+        out[off + i] = v * scale * wg[i];
+    }
+}
+
+// out = x * s (ggml_scale; Granite's residual and logit multipliers; out may alias x)
+__kernel void scale(global float *out, const global float *x, const int n, const float s) {
+    const int i = get_global_id(0);
+    if (i < n) out[i] = x[i] * s;
+}
