@@ -375,3 +375,40 @@ def test_budgets_count_every_sequences_kv_and_state(models):
     assert kv_bytes(4) == 4 * per_seq
     with pytest.raises(Exception, match="n_seq_max must be an integer >= 1"):
         Llama(model_path=str(models["small", "F32"]), n_seq_max=0, verbose=False, device="cpu")
+
+
+def test_target_and_draft_on_one_device_from_several_threads(engine, models):
+    """Speculative generations on two threads, each with a draft model sharing the target's device: the
+    target's state checkpoints and the draft's passes interleave (``Device.lock``), and each answer
+    equals its sequential one (the server's slots with ``-md``)."""
+    import threading
+
+    from cooktop.engine.sampling import SamplingParams
+    from cooktop.engine.speculative import DraftModel, Speculation
+    other = G.load(str(models["small", "Q8_0"]), n_ctx=N_CTX, n_batch=32, device="cpu")
+    prompts = [PROMPT[:7], PROMPT[3:12]]
+    try:
+        def run(p, out, i):
+            drafter = DraftModel(other, n_max=3)
+            seq = engine.new_sequence()
+            try:
+                out[i] = engine.generate(p, 12, SamplingParams(temperature=0.0), seq=seq,
+                                         draft=Speculation(drafter, n_max=3)).drain().tokens
+            except Exception as e:  # noqa: BLE001 - reported below
+                out[i] = e
+            finally:
+                seq.close()
+                drafter.close()
+
+        want: list = [None, None]
+        for i, p in enumerate(prompts):
+            run(p, want, i)
+        got: list = [None, None]
+        threads = [threading.Thread(target=run, args=(p, got, i)) for i, p in enumerate(prompts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        other.close()
+    assert got == want

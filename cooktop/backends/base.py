@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterator
 from typing import ClassVar
@@ -142,6 +143,10 @@ class Device(DeviceOps):
         #: verify every replayed graph against its recording (``COOKTOP_GRAPH_CHECK=1``; :meth:`graph`)
         self.graph_check = os.environ.get("COOKTOP_GRAPH_CHECK", "") not in ("", "0")
         self._in_graph = False
+        #: held by whoever runs a pass on this device (``Segment.run``: its inputs, graph scope and
+        #: result) or edits state tensors between passes (``model/recurrent.py``): several models
+        #: (a target and its draft) may share one device, each under its own model lock
+        self.lock = threading.RLock()
 
     def _count_alloc(self, nbytes: int) -> None:
         self.n_allocs += 1

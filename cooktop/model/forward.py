@@ -236,6 +236,12 @@ class Segment:
         output rows' that :meth:`_grow_outputs` reallocates). A recording device replays it
         without running the ops' Python path; the result is read back after the scope.
         """
+        with self.device.lock:  # another model on this device (a draft) runs its passes in between
+            return self._run(x_host, rows, k_cache, v_cache, embeddings, states)
+
+    def _run(self, x_host: np.ndarray, rows: Rows, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
+             embeddings: bool, states: list[tuple[DeviceTensor, ...] | None] | None) -> np.ndarray:
+        """Body of :meth:`run` (the device's lock held)."""
         n = x_host.shape[0]
         head = self.head
         outputs = rows.outputs if head and not embeddings else None
@@ -485,8 +491,9 @@ class Model(PlacedModel[KVCache]):
                     if part == "ffn" or self.cfg.is_recurrent(i):
                         continue
                     try:
-                        seg.device.copy_rows(k, src, dst, n)
-                        seg.device.copy_rows(v, src, dst, n)
+                        with seg.device.lock:  # in order with another model's passes on the device
+                            seg.device.copy_rows(k, src, dst, n)
+                            seg.device.copy_rows(v, src, dst, n)
                     except UnsupportedOpError:
                         return False
         return True

@@ -68,16 +68,23 @@ class RecurrentState:
         return [t for ts in self.tensors for block in ts if block is not None for t in block]
 
     def _rows(self, seq: int) -> list[np.ndarray]:
-        """Host copies of row ``seq`` of every state tensor (the caller holds the lock)."""
-        return [np.array(_device(t).read(t)[seq]) for t in self._all()]
+        """Host copies of row ``seq`` of every state tensor (the caller holds the lock; each device's
+        lock is taken for its reads: another model may be running a pass there)."""
+        out = []
+        for t in self._all():
+            dev = _device(t)
+            with dev.lock:
+                out.append(np.array(dev.read(t)[seq]))
+        return out
 
     def _put(self, seq: int, rows: list[np.ndarray] | None) -> None:
         """Write ``rows`` (None: zeros) into row ``seq`` of every state tensor (the caller holds the lock)."""
         for i, t in enumerate(self._all()):
             dev = _device(t)
-            full = np.array(dev.read(t))
-            full[seq] = 0.0 if rows is None else rows[i]
-            dev.write(t, full)
+            with dev.lock:
+                full = np.array(dev.read(t))
+                full[seq] = 0.0 if rows is None else rows[i]
+                dev.write(t, full)
 
     def _check_seq(self, *seqs: int) -> None:
         for s in seqs:
