@@ -216,6 +216,16 @@ def test_file_errors(models, tmp_path):
     p = rewrite_gguf(src, tmp_path / "noconv.gguf", drop=("qwen35.ssm.conv_kernel",))
     with pytest.raises(UnsupportedModelError, match="ssm.conv_kernel"):
         load_config(open_gguf(str(p)))
+    from gguf import GGUFValueType as V
+    for i, (key, value, vtype, msg) in enumerate([
+            ("rope.dimension_sections", ["a", "b", "c", "d"], V.ARRAY, "3 or 4 integers"),
+            ("rope.dimension_sections", [2, 1, 1, 0, 0], V.ARRAY, "3 or 4 integers"),
+            ("rope.dimension_count", 0, V.UINT32, "needs an even count > 0"),
+            ("attention.recurrent_layers", [True] * 7, V.ARRAY, "one entry per block")]):
+        p = rewrite_gguf(src, tmp_path / f"meta{i}.gguf", drop=(f"qwen35.{key}",),
+                         extra_kv=[(f"qwen35.{key}", value, vtype)])
+        with pytest.raises(UnsupportedModelError, match=msg):
+            load_config(open_gguf(str(p)))
 
 
 def test_an_mtp_block_after_the_trunk_is_skipped(models, reference, tmp_path):
@@ -373,8 +383,10 @@ def test_budgets_count_every_sequences_kv_and_state(models):
     per_seq = 1 * 64 * 2 * 32 * 2 + 4 * (3 * (2 * 16 + 32) + 4 * 8 * 8) * 4  # f16 K/V + f32 states
     assert kv_bytes(1) == per_seq
     assert kv_bytes(4) == 4 * per_seq
-    with pytest.raises(Exception, match="n_seq_max must be an integer >= 1"):
-        Llama(model_path=str(models["small", "F32"]), n_seq_max=0, verbose=False, device="cpu")
+    from cooktop.errors import CooktopError
+    for bad in (0, -1, "2", 2.5, True, None):
+        with pytest.raises(CooktopError, match="n_seq_max"):
+            Llama(model_path=str(models["small", "F32"]), n_seq_max=bad, verbose=False, device="cpu")
 
 
 def test_target_and_draft_on_one_device_from_several_threads(engine, models):

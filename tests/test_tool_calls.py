@@ -183,3 +183,25 @@ def test_qwen3_coder_detection_and_grammar(shared):
     assert not accepts('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
     assert not accepts("<tool_call>\n<function=get_weather>\n<parameter=days>\nthree\n</parameter>\n"
                        "</function>\n</tool_call>")
+
+
+def test_qwen3_coder_cut_answers_and_odd_values_stay_consistent():
+    """A call cut inside its block (max_tokens, an unclosed parameter) is kept, with the parameters read,
+    in the whole parse as in the stream (the stream's arguments end as the final ones, valid JSON); a
+    value of 1e999 (no JSON number) stays text; a repeated ``<function=`` is linear, not a hang."""
+    import time
+    cut = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n</parameter>\n"
+    for text, args in ((cut, {"a": 1, "b": 2}), (cut + "<parameter=c>\nunfinished", {"a": 1, "b": 2}),
+                       ("<tool_call>\n<function=f>\n<parameter=x>\n1e999\n</parameter>\n</function>\n</tool_call>",
+                        {"x": "1e999"})):
+        p = parse(text, "qwen3-coder")
+        assert [(c.name, json.loads(c.arguments)) for c in p.calls] == [("f", args)] and p.content == ""
+        s = MessageStream("qwen3-coder")
+        deltas = [d for ch in text for d in s.feed(ch)] + s.feed("", final=True)
+        assert not any("content" in d for d in deltas)
+        streamed = "".join(c["function"].get("arguments", "") for d in deltas for c in d.get("tool_calls", []))
+        assert json.loads(streamed) == args
+    assert parse("<tool_call>\n<function= >\n</function>\n</tool_call>", "qwen3-coder").calls == []
+    t = time.perf_counter()
+    parse("<tool_call>" + "<function=" * 20000, "qwen3-coder", partial=True)
+    assert time.perf_counter() - t < 1.0

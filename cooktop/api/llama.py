@@ -147,8 +147,11 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
             tp = TensorPlacement.parse(n_cpu_moe, cpu_moe, override_tensor)
             if tp != TensorPlacement():
                 extra["tensors"] = tp
-            if int(n_seq_max) != 1:
-                extra["n_seq_max"] = int(n_seq_max)
+            if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, int) or n_seq_max < 1:
+                raise CooktopError(f"Llama(n_seq_max={n_seq_max!r}): the sequences sharing the cache must be an "
+                                   "integer >= 1")
+            if n_seq_max != 1:
+                extra["n_seq_max"] = n_seq_max
             self._engine_or_none = load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                                         n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all,
                                         keep_scores=True, **extra)

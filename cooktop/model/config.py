@@ -54,9 +54,9 @@ def _check_unused(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
         if spec is not None and (block is None or not spec.per_block or block < cfg.n_layer):
             if block is None or not spec.per_block or spec.in_block(cfg, block):
                 continue
-            kind = "recurrent" if cfg.is_recurrent(block) else "attention"
+            kind = "a recurrent" if cfg.is_recurrent(block) else "an attention"
             raise UnsupportedModelError(f"{f.path}: tensor {name!r} does not belong in block {block}, "
-                                        f"a {kind} block of this {cfg.arch} model")
+                                        f"{kind} block of this {cfg.arch} model")
         if name in RANK_HEAD:
             continue
         if name in _KNOWN_UNUSED:

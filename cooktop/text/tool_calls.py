@@ -163,7 +163,7 @@ def _hermes(text: str, partial: bool) -> Parsed:
     return out
 
 
-_XML_FUNC = re.compile(r"<function=([^>\n]+)>")
+_XML_FUNC = re.compile(r"<function=([^<>\n]+)>")
 _XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?")
 XML_PARAM_CLOSE, XML_FUNC_CLOSE = "</parameter>", "</function>"
 
@@ -176,7 +176,9 @@ def xml_value(raw: str) -> Any:
     stripped = text.strip()
     if stripped and (stripped[0] in "{[-0123456789" or stripped in ("true", "false", "null")):
         try:
-            return json.loads(stripped)
+            value = json.loads(stripped)
+            json.dumps(value, allow_nan=False)  # 1e999 reads as inf, which is no JSON: keep the text
+            return value
         except ValueError:
             pass
     return text
@@ -184,9 +186,11 @@ def xml_value(raw: str) -> Any:
 
 def _xml_call(body: str, partial: bool) -> ToolCall | None:
     """One ``<function=NAME>`` block (``body``: the text after ``<tool_call>``); None until the name is read.
-    While streaming, the arguments are the parameters closed so far (JSON text without its ``}``)."""
-    m = _XML_FUNC.search(body)
-    if m is None or body[:m.start()].strip():
+    While streaming, the arguments are the parameters closed so far (JSON text without its ``}``); a
+    whole answer cut inside the block (``max_tokens``, an unclosed parameter) keeps the call with those
+    parameters, ``complete`` False, so that it agrees with what was streamed."""
+    m = _XML_FUNC.match(body, skip_ws(body, 0))
+    if m is None or not m.group(1).strip():
         return None
     name, pos = m.group(1).strip(), m.end()
     parts: list[str] = []
@@ -206,9 +210,7 @@ def _xml_call(body: str, partial: bool) -> ToolCall | None:
         parts.append(json.dumps(key, ensure_ascii=False) + ": "
                      + json.dumps(xml_value(body[p.end():close]), ensure_ascii=False))
         pos = close + len(XML_PARAM_CLOSE)
-    if not done and not partial:
-        return None
-    args = "{" + ", ".join(parts) + ("}" if done else "")
+    args = "{" + ", ".join(parts) + ("}" if done or not partial else "")
     return ToolCall(name, args, None, done)
 
 

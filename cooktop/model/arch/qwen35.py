@@ -144,10 +144,11 @@ def _text_pairs_rotate(sections: tuple[int, ...], n_rot: int) -> bool:
     return True
 
 
-def recurrent_pattern(m: Metadata, n_layer: int) -> tuple[bool, ...]:
+def recurrent_pattern(m: Metadata, n_layer: int, n_all: int | None = None) -> tuple[bool, ...]:
     """Per trunk block, True when it is a linear-attention block: ``attention.recurrent_layers`` when
     the file has it, else not every ``full_attention_interval``-th (default 4; llama.cpp
-    ``load_arch_hparams``).
+    ``load_arch_hparams``). ``n_all``: the file's blocks with the MTP ones (default ``n_layer``); the
+    array may cover the trunk or every block.
 
     Raises:
         UnsupportedModelError: an array of another length, an interval < 1, or no attention block.
@@ -155,7 +156,7 @@ def recurrent_pattern(m: Metadata, n_layer: int) -> tuple[bool, ...]:
     raw = m.get("attention.recurrent_layers")
     if raw is not None:
         vals = [bool(v) for v in raw] if isinstance(raw, (list, tuple, np.ndarray)) else None
-        if vals is None or len(vals) < n_layer:
+        if vals is None or len(vals) not in (n_layer, n_all or n_layer):
             raise UnsupportedModelError(f"{m.path}: {m.key('attention.recurrent_layers')} must hold one entry per "
                                         f"block ({n_layer})")
         out = tuple(vals[:n_layer])
@@ -184,10 +185,14 @@ def hparams(m: Metadata) -> dict[str, Any]:
                                     f"block of {n_all}")
     n_layer = n_all - nextn
     secs = m.get("rope.dimension_sections")
-    if not isinstance(secs, (list, tuple, np.ndarray)) or len(secs) < 3:
+    if (not isinstance(secs, (list, tuple, np.ndarray)) or not 3 <= len(secs) <= 4
+            or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in secs)):
         raise UnsupportedModelError(f"{m.path}: missing or malformed {m.key('rope.dimension_sections')} "
-                                    "(4 multi-section rope sections)")
-    sections = tuple(int(v) for v in list(secs)[:4]) + (0,) * (4 - min(4, len(secs)))
+                                    "(3 or 4 integers: the multi-section rope's sections)")
+    sections = tuple(int(v) for v in secs) + (0,) * (4 - len(secs))
+    if m.has("rope.dimension_count") and int(m.num("rope.dimension_count", int, 0, minimum=0)) == 0:
+        raise UnsupportedModelError(f"{m.path}: {m.key('rope.dimension_count')} = 0: the gated attention "
+                                    "rotates its heads (multi-section rope); cooktop needs an even count > 0")
     n_rot = int(m.num("rope.dimension_count", int, 0, minimum=0)) or int(
         m.num("attention.key_length", int, 0, minimum=0))
     if any(v < 0 for v in sections) or not _text_pairs_rotate(sections, n_rot):
@@ -202,7 +207,7 @@ def hparams(m: Metadata) -> dict[str, Any]:
         "ssm_dt_rank": int(m.num("ssm.time_step_rank", int, required=True, minimum=1)),
         "ssm_n_group": int(m.num("ssm.group_count", int, required=True, minimum=1)),
         "rope_sections": sections,
-        "recurrent_layers": recurrent_pattern(m, n_layer),
+        "recurrent_layers": recurrent_pattern(m, n_layer, n_all),
         "n_layer": n_layer,
         "n_layer_nextn": nextn,
     }
