@@ -110,3 +110,12 @@ def test_serve_concurrency_names_a_missing_llama_server(tmp_path):
     r = subprocess.run([sys.executable, script, "-m", "unused.gguf", "--vs-llama-cpp", "--no-cooktop",
                         "--llama-server", missing], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.strip() == f"error: --llama-server {missing}: no executable file there"
+
+
+def test_a_device_failure_is_a_server_error_not_the_requests():
+    """A device's failure while serving (a DeviceError) answers 500 ``server_error``; a request the server
+    cannot serve (a CooktopError) 400 ``invalid_request_error``, as llama-server tells them apart."""
+    from cooktop.errors import CooktopError, DeviceError
+    from cooktop.server.protocol import classify
+    assert classify(DeviceError("opencl:0: out of resources")) == (500, "server_error")
+    assert classify(CooktopError("bad request")) == (400, "invalid_request_error")

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from ..engine.grammar import GrammarError
-from ..errors import ChatTemplateError, ClusterError, ContextOverflowError, CooktopError
+from ..errors import ChatTemplateError, ClusterError, ContextOverflowError, CooktopError, DeviceError
 from ..text.tokenizer import InvalidTokenError
 from ..text.tool_calls import ToolCallError
 from .slots import OverloadedError
@@ -43,6 +43,8 @@ def classify(exc: BaseException) -> tuple[int, str]:
         return 503, "unavailable_error"
     if isinstance(exc, ContextOverflowError):
         return 400, "exceed_context_size_error"
+    if isinstance(exc, DeviceError):  # a device's failure, not the request's
+        return 500, "server_error"
     if isinstance(exc, (ChatTemplateError, GrammarError, InvalidTokenError, ToolCallError, CooktopError, TypeError)):
         return 400, "invalid_request_error"
     return 500, "server_error"
