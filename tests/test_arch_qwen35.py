@@ -13,6 +13,7 @@ four sequences in one batch each equal to alone; a checkpoint restored equals re
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -370,19 +371,38 @@ def test_save_state_and_load_state(models):
 
 
 def test_budgets_count_every_sequences_kv_and_state(models):
-    """``n_seq_max`` (the server's slots): the placement's K/V-and-state bytes are n_seq times one
-    sequence's, the K/V of the attention block and the linear blocks' four state tensors."""
+    """``n_seq_max`` (the server's slots): the placement's K/V bytes and state bytes are n_seq times
+    one sequence's, the K/V of the attention block and the linear blocks' four state tensors; ``plan
+    -np`` shows the same figures, the states in their own column."""
+    from cooktop.cli.plan import plan_report
     from cooktop.runtime.loader import plan_for
     gf = open_gguf(str(models["small", "F32"]))
     cfg = load_config(gf)
 
-    def kv_bytes(n_seq):
+    def sizes(n_seq):
         p = plan_for(gf, cfg, ["cpu"], -1, None, 64, 32, False, n_seq=n_seq)
-        return sum(b.kv_bytes for b in p.budgets)
+        return sum(b.kv_bytes for b in p.budgets), sum(b.state_bytes for b in p.budgets)
 
-    per_seq = 1 * 64 * 2 * 32 * 2 + 4 * (3 * (2 * 16 + 32) + 4 * 8 * 8) * 4  # f16 K/V + f32 states
-    assert kv_bytes(1) == per_seq
-    assert kv_bytes(4) == 4 * per_seq
+    kv = 1 * 64 * 2 * 32 * 2  # one attention block's f16 K and V, 64 rows
+    state = 4 * (3 * (2 * 16 + 32) + 4 * 8 * 8) * 4  # four linear blocks: conv states + delta-rule state, f32
+    assert sizes(1) == (kv, state)
+    assert sizes(4) == (4 * kv, 4 * state)
+    rep = plan_report(str(models["small", "F32"]), 64, 32, "cpu", -1, None, n_parallel=3)
+    assert rep["n_parallel"] == 3
+    assert [(d["kv_bytes"], d["state_bytes"]) for d in rep["devices"]] == [(3 * kv, 3 * state)]
+    assert rep["devices"][0]["total_bytes"] >= 3 * (kv + state)
+    from click.testing import CliRunner
+
+    from cooktop.cli.main import cli
+    out = CliRunner().invoke(cli, ["plan", "-m", str(models["small", "F32"]), "-c", "64", "-b", "32", "-np", "2",
+                                   "--device", "cpu"])
+    assert out.exit_code == 0, out.output
+    assert "-np 2" in out.output and "state MiB" in out.output
+    lines = out.output.splitlines()
+    header = next(i for i, line in enumerate(lines) if "state MiB" in line)
+    columns = dict(zip(re.split(r"\s{2,}", lines[header].strip()), lines[header + 2].split()))
+    assert float(columns["state MiB"]) == round(2 * state / 2**20, 1)
+    assert float(columns["KV MiB"]) == round(2 * kv / 2**20, 1)
     from cooktop.errors import CooktopError
     for bad in (0, -1, "2", 2.5, True, None):
         with pytest.raises(CooktopError, match="n_seq_max"):

@@ -8,6 +8,7 @@ import click
 from tabulate import tabulate
 
 from ..backends import registry
+from ..errors import CooktopError
 from ..format.gguf import open_gguf
 from ..format.kvtypes import KVConfig, kv_type_name
 from ..model.config import load_config
@@ -37,8 +38,16 @@ def _ranges(blocks: list[int]) -> str:
 
 
 def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_layers, split,
-                ray_address: str | None = None, tensors=None, kv=None) -> dict:
+                ray_address: str | None = None, tensors=None, kv=None, n_parallel: int = 1) -> dict:
     """The ``--json`` document (schema in README "cooktop plan --json").
+
+    ``n_parallel`` sequences (``-np``, the server's slots) share the cache: each device's
+    ``kv_bytes`` count every sequence's K/V rows and ``state_bytes`` every sequence's recurrent
+    states (f32, llama.cpp's ``llama_memory_recurrent``).
+
+    Raises:
+        CooktopError: ``n_parallel`` < 1, or > 1 with ``ray_address`` (a cluster's caches hold one
+            sequence per cache here).
 
     With ``ray_address`` the devices are the cluster's (``NODE/DEVICE``) and the
     document gains ``ray``: ``nodes`` and, per hop of one decoded token,
@@ -49,6 +58,10 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
     n_ctx = default_n_ctx(cfg, n_ctx)
     n_batch = check_batch(n_batch, n_ctx)
     kv = kv or KVConfig()
+    if n_parallel < 1:
+        raise CooktopError(f"-np must be >= 1, got {n_parallel}")
+    if n_parallel > 1 and ray_address:
+        raise CooktopError("-np > 1 is not planned with --ray: plan one sequence's cache per cluster placement")
     flash = kv.resolve(cfg.head_dim)  # what run would refuse (llama.cpp's rules) is refused here too
     cluster = None
     if ray_address:
@@ -64,13 +77,14 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
                    "hops": hops, "bytes_per_token": sum(h["bytes_per_token"] for h in hops)}
     else:
         selectors = registry.resolve(device)
-        p = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, False, tensors, kv)
+        p = plan_for(gf, cfg, selectors, n_gpu_layers, split, n_ctx, n_batch, False, tensors, kv, n_parallel)
     rep = {
         "schema": PLAN_SCHEMA_VERSION,
         "model": model,
         "n_layer": cfg.n_layer,
         "n_ctx": n_ctx,
         "n_batch": n_batch,
+        "n_parallel": n_parallel,
         "cache_type_k": kv_type_name(kv.type_k),
         "cache_type_v": kv_type_name(kv.type_v),
         "flash_attn": "on" if flash else "off",
@@ -83,7 +97,8 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
         "head": p.head,
         "devices": [
             {"device": b.selector, "blocks": b.blocks, "head": b.head, "weight_bytes": b.weight_bytes,
-             "kv_bytes": b.kv_bytes, "scratch_bytes": b.scratch_bytes, "total_bytes": b.total_bytes,
+             "kv_bytes": b.kv_bytes, "state_bytes": b.state_bytes, "scratch_bytes": b.scratch_bytes,
+             "total_bytes": b.total_bytes,
              "memory_bytes": b.memory_bytes, "usable_bytes": b.usable_bytes,
              "max_alloc_bytes": b.max_alloc_bytes, "largest_alloc_bytes": b.largest_alloc_bytes,
              "largest_alloc": b.largest_what, "chunked": b.chunked, "fits": b.fits}
@@ -100,11 +115,13 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
 @model_options
 @click.option("-c", "--ctx-size", "n_ctx", default=0, help="Context size in tokens (0 = from the model, <= 4096).")
 @click.option("-b", "--batch-size", "n_batch", default=512, show_default=True)
+@click.option("-np", "--parallel", "n_parallel", default=1, show_default=True,
+              help="Sequences sharing the cache (serve's slots): their K/V and recurrent states are counted.")
 @kv_options
 @device_options
 @ray_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (stable schema, see README).")
-def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors, kv,
+def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, n_parallel, device, n_gpu_layers, split, ray_address, tensors, kv,
              as_json):
     """Show the placement of a model's layers on devices (per-device memory, fits or not).
 
@@ -112,18 +129,23 @@ def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, device, n_gpu_layers, spli
     and each hop of a decoded token is listed with its bytes and measured latency.
     """
     path = resolve_model(model, hf_repo, hf_file)
-    rep = plan_report(path, n_ctx, n_batch, device, parse_ngl(n_gpu_layers), split, ray_address, tensors, kv)
+    rep = plan_report(path, n_ctx, n_batch, device, parse_ngl(n_gpu_layers), split, ray_address, tensors, kv,
+                      n_parallel)
     if as_json:
         click.echo(json.dumps(rep, indent=2))
         return
-    click.echo(f"{rep['model']}: n_layer {rep['n_layer']}, n_ctx {rep['n_ctx']}, n_batch {rep['n_batch']}, "
+    slots = f", -np {rep['n_parallel']}" if rep["n_parallel"] > 1 else ""
+    click.echo(f"{rep['model']}: n_layer {rep['n_layer']}, n_ctx {rep['n_ctx']}, n_batch {rep['n_batch']}{slots}, "
                f"-ngl {rep['n_gpu_layers']}, KV cache K {rep['cache_type_k']} V {rep['cache_type_v']}, "
                f"flash attention {rep['flash_attn']}")
+    states = any(d["state_bytes"] for d in rep["devices"])  # a column only for models with recurrent blocks
     rows = [[d["device"], _ranges(d["blocks"]), "yes" if d["head"] else "", _mib(d["weight_bytes"]),
-             _mib(d["kv_bytes"]), _mib(d["scratch_bytes"]), _mib(d["total_bytes"]),
-             _mib(d["usable_bytes"]) if d["device"] != "cpu" else "host", "yes" if d["fits"] else "NO"]
+             _mib(d["kv_bytes"]), *([_mib(d["state_bytes"])] if states else []), _mib(d["scratch_bytes"]),
+             _mib(d["total_bytes"]), _mib(d["usable_bytes"]) if d["device"] != "cpu" else "host",
+             "yes" if d["fits"] else "NO"]
             for d in rep["devices"]]
-    click.echo(tabulate(rows, headers=["device", "blocks", "output", "weights MiB", "KV MiB", "scratch MiB",
+    click.echo(tabulate(rows, headers=["device", "blocks", "output", "weights MiB", "KV MiB",
+                                       *(["state MiB"] if states else []), "scratch MiB",
                                        "total MiB", "usable MiB", "fits"]))
     if rep["experts"] and rep["experts"] != rep["blocks"]:
         where: dict[str, list[int]] = {}

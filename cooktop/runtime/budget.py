@@ -69,10 +69,12 @@ class DeviceBudget:
     largest_what: str = ""
     #: weight matrices stored in row chunks here (past ``max_alloc_bytes``)
     chunked: list[str] = dataclasses.field(default_factory=list)
+    #: the recurrent states of this device's recurrent blocks (f32, every sequence; 0 without)
+    state_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.scratch_bytes
+        return self.weight_bytes + self.kv_bytes + self.state_bytes + self.scratch_bytes
 
     @property
     def why_not(self) -> str:
@@ -229,6 +231,6 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
                                                       if len(gf.tensor(n).shape) == 3 else gf.tensor(n).shape[0]
                                                       for n in chunked))
         usable = None if mem is None else int(mem * (1.0 - reserve_fraction()))
-        out.append(DeviceBudget(sel, blocks, head, sum(sizes.values()), kv_block * n_kv + state, scratch, whole[what],
-                                mem, usable, mx, what, chunked))
+        out.append(DeviceBudget(sel, blocks, head, sum(sizes.values()), kv_block * n_kv, scratch, whole[what],
+                                mem, usable, mx, what, chunked, state))
     return out

@@ -444,10 +444,11 @@ def place(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers: in
         b = next((b for b in p.budgets if b.selector == HOST), None)
         if b is None or host_mem is None:
             return ""
-        need, usable = b.kv_bytes + b.scratch_bytes, int(host_mem * (1.0 - reserve_fraction()))
+        need, usable = b.kv_bytes + b.state_bytes + b.scratch_bytes, int(host_mem * (1.0 - reserve_fraction()))
         if need <= usable:
             return ""
-        return (f"at -c {n_ctx} the host's KV cache and buffers need {need / 2**20:.1f} MiB but "
+        what = "KV cache, recurrent states and buffers" if b.state_bytes else "KV cache and buffers"
+        return (f"at -c {n_ctx} the host's {what} need {need / 2**20:.1f} MiB but "
                 f"{usable / 2**20:.1f} MiB of memory is usable ({host_mem / 2**20:.1f} MiB minus reserve)")
 
     def memory(sel: str):
