@@ -165,6 +165,27 @@ class CompletionMixin(LlamaBase):
             ContextOverflowError: the prompt does not fit in ``n_ctx``.
             GrammarError: the grammar does not compile. CooktopError: a bad option.
         """
+        run = self.start_completion(
+            prompt, suffix, max_tokens, temperature=temperature, top_p=top_p, min_p=min_p, typical_p=typical_p,
+            logprobs=logprobs, echo=echo, stop=stop, frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty, repeat_penalty=repeat_penalty, top_k=top_k, seed=seed,
+            mirostat_mode=mirostat_mode, model=model, stopping_criteria=stopping_criteria,
+            logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias, n_predict=n_predict)
+        return run.chunks() if stream else run.whole()
+
+    def start_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
+                         temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05,
+                         typical_p: float = 1.0, logprobs: int | None = None, echo: bool = False,
+                         stop: str | list[str] | None = None, frequency_penalty: float = 0.0,
+                         presence_penalty: float = 0.0, repeat_penalty: float = 1.0, top_k: int = 40,
+                         seed: int | None = None, mirostat_mode: int = 0, model: str | None = None,
+                         stopping_criteria: Any = None, logits_processor: Any = None,
+                         grammar: LlamaGrammar | str | None = None, logit_bias: dict | None = None,
+                         n_predict: int | None = None) -> CompletionRun:
+        """The generation :meth:`create_completion` would run, started and not yet read: its
+        steps (token ids, stop word) and prompt, for callers that need more than the OpenAI
+        chunks (the server's native ``/completion``). Arguments, errors: as ``create_completion``.
+        """
         eng = self._engine
         if mirostat_mode:
             raise CooktopError("mirostat sampling is not implemented in cooktop; use mirostat_mode=0")
@@ -201,10 +222,8 @@ class CompletionMixin(LlamaBase):
         if echo:
             prefix = prompt if isinstance(prompt, str) else self.detokenize(tokens).decode("utf-8", "replace")
         tail = suffix if (suffix is not None and not fim) else ""
-        gen = _Completion(self, steps, len(tokens), model or self.model_path, prefix, tail, logprobs, prompt_lp)
-        if stream:
-            return gen.chunks()
-        return gen.whole()
+        return CompletionRun(self, steps, len(tokens), model or self.model_path, prefix, tail, logprobs, prompt_lp,
+                             seq, tokens)
 
     def _prompt_logprobs(self, seq: Sequence_, tokens: list[int], k: int) -> CompletionLogprobs:
         """The prompt's own logprobs (``echo`` with ``logprobs``): token i under the logits after
@@ -228,12 +247,21 @@ class CompletionMixin(LlamaBase):
         return self.create_completion(prompt, *args, **kwargs)
 
 
-class _Completion:
-    """Turns the steps of one generation into ``text_completion`` chunks or one response."""
+class CompletionRun:
+    """One started completion: turns the steps of its generation into ``text_completion`` chunks
+    (:meth:`chunks`) or one response (:meth:`whole`).
+
+    Attributes:
+        steps: the :class:`~cooktop.engine.generate.Generation` (read once, by one of the two
+            methods or by the caller); n_prompt: prompt tokens; seq: the
+            :class:`~cooktop.engine.sequence.Sequence` it runs on; prompt_tokens: int [n_prompt].
+    """
 
     def __init__(self, llm: Any, steps: Generation, n_prompt: int, model: str, prefix: str, tail: str,
-                 logprobs: int | None, prompt_lp: CompletionLogprobs | None = None):
+                 logprobs: int | None, prompt_lp: CompletionLogprobs | None = None, seq: Any = None,
+                 prompt_tokens: list[int] | None = None):
         self.llm, self.steps, self.n_prompt, self.model = llm, steps, n_prompt, model
+        self.seq, self.prompt_tokens = seq, list(prompt_tokens or [])
         self.prefix, self.tail, self.logprobs, self.prompt_lp = prefix, tail, logprobs, prompt_lp
         self.id = f"cmpl-{uuid.uuid4()}"
         self.created = int(time.time())

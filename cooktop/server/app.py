@@ -4,7 +4,8 @@ Endpoints: ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``, ``/tokenize``, ``/detokenize``, ``/apply-template``;
 ``GET /v1/models``, ``/health`` (503 while the model loads), ``/metrics``
 (Prometheus text), ``/props``, ``/slots`` (llama-server's slot monitor; ``--no-slots``: 501);
-and in their own modules the Responses API (:mod:`.responses_api`), Anthropic's ``/v1/messages`` (:mod:`.anthropic`),
+and in their own modules llama-server's native ``POST /completion`` (:mod:`.native`), the
+Responses API (:mod:`.responses_api`), Anthropic's ``/v1/messages`` (:mod:`.anthropic`),
 ``/v1/rerank`` (:mod:`.rerank`) and the web chat page at ``/`` (:mod:`.webui`).
 Any ``model`` name is accepted (one model is served) and echoed back. Generations run on the :class:`Scheduler`'s
 worker thread; handlers wait for their job's events. Streams are Server-Sent
@@ -40,7 +41,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
-from . import anthropic, rerank, responses_api, slots_api, webui
+from . import anthropic, native, rerank, responses_api, slots_api, webui
 from . import protocol as P
 from .bridge import Bridge
 from .responses import (
@@ -533,6 +534,6 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         return {"prompt": state.llm.apply_chat_template(args["messages"], tools=args["tools"])}
 
     ctx = Bridge(state, config, body_of, check_model, _error)
-    for module in (responses_api, anthropic, rerank, slots_api, webui):
+    for module in (native, responses_api, anthropic, rerank, slots_api, webui):
         module.register(app, ctx)
     return app

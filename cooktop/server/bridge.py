@@ -47,10 +47,22 @@ class Bridge:
         Raises:
             whatever ``create_chat_completion`` raises for the request (template, tools, context).
         """
+        make = choices_job(1, args, lambda llm, kw: llm.create_chat_completion(**kw), model)
+        return await self.job(make, endpoint)
+
+    async def job(self, make: Callable[[Any], Any], endpoint: str, cache_prompt: bool = True,
+                  id_slot: int = -1) -> AsyncIterator[dict[str, Any]]:
+        """Run ``make(llm) -> iterator of chunks`` on a slot (``cache_prompt``, ``id_slot``: as
+        :class:`~cooktop.server.slots.Job`); its chunks as an async iterator, the first awaited
+        here (an error of the request raises now, before any response is sent), ``usage`` of each
+        counted in the metrics. Closing the iterator cancels the job.
+
+        Raises:
+            whatever ``make``'s iterator raises first; OverloadedError when the queue is full.
+        """
         sched = self.state.ready
         sched.metrics.requests_total[endpoint] += 1
-        make = choices_job(1, args, lambda llm, kw: llm.create_chat_completion(**kw), model)
-        job = sched.submit(make, asyncio.get_running_loop())
+        job = sched.submit(make, asyncio.get_running_loop(), cache_prompt, id_slot)
         try:
             kind, first = await job.queue.get()
             if kind == ERROR:

@@ -1,0 +1,256 @@
+"""llama-server's native completion endpoint: ``POST /completion``.
+
+The request and response fields are llama-server's (tools/server/README.md "POST /completion";
+tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicompat`` and
+``server_task_result_cmpl_partial::to_json_non_oaicompat``), not OpenAI's:
+
+- ``prompt``: a string, token ids, a mixed list of strings and ids (the strings tokenized and
+  joined; BOS only where the list starts with a string: server-common.cpp ``tokenize_mixed``),
+  or a list of such prompts (one result each, in order: a JSON array when not streamed).
+- ``n_predict`` (-1: until the end of generation or the context), the sampler fields of
+  ``/v1/completions`` (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``, the
+  penalties, ``seed``, ``logit_bias`` as an object or ``[[id, bias], ...]``, ``ignore_eos``,
+  ``stop``, ``grammar`` / ``json_schema``), ``cache_prompt``, ``id_slot``, ``stream``,
+  ``return_tokens``, ``n_probs`` (the top alternatives of each token from the raw logits, with
+  ``logprob``; ``post_sampling_probs`` is refused: the probabilities after the sampler chain are
+  not computed), ``response_fields`` (only those fields, keyed by their ``a/b`` paths).
+- The answer: ``content``, ``tokens`` (with ``return_tokens``), ``id_slot``, ``stop``, ``model``,
+  ``tokens_predicted``, ``tokens_evaluated``, ``generation_settings``, ``prompt`` (the prompt's
+  tokens as text), ``has_new_line``, ``truncated``, ``stop_type`` (``eos``, ``word``, ``limit``),
+  ``stopping_word``, ``tokens_cached``, ``timings`` and, with ``n_probs``,
+  ``completion_probabilities``. Streamed: Server-Sent Events, one partial result per sampled
+  token (``content``, ``tokens``, ``stop: false``, ``tokens_predicted``, ``tokens_evaluated``),
+  then the final result with empty ``content`` and ``tokens``; no ``[DONE]`` line (llama-server
+  sends none on its native streams).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..api.completion import stop_list
+from ..api.logprobs import log_softmax
+from . import protocol as P
+from .responses import eos_ignored, timings_json
+
+#: Most alternatives per token ``n_probs`` may ask for (llama-server caps nothing; the vocabulary does).
+MAX_N_PROBS = 100
+
+
+def native_prompt(llm: Any, prompt: Any) -> str | list[int]:
+    """One prompt of ``/completion`` as cooktop's completion takes it: a string as is, token ids
+    as is, a mixed list tokenized piece by piece (BOS before the first piece only when it is a
+    string, special tokens parsed: llama.cpp tools/server/server-common.cpp ``tokenize_mixed``).
+
+    Raises:
+        HTTPError: 400 for anything else.
+    """
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool)) for p in prompt):
+        if all(isinstance(p, int) for p in prompt):
+            return list(prompt)
+        ids: list[int] = []
+        for i, p in enumerate(prompt):
+            ids += llm.tokenize(p, add_bos=i == 0, special=True) if isinstance(p, str) else [p]
+        return ids
+    raise P.bad("prompt", "expected a string, token ids, a list mixing both, or a list of those")
+
+
+def split_prompts(body: dict[str, Any]) -> list[Any]:
+    """The prompts of a ``/completion`` body: one (a string, ids, or a mixed list) or a list of them.
+
+    Raises:
+        HTTPError: 400 for a missing or empty prompt.
+    """
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        nums = any(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+        if nums:  # ids, or strings and ids mixed: one prompt (server-common.cpp json_is_array_of_*)
+            return [prompt]
+        return list(prompt)
+    raise P.bad("prompt", "expected a string, token ids, a list mixing both, or a list of those")
+
+
+def nested_fields(paths: list[str], obj: dict[str, Any]) -> dict[str, Any]:
+    """``response_fields``: each ``a/b`` path of ``obj`` that exists, keyed by the path
+    (llama.cpp tools/server/server-common.cpp ``json_get_nested_values``)."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        cur: Any = obj
+        for key in path.split("/"):
+            if not isinstance(cur, dict) or key not in cur:
+                break
+            cur = cur[key]
+        else:
+            out[path] = cur
+    return out
+
+
+def token_probs(llm: Any, token: int, logits: np.ndarray, n_probs: int) -> dict[str, Any]:
+    """One ``completion_probabilities`` entry: the token, its log-probability under the raw logits
+    (float32 [n_vocab]) and the ``n_probs`` most probable tokens (server-task.cpp
+    ``probs_vector_to_json`` without post-sampling probabilities)."""
+    lps = log_softmax(logits)
+    top = np.argsort(-lps, kind="stable")[:n_probs]
+
+    def entry(t: int) -> dict[str, Any]:
+        raw = llm._tokenizer.token_to_piece(int(t), special=True)
+        return {"id": int(t), "token": raw.decode("utf-8", errors="ignore"), "bytes": list(raw),
+                "logprob": float(lps[t])}
+
+    return {**entry(token), "top_logprobs": [entry(int(t)) for t in top]}
+
+
+class NativeOptions:
+    """The response options of one ``/completion`` request.
+
+    Raises:
+        HTTPError: 400 for a field of the wrong type or range, or ``post_sampling_probs``.
+    """
+
+    def __init__(self, body: dict[str, Any], model: str) -> None:
+        self.model = model
+        self.stream = P.field(body, "stream", bool, False)
+        self.return_tokens = P.field(body, "return_tokens", bool, False)
+        self.n_probs = P.field(body, "n_probs", int, 0, minimum=0, maximum=MAX_N_PROBS)
+        if P.field(body, "post_sampling_probs", bool, False):
+            raise P.bad("post_sampling_probs", "probabilities after the sampler chain are not computed by "
+                                               "cooktop; leave it false (n_probs gives the raw logits' probabilities)")
+        fields = body.get("response_fields")
+        if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
+            raise P.bad("response_fields", "expected a list of field paths such as 'generation_settings/n_predict'")
+        self.response_fields: list[str] = fields or []
+
+
+def generation_settings(args: dict[str, Any], opts: NativeOptions, seed: int) -> dict[str, Any]:
+    """The ``generation_settings`` of a result: the sampling parameters used (llama.cpp
+    tools/server/server-task.cpp ``task_params::to_json``, the fields cooktop has)."""
+    grammar = args.get("grammar")
+    return {"n_predict": args["n_predict"], "seed": seed, "temperature": args["temperature"],
+            "top_k": args["top_k"], "top_p": args["top_p"], "min_p": args["min_p"], "typical_p": args["typical_p"],
+            "repeat_penalty": args["repeat_penalty"], "presence_penalty": args["presence_penalty"],
+            "frequency_penalty": args["frequency_penalty"], "mirostat": 0, "stop": stop_list(args.get("stop")),
+            "max_tokens": args["n_predict"], "ignore_eos": bool(args.get("ignore_eos")), "stream": opts.stream,
+            "n_probs": opts.n_probs, "post_sampling_probs": False, "return_tokens": opts.return_tokens,
+            "grammar": getattr(grammar, "source", "") if grammar is not None else ""}
+
+
+def native_job(prompts: list[Any], args: dict[str, Any], opts: NativeOptions):
+    """A job (``make(llm) -> iterator``) of ``/completion``: for each prompt in turn its partial
+    results (streamed: one per token) and its final result, as llama-server's JSON objects."""
+    def make(llm: Any):
+        def gen():
+            for index, prompt in enumerate(prompts):
+                kw = eos_ignored(llm, dict(args))
+                ids = native_prompt(llm, prompt)
+                run = llm.start_completion(ids, model=opts.model, **kw)
+                yield from _results(llm, run, index, args, opts)
+        return gen()
+    return make
+
+
+def _results(llm: Any, run: Any, index: int, args: dict[str, Any], opts: NativeOptions):
+    slot = getattr(run.seq, "seq_id", 0)
+    texts: list[str] = []
+    tokens: list[int] = []
+    probs: list[dict[str, Any]] = []
+    finish, word = "length", None
+    try:
+        for step in run.steps:
+            if step.token is not None:
+                tokens.append(step.token)
+                if opts.n_probs and step.logits is not None:
+                    probs.append(token_probs(llm, step.token, step.logits, opts.n_probs))
+            texts.append(step.text)
+            if step.finish_reason is not None:
+                finish, word = step.finish_reason, step.stop_word
+            if opts.stream and (step.token is not None or step.text):
+                part: dict[str, Any] = {"index": index, "content": step.text,
+                                        "tokens": [step.token] if opts.return_tokens and step.token is not None
+                                        else [], "stop": False, "id_slot": slot, "tokens_predicted": len(tokens),
+                                        "tokens_evaluated": run.n_prompt}
+                if opts.n_probs and step.token is not None and probs:
+                    part["completion_probabilities"] = [probs[-1]]
+                yield part
+    finally:
+        run.steps.close()
+    res = run.steps.result
+    if res is not None:
+        llm._last = res
+    text = "".join(texts)
+    stop_type = "limit" if finish == "length" else ("word" if word is not None else "eos")
+    final: dict[str, Any] = {
+        "index": index, "content": "" if opts.stream else text,
+        "tokens": [] if opts.stream or not opts.return_tokens else tokens, "id_slot": slot, "stop": True,
+        "model": opts.model, "tokens_predicted": len(tokens), "tokens_evaluated": run.n_prompt,
+        "generation_settings": generation_settings(args, opts, res.seed if res is not None else -1),
+        "prompt": llm.detokenize(run.prompt_tokens, special=True).decode("utf-8", errors="replace"),
+        "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type, "stopping_word": word or "",
+        "tokens_cached": len(run.seq.tokens) if run.seq is not None else run.n_prompt + len(tokens),
+        "timings": timings_json(res.timings, run.steps.n_cached) if res is not None else {}}
+    if probs and not opts.stream:
+        final["completion_probabilities"] = probs
+    yield nested_fields(opts.response_fields, final) if opts.response_fields else final
+
+
+def register(app: Any, ctx: Any) -> None:
+    """Add ``POST /completion`` to ``app`` (``ctx``: the app's :class:`~cooktop.server.bridge.Bridge`)."""
+
+    @app.post("/completion")
+    async def completion(request: Request):
+        try:
+            body = await ctx.body_of(request)
+            opts = NativeOptions(body, ctx.model_name(body))
+            prompts = split_prompts(body)
+            args = P.sampling_args(body, ctx.config.defaults)
+            # llama-server's count: 0 generates nothing (the prompt is still read), -1 until the context is full
+            args["n_predict"] = max(args.pop("max_tokens"), -1)
+            args["grammar"] = P.grammar_arg(body, ctx.config.defaults)
+            chunks = await ctx.job(native_job(prompts, args, opts), "completion",
+                                   P.field(body, "cache_prompt", bool, True), P.id_slot(body))
+        except Exception as e:  # noqa: BLE001 - mapped to the error shape llama-server answers
+            return ctx.openai_error(e)
+        metrics = ctx.state.ready.metrics
+
+        def count(c: dict[str, Any]) -> dict[str, Any]:
+            if c.get("stop") is not False:  # a final result: the prompt and the tokens it made
+                metrics.prompt_tokens_total += run_counts(c)[0]
+                metrics.tokens_predicted_total += run_counts(c)[1]
+            return c
+
+        if opts.stream:
+            return StreamingResponse(_events(chunks, count), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            results = [count(c) async for c in chunks]
+        except Exception as e:  # noqa: BLE001
+            return ctx.openai_error(e)
+        return JSONResponse(results[0] if len(prompts) == 1 else results)
+
+
+def run_counts(result: dict[str, Any]) -> tuple[int, int]:
+    """(prompt tokens, generated tokens) of a final result (0 for fields ``response_fields`` left out)."""
+    return int(result.get("tokens_evaluated", 0)), int(result.get("tokens_predicted", 0))
+
+
+async def _events(chunks: AsyncIterator[dict[str, Any]], count: Any) -> AsyncIterator[str]:
+    """The stream's events (``count(result)`` sees each); an error after the first chunk is sent as
+    one ``error`` event."""
+    try:
+        async for c in chunks:
+            yield f"data: {json.dumps(count(c), ensure_ascii=False)}\n\n"
+    except Exception as e:  # noqa: BLE001 - the status line is already sent: the error goes in the stream
+        status, kind = P.classify(e)
+        yield f"data: {json.dumps({'error': P.error_body(status, str(e), kind)['error']}, ensure_ascii=False)}\n\n"
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]

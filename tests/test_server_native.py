@@ -1,0 +1,132 @@
+"""llama-server's native ``POST /completion``: its fields, stream and errors, against the same server's
+OpenAI ``/v1/completions`` (tested against llama.cpp elsewhere) for the text."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from serverutil import RunningServer
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def http(stories, server_deps):
+    import httpx
+
+    from cooktop.server.app import ServerConfig
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=2))
+    with httpx.Client(base_url=s.base, timeout=120) as c:
+        yield c
+    s.stop()
+
+
+def oai_text(http, prompt, n, **kw):
+    r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": n, "temperature": 0, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def native(http, **body):
+    r = http.post("/completion", json={"temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_completion_fields_and_text(http):
+    want = oai_text(http, PROMPT, 12)
+    ids = http.post("/tokenize", json={"content": PROMPT, "add_special": True}).json()["tokens"]
+    r = native(http, prompt=PROMPT, n_predict=12, return_tokens=True)
+    assert r["content"] == want
+    assert r["stop"] is True and r["stop_type"] == "limit" and r["stopping_word"] == ""
+    assert r["tokens_predicted"] == 12 == len(r["tokens"])
+    assert r["tokens_evaluated"] == len(ids)
+    assert http.post("/detokenize", json={"tokens": r["tokens"]}).json()["content"] == want
+    assert r["has_new_line"] == ("\n" in want) and r["truncated"] is False
+    assert r["id_slot"] in (0, 1) and r["index"] == 0
+    assert r["generation_settings"]["n_predict"] == 12 and r["generation_settings"]["temperature"] == 0
+    assert r["tokens_cached"] >= len(ids) + 11
+    assert PROMPT in r["prompt"]
+    assert r["timings"]["predicted_n"] == 12 and r["timings"]["prompt_n"] + r["timings"]["cache_n"] == len(ids)
+    assert "completion_probabilities" not in r
+    # without return_tokens, no ids (llama-server's default)
+    assert native(http, prompt=PROMPT, n_predict=3)["tokens"] == []
+
+
+def test_stream_is_the_same_text(http):
+    whole = native(http, prompt=PROMPT, n_predict=10, return_tokens=True)
+    with http.stream("POST", "/completion", json={"prompt": PROMPT, "n_predict": 10, "temperature": 0,
+                                                   "stream": True, "return_tokens": True}) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and "data: [DONE]" not in lines
+    events = [json.loads(line[6:]) for line in lines]
+    *parts, last = events
+    assert all(p["stop"] is False for p in parts) and last["stop"] is True
+    assert "".join(p["content"] for p in parts) == whole["content"]
+    assert [t for p in parts for t in p["tokens"]] == whole["tokens"]
+    assert [p["tokens_predicted"] for p in parts if p["tokens"]] == list(range(1, 11))
+    assert last["content"] == "" and last["tokens"] == [] and last["tokens_predicted"] == 10
+    assert last["stop_type"] == "limit" and "timings" in last
+
+
+def test_token_and_mixed_prompts(http):
+    ids = http.post("/tokenize", json={"content": PROMPT, "add_special": True}).json()["tokens"]
+    tail = http.post("/tokenize", json={"content": " there"}).json()["tokens"]
+    by_ids = native(http, prompt=ids + tail, n_predict=8)
+    mixed = native(http, prompt=[PROMPT, *tail], n_predict=8)
+    assert mixed["content"] == by_ids["content"] == oai_text(http, ids + tail, 8)
+    assert mixed["tokens_evaluated"] == by_ids["tokens_evaluated"] == len(ids) + len(tail)
+    # a list of prompts: one result each, in order
+    both = http.post("/completion", json={"prompt": [PROMPT, "The dog"], "n_predict": 4, "temperature": 0}).json()
+    assert [b["index"] for b in both] == [0, 1]
+    assert both[0]["content"] == native(http, prompt=PROMPT, n_predict=4)["content"]
+    assert both[1]["content"] == oai_text(http, "The dog", 4)
+
+
+def test_stop_word(http):
+    text = native(http, prompt=PROMPT, n_predict=16)["content"]
+    word = text.split()[2]
+    r = native(http, prompt=PROMPT, n_predict=16, stop=[word])
+    assert r["stop_type"] == "word" and r["stopping_word"] == word
+    assert r["content"] == text[:text.index(word)]
+    assert r["tokens_predicted"] < 16
+
+
+def test_n_probs(http):
+    r = native(http, prompt=PROMPT, n_predict=5, n_probs=3, return_tokens=True)
+    probs = r["completion_probabilities"]
+    assert len(probs) == 5
+    for tok, p in zip(r["tokens"], probs):
+        assert p["id"] == tok and len(p["top_logprobs"]) == 3
+        tops = [t["logprob"] for t in p["top_logprobs"]]
+        assert tops == sorted(tops, reverse=True) and sum(math.exp(t) for t in tops) <= 1.0 + 1e-5
+        assert p["top_logprobs"][0]["id"] == tok and p["logprob"] == tops[0]  # greedy: the most probable
+        assert bytes(p["bytes"]).decode("utf-8", "ignore") == p["token"]
+
+
+def test_response_fields(http):
+    r = native(http, prompt=PROMPT, n_predict=2, response_fields=["content", "generation_settings/n_predict",
+                                                                    "no/such"])
+    assert set(r) == {"content", "generation_settings/n_predict"} and r["generation_settings/n_predict"] == 2
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": PROMPT, "post_sampling_probs": True}, "post_sampling_probs"),
+    ({"prompt": {"a": 1}}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": PROMPT, "n_probs": -1}, "n_probs"),
+    ({"prompt": PROMPT, "response_fields": "content"}, "response_fields"),
+    ({"prompt": PROMPT, "temperature": "hot"}, "temperature"),
+])
+def test_bad_requests_are_400_naming_the_field(http, body, param):
+    r = http.post("/completion", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_prompt_over_the_context_is_a_clear_400(http):
+    r = http.post("/completion", json={"prompt": "word " * 400, "n_predict": 1})
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
