@@ -130,3 +130,54 @@ def test_bad_requests_are_400_naming_the_field(http, body, param):
 def test_prompt_over_the_context_is_a_clear_400(http):
     r = http.post("/completion", json={"prompt": "word " * 400, "n_predict": 1})
     assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+
+
+def test_infill_without_fim_tokens_is_501(http):
+    r = http.post("/infill", json={"input_prefix": "def f(", "input_suffix": "return x"})
+    assert r.status_code == 501, r.text
+    err = r.json()["error"]
+    assert err["type"] == "not_supported_error" and "prefix token is missing" in err["message"]
+
+
+def test_infill_layout(stories, tmp_path, server_deps):
+    """``/infill`` on a model with FIM tokens: [extra chunks] [BOS] <PRE> prefix prompt <SUF> suffix <MID>
+    (llama-server's format_prompt_infill; no repo/file-separator tokens here, so chunks go after a
+    snippet line), the prefix cut to its last 3/4 of a batch; the text that of ``/completion`` on
+    those ids."""
+    import httpx
+    from conftest import rewrite_gguf
+    from gguf import GGUFValueType
+
+    from cooktop.server.app import ServerConfig
+    extra = [(f"tokenizer.ggml.{k}_token_id", v, GGUFValueType.UINT32) for k, v in
+             (("prefix", 3), ("suffix", 4), ("middle", 5))]
+    path = rewrite_gguf(stories, tmp_path / "fim.gguf", extra_kv=extra)
+    s = RunningServer(ServerConfig(str(path), llama_kwargs=dict(n_ctx=256, n_batch=64, device="cpu")))
+    try:
+        with httpx.Client(base_url=s.base, timeout=120) as c:
+            def tok(text):
+                return c.post("/tokenize", json={"content": text, "parse_special": False}).json()["tokens"]
+
+            pre, suf, prompt = tok("Once upon a"), tok(" the end."), tok(" time")
+            snippet = tok("\n\n--- snippet ---\n\n") + tok("Lily had a cat.")
+            body = {"input_prefix": "Once upon a", "input_suffix": " the end.", "prompt": " time",
+                    "input_extra": [{"filename": "a.txt", "text": "Lily had a cat."}], "n_predict": 6,
+                    "temperature": 0, "return_tokens": True}
+            r = c.post("/infill", json=body)
+            assert r.status_code == 200, r.text
+            ids = snippet + [1, 3, *pre, *prompt, 4, *suf, 5]
+            assert r.json()["tokens_evaluated"] == len(ids)
+            want = c.post("/completion", json={"prompt": ids, "n_predict": 6, "temperature": 0,
+                                               "return_tokens": True}).json()
+            assert r.json()["tokens"] == want["tokens"] and r.json()["content"] == want["content"]
+            long_prefix = " ".join(["the cat sat"] * 30)
+            r = c.post("/infill", json={"input_prefix": long_prefix, "input_suffix": "", "n_predict": 1})
+            assert r.json()["tokens_evaluated"] == 1 + 1 + 48 + 1 + 1  # BOS <PRE> last 48 <SUF> <MID>
+            for bad, param in (({"input_suffix": ""}, "input_prefix"),
+                               ({"input_prefix": "", "input_suffix": "", "prompt": 5}, "prompt"),
+                               ({"input_prefix": "", "input_suffix": "", "input_extra": [{"file": 1}]},
+                                "input_extra")):
+                r = c.post("/infill", json=bad)
+                assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    finally:
+        s.stop()

@@ -1,4 +1,4 @@
-"""llama-server's native completion endpoint: ``POST /completion``.
+"""llama-server's native completion endpoints: ``POST /completion`` and ``POST /infill``.
 
 The request and response fields are llama-server's (tools/server/README.md "POST /completion";
 tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicompat`` and
@@ -22,6 +22,14 @@ tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicom
   token (``content``, ``tokens``, ``stop: false``, ``tokens_predicted``, ``tokens_evaluated``),
   then the final result with empty ``content`` and ``tokens``; no ``[DONE]`` line (llama-server
   sends none on its native streams).
+
+``/infill`` is fill-in-the-middle on the model's FIM tokens (a model without them: 501
+``not_supported_error``, as llama-server): ``input_prefix``, ``input_suffix`` (strings or mixed
+lists, required), ``input_extra`` (``[{"filename", "text"}]`` chunks of other files, in the
+repo-level pattern where the vocabulary has ``<|repo_name|>`` / ``<|file_sep|>``) and ``prompt``
+(text continuing the prefix), laid out as tools/server/server-common.cpp ``format_prompt_infill``
+does (the prefix's last 3/4 of a batch, the suffix's first quarter, the extra chunks in what is
+left of the context; ``spm_infill``: suffix first); the answer is ``/completion``'s.
 """
 
 from __future__ import annotations
@@ -203,39 +211,118 @@ def _results(llm: Any, run: Any, index: int, args: dict[str, Any], opts: NativeO
     yield nested_fields(opts.response_fields, final) if opts.response_fields else final
 
 
+def _mixed(llm: Any, value: Any, name: str) -> list[int]:
+    """``input_prefix`` / ``input_suffix``: a string or a list of strings and ids, tokenized without
+    BOS or special tokens (``tokenize_mixed(..., false, false)``).
+
+    Raises:
+        HTTPError: 400 naming ``name`` for anything else.
+    """
+    if isinstance(value, str):
+        return llm.tokenize(value, add_bos=False, special=False) if value else []
+    if isinstance(value, list) and all(isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool))
+                                       for p in value):
+        return [t for p in value for t in (llm.tokenize(p, add_bos=False, special=False) if isinstance(p, str)
+                                           else [p])]
+    raise P.bad(name, "expected a string or a list of strings and token ids")
+
+
+def infill_tokens(llm: Any, body: dict[str, Any], n_predict: int) -> list[int]:
+    """The token ids of an ``/infill`` request (module doc; llama.cpp tools/server/server-common.cpp
+    ``format_prompt_infill``), for the server's default ``n_predict``.
+
+    Raises:
+        HTTPError: 501 when the model has no FIM prefix, suffix or middle token; 400 for a missing
+            or malformed ``input_prefix``, ``input_suffix``, ``input_extra`` or ``prompt``.
+    """
+    pre, suf, mid = llm.token_prefix(), llm.token_suffix(), llm.token_middle()
+    missing = [f"{what} token is missing." for what, t in (("prefix", pre), ("suffix", suf), ("middle", mid)) if t < 0]
+    if missing:
+        raise P.HTTPError(501, "Infill is not supported by this model: " + " ".join(missing), "not_supported_error")
+    for name in ("input_prefix", "input_suffix"):
+        if name not in body:
+            raise P.bad(name, f'"{name}" is required')
+    prompt = body.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise P.bad("prompt", '"prompt" must be a string')
+    extra = body.get("input_extra", [])
+    if not isinstance(extra, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("text"), str) and isinstance(c.get("filename", ""), str)
+            for c in extra):
+        raise P.bad("input_extra", 'expected a list of {"filename": string, "text": string}')
+    prefix = _mixed(llm, body["input_prefix"], "input_prefix")
+    suffix = _mixed(llm, body["input_suffix"], "input_suffix")
+    ids = llm.tokenize(prompt, add_bos=False, special=True) if prompt else []
+    special = llm._tokenizer.special_ids
+    rep, sep = special.get("fim_rep", -1), special.get("fim_sep", -1)
+
+    def text(s: str) -> list[int]:
+        return llm.tokenize(s, add_bos=False, special=False)
+
+    extra_ids: list[int] = [rep, *text("myproject\n")] if rep >= 0 else []
+    for c in extra:
+        extra_ids += [sep, *text(c.get("filename", "tmp") + "\n")] if sep >= 0 else text("\n\n--- snippet ---\n\n")
+        extra_ids += text(c["text"])
+    if sep >= 0:
+        extra_ids += [sep, *text("filename\n")]
+    n_batch, n_ctx = llm._engine.n_batch, llm.n_ctx()
+    n_prefix = min(len(prefix), 3 * (n_batch // 4))
+    n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(ids))))
+    n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_ids))
+    head = [pre, *prefix[len(prefix) - n_prefix:], *ids]
+    tail = [suf, *suffix[:n_suffix]]
+    first, last = (tail, head) if llm.spm_infill else (head, tail)
+    bos = [llm.token_bos()] if llm._tokenizer.vocab.add_bos and llm.token_bos() >= 0 else []
+    return [*extra_ids[len(extra_ids) - n_extra:], *bos, *first, *last, mid]
+
+
 def register(app: Any, ctx: Any) -> None:
-    """Add ``POST /completion`` to ``app`` (``ctx``: the app's :class:`~cooktop.server.bridge.Bridge`)."""
+    """Add ``POST /completion`` and ``POST /infill`` to ``app`` (``ctx``: the app's
+    :class:`~cooktop.server.bridge.Bridge`)."""
 
     @app.post("/completion")
     async def completion(request: Request):
-        try:
-            body = await ctx.body_of(request)
-            opts = NativeOptions(body, ctx.model_name(body))
+        return await _serve(ctx, request, infill=False)
+
+    @app.post("/infill")
+    async def infill(request: Request):
+        return await _serve(ctx, request, infill=True)
+
+
+async def _serve(ctx: Any, request: Request, infill: bool):
+    """One ``/completion`` or ``/infill`` request (module doc): a JSON answer, a stream, or an error."""
+    try:
+        body = await ctx.body_of(request)
+        opts = NativeOptions(body, ctx.model_name(body))
+        if infill:
+            n_predict = {**P.DEFAULTS, **ctx.config.defaults}["max_tokens"]
+            prompts: list[Any] = [infill_tokens(ctx.state.ready.llm, body, n_predict)]
+        else:
             prompts = split_prompts(body)
-            args = P.sampling_args(body, ctx.config.defaults)
-            # llama-server's count: 0 generates nothing (the prompt is still read), -1 until the context is full
-            args["n_predict"] = max(args.pop("max_tokens"), -1)
-            args["grammar"] = P.grammar_arg(body, ctx.config.defaults)
-            chunks = await ctx.job(native_job(prompts, args, opts), "completion",
-                                   P.field(body, "cache_prompt", bool, True), P.id_slot(body))
-        except Exception as e:  # noqa: BLE001 - mapped to the error shape llama-server answers
-            return ctx.openai_error(e)
-        metrics = ctx.state.ready.metrics
+        args = P.sampling_args(body, ctx.config.defaults)
+        # llama-server's count: 0 generates nothing (the prompt is still read), -1 until the context is full
+        args["n_predict"] = max(args.pop("max_tokens"), -1)
+        args["grammar"] = P.grammar_arg(body, ctx.config.defaults)
+        chunks = await ctx.job(native_job(prompts, args, opts), "completion",
+                               P.field(body, "cache_prompt", bool, True), P.id_slot(body))
+    except Exception as e:  # noqa: BLE001 - mapped to the error shape llama-server answers
+        return ctx.openai_error(e)
+    metrics = ctx.state.ready.metrics
 
-        def count(c: dict[str, Any]) -> dict[str, Any]:
-            if c.get("stop") is not False:  # a final result: the prompt and the tokens it made
-                metrics.prompt_tokens_total += run_counts(c)[0]
-                metrics.tokens_predicted_total += run_counts(c)[1]
-            return c
+    def count(c: dict[str, Any]) -> dict[str, Any]:
+        if c.get("stop") is not False:  # a final result: the prompt and the tokens it made
+            metrics.prompt_tokens_total += run_counts(c)[0]
+            metrics.tokens_predicted_total += run_counts(c)[1]
+        return c
 
-        if opts.stream:
-            return StreamingResponse(_events(chunks, count), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        try:
-            results = [count(c) async for c in chunks]
-        except Exception as e:  # noqa: BLE001
-            return ctx.openai_error(e)
-        return JSONResponse(results[0] if len(prompts) == 1 else results)
+    if opts.stream:
+        return StreamingResponse(_events(chunks, count), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        results = [count(c) async for c in chunks]
+    except Exception as e:  # noqa: BLE001
+        return ctx.openai_error(e)
+    return JSONResponse(results[0] if len(prompts) == 1 else results)
 
 
 def run_counts(result: dict[str, Any]) -> tuple[int, int]:
