@@ -181,3 +181,48 @@ def test_infill_layout(stories, tmp_path, server_deps):
                 assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     finally:
         s.stop()
+
+
+def test_slot_save_erase_restore(stories, tmp_path, server_deps):
+    """save, erase, restore: the continuation is the one without erasing, its prompt read from the
+    restored cache; a file of another model, a foreign file and a path are refused by name."""
+    import httpx
+
+    from cooktop.server.app import ServerConfig
+    saved = tmp_path / "slots"
+    saved.mkdir()
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=2,
+                                   slot_save_path=str(saved)))
+    try:
+        with httpx.Client(base_url=s.base, timeout=120) as c:
+            first = native(c, prompt=PROMPT, n_predict=8, id_slot=1)
+            convo = PROMPT + first["content"]
+            want = native(c, prompt=convo, n_predict=8, id_slot=0, cache_prompt=False)["content"]
+            r = c.post("/slots/1?action=save", json={"filename": "one.slot"})
+            assert r.status_code == 200, r.text
+            n_saved = r.json()["n_saved"]
+            assert r.json()["id_slot"] == 1 and n_saved == first["tokens_cached"] > 0
+            assert r.json()["n_written"] == (saved / "one.slot").stat().st_size
+            assert c.post("/slots/1?action=erase").json()["n_erased"] == n_saved
+            r = c.post("/slots/1?action=restore", json={"filename": "one.slot"})
+            assert r.status_code == 200, r.text
+            assert r.json()["n_restored"] == n_saved and r.json()["n_read"] == (saved / "one.slot").stat().st_size
+            slot1 = next(x for x in c.get("/slots").json() if x["id"] == 1)
+            assert slot1["n_prompt_tokens"] == n_saved
+            again = native(c, prompt=convo, n_predict=8, id_slot=1)
+            assert again["content"] == want
+            assert again["timings"]["cache_n"] >= n_saved - 1  # read from the restored cells, not evaluated
+            doc = json.loads((saved / "one.slot").read_text())
+            doc["model"]["n_vocab"] += 1
+            (saved / "other.slot").write_text(json.dumps(doc))
+            (saved / "llama.bin").write_bytes(b"GGSQ\x00\x01binary")
+            for name, words in (("other.slot", "another model"), ("llama.bin", "not a cooktop slot file"),
+                                ("missing.slot", "no slot file")):
+                r = c.post("/slots/0?action=restore", json={"filename": name})
+                assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+            for name in ("../x", "a/b", "..", "", None):
+                r = c.post("/slots/0?action=save", json={"filename": name})
+                assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid filename"
+            assert not (tmp_path / "x").exists()
+    finally:
+        s.stop()

@@ -62,6 +62,8 @@ from .spec_options import speculative_options
 @click.option("--slots/--no-slots", "endpoint_slots", default=True, show_default=True,
               envvar="LLAMA_ARG_ENDPOINT_SLOTS", help="Serve GET /slots (each slot's state), as llama-server.")
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
+@click.option("--slot-save-path", "slot_save_path", default=None, metavar="PATH",
+              help="Folder of the slot files POST /slots/ID?action=save|restore write and read (llama-server's).")
 @speculative_options
 @threads_option
 @kv_options
@@ -71,8 +73,8 @@ from .spec_options import speculative_options
               help="With --ray: replicas of the model behind Ray Serve (default 1), requests balanced across them.")
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
-              embeddings, endpoint_slots, metrics, threads, threads_batch, device, n_gpu_layers, split, ray_address,
-              n_replicas, tensors, speculative, kv, **gen_opts):
+              embeddings, endpoint_slots, metrics, slot_save_path, threads, threads_batch, device, n_gpu_layers, split,
+              ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
@@ -105,6 +107,11 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         raise CooktopError(f"-np must be >= 1, got {n_parallel}")
     if n_ctx < 0:  # the loader's own check, before anything listens
         raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = from the model), got {n_ctx}")
+    if slot_save_path is not None:  # made now (as llama-server does), so a bad path ends before anything listens
+        try:
+            os.makedirs(slot_save_path, exist_ok=True)
+        except OSError as e:
+            raise CooktopError(f"--slot-save-path {slot_save_path}: cannot create the folder ({e.strerror})") from None
     path = resolve_model(model, hf_repo, hf_file)
     if not os.path.exists(path):
         raise CooktopError(f"{path}: no such file")
@@ -124,6 +131,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
                           api_key=api_key, reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
                           webui=not no_webui, defaults=defaults, endpoint_slots=endpoint_slots,
+                          slot_save_path=slot_save_path,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if ray_address:

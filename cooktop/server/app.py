@@ -80,6 +80,8 @@ class ServerConfig:
         speculative: a :class:`~cooktop.engine.spec_config.SpecOptions` (``-md``, ``--spec-type``)
             or None: every slot decodes speculatively with its own drafter.
         endpoint_slots: serve ``GET /slots`` (llama-server's ``--slots``, default on; ``--no-slots``: 501).
+        slot_save_path: the folder of ``POST /slots/ID?action=save|restore``'s files
+            (``--slot-save-path``; None: those actions answer 501, as llama-server).
     """
 
     model_path: str
@@ -94,6 +96,7 @@ class ServerConfig:
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
     speculative: Any = None
     endpoint_slots: bool = True
+    slot_save_path: str | None = None
 
     @property
     def model_id(self) -> str:

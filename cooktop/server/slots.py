@@ -257,6 +257,18 @@ class Scheduler:
             slot.seq.reset()
             return n
 
+    def slot_tokens(self, id_slot: int) -> list[int]:
+        """The tokens slot ``id_slot`` (modulo the number of slots) caches, once it is idle
+        (``POST /slots/ID?action=save``).
+
+        Raises:
+            CooktopError: the server is shutting down.
+        """
+        with self._cv:
+            slot = self.slots[id_slot % len(self.slots)]
+            self._wait_free(slot)
+            return list(slot.seq.tokens)
+
     def close(self) -> None:
         """Stop the workers (running jobs end with an error, waiting ones too) and wait for them."""
         with self._cv:

@@ -1,23 +1,31 @@
-"""llama-server's slot endpoints: ``GET /slots`` (each slot's state) and ``POST /slots/{id}?action=erase``.
+"""llama-server's slot endpoints: ``GET /slots`` (each slot's state) and ``POST /slots/{id}?action=...``.
 
 ``GET /slots``: :meth:`~cooktop.server.slots.Scheduler.slots_info`'s records;
 ``?fail_on_no_slot=1`` answers 503 when none is idle. ``POST /slots/{id}``
 with ``action=erase`` forgets what the slot caches once it is idle and answers
 ``{"id_slot", "n_erased"}``, as llama-server (an id past the last slot wraps around, modulo the
 number of slots, as llama-server's ``get_slot_by_id`` in ``tools/server/server-context.cpp``; a
-negative or non-integer id is 400 ``Invalid slot ID``); ``save`` / ``restore`` (slot
-files under llama-server's ``--slot-save-path``) are 501 ``not_supported_error``,
-another action 400. ``--no-slots`` turns both off (501), as there.
+negative or non-integer id is 400 ``Invalid slot ID``). ``save`` with ``{"filename": NAME}``
+writes the idle slot's tokens to ``--slot-save-path``/NAME and answers ``{"id_slot", "filename",
+"n_saved", "n_written", "timings": {"save_ms"}}``; ``restore`` reads such a file into the slot and
+answers ``{"id_slot", "filename", "n_restored", "n_read", "timings": {"restore_ms"}}``
+(:mod:`.slot_files`: what the file holds, what is refused); without ``--slot-save-path`` both are
+501 ``not_supported_error``, as llama-server. Another action is 400. ``--no-slots`` turns the
+endpoints off (501), as there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from . import protocol as P
+from . import slot_files
 from .bridge import Bridge
 
 
@@ -54,9 +62,13 @@ def register(app: FastAPI, bridge: Bridge) -> None:
             return JSONResponse(P.error_body(400, "Invalid slot ID", "invalid_request_error"), status_code=400)
         action = request.query_params.get("action")
         if action in ("save", "restore"):
-            return JSONResponse(P.error_body(501, f"slot {action} is not supported: cooktop keeps no slot files "
-                                             "(llama-server's --slot-save-path)", "not_supported_error"),
-                                status_code=501)
+            if bridge.config.slot_save_path is None:
+                return JSONResponse(P.error_body(501, "This server does not support slots action. Start it with "
+                                                 "`--slot-save-path`", "not_supported_error"), status_code=501)
+            try:
+                return await (_save if action == "save" else _restore)(bridge, request, n)
+            except Exception as e:  # noqa: BLE001 - OpenAI-shaped (bad name 400, loading 503)
+                return bridge.openai_error(e)
         if action != "erase":
             return JSONResponse(P.error_body(400, "Invalid action", "invalid_request_error"), status_code=400)
         try:
@@ -65,3 +77,38 @@ def register(app: FastAPI, bridge: Bridge) -> None:
         except Exception as e:  # noqa: BLE001 - OpenAI-shaped (loading: 503, shutting down)
             return bridge.openai_error(e)
         return {"id_slot": n, "n_erased": n_erased}
+
+
+async def _save(bridge: Bridge, request: Request, n: int) -> dict[str, Any]:
+    """``action=save``: the slot's tokens to ``--slot-save-path``/``filename``, once it is idle."""
+    name = slot_files.check_filename(await bridge.body_of(request))
+    sched = bridge.state.ready
+    t0 = time.perf_counter()
+    tokens = await asyncio.to_thread(sched.slot_tokens, n)
+    identity = slot_files.model_identity(bridge.state.llm, bridge.config.model_path)
+    path = os.path.join(bridge.config.slot_save_path, name)
+    n_written = await asyncio.to_thread(slot_files.write, path, identity, tokens)
+    return {"id_slot": n, "filename": name, "n_saved": len(tokens), "n_written": n_written,
+            "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+
+
+async def _restore(bridge: Bridge, request: Request, n: int) -> dict[str, Any]:
+    """``action=restore``: the slot becomes the saved tokens (evaluated again, on the slot's worker)."""
+    name = slot_files.check_filename(await bridge.body_of(request))
+    llm = bridge.state.ready.llm
+    t0 = time.perf_counter()
+    path = os.path.join(bridge.config.slot_save_path, name)
+    tokens, n_read = await asyncio.to_thread(slot_files.read, path, slot_files.model_identity(
+        llm, bridge.config.model_path), llm.n_ctx())
+
+    def make(llm: Any):
+        seq = llm._active_seq(tokens or [0])  # this slot (id_slot), emptied (cache_prompt False)
+        if tokens:
+            seq.prefill(tokens)
+        return iter([{"n_restored": len(tokens)}])
+
+    chunks = await bridge.job(make, "slots", cache_prompt=False, id_slot=n)
+    async for _ in chunks:
+        pass
+    return {"id_slot": n, "filename": name, "n_restored": len(tokens), "n_read": n_read,
+            "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
