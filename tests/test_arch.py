@@ -116,6 +116,8 @@ EXPECTED_OPS = {
                {"get_rows", "rmsnorm", "matmul"}),
     "qwen35moe": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "sigmoid_mul", "moe_route",
                    "matmul_id", "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
+    "qwen3next": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "sigmoid_mul", "moe_route",
+                   "matmul_id", "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
     # likewise granitehybrid's (no recurrent blocks, no multipliers): attention blocks with rope
     "granitehybrid": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "add_bias", "silu_mul"},
                       {"get_rows", "rmsnorm", "matmul"}),
@@ -185,6 +187,8 @@ def test_derived_ops_are_the_ops_a_segment_runs(name, tmp_path, cpu_device, monk
              **dict.fromkeys(("qwen35", "qwen35moe"), {"n_conv": 4, "full_attention_interval": 2, "ssm_d_state": 8,
                                                        "ssm_n_group": 2, "ssm_dt_rank": 4,
                                                        "rope_sections": (2, 1, 1, 0)}),
+             "qwen3next": {"n_conv": 4, "full_attention_interval": 2, "ssm_d_state": 8, "ssm_n_group": 2,
+                           "ssm_dt_rank": 4},
              **dict.fromkeys(("granitehybrid", "mamba2"), {"n_conv": 4, "attn_layers": (1,), "ssm_d_state": 8,
                                                            "ssm_n_group": 2, "ssm_dt_rank": 4, "ssm_d_inner": 32,
                                                            "residual_scale": 0.5, "logit_scale": 2.0})

@@ -35,7 +35,7 @@ def gpu(request):
 
 
 # -- references: plain loops from ggml's formulas (float64) -------------------------------------
-def loop_gdn(q, k, v, g, beta, state, slots, h_k, h_v, d):
+def loop_gdn(q, k, v, g, beta, state, slots, h_k, h_v, d, interleaved=False):
     """The gated delta rule row by row, head by head, element by element, on ggml's state
     ``S_h[i][j]`` (the tensor's ``M[h, j, i]``), in float64: for each row ``t`` of slot ``s``::
 
@@ -43,6 +43,9 @@ def loop_gdn(q, k, v, g, beta, state, slots, h_k, h_v, d):
         u[j] = (v[t, h, j] - sum_i S_h[i][j] k[t, h', i]) * beta[t, h]
         S_h[i][j] += k[t, h', i] u[j]
         out[t, h, j] = sum_i S_h[i][j] q[t, h', i] / sqrt(d)      (h' = h mod H_k)
+
+    With ``interleaved``, ``h' = h // (H_v / H_k)`` (llama.cpp src/models/qwen3next.cpp repeats q and k
+    interleaved: ``ggml_repeat_4d`` of a ``[d, 1, H_k]`` view).
     """
     n = len(slots)
     st = [[[[float(x) for x in row] for row in np.asarray(state[s], np.float64).reshape(h_v, d, d)[h].T]
@@ -52,7 +55,7 @@ def loop_gdn(q, k, v, g, beta, state, slots, h_k, h_v, d):
     for t in range(n):
         s = int(slots[t])
         for h in range(h_v):
-            hk = h % h_k
+            hk = h // (h_v // h_k) if interleaved else h % h_k
             kk = [float(k[t, hk * d + i]) for i in range(d)]
             qq = [float(q[t, hk * d + i]) for i in range(d)]
             S = st[s][h]
@@ -102,7 +105,7 @@ def _tensor(d, buf, a, rows=None):
     return v
 
 
-def run_gdn(d, q, k, v, g, beta, state, slots, rows=None):
+def run_gdn(d, q, k, v, g, beta, state, slots, rows=None, interleaved=False):
     """``gated_delta_net`` on ``d``: (out, the new state)."""
     buf = d.buffer("gdn")
     try:
@@ -111,7 +114,7 @@ def run_gdn(d, q, k, v, g, beta, state, slots, rows=None):
         ts, tsl = _tensor(d, buf, np.asarray(state, np.float32)), _tensor(d, buf, sl, rows)
         to = buf.empty(((rows or v.shape[0]),) + v.shape[1:])
         to = to.head(v.shape[0]) if rows else to
-        d.gated_delta_net(to, tq, tk, tv, tg, tb, ts, tsl)
+        d.gated_delta_net(to, tq, tk, tv, tg, tb, ts, tsl, interleaved=interleaved)
         return d.read(to), d.read(ts)
     finally:
         buf.release()
@@ -230,6 +233,27 @@ def test_recurrent_ops_cover_the_gated_delta_net():
     assert {"silu", "sigmoid_mul", "l2_norm", "gdn_gate", "gated_delta_net"} <= set(RECURRENT_OPS)
 
 
+#: repeat-interleaved key heads (qwen3next): ratios 3 and 2 at head widths that are no power of two,
+#: where ``h // r`` and ``h mod H_k`` differ; chunked (>= GDN_CHUNKED_MIN rows) and row by row
+INTERLEAVED_CASES = [  # (name, n tokens, H_k, H_v, d, slots of the rows)
+    ("ratio 3", 5, 2, 6, 12, [0, 1, 0, 0, 1]),
+    ("ratio 2 many tokens", 37, 3, 6, 4, [2] * 37),
+    ("ratio 4 one token", 1, 2, 8, 20, [1]),
+]
+
+
+@pytest.mark.parametrize("name,n,h_k,h_v,d,slots", INTERLEAVED_CASES, ids=[c[0] for c in INTERLEAVED_CASES])
+def test_gated_delta_net_interleaved_matches_the_loop(dev, name, n, h_k, h_v, d, slots):
+    rng = np.random.default_rng(n * 13 + d)
+    q, k, v, g, beta, state = gdn_inputs(rng, n, h_k, h_v, d)
+    out, st = run_gdn(dev, q, k, v, g, beta, state, slots, interleaved=True)
+    want_out, want_st = loop_gdn(q, k, v, g, beta, state, slots, h_k, h_v, d, interleaved=True)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(st, want_st, rtol=1e-5, atol=1e-5)
+    tiled, _ = run_gdn(dev, q, k, v, g, beta, state, slots)
+    assert np.abs(tiled - want_out).max() > 1e-2  # the mapping matters at these shapes
+
+
 # -- the device kernels against numpy ------------------------------------------------------------
 GPU_CASES = CASES + [("d 128", 5, 2, 2, 128, [0, 0, 1, 0, 1]), ("d 128 many tokens", 37, 1, 2, 128, [2] * 37)]
 
@@ -241,6 +265,16 @@ def test_device_gated_delta_net_matches_numpy(dev, gpu, name, n, h_k, h_v, d, sl
     q, k, v, g, beta, state = gdn_inputs(rng, n, h_k, h_v, d)
     out, st = run_gdn(gpu, q, k, v, g, beta, state, slots, rows=n + 3)
     want_out, want_st = run_gdn(dev, q, k, v, g, beta, state, slots)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(st, want_st, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,n,h_k,h_v,d,slots", INTERLEAVED_CASES, ids=[c[0] for c in INTERLEAVED_CASES])
+def test_device_gated_delta_net_interleaved_matches_numpy(dev, gpu, name, n, h_k, h_v, d, slots):
+    rng = np.random.default_rng(n * 5 + d)
+    q, k, v, g, beta, state = gdn_inputs(rng, n, h_k, h_v, d)
+    out, st = run_gdn(gpu, q, k, v, g, beta, state, slots, rows=n + 3, interleaved=True)
+    want_out, want_st = run_gdn(dev, q, k, v, g, beta, state, slots, interleaved=True)
     np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(st, want_st, rtol=1e-5, atol=1e-5)
 

@@ -391,17 +391,19 @@ TABLE: tuple[OpSpec, ...] = (
            default=False, group="recurrent",
            example={"g": (3, 2), "beta": (3, 2), "alpha": (3, 2), "b": (3, 2), "dt_bias": (2,), "a": (2,)}),
     OpSpec("gated_delta_net", (Arg("out", F32), Arg("q", F32), Arg("k", F32), Arg("v", F32), Arg("g", F32),
-                               Arg("beta", F32), Arg("state", F32), Arg("slots", I32)), (),
-           "the gated delta rule per value head h (key head h mod n_k_heads) with a carried state "
+                               Arg("beta", F32), Arg("state", F32), Arg("slots", I32)), ("interleaved",),
+           "the gated delta rule per value head h (key head h mod n_k_heads, or h // (n_v_heads / n_k_heads) "
+           "when interleaved) with a carried state "
            "S [d, d] per slot and head: S = exp(g) S; S += k (beta (v - S^T k))^T; out = S^T q / sqrt(d) "
            "(rows of a slot in order; q, k [n, n_k_heads * d], v, out [n, n_v_heads * d], g, beta "
            "[n, n_v_heads], state [n_slots, n_v_heads * d * d])",
            "want out and v [n, n_v_heads * d], q and k [n, n_k_heads * d] with n_k_heads dividing n_v_heads, "
            "g and beta [n, n_v_heads], state [n_slots, n_v_heads * d * d], slots [n]", _gdn_fits,
            "ggml_gated_delta_net (ggml-cpu/ops.cpp ggml_compute_forward_gated_delta_net_one_chunk; state "
-           "layout and head mapping as there)", default=False, group="recurrent",
+           "layout and head mapping as there; interleaved: llama.cpp src/models/qwen3next.cpp's "
+           "repeat-interleaved q and k)", default=False, group="recurrent",
            example={"out": (3, 8), "q": (3, 4), "k": (3, 4), "v": (3, 8), "g": (3, 2), "beta": (3, 2),
-                    "state": (2, 32), "slots": (3,)}),
+                    "state": (2, 32), "slots": (3,), "interleaved": False}),
     OpSpec("ssm_scan", (Arg("out", F32), Arg("xbc", F32), Arg("dt", F32), Arg("a", F32), Arg("d", F32),
                         Arg("dt_bias", F32), Arg("state", F32), Arg("slots", I32)), (),
            "Mamba-2's selective scan per head h (group h // (H / G)) with a carried state S [P, N] per slot "

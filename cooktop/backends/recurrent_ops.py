@@ -118,7 +118,8 @@ class RecurrentOps:
         self._gdn_gate(g, beta, alpha, b, dt_bias, a)
 
     def gated_delta_net(self, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
-                        g: DeviceTensor, beta: DeviceTensor, state: DeviceTensor, slots: DeviceTensor) -> None:
+                        g: DeviceTensor, beta: DeviceTensor, state: DeviceTensor, slots: DeviceTensor,
+                        interleaved: bool = False) -> None:
         """The gated delta rule (Gated DeltaNet's recurrence) with a carried state, and the state's update.
 
         Shapes (``d`` the head width, ``H_k`` key heads, ``H_v`` value heads, ``H_k`` dividing ``H_v``):
@@ -126,7 +127,10 @@ class RecurrentOps:
         f32 [n, H_v] (:meth:`gdn_gate`); state: f32 [n_slots, H_v * d * d], row ``s`` viewed as
         ``M[h, j, i]`` = the state ``S_h[i][j]`` of slot ``s`` (ggml's transposed layout);
         slots: I32 [n] in ``[0, n_slots)`` (outside: the caller's fault). Value head ``h`` reads key
-        head ``h mod H_k`` (ggml's ``iq1 = iv1 % neq1``). The rows of one slot are taken in order,
+        head ``h' = h mod H_k`` (ggml's ``iq1 = iv1 % neq1``: q and k tiled, as llama.cpp
+        src/models/qwen35.cpp's ``ggml_repeat``), or with ``interleaved`` key head
+        ``h' = h // (H_v / H_k)`` (q and k repeat-interleaved, as llama.cpp src/models/qwen3next.cpp's
+        ``ggml_repeat_4d`` on a ``[d, 1, H_k]`` view). The rows of one slot are taken in order,
         each with the state its previous row left::
 
             S_h  = exp(g[i, h]) * S_h
@@ -141,8 +145,8 @@ class RecurrentOps:
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps``.
         """
-        _GDN.check(self, out, q, k, v, g, beta, state, slots)
-        self._gated_delta_net(out, q, k, v, g, beta, state, slots)
+        _GDN.check(self, out, q, k, v, g, beta, state, slots, interleaved=interleaved)
+        self._gated_delta_net(out, q, k, v, g, beta, state, slots, bool(interleaved))
 
     def ssm_scan(self, out: DeviceTensor, xbc: DeviceTensor, dt: DeviceTensor, a: DeviceTensor, d: DeviceTensor,
                  dt_bias: DeviceTensor, state: DeviceTensor, slots: DeviceTensor) -> None:
@@ -232,7 +236,8 @@ class RecurrentOps:
         self._recurrent_unsupported("gdn_gate")
 
     def _gated_delta_net(self, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
-                         g: DeviceTensor, beta: DeviceTensor, state: DeviceTensor, slots: DeviceTensor) -> None:
+                         g: DeviceTensor, beta: DeviceTensor, state: DeviceTensor, slots: DeviceTensor,
+                         interleaved: bool) -> None:
         """Enqueue :meth:`gated_delta_net`."""
         self._recurrent_unsupported("gated_delta_net")
 

@@ -82,6 +82,8 @@ def _check_tensors(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
             metadata, or a host-dequantized tensor of a type outside ``format.quants.HOST_TYPES``.
     """
     _check_unused(f, cfg, arch)
+    if arch.check_tensors is not None:
+        arch.check_tensors(f.tensors.keys(), cfg, f.path)
     E, F, V = cfg.n_embd, cfg.n_ff, cfg.n_vocab
     for name, spec in arch.expected(cfg):
         t = f.tensors.get(name)

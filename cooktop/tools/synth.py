@@ -114,6 +114,9 @@ class Shape:
     logit_scale: float | None = None
     #: rope.scaling.finetuned written when set (granitehybrid: False = attention without rope, Granite 4.0-H)
     rope_finetuned: bool | None = None
+    #: of alternative tensor layouts (``TensorSpec.layout``: qwen3next's ``ssm_in`` or ``attn_qkv``), the
+    #: one written; "": the first the architecture declares
+    layout: str = ""
 
     def recurrent_layers(self) -> tuple[bool, ...]:
         """Per block, True when it is recurrent (a hybrid: not in :attr:`attn_layers`, or with
@@ -180,6 +183,13 @@ SHAPES: dict[str, Shape] = {
                              n_conv=4, full_attention_interval=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=32,
                              n_rot=64, rope_sections=(11, 11, 10, 0), n_expert=256, n_expert_used=8, n_ff_exp=512,
                              n_ff_shexp=512),
+    # Qwen3-Next-80B-A3B (qwen3next): 48 blocks (every 4th attends), 512 experts of 512, 10 used, a shared
+    # expert of 512; 16 key heads and 32 value heads of 128 in the linear attention; a quarter of each
+    # attention head rotated (NeoX rope)
+    "qwen3-next-80b-a3b": Shape(2048, 48, 16, 2, 5120, 151936, 262144, 10000000.0, head_dim=256, arch="qwen3next",
+                                n_conv=4, full_attention_interval=4, ssm_d_state=128, ssm_n_group=16,
+                                ssm_dt_rank=32, n_rot=64, n_expert=512, n_expert_used=10, n_ff_exp=512,
+                                n_ff_shexp=512),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
@@ -266,8 +276,12 @@ def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | 
     """
     cfg = config(s, arch)
     plan: list[tuple[str, tuple[int, ...], T | None, str]] = []
-    for name, spec in architecture(arch or s.arch).expected(cfg):
+    a = architecture(arch or s.arch)
+    layout = s.layout or next((t.layout for t in a.tensors if t.layout), "")
+    for name, spec in a.expected(cfg):
         if spec.tied_to is not None and s.tied:
+            continue
+        if spec.layout and spec.layout != layout:
             continue
         if spec.key == "rope_freqs" and not s.rope_freqs:
             continue
@@ -334,6 +348,15 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
                                  and len(s.rope_sections) == 4):
         raise CooktopError(f"synthetic shape: {arch} needs ssm_d_state, ssm_n_group, ssm_dt_rank (a multiple of "
                            "ssm_n_group), full_attention_interval > 0 and four rope_sections")
+    if arch == "qwen3next" and not (s.ssm_d_state > 0 and s.ssm_n_group > 0 and s.ssm_dt_rank > 0
+                                    and s.ssm_dt_rank % s.ssm_n_group == 0 and s.full_attention_interval > 0
+                                    and not s.rope_sections):
+        raise CooktopError("synthetic shape: qwen3next needs ssm_d_state, ssm_n_group, ssm_dt_rank (a multiple of "
+                           "ssm_n_group), full_attention_interval > 0 and no rope_sections (NeoX rope)")
+    layouts = {t.layout for t in architecture(arch).tensors if t.layout}
+    if s.layout and s.layout not in layouts:
+        raise CooktopError(f"synthetic shape: layout {s.layout!r} is not one of {arch}'s "
+                           f"({', '.join(sorted(layouts)) or 'none'})")
     if arch in ("granitehybrid", "mamba2"):
         d_inner = s.ssm_d_inner or s.ssm_dt_rank * s.ssm_d_state
         if not (s.ssm_d_state > 0 and s.ssm_n_group > 0 and s.ssm_dt_rank > 0 and d_inner % s.ssm_dt_rank == 0

@@ -146,14 +146,16 @@ class CpuRecurrentOps:
         _a(g)[...] = sp.astype(np.float32) * _a(a)
 
     def _gated_delta_net(self, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
-                         g: DeviceTensor, beta: DeviceTensor, state: DeviceTensor, slots: DeviceTensor) -> None:
+                         g: DeviceTensor, beta: DeviceTensor, state: DeviceTensor, slots: DeviceTensor,
+                         interleaved: bool) -> None:
         """See :meth:`RecurrentOps.gated_delta_net
         <cooktop.backends.recurrent_ops.RecurrentOps.gated_delta_net>`."""
         qa, ka, va, ga, ba, sa, oa = _a(q), _a(k), _a(v), _a(g), _a(beta), _a(state), _a(out)
         n, h_v = ga.shape
         d = va.shape[1] // h_v
         h_k = qa.shape[1] // d
-        heads = np.arange(h_v) % h_k  # value head h reads key head h mod H_k
+        # value head h reads key head h mod H_k (tiled), or h // (H_v / H_k) (repeat-interleaved)
+        heads = np.arange(h_v) // (h_v // h_k) if interleaved else np.arange(h_v) % h_k
         scale = np.float32(1.0 / np.sqrt(np.float32(d)))
         for i0, i1, s in _runs(np.asarray(_a(slots), dtype=np.int64)):
             if i1 - i0 >= GDN_CHUNKED_MIN:  # a prompt: chunk by chunk, in closed form

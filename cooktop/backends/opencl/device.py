@@ -621,17 +621,18 @@ class OpenCLDevice(ReplayRecorder, Device):
         self._launch(self.kernels.ops().gdn_gate, (_ceil_to(n, ls),), (ls,), g.handle, beta.handle, alpha.handle,
                      b.handle, dt_bias.handle, a.handle, n, g.shape[1])
 
-    def _gated_delta_net(self, out, q, k, v, g, beta, state, slots):
+    def _gated_delta_net(self, out, q, k, v, g, beta, state, slots, interleaved):
         """``kernels/recurrent.cl`` ``gated_delta_net``: one work-item per (value head, column of the state),
-        the rows in order."""
+        the rows in order (``kdiv``: the head mapping, ``RecurrentOps.gated_delta_net``)."""
         n, h_v = g.shape
         d = v.shape[1] // h_v
+        h_k = q.shape[1] // d
         ls = self.shape.ew_ls
         self.q8.dirty(out.handle)
         self.q8.dirty(state.handle)
         self._launch(self.kernels.ops().gated_delta_net, (_ceil_to(h_v * d, ls),), (ls,), out.handle, q.handle,
                      k.handle, v.handle, g.handle, beta.handle, state.handle, slots.handle, n, h_v,
-                     q.shape[1] // d, d, float(np.float32(1.0 / np.sqrt(np.float32(d)))))
+                     h_k, d, float(np.float32(1.0 / np.sqrt(np.float32(d)))), h_v // h_k if interleaved else 1)
 
     def _ssm_scan(self, out, xbc, dt, a, d, dt_bias, state, slots):
         """``kernels/recurrent.cl`` ``ssm_scan``: one work-item per (head, head value), the rows in order."""

@@ -409,7 +409,7 @@ class OpKernels:
         self.gdn_gate = prg.gdn_gate
         self.gdn_gate.set_scalar_arg_dtypes([None] * 6 + [i32, i32])
         self.gated_delta_net = prg.gated_delta_net
-        self.gated_delta_net.set_scalar_arg_dtypes([None] * 8 + [i32, i32, i32, i32, f32])
+        self.gated_delta_net.set_scalar_arg_dtypes([None] * 8 + [i32, i32, i32, i32, f32, i32])
         self.ssm_scan = prg.ssm_scan
         self.ssm_scan.set_scalar_arg_dtypes([None] * 8 + [i32, i32, i32, i32, i32])
         self.ssm_norm = prg.ssm_norm

@@ -712,14 +712,16 @@ class VulkanDevice(SequenceRecorder, Device):
         n = math.prod(g.shape)
         self._dispatch("gdn_gate", (alpha, b, dt_bias, a, g, beta), self._stride_groups(g), (n, g.shape[1]))
 
-    def _gated_delta_net(self, out, q, k, v, g, beta, state, slots):
+    def _gated_delta_net(self, out, q, k, v, g, beta, state, slots, interleaved):
         """gated_delta_net.comp: one invocation per (value head, column of the state) walking the rows in
-        order (``RecurrentOps.gated_delta_net``)."""
+        order (``kdiv``: the head mapping; ``RecurrentOps.gated_delta_net``)."""
         n, h_v = g.shape
         d = v.shape[1] // h_v
+        h_k = q.shape[1] // d
         grid = workgroups(min(MAX_STRIDE_GROUPS, -(-h_v * d // 64)))
         self._dispatch("gated_delta_net", (q, k, v, g, beta, state, slots, out), grid,
-                       (n, h_v, q.shape[1] // d, d, f32_bits(float(np.float32(1.0 / np.sqrt(np.float32(d)))))))
+                       (n, h_v, h_k, d, f32_bits(float(np.float32(1.0 / np.sqrt(np.float32(d))))),
+                        h_v // h_k if interleaved else 1))
 
     def _ssm_scan(self, out, xbc, dt, a, d, dt_bias, state, slots):
         """ssm_scan.comp: one invocation per (head, head value) walking the rows in order

@@ -19,13 +19,14 @@ from .llama import LLAMA
 from .mamba2 import GRANITEHYBRID, MAMBA2
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
+from .qwen3next import QWEN3NEXT
 from .qwen35 import QWEN35, QWEN35MOE
 from .qwen_moe import OLMOE, QWEN2MOE, QWEN3MOE
 
 #: general.architecture -> descriptor.
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
                                                                OLMOE, GPT_OSS, LFM2, QWEN35,
-                                                               QWEN35MOE, GRANITEHYBRID, MAMBA2)}
+                                                               QWEN35MOE, QWEN3NEXT, GRANITEHYBRID, MAMBA2)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).
@@ -33,7 +34,6 @@ UNSUPPORTED_MOE = {
     "deepseek2": "DeepSeek-V2/V3 multi-head latent attention (MLA) and grouped expert selection",
     "deepseek": "DeepSeek-MoE's shared experts with its expert-weight scale",
     "glm4moe": "GLM-4.5 MoE's sigmoid router with expert selection bias",
-    "qwen3next": "Qwen3-Next's gated delta-net (linear attention) layers",
     "granitemoe": "Granite MoE's embedding, residual and attention multipliers",
 }
 

@@ -71,6 +71,11 @@ class TensorSpec:
         layers: ``layers(cfg, il) -> bool``: the blocks that hold this per-block tensor (a hybrid's
             attention tensors only in its attention blocks, its convolution tensors only in its
             recurrent ones); None: every block.
+        layout: the name of one of several alternative layouts of the same weights (qwen3next's legacy
+            ``ssm_in`` against ``attn_qkv`` + ``attn_gate``): specs of different layouts may give the
+            same keys, a file holds one layout's tensors (``Architecture.check_tensors`` says which
+            combinations it accepts), synthetic files are written in the first layout declared unless
+            ``Shape.layout`` names another. "": not an alternative (every file may hold it).
     """
 
     name: str
@@ -83,6 +88,7 @@ class TensorSpec:
     groups: Callable[[ModelConfig], int] | None = None
     ffn: bool = False
     layers: Callable[[ModelConfig, int], bool] | None = None
+    layout: str = ""
 
     def in_block(self, cfg: ModelConfig, il: int) -> bool:
         """True when block ``il`` of a model of ``cfg`` holds this per-block tensor (:attr:`layers`)."""

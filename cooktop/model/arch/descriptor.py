@@ -96,6 +96,9 @@ class Architecture:
             attention: ``block_attn`` (:data:`BlockFn`) adds the attention to ``s.x``, ``block_ffn``
             (:data:`FfnFn`) the feed-forward, whose tensors are those marked ``TensorSpec.ffn``;
             running both is :attr:`block`. None: the block is placed whole.
+        check_tensors: ``check_tensors(present, cfg, path)``: checks of the file's tensor names beyond
+            each spec's (``load_config``), raising ``UnsupportedModelError``: which combinations of
+            alternative layouts (``TensorSpec.layout``) a block may hold. None: no more checks.
         state_widths: ``state_widths(cfg, il) -> (width, ...)``: block ``il``'s recurrent state tensors,
             the f32 values per sequence of each (``model/recurrent.py``; lfm2's convolution: one of
             ``(n_conv - 1) * n_embd``; qwen35's linear attention: three convolution states and the
@@ -115,6 +118,7 @@ class Architecture:
     block_attn: BlockFn | None = None
     block_ffn: FfnFn | None = None
     state_widths: Callable[[ModelConfig, int], tuple[int, ...]] | None = None
+    check_tensors: Callable[[Container[str], ModelConfig, str], None] | None = None
 
     @property
     def recurrent(self) -> bool:
@@ -144,8 +148,9 @@ class Architecture:
             raise ValueError(f"architecture {self.name}: no block part {part!r}")
 
     def __post_init__(self) -> None:
-        keys = [(s.unit, k) for s in self.tensors for k in {s.key, *s.keys}]
-        if len(set(keys)) != len(keys):
+        keys = [(s.unit, k, s.layout) for s in self.tensors for k in {s.key, *s.keys}]
+        plain = {(u, k) for u, k, lay in keys if not lay}
+        if len(set(keys)) != len(keys) or any(lay and (u, k) in plain for u, k, lay in keys):
             raise ValueError(f"architecture {self.name}: two tensors share a key in one unit")
 
     def head(self, d: Device, cfg: ModelConfig, w: Weights, x: DeviceTensor, xn: DeviceTensor,

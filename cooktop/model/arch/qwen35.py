@@ -255,10 +255,13 @@ def moe_scratch(cfg: ModelConfig) -> dict[str, int]:
     return {**moe_shared_scratch(cfg), **_linear_scratch(cfg)}
 
 
-def linear_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV) -> DeviceTensor:
+def linear_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV,
+                interleaved: bool = False) -> DeviceTensor:
     """The Gated DeltaNet operator on the normed rows ``s.xn`` (module doc); returns ``s.o`` f32
     [n, n_embd]. ``kv.state`` (:func:`state_widths`' four tensors, f32 [n_seq, width]) is read and
-    updated at the rows' sequences ``kv.slots``."""
+    updated at the rows' sequences ``kv.slots``. ``interleaved``: value head ``h`` reads key head
+    ``h // (H_v / H_k)`` (qwen3next, llama.cpp src/models/qwen3next.cpp) instead of ``h mod H_k``
+    (``Device.gated_delta_net``)."""
     st, slots = kv.state, kv.slots
     assert st is not None and slots is not None  # a recurrent block always gets its state
     d.matmuls(s.xn, (s.lq, w["gdn_q"]), (s.lk, w["gdn_k"]), (s.lv, w["gdn_v"]), (s.z, w["attn_gate"]),
@@ -270,7 +273,7 @@ def linear_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv:
         d.silu(out, out)
     d.l2_norm(s.cq, s.cq, cfg.ssm_d_state, cfg.rms_eps)
     d.l2_norm(s.ck, s.ck, cfg.ssm_d_state, cfg.rms_eps)
-    d.gated_delta_net(s.lo, s.cq, s.ck, s.cv, s.lg, s.lbeta, st[3], slots)
+    d.gated_delta_net(s.lo, s.cq, s.ck, s.cv, s.lg, s.lbeta, st[3], slots, interleaved=interleaved)
     build_norm(d, cfg, s.lo, s.lo, w["ssm_norm"])  # per head (ssm_norm is d wide)
     d.silu_mul(s.lo, s.z, s.lo)
     d.matmul(s.o, s.lo, w["ssm_out"])

@@ -83,7 +83,9 @@ __kernel void gdn_gate(global float *g, global float *beta, const global float *
 // The gated delta rule with a carried state (ggml_gated_delta_net, ggml-cpu/ops.cpp
 // ggml_compute_forward_gated_delta_net_one_chunk, one snapshot). q, k f32 [n, h_k * d]; v, out f32
 // [n, h_v * d]; g, beta f32 [n, h_v]; state f32 [n_slots, h_v * d * d], slot s's row as m[h, j, i] (the
-// state S_h[i][j], contiguous in i); slots int [n]; value head h reads key head h % h_k; scale = 1 / sqrt(d).
+// state S_h[i][j], contiguous in i); slots int [n]; value head h reads key head (h / kdiv) % h_k (kdiv 1:
+// tiled heads, ggml's h % h_k; kdiv h_v / h_k: repeat-interleaved heads, llama.cpp qwen3next.cpp);
+// scale = 1 / sqrt(d).
 // One work-item per (value head h, column j) walks the rows in order: for each row it owns m[h, j, :] of
 // the row's slot (no other work-item reads or writes it), so the rows of one slot see the state the rows
 // before them left, and the dot products over i are its own:
@@ -91,12 +93,12 @@ __kernel void gdn_gate(global float *g, global float *beta, const global float *
 __kernel void gated_delta_net(global float *out, const global float *q, const global float *k,
                               const global float *v, const global float *g, const global float *beta,
                               global float *state, const global int *slots, const int n, const int h_v,
-                              const int h_k, const int d, const float scale) {
+                              const int h_k, const int d, const float scale, const int kdiv) {
     const int id = get_global_id(0);  // h * d + j
     if (id >= h_v * d) return;
     const int h = id / d;
     const size_t qk_w = (size_t)h_k * d, v_w = (size_t)h_v * d, dd = (size_t)d * d;
-    const size_t key = (size_t)(h % h_k) * d;
+    const size_t key = (size_t)((h / kdiv) % h_k) * d;
     for (int r = 0; r < n; ++r) {
         global float *m = state + (size_t)slots[r] * h_v * dd + (size_t)id * d;
         const global float *kr = k + (size_t)r * qk_w + key;
