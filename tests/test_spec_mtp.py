@@ -6,8 +6,10 @@ attention, block 4 the MTP block; F32). llama-cpp-python 0.3.36's library export
 logits are checked against an independent numpy reference written here from the file's weights (nmse <=
 1e-5, F32); the target's hidden rows kept for it against the embeddings path. Then: output with
 ``draft-mtp`` equals the output without it (greedy, seeded sampling) on numpy and OpenCL, through a
-batch driver (the server's slots), through ``Llama(draft_model=LlamaMTPDecoding(...))``; the counts
-``cooktop run`` prints; the errors for a file without an MTP block and an architecture without one.
+batch driver and ``cooktop serve -np 2`` (the slots), through ``Llama(draft_model=LlamaMTPDecoding(...))``,
+on qwen35moe; a predictive variant whose MTP block is exact has every greedy draft accepted (which a
+pairing off by one position would not); the counts ``cooktop run`` prints; what ``info`` / ``plan``
+count; the errors for a file without an MTP block and an architecture without one.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from cooktop.engine import generate as G
 from cooktop.engine.sampling import SamplingParams
 from cooktop.engine.spec_config import SpecOptions
 from cooktop.errors import CooktopError
+from cooktop.format.gguf import open_gguf
 from cooktop.tools import synth
 
 SHAPE = dataclasses.replace(synth.SHAPES["qwen3.5-0.8b"], n_embd=64, n_layer=4, n_head=4, n_head_kv=2,
@@ -265,7 +268,6 @@ def test_draft_mtp_is_refused_without_an_mtp_block(files):
 def test_info_and_plan_count_the_mtp_block(files):
     from cooktop.cli.info import model_info
     from cooktop.cli.plan import plan_report
-    from cooktop.format.gguf import open_gguf
     gf = open_gguf(str(files[0]))
     il = SHAPE.n_layer
     want = sum(t.n_bytes for n, t in gf.tensors.items() if n.startswith(f"blk.{il}."))
@@ -275,3 +277,52 @@ def test_info_and_plan_count_the_mtp_block(files):
     assert model_info(str(files[1]), 64)["mtp"] is None
     rep = plan_report(str(files[0]), 64, 32, "cpu", -1, None)
     assert rep["mtp"] == {"device": "cpu", "block": il, "weight_bytes": want, "kv_bytes_per_sequence": kv}
+
+
+def test_serve_slots_draft_with_the_mtp_block(files, server_deps):
+    """``cooktop serve -np 2 --spec-type draft-mtp``: each slot drafts with its own MTP cache; the answers
+    are those without it, and the exact block's drafts are all accepted."""
+    import concurrent.futures
+
+    import httpx
+    from serverutil import RunningServer
+
+    from cooktop.server.app import ServerConfig
+
+    def ask(base: str, p: str) -> dict:
+        r = httpx.post(base + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    prompts = ["a b c d e f", "x y z", "hello there"]
+    answers, timings = [], []
+    for spec in (None, SpecOptions(spec_type=("draft-mtp",), draft_max=3)):
+        s = RunningServer(ServerConfig(str(files[2]), llama_kwargs=dict(n_ctx=96, device="cpu"), n_parallel=2,
+                                       speculative=spec))
+        try:
+            with concurrent.futures.ThreadPoolExecutor(3) as ex:
+                got = list(ex.map(lambda p, base=s.base: ask(base, p), prompts))
+            answers.append([g["choices"][0]["text"] for g in got])
+            timings.append([g["timings"] for g in got])
+        finally:
+            s.stop()
+    assert answers[0] == answers[1]
+    assert all(0 < t["draft_n_accepted"] == t["draft_n"] for t in timings[1])
+
+
+def test_qwen35moe_mtp_block_drafts_with_the_same_output(tmp_path):
+    """qwen35moe (the experts and the shared expert in the MTP block too), Q8_0 (``eh_proj`` split in byte
+    halves of its rows): greedy output with ``draft-mtp`` equals the output without it."""
+    moe = dataclasses.replace(SHAPE, arch="qwen35moe", n_expert=4, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64)
+    path = tmp_path / "qwen35moe-mtp.gguf"
+    synth.write(path, moe, "Q8_0", seed=3, scales=SCALES)
+    assert f"blk.{SHAPE.n_layer}.ffn_gate_exps.weight" in open_gguf(str(path)).tensors
+    eng = _load(path)
+    try:
+        spec, mtp = SpecOptions(spec_type=("draft-mtp",), draft_max=3).build(eng, "cpu", -1)
+        plain = eng.generate(PROMPT, 12, GREEDY, seq=eng.new_sequence()).drain()
+        got = eng.generate(PROMPT, 12, GREEDY, seq=eng.new_sequence(), draft=spec).drain()
+        assert got.tokens == plain.tokens and got.timings.n_drafted > 0
+        mtp.close()
+    finally:
+        eng.close()
