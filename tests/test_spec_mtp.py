@@ -96,7 +96,8 @@ def _rope_neox(t, pos, n_rot, base):
 
 
 def reference_mtp(W, h, toks):
-    """Logits float64 [n, n_vocab] and h_mtp [n, n_embd] of the pairs (h[i], toks[i]) at positions 0..n-1."""
+    """Logits float64 [n, n_vocab] and h_mtp [n, n_embd] of the pairs (h[i], toks[i]) at positions 0..n-1
+    (``nextn.shared_head_norm`` / ``shared_head_head`` when the file has them, else the trunk's head)."""
     s, il = SHAPE, SHAPE.n_layer
     g = lambda k: W[f"blk.{il}.{k}.weight"]  # noqa: E731
     n, D, H, Hk = len(toks), s.head_dim, s.n_head, s.n_head_kv
@@ -122,13 +123,25 @@ def reference_mtp(W, h, toks):
     xn = _rms(x, g("post_attention_norm"))
     gt, up = xn @ g("ffn_gate").T, xn @ g("ffn_up").T
     x = x + (gt / (1.0 + np.exp(-gt)) * up) @ g("ffn_down").T
-    hm = _rms(x, W["output_norm.weight"])
-    return hm @ W["output.weight"].T, hm
+    hm = _rms(x, W.get(f"blk.{il}.nextn.shared_head_norm.weight", W["output_norm.weight"]))
+    return hm @ W.get(f"blk.{il}.nextn.shared_head_head.weight", W["output.weight"]).T, hm
 
 
-def test_mtp_logits_match_a_numpy_reference(files):
+@pytest.mark.parametrize("head", ["shared", "own"])
+def test_mtp_logits_match_a_numpy_reference(files, head, tmp_path):
+    """``shared``: the block uses the target's output_norm and LM head; ``own``: the file has
+    ``nextn.shared_head_norm`` and ``nextn.shared_head_head`` (and ``nextn.embed_tokens``)."""
     from cooktop.model.mtp import MTPModel
-    eng = _load(files[0])
+    path = files[0]
+    if head == "own":
+        rng, il, E = np.random.default_rng(5), SHAPE.n_layer, SHAPE.n_embd
+        add = {f"blk.{il}.nextn.shared_head_norm.weight": ((1 + 0.1 * rng.standard_normal(E)).astype(np.float32), None),
+               f"blk.{il}.nextn.shared_head_head.weight": (
+                   (0.05 * rng.standard_normal((SHAPE.n_vocab, E))).astype(np.float32), None),
+               f"blk.{il}.nextn.embed_tokens.weight": (
+                   (0.05 * rng.standard_normal((SHAPE.n_vocab, E))).astype(np.float32), None)}
+        path = rewrite_gguf(str(files[0]), str(tmp_path / "own-head.gguf"), add=add)
+    eng = _load(path)
     try:
         mtp = MTPModel(eng.model)
         eng.model.record_hidden = True
@@ -140,9 +153,12 @@ def test_mtp_logits_match_a_numpy_reference(files):
         hin = np.concatenate([np.zeros((1, SHAPE.n_embd), np.float32), h[:-1]])
         cache = mtp.new_cache()
         got = mtp.forward_h(PROMPT, hin, 0, cache, logits_all=True)
-        want, hm = reference_mtp(_weights(files[0]), hin.astype(np.float64), np.array(PROMPT))
+        W = _weights(path)
+        if head == "own":  # the block looks its tokens up in nextn.embed_tokens
+            W["token_embd.weight"] = W[f"blk.{SHAPE.n_layer}.nextn.embed_tokens.weight"]
+        want, hm = reference_mtp(W, hin.astype(np.float64), np.array(PROMPT))
         err = nmse(got, want)
-        print(f"MTP logits nmse vs numpy reference: {err:.3e}")
+        print(f"MTP logits ({head} head) nmse vs numpy reference: {err:.3e}")
         assert err <= 1e-5
         assert nmse(cache.hidden.get(0, 0, len(PROMPT)), hm) <= 1e-5
         # one pair at a time after a cached prefix: the same last row
