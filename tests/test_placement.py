@@ -243,7 +243,7 @@ def test_plan_json_is_stable(stories):
     assert a == b
     assert set(a) == {"schema", "model", "n_layer", "n_ctx", "n_batch", "n_parallel", "cache_type_k", "cache_type_v",
                       "flash_attn", "devices_requested", "n_gpu_layers",
-                      "n_offloaded", "summary", "blocks", "experts", "head", "devices", "host_reasons"}
+                      "n_offloaded", "summary", "blocks", "experts", "head", "devices", "host_reasons", "mtp"}
     assert set(a["devices"][0]) == {"device", "blocks", "head", "weight_bytes", "kv_bytes", "state_bytes",
                                     "scratch_bytes",
                                     "total_bytes", "memory_bytes", "usable_bytes", "max_alloc_bytes",

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import cluster, notices
 from ..engine import generate as _generate
-from ..engine.speculative import Speculation
+from ..engine.speculative import LlamaMTPDecoding, MTPDraft, Speculation
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, read_raw_metadata
 from ..format.kvtypes import KVConfig
@@ -260,6 +260,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         base = self._speculation_base
         if base is None:
             return None
+        if isinstance(base.drafter, LlamaMTPDecoding):  # its MTP block loads with the model
+            base.drafter.bind(self._engine.model)
         local = self.__dict__.setdefault("_spec_local", threading.local())
         spec = getattr(local, "spec", None)
         if spec is None:
@@ -433,6 +435,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         seq = self.__dict__.pop("_embd_seq", None)
         if seq is not None:
             seq.close()
+        dm = self.__dict__.get("_draft_model")
+        if isinstance(dm, LlamaMTPDecoding):
+            dm.close()
         if eng is not None:
             eng.close()
 
@@ -493,6 +498,8 @@ def _speculation_of(draft_model: Any, n_batch: int) -> Speculation | None:
     """
     if draft_model is None or isinstance(draft_model, Speculation):
         return draft_model
+    if isinstance(draft_model, MTPDraft):  # LlamaMTPDecoding: its own draft length
+        return Speculation(draft_model, n_max=draft_model.n_max)
     if not callable(draft_model):
         raise CooktopError(f"draft_model must be a LlamaDraftModel (e.g. LlamaPromptLookupDecoding(...)) or a "
                            f"callable input_ids -> draft ids, got {draft_model!r}")

@@ -75,7 +75,20 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
         "recurrent_state_bytes": recurrent_state_bytes(cfg),
         "kv_cache_bytes": {kv_type_name(t): _kv_bytes(cfg, n_ctx, KVConfig(t, t)) for t in KV_TYPES
                            if not cfg.head_dim % GGML_QUANT_SIZES[t][0]},
+        "mtp": _mtp_info(gf, cfg, n_ctx, kv),
     }
+
+
+def _mtp_info(gf, cfg, n_ctx: int, kv: KVConfig) -> dict | None:
+    """The multi-token-prediction block (``--spec-type draft-mtp``, ``model/mtp.py``): its block index,
+    weight bytes (the ``blk.<n_layer>.*`` tensors) and one sequence's K/V bytes at ``n_ctx`` in the
+    cache types of ``kv``; None when the file has none."""
+    from ..model.mtp import mtp_weight_bytes
+    if not cfg.n_layer_nextn:
+        return None
+    rk, rv = kv.row_bytes(cfg.n_embd_kv)
+    return {"n_layer_nextn": cfg.n_layer_nextn, "block": cfg.n_layer, "weight_bytes": mtp_weight_bytes(gf, cfg),
+            "kv_bytes": n_ctx * (rk + rv)}
 
 
 def _largest(gf) -> dict | None:
@@ -183,6 +196,11 @@ def info_cmd(model: str, n_ctx: int, kv: KVConfig, as_json: bool) -> None:
                                                                                            "q4_0")) + ")",
         "tensor types:",
     ]
+    if info.get("mtp"):
+        m = info["mtp"]
+        lines.insert(-1, f"MTP block:      blk.{m['block']} (nextn_predict_layers {m['n_layer_nextn']}): "
+                         f"{_size(m['weight_bytes'])} weights, {_size(m['kv_bytes'])} K/V at n_ctx {info['n_ctx']} "
+                         "per sequence (--spec-type draft-mtp)")
     if info.get("recurrent_state_bytes"):
         n_recr = sum(c["recurrent_layers"])
         state = _size(info["recurrent_state_bytes"])

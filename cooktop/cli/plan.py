@@ -105,10 +105,22 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
             for b in p.budgets
         ],
         "host_reasons": p.notes,
+        "mtp": _mtp_plan(gf, cfg, n_ctx, kv, p.head),
     }
     if cluster is not None:
         rep["ray"] = cluster
     return rep
+
+
+def _mtp_plan(gf, cfg, n_ctx: int, kv: KVConfig, head: str) -> dict | None:
+    """What ``--spec-type draft-mtp`` adds beside the placement (``model/mtp.py``): on the head's device,
+    the MTP block's weights and one sequence's (slot's) K/V at ``n_ctx``; None without an MTP block."""
+    from ..model.mtp import mtp_weight_bytes
+    if not cfg.n_layer_nextn:
+        return None
+    rk, rv = kv.row_bytes(cfg.n_embd_kv)
+    return {"device": head, "block": cfg.n_layer, "weight_bytes": mtp_weight_bytes(gf, cfg),
+            "kv_bytes_per_sequence": n_ctx * (rk + rv)}
 
 
 @cli.command("plan")
@@ -154,6 +166,10 @@ def plan_cmd(model, hf_repo, hf_file, n_ctx, n_batch, n_parallel, device, n_gpu_
         click.echo("experts (feed-forward halves): "
                    + "; ".join(f"{sel} blocks {_ranges(b)}" for sel, b in where.items()))
     click.echo(rep["summary"])
+    if rep.get("mtp"):
+        m = rep["mtp"]
+        click.echo(f"with --spec-type draft-mtp: + {_mib(m['weight_bytes'])} MiB weights (MTP block blk.{m['block']}) "
+                   f"and {_mib(m['kv_bytes_per_sequence'])} MiB K/V per sequence on {m['device']}")
     for d in rep["devices"]:
         if d["chunked"]:
             click.echo(f"note: {d['device']}: {', '.join(d['chunked'])} past the maximum allocation "

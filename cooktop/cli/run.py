@@ -124,9 +124,10 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     are processed (``--no-escape`` to keep them), and ``-f`` drops one trailing
     newline of the file, as llama-cli does. ``-cnv`` (or ``-sys``) starts a
     conversation instead (see ``cooktop chat``). Every other llama-cli option is
-    accepted; those cooktop does not act on say so in one line. ``-md DRAFT.gguf`` or
-    ``--spec-type ngram-simple`` decode speculatively (the same text, fewer forward passes);
-    the timings then end with the drafted / accepted counts, as llama-speculative-simple's.
+    accepted; those cooktop does not act on say so in one line. ``-md DRAFT.gguf``,
+    ``--spec-type ngram-simple`` or ``--spec-type draft-mtp`` (the file's own multi-token-prediction
+    block) decode speculatively (the same text, fewer forward passes); the timings then end
+    with the drafted / accepted counts, as llama-speculative-simple's.
     """
     if n_predict < -1:
         raise CooktopError(f"-n must be >= -1 (-1 = until the context is full), got {n_predict}")

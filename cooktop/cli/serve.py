@@ -85,8 +85,9 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
     With --ray ADDRESS, Ray Serve runs --replicas copies of the server on the cluster (each
     possibly split across nodes by --device NODE/DEVICE,...) behind one address.
 
-    -md DRAFT.gguf or --spec-type ngram-simple decode speculatively in every slot (each slot
-    drafts for itself; the drafts are verified in the shared batched steps).
+    -md DRAFT.gguf, --spec-type ngram-simple or --spec-type draft-mtp (the file's own
+    multi-token-prediction block) decode speculatively in every slot (each slot drafts for itself;
+    the drafts are verified in the shared batched steps).
     """
     if n_predict < -1:
         raise CooktopError(f"-n must be >= -1 (-1 = until the context is full), got {n_predict}")

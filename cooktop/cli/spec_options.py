@@ -1,7 +1,8 @@
 """llama.cpp's speculative-decoding options on ``run`` and ``serve`` (common/arg.cpp names and defaults).
 
 ``-md/--model-draft`` (a draft model: ``--spec-type draft-simple``, implied), ``--spec-type
-ngram-simple`` (drafts from the context itself, ``--spec-ngram-simple-size-n/-m``),
+ngram-simple`` (drafts from the context itself, ``--spec-ngram-simple-size-n/-m``), ``--spec-type
+draft-mtp`` (the model file's multi-token-prediction block, ``cooktop.model.mtp``),
 ``--draft-max`` / ``--spec-draft-n-max``, ``--draft-min`` / ``--spec-draft-n-min``,
 ``--draft-p-min``, ``-ngld/--gpu-layers-draft``, ``-devd/--device-draft``. The decorator hands
 the command one ``speculative`` argument, a :class:`~cooktop.engine.spec_config.SpecOptions`.
@@ -34,7 +35,8 @@ def speculative_options(f):
     f = click.option("--spec-ngram-simple-size-n", "spec_ngram_simple_size_n", type=click.IntRange(1, 1024),
                      default=12, show_default=True, help="ngram-simple: length of the n-gram looked up.")(f)
     f = click.option("--spec-type", "spec_type", multiple=True, metavar="TYPES",
-                     help="Speculative decoding: none, draft-simple (-md), ngram-simple (comma list; first "
+                     help="Speculative decoding: none, draft-simple (-md), draft-mtp (the model file's own "
+                          "multi-token-prediction block: Qwen3.5/3.6), ngram-simple (comma list; first "
                           "non-empty draft wins).")(f)
     f = click.option("-devd", "--device-draft", "--spec-draft-device", "device_draft", default=None,
                      help="Device of the draft model (default: --device).")(f)
@@ -45,7 +47,7 @@ def speculative_options(f):
     f = click.option("--draft-min", "--spec-draft-n-min", "--draft-n-min", "draft_min", type=int, default=0,
                      show_default=True, help="Drafts shorter than this are not verified.")(f)
     f = click.option("--draft-max", "--spec-draft-n-max", "--draft", "--draft-n", "draft_max", type=int, default=3,
-                     show_default=True, help="Tokens to draft with the draft model per step.")(f)
+                     show_default=True, help="Tokens to draft with the draft model (or the MTP block) per step.")(f)
     f = click.option("-md", "--model-draft", "--spec-draft-model", "model_draft", default=None, type=click.Path(),
                      help="Draft model for speculative decoding (same vocabulary as -m).")(f)
     return f

@@ -49,10 +49,13 @@ class _TypeChoice(click.Choice):
 @click.option("--rope-scaling-factor", type=float, default=None, help="Write rope.scaling.factor.")
 @click.option("--rope-freqs/--no-rope-freqs", default=None,
               help="Write Llama 3.1's rope_freqs tensor (llama; default: the --shape's choice).")
+@click.option("--nextn", "n_nextn", type=click.IntRange(0, 1), default=None,
+              help="qwen35 / qwen35moe: write a multi-token-prediction block after the trunk "
+                   "(nextn_predict_layers; --spec-type draft-mtp drafts with it).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="GGUF file to write.")
 def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, head_dim, n_expert, n_expert_used, n_ff_exp,
-              file_type, arch, vocab, rope_scaling_type, rope_scaling_factor, rope_freqs, seed, output):
+              file_type, arch, vocab, rope_scaling_type, rope_scaling_factor, rope_freqs, n_nextn, seed, output):
     """Write a synthetic GGUF of architecture --arch (random weights; SPM-shaped vocabulary or --vocab's).
 
     Start from --shape and override any dimension, or give all of
@@ -74,7 +77,7 @@ def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, head_dim
                                   n_ff=n_ff, n_vocab=n_vocab, head_dim=head_dim, rope_scaling=rope_scaling_type,
                                   rope_scaling_factor=rope_scaling_factor, rope_freqs=rope_freqs,
                                   n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
-                                  arch=arch).items() if v is not None}
+                                  arch=arch, n_nextn=n_nextn).items() if v is not None}
     s = dataclasses.replace(base, **over)
     t0 = time.perf_counter()
     n = synth.write(output, s, file_type, seed=seed, name=f"synthetic {shape or 'custom'} {file_type}",

@@ -408,7 +408,7 @@ class Engine:
                     room = min(self.n_ctx - seq.n_past - 1, seq.model.n_batch - 1)
                     if n_predict >= 0:
                         room = min(room, n_predict - len(generated) - 1)
-                    proposal = draft.propose(history, room, self.cfg.n_vocab)
+                    proposal = draft.propose(history, room, self.cfg.n_vocab, seq)
                 if proposal:
                     if recurrent:
                         spec_cp = seq.cache.checkpoint(seq.seq_id)

@@ -12,14 +12,14 @@ from typing import Any
 from ..errors import CooktopError
 from ..runtime.placement import parse_ngl
 from .generate import load as _load
-from .speculative import DraftModel, FirstOf, NgramSimple, Speculation
+from .speculative import DraftModel, FirstOf, MTPDraft, NgramSimple, Speculation
 
 #: ``--spec-type`` names (llama.cpp common/speculative.cpp) cooktop implements.
-SPEC_TYPES = ("none", "draft-simple", "ngram-simple")
+SPEC_TYPES = ("none", "draft-simple", "draft-mtp", "ngram-simple")
 
 #: The order drafters are tried in when several are enabled: llama.cpp's priority
 #: (common/speculative.cpp common_speculative_init: the n-gram types before the draft models).
-PRIORITY = ("ngram-simple", "draft-simple")
+PRIORITY = ("ngram-simple", "draft-simple", "draft-mtp")
 
 
 class DraftLoadError(CooktopError):
@@ -83,7 +83,7 @@ class SpecOptions:
         if self.draft_max < 1 or self.draft_min < 0 or not 0.0 <= self.draft_p_min <= 1.0:
             raise CooktopError(f"--draft-max must be >= 1, --draft-min >= 0 and --draft-p-min in [0, 1]; got "
                                f"{self.draft_max}, {self.draft_min}, {self.draft_p_min}")
-        if "draft-simple" in types and self.draft_min > self.draft_max:
+        if ("draft-simple" in types or "draft-mtp" in types) and self.draft_min > self.draft_max:
             raise CooktopError(f"--draft-min {self.draft_min} is past --draft-max {self.draft_max}: the draft model "
                                "would never draft (drafts shorter than --draft-min are dropped)")
         return types
@@ -101,23 +101,32 @@ class SpecOptions:
         return f"speculative decoding tries {', then '.join(names)}: the first non-empty draft is verified"
 
     def build(self, target: Any, device: str | None, n_gpu_layers: Any) -> tuple[Speculation | None, Any]:
-        """(the speculation to pass to ``generate(draft=...)`` or None, the draft engine to close or None).
+        """(the speculation to pass to ``generate(draft=...)`` or None, what to close after it or None:
+        the draft engine, or the MTP block).
 
         The draft model is loaded with the target's ``n_ctx`` and ``n_batch``, on ``-devd`` (default
         the target's ``device``) with ``-ngld`` layers (default the target's ``n_gpu_layers``).
+        ``draft-mtp`` loads the target file's multi-token-prediction block on the device of the target's
+        head (:class:`~cooktop.model.mtp.MTPModel`).
 
         Raises:
             CooktopError: bad options, a draft model of another vocabulary; what loading raises.
+            NoMTPError: ``draft-mtp`` on a file or architecture without an MTP block.
         """
         types = self.check()
         if not types:
             return None, None
-        draft_engine = None
+        draft_engine: Any = None
+        mtp: Any = None
         drafters: list[Any] = []
         n_max = self.draft_max
         try:
             for t in types:
-                if t == "draft-simple":
+                if t == "draft-mtp":
+                    from ..model.mtp import MTPModel  # noqa: PLC0415 (loaded only when asked for)
+                    mtp = MTPModel(target.model)
+                    drafters.append(MTPDraft(mtp, target.model, self.draft_max, self.draft_p_min))
+                elif t == "draft-simple":
                     ngl = parse_ngl(self.gpu_layers_draft) if self.gpu_layers_draft is not None else n_gpu_layers
                     try:
                         draft_engine = _load(str(self.model_draft), n_ctx=target.n_ctx, n_batch=target.n_batch,
@@ -129,8 +138,22 @@ class SpecOptions:
                     drafters.append(NgramSimple(self.ngram_size_n, self.ngram_size_m))
                     n_max = max(n_max, self.ngram_size_m)  # llama.cpp: ngram-simple drafts up to size_m
             drafter = drafters[0] if len(drafters) == 1 else FirstOf(drafters)
-            return Speculation(drafter, n_max=n_max, n_min=self.draft_min), draft_engine
+            closer = draft_engine if mtp is None else mtp if draft_engine is None else _Both(draft_engine, mtp)
+            return Speculation(drafter, n_max=n_max, n_min=self.draft_min), closer
         except BaseException:
-            if draft_engine is not None:
-                draft_engine.close()
+            for x in (draft_engine, mtp):
+                if x is not None:
+                    x.close()
             raise
+
+
+class _Both:
+    """A draft engine and an MTP block closed together (``--spec-type draft-simple,draft-mtp``)."""
+
+    def __init__(self, *parts: Any):
+        self.parts = parts
+
+    def close(self) -> None:
+        """Close each part."""
+        for p in self.parts:
+            p.close()

@@ -25,6 +25,9 @@ Drafters (any callable ``input_ids int [n] -> int [m]`` works, llama-cpp-python'
 - :class:`NgramSimple`: llama.cpp's ``--spec-type ngram-simple``
   (common/ngram-map.cpp ``common_ngram_simple_draft``): the last ``size_n`` tokens
   searched backwards in the context, the ``size_m`` that followed the latest match.
+- :class:`MTPDraft`: the target's own multi-token-prediction block (llama.cpp ``--spec-type
+  draft-mtp``; Qwen3.5 / Qwen3.6 files with ``nextn_predict_layers`` = 1, :mod:`cooktop.model.mtp`),
+  fed the target's final hidden states and chaining its own.
 - :class:`DraftModel`: a smaller model of the same vocabulary (``-md``); it drafts
   greedily on a sequence of its own (reusing its cached prefix) and stops at a token
   whose draft probability (top-10, temperature 1) is below ``p_min``
@@ -173,6 +176,143 @@ class DraftModel(LlamaDraftModel):
         self.seq.close()
 
 
+class MTPDraft(LlamaDraftModel):
+    """Drafts with the model's own multi-token-prediction block (llama.cpp ``--spec-type draft-mtp``,
+    common/speculative.cpp ``common_speculative_impl_draft_mtp``; the block: :mod:`cooktop.model.mtp`).
+
+    MTP position ``p`` holds the pair ``(h_{p-1}, x_p)``: the target's output-normed hidden state
+    after position ``p - 1`` (zeros for ``p = 0``) and the token at ``p``. Each call first brings the
+    block's own KV cache in step with the target: the positions since the last call that were not
+    paired with the target's states (the prompt, the accepted tokens, the sampled one) are evaluated in
+    one batch, from the target's rows (``cache.hidden``, recorded because this drafter sets the
+    target model's ``record_hidden``); what a rejected draft left there is overwritten, the cache
+    being cut back to the first position whose pair changed. Then it drafts greedily: the last
+    pair's logits give ``d_1``; ``(h_mtp, d_1)`` at the next position, ``h_mtp`` the block's own
+    normed output, gives ``d_2``, and so on, up to ``n_max`` tokens, stopping at a token whose
+    probability (top-10 of the logits, temperature 1) is below ``p_min`` as ``draft-simple`` does.
+
+    Args:
+        mtp: the MTP block (:class:`~cooktop.model.mtp.MTPModel`, owned by the caller).
+        target: the target's placed model (its ``record_hidden`` is set here).
+        n_max: most tokens per draft; p_min: see above.
+    """
+
+    #: :meth:`Speculation.propose` passes the target's sequence (``seq=``): its hidden rows are read
+    wants_sequence = True
+
+    def __init__(self, mtp: Any, target: Any, n_max: int = 16, p_min: float = 0.0):
+        self.mtp, self.target, self.n_max, self.p_min = mtp, target, int(n_max), float(p_min)
+        target.record_hidden = True
+        self.cache = mtp.new_cache()
+        self._exact = 0  # leading MTP positions paired with the target's own hidden states
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
+        """np.intc [<= n_max] drafted after ``input_ids`` int [N + 1] (its last id sampled, not yet
+        evaluated by the target). ``kwargs['seq']``: the target's sequence, holding ``input_ids[:N]``
+        and their hidden rows; without it, or where the rows are missing (the sequence was evaluated
+        before this drafter existed), nothing is drafted."""
+        empty = np.array([], dtype=np.intc)
+        seq = kwargs.get("seq")
+        ids = [int(t) for t in input_ids]
+        n = len(ids) - 1
+        n_max = min(int(kwargs.get("n_max", self.n_max)), self.n_max, self.mtp.n_ctx - n)
+        if seq is None or n_max <= 0 or n < 1 or seq.cache.hidden is None or seq.tokens != ids[:n]:
+            return empty
+        have = self.cache.seq_tokens[0]
+        c = 0
+        for a, b in zip(have[:min(self._exact, n)], ids):
+            if a != b:
+                break
+            c += 1
+        rows = seq.cache.hidden.get(seq.seq_id, max(c - 1, 0), n)
+        if rows is None:
+            return empty
+        if c == 0:
+            rows = np.concatenate([np.zeros((1, rows.shape[1]), dtype=np.float32), rows])
+        toks = ids[c:n + 1]
+        step = self.mtp.n_batch
+        logits = None
+        for i in range(0, len(toks), step):
+            logits = self.mtp.forward_h(toks[i:i + step], rows[i:i + step], c + i, self.cache)
+        self._exact = n + 1
+        out: list[int] = []
+        pos = n
+        while logits is not None:
+            lg = np.asarray(logits[-1], dtype=np.float64)
+            tok = int(np.argmax(lg))
+            top = np.sort(lg)[-10:]
+            if 1.0 / float(np.exp(top - lg[tok]).sum()) < self.p_min:
+                break
+            out.append(tok)
+            if len(out) >= n_max:
+                break
+            h_own = self.cache.hidden.get(0, pos, pos + 1)
+            pos += 1
+            logits = self.mtp.forward_h([tok], h_own, pos, self.cache)
+        return np.array(out, dtype=np.intc)
+
+    def fork(self) -> MTPDraft:
+        """Another drafter on the same block with a KV cache of its own (one per server slot)."""
+        return MTPDraft(self.mtp, self.target, self.n_max, self.p_min)
+
+    def close(self) -> None:
+        """Free this drafter's MTP cache (the block stays the caller's)."""
+        self.cache.close()
+
+
+class LlamaMTPDecoding(MTPDraft):
+    """``Llama(draft_model=LlamaMTPDecoding(num_pred_tokens=3))``: draft with the model file's own
+    multi-token-prediction block (:class:`MTPDraft`; llama.cpp ``--spec-type draft-mtp``). The block
+    is loaded on the model's head device when the ``Llama`` first generates (:meth:`bind`) and freed by
+    ``Llama.close()``.
+
+    Args:
+        num_pred_tokens: most tokens per draft (``--draft-max``); p_min: ``--draft-p-min``.
+    Raises:
+        CooktopError: num_pred_tokens < 1 or p_min outside [0, 1]; (when bound) ``NoMTPError``: the
+            file has no MTP block or its architecture none.
+    """
+
+    def __init__(self, num_pred_tokens: int = 3, p_min: float = 0.0):
+        if num_pred_tokens < 1 or not 0.0 <= p_min <= 1.0:
+            raise CooktopError(f"LlamaMTPDecoding needs num_pred_tokens >= 1 and p_min in [0, 1], got "
+                               f"{num_pred_tokens} and {p_min}")
+        self.n_max, self.p_min = int(num_pred_tokens), float(p_min)
+        self.mtp: Any = None
+        self.target: Any = None
+
+    def bind(self, target: Any) -> None:
+        """Load the MTP block of ``target`` (a placed model) unless already loaded for it.
+
+        Raises:
+            NoMTPError: see :class:`~cooktop.model.mtp.MTPModel`. CooktopError: bound to another model.
+        """
+        if self.mtp is not None:
+            if self.target is not target:
+                raise CooktopError("this LlamaMTPDecoding already drafts for another Llama: give each its own")
+            return
+        from ..model.mtp import MTPModel  # noqa: PLC0415 (the engine does not import the model's MTP block)
+        mtp = MTPModel(target)
+        MTPDraft.__init__(self, mtp, target, self.n_max, self.p_min)
+
+    def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
+        if self.mtp is None:
+            raise CooktopError("LlamaMTPDecoding drafts only as Llama(draft_model=...): it reads the model's "
+                               "MTP block and hidden states")
+        return super().__call__(input_ids, **kwargs)
+
+    def close(self) -> None:
+        """Free the drafter's cache and the MTP block (idempotent)."""
+        if self.mtp is not None:
+            self.cache.close()
+            self.mtp.close()
+
+
+def _takes_kwargs(d: Any) -> bool:
+    """True for the drafters that read :meth:`Speculation.propose`'s keywords (``n_max``, ``seq``)."""
+    return isinstance(d, (DraftModel, FirstOf, MTPDraft))
+
+
 class FirstOf(LlamaDraftModel):
     """Several drafters in order (llama.cpp's ``--spec-type a,b``): the first non-empty draft."""
 
@@ -181,7 +321,7 @@ class FirstOf(LlamaDraftModel):
 
     def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
         for d in self.drafters:
-            out = np.asarray(d(input_ids, **kwargs) if isinstance(d, (DraftModel, FirstOf)) else d(input_ids))
+            out = np.asarray(d(input_ids, **kwargs) if _takes_kwargs(d) else d(input_ids))
             if out.size:
                 return out.astype(np.intc).reshape(-1)
         return np.array([], dtype=np.intc)
@@ -245,9 +385,10 @@ class Speculation:
             raise CooktopError(f"draft sizes must be --draft-max >= 1 and --draft-min >= 0, got "
                                f"{self.n_max} and {self.n_min}")
 
-    def propose(self, history: list[int], room: int, n_vocab: int) -> list[int]:
+    def propose(self, history: list[int], room: int, n_vocab: int, seq: Any = None) -> list[int]:
         """The draft to verify after ``history`` (its last token sampled, not yet evaluated):
-        at most ``min(n_max, room)`` ids; empty when shorter than ``n_min``.
+        at most ``min(n_max, room)`` ids; empty when shorter than ``n_min``. ``seq``: the target's
+        sequence (holding ``history[:-1]``), handed to drafters that read it (:class:`MTPDraft`).
 
         Raises:
             CooktopError: the drafter returned something that is not a list of token ids below ``n_vocab``.
@@ -257,7 +398,7 @@ class Speculation:
             return []
         ids = np.asarray(history, dtype=np.intc)
         try:
-            got = self.drafter(ids, n_max=k) if isinstance(self.drafter, (DraftModel, FirstOf)) else self.drafter(ids)
+            got = self.drafter(ids, n_max=k, seq=seq) if _takes_kwargs(self.drafter) else self.drafter(ids)
             out = np.asarray(got).reshape(-1)
             draft = [int(t) for t in out[:k]]
         except (TypeError, ValueError) as e:

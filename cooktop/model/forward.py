@@ -61,7 +61,7 @@ from ..format.quants import dequantize, row_bytes
 from .arch import Architecture, architecture
 from .arch.base import HEAD, KV, MATRIX, Weights
 from .config import ModelConfig
-from .placed import CacheTokens, PlacedModel, Rows
+from .placed import CacheTokens, HiddenRows, PlacedModel, Rows
 from .recurrent import RecurrentState
 
 #: Segment serials (graph keys name the segment by it: never reused, unlike id()).
@@ -210,7 +210,8 @@ class Segment:
             d.tensors = [t for t in d.tensors if t.device is not None]
 
     def run(self, x_host: np.ndarray, rows: Rows, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
-            embeddings: bool = False, states: list[tuple[DeviceTensor, ...] | None] | None = None) -> np.ndarray:
+            embeddings: bool = False, states: list[tuple[DeviceTensor, ...] | None] | None = None,
+            hidden: bool = False) -> np.ndarray:
         """Run this segment on ``n`` rows (tokens of one or several sequences).
 
         Args:
@@ -222,6 +223,10 @@ class Segment:
                 row instead of logits (llama.cpp's ``result_norm``, what its embeddings pool).
             states: the recurrent state tensors of each block of this segment (``model/recurrent.py``:
                 each f32 [n_seq, width]; None for an attention block); None: no recurrent block.
+            hidden: head only: also keep the output-normed hidden states of every row in
+                :attr:`hidden_out` (float32 [n, n_embd]; llama.cpp's ``h_nextn``, what a
+                multi-token-prediction draft reads); one more norm of the rows when only some rows' logits
+                are asked for.
         Returns:
             float32 [n, n_embd] activations after the last block, or, with the
             head, logits float32 [m, n_vocab] of the output rows (``embeddings``: float32 [n, n_embd]).
@@ -237,10 +242,11 @@ class Segment:
         without running the ops' Python path; the result is read back after the scope.
         """
         with self.device.lock:  # another model on this device (a draft) runs its passes in between
-            return self._run(x_host, rows, k_cache, v_cache, embeddings, states)
+            return self._run(x_host, rows, k_cache, v_cache, embeddings, states, hidden and self.head)
 
     def _run(self, x_host: np.ndarray, rows: Rows, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
-             embeddings: bool, states: list[tuple[DeviceTensor, ...] | None] | None) -> np.ndarray:
+             embeddings: bool, states: list[tuple[DeviceTensor, ...] | None] | None,
+             hidden: bool = False) -> np.ndarray:
         """Body of :meth:`run` (the device's lock held)."""
         n = x_host.shape[0]
         head = self.head
@@ -274,12 +280,15 @@ class Segment:
         mode = "x" if not head else "embd" if embeddings else "rows" if m else "all"
         key = (self._serial, n, mode, m, rows.n_ctx, rows.cells is not None, start is not None,
                self.ids.serial if m else 0, tuple(t.serial for t in k_cache), tuple(t.serial for t in v_cache),
-               tuple(() if b is None else tuple(t.serial for t in b) for b in states or ()))
+               tuple(() if b is None else tuple(t.serial for t in b) for b in states or ()), hidden)
         with d.graph(key) as issue:
             if issue:
-                out = self._ops(s, n, m, pos, cells, start, rows.n_ctx, k_cache, v_cache, embeddings, states, slots)
+                out = self._ops(s, n, m, pos, cells, start, rows.n_ctx, k_cache, v_cache, embeddings, states, slots,
+                                hidden)
             else:
                 out = self._result(s, n, m, embeddings)
+        #: the output-normed rows of the last run with ``hidden`` (float32 [n, n_embd]), else None
+        self.hidden_out = d.read(s.xn) if hidden else None
         return d.read(out)
 
     def _result(self, s: SimpleNamespace, n: int, m: int, embeddings: bool) -> DeviceTensor:
@@ -293,7 +302,7 @@ class Segment:
     def _ops(self, s: SimpleNamespace, n: int, m: int, pos: DeviceTensor, cells: DeviceTensor,
              start: DeviceTensor | None, n_ctx: int, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
              embeddings: bool, states: list[tuple[DeviceTensor, ...] | None] | None = None,
-             slots: DeviceTensor | None = None) -> DeviceTensor:
+             slots: DeviceTensor | None = None, hidden: bool = False) -> DeviceTensor:
         """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`."""
         d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
@@ -307,6 +316,8 @@ class Segment:
         if embeddings:
             arch.head(d, cfg, self.head_weights, s.x, s.xn)
         elif m:  # the output rows only
+            if hidden:  # every row normed too (Segment.run's hidden)
+                arch.final_norm(d, cfg, self.head_weights, s.xn, s.x)
             arch.head(d, cfg, self.head_weights, s.x, self.xl.head(m), out, self.ids.head(m))
         else:
             arch.head(d, cfg, self.head_weights, s.x, s.xn, out)
@@ -455,6 +466,9 @@ class Model(PlacedModel[KVCache]):
         self.kv = kv if kv is not None else KVConfig()
         self.flash_attn = self.kv.resolve(cfg.head_dim)
         self.segments: list[Segment] = []
+        #: keep the output-normed hidden states of every evaluated row in each cache's ``hidden``
+        #: (:class:`~cooktop.model.placed.HiddenRows`): set by a multi-token-prediction drafter
+        self.record_hidden = False
         try:
             for device, blocks, head, *parts in segments:
                 self.segments.append(Segment(device, blocks, head, gf, cfg, n_batch, logits_all, self.arch,
@@ -472,9 +486,24 @@ class Model(PlacedModel[KVCache]):
         time (the lock: the segments' scratch buffers are shared by every caller)."""
         with self._lock:
             self._check_open()
+            hidden = self.record_hidden
             for seg, k, v, st in zip(self.segments, cache.k, cache.v, cache.states()):
-                x = seg.run(x, rows, k, v, embeddings, st)
+                x = seg.run(x, rows, k, v, embeddings, st, hidden)
+            if hidden:
+                self._record_hidden(cache, rows, self.segments[-1].hidden_out)
         return x
+
+    def _record_hidden(self, cache: KVCache, rows: Rows, h: np.ndarray | None) -> None:
+        """Keep the pass's normed rows ``h`` float32 [n, n_embd] in ``cache.hidden`` by sequence and position
+        (each sequence's rows of a pass are consecutive positions)."""
+        if h is None:
+            return
+        if cache.hidden is None:
+            cache.hidden = HiddenRows(cache.n_seq, self.cfg.n_embd)
+        seqs = rows.seqs if rows.seqs is not None else np.zeros(len(rows.pos), dtype=np.int32)
+        for sid in np.unique(seqs):
+            idx = np.flatnonzero(seqs == sid)
+            cache.hidden.record(int(sid), int(rows.pos[idx[0]]), h[idx])
 
     @property
     def graph_uses_before_replay(self) -> int:

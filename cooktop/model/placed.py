@@ -54,6 +54,52 @@ class Rows:
     seqs: np.ndarray | None = None
 
 
+class HiddenRows:
+    """The output-normed final hidden states of the rows a model evaluated into a cache, per sequence:
+    what a multi-token-prediction draft reads (llama.cpp's ``h_nextn``, ``llama_get_embeddings_nextn``;
+    src/models/qwen35.cpp). Kept only when the model records them (``Model.record_hidden``).
+
+    Row ``p`` of sequence ``s`` is float32 [n_embd], the state after position ``p``; :attr:`valid`
+    [s] counts the leading positions whose rows belong to the tokens the sequence holds now (a
+    truncation lowers it, an evaluation from there raises it again).
+    """
+
+    def __init__(self, n_seq: int, n_embd: int):
+        self.n_embd = n_embd
+        self.rows = [np.zeros((0, n_embd), dtype=np.float32) for _ in range(n_seq)]
+        self.valid = [0] * n_seq
+
+    def record(self, seq_id: int, pos: int, rows: np.ndarray) -> None:
+        """Keep ``rows`` float32 [k, n_embd] as positions ``pos .. pos + k - 1`` of ``seq_id``."""
+        end = pos + len(rows)
+        have = self.rows[seq_id]
+        if have.shape[0] < end:
+            grown = np.zeros((max(end, 2 * have.shape[0], 64), self.n_embd), dtype=np.float32)
+            grown[:have.shape[0]] = have
+            self.rows[seq_id] = have = grown
+        have[pos:end] = rows
+        if pos <= self.valid[seq_id]:
+            self.valid[seq_id] = max(self.valid[seq_id], end)
+
+    def truncate(self, seq_id: int, n: int) -> None:
+        """Positions from ``n`` on no longer hold ``seq_id``'s rows."""
+        self.valid[seq_id] = min(self.valid[seq_id], max(n, 0))
+
+    def copy(self, src_seq: int, dst_seq: int, n: int) -> None:
+        """The first ``n`` rows of ``src_seq`` (as far as valid) become ``dst_seq``'s."""
+        k = min(n, self.valid[src_seq])
+        self.valid[dst_seq] = 0
+        if k:
+            self.record(dst_seq, 0, self.rows[src_seq][:k])
+
+    def get(self, seq_id: int, start: int, end: int) -> np.ndarray | None:
+        """float32 [end - start, n_embd], the rows of positions ``start .. end - 1``; None when some
+        of them are not :attr:`valid`."""
+        if end > self.valid[seq_id] or start < 0:
+            return None
+        return self.rows[seq_id][start:end]
+
+
 class CacheTokens:
     """What every KV cache of ``n_seq`` sequences keeps beside its K/V: the token ids each
     sequence holds, truncation and closing (``model.forward.KVCache``, the cluster's ``RemoteCache``).
@@ -68,6 +114,8 @@ class CacheTokens:
     n_ctx: int
     _model_key: object
     _closed: bool
+    #: the final hidden states of the evaluated rows (:class:`HiddenRows`), when the model records them
+    hidden: HiddenRows | None = None
 
     @property
     def tokens(self) -> list[int]:
@@ -87,6 +135,8 @@ class CacheTokens:
     def truncate(self, n: int, seq_id: int = 0) -> None:
         """Keep positions ``0 .. n - 1`` of sequence ``seq_id`` (later cells are overwritten by the next forward)."""
         del self.seq_tokens[seq_id][max(n, 0):]
+        if self.hidden is not None:
+            self.hidden.truncate(seq_id, n)
 
     def reusable_prefix(self, n: int, seq_id: int = 0) -> int:
         """The longest prefix ``p <= n`` of sequence ``seq_id`` that :meth:`truncate` can keep: ``n``
@@ -300,6 +350,8 @@ class PlacedModel(Generic[C]):
             cache.truncate(0, dst_seq)
             return False
         cache.seq_tokens[dst_seq].extend(cache.seq_tokens[src_seq][:n])
+        if cache.hidden is not None:
+            cache.hidden.copy(src_seq, dst_seq, n)
         return True
 
     def _copy_cells(self, cache: C, src: int, dst: int, n: int) -> bool:

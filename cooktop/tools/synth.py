@@ -117,6 +117,10 @@ class Shape:
     #: of alternative tensor layouts (``TensorSpec.layout``: qwen3next's ``ssm_in`` or ``attn_qkv``), the
     #: one written; "": the first the architecture declares
     layout: str = ""
+    #: qwen35 / qwen35moe: multi-token-prediction blocks after the trunk (``nextn_predict_layers``; 0 or 1):
+    #: block ``n_layer`` is then a gated-attention block with the ``nextn.*`` tensors (``model/mtp.py``),
+    #: ``block_count`` = n_layer + n_nextn
+    n_nextn: int = 0
 
     def recurrent_layers(self) -> tuple[bool, ...]:
         """Per block, True when it is recurrent (a hybrid: not in :attr:`attn_layers`, or with
@@ -290,9 +294,28 @@ def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | 
         layer = int(name.split(".")[1]) if spec.per_block else None
         ty = tensor_type(file_type, spec.key, layer, s.n_layer) if spec.kind == MATRIX else None
         plan.append((name, spec.shape(cfg), ty, spec.kind))
+    if s.n_nextn:
+        plan += _mtp_plan(cfg, file_type, arch or s.arch)
     if overrides:
         plan = [(n, shp, T(overrides[n]) if n in overrides else ty, k) for n, shp, ty, k in plan]
     return plan
+
+
+def _mtp_plan(cfg: ModelConfig, file_type: str, arch: str) -> list[tuple[str, tuple[int, ...], T | None, str]]:
+    """The MTP block's tensors (block ``cfg.n_layer``; llama.cpp ``load_arch_tensors`` of qwen35 for the
+    nextn layer): its attention block and feed-forward, ``nextn.enorm`` / ``hnorm`` and ``nextn.eh_proj``
+    [n_embd, 2 n_embd] (the shared head is the trunk's: no ``shared_head_*`` written)."""
+    from ..model.mtp import EH_PROJ, mtp_architecture, mtp_config  # noqa: PLC0415 (model imports tools)
+
+    mcfg, il = mtp_config(cfg), cfg.n_layer
+    out: list[tuple[str, tuple[int, ...], T | None, str]] = []
+    for spec in mtp_architecture(architecture(arch)).tensors:
+        if spec.per_block and spec.in_block(mcfg, il):
+            ty = tensor_type(file_type, spec.key, il, mcfg.n_layer) if spec.kind == MATRIX else None
+            out.append((spec.gguf_name(il), spec.shape(mcfg), ty, spec.kind))
+    out.append((f"blk.{il}.{EH_PROJ}.weight", (cfg.n_embd, 2 * cfg.n_embd),
+                tensor_type(file_type, "eh_proj", il, mcfg.n_layer), MATRIX))
+    return out
 
 
 def llama3_rope_freqs(n_rot: int, freq_base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
@@ -343,6 +366,9 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
     if moe_arch and not 0 < s.n_expert_used <= s.n_expert:
         raise CooktopError(f"synthetic shape: {arch} needs 0 < n_expert_used ({s.n_expert_used}) <= "
                            f"n_expert ({s.n_expert})")
+    if s.n_nextn and (arch not in ("qwen35", "qwen35moe") or s.n_nextn != 1):
+        raise CooktopError(f"synthetic shape: n_nextn = {s.n_nextn}: a multi-token-prediction block is written "
+                           "for qwen35 / qwen35moe only, and one at most")
     if arch in ("qwen35", "qwen35moe") and not (s.ssm_d_state > 0 and s.ssm_n_group > 0 and s.ssm_dt_rank > 0
                                  and s.ssm_dt_rank % s.ssm_n_group == 0 and s.full_attention_interval > 0
                                  and len(s.rope_sections) == 4):
@@ -492,7 +518,9 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
     w.add_name(name)
     w.add_context_length(s.n_ctx_train)
     w.add_embedding_length(s.n_embd)
-    w.add_block_count(s.n_layer)
+    w.add_block_count(s.n_layer + s.n_nextn)
+    if s.n_nextn:
+        w.add_uint32(f"{arch}.nextn_predict_layers", s.n_nextn)
     attention_free = arch == "mamba2"  # conversion/mamba.py writes 0 heads and no feed-forward
     w.add_feed_forward_length(0 if attention_free else s.n_ff)
     w.add_head_count(0 if attention_free else s.n_head)

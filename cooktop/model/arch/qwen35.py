@@ -42,9 +42,9 @@ the released models' sections (11, 11, 10, 0 of 32 pairs) put none there, so the
 ``rope.dimension_count`` dims, as :func:`hparams` checks (a file that puts text dimensions in the
 fourth section is refused).
 
-Not implemented: the multi-token-prediction block some files carry after the trunk
-(``nextn_predict_layers``; loaded by llama.cpp as a speculative draft): its tensors are skipped
-(``ModelConfig.n_layer_nextn``) and the trunk runs as llama.cpp's main pass does.
+The multi-token-prediction block some files carry after the trunk (``nextn_predict_layers``) is not
+part of the trunk: its tensors are skipped here (``ModelConfig.n_layer_nextn``) and the trunk runs as
+llama.cpp's main pass does; ``--spec-type draft-mtp`` runs it as a draft (``model/mtp.py``).
 """
 
 from __future__ import annotations
