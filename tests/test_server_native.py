@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from serverutil import RunningServer
 
@@ -224,5 +225,43 @@ def test_slot_save_erase_restore(stories, tmp_path, server_deps):
                 r = c.post("/slots/0?action=save", json={"filename": name})
                 assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid filename"
             assert not (tmp_path / "x").exists()
+    finally:
+        s.stop()
+
+
+def test_native_embedding(http):
+    want = http.post("/v1/embeddings", json={"input": "a cat"}).json()["data"][0]["embedding"]
+    r = http.post("/embedding", json={"content": "a cat"})
+    assert r.status_code == 200, r.text
+    (res,) = r.json()
+    assert res["index"] == 0 and len(res["embedding"]) == 1
+    assert np.allclose(res["embedding"][0], want, atol=1e-6)
+    raw = np.array(http.post("/embeddings", json={"input": "a cat", "embd_normalize": -1}).json()[0]["embedding"][0])
+    assert np.allclose(raw / np.linalg.norm(raw), want, atol=1e-6) and not np.isclose(np.linalg.norm(raw), 1.0)
+    taxi = np.array(http.post("/embedding", json={"content": "a cat", "embd_normalize": 1}).json()[0]["embedding"][0])
+    assert abs(np.abs(taxi).sum() - 1.0) < 1e-5
+    maxabs = np.array(http.post("/embedding", json={"content": "a cat", "embd_normalize": 0}).json()[0]["embedding"][0])
+    assert abs(np.abs(maxabs).max() - 32760.0) < 0.1
+    two = http.post("/embedding", json={"content": ["a cat", "a dog sat"]}).json()
+    assert [t["index"] for t in two] == [0, 1] and np.allclose(two[0]["embedding"][0], want, atol=1e-6)
+    for body in ({}, {"content": []}, {"content": {"a": 1}}, {"content": "a cat", "embd_normalize": "x"}):
+        assert http.post("/embedding", json=body).status_code == 400
+
+
+def test_native_embedding_per_token_with_pooling_none(stories, server_deps, http):
+    import httpx
+
+    from cooktop.server.app import ServerConfig
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=128, device="cpu", pooling_type=0)))
+    try:
+        with httpx.Client(base_url=s.base, timeout=120) as c:
+            ids = c.post("/tokenize", json={"content": "a cat sat", "add_special": True}).json()["tokens"]
+            (res,) = c.post("/embedding", json={"content": "a cat sat"}).json()
+            assert len(res["embedding"]) == len(ids) and all(len(v) == 64 for v in res["embedding"])
+            # the rows mean pooling averages (the module's server pools by mean), not normalised
+            pooled = http.post("/embedding", json={"content": "a cat sat", "embd_normalize": -1}).json()
+            assert np.allclose(np.mean(np.array(res["embedding"]), axis=0), pooled[0]["embedding"][0], atol=1e-5)
+            r = c.post("/v1/embeddings", json={"input": "a cat"})
+            assert r.status_code == 400 and "not OAI compatible" in r.json()["error"]["message"]
     finally:
         s.stop()

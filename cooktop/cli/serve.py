@@ -57,6 +57,9 @@ from .spec_options import speculative_options
 @click.option("--no-webui", "--no-ui", "no_webui", is_flag=True, help="Do not serve the web chat page at /.")
 @click.option("--rerank", "--reranking", "rerank", is_flag=True,
               help="Pooling rank for /v1/rerank (a reranker GGUF with a classification head).")
+@click.option("--pooling", "pooling", default=None, type=click.Choice(["none", "mean", "cls", "last", "rank"]),
+              help="Pooling of /embedding(s) and /v1/embeddings (default: the model's; none: a vector per token, "
+                   "native endpoints only).")
 @click.option("--embedding", "--embeddings", "embeddings", is_flag=True,
               help="(Accepted: /v1/embeddings is always on in cooktop.)")
 @click.option("--slots/--no-slots", "endpoint_slots", default=True, show_default=True,
@@ -73,8 +76,8 @@ from .spec_options import speculative_options
               help="With --ray: replicas of the model behind Ray Serve (default 1), requests balanced across them.")
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
-              embeddings, endpoint_slots, metrics, slot_save_path, threads, threads_batch, device, n_gpu_layers, split,
-              ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
+              pooling, embeddings, endpoint_slots, metrics, slot_save_path, threads, threads_batch, device,
+              n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
@@ -127,6 +130,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
                   **moe_kwargs(tensors), **kv_kwargs(kv))
     if n_parallel > 1:  # the slots share one cache: -ngl auto and the memory check count every slot's K/V
         kwargs["n_seq_max"] = n_parallel
+    if pooling is not None:  # llama.cpp's LLAMA_POOLING_TYPE_* ids
+        kwargs["pooling_type"] = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}[pooling]
     if rerank:
         kwargs["pooling_type"] = 4  # llama.cpp LLAMA_POOLING_TYPE_RANK
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,

@@ -4,7 +4,8 @@ Endpoints: ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``, ``/tokenize``, ``/detokenize``, ``/apply-template``;
 ``GET /v1/models``, ``/health`` (503 while the model loads), ``/metrics``
 (Prometheus text), ``/props``, ``/slots`` (llama-server's slot monitor; ``--no-slots``: 501);
-and in their own modules llama-server's native ``POST /completion`` (:mod:`.native`), the
+and in their own modules llama-server's native ``POST /completion``, ``/infill``, ``/embedding``
+and ``/embeddings`` (:mod:`.native`), the
 Responses API (:mod:`.responses_api`), Anthropic's ``/v1/messages`` (:mod:`.anthropic`),
 ``/v1/rerank`` (:mod:`.rerank`) and the web chat page at ``/`` (:mod:`.webui`).
 Any ``model`` name is accepted (one model is served) and echoed back. Generations run on the :class:`Scheduler`'s
@@ -425,11 +426,13 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         return await run(request, "completions", make, "text_completion", body, assemble_completion)
 
     @app.post("/v1/embeddings")
-    @app.post("/embeddings")
     @endpoint
     async def embeddings(request: Request):
         body = await body_of(request)
         model = check_model(body)
+        if state.ready.llm.pooling() == "none":  # llama-server's refusal: OpenAI's shape has one vector per input
+            raise P.HTTPError(400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type "
+                                   "(or the native /embedding, which returns a vector per token)")
         if "input" not in body and "content" in body:  # llama-server's own field
             body["input"] = body["content"]
         inp = body.get("input")

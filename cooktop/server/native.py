@@ -1,4 +1,5 @@
-"""llama-server's native completion endpoints: ``POST /completion`` and ``POST /infill``.
+"""llama-server's native endpoints: ``POST /completion``, ``POST /infill``, ``POST /embedding`` (and
+``/embeddings``, native there too; OpenAI's is ``/v1/embeddings``).
 
 The request and response fields are llama-server's (tools/server/README.md "POST /completion";
 tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicompat`` and
@@ -30,6 +31,12 @@ repo-level pattern where the vocabulary has ``<|repo_name|>`` / ``<|file_sep|>``
 (text continuing the prefix), laid out as tools/server/server-common.cpp ``format_prompt_infill``
 does (the prefix's last 3/4 of a batch, the suffix's first quarter, the extra chunks in what is
 left of the context; ``spm_infill``: suffix first); the answer is ``/completion``'s.
+
+``/embedding``: ``content`` (or ``input``) as ``/completion``'s prompt forms, ``embd_normalize``
+(-1 none, 0 max-abs to the int16 range, 1 taxicab, 2 Euclidean (default), p > 2 the p-norm:
+common/common.cpp ``common_embd_normalize``); a JSON array of ``{"index", "embedding"}``, the
+embedding a list of one pooled vector, or with ``--pooling none`` one vector per token, not
+normalised (tools/server/server-task.cpp ``server_task_result_embd::to_json_non_oaicompat``).
 """
 
 from __future__ import annotations
@@ -276,9 +283,69 @@ def infill_tokens(llm: Any, body: dict[str, Any], n_predict: int) -> list[int]:
     return [*extra_ids[len(extra_ids) - n_extra:], *bos, *first, *last, mid]
 
 
+def embd_normalize(v: np.ndarray, mode: int) -> np.ndarray:
+    """``v`` (float [n_embd]) scaled as llama.cpp's ``common_embd_normalize`` (common/common.cpp):
+    ``mode`` -1 none, 0 max |v| to 32760 (the int16 range), 1 sum |v|, 2 Euclidean, p > 2 p-norm;
+    a zero vector stays zero."""
+    x = np.asarray(v, dtype=np.float64)
+    if mode < 0:
+        return np.asarray(v, dtype=np.float32)
+    if mode == 0:
+        total = float(np.abs(x).max(initial=0.0)) / 32760.0
+    elif mode == 1:
+        total = float(np.abs(x).sum())
+    elif mode == 2:
+        total = float(np.sqrt((x * x).sum()))
+    else:
+        total = float((np.abs(x) ** mode).sum() ** (1.0 / mode))
+    norm = np.float32(1.0 / total) if total > 0.0 else np.float32(0.0)
+    return np.asarray(v, dtype=np.float32) * norm
+
+
+def native_embeddings(llm: Any, prompts: list[Any], mode: int) -> list[dict[str, Any]]:
+    """The ``/embedding`` results of ``prompts`` (module doc): run on the scheduler's worker.
+
+    Raises:
+        HTTPError: 400 for an empty input; ContextOverflowError: an input longer than the context.
+    """
+    pooled = llm.pooling() != "none"
+    out = []
+    for i, prompt in enumerate(prompts):
+        p = native_prompt(llm, prompt)
+        ids = llm.tokenize(p, add_bos=True, special=True) if isinstance(p, str) else p
+        if not ids:
+            raise P.HTTPError(400, "Input content cannot be empty")
+        raw = llm.embed(ids, normalize=False, truncate=False)
+        vectors = [embd_normalize(np.asarray(raw), mode).tolist()] if pooled else raw
+        out.append({"index": i, "embedding": vectors, "tokens_evaluated": len(ids)})
+    return out
+
+
 def register(app: Any, ctx: Any) -> None:
-    """Add ``POST /completion`` and ``POST /infill`` to ``app`` (``ctx``: the app's
-    :class:`~cooktop.server.bridge.Bridge`)."""
+    """Add ``POST /completion``, ``/infill``, ``/embedding`` and ``/embeddings`` to ``app`` (``ctx``:
+    the app's :class:`~cooktop.server.bridge.Bridge`)."""
+
+    @app.post("/embedding")
+    @app.post("/embeddings")
+    async def embedding(request: Request):
+        try:
+            body = await ctx.body_of(request)
+            if "input" in body:
+                prompt = body["input"]
+            elif "content" in body:
+                prompt = body["content"]
+            else:
+                raise P.bad("content", '"input" or "content" must be provided')
+            if isinstance(prompt, list) and not prompt:
+                raise P.bad("content", '"input" must not be empty')
+            prompts = split_prompts({"prompt": prompt})
+            mode = P.field(body, "embd_normalize", int, 2, minimum=-1)
+            results = await ctx.run(lambda llm: native_embeddings(llm, prompts, mode))
+        except Exception as e:  # noqa: BLE001 - the error shape llama-server answers
+            return ctx.openai_error(e)
+        ctx.state.ready.metrics.requests_total["embeddings"] += 1
+        ctx.state.ready.metrics.prompt_tokens_total += sum(r.pop("tokens_evaluated") for r in results)
+        return JSONResponse(results)
 
     @app.post("/completion")
     async def completion(request: Request):
