@@ -265,3 +265,9 @@ def test_native_embedding_per_token_with_pooling_none(stories, server_deps, http
             assert r.status_code == 400 and "not OAI compatible" in r.json()["error"]["message"]
     finally:
         s.stop()
+
+
+def test_completions_without_v1_is_native(http):
+    """llama-server routes /completions to its native handler (OpenAI's is /v1/completions)."""
+    r = http.post("/completions", json={"prompt": PROMPT, "n_predict": 3, "temperature": 0}).json()
+    assert r["stop"] is True and r["content"] == native(http, prompt=PROMPT, n_predict=3)["content"]

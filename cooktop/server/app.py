@@ -4,8 +4,8 @@ Endpoints: ``POST /v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``, ``/tokenize``, ``/detokenize``, ``/apply-template``;
 ``GET /v1/models``, ``/health`` (503 while the model loads), ``/metrics``
 (Prometheus text), ``/props``, ``/slots`` (llama-server's slot monitor; ``--no-slots``: 501);
-and in their own modules llama-server's native ``POST /completion``, ``/infill``, ``/embedding``
-and ``/embeddings`` (:mod:`.native`), the
+and in their own modules llama-server's native ``POST /completion`` = ``/completions``, ``/infill``,
+``/embedding`` = ``/embeddings`` (:mod:`.native`; native there too), the
 Responses API (:mod:`.responses_api`), Anthropic's ``/v1/messages`` (:mod:`.anthropic`),
 ``/v1/rerank`` (:mod:`.rerank`) and the web chat page at ``/`` (:mod:`.webui`).
 Any ``model`` name is accepted (one model is served) and echoed back. Generations run on the :class:`Scheduler`'s
@@ -412,7 +412,6 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         return await run(request, "chat", make, "chat.completion.chunk", body, assemble_chat)
 
     @app.post("/v1/completions")
-    @app.post("/completions")
     @endpoint
     async def completions(request: Request):
         body = await body_of(request)

@@ -1,5 +1,6 @@
-"""llama-server's native endpoints: ``POST /completion``, ``POST /infill``, ``POST /embedding`` (and
-``/embeddings``, native there too; OpenAI's is ``/v1/embeddings``).
+"""llama-server's native endpoints: ``POST /completion`` (and ``/completions``), ``POST /infill``,
+``POST /embedding`` (and ``/embeddings``); native there too: OpenAI's are ``/v1/completions`` and
+``/v1/embeddings``.
 
 The request and response fields are llama-server's (tools/server/README.md "POST /completion";
 tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicompat`` and
@@ -348,6 +349,7 @@ def register(app: Any, ctx: Any) -> None:
         return JSONResponse(results)
 
     @app.post("/completion")
+    @app.post("/completions")  # llama-server's native handler too (OpenAI's is /v1/completions)
     async def completion(request: Request):
         return await _serve(ctx, request, infill=False)
 
