@@ -193,9 +193,10 @@ def test_slot_save_erase_restore(stories, tmp_path, server_deps):
     saved = tmp_path / "slots"
     saved.mkdir()
     s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=2,
-                                   slot_save_path=str(saved)))
+                                   slot_save_path=str(saved), endpoint_props=True))
     try:
         with httpx.Client(base_url=s.base, timeout=120) as c:
+            assert c.post("/props", json={}).json() == {"success": True}  # --props
             first = native(c, prompt=PROMPT, n_predict=8, id_slot=1)
             convo = PROMPT + first["content"]
             want = native(c, prompt=convo, n_predict=8, id_slot=0, cache_prompt=False)["content"]
@@ -271,3 +272,8 @@ def test_completions_without_v1_is_native(http):
     """llama-server routes /completions to its native handler (OpenAI's is /v1/completions)."""
     r = http.post("/completions", json={"prompt": PROMPT, "n_predict": 3, "temperature": 0}).json()
     assert r["stop"] is True and r["content"] == native(http, prompt=PROMPT, n_predict=3)["content"]
+
+
+def test_post_props_needs_the_flag(http):
+    r = http.post("/props", json={})
+    assert r.status_code == 501 and "--props" in r.json()["error"]["message"]

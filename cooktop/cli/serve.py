@@ -64,6 +64,8 @@ from .spec_options import speculative_options
               help="(Accepted: /v1/embeddings is always on in cooktop.)")
 @click.option("--slots/--no-slots", "endpoint_slots", default=True, show_default=True,
               envvar="LLAMA_ARG_ENDPOINT_SLOTS", help="Serve GET /slots (each slot's state), as llama-server.")
+@click.option("--props", "endpoint_props", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_PROPS",
+              help="Allow POST /props (llama-server's; off: 501).")
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
 @click.option("--slot-save-path", "slot_save_path", default=None, metavar="PATH",
               help="Folder of the slot files POST /slots/ID?action=save|restore write and read (llama-server's).")
@@ -76,8 +78,8 @@ from .spec_options import speculative_options
               help="With --ray: replicas of the model behind Ray Serve (default 1), requests balanced across them.")
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
-              pooling, embeddings, endpoint_slots, metrics, slot_save_path, threads, threads_batch, device,
-              n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
+              pooling, embeddings, endpoint_slots, endpoint_props, metrics, slot_save_path, threads, threads_batch,
+              device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
@@ -137,7 +139,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
                           api_key=api_key, reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
                           webui=not no_webui, defaults=defaults, endpoint_slots=endpoint_slots,
-                          slot_save_path=slot_save_path,
+                          slot_save_path=slot_save_path, endpoint_props=endpoint_props,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if ray_address:

@@ -81,6 +81,7 @@ class ServerConfig:
         speculative: a :class:`~cooktop.engine.spec_config.SpecOptions` (``-md``, ``--spec-type``)
             or None: every slot decodes speculatively with its own drafter.
         endpoint_slots: serve ``GET /slots`` (llama-server's ``--slots``, default on; ``--no-slots``: 501).
+        endpoint_props: allow ``POST /props`` (``--props``; off: 501, as llama-server).
         slot_save_path: the folder of ``POST /slots/ID?action=save|restore``'s files
             (``--slot-save-path``; None: those actions answer 501, as llama-server).
     """
@@ -98,6 +99,7 @@ class ServerConfig:
     speculative: Any = None
     endpoint_slots: bool = True
     slot_save_path: str | None = None
+    endpoint_props: bool = False
 
     @property
     def model_id(self) -> str:
@@ -497,6 +499,17 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
                 "build_info": f"cooktop {__version__}", "webui": config.webui,
                 "reasoning_format": config.reasoning_format, "n_vocab": llm.n_vocab(),
                 "n_ctx_train": llm._engine.cfg.n_ctx_train, "size": os.path.getsize(config.model_path)}
+
+    @app.post("/props")
+    @endpoint
+    async def set_props(request: Request):
+        """llama-server's ``POST /props``: 501 without ``--props``; with it, ``{"success": true}`` (llama-server
+        changes no property there either: tools/server/server-context.cpp ``post_props``)."""
+        if not config.endpoint_props:
+            raise P.HTTPError(501, "This server does not support changing global properties. Start it with `--props`",
+                              "not_supported_error")
+        await body_of(request)
+        return {"success": True}
 
     @app.post("/tokenize")
     @endpoint
