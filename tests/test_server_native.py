@@ -277,3 +277,31 @@ def test_completions_without_v1_is_native(http):
 def test_post_props_needs_the_flag(http):
     r = http.post("/props", json={})
     assert r.status_code == 501 and "--props" in r.json()["error"]["message"]
+
+
+def test_metrics_count_the_answers_timings(http):
+    """llama-server's /metrics counters move by what each answer's timings say: prompt tokens
+    evaluated, those read from the cache, tokens predicted, the longest sequence."""
+    def metrics():
+        out = {}
+        for line in http.get("/metrics").text.splitlines():
+            if line.startswith("llamacpp:"):
+                name, value = line.split()
+                out[name[len("llamacpp:"):]] = float(value)
+        return out
+
+    before = metrics()
+    for name in ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
+                 "tokens_predicted_seconds_total", "n_tokens_max", "spec_decode_num_draft_tokens_total",
+                 "spec_decode_num_accepted_tokens_total", "prompt_tokens_seconds", "predicted_tokens_seconds",
+                 "requests_processing", "requests_deferred"):
+        assert name in before, name
+    a = native(http, prompt=PROMPT + " a cat", n_predict=5)["timings"]
+    b = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                                "temperature": 0}).json()["timings"]
+    after = metrics()
+    for key, field in (("prompt_tokens_total", "prompt_n"), ("prompt_tokens_cached_total", "cache_n"),
+                       ("tokens_predicted_total", "predicted_n")):
+        assert after[key] - before[key] == a[field] + b[field], key
+    assert after["n_tokens_max"] >= a["cache_n"] + a["prompt_n"] + a["predicted_n"]
+    assert after["tokens_predicted_seconds_total"] > before["tokens_predicted_seconds_total"]

@@ -326,12 +326,6 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
                 raise payload
         return items
 
-    def record_usage(chunk: dict[str, Any]) -> None:
-        usage = chunk.get("usage")
-        if usage:
-            state.ready.metrics.prompt_tokens_total += usage["prompt_tokens"]
-            state.ready.metrics.tokens_predicted_total += usage["completion_tokens"]
-
     def stream(job: Job, first: tuple[str, Any], include_usage: bool, obj: str) -> StreamingResponse:
         cid = f"{'chatcmpl' if obj.startswith('chat') else 'cmpl'}-{uuid.uuid4()}"
 
@@ -345,7 +339,6 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
                     if include_usage and "timings" in chunk:  # they go on the last chunk sent
                         timings = chunk.pop("timings")
                     if usage:
-                        record_usage({"usage": usage})
                         total = add_usage(total, usage)
                     chunk["id"] = cid
                     yield _sse(chunk)
@@ -383,8 +376,6 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
             chunks = await collect(request, job, first)
         finally:
             job.cancel()
-        for c in chunks:
-            record_usage(c)
         return JSONResponse(assemble(chunks))
 
     def endpoint(fn):

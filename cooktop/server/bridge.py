@@ -31,13 +31,6 @@ class Bridge:
         self.state, self.config = state, config
         self.body_of, self.model_name, self.openai_error = body_of, model_name, openai_error
 
-    def _record(self, chunk: dict[str, Any]) -> None:
-        usage = chunk.get("usage")
-        if usage:
-            m = self.state.ready.metrics
-            m.prompt_tokens_total += usage["prompt_tokens"]
-            m.tokens_predicted_total += usage["completion_tokens"]
-
     async def chat(self, args: dict[str, Any], model: str, endpoint: str) -> AsyncIterator[dict[str, Any]]:
         """Start one chat generation; its chunks (``chat.completion.chunk``) as an async iterator.
 
@@ -54,8 +47,8 @@ class Bridge:
                   id_slot: int = -1) -> AsyncIterator[dict[str, Any]]:
         """Run ``make(llm) -> iterator of chunks`` on a slot (``cache_prompt``, ``id_slot``: as
         :class:`~cooktop.server.slots.Job`); its chunks as an async iterator, the first awaited
-        here (an error of the request raises now, before any response is sent), ``usage`` of each
-        counted in the metrics. Closing the iterator cancels the job.
+        here (an error of the request raises now, before any response is sent). Closing the
+        iterator cancels the job.
 
         Raises:
             whatever ``make``'s iterator raises first; OverloadedError when the queue is full.
@@ -75,7 +68,6 @@ class Bridge:
             kind_, chunk = kind, first
             try:
                 while kind_ != END:
-                    self._record(chunk)
                     yield chunk
                     kind_, chunk = await job.queue.get()
                     if kind_ == ERROR:

@@ -376,35 +376,21 @@ async def _serve(ctx: Any, request: Request, infill: bool):
                                P.field(body, "cache_prompt", bool, True), P.id_slot(body))
     except Exception as e:  # noqa: BLE001 - mapped to the error shape llama-server answers
         return ctx.openai_error(e)
-    metrics = ctx.state.ready.metrics
-
-    def count(c: dict[str, Any]) -> dict[str, Any]:
-        if c.get("stop") is not False:  # a final result: the prompt and the tokens it made
-            metrics.prompt_tokens_total += run_counts(c)[0]
-            metrics.tokens_predicted_total += run_counts(c)[1]
-        return c
-
     if opts.stream:
-        return StreamingResponse(_events(chunks, count), media_type="text/event-stream",
+        return StreamingResponse(_events(chunks), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        results = [count(c) async for c in chunks]
+        results = [c async for c in chunks]
     except Exception as e:  # noqa: BLE001
         return ctx.openai_error(e)
     return JSONResponse(results[0] if len(prompts) == 1 else results)
 
 
-def run_counts(result: dict[str, Any]) -> tuple[int, int]:
-    """(prompt tokens, generated tokens) of a final result (0 for fields ``response_fields`` left out)."""
-    return int(result.get("tokens_evaluated", 0)), int(result.get("tokens_predicted", 0))
-
-
-async def _events(chunks: AsyncIterator[dict[str, Any]], count: Any) -> AsyncIterator[str]:
-    """The stream's events (``count(result)`` sees each); an error after the first chunk is sent as
-    one ``error`` event."""
+async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    """The stream's events; an error after the first chunk is sent as one ``error`` event."""
     try:
         async for c in chunks:
-            yield f"data: {json.dumps(count(c), ensure_ascii=False)}\n\n"
+            yield f"data: {json.dumps(c, ensure_ascii=False)}\n\n"
     except Exception as e:  # noqa: BLE001 - the status line is already sent: the error goes in the stream
         status, kind = P.classify(e)
         yield f"data: {json.dumps({'error': P.error_body(status, str(e), kind)['error']}, ensure_ascii=False)}\n\n"

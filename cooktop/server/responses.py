@@ -244,25 +244,42 @@ def with_last_timings(chunks: list[dict[str, Any]], answer: dict[str, Any]) -> d
 
 
 def prometheus(state: Any) -> str:
-    """Prometheus text exposition of the server's counters (llama-server's metric names)."""
+    """Prometheus text exposition of the server's counters: llama-server's ``llamacpp:*`` metrics
+    (tools/server/server-task.cpp ``server_task_result_metrics::to_metrics``; its throughput gauges
+    over the whole run, not since the last scrape; not its ``n_decode_total``,
+    ``n_busy_slots_per_decode`` and ``spec_decode_num_drafts_total``), then cooktop's own."""
     s = state.scheduler
     m = s.metrics
-    tps = m.tokens_predicted_total / m.busy_seconds_total if m.busy_seconds_total > 0 else 0.0
     n_seqs, n_tokens = s.batch_size()
-    lines = [
-        "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.",
-        "# TYPE llamacpp:prompt_tokens_total counter",
-        f"llamacpp:prompt_tokens_total {m.prompt_tokens_total}",
-        "# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.",
-        "# TYPE llamacpp:tokens_predicted_total counter",
-        f"llamacpp:tokens_predicted_total {m.tokens_predicted_total}",
-        "# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.",
-        "# TYPE llamacpp:predicted_tokens_seconds gauge",
-        f"llamacpp:predicted_tokens_seconds {tps:.3f}",
-        "# HELP llamacpp:requests_processing Number of requests processing.",
+
+    def rate(n: float, sec: float) -> float:
+        return n / sec if sec > 0 else 0.0
+
+    lines: list[str] = []
+    for kind, name, text, value in (
+            ("counter", "prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
+             m.prompt_tokens_total),
+            ("counter", "prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+             m.prompt_tokens_cached_total),
+            ("counter", "prompt_seconds_total", "Total time spent processing prompts", m.prompt_seconds_total),
+            ("counter", "tokens_predicted_total", "Number of generation tokens processed", m.tokens_predicted_total),
+            ("counter", "tokens_predicted_seconds_total", "Total time spent generating tokens",
+             m.tokens_predicted_seconds_total),
+            ("counter", "n_tokens_max", "Largest observed sequence length (prompt + generation)", m.n_tokens_max),
+            ("counter", "spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
+             m.draft_tokens_total),
+            ("counter", "spec_decode_num_accepted_tokens_total",
+             "Speculative: Total draft tokens accepted by the target model", m.draft_accepted_total),
+            ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s",
+             rate(m.prompt_tokens_total, m.prompt_seconds_total)),
+            ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s",
+             rate(m.tokens_predicted_total, m.tokens_predicted_seconds_total))):
+        lines += [f"# HELP llamacpp:{name} {text}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {value}"]
+    lines += [
+        "# HELP llamacpp:requests_processing Number of requests processing",
         "# TYPE llamacpp:requests_processing gauge",
         f"llamacpp:requests_processing {s.busy}",
-        "# HELP llamacpp:requests_deferred Number of requests deferred (waiting in the queue).",
+        "# HELP llamacpp:requests_deferred Number of requests deferred",
         "# TYPE llamacpp:requests_deferred gauge",
         f"llamacpp:requests_deferred {s.queue_depth}",
         "# HELP cooktop:slots_busy Slots running a request.",
@@ -283,7 +300,7 @@ def prometheus(state: Any) -> str:
         "# HELP cooktop:requests_total Requests received, by endpoint.",
         "# TYPE cooktop:requests_total counter",
     ]
-    for ep in ("chat", "completions", "embeddings", "responses", "messages", "rerank"):
+    for ep in ("chat", "completions", "completion", "embeddings", "responses", "messages", "rerank", "slots"):
         lines.append(f'cooktop:requests_total{{endpoint="{ep}"}} {m.requests_total[ep]}')
     lines += ["# HELP cooktop:errors_total Generations that ended in an error.", "# TYPE cooktop:errors_total counter",
               f"cooktop:errors_total {m.errors_total}"]

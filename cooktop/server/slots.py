@@ -123,13 +123,35 @@ class Slot:
 
 @dataclasses.dataclass
 class Metrics:
-    """Counters for ``/metrics`` (llama-server's names where it has them)."""
+    """Counters for ``/metrics`` (llama-server's names and meanings where it has them:
+    tools/server/server-task.cpp ``server_task_result_metrics::to_metrics``), counted from each
+    answer's ``timings`` (:meth:`count_timings`): prompt tokens evaluated (not those read from the
+    cache, counted apart), seconds in prompts and in generation, the longest sequence, drafts."""
 
     requests_total: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     prompt_tokens_total: int = 0
+    prompt_tokens_cached_total: int = 0
+    prompt_seconds_total: float = 0.0
     tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    n_tokens_max: int = 0
+    draft_tokens_total: int = 0
+    draft_accepted_total: int = 0
     busy_seconds_total: float = 0.0  # wall time with at least one job running
     errors_total: int = 0
+
+    def count_timings(self, t: dict[str, Any]) -> None:
+        """Add one answer's llama-server ``timings`` (``prompt_n``, ``cache_n``, ``prompt_ms``,
+        ``predicted_n``, ``predicted_ms``, ``draft_n``, ``draft_n_accepted``; ms)."""
+        self.prompt_tokens_total += int(t.get("prompt_n", 0))
+        self.prompt_tokens_cached_total += int(t.get("cache_n", 0))
+        self.prompt_seconds_total += float(t.get("prompt_ms", 0.0)) / 1e3
+        self.tokens_predicted_total += int(t.get("predicted_n", 0))
+        self.tokens_predicted_seconds_total += float(t.get("predicted_ms", 0.0)) / 1e3
+        self.n_tokens_max = max(self.n_tokens_max, int(t.get("cache_n", 0)) + int(t.get("prompt_n", 0))
+                                + int(t.get("predicted_n", 0)))
+        self.draft_tokens_total += int(t.get("draft_n", 0))
+        self.draft_accepted_total += int(t.get("draft_n_accepted", 0))
 
 
 class Scheduler:
@@ -332,6 +354,8 @@ class Scheduler:
                     item = next(it)
                 except StopIteration:
                     return END, None
+                if isinstance(item, dict) and isinstance(item.get("timings"), dict):  # an answer's last item
+                    self.metrics.count_timings(item["timings"])
                 job.post(ITEM, item)
         except Exception as e:  # noqa: BLE001 - every failure goes back to its request
             self.metrics.errors_total += 1
