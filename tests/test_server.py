@@ -333,9 +333,11 @@ def test_api_key(stories, server_deps, openai_client_dep):
     from openai import AuthenticationError, OpenAI
 
     from cooktop.server.app import ServerConfig
-    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=128, device="cpu"), api_key="s3cret"))
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=128, device="cpu"), api_key="s3cret,k2"))
     try:
         assert httpx.get(s.base + "/health").status_code == 200  # open
+        for key, status in (("k2", 200), ("s3cret,k2", 401), ("s3cre", 401)):  # any one of the keys
+            assert httpx.get(s.base + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == status
         for path in ("/v1/models", "/metrics", "/props"):
             r = httpx.get(s.base + path)
             assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
@@ -347,6 +349,21 @@ def test_api_key(stories, server_deps, openai_client_dep):
             OpenAI(api_key="nope", base_url=s.base + "/v1", max_retries=0).models.list()
     finally:
         s.stop()
+
+
+def test_api_key_file(tmp_path):
+    """serve's --api-key-file: one key per line, # comments and empty lines skipped, with --api-key's."""
+    from cooktop.cli.serve import _api_keys
+    from cooktop.errors import CooktopError
+    f = tmp_path / "keys"
+    f.write_text("# team keys\nalpha\n\nbeta\n")
+    assert _api_keys("a,b", str(f)) == "a,b,alpha,beta"
+    assert _api_keys(None, str(f)) == "alpha,beta" and _api_keys(None, None) is None and _api_keys(",", None) is None
+    with pytest.raises(CooktopError, match="cannot read"):
+        _api_keys(None, str(tmp_path / "missing"))
+    f.write_text("x,y\n")
+    with pytest.raises(CooktopError, match="comma"):
+        _api_keys(None, str(f))
 
 
 def test_health_503_while_loading(stories, server_deps, monkeypatch):

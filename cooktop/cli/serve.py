@@ -41,7 +41,10 @@ from .spec_options import speculative_options
 @click.option("--max-queue", default=256, show_default=True, help="Waiting requests before answering 503.")
 @click.option("-a", "--alias", default=None, help="Model name in the API (default: the file name).")
 @click.option("--api-key", default=None, envvar="LLAMA_API_KEY",
-              help="Require 'Authorization: Bearer KEY' on every endpoint but /health (env LLAMA_API_KEY).")
+              help="Require 'Authorization: Bearer KEY' on every endpoint but /health (env LLAMA_API_KEY); "
+                   "several keys separated by commas.")
+@click.option("--api-key-file", "api_key_file", default=None, metavar="FNAME", envvar="LLAMA_ARG_API_KEY_FILE",
+              help="API keys, one per line (lines starting with # are comments), besides --api-key's.")
 @click.option("--chat-template", default=None, help="Chat format name (chatml, llama3, ...) or jinja text.")
 @click.option("--chat-template-file", default=None, type=click.Path(), help="Jinja chat template file.")
 @click.option("-s", "--seed", default=-1, show_default=True, help="Default RNG seed (-1 = random).")
@@ -77,6 +80,7 @@ from .spec_options import speculative_options
 @click.option("--replicas", "n_replicas", type=int, default=None,
               help="With --ray: replicas of the model behind Ray Serve (default 1), requests balanced across them.")
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
+              api_key_file,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               pooling, embeddings, endpoint_slots, endpoint_props, metrics, slot_save_path, threads, threads_batch,
               device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
@@ -118,6 +122,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
             os.makedirs(slot_save_path, exist_ok=True)
         except OSError as e:
             raise CooktopError(f"--slot-save-path {slot_save_path}: cannot create the folder ({e.strerror})") from None
+    api_key = _api_keys(api_key, api_key_file)
     path = resolve_model(model, hf_repo, hf_file)
     if not os.path.exists(path):
         raise CooktopError(f"{path}: no such file")
@@ -213,3 +218,27 @@ def request_defaults(n_predict: int, opts: dict) -> dict:
         except json.JSONDecodeError as e:
             raise CooktopError(f"--json-schema is not valid JSON: {e}") from None
     return out
+
+
+def _api_keys(api_key: str | None, api_key_file: str | None) -> str | None:
+    """``--api-key`` (comma-separated) and ``--api-key-file``'s lines (not ``#`` comments, not empty)
+    joined with commas (``ServerConfig.api_key``), or None when neither gives a key (llama.cpp
+    common/arg.cpp: ``--api-key``, ``--api-key-file``).
+
+    Raises:
+        CooktopError: an unreadable key file, or a key in it containing a comma.
+    """
+    keys = [k for k in (api_key or "").split(",") if k]
+    if api_key_file is not None:
+        try:
+            with open(api_key_file, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CooktopError(f"--api-key-file {api_key_file}: cannot read it ({e})") from None
+        for line in lines:
+            if line and not line.startswith("#"):
+                if "," in line:
+                    raise CooktopError(f"--api-key-file {api_key_file}: a key contains a comma, which cooktop "
+                                       "uses to separate keys")
+                keys.append(line)
+    return ",".join(keys) or None

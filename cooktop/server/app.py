@@ -74,7 +74,9 @@ class ServerConfig:
         model_path: the GGUF; alias: the model name clients use (default: the file name).
         llama_kwargs: arguments for :class:`cooktop.api.Llama`.
         n_parallel: slots (``-np``); max_queue: waiting requests before 503.
-        api_key: Bearer key required on every endpoint but ``/health`` (None: open).
+        api_key: Bearer key required on every endpoint but ``/health`` (None: open); several keys
+            separated by commas, any of them accepted (llama-server's ``--api-key a,b``, and the lines of
+            ``--api-key-file`` joined so by ``cooktop serve``).
         reasoning_format, reasoning_budget: defaults for chat requests (``--reasoning-format``,
             ``--reasoning-budget``); webui: serve the chat page at ``/`` (``--no-webui``: False).
         defaults: request fields' defaults from the command line (``protocol.sampling_args``).
@@ -100,6 +102,11 @@ class ServerConfig:
     endpoint_slots: bool = True
     slot_save_path: str | None = None
     endpoint_props: bool = False
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """The accepted keys (``api_key`` split at commas, empty parts dropped); () when open."""
+        return tuple(k for k in (self.api_key or "").split(",") if k)
 
     @property
     def model_id(self) -> str:
@@ -221,10 +228,11 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
                 return anthropic.error_response(P.HTTPError(status, msg, kind))
             return JSONResponse(P.error_body(status, msg, kind), status_code=status)
 
-        if config.api_key:
+        if config.api_keys:
             auth = request.headers.get("authorization", "")
             token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(token.encode(), config.api_key.encode()):
+            # every key compared (no early exit), so the time does not tell which one came close
+            if not sum(hmac.compare_digest(token.encode(), k.encode()) for k in config.api_keys):
                 return refuse(401, "invalid or missing API key (Authorization: Bearer KEY)", "authentication_error")
         if state.load_error is not None:
             return refuse(500, f"the model failed to load: {state.load_error}", "server_error")
