@@ -180,6 +180,9 @@ SHAPES: dict[str, Shape] = {
                              n_conv=4, full_attention_interval=4, ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=32,
                              n_rot=64, rope_sections=(11, 11, 10, 0), n_expert=256, n_expert_used=8, n_ff_exp=512,
                              n_ff_shexp=512),
+    # dense llama relatives. SmolLM3-3B (HF config: 36 blocks, 16 heads, 4 KV, FFN 11008, rope theta 5e6,
+    # every 4th block without rope, tied embeddings)
+    "smollm3-3b": Shape(2048, 36, 16, 4, 11008, 128256, 65536, 5000000.0, tied=True, arch="smollm3"),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.

@@ -21,11 +21,13 @@ from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
 from .qwen35 import QWEN35, QWEN35MOE
 from .qwen_moe import OLMOE, QWEN2MOE, QWEN3MOE
+from .smollm3 import SMOLLM3
 
 #: general.architecture -> descriptor.
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
                                                                OLMOE, GPT_OSS, LFM2, QWEN35,
-                                                               QWEN35MOE, GRANITEHYBRID, MAMBA2)}
+                                                               QWEN35MOE, GRANITEHYBRID, MAMBA2,
+                                                               SMOLLM3)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).
