@@ -17,6 +17,7 @@ from .gpt_oss import GPT_OSS
 from .lfm2 import LFM2
 from .llama import LLAMA
 from .mamba2 import GRANITEHYBRID, MAMBA2
+from .mistral3 import MISTRAL3
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
 from .qwen35 import QWEN35, QWEN35MOE
@@ -27,7 +28,7 @@ from .smollm3 import SMOLLM3
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
                                                                OLMOE, GPT_OSS, LFM2, QWEN35,
                                                                QWEN35MOE, GRANITEHYBRID, MAMBA2,
-                                                               SMOLLM3)}
+                                                               SMOLLM3, MISTRAL3)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).
