@@ -194,6 +194,8 @@ SHAPES: dict[str, Shape] = {
     "ministral-3-3b": Shape(3072, 26, 32, 8, 9216, 131072, 262144, 1000000.0, tied=True, head_dim=128,
                             arch="mistral3", rope_scaling="yarn", rope_scaling_factor=16.0, n_ctx_orig=16384,
                             attn_temp_scale=0.1, yarn_log_mul=1.0),
+    # GLM-4-9B-0414 (glm4: 40 blocks, 32 heads of 128, 2 KV, FFN 13696, half of each head rotated)
+    "glm-4-9b": Shape(4096, 40, 32, 2, 13696, 151552, 32768, 10000.0, head_dim=128, arch="glm4", n_rot=64),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
