@@ -15,7 +15,7 @@ import time
 from ..backends import registry
 from ..backends.base import Device
 from ..backends.optable import KV_OPS
-from ..errors import CooktopError, UnsupportedModelError
+from ..errors import CooktopError
 from ..format.gguf import GGUFFile, open_gguf
 from ..format.kvtypes import KVConfig
 from ..model.config import ModelConfig, load_config
@@ -57,22 +57,12 @@ def default_n_ctx(cfg: ModelConfig, n_ctx: int) -> int:
 
     Raises:
         CooktopError: ``n_ctx`` is negative.
-        UnsupportedModelError: a context longer than ``n_ctx_orig_yarn`` for a model with an attention
-            temperature (``ModelConfig.attn_temp_scale``: the queries' factor, 1 below that, is not
-            implemented past it).
     """
     if n_ctx < 0:
         raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = from the model), got {n_ctx}")
     if n_ctx > cfg.n_ctx_train > 0:
         log.warning("n_ctx_seq (%d) > n_ctx_train (%d) -- possible training context overflow", n_ctx, cfg.n_ctx_train)
-    out = min(cfg.n_ctx_train, 4096) if n_ctx == 0 else n_ctx
-    limit = cfg.n_ctx_orig_yarn or cfg.n_ctx_train
-    if cfg.attn_temp_scale and out > limit:
-        raise UnsupportedModelError(
-            f"n_ctx {out} is longer than {limit} tokens, where this {cfg.arch} model's attention temperature "
-            f"(temperature_scale {cfg.attn_temp_scale:g}) starts scaling the queries; cooktop does not implement "
-            f"that scaling: use n_ctx <= {limit}")
-    return out
+    return min(cfg.n_ctx_train, 4096) if n_ctx == 0 else n_ctx
 
 
 def check_batch(n_batch: int, n_ctx: int) -> int:

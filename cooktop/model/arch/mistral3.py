@@ -8,7 +8,7 @@ src/llama-model.cpp (``create_tensor_qkv``; the rope type, ``LLAMA_ROPE_TYPE_NOR
 conversion/mistral3.py (``Ministral3Model``: llama's converter plus YaRN's ``mscale_all_dim`` and
 ``llama_4_scaling_beta``).
 
-Block: llama's (``llama.block``)::
+Block: llama's (``llama.block``), with the temperature step when the file has one (:func:`block`)::
 
     xn = rmsnorm(x) * attn_norm
     q, k, v = xn @ Wq^T [+ bq], xn @ Wk^T [+ bk], xn @ Wv^T [+ bv]
@@ -24,26 +24,30 @@ Hyper-parameters beyond llama's: ``attention.temperature_scale`` (beta; 0 or abs
 ``mscale(f, 1) / mscale(f, log_mul)`` before ggml's ``1 + 0.1 ln f`` is cancelled, llama-context.cpp).
 head_dim is ``attention.key_length`` (Mistral Small: 128 with n_embd 5120 and 32 heads).
 
-The attention temperature: the query factor ``1 + beta * ln(1 + floor(pos / n_ctx_orig))`` is
-exactly 1 below position ``n_ctx_orig`` (``rope.scaling.original_context_length``: 16384 for
-Ministral 3), so a context no longer than that needs no op; cooktop refuses a longer context for
-such a file (``runtime/loader.default_n_ctx``) rather than run it without the factor.
+The attention temperature (``attention.temperature_scale`` = beta, Ministral 3 / Devstral Small 2's
+``llama_4_scaling_beta``): after rope each query row at position p is multiplied by
+``1 + beta * ln(1 + floor(p / n_ctx_orig))`` (``rope.scaling.original_context_length``; 1 below it).
+The factors are computed on the host from the rows' positions (:func:`row_inputs`, as llama.cpp fills
+its ``inp_attn_scale`` input) into the ``qtemp`` scratch buffer, and op ``mul`` applies them.
 
 Not implemented (refused by ``load_config``): the MoE branch (``expert_count`` > 0), the
-feed-forward biases, a fused ``attn_qkv``, LongRoPE factors, and contexts past ``n_ctx_orig``
-with a temperature scale (above).
+feed-forward biases, a fused ``attn_qkv`` and LongRoPE factors.
 """
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
-from ...backends.base import ROPE_NORMAL
+import numpy as np
+
+from ...backends.base import ROPE_NORMAL, Device, DeviceTensor
 from ...errors import UnsupportedModelError
-from ..hparams import Metadata, rope_scaling
-from . import llama
-from .base import bias, rms_eps_hparams
+from ..hparams import Metadata, ModelConfig, rope_scaling
+from . import builders, llama
+from .base import KV, Weights, bias, rms_eps_hparams
+from .builders import SILU, build_ffn, build_norm, build_qkv, rope_args, rope_factors
 from .descriptor import Architecture
 from .skeleton import ROPE_FREQS, llama_tensors
 
@@ -96,5 +100,71 @@ def hparams(m: Metadata) -> dict[str, Any]:
 TENSORS = llama_tensors(shared=(ROPE_FREQS,), qkv_bias=True,
                         attn=(bias("blk.{i}.attn_output.bias", lambda c: (c.n_embd,), required=False),))
 
-MISTRAL3 = Architecture(name="mistral3", tensors=TENSORS, rope_mode=ROPE_NORMAL, hparams=hparams,
-                        block=llama.block)
+
+
+def attn_temperature(cfg: ModelConfig, pos: np.ndarray) -> np.ndarray:
+    """The query factor of each row, f32 [n], for positions ``pos`` (int [n]): ``1 + beta * ln(1 +
+    floor(p / n_ctx_orig))`` with beta ``cfg.attn_temp_scale`` and ``n_ctx_orig`` = ``cfg.n_ctx_orig_yarn``
+    (llama.cpp ``llm_graph_input_attn_temp::set_input``, offset 0: the floor in float32, the log in
+    double, stored as float32)."""
+    floor = np.floor(np.asarray(pos, np.float32) / np.float32(cfg.n_ctx_orig_yarn or cfg.n_ctx_train))
+    return (np.log(floor.astype(np.float64) + 1.0) * np.float64(np.float32(cfg.attn_temp_scale)) + 1.0
+            ).astype(np.float32)
+
+
+def scratch(cfg: ModelConfig) -> dict[str, int]:
+    """The builders' buffers, and with an attention temperature ``qtemp`` [n_embd_q] (each row's query
+    factor, repeated across the row: op ``mul`` multiplies elementwise)."""
+    out = builders.scratch(cfg)
+    return {**out, "qtemp": cfg.n_embd_q} if cfg.attn_temp_scale else out
+
+
+def row_inputs(cfg: ModelConfig, pos: np.ndarray) -> dict[str, np.ndarray]:
+    """``{"qtemp": f32 [n, n_embd_q]}``: :func:`attn_temperature` of the rows' positions, repeated across
+    each row; {} without an attention temperature (``Architecture.row_inputs``)."""
+    if not cfg.attn_temp_scale:
+        return {}
+    return {"qtemp": np.repeat(attn_temperature(cfg, pos)[:, None], cfg.n_embd_q, axis=1)}
+
+
+def temp_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> DeviceTensor:
+    """Self-attention on the normed rows ``s.xn`` f32 [n, n_embd] with the attention temperature: Q, K, V
+    [+ biases], rope of q (and of k in its store), ``q *= s.qtemp`` (written by :func:`row_inputs`),
+    attention with scale ``1/sqrt(head_dim)``; returns ``s.o = a @ Wo^T [+ bo]`` f32 [n, n_embd]
+    (llama.cpp mistral3.cpp with ``inp_attn_scale``)."""
+    q = s.q
+    build_qkv(d, w, s.xn, q, s.k, s.v)
+    rope, ff = rope_args(cfg, il), rope_factors(cfg, w, kv.n_ctx)
+    d.rope(q, q, kv.pos, **rope, freq_factors=ff)
+    d.mul(q, q, s.qtemp)
+    kv.attend(d, s.att, q, s.k, s.v, cfg.n_head, cfg.n_head_kv, 1.0 / math.sqrt(cfg.head_dim),
+              k_rope={**rope, "freq_factors": ff})
+    d.matmul(s.o, s.att, w["attn_output"])
+    if "attn_output.bias" in w:
+        d.add_bias(s.o, s.o, w["attn_output.bias"])
+    return s.o
+
+
+def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
+    """Block ``il`` of mistral3 (module doc) on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place):
+    ``llama.block``, or with an attention temperature (``cfg.attn_temp_scale``) :func:`temp_attn` in
+    place of its attention.
+
+    Args:
+        w: this block's weights (keys as in :data:`TENSORS`).
+        s: scratch buffers of :func:`scratch` cut to ``n`` rows (``qtemp`` filled by :func:`row_inputs`).
+        kv: positions and this block's cache (:class:`~.base.KV`); cells ``kv.cells`` are written.
+        il: the block's index in the model.
+    """
+    if not cfg.attn_temp_scale:
+        llama.block(d, cfg, w, s, kv, il)
+        return
+    x = s.x
+    build_norm(d, cfg, s.xn, x, w["attn_norm"])
+    d.add(x, x, temp_attn(d, cfg, w, s, kv, il))
+    build_norm(d, cfg, s.xn, x, w["ffn_norm"])
+    d.add(x, x, build_ffn(d, cfg, w, s, SILU))
+
+
+MISTRAL3 = Architecture(name="mistral3", tensors=TENSORS, rope_mode=ROPE_NORMAL, hparams=hparams, block=block,
+                        scratch=scratch, row_inputs=row_inputs)
