@@ -121,6 +121,12 @@ EXPECTED_OPS = {
     # likewise granitehybrid's (no recurrent blocks, no multipliers): attention blocks with rope
     "granitehybrid": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "add_bias", "silu_mul"},
                       {"get_rows", "rmsnorm", "matmul"}),
+    "smollm3": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "silu_mul"},
+                {"get_rows", "rmsnorm", "matmul"}),
+    "mistral3": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add", "silu_mul"},
+                 {"get_rows", "rmsnorm", "matmul"}),
+    "glm4": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add", "silu_mul"},
+             {"get_rows", "rmsnorm", "matmul"}),
     # every mamba2 block is a Mamba-2 layer
     "mamba2": ({"rmsnorm", "matmul", "ssm_conv", "add_bias", "silu", "ssm_scan", "ssm_norm", "add"},
                {"get_rows", "rmsnorm", "matmul"}),

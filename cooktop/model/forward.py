@@ -261,6 +261,9 @@ class Segment:
         pos = self.pos.head(n)
         d.write(s.x, x_host)
         d.write(pos, rows.pos)
+        if self.arch.row_inputs is not None:  # host-computed per-row inputs (Architecture.row_inputs)
+            for name, values in self.arch.row_inputs(self.cfg, rows.pos).items():
+                d.write(getattr(s, name), values)
         cells, start = pos, None
         if rows.cells is not None:
             cells = self.cells.head(n)

@@ -70,6 +70,9 @@ class ModelConfig:
             embeddings times it; ``residual_scale``: each block's attention / SSM and FFN outputs times it
             before the residual add; ``logit_scale``: the logits divided by it); 0 means none (llama.cpp
             ``f_embedding_scale``, ``f_residual_scale``, ``f_logit_scale``).
+        attn_temp_scale: the attention temperature's beta (mistral3 ``attention.temperature_scale``,
+            llama.cpp ``f_attn_temp_scale``): queries at position p are scaled by
+            ``1 + beta * ln(1 + floor(p / n_ctx_orig_yarn))``; 0 means none.
         use_rope: False when the attention blocks rotate nothing (Granite 4.0-H's NoPE attention:
             ``rope.scaling.finetuned`` false, llama.cpp ``hparams.rope_pattern`` / ``has_rope``).
 
@@ -123,6 +126,7 @@ class ModelConfig:
     residual_scale: float = 0.0
     logit_scale: float = 0.0
     use_rope: bool = True
+    attn_temp_scale: float = 0.0
 
     def is_recurrent(self, il: int) -> bool:
         """True when block ``il`` is a recurrent layer (llama.cpp ``hparams.is_recr(il)``)."""

@@ -121,6 +121,10 @@ class Shape:
     #: block ``n_layer`` is then a gated-attention block with the ``nextn.*`` tensors (``model/mtp.py``),
     #: ``block_count`` = n_layer + n_nextn
     n_nextn: int = 0
+    #: mistral3: attention.temperature_scale (the Llama-4-style attention temperature's beta) written when set
+    attn_temp_scale: float | None = None
+    #: mistral3: rope.scaling.yarn_log_multiplier (YaRN's mscale_all_dim) written when set
+    yarn_log_mul: float | None = None
 
     def recurrent_layers(self) -> tuple[bool, ...]:
         """Per block, True when it is recurrent (a hybrid: not in :attr:`attn_layers`, or with
@@ -194,6 +198,18 @@ SHAPES: dict[str, Shape] = {
                                 n_conv=4, full_attention_interval=4, ssm_d_state=128, ssm_n_group=16,
                                 ssm_dt_rank=32, n_rot=64, n_expert=512, n_expert_used=10, n_ff_exp=512,
                                 n_ff_shexp=512),
+    # dense llama relatives. SmolLM3-3B (HF config: 36 blocks, 16 heads, 4 KV, FFN 11008, rope theta 5e6,
+    # every 4th block without rope, tied embeddings)
+    "smollm3-3b": Shape(2048, 36, 16, 4, 11008, 128256, 65536, 5000000.0, tied=True, arch="smollm3"),
+    # Mistral Small 3.2 24B's text model (mistral3: 40 blocks, 5120 wide, 32 heads of 128, 8 KV, FFN 32768)
+    "mistral-small-3.2-24b": Shape(5120, 40, 32, 8, 32768, 131072, 131072, 1000000000.0, head_dim=128,
+                                   arch="mistral3"),
+    # Ministral 3 3B (mistral3 with YaRN x16 from 16384 and the attention temperature, beta 0.1)
+    "ministral-3-3b": Shape(3072, 26, 32, 8, 9216, 131072, 262144, 1000000.0, tied=True, head_dim=128,
+                            arch="mistral3", rope_scaling="yarn", rope_scaling_factor=16.0, n_ctx_orig=16384,
+                            attn_temp_scale=0.1, yarn_log_mul=1.0),
+    # GLM-4-9B-0414 (glm4: 40 blocks, 32 heads of 128, 2 KV, FFN 13696, half of each head rotated)
+    "glm-4-9b": Shape(4096, 40, 32, 2, 13696, 151552, 32768, 10000.0, head_dim=128, arch="glm4", n_rot=64),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
@@ -544,6 +560,10 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
                    ("attention.scale", s.attention_scale), ("logit_scale", s.logit_scale)):
         if v is not None:
             w.add_float32(f"{arch}.{key}", v)
+    if s.attn_temp_scale is not None:
+        w.add_float32(f"{arch}.attention.temperature_scale", s.attn_temp_scale)
+    if s.yarn_log_mul is not None:
+        w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", s.yarn_log_mul)
     if s.rope_finetuned is not None:
         w.add_bool(f"{arch}.rope.scaling.finetuned", s.rope_finetuned)
     if s.head_dim is not None:

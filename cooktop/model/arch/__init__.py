@@ -13,20 +13,24 @@ from __future__ import annotations
 from ...errors import UnsupportedModelError
 from .descriptor import Architecture
 from .gemma3 import GEMMA3
+from .glm4 import GLM4
 from .gpt_oss import GPT_OSS
 from .lfm2 import LFM2
 from .llama import LLAMA
 from .mamba2 import GRANITEHYBRID, MAMBA2
+from .mistral3 import MISTRAL3
 from .phi3 import PHI3
 from .qwen import QWEN2, QWEN3
 from .qwen3next import QWEN3NEXT
 from .qwen35 import QWEN35, QWEN35MOE
 from .qwen_moe import OLMOE, QWEN2MOE, QWEN3MOE
+from .smollm3 import SMOLLM3
 
 #: general.architecture -> descriptor.
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
                                                                OLMOE, GPT_OSS, LFM2, QWEN35,
-                                                               QWEN35MOE, QWEN3NEXT, GRANITEHYBRID, MAMBA2)}
+                                                               QWEN35MOE, QWEN3NEXT, GRANITEHYBRID, MAMBA2,
+                                                               SMOLLM3, MISTRAL3, GLM4)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).

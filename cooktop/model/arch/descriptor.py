@@ -103,6 +103,10 @@ class Architecture:
             the f32 values per sequence of each (``model/recurrent.py``; lfm2's convolution: one of
             ``(n_conv - 1) * n_embd``; qwen35's linear attention: three convolution states and the
             delta rule's), () for an attention block; None: the architecture has no recurrent layers.
+        row_inputs: ``row_inputs(cfg, pos) -> {scratch name: f32 [n, width]}``: values computed on the host
+            from the rows' positions (``pos``: int32 [n]) that the segment writes into those
+            :attr:`scratch` buffers before each pass, as llama.cpp sets a graph input from the ubatch
+            (mistral3's attention temperature, ``llm_graph_input_attn_temp``); None: none.
     """
 
     name: str
@@ -119,6 +123,7 @@ class Architecture:
     block_ffn: FfnFn | None = None
     state_widths: Callable[[ModelConfig, int], tuple[int, ...]] | None = None
     check_tensors: Callable[[Container[str], ModelConfig, str], None] | None = None
+    row_inputs: Callable[[ModelConfig, Any], dict[str, Any]] | None = None
 
     @property
     def recurrent(self) -> bool:
