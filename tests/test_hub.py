@@ -230,6 +230,11 @@ def test_seed_refuses_wrong_file(tmp_path):
 def test_cli_run_hf(server, stories, tmp_path):
     server.files[("owner/repo", "tiny.gguf")] = stories.read_bytes()
     env = _env(server.url, tmp_path / "hub")
+    # llama.cpp's --offline: only the cache, the Hub not even asked
+    off = subprocess.run([COOKTOP, "run", "--offline", "-hf", "owner/repo:tiny.gguf", "-p", "Once", "-n", "2",
+                          "--device", "cpu"], capture_output=True, text=True, timeout=60, env=env)
+    assert off.returncode == 1 and "downloads are off (--offline" in off.stderr, off.stderr
+    assert server.requests == []
     res = subprocess.run([COOKTOP, "run", "-hf", "owner/repo:tiny.gguf", "-p", "Once upon a time", "-n", "6",
                           "--temp", "0", "--device", "cpu"], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr

@@ -16,7 +16,13 @@ from ..tools import hub
 
 
 def model_options(f):
-    """``-m/--model``, ``-hf/--hf-repo``, ``--hf-file`` (llama.cpp names)."""
+    """``-m/--model``, ``-hf/--hf-repo``, ``--hf-file``, ``--offline`` (llama.cpp names)."""
+    def offline(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            hub.set_offline(True)
+
+    f = click.option("--offline", is_flag=True, expose_value=False, callback=offline, envvar="LLAMA_ARG_OFFLINE",
+                     help="Use only models already in the Hugging Face cache: no download.")(f)
     f = click.option("--hf-file", "hf_file", default=None, help="File in the -hf repository.")(f)
     f = click.option("-hf", "--hf-repo", "hf_repo", default=None,
                      help="Hugging Face repo OWNER/REPO[:QUANT] (default quant Q4_K_M) or OWNER/REPO:FILE.gguf, "

@@ -2,7 +2,8 @@
 
 Downloads go through ``huggingface_hub.hf_hub_download`` (honours
 ``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, ``HF_HUB_CACHE``); a file already in the
-cache is used without the network. ``python -m cooktop.tools.hub --seed FILE``
+cache is used without the network; offline (``HF_HUB_OFFLINE=1``, or llama.cpp's ``--offline``:
+:func:`set_offline`) nothing else is tried. ``python -m cooktop.tools.hub --seed FILE``
 puts a local copy of the default model into the cache (after checking its
 sha256), so the default model works on machines without internet.
 """
@@ -131,6 +132,22 @@ def cached_files(repo: str, cache_dir: str | os.PathLike | None = None) -> list[
     return sorted(out)
 
 
+_offline_flag = False
+
+
+def set_offline(on: bool = True) -> None:
+    """Use only the cache from now on in this process (llama.cpp's ``--offline``), whatever
+    ``HF_HUB_OFFLINE`` says."""
+    global _offline_flag
+    _offline_flag = bool(on)
+
+
+def offline() -> bool:
+    """True when nothing may be downloaded: :func:`set_offline`, or ``HF_HUB_OFFLINE``."""
+    from huggingface_hub import constants
+    return _offline_flag or constants.is_offline_mode()
+
+
 def repo_files(repo: str, cache_dir: str | os.PathLike | None = None) -> list[str]:
     """File names of ``repo``: the Hub's listing when reachable, else what the cache holds.
 
@@ -139,11 +156,11 @@ def repo_files(repo: str, cache_dir: str | os.PathLike | None = None) -> list[st
     """
     from huggingface_hub import constants
     cached = cached_files(repo, cache_dir)
-    if constants.is_offline_mode():
+    if offline():
         if cached:
             return cached
-        raise CooktopError(f"{repo} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; unset it to "
-                           "download, or pass a local file with -m")
+        raise CooktopError(f"{repo} is not in the Hugging Face cache and downloads are off (--offline or "
+                           "HF_HUB_OFFLINE); allow them to download, or pass a local file with -m")
     try:
         from huggingface_hub import list_repo_files
         check_reachable(constants.ENDPOINT)
@@ -267,9 +284,10 @@ def resolve(repo: str = DEFAULT_REPO, filename: str = DEFAULT_FILE, sha256: str 
     try:
         path = hf_hub_download(repo, filename, local_files_only=True, cache_dir=cache_dir, local_dir=local_dir)
     except errors:
-        if constants.is_offline_mode():
+        if offline():
             raise CooktopError(f"{filename} from {repo} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
-                               f"and HF_HUB_OFFLINE is set; unset it to download, or {hint}") from None
+                               f"and downloads are off (--offline or HF_HUB_OFFLINE); allow them to download, "
+                               f"or {hint}") from None
         endpoint = constants.ENDPOINT
         try:
             check_reachable(endpoint)
