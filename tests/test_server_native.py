@@ -305,3 +305,19 @@ def test_metrics_count_the_answers_timings(http):
         assert after[key] - before[key] == a[field] + b[field], key
     assert after["n_tokens_max"] >= a["cache_n"] + a["prompt_n"] + a["predicted_n"]
     assert after["tokens_predicted_seconds_total"] > before["tokens_predicted_seconds_total"]
+
+
+def test_logit_bias_by_text_and_false(http):
+    """llama-server's logit_bias: [[text, bias]] and {"text": bias} bias each token of the text, false is
+    -inf, ids outside the vocabulary are dropped (server-task.cpp params_from_json_cmpl)."""
+    first = native(http, prompt=PROMPT, n_predict=1, return_tokens=True)
+    tok = first["tokens"][0]
+    piece = http.post("/detokenize", json={"tokens": [tok]}).json()["content"]
+    ids = http.post("/tokenize", json={"content": piece}).json()["tokens"]
+    assert tok in ids, (piece, ids)  # the text's tokens (SPM: after a space token) hold the greedy one
+    for bias in ([[piece, False]], {piece: -100}, [[tok, False]], {str(tok): False, "99999": 5}):
+        r = native(http, prompt=PROMPT, n_predict=1, return_tokens=True, logit_bias=bias)
+        assert r["tokens"][0] != tok, bias
+    chat = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "temperature": 0,
+                                              "logit_bias": [[piece, False]]}).json()
+    assert chat["choices"][0]["text"] != piece

@@ -285,16 +285,10 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         return name
 
     def vocab_bias(args: dict[str, Any]) -> dict[str, Any]:
-        """``args`` with the ``logit_bias`` token ids outside the vocabulary dropped (llama-server
-        ignores them; the Python API refuses them, as llama-cpp-python fails on them)."""
-        bias, n_vocab = args.get("logit_bias"), state.ready.llm.n_vocab()
-        if isinstance(bias, dict):
-            def outside(k: Any) -> bool:
-                try:
-                    return not 0 <= int(k) < n_vocab
-                except (TypeError, ValueError):
-                    return False  # not a token id: the API's 400 names it
-            args["logit_bias"] = {k: v for k, v in bias.items() if not outside(k)}
+        """``args`` with ``logit_bias`` read as llama-server reads it (:func:`protocol.vocab_logit_bias`)."""
+        llm = state.ready.llm
+        args["logit_bias"] = P.vocab_logit_bias(args.get("logit_bias"), llm.n_vocab(),
+                                                lambda text: llm.tokenize(text, add_bos=False, special=False))
         return args
 
     async def next_event(request: Request, job: Job, watch: list[float]) -> tuple[str, Any]:

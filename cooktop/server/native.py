@@ -369,6 +369,9 @@ async def _serve(ctx: Any, request: Request, infill: bool):
         else:
             prompts = split_prompts(body)
         args = P.sampling_args(body, ctx.config.defaults)
+        llm = ctx.state.ready.llm
+        args["logit_bias"] = P.vocab_logit_bias(args.get("logit_bias"), llm.n_vocab(),
+                                                lambda text: llm.tokenize(text, add_bos=False, special=False))
         # llama-server's count: 0 generates nothing (the prompt is still read), -1 until the context is full
         args["n_predict"] = max(args.pop("max_tokens"), -1)
         args["grammar"] = P.grammar_arg(body, ctx.config.defaults)

@@ -112,9 +112,9 @@ def sampling_args(body: dict[str, Any], defaults: dict[str, Any] | None = None) 
     for name in ("mirostat", "mirostat_mode"):  # llama-server's name, llama-cpp-python's
         if field(body, name, int, 0) != 0:
             raise bad(name, "mirostat sampling is not implemented in cooktop; use 0 (off)")
-    if isinstance(bias, list):  # llama-server also takes [[id, bias], ...]
-        bias = {str(p[0]): (-math.inf if p[1] is False else p[1]) for p in bias
-                if isinstance(p, list) and len(p) == 2}
+    if isinstance(bias, list):  # llama-server also takes [[id or text, bias], ...]
+        bias = {str(p[0]) if not isinstance(p[0], str) else "text:" + p[0]: (-math.inf if p[1] is False else p[1])
+                for p in bias if isinstance(p, list) and len(p) == 2}
     return dict(
         max_tokens=max_tokens,
         temperature=field(body, "temperature", _NUM, d["temperature"], minimum=0.0),
@@ -130,6 +130,33 @@ def sampling_args(body: dict[str, Any], defaults: dict[str, Any] | None = None) 
         stop=stop,
         logit_bias=bias,
     )
+
+
+def vocab_logit_bias(bias: Any, n_vocab: int, tokenize: Any) -> Any:
+    """``logit_bias`` as the sampler takes it (``{id: bias}``), read as llama-server reads it
+    (tools/server/server-task.cpp ``params_from_json_cmpl``): token ids outside the vocabulary
+    dropped; a key that is not a token id (an object's key, or a text from the list form) biases
+    each token of its text (``tokenize(text) -> ids``, no BOS); ``false`` is -inf. Not a dict:
+    returned as is (the API's check names it).
+    """
+    if not isinstance(bias, dict):
+        return bias
+    out: dict[str, Any] = {}
+    for k, v in bias.items():
+        v = -math.inf if v is False else v
+        text = k[5:] if isinstance(k, str) and k.startswith("text:") else None
+        if text is None:
+            try:
+                tid = int(k)
+            except (TypeError, ValueError):
+                text = str(k)
+            else:
+                if 0 <= tid < n_vocab:
+                    out[str(tid)] = v
+                continue
+        for t in tokenize(text):
+            out[str(t)] = v
+    return out
 
 
 def grammar_arg(body: dict[str, Any], defaults: dict[str, Any] | None = None) -> Any:
