@@ -176,8 +176,11 @@ def test_cors_preflight_and_headers(stories, server_deps):
     import httpx
 
     from cooktop.server.app import ServerConfig
-    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=128, device="cpu"), api_key="k"))
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=128, device="cpu"), api_key="k",
+                                   cors_origins="localhost"))  # llama-server's --cors-origins localhost
     try:
+        evil = httpx.get(s.base + "/v1/models", headers={"Origin": "http://evil.example", "Authorization": "Bearer k"})
+        assert evil.status_code == 200 and "access-control-allow-origin" not in evil.headers
         origin = {"Origin": "http://localhost:5173"}
         r = httpx.options(s.base + "/v1/chat/completions", headers={
             **origin, "Access-Control-Request-Method": "POST",
@@ -190,6 +193,20 @@ def test_cors_preflight_and_headers(stories, server_deps):
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] in ("*", origin["Origin"])
     finally:
         s.stop()
+
+
+def test_cors_options_as_llama_server(server_deps):
+    """--cors-origins / --cors-methods / --cors-headers / --cors-credentials: llama-server's defaults
+    (any origin, credentials allowed) and forms (a list, localhost)."""
+    from cooktop.server.app import LOCAL_ORIGINS, ServerConfig, cors_options
+    d = cors_options(ServerConfig("m.gguf"))
+    assert d == {"allow_origins": ["*"], "allow_credentials": True,
+                 "allow_methods": ["GET", "POST", "DELETE", "OPTIONS"], "allow_headers": ["*"]}
+    c = cors_options(ServerConfig("m.gguf", cors_origins="https://a.example, https://b.example", cors_methods="GET",
+                                  cors_headers="content-type,authorization", cors_credentials=False))
+    assert c == {"allow_origins": ["https://a.example", "https://b.example"], "allow_credentials": False,
+                 "allow_methods": ["GET"], "allow_headers": ["content-type", "authorization"]}
+    assert cors_options(ServerConfig("m.gguf", cors_origins="localhost"))["allow_origin_regex"] == LOCAL_ORIGINS
 
 
 def test_serve_on_a_port_in_use_is_one_error_line(stories, server_deps):

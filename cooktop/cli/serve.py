@@ -67,6 +67,14 @@ from .spec_options import speculative_options
               help="(Accepted: /v1/embeddings is always on in cooktop.)")
 @click.option("--slots/--no-slots", "endpoint_slots", default=True, show_default=True,
               envvar="LLAMA_ARG_ENDPOINT_SLOTS", help="Serve GET /slots (each slot's state), as llama-server.")
+@click.option("--cors-origins", "cors_origins", default="*", show_default=True, envvar="LLAMA_ARG_CORS_ORIGINS",
+              help="Allowed CORS origins, comma-separated; 'localhost': only local origins.")
+@click.option("--cors-methods", "cors_methods", default="GET, POST, DELETE, OPTIONS", show_default=True,
+              envvar="LLAMA_ARG_CORS_METHODS", help="Allowed CORS methods, comma-separated.")
+@click.option("--cors-headers", "cors_headers", default="*", show_default=True, envvar="LLAMA_ARG_CORS_HEADERS",
+              help="Allowed CORS headers, comma-separated.")
+@click.option("--cors-credentials/--no-cors-credentials", "cors_credentials", default=True, show_default=True,
+              envvar="LLAMA_ARG_CORS_CREDENTIALS", help="Allow credentials in CORS requests.")
 @click.option("--props", "endpoint_props", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_PROPS",
               help="Allow POST /props (llama-server's; off: 501).")
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
@@ -82,7 +90,8 @@ from .spec_options import speculative_options
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
               api_key_file,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
-              pooling, embeddings, endpoint_slots, endpoint_props, metrics, slot_save_path, threads, threads_batch,
+              pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
+              endpoint_props, metrics, slot_save_path, threads, threads_batch,
               device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
@@ -144,7 +153,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
     config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
                           api_key=api_key, reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
                           webui=not no_webui, defaults=defaults, endpoint_slots=endpoint_slots,
-                          slot_save_path=slot_save_path, endpoint_props=endpoint_props,
+                          slot_save_path=slot_save_path, endpoint_props=endpoint_props, cors_origins=cors_origins,
+                          cors_methods=cors_methods, cors_headers=cors_headers, cors_credentials=cors_credentials,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if ray_address:

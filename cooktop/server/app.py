@@ -16,8 +16,9 @@ assembled from the same chunks, so it always equals the joined stream. A
 client that disconnects cancels its job. Errors are OpenAI-shaped JSON
 (:func:`protocol.error_body`): 400 bad JSON or field, prompt over the context,
 template refusal, bad tools; 401 missing/wrong ``--api-key``; 404 unknown route;
-503 loading or overloaded; 500 a bug. Cross-origin requests are answered for any origin
-(CORS, preflight included), as llama-server does, so browser front ends can call it.
+503 loading or overloaded; 500 a bug. Cross-origin requests (CORS, preflight included) follow
+llama-server's ``--cors-origins`` / ``--cors-methods`` / ``--cors-headers`` / ``--cors-credentials``
+(:func:`cors_options`; by default any origin, so browser front ends can call it).
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ class ServerConfig:
         speculative: a :class:`~cooktop.engine.spec_config.SpecOptions` (``-md``, ``--spec-type``)
             or None: every slot decodes speculatively with its own drafter.
         endpoint_slots: serve ``GET /slots`` (llama-server's ``--slots``, default on; ``--no-slots``: 501).
+        cors_origins, cors_methods, cors_headers, cors_credentials: llama-server's CORS options
+            (``--cors-origins``: comma-separated origins, ``*`` any (echoed back with credentials),
+            ``localhost`` only local origins; ``--cors-methods``, ``--cors-headers``,
+            ``--[no-]cors-credentials``), defaults as there.
         endpoint_props: allow ``POST /props`` (``--props``; off: 501, as llama-server).
         slot_save_path: the folder of ``POST /slots/ID?action=save|restore``'s files
             (``--slot-save-path``; None: those actions answer 501, as llama-server).
@@ -102,6 +107,10 @@ class ServerConfig:
     endpoint_slots: bool = True
     slot_save_path: str | None = None
     endpoint_props: bool = False
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
 
     @property
     def api_keys(self) -> tuple[str, ...]:
@@ -177,6 +186,28 @@ class ServerState:
             self.llm.close()
         if self.draft_engine is not None:
             self.draft_engine.close()
+
+
+#: ``--cors-origins localhost``: the origins llama-server reflects then (server-http.cpp ``origin_is_localhost``)
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?"
+
+
+def cors_options(config: ServerConfig) -> dict[str, Any]:
+    """Starlette ``CORSMiddleware`` arguments for llama-server's CORS options (tools/server/server-http.cpp:
+    ``*`` any origin, ``localhost`` only local ones, else the listed origins; the listed methods
+    and headers; credentials allowed or not)."""
+    def split(v: str) -> list[str]:
+        return [x.strip() for x in v.split(",") if x.strip()]
+
+    origins = config.cors_origins.strip()
+    headers = ["*"] if config.cors_headers.strip() == "*" else split(config.cors_headers)
+    out: dict[str, Any] = dict(allow_credentials=config.cors_credentials, allow_methods=split(config.cors_methods),
+                               allow_headers=headers)
+    if origins == "localhost":
+        out.update(allow_origins=[], allow_origin_regex=LOCAL_ORIGINS)
+    else:
+        out["allow_origins"] = ["*"] if origins == "*" else split(origins)
+    return out
 
 
 def _error(exc: BaseException) -> JSONResponse:
@@ -260,8 +291,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
     app.add_middleware(Gate)
 
     # added after the gate, so outside it: a browser's preflight (OPTIONS, no API key) is answered here
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
-                       allow_headers=["*"])  # llama-server answers any origin, for browser front ends
+    app.add_middleware(CORSMiddleware, **cors_options(config))
 
     async def body_of(request: Request) -> dict[str, Any]:
         raw = await request.body()
