@@ -407,6 +407,8 @@ def test_budgets_count_every_sequences_kv_and_state(models):
     for bad in (0, -1, "2", 2.5, True, None):
         with pytest.raises(CooktopError, match="n_seq_max"):
             Llama(model_path=str(models["small", "F32"]), n_seq_max=bad, verbose=False, device="cpu")
+    with pytest.raises(CooktopError, match="context shift is not supported"):  # serve --context-shift
+        Llama(model_path=str(models["small", "F32"]), context_shift=True, verbose=False, device="cpu")
 
 
 def test_target_and_draft_on_one_device_from_several_threads(engine, models):

@@ -14,6 +14,7 @@ import pytest
 from cooktop.cli.group import cli
 from cooktop.cli.llama_flags import llama_options, load_table, options_for
 from cooktop.cli.main import _register
+from cooktop.errors import CooktopError
 
 PROMPT = "Once upon a time"
 _register()
@@ -198,6 +199,15 @@ def test_context_shift_and_keep(stories):
     fresh = eng.new_sequence()
     logits = fresh.eval(ctx[:5] + ctx[5 + 13:])[-1]
     assert res.tokens[27] == int(logits.argmax())
+    # the Python API and the server (Llama(context_shift=True, n_keep=5), serve --context-shift --keep 5)
+    from cooktop.api import Llama
+    llm = Llama(model_path=str(stories), n_ctx=32, context_shift=True, n_keep=5, verbose=False, device="cpu")
+    api = llm.create_completion(PROMPT, max_tokens=29, temperature=0)
+    assert api["usage"]["completion_tokens"] == 29 and api["choices"][0]["text"] == eng.tokenizer.detokenize(
+        res.tokens).decode("utf-8", "replace")
+    llm.close()
+    with pytest.raises(CooktopError, match="n_keep"):
+        Llama(model_path=str(stories), n_keep=-2, verbose=False, device="cpu")
     with pytest.raises(click.ClickException):
         parse("run", "--keep", "x")
     r = cooktop("run", "-m", str(stories), "-p", PROMPT, "--keep", "-2", "--device", "cpu")

@@ -36,6 +36,7 @@ class LlamaBase:
         embedding_enabled: bool
         last_n_tokens_size: int
         spm_infill: bool
+        _n_keep: int | None
         chat_format: str | None
         _gf: HasMetadata
         _chat: TemplateChoice | None

@@ -176,7 +176,8 @@ class ChatMixin(LlamaBase):
         stops = stop_list(stop) + [s for s in template_stops if s not in stop_list(stop)]
         criteria = list(stopping_criteria) if stopping_criteria is not None else []
         steps = eng.generate(tokens, n_predict_of(max_tokens), sampler, stops, stopping_criteria=criteria,
-                             seq=self._active_seq, preserved=plan.preserved, draft=self._speculation())
+                             seq=self._active_seq, preserved=plan.preserved, draft=self._speculation(),
+                             n_keep=self._n_keep)
         k = (top_logprobs or 0) if logprobs else None
         chat = _Chat(self, steps, len(tokens), model or self.model_path, k, plan, opened)
         return chat.chunks() if stream else chat.whole()

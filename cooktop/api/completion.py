@@ -215,7 +215,7 @@ class CompletionMixin(LlamaBase):
             prompt_lp = self._prompt_logprobs(seq, tokens, logprobs)
             score_ms = (time.perf_counter() - t0) * 1e3
         steps = eng.generate(tokens, n_predict, sampler, stop_list(stop), stopping_criteria=criteria, seq=seq,
-                             draft=self._speculation())
+                             draft=self._speculation(), n_keep=self._n_keep)
         if prompt_lp is not None:  # the scoring read the prompt: nothing of it was cached
             steps.count_prompt_scoring(len(tokens), score_ms)
         prefix = ""

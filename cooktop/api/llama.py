@@ -79,7 +79,10 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     blocks on the host), ``cpu_moe`` (``--cpu-moe``: all of them), ``override_tensor``
     (``-ot``: ``"REGEX=DEVICE"`` strings; see ``runtime/placement.py``), and ``n_seq_max`` (llama.cpp's
     context parameter: the sequences that will share the cache, the server's ``-np``; ``-ngl auto`` and
-    the memory check count their K/V and recurrent states).
+    the memory check count their K/V and recurrent states), ``context_shift`` / ``n_keep`` (llama.cpp's
+    ``--context-shift`` / ``--keep``: a generation that fills the context keeps its first ``n_keep``
+    tokens (-1: the prompt), drops the older half of the rest and goes on, instead of ending with
+    finish reason ``length``; refused on a model with recurrent layers, whose state cannot drop tokens).
 
     Raises:
         GGUFError, UnsupportedModelError, DeviceError, ChatTemplateError (an
@@ -97,7 +100,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                  chat_template: str | None = None, chat_template_file: str | None = None,
                  ray_address: str | None = None, n_cpu_moe: int = 0, cpu_moe: bool = False,
                  override_tensor: str | list[str] | None = None, draft_model: Any = None, n_seq_max: int = 1,
-                 **kwargs: Any):
+                 context_shift: bool = False, n_keep: int = 0, **kwargs: Any):
         self._engine_or_none: _generate.Engine | None = None
         self._last = None
         notices.set_verbose(verbose)  # process-wide, like llama-cpp-python's log callback: False prints nothing
@@ -108,6 +111,10 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         options.pooling_name(pooling_type)
         options.set_threads(n_threads_batch or n_threads)
         self._n_batch_arg = n_batch
+        if isinstance(n_keep, bool) or not isinstance(n_keep, int) or n_keep < -1:
+            raise CooktopError(f"n_keep must be an integer >= -1 (-1: the whole prompt), got {n_keep!r}")
+        #: the generations' ``n_keep`` (``Engine.generate``): None without context shift
+        self._n_keep: int | None = n_keep if context_shift else None
         self.draft_model = draft_model
         self.seed = -1 if seed in (None, -1, 0xFFFFFFFF) else int(seed)
         self.context_params = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
@@ -157,6 +164,10 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                                         keep_scores=True, **extra)
             self._gf, self._tokenizer = self._engine.gf, self._engine.tokenizer
             self._n_ctx = self._engine.n_ctx
+            if context_shift and any(getattr(self._engine.cfg, "recurrent_layers", ())):
+                self.close()
+                raise CooktopError(f"{self.model_path}: context shift is not supported by this model: its recurrent "
+                                   "layers' state cannot drop tokens (llama.cpp refuses it too); leave it off")
         self._chat = None  # resolved chat template (TemplateChoice), on first use
         if chat_format is not None or chat_template is not None or chat_template_file is not None:
             self.chat_template_choice()  # an unknown name fails now

@@ -75,6 +75,11 @@ from .spec_options import speculative_options
               help="Allowed CORS headers, comma-separated.")
 @click.option("--cors-credentials/--no-cors-credentials", "cors_credentials", default=True, show_default=True,
               envvar="LLAMA_ARG_CORS_CREDENTIALS", help="Allow credentials in CORS requests.")
+@click.option("--context-shift/--no-context-shift", "context_shift", default=False, show_default=True,
+              envvar="LLAMA_ARG_CONTEXT_SHIFT",
+              help="A generation that fills a slot's context drops the older half of it (after --keep) and goes on.")
+@click.option("--keep", "n_keep", default=0, show_default=True,
+              help="With --context-shift: prompt tokens kept at the start (-1: the whole prompt).")
 @click.option("--props", "endpoint_props", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_PROPS",
               help="Allow POST /props (llama-server's; off: 501).")
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
@@ -91,7 +96,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
               api_key_file,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
-              endpoint_props, metrics, slot_save_path, threads, threads_batch,
+              context_shift, n_keep, endpoint_props, metrics, slot_save_path, threads, threads_batch,
               device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
@@ -146,6 +151,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
                   **moe_kwargs(tensors), **kv_kwargs(kv))
     if n_parallel > 1:  # the slots share one cache: -ngl auto and the memory check count every slot's K/V
         kwargs["n_seq_max"] = n_parallel
+    if context_shift:
+        kwargs.update(context_shift=True, n_keep=n_keep)
     if pooling is not None:  # llama.cpp's LLAMA_POOLING_TYPE_* ids
         kwargs["pooling_type"] = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}[pooling]
     if rerank:
