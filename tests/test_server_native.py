@@ -108,10 +108,29 @@ def test_n_probs(http):
         assert bytes(p["bytes"]).decode("utf-8", "ignore") == p["token"]
 
 
+def predicted_total(http):
+    line = next(x for x in http.get("/metrics").text.splitlines() if x.startswith("llamacpp:tokens_predicted_total"))
+    return float(line.split()[1])
+
+
 def test_response_fields(http):
+    before = predicted_total(http)
     r = native(http, prompt=PROMPT, n_predict=2, response_fields=["content", "generation_settings/n_predict",
                                                                     "no/such"])
     assert set(r) == {"content", "generation_settings/n_predict"} and r["generation_settings/n_predict"] == 2
+    assert predicted_total(http) == before + 2  # counted though the answer leaves its timings out
+
+
+def test_context_full_is_truncated_and_a_full_prompt_refused(http):
+    """llama-server: a generation that fills the context is ``truncated`` (stop_type limit); a prompt that
+    leaves no room (n_tokens >= n_ctx) is a 400."""
+    r = native(http, prompt=PROMPT, n_predict=-1, ignore_eos=True)
+    assert r["stop_type"] == "limit" and r["truncated"] is True and r["tokens_cached"] == 256
+    assert native(http, prompt=PROMPT, n_predict=3)["truncated"] is False
+    ids = http.post("/tokenize", json={"content": PROMPT, "add_special": True}).json()["tokens"]
+    full = ids + [ids[-1]] * (256 - len(ids))
+    r = http.post("/completion", json={"prompt": full, "n_predict": 2})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error", r.text
 
 
 @pytest.mark.parametrize("body, param", [
@@ -218,7 +237,9 @@ def test_slot_save_erase_restore(stories, tmp_path, server_deps):
             doc["model"]["n_vocab"] += 1
             (saved / "other.slot").write_text(json.dumps(doc))
             (saved / "llama.bin").write_bytes(b"GGSQ\x00\x01binary")
+            (saved / "deep.slot").write_text("[" * 100000 + "]" * 100000)
             for name, words in (("other.slot", "another model"), ("llama.bin", "not a cooktop slot file"),
+                                ("deep.slot", "not a cooktop slot file"),
                                 ("missing.slot", "no slot file")):
                 r = c.post("/slots/0?action=restore", json={"filename": name})
                 assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
@@ -321,3 +342,12 @@ def test_logit_bias_by_text_and_false(http):
     chat = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "temperature": 0,
                                               "logit_bias": [[piece, False]]}).json()
     assert chat["choices"][0]["text"] != piece
+
+
+def test_fim_tokens_found_as_llama_cpp_finds_them(shared):
+    """token_prefix / suffix / middle (and so /infill) find a vocabulary's FIM tokens by the fim_* keys or by
+    their text (StarCoder's <fim_prefix>...), as llama.cpp's llama_vocab_fim_pre does."""
+    from cooktop.api import Llama
+    v = Llama(model_path=str(shared / "vocab" / "ggml-vocab-starcoder.gguf"), vocab_only=True, verbose=False)
+    ids = v.tokenize(b"<fim_prefix><fim_suffix><fim_middle>", add_bos=False, special=True)
+    assert [v.token_prefix(), v.token_suffix(), v.token_middle()] == ids and len(ids) == 3

@@ -331,20 +331,23 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         return ids[-1] if ids else -1
 
     def _special_id(self, key: str) -> int:
-        v = self._gf.metadata.get(f"tokenizer.ggml.{key}_token_id")
-        return int(v) if isinstance(v, int) and 0 <= v < self.n_vocab() else -1
+        """The tokenizer's special id ``key`` (``fim_pre``...: from the file's ``fim_*_token_id`` keys,
+        their older ``prefix`` / ``suffix`` / ``middle`` spellings, or the token's text, as llama.cpp
+        src/llama-vocab.cpp finds them); -1 when the vocabulary has none."""
+        v = self._tokenizer.special_ids.get(key, -1)
+        return int(v) if 0 <= v < self.n_vocab() else -1
 
     def token_prefix(self) -> int:
-        """Fill-in-the-middle prefix token id (-1 if none)."""
-        return self._special_id("prefix")
+        """Fill-in-the-middle prefix token id (-1 if none): llama.cpp's ``llama_vocab_fim_pre``."""
+        return self._special_id("fim_pre")
 
     def token_suffix(self) -> int:
-        """Fill-in-the-middle suffix token id (-1 if none)."""
-        return self._special_id("suffix")
+        """Fill-in-the-middle suffix token id (-1 if none): ``llama_vocab_fim_suf``."""
+        return self._special_id("fim_suf")
 
     def token_middle(self) -> int:
-        """Fill-in-the-middle middle token id (-1 if none)."""
-        return self._special_id("middle")
+        """Fill-in-the-middle middle token id (-1 if none): ``llama_vocab_fim_mid``."""
+        return self._special_id("fim_mid")
 
     # -- tokens ------------------------------------------------------------
     def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:

@@ -52,6 +52,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..api.completion import stop_list
 from ..api.logprobs import log_softmax
+from ..errors import ContextOverflowError
 from . import protocol as P
 from .responses import eos_ignored, timings_json
 
@@ -147,6 +148,12 @@ class NativeOptions:
             raise P.bad("response_fields", "expected a list of field paths such as 'generation_settings/n_predict'")
         self.response_fields: list[str] = fields or []
 
+    def shape(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A final result cut to ``response_fields`` (when given); partial results as they are."""
+        if self.response_fields and result.get("stop") is True:
+            return nested_fields(self.response_fields, result)
+        return result
+
 
 def generation_settings(args: dict[str, Any], opts: NativeOptions, seed: int) -> dict[str, Any]:
     """The ``generation_settings`` of a result: the sampling parameters used (llama.cpp
@@ -169,6 +176,11 @@ def native_job(prompts: list[Any], args: dict[str, Any], opts: NativeOptions):
             for index, prompt in enumerate(prompts):
                 kw = eos_ignored(llm, dict(args))
                 ids = native_prompt(llm, prompt)
+                if isinstance(ids, str):
+                    ids = llm.tokenize(ids, add_bos=True, special=True)
+                if len(ids) >= llm.n_ctx() and llm._n_keep is None:  # llama-server: no room to generate
+                    raise ContextOverflowError(f"request ({len(ids)} tokens) exceeds the available context size "
+                                               f"({llm.n_ctx()} tokens), try increasing it")
                 run = llm.start_completion(ids, model=opts.model, **kw)
                 yield from _results(llm, run, index, args, opts)
         return gen()
@@ -205,18 +217,20 @@ def _results(llm: Any, run: Any, index: int, args: dict[str, Any], opts: NativeO
         llm._last = res
     text = "".join(texts)
     stop_type = "limit" if finish == "length" else ("word" if word is not None else "eos")
+    # the context filled before n_predict (server-context.cpp: truncated with STOP_TYPE_LIMIT)
+    truncated = finish == "length" and (args["n_predict"] < 0 or len(tokens) < args["n_predict"])
     final: dict[str, Any] = {
         "index": index, "content": "" if opts.stream else text,
         "tokens": [] if opts.stream or not opts.return_tokens else tokens, "id_slot": slot, "stop": True,
         "model": opts.model, "tokens_predicted": len(tokens), "tokens_evaluated": run.n_prompt,
         "generation_settings": generation_settings(args, opts, res.seed if res is not None else -1),
         "prompt": llm.detokenize(run.prompt_tokens, special=True).decode("utf-8", errors="replace"),
-        "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type, "stopping_word": word or "",
+        "has_new_line": "\n" in text, "truncated": truncated, "stop_type": stop_type, "stopping_word": word or "",
         "tokens_cached": len(run.seq.tokens) if run.seq is not None else run.n_prompt + len(tokens),
         "timings": timings_json(res.timings, run.steps.n_cached) if res is not None else {}}
     if probs and not opts.stream:
         final["completion_probabilities"] = probs
-    yield nested_fields(opts.response_fields, final) if opts.response_fields else final
+    yield final  # response_fields are applied by the handler, after the scheduler counted the timings
 
 
 def _mixed(llm: Any, value: Any, name: str) -> list[int]:
@@ -380,20 +394,20 @@ async def _serve(ctx: Any, request: Request, infill: bool):
     except Exception as e:  # noqa: BLE001 - mapped to the error shape llama-server answers
         return ctx.openai_error(e)
     if opts.stream:
-        return StreamingResponse(_events(chunks), media_type="text/event-stream",
+        return StreamingResponse(_events(chunks, opts), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        results = [c async for c in chunks]
+        results = [opts.shape(c) async for c in chunks]
     except Exception as e:  # noqa: BLE001
         return ctx.openai_error(e)
     return JSONResponse(results[0] if len(prompts) == 1 else results)
 
 
-async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+async def _events(chunks: AsyncIterator[dict[str, Any]], opts: NativeOptions) -> AsyncIterator[str]:
     """The stream's events; an error after the first chunk is sent as one ``error`` event."""
     try:
         async for c in chunks:
-            yield f"data: {json.dumps(c, ensure_ascii=False)}\n\n"
+            yield f"data: {json.dumps(opts.shape(c), ensure_ascii=False)}\n\n"
     except Exception as e:  # noqa: BLE001 - the status line is already sent: the error goes in the stream
         status, kind = P.classify(e)
         yield f"data: {json.dumps({'error': P.error_body(status, str(e), kind)['error']}, ensure_ascii=False)}\n\n"

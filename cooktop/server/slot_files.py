@@ -77,7 +77,7 @@ def read(path: str, identity: dict[str, Any], n_ctx: int) -> tuple[list[int], in
         raise P.HTTPError(400, f"cannot read the slot file {name}: {e.strerror}") from None
     try:
         doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # RecursionError: nested too deeply
         doc = None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise P.HTTPError(400, f"{name} is not a cooktop slot file (llama-server's binary slot files cannot be "

@@ -83,8 +83,8 @@ async def _save(bridge: Bridge, request: Request, n: int) -> dict[str, Any]:
     """``action=save``: the slot's tokens to ``--slot-save-path``/``filename``, once it is idle."""
     name = slot_files.check_filename(await bridge.body_of(request))
     sched = bridge.state.ready
+    tokens = await asyncio.to_thread(sched.slot_tokens, n)  # waits for the slot to be idle, untimed (llama-server)
     t0 = time.perf_counter()
-    tokens = await asyncio.to_thread(sched.slot_tokens, n)
     identity = slot_files.model_identity(bridge.state.llm, bridge.config.model_path)
     path = os.path.join(bridge.config.slot_save_path, name)
     n_written = await asyncio.to_thread(slot_files.write, path, identity, tokens)
