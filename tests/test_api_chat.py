@@ -169,6 +169,20 @@ def test_grammar_and_response_format(llm):
     chat = llm.create_chat_completion([{"role": "user", "content": "age?"}], max_tokens=40, temperature=0,
                                       response_format={"type": "json_object", "schema": schema})
     assert set(json.loads(chat["choices"][0]["message"]["content"])) == {"age"}
+    # llama.cpp's reading: an object listing properties takes no others unless additionalProperties says so
+    open_schema = {k: v for k, v in schema.items() if k != "additionalProperties"}
+    out = llm.create_completion(PROMPT, max_tokens=60, temperature=0,
+                                grammar=LlamaGrammar.from_json_schema(open_schema))
+    assert set(json.loads(out["choices"][0]["text"])) == {"age"}
+    from cooktop.engine.grammar import closed_objects
+    nested = {"properties": {"properties": {"type": "object", "properties": {"a": {}}}},
+              "$defs": {"d": {"properties": {}}}, "anyOf": [{"properties": {"x": {}}}, {"type": "string"}]}
+    assert closed_objects(nested) == {
+        "properties": {"properties": {"type": "object", "properties": {"a": {}}, "additionalProperties": False}},
+        "$defs": {"d": {"properties": {}, "additionalProperties": False}},
+        "anyOf": [{"properties": {"x": {}}, "additionalProperties": False}, {"type": "string"}],
+        "additionalProperties": False}
+    assert closed_objects({"type": "object"}) == {"type": "object"}  # no properties: any object
     with pytest.raises(GrammarError, match="does not compile"):
         LlamaGrammar.from_string("root ::= (")
     with pytest.raises(GrammarError, match="not both"):

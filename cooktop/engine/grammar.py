@@ -17,7 +17,8 @@ next token (end-of-sequence allowed only where the grammar may end) and
   llguidance's ``gbnf_to_lark`` (llama-cpp-python's ``LlamaGrammar.from_string``);
 * ``lark``: llguidance's Lark dialect;
 * ``json_schema``: a JSON schema (``response_format``; ``{"type": "object"}``
-  for any JSON object);
+  for any JSON object), with llama.cpp's reading of objects that list ``properties``: no other
+  keys unless ``additionalProperties`` allows them (:func:`closed_objects`);
 * ``regex``.
 
 Errors (a grammar that does not parse, a schema llguidance cannot compile) are
@@ -100,6 +101,36 @@ class GrammarTokenizer:
         return self._exact.tokenize(text)
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames",
+               "unevaluatedProperties", "additionalItems")
+
+
+def closed_objects(schema: Any) -> Any:
+    """``schema`` (a copy) with ``"additionalProperties": false`` on every object schema that lists
+    ``properties`` and says nothing of others: llama.cpp's json-schema-to-grammar allows no other
+    keys there (common/json-schema.cpp: additional properties only when ``additionalProperties``
+    says so, or when there are no ``properties``), where JSON Schema (and llguidance) would allow any."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for k in _SCHEMA_MAPS:
+        if isinstance(out.get(k), dict):
+            out[k] = {name: closed_objects(sub) for name, sub in out[k].items()}
+    for k in _SCHEMA_LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [closed_objects(sub) for sub in out[k]]
+    for k in _SCHEMA_ONE:
+        if isinstance(out.get(k), (dict, list)):
+            out[k] = closed_objects(out[k])
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def grammar_text(kind: str, source: Any) -> str:
     """An llguidance grammar definition from a source of ``kind`` (see :data:`KINDS`).
 
@@ -117,7 +148,8 @@ def grammar_text(kind: str, source: Any) -> str:
             schema = json.loads(source) if isinstance(source, (str, bytes)) else source
             if not isinstance(schema, dict):
                 raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
-            return llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": False})
+            return llg.LLMatcher.grammar_from_json_schema(closed_objects(schema),
+                                                          defaults={"whitespace_flexible": False})
         if not isinstance(source, str) or not source.strip():
             raise GrammarError(f"the {kind} grammar is empty")
         return llg.grammar_from(kind, source)

@@ -175,7 +175,8 @@ def grammar_arg(body: dict[str, Any], defaults: dict[str, Any] | None = None) ->
     if schema is not None:
         if not isinstance(schema, dict):
             raise bad("json_schema", "expected a JSON schema object")
-        return LlamaGrammar.from_json_schema(schema)
+        # llama-server: an empty schema means any object (tools/server/server-schema.cpp)
+        return LlamaGrammar.from_json_schema(schema or {"type": "object"})
     return None
 
 
