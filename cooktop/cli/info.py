@@ -22,8 +22,8 @@ from .group import cli
 
 
 def _kv_bytes(cfg, n_ctx: int, kv: KVConfig) -> int:
-    rk, rv = kv.row_bytes(cfg.n_embd_kv)
-    return (cfg.n_layer - sum(cfg.recurrent_layers)) * n_ctx * (rk + rv)  # recurrent layers hold no K/V
+    # recurrent blocks and blocks that read another block's cache (gemma4) hold no K/V
+    return n_ctx * sum(sum(kv.row_bytes(cfg.kv_width(i))) for i in range(cfg.n_layer) if cfg.has_kv(i))
 
 
 def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:

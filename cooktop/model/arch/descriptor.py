@@ -103,6 +103,16 @@ class Architecture:
             the f32 values per sequence of each (``model/recurrent.py``; lfm2's convolution: one of
             ``(n_conv - 1) * n_embd``; qwen35's linear attention: three convolution states and the
             delta rule's), () for an attention block; None: the architecture has no recurrent layers.
+        layer_arrays: ``feed_forward_length`` and ``attention.head_count_kv`` may be per-layer arrays
+            (gemma4): ``load_config`` then puts their largest value in ``n_ff`` / ``n_head_kv`` and
+            :attr:`hparams` reads the arrays (``ModelConfig.n_ff_layers``, ``n_head_kv_layers``).
+        tensor_hparams: ``tensor_hparams(f, cfg) -> {ModelConfig field: value}``: config values read
+            from the file's tensors at load (gemma4's per-block output scalars); None: none.
+        layer_inputs: ``layer_inputs(cfg, gf, tokens, x, cache) -> float32 [n, n_layer, width]``: the
+            per-layer token inputs of a pass, computed on the host from the token ids (int [n]) and
+            their embeddings ``x`` (float32 [n, n_embd]); ``cache`` is a dict kept by the model for
+            what it dequantizes once. Block ``il`` reads its rows as ``s.layer_in`` (f32 [n, width];
+            ``ModelConfig.n_embd_per_layer``). None: the blocks take no such input.
     """
 
     name: str
@@ -119,6 +129,9 @@ class Architecture:
     block_ffn: FfnFn | None = None
     state_widths: Callable[[ModelConfig, int], tuple[int, ...]] | None = None
     check_tensors: Callable[[Container[str], ModelConfig, str], None] | None = None
+    layer_arrays: bool = False
+    tensor_hparams: Callable[[Any, ModelConfig], dict[str, Any]] | None = None
+    layer_inputs: Callable[[ModelConfig, Any, Any, Any, dict], Any] | None = None
 
     @property
     def recurrent(self) -> bool:
@@ -193,7 +206,7 @@ class Architecture:
         w: Any = {k: _Placeholder(k) for k in keys}
         if isinstance(unit, int):
             names = [*self.scratch(cfg), *(self.scratch_i32(cfg) if self.scratch_i32 else ())]
-            s = SimpleNamespace(**{name: _Placeholder(name) for name in names})
+            s = SimpleNamespace(**{name: _Placeholder(name) for name in names}, layer_in=_Placeholder("layer_in"))
             t: Any = _Placeholder("kv")
             st = (t,) * len(self.state_widths(cfg, unit)) if self.state_widths is not None else None
             self.run_block(d, cfg, w, s, KV(t, t, t, t, t, cfg.n_ctx_train, state=st, slots=t if st else None),
@@ -261,6 +274,14 @@ class Architecture:
             for s in self.tensors:
                 if s.per_block and s.in_block(cfg, i):
                     yield s.gguf_name(i), s
+
+    @staticmethod
+    def shape_of(spec: TensorSpec, cfg: ModelConfig, name: str) -> tuple[int, ...]:
+        """The numpy-order shape of tensor ``name`` (``spec``'s): a per-block one's from the config
+        as its block sees it (``ModelConfig.layer``: gemma4's per-layer widths), else ``spec.shape(cfg)``."""
+        if spec.per_block and name.startswith("blk."):
+            return spec.shape(cfg.layer(int(name.split(".")[1])))
+        return spec.shape(cfg)
 
 
 def _in_part(spec: TensorSpec, part: str) -> bool:
