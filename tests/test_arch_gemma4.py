@@ -225,3 +225,29 @@ def test_partial_offload_keeps_shared_blocks_with_their_cache(models):
     rep = plan_report(str(models["small", "F32"]), N_CTX, 16, "opencl", 3, None)
     assert rep["blocks"] == ["cpu"] * 9 and rep["head"].startswith("opencl")
     assert "block 7 runs on cpu with block 4, whose KV cache it reads" in rep["host_reasons"]
+
+
+def test_sequences_in_one_batch_each_equal_alone(models):
+    """Three sequences of one cache in one batch (past the window of 8): each row's logits are what the
+    sequence gives alone; the shared-KV blocks read their own sequence's cells of the source's cache."""
+    from cooktop.engine import generate as G
+    rng = np.random.default_rng(7)
+    prompts = [[int(t) for t in rng.integers(3, 300, n)] for n in (12, 1, 9)]
+    eng = G.load(str(models["small", "F32"]), n_ctx=32, n_batch=32, device="cpu", logits_all=True)
+    try:
+        alone = [eng.new_sequence().eval(p, logits_all=True) for p in prompts]
+        cache = eng.model.new_cache(3)
+        got = eng.model.forward_batch(cache, [(s, 0, p, len(p)) for s, p in enumerate(prompts)])
+        for rows, want in zip(got, alone):
+            # float32 rounding of matmuls over other row counts (a cell mix-up would be ~1e-2)
+            assert nmse(np.asarray(rows, np.float64), np.asarray(want, np.float64)) <= 1e-7
+        cache.close()
+    finally:
+        eng.close()
+
+
+def test_synth_refuses_kv_sharing_llama_cpp_cannot_load():
+    from cooktop.errors import CooktopError
+    with pytest.raises(CooktopError, match="shared-KV blocks of 7 read blocks 2"):
+        synth.validate(dataclasses.replace(synth.SHAPES["gemma-4-e2b"], n_layer=7, n_kv_shared=3), "Q8_0")
+    synth.validate(dataclasses.replace(synth.SHAPES["gemma-4-e2b"], n_layer=7, n_kv_shared=2), "Q8_0")

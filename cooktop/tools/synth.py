@@ -425,6 +425,14 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
                                     and not s.rope_sections):
         raise CooktopError("synthetic shape: qwen3next needs ssm_d_state, ssm_n_group, ssm_dt_rank (a multiple of "
                            "ssm_n_group), full_attention_interval > 0 and no rope_sections (NeoX rope)")
+    if arch == "gemma4":
+        swa, n_kv = s.swa_layers() or (False,) * s.n_layer, s.n_layer - s.n_kv_shared
+        if s.n_kv_shared and not (0 < s.n_kv_shared and n_kv >= 2 and not swa[n_kv - 1] and swa[n_kv - 2]):
+            raise CooktopError(f"synthetic shape: gemma4's {s.n_kv_shared} shared-KV blocks of {s.n_layer} read blocks "
+                               f"{n_kv - 2} (sliding-window) and {n_kv - 1} (full attention), as llama.cpp does; "
+                               "the pattern must have them (--n-layer past both)")
+        if (s.head_dim_swa or 2) % 2 or (s.n_head_kv_full and s.n_head % s.n_head_kv_full):
+            raise CooktopError("synthetic shape: gemma4 needs an even head_dim_swa and n_head_kv_full dividing n_head")
     layouts = {t.layout for t in architecture(arch).tensors if t.layout}
     if s.layout and s.layout not in layouts:
         raise CooktopError(f"synthetic shape: layout {s.layout!r} is not one of {arch}'s "
