@@ -11,6 +11,7 @@ wherever llama.cpp's top-2 margin is clear of the numerical error.
 - ``small``: 9 blocks (SWA, SWA, full, ...), blocks 6-8 share the K/V of blocks 4 (SWA) and 5 (full);
   a 40-token prompt (5 sliding windows of 8) in chunks of 7 (llama.cpp: 16), F32 and Q8_0.
 - ``kq``: 5 blocks 256 wide (every row a multiple of Q4_K's 256), blocks 3-4 share block 1's K/V; Q4_K.
+- ``dense``: ``small`` without per-layer inputs and KV sharing (the 31B's layout); F32.
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ SMALL = synth.Shape(n_embd=64, n_layer=9, n_head=4, n_head_kv=2, n_ff=96, n_voca
                     final_logit_softcap=0.5)
 KQ = dataclasses.replace(SMALL, n_embd=256, n_layer=5, n_ff=256, head_dim=128, head_dim_swa=64, n_kv_shared=2,
                          n_embd_per_layer=256, n_head_kv_full=None, k_eq_v=False, final_logit_softcap=5.0)
-SHAPES = {"small": SMALL, "kq": KQ}
+#: 31B-like: no per-layer inputs, no KV sharing (V = K and fewer KV heads on the full layers, as 31B)
+DENSE = dataclasses.replace(SMALL, n_embd_per_layer=0, n_kv_shared=0, double_wide=False)
+SHAPES = {"small": SMALL, "kq": KQ, "dense": DENSE}
 PROMPT = [int(t) for t in np.random.default_rng(1).integers(3, 300, 40)]
 #: (shape, file type, cooktop n_batch)
-CASES = [("small", "F32", 7), ("small", "Q8_0", 7), ("kq", "Q4_K", 16)]
+CASES = [("small", "F32", 7), ("small", "Q8_0", 7), ("kq", "Q4_K", 16), ("dense", "F32", 7)]
 N_CTX, N_GREEDY = 128, 6
 
 
@@ -95,12 +98,12 @@ def reference(models):
     return refs
 
 
-#: Vulkan runs the F32 case only: on lavapipe (a CPU driver) the quantized matmul pipelines take a minute
+#: Vulkan runs the small F32 case only: on lavapipe (a CPU driver) the quantized matmul pipelines take a minute
 #: or more to build and run; those kernels are checked by the Vulkan op tests.
 RUNS = [pytest.param(fam, *case, id=f"{fam}-{case[0]}-{case[1]}",
                      marks=[pytest.mark.slow(reason="lavapipe builds its Vulkan pipelines in 15-30 s")]
                      if fam == "vulkan" else [])
-        for fam in registry.FAMILIES for case in CASES if fam != "vulkan" or case[1] == "F32"]
+        for fam in registry.FAMILIES for case in CASES if fam != "vulkan" or case[:2] == ("small", "F32")]
 
 
 def _run(path, family: str, n_batch: int) -> tuple[np.ndarray, list[int]]:
