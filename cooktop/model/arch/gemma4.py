@@ -171,6 +171,7 @@ def _n_pl(c: ModelConfig) -> int:
 
 
 def _has_ple(c: ModelConfig, il: int) -> bool:
+    """True when the blocks take per-layer inputs (``n_embd_per_layer`` > 0): their inp_gate, proj, post_norm."""
     return c.n_embd_per_layer > 0
 
 
