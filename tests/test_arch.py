@@ -100,6 +100,9 @@ EXPECTED_OPS = {
                {"get_rows", "rmsnorm", "matmul"}),
     "phi3": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "silu_mul"},
              {"get_rows", "rmsnorm", "matmul"}),
+    # gemma4's V norm without a weight is l2_norm then scale (SMALL: no per-layer inputs, no shared KV)
+    "gemma4": ({"rmsnorm", "matmul", "rope", "kv_store", "l2_norm", "scale", "attention", "add", "gelu_mul"},
+               {"get_rows", "rmsnorm", "matmul"}),
     "qwen3moe": ({"rmsnorm", "matmul", "rope", "kv_store", "attention", "add", "moe_route", "matmul_id",
                   "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
     "qwen2moe": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add", "moe_route", "matmul_id",

@@ -22,8 +22,8 @@ from .group import cli
 
 
 def _kv_bytes(cfg, n_ctx: int, kv: KVConfig) -> int:
-    rk, rv = kv.row_bytes(cfg.n_embd_kv)
-    return (cfg.n_layer - sum(cfg.recurrent_layers)) * n_ctx * (rk + rv)  # recurrent layers hold no K/V
+    # recurrent blocks and blocks that read another block's cache (gemma4) hold no K/V
+    return n_ctx * sum(sum(kv.row_bytes(cfg.kv_width(i))) for i in range(cfg.n_layer) if cfg.has_kv(i))
 
 
 def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
@@ -210,6 +210,12 @@ def info_cmd(model: str, n_ctx: int, kv: KVConfig, as_json: bool) -> None:
         lines.insert(-2, f"sliding window: {c['n_swa']} tokens on {len(swa)} of {c['n_layer']} layers "
                          f"(rope_freq_base_swa {c['rope_freq_base_swa']:g}); full attention on layers "
                          f"{[i for i in range(c['n_layer']) if i not in swa]}")
+    if c.get("n_layer_kv"):  # gemma4: the last blocks read earlier blocks' K/V (llama.cpp n_layer_kv_from_start)
+        lines.insert(-2, f"shared KV:      layers {c['n_layer_kv']}-{c['n_layer'] - 1} keep no K/V of their own "
+                         f"(they read layers {c['n_layer_kv'] - 2} and {c['n_layer_kv'] - 1}'s)")
+    if c.get("n_embd_per_layer"):  # gemma4
+        lines.insert(-2, f"per-layer input: {c['n_embd_per_layer']} wide per layer; final logit soft-cap "
+                         f"{c['final_logit_softcap']:g}")
     if c.get("n_expert"):  # llama.cpp's print_info: n_expert, n_expert_used, n_ff_exp, gating
         shared = f", shared expert {c['n_ff_shexp']} wide" if c["arch"] == "qwen2moe" else ""
         lines.insert(-2, f"experts:        {c['n_expert']}, {c['n_expert_used']} used per token, {c['n_ff_exp']} wide"

@@ -97,12 +97,30 @@ class SegmentWorker:
     def new_cache(self, cid: int, n_seq: int = 1) -> None:
         """Allocate cache ``cid``'s K and V for each block: [n_seq * n_ctx, n_head_kv * head_dim] each of the
         default cache type (f16, ``format.kvtypes.KV_DEFAULT``, what the placement budget counts; the layout
-        of ``model.forward.KVCache``)."""
-        shape = (n_seq * self.n_ctx, self.cfg.n_embd_kv)
+        of ``model.forward.KVCache``; a block reading another block's cache, gemma4's shared-KV blocks, gets
+        that block's tensors, which must be in this segment).
+
+        Raises:
+            CooktopError: a shared-KV block whose source block is in another segment.
+        """
         buf = self.device.buffer(f"KV cache {cid}")
         try:
-            k = [buf.zeros(shape, KV_DEFAULT) for _ in self.segment.blocks]
-            v = [buf.zeros(shape, KV_DEFAULT) for _ in self.segment.blocks]
+            k: list = []
+            v: list = []
+            own: dict[int, int] = {}
+            for i in self.segment.blocks:
+                src = self.cfg.kv_source(i)
+                if src != i:
+                    if src not in own:
+                        raise CooktopError(f"block {i} reads the KV cache of block {src}, which is in another "
+                                           "segment")
+                    k.append(k[own[src]])
+                    v.append(v[own[src]])
+                    continue
+                own[i] = len(k)
+                shape = (n_seq * self.n_ctx, self.cfg.layer(i).n_embd_kv)
+                k.append(buf.zeros(shape, KV_DEFAULT))
+                v.append(buf.zeros(shape, KV_DEFAULT))
         except BaseException:
             buf.release()
             raise

@@ -9,6 +9,7 @@ also declares the tensors the file must (or may) hold.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -97,7 +98,7 @@ def _check_tensors(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
             raise UnsupportedModelError(
                 f"{f.path}: tensor {name!r} has type {t.ggml_type.name}, which cooktop cannot "
                 f"dequantize on the host for {use} (supported: {', '.join(t.name for t in HOST_TYPES)})")
-        shape = spec.shape(cfg)
+        shape = arch.shape_of(spec, cfg, name)
         if tuple(t.shape) != shape and (1,) + tuple(t.shape) != shape:  # a one-row matrix may be stored 1-D
             raise UnsupportedModelError(
                 f"{f.path}: tensor {name!r} has shape {list(t.shape)}, but the metadata implies {list(shape)} "
@@ -160,8 +161,13 @@ def load_config(f: GGUFFile) -> ModelConfig:
         recurrent_layers: tuple[bool, ...] = ()
     else:
         n_head = m.num("attention.head_count", required=True, minimum=1)
-        n_ff = m.num("feed_forward_length", required=True, minimum=1)
-        n_head_kv, recurrent_layers = _head_count_kv(m, arch, n_head, n_layer)
+        if arch.layer_arrays:  # per-layer arrays (gemma4): the largest here, the arrays in arch.hparams
+            n_ff, n_head_kv = (max(int(v) for v in np.atleast_1d(m.get(k, default, required=default is None)))
+                               for k, default in (("feed_forward_length", None), ("attention.head_count_kv", n_head)))
+            recurrent_layers = ()
+        else:
+            n_ff = m.num("feed_forward_length", required=True, minimum=1)
+            n_head_kv, recurrent_layers = _head_count_kv(m, arch, n_head, n_layer)
         if n_embd % n_head and not m.has("attention.key_length"):
             raise UnsupportedModelError(f"{p}: n_head = {n_head} does not divide n_embd = {n_embd}")
         if n_head % n_head_kv:
@@ -196,5 +202,7 @@ def load_config(f: GGUFFile) -> ModelConfig:
     )
     fields.update(arch.hparams(m))  # an architecture's own reading wins (qwen35: its trunk, its recurrent blocks)
     cfg = ModelConfig(**fields)
+    if arch.tensor_hparams is not None:  # gemma4: per-block output scalars
+        cfg = dataclasses.replace(cfg, **arch.tensor_hparams(f, cfg))
     _check_tensors(f, cfg, arch)
     return cfg

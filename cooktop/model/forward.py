@@ -175,7 +175,8 @@ class Segment:
                         w[pkey] = uploaded[(name, pkey)]
                     continue
                 if name not in uploaded:
-                    uploaded[name] = upload(d, gf.tensor(name), as_f32=spec.kind != MATRIX, shape=spec.shape(cfg))
+                    lc = cfg.layer(unit) if isinstance(unit, int) and spec.per_block else cfg  # gemma4: per block
+                    uploaded[name] = upload(d, gf.tensor(name), as_f32=spec.kind != MATRIX, shape=spec.shape(lc))
                 w[key] = uploaded[name]
             return w
 
@@ -184,6 +185,9 @@ class Segment:
         self.scratch = {name: d.empty((B, width)) for name, width in arch.scratch(cfg).items()}
         if arch.scratch_i32 is not None:
             self.scratch.update({name: d.empty((B, width), T.I32) for name, width in arch.scratch_i32(cfg).items()})
+        # per-layer token inputs (gemma4): one f32 [B, n_embd_per_layer] buffer per block, written per pass
+        P = cfg.n_embd_per_layer
+        self.layer_in = [d.empty((B, P)) for _ in self.blocks] if P else []
         self.pos = d.empty((B,), T.I32)
         self.slots = d.empty((B,), T.I32)
         self.cells = d.empty((B,), T.I32)
@@ -273,6 +277,11 @@ class Segment:
             d.write(start, rows.kv_start)
         if outputs is not None:
             d.write(self.ids.head(m), outputs)
+        if self.layer_in:
+            if rows.layer_inputs is None:
+                raise CooktopError(f"{self.cfg.arch}: a pass without the per-layer token inputs")
+            for buf, i in zip(self.layer_in, self.blocks):
+                d.write(buf.head(n), np.ascontiguousarray(rows.layer_inputs[:, i, :]))
         slots = None
         if states is not None and any(t is not None for t in states):
             slots = self.slots.head(n)
@@ -292,7 +301,12 @@ class Segment:
                 out = self._result(s, n, m, embeddings)
         #: the output-normed rows of the last run with ``hidden`` (float32 [n, n_embd]), else None
         self.hidden_out = d.read(s.xn) if hidden else None
-        return d.read(out)
+        res = d.read(out)
+        c = self.cfg.final_logit_softcap
+        if head and not embeddings and c:
+            # llama.cpp's final soft-cap (ggml_scale, ggml_tanh, ggml_scale), on the host: c tanh(logits / c)
+            res = np.tanh(np.asarray(res, dtype=np.float32) * np.float32(1.0 / c)) * np.float32(c)
+        return res
 
     def _result(self, s: SimpleNamespace, n: int, m: int, embeddings: bool) -> DeviceTensor:
         """The tensor :meth:`run` reads back: x (no head), xn (embeddings), logits (all rows or ``m``)."""
@@ -309,6 +323,8 @@ class Segment:
         """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`."""
         d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
+            if self.layer_in:
+                s.layer_in = self.layer_in[j].head(n)  # this block's per-layer token input (gemma4)
             state = states[j] if states is not None else None
             kv = KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0], self.flash_attn,
                     state, slots if state is not None else None)
@@ -361,18 +377,34 @@ class KVCache(CacheTokens):
         self._closed = False
         self.recurrent: RecurrentState | None = None
         cfg, arch = model.cfg, model.arch
-        K = cfg.n_embd_kv
         kv = model.kv
         try:
             states = []
+            own: dict[int, tuple[DeviceTensor, DeviceTensor, Device]] = {}  # block -> its K, V and device
             for seg in model.segments:
                 d = seg.device.buffer("KV cache")
                 self._releases.append(_releaser(self, d))
-                # feed-forward halves and recurrent blocks: no K/V
-                none = [part == "ffn" or cfg.is_recurrent(i) for i, part in zip(seg.blocks, seg.parts)]
                 rows = n_seq * self.n_ctx
-                self.k.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_k) for f in none])
-                self.v.append([d.zeros((1, K)) if f else d.zeros((rows, K), kv.type_v) for f in none])
+                ks, vs = [], []
+                for i, part in zip(seg.blocks, seg.parts):
+                    K = cfg.layer(i).n_embd_kv
+                    if part == "ffn" or cfg.is_recurrent(i):  # feed-forward halves and recurrent blocks: no K/V
+                        ks.append(d.zeros((1, K)))
+                        vs.append(d.zeros((1, K)))
+                    elif not cfg.has_kv(i):  # reads an earlier block's cache (gemma4's shared-KV layers)
+                        src = cfg.kv_source(i)
+                        if src not in own or own[src][2] is not seg.device:
+                            raise CooktopError(f"block {i} reads the KV cache of block {src}, which is not "
+                                               f"on its device ({seg.device.info.selector}); place them "
+                                               "together")
+                        ks.append(own[src][0])
+                        vs.append(own[src][1])
+                    else:
+                        ks.append(d.zeros((rows, K), kv.type_k))
+                        vs.append(d.zeros((rows, K), kv.type_v))
+                        own[i] = (ks[-1], vs[-1], seg.device)
+                self.k.append(ks)
+                self.v.append(vs)
                 if arch.state_widths is not None:
                     # a block's feed-forward half keeps no state (its attention half's segment does)
                     states.append((d, [() if part == "ffn" else arch.state_widths(cfg, i)

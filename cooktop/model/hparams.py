@@ -75,6 +75,22 @@ class ModelConfig:
             ``1 + beta * ln(1 + floor(p / n_ctx_orig_yarn))``; 0 means none.
         use_rope: False when the attention blocks rotate nothing (Granite 4.0-H's NoPE attention:
             ``rope.scaling.finetuned`` false, llama.cpp ``hparams.rope_pattern`` / ``has_rope``).
+        head_dim_swa, n_rot_swa: head width and rotated dimensions of the sliding-window layers when they
+            differ from the others' (gemma4: ``attention.key_length_swa``, ``rope.dimension_count_swa``;
+            llama.cpp ``n_embd_head_k_swa``, ``n_rot_swa``); 0: ``head_dim`` / ``n_rot``.
+        n_ff_layers, n_head_kv_layers: per block, the feed-forward width and KV heads when they vary
+            (gemma4's ``feed_forward_length`` / ``attention.head_count_kv`` arrays: double-wide MLPs,
+            fewer KV heads on full-attention layers); (): ``n_ff`` / ``n_head_kv`` everywhere (those
+            fields then hold the largest value).
+        n_layer_kv: blocks ``0 .. n_layer_kv - 1`` keep their own K/V, the later ones read an earlier
+            block's cache (gemma4 ``attention.shared_kv_layers``; llama.cpp ``n_layer_kv_from_start``
+            and the KV cache's ``reuse`` callback); 0: every block keeps its own.
+        n_embd_per_layer: width of each block's per-layer token embedding input (gemma4
+            ``embedding_length_per_layer_input``); 0: none.
+        final_logit_softcap: ``c`` of ``logits = c * tanh(logits / c)`` (``final_logit_softcapping``);
+            0: no cap.
+        layer_out_scales: per block, the scalar its output is multiplied by (gemma4's
+            ``blk.N.layer_output_scale`` tensors, read at load); (): none.
 
     A hyper-parameter that only some architectures have (a sliding window, a logit
     softcap) is added here with a neutral default, as llama.cpp's ``llama_hparams``
@@ -127,6 +143,55 @@ class ModelConfig:
     logit_scale: float = 0.0
     use_rope: bool = True
     attn_temp_scale: float = 0.0
+    head_dim_swa: int = 0
+    n_rot_swa: int = 0
+    n_ff_layers: tuple[int, ...] = ()
+    n_head_kv_layers: tuple[int, ...] = ()
+    n_layer_kv: int = 0
+    n_embd_per_layer: int = 0
+    final_logit_softcap: float = 0.0
+    layer_out_scales: tuple[float, ...] = ()
+
+    @property
+    def per_layer_shapes(self) -> bool:
+        """True when some block's head width, rotation, KV heads or feed-forward width differ from
+        the model-wide fields (:meth:`layer`)."""
+        return bool(self.head_dim_swa or self.n_rot_swa or self.n_ff_layers or self.n_head_kv_layers)
+
+    def layer(self, il: int) -> ModelConfig:
+        """The config as block ``il`` sees it: ``head_dim``, ``n_rot``, ``n_head_kv`` and ``n_ff`` that
+        block's (llama.cpp ``n_embd_head_k(il)``, ``n_rot(il)``, ``n_head_kv(il)``, ``n_ff(il)``); the
+        per-layer fields are cleared in the view, so ``layer`` of a view is the view. ``self`` when
+        nothing varies per block."""
+        if not self.per_layer_shapes:
+            return self
+        swa = bool(self.swa_layers) and self.swa_layers[il]
+        return dataclasses.replace(
+            self, head_dim=(self.head_dim_swa or self.head_dim) if swa else self.head_dim,
+            n_rot=(self.n_rot_swa or self.n_rot) if swa else self.n_rot,
+            n_head_kv=self.n_head_kv_layers[il] if self.n_head_kv_layers else self.n_head_kv,
+            n_ff=self.n_ff_layers[il] if self.n_ff_layers else self.n_ff,
+            head_dim_swa=0, n_rot_swa=0, n_ff_layers=(), n_head_kv_layers=())
+
+    def has_kv(self, il: int) -> bool:
+        """True when block ``il`` keeps K/V of its own (llama.cpp ``hparams.has_kv(il)``): not a
+        recurrent block and not one that reads an earlier block's cache (:attr:`n_layer_kv`)."""
+        return not self.is_recurrent(il) and (not self.n_layer_kv or il < self.n_layer_kv)
+
+    def kv_source(self, il: int) -> int:
+        """The block whose cache block ``il`` attends over: ``il`` itself, or for a block past
+        :attr:`n_layer_kv` the last earlier block of its kind, ``n_layer_kv - 2`` for a sliding-window
+        block and ``n_layer_kv - 1`` for a full-attention one (llama.cpp src/llama-model.cpp, the
+        gemma3n / gemma4 ``reuse`` callback of the KV cache)."""
+        if not self.n_layer_kv or il < self.n_layer_kv:
+            return il
+        swa = bool(self.swa_layers) and self.swa_layers[il]
+        return self.n_layer_kv - (2 if swa else 1)
+
+    def kv_width(self, il: int) -> int:
+        """Values per K (or V) cache row of block ``il``: its ``n_head_kv * head_dim``; 0 when it keeps
+        no K/V (:meth:`has_kv`)."""
+        return self.layer(il).n_embd_kv if self.has_kv(il) else 0
 
     def is_recurrent(self, il: int) -> bool:
         """True when block ``il`` is a recurrent layer (llama.cpp ``hparams.is_recr(il)``)."""
@@ -151,10 +216,9 @@ class ModelConfig:
                 "beta_slow": self.rope_yarn_beta_slow, "n_ctx_orig": self.n_ctx_orig_yarn or self.n_ctx_train}
 
     def kv_cache_bytes(self, n_ctx: int, bytes_per_element: int = 4) -> int:
-        """KV cache size: 2 x (attention layers) x n_head_kv x head_dim x n_ctx x bytes per element
-        (bytes; recurrent layers hold no K/V)."""
-        n_attn = self.n_layer - sum(self.recurrent_layers)
-        return 2 * n_attn * self.n_head_kv * self.head_dim * n_ctx * bytes_per_element
+        """KV cache size: 2 x n_ctx x bytes per element x the K widths of the blocks that keep K/V
+        (:meth:`kv_width`: recurrent blocks and blocks reading another's cache hold none), in bytes."""
+        return 2 * n_ctx * bytes_per_element * sum(self.kv_width(il) for il in range(self.n_layer))
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready (``cooktop info``)."""

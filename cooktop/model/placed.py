@@ -44,6 +44,8 @@ class Rows:
         n_ctx: positions per sequence (0: the cache's rows; one sequence).
         seqs: int32 [n] the sequence of each row (the recurrent state row it reads and updates;
             ``model/recurrent.py``); None: sequence 0.
+        layer_inputs: float32 [n, n_layer, n_embd_per_layer] the per-layer token inputs of the rows
+            (gemma4: ``Architecture.layer_inputs``, computed on the host beside the embedding); None: none.
     """
 
     pos: np.ndarray
@@ -52,6 +54,7 @@ class Rows:
     outputs: np.ndarray | None = None
     n_ctx: int = 0
     seqs: np.ndarray | None = None
+    layer_inputs: np.ndarray | None = None
 
 
 class HiddenRows:
@@ -197,6 +200,7 @@ class PlacedModel(Generic[C]):
         self._lock = threading.Lock()
         self._closed = False
         self._embd = gf.tensor("token_embd.weight")
+        self._host_cache: dict = {}  # what Architecture.layer_inputs keeps between passes (dequantized weights)
 
     @property
     def closed(self) -> bool:
@@ -226,6 +230,14 @@ class PlacedModel(Generic[C]):
         if self.arch.embd_scale is not None:
             x = np.asarray(x, dtype=np.float32) * np.float32(self.arch.embd_scale(self.cfg))
         return x
+
+    def layer_inputs(self, tokens: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+        """The per-layer token inputs of ``tokens`` (int [n]) whose embeddings are ``x`` (float32
+        [n, n_embd], :meth:`embed`): float32 [n, n_layer, n_embd_per_layer] by the architecture's
+        ``layer_inputs`` (gemma4), or None when it has none."""
+        if self.arch.layer_inputs is None or not self.cfg.n_embd_per_layer:
+            return None
+        return self.arch.layer_inputs(self.cfg, self.gf, tokens, x, self._host_cache)
 
     def forward(self, tokens: np.ndarray, n_past: int, cache: C, logits_all: bool | None = None,
                 embeddings: bool = False, seq_id: int = 0) -> np.ndarray:
@@ -262,7 +274,7 @@ class PlacedModel(Generic[C]):
         pos = np.arange(n_past, n_past + n, dtype=np.int32)
         out_rows = np.arange(n, dtype=np.int32) if logits_all else np.array([n - 1], dtype=np.int32)
         rows = Rows(pos, outputs=None if la else out_rows, n_ctx=self.n_ctx,
-                    seqs=np.full(n, seq_id, dtype=np.int32))
+                    seqs=np.full(n, seq_id, dtype=np.int32), layer_inputs=self.layer_inputs(ids, h))
         if seq_id:
             rows.cells = pos + np.int32(seq_id * self.n_ctx)
             rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
@@ -306,7 +318,9 @@ class PlacedModel(Generic[C]):
         rows = Rows(pos, pos + base, base, outputs, self.n_ctx, seqs)
         for seq_id, n_past, _, _ in items:
             cache.truncate(n_past, seq_id)
-        logits = self._run(self.embed(ids), rows, cache, False)
+        h = self.embed(ids)
+        rows.layer_inputs = self.layer_inputs(ids, h)
+        logits = self._run(h, rows, cache, False)
         for seq_id, _, toks, _ in items:
             cache.seq_tokens[seq_id].extend(int(t) for t in toks)
         out: list[np.ndarray | None] = [None] * len(items)

@@ -6,8 +6,9 @@ Per device (bytes), for the blocks and head placed on it (the same buffers
 - weights: the tensors the architecture declares for those units (``model/arch``):
   the GGUF byte size of each matrix (raw GGML blocks, uploaded as is), 4 bytes per
   value for norm and bias weights (uploaded as float32);
-- KV cache: ``n_ctx x (row bytes of K + row bytes of V)`` per block, a row being
-  ``n_head_kv x head_dim`` values in the cache's type (``-ctk``/``-ctv``: 4 bytes a value for f32,
+- KV cache: ``n_ctx x (row bytes of K + row bytes of V)`` per block that keeps K/V (a recurrent block
+  and a block reading an earlier block's cache, gemma4's shared-KV layers, keep none), a row being
+  that block's ``n_head_kv x head_dim`` values in the cache's type (``-ctk``/``-ctv``: 4 bytes a value for f32,
   2 for f16, 34/32 for q8_0, 18/32 for q4_0; ``format/kvtypes.py``), for one sequence (the
   engine's default one); each further sequence (``Engine.new_sequence``) needs as much again;
 - scratch: ``4 x n_batch x (sum of the architecture's scratch widths + 1)`` per segment
@@ -201,14 +202,19 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
             recurrent state per recurrent block (``model/forward.py``'s ``KVCache``).
     """
     out = []
-    rk, rv = (kv if kv is not None else KVConfig()).row_bytes(cfg.n_embd_kv)
-    kv_block = (rk + rv) * n_ctx * n_seq  # K and V of one block, in the cache types, every sequence
+    kvc = kv if kv is not None else KVConfig()
+
+    def kv_rows(i: int) -> tuple[int, int]:  # bytes of one K and one V row of block i (0: it keeps none)
+        return kvc.row_bytes(cfg.kv_width(i)) if cfg.has_kv(i) else (0, 0)
     units = placement.units()
     for sel in placement.devices():
         mine = [(i, part) for s, blocks, _, parts in units if s == sel for i, part in zip(blocks, parts)]
         blocks = sorted({i for i, _ in mine})
         # a feed-forward half and a recurrent block have no K/V; a recurrent block has its state (per sequence)
+        # a block reading an earlier block's cache (gemma4's shared-KV layers) has none of its own either
+        kv_mine = [kv_rows(i) for i, part in mine if part != "ffn" and cfg.has_kv(i)]
         n_kv = sum(1 for i, part in mine if part != "ffn" and not cfg.is_recurrent(i))
+        kv_bytes = sum(rk + rv for rk, rv in kv_mine) * n_ctx * n_seq  # every sequence, in the cache types
         state = sum(recurrent_state_bytes(cfg, [i], n_seq) for i, part in mine if part != "ffn")
         head = placement.head == sel
         sizes = weight_bytes(gf, cfg, [*mine, *(["head"] if head else [])])
@@ -224,13 +230,14 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
         # matrices past the max allocation go in row chunks (module doc); anything else must fit whole
         chunked = [n for n, b in sizes.items() if mx is not None and b > mx and len(gf.tensor(n).shape) in (2, 3)]
         whole = {n: b for n, b in sizes.items() if n not in chunked}
-        whole.update({"KV cache": max(rk, rv) * n_ctx * n_seq if n_kv else 0, "scratch": largest_scratch})
+        whole.update({"KV cache": max((max(r) for r in kv_mine), default=0) * n_ctx * n_seq,
+                      "scratch": largest_scratch})
         what = max(whole, key=lambda n: whole[n])
         if chunked:  # the scratch of one chunk's output (chunked.matmul / matmul_id: k slots)
             scratch += min(mx or 0, 4 * n_batch * max(gf.tensor(n).shape[-2] * (cfg.n_expert_used or 1)
                                                       if len(gf.tensor(n).shape) == 3 else gf.tensor(n).shape[0]
                                                       for n in chunked))
         usable = None if mem is None else int(mem * (1.0 - reserve_fraction()))
-        out.append(DeviceBudget(sel, blocks, head, sum(sizes.values()), kv_block * n_kv, scratch, whole[what],
+        out.append(DeviceBudget(sel, blocks, head, sum(sizes.values()), kv_bytes, scratch, whole[what],
                                 mem, usable, mx, what, chunked, state))
     return out

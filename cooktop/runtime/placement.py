@@ -21,6 +21,10 @@ holding a matched tensor (or, for the head and for blocks without halves, the wh
 the named device. A block whose device cannot run its feed-forward half but can run its attention
 (a device without MoE kernels) keeps the feed-forward half on the host by itself, and one whose
 device runs the experts but not the attention (gpt-oss's sinks) keeps the attention there.
+
+A block that reads an earlier block's KV cache (gemma4's shared-KV layers, ``ModelConfig.kv_source``)
+runs on that block's device, with a note: the cache is read where it lives (llama.cpp may read it
+across devices; cooktop's attention reads one device's buffers).
 """
 
 from __future__ import annotations
@@ -332,6 +336,11 @@ def _plan_blocks(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_lay
         if why:
             notes.append(f"output head stays on cpu: {why}")
             head = HOST
+    for i in range(cfg.n_layer):  # a block reading another block's cache (gemma4) runs where that cache is
+        src = cfg.kv_source(i)
+        if src != i and blocks[i] != blocks[src]:
+            notes.append(f"block {i} runs on {blocks[src]} with block {src}, whose KV cache it reads")
+            blocks[i] = blocks[src]
     return Placement(blocks, head, notes), by_ngl
 
 

@@ -125,6 +125,50 @@ class Shape:
     attn_temp_scale: float | None = None
     #: mistral3: rope.scaling.yarn_log_multiplier (YaRN's mscale_all_dim) written when set
     yarn_log_mul: float | None = None
+    #: gemma4: attention.key_length_swa (the sliding-window layers' head width; head_dim is the full
+    #: layers'); default head_dim
+    head_dim_swa: int | None = None
+    #: gemma4: rope.dimension_count_swa (default head_dim_swa)
+    n_rot_swa: int | None = None
+    #: gemma4: attention.shared_kv_layers (the last blocks read earlier blocks' K/V)
+    n_kv_shared: int = 0
+    #: gemma4: embedding_length_per_layer_input (0: no per-layer inputs)
+    n_embd_per_layer: int = 0
+    #: gemma4: twice n_ff on the shared-KV blocks (use_double_wide_mlp; a per-layer feed_forward_length)
+    double_wide: bool = False
+    #: gemma4: KV heads of the full-attention layers (a per-layer head_count_kv) when set
+    n_head_kv_full: int | None = None
+    #: gemma4: no attn_v on the full-attention layers (attention_k_eq_v: V is K)
+    k_eq_v: bool = False
+    #: gemma4: the full-attention layers' rotated fraction (proportional rope: rope_freqs of 1 for the
+    #: rotated pairs, 1e30 for the others)
+    rope_partial_full: float = 1.0
+    #: gemma4: blk.N.layer_output_scale tensors written
+    out_scales: bool = False
+    #: final_logit_softcapping written when set
+    final_logit_softcap: float | None = None
+
+    def swa_layers(self) -> tuple[bool, ...]:
+        """Per block, True when it is a sliding-window layer (period :attr:`swa_pattern`: the last
+        block of each period attends fully); () without a window."""
+        if self.n_swa is None:
+            return ()
+        n = self.swa_pattern if self.swa_pattern is not None else 6
+        return tuple(n == 0 or i % n < n - 1 for i in range(self.n_layer))
+
+    def gemma4_layers(self) -> dict[str, Any]:
+        """The per-layer ``ModelConfig`` fields of a gemma4 shape (head widths, KV heads, feed-forward
+        widths, KV sharing, per-layer input width)."""
+        swa = self.swa_layers() or (False,) * self.n_layer
+        n_kv = self.n_layer - self.n_kv_shared if self.n_kv_shared else 0
+        ff = tuple(self.n_ff * (2 if self.double_wide and n_kv and i >= n_kv else 1) for i in range(self.n_layer))
+        kvh = tuple(self.n_head_kv if w else (self.n_head_kv_full or self.n_head_kv) for w in swa)
+        head_dim = self.head_dim or self.n_embd // self.n_head
+        return dict(swa_layers=swa, n_swa=self.n_swa or 0, head_dim_swa=self.head_dim_swa or head_dim,
+                    n_rot_swa=self.n_rot_swa or self.head_dim_swa or head_dim,
+                    n_ff_layers=ff if len(set(ff)) > 1 else (), n_ff=max(ff),
+                    n_head_kv_layers=kvh if len(set(kvh)) > 1 else (), n_head_kv=max(kvh), n_layer_kv=n_kv,
+                    n_embd_per_layer=self.n_embd_per_layer, attn_scale=1.0)
 
     def recurrent_layers(self) -> tuple[bool, ...]:
         """Per block, True when it is recurrent (a hybrid: not in :attr:`attn_layers`, or with
@@ -210,6 +254,14 @@ SHAPES: dict[str, Shape] = {
                             attn_temp_scale=0.1, yarn_log_mul=1.0),
     # GLM-4-9B-0414 (glm4: 40 blocks, 32 heads of 128, 2 KV, FFN 13696, half of each head rotated)
     "glm-4-9b": Shape(4096, 40, 32, 2, 13696, 151552, 32768, 10000.0, head_dim=128, arch="glm4", n_rot=64),
+    # Gemma 4 E2B (gemma4; HF text_config: 35 blocks, 4 sliding-window (512) then 1 full, heads of 256 on
+    # the sliding layers and 512 on the full ones (a quarter rotated: proportional rope), 1 KV head, the last
+    # 20 blocks reading earlier blocks' K/V with a double-wide MLP (2 x 6144), per-layer inputs of 256,
+    # final logit soft-cap 30, tied embeddings)
+    "gemma-4-e2b": Shape(1536, 35, 8, 1, 6144, 262144, 131072, 1000000.0, tied=True, head_dim=512, arch="gemma4",
+                         n_swa=512, swa_pattern=5, rope_freq_base_swa=10000.0, head_dim_swa=256, n_kv_shared=20,
+                         n_embd_per_layer=256, double_wide=True, rope_partial_full=0.25, out_scales=True,
+                         final_logit_softcap=30.0),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
@@ -275,6 +327,10 @@ def config(s: Shape, arch: str | None = None) -> ModelConfig:
     gdn: dict[str, Any] = dict(ssm_d_state=s.ssm_d_state, ssm_n_group=s.ssm_n_group, ssm_dt_rank=s.ssm_dt_rank,
                ssm_d_inner=s.ssm_d_inner or s.ssm_dt_rank * s.ssm_d_state, rope_sections=s.rope_sections)
     granite = a.name == "granitehybrid"  # its experts are feed_forward_length wide, its shared expert optional
+    if a.name == "gemma4":
+        g4 = s.gemma4_layers()
+        s = dataclasses.replace(s, n_ff=g4.pop("n_ff"), n_head_kv=g4.pop("n_head_kv"))
+        gdn.update(g4)
     return ModelConfig(arch=a.name, n_vocab=s.n_vocab, n_ctx_train=s.n_ctx_train, n_embd=s.n_embd,
                        n_layer=s.n_layer, n_head=s.n_head, n_head_kv=s.n_head_kv, n_ff=s.n_ff,
                        n_rot=s.n_rot or head_dim,
@@ -303,7 +359,9 @@ def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | 
             continue
         if spec.layout and spec.layout != layout:
             continue
-        if spec.key == "rope_freqs" and not s.rope_freqs:
+        if spec.key == "rope_freqs" and not s.rope_freqs and a.name != "gemma4":
+            continue
+        if a.name == "gemma4" and not _gemma4_writes(s, cfg, spec.key, name):
             continue
         if spec.key.startswith("rope_factors_") and not s.long_rope:
             continue
@@ -312,6 +370,7 @@ def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | 
         plan.append((name, spec.shape(cfg), ty, spec.kind))
     if s.n_nextn:
         plan += _mtp_plan(cfg, file_type, arch or s.arch)
+        plan.append((name, a.shape_of(spec, cfg, name), ty, spec.kind))
     if overrides:
         plan = [(n, shp, T(overrides[n]) if n in overrides else ty, k) for n, shp, ty, k in plan]
     return plan
@@ -332,6 +391,18 @@ def _mtp_plan(cfg: ModelConfig, file_type: str, arch: str) -> list[tuple[str, tu
     out.append((f"blk.{il}.{EH_PROJ}.weight", (cfg.n_embd, 2 * cfg.n_embd),
                 tensor_type(file_type, "eh_proj", il, mcfg.n_layer), MATRIX))
     return out
+def _gemma4_writes(s: Shape, cfg: ModelConfig, key: str, name: str) -> bool:
+    """Whether a gemma4 file of ``s`` has tensor ``name`` (key ``key``): no K/V tensors in the shared-KV
+    blocks, no ``attn_v`` in the full-attention blocks with :attr:`Shape.k_eq_v`, the per-layer input
+    tensors only with :attr:`Shape.n_embd_per_layer`, the output scalars only with :attr:`Shape.out_scales`."""
+    il = int(name.split(".")[1]) if name.startswith("blk.") else None
+    if key in ("attn_k", "attn_k_norm", "attn_v") and il is not None and not cfg.has_kv(il):
+        return False
+    if key == "attn_v" and il is not None and s.k_eq_v and not cfg.swa_layers[il]:
+        return False
+    if key.startswith("per_layer_") and not s.n_embd_per_layer:
+        return False
+    return key != "layer_output_scale" or s.out_scales
 
 
 def llama3_rope_freqs(n_rot: int, freq_base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
@@ -395,6 +466,14 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
                                     and not s.rope_sections):
         raise CooktopError("synthetic shape: qwen3next needs ssm_d_state, ssm_n_group, ssm_dt_rank (a multiple of "
                            "ssm_n_group), full_attention_interval > 0 and no rope_sections (NeoX rope)")
+    if arch == "gemma4":
+        swa, n_kv = s.swa_layers() or (False,) * s.n_layer, s.n_layer - s.n_kv_shared
+        if s.n_kv_shared and not (0 < s.n_kv_shared and n_kv >= 2 and not swa[n_kv - 1] and swa[n_kv - 2]):
+            raise CooktopError(f"synthetic shape: gemma4's {s.n_kv_shared} shared-KV blocks of {s.n_layer} read blocks "
+                               f"{n_kv - 2} (sliding-window) and {n_kv - 1} (full attention), as llama.cpp does; "
+                               "the pattern must have them (--n-layer past both)")
+        if (s.head_dim_swa or 2) % 2 or (s.n_head_kv_full and s.n_head % s.n_head_kv_full):
+            raise CooktopError("synthetic shape: gemma4 needs an even head_dim_swa and n_head_kv_full dividing n_head")
     layouts = {t.layout for t in architecture(arch).tensors if t.layout}
     if s.layout and s.layout not in layouts:
         raise CooktopError(f"synthetic shape: layout {s.layout!r} is not one of {arch}'s "
@@ -538,12 +617,27 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
     if s.n_nextn:
         w.add_uint32(f"{arch}.nextn_predict_layers", s.n_nextn)
     attention_free = arch == "mamba2"  # conversion/mamba.py writes 0 heads and no feed-forward
-    w.add_feed_forward_length(0 if attention_free else s.n_ff)
+    g4 = s.gemma4_layers() if arch == "gemma4" else {}
+    if g4.get("n_ff_layers"):
+        w.add_feed_forward_length(list(g4["n_ff_layers"]))
+    else:
+        w.add_feed_forward_length(0 if attention_free else s.n_ff)
     w.add_head_count(0 if attention_free else s.n_head)
     recr = s.recurrent_layers()
     per_layer_kv = bool(recr) and not s.full_attention_interval  # lfm2 marks its recurrent blocks so
-    if not attention_free:
+    if g4.get("n_head_kv_layers"):
+        w.add_head_count_kv(list(g4["n_head_kv_layers"]))
+    elif not attention_free:
         w.add_head_count_kv([0 if r else s.n_head_kv for r in recr] if per_layer_kv else s.n_head_kv)
+    if g4:  # gemma4's keys (conversion/gemma.py Gemma4Model.set_gguf_parameters)
+        w.add_uint32(f"{arch}.attention.shared_kv_layers", s.n_kv_shared)
+        w.add_uint32(f"{arch}.embedding_length_per_layer_input", s.n_embd_per_layer)
+        w.add_uint32(f"{arch}.attention.key_length_swa", g4["head_dim_swa"])
+        w.add_uint32(f"{arch}.attention.value_length_swa", g4["head_dim_swa"])
+        w.add_uint32(f"{arch}.rope.dimension_count_swa", g4["n_rot_swa"])
+        w.add_array(f"{arch}.attention.sliding_window_pattern", list(g4["swa_layers"]))
+    if s.final_logit_softcap is not None:
+        w.add_float32(f"{arch}.final_logit_softcapping", s.final_logit_softcap)
     if s.full_attention_interval:
         w.add_uint32(f"{arch}.full_attention_interval", s.full_attention_interval)
     if s.ssm_d_state:
@@ -578,9 +672,9 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
         w.add_float32(f"{arch}.rope.scaling.factor", s.rope_scaling_factor)
     if s.n_ctx_orig is not None:
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", s.n_ctx_orig)
-    if s.n_swa is not None:
-        w.add_uint32(f"{arch}.attention.sliding_window", s.n_swa)
-    if s.swa_pattern is not None:
+    if s.n_swa is not None or g4:  # gemma4 always has one (llama.cpp requires the key)
+        w.add_uint32(f"{arch}.attention.sliding_window", s.n_swa or 0)
+    if s.swa_pattern is not None and not g4:
         w.add_uint32(f"{arch}.attention.sliding_window_pattern", s.swa_pattern)
     if s.rope_freq_base_swa is not None:
         w.add_float32(f"{arch}.rope.freq_base_swa", s.rope_freq_base_swa)
@@ -613,7 +707,12 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
     for tname, shp, ty, kind in _plan(s, file_type, overrides, arch):
         n_params += int(np.prod(shp))
         if kind != MATRIX:  # norm weights: ones (per-head Q/K norms: 1 + N(0, 0.1)); biases: Gaussian
-            if tname == "rope_freqs.weight":
+            if tname == "rope_freqs.weight" and g4:  # proportional rope: unrotated pairs get 1e30
+                n_rot = int(cfg.head_dim * s.rope_partial_full / 2)
+                values = np.array([1.0] * n_rot + [1e30] * (shp[0] - n_rot))
+            elif tname.endswith("layer_output_scale.weight"):
+                values = rng.uniform(0.5, 1.0, shp)
+            elif tname == "rope_freqs.weight":
                 values = llama3_rope_freqs(cfg.n_rot, s.rope_freq_base)
             elif tname in ("rope_factors_long.weight", "rope_factors_short.weight"):  # LongRoPE-like
                 values = (np.linspace(1.0, 16.0, shp[0]) if "long" in tname else 1.0 + np.linspace(0.0, 0.5, shp[0]))
@@ -625,8 +724,12 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
                 values = rng.normal(0.0, 0.5, shp)
             elif tname.endswith(".ssm_a"):  # -exp(A_log): a decay rate per head, -U(0.05, 1)
                 values = -rng.uniform(0.05, 1.0, shp)
+            elif g4 and tname.endswith(("attn_q_norm.weight", "attn_k_norm.weight")):
+                # gemma4 attends with scale 1: q/k norm weights of head_dim^-1/4 give scores of the usual spread
+                values = (1.0 + rng.normal(0.0, 0.1, shp)) * shp[0] ** -0.25
             elif tname.endswith(("attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
-                                  "post_ffw_norm.weight", "ssm_norm.weight", ".ssm_d")):
+                                  "post_ffw_norm.weight", "ssm_norm.weight", ".ssm_d", ".post_norm.weight",
+                                  "per_layer_proj_norm.weight")):
                 values = 1.0 + rng.normal(0.0, 0.1, shp)
             else:
                 values = np.ones(shp)

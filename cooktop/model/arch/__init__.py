@@ -14,6 +14,7 @@ from ...errors import UnsupportedModelError
 from .descriptor import Architecture
 from .gemma3 import GEMMA3
 from .glm4 import GLM4
+from .gemma4 import GEMMA4
 from .gpt_oss import GPT_OSS
 from .lfm2 import LFM2
 from .llama import LLAMA
@@ -30,7 +31,7 @@ from .smollm3 import SMOLLM3
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
                                                                OLMOE, GPT_OSS, LFM2, QWEN35,
                                                                QWEN35MOE, QWEN3NEXT, GRANITEHYBRID, MAMBA2,
-                                                               SMOLLM3, MISTRAL3, GLM4)}
+                                                               SMOLLM3, MISTRAL3, GLM4, GEMMA4)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).

@@ -107,6 +107,16 @@ class Architecture:
             from the rows' positions (``pos``: int32 [n]) that the segment writes into those
             :attr:`scratch` buffers before each pass, as llama.cpp sets a graph input from the ubatch
             (mistral3's attention temperature, ``llm_graph_input_attn_temp``); None: none.
+        layer_arrays: ``feed_forward_length`` and ``attention.head_count_kv`` may be per-layer arrays
+            (gemma4): ``load_config`` then puts their largest value in ``n_ff`` / ``n_head_kv`` and
+            :attr:`hparams` reads the arrays (``ModelConfig.n_ff_layers``, ``n_head_kv_layers``).
+        tensor_hparams: ``tensor_hparams(f, cfg) -> {ModelConfig field: value}``: config values read
+            from the file's tensors at load (gemma4's per-block output scalars); None: none.
+        layer_inputs: ``layer_inputs(cfg, gf, tokens, x, cache) -> float32 [n, n_layer, width]``: the
+            per-layer token inputs of a pass, computed on the host from the token ids (int [n]) and
+            their embeddings ``x`` (float32 [n, n_embd]); ``cache`` is a dict kept by the model for
+            what it dequantizes once. Block ``il`` reads its rows as ``s.layer_in`` (f32 [n, width];
+            ``ModelConfig.n_embd_per_layer``). None: the blocks take no such input.
     """
 
     name: str
@@ -124,6 +134,9 @@ class Architecture:
     state_widths: Callable[[ModelConfig, int], tuple[int, ...]] | None = None
     check_tensors: Callable[[Container[str], ModelConfig, str], None] | None = None
     row_inputs: Callable[[ModelConfig, Any], dict[str, Any]] | None = None
+    layer_arrays: bool = False
+    tensor_hparams: Callable[[Any, ModelConfig], dict[str, Any]] | None = None
+    layer_inputs: Callable[[ModelConfig, Any, Any, Any, dict], Any] | None = None
 
     @property
     def recurrent(self) -> bool:
@@ -198,7 +211,7 @@ class Architecture:
         w: Any = {k: _Placeholder(k) for k in keys}
         if isinstance(unit, int):
             names = [*self.scratch(cfg), *(self.scratch_i32(cfg) if self.scratch_i32 else ())]
-            s = SimpleNamespace(**{name: _Placeholder(name) for name in names})
+            s = SimpleNamespace(**{name: _Placeholder(name) for name in names}, layer_in=_Placeholder("layer_in"))
             t: Any = _Placeholder("kv")
             st = (t,) * len(self.state_widths(cfg, unit)) if self.state_widths is not None else None
             self.run_block(d, cfg, w, s, KV(t, t, t, t, t, cfg.n_ctx_train, state=st, slots=t if st else None),
@@ -266,6 +279,14 @@ class Architecture:
             for s in self.tensors:
                 if s.per_block and s.in_block(cfg, i):
                     yield s.gguf_name(i), s
+
+    @staticmethod
+    def shape_of(spec: TensorSpec, cfg: ModelConfig, name: str) -> tuple[int, ...]:
+        """The numpy-order shape of tensor ``name`` (``spec``'s): a per-block one's from the config
+        as its block sees it (``ModelConfig.layer``: gemma4's per-layer widths), else ``spec.shape(cfg)``."""
+        if spec.per_block and name.startswith("blk."):
+            return spec.shape(cfg.layer(int(name.split(".")[1])))
+        return spec.shape(cfg)
 
 
 def _in_part(spec: TensorSpec, part: str) -> bool:
