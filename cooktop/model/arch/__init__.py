@@ -13,8 +13,8 @@ from __future__ import annotations
 from ...errors import UnsupportedModelError
 from .descriptor import Architecture
 from .gemma3 import GEMMA3
-from .glm4 import GLM4
 from .gemma4 import GEMMA4
+from .glm4 import GLM4
 from .gpt_oss import GPT_OSS
 from .lfm2 import LFM2
 from .llama import LLAMA
