@@ -367,10 +367,9 @@ def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | 
             continue
         layer = int(name.split(".")[1]) if spec.per_block else None
         ty = tensor_type(file_type, spec.key, layer, s.n_layer) if spec.kind == MATRIX else None
-        plan.append((name, spec.shape(cfg), ty, spec.kind))
+        plan.append((name, a.shape_of(spec, cfg, name), ty, spec.kind))
     if s.n_nextn:
         plan += _mtp_plan(cfg, file_type, arch or s.arch)
-        plan.append((name, a.shape_of(spec, cfg, name), ty, spec.kind))
     if overrides:
         plan = [(n, shp, T(overrides[n]) if n in overrides else ty, k) for n, shp, ty, k in plan]
     return plan
@@ -391,6 +390,8 @@ def _mtp_plan(cfg: ModelConfig, file_type: str, arch: str) -> list[tuple[str, tu
     out.append((f"blk.{il}.{EH_PROJ}.weight", (cfg.n_embd, 2 * cfg.n_embd),
                 tensor_type(file_type, "eh_proj", il, mcfg.n_layer), MATRIX))
     return out
+
+
 def _gemma4_writes(s: Shape, cfg: ModelConfig, key: str, name: str) -> bool:
     """Whether a gemma4 file of ``s`` has tensor ``name`` (key ``key``): no K/V tensors in the shared-KV
     blocks, no ``attn_v`` in the full-attention blocks with :attr:`Shape.k_eq_v`, the per-layer input
