@@ -140,6 +140,7 @@ def test_context_full_is_truncated_and_a_full_prompt_refused(http):
     ({"prompt": PROMPT, "n_probs": -1}, "n_probs"),
     ({"prompt": PROMPT, "response_fields": "content"}, "response_fields"),
     ({"prompt": PROMPT, "temperature": "hot"}, "temperature"),
+    ({"prompt": PROMPT, "n_predict": -5}, "n_predict"),
 ])
 def test_bad_requests_are_400_naming_the_field(http, body, param):
     r = http.post("/completion", json=body)

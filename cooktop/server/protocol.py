@@ -101,7 +101,7 @@ def sampling_args(body: dict[str, Any], defaults: dict[str, Any] | None = None) 
     if max_tokens is None:
         max_tokens = field(body, "max_tokens", int, None, minimum=0)
     if max_tokens is None:
-        max_tokens = field(body, "n_predict", int, d["max_tokens"])
+        max_tokens = field(body, "n_predict", int, d["max_tokens"], minimum=-1)  # llama-server's limits: -1..
     stop = body.get("stop", d.get("stop"))
     if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and all(
             isinstance(s, str) for s in stop))):
