@@ -10,7 +10,8 @@
 // subtract (dmin_w d_y) * sum_s m_s * (bsums[2s] + bsums[2s+1]). Where mmq8.cl's VNNI q8_K prompt
 // kernels build (Q45K_LANES, Q6K_LANES below) one float lane per row, one fma per super-block (plus
 // one for the mins), which those kernels repeat in the same order, so prompts are bit for bit their
-// tokens one at a time; elsewhere 16 float lanes of partial sums per row (prompts: mul_mvt_q8).
+// tokens one at a time; elsewhere 16 float lanes of partial sums per row (prompts: mul_mvt_q8, or
+// in the portable C on the CPU launch shape, e.g. AVX2 CPUs, the unpack-once mul_mm_q8 at the end).
 
 #ifdef Q8K_ON
 #ifndef HAS_Q8
@@ -330,7 +331,89 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 
 #else  // portable OpenCL C (GPUs, other CPUs)
 #define I16(v) convert_int16(v)
+#if defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K)
+// Q4_K / Q5_K / Q6_K (ggml_vec_dot_q4_K_q8_K / q5_K / q6_K, ggml-cpu quants.c): a super-block's
+// weights unpacked once as 16 vectors of 16 values, w[c] = sc_s * q of values 16c..16c+15 (s = c / 2
+// the 32-value sub-block of Q4_K / Q5_K, c the 16-value one of Q6_K, whose q keeps its -32), then
+// per token isum = sum_c w[c] * qy[c] in 16 int32 lanes (lane l: the values of index l mod 16).
+// Those are exact integers (|w| <= 31 * 63 = 1953 for Q5_K, 32 * 128 = 4096 for Q6_K, in int16;
+// a lane's sum at most 16 * 4096 * 127 < 2^23), the same whatever the order of the products, and
+// the float operations per lane follow (Q4_K / Q5_K: fma(float(isum), d_w d_y) and, on lane 0,
+// fma(-(dmin_w d_y), float(sum_s m_s * (bsums[2s] + bsums[2s+1])))). dotq8_row and the prompt
+// kernel below both run q8k_unpack + q8k_sb_dot, so a prompt is its tokens one at a time bit
+// for bit.
+#define Q8K_W short16
+#if defined(W_Q6_K)
+#define Q8K_SB_BYTES 210
+inline void q8k_unpack(const global uchar *p, short16 *w) {
+    const short16 scv = convert_short16(vload16(0, (const global char *)(p + 192)));
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const global uchar *ql = p + 64 * h;
+        const global uchar *qh = p + 128 + 32 * h;
+        const uchar16 la = vload16(0, ql), lb = vload16(1, ql), lc = vload16(2, ql), ld = vload16(3, ql);
+        const uchar16 ha = vload16(0, qh), hb = vload16(1, qh);
+#define Q6K_GROUP(r, lo_a, lo_b, nsh)                                                                         \
+        w[8 * h + 2 * r] = (convert_short16(((lo_a >> (uchar)nsh) & (uchar)15)                               \
+                                            | (((ha >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (short)32) \
+                           * scv[8 * h + 2 * r];                                                             \
+        w[8 * h + 2 * r + 1] = (convert_short16(((lo_b >> (uchar)nsh) & (uchar)15)                           \
+                                                | (((hb >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (short)32) \
+                               * scv[8 * h + 2 * r + 1];
+        Q6K_GROUP(0, la, lb, 0)
+        Q6K_GROUP(1, lc, ld, 0)
+        Q6K_GROUP(2, la, lb, 4)
+        Q6K_GROUP(3, lc, ld, 4)
+#undef Q6K_GROUP
+    }
+}
+#else
+#define Q8K_SB_BYTES QK_BYTES
+inline void q8k_unpack(const global uchar *p, short16 *w) {
+    Q8K_SCALES(p, sc, mn);
+    const global uchar *qs = p + QK_QS;
+#if defined(W_Q5_K)
+    const uchar16 ha = vload16(0, p + 16), hb = vload16(1, p + 16);
+#endif
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uchar16 qa = vload16(0, qs + 32 * j), qb = vload16(1, qs + 32 * j);
+        uchar16 q0a = qa & (uchar)15, q0b = qb & (uchar)15, q1a = qa >> (uchar)4, q1b = qb >> (uchar)4;
+#if defined(W_Q5_K)
+        const uchar h0 = (uchar)(2 * j), h1 = (uchar)(2 * j + 1);
+        q0a |= ((ha >> h0) & (uchar)1) << (uchar)4;
+        q0b |= ((hb >> h0) & (uchar)1) << (uchar)4;
+        q1a |= ((ha >> h1) & (uchar)1) << (uchar)4;
+        q1b |= ((hb >> h1) & (uchar)1) << (uchar)4;
+#endif
+        w[4 * j] = convert_short16(q0a) * sc[2 * j];
+        w[4 * j + 1] = convert_short16(q0b) * sc[2 * j];
+        w[4 * j + 2] = convert_short16(q1a) * sc[2 * j + 1];
+        w[4 * j + 3] = convert_short16(q1b) * sc[2 * j + 1];
+    }
+}
+#endif
+// acc + super-block p's products with one token's quants xb and record rec
+inline float16 q8k_sb_dot(const global uchar *p, const short16 *w, const global char *xb, const global float *rec,
+                          float16 acc) {
+    int16 isum = (int16)(0);
+#pragma unroll
+    for (int c = 0; c < 16; c++) isum += I16(w[c]) * I16(vload16(c, xb));
+#if defined(W_Q6_K)
+    acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 208) * rec[8]), acc);
+#else
+    const float dy = rec[8];
+    Q8K_SCALES(p, sc, mn);
+    acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p) * dy), acc);
+    acc.s0 = fma(-(LOAD_HALF(p + 2) * dy), (float)q8k_mins(mn, rec), acc.s0);
+#endif
+    return acc;
+}
 #if defined(W_Q4_K) || defined(W_Q5_K)
+// The mat-vec of Q4_K / Q5_K in one pass over the quants (unpacking first was 4-6% slower on
+// AVX2 PoCL, one token): the same 16 int32 lanes of exact integers (lane l: values of index l mod 16)
+// and the same float operations as q8k_sb_dot, so the prompt kernel's tokens equal it bit for bit.
+#define Q8K_OWN_ROW 1
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
     for (int ib = lid; ib < nb; ib += MV_LS) {
@@ -365,41 +448,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     }
     return acc;
 }
-#elif defined(W_Q6_K)
-inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
-                         float16 acc) {
-    for (int ib = lid; ib < nb; ib += MV_LS) {
-        const global uchar *p = row + (size_t)ib * 210;
-        const global float *rec = (const global float *)xd + (size_t)ib * 16;
-        const global char *xb = xq + (size_t)ib * 256;
-        const int16 scv = convert_int16(vload16(0, (const global char *)(p + 192)));
-        int16 isum = (int16)(0);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const global uchar *ql = p + 64 * h;
-            const global uchar *qh = p + 128 + 32 * h;
-            const uchar16 la = vload16(0, ql), lb = vload16(1, ql), lc = vload16(2, ql), ld = vload16(3, ql);
-            const uchar16 ha = vload16(0, qh), hb = vload16(1, qh);
-            const global char *xh = xb + 128 * h;
-#define Q6K_GROUP(r, lo_a, lo_b, nsh)                                                                     \
-            {                                                                                             \
-                const char16 qa = as_char16(((lo_a >> (uchar)nsh) & (uchar)15)                            \
-                                            | (((ha >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (char)32; \
-                const char16 qb = as_char16(((lo_b >> (uchar)nsh) & (uchar)15)                            \
-                                            | (((hb >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (char)32; \
-                isum += I16(qa) * I16(vload16(2 * r, xh)) * scv[8 * h + 2 * r]                            \
-                      + I16(qb) * I16(vload16(2 * r + 1, xh)) * scv[8 * h + 2 * r + 1];                   \
-            }
-            Q6K_GROUP(0, la, lb, 0)
-            Q6K_GROUP(1, lc, ld, 0)
-            Q6K_GROUP(2, la, lb, 4)
-            Q6K_GROUP(3, lc, ld, 4)
-#undef Q6K_GROUP
-        }
-        acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 208) * rec[8]), acc);
-    }
-    return acc;
-}
+#endif
 #elif defined(W_Q2_K) || defined(W_Q3_K)
 // Q2_K / Q3_K (block layouts in dequant.cl): a super-block's weights unpacked once as 16 int16-lane
 // vectors w[c] = scale_c * q of values 16c..16c+15, then per token isum = sum_c w[c] * qy[c] and
@@ -407,6 +456,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 // mins as sum_j bsums[j] * (scales[j] >> 4); Q3_K's 6-bit scales minus 32 and the hmask bit
 // (clear: minus 4)). The prompt kernel below reuses one unpacking for its tokens, with the same
 // integers and float operations per token as dotq8_row. nb counts 32-value units (QKV).
+#define Q8K_W int16
 #if defined(W_Q2_K)
 #define Q8K_SB_BYTES 84
 inline void q8k_unpack(const global uchar *p, int16 *w) {
@@ -454,17 +504,21 @@ inline float16 q8k_sb_dot(const global uchar *p, const int16 *w, const global ch
 #endif
     return acc;
 }
+#endif
+// dotq8_row (nb: QKV-value units, 32 or 256) and the prompt kernel on the same two helpers
+#ifndef Q8K_OWN_ROW
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
-    for (int ib = lid; ib < nb / 8; ib += MV_LS) {
+    for (int ib = lid; ib < nb / (256 / QKV); ib += MV_LS) {
         const global uchar *p = row + (size_t)ib * Q8K_SB_BYTES;
-        int16 w[16];
+        Q8K_W w[16];
         q8k_unpack(p, w);
         acc = q8k_sb_dot(p, w, xq + (size_t)ib * 256, (const global float *)xd + (size_t)ib * 16, acc);
     }
     return acc;
 }
-#if MV_LS == 1
+#endif
+#if MV_LS == 1 && !(defined(COOKTOP_NO_MMQ_K) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K)))
 // Prompt matrices (CPU launch shape): mul_mm_q8's grid (mmq8.cl), MMQ_R rows x MMQ_TT tiles of
 // MMQ_TN tokens per work-item; each row's super-block is unpacked once for a tile's tokens, each
 // token gets dotq8_row's sums.
@@ -480,7 +534,7 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
         for (int t = 0; t < MMQ_TN; t++) acc[t] = (float16)(0.0f);
         for (int ib = 0; ib < nsb; ib++) {
             const global uchar *p = wr + (size_t)ib * Q8K_SB_BYTES;
-            int16 wq[16];
+            Q8K_W wq[16];
             q8k_unpack(p, wq);
             for (int t = 0; t < nt; t++) {
                 const size_t tt = (size_t)(t0 + t);
@@ -492,7 +546,6 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
     }
     }
 }
-#endif
 #endif
 #endif  // portable
 #endif  // Q8K_ON
