@@ -11,7 +11,8 @@
 // kernels build (Q45K_LANES, Q6K_LANES below) one float lane per row, one fma per super-block (plus
 // one for the mins), which those kernels repeat in the same order, so prompts are bit for bit their
 // tokens one at a time; elsewhere 16 float lanes of partial sums per row (prompts: mul_mvt_q8, or
-// in the portable C on the CPU launch shape, e.g. AVX2 CPUs, the unpack-once mul_mm_q8 at the end).
+// on the CPU launch shape without the 64-byte code, e.g. AVX2 CPUs, the unpack-once mul_mm_q8 below:
+// AVX2 with one float lane per row as the VNNI kernels, portable C with the 16 lanes).
 
 #ifdef Q8K_ON
 #ifndef HAS_Q8
@@ -331,7 +332,165 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 
 #else  // portable OpenCL C (GPUs, other CPUs)
 #define I16(v) convert_int16(v)
-#if defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K)
+#if defined(__AVX2__) && defined(__F16C__) && !defined(COOKTOP_PORTABLE) \
+    && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
+// AVX2 without the 64-byte code (ggml_vec_dot_q4_K_q8_K / q5_K / q6_K, ggml-cpu/arch/x86/quants.c,
+// its __AVX2__ branch): a super-block's quants unpacked as 8 vectors of 32 unsigned bytes (Q4_K /
+// Q5_K: sub-block s, the fifth bit included; Q6_K: group g of 32 values, 0..63 with the +32 kept)
+// and its scales as int16 vectors (q8k_unpack), then per token pmaddubsw with the token's 32
+// bytes, pmaddwd with the scales (Q6_K: one per 16 values, lanes 0..7 and 8..15), and the sums of
+// int32 lanes: isum, one int32 per super-block (Q6_K's -32 folded in as pmaddwd(bsums, -32 sc);
+// Q4_K / Q5_K's mins sum_s m_s (bsums[2s] + bsums[2s+1]) as pmaddwd(bsums, (m_s, m_s))). Exact
+// integers (pmaddubsw pairs <= 2 * 63 * 127, no saturation; |isum| < 2^29). The row's sum is
+// one float lane: a = fma(float(isum), d_w d_y, a) per super-block in order (Q4_K / Q5_K then
+// a = fma(-(dmin_w d_y), float(mins), a)); the mat-vec (lanes 1..15 of its acc stay +0, so hsum16
+// gives a + 0) and the prompt kernel below run the same q8k_unpack + q8k_sb_dot, so a prompt is
+// its tokens one at a time bit for bit.
+#define Q8K_AVX2 1
+typedef char q8k_v32qi __attribute__((vector_size(32)));
+typedef char q8k_v32qi_u __attribute__((vector_size(32), aligned(1)));
+typedef uchar q8k_v32qu __attribute__((vector_size(32)));
+typedef uchar q8k_v32qu_u __attribute__((vector_size(32), aligned(1)));
+typedef short q8k_v16hi __attribute__((vector_size(32)));
+typedef short q8k_v16hi_u __attribute__((vector_size(32), aligned(1)));
+typedef int q8k_v8si __attribute__((vector_size(32)));
+#define Q8K_LD(p) (*(const global q8k_v32qu_u *)(p))
+#ifndef Q8_PREFETCH  // Q5_K: dotq8.cl's x86 section (and its prefetch) is AVX-512 only
+#define Q8_PREFETCH(p, n)                                                                   \
+    do {                                                                                  \
+        _Pragma("unroll") for (int pf_ = 0; pf_ < (n); pf_++)                             \
+            __builtin_prefetch((const global uchar *)(p) + 1536 + 64 * pf_);               \
+    } while (0)
+#endif
+typedef struct {
+    q8k_v32qu q[8];   // unsigned quants of values 32 k .. 32 k + 31
+    q8k_v16hi sc[8];  // their scales as int16 lanes (pmaddwd's second operand)
+    q8k_v16hi m;      // Q4_K / Q5_K: (m_s, m_s) per bsum pair; Q6_K: -32 sc_c per 16 values
+} q8k_sb_t;
+#if defined(W_Q6_K)
+#define Q8K_SB_BYTES 210
+inline __attribute__((always_inline)) void q8k_unpack(const global uchar *p, q8k_sb_t *u) {
+    const uchar m15 = 15, m3 = 3;
+    const short16 sc = convert_short16(vload16(0, (const global char *)(p + 192)));
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const q8k_v32qu l0 = Q8K_LD(p + 64 * h), l1 = Q8K_LD(p + 64 * h + 32), qh = Q8K_LD(p + 128 + 32 * h);
+        u->q[4 * h] = (l0 & m15) | ((qh & m3) << 4);
+        u->q[4 * h + 1] = (l1 & m15) | (((qh >> 2) & m3) << 4);
+        u->q[4 * h + 2] = (l0 >> 4) | (((qh >> 4) & m3) << 4);
+        u->q[4 * h + 3] = (l1 >> 4) | ((qh >> 6) << 4);
+    }
+#pragma unroll
+    for (int g = 0; g < 8; g++)
+        u->sc[g] = (q8k_v16hi)(short16)((short8)(sc[2 * g]), (short8)(sc[2 * g + 1]));
+    u->m = (q8k_v16hi)(sc * (short)(-32));
+}
+// isum of super-block u with one token's quants xb and record rec
+inline __attribute__((always_inline)) int q8k_isum(const q8k_sb_t *u, const global char *xb, const global float *rec) {
+    q8k_v8si is = __builtin_ia32_pmaddwd256(*(const global q8k_v16hi_u *)rec, u->m);
+#pragma unroll
+    for (int g = 0; g < 8; g++)
+        is += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q8k_v32qi)u->q[g],
+                                                                    *(const global q8k_v32qi_u *)(xb + 32 * g)),
+                                        u->sc[g]);
+    const int8 a = as_int8(is);
+    const int4 b = a.lo + a.hi;
+    const int2 c = b.lo + b.hi;
+    return c.x + c.y;
+}
+inline __attribute__((always_inline)) float q8k_sb_dot(const global uchar *p, const q8k_sb_t *u, const global char *xb,
+                                                       const global float *rec, float a) {
+    return fma((float)q8k_isum(u, xb, rec), LOAD_HALF(p + 208) * rec[8], a);
+}
+#else
+#define Q8K_SB_BYTES QK_BYTES
+inline __attribute__((always_inline)) void q8k_unpack(const global uchar *p, q8k_sb_t *u) {
+    const uchar m15 = 15;
+    Q8K_SCALES(p, sc, mn);
+#if defined(W_Q5_K)
+    const q8k_v32qu qh = Q8K_LD(p + 16);
+    const uchar b1 = 1;
+#endif
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const q8k_v32qu qs = Q8K_LD(p + QK_QS + 32 * j);
+#if defined(W_Q5_K)
+        u->q[2 * j] = (qs & m15) | (((qh >> (2 * j)) & b1) << 4);
+        u->q[2 * j + 1] = (qs >> 4) | (((qh >> (2 * j + 1)) & b1) << 4);
+#else
+        u->q[2 * j] = qs & m15;
+        u->q[2 * j + 1] = qs >> 4;
+#endif
+    }
+#pragma unroll
+    for (int s = 0; s < 8; s++) u->sc[s] = (q8k_v16hi)(short16)(sc[s]);
+    const short8 m8 = convert_short8(mn);
+    u->m = (q8k_v16hi)(short16)(m8.s00112233, m8.s44556677);
+}
+// (isum, mins) of super-block u with one token's quants xb and record rec: both reductions in one
+// chain of shuffles (exact integers)
+inline __attribute__((always_inline)) int2 q8k_isum(const q8k_sb_t *u, const global char *xb, const global float *rec) {
+    q8k_v8si is = (q8k_v8si)(int8)(0);
+#pragma unroll
+    for (int s = 0; s < 8; s++)
+        is += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q8k_v32qi)u->q[s],
+                                                                    *(const global q8k_v32qi_u *)(xb + 32 * s)),
+                                        u->sc[s]);
+    const int8 a = as_int8(is), m = as_int8(__builtin_ia32_pmaddwd256(*(const global q8k_v16hi_u *)rec, u->m));
+    const int8 e = (int8)(a.lo + a.hi, m.lo + m.hi);
+    const int4 f = e.even + e.odd;
+    return f.even + f.odd;
+}
+inline __attribute__((always_inline)) float q8k_sb_dot(const global uchar *p, const q8k_sb_t *u, const global char *xb,
+                                                       const global float *rec, float a) {
+    const int2 im = q8k_isum(u, xb, rec);
+    const float dy = rec[8];
+    a = fma((float)im.x, LOAD_HALF(p) * dy, a);
+    return fma(-(LOAD_HALF(p + 2) * dy), (float)im.y, a);
+}
+#endif
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    float a = acc.s0;
+    for (int ib = lid; ib < nb; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * Q8K_SB_BYTES;
+        Q8_PREFETCH(p, (Q8K_SB_BYTES + 63) / 64);
+        q8k_sb_t u;
+        q8k_unpack(p, &u);
+        a = q8k_sb_dot(p, &u, xq + (size_t)ib * 256, (const global float *)xd + (size_t)ib * 16, a);
+    }
+    acc.s0 = a;
+    return acc;
+}
+#if MV_LS == 1 && !defined(COOKTOP_NO_MMQ_K)
+// Prompt matrices (CPU launch shape): mul_mm_q8's grid (mmq8.cl), MMQ_R rows x MMQ_TT tiles of
+// MMQ_TN tokens per work-item; each row's super-block is unpacked once for a tile's tokens, each
+// token gets dotq8_row's integers and float operations (+ 0.0f: hsum16 of the mat-vec's lanes).
+__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out, const int n_tok) {
+    const int tb = get_group_id(1) * (MMQ_TN * MMQ_TT), r0 = get_global_id(0) * MMQ_R, nsb = n_in / 256;
+    for (int t0 = tb; t0 < min(n_tok, tb + MMQ_TN * MMQ_TT); t0 += MMQ_TN) {
+    const int nt = min(MMQ_TN, n_tok - t0);
+    for (int r = r0; r < min(r0 + MMQ_R, n_out); r++) {
+        const global uchar *wr = w + (size_t)r * ROW_BYTES(n_in);
+        float acc[MMQ_TN];
+        for (int t = 0; t < MMQ_TN; t++) acc[t] = 0.0f;
+        for (int ib = 0; ib < nsb; ib++) {
+            const global uchar *p = wr + (size_t)ib * Q8K_SB_BYTES;
+            q8k_sb_t u;
+            q8k_unpack(p, &u);
+            for (int t = 0; t < nt; t++) {
+                const size_t tt = (size_t)(t0 + t);
+                acc[t] = q8k_sb_dot(p, &u, xq + tt * n_in + (size_t)ib * 256,
+                                    (const global float *)(xd + tt * (n_in / 32)) + (size_t)ib * 16, acc[t]);
+            }
+        }
+        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r] = acc[t] + 0.0f;
+    }
+    }
+}
+#endif
+#elif defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K)
 // Q4_K / Q5_K / Q6_K (ggml_vec_dot_q4_K_q8_K / q5_K / q6_K, ggml-cpu quants.c): a super-block's
 // weights unpacked once as 16 vectors of 16 values, w[c] = sc_s * q of values 16c..16c+15 (s = c / 2
 // the 32-value sub-block of Q4_K / Q5_K, c the 16-value one of Q6_K, whose q keeps its -32), then
@@ -410,8 +569,8 @@ inline float16 q8k_sb_dot(const global uchar *p, const short16 *w, const global 
     return acc;
 }
 #if defined(W_Q4_K) || defined(W_Q5_K)
-// The mat-vec of Q4_K / Q5_K in one pass over the quants (unpacking first was 4-6% slower on
-// AVX2 PoCL, one token): the same 16 int32 lanes of exact integers (lane l: values of index l mod 16)
+// The mat-vec of Q4_K / Q5_K in one pass over the quants (unpacking first was 4-6% slower in
+// this portable C on an AVX2 CPU under PoCL, one token): the same 16 int32 lanes of exact integers (lane l: values of index l mod 16)
 // and the same float operations as q8k_sb_dot, so the prompt kernel's tokens equal it bit for bit.
 #define Q8K_OWN_ROW 1
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
@@ -506,7 +665,7 @@ inline float16 q8k_sb_dot(const global uchar *p, const int16 *w, const global ch
 }
 #endif
 // dotq8_row (nb: QKV-value units, 32 or 256) and the prompt kernel on the same two helpers
-#ifndef Q8K_OWN_ROW
+#if !defined(Q8K_OWN_ROW) && !defined(Q8K_AVX2)
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
     for (int ib = lid; ib < nb / (256 / QKV); ib += MV_LS) {
@@ -518,7 +677,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     return acc;
 }
 #endif
-#if MV_LS == 1 && !(defined(COOKTOP_NO_MMQ_K) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K)))
+#if MV_LS == 1 && !defined(Q8K_AVX2) && !(defined(COOKTOP_NO_MMQ_K) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K)))
 // Prompt matrices (CPU launch shape): mul_mm_q8's grid (mmq8.cl), MMQ_R rows x MMQ_TT tiles of
 // MMQ_TN tokens per work-item; each row's super-block is unpacked once for a tile's tokens, each
 // token gets dotq8_row's sums.
