@@ -134,8 +134,9 @@ def opencl_vnni() -> bool:
 
 
 def opencl_mmq_k() -> bool:
-    """``COOKTOP_OPENCL_MMQ_K``: Q4_K, Q5_K and Q6_K prompt matrices on 8-bit activations with the
-    AVX-512 VNNI kernels where the CPU has them (default on)."""
+    """``COOKTOP_OPENCL_MMQ_K``: Q4_K, Q5_K and Q6_K prompt matrices on 8-bit activations with their
+    prompt kernels: the AVX-512 VNNI ones where the CPU has them, elsewhere on the CPU launch shape
+    (AVX2, portable C) dotq8k.cl's unpack-once kernel on block_q8_K (default on)."""
     return env_bool("COOKTOP_OPENCL_MMQ_K", True)
 
 

@@ -233,14 +233,17 @@ def test_drop_file_pages(tmp_path):
 
 @pytest.mark.parametrize("ty", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_prompt_matrices_vnni(q8dev, ty):
-    """mul_mm_q8 (Q8_0, repacked Q4_0, Q4_K, Q5_K and Q6_K, on a CPU with AVX-512 VNNI): exact against numpy
-    on 8-bit activations at odd row/token/group counts, within the quantized bound of the float
+    """mul_mm_q8 (Q8_0, repacked Q4_0, Q4_K, Q5_K and Q6_K, on a CPU with AVX-512 VNNI; Q4_K, Q5_K and
+    Q6_K on block_q8_K also without the 64-byte x86 code: dotq8k.cl's unpack-once kernel): exact against
+    numpy on 8-bit activations at odd row/token/group counts, within the quantized bound of the float
     product; Q4_0 matrices of other row counts and builds without VNNI run mul_mvt_q8 (also exact on
     8-bit activations), or the float mul_mm with COOKTOP_OPENCL_EXACT_PROMPT=0."""
     dev = q8dev
     rng = np.random.default_rng(13)
     vnni = dev.kernels.vnni
-    if not vnni and not dev.kernels.isa()["portable"]:
+    unpack_once = (ty in (T.Q4_K, T.Q5_K, T.Q6_K) and dev.kernels.q8k(ty) and dev.kernels.mmq_k
+                   and dev.shape.mv_ls == 1 and not dev.kernels._x86_512())
+    if not vnni and not unpack_once and not dev.kernels.isa()["portable"]:
         pytest.skip("this CPU has no AVX-512 VNNI (the float mul_mm runs; test_ops_parity covers it)")
     n_ins = {T.Q4_0: (128, 384, 224), T.Q8_0: (32, 224, 2080)}.get(ty, (256, 768, 1280))
     for n_in in n_ins:
@@ -256,8 +259,10 @@ def test_prompt_matrices_vnni(q8dev, ty):
                 dev.matmul(y, xt, w)
                 got = dev.read(y)
                 q8 = dev.quantizes_activations(ty, n_tok, (n_out, n_in))
-                assert q8 == (dev.exact_prompt or (vnni and (ty != T.Q4_0 or n_out % 16 == 0)))
-                assert dev.kernels.mm_q8(ty, (n_out, n_in)) == (vnni and (ty != T.Q4_0 or n_out % 16 == 0))
+                mm = unpack_once or (vnni and (ty != T.Q4_0 or n_out % 16 == 0))
+                assert q8 == (dev.exact_prompt or mm)
+                assert dev.kernels.mm_q8(ty, (n_out, n_in)) == mm
+                assert (dev.kernels.weights(ty, dev.kernels.repacks(ty, (n_out, n_in))).mul_mm_q8 is not None) == mm
                 if q8:
                     xr = dequantize_activations_ref(x, dev.activation_format(ty, n_tok, (n_out, n_in)))
                     assert nmse(got, xr @ wf.T) <= 1e-10, (n_in, n_out, n_tok)
@@ -305,7 +310,8 @@ def test_fused_producers_many_rows(q8dev):
 
 @pytest.mark.parametrize("ty", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 def test_prompt_kernels_equal_one_token_kernels(q8dev, ty):
-    """Every prompt matrix on 8-bit activations (mul_mm_q8 where the CPU has AVX-512 VNNI, else
+    """Every prompt matrix on 8-bit activations (mul_mm_q8 where the CPU has AVX-512 VNNI, and for Q4_K,
+    Q5_K, Q6_K on block_q8_K dotq8k.cl's unpack-once kernel elsewhere on the CPU launch shape; else
     mul_mvt_q8) gives each token exactly the one-token kernel's floats, at odd row and token
     counts and a zero activation block: a prompt's logits do not depend on how it was split.
     Q8_0 also at 75 tokens (its work-items run 64: a second, partial one)."""
@@ -316,7 +322,7 @@ def test_prompt_kernels_equal_one_token_kernels(q8dev, ty):
         raw = random_weight(ty, (n_out, n_in), rng)
         w = dev.upload(raw, ty, (n_out, n_in))
         n_tok = 75 if ty == T.Q8_0 and n_out == 67 else 11
-        if dev.kernels.vnni:
+        if dev.kernels.vnni or dev.kernels.mm_q8(ty, (n_out, n_in)):
             assert dev.kernels.weights(ty, dev.kernels.repacks(ty, (n_out, n_in))).mul_mm_q8 is not None
         x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
         x[3, 64:96] = 0

@@ -99,10 +99,16 @@ def test_quantize_kernel_is_the_reference(kdev):
 def test_matmul_exact_and_prompt_is_tokens_one_at_a_time(kdev, ty):
     """3 super-blocks per row, row counts off the work-group multiples, prompts of 3, 9, 37 and 70
     tokens (not multiples of the prompt kernel's passes of 16 tokens; 70: Q4_K / Q5_K's work-items
-    take 64 tokens each, so two, the second partial): exact on q8_K, prompt rows = one-token rows."""
+    take 64 tokens each, so two, the second partial): exact on q8_K, prompt rows = one-token rows.
+    On the CPU launch shape every type has a prompt kernel (mul_mm_q8: VNNI, or dotq8k.cl's
+    unpack-once kernel, whose tiles of 8 tokens x 4 rows these counts also miss)."""
     dev = kdev
     rng = np.random.default_rng(int(ty))
     n_in = 768
+    k = dev.kernels.weights(ty, False)
+    assert (k.mul_mm_q8 is not None) == dev.kernels.mm_q8(ty, (16, n_in))
+    if dev.shape.mv_ls == 1 and (dev.kernels.vnni or not dev.kernels._x86_512()):
+        assert k.mul_mm_q8 is not None
     for n_out in (13, 130):
         raw = random_weight(ty, (n_out, n_in), rng)
         w = dev.upload(raw, ty, (n_out, n_in))

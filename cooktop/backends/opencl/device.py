@@ -39,9 +39,12 @@ again: the same text): ``mul_mvt_q8`` gives each token exactly ``mul_mv_q8``'s s
 Q8_0, repacked Q4_0, Q4_K, Q5_K and Q6_K (``mul_mm_q8``, ``mmq8.cl``): their integer sums and
 float operations per lane are those of the mat-vec rows (``dotq8_row``; Q8_0's 32-byte blocks,
 two rows per 16-lane accumulator) in the same order, so a prompt on them is bit for bit
-its tokens one at a time. Float weights, and every type with ``COOKTOP_OPENCL_EXACT_PROMPT=0``
-where no VNNI kernel applies, use ``mul_mm``: weight units dequantized to float32 registers
-and reused across 8 tokens and 2 rows per work-item.
+its tokens one at a time. Where the 64-byte x86 code does not build (AVX2 CPUs, portable C) the
+K-quants on block_q8_K have ``dotq8k.cl``'s unpack-once ``mul_mm_q8`` on the CPU launch shape:
+a super-block's weights unpacked once for a tile of tokens (AVX2: bytes for pmaddubsw), each
+token then the mat-vec's exact integers and float operations. Float weights, and every type with
+``COOKTOP_OPENCL_EXACT_PROMPT=0`` where no such prompt kernel applies, use ``mul_mm``: weight
+units dequantized to float32 registers and reused across 8 tokens and 2 rows per work-item.
 """
 
 from __future__ import annotations

@@ -98,7 +98,8 @@ def kernel_variants(info: DeviceInfo) -> dict[str, str]:
             and "COOKTOP_PORTABLE" not in os.environ.get("COOKTOP_OPENCL_OPTIONS", ""))
     acts = "q8_1 (8-bit activations, integer block dots in OpenCL C)" if q8 else "f32"
     return {"launch_shape": shape, "matmul_activations": acts,
-            "prompt_matmul": ("mul_mm_q8 (AVX-512 VNNI: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) + " if vnni and q8 else "")
+            "prompt_matmul": ("mul_mm_q8 (AVX-512 VNNI: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) + " if vnni and q8 else
+                              "mul_mm_q8 (unpack-once K-quants on block_q8_K) + " if q8 and shape == "cpu" else "")
             + ("mul_mvt_q8 (the one-token sums)" if q8 and _safe(settings.opencl_exact_prompt, True) else "mul_mm")}
 
 

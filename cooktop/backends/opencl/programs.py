@@ -463,8 +463,9 @@ class KernelCache:
                      and settings.opencl_vnni() and "COOKTOP_PORTABLE" not in self.options)
         if self.vnni:
             self.options += " -DCOOKTOP_VNNI=1"
-        self.mmq_k = self.vnni and settings.opencl_mmq_k()
-        if self.vnni and not self.mmq_k:
+        # COOKTOP_OPENCL_MMQ_K=0: no K-quant prompt kernel on block_q8_K (VNNI or unpack-once) for Q4_K..Q6_K
+        self.mmq_k = settings.opencl_mmq_k()
+        if not self.mmq_k:
             self.options += " -DCOOKTOP_NO_MMQ_K=1"
         if extra_options.strip():
             check_build_options(ctx, device, self.options, extra_options)
@@ -603,15 +604,27 @@ class KernelCache:
         """True when prompt matrices (n_tokens > 1) with weights of this type and shape run on
         8-bit activations (``mul_mm_q8`` on a CPU with AVX-512 VNNI: Q8_0, repacked Q4_0, and Q4_K,
         Q5_K and Q6_K unless ``COOKTOP_OPENCL_MMQ_K=0``; each gives a token the mat-vec's sums
-        bit for bit; Q2_K and Q3_K on the CPU launch shape: dotq8k.cl's prompt kernel, likewise)."""
+        bit for bit; Q2_K and Q3_K on the CPU launch shape, and Q4_K, Q5_K, Q6_K there where the
+        64-byte x86 code does not build (AVX2 only, or ``COOKTOP_PORTABLE``) unless
+        ``COOKTOP_OPENCL_MMQ_K=0``: dotq8k.cl's unpack-once prompt kernel on block_q8_K, likewise)."""
         if ggml_type in Q8K_ONLY_TYPES:
             return self.q8k(ggml_type) and self.shape.mv_ls == 1
+        if ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) and self.q8k(ggml_type) and self.mmq_k and self.shape.mv_ls == 1 \
+                and not self._x86_512():
+            return True
         if not self.vnni:
             return False
         if (ggml_type == T.Q8_0 or ggml_type in (T.Q4_K, T.Q5_K, T.Q6_K) and self.mmq_k) and not self.shape.mm_local:
             isa = self.isa()
             return isa["avx512bw"] and isa["f16c"] and not isa["portable"]
         return self.repacks(ggml_type, shape)
+
+    def _x86_512(self) -> bool:
+        """True when the weight programs build dotq8.cl's 64-byte x86 code (``X86_512``: AVX-512BW and
+        F16C, neither ``COOKTOP_PORTABLE`` nor ``COOKTOP_NO_AVX512``)."""
+        isa = self.isa()
+        return (isa["avx2"] and isa["avx512bw"] and isa["f16c"] and not isa["portable"]
+                and "COOKTOP_NO_AVX512" not in self.options)
 
     def repacks(self, ggml_type: T, shape: tuple[int, ...]) -> bool:
         """True when weights of this type and shape are stored repacked on this device: Q4_0

@@ -10,7 +10,9 @@
 // subtract (dmin_w d_y) * sum_s m_s * (bsums[2s] + bsums[2s+1]). Where mmq8.cl's VNNI q8_K prompt
 // kernels build (Q45K_LANES, Q6K_LANES below) one float lane per row, one fma per super-block (plus
 // one for the mins), which those kernels repeat in the same order, so prompts are bit for bit their
-// tokens one at a time; elsewhere 16 float lanes of partial sums per row (prompts: mul_mvt_q8).
+// tokens one at a time; elsewhere 16 float lanes of partial sums per row (prompts: mul_mvt_q8, or
+// on the CPU launch shape without the 64-byte code, e.g. AVX2 CPUs, the unpack-once mul_mm_q8 below:
+// AVX2 with one float lane per row as the VNNI kernels, portable C with the 16 lanes).
 
 #ifdef Q8K_ON
 #ifndef HAS_Q8
@@ -330,7 +332,247 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 
 #else  // portable OpenCL C (GPUs, other CPUs)
 #define I16(v) convert_int16(v)
+#if defined(__AVX2__) && defined(__F16C__) && !defined(COOKTOP_PORTABLE) \
+    && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K))
+// AVX2 without the 64-byte code (ggml_vec_dot_q4_K_q8_K / q5_K / q6_K, ggml-cpu/arch/x86/quants.c,
+// its __AVX2__ branch): a super-block's quants unpacked as 8 vectors of 32 unsigned bytes (Q4_K /
+// Q5_K: sub-block s, the fifth bit included; Q6_K: group g of 32 values, 0..63 with the +32 kept)
+// and its scales as int16 vectors (q8k_unpack), then per token pmaddubsw with the token's 32
+// bytes, pmaddwd with the scales (Q6_K: one per 16 values, lanes 0..7 and 8..15), and the sums of
+// int32 lanes: isum, one int32 per super-block (Q6_K's -32 folded in as pmaddwd(bsums, -32 sc);
+// Q4_K / Q5_K's mins sum_s m_s (bsums[2s] + bsums[2s+1]) as pmaddwd(bsums, (m_s, m_s))). Exact
+// integers (pmaddubsw pairs <= 2 * 63 * 127, no saturation; |isum| < 2^29). The row's sum is
+// one float lane: a = fma(float(isum), d_w d_y, a) per super-block in order (Q4_K / Q5_K then
+// a = fma(-(dmin_w d_y), float(mins), a)); the mat-vec (lanes 1..15 of its acc stay +0, so hsum16
+// gives a + 0) and the prompt kernel below run the same q8k_unpack + q8k_sb_dot, so a prompt is
+// its tokens one at a time bit for bit.
+#define Q8K_AVX2 1
+typedef char q8k_v32qi __attribute__((vector_size(32)));
+typedef char q8k_v32qi_u __attribute__((vector_size(32), aligned(1)));
+typedef uchar q8k_v32qu __attribute__((vector_size(32)));
+typedef uchar q8k_v32qu_u __attribute__((vector_size(32), aligned(1)));
+typedef short q8k_v16hi __attribute__((vector_size(32)));
+typedef short q8k_v16hi_u __attribute__((vector_size(32), aligned(1)));
+typedef int q8k_v8si __attribute__((vector_size(32)));
+#define Q8K_LD(p) (*(const global q8k_v32qu_u *)(p))
+#ifndef Q8_PREFETCH  // Q5_K: dotq8.cl's x86 section (and its prefetch) is AVX-512 only
+#define Q8_PREFETCH(p, n)                                                                   \
+    do {                                                                                  \
+        _Pragma("unroll") for (int pf_ = 0; pf_ < (n); pf_++)                             \
+            __builtin_prefetch((const global uchar *)(p) + 1536 + 64 * pf_);               \
+    } while (0)
+#endif
+typedef struct {
+    q8k_v32qu q[8];   // unsigned quants of values 32 k .. 32 k + 31
+    q8k_v16hi sc[8];  // their scales as int16 lanes (pmaddwd's second operand)
+    q8k_v16hi m;      // Q4_K / Q5_K: (m_s, m_s) per bsum pair; Q6_K: -32 sc_c per 16 values
+} q8k_sb_t;
+#if defined(W_Q6_K)
+#define Q8K_SB_BYTES 210
+inline __attribute__((always_inline)) void q8k_unpack(const global uchar *p, q8k_sb_t *u) {
+    const uchar m15 = 15, m3 = 3;
+    const short16 sc = convert_short16(vload16(0, (const global char *)(p + 192)));
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const q8k_v32qu l0 = Q8K_LD(p + 64 * h), l1 = Q8K_LD(p + 64 * h + 32), qh = Q8K_LD(p + 128 + 32 * h);
+        u->q[4 * h] = (l0 & m15) | ((qh & m3) << 4);
+        u->q[4 * h + 1] = (l1 & m15) | (((qh >> 2) & m3) << 4);
+        u->q[4 * h + 2] = (l0 >> 4) | (((qh >> 4) & m3) << 4);
+        u->q[4 * h + 3] = (l1 >> 4) | ((qh >> 6) << 4);
+    }
+#pragma unroll
+    for (int g = 0; g < 8; g++)
+        u->sc[g] = (q8k_v16hi)(short16)((short8)(sc[2 * g]), (short8)(sc[2 * g + 1]));
+    u->m = (q8k_v16hi)(sc * (short)(-32));
+}
+// isum of super-block u with one token's quants xb and record rec
+inline __attribute__((always_inline)) int q8k_isum(const q8k_sb_t *u, const global char *xb, const global float *rec) {
+    q8k_v8si is = __builtin_ia32_pmaddwd256(*(const global q8k_v16hi_u *)rec, u->m);
+#pragma unroll
+    for (int g = 0; g < 8; g++)
+        is += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q8k_v32qi)u->q[g],
+                                                                    *(const global q8k_v32qi_u *)(xb + 32 * g)),
+                                        u->sc[g]);
+    const int8 a = as_int8(is);
+    const int4 b = a.lo + a.hi;
+    const int2 c = b.lo + b.hi;
+    return c.x + c.y;
+}
+inline __attribute__((always_inline)) float q8k_sb_dot(const global uchar *p, const q8k_sb_t *u, const global char *xb,
+                                                       const global float *rec, float a) {
+    return fma((float)q8k_isum(u, xb, rec), LOAD_HALF(p + 208) * rec[8], a);
+}
+#else
+#define Q8K_SB_BYTES QK_BYTES
+inline __attribute__((always_inline)) void q8k_unpack(const global uchar *p, q8k_sb_t *u) {
+    const uchar m15 = 15;
+    Q8K_SCALES(p, sc, mn);
+#if defined(W_Q5_K)
+    const q8k_v32qu qh = Q8K_LD(p + 16);
+    const uchar b1 = 1;
+#endif
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const q8k_v32qu qs = Q8K_LD(p + QK_QS + 32 * j);
+#if defined(W_Q5_K)
+        u->q[2 * j] = (qs & m15) | (((qh >> (2 * j)) & b1) << 4);
+        u->q[2 * j + 1] = (qs >> 4) | (((qh >> (2 * j + 1)) & b1) << 4);
+#else
+        u->q[2 * j] = qs & m15;
+        u->q[2 * j + 1] = qs >> 4;
+#endif
+    }
+#pragma unroll
+    for (int s = 0; s < 8; s++) u->sc[s] = (q8k_v16hi)(short16)(sc[s]);
+    const short8 m8 = convert_short8(mn);
+    u->m = (q8k_v16hi)(short16)(m8.s00112233, m8.s44556677);
+}
+// (isum, mins) of super-block u with one token's quants xb and record rec: both reductions in one
+// chain of shuffles (exact integers)
+inline __attribute__((always_inline)) int2 q8k_isum(const q8k_sb_t *u, const global char *xb, const global float *rec) {
+    q8k_v8si is = (q8k_v8si)(int8)(0);
+#pragma unroll
+    for (int s = 0; s < 8; s++)
+        is += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q8k_v32qi)u->q[s],
+                                                                    *(const global q8k_v32qi_u *)(xb + 32 * s)),
+                                        u->sc[s]);
+    const int8 a = as_int8(is), m = as_int8(__builtin_ia32_pmaddwd256(*(const global q8k_v16hi_u *)rec, u->m));
+    const int8 e = (int8)(a.lo + a.hi, m.lo + m.hi);
+    const int4 f = e.even + e.odd;
+    return f.even + f.odd;
+}
+inline __attribute__((always_inline)) float q8k_sb_dot(const global uchar *p, const q8k_sb_t *u, const global char *xb,
+                                                       const global float *rec, float a) {
+    const int2 im = q8k_isum(u, xb, rec);
+    const float dy = rec[8];
+    a = fma((float)im.x, LOAD_HALF(p) * dy, a);
+    return fma(-(LOAD_HALF(p + 2) * dy), (float)im.y, a);
+}
+#endif
+inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
+                         float16 acc) {
+    float a = acc.s0;
+    for (int ib = lid; ib < nb; ib += MV_LS) {
+        const global uchar *p = row + (size_t)ib * Q8K_SB_BYTES;
+        Q8_PREFETCH(p, (Q8K_SB_BYTES + 63) / 64);
+        q8k_sb_t u;
+        q8k_unpack(p, &u);
+        a = q8k_sb_dot(p, &u, xq + (size_t)ib * 256, (const global float *)xd + (size_t)ib * 16, a);
+    }
+    acc.s0 = a;
+    return acc;
+}
+#if MV_LS == 1 && !defined(COOKTOP_NO_MMQ_K)
+// Prompt matrices (CPU launch shape): mul_mm_q8's grid (mmq8.cl), MMQ_R rows x MMQ_TT tiles of
+// MMQ_TN tokens per work-item; each row's super-block is unpacked once for a tile's tokens, each
+// token gets dotq8_row's integers and float operations (+ 0.0f: hsum16 of the mat-vec's lanes).
+__kernel void mul_mm_q8(const global uchar *w, const global char *xq, const global float2 *xd,
+                        global float *y, const int n_in, const int n_out, const int n_tok) {
+    const int tb = get_group_id(1) * (MMQ_TN * MMQ_TT), r0 = get_global_id(0) * MMQ_R, nsb = n_in / 256;
+    for (int t0 = tb; t0 < min(n_tok, tb + MMQ_TN * MMQ_TT); t0 += MMQ_TN) {
+    const int nt = min(MMQ_TN, n_tok - t0);
+    for (int r = r0; r < min(r0 + MMQ_R, n_out); r++) {
+        const global uchar *wr = w + (size_t)r * ROW_BYTES(n_in);
+        float acc[MMQ_TN];
+        for (int t = 0; t < MMQ_TN; t++) acc[t] = 0.0f;
+        for (int ib = 0; ib < nsb; ib++) {
+            const global uchar *p = wr + (size_t)ib * Q8K_SB_BYTES;
+            q8k_sb_t u;
+            q8k_unpack(p, &u);
+            for (int t = 0; t < nt; t++) {
+                const size_t tt = (size_t)(t0 + t);
+                acc[t] = q8k_sb_dot(p, &u, xq + tt * n_in + (size_t)ib * 256,
+                                    (const global float *)(xd + tt * (n_in / 32)) + (size_t)ib * 16, acc[t]);
+            }
+        }
+        for (int t = 0; t < nt; t++) y[(size_t)(t0 + t) * n_out + r] = acc[t] + 0.0f;
+    }
+    }
+}
+#endif
+#elif defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K)
+// Q4_K / Q5_K / Q6_K (ggml_vec_dot_q4_K_q8_K / q5_K / q6_K, ggml-cpu quants.c): a super-block's
+// weights unpacked once as 16 vectors of 16 values, w[c] = sc_s * q of values 16c..16c+15 (s = c / 2
+// the 32-value sub-block of Q4_K / Q5_K, c the 16-value one of Q6_K, whose q keeps its -32), then
+// per token isum = sum_c w[c] * qy[c] in 16 int32 lanes (lane l: the values of index l mod 16).
+// Those are exact integers (|w| <= 31 * 63 = 1953 for Q5_K, 32 * 128 = 4096 for Q6_K, in int16;
+// a lane's sum at most 16 * 4096 * 127 < 2^23), the same whatever the order of the products, and
+// the float operations per lane follow (Q4_K / Q5_K: fma(float(isum), d_w d_y) and, on lane 0,
+// fma(-(dmin_w d_y), float(sum_s m_s * (bsums[2s] + bsums[2s+1])))). dotq8_row and the prompt
+// kernel below both run q8k_unpack + q8k_sb_dot, so a prompt is its tokens one at a time bit
+// for bit.
+#define Q8K_W short16
+#if defined(W_Q6_K)
+#define Q8K_SB_BYTES 210
+inline void q8k_unpack(const global uchar *p, short16 *w) {
+    const short16 scv = convert_short16(vload16(0, (const global char *)(p + 192)));
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const global uchar *ql = p + 64 * h;
+        const global uchar *qh = p + 128 + 32 * h;
+        const uchar16 la = vload16(0, ql), lb = vload16(1, ql), lc = vload16(2, ql), ld = vload16(3, ql);
+        const uchar16 ha = vload16(0, qh), hb = vload16(1, qh);
+#define Q6K_GROUP(r, lo_a, lo_b, nsh)                                                                         \
+        w[8 * h + 2 * r] = (convert_short16(((lo_a >> (uchar)nsh) & (uchar)15)                               \
+                                            | (((ha >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (short)32) \
+                           * scv[8 * h + 2 * r];                                                             \
+        w[8 * h + 2 * r + 1] = (convert_short16(((lo_b >> (uchar)nsh) & (uchar)15)                           \
+                                                | (((hb >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (short)32) \
+                               * scv[8 * h + 2 * r + 1];
+        Q6K_GROUP(0, la, lb, 0)
+        Q6K_GROUP(1, lc, ld, 0)
+        Q6K_GROUP(2, la, lb, 4)
+        Q6K_GROUP(3, lc, ld, 4)
+#undef Q6K_GROUP
+    }
+}
+#else
+#define Q8K_SB_BYTES QK_BYTES
+inline void q8k_unpack(const global uchar *p, short16 *w) {
+    Q8K_SCALES(p, sc, mn);
+    const global uchar *qs = p + QK_QS;
+#if defined(W_Q5_K)
+    const uchar16 ha = vload16(0, p + 16), hb = vload16(1, p + 16);
+#endif
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uchar16 qa = vload16(0, qs + 32 * j), qb = vload16(1, qs + 32 * j);
+        uchar16 q0a = qa & (uchar)15, q0b = qb & (uchar)15, q1a = qa >> (uchar)4, q1b = qb >> (uchar)4;
+#if defined(W_Q5_K)
+        const uchar h0 = (uchar)(2 * j), h1 = (uchar)(2 * j + 1);
+        q0a |= ((ha >> h0) & (uchar)1) << (uchar)4;
+        q0b |= ((hb >> h0) & (uchar)1) << (uchar)4;
+        q1a |= ((ha >> h1) & (uchar)1) << (uchar)4;
+        q1b |= ((hb >> h1) & (uchar)1) << (uchar)4;
+#endif
+        w[4 * j] = convert_short16(q0a) * sc[2 * j];
+        w[4 * j + 1] = convert_short16(q0b) * sc[2 * j];
+        w[4 * j + 2] = convert_short16(q1a) * sc[2 * j + 1];
+        w[4 * j + 3] = convert_short16(q1b) * sc[2 * j + 1];
+    }
+}
+#endif
+// acc + super-block p's products with one token's quants xb and record rec
+inline float16 q8k_sb_dot(const global uchar *p, const short16 *w, const global char *xb, const global float *rec,
+                          float16 acc) {
+    int16 isum = (int16)(0);
+#pragma unroll
+    for (int c = 0; c < 16; c++) isum += I16(w[c]) * I16(vload16(c, xb));
+#if defined(W_Q6_K)
+    acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 208) * rec[8]), acc);
+#else
+    const float dy = rec[8];
+    Q8K_SCALES(p, sc, mn);
+    acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p) * dy), acc);
+    acc.s0 = fma(-(LOAD_HALF(p + 2) * dy), (float)q8k_mins(mn, rec), acc.s0);
+#endif
+    return acc;
+}
 #if defined(W_Q4_K) || defined(W_Q5_K)
+// The mat-vec of Q4_K / Q5_K in one pass over the quants (unpacking first was 4-6% slower in
+// this portable C on an AVX2 CPU under PoCL, one token): the same 16 int32 lanes of exact integers (lane l: values of index l mod 16)
+// and the same float operations as q8k_sb_dot, so the prompt kernel's tokens equal it bit for bit.
+#define Q8K_OWN_ROW 1
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
     for (int ib = lid; ib < nb; ib += MV_LS) {
@@ -365,41 +607,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
     }
     return acc;
 }
-#elif defined(W_Q6_K)
-inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
-                         float16 acc) {
-    for (int ib = lid; ib < nb; ib += MV_LS) {
-        const global uchar *p = row + (size_t)ib * 210;
-        const global float *rec = (const global float *)xd + (size_t)ib * 16;
-        const global char *xb = xq + (size_t)ib * 256;
-        const int16 scv = convert_int16(vload16(0, (const global char *)(p + 192)));
-        int16 isum = (int16)(0);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const global uchar *ql = p + 64 * h;
-            const global uchar *qh = p + 128 + 32 * h;
-            const uchar16 la = vload16(0, ql), lb = vload16(1, ql), lc = vload16(2, ql), ld = vload16(3, ql);
-            const uchar16 ha = vload16(0, qh), hb = vload16(1, qh);
-            const global char *xh = xb + 128 * h;
-#define Q6K_GROUP(r, lo_a, lo_b, nsh)                                                                     \
-            {                                                                                             \
-                const char16 qa = as_char16(((lo_a >> (uchar)nsh) & (uchar)15)                            \
-                                            | (((ha >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (char)32; \
-                const char16 qb = as_char16(((lo_b >> (uchar)nsh) & (uchar)15)                            \
-                                            | (((hb >> (uchar)(2 * r)) & (uchar)3) << (uchar)4)) - (char)32; \
-                isum += I16(qa) * I16(vload16(2 * r, xh)) * scv[8 * h + 2 * r]                            \
-                      + I16(qb) * I16(vload16(2 * r + 1, xh)) * scv[8 * h + 2 * r + 1];                   \
-            }
-            Q6K_GROUP(0, la, lb, 0)
-            Q6K_GROUP(1, lc, ld, 0)
-            Q6K_GROUP(2, la, lb, 4)
-            Q6K_GROUP(3, lc, ld, 4)
-#undef Q6K_GROUP
-        }
-        acc = fma(convert_float16(isum), (float16)(LOAD_HALF(p + 208) * rec[8]), acc);
-    }
-    return acc;
-}
+#endif
 #elif defined(W_Q2_K) || defined(W_Q3_K)
 // Q2_K / Q3_K (block layouts in dequant.cl): a super-block's weights unpacked once as 16 int16-lane
 // vectors w[c] = scale_c * q of values 16c..16c+15, then per token isum = sum_c w[c] * qy[c] and
@@ -407,6 +615,7 @@ inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq,
 // mins as sum_j bsums[j] * (scales[j] >> 4); Q3_K's 6-bit scales minus 32 and the hmask bit
 // (clear: minus 4)). The prompt kernel below reuses one unpacking for its tokens, with the same
 // integers and float operations per token as dotq8_row. nb counts 32-value units (QKV).
+#define Q8K_W int16
 #if defined(W_Q2_K)
 #define Q8K_SB_BYTES 84
 inline void q8k_unpack(const global uchar *p, int16 *w) {
@@ -454,17 +663,21 @@ inline float16 q8k_sb_dot(const global uchar *p, const int16 *w, const global ch
 #endif
     return acc;
 }
+#endif
+// dotq8_row (nb: QKV-value units, 32 or 256) and the prompt kernel on the same two helpers
+#if !defined(Q8K_OWN_ROW) && !defined(Q8K_AVX2)
 inline float16 dotq8_row(const global uchar *row, int nb, const global char *xq, const global float2 *xd, int lid,
                          float16 acc) {
-    for (int ib = lid; ib < nb / 8; ib += MV_LS) {
+    for (int ib = lid; ib < nb / (256 / QKV); ib += MV_LS) {
         const global uchar *p = row + (size_t)ib * Q8K_SB_BYTES;
-        int16 w[16];
+        Q8K_W w[16];
         q8k_unpack(p, w);
         acc = q8k_sb_dot(p, w, xq + (size_t)ib * 256, (const global float *)xd + (size_t)ib * 16, acc);
     }
     return acc;
 }
-#if MV_LS == 1
+#endif
+#if MV_LS == 1 && !defined(Q8K_AVX2) && !(defined(COOKTOP_NO_MMQ_K) && (defined(W_Q4_K) || defined(W_Q5_K) || defined(W_Q6_K)))
 // Prompt matrices (CPU launch shape): mul_mm_q8's grid (mmq8.cl), MMQ_R rows x MMQ_TT tiles of
 // MMQ_TN tokens per work-item; each row's super-block is unpacked once for a tile's tokens, each
 // token gets dotq8_row's sums.
@@ -480,7 +693,7 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
         for (int t = 0; t < MMQ_TN; t++) acc[t] = (float16)(0.0f);
         for (int ib = 0; ib < nsb; ib++) {
             const global uchar *p = wr + (size_t)ib * Q8K_SB_BYTES;
-            int16 wq[16];
+            Q8K_W wq[16];
             q8k_unpack(p, wq);
             for (int t = 0; t < nt; t++) {
                 const size_t tt = (size_t)(t0 + t);
@@ -492,7 +705,6 @@ __kernel void mul_mm_q8(const global uchar *w, const global char *xq, const glob
     }
     }
 }
-#endif
 #endif
 #endif  // portable
 #endif  // Q8K_ON
