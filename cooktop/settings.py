@@ -136,7 +136,7 @@ def opencl_vnni() -> bool:
 def opencl_mmq_k() -> bool:
     """``COOKTOP_OPENCL_MMQ_K``: Q4_K, Q5_K and Q6_K prompt matrices on 8-bit activations with their
     prompt kernels: the AVX-512 VNNI ones where the CPU has them, elsewhere on the CPU launch shape
-    (AVX2, portable C) dotq8k.cl's unpack-once kernel on block_q8_K (default on)."""
+    (AVX2, portable C) the OpenCL K-quant unpack-once kernel on block_q8_K (default on)."""
     return env_bool("COOKTOP_OPENCL_MMQ_K", True)
 
 
