@@ -6,6 +6,7 @@
 #   make test [PYTEST_ARGS=...]     setup, then pytest
 #   make test-quick                 the edit loop's subset (under 3 minutes)
 #   make test-vulkan-validation     setup, then the Vulkan tests under the Khronos validation layer
+#   make test-vulkan-gpu-assisted   only its GPU-assisted part (shaders instrumented for bounds)
 #   make test-opencl-validation     setup, then the OpenCL tests on Oclgrind (a simulated GPU: races, bounds)
 #   make shaders                    compile the Vulkan GLSL shaders to SPIR-V
 #   make bench                      setup, then `cooktop bench`
@@ -24,15 +25,22 @@ COOKTOP := $(VENV)/bin/cooktop
 PROMPT ?= Once upon a time
 N ?= 64
 PYTEST_ARGS ?=
+# pytest-xdist workers (0: one process). Most tests use one core, so on 2 cores two workers nearly
+# halve the wall time. `make test` takes one more than the CPUs (SUITE_JOBS): its first worker runs the
+# Ray cluster's cases, scheduled first (tests/conftest.py), and mostly waits on the cluster for about
+# 5 minutes while the others compute. The validation runs take one per CPU (TEST_JOBS, `auto`).
+TEST_JOBS ?= auto
+SUITE_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n + 1)))
+XDIST = -n $(TEST_JOBS)
 FUZZ_EXAMPLES ?= 100000
 comma := ,
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-compare run test test-quick test-vulkan-validation test-opencl-validation shaders bench llamacpp-vulkan bench-vs-vulkan \
+.PHONY: help setup setup-compare run test test-quick test-vulkan-validation test-vulkan-gpu-assisted test-opencl-validation shaders bench llamacpp-vulkan bench-vs-vulkan \
 	lint fuzz llamacpp-cpu
 
 help:
-	@sed -n '1,17s/^# \{0,1\}//p' Makefile
+	@sed -n '1,19s/^# \{0,1\}//p' Makefile
 
 setup:
 	bash scripts/setup.sh
@@ -44,11 +52,23 @@ run: setup
 	$(COOKTOP) run -p "$(PROMPT)" -n $(N)
 
 # pytest exits 5 when it collects no test: that fails `make test` too, by name.
+# VULKAN_VALIDATION=1 (.ci/run sets it): the Vulkan tests (-k vulkan) run under the Khronos validation
+# layer with synchronization validation (tests/vulkan_validation.py), the others as usual: every test
+# of the suite once, the Vulkan ones validated on the way, so CI does not run them a second time.
+# (With it, a -k in PYTEST_ARGS would replace the split: leave it for plain runs.)
+VULKAN_VALIDATION ?=
+PYTEST_RUN = $(PY) -m pytest -q -n $(SUITE_JOBS)
+NO_TESTS = if [ $$rc -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit 5)" >&2; fi; exit $$rc
 test: setup
-	@echo "$(PY) -m pytest -q $(PYTEST_ARGS)"; \
-	$(PY) -m pytest -q $(PYTEST_ARGS) || { rc=$$?; \
-		if [ $$rc -eq 5 ]; then echo "make test: FAILED: pytest collected no tests (exit 5)" >&2; fi; \
-		exit $$rc; }
+ifeq ($(VULKAN_VALIDATION),1)
+	@echo "$(PYTEST_RUN) -k 'not vulkan' $(PYTEST_ARGS)"; \
+	$(PYTEST_RUN) -k "not vulkan" $(PYTEST_ARGS) || { rc=$$?; $(NO_TESTS); }
+	@echo "$(PY) tests/vulkan_validation.py -q $(XDIST) -k vulkan $(PYTEST_ARGS)"; \
+	$(PY) tests/vulkan_validation.py -q $(XDIST) -k vulkan $(PYTEST_ARGS) || { rc=$$?; $(NO_TESTS); }
+else
+	@echo "$(PYTEST_RUN) $(PYTEST_ARGS)"; \
+	$(PYTEST_RUN) $(PYTEST_ARGS) || { rc=$$?; $(NO_TESTS); }
+endif
 
 # The edit loop's suite (under 3 minutes on 2 cores): every op on numpy and OpenCL against the
 # references, the device contract, the llama.cpp reference logits and one model end to end per
@@ -58,29 +78,35 @@ QUICK_TESTS ?= tests/test_ops_parity.py tests/test_ops_parity_ext.py tests/test_
 	tests/test_device_contract.py tests/test_reference.py tests/test_arch.py tests/test_arch_moe.py \
 	tests/test_gemma3_phi3.py tests/test_server.py tests/test_layout.py tests/test_slowguard.py
 test-quick: setup
-	$(PY) -m pytest -q -m "not slow" -k "not vulkan" $(QUICK_TESTS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" -k "not vulkan" $(QUICK_TESTS)
 
 # Every Vulkan test (-k vulkan) under VK_LAYER_KHRONOS_validation with synchronization
 # validation; fails on any error message (tests/vulkan_validation.py parses the layer's log).
-# VALIDATION_ARGS replaces the pytest arguments (default: -q -k vulkan).
-VALIDATION_ARGS ?=
+# VALIDATION_ARGS replaces the pytest arguments (default: -q -k vulkan, TEST_JOBS workers; each
+# worker logs to a FIFO of its own, so messages stay attributed to their test).
+VALIDATION_ARGS ?= -q -k vulkan $(XDIST)
 # Then GPU-assisted validation (shaders instrumented for out-of-bounds access) on the op parity
 # tests whose shaders it instruments in seconds; the dequantizing shaders (matmul, get_rows) take
 # ~4 minutes per pipeline under it on lavapipe, so they are left out by name (README "Tests"), and
 # so is test_low_bit_k_quants (Q2_K / Q3_K matmul and get_rows pipelines). The gated delta rule's
 # shaders (tests/test_gated_delta_net.py) take 20 s under it.
-GPU_ASSISTED_ARGS ?= -q -p no:cacheprovider tests/test_ops_parity.py tests/test_gated_delta_net.py \
+GPU_ASSISTED_ARGS ?= -q -p no:cacheprovider $(XDIST) tests/test_ops_parity.py tests/test_gated_delta_net.py \
 	-k "vulkan and not matmul and not get_rows and not low_bit"
 test-vulkan-validation: setup
 	$(PY) tests/vulkan_validation.py $(VALIDATION_ARGS)
 	$(PY) tests/vulkan_validation.py --gpu-assisted $(GPU_ASSISTED_ARGS)
 
+# Only the GPU-assisted part: `.ci/run` runs it after `VULKAN_VALIDATION=1 make test`, which ran the
+# synchronization-validated part with the suite.
+test-vulkan-gpu-assisted: setup
+	$(PY) tests/vulkan_validation.py --gpu-assisted $(GPU_ASSISTED_ARGS)
+
 # The OpenCL op parity tests and stories260K / a tiny quantized model end to end on Oclgrind with
 # data-race and bounds checking, GPU launch shapes; fails on any report (tests/opencl_validation.py).
-# OPENCL_VALIDATION_ARGS replaces the pytest arguments.
+# OPENCL_VALIDATION_ARGS replaces the pytest arguments (default: the harness's DEFAULT_ARGS).
 OPENCL_VALIDATION_ARGS ?=
 test-opencl-validation: setup
-	$(PY) tests/opencl_validation.py $(OPENCL_VALIDATION_ARGS)
+	$(PY) tests/opencl_validation.py $(or $(OPENCL_VALIDATION_ARGS),--default-args $(XDIST))
 
 shaders:
 	@test -x $(PY) || { echo "make shaders: no $(PY); run 'make setup' first" >&2; exit 1; }

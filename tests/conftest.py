@@ -33,6 +33,17 @@ def pytest_configure(config):
     # `-k vulkan` selects the Vulkan tests (tests/vulkan_validation.py runs them under the
     # validation layer): test_vulkan*.py, ids with a vulkan parameter, and tests marked so
     config.addinivalue_line("markers", "vulkan: uses a Vulkan device without 'vulkan' in its test id")
+    config.addinivalue_line("markers", "early: scheduled first (long, mostly waiting: pytest_collection_modifyitems)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``early`` first, in their order. Under pytest-xdist (``make test`` runs ``-n auto``,
+    whose first batches are consecutive runs of the collection), they then land on the first worker
+    together and, long and mostly waiting (the Ray cluster's cases), overlap the rest of the suite
+    instead of ending it."""
+    early = [it for it in items if it.get_closest_marker("early") is not None]
+    if early:
+        items[:] = early + [it for it in items if it.get_closest_marker("early") is None]
 
 
 def required() -> set[str]:

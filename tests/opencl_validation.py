@@ -2,7 +2,10 @@
 
 Run as a script (``make test-opencl-validation``; ``.ci/run`` runs it after ``make test``)::
 
-    python tests/opencl_validation.py [--log FILE] [PYTEST ARGS...]   (default: DEFAULT_ARGS)
+    python tests/opencl_validation.py [--log FILE] [--default-args] [PYTEST ARGS...]   (default: DEFAULT_ARGS)
+
+``--default-args -n auto`` runs DEFAULT_ARGS on pytest-xdist workers (``make test-opencl-validation``
+does), each logging to a FIFO of its own (tests/fifo_log.py).
 
 Oclgrind (Debian ``oclgrind``) is an OpenCL 1.2 device simulator that reports data races
 (``OCLGRIND_DATA_RACES``), out-of-bounds and other invalid memory accesses, barrier
@@ -47,7 +50,8 @@ import subprocess
 import sys
 import tempfile
 
-from fifo_log import mark, run_collecting  # tests/: the script's folder, or on PYTHONPATH
+# tests/: the script's folder, or on PYTHONPATH
+from fifo_log import mark, run_collecting, use_worker_files, xdist_workers
 
 RESOURCE = "oclgrind"
 MARKER = "=== cooktop-opencl-validation:"
@@ -116,6 +120,8 @@ def parse_log(text: str) -> list[Report]:
             kind, _, arg = line[len(MARKER):].strip().partition(" ")
             if kind == "test":
                 test = arg
+            elif kind == "worker":  # the next pytest-xdist worker's section (fifo_log.run_collecting)
+                test = ""
             continue
         if not line.strip():
             continue
@@ -167,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log", default=os.path.join(tempfile.gettempdir(), "cooktop-opencl-validation.log"),
                     help="where Oclgrind's whole log is written (default: %(default)s)")
+    ap.add_argument("--default-args", action="store_true",
+                    help="DEFAULT_ARGS, then the other arguments (e.g. -n auto for pytest-xdist workers)")
     args, pytest_args = ap.parse_known_args(argv)
+    if args.default_args or not pytest_args:
+        pytest_args = [*DEFAULT_ARGS, *pytest_args]
     lib = find_icd_library()
     if lib is None:
         why = "Oclgrind is not installed (apt-get install oclgrind)"
@@ -189,11 +199,12 @@ def main(argv: list[str] | None = None) -> int:
             env.pop("OCLGRIND_UNINITIALIZED", None)
             env["COOKTOP_SLOW_LIMIT"] = "0"  # every test runs many times slower on Oclgrind
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH")) if p)
-            cmd = [sys.executable, "-m", "pytest", "-p", "opencl_validation", *(pytest_args or DEFAULT_ARGS)]
+            cmd = [sys.executable, "-m", "pytest", "-p", "opencl_validation", *pytest_args]
             print("opencl-validation: " + " ".join(cmd[2:]), flush=True)
             return subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
 
-        rc, text = run_collecting(tmp, "oclgrind.fifo", run)
+        rc, text = run_collecting(tmp, "oclgrind.fifo", run, workers=xdist_workers(pytest_args),
+                                  marker=MARKER)
     pathlib.Path(args.log).write_text(text)
     reports = parse_log(text)
     print(f"opencl-validation: Oclgrind log ({len(text)} bytes) in {args.log}")
@@ -214,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # -- pytest plugin, loaded in the child (-p opencl_validation) --------------------------------------
+
+if __name__ != "__main__":
+    # a pytest-xdist worker writes to its own FIFO (fifo_log.use_worker_files), before any device opens
+    use_worker_files("COOKTOP_OPENCL_VALIDATION_FIFO", "OCLGRIND_LOG")
+
 
 def _mark(line: str) -> None:
     mark("COOKTOP_OPENCL_VALIDATION_FIFO", MARKER, line)

@@ -46,6 +46,8 @@ def strict() -> bool:
 
 #: (node id, seconds) of the unmarked tests past the limit in this run (reported at the end)
 _SLOW: list[tuple[str, float]] = []
+#: the user property that carries an unmarked slow call's seconds from the report to the summary
+_PROPERTY = "cooktop_unmarked_slow_s"
 
 
 def _reason(item: pytest.Item) -> str:
@@ -74,12 +76,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.when != "call" or not rep.passed or lim <= 0 or call.duration <= lim or _reason(item):
         return
     if not strict():
-        _SLOW.append((item.nodeid, call.duration))
+        # kept on the report: under pytest-xdist the summary is written by the controller, which
+        # sees the workers' reports (and their user_properties), not this process's lists
+        rep.user_properties.append((_PROPERTY, call.duration))
         return
     rep.outcome = "failed"
     rep.longrepr = (f"{item.nodeid}: its call took {call.duration:.1f} s, more than {lim:g} s, without "
                     "@pytest.mark.slow(reason='...'): make it cheaper (a session fixture, fewer cases) or mark it "
                     "and say why (tests/slowguard.py)")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect the unmarked slow calls (in the process that writes the summary, the xdist controller
+    included)."""
+    for key, value in report.user_properties:
+        if key == _PROPERTY:
+            _SLOW.append((report.nodeid, float(value)))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -74,6 +74,26 @@ def test_makefile_dry_run_commands():
     assert ".venv/bin/python -m pytest -q" in out.stdout
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_ci_runs_every_test_once_and_the_vulkan_ones_validated():
+    """.ci/run's `make test` (VULKAN_VALIDATION=1) is two runs whose selections are complements:
+    the Vulkan tests under the validation layer and the rest; then the GPU-assisted part and Oclgrind."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^export VULKAN_VALIDATION=1$", ci, re.M)
+    for target in ("make test-vulkan-gpu-assisted", "make test-opencl-validation"):
+        assert re.search(rf"^phase {target}$", ci, re.M), target
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VULKAN_VALIDATION", "TEST_JOBS", "SUITE_JOBS", "PYTEST_ARGS")}
+    jobs = len(os.sched_getaffinity(0)) + 1  # nproc + 1
+    out = subprocess.run(["make", "-n", "-C", str(ROOT), "test", "VULKAN_VALIDATION=1"], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert f'.venv/bin/python -m pytest -q -n {jobs} -k "not vulkan"' in out.stdout
+    assert ".venv/bin/python tests/vulkan_validation.py -q -n auto -k vulkan" in out.stdout
+    plain = subprocess.run(["make", "-n", "-C", str(ROOT), "test"], capture_output=True, text=True, env=env)
+    assert "vulkan" not in plain.stdout and f".venv/bin/python -m pytest -q -n {jobs}" in plain.stdout
+
+
 def test_pyproject_script_and_extras():
     meta = _pyproject()["project"]
     assert meta["scripts"]["cooktop"] == "cooktop.cli.main:main"

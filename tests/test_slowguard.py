@@ -25,12 +25,12 @@ def test_marked():
 '''
 
 
-def _pytest(tmp_path, body: str, limit: str, strict: bool = True) -> subprocess.CompletedProcess:
+def _pytest(tmp_path, body: str, limit: str, strict: bool = True, extra=()) -> subprocess.CompletedProcess:
     (tmp_path / "test_cases.py").write_text(body)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "COOKTOP_SLOW_LIMIT": limit,
            "COOKTOP_SLOW_STRICT": "1" if strict else "0"}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "slowguard", "-p", "no:cacheprovider",
-                           "--rootdir", str(tmp_path), str(tmp_path / "test_cases.py")],
+                           "--rootdir", str(tmp_path), *extra, str(tmp_path / "test_cases.py")],
                           capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120)
 
 
@@ -50,6 +50,14 @@ def test_by_default_an_unmarked_slow_test_is_reported_not_failed(tmp_path):
     assert r.returncode == 0 and "3 passed" in r.stdout, r.stdout + r.stderr
     assert "unmarked slow tests (over 0.1 s" in r.stdout and "test_cases.py::test_unmarked" in r.stdout
     assert "test_cases.py::test_marked" not in r.stdout.split("unmarked slow tests")[1]
+
+
+def test_unmarked_slow_tests_are_listed_under_xdist(tmp_path):
+    """`make test` runs on pytest-xdist workers: the controller writes the list from their reports."""
+    r = _pytest(tmp_path, CASES, "0.1", strict=False, extra=("-n", "2"))
+    assert r.returncode == 0 and "3 passed" in r.stdout, r.stdout + r.stderr
+    listed = r.stdout.split("unmarked slow tests (over 0.1 s")[1]
+    assert "test_cases.py::test_unmarked" in listed and "test_cases.py::test_marked" not in listed
 
 
 def test_slow_marker_needs_a_reason(tmp_path):

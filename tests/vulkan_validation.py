@@ -4,6 +4,9 @@ Run as a script (``make test-vulkan-validation``; ``.ci/run`` runs it after ``ma
 
     python tests/vulkan_validation.py [--log FILE] [PYTEST ARGS...]   (default args: -k vulkan)
 
+With ``-n N`` (pytest-xdist; ``make test-vulkan-validation`` passes ``-n auto``) each worker gets a
+FIFO and a settings file of its own (tests/fifo_log.py), so messages stay attributed to their test.
+
 It runs pytest in a child process with ``VK_LAYER_KHRONOS_validation`` enabled
 through the loader (``VK_INSTANCE_LAYERS``) and a ``vk_layer_settings.txt``
 (``VK_LAYER_SETTINGS_PATH``) that turns synchronization validation on
@@ -45,7 +48,8 @@ import subprocess
 import sys
 import tempfile
 
-from fifo_log import mark, run_collecting  # tests/: the script's folder, or on PYTHONPATH
+# tests/: the script's folder, or on PYTHONPATH
+from fifo_log import mark, run_collecting, use_worker_files, worker_ids, xdist_workers
 
 LAYER = "VK_LAYER_KHRONOS_validation"
 RESOURCE = "vulkan_validation"
@@ -80,6 +84,8 @@ def parse_log(text: str) -> list[Message]:
             kind, _, arg = line[len(MARKER):].strip().partition(" ")
             if kind == "test":
                 test = arg
+            elif kind == "worker":  # the next pytest-xdist worker's section (fifo_log.run_collecting)
+                test = ""
             continue
         m = _MSG.match(line) or _MSG_NEW.match(line)
         if m:
@@ -160,11 +166,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"vulkan-validation: skipped: {why}")
         return 0
+    workers = xdist_workers(pytest_args)
     with tempfile.TemporaryDirectory(prefix="cooktop-vkval-") as tmp:
         def run(fifo: str) -> int:
             settings = os.path.join(tmp, "vk_layer_settings.txt")
             enables = GPU_ASSISTED if args.gpu_assisted else SYNCHRONIZATION
             pathlib.Path(settings).write_text(settings_text(fifo, enables))
+            for w in worker_ids(workers):  # one settings file per xdist worker, naming its FIFO
+                pathlib.Path(f"{settings}.{w}").write_text(settings_text(f"{fifo}.{w}", enables))
             env = dict(os.environ)
             env.update(VK_INSTANCE_LAYERS=LAYER, VK_LAYER_SETTINGS_PATH=settings, COOKTOP_VULKAN_VALIDATION_FIFO=fifo)
             env["COOKTOP_SLOW_LIMIT"] = "0"  # every test runs many times slower under the layer
@@ -173,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             print("vulkan-validation: " + " ".join(cmd[2:]), flush=True)
             return subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
 
-        rc, text = run_collecting(tmp, "layer.fifo", run)
+        rc, text = run_collecting(tmp, "layer.fifo", run, workers=workers, marker=MARKER)
     pathlib.Path(args.log).write_text(text)
     messages = parse_log(text)
     print(f"vulkan-validation: layer log ({len(text)} bytes) in {args.log}")
@@ -195,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # -- pytest plugin, loaded in the child (-p vulkan_validation) --------------------------------------
+
+if __name__ != "__main__":
+    # a pytest-xdist worker writes to its own FIFO (fifo_log.use_worker_files), before any device opens
+    use_worker_files("COOKTOP_VULKAN_VALIDATION_FIFO", "VK_LAYER_SETTINGS_PATH")
+
 
 def _mark(line: str) -> None:
     mark("COOKTOP_VULKAN_VALIDATION_FIFO", MARKER, line)
