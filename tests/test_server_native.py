@@ -108,6 +108,41 @@ def test_n_probs(http):
         assert bytes(p["bytes"]).decode("utf-8", "ignore") == p["token"]
 
 
+def test_post_sampling_probs_are_the_sampler_chains(http):
+    """With ``post_sampling_probs`` the probabilities are those top_k and temperature leave, renormalised
+    (``prob`` / ``top_probs``), the same tokens drawn as without it (same seed): the raw logprobs of the
+    top_k=2 candidates give them, p_i = exp(lp_i / T) / sum_j exp(lp_j / T)."""
+    T = 0.7
+    body = dict(prompt=PROMPT, n_predict=6, n_probs=3, top_k=2, top_p=1.0, min_p=0.0, temperature=T, seed=11,
+                return_tokens=True)
+    raw = native(http, **body)
+    post = native(http, **body, post_sampling_probs=True)
+    assert post["tokens"] == raw["tokens"] and post["generation_settings"]["post_sampling_probs"] is True
+    for tok, r, p in zip(post["tokens"], raw["completion_probabilities"], post["completion_probabilities"]):
+        assert set(p) == {"id", "token", "bytes", "prob", "top_probs"} and p["id"] == tok
+        assert len(p["top_probs"]) == 2 and all(set(t) == {"id", "token", "bytes", "prob"} for t in p["top_probs"])
+        lps = [t["logprob"] for t in r["top_logprobs"][:2]]
+        want = np.exp(np.array(lps) / T)
+        want /= want.sum()
+        assert [t["id"] for t in p["top_probs"]] == [t["id"] for t in r["top_logprobs"][:2]]
+        assert np.allclose([t["prob"] for t in p["top_probs"]], want, atol=1e-5)
+        assert p["prob"] == next(t["prob"] for t in p["top_probs"] if t["id"] == tok)
+
+
+def test_post_sampling_probs_greedy_and_streamed(http):
+    """Greedy: the chosen token alone, probability 1 (llama.cpp's temperature sampler leaves the rest at
+    -inf, and zeros are left out); a stream carries each token's entry in its partial result."""
+    r = native(http, prompt=PROMPT, n_predict=3, n_probs=5, post_sampling_probs=True, return_tokens=True)
+    for tok, p in zip(r["tokens"], r["completion_probabilities"]):
+        assert p["prob"] == 1.0 and p["top_probs"] == [{k: p[k] for k in ("id", "token", "bytes", "prob")}]
+        assert p["id"] == tok
+    with http.stream("POST", "/completion", json={"prompt": PROMPT, "n_predict": 3, "temperature": 0, "n_probs": 5,
+                                                   "post_sampling_probs": True, "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line]
+    streamed = [e["completion_probabilities"][0] for e in events if "completion_probabilities" in e]
+    assert streamed == r["completion_probabilities"]
+
+
 def predicted_total(http):
     line = next(x for x in http.get("/metrics").text.splitlines() if x.startswith("llamacpp:tokens_predicted_total"))
     return float(line.split()[1])
@@ -134,7 +169,7 @@ def test_context_full_is_truncated_and_a_full_prompt_refused(http):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"prompt": PROMPT, "post_sampling_probs": True}, "post_sampling_probs"),
+    ({"prompt": PROMPT, "n_probs": 2, "post_sampling_probs": "yes"}, "post_sampling_probs"),
     ({"prompt": {"a": 1}}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": PROMPT, "n_probs": -1}, "n_probs"),

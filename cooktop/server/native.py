@@ -14,8 +14,8 @@ tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicom
   penalties, ``seed``, ``logit_bias`` as an object or ``[[id, bias], ...]``, ``ignore_eos``,
   ``stop``, ``grammar`` / ``json_schema``), ``cache_prompt``, ``id_slot``, ``stream``,
   ``return_tokens``, ``n_probs`` (the top alternatives of each token from the raw logits, with
-  ``logprob``; ``post_sampling_probs`` is refused: the probabilities after the sampler chain are
-  not computed), ``response_fields`` (only those fields, keyed by their ``a/b`` paths).
+  ``logprob`` and ``top_logprobs``; with ``post_sampling_probs: true`` those after the sampler
+  chain instead, as ``prob`` and ``top_probs``), ``response_fields`` (only those fields, keyed by their ``a/b`` paths).
 - The answer: ``content``, ``tokens`` (with ``return_tokens``), ``id_slot``, ``stop``, ``model``,
   ``tokens_predicted``, ``tokens_evaluated``, ``generation_settings``, ``prompt`` (the prompt's
   tokens as text), ``has_new_line``, ``truncated``, ``stop_type`` (``eos``, ``word``, ``limit``),
@@ -121,18 +121,37 @@ def token_probs(llm: Any, token: int, logits: np.ndarray, n_probs: int) -> dict[
     top = np.argsort(-lps, kind="stable")[:n_probs]
 
     def entry(t: int) -> dict[str, Any]:
-        raw = llm._tokenizer.token_to_piece(int(t), special=True)
-        return {"id": int(t), "token": raw.decode("utf-8", errors="ignore"), "bytes": list(raw),
-                "logprob": float(lps[t])}
+        return {**_piece(llm, t), "logprob": float(lps[t])}
 
     return {**entry(token), "top_logprobs": [entry(int(t)) for t in top]}
+
+
+def post_sampling_token_probs(llm: Any, token: int, candidates: tuple[np.ndarray, np.ndarray],
+                              n_probs: int) -> dict[str, Any]:
+    """One ``completion_probabilities`` entry with ``post_sampling_probs``: probabilities (not
+    logs) after the sampler chain, ``candidates`` = (ids int64 [m], probabilities float64 [m], best
+    first; :attr:`Step.candidates <cooktop.engine.generate.Step>`): ``prob`` of the token (1.0 if it
+    is not among them, llama-server's default) and ``top_probs``, at most ``n_probs`` of the
+    candidates, those of probability 0 left out (tools/server/server-context.cpp
+    ``populate_token_probs``, server-task.cpp ``probs_vector_to_json``)."""
+    ids, probs = candidates
+    hit = np.flatnonzero(ids == token)
+    prob = float(probs[hit[0]]) if len(hit) else 1.0
+    top = [{**_piece(llm, int(t)), "prob": float(p)} for t, p in zip(ids[:n_probs], probs[:n_probs])]
+    return {**_piece(llm, token), "prob": prob, "top_probs": [e for e in top if e["prob"] > 0.0]}
+
+
+def _piece(llm: Any, t: int) -> dict[str, Any]:
+    """A token's ``id``, ``token`` (its text, an incomplete UTF-8 tail dropped) and ``bytes``."""
+    raw = llm._tokenizer.token_to_piece(int(t), special=True)
+    return {"id": int(t), "token": raw.decode("utf-8", errors="ignore"), "bytes": list(raw)}
 
 
 class NativeOptions:
     """The response options of one ``/completion`` request.
 
     Raises:
-        HTTPError: 400 for a field of the wrong type or range, or ``post_sampling_probs``.
+        HTTPError: 400 for a field of the wrong type or range.
     """
 
     def __init__(self, body: dict[str, Any], model: str) -> None:
@@ -140,9 +159,7 @@ class NativeOptions:
         self.stream = P.field(body, "stream", bool, False)
         self.return_tokens = P.field(body, "return_tokens", bool, False)
         self.n_probs = P.field(body, "n_probs", int, 0, minimum=0, maximum=MAX_N_PROBS)
-        if P.field(body, "post_sampling_probs", bool, False):
-            raise P.bad("post_sampling_probs", "probabilities after the sampler chain are not computed by "
-                                               "cooktop; leave it false (n_probs gives the raw logits' probabilities)")
+        self.post_sampling_probs = P.field(body, "post_sampling_probs", bool, False)
         fields = body.get("response_fields")
         if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
             raise P.bad("response_fields", "expected a list of field paths such as 'generation_settings/n_predict'")
@@ -164,7 +181,8 @@ def generation_settings(args: dict[str, Any], opts: NativeOptions, seed: int) ->
             "repeat_penalty": args["repeat_penalty"], "presence_penalty": args["presence_penalty"],
             "frequency_penalty": args["frequency_penalty"], "mirostat": 0, "stop": stop_list(args.get("stop")),
             "max_tokens": args["n_predict"], "ignore_eos": bool(args.get("ignore_eos")), "stream": opts.stream,
-            "n_probs": opts.n_probs, "post_sampling_probs": False, "return_tokens": opts.return_tokens,
+            "n_probs": opts.n_probs, "post_sampling_probs": opts.post_sampling_probs,
+            "return_tokens": opts.return_tokens,
             "grammar": getattr(grammar, "source", "") if grammar is not None else ""}
 
 
@@ -197,7 +215,9 @@ def _results(llm: Any, run: Any, index: int, args: dict[str, Any], opts: NativeO
         for step in run.steps:
             if step.token is not None:
                 tokens.append(step.token)
-                if opts.n_probs and step.logits is not None:
+                if opts.n_probs and opts.post_sampling_probs and step.candidates is not None:
+                    probs.append(post_sampling_token_probs(llm, step.token, step.candidates, opts.n_probs))
+                elif opts.n_probs and step.logits is not None:
                     probs.append(token_probs(llm, step.token, step.logits, opts.n_probs))
             texts.append(step.text)
             if step.finish_reason is not None:
