@@ -143,6 +143,35 @@ def test_post_sampling_probs_greedy_and_streamed(http):
     assert streamed == r["completion_probabilities"]
 
 
+def test_n_cmpl_several_completions_of_a_prompt(http):
+    """``n_cmpl`` (alias ``n``): an array of results, ``index`` counting prompt 0's completions first; the
+    k-th one is sampled with seed + k (llama-server's child tasks), so it is the request with that seed."""
+    body = dict(n_predict=6, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, return_tokens=True)
+    rs = native(http, prompt=[PROMPT, "The cat"], n_cmpl=2, seed=5, **body)
+    assert [r["index"] for r in rs] == [0, 1, 2, 3]
+    for r, (prompt, seed) in zip(rs, [(PROMPT, 5), (PROMPT, 6), ("The cat", 5), ("The cat", 6)]):
+        one = native(http, prompt=prompt, seed=seed, **body)
+        assert r["tokens"] == one["tokens"] and r["content"] == one["content"]
+        assert r["generation_settings"]["seed"] == seed
+    assert rs[0]["tokens"] != rs[1]["tokens"]
+    assert [r["index"] for r in native(http, prompt=PROMPT, n=2, seed=5, **body)] == [0, 1]
+    assert isinstance(native(http, prompt=PROMPT, n_cmpl=1, n_predict=1), dict)  # one result: no array
+    with http.stream("POST", "/completion", json={"prompt": PROMPT, "n_cmpl": 2, "seed": 5, "stream": True,
+                                                   **body}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line]
+    for i in (0, 1):
+        mine = [e for e in events if e["index"] == i]
+        assert mine[-1]["stop"] is True and [t for e in mine for t in e["tokens"]] == rs[i]["tokens"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"n_cmpl": 3}, "n_cmpl"), ({"n_cmpl": 0}, "n_cmpl"), ({"n": "2"}, "n"), ({"n": 9}, "n"),
+])
+def test_bad_n_cmpl_is_400(http, body, param):
+    r = http.post("/completion", json={"prompt": PROMPT, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def predicted_total(http):
     line = next(x for x in http.get("/metrics").text.splitlines() if x.startswith("llamacpp:tokens_predicted_total"))
     return float(line.split()[1])

@@ -8,7 +8,8 @@ tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicom
 
 - ``prompt``: a string, token ids, a mixed list of strings and ids (the strings tokenized and
   joined; BOS only where the list starts with a string: server-common.cpp ``tokenize_mixed``),
-  or a list of such prompts (one result each, in order: a JSON array when not streamed).
+  or a list of such prompts (one result each, in order: a JSON array when not streamed);
+  ``n_cmpl`` (alias ``n``) completions of each (:func:`n_cmpl`, :func:`native_job`).
 - ``n_predict`` (-1: until the end of generation or the context), the sampler fields of
   ``/v1/completions`` (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``, the
   penalties, ``seed``, ``logit_bias`` as an object or ``[[id, bias], ...]``, ``ignore_eos``,
@@ -186,13 +187,39 @@ def generation_settings(args: dict[str, Any], opts: NativeOptions, seed: int) ->
             "grammar": getattr(grammar, "source", "") if grammar is not None else ""}
 
 
-def native_job(prompts: list[Any], args: dict[str, Any], opts: NativeOptions):
-    """A job (``make(llm) -> iterator``) of ``/completion``: for each prompt in turn its partial
-    results (streamed: one per token) and its final result, as llama-server's JSON objects."""
+def n_cmpl(body: dict[str, Any], n_parallel: int) -> int:
+    """``n_cmpl`` (or its alias ``n``, read when ``n_cmpl`` is absent): completions of each prompt,
+    1..``n_parallel`` (llama-server's hard limit: tools/server/server-schema.cpp).
+
+    Raises:
+        HTTPError: 400 naming the field for a non-integer or a value out of that range.
+    """
+    name = "n_cmpl" if body.get("n_cmpl") is not None or "n" not in body else "n"
+    value = P.field(body, name, int, 1, minimum=1)
+    if value > n_parallel:
+        raise P.bad(name, f"must be <= {n_parallel} (the server's slots, -np), got {value}")
+    return value
+
+
+def child_seed(seed: Any, k: int) -> Any:
+    """The seed of a prompt's ``k``-th completion (0: the request's own): llama-server's
+    ``server_task::add_child`` adds ``k`` (uint32) unless the seed is the default, random one (-1)."""
+    if k == 0 or seed is None or seed < 0 or seed == 0xFFFFFFFF:
+        return seed
+    return (seed + k) % 2**32
+
+
+def native_job(prompts: list[Any], args: dict[str, Any], opts: NativeOptions, n: int = 1):
+    """A job (``make(llm) -> iterator``) of ``/completion``: for each prompt in turn, ``n`` times
+    (``n_cmpl``, :func:`child_seed` for each), its partial results (streamed: one per token) and its
+    final result, as llama-server's JSON objects; ``index`` counts the completions in that order
+    (prompt 0's ``n``, then prompt 1's: server-queue.cpp ``post_tasks``)."""
     def make(llm: Any):
         def gen():
-            for index, prompt in enumerate(prompts):
+            for index, (prompt, k) in enumerate((p, k) for p in prompts for k in range(n)):
                 kw = eos_ignored(llm, dict(args))
+                if k:  # the request's seed, else the server's (-s), as the children's base
+                    kw["seed"] = child_seed(kw.get("seed") if kw.get("seed") is not None else llm.seed, k)
                 ids = native_prompt(llm, prompt)
                 if isinstance(ids, str):
                     ids = llm.tokenize(ids, add_bos=True, special=True)
@@ -409,7 +436,8 @@ async def _serve(ctx: Any, request: Request, infill: bool):
         # llama-server's count: 0 generates nothing (the prompt is still read), -1 until the context is full
         args["n_predict"] = max(args.pop("max_tokens"), -1)
         args["grammar"] = P.grammar_arg(body, ctx.config.defaults)
-        chunks = await ctx.job(native_job(prompts, args, opts), "completion",
+        n = n_cmpl(body, ctx.config.n_parallel)
+        chunks = await ctx.job(native_job(prompts, args, opts, n), "completion",
                                P.field(body, "cache_prompt", bool, True), P.id_slot(body))
     except Exception as e:  # noqa: BLE001 - mapped to the error shape llama-server answers
         return ctx.openai_error(e)
@@ -420,7 +448,7 @@ async def _serve(ctx: Any, request: Request, infill: bool):
         results = [opts.shape(c) async for c in chunks]
     except Exception as e:  # noqa: BLE001
         return ctx.openai_error(e)
-    return JSONResponse(results[0] if len(prompts) == 1 else results)
+    return JSONResponse(results[0] if len(prompts) * n == 1 else results)
 
 
 async def _events(chunks: AsyncIterator[dict[str, Any]], opts: NativeOptions) -> AsyncIterator[str]:
