@@ -143,6 +143,31 @@ def test_post_sampling_probs_greedy_and_streamed(http):
     assert streamed == r["completion_probabilities"]
 
 
+def test_post_sampling_probs_on_chat(http):
+    """/v1/chat/completions takes it too (llama-server's logprobs.content then has ``prob`` / ``top_probs``),
+    streamed and not, the same values the raw logprobs give after top_k=2 and the temperature."""
+    T = 0.5
+    body = dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=5, logprobs=True, top_logprobs=3, top_k=2,
+                top_p=1.0, min_p=0.0, temperature=T, seed=3)
+    raw = http.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"]["content"]
+    r = http.post("/v1/chat/completions", json={**body, "post_sampling_probs": True})
+    assert r.status_code == 200, r.text
+    post = r.json()["choices"][0]["logprobs"]["content"]
+    assert len(post) == len(raw) > 0
+    for a, b in zip(raw, post):
+        assert set(b) == {"token", "bytes", "prob", "top_probs"} and b["token"] == a["token"]
+        want = np.exp(np.array([t["logprob"] for t in a["top_logprobs"][:2]]) / T)
+        assert np.allclose([t["prob"] for t in b["top_probs"]], want / want.sum(), atol=1e-5)
+    with http.stream("POST", "/v1/chat/completions", json={**body, "post_sampling_probs": True, "stream": True}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line and line != "data: [DONE]"]
+    streamed = [e for c in chunks for ch in c["choices"] if ch.get("logprobs") for e in ch["logprobs"]["content"]]
+    assert streamed == post
+    r = http.post("/v1/chat/completions", json={**body, "post_sampling_probs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "post_sampling_probs"
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "logprobs": 2, "post_sampling_probs": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "post_sampling_probs"
+
+
 def test_n_cmpl_several_completions_of_a_prompt(http):
     """``n_cmpl`` (alias ``n``): an array of results, ``index`` counting prompt 0's completions first; the
     k-th one is sampled with seed + k (llama-server's child tasks), so it is the request with that seed."""
