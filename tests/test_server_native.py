@@ -108,6 +108,95 @@ def test_n_probs(http):
         assert bytes(p["bytes"]).decode("utf-8", "ignore") == p["token"]
 
 
+def test_post_sampling_probs_are_the_sampler_chains(http):
+    """With ``post_sampling_probs`` the probabilities are those top_k and temperature leave, renormalised
+    (``prob`` / ``top_probs``), the same tokens drawn as without it (same seed): the raw logprobs of the
+    top_k=2 candidates give them, p_i = exp(lp_i / T) / sum_j exp(lp_j / T)."""
+    T = 0.7
+    body = dict(prompt=PROMPT, n_predict=6, n_probs=3, top_k=2, top_p=1.0, min_p=0.0, temperature=T, seed=11,
+                return_tokens=True)
+    raw = native(http, **body)
+    post = native(http, **body, post_sampling_probs=True)
+    assert post["tokens"] == raw["tokens"] and post["generation_settings"]["post_sampling_probs"] is True
+    for tok, r, p in zip(post["tokens"], raw["completion_probabilities"], post["completion_probabilities"]):
+        assert set(p) == {"id", "token", "bytes", "prob", "top_probs"} and p["id"] == tok
+        assert len(p["top_probs"]) == 2 and all(set(t) == {"id", "token", "bytes", "prob"} for t in p["top_probs"])
+        lps = [t["logprob"] for t in r["top_logprobs"][:2]]
+        want = np.exp(np.array(lps) / T)
+        want /= want.sum()
+        assert [t["id"] for t in p["top_probs"]] == [t["id"] for t in r["top_logprobs"][:2]]
+        assert np.allclose([t["prob"] for t in p["top_probs"]], want, atol=1e-5)
+        assert p["prob"] == next(t["prob"] for t in p["top_probs"] if t["id"] == tok)
+
+
+def test_post_sampling_probs_greedy_and_streamed(http):
+    """Greedy: the chosen token alone, probability 1 (llama.cpp's temperature sampler leaves the rest at
+    -inf, and zeros are left out); a stream carries each token's entry in its partial result."""
+    r = native(http, prompt=PROMPT, n_predict=3, n_probs=5, post_sampling_probs=True, return_tokens=True)
+    for tok, p in zip(r["tokens"], r["completion_probabilities"]):
+        assert p["prob"] == 1.0 and p["top_probs"] == [{k: p[k] for k in ("id", "token", "bytes", "prob")}]
+        assert p["id"] == tok
+    with http.stream("POST", "/completion", json={"prompt": PROMPT, "n_predict": 3, "temperature": 0, "n_probs": 5,
+                                                   "post_sampling_probs": True, "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line]
+    streamed = [e["completion_probabilities"][0] for e in events if "completion_probabilities" in e]
+    assert streamed == r["completion_probabilities"]
+
+
+def test_post_sampling_probs_on_chat(http):
+    """/v1/chat/completions takes it too (llama-server's logprobs.content then has ``prob`` / ``top_probs``),
+    streamed and not, the same values the raw logprobs give after top_k=2 and the temperature."""
+    T = 0.5
+    body = dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=5, logprobs=True, top_logprobs=3, top_k=2,
+                top_p=1.0, min_p=0.0, temperature=T, seed=3)
+    raw = http.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"]["content"]
+    r = http.post("/v1/chat/completions", json={**body, "post_sampling_probs": True})
+    assert r.status_code == 200, r.text
+    post = r.json()["choices"][0]["logprobs"]["content"]
+    assert len(post) == len(raw) > 0
+    for a, b in zip(raw, post):
+        assert set(b) == {"token", "bytes", "prob", "top_probs"} and b["token"] == a["token"]
+        want = np.exp(np.array([t["logprob"] for t in a["top_logprobs"][:2]]) / T)
+        assert np.allclose([t["prob"] for t in b["top_probs"]], want / want.sum(), atol=1e-5)
+    with http.stream("POST", "/v1/chat/completions", json={**body, "post_sampling_probs": True, "stream": True}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line and line != "data: [DONE]"]
+    streamed = [e for c in chunks for ch in c["choices"] if ch.get("logprobs") for e in ch["logprobs"]["content"]]
+    assert streamed == post
+    r = http.post("/v1/chat/completions", json={**body, "post_sampling_probs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "post_sampling_probs"
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "logprobs": 2, "post_sampling_probs": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "post_sampling_probs"
+
+
+def test_n_cmpl_several_completions_of_a_prompt(http):
+    """``n_cmpl`` (alias ``n``): an array of results, ``index`` counting prompt 0's completions first; the
+    k-th one is sampled with seed + k (llama-server's child tasks), so it is the request with that seed."""
+    body = dict(n_predict=6, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, return_tokens=True)
+    rs = native(http, prompt=[PROMPT, "The cat"], n_cmpl=2, seed=5, **body)
+    assert [r["index"] for r in rs] == [0, 1, 2, 3]
+    for r, (prompt, seed) in zip(rs, [(PROMPT, 5), (PROMPT, 6), ("The cat", 5), ("The cat", 6)]):
+        one = native(http, prompt=prompt, seed=seed, **body)
+        assert r["tokens"] == one["tokens"] and r["content"] == one["content"]
+        assert r["generation_settings"]["seed"] == seed
+    assert rs[0]["tokens"] != rs[1]["tokens"]
+    assert [r["index"] for r in native(http, prompt=PROMPT, n=2, seed=5, **body)] == [0, 1]
+    assert isinstance(native(http, prompt=PROMPT, n_cmpl=1, n_predict=1), dict)  # one result: no array
+    with http.stream("POST", "/completion", json={"prompt": PROMPT, "n_cmpl": 2, "seed": 5, "stream": True,
+                                                   **body}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line]
+    for i in (0, 1):
+        mine = [e for e in events if e["index"] == i]
+        assert mine[-1]["stop"] is True and [t for e in mine for t in e["tokens"]] == rs[i]["tokens"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"n_cmpl": 3}, "n_cmpl"), ({"n_cmpl": 0}, "n_cmpl"), ({"n": "2"}, "n"), ({"n": 9}, "n"),
+])
+def test_bad_n_cmpl_is_400(http, body, param):
+    r = http.post("/completion", json={"prompt": PROMPT, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def predicted_total(http):
     line = next(x for x in http.get("/metrics").text.splitlines() if x.startswith("llamacpp:tokens_predicted_total"))
     return float(line.split()[1])
@@ -134,7 +223,7 @@ def test_context_full_is_truncated_and_a_full_prompt_refused(http):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"prompt": PROMPT, "post_sampling_probs": True}, "post_sampling_probs"),
+    ({"prompt": PROMPT, "n_probs": 2, "post_sampling_probs": "yes"}, "post_sampling_probs"),
     ({"prompt": {"a": 1}}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": PROMPT, "n_probs": -1}, "n_probs"),

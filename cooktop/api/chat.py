@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from ..engine.generate import Generation, Step
 from ..errors import CooktopError
 from ..text.chat_messages import check_roles
@@ -114,7 +116,7 @@ class ChatMixin(LlamaBase):
                                top_logprobs: int | None = None, stopping_criteria: Any = None,
                                parallel_tool_calls: bool | None = None, reasoning_format: str | None = None,
                                chat_template_kwargs: dict[str, Any] | None = None,
-                               reasoning_budget: int | None = None,
+                               reasoning_budget: int | None = None, post_sampling_probs: bool = False,
                                ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """Answer a conversation (OpenAI ``chat.completion``), llama-cpp-python's arguments.
 
@@ -133,6 +135,10 @@ class ChatMixin(LlamaBase):
             response_format: ``{"type": "json_object"}`` (optionally ``"schema"``) or
                 ``{"type": "json_schema", "json_schema": {"schema": ...}}``: constrained output.
             logprobs, top_logprobs: OpenAI chat logprobs (``top_logprobs`` 0..20).
+            post_sampling_probs: cooktop's, llama-server's field (tools/server/server-task.cpp
+                ``probs_vector_to_json``): with ``logprobs``, each entry has ``prob`` (0..1, not a log)
+                and ``top_probs`` (at most ``top_logprobs``, probability 0 left out) from the
+                distribution after the sampler chain, instead of ``logprob`` / ``top_logprobs``.
             Others as :meth:`create_completion` (temperature defaults to 0.2 here, as in llama-cpp-python).
         Returns:
             a ``chat.completion`` dict, or an iterator of ``chat.completion.chunk`` s when ``stream``
@@ -180,6 +186,7 @@ class ChatMixin(LlamaBase):
                              n_keep=self._n_keep)
         k = (top_logprobs or 0) if logprobs else None
         chat = _Chat(self, steps, len(tokens), model or self.model_path, k, plan, opened)
+        chat.post_sampling = bool(post_sampling_probs)
         return chat.chunks() if stream else chat.whole()
 
 
@@ -194,6 +201,7 @@ class _Chat:
         self.id = f"chatcmpl-{uuid.uuid4()}"
         self.created = int(time.time())
         self.n_generated = 0
+        self.post_sampling = False
 
     def usage(self) -> CompletionUsage:
         """Token counts; ``prompt_tokens_details.cached_tokens``: prompt tokens reused from the cache (OpenAI's)."""
@@ -204,8 +212,19 @@ class _Chat:
     def _logprob(self, step: Step) -> dict[str, Any] | None:
         if self.top is None or step.token is None or step.logits is None:  # logits: None only on the last step
             return None
-        lps = log_softmax(step.logits)
         tk = self.llm._tokenizer
+        if self.post_sampling and step.candidates is not None:
+            ids, probs = step.candidates
+
+            def piece(i: int, p: float) -> dict[str, Any]:
+                raw = tk.token_to_piece(i)
+                return {"token": raw.decode("utf-8", "replace"), "prob": p, "bytes": list(raw)}
+
+            hit = np.flatnonzero(ids == step.token)
+            out = piece(step.token, float(probs[hit[0]]) if len(hit) else 1.0)
+            out["top_probs"] = [piece(int(i), float(p)) for i, p in zip(ids[:self.top], probs[:self.top]) if p > 0]
+            return out
+        lps = log_softmax(step.logits)
 
         def entry(i: int, lp: float) -> dict[str, Any]:
             raw = tk.token_to_piece(i)

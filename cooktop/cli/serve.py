@@ -75,6 +75,8 @@ from .spec_options import speculative_options
               help="Allowed CORS headers, comma-separated.")
 @click.option("--cors-credentials/--no-cors-credentials", "cors_credentials", default=True, show_default=True,
               envvar="LLAMA_ARG_CORS_CREDENTIALS", help="Allow credentials in CORS requests.")
+@click.option("--api-prefix", "api_prefix", default="", envvar="LLAMA_ARG_API_PREFIX", metavar="PREFIX",
+              help="Path prefix of every route, without the trailing slash (e.g. /llm: /llm/v1/chat/completions).")
 @click.option("--context-shift/--no-context-shift", "context_shift", default=False, show_default=True,
               envvar="LLAMA_ARG_CONTEXT_SHIFT",
               help="A generation that fills a slot's context drops the older half of it (after --keep) and goes on.")
@@ -96,7 +98,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
               api_key_file,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
-              context_shift, n_keep, endpoint_props, metrics, slot_save_path, threads, threads_batch,
+              api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, threads, threads_batch,
               device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
@@ -129,6 +131,9 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         raise CooktopError(f"--port must be in 1..65535, got {port}")
     if n_parallel < 1:
         raise CooktopError(f"-np must be >= 1, got {n_parallel}")
+    from ..server.prefix import check_api_prefix
+    if why := check_api_prefix(api_prefix):
+        raise CooktopError(why)
     if n_ctx < 0:  # the loader's own check, before anything listens
         raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = from the model), got {n_ctx}")
     if slot_save_path is not None:  # made now (as llama-server does), so a bad path ends before anything listens
@@ -162,6 +167,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
                           webui=not no_webui, defaults=defaults, endpoint_slots=endpoint_slots,
                           slot_save_path=slot_save_path, endpoint_props=endpoint_props, cors_origins=cors_origins,
                           cors_methods=cors_methods, cors_headers=cors_headers, cors_credentials=cors_credentials,
+                          api_prefix=api_prefix,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if ray_address:
@@ -171,14 +177,15 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         click.echo(f"cooktop: starting {n_replicas} replica(s) of {path} on the Ray cluster at {ray_address}",
                    err=True)
         serve_forever(config, ray_address, n_replicas, host, port, on_ready=lambda: click.echo(
-            f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} ({n_replicas} replica(s) "
-            f"behind Ray Serve, {n_parallel} slot(s) each{', API key required' if api_key else ''})", err=True))
+            f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port}{api_prefix} "
+            f"({n_replicas} replica(s) behind Ray Serve, {n_parallel} slot(s) each"
+            f"{', API key required' if api_key else ''})", err=True))
         return
     sock = listen_socket(host, port)  # a port in use is one error line, exit 1
     failed: list[str] = []
 
     def loaded() -> None:  # once the model has loaded, as llama-server prints "listening on"
-        click.echo(f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port} "
+        click.echo(f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port}{api_prefix} "
                    f"({n_parallel} slot(s){', API key required' if api_key else ''})", err=True)
 
     def load_failed(message: str) -> None:  # llama-server: "failed to load model", exit 1

@@ -114,6 +114,9 @@ class Step:
             llama-server's ``stopping_word``).
         logits: float32 [n_vocab], the raw logits ``token`` was sampled from (for
             ``logprobs``); None on the last step. Read-only: do not modify.
+        candidates: the distribution ``token`` was drawn from after the sampler chain
+            (:attr:`~cooktop.engine.sampling.Sampler.last_candidates`: ids int64 [m], probabilities
+            float64 [m], best first; llama-server's ``post_sampling_probs``); None on the last step.
     """
 
     token: int | None
@@ -121,6 +124,7 @@ class Step:
     finish_reason: str | None = None
     logits: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
     stop_word: str | None = None
+    candidates: tuple[np.ndarray, np.ndarray] | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 #: A stopping criterion (llama-cpp-python's): ``(input_ids int [n], logits float32 [n_vocab]) -> bool``;
@@ -377,7 +381,7 @@ class Engine:
                 pending = pending[len(emit):]
                 if emit:
                     text_out.append(emit)
-                yield Step(tok, emit, None, logits)
+                yield Step(tok, emit, None, logits, candidates=sampler.last_candidates)
                 if hit:
                     finish = "stop"
                     pending = ""

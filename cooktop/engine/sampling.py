@@ -135,6 +135,13 @@ class Sampler:
         processors: logits processors applied first, in order (llama-cpp-python's
             ``logits_processor``); each gets the history and the logits and returns logits.
         constraint: a grammar (:class:`Constraint`); tokens it disallows get -inf.
+
+    Attributes:
+        last_candidates: the distribution the last :meth:`sample` drew from, after the whole chain
+            (ids int64 [m], probabilities float64 [m] summing to 1, best first), as llama.cpp's
+            ``common_sampler_get_candidates`` after sampling (common/sampling.cpp): with
+            ``temperature <= 0`` only the chosen token, probability 1 (llama.cpp's temperature
+            sampler leaves the others at -inf, so their probability is 0). None before the first.
     """
 
     def __init__(self, params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
@@ -151,6 +158,7 @@ class Sampler:
         self.rng = np.random.default_rng(self.seed)
         self._bias_ids = np.array([i for i, _ in params.logit_bias], dtype=np.int64)
         self._bias_vals = np.array([b for _, b in params.logit_bias], dtype=np.float32)
+        self.last_candidates: tuple[np.ndarray, np.ndarray] | None = None
 
     def apply_penalty(self, logits: np.ndarray, history: list[int]) -> np.ndarray:
         """Return logits (float32 [n_vocab], a copy) with the repeat, frequency and presence penalties applied."""
@@ -259,9 +267,11 @@ class Sampler:
             tok = int(np.argmax(logits))
             if not np.isfinite(logits[tok]):
                 raise CooktopError("every token has a logit of -inf (logit_bias or the grammar banned them all)")
+            self.last_candidates = (np.array([tok], dtype=np.int64), np.ones(1))
         else:
             ids, probs = self.probabilities(logits)
             tok = int(ids[self.rng.choice(len(ids), p=probs)])
+            self.last_candidates = (ids, probs)
         if self.constraint is not None:
             self.constraint.accept(tok)
         return tok

@@ -46,6 +46,7 @@ from ..version import __version__
 from . import anthropic, native, rerank, responses_api, slots_api, webui
 from . import protocol as P
 from .bridge import Bridge
+from .prefix import ApiPrefix, check_api_prefix
 from .responses import (
     add_usage,
     assemble_chat,
@@ -91,6 +92,9 @@ class ServerConfig:
         endpoint_props: allow ``POST /props`` (``--props``; off: 501, as llama-server).
         slot_save_path: the folder of ``POST /slots/ID?action=save|restore``'s files
             (``--slot-save-path``; None: those actions answer 501, as llama-server).
+        api_prefix: llama-server's ``--api-prefix``: every route under this path (``/llm`` ->
+            ``/llm/health``); ``""`` none. A ValueError from :func:`create_app` if it has no leading
+            ``/`` or a trailing one (``prefix.check_api_prefix``).
     """
 
     model_path: str
@@ -111,6 +115,7 @@ class ServerConfig:
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
+    api_prefix: str = ""
 
     @property
     def api_keys(self) -> tuple[str, ...]:
@@ -231,6 +236,8 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
     answers 503 meanwhile; the state is ``app.state.cooktop``. ``on_load_error(message)``
     is called (on the loading thread) if the model cannot load, ``on_loaded()`` once it has.
     """
+    if why := check_api_prefix(config.api_prefix):
+        raise ValueError(why)
     state = ServerState(config, llm, on_load_error, on_loaded)
 
     async def lifespan(app: FastAPI):
@@ -292,6 +299,8 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
 
     # added after the gate, so outside it: a browser's preflight (OPTIONS, no API key) is answered here
     app.add_middleware(CORSMiddleware, **cors_options(config))
+    if config.api_prefix:  # outermost: the routes, the gate and CORS see the path without the prefix
+        app.add_middleware(ApiPrefix, prefix=config.api_prefix)
 
     async def body_of(request: Request) -> dict[str, Any]:
         raw = await request.body()

@@ -8,14 +8,15 @@ tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicom
 
 - ``prompt``: a string, token ids, a mixed list of strings and ids (the strings tokenized and
   joined; BOS only where the list starts with a string: server-common.cpp ``tokenize_mixed``),
-  or a list of such prompts (one result each, in order: a JSON array when not streamed).
+  or a list of such prompts (one result each, in order: a JSON array when not streamed);
+  ``n_cmpl`` (alias ``n``) completions of each (:func:`n_cmpl`, :func:`native_job`).
 - ``n_predict`` (-1: until the end of generation or the context), the sampler fields of
   ``/v1/completions`` (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``, the
   penalties, ``seed``, ``logit_bias`` as an object or ``[[id, bias], ...]``, ``ignore_eos``,
   ``stop``, ``grammar`` / ``json_schema``), ``cache_prompt``, ``id_slot``, ``stream``,
   ``return_tokens``, ``n_probs`` (the top alternatives of each token from the raw logits, with
-  ``logprob``; ``post_sampling_probs`` is refused: the probabilities after the sampler chain are
-  not computed), ``response_fields`` (only those fields, keyed by their ``a/b`` paths).
+  ``logprob`` and ``top_logprobs``; with ``post_sampling_probs: true`` those after the sampler
+  chain instead, as ``prob`` and ``top_probs``), ``response_fields`` (only those fields, keyed by their ``a/b`` paths).
 - The answer: ``content``, ``tokens`` (with ``return_tokens``), ``id_slot``, ``stop``, ``model``,
   ``tokens_predicted``, ``tokens_evaluated``, ``generation_settings``, ``prompt`` (the prompt's
   tokens as text), ``has_new_line``, ``truncated``, ``stop_type`` (``eos``, ``word``, ``limit``),
@@ -121,18 +122,37 @@ def token_probs(llm: Any, token: int, logits: np.ndarray, n_probs: int) -> dict[
     top = np.argsort(-lps, kind="stable")[:n_probs]
 
     def entry(t: int) -> dict[str, Any]:
-        raw = llm._tokenizer.token_to_piece(int(t), special=True)
-        return {"id": int(t), "token": raw.decode("utf-8", errors="ignore"), "bytes": list(raw),
-                "logprob": float(lps[t])}
+        return {**_piece(llm, t), "logprob": float(lps[t])}
 
     return {**entry(token), "top_logprobs": [entry(int(t)) for t in top]}
+
+
+def post_sampling_token_probs(llm: Any, token: int, candidates: tuple[np.ndarray, np.ndarray],
+                              n_probs: int) -> dict[str, Any]:
+    """One ``completion_probabilities`` entry with ``post_sampling_probs``: probabilities (not
+    logs) after the sampler chain, ``candidates`` = (ids int64 [m], probabilities float64 [m], best
+    first; :attr:`Step.candidates <cooktop.engine.generate.Step>`): ``prob`` of the token (1.0 if it
+    is not among them, llama-server's default) and ``top_probs``, at most ``n_probs`` of the
+    candidates, those of probability 0 left out (tools/server/server-context.cpp
+    ``populate_token_probs``, server-task.cpp ``probs_vector_to_json``)."""
+    ids, probs = candidates
+    hit = np.flatnonzero(ids == token)
+    prob = float(probs[hit[0]]) if len(hit) else 1.0
+    top = [{**_piece(llm, int(t)), "prob": float(p)} for t, p in zip(ids[:n_probs], probs[:n_probs])]
+    return {**_piece(llm, token), "prob": prob, "top_probs": [e for e in top if e["prob"] > 0.0]}
+
+
+def _piece(llm: Any, t: int) -> dict[str, Any]:
+    """A token's ``id``, ``token`` (its text, an incomplete UTF-8 tail dropped) and ``bytes``."""
+    raw = llm._tokenizer.token_to_piece(int(t), special=True)
+    return {"id": int(t), "token": raw.decode("utf-8", errors="ignore"), "bytes": list(raw)}
 
 
 class NativeOptions:
     """The response options of one ``/completion`` request.
 
     Raises:
-        HTTPError: 400 for a field of the wrong type or range, or ``post_sampling_probs``.
+        HTTPError: 400 for a field of the wrong type or range.
     """
 
     def __init__(self, body: dict[str, Any], model: str) -> None:
@@ -140,9 +160,7 @@ class NativeOptions:
         self.stream = P.field(body, "stream", bool, False)
         self.return_tokens = P.field(body, "return_tokens", bool, False)
         self.n_probs = P.field(body, "n_probs", int, 0, minimum=0, maximum=MAX_N_PROBS)
-        if P.field(body, "post_sampling_probs", bool, False):
-            raise P.bad("post_sampling_probs", "probabilities after the sampler chain are not computed by "
-                                               "cooktop; leave it false (n_probs gives the raw logits' probabilities)")
+        self.post_sampling_probs = P.field(body, "post_sampling_probs", bool, False)
         fields = body.get("response_fields")
         if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
             raise P.bad("response_fields", "expected a list of field paths such as 'generation_settings/n_predict'")
@@ -164,17 +182,44 @@ def generation_settings(args: dict[str, Any], opts: NativeOptions, seed: int) ->
             "repeat_penalty": args["repeat_penalty"], "presence_penalty": args["presence_penalty"],
             "frequency_penalty": args["frequency_penalty"], "mirostat": 0, "stop": stop_list(args.get("stop")),
             "max_tokens": args["n_predict"], "ignore_eos": bool(args.get("ignore_eos")), "stream": opts.stream,
-            "n_probs": opts.n_probs, "post_sampling_probs": False, "return_tokens": opts.return_tokens,
+            "n_probs": opts.n_probs, "post_sampling_probs": opts.post_sampling_probs,
+            "return_tokens": opts.return_tokens,
             "grammar": getattr(grammar, "source", "") if grammar is not None else ""}
 
 
-def native_job(prompts: list[Any], args: dict[str, Any], opts: NativeOptions):
-    """A job (``make(llm) -> iterator``) of ``/completion``: for each prompt in turn its partial
-    results (streamed: one per token) and its final result, as llama-server's JSON objects."""
+def n_cmpl(body: dict[str, Any], n_parallel: int) -> int:
+    """``n_cmpl`` (or its alias ``n``, read when ``n_cmpl`` is absent): completions of each prompt,
+    1..``n_parallel`` (llama-server's hard limit: tools/server/server-schema.cpp).
+
+    Raises:
+        HTTPError: 400 naming the field for a non-integer or a value out of that range.
+    """
+    name = "n_cmpl" if body.get("n_cmpl") is not None or "n" not in body else "n"
+    value = P.field(body, name, int, 1, minimum=1)
+    if value > n_parallel:
+        raise P.bad(name, f"must be <= {n_parallel} (the server's slots, -np), got {value}")
+    return value
+
+
+def child_seed(seed: Any, k: int) -> Any:
+    """The seed of a prompt's ``k``-th completion (0: the request's own): llama-server's
+    ``server_task::add_child`` adds ``k`` (uint32) unless the seed is the default, random one (-1)."""
+    if k == 0 or seed is None or seed < 0 or seed == 0xFFFFFFFF:
+        return seed
+    return (seed + k) % 2**32
+
+
+def native_job(prompts: list[Any], args: dict[str, Any], opts: NativeOptions, n: int = 1):
+    """A job (``make(llm) -> iterator``) of ``/completion``: for each prompt in turn, ``n`` times
+    (``n_cmpl``, :func:`child_seed` for each), its partial results (streamed: one per token) and its
+    final result, as llama-server's JSON objects; ``index`` counts the completions in that order
+    (prompt 0's ``n``, then prompt 1's: server-queue.cpp ``post_tasks``)."""
     def make(llm: Any):
         def gen():
-            for index, prompt in enumerate(prompts):
+            for index, (prompt, k) in enumerate((p, k) for p in prompts for k in range(n)):
                 kw = eos_ignored(llm, dict(args))
+                if k:  # the request's seed, else the server's (-s), as the children's base
+                    kw["seed"] = child_seed(kw.get("seed") if kw.get("seed") is not None else llm.seed, k)
                 ids = native_prompt(llm, prompt)
                 if isinstance(ids, str):
                     ids = llm.tokenize(ids, add_bos=True, special=True)
@@ -197,7 +242,9 @@ def _results(llm: Any, run: Any, index: int, args: dict[str, Any], opts: NativeO
         for step in run.steps:
             if step.token is not None:
                 tokens.append(step.token)
-                if opts.n_probs and step.logits is not None:
+                if opts.n_probs and opts.post_sampling_probs and step.candidates is not None:
+                    probs.append(post_sampling_token_probs(llm, step.token, step.candidates, opts.n_probs))
+                elif opts.n_probs and step.logits is not None:
                     probs.append(token_probs(llm, step.token, step.logits, opts.n_probs))
             texts.append(step.text)
             if step.finish_reason is not None:
@@ -389,7 +436,8 @@ async def _serve(ctx: Any, request: Request, infill: bool):
         # llama-server's count: 0 generates nothing (the prompt is still read), -1 until the context is full
         args["n_predict"] = max(args.pop("max_tokens"), -1)
         args["grammar"] = P.grammar_arg(body, ctx.config.defaults)
-        chunks = await ctx.job(native_job(prompts, args, opts), "completion",
+        n = n_cmpl(body, ctx.config.n_parallel)
+        chunks = await ctx.job(native_job(prompts, args, opts, n), "completion",
                                P.field(body, "cache_prompt", bool, True), P.id_slot(body))
     except Exception as e:  # noqa: BLE001 - mapped to the error shape llama-server answers
         return ctx.openai_error(e)
@@ -400,7 +448,7 @@ async def _serve(ctx: Any, request: Request, infill: bool):
         results = [opts.shape(c) async for c in chunks]
     except Exception as e:  # noqa: BLE001
         return ctx.openai_error(e)
-    return JSONResponse(results[0] if len(prompts) == 1 else results)
+    return JSONResponse(results[0] if len(prompts) * n == 1 else results)
 
 
 async def _events(chunks: AsyncIterator[dict[str, Any]], opts: NativeOptions) -> AsyncIterator[str]:

@@ -244,7 +244,8 @@ def chat_args(body: dict[str, Any], config: Any = None) -> dict[str, Any]:
     if rf is not None and grammar is not None:
         raise bad("response_format", "give either response_format or grammar/json_schema, not both")
     args.update(messages=messages, tools=tools, logprobs=logprobs, top_logprobs=top,
-                response_format=rf, grammar=grammar, **agent_args(body, config))
+                post_sampling_probs=field(body, "post_sampling_probs", bool, False), response_format=rf,
+                grammar=grammar, **agent_args(body, config))
     return args
 
 
@@ -254,7 +255,8 @@ def completion_args(body: dict[str, Any], defaults: dict[str, Any] | None = None
     ``prompt`` may be a string, token ids, or a list of either (one choice each).
 
     Raises:
-        HTTPError: 400 for a missing or malformed field.
+        HTTPError: 400 for a missing or malformed field, or ``post_sampling_probs: true`` (served on
+            ``/completion`` and ``/v1/chat/completions``, not here).
     """
     prompt = body.get("prompt")
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(
@@ -269,6 +271,9 @@ def completion_args(body: dict[str, Any], defaults: dict[str, Any] | None = None
     lp = body.get("logprobs")
     if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 20):
         raise bad("logprobs", f"expected an integer 0..20, got {lp!r}")
+    if field(body, "post_sampling_probs", bool, False):
+        raise bad("post_sampling_probs", "not on /v1/completions (OpenAI's logprobs are logs of the raw "
+                                         "distribution); use /completion with n_probs, or /v1/chat/completions")
     n_predict = args.pop("max_tokens")  # llama-server's count: 0 generates nothing, < 0 until the context is full
     args.update(logprobs=lp, echo=field(body, "echo", bool, False), suffix=field(body, "suffix", str, None),
                 grammar=grammar_arg(body, defaults), n_predict=max(n_predict, -1))

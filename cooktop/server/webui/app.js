@@ -29,7 +29,7 @@ function addText(div, text) {
 
 async function loadProps() {
   try {
-    const r = await fetch("/props", { headers: headers() });
+    const r = await fetch("props", { headers: headers() });
     if (r.status === 401) { $("model-info").textContent = "API key required: enter it in the settings"; return; }
     if (!r.ok) { $("model-info").textContent = "model: loading (" + r.status + ")"; setTimeout(loadProps, 1000); return; }
     const p = await r.json();
@@ -66,7 +66,7 @@ async function send(text) {
   const t0 = performance.now();
   let n = 0;
   try {
-    const r = await fetch("/v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body),
+    const r = await fetch("v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body),
                                                      signal: controller.signal });
     if (!r.ok) {
       const err = await r.json().catch(() => ({}));
