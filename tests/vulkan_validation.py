@@ -154,9 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--log", default=os.path.join(tempfile.gettempdir(), "cooktop-vulkan-validation.log"),
                     help="where the layer's whole log is written (default: %(default)s)")
-    ap.add_argument("--suite", action="store_true",
-                    help="the arguments run the whole suite (`VULKAN_VALIDATION=1 make test`): keep the slow "
-                         "guard's limit, which is off otherwise (every Vulkan test runs slower under the layer)")
     ap.add_argument("--gpu-assisted", action="store_true",
                     help="GPU-assisted validation (shader instrumentation: out-of-bounds buffer access) "
                          "instead of synchronization validation")
@@ -179,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 pathlib.Path(f"{settings}.{w}").write_text(settings_text(f"{fifo}.{w}", enables))
             env = dict(os.environ)
             env.update(VK_INSTANCE_LAYERS=LAYER, VK_LAYER_SETTINGS_PATH=settings, COOKTOP_VULKAN_VALIDATION_FIFO=fifo)
-            if not args.suite:
-                env["COOKTOP_SLOW_LIMIT"] = "0"  # every test runs many times slower under the layer
+            env["COOKTOP_SLOW_LIMIT"] = "0"  # every test runs many times slower under the layer
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH")) if p)
             cmd = [sys.executable, "-m", "pytest", "-p", "vulkan_validation", *(pytest_args or ["-q", "-k", "vulkan"])]
             print("vulkan-validation: " + " ".join(cmd[2:]), flush=True)
