@@ -87,6 +87,9 @@ from .spec_options import speculative_options
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
 @click.option("--slot-save-path", "slot_save_path", default=None, metavar="PATH",
               help="Folder of the slot files POST /slots/ID?action=save|restore write and read (llama-server's).")
+@click.option("--sleep-idle-seconds", "sleep_idle_seconds", type=int, default=-1, show_default=True,
+              metavar="SECONDS",
+              help="Free the model after SECONDS without a request; the next request loads it again (-1: never).")
 @speculative_options
 @threads_option
 @kv_options
@@ -98,8 +101,9 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
               api_key_file,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
-              api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, threads, threads_batch,
-              device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
+              api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, sleep_idle_seconds,
+              threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv,
+              **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
@@ -131,6 +135,9 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         raise CooktopError(f"--port must be in 1..65535, got {port}")
     if n_parallel < 1:
         raise CooktopError(f"-np must be >= 1, got {n_parallel}")
+    if sleep_idle_seconds == 0 or sleep_idle_seconds < -1:  # llama.cpp common/arg.cpp's rule
+        raise click.BadParameter(f"{sleep_idle_seconds}: cannot be 0 or less than -1 (-1: never sleep)",
+                                 param_hint="--sleep-idle-seconds")
     from ..server.prefix import check_api_prefix
     if why := check_api_prefix(api_prefix):
         raise CooktopError(why)
@@ -167,7 +174,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
                           webui=not no_webui, defaults=defaults, endpoint_slots=endpoint_slots,
                           slot_save_path=slot_save_path, endpoint_props=endpoint_props, cors_origins=cors_origins,
                           cors_methods=cors_methods, cors_headers=cors_headers, cors_credentials=cors_credentials,
-                          api_prefix=api_prefix,
+                          api_prefix=api_prefix, sleep_idle_seconds=sleep_idle_seconds,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if ray_address:

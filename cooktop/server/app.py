@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
-from . import anthropic, native, rerank, responses_api, slots_api, webui
+from . import anthropic, describe, native, rerank, responses_api, slots_api, webui
 from . import protocol as P
 from .bridge import Bridge
 from .prefix import ApiPrefix, check_api_prefix
@@ -56,7 +56,8 @@ from .responses import (
     prometheus,
     prompt_choices_job,
 )
-from .slots import END, ERROR, Job, Scheduler
+from .sleep import IdleSleep, bypasses
+from .slots import END, ERROR, Job, Metrics, Scheduler
 
 log = logging.getLogger("cooktop.server")
 
@@ -95,6 +96,8 @@ class ServerConfig:
         api_prefix: llama-server's ``--api-prefix``: every route under this path (``/llm`` ->
             ``/llm/health``); ``""`` none. A ValueError from :func:`create_app` if it has no leading
             ``/`` or a trailing one (``prefix.check_api_prefix``).
+        sleep_idle_seconds: free the model after this many seconds without a request and load it again
+            on the next one (llama-server's ``--sleep-idle-seconds``, :mod:`.sleep`); -1 never.
     """
 
     model_path: str
@@ -116,6 +119,7 @@ class ServerConfig:
     cors_headers: str = "*"
     cors_credentials: bool = True
     api_prefix: str = ""
+    sleep_idle_seconds: float = -1
 
     @property
     def api_keys(self) -> tuple[str, ...]:
@@ -128,7 +132,12 @@ class ServerConfig:
 
 
 class ServerState:
-    """The loaded model and its scheduler; ``loading`` until :meth:`load` finishes."""
+    """The loaded model and its scheduler; ``loading`` until :meth:`load` finishes.
+
+    Asleep (:meth:`sleep`, ``--sleep-idle-seconds``): ``sleeping`` True, no model nor scheduler,
+    ``cached`` the ``/props`` and ``/v1/models`` bodies and ``metrics`` the counters of before;
+    :meth:`wake` loads the model again (``wake_error``: why it could not, None otherwise).
+    """
 
     def __init__(self, config: ServerConfig, llm: Any = None, on_load_error: Any = None, on_loaded: Any = None):
         self.config = config
@@ -138,12 +147,16 @@ class ServerState:
         self.load_error: str | None = None
         self.started = time.time()
         self.draft_engine: Any = None
+        self.sleeping = False
+        self.wake_error: str | None = None
+        self.cached: dict[str, Any] = {}
+        self.metrics: Metrics | None = None
         if llm is not None:
             self.scheduler = Scheduler(llm, config.n_parallel, config.max_queue)
 
     @property
     def loading(self) -> bool:
-        return self.scheduler is None and self.load_error is None
+        return self.scheduler is None and self.load_error is None and not self.sleeping
 
     @property
     def ready(self) -> Scheduler:
@@ -156,6 +169,23 @@ class ServerState:
             raise P.HTTPError(503, "Loading model", "unavailable_error")
         return self.scheduler
 
+    def _open(self) -> None:
+        """Load the model, its drafter and the scheduler (raises whatever loading raises)."""
+        from ..api import Llama
+        llm = Llama(model_path=self.config.model_path, verbose=False, embedding=True, **self.config.llama_kwargs)
+        try:
+            llm.chat_template_choice()
+            if self.config.speculative is not None:
+                kw = self.config.llama_kwargs
+                llm.draft_model, self.draft_engine = self.config.speculative.build(
+                    llm._engine, kw.get("device"), kw.get("n_gpu_layers", -1))
+            self.scheduler = Scheduler(llm, self.config.n_parallel, self.config.max_queue)
+        except BaseException:
+            llm.close()
+            raise
+        self.llm = llm
+        log.info("model loaded: %s", self.config.model_path)
+
     def load(self) -> None:
         """Load the model (on a thread at startup).
 
@@ -163,18 +193,8 @@ class ServerState:
         then stops and exits 1, as llama-server does); without that callback it is logged.
         Success calls ``on_loaded()`` (``cooktop serve`` then announces its address).
         """
-        from ..api import Llama
         try:
-            llm = Llama(model_path=self.config.model_path, verbose=False, embedding=True,
-                        **self.config.llama_kwargs)
-            llm.chat_template_choice()
-            if self.config.speculative is not None:
-                kw = self.config.llama_kwargs
-                llm.draft_model, self.draft_engine = self.config.speculative.build(
-                    llm._engine, kw.get("device"), kw.get("n_gpu_layers", -1))
-            self.scheduler = Scheduler(llm, self.config.n_parallel, self.config.max_queue)
-            self.llm = llm
-            log.info("model loaded: %s", self.config.model_path)
+            self._open()
             if self.on_loaded is not None:
                 self.on_loaded()
         except Exception as e:  # noqa: BLE001 - reported by /health and every endpoint
@@ -184,13 +204,41 @@ class ServerState:
             else:
                 log.error("cannot load the model: %s", self.load_error)
 
-    def close(self) -> None:
+    def sleep(self) -> None:
+        """Free the model, its caches and slots, keeping the ``/props`` and ``/v1/models`` bodies and the
+        counters (:mod:`.sleep`; called with no request in flight)."""
+        assert self.scheduler is not None
+        self.cached = {"props": describe.props_body(self.config, self.llm, len(self.scheduler.slots), True),
+                       "models": describe.models_body(self.config, self.llm, self.started)}
+        self.metrics = self.scheduler.metrics
+        self.sleeping = True
+        self._free()
+
+    def wake(self) -> None:
+        """Load the model again after :meth:`sleep`, the counters carried over; a failure leaves the
+        server asleep with ``wake_error`` set (tried again on the next request)."""
+        try:
+            self._open()
+        except Exception as e:  # noqa: BLE001 - answered to the request that woke it
+            self.wake_error = str(e) if isinstance(e, P.CooktopError) else f"{type(e).__name__}: {e}"
+            log.error("cannot load the model again after sleeping: %s", self.wake_error)
+            return
+        assert self.scheduler is not None and self.metrics is not None
+        self.scheduler.metrics = self.metrics
+        self.sleeping, self.wake_error = False, None
+
+    def _free(self) -> None:
         if self.scheduler is not None:
             self.scheduler.close()
         if self.llm is not None:
             self.llm.close()
         if self.draft_engine is not None:
             self.draft_engine.close()
+        self.scheduler, self.llm, self.draft_engine = None, None, None
+
+    def close(self) -> None:
+        """Stop the scheduler and free the model (the server is shutting down)."""
+        self._free()
 
 
 #: ``--cors-origins localhost``: the origins llama-server reflects then (server-http.cpp ``origin_is_localhost``)
@@ -239,11 +287,16 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
     if why := check_api_prefix(config.api_prefix):
         raise ValueError(why)
     state = ServerState(config, llm, on_load_error, on_loaded)
+    idle = IdleSleep(state, config.sleep_idle_seconds) if config.sleep_idle_seconds != -1 else None
 
     async def lifespan(app: FastAPI):
         if state.loading:
             threading.Thread(target=state.load, name="cooktop-load", daemon=True).start()
+        if idle is not None:
+            idle.start()
         yield
+        if idle is not None:
+            idle.stop()
         state.close()
 
     app = FastAPI(title="cooktop", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -255,8 +308,9 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         msg = f"{request.method} {request.url.path}: {exc.detail}"
         return JSONResponse(P.error_body(exc.status_code, msg, kind), status_code=exc.status_code)
 
-    def refusal(request: Request) -> JSONResponse | None:
-        """The answer the gate gives instead of the app (bad API key, model failed or loading), else None."""
+    def refusal(request: Request, awake: bool = False) -> JSONResponse | None:
+        """The answer the gate gives instead of the app (bad API key, model failed or loading; with
+        ``awake``, after :meth:`IdleSleep.enter`: the model could not be loaded again), else None."""
         path = request.url.path
         if path in OPEN_PATHS or (config.webui and path in webui.PATHS):
             return None
@@ -276,6 +330,9 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
             return refuse(500, f"the model failed to load: {state.load_error}", "server_error")
         if state.loading:
             return refuse(503, "Loading model", "unavailable_error")
+        if awake and state.sleeping:  # the reload on waking failed
+            return refuse(500, f"the model could not be loaded again after sleeping: {state.wake_error}",
+                          "server_error")
         return None
 
     class Gate:
@@ -288,12 +345,25 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
             self.inner = inner
 
         async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-            if scope["type"] == "http":
-                answer = refusal(Request(scope))
+            if scope["type"] != "http":
+                await self.inner(scope, receive, send)
+                return
+            request = Request(scope)
+            answer = refusal(request)
+            path = request.url.path
+            clock = idle if (answer is None and not bypasses(request.method, path)
+                             and not (config.webui and path in webui.PATHS)) else None  # the page's files need none
+            if clock is not None:  # counted in flight (the idle clock), and the model loaded again if asleep
+                await asyncio.to_thread(clock.enter)
+                answer = refusal(request, awake=True)
+            try:
                 if answer is not None:
                     await answer(scope, receive, send)
                     return
-            await self.inner(scope, receive, send)
+                await self.inner(scope, receive, send)
+            finally:
+                if clock is not None:
+                    clock.leave()
 
     app.add_middleware(Gate)
 
@@ -487,11 +557,8 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
     @app.get("/models")
     @endpoint
     async def models(request: Request):
-        llm = state.llm
-        return {"object": "list", "data": [{
-            "id": config.model_id, "object": "model", "created": int(state.started), "owned_by": "cooktop",
-            "meta": {"n_vocab": llm.n_vocab(), "n_ctx": llm.n_ctx(), "n_embd": llm.n_embd(),
-                     "n_ctx_train": llm._engine.cfg.n_ctx_train, "size": os.path.getsize(config.model_path)}}]}
+        llm = state.llm  # once: the server may fall asleep meanwhile (then the copy kept is the answer)
+        return describe.models_body(config, llm, state.started) if llm is not None else state.cached["models"]
 
     @app.get("/v1/models/{model_id:path}")
     @app.get("/models/{model_id:path}")
@@ -518,19 +585,10 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
     @app.get("/props")
     @endpoint
     async def props(request: Request):
-        llm = state.llm
-        tmpl = llm.chat_template_choice().template
-        d = {**P.DEFAULTS, **config.defaults}
-        params = {k: d[k] for k in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
-                                    "presence_penalty", "frequency_penalty", "ignore_eos")}
-        return {"default_generation_settings": {"n_ctx": llm.n_ctx(), "params": {**params,
-                                                                                 "n_predict": d["max_tokens"]}},
-                "total_slots": len(state.ready.slots), "model_path": config.model_path,
-                "model_alias": config.model_id, "chat_template": tmpl.source, "bos_token": tmpl.bos_token,
-                "eos_token": tmpl.eos_token, "modalities": {"vision": False, "audio": False},
-                "build_info": f"cooktop {__version__}", "webui": config.webui,
-                "reasoning_format": config.reasoning_format, "n_vocab": llm.n_vocab(),
-                "n_ctx_train": llm._engine.cfg.n_ctx_train, "size": os.path.getsize(config.model_path)}
+        llm, sched = state.llm, state.scheduler  # once: the server may fall asleep meanwhile
+        if llm is None or sched is None:
+            return state.cached["props"]
+        return describe.props_body(config, llm, len(sched.slots))
 
     @app.post("/props")
     @endpoint

@@ -247,10 +247,15 @@ def prometheus(state: Any) -> str:
     """Prometheus text exposition of the server's counters: llama-server's ``llamacpp:*`` metrics
     (tools/server/server-task.cpp ``server_task_result_metrics::to_metrics``; its throughput gauges
     over the whole run, not since the last scrape; not its ``n_decode_total``,
-    ``n_busy_slots_per_decode`` and ``spec_decode_num_drafts_total``), then cooktop's own."""
+    ``n_busy_slots_per_decode`` and ``spec_decode_num_drafts_total``), then cooktop's own. Asleep
+    (``state.scheduler`` None), the counters kept in ``state.metrics`` and idle gauges."""
     s = state.scheduler
-    m = s.metrics
-    n_seqs, n_tokens = s.batch_size()
+    if s is None:  # asleep (``--sleep-idle-seconds``): the counters of before, nothing running
+        m, busy, waiting, n_slots, tps = state.metrics, 0, 0, state.config.n_parallel, 0.0
+        n_seqs, n_tokens = 0, 0
+    else:
+        m, busy, waiting, n_slots, tps = s.metrics, s.busy, s.queue_depth, len(s.slots), s.tokens_per_second()
+        n_seqs, n_tokens = s.batch_size()
 
     def rate(n: float, sec: float) -> float:
         return n / sec if sec > 0 else 0.0
@@ -278,16 +283,16 @@ def prometheus(state: Any) -> str:
     lines += [
         "# HELP llamacpp:requests_processing Number of requests processing",
         "# TYPE llamacpp:requests_processing gauge",
-        f"llamacpp:requests_processing {s.busy}",
+        f"llamacpp:requests_processing {busy}",
         "# HELP llamacpp:requests_deferred Number of requests deferred",
         "# TYPE llamacpp:requests_deferred gauge",
-        f"llamacpp:requests_deferred {s.queue_depth}",
+        f"llamacpp:requests_deferred {waiting}",
         "# HELP cooktop:slots_busy Slots running a request.",
         "# TYPE cooktop:slots_busy gauge",
-        f"cooktop:slots_busy {s.busy}",
+        f"cooktop:slots_busy {busy}",
         "# HELP cooktop:slots_total Slots (-np).",
         "# TYPE cooktop:slots_total gauge",
-        f"cooktop:slots_total {len(s.slots)}",
+        f"cooktop:slots_total {n_slots}",
         "# HELP cooktop:batch_size Sequences in the latest forward pass.",
         "# TYPE cooktop:batch_size gauge",
         f"cooktop:batch_size {n_seqs}",
@@ -296,7 +301,7 @@ def prometheus(state: Any) -> str:
         f"cooktop:batch_tokens {n_tokens}",
         "# HELP cooktop:tokens_per_second Generated tokens per second, all slots (last 10 s with -np > 1).",
         "# TYPE cooktop:tokens_per_second gauge",
-        f"cooktop:tokens_per_second {s.tokens_per_second():.3f}",
+        f"cooktop:tokens_per_second {tps:.3f}",
         "# HELP cooktop:requests_total Requests received, by endpoint.",
         "# TYPE cooktop:requests_total counter",
     ]
