@@ -188,6 +188,12 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
             f"({n_replicas} replica(s) behind Ray Serve, {n_parallel} slot(s) each"
             f"{', API key required' if api_key else ''})", err=True))
         return
+    from ..server.gcp import GcpParams
+    gcp = GcpParams.from_env()
+    if gcp.enabled and gcp.port != port:  # Vertex AI's port wins, as in llama-server
+        click.echo(f"cooktop: AIP_MODE=PREDICTION: serving on AIP_HTTP_PORT {gcp.port} instead of port {port}",
+                   err=True)
+        port = gcp.port
     sock = listen_socket(host, port)  # a port in use is one error line, exit 1
     failed: list[str] = []
 

@@ -43,9 +43,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
-from . import anthropic, describe, native, rerank, responses_api, slots_api, webui
+from . import anthropic, describe, gcp, native, rerank, responses_api, slots_api, webui
 from . import protocol as P
 from .bridge import Bridge
+from .gcp import GcpParams
 from .prefix import ApiPrefix, check_api_prefix
 from .responses import (
     add_usage,
@@ -287,6 +288,8 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
     if why := check_api_prefix(config.api_prefix):
         raise ValueError(why)
     state = ServerState(config, llm, on_load_error, on_loaded)
+    gcp_params = GcpParams.from_env()
+    open_paths = OPEN_PATHS + ((gcp_params.health_route,) if gcp_params.enabled and gcp_params.health_route else ())
     idle = IdleSleep(state, config.sleep_idle_seconds) if config.sleep_idle_seconds != -1 else None
 
     async def lifespan(app: FastAPI):
@@ -312,7 +315,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         """The answer the gate gives instead of the app (bad API key, model failed or loading; with
         ``awake``, after :meth:`IdleSleep.enter`: the model could not be loaded again), else None."""
         path = request.url.path
-        if path in OPEN_PATHS or (config.webui and path in webui.PATHS):
+        if path in open_paths or (config.webui and path in webui.PATHS):
             return None
 
         def refuse(status: int, msg: str, kind: str) -> JSONResponse:
@@ -351,7 +354,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
             request = Request(scope)
             answer = refusal(request)
             path = request.url.path
-            clock = idle if (answer is None and not bypasses(request.method, path)
+            clock = idle if (answer is None and not bypasses(request.method, path) and path not in open_paths
                              and not (config.webui and path in webui.PATHS)) else None  # the page's files need none
             if clock is not None:  # counted in flight (the idle clock), and the model loaded again if asleep
                 await asyncio.to_thread(clock.enter)
@@ -644,4 +647,6 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
     ctx = Bridge(state, config, body_of, check_model, _error)
     for module in (native, responses_api, anthropic, rerank, slots_api, webui):
         module.register(app, ctx)
+    if gcp_params.enabled:  # last: its aliases name the routes above
+        gcp.register(app, gcp_params, config.api_prefix)
     return app
