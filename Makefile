@@ -13,6 +13,7 @@
 #   make llamacpp-vulkan            build llama.cpp's llama-bench with its Vulkan backend (in ../llamacpp-vk)
 #   make bench-vs-vulkan [MODEL=..] cooktop Vulkan vs that llama-bench on lavapipe, back to back, one table
 #   make llamacpp-cpu               build llama.cpp's CPU llama-server + llama-bench (in /tmp/llama-build)
+#   make test-llama-server-suite    llama.cpp's server test suite against `cooktop serve` (and llama-server)
 #   make lint                       ruff (style, imports) and mypy on the package
 #   make fuzz [FUZZ_EXAMPLES=100000] the long fuzz run (GGUF reader, tokenizer; tests/test_fuzz.py)
 # Variables passed on the command line (COOKTOP_EXTRAS=compare, PYTHON=python3.11,
@@ -37,7 +38,7 @@ comma := ,
 
 .DEFAULT_GOAL := help
 .PHONY: help setup setup-compare run test test-quick test-vulkan-validation test-vulkan-gpu-assisted test-opencl-validation shaders bench llamacpp-vulkan bench-vs-vulkan \
-	lint fuzz llamacpp-cpu
+	lint fuzz llamacpp-cpu test-llama-server-suite
 
 help:
 	@sed -n '1,19s/^# \{0,1\}//p' Makefile
@@ -136,6 +137,12 @@ llamacpp-vulkan:
 LLAMACPP_CPU_DIR ?= /tmp/llama-build
 llamacpp-cpu:
 	bash scripts/build-llamacpp-cpu.sh $(LLAMACPP_CPU_DIR)
+
+# llama.cpp's tools/server/tests, offline, against `cooktop serve`; with LLAMA_SERVER=PATH (default
+# /tmp/llama-build/bin/llama-server when built) against it too, then both counts and what differs.
+# About 10 minutes a server on 2 cores; not in .ci/run. SUITE_ARGS: pytest arguments (e.g. -k basic).
+test-llama-server-suite: setup
+	bash scripts/llama_server_suite/run.sh $(SUITE_ARGS)
 
 bench-vs-vulkan: setup
 	@test -x $(LLAMA_BENCH) || { echo "make bench-vs-vulkan: no $(LLAMA_BENCH); run 'make llamacpp-vulkan'" >&2; exit 1; }
