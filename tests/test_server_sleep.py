@@ -92,3 +92,4 @@ def test_bad_sleep_idle_seconds_is_refused(stories, value, server_deps):
     from cooktop.cli.group import cli
     r = CliRunner().invoke(cli, ["serve", "-m", str(stories), "--sleep-idle-seconds", value])
     assert r.exit_code == 2 and "--sleep-idle-seconds" in r.output and "cannot be 0 or less than -1" in r.output
+

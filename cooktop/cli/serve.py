@@ -34,10 +34,15 @@ from .spec_options import speculative_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", default=8080, show_default=True, help="Port to listen on.")
 @click.option("-c", "--ctx-size", "n_ctx", default=0, show_default=True,
-              help="Context size of each slot in tokens (0 = from the model, at most 4096).")
+              help="Context size in tokens, split across the -np slots as llama-server does unless --kv-unified "
+                   "(0 = from the model, at most 4096).")
 @click.option("-b", "--batch-size", "n_batch", default=512, show_default=True, help="Prompt tokens per forward pass.")
 @click.option("-np", "--parallel", "n_parallel", default=1, show_default=True,
-              help="Slots: requests processed together, each with its own KV cache; more wait in a queue.")
+              help="Slots: requests processed together, each with its own KV cache; more wait in a queue "
+                   "(-1: auto, 4 slots with --kv-unified, as llama-server).")
+@click.option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", "kv_unified", default=False,
+              envvar="LLAMA_ARG_KV_UNIFIED",
+              help="Every slot gets the whole -c context instead of -c / -np (cooktop then allocates -np times it).")
 @click.option("--max-queue", default=256, show_default=True, help="Waiting requests before answering 503.")
 @click.option("-a", "--alias", default=None, help="Model name in the API (default: the file name).")
 @click.option("--api-key", default=None, envvar="LLAMA_API_KEY",
@@ -97,7 +102,7 @@ from .spec_options import speculative_options
 @ray_option
 @click.option("--replicas", "n_replicas", type=int, default=None,
               help="With --ray: replicas of the model behind Ray Serve (default 1), requests balanced across them.")
-def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, max_queue, alias, api_key,
+def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, kv_unified, max_queue, alias, api_key,
               api_key_file,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
@@ -129,12 +134,15 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         import uvicorn
 
         from ..server.app import ServerConfig, create_app
+        from ..server.slots import slot_context
     except ImportError as e:
         raise CooktopError(f"cooktop serve needs the server extra: pip install 'cooktop[server]' ({e})") from None
     if not 1 <= port <= 65535:
         raise CooktopError(f"--port must be in 1..65535, got {port}")
+    if n_parallel == -1:  # llama-server's auto: 4 slots sharing the context (tools/server/server.cpp)
+        n_parallel, kv_unified = 4, True
     if n_parallel < 1:
-        raise CooktopError(f"-np must be >= 1, got {n_parallel}")
+        raise CooktopError(f"-np must be >= 1 (or -1: auto), got {n_parallel}")
     if sleep_idle_seconds == 0 or sleep_idle_seconds < -1:  # llama.cpp common/arg.cpp's rule
         raise click.BadParameter(f"{sleep_idle_seconds}: cannot be 0 or less than -1 (-1: never sleep)",
                                  param_hint="--sleep-idle-seconds")
@@ -154,6 +162,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
         raise CooktopError(f"{path}: no such file")
     from ..format.gguf import read_raw_metadata
     read_raw_metadata(path, keys=())  # GGUFError (one line) for a file that is not a GGUF, before listening
+    if n_parallel > 1 and not kv_unified:  # -c is the total, each slot gets its share (llama-server's)
+        n_ctx = slot_context(n_ctx or _default_context(path), n_parallel)
     speculative.check()  # the draft options, before any model loads
     if notice := speculative.notice():
         click.echo(f"cooktop: {notice}", err=True)
@@ -213,6 +223,18 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
             raise CooktopError(failed[0])
         where = "" if path in failed[0] else f" {path}"
         raise CooktopError(f"cannot load the model{where}: {failed[0]}")
+
+
+def _default_context(path: str) -> int:
+    """The context ``-c 0`` means for the model at ``path``: its training context capped at 4096
+    (``runtime.loader.default_n_ctx``; 4096 when the file does not say)."""
+    from ..format.gguf import read_raw_metadata
+    arch = read_raw_metadata(path, keys=("general.architecture",)).get("general.architecture")
+    if arch is None or not isinstance(arch.value, bytes):
+        return 4096
+    key = arch.value.decode("utf-8", "replace") + ".context_length"
+    v = read_raw_metadata(path, keys=(key,)).get(key)
+    return min(int(v.value), 4096) if v is not None and isinstance(v.value, int) and v.value > 0 else 4096
 
 
 def listen_socket(host: str, port: int) -> socket.socket:

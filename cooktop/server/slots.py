@@ -154,6 +154,23 @@ class Metrics:
         self.draft_accepted_total += int(t.get("draft_n_accepted", 0))
 
 
+def slot_context(n_ctx: int, n_parallel: int) -> int:
+    """Tokens of context each of ``n_parallel`` slots gets from a total ``n_ctx`` (``-c``), as llama.cpp
+    sizes a non-unified cache (src/llama-context.cpp: ``n_ctx`` padded up to a multiple of 256, then
+    ``n_ctx_seq = pad256(n_ctx / n_seq_max)``): ``-c 512 -np 2`` gives 256 a slot, ``-c 256 -np 2`` 256 too.
+
+    Raises:
+        CooktopError: ``n_ctx`` < 1 or ``n_parallel`` < 1.
+    """
+    if n_ctx < 1 or n_parallel < 1:
+        raise CooktopError(f"slot_context: n_ctx {n_ctx} and n_parallel {n_parallel} must be >= 1")
+
+    def pad(n: int) -> int:
+        return (n + 255) // 256 * 256
+
+    return pad(pad(n_ctx) // n_parallel)
+
+
 class Scheduler:
     """``n_parallel`` slots and worker threads on one model, a FIFO of at most ``max_queue`` waiting jobs.
 
