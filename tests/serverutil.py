@@ -7,18 +7,19 @@ import time
 
 
 class RunningServer:
-    """``create_app(config)`` served by uvicorn on a background thread; ``stop()`` always ends it.
+    """``create_app(config)`` (or a ready ASGI ``app``: a router) served by uvicorn on a background
+    thread; ``stop()`` always ends it.
 
     Attributes:
         base: ``http://127.0.0.1:PORT``; app: the FastAPI app (``app.state.cooktop`` is the state).
     """
 
-    def __init__(self, config, wait_loaded: bool = True):
+    def __init__(self, config=None, wait_loaded: bool = True, app=None):
         import uvicorn
 
         from cooktop.server.app import create_app
 
-        self.app = create_app(config)
+        self.app = app if app is not None else create_app(config)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning",
                                                     timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -30,7 +31,7 @@ class RunningServer:
             time.sleep(0.02)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         self.base = f"http://127.0.0.1:{port}"
-        if wait_loaded:
+        if wait_loaded and app is None:
             self.wait_loaded()
 
     @property

@@ -92,6 +92,13 @@ from .spec_options import speculative_options
 @click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
 @click.option("--slot-save-path", "slot_save_path", default=None, metavar="PATH",
               help="Folder of the slot files POST /slots/ID?action=save|restore write and read (llama-server's).")
+@click.option("--models-dir", "models_dir", default=None, metavar="PATH", envvar="LLAMA_ARG_MODELS_DIR",
+              help="Router mode (no -m / -hf): the folder of the models to serve, besides the Hugging Face cache's.")
+@click.option("--models-max", "models_max", type=click.IntRange(min=0), default=4, show_default=True,
+              envvar="LLAMA_ARG_MODELS_MAX",
+              help="Router mode: models loaded at once; one more unloads the least recently used (0: no limit).")
+@click.option("--models-autoload/--no-models-autoload", "models_autoload", default=True, show_default=True,
+              envvar="LLAMA_ARG_MODELS_AUTOLOAD", help="Router mode: load a requested model that is not loaded.")
 @click.option("--sleep-idle-seconds", "sleep_idle_seconds", type=int, default=-1, show_default=True,
               metavar="SECONDS",
               help="Free the model after SECONDS without a request; the next request loads it again (-1: never).")
@@ -106,7 +113,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
               api_key_file,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
-              api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, sleep_idle_seconds,
+              api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, models_dir, models_max,
+              models_autoload, sleep_idle_seconds,
               threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv,
               **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
@@ -134,7 +142,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
         import uvicorn
 
         from ..server.app import ServerConfig, create_app
-        from ..server.slots import slot_context
+        from ..server.slots import default_context, slot_context
     except ImportError as e:
         raise CooktopError(f"cooktop serve needs the server extra: pip install 'cooktop[server]' ({e})") from None
     if not 1 <= port <= 65535:
@@ -157,13 +165,22 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
         except OSError as e:
             raise CooktopError(f"--slot-save-path {slot_save_path}: cannot create the folder ({e.strerror})") from None
     api_key = _api_keys(api_key, api_key_file)
-    path = resolve_model(model, hf_repo, hf_file)
-    if not os.path.exists(path):
-        raise CooktopError(f"{path}: no such file")
-    from ..format.gguf import read_raw_metadata
-    read_raw_metadata(path, keys=())  # GGUFError (one line) for a file that is not a GGUF, before listening
-    if n_parallel > 1 and not kv_unified:  # -c is the total, each slot gets its share (llama-server's)
-        n_ctx = slot_context(n_ctx or _default_context(path), n_parallel)
+    router_mode = not model and not hf_repo  # llama-server without a model: the router of several
+    split_context = n_parallel > 1 and not kv_unified  # -c is the total, each slot gets its share
+    if router_mode:
+        if ray_address:
+            raise CooktopError("router mode (no -m / -hf) does not run on a Ray cluster (--ray): give a model")
+        path = ""
+    else:
+        if models_dir is not None:
+            raise CooktopError("--models-dir is router mode's (cooktop serve without -m / -hf): give one or the other")
+        path = resolve_model(model, hf_repo, hf_file)
+        if not os.path.exists(path):
+            raise CooktopError(f"{path}: no such file")
+        from ..format.gguf import read_raw_metadata
+        read_raw_metadata(path, keys=())  # GGUFError (one line) for a file that is not a GGUF, before listening
+        if split_context:
+            n_ctx = slot_context(n_ctx or default_context(path), n_parallel)
     speculative.check()  # the draft options, before any model loads
     if notice := speculative.notice():
         click.echo(f"cooktop: {notice}", err=True)
@@ -187,6 +204,9 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
                           api_prefix=api_prefix, sleep_idle_seconds=sleep_idle_seconds,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
+    if router_mode:
+        _serve_router(config, models_dir, models_max, models_autoload, split_context, host, port)
+        return
     if ray_address:
         from ..server.replicas import serve_forever
 
@@ -225,16 +245,24 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
         raise CooktopError(f"cannot load the model{where}: {failed[0]}")
 
 
-def _default_context(path: str) -> int:
-    """The context ``-c 0`` means for the model at ``path``: its training context capped at 4096
-    (``runtime.loader.default_n_ctx``; 4096 when the file does not say)."""
-    from ..format.gguf import read_raw_metadata
-    arch = read_raw_metadata(path, keys=("general.architecture",)).get("general.architecture")
-    if arch is None or not isinstance(arch.value, bytes):
-        return 4096
-    key = arch.value.decode("utf-8", "replace") + ".context_length"
-    v = read_raw_metadata(path, keys=(key,)).get(key)
-    return min(int(v.value), 4096) if v is not None and isinstance(v.value, int) and v.value > 0 else 4096
+def _serve_router(config, models_dir: str | None, models_max: int, autoload: bool, split_context: bool,
+                  host: str, port: int) -> None:
+    """Serve in router mode (``server.router``): every model of ``models_dir`` and the cache, each
+    loaded on demand with ``config``'s options.
+
+    Raises:
+        CooktopError: ``models_dir`` not a folder, the address not free.
+    """
+    import uvicorn
+
+    from ..server.router import create_router_app
+    app = create_router_app(config, models_dir, None, models_max, autoload, split_context)
+    sock = listen_socket(host, port)
+    n = len(app.router_state.instances)
+    click.echo(f"cooktop: router mode: {n} model(s) from {models_dir or 'the Hugging Face cache'}"
+               f"{' and the cache' if models_dir else ''}, loaded on demand (at most "
+               f"{models_max or 'any number'} at once) on http://{host}:{port}{config.api_prefix}", err=True)
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run(sockets=[sock])
 
 
 def listen_socket(host: str, port: int) -> socket.socket:

@@ -171,6 +171,18 @@ def slot_context(n_ctx: int, n_parallel: int) -> int:
     return pad(pad(n_ctx) // n_parallel)
 
 
+def default_context(path: str) -> int:
+    """The context ``-c 0`` means for the model at ``path``: its training context capped at 4096
+    (``runtime.loader.default_n_ctx``; 4096 when the file does not say)."""
+    from ..format.gguf import read_raw_metadata
+    arch = read_raw_metadata(path, keys=("general.architecture",)).get("general.architecture")
+    if arch is None or not isinstance(arch.value, bytes):
+        return 4096
+    key = arch.value.decode("utf-8", "replace") + ".context_length"
+    v = read_raw_metadata(path, keys=(key,)).get(key)
+    return min(int(v.value), 4096) if v is not None and isinstance(v.value, int) and v.value > 0 else 4096
+
+
 class Scheduler:
     """``n_parallel`` slots and worker threads on one model, a FIFO of at most ``max_queue`` waiting jobs.
 

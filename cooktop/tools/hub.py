@@ -132,6 +132,17 @@ def cached_files(repo: str, cache_dir: str | os.PathLike | None = None) -> list[
     return sorted(out)
 
 
+def cached_repos(cache_dir: str | os.PathLike | None = None) -> dict[str, pathlib.Path]:
+    """The model repositories in the local Hugging Face cache: ``owner/name`` -> its snapshots folder."""
+    root = pathlib.Path(cache_dir) if cache_dir else _cache_dir()
+    out = {}
+    if root.is_dir():
+        for d in sorted(root.glob("models--*")):
+            if (d / "snapshots").is_dir():
+                out[d.name[len("models--"):].replace("--", "/")] = d / "snapshots"
+    return out
+
+
 _offline_flag = False
 
 
