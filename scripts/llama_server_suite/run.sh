@@ -45,7 +45,7 @@ fi
 hub="$work/hub"
 snap="$hub/models--ggml-org--test-model-stories260K/snapshots/0000000000000000000000000000000000000000"
 mkdir -p "$snap" "$hub/models--ggml-org--test-model-stories260K/refs"
-ln -sf "$model" "$snap/stories260K.gguf"
+ln -sf "$model" "$snap/stories260K-F32.gguf"  # tagged, so router mode lists it as :F32
 printf '0000000000000000000000000000000000000000' > "$hub/models--ggml-org--test-model-stories260K/refs/main"
 shim="$work/bin/cooktop-llama-server"
 mkdir -p "$work/bin"
