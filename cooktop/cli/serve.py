@@ -99,6 +99,9 @@ from .spec_options import speculative_options
               help="Router mode: models loaded at once; one more unloads the least recently used (0: no limit).")
 @click.option("--models-autoload/--no-models-autoload", "models_autoload", default=True, show_default=True,
               envvar="LLAMA_ARG_MODELS_AUTOLOAD", help="Router mode: load a requested model that is not loaded.")
+@click.option("--ui-mcp-proxy/--no-ui-mcp-proxy", "--webui-mcp-proxy/--no-webui-mcp-proxy", "ui_mcp_proxy",
+              default=False, envvar="LLAMA_ARG_UI_MCP_PROXY",
+              help="Serve /cors-proxy?url=... for the web page's MCP servers (llama-server's, experimental; off: 403).")
 @click.option("--sleep-idle-seconds", "sleep_idle_seconds", type=int, default=-1, show_default=True,
               metavar="SECONDS",
               help="Free the model after SECONDS without a request; the next request loads it again (-1: never).")
@@ -114,7 +117,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
               api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, models_dir, models_max,
-              models_autoload, sleep_idle_seconds,
+              models_autoload, ui_mcp_proxy, sleep_idle_seconds,
               threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv,
               **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
@@ -202,6 +205,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
                           slot_save_path=slot_save_path, endpoint_props=endpoint_props, cors_origins=cors_origins,
                           cors_methods=cors_methods, cors_headers=cors_headers, cors_credentials=cors_credentials,
                           api_prefix=api_prefix, sleep_idle_seconds=sleep_idle_seconds,
+                          ui_mcp_proxy=ui_mcp_proxy,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if router_mode:

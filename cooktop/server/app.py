@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
-from . import anthropic, describe, gcp, native, rerank, responses_api, slots_api, webui
+from . import anthropic, cors_proxy, describe, gcp, native, rerank, responses_api, slots_api, webui
 from . import protocol as P
 from .bridge import Bridge
 from .gcp import GcpParams
@@ -97,6 +97,7 @@ class ServerConfig:
         api_prefix: llama-server's ``--api-prefix``: every route under this path (``/llm`` ->
             ``/llm/health``); ``""`` none. A ValueError from :func:`create_app` if it has no leading
             ``/`` or a trailing one (``prefix.check_api_prefix``).
+        ui_mcp_proxy: serve ``/cors-proxy`` (llama-server's ``--ui-mcp-proxy``, :mod:`.cors_proxy`; off: 403).
         sleep_idle_seconds: free the model after this many seconds without a request and load it again
             on the next one (llama-server's ``--sleep-idle-seconds``, :mod:`.sleep`); -1 never.
     """
@@ -121,6 +122,7 @@ class ServerConfig:
     cors_credentials: bool = True
     api_prefix: str = ""
     sleep_idle_seconds: float = -1
+    ui_mcp_proxy: bool = False
 
     @property
     def api_keys(self) -> tuple[str, ...]:
@@ -645,7 +647,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         return {"prompt": state.llm.apply_chat_template(args["messages"], tools=args["tools"])}
 
     ctx = Bridge(state, config, body_of, check_model, _error)
-    for module in (native, responses_api, anthropic, rerank, slots_api, webui):
+    for module in (native, responses_api, anthropic, rerank, slots_api, webui, cors_proxy):
         module.register(app, ctx)
     if gcp_params.enabled:  # last: its aliases name the routes above
         gcp.register(app, gcp_params, config.api_prefix)
