@@ -1,0 +1,164 @@
+"""LoRA adapters (``model/lora.py``, ``backends/lora.py``) against llama.cpp (llama-cpp-python's
+``Llama(lora_path=..., lora_scale=...)``) on numpy, OpenCL and Vulkan.
+
+One tiny F32 llama (2 blocks, untied output head) and one rank-4 adapter with alpha 8 of every
+attention and feed-forward matrix and the output head (``tools/synth_lora.py``). The prompt's
+logits at scales 0, 0.5 and 1 match llama.cpp's within nmse 1e-5; scale 0 is the base model's
+exactly; the scale changes between passes on one loaded model (the graph key covers it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import open_family_device, rewrite_gguf, skip_or_fail
+from gguf import GGUFValueType
+
+from cooktop import Llama
+from cooktop.backends import registry
+from cooktop.backends.base import nmse
+from cooktop.errors import CooktopError, UnsupportedModelError
+from cooktop.model.lora import LoraError
+from cooktop.tools import synth, synth_lora
+
+SHAPE = synth.Shape(64, 2, 4, 2, 96, 300, 256)
+PROMPT = [int(t) for t in np.random.default_rng(1).integers(3, 300, 21)]
+N_CTX, N_BATCH = 64, 7
+SCALES = (0.0, 0.5, 1.0)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lora")
+    model, adapter = d / "base.gguf", d / "adapter.gguf"
+    synth.write(model, SHAPE, "F32", seed=3, scales={"attn_q": 0.2, "attn_k": 0.2})
+    synth_lora.write_adapter(adapter, model, rank=4, alpha=8.0, seed=1)
+    return model, adapter
+
+
+def _scores(llm) -> np.ndarray:
+    llm.reset()
+    llm.eval(PROMPT)
+    return np.array(llm.scores[:len(PROMPT)], dtype=np.float64)
+
+
+@pytest.fixture(scope="module")
+def reference(files):
+    """llama.cpp's prompt logits at each scale of :data:`SCALES` (one load each)."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        skip_or_fail("llama_cpp", f"llama-cpp-python is not installed ({e}); pip install llama-cpp-python")
+    model, adapter = files
+    out = {}
+    for s in SCALES:
+        llm = llama_cpp.Llama(model_path=str(model), lora_path=str(adapter), lora_scale=s, logits_all=True,
+                              n_ctx=N_CTX, n_batch=16, n_ubatch=16, verbose=False)
+        try:
+            out[s] = _scores(llm)
+        finally:
+            llm.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def base_logits(files):
+    llm = Llama(model_path=str(files[0]), n_ctx=N_CTX, n_batch=N_BATCH, logits_all=True, verbose=False,
+                device="cpu")
+    try:
+        return _scores(llm)
+    finally:
+        llm.close()
+
+
+@pytest.fixture(scope="module", params=list(registry.FAMILIES))
+def family(request):
+    if request.param != "cpu":
+        open_family_device(request.param)
+    return request.param
+
+
+def test_logits_match_llama_cpp_at_each_scale(family, files, reference, base_logits):
+    model, adapter = files
+    llm = Llama(model_path=str(model), lora_path=str(adapter), lora_scale=1.0, n_ctx=N_CTX, n_batch=N_BATCH,
+                logits_all=True, verbose=False, device=family, n_gpu_layers=-1)
+    try:
+        assert llm.get_lora_adapters() == [{"id": 0, "path": str(adapter), "scale": 1.0}]
+        for s in (1.0, 0.5, 0.0, 1.0):  # the scale changes on one loaded model, back and forth
+            llm.set_lora_adapters([{"id": 0, "scale": s}])
+            got = _scores(llm)
+            err = nmse(got, reference[s])
+            print(f"LoRA scale {s} on {family}: nmse {err:.3g} vs llama.cpp")
+            assert err <= 1e-5, f"scale {s} on {family}: nmse {err:.3g}"
+            if s == 0.0:
+                base = base_logits if family == "cpu" else None
+                if base is not None:
+                    np.testing.assert_array_equal(got, base)  # scale 0 adds nothing
+        assert nmse(reference[1.0], reference[0.0]) > 0.1  # the adapter matters
+    finally:
+        llm.close()
+
+
+def test_two_adapters_add_up(files, reference):
+    """The same adapter loaded twice at 0.5 each is the adapter at 1 (the deltas sum per matmul),
+    and ``set_lora_adapters`` leaves out-of-list adapters at 0 (llama-server ``construct_lora_list``)."""
+    model, adapter = files
+    llm = Llama(model_path=str(model), lora_adapters=[(str(adapter), 0.5), (str(adapter), 0.5)], n_ctx=N_CTX,
+                n_batch=N_BATCH, logits_all=True, verbose=False, device="cpu")
+    try:
+        assert nmse(_scores(llm), reference[1.0]) <= 1e-5
+        llm.set_lora_adapters([{"id": 1, "scale": 1.0}])
+        assert [a["scale"] for a in llm.get_lora_adapters()] == [0.0, 1.0]
+        assert nmse(_scores(llm), reference[1.0]) <= 1e-5
+        with pytest.raises(CooktopError, match="id 2 is invalid"):
+            llm.set_lora_adapters([{"id": 2, "scale": 1.0}])
+        with pytest.raises(CooktopError, match="finite"):
+            llm.set_lora_adapters([{"id": 0, "scale": float("nan")}])
+        with pytest.raises(CooktopError, match="list"):
+            llm.set_lora_adapters({"id": 0})  # type: ignore[arg-type]
+    finally:
+        llm.close()
+
+
+def _load(model, adapter):
+    return Llama(model_path=str(model), lora_path=str(adapter), n_ctx=N_CTX, verbose=False, device="cpu")
+
+
+def test_bad_adapters_are_refused_by_name(files, tmp_path):
+    model, adapter = files
+    with pytest.raises(UnsupportedModelError, match="is an adapter .* pass this file as the LoRA adapter"):
+        Llama(model_path=str(adapter), verbose=False, device="cpu")
+    with pytest.raises(LoraError, match="not a LoRA adapter.*general.type 'adapter'"):
+        _load(model, model)
+    other = synth_lora.write_adapter(tmp_path / "qwen.gguf", model, arch="qwen2") and tmp_path / "qwen.gguf"
+    with pytest.raises(LoraError, match="arch mismatch.*'qwen2'"):
+        _load(model, other)
+    wrong = tmp_path / "shape.gguf"
+    rewrite_gguf(adapter, wrong, replace={"blk.0.attn_q.weight.lora_a": (np.zeros((4, 32), np.float32), None)})
+    with pytest.raises(LoraError, match="'blk.0.attn_q.weight' has incorrect shape"):
+        _load(model, wrong)
+    ranks = tmp_path / "ranks.gguf"
+    rewrite_gguf(adapter, ranks, replace={"blk.0.attn_q.weight.lora_a": (np.zeros((3, 64), np.float32), None)})
+    with pytest.raises(LoraError, match="different ranks"):
+        _load(model, ranks)
+    missing = tmp_path / "missing.gguf"
+    rewrite_gguf(adapter, missing, add={"blk.7.attn_q.weight.lora_a": (np.zeros((4, 64), np.float32), None),
+                                        "blk.7.attn_q.weight.lora_b": (np.zeros((64, 4), np.float32), None)})
+    with pytest.raises(LoraError, match="'blk.7.attn_q.weight' does not exist in base model"):
+        _load(model, missing)
+    embd = tmp_path / "embd.gguf"
+    rewrite_gguf(adapter, embd, add={"token_embd.weight.lora_a": (np.zeros((4, 300), np.float32), None),
+                                     "token_embd.weight.lora_b": (np.zeros((64, 4), np.float32), None)})
+    with pytest.raises(LoraError, match="token embedding"):
+        _load(model, embd)
+    half = tmp_path / "half.gguf"
+    rewrite_gguf(adapter, half, add={"blk.0.ffn_norm.weight": (np.ones(64, np.float32), None),
+                                     "blk.1.attn_norm.weight.lora_a": (np.zeros((4, 64), np.float32), None)})
+    with pytest.raises(LoraError, match="'blk.1.attn_norm.weight' is missing one component"):
+        _load(model, half)
+    alora = tmp_path / "alora.gguf"
+    rewrite_gguf(adapter, alora, extra_kv=[("adapter.alora.invocation_tokens", [1, 2], GGUFValueType.ARRAY)])
+    with pytest.raises(LoraError, match="aLoRA"):
+        _load(model, alora)
+    with pytest.raises(CooktopError, match="finite number"):
+        Llama(model_path=str(model), lora_path=str(adapter), lora_scale=float("inf"), verbose=False, device="cpu")
