@@ -17,6 +17,7 @@ from gguf import GGUFValueType
 from cooktop import Llama
 from cooktop.backends import registry
 from cooktop.backends.base import nmse
+from cooktop.cli.lora_options import parse_lora
 from cooktop.errors import CooktopError, UnsupportedModelError
 from cooktop.model.lora import LoraError
 from cooktop.tools import synth, synth_lora
@@ -162,3 +163,36 @@ def test_bad_adapters_are_refused_by_name(files, tmp_path):
         _load(model, alora)
     with pytest.raises(CooktopError, match="finite number"):
         Llama(model_path=str(model), lora_path=str(adapter), lora_scale=float("inf"), verbose=False, device="cpu")
+
+
+def test_parse_lora_flags():
+    assert parse_lora(("a.gguf,b.gguf", "c.gguf"), ("d.gguf:0.5,e.gguf:-1",), False) == [
+        ("a.gguf", 1.0), ("b.gguf", 1.0), ("c.gguf", 1.0), ("d.gguf", 0.5), ("e.gguf", -1.0)]
+    assert parse_lora(("a.gguf",), ("d.gguf:0.5",), True) == [("a.gguf", 0.0), ("d.gguf", 0.0)]
+    with pytest.raises(CooktopError, match="FNAME:SCALE"):
+        parse_lora((), ("d.gguf",), False)
+    with pytest.raises(CooktopError, match="not a number"):
+        parse_lora((), ("d.gguf:x",), False)
+
+
+def test_cli_run_takes_lora_flags(files):
+    """``cooktop run`` with --lora, both --lora-scaled spellings and --lora-init-without-apply (in process)."""
+    from click.testing import CliRunner
+
+    import cooktop.cli.run  # noqa: F401  (registers the command)
+    from cooktop.cli.group import cli
+    model, adapter = files
+
+    def run(*flags: str) -> str:
+        res = CliRunner().invoke(cli, ["run", "-m", str(model), "-p", "hello", "-n", "6", "--temp", "0", "-c", "64",
+                                       "--device", "cpu", *flags], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        return res.stdout
+
+    base, full = run(), run("--lora", str(adapter))
+    assert full != base
+    assert run("--lora-scaled", f"{adapter}:1") == full
+    assert run("--lora-scaled", str(adapter), "1.0") == full  # llama.cpp's older two-value spelling
+    assert run("--lora", str(adapter), "--lora-init-without-apply") == base
+    res = CliRunner().invoke(cli, ["run", "-m", str(model), "-p", "hi", "--lora", str(model), "--device", "cpu"])
+    assert res.exit_code != 0 and "not a LoRA adapter" in (res.output + str(res.exception))

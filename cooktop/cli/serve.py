@@ -25,6 +25,7 @@ from .common import (
 from .group import cli
 from .llama_flags import llama_options
 from .sampling_options import SAMPLING_DESTS, generation_options, grammar_source
+from .lora_options import lora_options
 from .spec_options import speculative_options
 
 
@@ -90,6 +91,7 @@ from .spec_options import speculative_options
 @speculative_options
 @threads_option
 @kv_options
+@lora_options
 @device_options
 @ray_option
 @click.option("--replicas", "n_replicas", type=int, default=None,
@@ -99,7 +101,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
               api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, threads, threads_batch,
-              device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv, **gen_opts):
+              device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv, lora, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
@@ -154,6 +156,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, m
                   seed=seed, n_threads=threads, n_threads_batch=threads_batch, chat_template=chat_template,
                   chat_template_file=chat_template_file, last_n_tokens_size=gen_opts["repeat_last_n"],
                   **moe_kwargs(tensors), **kv_kwargs(kv))
+    if lora:  # --lora / --lora-scaled: GET/POST /lora-adapters and a request's lora field set their scales
+        kwargs["lora_adapters"] = lora
     if n_parallel > 1:  # the slots share one cache: -ngl auto and the memory check count every slot's K/V
         kwargs["n_seq_max"] = n_parallel
     if context_shift:
