@@ -41,7 +41,7 @@ class _ScaledOption(click.Option):
     """``--lora-scaled``: one ``FNAME:SCALE[,...]`` value, or two (``FNAME SCALE``, llama.cpp's older
     spelling) when the first has no ``:SCALE`` and the next argument is a number."""
 
-    def add_to_parser(self, parser, ctx):  # type: ignore[no-untyped-def]
+    def add_to_parser(self, parser, ctx):
         super().add_to_parser(parser, ctx)
         for spelling in self.opts:
             opt = parser._long_opt.get(spelling) or parser._short_opt.get(spelling)
@@ -49,7 +49,7 @@ class _ScaledOption(click.Option):
                 continue
             process = opt.process
 
-            def take(value, state, process=process):  # type: ignore[no-untyped-def]
+            def take(value, state, process=process):
                 last = value.split(",")[-1]
                 if (":" not in last or not _is_number(last.rsplit(":", 1)[1])) and state.rargs and \
                         _is_number(state.rargs[0]):

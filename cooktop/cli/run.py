@@ -25,8 +25,8 @@ from .common import (
 )
 from .group import cli
 from .llama_flags import llama_options
-from .sampling_options import chat_generation, generation_options, run_sampler, stop_criterion
 from .lora_options import lora_options
+from .sampling_options import chat_generation, generation_options, run_sampler, stop_criterion
 from .spec_options import speculative_options
 
 #: Single-character escapes of llama.cpp's ``string_process_escapes`` (common/common.cpp).

@@ -24,8 +24,8 @@ from .common import (
 )
 from .group import cli
 from .llama_flags import llama_options
-from .sampling_options import SAMPLING_DESTS, generation_options, grammar_source
 from .lora_options import lora_options
+from .sampling_options import SAMPLING_DESTS, generation_options, grammar_source
 from .spec_options import speculative_options
 
 
