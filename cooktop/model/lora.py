@@ -51,12 +51,16 @@ class LoraAdapter:
     Attributes:
         path: the file; arch: its ``general.architecture``; alpha: ``adapter.lora.alpha`` (0: none).
         pairs: base tensor name -> (A f32-convertible [rank, n_in], B [n_out, rank]) tensors of the file.
+        task_name, prompt_prefix: ``adapter.lora.task_name`` / ``adapter.lora.prompt_prefix`` ("" when
+            absent; llama-server lists them).
     """
 
     path: str
     arch: str
     alpha: float
     pairs: dict[str, tuple[TensorInfo, TensorInfo]]
+    task_name: str = ""
+    prompt_prefix: str = ""
 
 
 def read_adapter(path: str | os.PathLike) -> LoraAdapter:
@@ -103,7 +107,8 @@ def read_adapter(path: str | os.PathLike) -> LoraAdapter:
         pairs[base] = (h[".lora_a"], h[".lora_b"])
     if not pairs:
         raise LoraError(f"{p}: the adapter has no .lora_a / .lora_b tensors")
-    return LoraAdapter(p, str(md.get("general.architecture", "")), float(alpha), pairs)
+    return LoraAdapter(p, str(md.get("general.architecture", "")), float(alpha), pairs,
+                       str(md.get("adapter.lora.task_name", "")), str(md.get("adapter.lora.prompt_prefix", "")))
 
 
 def parse_lora_request(entries: Any) -> dict[int, float]:

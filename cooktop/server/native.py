@@ -13,7 +13,8 @@ tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicom
 - ``n_predict`` (-1: until the end of generation or the context), the sampler fields of
   ``/v1/completions`` (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``, the
   penalties, ``seed``, ``logit_bias`` as an object or ``[[id, bias], ...]``, ``ignore_eos``,
-  ``stop``, ``grammar`` / ``json_schema``), ``cache_prompt``, ``id_slot``, ``stream``,
+  ``stop``, ``grammar`` / ``json_schema``), ``cache_prompt``, ``id_slot``, ``lora`` (``[{"id", "scale"}]``:
+  this request's LoRA scales, :mod:`.lora_api`), ``stream``,
   ``return_tokens``, ``n_probs`` (the top alternatives of each token from the raw logits, with
   ``logprob`` and ``top_logprobs``; with ``post_sampling_probs: true`` those after the sampler
   chain instead, as ``prob`` and ``top_probs``), ``response_fields`` (only those fields, keyed by their ``a/b`` paths).
@@ -55,6 +56,7 @@ from ..api.completion import stop_list
 from ..api.logprobs import log_softmax
 from ..errors import ContextOverflowError
 from . import protocol as P
+from .lora_api import request_scales
 from .responses import eos_ignored, timings_json
 
 #: Most alternatives per token ``n_probs`` may ask for (llama-server caps nothing; the vocabulary does).
@@ -438,7 +440,8 @@ async def _serve(ctx: Any, request: Request, infill: bool):
         args["grammar"] = P.grammar_arg(body, ctx.config.defaults)
         n = n_cmpl(body, ctx.config.n_parallel)
         chunks = await ctx.job(native_job(prompts, args, opts, n), "completion",
-                               P.field(body, "cache_prompt", bool, True), P.id_slot(body))
+                               P.field(body, "cache_prompt", bool, True), P.id_slot(body),
+                               request_scales(body, ctx.state.ready.llm))
     except Exception as e:  # noqa: BLE001 - mapped to the error shape llama-server answers
         return ctx.openai_error(e)
     if opts.stream:
