@@ -16,14 +16,11 @@ src/llama-adapter.h ``llama_adapter_lora_weight::get_scale``.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import UnsupportedOpError
 from . import chunked
 from .tensor import DeviceTensor
-
-if TYPE_CHECKING:
-    from .ops import DeviceOps
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -58,9 +55,10 @@ class LoraDelta:
         return s * self.alpha / self.rank if self.alpha else s
 
 
-def apply(dev: DeviceOps, out: DeviceTensor, x: DeviceTensor, deltas: tuple[LoraDelta, ...]) -> None:
+def apply(dev: Any, out: DeviceTensor, x: DeviceTensor, deltas: tuple[LoraDelta, ...]) -> None:
     """``out += scale_i * (x @ a_i^T) @ b_i^T`` for each delta with a scale other than 0.
 
+    dev: the :class:`~.base.Device` running the matmul (not imported here: ``ops`` imports this module).
     out: f32 [n, n_out] (the weight's product, already written); x: f32 [n, n_in]. An adapter
     at scale 0 adds nothing and is skipped, so its result is the base weight's exactly.
 

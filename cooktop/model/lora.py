@@ -25,19 +25,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..backends.lora import LoraDelta
+from ..backends.tensor import DeviceTensor
 from ..errors import CooktopError, GGUFError, UnsupportedModelError
 from ..format.gguf import TensorInfo, open_gguf
 from ..format.quants import dequantize
-
-if TYPE_CHECKING:
-    from ..backends.tensor import DeviceTensor
-    from .forward import Model
 
 
 class LoraError(UnsupportedModelError):
@@ -209,10 +206,11 @@ class LoraSet:
             for i, s in checked.items():
                 self.scales[i] = s
 
-    def load(self, model: Model, path: str | os.PathLike, scale: float = 1.0) -> int:
+    def load(self, model: Any, path: str | os.PathLike, scale: float = 1.0) -> int:
         """Read the adapter ``path``, upload its pairs beside the weights they adapt and attach them
         (llama.cpp ``llama_adapter_lora_init``); returns its id. All or nothing: on an error no
-        weight changes.
+        weight changes. ``model``: a ``model.forward.Model`` (its ``gf``, ``segments`` with their
+        ``matrices`` and ``buffer``; not imported here: ``forward`` imports this module).
 
         Raises:
             GGUFError / LoraError: see :func:`read_adapter`; an adapter of another architecture,
