@@ -94,6 +94,41 @@ def test_logits_match_llama_cpp_at_each_scale(family, files, reference):
         llm.close()
 
 
+@pytest.fixture(scope="module")
+def q8_case(files, tmp_path_factory):
+    """A Q8_0 base of the same shape (the adapter fits it) and llama.cpp's logits of :data:`PROMPT`
+    with the adapter at scale 1."""
+    q8 = tmp_path_factory.mktemp("lora_q8") / "base-q8.gguf"
+    synth.write(q8, SHAPE, "Q8_0", seed=3, scales={"attn_q": 0.2, "attn_k": 0.2})
+    try:
+        import llama_cpp
+    except ImportError as e:
+        skip_or_fail("llama_cpp", f"llama-cpp-python is not installed ({e}); pip install llama-cpp-python")
+    llm = llama_cpp.Llama(model_path=str(q8), lora_path=str(files[1]), lora_scale=1.0, logits_all=True,
+                          n_ctx=N_CTX, n_batch=16, n_ubatch=16, verbose=False)
+    try:
+        return q8, _scores(llm)
+    finally:
+        llm.close()
+
+
+def test_quantized_base_token_by_token(family, files, q8_case):
+    """A Q8_0 base decoding one token per pass (OpenCL's fused 8-bit Q/K/V and gate/up mat-vec,
+    Vulkan's 8-bit paths): the adapter still applies, within the quantized bound (3e-3) of llama.cpp."""
+    q8, ref = q8_case
+    llm = Llama(model_path=str(q8), lora_path=str(files[1]), n_ctx=N_CTX, n_batch=N_BATCH, logits_all=True,
+                verbose=False, device=family, n_gpu_layers=-1)
+    try:
+        for t in PROMPT:
+            llm.eval([t])
+        got = np.array(llm.scores[:len(PROMPT)], dtype=np.float64)
+    finally:
+        llm.close()
+    err = nmse(got, ref)
+    print(f"LoRA on a Q8_0 base, token by token on {family}: nmse {err:.3g} vs llama.cpp")
+    assert err <= 3e-3
+
+
 def test_two_adapters_add_up(files, reference):
     """The same adapter loaded twice at 0.5 each is the adapter at 1 (the deltas sum per matmul),
     and ``set_lora_adapters`` leaves out-of-list adapters at 0 (llama-server ``construct_lora_list``)."""
