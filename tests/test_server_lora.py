@@ -20,6 +20,8 @@ from cooktop.tools import synth, synth_lora
 SHAPE = synth.Shape(64, 2, 4, 2, 96, 300, 256)
 PROMPT = [int(t) for t in np.random.default_rng(2).integers(3, 300, 9)]
 N = 8
+#: a generation long enough to be running while a test changes the scale
+N_LONG = 160
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +112,10 @@ def test_chat_takes_the_lora_field(http):
 
 
 def test_post_does_not_change_a_request_in_flight(http, expected):
-    with http.stream("POST", "/completion", json={"prompt": PROMPT, "n_predict": N, "temperature": 0,
-                                                  "stream": True}) as r:
+    """A streamed request still running (``/slots`` says so) when the scale changes keeps its scale."""
+    long = {"prompt": PROMPT, "n_predict": N_LONG, "temperature": 0, "ignore_eos": True}
+    want = complete(http, **{k: v for k, v in long.items() if k != "prompt"})
+    with http.stream("POST", "/completion", json={**long, "stream": True}) as r:
         lines = r.iter_lines()
         text = []
         for line in lines:
@@ -120,13 +124,15 @@ def test_post_does_not_change_a_request_in_flight(http, expected):
                 break
         set_scale(http, 0.0)  # after the request started: the next ones get it
         try:
+            busy = any(s["is_processing"] for s in http.get("/slots").json())
             for line in lines:
                 if line.startswith("data: "):
                     text.append(json.loads(line[6:])["content"])
             assert complete(http) == expected[0.0]
         finally:
             set_scale(http, 1.0)
-    assert "".join(text) == expected[1.0]
+    assert busy, "the streamed request had finished before the scale changed"
+    assert "".join(text) == want
 
 
 def test_concurrent_requests_with_different_scales(http, expected):
