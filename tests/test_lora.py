@@ -129,6 +129,48 @@ def test_quantized_base_token_by_token(family, files, q8_case):
     assert err <= 3e-3
 
 
+def test_fused_weights_get_their_rows_of_b(tmp_path):
+    """phi3's fused ``attn_qkv`` and gate/up ``ffn_up`` are uploaded as row ranges (``TensorSpec.parts``):
+    each part gets its rows of B; the logits match llama.cpp's (numpy)."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        skip_or_fail("llama_cpp", f"llama-cpp-python is not installed ({e}); pip install llama-cpp-python")
+    model, adapter = tmp_path / "phi3.gguf", tmp_path / "phi3-lora.gguf"
+    synth.write(model, synth.Shape(64, 2, 4, 4, 96, 300, 1024, arch="phi3"), "F32", seed=3, scales={"attn_qkv": 0.2})
+    names = synth_lora.write_adapter(adapter, model, seed=1)
+    assert "blk.0.attn_qkv.weight" in names and "blk.0.ffn_up.weight" in names
+    ref = llama_cpp.Llama(model_path=str(model), lora_path=str(adapter), logits_all=True, n_ctx=N_CTX, n_batch=16,
+                          n_ubatch=16, verbose=False)
+    try:
+        want = _scores(ref)
+    finally:
+        ref.close()
+    llm = Llama(model_path=str(model), lora_path=str(adapter), n_ctx=N_CTX, n_batch=N_BATCH, logits_all=True,
+                verbose=False, device="cpu")
+    try:
+        err = nmse(_scores(llm), want)
+    finally:
+        llm.close()
+    assert err <= 1e-5, f"phi3 with a LoRA of its fused weights: nmse {err:.3g}"
+
+
+def test_moe_expert_tensors_are_refused_by_name(tmp_path):
+    """A LoRA of expert tensors (llama.cpp ``build_lora_mm_id``) is refused naming the tensor; the
+    router and attention of the same model take theirs."""
+    model, ok, exps = tmp_path / "moe.gguf", tmp_path / "ok.gguf", tmp_path / "exps.gguf"
+    synth.write(model, synth.Shape(64, 2, 4, 2, 96, 300, 256, arch="qwen3moe", n_expert=4, n_expert_used=2,
+                                   n_ff_exp=32), "F32", seed=3)
+    synth_lora.write_adapter(ok, model, targets=("blk.*.attn_q.weight", "blk.*.ffn_gate_inp.weight"))
+    llm = _load(model, ok)
+    assert llm.get_lora_adapters()[0]["scale"] == 1.0
+    llm.close()
+    rewrite_gguf(ok, exps, add={"blk.1.ffn_up_exps.weight.lora_a": (np.zeros((4, 64), np.float32), None),
+                                "blk.1.ffn_up_exps.weight.lora_b": (np.zeros((32, 4), np.float32), None)})
+    with pytest.raises(LoraError, match="'blk.1.ffn_up_exps.weight'.*mixture-of-experts expert tensors"):
+        _load(model, exps)
+
+
 def test_two_adapters_add_up(files, reference):
     """The same adapter loaded twice at 0.5 each is the adapter at 1 (the deltas sum per matmul),
     and ``set_lora_adapters`` leaves out-of-list adapters at 0 (llama-server ``construct_lora_list``)."""

@@ -18,9 +18,10 @@ from gguf import GGUFType, GGUFWriter, Keys
 from ..errors import CooktopError
 from ..format.gguf import open_gguf
 
-#: What an adapter adapts by default: attention q/k/v/o, feed-forward gate/up/down, the output head.
-DEFAULT_TARGETS = ("blk.*.attn_q.weight", "blk.*.attn_k.weight", "blk.*.attn_v.weight", "blk.*.attn_output.weight",
-                   "blk.*.ffn_gate.weight", "blk.*.ffn_up.weight", "blk.*.ffn_down.weight", "output.weight")
+#: What an adapter adapts by default: attention q/k/v/o (or a fused qkv), feed-forward gate/up/down, the output head.
+DEFAULT_TARGETS = ("blk.*.attn_q.weight", "blk.*.attn_k.weight", "blk.*.attn_v.weight", "blk.*.attn_qkv.weight",
+                   "blk.*.attn_output.weight", "blk.*.ffn_gate.weight", "blk.*.ffn_up.weight", "blk.*.ffn_down.weight",
+                   "output.weight")
 
 
 def write_adapter(path: str | os.PathLike, model: str | os.PathLike, rank: int = 4, alpha: float = 8.0,
