@@ -2,7 +2,7 @@
 ``Llama(lora_path=..., lora_scale=...)``) on numpy, OpenCL and Vulkan.
 
 One tiny F32 llama (2 blocks, untied output head) and one rank-4 adapter with alpha 8 of every
-attention and feed-forward matrix and the output head (``tools/synth_lora.py``). The prompt's
+attention and feed-forward matrix, the output head and the token embedding (``tools/synth_lora.py``). The prompt's
 logits at scales 0, 0.5 and 1 match llama.cpp's within nmse 1e-5; scale 0 is the base model's
 exactly; the scale changes between passes on one loaded model (the graph key covers it).
 """
@@ -33,7 +33,7 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("lora")
     model, adapter = d / "base.gguf", d / "adapter.gguf"
     synth.write(model, SHAPE, "F32", seed=3, scales={"attn_q": 0.2, "attn_k": 0.2})
-    synth_lora.write_adapter(adapter, model, rank=4, alpha=8.0, seed=1)
+    synth_lora.write_adapter(adapter, model, rank=4, alpha=8.0, seed=1, token_embd=True)
     return model, adapter
 
 
@@ -218,11 +218,15 @@ def test_bad_adapters_are_refused_by_name(files, tmp_path):
                                         "blk.7.attn_q.weight.lora_b": (np.zeros((64, 4), np.float32), None)})
     with pytest.raises(LoraError, match="'blk.7.attn_q.weight' does not exist in base model"):
         _load(model, missing)
-    embd = tmp_path / "embd.gguf"
-    rewrite_gguf(adapter, embd, add={"token_embd.weight.lora_a": (np.zeros((4, 300), np.float32), None),
-                                     "token_embd.weight.lora_b": (np.zeros((64, 4), np.float32), None)})
-    with pytest.raises(LoraError, match="token embedding"):
+    embd = tmp_path / "embd.gguf"  # the token embedding's pair is flipped (A [n_vocab, rank]): not this way
+    rewrite_gguf(adapter, embd, replace={"token_embd.weight.lora_a": (np.zeros((4, 300), np.float32), None)})
+    with pytest.raises(LoraError, match="'token_embd.weight' has incorrect shape.*want \\[300, rank\\]"):
         _load(model, embd)
+    tied, tied_lora = tmp_path / "tied.gguf", tmp_path / "tied-lora.gguf"
+    synth.write(tied, synth.Shape(64, 1, 4, 2, 96, 300, 256, tied=True), "F32", seed=3)
+    synth_lora.write_adapter(tied_lora, tied, token_embd=True)
+    with pytest.raises(LoraError, match="output head is the token embedding \\(tied\\)"):
+        _load(tied, tied_lora)
     half = tmp_path / "half.gguf"
     rewrite_gguf(adapter, half, add={"blk.0.ffn_norm.weight": (np.ones(64, np.float32), None),
                                      "blk.1.attn_norm.weight.lora_a": (np.zeros((4, 64), np.float32), None)})

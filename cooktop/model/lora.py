@@ -15,8 +15,11 @@ the device's ``matmul`` applies it (``backends/lora.py``). The weights are never
 are part of each segment's graph key (``model/forward.py``): a recording device records the
 op list again for new scales.
 
-Not supported (refused by name): LoRA of the token embedding (llama.cpp applies it in
-``build_inp_embd``), of mixture-of-experts expert tensors (``build_lora_mm_id``), and aLoRA
+The token embedding's pair is kept on the host, where the lookup runs (``PlacedModel.embed``):
+``x += scale * A[tokens] @ B^T`` with A numpy ``[n_vocab, rank]`` and B ``[n_embd, rank]`` (the
+layout llama.cpp ``build_inp_embd`` reads: "A and B are flipped"). Not supported (refused by name):
+that pair on a model whose output head is the token embedding (tied; llama.cpp would apply the
+flipped pair to the head too), mixture-of-experts expert tensors (``build_lora_mm_id``), and aLoRA
 adapters (``adapter.alora.invocation_tokens``).
 """
 
@@ -153,6 +156,20 @@ class LoraSet:
         self.scales: list[float] = []
         self._lock = lock
         self._version = 0
+        #: the token embedding's pairs, on the host: (adapter id, A f32 [n_vocab, rank], B f32 [n_embd, rank], alpha)
+        self.embd: list[tuple[int, np.ndarray, np.ndarray, float]] = []
+
+    def embed_delta(self, tokens: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """``x`` (float32 [n, n_embd], the looked-up rows of ``tokens`` int [n]) plus each token-embedding
+        pair's ``scale * A[tokens] @ B^T`` (llama.cpp src/llama-graph.cpp ``build_inp_embd``)."""
+        for idx, a, b, alpha in self.embd:
+            s = float(self.scales[idx])
+            if s == 0.0:
+                continue
+            rank = b.shape[1]
+            f = np.float32(s * alpha / rank if alpha else s)
+            x = np.asarray(x, dtype=np.float32) + f * (a[tokens] @ b.T)
+        return x
 
     def key(self) -> tuple:
         """What the forward pass's op list depends on: which adapters are loaded and their scales."""
@@ -237,8 +254,18 @@ class LoraSet:
             if base is None:
                 raise LoraError(f"{p}: LoRA tensor '{name}' does not exist in base model (hint: maybe wrong "
                                 "base model?)")
+            if name == "token_embd.weight":
+                n_vocab, n_embd = base.shape
+                if a.shape != (n_vocab, a.shape[-1]) or b.shape != (n_embd, a.shape[-1]):
+                    raise LoraError(f"{p}: tensor '{name}' has incorrect shape (hint: maybe wrong base model?): "
+                                    f"base [{n_vocab}, {n_embd}], lora_a {list(a.shape)} (want [{n_vocab}, rank]), "
+                                    f"lora_b {list(b.shape)} (want [{n_embd}, rank])")
+                if name in where:
+                    raise LoraError(f"{p}: LoRA of '{name}' on a model whose output head is the token embedding "
+                                    "(tied): not supported (its flipped pair does not fit the head)")
+                continue
             if name.endswith("token_embd.weight"):
-                raise LoraError(f"{p}: LoRA of the token embedding ('{name}') is not supported by cooktop")
+                raise LoraError(f"{p}: LoRA of '{name}' is not supported by cooktop")
             if len(base.shape) != 2:
                 raise LoraError(f"{p}: LoRA of '{name}' (shape {list(base.shape)}): adapters of mixture-of-experts "
                                 "expert tensors are not supported by cooktop")
@@ -258,6 +285,8 @@ class LoraSet:
             staged: list[tuple[DeviceTensor, LoraDelta, Any]] = []
             try:
                 for name, (a, b) in ad.pairs.items():
+                    if name == "token_embd.weight":
+                        continue
                     av = _f32(a)
                     for seg, t, rows in where[name]:
                         da = seg.buffer.upload(av, T.F32, av.shape)
@@ -271,6 +300,9 @@ class LoraSet:
                 raise
             self.adapters.append(ad)
             self.scales.append(float(scale))
+            if "token_embd.weight" in ad.pairs:
+                a, b = ad.pairs["token_embd.weight"]
+                self.embd.append((idx, _f32(a), _f32(b), ad.alpha))
             for t, dl, _ in staged:
                 t.lora = t.lora + (dl,)
             self._version += 1

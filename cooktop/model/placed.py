@@ -245,11 +245,15 @@ class PlacedModel(Generic[C]):
         return self._new_cache(n_seq)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
-        """Token embedding lookup on the host: float32 [n, n_embd] for int [n] ids, times the
-        architecture's ``embd_scale`` when it has one (gemma3)."""
+        """Token embedding lookup on the host: float32 [n, n_embd] for int [n] ids, plus the LoRA
+        adapters of the token embedding (``LoraSet.embed_delta``), times the architecture's
+        ``embd_scale`` when it has one (gemma3)."""
         te = self._embd
         rows = np.asarray(te.data).reshape(te.shape[0], -1)[tokens]
         x = dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
+        lora = getattr(self, "lora", None)
+        if lora is not None and lora.embd:
+            x = lora.embed_delta(np.asarray(tokens), x)
         if self.arch.embd_scale is not None:
             x = np.asarray(x, dtype=np.float32) * np.float32(self.arch.embd_scale(self.cfg))
         return x

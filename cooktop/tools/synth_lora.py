@@ -26,13 +26,15 @@ DEFAULT_TARGETS = ("blk.*.attn_q.weight", "blk.*.attn_k.weight", "blk.*.attn_v.w
 
 def write_adapter(path: str | os.PathLike, model: str | os.PathLike, rank: int = 4, alpha: float = 8.0,
                   seed: int = 0, std: float = 0.05, targets: tuple[str, ...] = DEFAULT_TARGETS,
-                  arch: str | None = None, ggml_type: T = T.F32) -> list[str]:
+                  arch: str | None = None, ggml_type: T = T.F32, token_embd: bool = False) -> list[str]:
     """Write a random LoRA adapter for the model GGUF ``model`` at ``path``; returns the adapted names.
 
     Every 2-D tensor of ``model`` whose name matches a glob of ``targets`` gets ``A`` and ``B``
     with values of standard deviation ``std`` (both non-zero, unlike a fresh PEFT adapter, so the
     adapter changes the logits). ``arch``: the adapter's ``general.architecture`` (default the
-    model's; tests write another to see it refused). ``ggml_type``: F32 or F16 pairs.
+    model's; tests write another to see it refused). ``ggml_type``: F32 or F16 pairs. ``token_embd``:
+    also a pair of the token embedding, in llama.cpp's flipped layout (A ``[n_vocab, rank]``, B
+    ``[n_embd, rank]``: src/llama-adapter.cpp).
 
     Raises:
         CooktopError: no tensor matches, a rank below 1, or another type than F32 / F16.
@@ -55,6 +57,11 @@ def write_adapter(path: str | os.PathLike, model: str | os.PathLike, rank: int =
         n_out, n_in = gf.tensors[n].shape
         w.add_tensor(f"{n}.lora_a", (rng.standard_normal((rank, n_in)) * std).astype(dtype))
         w.add_tensor(f"{n}.lora_b", (rng.standard_normal((n_out, rank)) * std).astype(dtype))
+    if token_embd:
+        n_vocab, n_embd = gf.tensors["token_embd.weight"].shape
+        w.add_tensor("token_embd.weight.lora_a", (rng.standard_normal((n_vocab, rank)) * std).astype(dtype))
+        w.add_tensor("token_embd.weight.lora_b", (rng.standard_normal((n_embd, rank)) * std).astype(dtype))
+        names.append("token_embd.weight")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
