@@ -250,6 +250,17 @@ def test_parse_lora_flags():
         parse_lora((), ("d.gguf:x",), False)
 
 
+def test_chat_serve_and_perplexity_take_the_lora_flags():
+    import cooktop.cli.chat  # noqa: F401  (register the commands)
+    import cooktop.cli.perplexity  # noqa: F401
+    import cooktop.cli.run  # noqa: F401
+    import cooktop.cli.serve  # noqa: F401
+    from cooktop.cli.group import cli
+    for name in ("run", "chat", "serve", "perplexity"):
+        opts = {o for p in cli.commands[name].params for o in p.opts}
+        assert {"--lora", "--lora-scaled", "--lora-init-without-apply"} <= opts, name
+
+
 def test_cli_run_takes_lora_flags(files):
     """``cooktop run`` with --lora, both --lora-scaled spellings and --lora-init-without-apply (in process)."""
     from click.testing import CliRunner

@@ -69,6 +69,13 @@ def complete(http, **body) -> str:
     return r.json()["content"]
 
 
+def test_generation_settings_echo_the_request_lora(http):
+    r = http.post("/completion", json={"prompt": PROMPT, "n_predict": 1, "lora": [{"id": 0, "scale": 0.25}]})
+    assert r.json()["generation_settings"]["lora"] == [{"id": 0, "scale": 0.25}]
+    r = http.post("/completion", json={"prompt": PROMPT, "n_predict": 1})
+    assert r.json()["generation_settings"]["lora"] == []
+
+
 def set_scale(http, scale: float) -> None:
     r = http.post("/lora-adapters", json=[{"id": 0, "scale": scale}])
     assert r.status_code == 200 and r.json() == {"success": True}, r.text

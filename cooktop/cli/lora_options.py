@@ -1,4 +1,4 @@
-"""llama.cpp's LoRA options on ``run``, ``chat`` and ``serve`` (common/arg.cpp names).
+"""llama.cpp's LoRA options on ``run``, ``chat``, ``serve`` and ``perplexity`` (common/arg.cpp names).
 
 ``--lora FNAME`` (repeatable; comma-separated values load several) loads adapters at scale 1,
 ``--lora-scaled FNAME:SCALE`` (repeatable, comma-separated; the older two-value spelling

@@ -32,6 +32,21 @@ def _lora_set(llm: Any) -> Any:
     return lora
 
 
+def lora_entries(body: dict[str, Any]) -> dict[int, float]:
+    """A request's ``lora`` field as given: ``{id: scale}`` (empty without one).
+
+    Raises:
+        HTTPError: 400 naming ``lora`` for a field that is not ``[{"id": int, "scale": float}]``.
+    """
+    value = body.get("lora")
+    if value is None:
+        return {}
+    try:
+        return parse_lora_request(value)
+    except CooktopError as e:
+        raise P.bad("lora", str(e)) from None
+
+
 def request_scales(body: dict[str, Any], llm: Any) -> list[float] | None:
     """The scales of a request's ``lora`` field (``[{"id", "scale"}]``, the adapters left out at 0),
     or None without one or with an empty one (the server's scales then, as llama-server).

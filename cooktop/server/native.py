@@ -56,7 +56,7 @@ from ..api.completion import stop_list
 from ..api.logprobs import log_softmax
 from ..errors import ContextOverflowError
 from . import protocol as P
-from .lora_api import request_scales
+from .lora_api import lora_entries, request_scales
 from .responses import eos_ignored, timings_json
 
 #: Most alternatives per token ``n_probs`` may ask for (llama-server caps nothing; the vocabulary does).
@@ -167,6 +167,9 @@ class NativeOptions:
         if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
             raise P.bad("response_fields", "expected a list of field paths such as 'generation_settings/n_predict'")
         self.response_fields: list[str] = fields or []
+        #: the request's ``lora`` entries as given (``generation_settings.lora``, as llama-server's
+        #: ``task_params::to_json``); checked against the adapters by ``lora_api.request_scales``
+        self.lora = [{"id": i, "scale": s} for i, s in lora_entries(body).items()]
 
     def shape(self, result: dict[str, Any]) -> dict[str, Any]:
         """A final result cut to ``response_fields`` (when given); partial results as they are."""
@@ -185,7 +188,7 @@ def generation_settings(args: dict[str, Any], opts: NativeOptions, seed: int) ->
             "frequency_penalty": args["frequency_penalty"], "mirostat": 0, "stop": stop_list(args.get("stop")),
             "max_tokens": args["n_predict"], "ignore_eos": bool(args.get("ignore_eos")), "stream": opts.stream,
             "n_probs": opts.n_probs, "post_sampling_probs": opts.post_sampling_probs,
-            "return_tokens": opts.return_tokens,
+            "return_tokens": opts.return_tokens, "lora": opts.lora,
             "grammar": getattr(grammar, "source", "") if grammar is not None else ""}
 
 
