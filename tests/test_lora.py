@@ -192,6 +192,27 @@ def test_two_adapters_add_up(files, reference):
         llm.close()
 
 
+def test_a_new_scale_does_not_reuse_the_cached_prompt(files):
+    """The cached prompt's K/V were computed at the old scale: the next completion reads it again
+    (as llama-server clears a slot whose LoRA changed), so it is the one a fresh model gives."""
+    model, adapter = files
+    kw = dict(n_ctx=N_CTX, verbose=False, device="cpu")
+    fresh = Llama(model_path=str(model), lora_path=str(adapter), lora_scale=0.0, **kw)
+    want = fresh.create_completion(PROMPT, max_tokens=6, temperature=0)["choices"][0]["text"]
+    fresh.close()
+    llm = Llama(model_path=str(model), lora_path=str(adapter), **kw)
+    try:
+        first = llm.create_completion(PROMPT, max_tokens=6, temperature=0)
+        llm.set_lora_adapters([])
+        again = llm.create_completion(PROMPT, max_tokens=6, temperature=0)
+        assert again["choices"][0]["text"] == want != first["choices"][0]["text"]
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        third = llm.create_completion(PROMPT, max_tokens=6, temperature=0)  # same scales: the prefix is reused
+        assert third["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    finally:
+        llm.close()
+
+
 def _load(model, adapter):
     return Llama(model_path=str(model), lora_path=str(adapter), n_ctx=N_CTX, verbose=False, device="cpu")
 
