@@ -252,7 +252,9 @@ def test_constructor_arguments(stories, caplog):
     assert m.metadata["general.architecture"] == "llama" and "tokenizer.ggml.tokens" not in m.metadata
     assert m.detokenize([m.token_nl()]) == b"\n"
     m.close()
-    with pytest.raises(UnsupportedArgumentError, match="LoRA"):
+    with pytest.raises(UnsupportedArgumentError, match="kv_overrides"):
+        Llama(model_path=str(stories), verbose=False, kv_overrides={"general.name": "x"})
+    with pytest.raises(CooktopError, match="x.gguf"):  # LoRA adapters load (tests/test_lora.py): a missing file
         Llama(model_path=str(stories), verbose=False, lora_path="x.gguf")
     with pytest.raises(CooktopError, match="pooling_type"):
         Llama(model_path=str(stories), verbose=False, pooling_type=9)

@@ -578,7 +578,7 @@ class _Seq:
     def __init__(self, cache, model, i):
         self.cache, self.model, self.seq_id, self.tokens, self.driver = cache, model, i, [], None
 
-    def common_prefix(self, prompt):  # as Sequence.common_prefix: at most len(prompt) - 1
+    def common_prefix(self, prompt, lora=None):  # as Sequence.common_prefix: at most len(prompt) - 1 (no LoRA)
         n = 0
         for a, b in zip(self.tokens, prompt):
             if a != b:
@@ -608,7 +608,7 @@ def _slot_chooser(n_parallel):
     from cooktop.server.slots import Job, Scheduler
 
     class Engine:
-        model = types.SimpleNamespace(n_batch=8, graph_uses_before_replay=0)
+        model = types.SimpleNamespace(n_batch=8, graph_uses_before_replay=0, lora_scales=lambda: [])
         seq = None
 
         def new_sequences(self, n):

@@ -156,6 +156,12 @@ class _KnownModel:
     def new_cache(self, n_seq=1):
         return _Cache()
 
+    def lora_scales(self):  # no LoRA adapters (PlacedModel.lora_scales / use_lora)
+        return []
+
+    def use_lora(self, scales):
+        pass
+
     def forward(self, tokens, n_past, cache, logits_all=None, embeddings=False, seq_id=0):
         cache.truncate(n_past, seq_id)
         cache.seq_tokens[seq_id].extend(int(t) for t in tokens)

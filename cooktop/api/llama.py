@@ -30,6 +30,7 @@ from ..engine.speculative import LlamaMTPDecoding, MTPDraft, Speculation
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile, read_raw_metadata
 from ..format.kvtypes import KVConfig
+from ..model.lora import parse_lora_request
 from ..runtime.placement import TensorPlacement
 from ..text.tokenizer import Tokenizer
 from . import options
@@ -69,7 +70,11 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     ``type_k``/``type_v`` (GGML type ids of the KV cache: 0 f32, 1 f16 (default), 30 bf16, 8 q8_0,
     2 q4_0, 3 q4_1, 6 q5_0, 7 q5_1), ``flash_attn`` (False as llama-cpp-python: then a quantized
     ``type_v`` is refused, as llama.cpp does; True or ``"auto"``), ``vocab_only`` (tokenizer only),
-    ``verbose``. cooktop's own: ``device`` (``--device``), ``split``,
+    ``verbose``, ``lora_path`` / ``lora_scale`` (a GGUF LoRA adapter applied at that scale, not merged
+    into the weights: ``model/lora.py``; ``lora_base`` is accepted and unused, as in llama-cpp-python).
+    cooktop's own: ``lora_adapters`` (``[(path, scale), ...]``: several adapters, ids in that order after
+    ``lora_path``'s; llama.cpp ``--lora`` / ``--lora-scaled``; their scales change with
+    :meth:`set_lora_adapters`), ``device`` (``--device``), ``split``,
     ``chat_template`` / ``chat_template_file`` (llama-server's ``--chat-template``,
     ``--chat-template-file``: a format name or jinja text, a jinja file),
     ``ray_address`` (default ``COOKTOP_RAY``): run the model's segments on the nodes
@@ -100,7 +105,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                  chat_template: str | None = None, chat_template_file: str | None = None,
                  ray_address: str | None = None, n_cpu_moe: int = 0, cpu_moe: bool = False,
                  override_tensor: str | list[str] | None = None, draft_model: Any = None, n_seq_max: int = 1,
-                 context_shift: bool = False, n_keep: int = 0, **kwargs: Any):
+                 context_shift: bool = False, n_keep: int = 0, lora_path: str | None = None,
+                 lora_scale: float = 1.0, lora_adapters: list[tuple[str, float]] | None = None, **kwargs: Any):
         self._engine_or_none: _generate.Engine | None = None
         self._last = None
         notices.set_verbose(verbose)  # process-wide, like llama-cpp-python's log callback: False prints nothing
@@ -159,6 +165,12 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                                    "integer >= 1")
             if n_seq_max != 1:
                 extra["n_seq_max"] = n_seq_max
+            loras = ([(os.fspath(lora_path), lora_scale)] if lora_path else []) + [
+                (os.fspath(p), s) for p, s in lora_adapters or ()]
+            if loras:
+                if load is not _generate.load:
+                    raise CooktopError("LoRA adapters are not supported on a Ray cluster yet")
+                extra["lora"] = loras
             self._engine_or_none = load(self.model_path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                                         n_gpu_layers=n_gpu_layers, split=split, logits_all=logits_all,
                                         keep_scores=True, **extra)
@@ -438,6 +450,30 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         if self._last is None:
             raise CooktopError("no completion has finished yet: last_timings has nothing to report")
         return self._last.timings
+
+    def get_lora_adapters(self) -> list[dict[str, Any]]:
+        """The loaded LoRA adapters: ``[{"id", "path", "scale"}]`` (llama-server ``GET /lora-adapters``).
+
+        Raises:
+            CooktopError: the Llama is closed, or runs on a Ray cluster (no adapters there).
+        """
+        return self._lora_set().entries()
+
+    def set_lora_adapters(self, adapters: list[dict[str, Any]]) -> None:
+        """Set adapter scales from ``[{"id": int, "scale": float}]`` (llama-server ``POST /lora-adapters``:
+        adapters left out get scale 0); the next forward pass uses them (``llama_set_adapters_lora``).
+
+        Raises:
+            CooktopError: an entry that is not such an object, an unknown id, a scale that is not a finite number.
+        """
+        lora = self._lora_set()
+        lora.set_scales(lora.construct(parse_lora_request(adapters)))
+
+    def _lora_set(self):
+        lora = getattr(self._engine.model, "lora", None)
+        if lora is None:
+            raise CooktopError("LoRA adapters are not supported on a Ray cluster yet")
+        return lora
 
     def close(self) -> None:
         """Release the device buffers (model and context) now. Idempotent; afterwards every

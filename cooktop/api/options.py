@@ -5,7 +5,7 @@ honour are honoured (see :class:`cooktop.api.Llama`). The others are accepted
 and, when given a value other than llama-cpp-python's default, logged as one
 warning line each ("accepted, has no effect in cooktop"), the way
 llama-cpp-python's own ``**kwargs`` swallows unknown names. An argument whose
-silent omission would change the answers (a LoRA adapter, metadata overrides,
+silent omission would change the answers (metadata overrides,
 a custom chat handler or tokenizer) is refused with :class:`UnsupportedArgumentError`.
 """
 
@@ -45,14 +45,13 @@ IGNORED: dict[str, tuple[Any, str]] = {
     "swa_full": (None, "cooktop has no sliding-window cache"),
     "no_perf": (False, "timings are always kept"),
     "numa": (False, "cooktop does not pin memory to NUMA nodes"),
-    "lora_scale": (1.0, "cooktop has no LoRA"),
+    "lora_base": (None, "the adapter applies to the loaded model (llama-cpp-python 0.3 does not read lora_base "
+                        "either)"),
     "use_mmap": (True, "cooktop always maps the GGUF file"),
 }
 
 #: Refused: giving them would silently change the answers.
 REFUSED: dict[str, str] = {
-    "lora_path": "LoRA adapters are not supported by cooktop",
-    "lora_base": "LoRA adapters are not supported by cooktop",
     "kv_overrides": "metadata overrides (kv_overrides) are not supported by cooktop",
     "chat_handler": "custom chat handlers are not supported; use chat_format= or the model's chat template",
     "tokenizer": "a tokenizer override is not supported; cooktop uses the GGUF's vocabulary",

@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType
 
 from ..errors import DeviceError, ShapeError, UnsupportedOpError
 from ..format.quants import type_name
-from . import chunked
+from . import chunked, lora
 from .info import DeviceInfo
 from .moe_ops import MoeOps
 from .optable import ACT, F32, KV, SPECS, WEIGHT, OpSpec
@@ -106,7 +106,9 @@ class DeviceOps(MoeOps, RecurrentOps, ABC):
 
     # -- ops (checked here, enqueued by the backend; each writes into `out`) ---
     def matmul(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor) -> None:
-        """``out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T`` for any supported ``w`` type.
+        """``out f32 [n, n_out] = x f32 [n, n_in] @ w[n_out, n_in]^T`` for any supported ``w`` type,
+        plus the LoRA adapters attached to ``w`` (``w.lora``; :func:`.lora.apply`, llama.cpp
+        ``build_lora_mm``).
 
         Raises:
             DeviceError / UnsupportedOpError / ShapeError: see the class doc.
@@ -114,8 +116,10 @@ class DeviceOps(MoeOps, RecurrentOps, ABC):
         _MATMUL.check(self, out, x, w)
         if w.chunks is not None or out.chunks is not None or x.chunks is not None:
             chunked.matmul(self, out, x, w)
-            return
-        self._matmul(out, x, w)
+        else:
+            self._matmul(out, x, w)
+        if w.lora:
+            lora.apply(self, out, x, w.lora)
 
     def matmuls(self, x: DeviceTensor, *pairs: tuple[DeviceTensor, DeviceTensor]) -> None:
         """``out_i = x @ w_i^T`` for each ``(out_i, w_i)`` of ``pairs``: the projections of one input

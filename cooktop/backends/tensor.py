@@ -64,10 +64,12 @@ class DeviceTensor:
         chunks: ``None`` for one allocation; for a tensor stored in row chunks (module doc) the
             ``(first row, part)`` pairs in row order, each part a tensor of its own of shape
             ``[rows, *shape[1:]]`` (``handle`` is then ``None``).
+        lora: a weight's LoRA adapters (:class:`~.lora.LoraDelta` each, applied by ``matmul``;
+            ``backends/lora.py``), or ``()``.
     """
 
     __slots__ = ("device", "handle", "shape", "ggml_type", "base", "extra", "is_weight", "serial", "chunks",
-                 "__weakref__")
+                 "lora", "__weakref__")
 
     def __init__(self, device: _Device, handle: Any, shape: tuple[int, ...], ggml_type: T,
                  base: DeviceTensor | None = None):
@@ -80,6 +82,7 @@ class DeviceTensor:
         self.is_weight: bool = base.is_weight if base is not None else False
         self.serial: int = base.serial if base is not None else next(_serials)
         self.chunks: tuple[tuple[int, DeviceTensor], ...] | None = None
+        self.lora: tuple = ()
 
     @property
     def nbytes(self) -> int:

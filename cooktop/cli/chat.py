@@ -32,6 +32,7 @@ from .common import (
 )
 from .group import cli
 from .llama_flags import llama_options
+from .lora_options import lora_options
 from .sampling_options import chat_generation, generation_options
 
 GREEN, RESET = "\033[32m", "\033[0m"
@@ -123,15 +124,15 @@ def chat_loop(llm: Any, gen: dict[str, Any], system: str | None = None, first: s
 def open_chat_model(path: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_layers: str,
                     split: str | None, seed: int, threads: int | None, threads_batch: int | None,
                     chat_template: str | None, chat_template_file: str | None, ray_address: str | None = None,
-                    tensors=None, kv=None):
+                    tensors=None, kv=None, lora=None):
     """A :class:`cooktop.api.Llama` for a chat session, with the load summary on stderr (``kv``: a
-    ``KVConfig`` of -ctk/-ctv/-fa, None: the defaults)."""
+    ``KVConfig`` of -ctk/-ctv/-fa, None: the defaults; ``lora``: ``[(path, scale)]`` of --lora / --lora-scaled)."""
     from ..api import Llama
     llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=n_batch, device=device,
                 n_gpu_layers=parse_ngl(n_gpu_layers), split=split, seed=seed, n_threads=threads,
                 n_threads_batch=threads_batch, verbose=False, chat_template=chat_template,
                 chat_template_file=chat_template_file, ray_address=ray_address, **moe_kwargs(tensors),
-                **(kv_kwargs(kv) if kv is not None else {}))
+                **(kv_kwargs(kv) if kv is not None else {}), **({"lora_adapters": lora} if lora else {}))
     click.echo(f"cooktop: {path}: {llm._engine.placement.summary()}", err=True)
     choice = llm.chat_template_choice()
     click.echo(f"cooktop: chat template: {choice.template.name}", err=True)
@@ -166,11 +167,12 @@ def chat_options(f):
 @click.option("-s", "--seed", default=-1, show_default=True, help="RNG seed (-1 = random).")
 @threads_option
 @kv_options
+@lora_options
 @device_options
 @ray_option
 def chat_cmd(model, hf_repo, hf_file, single_turn, system, chat_template, chat_template_file, prompt, prompt_file,
              n_predict, n_ctx, n_batch, seed, threads, threads_batch, device, n_gpu_layers, split, ray_address,
-             tensors, kv, **gen_opts):
+             tensors, kv, lora, **gen_opts):
     """Chat with a model through its chat template (like llama-cli -cnv).
 
     Every other llama-cli option is accepted; those cooktop does not act on say so in one line.
@@ -181,5 +183,5 @@ def chat_cmd(model, hf_repo, hf_file, single_turn, system, chat_template, chat_t
         prompt = read_prompt_file(prompt_file)
     path = resolve_model(model, hf_repo, hf_file)
     llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
-                          chat_template, chat_template_file, ray_address, tensors, kv)
+                          chat_template, chat_template_file, ray_address, tensors, kv, lora)
     sys.exit(chat_loop(llm, chat_generation(llm, n_predict, gen_opts), system, prompt, single_turn=single_turn))

@@ -63,7 +63,6 @@ REASONS = {
     "--ppl-output-type": "cooktop perplexity prints llama.cpp's default output",
     "--context-shift": "generation stops when the context is full (finish reason: length)",
     "--keep": "generation stops when the context is full (no context shift), so there is nothing to keep",
-    "--lora": "cooktop has no LoRA adapters",
     "--mmproj": "cooktop runs text models only",
     "--rope-scaling": "rope scaling comes from the model's metadata",
     "--rope-freq-base": "rope scaling comes from the model's metadata",

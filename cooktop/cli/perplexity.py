@@ -29,15 +29,17 @@ from .common import (
 )
 from .group import cli
 from .llama_flags import llama_options
+from .lora_options import lora_options
 
 
 def open_model(path: str, n_ctx: int, n_batch: int, device, n_gpu_layers, split, ray_address, tensors,
-               kv: KVConfig | None = None):
+               kv: KVConfig | None = None, lora: list[tuple[str, float]] | None = None):
     """A ``LoadedModel`` (``runtime.loader``, or ``cluster.load`` with ``--ray`` / a NODE/DEVICE selector)
-    of ``n_ctx`` positions that returns every row's logits; ``kv``: the K/V cache types (-ctk/-ctv).
+    of ``n_ctx`` positions that returns every row's logits; ``kv``: the K/V cache types (-ctk/-ctv);
+    ``lora``: ``[(path, scale)]`` of --lora / --lora-scaled (``model/lora.py``).
 
     Raises:
-        CooktopError: cache types other than the default on a Ray cluster (its nodes store f16).
+        CooktopError: cache types other than the default, or LoRA adapters, on a Ray cluster.
     """
     kw = dict(n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
               logits_all=True)
@@ -46,8 +48,10 @@ def open_model(path: str, n_ctx: int, n_batch: int, device, n_gpu_layers, split,
 
         if kv is not None and (kv.type_k, kv.type_v) != (KVConfig().type_k, KVConfig().type_v):
             raise CooktopError(f"-ctk/-ctv ({kv.label()}) are not supported on a Ray cluster yet")
+        if lora:
+            raise CooktopError("--lora: LoRA adapters are not supported on a Ray cluster yet")
         return cluster_load(path, ray_address=ray_address, **kw)
-    return loader.load_model(path, tensors=tensors, kv=kv, **kw)
+    return loader.load_model(path, tensors=tensors, kv=kv, lora=lora, **kw)
 
 
 def eta_line(name: str, seconds: float, n_chunk: int) -> str:
@@ -74,10 +78,11 @@ def eta_line(name: str, seconds: float, n_chunk: int) -> str:
               help="Compare against --kl-divergence-base: KL divergence, same top p, Δp, PPL ratio.")
 @threads_option
 @kv_options
+@lora_options
 @device_options
 @ray_option
 def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks, kl_base, kl_divergence, threads,
-                   threads_batch, device, n_gpu_layers, split, ray_address, tensors, kv, **_ignored):
+                   threads_batch, device, n_gpu_layers, split, ray_address, tensors, kv, lora, **_ignored):
     """Perplexity of a text, or KL divergence from a saved base, as llama-perplexity computes them.
 
     The text is tokenized once and cut into chunks of -c tokens; each chunk starts from an empty
@@ -100,7 +105,7 @@ def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks,
         if given and n_ctx != base.n_ctx:
             _err(f"kl_divergence: -c {n_ctx} is not used: the chunks are the base's, n_ctx={base.n_ctx} "
                  f"(as llama-perplexity)")
-        m = open_model(path, base.n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors, kv)
+        m = open_model(path, base.n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors, kv, lora)
         try:
             if text_file is not None:
                 _note_unused_text(text_file, m.tokenizer, base)
@@ -115,7 +120,7 @@ def perplexity_cmd(model, hf_repo, hf_file, text_file, n_ctx, n_batch, n_chunks,
     if kl_base:
         refuse_overwrite(kl_base, [("-m", path), ("-f", text_file.name)])
     text = read_prompt_file(text_file)
-    m = open_model(path, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors, kv)
+    m = open_model(path, n_ctx, n_batch, device, n_gpu_layers, split, ray_address, tensors, kv, lora)
     try:
         _run_ppl(path, m, text, n_ctx, n_batch, n_chunks, kl_base)
     finally:

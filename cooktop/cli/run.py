@@ -25,6 +25,7 @@ from .common import (
 )
 from .group import cli
 from .llama_flags import llama_options
+from .lora_options import lora_options
 from .sampling_options import chat_generation, generation_options, run_sampler, stop_criterion
 from .spec_options import speculative_options
 
@@ -112,12 +113,13 @@ def process_escapes(text: str) -> str:
 @speculative_options
 @threads_option
 @kv_options
+@lora_options
 @device_options
 @ray_option
 def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, display_prompt,
             verbose_prompt, context_shift, n_keep, escape, no_bos, special, conversation, single_turn, system,
             chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, ray_address,
-            tensors, speculative, kv, **gen_opts):
+            tensors, speculative, kv, lora, **gen_opts):
     """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple).
 
     Special tokens in the prompt (``<s>``, ``<|im_start|>``) are parsed, escapes
@@ -143,7 +145,7 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         click.echo(f"cooktop: {notice}", err=True)
     if conversation or (conversation is None and system is not None):
         llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
-                              chat_template, chat_template_file, ray_address, tensors, kv)
+                              chat_template, chat_template_file, ray_address, tensors, kv, lora)
         llm.draft_model, _draft = speculative.build(llm._engine, device, parse_ngl(n_gpu_layers))
         sys.exit(chat_loop(llm, chat_generation(llm, n_predict, gen_opts), system, prompt or None,
                            single_turn=single_turn))
@@ -157,6 +159,10 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     extra = {"tensors": tensors} if moe_kwargs(tensors) else {}
     if load is _engine.load:
         extra["kv"] = kv
+        if lora:
+            extra["lora"] = lora
+    elif lora:
+        raise CooktopError("--lora: LoRA adapters are not supported on a Ray cluster yet")
     elif (kv.type_k, kv.type_v) != (KVConfig().type_k, KVConfig().type_v):
         raise CooktopError(f"-ctk/-ctv ({kv.label()}) are not supported on a Ray cluster yet")
     eng = load(path, n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,

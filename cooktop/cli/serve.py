@@ -24,6 +24,7 @@ from .common import (
 )
 from .group import cli
 from .llama_flags import llama_options
+from .lora_options import lora_options
 from .sampling_options import SAMPLING_DESTS, generation_options, grammar_source
 from .spec_options import speculative_options
 
@@ -108,6 +109,7 @@ from .spec_options import speculative_options
 @speculative_options
 @threads_option
 @kv_options
+@lora_options
 @device_options
 @ray_option
 @click.option("--replicas", "n_replicas", type=int, default=None,
@@ -119,7 +121,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
               api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, models_dir, models_max,
               models_autoload, ui_mcp_proxy, sleep_idle_seconds,
               threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv,
-              **gen_opts):
+              lora, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
 
     The sampling options (--temp, --top-k, -n, --ignore-eos, --grammar, -r ...) are the defaults of
@@ -191,6 +193,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
                   seed=seed, n_threads=threads, n_threads_batch=threads_batch, chat_template=chat_template,
                   chat_template_file=chat_template_file, last_n_tokens_size=gen_opts["repeat_last_n"],
                   **moe_kwargs(tensors), **kv_kwargs(kv))
+    if lora:  # --lora / --lora-scaled: GET/POST /lora-adapters and a request's lora field set their scales
+        kwargs["lora_adapters"] = lora
     if n_parallel > 1:  # the slots share one cache: -ngl auto and the memory check count every slot's K/V
         kwargs["n_seq_max"] = n_parallel
     if context_shift:

@@ -26,6 +26,12 @@ The sequences must share one :class:`~cooktop.model.forward.KVCache` (made by
 Results are those of each sequence evaluated alone within float rounding (the
 rows of a batch see the same weights; only the matmul's summation order may
 differ with the row count on some backends).
+
+LoRA adapters (``model/lora.py``) have one set of scales per forward pass, so a step holds only
+sequences whose :attr:`Sequence.lora <cooktop.engine.sequence.Sequence.lora>` scales are equal
+(llama-server's ``can_batch_with``: requests with different LoRA configurations are not batched
+together): those of the longest-waiting request, set on the model before the pass; the others
+wait for the next step (the groups take turns, as each step's requests park again behind them).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CooktopError
-from ..model.placed import PlacedModel
+from ..model.placed import PlacedModel, lora_key
 
 
 @dataclasses.dataclass(eq=False)
@@ -190,10 +196,15 @@ class BatchDriver:
                 s.driver = None
 
     # -- the driver thread ----------------------------------------------------
-    def _take(self) -> list[tuple[_Request, int]]:
-        """This step's share of each pending request: decoding ones first, then prompts in order."""
+    def _take(self) -> tuple[list[tuple[_Request, int]], list[float] | None]:
+        """This step's share of each pending request: decoding ones first, then prompts in order, of
+        the requests whose LoRA scales are the longest-waiting one's (module doc); and those scales
+        (None: no request named any)."""
         budget = self.n_batch
-        order = sorted(self._pending, key=lambda r: len(r.tokens) - r.done > 1)  # stable: decodes first
+        scales = next((r.seq.lora for r in self._pending if r.seq.lora is not None), None)
+        key = lora_key(scales) if scales is not None else None
+        group = [r for r in self._pending if key is None or r.seq.lora is None or lora_key(r.seq.lora) == key]
+        order = sorted(group, key=lambda r: len(r.tokens) - r.done > 1)  # stable: decodes first
         out = []
         for r in order:
             if budget == 0:
@@ -201,7 +212,7 @@ class BatchDriver:
             k = min(len(r.tokens) - r.done, budget)
             out.append((r, k))
             budget -= k
-        return out
+        return out, scales
 
     def _loop(self) -> None:
         while True:
@@ -215,12 +226,13 @@ class BatchDriver:
                     self._pending.clear()
                     self._cv.notify_all()
                     return
-                share = self._take()
+                share, scales = self._take()
             items = [(r.seq.seq_id, r.seq.n_past, r.tokens[r.done:r.done + k],
                       k if r.all_rows else r.done + k == len(r.tokens)) for r, k in share]
             t0 = time.perf_counter()
             error: BaseException | None = None
             try:
+                self.model.use_lora(scales)
                 outs = self.model.forward_batch(self.cache, items)
             except BaseException as e:  # noqa: BLE001 - handed to every request of the step
                 error, outs = e, [None] * len(items)

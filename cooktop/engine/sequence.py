@@ -21,7 +21,7 @@ import logging
 import numpy as np
 
 from ..errors import ContextOverflowError, CooktopError
-from ..model.placed import CacheTokens, PlacedModel
+from ..model.placed import CacheTokens, PlacedModel, lora_key
 from ..text.tokenizer import InvalidTokenError
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,10 @@ class Sequence:
         #: a :class:`~cooktop.engine.batch.BatchDriver` that runs this sequence's evaluations in
         #: batches with the other sequences of its cache (None: evaluated alone, at once)
         self.driver = None
+        #: the LoRA adapter scales this sequence's evaluations use (``model/lora.py``; one per adapter):
+        #: set on the model before each of its passes (a batch driver groups sequences by them);
+        #: None: whatever the model's are
+        self.lora: list[float] | None = None
         self._scores = np.zeros((0, model.cfg.n_vocab), dtype=np.float32) if keep_scores else None
 
     @property
@@ -133,6 +137,7 @@ class Sequence:
         for i in range(0, len(tokens), model.n_batch):
             chunk = tokens[i:i + model.n_batch]
             pos = self.n_past
+            model.use_lora(self.lora)
             out = model.forward(np.array(chunk), pos, self.cache, logits_all, seq_id=self.seq_id)
             self._record(pos if logits_all else self.n_past - 1, out)
             outs.append(out)
@@ -166,10 +171,15 @@ class Sequence:
         self.version += 1
         return np.concatenate(outs)
 
-    def common_prefix(self, prompt: list[int]) -> int:
+    def common_prefix(self, prompt: list[int], lora: list[float] | None = None) -> int:
         """Tokens of ``prompt`` that :meth:`prefill` would reuse from the cache (at most len - 1): the
         common prefix, or with recurrent layers the longest part of it their states can go back to
-        (``CacheTokens.reusable_prefix``: the whole context, a checkpoint, or 0)."""
+        (``CacheTokens.reusable_prefix``: the whole context, a checkpoint, or 0); 0 when the cached
+        tokens were evaluated under other LoRA scales than ``lora`` (default :attr:`lora`, else the
+        model's), as llama-server clears a slot's cache when its LoRA changes."""
+        scales = lora if lora is not None else self.lora if self.lora is not None else self.model.lora_scales()
+        if self.cache.lora_of(self.seq_id) != lora_key(scales):
+            return 0
         return self.cache.reusable_prefix(self._shared_prefix(prompt), self.seq_id)
 
     def copy_prefix(self, src: Sequence, n: int) -> bool:

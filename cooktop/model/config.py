@@ -149,6 +149,10 @@ def load_config(f: GGUFFile) -> ModelConfig:
             n_head), value_length != key_length, an unknown rope scaling type, or a tensor the
             forward pass does not use (see :func:`_check_tensors`).
     """
+    if f.metadata.get("general.type") == "adapter":
+        raise UnsupportedModelError(f"{f.path} is an adapter (general.type = adapter, adapter.type = "
+                                    f"{f.metadata.get('adapter.type', '?')}), not a model: load its base model and "
+                                    "pass this file as the LoRA adapter (--lora FILE, Llama(lora_path=...))")
     arch = architecture(f.architecture, f.path)
     p = f.path
     m = Metadata(f.metadata, arch.name, p)

@@ -61,6 +61,7 @@ from ..format.quants import dequantize, row_bytes
 from .arch import Architecture, architecture
 from .arch.base import HEAD, KV, MATRIX, Weights
 from .config import ModelConfig
+from .lora import LoraSet
 from .placed import CacheTokens, HiddenRows, PlacedModel, Rows
 from .recurrent import RecurrentState
 
@@ -143,6 +144,8 @@ class Segment:
         self.parts = list(parts) if parts is not None else ["all"] * len(blocks)
         self.arch = arch or architecture(cfg.arch)
         self._serial = next(_segment_serials)
+        #: the model's LoRA adapters (``model/lora.py``; their scales are part of the graph key), or None
+        self.lora: LoraSet | None = None
         #: the attention kernel its blocks ask for (``Device.attention``'s ``flash``; the model's ``-fa``)
         self.flash_attn = True
         #: the arena owning every weight and scratch buffer of this segment
@@ -163,6 +166,9 @@ class Segment:
         cfg, arch = self.cfg, self.arch
         d = self.buffer
         uploaded: dict = {}  # a tensor several units use is uploaded once (fused parts: (name, key))
+        #: GGUF name -> (uploaded tensor, its row ranges of the file's or None) of each matrix here
+        #: (a fused matrix: one per part): where a LoRA adapter's A and B go (``model/lora.py``)
+        self.matrices: dict[str, list[tuple[DeviceTensor, list[tuple[int, int]] | None]]] = {}
 
         def weights(unit: int | str, part: str = "all") -> Weights:
             w = {}
@@ -172,11 +178,15 @@ class Segment:
                         if (name, pkey) not in uploaded:
                             uploaded[(name, pkey)] = upload_rows(d, gf.tensor(name), ranges,
                                                                  as_f32=spec.kind != MATRIX)
+                            if spec.kind == MATRIX:
+                                self.matrices.setdefault(name, []).append((uploaded[(name, pkey)], ranges))
                         w[pkey] = uploaded[(name, pkey)]
                     continue
                 if name not in uploaded:
                     lc = cfg.layer(unit) if isinstance(unit, int) and spec.per_block else cfg  # gemma4: per block
                     uploaded[name] = upload(d, gf.tensor(name), as_f32=spec.kind != MATRIX, shape=spec.shape(lc))
+                    if spec.kind == MATRIX:
+                        self.matrices.setdefault(name, []).append((uploaded[name], None))
                 w[key] = uploaded[name]
             return w
 
@@ -292,7 +302,8 @@ class Segment:
         mode = "x" if not head else "embd" if embeddings else "rows" if m else "all"
         key = (self._serial, n, mode, m, rows.n_ctx, rows.cells is not None, start is not None,
                self.ids.serial if m else 0, tuple(t.serial for t in k_cache), tuple(t.serial for t in v_cache),
-               tuple(() if b is None else tuple(t.serial for t in b) for b in states or ()), hidden)
+               tuple(() if b is None else tuple(t.serial for t in b) for b in states or ()), hidden,
+               self.lora.key() if self.lora is not None else None)  # the LoRA scales: constants of the ops
         with d.graph(key) as issue:
             if issue:
                 out = self._ops(s, n, m, pos, cells, start, rows.n_ctx, k_cache, v_cache, embeddings, states, slots,
@@ -504,17 +515,26 @@ class Model(PlacedModel[KVCache]):
         #: keep the output-normed hidden states of every evaluated row in each cache's ``hidden``
         #: (:class:`~cooktop.model.placed.HiddenRows`): set by a multi-token-prediction drafter
         self.record_hidden = False
+        #: the LoRA adapters attached to the weights and their scales (``model/lora.py``; ``load_lora``)
+        self.lora = LoraSet(self._lock)
         try:
             for device, blocks, head, *parts in segments:
                 self.segments.append(Segment(device, blocks, head, gf, cfg, n_batch, logits_all, self.arch,
                                              parts[0] if parts else None))
                 self.segments[-1].flash_attn = self.flash_attn
+                self.segments[-1].lora = self.lora
         except BaseException:
             self.close()
             raise
 
     def _new_cache(self, n_seq: int) -> KVCache:
         return KVCache(self, n_seq)
+
+    def load_lora(self, path: str, scale: float = 1.0) -> int:
+        """Load the LoRA adapter ``path`` at ``scale`` (:meth:`LoraSet.load <cooktop.model.lora.LoraSet.load>`,
+        which lists what it raises); returns its id."""
+        self._check_open()
+        return self.lora.load(self, path, scale)
 
     def _run(self, x: np.ndarray, rows: Rows, cache: KVCache, embeddings: bool) -> np.ndarray:
         """Each segment in turn, activations read back and written to the next device; one pass at a

@@ -103,6 +103,12 @@ class HiddenRows:
         return self.rows[seq_id][start:end]
 
 
+def lora_key(scales: list[float] | tuple[float, ...]) -> tuple[tuple[int, float], ...]:
+    """The LoRA configuration of adapter ``scales`` (``model/lora.py``) as a comparable key: the
+    ``(id, scale)`` of the adapters that apply (scale 0 adds nothing: no adapter and all at 0 are one key)."""
+    return tuple((i, float(s)) for i, s in enumerate(scales) if s)
+
+
 class CacheTokens:
     """What every KV cache of ``n_seq`` sequences keeps beside its K/V: the token ids each
     sequence holds, truncation and closing (``model.forward.KVCache``, the cluster's ``RemoteCache``).
@@ -119,6 +125,23 @@ class CacheTokens:
     _closed: bool
     #: the final hidden states of the evaluated rows (:class:`HiddenRows`), when the model records them
     hidden: HiddenRows | None = None
+    #: per sequence, the :func:`lora_key` its cached tokens were evaluated with (None: several);
+    #: made on the first note (:meth:`note_lora`)
+    _seq_lora: dict[int, tuple | None] | None = None
+
+    def lora_of(self, seq_id: int = 0) -> tuple | None:
+        """The :func:`lora_key` the cached tokens of ``seq_id`` were evaluated with (``()``: no adapter;
+        None: evaluated under several, so reusable under none)."""
+        return (self._seq_lora or {}).get(seq_id, ())
+
+    def note_lora(self, seq_id: int, n_past: int, key: tuple) -> None:
+        """Record that tokens from ``n_past`` on of ``seq_id`` were evaluated under LoRA ``key``."""
+        if self._seq_lora is None:
+            self._seq_lora = {}
+        if n_past == 0:
+            self._seq_lora[seq_id] = key
+        elif self._seq_lora.get(seq_id, ()) != key:
+            self._seq_lora[seq_id] = None
 
     @property
     def tokens(self) -> list[int]:
@@ -222,11 +245,15 @@ class PlacedModel(Generic[C]):
         return self._new_cache(n_seq)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
-        """Token embedding lookup on the host: float32 [n, n_embd] for int [n] ids, times the
-        architecture's ``embd_scale`` when it has one (gemma3)."""
+        """Token embedding lookup on the host: float32 [n, n_embd] for int [n] ids, plus the LoRA
+        adapters of the token embedding (``LoraSet.embed_delta``), times the architecture's
+        ``embd_scale`` when it has one (gemma3)."""
         te = self._embd
         rows = np.asarray(te.data).reshape(te.shape[0], -1)[tokens]
         x = dequantize(rows, te.ggml_type, (len(tokens), te.shape[-1]))
+        lora = getattr(self, "lora", None)
+        if lora is not None and lora.embd:
+            x = lora.embed_delta(np.asarray(tokens), x)
         if self.arch.embd_scale is not None:
             x = np.asarray(x, dtype=np.float32) * np.float32(self.arch.embd_scale(self.cfg))
         return x
@@ -279,9 +306,34 @@ class PlacedModel(Generic[C]):
             rows.cells = pos + np.int32(seq_id * self.n_ctx)
             rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
         cache.truncate(n_past, seq_id)  # rows from n_past on are about to be overwritten
+        key = self.lora_key()
         h = self._run(h, rows, cache, embeddings)
         cache.seq_tokens[seq_id].extend(int(t) for t in ids)
+        cache.note_lora(seq_id, n_past, key)
         return h
+
+    def lora_scales(self) -> list[float]:
+        """The scales of the model's LoRA adapters now (``model/lora.py``; ``[]``: none, or a cluster)."""
+        lora = getattr(self, "lora", None)
+        return list(lora.scales) if lora is not None else []
+
+    def lora_key(self) -> tuple:
+        """:func:`lora_key` of :meth:`lora_scales`."""
+        return lora_key(self.lora_scales())
+
+    def use_lora(self, scales: list[float] | None) -> None:
+        """Set the adapters' scales to ``scales`` (one per adapter) before a pass; None: leave them.
+
+        Raises:
+            CooktopError: ``scales`` do not fit the adapters (``LoraSet.set_scales``).
+        """
+        lora = getattr(self, "lora", None)
+        if scales is None or (lora is None and not scales):
+            return
+        if lora is None:
+            raise CooktopError("LoRA scales given for a model without LoRA adapters")
+        if list(lora.scales) != list(scales):
+            lora.set_scales(list(scales))
 
     def forward_batch(self, cache: C, items: list[tuple[int, int, list[int], bool | int]]) -> list[np.ndarray | None]:
         """Evaluate tokens of several sequences of ``cache`` in one pass (at most ``n_batch`` in all).
@@ -320,9 +372,11 @@ class PlacedModel(Generic[C]):
             cache.truncate(n_past, seq_id)
         h = self.embed(ids)
         rows.layer_inputs = self.layer_inputs(ids, h)
+        key = self.lora_key()
         logits = self._run(h, rows, cache, False)
-        for seq_id, _, toks, _ in items:
+        for seq_id, n_past, toks, _ in items:
             cache.seq_tokens[seq_id].extend(int(t) for t in toks)
+            cache.note_lora(seq_id, n_past, key)
         out: list[np.ndarray | None] = [None] * len(items)
         j = 0
         for i in want:
@@ -364,6 +418,7 @@ class PlacedModel(Generic[C]):
             cache.truncate(0, dst_seq)
             return False
         cache.seq_tokens[dst_seq].extend(cache.seq_tokens[src_seq][:n])
+        cache.note_lora(dst_seq, 0, cache.lora_of(src_seq))  # type: ignore[arg-type]
         if cache.hidden is not None:
             cache.hidden.copy(src_seq, dst_seq, n)
         return True

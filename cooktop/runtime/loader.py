@@ -136,7 +136,8 @@ def plan_for(gf: GGUFFile, cfg: ModelConfig, selectors: list[str], n_gpu_layers:
 
 def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 512, device: str | None = None,
          n_gpu_layers: int | str = -1, split: str | list[float] | None = None, logits_all: bool = False,
-         tensors: TensorPlacement | None = None, kv: KVConfig | None = None, n_seq_max: int = 1) -> LoadedModel:
+         tensors: TensorPlacement | None = None, kv: KVConfig | None = None, n_seq_max: int = 1,
+         lora: list[tuple[str, float]] | None = None) -> LoadedModel:
     """Open a GGUF and place it on devices.
 
     Args:
@@ -152,9 +153,12 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
         kv: KV cache types and ``-fa`` (``-ctk``/``-ctv``/``-fa``; default :class:`KVConfig`).
         n_seq_max: sequences that will share one cache (the server's slots): the placement's budgets
             count the K/V and recurrent states of that many (llama.cpp ``n_seq_max``).
+        lora: ``(path, scale)`` of each LoRA adapter to load, in id order (``model/lora.py``; llama.cpp
+            ``--lora`` / ``--lora-scaled``); their memory is not in the placement's budget (adapters are small).
     Raises:
         GGUFError, UnsupportedModelError, DeviceError, DeviceOutOfMemoryError, KVTypeError (a cache
-        type llama.cpp refuses with this model, e.g. quantized V with ``-fa off``).
+        type llama.cpp refuses with this model, e.g. quantized V with ``-fa off``), LoraError (an
+        adapter that does not fit the model: ``LoraSet.load``).
     """
     t0 = time.perf_counter()
     gf = open_gguf(model_path)
@@ -181,5 +185,11 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
                 log.warning("%s failed its smoke test (%s); using it because it was named", sel, res.detail)
     segments = [(devices[sel], blocks, head, parts) for sel, blocks, head, parts in placement.units()]
     model = Model(gf, cfg, segments, n_ctx, n_batch, logits_all, kv)
+    try:
+        for path, scale in lora or ():
+            model.load_lora(path, scale)
+    except BaseException:
+        model.close()
+        raise
     return LoadedModel(gf, cfg, tokenizer, model, placement, devices, n_ctx, n_batch,
                        (time.perf_counter() - t0) * 1e3)

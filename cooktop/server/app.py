@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
-from . import anthropic, cors_proxy, describe, gcp, native, rerank, responses_api, slots_api, webui
+from . import anthropic, cors_proxy, describe, gcp, lora_api, native, rerank, responses_api, slots_api, webui
 from . import protocol as P
 from .bridge import Bridge
 from .gcp import GcpParams
@@ -480,7 +480,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         if not isinstance(opts, dict):
             raise P.bad("stream_options", "expected an object")
         job = state.ready.submit(make, asyncio.get_running_loop(), P.field(body, "cache_prompt", bool, True),
-                                 P.id_slot(body))
+                                 P.id_slot(body), lora_api.request_scales(body, state.ready.llm))
         try:
             first = await first_event(request, job)
         except BaseException:
@@ -647,7 +647,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         return {"prompt": state.llm.apply_chat_template(args["messages"], tools=args["tools"])}
 
     ctx = Bridge(state, config, body_of, check_model, _error)
-    for module in (native, responses_api, anthropic, rerank, slots_api, webui, cors_proxy):
+    for module in (native, responses_api, anthropic, rerank, slots_api, lora_api, webui, cors_proxy):
         module.register(app, ctx)
     if gcp_params.enabled:  # last: its aliases name the routes above
         gcp.register(app, gcp_params, config.api_prefix)

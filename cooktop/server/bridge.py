@@ -44,8 +44,8 @@ class Bridge:
         return await self.job(make, endpoint)
 
     async def job(self, make: Callable[[Any], Any], endpoint: str, cache_prompt: bool = True,
-                  id_slot: int = -1) -> AsyncIterator[dict[str, Any]]:
-        """Run ``make(llm) -> iterator of chunks`` on a slot (``cache_prompt``, ``id_slot``: as
+                  id_slot: int = -1, lora: list[float] | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Run ``make(llm) -> iterator of chunks`` on a slot (``cache_prompt``, ``id_slot``, ``lora``: as
         :class:`~cooktop.server.slots.Job`); its chunks as an async iterator, the first awaited
         here (an error of the request raises now, before any response is sent). Closing the
         iterator cancels the job.
@@ -55,7 +55,7 @@ class Bridge:
         """
         sched = self.state.ready
         sched.metrics.requests_total[endpoint] += 1
-        job = sched.submit(make, asyncio.get_running_loop(), cache_prompt, id_slot)
+        job = sched.submit(make, asyncio.get_running_loop(), cache_prompt, id_slot, lora)
         try:
             kind, first = await job.queue.get()
             if kind == ERROR:

@@ -13,7 +13,8 @@ tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicom
 - ``n_predict`` (-1: until the end of generation or the context), the sampler fields of
   ``/v1/completions`` (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``, the
   penalties, ``seed``, ``logit_bias`` as an object or ``[[id, bias], ...]``, ``ignore_eos``,
-  ``stop``, ``grammar`` / ``json_schema``), ``cache_prompt``, ``id_slot``, ``stream``,
+  ``stop``, ``grammar`` / ``json_schema``), ``cache_prompt``, ``id_slot``, ``lora`` (``[{"id", "scale"}]``:
+  this request's LoRA scales, :mod:`.lora_api`), ``stream``,
   ``return_tokens``, ``n_probs`` (the top alternatives of each token from the raw logits, with
   ``logprob`` and ``top_logprobs``; with ``post_sampling_probs: true`` those after the sampler
   chain instead, as ``prob`` and ``top_probs``), ``response_fields`` (only those fields, keyed by their ``a/b`` paths).
@@ -55,6 +56,7 @@ from ..api.completion import stop_list
 from ..api.logprobs import log_softmax
 from ..errors import ContextOverflowError
 from . import protocol as P
+from .lora_api import lora_entries, request_scales
 from .responses import eos_ignored, timings_json
 
 #: Most alternatives per token ``n_probs`` may ask for (llama-server caps nothing; the vocabulary does).
@@ -165,6 +167,9 @@ class NativeOptions:
         if fields is not None and not (isinstance(fields, list) and all(isinstance(f, str) for f in fields)):
             raise P.bad("response_fields", "expected a list of field paths such as 'generation_settings/n_predict'")
         self.response_fields: list[str] = fields or []
+        #: the request's ``lora`` entries as given (``generation_settings.lora``, as llama-server's
+        #: ``task_params::to_json``); checked against the adapters by ``lora_api.request_scales``
+        self.lora = [{"id": i, "scale": s} for i, s in lora_entries(body).items()]
 
     def shape(self, result: dict[str, Any]) -> dict[str, Any]:
         """A final result cut to ``response_fields`` (when given); partial results as they are."""
@@ -183,7 +188,7 @@ def generation_settings(args: dict[str, Any], opts: NativeOptions, seed: int) ->
             "frequency_penalty": args["frequency_penalty"], "mirostat": 0, "stop": stop_list(args.get("stop")),
             "max_tokens": args["n_predict"], "ignore_eos": bool(args.get("ignore_eos")), "stream": opts.stream,
             "n_probs": opts.n_probs, "post_sampling_probs": opts.post_sampling_probs,
-            "return_tokens": opts.return_tokens,
+            "return_tokens": opts.return_tokens, "lora": opts.lora,
             "grammar": getattr(grammar, "source", "") if grammar is not None else ""}
 
 
@@ -438,7 +443,8 @@ async def _serve(ctx: Any, request: Request, infill: bool):
         args["grammar"] = P.grammar_arg(body, ctx.config.defaults)
         n = n_cmpl(body, ctx.config.n_parallel)
         chunks = await ctx.job(native_job(prompts, args, opts, n), "completion",
-                               P.field(body, "cache_prompt", bool, True), P.id_slot(body))
+                               P.field(body, "cache_prompt", bool, True), P.id_slot(body),
+                               request_scales(body, ctx.state.ready.llm))
     except Exception as e:  # noqa: BLE001 - mapped to the error shape llama-server answers
         return ctx.openai_error(e)
     if opts.stream:

@@ -75,13 +75,16 @@ class Job:
         id: the task id ``/slots`` reports (``id_task``), counted from 0 per process.
         id_slot: the slot the request asked for (llama-server's ``id_slot``: taken modulo the
             number of slots, waited for while busy); -1: any.
+        lora: the LoRA adapter scales its evaluations use (one per adapter), fixed when it is
+            submitted: the request's ``lora`` field, else the server's (``POST /lora-adapters``).
     """
 
     _ids = itertools.count()
 
     def __init__(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop,
-                 cache_prompt: bool = True, id_slot: int = -1):
+                 cache_prompt: bool = True, id_slot: int = -1, lora: list[float] | None = None):
         self.make, self.loop, self.cache_prompt, self.id_slot = make, loop, cache_prompt, id_slot
+        self.lora = lora
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
         self.submitted = time.perf_counter()
@@ -210,6 +213,9 @@ class Scheduler:
         if self.driver is not None:
             self.driver.prepare_steps()  # decode steps of 1..n slots recorded now, not in the first requests
         self.slots = [Slot(i, s) for i, s in enumerate(seqs)]
+        #: the LoRA adapters' scales of requests without a ``lora`` field (``GET``/``POST /lora-adapters``;
+        #: the loaded ones' at start: ``--lora``, ``--lora-scaled``, ``--lora-init-without-apply``)
+        self.lora_scales: list[float] = eng.model.lora_scales()
         self.metrics = Metrics()
         self._waiting: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
@@ -267,13 +273,14 @@ class Scheduler:
             return out, sum(1 for s in self.slots if s.job is None)
 
     def submit(self, make: Callable[[Any], Iterator[Any]], loop: asyncio.AbstractEventLoop,
-               cache_prompt: bool = True, id_slot: int = -1) -> Job:
-        """Queue a job (``cache_prompt``, ``id_slot``: see :class:`Job`).
+               cache_prompt: bool = True, id_slot: int = -1, lora: list[float] | None = None) -> Job:
+        """Queue a job (``cache_prompt``, ``id_slot``, ``lora``: see :class:`Job`; ``lora`` None: the
+        server's :attr:`lora_scales` now, so a later ``POST /lora-adapters`` does not change it).
 
         Raises:
             OverloadedError: ``max_queue`` jobs are already waiting (and every slot is busy).
         """
-        job = Job(make, loop, cache_prompt, id_slot)
+        job = Job(make, loop, cache_prompt, id_slot, list(lora) if lora is not None else list(self.lora_scales))
         with self._cv:
             free = len(self.slots) - self._running
             if len(self._waiting) >= self.max_queue + free:
@@ -417,6 +424,7 @@ class Scheduler:
                 if slot.job is job:
                     if not job.cache_prompt:
                         slot.seq.reset()
+                    slot.seq.lora = job.lora
                     return slot.seq
             if job.id_slot >= 0:  # the asked-for slot, as llama-server (modulo the slots), once free
                 asked = self.slots[job.id_slot % len(self.slots)]
@@ -426,7 +434,7 @@ class Scheduler:
                 free = [s for s in self.slots if s.job is None]
             if not free:  # cannot happen: one worker thread per slot, a job holds at most one
                 raise CooktopError("no free slot for this request")
-            common = {id(s): s.seq.common_prefix(prompt) for s in free}
+            common = {id(s): s.seq.common_prefix(prompt, job.lora) for s in free}  # 0 under other LoRA scales
             # ties on the reusable prefix (at most len - 1 tokens: the last is evaluated again) go to
             # the slot holding more of the prompt: its own last token too (a prompt one token past a
             # shared prefix, asked again, finds its own slot, not the least recently used similar one)
@@ -448,6 +456,7 @@ class Scheduler:
                 best = min(free, key=lambda s: s.last_used)  # no slot holds enough of it: the LRU one
             self._tick += 1
             best.job, best.last_used, best.id_task = job, self._tick, job.id
+            best.seq.lora = job.lora  # its passes run with the job's scales (the driver groups by them)
             if not job.cache_prompt:
                 best.seq.reset()
             elif src is not None:  # under the lock: no other job takes src while its cells are read

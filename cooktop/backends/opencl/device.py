@@ -59,6 +59,7 @@ from gguf import GGMLQuantizationType as T
 
 from ... import settings
 from ...errors import DeviceError, DeviceOutOfMemoryError
+from .. import lora
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes
 from ..optable import SPECS
 from . import INSTALL_HINT, cmdbuf
@@ -370,6 +371,9 @@ class OpenCLDevice(ReplayRecorder, Device):
             slot = self._q8_input(x, fmt)
             ho += [ho[-1]] * (3 - len(ho))
             self._launch(knl, gsize, lsize, *hw, slot.xq, slot.xd, *ho, x.shape[1], *n)
+        for out, w in pairs:  # the LoRA adapters of the weights (backends/lora.py), after their products
+            if w.lora:
+                lora.apply(self, out, x, w.lora)
 
     def _matmuls_plan(self, x, pairs) -> list[tuple]:
         """The launches of :meth:`matmuls` for these weights: ``(kernel, global, local, pair
