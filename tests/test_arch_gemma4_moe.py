@@ -30,6 +30,7 @@ from cooktop.errors import CooktopError, UnsupportedModelError
 from cooktop.format.gguf import open_gguf
 from cooktop.model.arch import ARCHITECTURES
 from cooktop.model.config import load_config
+from cooktop.runtime.placement import TensorPlacement
 from cooktop.tools import synth
 
 MOE = synth.Shape(n_embd=64, n_layer=6, n_head=4, n_head_kv=2, n_ff=96, n_vocab=300, n_ctx_train=256,
@@ -187,6 +188,26 @@ def test_split_gate_up_layout_gives_the_same_logits(models, reference, tmp_path)
     ref_logits = _reference(path)[0]
     assert nmse(ref_logits, reference["F32"][0]) <= 1e-10  # llama.cpp: the same model either way
     assert nmse(got, ref_logits) <= bound("F32")
+
+
+def test_experts_on_the_host_with_n_cpu_moe(models, reference):
+    """``--n-cpu-moe 2``: blocks 0-1 run their attention on OpenCL and their feed-forward half (the MLP,
+    the experts, the output scalar) on the host; the logits are the all-OpenCL ones."""
+    sel = open_family_device("opencl").info.selector
+    whole, _ = _run(models["F32"], sel, 7)
+    llm = Llama(model_path=str(models["F32"]), n_ctx=N_CTX, n_batch=7, logits_all=True, verbose=False, device=sel,
+                n_gpu_layers=-1, n_cpu_moe=2)
+    try:
+        p = llm._engine.placement
+        assert p.blocks == [sel] * 6 and p.experts == ["cpu", "cpu"] + [sel] * 4
+        logits, _, _ = _greedy(llm, PROMPT, N_GREEDY)
+    finally:
+        llm.close()
+    assert nmse(logits, whole) <= 1e-6  # float32 rounding of numpy against OpenCL in two blocks
+    assert nmse(logits, reference["F32"][0]) <= bound("F32")
+    halves = plan_report(str(models["F32"]), N_CTX, 16, "opencl", -1, None,
+                         tensors=TensorPlacement.parse(n_cpu_moe=2))
+    assert halves["experts"][:2] == ["cpu", "cpu"]
 
 
 # -- hyper-parameters, tensors, ops, info / plan -----------------------------------------

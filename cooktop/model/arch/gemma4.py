@@ -187,14 +187,16 @@ TENSORS = (*llama_tensors(
     attn=(norm("blk.{i}.attn_q_norm.weight", lambda c: (c.head_dim,)),
           norm("blk.{i}.attn_k_norm.weight", lambda c: (c.head_dim,), required=False),
           norm("blk.{i}.post_attention_norm.weight", lambda c: (c.n_embd,)),
-          norm("blk.{i}.layer_output_scale.weight", lambda c: (1,), required=False)),
+          # read into ModelConfig.layer_out_scales at load; with the feed-forward half, which applies it
+          norm("blk.{i}.layer_output_scale.weight", lambda c: (1,), required=False, ffn=True)),
     post_ffn=(norm("blk.{i}.post_ffw_norm.weight", lambda c: (c.n_embd,)), *gemma4_moe.TENSORS)),
     matrix("per_layer_token_embd.weight", lambda c: (c.n_vocab, _n_pl(c)), unit=INPUT, required=False),
     matrix("per_layer_model_proj.weight", lambda c: (_n_pl(c), c.n_embd), unit=INPUT, required=False),
     norm("per_layer_proj_norm.weight", lambda c: (c.n_embd_per_layer,), unit=INPUT, required=False),
-    matrix("blk.{i}.inp_gate.weight", lambda c: (c.n_embd_per_layer, c.n_embd), layers=_has_ple),
-    matrix("blk.{i}.proj.weight", lambda c: (c.n_embd, c.n_embd_per_layer), layers=_has_ple),
-    norm("blk.{i}.post_norm.weight", lambda c: (c.n_embd,), layers=_has_ple))
+    # the per-layer input follows the feed-forward, in its half (block_ffn)
+    matrix("blk.{i}.inp_gate.weight", lambda c: (c.n_embd_per_layer, c.n_embd), layers=_has_ple, ffn=True),
+    matrix("blk.{i}.proj.weight", lambda c: (c.n_embd, c.n_embd_per_layer), layers=_has_ple, ffn=True),
+    norm("blk.{i}.post_norm.weight", lambda c: (c.n_embd,), layers=_has_ple, ffn=True))
 
 #: The global per-layer input tensors a model with ``n_embd_per_layer`` > 0 needs.
 PLE_GLOBAL = ("per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight")
@@ -202,8 +204,8 @@ PLE_GLOBAL = ("per_layer_token_embd.weight", "per_layer_model_proj.weight", "per
 
 def check_tensors(present: Any, cfg: ModelConfig, path: str) -> None:
     """Tensors whose need depends on the config: the per-layer input ones (:data:`PLE_GLOBAL`) when
-    ``n_embd_per_layer`` > 0; ``rope_freqs`` when a layer attends fully; ``attn_k`` and ``attn_k_norm`` in every block that keeps K/V; a MoE
-    block's tensors (``gemma4_moe.check_tensors``).
+    ``n_embd_per_layer`` > 0; ``rope_freqs`` when a layer attends fully; ``attn_k`` and ``attn_k_norm``
+    in every block that keeps K/V; a MoE block's tensors (``gemma4_moe.check_tensors``).
 
     Raises:
         UnsupportedModelError: naming the first missing tensor.
@@ -254,7 +256,16 @@ def _rms_no_weight(d: Device, lc: ModelConfig, t: Any) -> None:
 
 
 def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
-    """Block ``il`` of gemma4 (module doc) on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place).
+    """Block ``il`` of gemma4 (module doc) on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place):
+    :func:`block_attn`, then :func:`block_ffn` (the halves placement may put on two devices: a MoE
+    block's experts on the host with ``--n-cpu-moe``)."""
+    block_attn(d, cfg, w, s, kv, il)
+    block_ffn(d, cfg, w, s, il)
+
+
+def block_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
+    """The attention half of :func:`block`: ``x += rmsnorm(attention(rmsnorm(x) * attn_norm)) *
+    post_attention_norm``.
 
     Args:
         w: this block's weights (keys as in :data:`TENSORS`).
@@ -288,6 +299,14 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, i
                     flash=kv.flash)
     d.matmul(o, att, w["attn_output"])
     d.add(x, x, build_norm(d, lc, o, o, w["post_attention_norm"]))
+
+
+def block_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, il: int) -> None:
+    """The feed-forward half of :func:`block` on ``s.x`` (f32 [n, n_embd], in place): the dense MLP
+    (``x += rmsnorm(gelu_ffn(rmsnorm(x) * ffn_norm)) * post_ffw_norm``) or, in a block with a router,
+    the MLP and the experts (``gemma4_moe.ffn``); then the per-layer input and the output scalar."""
+    lc = cfg.layer(il)
+    x, xn, o = s.x, s.xn, s.o
     gate, up = getattr(s, f"gate{lc.n_ff}"), getattr(s, f"up{lc.n_ff}")
     if lc.n_expert and "ffn_gate_inp" in w:  # a MoE block: the dense MLP and the experts (gemma4_moe.py)
         gemma4_moe.ffn(d, lc, w, s, gate, up)
@@ -338,4 +357,4 @@ def layer_inputs(cfg: ModelConfig, gf: Any, tokens: np.ndarray, x: np.ndarray, c
 GEMMA4 = Architecture(name="gemma4", tensors=TENSORS, rope_mode=ROPE_NEOX, hparams=hparams, block=block,
                       scratch=scratch, scratch_i32=gemma4_moe.scratch_i32, embd_scale=embd_scale,
                       check_tensors=check_tensors, layer_arrays=True, tensor_hparams=tensor_hparams,
-                      layer_inputs=layer_inputs)
+                      layer_inputs=layer_inputs, block_attn=block_attn, block_ffn=block_ffn)
