@@ -97,7 +97,7 @@ def cpu_device():
     return registry.open_device("cpu")
 
 
-def rewrite_gguf(src, dst, *, drop=(), arch=None, extra_kv=(), replace=None, add=None):
+def rewrite_gguf(src, dst, *, drop=(), arch=None, extra_kv=(), replace=None, add=None, drop_tensors=()):
     """Copy the GGUF ``src`` to ``dst`` with gguf's GGUFWriter, changing it on the way.
 
     Args:
@@ -106,6 +106,7 @@ def rewrite_gguf(src, dst, *, drop=(), arch=None, extra_kv=(), replace=None, add
         extra_kv: (key, value, GGUFValueType) to add.
         replace: tensor name -> (data, raw GGML type or None) replacing that tensor.
         add: tensor name -> (data, raw GGML type or None) appended.
+        drop_tensors: tensor names to leave out.
     Returns:
         ``dst``.
     """
@@ -121,6 +122,8 @@ def rewrite_gguf(src, dst, *, drop=(), arch=None, extra_kv=(), replace=None, add
     for key, value, vtype in extra_kv:
         w.add_key_value(key, value, vtype)
     for t in r.tensors:
+        if t.name in drop_tensors:
+            continue
         data, raw = (replace or {}).get(t.name, (np.array(t.data), t.tensor_type))
         w.add_tensor(t.name, data, raw_dtype=raw)
     for name, (data, raw) in (add or {}).items():

@@ -1,7 +1,7 @@
 """The mixture-of-experts ops on OpenCL and Vulkan against the numpy reference at odd shapes:
 ``matmul_id`` for every weight type the device runs (MXFP4 included; broadcast and per-slot
 inputs; experts that receive zero rows), routing for every gating function, ``add_id``,
-``moe_combine``, ``swiglu_oai``; MXFP4 ``matmul`` / ``get_rows``; and a qwen3moe model
+``moe_combine``, ``swiglu_oai``, gemma4's per-expert weight scale; MXFP4 ``matmul`` / ``get_rows``; and a qwen3moe model
 entirely on each device with the logits of numpy. Vulkan runs these under the validation layer
 too: ``python tests/vulkan_validation.py -q -k test_moe_ops_devices``."""
 
@@ -167,6 +167,27 @@ def test_add_id_combine_swiglu_oai(ocl, ref):
     for fn in (add_id, combine, swiglu):
         got, want = _both(ocl, ref, fn)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=fn.__name__)
+
+
+def test_per_expert_scale_of_the_weights(ocl, ref):
+    """gemma4's per-expert down scale as builders.build_moe_ffn composes it (odd n, k, n_expert):
+    ``scale(.., 0)``, ``add_id`` of the scale [n_expert, 1], ``mul``: wts[i, j] * scale[ids[i, j]]."""
+    rng = np.random.default_rng(6)
+    n, k, E = 5, 3, 7
+    wts = rng.random((n, k)).astype(np.float32)
+    sc = rng.uniform(0.5, 1.5, (E, 1)).astype(np.float32)
+    ids = rng.integers(0, E, (n, k)).astype(np.int32)
+
+    def scaled(d):
+        w, t = _put(d, wts), d.empty((n, k))
+        d.scale(t, w, 0.0)
+        d.add_id(t, t, _put(d, sc), _put(d, ids, T.I32))
+        d.mul(w, w, t)
+        return w
+
+    got, want = _both(ocl, ref, scaled)
+    np.testing.assert_array_equal(want, wts * sc[ids, 0])
+    np.testing.assert_array_equal(got, want)
 
 
 def test_mxfp4_matmul_and_get_rows(ocl, ref):

@@ -32,7 +32,8 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
     the ``COOKTOP_DEVICE_MEMORY`` devices it is past the largest buffer of (``largest_tensor_chunked_on``),
     KV cache bytes for ``n_ctx``: ``kv_cache`` for the cache types of ``kv`` (``-ctk``/``-ctv``,
     default f16 as llama.cpp's) and ``kv_cache_bytes`` per cache type (K and V of one type; block
-    types whose block divides head_dim).
+    types whose block divides head_dim), and ``moe_layers``: the blocks with experts (their router,
+    ``ffn_gate_inp``; [] for a dense model).
 
     A readable GGUF that cooktop cannot run (an unknown architecture, say) still gets its
     header, architecture metadata and tensor types, with ``config`` None, ``supported`` False
@@ -76,6 +77,8 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
         "kv_cache_bytes": {kv_type_name(t): _kv_bytes(cfg, n_ctx, KVConfig(t, t)) for t in KV_TYPES
                            if not cfg.head_dim % GGML_QUANT_SIZES[t][0]},
         "mtp": _mtp_info(gf, cfg, n_ctx, kv),
+        "moe_layers": [i for i in range(cfg.n_layer) if f"blk.{i}.ffn_gate_inp.weight" in gf.tensors]
+        if cfg.n_expert else [],
     }
 
 
@@ -218,9 +221,14 @@ def info_cmd(model: str, n_ctx: int, kv: KVConfig, as_json: bool) -> None:
                          f"{c['final_logit_softcap']:g}")
     if c.get("n_expert"):  # llama.cpp's print_info: n_expert, n_expert_used, n_ff_exp, gating
         shared = f", shared expert {c['n_ff_shexp']} wide" if c["arch"] == "qwen2moe" else ""
+        if c["arch"] == "gemma4":  # llama.cpp keeps the dense MLP beside the experts as a shared expert
+            shared = f", beside the dense MLP ({c['n_ff']} wide, a shared expert)"
+        n_moe = len(info["moe_layers"])
         lines.insert(-2, f"experts:        {c['n_expert']}, {c['n_expert_used']} used per token, {c['n_ff_exp']} wide"
                          f"{shared}; gating {c['expert_gating']}"
-                         f"{', weights renormalised' if c['expert_weights_norm'] else ''}")
+                         f"{', weights renormalised' if c['expert_weights_norm'] else ''}; MoE layers: "
+                         f"{'all ' if n_moe == c['n_layer'] else ''}{n_moe} of {c['n_layer']}"
+                         + ("" if n_moe in (0, c["n_layer"]) else f" {info['moe_layers']}"))
     for name, h in info["tensor_types"].items():
         lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  "
                      f"{format_params(h['params'])} params")

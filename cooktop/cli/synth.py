@@ -65,8 +65,8 @@ def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, head_dim
     --n-embd --n-layer --n-head --n-ff (--n-head-kv defaults to --n-head, --n-vocab to 32000), and
     for a mixture of experts --n-expert --n-expert-used (--n-ff-exp: n_ff / n_expert_used).
     MoE shapes with real per-layer dimensions: --shape qwen3-30b-a3b / gpt-oss-20b /
-    qwen1.5-moe-a2.7b / olmoe-1b-7b, with --n-layer to fit the machine (gemma-4-e2b: with
-    --n-kv-shared too, e.g. --n-layer 10 --n-kv-shared 5).
+    qwen1.5-moe-a2.7b / olmoe-1b-7b / gemma-4-26b-a4b, with --n-layer to fit the machine (gemma-4-e2b:
+    with --n-kv-shared too, e.g. --n-layer 10 --n-kv-shared 5).
     A bad shape (see ``synth.validate``) ends with ``error: ...`` and exit code 1, writing nothing.
     """
     if shape:

@@ -99,7 +99,9 @@ def _check_tensors(f: GGUFFile, cfg: ModelConfig, arch: Architecture) -> None:
                 f"{f.path}: tensor {name!r} has type {t.ggml_type.name}, which cooktop cannot "
                 f"dequantize on the host for {use} (supported: {', '.join(t.name for t in HOST_TYPES)})")
         shape = arch.shape_of(spec, cfg, name)
-        if tuple(t.shape) != shape and (1,) + tuple(t.shape) != shape:  # a one-row matrix may be stored 1-D
+        # a one-row matrix may be stored 1-D, and a one-column one (gemma4's per-expert scale [n_expert, 1])
+        if tuple(t.shape) not in (shape, shape[1:] if shape[:1] == (1,) else None,
+                                  shape[:-1] if shape[-1:] == (1,) and len(shape) == 2 else None):
             raise UnsupportedModelError(
                 f"{f.path}: tensor {name!r} has shape {list(t.shape)}, but the metadata implies {list(shape)} "
                 f"(n_embd {E}, n_ff {F}, n_head {cfg.n_head}, n_head_kv {cfg.n_head_kv}, head_dim {cfg.head_dim}, "

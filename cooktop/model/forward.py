@@ -109,12 +109,17 @@ def upload_rows(d: Device | DeviceBuffer, t: TensorInfo, ranges: list[tuple[int,
     """Upload the rows of ``ranges`` (``(first, end)`` each, in order) of matrix ``t`` (``[n_out, n_in]``,
     any GGML type) as one weight of shape ``[rows, n_in]``: slices of the file's bytes, since each
     GGML row is ``row_bytes(type, n_in)`` contiguous bytes (a fused weight's part, ``TensorSpec.parts``).
+    An expert tensor ``[n_expert, n_out, n_in]`` is cut by its rows counted across experts (``ranges``:
+    one of equal length per expert, gemma4's fused ``ffn_gate_up_exps``) into ``[n_expert, rows, n_in]``.
     ``as_f32``: a norm-kind tensor (a convolution kernel), dequantized to f32 if the file's is not."""
     rb = row_bytes(t.ggml_type, t.shape[-1])
     flat = np.asarray(t.data).reshape(-1).view(np.uint8)
     raw = np.concatenate([flat[a * rb:e * rb] for a, e in ranges]) if len(ranges) > 1 else \
         flat[ranges[0][0] * rb:ranges[0][1] * rb]
-    shape = (sum(e - a for a, e in ranges),) + tuple(t.shape[1:])
+    if len(t.shape) == 3:
+        shape: tuple[int, ...] = (len(ranges), ranges[0][1] - ranges[0][0], t.shape[-1])
+    else:
+        shape = (sum(e - a for a, e in ranges),) + tuple(t.shape[1:])
     try:
         if as_f32 and t.ggml_type != T.F32:
             return d.upload(dequantize(raw, t.ggml_type, shape), T.F32, shape)

@@ -262,6 +262,13 @@ SHAPES: dict[str, Shape] = {
                          n_swa=512, swa_pattern=5, rope_freq_base_swa=10000.0, head_dim_swa=256, n_kv_shared=20,
                          n_embd_per_layer=256, double_wide=True, rope_partial_full=0.25, out_scales=True,
                          final_logit_softcap=30.0),
+    # Gemma 4 26B-A4B (gemma4 with experts; HF text_config: 30 blocks, 5 sliding-window (1024) then 1 full,
+    # 16 heads of 256 (8 KV) on the sliding layers and of 512 (2 KV, V = K, a quarter rotated) on the full
+    # ones, a dense MLP of 2112 beside 128 experts of 704 (8 used) in every block, soft-cap 30, tied)
+    "gemma-4-26b-a4b": Shape(2816, 30, 16, 8, 2112, 262144, 262144, 1000000.0, tied=True, head_dim=512,
+                             arch="gemma4", n_swa=1024, swa_pattern=6, rope_freq_base_swa=10000.0, head_dim_swa=256,
+                             n_head_kv_full=2, k_eq_v=True, rope_partial_full=0.25, out_scales=True,
+                             final_logit_softcap=30.0, n_expert=128, n_expert_used=8, n_ff_exp=704),
 }
 
 #: ``--type`` values: a GGML type for every 2-D weight, or a llama.cpp mixture.
@@ -395,13 +402,16 @@ def _mtp_plan(cfg: ModelConfig, file_type: str, arch: str) -> list[tuple[str, tu
 def _gemma4_writes(s: Shape, cfg: ModelConfig, key: str, name: str) -> bool:
     """Whether a gemma4 file of ``s`` has tensor ``name`` (key ``key``): no K/V tensors in the shared-KV
     blocks, no ``attn_v`` in the full-attention blocks with :attr:`Shape.k_eq_v`, the per-layer input
-    tensors only with :attr:`Shape.n_embd_per_layer`, the output scalars only with :attr:`Shape.out_scales`."""
+    tensors only with :attr:`Shape.n_embd_per_layer`, the output scalars only with :attr:`Shape.out_scales`,
+    ``rope_freqs`` only with a full-attention layer (``--n-layer`` below the pattern's period has none)."""
     il = int(name.split(".")[1]) if name.startswith("blk.") else None
     if key in ("attn_k", "attn_k_norm", "attn_v") and il is not None and not cfg.has_kv(il):
         return False
     if key == "attn_v" and il is not None and s.k_eq_v and not cfg.swa_layers[il]:
         return False
     if key.startswith("per_layer_") and not s.n_embd_per_layer:
+        return False
+    if key == "rope_freqs" and all(cfg.swa_layers):  # llama.cpp loads it with the first full-attention layer
         return False
     return key != "layer_output_scale" or s.out_scales
 
@@ -475,6 +485,10 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
                                "the pattern must have them (--n-layer past both)")
         if (s.head_dim_swa or 2) % 2 or (s.n_head_kv_full and s.n_head % s.n_head_kv_full):
             raise CooktopError("synthetic shape: gemma4 needs an even head_dim_swa and n_head_kv_full dividing n_head")
+        if s.n_expert and not (s.n_expert >= 2 and 0 < s.n_expert_used <= s.n_expert and (s.n_ff_exp or 0) > 0):
+            raise CooktopError(f"synthetic shape: gemma4 with experts needs n_expert >= 2, 0 < n_expert_used "
+                               f"({s.n_expert_used}) <= n_expert ({s.n_expert}) and n_ff_exp > 0 (its "
+                               "expert_feed_forward_length is required)")
     layouts = {t.layout for t in architecture(arch).tensors if t.layout}
     if s.layout and s.layout not in layouts:
         raise CooktopError(f"synthetic shape: layout {s.layout!r} is not one of {arch}'s "
@@ -516,7 +530,8 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
         seen.add((shp[-1], ty))
         block = GGML_QUANT_SIZES[ty][0]
         if shp[-1] % block:
-            width = "n_ff" if tname.endswith("ffn_down.weight") and len(shp) == 2 else "n_embd"
+            width = ("n_ff" if tname.endswith("ffn_down.weight") and len(shp) == 2 else
+                     "n_ff_exp" if tname.endswith("ffn_down_exps.weight") else "n_embd")
             raise CooktopError(f"synthetic shape: {width} = {shp[-1]} ({tname}) is not a multiple of the "
                                f"{ty.name} block size {block}")
 
@@ -713,6 +728,10 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
                 values = np.array([1.0] * n_rot + [1e30] * (shp[0] - n_rot))
             elif tname.endswith("layer_output_scale.weight"):
                 values = rng.uniform(0.5, 1.0, shp)
+            elif tname.endswith("ffn_down_exps.scale"):  # gemma4's per-expert scale: a vector in the file
+                values = rng.uniform(0.5, 1.5, shp[:1])
+            elif tname.endswith("ffn_gate_inp.scale"):  # gemma4's router input scale: logits of unit-RMS inputs
+                values = np.sqrt(shp[0]) * rng.uniform(0.5, 1.5, shp)
             elif tname == "rope_freqs.weight":
                 values = llama3_rope_freqs(cfg.n_rot, s.rope_freq_base)
             elif tname in ("rope_factors_long.weight", "rope_factors_short.weight"):  # LongRoPE-like
@@ -730,7 +749,8 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
                 values = (1.0 + rng.normal(0.0, 0.1, shp)) * shp[0] ** -0.25
             elif tname.endswith(("attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
                                   "post_ffw_norm.weight", "ssm_norm.weight", ".ssm_d", ".post_norm.weight",
-                                  "per_layer_proj_norm.weight")):
+                                  "per_layer_proj_norm.weight", "pre_ffw_norm_2.weight", "post_ffw_norm_1.weight",
+                                  "post_ffw_norm_2.weight")):
                 values = 1.0 + rng.normal(0.0, 0.1, shp)
             else:
                 values = np.ones(shp)

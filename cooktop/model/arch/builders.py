@@ -181,7 +181,8 @@ def build_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, act: 
     return s.o
 
 
-def build_moe_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, act: str = SILU) -> DeviceTensor:
+def build_moe_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, act: str = SILU,
+                  routed: bool = False) -> DeviceTensor:
     """The mixture-of-experts feed-forward on the normed rows ``s.xn`` f32 [n, n_embd]; returns
     ``s.o`` f32 [n, n_embd] (llama.cpp ``build_moe_ffn``; ``k`` = n_expert_used, ``F`` = n_ff_exp)::
 
@@ -190,24 +191,35 @@ def build_moe_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, a
                                        [renormalised], [scaled]
         up   = matmul_id(xn, ffn_up_exps, ids)   [+ add_id bias]       [n, k * F]
         gate = matmul_id(xn, ffn_gate_exps, ids) [+ add_id bias]       [n, k * F]
-        h    = silu(gate) * up   (SWIGLU_OAI: swiglu_oai(gate, up, alpha 1.702, limit 7))
+        h    = silu(gate) * up   (SWIGLU_OAI: swiglu_oai(gate, up, alpha 1.702, limit 7);
+                                  GELU: gelu(gate) * up)
         down = matmul_id(h, ffn_down_exps, ids)  [+ add_id bias]       [n, k * n_embd]
+        [wts *= ffn_down_exps.scale[ids]   per-expert scale (gemma4)]
         o    = sum_j wts[:, j] * down[:, slot j]                       [n, n_embd]
-        [shared expert (qwen2moe): o += sigmoid(xn @ ffn_gate_inp_shexp^T) * ffn(xn, *_shexp)]
+        [shared expert (qwen2moe): o += sigmoid(xn . ffn_gate_inp_shexp^T) * ffn(xn, *_shexp)]
 
-    Buffers: :func:`moe_scratch` / :func:`moe_shared_scratch` and :func:`moe_scratch_i32`.
+    The per-expert scale (llama.cpp ``down_exps_s``, which multiplies ``down`` by ``scale[ids]`` before
+    the weights: the same products up to one rounding) is looked up with ``add_id`` into ``s.escale``
+    f32 [n, k] zeroed by ``scale(.., 0)``, then multiplied into the weights (op ``mul``).
+
+    Buffers: :func:`moe_scratch` / :func:`moe_shared_scratch` and :func:`moe_scratch_i32`
+    (``s.escale`` f32 [n, k] with a per-expert scale).
 
     Args:
-        act: :data:`SILU` or :data:`SWIGLU_OAI`.
+        act: :data:`SILU`, :data:`SWIGLU_OAI` or :data:`GELU` (gemma4; ggml ``geglu_split``).
+        routed: the router's logits are already in ``s.router`` (llama.cpp's ``probs_in``: gemma4
+            computes them from another input than ``xn``); ``ffn_gate_inp`` is not applied here.
     Raises:
         ValueError: another activation.
     """
-    if act not in (SILU, SWIGLU_OAI):
-        raise ValueError(f"build_moe_ffn: unknown activation {act!r} (expected {SILU!r} or {SWIGLU_OAI!r})")
+    if act not in (SILU, SWIGLU_OAI, GELU):
+        raise ValueError(f"build_moe_ffn: unknown activation {act!r} (expected {SILU!r}, {SWIGLU_OAI!r} or "
+                         f"{GELU!r})")
     xn, o, ids = s.xn, s.o, s.eids
-    d.matmul(s.router, xn, w["ffn_gate_inp"])
-    if "ffn_gate_inp.bias" in w:
-        d.add_bias(s.router, s.router, w["ffn_gate_inp.bias"])
+    if not routed:
+        d.matmul(s.router, xn, w["ffn_gate_inp"])
+        if "ffn_gate_inp.bias" in w:
+            d.add_bias(s.router, s.router, w["ffn_gate_inp.bias"])
     d.moe_route(ids, s.ewts, s.router, cfg.expert_gating, norm=cfg.expert_weights_norm,
                 scale=cfg.expert_weights_scale)
     for y, name in ((s.eup, "ffn_up_exps"), (s.egate, "ffn_gate_exps")):
@@ -216,11 +228,17 @@ def build_moe_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, a
             d.add_id(y, y, w[name + ".bias"], ids)
     if act == SWIGLU_OAI:
         d.swiglu_oai(s.egate, s.egate, s.eup, 1.702, 7.0)
+    elif act == GELU:
+        d.gelu_mul(s.egate, s.egate, s.eup)
     else:
         d.silu_mul(s.egate, s.egate, s.eup)
     d.matmul_id(s.edown, s.egate, w["ffn_down_exps"], ids)
     if "ffn_down_exps.bias" in w:
         d.add_id(s.edown, s.edown, w["ffn_down_exps.bias"], ids)
+    if "ffn_down_exps.scale" in w:  # wts[i, j] *= scale[ids[i, j]] (scale f32 [n_expert, 1])
+        d.scale(s.escale, s.ewts, 0.0)
+        d.add_id(s.escale, s.escale, w["ffn_down_exps.scale"], ids)
+        d.mul(s.ewts, s.ewts, s.escale)
     d.moe_combine(o, s.edown, s.ewts)
     if "ffn_gate_inp_shexp" in w:  # qwen2moe: o += sigmoid(xn . g) * swiglu ffn(xn)
         d.matmul(s.shg, xn, w["ffn_gate_inp_shexp"])

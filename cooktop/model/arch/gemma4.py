@@ -1,6 +1,6 @@
 """The gemma4 architecture (``general.architecture = gemma4``): Gemma 4's dense text models
-(E2B, E4B with per-layer embeddings and shared-KV layers; 31B). The mixture-of-experts 26B-A4B
-(``expert_count`` > 0) is refused by ``load_config``.
+(E2B, E4B with per-layer embeddings and shared-KV layers; 31B) and its mixture-of-experts 26B-A4B
+(``expert_count`` > 0: blocks with a router add experts beside the dense MLP, ``gemma4_moe.py``).
 
 Sources: llama.cpp src/models/gemma4.cpp (``load_arch_hparams``, ``load_arch_tensors``, the graph,
 ``build_inp_per_layer``, ``project_per_layer_inputs``), src/llama-hparams.cpp (``n_embd_head_k(il)``,
@@ -22,6 +22,7 @@ and n_head_kv per layer when the file gives arrays)::
     x += rmsnorm(a @ Wo^T) * post_attention_norm
     xn = rmsnorm(x) * ffn_norm
     x += rmsnorm((gelu(xn @ Wg^T) * (xn @ Wu^T)) @ Wd^T) * post_ffw_norm
+         [a block with ffn_gate_inp: the dense MLP and the experts, gemma4_moe.ffn]
     [per-layer input: x += rmsnorm((gelu(x @ inp_gate^T) * layer_in) @ proj^T) * post_norm]
     [x *= layer_output_scale]
 
@@ -60,6 +61,7 @@ from ...backends.base import ROPE_NEOX, Device
 from ...errors import UnsupportedModelError
 from ...format.quants import dequantize
 from ..hparams import Metadata, ModelConfig
+from . import gemma4_moe
 from .base import INPUT, KV, Weights, matrix, norm
 from .builders import GELU, build_ffn, build_norm, is_swa, rope_args
 from .descriptor import Architecture
@@ -90,19 +92,17 @@ def hparams(m: Metadata) -> dict[str, Any]:
     Returns ``ModelConfig`` fields: rms_eps, n_swa, swa_layers (``attention.sliding_window_pattern``,
     a per-layer bool array), rope_freq_base_swa, head_dim_swa, n_rot_swa, n_ff_layers,
     n_head_kv_layers, n_layer_kv (``block_count - attention.shared_kv_layers``), n_embd_per_layer,
-    final_logit_softcap and attn_scale 1.
+    final_logit_softcap and attn_scale 1; with ``expert_count`` > 0 the MoE keys (``gemma4_moe.hparams``).
 
     Raises:
         UnsupportedModelError: a required key missing (``attention.layer_norm_rms_epsilon``,
             ``attention.sliding_window``, ``attention.sliding_window_pattern``,
             ``attention.key_length_swa``, ``embedding_length_per_layer_input``), a pattern that is not
             one bool per block, value and key widths that differ, KV sharing whose source blocks are not
-            of the sharing blocks' kind (or fewer than 2 blocks keep K/V), or experts (26B-A4B).
+            of the sharing blocks' kind (or fewer than 2 blocks keep K/V), bad MoE keys (``gemma4_moe.hparams``).
     """
     n_layer = m.num("block_count", required=True, minimum=1)
-    if m.num("expert_count", default=0, minimum=0):
-        raise UnsupportedModelError(f"{m.path}: the gemma4 mixture-of-experts model ({m.key('expert_count')} > 0, "
-                                    "26B-A4B) is not implemented by cooktop; its dense models are")
+    moe = gemma4_moe.hparams(m, n_layer)
     pattern = m.get("attention.sliding_window_pattern", required=True)
     if not isinstance(pattern, (list, tuple, np.ndarray)) or len(pattern) != n_layer:
         raise UnsupportedModelError(f"{m.path}: metadata key {m.key('attention.sliding_window_pattern')!r} must "
@@ -140,7 +140,7 @@ def hparams(m: Metadata) -> dict[str, Any]:
             "n_head_kv_layers": n_head_kv, "n_layer_kv": n_layer_kv,
             "n_embd_per_layer": m.num("embedding_length_per_layer_input", required=True, minimum=0),
             "final_logit_softcap": float(m.num("final_logit_softcapping", float, 0.0, minimum=0.0)),
-            "attn_scale": 1.0}
+            "attn_scale": 1.0, **moe}
 
 
 def tensor_hparams(f: Any, cfg: ModelConfig) -> dict[str, Any]:
@@ -177,23 +177,26 @@ def _has_ple(c: ModelConfig, il: int) -> bool:
 
 #: llama.cpp ``llama_model_gemma4::load_arch_tensors`` (dense): gemma3's with optional K/V (a shared-KV
 #: block may lack them; V is K when attn_v is absent), proportional-rope factors for the full-attention
-#: layers, a per-block output scalar and the per-layer input tensors.
+#: layers, a per-block output scalar, the MoE branch (``gemma4_moe.TENSORS``: blocks with a router) and the
+#: per-layer input tensors.
 TENSORS = (*llama_tensors(
-    shared=(norm("rope_freqs.weight", lambda c: (c.head_dim // 2,)),),
+    shared=(norm("rope_freqs.weight", lambda c: (c.head_dim // 2,), required=False),),
     qkv=(matrix("blk.{i}.attn_q.weight", lambda c: (c.n_embd_q, c.n_embd)),
          matrix("blk.{i}.attn_k.weight", lambda c: (c.n_embd_kv, c.n_embd), required=False),
          matrix("blk.{i}.attn_v.weight", lambda c: (c.n_embd_kv, c.n_embd), required=False)),
     attn=(norm("blk.{i}.attn_q_norm.weight", lambda c: (c.head_dim,)),
           norm("blk.{i}.attn_k_norm.weight", lambda c: (c.head_dim,), required=False),
           norm("blk.{i}.post_attention_norm.weight", lambda c: (c.n_embd,)),
-          norm("blk.{i}.layer_output_scale.weight", lambda c: (1,), required=False)),
-    post_ffn=(norm("blk.{i}.post_ffw_norm.weight", lambda c: (c.n_embd,)),)),
+          # read into ModelConfig.layer_out_scales at load; with the feed-forward half, which applies it
+          norm("blk.{i}.layer_output_scale.weight", lambda c: (1,), required=False, ffn=True)),
+    post_ffn=(norm("blk.{i}.post_ffw_norm.weight", lambda c: (c.n_embd,)), *gemma4_moe.TENSORS)),
     matrix("per_layer_token_embd.weight", lambda c: (c.n_vocab, _n_pl(c)), unit=INPUT, required=False),
     matrix("per_layer_model_proj.weight", lambda c: (_n_pl(c), c.n_embd), unit=INPUT, required=False),
     norm("per_layer_proj_norm.weight", lambda c: (c.n_embd_per_layer,), unit=INPUT, required=False),
-    matrix("blk.{i}.inp_gate.weight", lambda c: (c.n_embd_per_layer, c.n_embd), layers=_has_ple),
-    matrix("blk.{i}.proj.weight", lambda c: (c.n_embd, c.n_embd_per_layer), layers=_has_ple),
-    norm("blk.{i}.post_norm.weight", lambda c: (c.n_embd,), layers=_has_ple))
+    # the per-layer input follows the feed-forward, in its half (block_ffn)
+    matrix("blk.{i}.inp_gate.weight", lambda c: (c.n_embd_per_layer, c.n_embd), layers=_has_ple, ffn=True),
+    matrix("blk.{i}.proj.weight", lambda c: (c.n_embd, c.n_embd_per_layer), layers=_has_ple, ffn=True),
+    norm("blk.{i}.post_norm.weight", lambda c: (c.n_embd,), layers=_has_ple, ffn=True))
 
 #: The global per-layer input tensors a model with ``n_embd_per_layer`` > 0 needs.
 PLE_GLOBAL = ("per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight")
@@ -201,18 +204,22 @@ PLE_GLOBAL = ("per_layer_token_embd.weight", "per_layer_model_proj.weight", "per
 
 def check_tensors(present: Any, cfg: ModelConfig, path: str) -> None:
     """Tensors whose need depends on the config: the per-layer input ones (:data:`PLE_GLOBAL`) when
-    ``n_embd_per_layer`` > 0; ``attn_k`` and ``attn_k_norm`` in every block that keeps K/V.
+    ``n_embd_per_layer`` > 0; ``rope_freqs`` when a layer attends fully; ``attn_k`` and ``attn_k_norm``
+    in every block that keeps K/V; a MoE block's tensors (``gemma4_moe.check_tensors``).
 
     Raises:
         UnsupportedModelError: naming the first missing tensor.
     """
     need = list(PLE_GLOBAL) if cfg.n_embd_per_layer else []
+    if not all(cfg.swa_layers):  # llama.cpp creates rope_freqs with the first full-attention layer
+        need.append("rope_freqs.weight")
     for il in range(cfg.n_layer):
         if cfg.has_kv(il):
             need += [f"blk.{il}.attn_k.weight", f"blk.{il}.attn_k_norm.weight"]
     for name in need:
         if name not in present:
             raise UnsupportedModelError(f"{path}: missing tensor {name!r} ({cfg.arch}.block_count = {cfg.n_layer})")
+    gemma4_moe.check_tensors(present, cfg, path)
 
 
 def _widths(cfg: ModelConfig) -> tuple[set[int], set[int], set[int]]:
@@ -225,7 +232,8 @@ def _widths(cfg: ModelConfig) -> tuple[set[int], set[int], set[int]]:
 def scratch(cfg: ModelConfig) -> dict[str, int]:
     """Row widths of the f32 [n_batch, width] buffers of the blocks: ``x``, ``xn``, ``o`` [n_embd];
     per distinct block width W, ``q{W}`` and ``att{W}`` (queries), ``k{W}`` and ``v{W}`` (K/V),
-    ``gate{W}`` and ``up{W}`` (feed-forward); ``pl`` [n_embd_per_layer] when there are per-layer inputs."""
+    ``gate{W}`` and ``up{W}`` (feed-forward); ``pl`` [n_embd_per_layer] when there are per-layer inputs;
+    the MoE branch's (``gemma4_moe.scratch``) when the model has experts."""
     qs, ks, fs = _widths(cfg)
     out = {"x": cfg.n_embd, "xn": cfg.n_embd, "o": cfg.n_embd}
     for w in sorted(qs):
@@ -236,7 +244,7 @@ def scratch(cfg: ModelConfig) -> dict[str, int]:
         out.update({f"gate{w}": w, f"up{w}": w})
     if cfg.n_embd_per_layer:
         out["pl"] = cfg.n_embd_per_layer
-    return out
+    return {**out, **gemma4_moe.scratch(cfg)}
 
 
 def _rms_no_weight(d: Device, lc: ModelConfig, t: Any) -> None:
@@ -248,7 +256,16 @@ def _rms_no_weight(d: Device, lc: ModelConfig, t: Any) -> None:
 
 
 def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
-    """Block ``il`` of gemma4 (module doc) on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place).
+    """Block ``il`` of gemma4 (module doc) on the ``n`` rows of ``s.x`` (f32 [n, n_embd], in place):
+    :func:`block_attn`, then :func:`block_ffn` (the halves placement may put on two devices: a MoE
+    block's experts on the host with ``--n-cpu-moe``)."""
+    block_attn(d, cfg, w, s, kv, il)
+    block_ffn(d, cfg, w, s, il)
+
+
+def block_attn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
+    """The attention half of :func:`block`: ``x += rmsnorm(attention(rmsnorm(x) * attn_norm)) *
+    post_attention_norm``.
 
     Args:
         w: this block's weights (keys as in :data:`TENSORS`).
@@ -282,9 +299,21 @@ def block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, i
                     flash=kv.flash)
     d.matmul(o, att, w["attn_output"])
     d.add(x, x, build_norm(d, lc, o, o, w["post_attention_norm"]))
-    build_norm(d, lc, xn, x, w["ffn_norm"])
-    f = SimpleNamespace(xn=xn, o=o, gate=getattr(s, f"gate{lc.n_ff}"), up=getattr(s, f"up{lc.n_ff}"))
-    d.add(x, x, build_norm(d, lc, o, build_ffn(d, lc, w, f, GELU), w["post_ffw_norm"]))
+
+
+def block_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, il: int) -> None:
+    """The feed-forward half of :func:`block` on ``s.x`` (f32 [n, n_embd], in place): the dense MLP
+    (``x += rmsnorm(gelu_ffn(rmsnorm(x) * ffn_norm)) * post_ffw_norm``) or, in a block with a router,
+    the MLP and the experts (``gemma4_moe.ffn``); then the per-layer input and the output scalar."""
+    lc = cfg.layer(il)
+    x, xn, o = s.x, s.xn, s.o
+    gate, up = getattr(s, f"gate{lc.n_ff}"), getattr(s, f"up{lc.n_ff}")
+    if lc.n_expert and "ffn_gate_inp" in w:  # a MoE block: the dense MLP and the experts (gemma4_moe.py)
+        gemma4_moe.ffn(d, lc, w, s, gate, up)
+    else:
+        build_norm(d, lc, xn, x, w["ffn_norm"])
+        f = SimpleNamespace(xn=xn, o=o, gate=gate, up=up)
+        d.add(x, x, build_norm(d, lc, o, build_ffn(d, lc, w, f, GELU), w["post_ffw_norm"]))
     if cfg.n_embd_per_layer:
         d.matmul(s.pl, x, w["inp_gate"])
         d.gelu_mul(s.pl, s.pl, s.layer_in)
@@ -326,5 +355,6 @@ def layer_inputs(cfg: ModelConfig, gf: Any, tokens: np.ndarray, x: np.ndarray, c
 
 
 GEMMA4 = Architecture(name="gemma4", tensors=TENSORS, rope_mode=ROPE_NEOX, hparams=hparams, block=block,
-                      scratch=scratch, embd_scale=embd_scale, check_tensors=check_tensors, layer_arrays=True,
-                      tensor_hparams=tensor_hparams, layer_inputs=layer_inputs)
+                      scratch=scratch, scratch_i32=gemma4_moe.scratch_i32, embd_scale=embd_scale,
+                      check_tensors=check_tensors, layer_arrays=True, tensor_hparams=tensor_hparams,
+                      layer_inputs=layer_inputs, block_attn=block_attn, block_ffn=block_ffn)
