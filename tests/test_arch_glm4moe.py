@@ -127,6 +127,42 @@ def test_nextn_block_loads_and_is_skipped(models, reference):
     assert plan_report(str(models["nextn"]), N_CTX, 32, "cpu", -1, None)["mtp"] is None
 
 
+def test_experts_on_the_host_attention_on_opencl(models, reference):
+    """``--cpu-moe``: every block's feed-forward half (block 0's dense FFN included: ``-ot exps`` matches
+    only the experts, ``cpu_moe`` the halves) on numpy, the attention halves and the head on OpenCL;
+    llama.cpp's logits still."""
+    sel = open_family_device("opencl").info.selector
+    llm = Llama(model_path=str(models["F32"]), n_ctx=N_CTX, n_batch=7, logits_all=True, verbose=False, device=sel,
+                n_gpu_layers=-1, cpu_moe=True)
+    try:
+        assert llm._engine.placement.experts == ["cpu"] * 3
+        logits, _, _ = greedy(llm, PROMPT, 0)
+    finally:
+        llm.close()
+    assert nmse(logits, reference["F32"][0]) <= bound("F32")
+
+
+def test_synth_knobs_write_a_leading_dense_block_and_a_shared_expert(tmp_path):
+    from click.testing import CliRunner
+
+    from cooktop.cli.main import _register, cli
+    _register()
+    out = tmp_path / "t.gguf"
+    r = CliRunner().invoke(cli, ["synth", "--arch", "glm4moe", "--n-embd", "64", "--n-layer", "3", "--n-head", "4",
+                                 "--n-ff", "96", "--n-vocab", "300", "--n-expert", "4", "--n-expert-used", "2",
+                                 "--n-ff-exp", "32", "--n-expert-shared", "2", "--n-dense-lead", "2", "--type", "F32",
+                                 "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    f = open_gguf(str(out))
+    cfg = load_config(f)
+    assert (cfg.n_layer_dense_lead, cfg.n_ff_shexp, cfg.expert_gating) == (2, 64, "sigmoid")
+    assert "blk.1.ffn_gate.weight" in f.tensors and "blk.1.ffn_gate_inp.weight" not in f.tensors
+    assert tuple(f.tensors["blk.2.ffn_up_shexp.weight"].shape) == (64, 64)
+    r = CliRunner().invoke(cli, ["synth", "--shape", "glm-4.5-air", "--n-layer", "2", "--n-dense-lead", "3",
+                                 "-o", str(tmp_path / "bad.gguf")])
+    assert r.exit_code != 0 and "n_dense_lead = 3 must be in 0..n_layer (2)" in f"{r.output} {r.exception}"
+
+
 @pytest.mark.parametrize("key,value,match", [
     ("glm4moe.rope.dimension_sections", [4, 2, 2, 0], "multi-section rope"),
     ("glm4moe.expert_gating_func", 4, "expert gating"),
