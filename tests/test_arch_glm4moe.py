@@ -7,6 +7,9 @@ Tiny synthetic models in the glm-4.5-air preset's structure: Q/K/V biases, parti
 the ``exp_probs_b`` selection bias (N(0, 0.1): it changes choices), weights renormalised and scaled by
 2.5 (``expert_weights_scale``), and one ungated shared expert. F32 with per-head Q/K norms (GLM-4.5
 355B), Q8_0 without (the Air). Vulkan runs F32 with the greedy continuation and Q8_0's prompt logits.
+A copy with GLM-4.5's MTP block (``nextn_predict_layers`` 1): skipped by the trunk in both, its logits as
+the draft model against a numpy reference (llama-cpp-python exports no MTP API), ``draft-mtp`` output
+equal to the plain output.
 """
 
 from __future__ import annotations
@@ -107,10 +110,10 @@ def test_descriptor_and_config(models):
     assert "attn_q_norm" not in a.unit_tensors(open_gguf(str(models["Q8_0"])).tensors, 1)
 
 
-def test_nextn_block_loads_and_is_skipped(models, reference):
+def test_nextn_block_loads_and_is_skipped_by_the_trunk(models, reference):
     """``nextn_predict_layers`` 1: block 3 is GLM-4.5's multi-token-prediction block (a MoE block with
-    ``nextn.eh_proj``, ``enorm``, ``hnorm``), loaded by both and run by neither's main pass: the trunk's
-    logits are the F32 model's, in llama.cpp and in cooktop; ``info`` says it is skipped."""
+    ``nextn.eh_proj``, ``enorm``, ``hnorm``), loaded by both and not run by either's main pass: the trunk's
+    logits are the F32 model's, in llama.cpp and in cooktop; ``info`` and ``plan`` count it for draft-mtp."""
     f = open_gguf(str(models["nextn"]))
     assert "blk.3.nextn.eh_proj.weight" in f.tensors and "blk.3.ffn_up_exps.weight" in f.tensors
     cfg = load_config(f)
@@ -120,11 +123,107 @@ def test_nextn_block_loads_and_is_skipped(models, reference):
     r = subprocess.run([sys.executable, "-m", "cooktop.cli", "info", str(models["nextn"])],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "not run by cooktop" in r.stdout
+    assert "MTP block:      blk.3 (nextn_predict_layers 1)" in r.stdout and "(--spec-type draft-mtp)" in r.stdout
     assert ("experts:        8, 3 used per token, 32 wide, shared expert 32 wide; gating sigmoid, selection bias, "
             "weights renormalised, weights x 2.5; layers 0-0 dense (FFN 96)") in r.stdout
     from cooktop.cli.plan import plan_report
-    assert plan_report(str(models["nextn"]), N_CTX, 32, "cpu", -1, None)["mtp"] is None
+    want = sum(t.n_bytes for n, t in f.tensors.items() if n.startswith("blk.3."))
+    assert plan_report(str(models["nextn"]), N_CTX, 32, "cpu", -1, None)["mtp"]["weight_bytes"] == want
+
+
+def reference_mtp(W, h, toks):
+    """Logits float64 [n, n_vocab] and h_mtp [n, n_embd] of GLM-4.5's MTP block for the pairs (h[i], toks[i])
+    at positions 0..n-1, in numpy from the file's weights (llama.cpp src/models/glm4-moe.cpp ``graph_mtp``:
+    enorm / hnorm, eh_proj, the MoE block, the trunk's output norm and head)."""
+    from test_spec_mtp import _rms, _rope_neox
+    s, il = SMALL, SMALL.n_layer
+    g = lambda k: W[f"blk.{il}.{k}"]  # noqa: E731
+    n, D, H, Hk = len(toks), s.head_dim, s.n_head, s.n_head_kv
+    e = W["token_embd.weight"][toks]
+    x = np.concatenate([_rms(e, g("nextn.enorm.weight")), _rms(h, g("nextn.hnorm.weight"))], -1) @ g(
+        "nextn.eh_proj.weight").T
+    xn = _rms(x, g("attn_norm.weight"))
+    q, k, v = ((xn @ g(f"attn_{t}.weight").T + g(f"attn_{t}.bias")).reshape(n, -1, D) for t in "qkv")
+    pos = np.arange(n, dtype=np.float64)
+    q = _rope_neox(_rms(q, g("attn_q_norm.weight")), pos, s.n_rot, s.rope_freq_base)
+    k = _rope_neox(_rms(k, g("attn_k_norm.weight")), pos, s.n_rot, s.rope_freq_base)
+    att = np.zeros((n, H, D))
+    mask = np.tril(np.ones((n, n), dtype=bool))
+    for hh in range(H):
+        kv = hh // (H // Hk)
+        sc = np.where(mask, q[:, hh] @ k[:, kv].T / np.sqrt(D), -np.inf)
+        p = np.exp(sc - sc.max(-1, keepdims=True))
+        att[:, hh] = (p / p.sum(-1, keepdims=True)) @ v[:, kv]
+    x = x + att.reshape(n, H * D) @ g("attn_output.weight").T
+    xn = _rms(x, g("post_attention_norm.weight"))
+
+    def swiglu(gate, up, down):
+        a, b = xn @ gate.T, xn @ up.T
+        return (a / (1 + np.exp(-a)) * b) @ down.T
+
+    prob = 1 / (1 + np.exp(-(xn @ g("ffn_gate_inp.weight").T)))
+    sel = np.argsort(-(prob + g("exp_probs_b.bias")), axis=1)[:, :s.n_expert_used]
+    wts = np.take_along_axis(prob, sel, 1)
+    wts = wts / wts.sum(1, keepdims=True) * s.expert_weights_scale
+    out = swiglu(g("ffn_gate_shexp.weight"), g("ffn_up_shexp.weight"), g("ffn_down_shexp.weight"))
+    for i in range(n):
+        for j, ex in enumerate(sel[i]):
+            a, b = xn[i] @ g("ffn_gate_exps.weight")[ex].T, xn[i] @ g("ffn_up_exps.weight")[ex].T
+            out[i] += wts[i, j] * ((a / (1 + np.exp(-a)) * b) @ g("ffn_down_exps.weight")[ex].T)
+    hm = _rms(x + out, W["output_norm.weight"])
+    return hm @ W["output.weight"].T, hm
+
+
+def test_mtp_block_logits_match_a_numpy_reference(models):
+    """The MTP block as the draft model (``model/mtp.py``): its logits for the pairs (h_{p-1}, x_p) are the
+    numpy reference's; a pair after a cached prefix gives the same last row."""
+    from test_spec_mtp import PROMPT as P24
+    from test_spec_mtp import _weights
+
+    from cooktop.model.mtp import MTPModel
+    eng = G.load(str(models["nextn"]), n_ctx=96, n_batch=32, device="cpu")
+    try:
+        mtp = MTPModel(eng.model)
+        eng.model.record_hidden = True
+        eng.seq.eval(P24)
+        h = eng.seq.cache.hidden.get(0, 0, len(P24)).copy()
+        hin = np.concatenate([np.zeros((1, SMALL.n_embd), np.float32), h[:-1]])
+        cache = mtp.new_cache()
+        got = mtp.forward_h(P24, hin, 0, cache, logits_all=True)
+        want, hm = reference_mtp(_weights(models["nextn"]), hin.astype(np.float64), np.array(P24))
+        err = nmse(got, want)
+        print(f"glm4moe MTP logits nmse vs numpy reference: {err:.3e}")
+        assert err <= 1e-5 and nmse(cache.hidden.get(0, 0, len(P24)), hm) <= 1e-5
+        cache2 = mtp.new_cache()
+        mtp.forward_h(P24[:-1], hin[:-1], 0, cache2)
+        assert nmse(mtp.forward_h(P24[-1:], hin[-1:], len(P24) - 1, cache2), want[-1:]) <= 1e-5
+        mtp.close()
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("fam", ["cpu", "opencl"])
+def test_draft_mtp_output_is_the_non_speculative_one(models, fam):
+    """``--spec-type draft-mtp`` with GLM-4.5's MTP block: the output (greedy, seeded sampling) is the one
+    without it, drafts made."""
+    from test_spec_mtp import GREEDY, SAMPLED
+    from test_spec_mtp import PROMPT as P24
+
+    from cooktop.engine.spec_config import SpecOptions
+    sel = "cpu" if fam == "cpu" else open_family_device(fam).info.selector
+    eng = G.load(str(models["nextn"]), n_ctx=96, n_batch=32, device=sel, n_gpu_layers=-1)
+    try:
+        spec, mtp = SpecOptions(spec_type=("draft-mtp",), draft_max=3).build(eng, sel, -1)
+        try:
+            for params in (GREEDY, SAMPLED):
+                plain = eng.generate(P24, 16, params, seq=eng.new_sequence()).drain()
+                got = eng.generate(P24, 16, params, seq=eng.new_sequence(), draft=spec).drain()
+                assert got.tokens == plain.tokens
+                assert got.timings.n_drafted and 0 <= got.timings.n_accepted <= got.timings.n_drafted
+        finally:
+            mtp.close()
+    finally:
+        eng.close()
 
 
 def test_experts_on_the_host_attention_on_opencl(models, reference):

@@ -84,7 +84,7 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
 def _mtp_info(gf, cfg, n_ctx: int, kv: KVConfig) -> dict | None:
     """The multi-token-prediction block (``--spec-type draft-mtp``, ``model/mtp.py``): its block index,
     weight bytes (the ``blk.<n_layer>.*`` tensors), one sequence's K/V bytes at ``n_ctx`` in the
-    cache types of ``kv`` and ``draft``: whether cooktop runs it (``mtp.MTP_ARCHS``; glm4 / glm4moe's is
+    cache types of ``kv`` and ``draft``: whether cooktop runs it (``mtp.MTP_ARCHS``; glm4's is
     skipped); None when the file has none."""
     from ..model.mtp import MTP_ARCHS, mtp_weight_bytes
     if not cfg.n_layer_nextn:

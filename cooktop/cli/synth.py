@@ -57,7 +57,7 @@ class _TypeChoice(click.Choice):
               help="Write Llama 3.1's rope_freqs tensor (llama; default: the --shape's choice).")
 @click.option("--nextn", "n_nextn", type=click.IntRange(0, 1), default=None,
               help="qwen35 / qwen35moe / glm4moe: write a multi-token-prediction block after the trunk "
-                   "(nextn_predict_layers; --spec-type draft-mtp drafts with qwen35's, glm4moe's is skipped).")
+                   "(nextn_predict_layers; --spec-type draft-mtp drafts with it).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="GGUF file to write.")
 def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, head_dim, n_expert, n_expert_used, n_ff_exp,

@@ -27,7 +27,8 @@ Block ``il`` (``builders.py``'s norm, attention, FFN and MoE FFN)::
 Head: ``(rmsnorm(x) * output_norm) @ Wout^T`` (Wout = token_embd when tied). The block runs in the
 halves of ``moe.py`` (placement: ``--n-cpu-moe``, ``-ot``). ``nextn_predict_layers`` blocks after the
 trunk (GLM-4.5's multi-token prediction: a MoE block with ``nextn.eh_proj``, ``enorm``, ``hnorm``) are
-skipped as llama.cpp's main pass does (its ``graph_mtp`` is not run by cooktop).
+skipped by the trunk as llama.cpp's main pass does; ``model/mtp.py`` runs one as the draft of
+``--spec-type draft-mtp`` (llama.cpp's ``graph_mtp``).
 
 Not implemented (refused by ``load_config``): multi-section rope (``rope.dimension_sections`` with its
 first two sections > 0: GLM-4.5V's text model, which llama.cpp switches to ``LLAMA_ROPE_TYPE_MROPE``),
