@@ -130,6 +130,9 @@ EXPECTED_OPS = {
                  {"get_rows", "rmsnorm", "matmul"}),
     "glm4": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add", "silu_mul"},
              {"get_rows", "rmsnorm", "matmul"}),
+    # SMALL has no leading dense block: both blocks are MoE blocks (the selection bias is moe_route's)
+    "glm4moe": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add", "moe_route", "matmul_id",
+                 "silu_mul", "moe_combine"}, {"get_rows", "rmsnorm", "matmul"}),
     # every mamba2 block is a Mamba-2 layer
     "mamba2": ({"rmsnorm", "matmul", "ssm_conv", "add_bias", "silu", "ssm_scan", "ssm_norm", "add"},
                {"get_rows", "rmsnorm", "matmul"}),
@@ -144,6 +147,8 @@ EXPECTED_HALF_OPS = {
     "gpt-oss": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention_sinks", "add"},
                 {"rmsnorm", "matmul", "add_bias", "moe_route", "matmul_id", "add_id", "swiglu_oai", "moe_combine",
                  "add"}),
+    "glm4moe": ({"rmsnorm", "matmul", "add_bias", "rope", "kv_store", "attention", "add"},
+                {"rmsnorm", "matmul", "moe_route", "matmul_id", "silu_mul", "moe_combine", "add"}),
 }
 
 
@@ -185,7 +190,7 @@ def test_the_halves_split_a_blocks_tensors(name):
     attn, ffn, whole = (set(a.unit_tensors(names, 1, part)) for part in ("attn", "ffn", "all"))
     assert attn | ffn == whole and not attn & ffn
     assert {"ffn_gate_inp", "ffn_up_exps", "ffn_down_exps"} <= ffn and {"attn_norm", "attn_q"} <= attn
-    assert ("post_attention_norm" if name == "gpt-oss" else "ffn_norm") in ffn
+    assert ("post_attention_norm" if name in ("gpt-oss", "glm4moe") else "ffn_norm") in ffn
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))

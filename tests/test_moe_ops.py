@@ -57,6 +57,28 @@ def test_route(dev, gating, norm):
     np.testing.assert_allclose(dev.read(w), want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("gating,norm", [("sigmoid", True), ("softmax", False)])
+def test_route_selection_bias(dev, gating, norm):
+    """The selection bias (GLM-4.5 / DeepSeek-V3 ``exp_probs_b``) picks the experts by ``p + bias`` and
+    leaves their weights ``p`` (llama.cpp build_moe_ffn's ``selection_probs``); large enough here to change
+    most rows' choice."""
+    rng = np.random.default_rng(7)
+    n, E, k = 11, 13, 4
+    logits = rng.standard_normal((n, E)).astype(np.float32) * 2
+    bias = (rng.standard_normal(E) * 0.3).astype(np.float32)
+    ids, w = dev.empty((n, k), T.I32), dev.empty((n, k))
+    dev.moe_route(ids, w, _put(dev, logits), gating, norm=norm, scale=2.5 if norm else 0.0, bias=_put(dev, bias))
+    l64 = logits.astype(np.float64)
+    p = 1 / (1 + np.exp(-l64)) if gating == "sigmoid" else _softmax(l64)
+    want_ids = np.argsort(-(p + bias), axis=1)[:, :k]
+    assert (want_ids != np.argsort(-p, axis=1)[:, :k]).any(axis=1).sum() >= n // 2
+    want = np.take_along_axis(p, want_ids, axis=1)
+    if norm:
+        want = want / want.sum(axis=1, keepdims=True) * 2.5
+    np.testing.assert_array_equal(dev.read(ids), want_ids)
+    np.testing.assert_allclose(dev.read(w), want, rtol=1e-5, atol=1e-7)
+
+
 def test_route_one_expert_is_a_sigmoid_gate(dev):
     """qwen2moe's shared-expert gate: one logit per row, k = 1, sigmoid."""
     g = np.array([[-3.0], [0.0], [2.0]], np.float32)
@@ -202,6 +224,8 @@ def test_errors(dev):
         dev.moe_route(ids, dev.empty((3, 2)), dev.empty((3, 4)), "softplus")
     with pytest.raises(ShapeError, match="k <= n_expert"):
         dev.moe_route(dev.empty((3, 5), T.I32), dev.empty((3, 5)), dev.empty((3, 4)), "softmax")
+    with pytest.raises(ShapeError, match="bias \\[n_expert\\]"):
+        dev.moe_route(ids, dev.empty((3, 2)), dev.empty((3, 4)), "sigmoid", bias=dev.empty((5,)))
     with pytest.raises(ShapeError, match="sinks"):
         dev.attention_sinks(x, x, x, x, dev.empty((3,), T.I32), dev.empty((3,)), 2, 2, 1.0)
 

@@ -123,14 +123,20 @@ def test_qwen3moe_q4_0_prompt_token_by_token_and_cached_prefix_agree(tmp_path):
     np.testing.assert_array_equal(rest, batch[9:])
 
 
-@pytest.mark.parametrize("gating,norm,scale", [("softmax", True, 0.0), ("softmax", False, 0.0),
-                                               ("softmax_weight", False, 0.0), ("sigmoid", True, 2.5)])
-def test_route(ocl, ref, gating, norm, scale):
-    logits = (np.random.default_rng(2).standard_normal((9, 13)) * 3).astype(np.float32)
+@pytest.mark.parametrize("gating,norm,scale,biased", [("softmax", True, 0.0, False), ("softmax", False, 0.0, False),
+                                                      ("softmax_weight", False, 0.0, False),
+                                                      ("sigmoid", True, 2.5, False), ("sigmoid", True, 2.5, True),
+                                                      ("softmax", False, 0.0, True)])
+def test_route(ocl, ref, gating, norm, scale, biased):
+    """Every gating; with the selection bias (``exp_probs_b``: GLM-4.5's sigmoid router) the choice
+    differs from the unbiased one in most rows."""
+    rng = np.random.default_rng(2)
+    logits = (rng.standard_normal((9, 13)) * 3).astype(np.float32)
+    bias = (rng.standard_normal(13) * (0.4 if gating == "sigmoid" else 0.1)).astype(np.float32)
 
     def run(d, which):
         ids, w = d.empty((9, 4), T.I32), d.empty((9, 4))
-        d.moe_route(ids, w, _put(d, logits), gating, norm=norm, scale=scale)
+        d.moe_route(ids, w, _put(d, logits), gating, norm=norm, scale=scale, bias=_put(d, bias) if biased else None)
         return ids if which == "ids" else w
 
     got, want = _both(ocl, ref, lambda d: run(d, "ids"))

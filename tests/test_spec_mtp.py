@@ -289,7 +289,7 @@ def test_info_and_plan_count_the_mtp_block(files):
     want = sum(t.n_bytes for n, t in gf.tensors.items() if n.startswith(f"blk.{il}."))
     kv = 64 * 2 * SHAPE.n_head_kv * SHAPE.head_dim * 2  # n_ctx 64, K and V rows of f16
     m = model_info(str(files[0]), 64)["mtp"]
-    assert m == {"n_layer_nextn": 1, "block": il, "weight_bytes": want, "kv_bytes": kv}
+    assert m == {"n_layer_nextn": 1, "block": il, "weight_bytes": want, "kv_bytes": kv, "draft": True}
     assert model_info(str(files[1]), 64)["mtp"] is None
     rep = plan_report(str(files[0]), 64, 32, "cpu", -1, None)
     assert rep["mtp"] == {"device": "cpu", "block": il, "weight_bytes": want, "kv_bytes_per_sequence": kv}

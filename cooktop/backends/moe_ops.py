@@ -46,15 +46,17 @@ class MoeOps:
 
     # -- ops ----------------------------------------------------------------
     def moe_route(self, ids: DeviceTensor, weights: DeviceTensor, logits: DeviceTensor, gating: str,
-                  norm: bool = False, scale: float = 0.0) -> None:
+                  norm: bool = False, scale: float = 0.0, bias: DeviceTensor | None = None) -> None:
         """Choose ``k`` experts per row and their weights (llama.cpp ``build_moe_ffn``, src/llama-graph.cpp).
 
         logits: f32 [n, n_expert] (router output, its bias already added); ids: I32 [n, k] written
         with the selected experts in descending order of their score (``ggml_argsort_top_k``);
-        weights: f32 [n, k] written. With ``p`` the :data:`GATING` function of the logits
-        (``softmax_weight``: the logits themselves), ``ids`` are the top-k of ``p`` and
-        ``weights = p[ids]`` (``softmax_weight``: softmax over those k). Then ``norm``: weights
-        divided by their sum clamped to >= 6.103515625e-5; ``scale`` not 0 or 1: weights times scale.
+        weights: f32 [n, k] written; bias: f32 [n_expert] or None, the expert selection bias
+        (DeepSeek-V3 / GLM-4.5 ``exp_probs_b``). With ``p`` the :data:`GATING` function of the
+        logits (``softmax_weight``: the logits themselves), ``ids`` are the top-k of ``p + bias``
+        (of ``p`` without one) and ``weights = p[ids]`` (unbiased; ``softmax_weight``: softmax over
+        those k). Then ``norm``: weights divided by their sum clamped to >= 6.103515625e-5;
+        ``scale`` not 0 or 1: weights times scale.
 
         Raises:
             UnsupportedOpError: an unknown ``gating``, or the backend has no routing kernel.
@@ -62,8 +64,8 @@ class MoeOps:
         """
         if gating not in GATING:
             raise UnsupportedOpError(f"moe_route: gating {gating!r} is not one of {', '.join(GATING)}")
-        _ROUTE.check(self, ids, weights, logits, gating=gating, norm=norm, scale=scale)
-        self._moe_route(ids, weights, logits, gating, bool(norm), float(scale))
+        _ROUTE.check(self, ids, weights, logits, bias, gating=gating, norm=norm, scale=scale)
+        self._moe_route(ids, weights, logits, gating, bool(norm), float(scale), bias)
 
     def matmul_id(self, out: DeviceTensor, x: DeviceTensor, w: DeviceTensor, ids: DeviceTensor) -> None:
         """Expert-indexed matmul, ggml's ``mul_mat_id``: slot ``j`` of row ``i`` is
@@ -135,7 +137,7 @@ class MoeOps:
 
     # -- the backend's hooks (arguments checked; default: not supported) ----
     def _moe_route(self, ids: DeviceTensor, weights: DeviceTensor, logits: DeviceTensor, gating: str,
-                   norm: bool, scale: float) -> None:
+                   norm: bool, scale: float, bias: DeviceTensor | None = None) -> None:
         """Enqueue :meth:`moe_route`."""
         self._unsupported("moe_route")
 

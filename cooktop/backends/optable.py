@@ -168,9 +168,10 @@ _ONE_SHAPE = "want {names} of one shape"
 _KV_NAMES = "/".join(t.name for t in KV_TYPES)
 
 
-def _route_fits(ids: Any, weights: Any, logits: Any) -> bool:
+def _route_fits(ids: Any, weights: Any, logits: Any, bias: Any) -> bool:
     ls, is_ = logits.shape, ids.shape
-    return len(ls) == 2 and len(is_) == 2 and weights.shape == is_ and is_[0] == ls[0] and 0 < is_[1] <= ls[1]
+    return (len(ls) == 2 and len(is_) == 2 and weights.shape == is_ and is_[0] == ls[0] and 0 < is_[1] <= ls[1]
+            and (bias is None or bias.shape == ls[1:]))
 
 
 def _matmul_id_fits(out: Any, x: Any, w: Any, ids: Any) -> bool:
@@ -311,14 +312,16 @@ TABLE: tuple[OpSpec, ...] = (
            "out = gelu_tanh(gate) * up (GeGLU)", _ONE_SHAPE.format(names="out, gate and up"), _same3,
            "ggml_geglu_split (ggml_gelu_f32, ggml-cpu/vec.h)", example={"out": (2, 3), "gate": (2, 3), "up": (2, 3)}),
     # -- mixture of experts (backends/moe_ops.py): claimed only where implemented ------------
-    OpSpec("moe_route", (Arg("ids", I32), Arg("weights", F32), Arg("logits", F32)), ("gating", "norm", "scale"),
+    OpSpec("moe_route", (Arg("ids", I32), Arg("weights", F32), Arg("logits", F32), Arg("bias", F32, optional=True)),
+           ("gating", "norm", "scale"),
            "ids i32 [n, k], weights f32 [n, k] = the top-k experts of each row of logits f32 [n, n_expert] "
-           "by the gating function (softmax / softmax over the selected k / sigmoid), their weights "
+           "by the gating function (softmax / softmax over the selected k / sigmoid), plus the selection "
+           "bias f32 [n_expert] when given (it picks, it does not weigh), their weights "
            "(renormalised when norm, times scale)",
-           "want ids and weights [n, k], logits [n, n_expert] with 0 < k <= n_expert", _route_fits,
-           "llama.cpp src/llama-graph.cpp build_moe_ffn (ggml_argsort_top_k, get_rows of the probs)",
+           "want ids and weights [n, k], logits [n, n_expert] with 0 < k <= n_expert, bias [n_expert]", _route_fits,
+           "llama.cpp src/llama-graph.cpp build_moe_ffn (exp_probs_b, ggml_argsort_top_k, get_rows of the probs)",
            default=False, group="moe",
-           example={"ids": (3, 2), "weights": (3, 2), "logits": (3, 5), "gating": "softmax"}),
+           example={"ids": (3, 2), "weights": (3, 2), "logits": (3, 5), "bias": (5,), "gating": "sigmoid"}),
     OpSpec("matmul_id", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT), Arg("ids", I32)), (),
            "out[i, slot j] = x[i] (or its slot j) @ w[ids[i, j]]^T; out f32 [n, k * n_out], "
            "w [n_expert, n_out, n_in]",

@@ -68,6 +68,8 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
         "largest_tensor": _largest(gf),
         "largest_tensor_chunked_on": _chunked_on(_largest(gf)),
         "rope_freqs": "rope_freqs.weight" in gf.tensors,
+        # glm4moe's router picks by probs + exp_probs_b (llama.cpp build_moe_ffn's selection bias)
+        "expert_selection_bias": any(n.endswith(".exp_probs_b.bias") for n in gf.tensors),
         "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
         "n_ctx": n_ctx,
         "kv_cache": {"type_k": kv_type_name(kv.type_k), "type_v": kv_type_name(kv.type_v), "flash_attn": kv.flash_attn,
@@ -84,14 +86,15 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
 
 def _mtp_info(gf, cfg, n_ctx: int, kv: KVConfig) -> dict | None:
     """The multi-token-prediction block (``--spec-type draft-mtp``, ``model/mtp.py``): its block index,
-    weight bytes (the ``blk.<n_layer>.*`` tensors) and one sequence's K/V bytes at ``n_ctx`` in the
-    cache types of ``kv``; None when the file has none."""
-    from ..model.mtp import mtp_weight_bytes
+    weight bytes (the ``blk.<n_layer>.*`` tensors), one sequence's K/V bytes at ``n_ctx`` in the
+    cache types of ``kv`` and ``draft``: whether cooktop runs it (``mtp.MTP_ARCHS``; glm4's is
+    skipped); None when the file has none."""
+    from ..model.mtp import MTP_ARCHS, mtp_weight_bytes
     if not cfg.n_layer_nextn:
         return None
     rk, rv = kv.row_bytes(cfg.n_embd_kv)
     return {"n_layer_nextn": cfg.n_layer_nextn, "block": cfg.n_layer, "weight_bytes": mtp_weight_bytes(gf, cfg),
-            "kv_bytes": n_ctx * (rk + rv)}
+            "kv_bytes": n_ctx * (rk + rv), "draft": cfg.arch in MTP_ARCHS}
 
 
 def _largest(gf) -> dict | None:
@@ -201,9 +204,11 @@ def info_cmd(model: str, n_ctx: int, kv: KVConfig, as_json: bool) -> None:
     ]
     if info.get("mtp"):
         m = info["mtp"]
+        use = ("per sequence (--spec-type draft-mtp)" if m["draft"] else
+               "per sequence if run; not run by cooktop (skipped, as llama.cpp's main pass does)")
         lines.insert(-1, f"MTP block:      blk.{m['block']} (nextn_predict_layers {m['n_layer_nextn']}): "
                          f"{_size(m['weight_bytes'])} weights, {_size(m['kv_bytes'])} K/V at n_ctx {info['n_ctx']} "
-                         "per sequence (--spec-type draft-mtp)")
+                         + use)
     if info.get("recurrent_state_bytes"):
         n_recr = sum(c["recurrent_layers"])
         state = _size(info["recurrent_state_bytes"])
@@ -220,15 +225,21 @@ def info_cmd(model: str, n_ctx: int, kv: KVConfig, as_json: bool) -> None:
         lines.insert(-2, f"per-layer input: {c['n_embd_per_layer']} wide per layer; final logit soft-cap "
                          f"{c['final_logit_softcap']:g}")
     if c.get("n_expert"):  # llama.cpp's print_info: n_expert, n_expert_used, n_ff_exp, gating
-        shared = f", shared expert {c['n_ff_shexp']} wide" if c["arch"] == "qwen2moe" else ""
+        shared = f", shared expert {c['n_ff_shexp']} wide" if c["arch"] in ("qwen2moe", "glm4moe") else ""
         if c["arch"] == "gemma4":  # llama.cpp keeps the dense MLP beside the experts as a shared expert
             shared = f", beside the dense MLP ({c['n_ff']} wide, a shared expert)"
+        scale = c["expert_weights_scale"]
         n_moe = len(info["moe_layers"])
+        if c.get("n_layer_dense_lead"):  # glm4moe: the leading blocks are dense
+            where = f"; layers 0-{c['n_layer_dense_lead'] - 1} dense (FFN {c['n_ff']})"
+        else:
+            where = (f"; MoE layers: {'all ' if n_moe == c['n_layer'] else ''}{n_moe} of {c['n_layer']}"
+                     + ("" if n_moe in (0, c["n_layer"]) else f" {info['moe_layers']}"))
         lines.insert(-2, f"experts:        {c['n_expert']}, {c['n_expert_used']} used per token, {c['n_ff_exp']} wide"
                          f"{shared}; gating {c['expert_gating']}"
-                         f"{', weights renormalised' if c['expert_weights_norm'] else ''}; MoE layers: "
-                         f"{'all ' if n_moe == c['n_layer'] else ''}{n_moe} of {c['n_layer']}"
-                         + ("" if n_moe in (0, c["n_layer"]) else f" {info['moe_layers']}"))
+                         f"{', selection bias' if info.get('expert_selection_bias') else ''}"
+                         f"{', weights renormalised' if c['expert_weights_norm'] else ''}"
+                         f"{f', weights x {scale:g}' if scale not in (0.0, 1.0) else ''}{where}")
     for name, h in info["tensor_types"].items():
         lines.append(f"  {name:<6} {h['tensors']:5d} tensors  {_size(h['bytes']):>12}  "
                      f"{format_params(h['params'])} params")

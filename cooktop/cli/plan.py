@@ -114,9 +114,10 @@ def plan_report(model: str, n_ctx: int, n_batch: int, device: str | None, n_gpu_
 
 def _mtp_plan(gf, cfg, n_ctx: int, kv: KVConfig, head: str) -> dict | None:
     """What ``--spec-type draft-mtp`` adds beside the placement (``model/mtp.py``): on the head's device,
-    the MTP block's weights and one sequence's (slot's) K/V at ``n_ctx``; None without an MTP block."""
-    from ..model.mtp import mtp_weight_bytes
-    if not cfg.n_layer_nextn:
+    the MTP block's weights and one sequence's (slot's) K/V at ``n_ctx``; None without an MTP block cooktop
+    drafts with (``mtp.MTP_ARCHS``: a glm4 one is skipped)."""
+    from ..model.mtp import MTP_ARCHS, mtp_weight_bytes
+    if not cfg.n_layer_nextn or cfg.arch not in MTP_ARCHS:  # glm4: the MTP block is not run
         return None
     rk, rv = kv.row_bytes(cfg.n_embd_kv)
     return {"device": head, "block": cfg.n_layer, "weight_bytes": mtp_weight_bytes(gf, cfg),

@@ -37,6 +37,10 @@ class _TypeChoice(click.Choice):
 @click.option("--n-expert", type=int, default=None, help="expert_count (mixture-of-experts architectures).")
 @click.option("--n-expert-used", type=int, default=None, help="expert_used_count (experts per token).")
 @click.option("--n-ff-exp", type=int, default=None, help="expert_feed_forward_length (one expert's width).")
+@click.option("--n-expert-shared", type=int, default=None,
+              help="glm4moe: expert_shared_count (the ungated shared expert, that many experts wide).")
+@click.option("--n-dense-lead", type=int, default=None,
+              help="glm4moe: leading_dense_block_count (the first blocks with a dense FFN of --n-ff).")
 @click.option("--n-kv-shared", type=int, default=None,
               help="gemma4: attention.shared_kv_layers (the last blocks read earlier blocks' K/V).")
 @click.option("--type", "file_type", type=_TypeChoice(synth.FILE_TYPES), default="Q4_0", show_default=True)
@@ -52,21 +56,22 @@ class _TypeChoice(click.Choice):
 @click.option("--rope-freqs/--no-rope-freqs", default=None,
               help="Write Llama 3.1's rope_freqs tensor (llama; default: the --shape's choice).")
 @click.option("--nextn", "n_nextn", type=click.IntRange(0, 1), default=None,
-              help="qwen35 / qwen35moe: write a multi-token-prediction block after the trunk "
+              help="qwen35 / qwen35moe / glm4moe: write a multi-token-prediction block after the trunk "
                    "(nextn_predict_layers; --spec-type draft-mtp drafts with it).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="GGUF file to write.")
 def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, head_dim, n_expert, n_expert_used, n_ff_exp,
-              n_kv_shared, file_type, arch, vocab, rope_scaling_type, rope_scaling_factor, rope_freqs, n_nextn, seed,
-              output):
+              n_expert_shared, n_dense_lead, n_kv_shared, file_type, arch, vocab, rope_scaling_type,
+              rope_scaling_factor, rope_freqs, n_nextn, seed, output):
     """Write a synthetic GGUF of architecture --arch (random weights; SPM-shaped vocabulary or --vocab's).
 
     Start from --shape and override any dimension, or give all of
     --n-embd --n-layer --n-head --n-ff (--n-head-kv defaults to --n-head, --n-vocab to 32000), and
     for a mixture of experts --n-expert --n-expert-used (--n-ff-exp: n_ff / n_expert_used).
     MoE shapes with real per-layer dimensions: --shape qwen3-30b-a3b / gpt-oss-20b /
-    qwen1.5-moe-a2.7b / olmoe-1b-7b / gemma-4-26b-a4b, with --n-layer to fit the machine (gemma-4-e2b:
-    with --n-kv-shared too, e.g. --n-layer 10 --n-kv-shared 5).
+    qwen1.5-moe-a2.7b / olmoe-1b-7b / gemma-4-26b-a4b / glm-4.5-air, with --n-layer to fit the machine
+    (gemma-4-e2b: with --n-kv-shared too, e.g. --n-layer 10 --n-kv-shared 5). A tiny glm4moe: --arch glm4moe
+    with --n-expert-shared 1 --n-dense-lead 1 (block 0 dense, a shared expert in the others).
     A bad shape (see ``synth.validate``) ends with ``error: ...`` and exit code 1, writing nothing.
     """
     if shape:
@@ -81,6 +86,7 @@ def synth_cmd(shape, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, head_dim
                                   n_ff=n_ff, n_vocab=n_vocab, head_dim=head_dim, rope_scaling=rope_scaling_type,
                                   rope_scaling_factor=rope_scaling_factor, rope_freqs=rope_freqs,
                                   n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
+                                  n_expert_shared=n_expert_shared, n_dense_lead=n_dense_lead,
                                   n_kv_shared=n_kv_shared, arch=arch, n_nextn=n_nextn).items() if v is not None}
     s = dataclasses.replace(base, **over)
     t0 = time.perf_counter()

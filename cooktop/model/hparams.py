@@ -53,6 +53,8 @@ class ModelConfig:
         expert_gating: the router's gating function (``backends.moe_ops.GATING``).
         expert_weights_norm: renormalise the selected experts' weights to sum 1.
         expert_weights_scale: factor of the selected experts' weights (0 or 1: none).
+        n_layer_dense_lead: the first blocks with a dense feed-forward in place of the experts
+            (``leading_dense_block_count``, llama.cpp ``n_layer_dense_lead``: glm4moe); 0: none.
         recurrent_layers: per block, True when it is a recurrent layer (llama.cpp ``is_recr(il)``;
             lfm2: the blocks whose ``attention.head_count_kv`` entry is 0); () when none is.
         n_conv: the short convolution's kernel length (lfm2 ``shortconv.l_cache``, qwen35
@@ -130,6 +132,7 @@ class ModelConfig:
     expert_gating: str = "softmax"
     expert_weights_norm: bool = False
     expert_weights_scale: float = 0.0
+    n_layer_dense_lead: int = 0
     recurrent_layers: tuple[bool, ...] = ()
     n_conv: int = 0
     ssm_d_state: int = 0

@@ -1,17 +1,20 @@
-"""The multi-token-prediction (MTP) block of a qwen35 / qwen35moe file, run as a one-block model: the
-draft of ``--spec-type draft-mtp`` (:class:`~cooktop.engine.speculative.MTPDraft`).
+"""The multi-token-prediction (MTP) block of a qwen35 / qwen35moe / glm4moe file, run as a one-block model:
+the draft of ``--spec-type draft-mtp`` (:class:`~cooktop.engine.speculative.MTPDraft`).
 
-Qwen3.5 / Qwen3.6 files may carry ``<arch>.nextn_predict_layers`` = 1 block after the trunk (block
-index ``n_layer``, the trunk's blocks being ``0 .. n_layer - 1``): the tensors of a gated
-full-attention block and its feed-forward (dense or experts) under ``blk.<n_layer>.``, plus
+Qwen3.5 / Qwen3.6 and GLM-4.5 files may carry ``<arch>.nextn_predict_layers`` = 1 block after the trunk
+(block index ``n_layer``, the trunk's blocks being ``0 .. n_layer - 1``): the tensors of one trunk block
+(qwen35: a gated full-attention block and its feed-forward, dense or experts; glm4moe: a MoE block with its
+shared expert) under ``blk.<n_layer>.``, plus
 ``nextn.enorm``, ``nextn.hnorm``, ``nextn.eh_proj`` and optionally ``nextn.shared_head_norm``,
 ``nextn.shared_head_head`` and ``nextn.embed_tokens``. Given the trunk's output-normed hidden state
 ``h_p`` after position ``p`` (llama.cpp's ``h_nextn``) and the token ``x_{p+1}``, it predicts
-``x_{p+2}`` (llama.cpp src/models/qwen35.cpp ``graph_mtp``, qwen35moe.cpp the same with experts)::
+``x_{p+2}`` (llama.cpp src/models/qwen35.cpp ``graph_mtp``, qwen35moe.cpp the same with experts,
+glm4-moe.cpp the same with glm4moe's block)::
 
     e = rmsnorm(embed(x_{p+1})) * enorm        h' = rmsnorm(h_p) * hnorm        f32 [n, n_embd]
     x = [e, h'] @ eh_proj^T                     eh_proj f32 [n_embd, 2 n_embd]
-    x = gated-attention block (its own K/V, at MTP position p + 1) and FFN, as a trunk attention block
+    x = the trunk's block (its own K/V, at MTP position p + 1): qwen35's gated attention and FFN,
+        glm4moe's attention and experts
     h_mtp = rmsnorm(x) * (shared_head_norm or output_norm)       (fed back when drafting further)
     logits = h_mtp @ (shared_head_head or output)^T
 
@@ -41,7 +44,7 @@ from ..backends.base import Device, DeviceTensor
 from ..errors import CooktopError
 from ..format.gguf import GGUFFile
 from ..format.quants import dequantize, row_bytes
-from .arch import architecture, qwen35
+from .arch import architecture
 from .arch.base import BLOCK, KV, NORM, TensorSpec, Weights
 from .arch.builders import build_norm
 from .arch.descriptor import Architecture
@@ -49,8 +52,9 @@ from .config import ModelConfig
 from .forward import Model, Segment, upload
 from .placed import PlacedModel, Rows
 
-#: architectures whose MTP block cooktop runs (llama.cpp ``graph_mtp`` of qwen35.cpp / qwen35moe.cpp)
-MTP_ARCHS = ("qwen35", "qwen35moe")
+#: architectures whose MTP block cooktop runs (llama.cpp ``graph_mtp`` of qwen35.cpp / qwen35moe.cpp /
+#: glm4-moe.cpp)
+MTP_ARCHS = ("qwen35", "qwen35moe", "glm4moe")
 
 #: the MTP block's own tensors (llama.cpp ``LLM_TENSOR_NEXTN_*``), beside its attention block's
 NEXTN_NORMS = ("nextn.enorm", "nextn.hnorm")
@@ -86,10 +90,12 @@ def check_mtp(gf: GGUFFile, cfg: ModelConfig) -> int:
                          f"({cfg.arch}.nextn_predict_layers = 0); use another --spec-type or a file with one")
     if cfg.n_layer_nextn > 1:
         raise NoMTPError(f"--spec-type draft-mtp: {gf.path} has {cfg.n_layer_nextn} MTP blocks; cooktop (as "
-                         "llama.cpp for qwen35) runs a single one")
+                         "llama.cpp) runs a single one")
     il, E = cfg.n_layer, cfg.n_embd
+    q_spec = architecture(cfg.arch).spec("blk.{i}.attn_q.weight")
+    assert q_spec is not None  # every MTP architecture has separate Q/K/V
     want = {f"blk.{il}.{EH_PROJ}.weight": (E, 2 * E), **{f"blk.{il}.{k}.weight": (E,) for k in NEXTN_NORMS},
-            f"blk.{il}.attn_norm.weight": (E,), f"blk.{il}.attn_q.weight": (2 * cfg.n_embd_q, E)}
+            f"blk.{il}.attn_norm.weight": (E,), f"blk.{il}.attn_q.weight": q_spec.shape(mtp_config(cfg))}
     for name, shape in want.items():
         t = gf.tensors.get(name)
         if t is None:
@@ -100,16 +106,15 @@ def check_mtp(gf: GGUFFile, cfg: ModelConfig) -> int:
     return il
 
 
-def mtp_block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
-    """The MTP block on ``n`` rows: ``s.x`` the token embeddings and ``s.mtp_h`` the target's hidden
-    states (f32 [n, n_embd] each; ``s.mtp_h`` is overwritten); leaves the block's output in ``s.x``
-    (module doc; llama.cpp ``graph_mtp``: enorm, hnorm, concat, eh_proj, then the attention block)."""
+def mtp_input(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace) -> None:
+    """The MTP block's input on ``n`` rows: ``s.x`` the token embeddings and ``s.mtp_h`` the target's hidden
+    states (f32 [n, n_embd] each; ``s.mtp_h`` is overwritten); leaves ``[e, h'] @ eh_proj^T`` in ``s.x``
+    (module doc; llama.cpp ``graph_mtp``: enorm, hnorm, concat, eh_proj). The trunk's block follows."""
     build_norm(d, cfg, s.xn, s.x, w["nextn.enorm"])
     build_norm(d, cfg, s.mtp_h, s.mtp_h, w["nextn.hnorm"])
     d.matmul(s.x, s.xn, w["eh_proj_e"])
     d.matmul(s.o, s.mtp_h, w["eh_proj_h"])
     d.add(s.x, s.x, s.o)
-    qwen35.block(d, cfg, w, s, kv, il)
 
 
 def _mtp_norm(d: Device, cfg: ModelConfig, w: Weights, xn: DeviceTensor, x: DeviceTensor) -> None:
@@ -123,15 +128,20 @@ def _mtp_head(d: Device, cfg: ModelConfig, w: Weights, logits: DeviceTensor, xn:
 
 
 def mtp_architecture(trunk: Architecture) -> Architecture:
-    """The one-block architecture of the MTP model of ``trunk`` (qwen35 / qwen35moe): the trunk's block
-    tensors and ``nextn.enorm`` / ``nextn.hnorm`` (``eh_proj`` and the head are uploaded by
-    :class:`MTPModel`), :func:`mtp_block`, the trunk's scratch and an ``mtp_h`` [n_embd] buffer."""
+    """The one-block architecture of the MTP model of ``trunk`` (qwen35 / qwen35moe / glm4moe): the trunk's
+    block tensors and ``nextn.enorm`` / ``nextn.hnorm`` (``eh_proj`` and the head are uploaded by
+    :class:`MTPModel`), a block of :func:`mtp_input` then the trunk's block, the trunk's scratch and an
+    ``mtp_h`` [n_embd] buffer."""
     block_specs = tuple(s for s in trunk.tensors if s.unit == BLOCK)
     norms = tuple(TensorSpec(f"blk.{{i}}.{k}.weight", lambda c: (c.n_embd,), BLOCK, kind=NORM) for k in NEXTN_NORMS)
-    base_scratch = trunk.scratch
+    base_scratch, trunk_block = trunk.scratch, trunk.block
 
     def scratch(cfg: ModelConfig) -> dict[str, int]:
         return {**base_scratch(cfg), "mtp_h": cfg.n_embd}
+
+    def mtp_block(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, kv: KV, il: int) -> None:
+        mtp_input(d, cfg, w, s)
+        trunk_block(d, cfg, w, s, kv, il)
 
     return Architecture(name=f"{trunk.name}-mtp", tensors=block_specs + norms, rope_mode=trunk.rope_mode,
                         hparams=trunk.hparams, block=mtp_block, scratch=scratch, final_norm=_mtp_norm,
@@ -172,7 +182,7 @@ class MTPModel(Model):
     """The MTP block of ``target``'s file as a one-block model on the device of ``target``'s head.
 
     Args:
-        target: the loaded trunk (a :class:`~cooktop.model.forward.Model` of a qwen35 / qwen35moe file
+        target: the loaded trunk (a :class:`~cooktop.model.forward.Model` of a qwen35 / qwen35moe / glm4moe file
             with one MTP block); its ``n_ctx``, ``n_batch`` and KV types are taken. The target must
             stay open while this model is used (the LM head may be its).
     Raises:

@@ -15,8 +15,8 @@ or, with ``vocab=`` (``--vocab``), every ``tokenizer.*`` key of a vocabulary GGU
 
 Optional tensors that change the numbers are written with values that exercise them:
 per-head Q/K norm weights (``attn_q_norm``, ``attn_k_norm``) and gemma3's post norms are
-``1 + N(0, 0.1)``; phi3's LongRoPE factors (``Shape.long_rope``) rise from 1 to 16 (long)
-and from 1 to 1.5 (short);
+``1 + N(0, 0.1)``; the expert selection bias (``exp_probs_b``, glm4moe) N(0, 0.1); phi3's LongRoPE
+factors (``Shape.long_rope``) rise from 1 to 16 (long) and from 1 to 1.5 (short);
 lfm2's convolution kernels (``shortconv.conv``) are N(0, 0.5) taps and its per-layer
 ``attention.head_count_kv`` is 0 on the blocks not in ``Shape.attn_layers``;
 Llama 3.1's ``rope_freqs`` is written only when the shape asks (``Shape.rope_freqs``),
@@ -35,7 +35,7 @@ import tempfile
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFValueType, GGUFWriter, TokenType
+from gguf import GGML_QUANT_SIZES, ExpertGatingFuncType, GGUFValueType, GGUFWriter, TokenType
 from gguf import GGMLQuantizationType as T
 
 from ..errors import CooktopError
@@ -147,6 +147,15 @@ class Shape:
     out_scales: bool = False
     #: final_logit_softcapping written when set
     final_logit_softcap: float | None = None
+    #: glm4moe: expert_shared_count (the ungated shared expert is that many experts wide)
+    n_expert_shared: int = 0
+    #: glm4moe: leading_dense_block_count (the first blocks have a dense FFN of n_ff)
+    n_dense_lead: int = 0
+    #: glm4moe: expert_weights_scale (routed_scaling_factor) and expert_weights_norm written when set
+    expert_weights_scale: float | None = None
+    expert_weights_norm: bool | None = None
+    #: write the architecture's optional per-head Q/K norms (glm4moe: GLM-4.5 355B has them, the Air not)
+    qk_norm: bool = True
 
     def swa_layers(self) -> tuple[bool, ...]:
         """Per block, True when it is a sliding-window layer (period :attr:`swa_pattern`: the last
@@ -254,6 +263,12 @@ SHAPES: dict[str, Shape] = {
                             attn_temp_scale=0.1, yarn_log_mul=1.0),
     # GLM-4-9B-0414 (glm4: 40 blocks, 32 heads of 128, 2 KV, FFN 13696, half of each head rotated)
     "glm-4-9b": Shape(4096, 40, 32, 2, 13696, 151552, 32768, 10000.0, head_dim=128, arch="glm4", n_rot=64),
+    # GLM-4.5-Air (glm4moe; HF config: 46 blocks, 4096 wide, 96 heads of 128 with half rotated (NeoX), 8 KV,
+    # Q/K/V biases, no Q/K norm, block 0 dense (FFN 10944), 128 experts of 1408 with 8 used (sigmoid router,
+    # selection bias, top-k renormalised, scale 1) and one shared expert; the file's MTP block not written)
+    "glm-4.5-air": Shape(4096, 46, 96, 8, 10944, 151552, 131072, 1000000.0, head_dim=128, arch="glm4moe", n_rot=64,
+                         n_expert=128, n_expert_used=8, n_ff_exp=1408, n_expert_shared=1, n_dense_lead=1,
+                         expert_weights_scale=1.0, expert_weights_norm=True, qk_norm=False),
     # Gemma 4 E2B (gemma4; HF text_config: 35 blocks, 4 sliding-window (512) then 1 full, heads of 256 on
     # the sliding layers and 512 on the full ones (a quarter rotated: proportional rope), 1 KV head, the last
     # 20 blocks reading earlier blocks' K/V with a double-wide MLP (2 x 6144), per-layer inputs of 256,
@@ -345,7 +360,10 @@ def config(s: Shape, arch: str | None = None) -> ModelConfig:
                        tied_output=s.tied, n_expert=s.n_expert, n_expert_used=s.n_expert_used,
                        n_ff_exp=(s.n_ff if granite else s.n_ff_exp or s.n_ff // max(1, s.n_expert_used))
                        if moe else 0,
-                       n_ff_shexp=((s.n_ff_shexp or 0) if granite else (s.n_ff_shexp or s.n_ff)) if moe else 0,
+                       n_ff_shexp=(s.n_ff_exp or s.n_ff // max(1, s.n_expert_used)) * s.n_expert_shared
+                       if a.name == "glm4moe" else
+                       ((s.n_ff_shexp or 0) if granite else (s.n_ff_shexp or s.n_ff)) if moe else 0,
+                       n_layer_dense_lead=s.n_dense_lead if a.name == "glm4moe" else 0,
                        recurrent_layers=(True,) * s.n_layer if a.name == "mamba2" else s.recurrent_layers(),
                        n_conv=s.n_conv, **gdn)
 
@@ -371,6 +389,8 @@ def _plan(s: Shape, file_type: str, overrides: dict[str, T] | None, arch: str | 
         if a.name == "gemma4" and not _gemma4_writes(s, cfg, spec.key, name):
             continue
         if spec.key.startswith("rope_factors_") and not s.long_rope:
+            continue
+        if spec.key in ("attn_q_norm", "attn_k_norm") and not spec.required and not s.qk_norm:
             continue
         layer = int(name.split(".")[1]) if spec.per_block else None
         ty = tensor_type(file_type, spec.key, layer, s.n_layer) if spec.kind == MATRIX else None
@@ -460,13 +480,17 @@ def validate(shape: Shape, file_type: str, overrides: dict[str, T] | None = None
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise CooktopError(f"synthetic shape: {field} = {v!r} must be a positive integer")
     # an architecture of experts only (granitehybrid's experts are optional: its FFN is dense without them)
-    moe_arch = any(sp.key == "ffn_gate_inp" and sp.layers is None for sp in architecture(arch).tensors)
+    moe_arch = arch == "glm4moe" or any(sp.key == "ffn_gate_inp" and sp.layers is None
+                                        for sp in architecture(arch).tensors)
     if moe_arch and not 0 < s.n_expert_used <= s.n_expert:
         raise CooktopError(f"synthetic shape: {arch} needs 0 < n_expert_used ({s.n_expert_used}) <= "
                            f"n_expert ({s.n_expert})")
-    if s.n_nextn and (arch not in ("qwen35", "qwen35moe") or s.n_nextn != 1):
+    if s.n_nextn and (arch not in ("qwen35", "qwen35moe", "glm4moe") or s.n_nextn != 1):
         raise CooktopError(f"synthetic shape: n_nextn = {s.n_nextn}: a multi-token-prediction block is written "
-                           "for qwen35 / qwen35moe only, and one at most")
+                           "for qwen35 / qwen35moe / glm4moe only, and one at most")
+    if arch == "glm4moe" and not 0 <= s.n_dense_lead <= s.n_layer:
+        raise CooktopError(f"synthetic shape: glm4moe's n_dense_lead = {s.n_dense_lead} must be in 0..n_layer "
+                           f"({s.n_layer})")
     if arch in ("qwen35", "qwen35moe") and not (s.ssm_d_state > 0 and s.ssm_n_group > 0 and s.ssm_dt_rank > 0
                                  and s.ssm_dt_rank % s.ssm_n_group == 0 and s.full_attention_interval > 0
                                  and len(s.rope_sections) == 4):
@@ -705,6 +729,14 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
             w.add_expert_feed_forward_length(cfg.n_ff_exp)
         if s.n_ff_shexp is not None:
             w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
+    if arch == "glm4moe":  # conversion/glm.py Glm4MoeModel.set_gguf_parameters
+        w.add_expert_shared_count(s.n_expert_shared)
+        w.add_leading_dense_block_count(s.n_dense_lead)
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+    if s.expert_weights_scale is not None:
+        w.add_expert_weights_scale(s.expert_weights_scale)
+    if s.expert_weights_norm is not None:
+        w.add_expert_weights_norm(s.expert_weights_norm)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_file_type(_FTYPE[file_type])
     if vocab_keys is not None:
@@ -736,6 +768,8 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
                 values = llama3_rope_freqs(cfg.n_rot, s.rope_freq_base)
             elif tname in ("rope_factors_long.weight", "rope_factors_short.weight"):  # LongRoPE-like
                 values = (np.linspace(1.0, 16.0, shp[0]) if "long" in tname else 1.0 + np.linspace(0.0, 0.5, shp[0]))
+            elif tname.endswith("exp_probs_b.bias"):  # the selection bias: enough to change choices
+                values = rng.normal(0.0, 0.1, shp)
             elif kind == BIAS:
                 values = rng.normal(0.0, 0.02, shp)
             elif tname.endswith("attn_sinks.weight"):  # a logit per head: N(0, 1)

@@ -31,8 +31,10 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True, dtype=np.float32)
 
 
-def route(logits: np.ndarray, k: int, gating: str, norm: bool, scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """(ids int32 [n, k], weights float32 [n, k]) of ``moe_route`` (see ``MoeOps.moe_route``)."""
+def route(logits: np.ndarray, k: int, gating: str, norm: bool, scale: float,
+          bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int32 [n, k], weights float32 [n, k]) of ``moe_route`` (see ``MoeOps.moe_route``); ``bias``
+    float32 [n_expert]: the selection bias added to the probabilities for the choice only."""
     lg = logits.astype(np.float32, copy=False)
     if gating == "softmax":
         p = _softmax(lg)
@@ -41,7 +43,8 @@ def route(logits: np.ndarray, k: int, gating: str, norm: bool, scale: float) -> 
             p = (np.float32(1.0) / (np.float32(1.0) + np.exp(-lg))).astype(np.float32)
     else:  # softmax_weight: select on the logits, softmax over the selected
         p = lg
-    sel = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    score = p if bias is None else p + bias.astype(np.float32, copy=False)
+    sel = np.argsort(-score, axis=1, kind="stable")[:, :k]
     w = np.take_along_axis(p, sel, axis=1)
     if gating == "softmax_weight":
         w = _softmax(w)
@@ -118,8 +121,8 @@ def swiglu_oai(out: np.ndarray, gate: np.ndarray, up: np.ndarray, alpha: float, 
 class CpuMoeOps:
     """The ``_op`` hooks of :class:`~.moe_ops.MoeOps` for the numpy device (mixed into CpuDevice)."""
 
-    def _moe_route(self, ids, weights, logits, gating, norm, scale):
-        sel, w = route(_a(logits), ids.shape[1], gating, norm, scale)
+    def _moe_route(self, ids, weights, logits, gating, norm, scale, bias=None):
+        sel, w = route(_a(logits), ids.shape[1], gating, norm, scale, None if bias is None else _a(bias))
         _a(ids)[...] = sel
         _a(weights)[...] = w
 

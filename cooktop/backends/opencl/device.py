@@ -512,11 +512,12 @@ class OpenCLDevice(ReplayRecorder, Device):
             self._launch(knl, (ls, n_head, n_tok), (ls, 1, 1), *args)
 
     # -- mixture of experts (kernels in matmul.cl mul_mv_id and elementwise.cl) ---------
-    def _moe_route(self, ids, weights, logits, gating, norm, scale):
+    def _moe_route(self, ids, weights, logits, gating, norm, scale, bias=None):
         n, n_expert = logits.shape
         self.q8.dirty(weights.handle)
-        self._launch(self.kernels.ops().moe_route, (n,), None, ids.handle, weights.handle, logits.handle, n_expert,
-                                     ids.shape[1], _GATING[gating], int(norm), scale, n)
+        b = bias.handle if bias is not None else logits.handle  # not read without a bias
+        self._launch(self.kernels.ops().moe_route, (n,), None, ids.handle, weights.handle, logits.handle, b,
+                     int(bias is not None), n_expert, ids.shape[1], _GATING[gating], int(norm), scale, n)
 
     def _matmul_id(self, out, x, w, ids):
         """mul_mv_id for one row (decode); for more, the slots are first grouped by expert on the

@@ -387,7 +387,7 @@ class OpKernels:
         self.copy_f32 = prg.copy_f32
         self.copy_f32.set_scalar_arg_dtypes([None, None, i32])
         self.moe_route = prg.moe_route
-        self.moe_route.set_scalar_arg_dtypes([None, None, None, i32, i32, i32, i32, f32, i32])
+        self.moe_route.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32, i32, i32, f32, i32])
         self.add_id = prg.add_id
         self.add_id.set_scalar_arg_dtypes([None, None, None, None, i32, i32, i32])
         self.moe_combine = prg.moe_combine

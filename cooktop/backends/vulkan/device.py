@@ -763,15 +763,16 @@ class VulkanDevice(SequenceRecorder, Device):
                        (n_rows, n_cols, src_row * sw + src_col, sw, dst_row * dw + dst_col, dw))
 
     # -- mixture of experts (glsl/mul_mat_id.comp, moe_route.comp, add_id.comp, ...) ---------
-    def _moe_route(self, ids, weights, logits, gating, norm, scale):
-        """moe_route.comp: top-k experts and their weights per row (k <= 32)."""
+    def _moe_route(self, ids, weights, logits, gating, norm, scale, bias=None):
+        """moe_route.comp: top-k experts and their weights per row (k <= 32), with the selection bias."""
         n, n_expert = logits.shape
         k = ids.shape[1]
         if k > 32:
             raise UnsupportedOpError(f"moe_route: {self.info.selector} selects at most 32 experts per row, not {k}")
         gate = {"softmax": 0, "softmax_weight": 1, "sigmoid": 2}[gating]
-        self._dispatch("moe_route", (logits, ids, weights), workgroups((n + 31) // 32),
-                       (n, n_expert, k, gate, int(norm), f32_bits(scale)))
+        b = bias.handle if bias is not None else self._dummy_tensor()
+        self._dispatch_raw("moe_route", (logits.handle, ids.handle, weights.handle, b), workgroups((n + 31) // 32),
+                           (n, n_expert, k, gate, int(norm), f32_bits(scale), int(bias is not None)))
 
     def _matmul_id(self, out, x, w, ids):
         """mul_mat_id.comp: one output value per invocation, the selected experts' rows only."""

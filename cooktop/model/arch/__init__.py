@@ -15,6 +15,7 @@ from .descriptor import Architecture
 from .gemma3 import GEMMA3
 from .gemma4 import GEMMA4
 from .glm4 import GLM4
+from .glm4moe import GLM4MOE
 from .gpt_oss import GPT_OSS
 from .lfm2 import LFM2
 from .llama import LLAMA
@@ -31,14 +32,13 @@ from .smollm3 import SMOLLM3
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3, PHI3, QWEN2, QWEN3, QWEN3MOE, QWEN2MOE,
                                                                OLMOE, GPT_OSS, LFM2, QWEN35,
                                                                QWEN35MOE, QWEN3NEXT, GRANITEHYBRID, MAMBA2,
-                                                               SMOLLM3, MISTRAL3, GLM4, GEMMA4)}
+                                                               SMOLLM3, MISTRAL3, GLM4, GLM4MOE, GEMMA4)}
 
 #: Mixture-of-experts architectures llama.cpp runs and cooktop does not, and what they need
 #: (refused by name rather than as an unknown architecture).
 UNSUPPORTED_MOE = {
     "deepseek2": "DeepSeek-V2/V3 multi-head latent attention (MLA) and grouped expert selection",
     "deepseek": "DeepSeek-MoE's shared experts with its expert-weight scale",
-    "glm4moe": "GLM-4.5 MoE's sigmoid router with expert selection bias",
     "granitemoe": "Granite MoE's embedding, residual and attention multipliers",
 }
 

@@ -188,6 +188,7 @@ def build_moe_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, a
 
         logits = xn @ ffn_gate_inp^T [+ ffn_gate_inp.bias]            [n, n_expert]
         ids, wts = moe_route(logits)   top-k by cfg.expert_gating,     [n, k], [n, k]
+                                       [picked by probs + exp_probs_b: the selection bias],
                                        [renormalised], [scaled]
         up   = matmul_id(xn, ffn_up_exps, ids)   [+ add_id bias]       [n, k * F]
         gate = matmul_id(xn, ffn_gate_exps, ids) [+ add_id bias]       [n, k * F]
@@ -221,7 +222,7 @@ def build_moe_ffn(d: Device, cfg: ModelConfig, w: Weights, s: SimpleNamespace, a
         if "ffn_gate_inp.bias" in w:
             d.add_bias(s.router, s.router, w["ffn_gate_inp.bias"])
     d.moe_route(ids, s.ewts, s.router, cfg.expert_gating, norm=cfg.expert_weights_norm,
-                scale=cfg.expert_weights_scale)
+                scale=cfg.expert_weights_scale, bias=w.get("exp_probs_b.bias"))
     for y, name in ((s.eup, "ffn_up_exps"), (s.egate, "ffn_gate_exps")):
         d.matmul_id(y, xn, w[name], ids)
         if name + ".bias" in w:

@@ -56,12 +56,19 @@ __kernel void copy_f32(global float *out, const global float *x, const int n) {
 }
 
 // Mixture of experts (backends/moe_ops.py; llama.cpp src/llama-graph.cpp build_moe_ffn).
-// moe_route: one work-item per row of logits f32 [n, n_expert]; ids i32 / wts f32 [n, k]. The k
-// largest logits (every gating is monotonic in them; equal ones: the lower index first, as a stable
-// sort), weights by gating 0 softmax over all, 1 softmax over the selected, 2 sigmoid; then norm:
-// divided by their sum clamped to >= 6.103515625e-5; scale (not 0 or 1): times scale.
-__kernel void moe_route(global int *ids, global float *wts, const global float *logits, const int n_expert,
-                        const int k, const int gating, const int norm, const float scale, const int n) {
+// moe_route: one work-item per row of logits f32 [n, n_expert]; ids i32 / wts f32 [n, k]; bias f32
+// [n_expert] read when has_bias. The k largest scores (equal ones: the lower index first, as a stable
+// sort): without a bias the logits (every gating is monotonic in them), with one the probabilities
+// plus the bias (llama.cpp's exp_probs_b: it picks, it does not weigh). Weights by gating 0 softmax
+// over all, 1 softmax over the selected, 2 sigmoid; then norm: divided by their sum clamped to
+// >= 6.103515625e-5; scale (not 0 or 1): times scale.
+inline float route_prob(const float v, const int gating, const float mx, const float sum) {
+    return gating == 0 ? exp(v - mx) / sum : gating == 2 ? 1.0f / (1.0f + exp(-v)) : v;
+}
+
+__kernel void moe_route(global int *ids, global float *wts, const global float *logits, const global float *bias,
+                        const int has_bias, const int n_expert, const int k, const int gating, const int norm,
+                        const float scale, const int n) {
     const int r = get_global_id(0);
     if (r >= n) return;
     const global float *l = logits + (size_t)r * n_expert;
@@ -74,17 +81,22 @@ __kernel void moe_route(global int *ids, global float *wts, const global float *
     }
     for (int j = 0; j < k; j++) {
         int best = -1;
+        float best_s = 0.0f;
         for (int e = 0; e < n_expert; e++) {
             bool taken = false;
             for (int q = 0; q < j; q++) taken |= sel[q] == e;
-            if (!taken && (best < 0 || l[e] > l[best])) best = e;
+            const float sc = has_bias ? route_prob(l[e], gating, mx, sum) + bias[e] : l[e];
+            if (!taken && (best < 0 || sc > best_s)) {
+                best = e;
+                best_s = sc;
+            }
         }
         sel[j] = best;
     }
     float tot = 0.0f;
     for (int j = 0; j < k; j++) {
         const float v = l[sel[j]];
-        const float p = gating == 0 ? exp(v - mx) / sum : gating == 2 ? 1.0f / (1.0f + exp(-v)) : exp(v - l[sel[0]]);
+        const float p = gating == 1 ? exp(v - l[sel[0]]) : route_prob(v, gating, mx, sum);
         wr[j] = p;
         tot += p;
     }
