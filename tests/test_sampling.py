@@ -203,3 +203,24 @@ def test_repeat_last_n_below_minus_one_is_refused(n):
     with pytest.raises(CooktopError, match=r"repeat_last_n \(--repeat-last-n\) must be -1"):
         SamplingParams(repeat_last_n=n)
     assert SamplingParams(repeat_last_n=-1).repeat_last_n == -1 and SamplingParams(repeat_last_n=0).repeat_last_n == 0
+
+
+@pytest.mark.parametrize("chain", [dict(top_k=40, top_p=0.95, min_p=0.05, temperature=0.8),  # sorted candidates
+                                   dict(top_k=0, top_p=1.0, min_p=0.05, temperature=1.2)])  # in vocabulary order
+def test_a_seed_gives_llama_cpps_tokens(stories, chain):
+    """llama.cpp's dist sampler (std::mt19937, libstdc++'s uniform double, the running sum): the same seed
+    gives the same sampled text as llama-cpp-python for the default chain and an unsorted one."""
+    from conftest import skip_or_fail
+
+    from cooktop import Llama
+    try:
+        import llama_cpp
+    except ImportError as e:
+        skip_or_fail("llama_cpp", f"llama-cpp-python is not installed ({e})")
+    kw = dict(repeat_penalty=1.0, max_tokens=32, **chain)
+    ref = llama_cpp.Llama(str(stories), n_ctx=128, verbose=False)
+    ours = Llama(model_path=str(stories), n_ctx=128, verbose=False, device="cpu")
+    for seed in (42, 7, 123456):
+        want = ref.create_completion("Once upon a time", seed=seed, **kw)["choices"][0]["text"]
+        got = ours.create_completion("Once upon a time", seed=seed, **kw)["choices"][0]["text"]
+        assert got == want, (seed, got, want)

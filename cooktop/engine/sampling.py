@@ -130,6 +130,15 @@ LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 class Sampler:
     """Stateful sampler: holds the RNG seeded from ``params.seed``.
 
+    The draw is llama.cpp's (src/llama-sampler.cpp ``llama_sampler_dist_apply``), so a seed gives
+    llama.cpp's tokens: a ``std::mt19937`` seeded with the seed (numpy's MT19937 with its legacy
+    ``init_genrand`` seeding, the same sequence), one ``uniform_real_distribution<double>`` number per
+    sampled token (libstdc++'s ``generate_canonical``: two 32-bit outputs, ``(a + b * 2**32) / 2**64``),
+    and the first candidate whose running sum of ``expf(logit / temp - max)`` (float32 terms, a double
+    sum) reaches that fraction of the total, the candidates in llama.cpp's order: best first once top-k,
+    typical or top-p has sorted them, else by token id (its top-k with ``k <= 0`` and min-p keep the
+    vocabulary's order).
+
     Args:
         params: the settings.
         processors: logits processors applied first, in order (llama-cpp-python's
@@ -155,7 +164,7 @@ class Sampler:
             assert isinstance(entropy, int)
             seed = entropy % (2**32)
         self.seed = int(seed)
-        self.rng = np.random.default_rng(self.seed)
+        self._mt = np.random.RandomState(self.seed)._bit_generator  # std::mt19937(seed)
         self._bias_ids = np.array([i for i, _ in params.logit_bias], dtype=np.int64)
         self._bias_vals = np.array([b for _, b in params.logit_bias], dtype=np.float32)
         self.last_candidates: tuple[np.ndarray, np.ndarray] | None = None
@@ -248,8 +257,27 @@ class Sampler:
             kept = probs >= p.min_p * probs[0]
             kept[0] = True  # min_keep = 1 (llama.cpp), even for min_p > 1
             ids, lg = ids[kept], lg[kept]
-        probs = np.exp((lg - lg[0]) / p.temperature)
-        return ids, probs / probs.sum()
+        weights = self._weights(lg)
+        return ids, weights.astype(np.float64) / weights.sum(dtype=np.float64)
+
+    def _weights(self, lg: np.ndarray) -> np.ndarray:
+        """llama.cpp's unnormalised probabilities of the kept candidates (best first): float32
+        ``expf(logit / temp - max)`` after its temperature sampler's float32 division."""
+        scaled = lg.astype(np.float32) / np.float32(self.params.temperature)
+        return np.exp(scaled - scaled[0])
+
+    def _uniform(self) -> float:
+        """One ``std::uniform_real_distribution<double>(0, 1)`` draw from the mt19937 (libstdc++)."""
+        a, b = (int(v) for v in self._mt.random_raw(2))
+        r = (a + b * 4294967296.0) / 18446744073709551616.0
+        return r if r < 1.0 else math.nextafter(1.0, 0.0)
+
+    def _draw(self, probs: np.ndarray) -> int:
+        """The index (into the candidates, best first) llama.cpp's dist sampler picks: the first whose
+        running sum reaches ``total * uniform``; one uniform drawn even for a single candidate."""
+        rnd = self._uniform()
+        cum = np.cumsum(probs, dtype=np.float64)
+        return min(int(np.searchsorted(cum, cum[-1] * rnd, side="left")), len(probs) - 1)
 
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
         """Pick the next token.
@@ -270,7 +298,12 @@ class Sampler:
             self.last_candidates = (np.array([tok], dtype=np.int64), np.ones(1))
         else:
             ids, probs = self.probabilities(logits)
-            tok = int(ids[self.rng.choice(len(ids), p=probs)])
+            p = self.params
+            if p.top_k > 0 or p.typical_p < 1.0 or p.top_p < 1.0:  # llama.cpp has sorted them
+                tok = int(ids[self._draw(probs)])
+            else:  # in the vocabulary's order
+                order = np.argsort(ids, kind="stable")
+                tok = int(ids[order[self._draw(probs[order])]])
             self.last_candidates = (ids, probs)
         if self.constraint is not None:
             self.constraint.accept(tok)
