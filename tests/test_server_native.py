@@ -59,7 +59,7 @@ def test_completion_fields_and_text(http):
 def test_stream_is_the_same_text(http):
     whole = native(http, prompt=PROMPT, n_predict=10, return_tokens=True)
     with http.stream("POST", "/completion", json={"prompt": PROMPT, "n_predict": 10, "temperature": 0,
-                                                   "stream": True, "return_tokens": True}) as r:
+                                                   "stream": True}) as r:  # a partial carries its token anyway
         assert r.status_code == 200
         lines = [line for line in r.iter_lines() if line]
     assert all(line.startswith("data: ") for line in lines) and "data: [DONE]" not in lines
@@ -441,3 +441,41 @@ def test_fim_tokens_found_as_llama_cpp_finds_them(shared):
     v = Llama(model_path=str(shared / "vocab" / "ggml-vocab-starcoder.gguf"), vocab_only=True, verbose=False)
     ids = v.tokenize(b"<fim_prefix><fim_suffix><fim_middle>", add_bos=False, special=True)
     assert [v.token_prefix(), v.token_suffix(), v.token_middle()] == ids and len(ids) == 3
+
+
+def test_json_prompt_and_multimodal_refusal(http):
+    """llama-server's JSON prompt ``{"prompt_string": ...}`` is that string; with ``multimodal_data`` a 400
+    (no --mmproj), alone or in a list of prompts."""
+    want = native(http, prompt=PROMPT, n_predict=4)["content"]
+    assert native(http, prompt={"prompt_string": PROMPT}, n_predict=4)["content"] == want
+    both = http.post("/completion", json={"prompt": [PROMPT, {"prompt_string": PROMPT}], "n_predict": 4,
+                                          "temperature": 0}).json()
+    assert [r["content"] for r in both] == [want, want]
+    for bad in ({"prompt_string": PROMPT, "multimodal_data": ["aGk="]}, {"text": PROMPT}):
+        r = http.post("/completion", json={"prompt": bad, "n_predict": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
+def test_collect_cancels_when_the_client_leaves():
+    """A non-streamed answer stops reading its job once the client is gone (llama-server cancels the task)."""
+    import asyncio
+
+    from cooktop.server.bridge import Bridge, ClientGone
+    closed = []
+
+    class Gone:
+        async def is_disconnected(self):
+            return True
+
+    async def slow():
+        try:
+            yield 1
+            await asyncio.sleep(60)
+            yield 2
+        finally:
+            closed.append(True)
+
+    bridge = Bridge(None, None, None, None, None)
+    with pytest.raises(ClientGone):
+        asyncio.run(bridge.collect(Gone(), slow()))
+    assert closed == [True]

@@ -45,7 +45,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..version import __version__
 from . import anthropic, cors_proxy, describe, gcp, lora_api, native, rerank, responses_api, slots_api, webui
 from . import protocol as P
-from .bridge import Bridge
+from .bridge import DISCONNECT_CHECK_S, Bridge, ClientGone
 from .gcp import GcpParams
 from .prefix import ApiPrefix, check_api_prefix
 from .responses import (
@@ -63,11 +63,6 @@ from .slots import END, ERROR, Job, Metrics, Scheduler
 log = logging.getLogger("cooktop.server")
 
 OPEN_PATHS = ("/health", "/v1/health")
-DISCONNECT_CHECK_S = 0.25  # how often a non-streamed request checks that its client is still there
-
-
-class ClientGone(Exception):
-    """The client of a request went away before its answer: its job is cancelled."""
 
 
 @dataclasses.dataclass

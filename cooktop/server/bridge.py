@@ -11,6 +11,12 @@ from typing import Any
 from .responses import choices_job
 from .slots import END, ERROR
 
+DISCONNECT_CHECK_S = 0.25  # how often a non-streamed request checks that its client is still there
+
+
+class ClientGone(Exception):
+    """The client of a request went away before its answer: its job is cancelled."""
+
 
 def sse_event(event: str, data: Any) -> str:
     """One Server-Sent Event with an ``event:`` name (Responses and Anthropic streams)."""
@@ -76,6 +82,34 @@ class Bridge:
                 job.cancel()
 
         return chunks()
+
+    async def collect(self, request: Any, chunks: AsyncIterator[Any]) -> list[Any]:
+        """Every chunk of a job's iterator (:meth:`job`) for a non-streamed answer, checking every
+        ``DISCONNECT_CHECK_S`` that the client is still there: if it went away the iterator is closed
+        (its job cancelled, as llama-server stops a task whose client left) and ClientGone raised.
+
+        Raises:
+            ClientGone: the client disconnected; whatever the iterator raises.
+        """
+        out: list[Any] = []
+        it = chunks.__aiter__()
+        while True:
+            nxt = asyncio.ensure_future(it.__anext__())
+            while not (await asyncio.wait({nxt}, timeout=DISCONNECT_CHECK_S))[0]:
+                if await request.is_disconnected():
+                    nxt.cancel()
+                    try:
+                        await nxt
+                    except (asyncio.CancelledError, StopAsyncIteration):
+                        pass
+                    aclose = getattr(chunks, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+                    raise ClientGone
+            try:
+                out.append(nxt.result())
+            except StopAsyncIteration:
+                return out
 
     async def run(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(llm)`` on the scheduler's worker (one at a time with generations); its result.

@@ -23,7 +23,8 @@ tools/server/server-task.cpp ``server_task_result_cmpl_final::to_json_non_oaicom
   tokens as text), ``has_new_line``, ``truncated``, ``stop_type`` (``eos``, ``word``, ``limit``),
   ``stopping_word``, ``tokens_cached``, ``timings`` and, with ``n_probs``,
   ``completion_probabilities``. Streamed: Server-Sent Events, one partial result per sampled
-  token (``content``, ``tokens``, ``stop: false``, ``tokens_predicted``, ``tokens_evaluated``),
+  token (``content``, ``tokens`` (its id, with or without ``return_tokens``, as llama-server's partial
+  results), ``stop: false``, ``tokens_predicted``, ``tokens_evaluated``),
   then the final result with empty ``content`` and ``tokens``; no ``[DONE]`` line (llama-server
   sends none on its native streams).
 
@@ -50,12 +51,13 @@ from typing import Any
 
 import numpy as np
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..api.completion import stop_list
 from ..api.logprobs import log_softmax
 from ..errors import ContextOverflowError
 from . import protocol as P
+from .bridge import ClientGone
 from .lora_api import lora_entries, request_scales
 from .responses import eos_ignored, timings_json
 
@@ -66,11 +68,20 @@ MAX_N_PROBS = 100
 def native_prompt(llm: Any, prompt: Any) -> str | list[int]:
     """One prompt of ``/completion`` as cooktop's completion takes it: a string as is, token ids
     as is, a mixed list tokenized piece by piece (BOS before the first piece only when it is a
-    string, special tokens parsed: llama.cpp tools/server/server-common.cpp ``tokenize_mixed``).
+    string, special tokens parsed: llama.cpp tools/server/server-common.cpp ``tokenize_mixed``), and
+    llama-server's JSON prompt ``{"prompt_string": S, "multimodal_data": [...]}`` as ``S``.
 
     Raises:
-        HTTPError: 400 for anything else.
+        HTTPError: 400 for anything else, and for ``multimodal_data`` (this server takes no images
+            or audio: no ``--mmproj``).
     """
+    if isinstance(prompt, dict):
+        if prompt.get("multimodal_data"):
+            raise P.bad("prompt", "multimodal_data: this server's model takes no images or audio (no --mmproj)")
+        text = prompt.get("prompt_string")
+        if not isinstance(text, str):
+            raise P.bad("prompt", "a JSON prompt needs a string prompt_string")
+        return text
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt and all(
@@ -91,7 +102,7 @@ def split_prompts(body: dict[str, Any]) -> list[Any]:
         HTTPError: 400 for a missing or empty prompt.
     """
     prompt = body.get("prompt")
-    if isinstance(prompt, str):
+    if isinstance(prompt, (str, dict)):
         return [prompt]
     if isinstance(prompt, list) and prompt:
         nums = any(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
@@ -256,8 +267,8 @@ def _results(llm: Any, run: Any, index: int, args: dict[str, Any], opts: NativeO
                 finish, word = step.finish_reason, step.stop_word
             if opts.stream and (step.token is not None or step.text):
                 part: dict[str, Any] = {"index": index, "content": step.text,
-                                        "tokens": [step.token] if opts.return_tokens and step.token is not None
-                                        else [], "stop": False, "id_slot": slot, "tokens_predicted": len(tokens),
+                                        "tokens": [step.token] if step.token is not None else [],  # always
+                                        "stop": False, "id_slot": slot, "tokens_predicted": len(tokens),
                                         "tokens_evaluated": run.n_prompt}
                 if opts.n_probs and step.token is not None and probs:
                     part["completion_probabilities"] = [probs[-1]]
@@ -451,7 +462,9 @@ async def _serve(ctx: Any, request: Request, infill: bool):
         return StreamingResponse(_events(chunks, opts), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     try:
-        results = [opts.shape(c) async for c in chunks]
+        results = [opts.shape(c) for c in await ctx.collect(request, chunks)]
+    except ClientGone:  # nobody reads it (nginx's 499); the job was cancelled
+        return Response(status_code=499)
     except Exception as e:  # noqa: BLE001
         return ctx.openai_error(e)
     return JSONResponse(results[0] if len(prompts) * n == 1 else results)
