@@ -171,6 +171,11 @@ def test_call_grammar_accepts_gemma4_calls_only(shared):
     two = "<|tool_call>call:t{}<tool_call|><|tool_call>call:t{}<tool_call|>"
     assert not accepts(two) and accepts(two, parallel=True)
     assert not accepts("<|tool_call>call:t{}<tool_call|>", name="get_weather")
+    thought = "<|channel>thought\nfirst <b> then t<channel|><|tool_call>call:t{}<tool_call|>"
+    assert accepts(thought, thought=True) and not accepts(thought)  # thinking on: a thought may come first
+    assert accepts("<|tool_call>call:t{}<tool_call|>", thought=True)
+    assert not accepts("<|channel>thought\nx<channel|>y<channel|><|tool_call>call:t{}<tool_call|>", thought=True)
+    assert not accepts("<|tool_call>call:t{}<tool_call|><|channel>thought\nx<channel|>", thought=True)
     # a tool with properties: its keys in order, required ones always, values of the property's type
     fns = check_tools([{"type": "function", "function": {"name": "w", "parameters": {"type": "object", "properties": {
         "city": {"type": "string", "enum": ["Paris", "Tokyo"]}, "days": {"type": "integer"}, "o": {}},

@@ -134,7 +134,8 @@ def plan_chat(llm: Any, messages: list[dict[str, Any]], *, tools: Any, tool_choi
             system_text = generic_system_text(functions, schema)
         elif choice == "required":
             kind, source = call_grammar(fmt, functions, name=name, parallel=parallel,
-                                        special_id=lambda s: _special_id(llm, s))
+                                        special_id=lambda s: _special_id(llm, s),
+                                        thought=bool(kwargs.get("enable_thinking")))
             grammar = LlamaGrammar(kind, source)
     rendered = template_messages(messages, fmt, system_text)
     if fmt == "gemma4" and gemma4_calls.CURRENT_TEMPLATE not in tmpl.source:

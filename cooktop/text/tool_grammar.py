@@ -112,7 +112,8 @@ def _q(text: str) -> str:
 
 
 def call_grammar(fmt: str, functions: list[dict[str, Any]], *, name: str | None = None, parallel: bool = False,
-                 special_id: Callable[[str], int | None] = lambda s: None) -> tuple[str, Any]:
+                 special_id: Callable[[str], int | None] = lambda s: None, thought: bool = False,
+                 ) -> tuple[str, Any]:
     """(grammar kind, source) forcing one call (several with ``parallel``) in ``fmt``'s syntax.
 
     Args:
@@ -120,6 +121,9 @@ def call_grammar(fmt: str, functions: list[dict[str, Any]], *, name: str | None 
         functions: from :func:`check_tools`; name: only that function.
         special_id: the id of a marker that is one special token in the vocabulary (then the
             grammar asks for that token, not its spelling), else None.
+        thought: Gemma 4: a ``<|channel>thought ... <channel|>`` channel may come before the call
+            (llama.cpp's grammar allows it always; here only when the template was asked to think,
+            since otherwise its prompt has closed an empty channel already).
     Returns:
         ``("lark", text)`` or, for ``generic``, ``("json_schema", schema)``.
     """
@@ -169,8 +173,8 @@ def call_grammar(fmt: str, functions: list[dict[str, Any]], *, name: str | None 
         start = f'start: {lit("[TOOL_CALLS]")} "[" call{more} "]"'
     elif fmt in ("hermes", "qwen3-coder") and parallel:
         start = 'start: call ("\\n" call)*'
-    elif fmt == "gemma4" and parallel:
-        start = "start: call+"
+    elif fmt == "gemma4":
+        start = "start: " + ("g4_thought? " if thought else "") + ("call+" if parallel else "call")
     elif fmt == "llama3" and parallel:
         start = 'start: call ("; " call)*'
     else:
@@ -216,7 +220,13 @@ def _gemma4_value_rules(lit: Callable[[str], str]) -> list[str]:
     common/parsers/gemma4.cpp; the values do not follow the tool's schema there either, only the
     top-level keys here are the tool's parameter names). A string's text is one lexeme: with ``<|"|>``
     a special token any text, else text without ``<|"|>`` in it."""
-    quote = lit('<|"|>')
+    quote, open_, close = lit('<|"|>'), lit("<|channel>"), lit("<channel|>")
+    if close.startswith("<["):  # the channel's close a special token: any text before it
+        thought = [f'g4_thought: {open_} "thought" G4_THOUGHT_TEXT {close}', r"G4_THOUGHT_TEXT: /(.|\n)*/"]
+    else:  # one lexeme, close included (as the strings below)
+        thought = ["g4_thought: G4_THOUGHT",
+                   "G4_THOUGHT: /" + _lark_escape("<|channel>thought") + _without("<channel|>")
+                   + _lark_escape("<channel|>") + "/"]
     if quote.startswith("<["):  # a special token: the text between is any text
         string = [f"g4_string: {quote} G4_TEXT {quote}", r"G4_TEXT: /(.|\n)*/"]
     else:  # one lexeme, quotes included (a longest match would otherwise run into the closing quote)
@@ -232,7 +242,24 @@ def _gemma4_value_rules(lit: Callable[[str], str]) -> list[str]:
         r"G4_NUMBER: /-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?/",
         r"G4_INT: /-?(0|[1-9][0-9]{0,15})/",
         *string,
+        *thought,
     ]
+
+
+def _lark_escape(text: str) -> str:
+    """``text`` as a literal inside a Lark ``/regex/``."""
+    return "".join("\\" + c if c in "\\/|()[]{}.*+?^$-" else c for c in text)
+
+
+def _without(marker: str) -> str:
+    """A regex (Lark) of any text in which ``marker`` does not occur, and that ends with no proper prefix of it
+    (so that ``marker`` can follow): each position is a character other than the marker's next one."""
+    alts = []
+    for k in range(len(marker)):
+        c = marker[k]
+        cls = "\\" + c if c in "\\]^-[" else c
+        alts.append(_lark_escape(marker[:k]) + "[^" + cls + "]")
+    return "(" + "|".join(alts) + ")*"
 
 
 def _xml_param_rules(i: int, schema: dict[str, Any]) -> list[str]:
