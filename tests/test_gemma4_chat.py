@@ -286,3 +286,54 @@ def test_reasoning_budget_closes_the_thought_channel(g4llm):
     assert msg["content"] == answer and msg.get("reasoning_content", "") == head[len("<|channel>thought"):].strip()
     n_open = len(g4llm.tokenize(b"<|channel>thought", add_bos=False))
     assert len(g4llm.tokenize(head.encode(), add_bos=False)) <= n_open + 3
+
+
+def test_call_grammar_asks_for_special_tokens_by_id(tmp_path):
+    """In a vocabulary where Gemma 4's markers are control tokens (its own), the grammar asks for those
+    tokens by id and a string's or a thought's text runs up to the closing token."""
+    from gguf import GGUFWriter, TokenType
+
+    from cooktop.api import Llama
+    from cooktop.api.chat_plan import _preserved, _special_id
+    from cooktop.engine.grammar import Grammar, GrammarTokenizer
+    from cooktop.tools import synth
+    markers = ["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|turn>", Q]
+    tokens, scores, types = synth.vocab(300)
+    first = 300 - len(markers)
+    tokens[first:] = markers
+    types[first:] = [int(TokenType.CONTROL)] * len(markers)
+    w = GGUFWriter(str(tmp_path / "v.gguf"), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    llm = Llama(str(tmp_path / "v.gguf"), vocab_only=True, verbose=False)
+    ids = {m: first + k for k, m in enumerate(markers)}
+    assert {m: _special_id(llm, m) for m in markers} == ids and _preserved(llm, "gemma4") == frozenset(ids.values())
+    fns = check_tools([{"type": "function", "function": {"name": "w", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}])
+    _, src = call_grammar("gemma4", fns, special_id=lambda s: _special_id(llm, s), thought=True)
+    assert f"call_0: <[{ids['<|tool_call>']}]> \"call:w\" g4_args_0 <[{ids['<tool_call|>']}]>" in src
+    tk = llm._tokenizer
+    byte_id = {}
+    for i in range(tk.n_vocab):
+        piece = tk.token_to_piece(i)
+        if len(piece) == 1:
+            byte_id.setdefault(piece, i)
+
+    def accepts(parts: list[str]) -> bool:  # markers by id, other text byte by byte
+        toks: list[int] = []
+        for p in parts:
+            toks += [ids[p]] if p in ids else [byte_id[bytes([b])] for b in p.encode()]
+        g = Grammar(GrammarTokenizer(tk), "lark", src)
+        return g.matcher.try_consume_tokens(toks) == len(toks) and g.matcher.is_accepting()
+
+    call = ["<|tool_call>", "call:w{city:", Q, "Pa <|ris\n", Q, "}", "<tool_call|>"]
+    assert accepts(call) and accepts(["<|channel>", "thought\nhm <x>", "<channel|>", *call])
+    assert not accepts(["<|tool_call>", "call:w{city:", "<|\"|>Paris<|\"|>}", "<tool_call|>"])  # quotes as text
