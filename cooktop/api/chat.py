@@ -27,10 +27,11 @@ import numpy as np
 
 from ..engine.generate import Generation, Step
 from ..errors import CooktopError
+from ..text import gemma4_calls
 from ..text.chat_messages import check_roles
 from ..text.chat_template import TemplateChoice, resolve_template, strip_added_specials
 from ..text.reasoning import prompt_opens_thinking
-from ..text.tool_calls import MessageStream
+from ..text.tool_calls import MessageStream, detect_format
 from .base import LlamaBase
 from .chat_plan import ChatPlan, ThinkBudget, assemble_message, plan_chat
 from .completion import MAX_TOP_LOGPROBS, n_predict_of, stop_list
@@ -99,6 +100,8 @@ class ChatMixin(LlamaBase):
         """(prompt text, its token ids, the template's stop strings); see :meth:`chat_prompt`."""
         tmpl = self.chat_template_choice().for_request(tools)
         text = tmpl.render(messages, add_generation_prompt=True, tools=tools or None, **kwargs)
+        if text.endswith("<turn|>\n") and detect_format(tmpl.source) == "gemma4":
+            text += "<|turn>model\n"  # llama.cpp common_chat_params_init_gemma4: a turn left closed is reopened
         text = strip_added_specials(text, tmpl.bos_token, tmpl.eos_token, add_bos=self._tokenizer.vocab.add_bos)
         return text, self.tokenize(text, add_bos=True, special=True), list(tmpl.stop)
 
@@ -173,7 +176,9 @@ class ChatMixin(LlamaBase):
         opened = prompt_opens_thinking(text)
         procs = list(logits_processor) if logits_processor is not None else []
         if plan.budget > 0:
-            procs.append(ThinkBudget(self, len(tokens), plan.budget, opened))
+            tags = (gemma4_calls.CHANNEL_OPEN + gemma4_calls.THOUGHT, gemma4_calls.CHANNEL_CLOSE,
+                    gemma4_calls.CHANNEL_CLOSE) if plan.fmt == "gemma4" else None
+            procs.append(ThinkBudget(self, len(tokens), plan.budget, opened, tags))
         sampler = self._sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 typical_p=typical_p, repeat_penalty=repeat_penalty,
                                 presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

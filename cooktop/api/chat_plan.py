@@ -7,7 +7,7 @@ messages the template reads (tool-call arguments as objects; the generic
 format's system text), the grammar that enforces ``required`` / a named
 function (and the generic JSON shape), and the template variables
 (``chat_template_kwargs``; ``enable_thinking=False`` for a reasoning budget of 0).
-:class:`ThinkBudget` ends a ``<think>`` block after ``reasoning_budget`` tokens
+:class:`ThinkBudget` ends a ``<think>`` block (Gemma 4's thought channel) after ``reasoning_budget`` tokens
 by forcing the closing tag (llama.cpp's reasoning-budget sampler).
 :func:`assemble_message` joins streamed deltas into one ``message``.
 """
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CooktopError
+from ..text import gemma4_calls
 from ..text.exact import ExactTokenizer
 from ..text.reasoning import THINK_CLOSE, THINK_OPEN, reasoning_format_name
 from ..text.tokenizer import TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED
@@ -133,9 +134,12 @@ def plan_chat(llm: Any, messages: list[dict[str, Any]], *, tools: Any, tool_choi
             system_text = generic_system_text(functions, schema)
         elif choice == "required":
             kind, source = call_grammar(fmt, functions, name=name, parallel=parallel,
-                                        special_id=lambda s: _special_id(llm, s))
+                                        special_id=lambda s: _special_id(llm, s),
+                                        thought=bool(kwargs.get("enable_thinking")))
             grammar = LlamaGrammar(kind, source)
     rendered = template_messages(messages, fmt, system_text)
+    if fmt == "gemma4" and gemma4_calls.CURRENT_TEMPLATE not in tmpl.source:
+        rendered = gemma4_calls.gemma4_tool_responses(rendered)  # the older templates read tool_responses
     return ChatPlan(rendered, ([{"type": "function", "function": f} for f in functions] or None)
                     if fmt != "generic" else None, kwargs, grammar, fmt, use_tools, rfmt, budget,
                     _preserved(llm, fmt))
@@ -157,16 +161,22 @@ def check_schema(name: str, schema: dict[str, Any]) -> None:
 
 
 class ThinkBudget:
-    """A logits processor that closes a ``<think>`` block after ``budget`` thinking tokens.
+    """A logits processor that closes a thinking block after ``budget`` thinking tokens.
 
     Args:
         llm: the model (its tokenizer); n_prompt: prompt tokens (the ids before are the prompt);
         budget: thinking tokens allowed (> 0); thinking_open: the answer starts inside the block.
+        tags: the block's (open, close, forced text): ``<think>`` / ``</think>`` (forcing
+            ``"\\n</think>\\n\\n"``), or Gemma 4's ``<|channel>thought`` / ``<channel|>`` (forcing
+            ``<channel|>``, llama.cpp common/parsers/gemma4.cpp ``thinking_end_tags``), whose
+            forced text is tokenized with special tokens parsed.
     """
 
-    def __init__(self, llm: Any, n_prompt: int, budget: int, thinking_open: bool):
+    def __init__(self, llm: Any, n_prompt: int, budget: int, thinking_open: bool,
+                 tags: tuple[str, str, str] | None = None):
         self.tk, self.n_prompt, self.budget, self.open = llm._tokenizer, n_prompt, budget, thinking_open
-        forced = ExactTokenizer(llm._tokenizer).tokenize(("\n" + THINK_CLOSE + "\n\n").encode())
+        self.open_tag, self.close_tag, text = tags or (THINK_OPEN, THINK_CLOSE, "\n" + THINK_CLOSE + "\n\n")
+        forced = ExactTokenizer(llm._tokenizer).tokenize(text.encode(), special=tags is not None)
         same = getattr(llm, "_piece_ids", None)
         if same is None:  # every id of each piece: a grammar may know a piece by another id (byte tokens)
             same = llm._piece_ids = {}
@@ -179,12 +189,12 @@ class ThinkBudget:
         gen = input_ids[self.n_prompt:]
         for t in gen[self.seen:]:
             self.text += self.tk.token_to_piece(int(t), special=True).decode("utf-8", "replace")
-            if self.open or self.text.lstrip().startswith(THINK_OPEN):
-                if THINK_CLOSE not in self.text:
+            if self.open or self.text.lstrip().startswith(self.open_tag):
+                if self.close_tag not in self.text:
                     self.n_thinking += 1
         self.seen = len(gen)
-        if self.pos < 0 and self.n_thinking >= self.budget and THINK_CLOSE not in self.text and (
-                self.open or self.text.lstrip().startswith(THINK_OPEN)):
+        if self.pos < 0 and self.n_thinking >= self.budget and self.close_tag not in self.text and (
+                self.open or self.text.lstrip().startswith(self.open_tag)):
             self.pos = len(gen)  # forcing starts here; the same call twice forces the same token
         k = len(gen) - self.pos
         if self.pos >= 0 and 0 <= k < len(self.forced):

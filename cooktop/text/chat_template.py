@@ -90,6 +90,8 @@ EOT_MARKERS: tuple[str, ...] = (
     "<end_of_utterance>",
     "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek
     "[EOT]",  # Kimi-K2
+    "<turn|>",  # Gemma 4
+    "<|tool_response>",  # Gemma 4: ends a turn that called tools
 )
 
 

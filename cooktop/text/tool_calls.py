@@ -16,6 +16,9 @@ tells them apart):
   "id": ...}, ...]`` or the newer ``[TOOL_CALLS]name[ARGS]{...}``;
 * ``gpt-oss`` (harmony): ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}``;
   the ``analysis`` channel is reasoning, ``final`` the answer;
+* ``gemma4`` (Gemma 4): ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`` in Gemma 4's
+  own value syntax, the ``<|channel>thought ... <channel|>`` channel reasoning
+  (:mod:`cooktop.text.gemma4_calls`);
 * ``generic`` (any other template, e.g. chatml): llama.cpp's generic fallback, the
   whole answer one JSON object ``{"tool_call": {"name", "arguments"}}``,
   ``{"tool_calls": [...]}`` or ``{"response": "..."}``, asked for in a system
@@ -41,10 +44,11 @@ import uuid
 from typing import Any
 
 from ..errors import CooktopError
+from . import gemma4_calls
 from .json_scan import object_members, scan_value, skip_ws
 from .reasoning import ReasoningSplit, held_prefix, split_think
 
-FORMATS = ("hermes", "qwen3-coder", "llama3", "mistral", "gpt-oss", "generic")
+FORMATS = ("hermes", "qwen3-coder", "llama3", "mistral", "gpt-oss", "gemma4", "generic")
 
 
 class ToolCallError(CooktopError):
@@ -54,11 +58,14 @@ class ToolCallError(CooktopError):
 def detect_format(source: str) -> str:
     """The tool-call format of a chat template's jinja source (one of :data:`FORMATS`).
 
-    Semantics: llama.cpp common/chat.cpp template detection (``<|channel|>`` gpt-oss,
+    Semantics: llama.cpp common/chat.cpp template detection (``'<|tool_call>call:'`` Gemma 4,
+    ``<|channel|>`` gpt-oss,
     ``<tool_call>`` with ``<function=`` and ``<parameter=`` Qwen3-Coder's XML, other ``<tool_call>``
     Hermes/Qwen, ``[TOOL_CALLS]`` Mistral, ``<|python_tag|>`` / ``ipython`` Llama 3.x, anything else
     the generic JSON fallback).
     """
+    if gemma4_calls.DETECT in source:
+        return "gemma4"
     if "<|channel|>" in source:
         return "gpt-oss"
     if "<tool_call>" in source and "<function=" in source and "<parameter=" in source:
@@ -343,6 +350,7 @@ MARKERS: dict[str, tuple[str, ...]] = {
     "llama3": (PYTHON_TAG,),
     "mistral": (MISTRAL_TAG, MISTRAL_ARGS),
     "gpt-oss": ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"),
+    "gemma4": gemma4_calls.MARKERS,
     "generic": (),
 }
 
@@ -431,6 +439,11 @@ def parse(text: str, fmt: str, *, partial: bool = False, reasoning_format: str =
         if reasoning_format == "deepseek-legacy":
             p.content = text
         return p
+    if fmt == "gemma4":
+        content, reasoning, calls = gemma4_calls.parse_gemma4(
+            text, partial=partial, reasoning=reasoning_format != "none",
+            legacy=reasoning_format == "deepseek-legacy", tools=tools)
+        return Parsed(content, reasoning, [ToolCall(n, a, None, done) for n, a, done in calls])
     split = (split_think(text, partial=partial, thinking_open=thinking_open) if reasoning_format != "none"
              else ReasoningSplit("", text, ""))
     body = split.content

@@ -112,7 +112,8 @@ def _q(text: str) -> str:
 
 
 def call_grammar(fmt: str, functions: list[dict[str, Any]], *, name: str | None = None, parallel: bool = False,
-                 special_id: Callable[[str], int | None] = lambda s: None) -> tuple[str, Any]:
+                 special_id: Callable[[str], int | None] = lambda s: None, thought: bool = False,
+                 ) -> tuple[str, Any]:
     """(grammar kind, source) forcing one call (several with ``parallel``) in ``fmt``'s syntax.
 
     Args:
@@ -120,6 +121,9 @@ def call_grammar(fmt: str, functions: list[dict[str, Any]], *, name: str | None 
         functions: from :func:`check_tools`; name: only that function.
         special_id: the id of a marker that is one special token in the vocabulary (then the
             grammar asks for that token, not its spelling), else None.
+        thought: Gemma 4: a ``<|channel>thought ... <channel|>`` channel may come before the call
+            (llama.cpp's grammar allows it always; here only when the template was asked to think,
+            since otherwise its prompt has closed an empty channel already).
     Returns:
         ``("lark", text)`` or, for ``generic``, ``("json_schema", schema)``.
     """
@@ -133,7 +137,8 @@ def call_grammar(fmt: str, functions: list[dict[str, Any]], *, name: str | None 
 
     rules, alts = [], []
     for i, f in enumerate(fns):
-        rules.append(f"args_{i}: %json {json.dumps(strict_schema(f['parameters']), ensure_ascii=False)}")
+        if fmt != "gemma4":  # Gemma 4's arguments are its own syntax, not JSON
+            rules.append(f"args_{i}: %json {json.dumps(strict_schema(f['parameters']), ensure_ascii=False)}")
         n = f["name"]
         head = '{"name": ' + json.dumps(n, ensure_ascii=False) + ", "
         if fmt == "hermes":
@@ -149,6 +154,9 @@ def call_grammar(fmt: str, functions: list[dict[str, Any]], *, name: str | None 
             rules.extend(_xml_param_rules(i, f["parameters"]))
             body = (f'{lit("<tool_call>")} {_q(chr(10) + "<function=" + n + ">" + chr(10))} params_{i} '
                     f'{_q("</function>" + chr(10))} {lit("</tool_call>")}')
+        elif fmt == "gemma4":
+            rules.extend(_gemma4_arg_rules(i, f["parameters"], lit))
+            body = f'{lit("<|tool_call>")} {_q("call:" + n)} g4_args_{i} {lit("<tool_call|>")}'
         elif fmt == "gpt-oss":
             body = (f'{lit("<|channel|>")} {_q("commentary to=functions." + n + " ")} {lit("<|constrain|>")} '
                     f'"json" {lit("<|message|>")} args_{i} {lit("<|call|>")}')
@@ -157,17 +165,101 @@ def call_grammar(fmt: str, functions: list[dict[str, Any]], *, name: str | None 
         rules.append(f"call_{i}: {body}")
         alts.append(f"call_{i}")
     rules.append("call: " + " | ".join(alts))
+    if fmt == "gemma4":
+        rules.extend(_gemma4_value_rules(lit))
     if fmt == "mistral":
         rules.append("CALL_ID: /[a-zA-Z0-9]{9}/")
         more = ' (", " call)*' if parallel else ""
         start = f'start: {lit("[TOOL_CALLS]")} "[" call{more} "]"'
     elif fmt in ("hermes", "qwen3-coder") and parallel:
         start = 'start: call ("\\n" call)*'
+    elif fmt == "gemma4":
+        start = "start: " + ("g4_thought? " if thought else "") + ("call+" if parallel else "call")
     elif fmt == "llama3" and parallel:
         start = 'start: call ("; " call)*'
     else:
         start = "start: call"
     return "lark", "\n".join([start, *rules]) + "\n"
+
+
+def _gemma4_arg_rules(i: int, schema: dict[str, Any], lit: Callable[[str], str]) -> list[str]:
+    """Rule ``g4_args_i``: the dict of a Gemma 4 call to a tool with parameters ``schema``: its properties
+    in their order as ``key:value`` (required ones always, the others optional), comma-separated; a
+    string, integer, number, boolean or string-enum property's value of that type, another's any Gemma 4
+    value. No properties: any dict (``g4_dict``). llama.cpp's Gemma 4 grammar takes any dict."""
+    props = schema.get("properties")
+    if not isinstance(props, dict) or not props:
+        return [f"g4_args_{i}: g4_dict"]
+    required = set(schema.get("required") or ())
+    quote = lit('<|"|>')
+    rules = []
+    for k, (key, sub) in enumerate(props.items()):
+        sub = sub if isinstance(sub, dict) else {}
+        enum = sub.get("enum")
+        if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+            value = "(" + " | ".join(f"{quote} {_q(v)} {quote}" for v in enum) + ")"
+        else:
+            kind = sub.get("type")
+            value = {"string": "g4_string", "integer": "G4_INT", "number": "G4_NUMBER",
+                     "boolean": '("true" | "false")'}.get(kind if isinstance(kind, str) else "", "g4_value")
+        rules.append(f"g4_m_{i}_{k}: {_q(key + ':')} {value}")
+    n = len(props)
+    for k, key in enumerate(props):  # first_k: nothing written yet; rest_k: a member written before
+        opt = key not in required
+        nxt_first, nxt_rest = (f"g4_first_{i}_{k + 1}", f"g4_rest_{i}_{k + 1}") if k + 1 < n else ('""', '""')
+        rules.append(f"g4_first_{i}_{k}: g4_m_{i}_{k} {nxt_rest}" + (f" | {nxt_first}" if opt else ""))
+        rules.append(f'g4_rest_{i}_{k}: ' + (f'("," g4_m_{i}_{k})? {nxt_rest}' if opt
+                                            else f'"," g4_m_{i}_{k} {nxt_rest}'))
+    rules.append(f'g4_args_{i}: "{{" g4_first_{i}_0 "}}"')
+    return rules
+
+
+def _gemma4_value_rules(lit: Callable[[str], str]) -> list[str]:
+    """Rules of Gemma 4's value syntax, ``g4_dict`` and what it holds: ``<|"|>text<|"|>`` strings,
+    JSON numbers and literals, ``[v,...]`` arrays, ``{key:v,...}`` dicts with identifier keys (llama.cpp
+    common/parsers/gemma4.cpp; the values do not follow the tool's schema there either, only the
+    top-level keys here are the tool's parameter names). A string's text is one lexeme: with ``<|"|>``
+    a special token any text, else text without ``<|"|>`` in it."""
+    quote, open_, close = lit('<|"|>'), lit("<|channel>"), lit("<channel|>")
+    if close.startswith("<["):  # the channel's close a special token: any text before it
+        thought = [f'g4_thought: {open_} "thought" G4_THOUGHT_TEXT {close}', r"G4_THOUGHT_TEXT: /(.|\n)*/"]
+    else:  # one lexeme, close included (as the strings below)
+        thought = ["g4_thought: G4_THOUGHT",
+                   "G4_THOUGHT: /" + _lark_escape("<|channel>thought") + _without("<channel|>")
+                   + _lark_escape("<channel|>") + "/"]
+    if quote.startswith("<["):  # a special token: the text between is any text
+        string = [f"g4_string: {quote} G4_TEXT {quote}", r"G4_TEXT: /(.|\n)*/"]
+    else:  # one lexeme, quotes included (a longest match would otherwise run into the closing quote)
+        string = ["g4_string: G4_STRING",
+                  r'G4_STRING: /<\|"\|>([^<]|<[^|]|<\|[^"]|<\|"[^|]|<\|"\|[^>])*<\|"\|>/']
+    return [
+        'g4_dict: "{" (g4_kv ("," g4_kv)*)? "}"',
+        'g4_kv: G4_KEY ":" g4_value',
+        'g4_array: "[" (g4_value ("," g4_value)*)? "]"',
+        'g4_value: g4_string | g4_dict | g4_array | G4_NUMBER | "true" | "false" | "null"',
+        r"G4_KEY: /[A-Za-z_][A-Za-z0-9_.\-]*/",
+        # digits bounded as llama.cpp's json-schema-to-grammar bounds them (integral-part, decimal-part)
+        r"G4_NUMBER: /-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][+-]?[0-9]{1,3})?/",
+        r"G4_INT: /-?(0|[1-9][0-9]{0,15})/",
+        *string,
+        *thought,
+    ]
+
+
+def _lark_escape(text: str) -> str:
+    """``text`` as a literal inside a Lark ``/regex/``."""
+    return "".join("\\" + c if c in "\\/|()[]{}.*+?^$-" else c for c in text)
+
+
+def _without(marker: str) -> str:
+    """A regex (Lark) of any text in which ``marker`` does not occur, and that ends with no proper prefix of it
+    (so that ``marker`` can follow): each position is a character other than the marker's next one."""
+    alts = []
+    for k in range(len(marker)):
+        c = marker[k]
+        cls = "\\" + c if c in "\\]^-[" else c
+        alts.append(_lark_escape(marker[:k]) + "[^" + cls + "]")
+    return "(" + "|".join(alts) + ")*"
 
 
 def _xml_param_rules(i: int, schema: dict[str, Any]) -> list[str]:
