@@ -57,6 +57,9 @@ def test_chat_stream_equals_non_stream(client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
     assert chunks[-1].choices[0].finish_reason == "length"
     assert all(c.usage is None for c in chunks)  # no usage chunk unless asked
+    from cooktop.version import __version__  # llama-server's b<build>-<source> shape, in the stream too
+    assert whole.system_fingerprint == f"b{__version__}-cooktop"
+    assert chunks[0].system_fingerprint == whole.system_fingerprint
 
 
 def test_chat_stream_usage_chunk_once_before_done(client, http):

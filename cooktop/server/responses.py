@@ -11,6 +11,11 @@ import uuid
 from typing import Any
 
 from ..api.chat_plan import assemble_message
+from ..version import __version__
+
+#: OpenAI's ``system_fingerprint`` of every completion the server answers, in llama-server's shape
+#: (``b<build>-<source>``: tools/server/server-task.cpp ``build_info``), cooktop's version as the build
+SYSTEM_FINGERPRINT = f"b{__version__}-cooktop"
 
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +48,7 @@ def empty_chat(llm: Any, kw: dict[str, Any]):
     tokens, _stops = llm.chat_prompt(kw["messages"], kw.get("tools"))
     llm._engine.check_prompt(tokens)
     base = {"id": f"chatcmpl-{uuid.uuid4()}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "model": kw["model"]}
     yield dict(base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                "finish_reason": None}])
@@ -161,6 +167,7 @@ def choices_job(n: int, args: dict[str, Any], call, model: str):
                     kw["seed"] = kw["seed"] + i
                 for chunk in summed_timings(with_timings(llm, call(llm, kw)), acc, i > 0, i == n - 1):
                     chunk["choices"][0]["index"] = i
+                    chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
                     yield repeat_usage(chunk) if i else chunk
         return gen()
     return make
@@ -179,6 +186,7 @@ def prompt_choices_job(prompts: list[Any], n: int, args: dict[str, Any], model: 
                     chunks = with_timings(llm, llm.create_completion(prompt, **kw))
                     for chunk in summed_timings(chunks, acc, i > 0, idx == len(prompts) * n - 1):
                         chunk["choices"][0]["index"] = idx
+                        chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
                         yield repeat_usage(chunk) if i else chunk
                     idx += 1
         return gen()
@@ -202,6 +210,7 @@ def assemble_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     first = chunks[0]
     return with_last_timings(chunks, {
         "id": first["id"], "object": "chat.completion", "created": first["created"], "model": first["model"],
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [{"index": i, "message": assemble_message(s["text"]),
                      "logprobs": None if s["lp"] is None else {"content": s["lp"], "refusal": None},
                      "finish_reason": s["finish"]} for i, s in sorted(choices.items())],
@@ -229,6 +238,7 @@ def assemble_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     first = chunks[0]
     return with_last_timings(chunks, {
         "id": first["id"], "object": "text_completion", "created": first["created"], "model": first["model"],
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [{"index": i, "text": "".join(s["text"]), "logprobs": s["lp"], "finish_reason": s["finish"]}
                     for i, s in sorted(choices.items())],
         "usage": usage})
