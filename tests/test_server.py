@@ -25,7 +25,8 @@ CHAT = [{"role": "user", "content": "Tell me a story."}]
 @pytest.fixture(scope="module")
 def srv(stories, server_deps):
     from cooktop.server.app import ServerConfig
-    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=2))
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=2,
+                                   endpoint_metrics=True))
     yield s
     s.stop()
 
@@ -158,6 +159,27 @@ def test_health_props_metrics_tokenize(http):
                  "cooktop:slots_busy", "cooktop:slots_total 2", "cooktop:batch_size", "cooktop:batch_tokens",
                  "cooktop:tokens_per_second"):
         assert name in metrics
+    r = http.get("/metrics")
+    assert int(r.headers["Process-Start-Time-Unix"]) > 0
+    values = {ln.split()[0]: float(ln.split()[1]) for ln in r.text.splitlines() if ln.startswith("llamacpp:")}
+    before = values["llamacpp:n_decode_total"]
+    http.post("/completion", json={"prompt": PROMPT, "n_predict": 3, "cache_prompt": False})
+    after = {ln.split()[0]: float(ln.split()[1]) for ln in http.get("/metrics").text.splitlines()
+             if ln.startswith("llamacpp:")}
+    assert after["llamacpp:n_decode_total"] == before + 3  # one pass for the prompt, one per later token
+    assert 1 <= after["llamacpp:n_busy_slots_per_decode"] <= 2
+
+
+def test_metrics_need_the_flag(stories, server_deps):
+    """Without ``--metrics`` ``/metrics`` is llama-server's 501."""
+    from fastapi.testclient import TestClient
+
+    from cooktop.server.app import ServerConfig, create_app
+    with TestClient(create_app(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=64, device="cpu")))) as c:
+        while c.get("/health").status_code == 503:
+            pass
+        r = c.get("/metrics")
+    assert r.status_code == 501 and "Start it with `--metrics`" in r.json()["error"]["message"]
 
 
 def test_prompt_prefix_reuse_reports_cached_tokens(http):
@@ -336,7 +358,8 @@ def test_api_key(stories, server_deps, openai_client_dep):
     from openai import AuthenticationError, OpenAI
 
     from cooktop.server.app import ServerConfig
-    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=128, device="cpu"), api_key="s3cret,k2"))
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=128, device="cpu"), api_key="s3cret,k2",
+                                   endpoint_metrics=True))
     try:
         assert httpx.get(s.base + "/health").status_code == 200  # open
         for key, status in (("k2", 200), ("s3cret,k2", 401), ("s3cre", 401)):  # any one of the keys
@@ -547,7 +570,8 @@ def test_timings_as_llama_server(http):
     t = r["timings"]
     assert t["prompt_n"] == r["usage"]["prompt_tokens"] and t["cache_n"] == 0
     assert t["predicted_n"] == r["usage"]["completion_tokens"] == 5 and t["predicted_ms"] > 0
-    assert t["predicted_per_second"] == pytest.approx(1e3 * 5 / t["predicted_ms"]) and "draft_n" not in t
+    # over 4 decode steps: the first token comes from the prompt's last batch, as llama-server counts
+    assert t["predicted_per_second"] == pytest.approx(1e3 * 4 / t["predicted_ms"]) and "draft_n" not in t
     with http.stream("POST", "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "stream": True}) as s:
         chunks = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
     assert "timings" in chunks[-1] and chunks[-1]["timings"]["predicted_n"] == 3
@@ -572,7 +596,8 @@ def test_timings_sum_the_choices_as_usage(http, path, body):
     assert t["predicted_n"] == u["completion_tokens"] == 4 * len(r["choices"])
     assert t["cache_n"] == u["prompt_tokens_details"]["cached_tokens"]
     assert t["prompt_n"] + t["cache_n"] == u["prompt_tokens"]
-    assert t["predicted_per_second"] == pytest.approx(1e3 * t["predicted_n"] / t["predicted_ms"])
+    steps = t["predicted_n"] - len(r["choices"])  # each choice's first token is free
+    assert t["predicted_per_second"] == pytest.approx(1e3 * steps / t["predicted_ms"])
 
 
 class _Seq:

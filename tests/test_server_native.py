@@ -18,7 +18,8 @@ def http(stories, server_deps):
     import httpx
 
     from cooktop.server.app import ServerConfig
-    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=2))
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=dict(n_ctx=256, device="cpu"), n_parallel=2,
+                                   endpoint_metrics=True))
     with httpx.Client(base_url=s.base, timeout=120) as c:
         yield c
     s.stop()

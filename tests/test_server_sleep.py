@@ -40,7 +40,7 @@ def test_sleep_frees_the_model_and_the_next_request_wakes_it(stories, tmp_path, 
     model = tmp_path / "m.gguf"
     shutil.copyfile(stories, model)
     s = RunningServer(ServerConfig(str(model), llama_kwargs=dict(n_ctx=128, device="cpu"), api_key="k",
-                                   sleep_idle_seconds=1))
+                                   sleep_idle_seconds=1, endpoint_metrics=True))
     try:
         with httpx.Client(base_url=s.base, timeout=120, headers={"Authorization": "Bearer k"}) as c:
             first = complete(c)

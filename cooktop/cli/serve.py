@@ -90,7 +90,8 @@ from .spec_options import speculative_options
               help="With --context-shift: prompt tokens kept at the start (-1: the whole prompt).")
 @click.option("--props", "endpoint_props", is_flag=True, envvar="LLAMA_ARG_ENDPOINT_PROPS",
               help="Allow POST /props (llama-server's; off: 501).")
-@click.option("--metrics", is_flag=True, help="(Accepted: /metrics is always on in cooktop.)")
+@click.option("--metrics", "metrics", is_flag=True, default=False, envvar="LLAMA_ARG_ENDPOINT_METRICS",
+              help="Serve GET /metrics (Prometheus text, llama-server's names; off: 501, as llama-server).")
 @click.option("--slot-save-path", "slot_save_path", default=None, metavar="PATH",
               help="Folder of the slot files POST /slots/ID?action=save|restore write and read (llama-server's).")
 @click.option("--models-dir", "models_dir", default=None, metavar="PATH", envvar="LLAMA_ARG_MODELS_DIR",
@@ -209,7 +210,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
                           slot_save_path=slot_save_path, endpoint_props=endpoint_props, cors_origins=cors_origins,
                           cors_methods=cors_methods, cors_headers=cors_headers, cors_credentials=cors_credentials,
                           api_prefix=api_prefix, sleep_idle_seconds=sleep_idle_seconds,
-                          ui_mcp_proxy=ui_mcp_proxy,
+                          ui_mcp_proxy=ui_mcp_proxy, endpoint_metrics=metrics,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if router_mode:

@@ -211,6 +211,8 @@ class PlacedModel(Generic[C]):
         gf: the opened GGUF (the token embeddings are looked up in it, on the host);
             cfg: its config (``cfg.arch`` names the architecture).
         n_ctx: positions per sequence of :meth:`new_cache`; n_batch: max tokens per pass.
+        n_decode, n_seq_decode: passes run (:meth:`forward` and :meth:`forward_batch` calls, llama.cpp's
+            ``llama_decode`` count of the server's ``/metrics``) and the sequences they held in all.
         logits_all: keep logits of every position (else only the last).
 
     Subclasses implement :meth:`_new_cache`, :meth:`_run` and :meth:`close`.
@@ -224,6 +226,7 @@ class PlacedModel(Generic[C]):
         self._closed = False
         self._embd = gf.tensor("token_embd.weight")
         self._host_cache: dict = {}  # what Architecture.layer_inputs keeps between passes (dequantized weights)
+        self.n_decode = self.n_seq_decode = 0
 
     @property
     def closed(self) -> bool:
@@ -296,6 +299,8 @@ class PlacedModel(Generic[C]):
             raise ValueError(f"forward takes 1..{self.n_batch} tokens, got {n}")
         self._check_item(cache, seq_id, n_past, n)
         la = self.logits_all if logits_all is None else (logits_all and self.logits_all)
+        self.n_decode += 1
+        self.n_seq_decode += 1
         ids = np.asarray(tokens, dtype=np.int64)
         h = self.embed(ids)
         pos = np.arange(n_past, n_past + n, dtype=np.int32)
@@ -358,6 +363,8 @@ class PlacedModel(Generic[C]):
             raise ValueError("forward_batch: a sequence appears twice in one batch")
         for seq_id, n_past, toks, _ in items:
             self._check_item(cache, seq_id, n_past, len(toks))
+        self.n_decode += 1
+        self.n_seq_decode += len(items)
         ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, _, t, _ in items])
         pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for _, p, t, _ in items])
         base = np.concatenate([np.full(len(t), s * self.n_ctx, dtype=np.int32) for s, _, t, _ in items])

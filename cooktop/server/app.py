@@ -92,6 +92,7 @@ class ServerConfig:
         api_prefix: llama-server's ``--api-prefix``: every route under this path (``/llm`` ->
             ``/llm/health``); ``""`` none. A ValueError from :func:`create_app` if it has no leading
             ``/`` or a trailing one (``prefix.check_api_prefix``).
+        endpoint_metrics: serve ``GET /metrics`` (llama-server's ``--metrics``; off: 501).
         ui_mcp_proxy: serve ``/cors-proxy`` (llama-server's ``--ui-mcp-proxy``, :mod:`.cors_proxy`; off: 403).
         sleep_idle_seconds: free the model after this many seconds without a request and load it again
             on the next one (llama-server's ``--sleep-idle-seconds``, :mod:`.sleep`); -1 never.
@@ -118,6 +119,7 @@ class ServerConfig:
     api_prefix: str = ""
     sleep_idle_seconds: float = -1
     ui_mcp_proxy: bool = False
+    endpoint_metrics: bool = False
 
     @property
     def api_keys(self) -> tuple[str, ...]:
@@ -580,7 +582,11 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
     @app.get("/metrics")
     @endpoint
     async def metrics(request: Request):
-        return PlainTextResponse(prometheus(state), media_type="text/plain; version=0.0.4")
+        if not config.endpoint_metrics:  # llama-server's answer without --metrics
+            raise P.HTTPError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                              "not_supported_error")
+        return PlainTextResponse(prometheus(state), media_type="text/plain; version=0.0.4",
+                                 headers={"Process-Start-Time-Unix": str(int(state.started))})
 
     @app.get("/props")
     @endpoint

@@ -60,13 +60,15 @@ def empty_chat(llm: Any, kw: dict[str, Any]):
 def timings_json(t: Any, cached: int) -> dict[str, Any]:
     """llama-server's ``timings`` of one generation (tools/server/server-common.cpp
     ``server_slot_stats::to_json``) from a :class:`~cooktop.engine.generate.Timings` (ms) and its
-    ``cached`` prompt tokens; ``draft_n`` / ``draft_n_accepted`` only when tokens were drafted."""
+    ``cached`` prompt tokens; ``draft_n`` / ``draft_n_accepted`` only when tokens were drafted. The
+    generation rates are over ``predicted_n - 1`` decode steps: the first token comes from the prompt's
+    last batch (server-common.h ``n_gen_steps``)."""
     def per(ms: float, n: int) -> tuple[float, float]:
         return (ms / n if n else 0.0), (1e3 * n / ms if ms > 0 else 0.0)
 
     predicted_ms = t.eval_ms + t.sample_ms
     p_tok, p_sec = per(t.prompt_ms, t.prompt_n)
-    g_tok, g_sec = per(predicted_ms, t.n_decoded)
+    g_tok, g_sec = per(predicted_ms, max(t.n_decoded - 1, 0))
     out = {"cache_n": cached, "prompt_n": t.prompt_n, "prompt_ms": t.prompt_ms, "prompt_per_token_ms": p_tok,
            "prompt_per_second": p_sec, "predicted_n": t.n_decoded, "predicted_ms": predicted_ms,
            "predicted_per_token_ms": g_tok, "predicted_per_second": g_sec}
@@ -115,6 +117,7 @@ class TimingsSum:
         for k in keys:
             if k in t:
                 self.sums[k] = self.sums.get(k, 0) + t[k]
+        self.sums["steps"] = self.sums.get("steps", 0) + max(t.get("predicted_n", 0) - 1, 0)  # first one free
 
     def json(self) -> dict[str, Any]:
         """llama-server's ``timings`` fields of the sums (ms; counts)."""
@@ -124,7 +127,7 @@ class TimingsSum:
             return (ms / n if n else 0.0), (1e3 * n / ms if ms > 0 else 0.0)
 
         p_tok, p_sec = per(g("prompt_ms", 0.0), g("prompt_n", 0))
-        g_tok, g_sec = per(g("predicted_ms", 0.0), g("predicted_n", 0))
+        g_tok, g_sec = per(g("predicted_ms", 0.0), g("steps", 0))
         out = {"cache_n": g("cache_n", 0), "prompt_n": g("prompt_n", 0), "prompt_ms": g("prompt_ms", 0.0),
                "prompt_per_token_ms": p_tok, "prompt_per_second": p_sec, "predicted_n": g("predicted_n", 0),
                "predicted_ms": g("predicted_ms", 0.0), "predicted_per_token_ms": g_tok,
@@ -256,10 +259,15 @@ def with_last_timings(chunks: list[dict[str, Any]], answer: dict[str, Any]) -> d
 def prometheus(state: Any) -> str:
     """Prometheus text exposition of the server's counters: llama-server's ``llamacpp:*`` metrics
     (tools/server/server-task.cpp ``server_task_result_metrics::to_metrics``; its throughput gauges
-    over the whole run, not since the last scrape; not its ``n_decode_total``,
-    ``n_busy_slots_per_decode`` and ``spec_decode_num_drafts_total``), then cooktop's own. Asleep
-    (``state.scheduler`` None), the counters kept in ``state.metrics`` and idle gauges."""
+    over the whole run, not since the last scrape; ``n_decode_total`` counts the target model's passes;
+    not its ``spec_decode_num_drafts_total``), then cooktop's own. Asleep (``state.scheduler`` None), the
+    counters kept in ``state.metrics`` and idle gauges (the pass counts are the reloaded model's after a
+    wake)."""
     s = state.scheduler
+    model = getattr(getattr(state.llm, "_engine", None), "model", None)  # None asleep
+    if model is not None:
+        state.decodes = (model.n_decode, model.n_seq_decode)  # kept for the sleeping server's scrapes
+    n_decode, n_seq_decode = getattr(state, "decodes", (0, 0))
     if s is None:  # asleep (``--sleep-idle-seconds``): the counters of before, nothing running
         m, busy, waiting, n_slots, tps = state.metrics, 0, 0, state.config.n_parallel, 0.0
         n_seqs, n_tokens = 0, 0
@@ -280,6 +288,8 @@ def prometheus(state: Any) -> str:
             ("counter", "tokens_predicted_total", "Number of generation tokens processed", m.tokens_predicted_total),
             ("counter", "tokens_predicted_seconds_total", "Total time spent generating tokens",
              m.tokens_predicted_seconds_total),
+            ("counter", "n_decode_total", "Total number of llama_decode() calls, excluding speculative decoding "
+             "and multimodal decoding", n_decode),
             ("counter", "n_tokens_max", "Largest observed sequence length (prompt + generation)", m.n_tokens_max),
             ("counter", "spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
              m.draft_tokens_total),
@@ -288,7 +298,9 @@ def prometheus(state: Any) -> str:
             ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s",
              rate(m.prompt_tokens_total, m.prompt_seconds_total)),
             ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s",
-             rate(m.tokens_predicted_total, m.tokens_predicted_seconds_total))):
+             rate(m.tokens_predicted_total, m.tokens_predicted_seconds_total)),
+            ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+             n_seq_decode / max(n_decode, 1))):
         lines += [f"# HELP llamacpp:{name} {text}", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {value}"]
     lines += [
         "# HELP llamacpp:requests_processing Number of requests processing",
