@@ -35,3 +35,35 @@ def test_serve_splits_the_context_across_slots(stories, args, want, server_deps,
     r = CliRunner().invoke(cli, ["serve", "-m", str(stories), "--port", "8080", *args])
     assert r.exit_code == 0, r.output
     assert (seen["n_ctx"], seen["n_parallel"]) == want
+
+
+def test_several_addresses_and_aliases(stories, server_deps):
+    """``--host a,b`` listens on each (one error, nothing left open, when one fails); ``--alias a,b`` and
+    ``--tags`` show in ``/v1/models``, the first alias in sorted order as the ``id`` (llama-server's)."""
+    import socket
+
+    from fastapi.testclient import TestClient
+
+    from cooktop.cli.serve import listen_sockets, urls
+    from cooktop.errors import CooktopError
+    from cooktop.server.app import ServerConfig, create_app
+    socks = listen_sockets("127.0.0.1, 127.0.0.2", 0)
+    try:
+        assert [s.getsockname()[0] for s in socks] == ["127.0.0.1", "127.0.0.2"]
+        socks[0].listen()  # as uvicorn does
+        port = socks[0].getsockname()[1]
+        with pytest.raises(CooktopError, match=f"cannot listen on 127.0.0.1:{port}: the address is already in use"):
+            listen_sockets("127.0.0.3,127.0.0.1", port)
+        probe = socket.socket()
+        probe.bind(("127.0.0.3", port))  # the first of the failed pair was closed again
+        probe.close()
+    finally:
+        for s in socks:
+            s.close()
+    assert urls("127.0.0.1,::1", 8080, "/llm") == "http://127.0.0.1:8080/llm, http://[::1]:8080/llm"
+    with TestClient(create_app(ServerConfig(str(stories), alias="tinyllama-2,fim,code", tags="chat, small",
+                                            llama_kwargs=dict(n_ctx=64, device="cpu")))) as c:
+        while c.get("/health").status_code == 503:
+            pass
+        m = c.get("/v1/models").json()["data"][0]
+    assert (m["id"], m["aliases"], m["tags"]) == ("code", ["code", "fim", "tinyllama-2"], ["chat", "small"])

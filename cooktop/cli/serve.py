@@ -32,7 +32,8 @@ from .spec_options import speculative_options
 @cli.command("serve")
 @llama_options("serve")
 @model_options
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface); several separated by commas.")
 @click.option("--port", default=8080, show_default=True, help="Port to listen on.")
 @click.option("-c", "--ctx-size", "n_ctx", default=0, show_default=True,
               help="Context size in tokens, split across the -np slots as llama-server does unless --kv-unified "
@@ -45,7 +46,9 @@ from .spec_options import speculative_options
               envvar="LLAMA_ARG_KV_UNIFIED",
               help="Every slot gets the whole -c context instead of -c / -np (cooktop then allocates -np times it).")
 @click.option("--max-queue", default=256, show_default=True, help="Waiting requests before answering 503.")
-@click.option("-a", "--alias", default=None, help="Model name in the API (default: the file name).")
+@click.option("-a", "--alias", default=None, envvar="LLAMA_ARG_ALIAS",
+              help="Model name in the API (default: the file name); several separated by commas.")
+@click.option("--tags", default=None, envvar="LLAMA_ARG_TAGS", help="Tags of the model in /v1/models, comma-separated.")
 @click.option("--api-key", default=None, envvar="LLAMA_API_KEY",
               help="Require 'Authorization: Bearer KEY' on every endpoint but /health (env LLAMA_API_KEY); "
                    "several keys separated by commas.")
@@ -115,7 +118,8 @@ from .spec_options import speculative_options
 @ray_option
 @click.option("--replicas", "n_replicas", type=int, default=None,
               help="With --ray: replicas of the model behind Ray Serve (default 1), requests balanced across them.")
-def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, kv_unified, max_queue, alias, api_key,
+def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, kv_unified, max_queue, alias, tags,
+              api_key,
               api_key_file,
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
@@ -173,6 +177,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
     api_key = _api_keys(api_key, api_key_file)
     router_mode = not model and not hf_repo  # llama-server without a model: the router of several
     split_context = n_parallel > 1 and not kv_unified  # -c is the total, each slot gets its share
+    if ray_address and "," in host:
+        raise CooktopError(f"--host {host}: with --ray, Ray Serve listens on one address")
     if router_mode:
         if ray_address:
             raise CooktopError("router mode (no -m / -hf) does not run on a Ray cluster (--ray): give a model")
@@ -204,7 +210,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
         kwargs["pooling_type"] = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}[pooling]
     if rerank:
         kwargs["pooling_type"] = 4  # llama.cpp LLAMA_POOLING_TYPE_RANK
-    config = ServerConfig(path, alias=alias, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
+    config = ServerConfig(path, alias=alias, tags=tags, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
                           api_key=api_key, reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
                           webui=not no_webui, defaults=defaults, endpoint_slots=endpoint_slots,
                           slot_save_path=slot_save_path, endpoint_props=endpoint_props, cors_origins=cors_origins,
@@ -223,7 +229,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
         click.echo(f"cooktop: starting {n_replicas} replica(s) of {path} on the Ray cluster at {ray_address}",
                    err=True)
         serve_forever(config, ray_address, n_replicas, host, port, on_ready=lambda: click.echo(
-            f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port}{api_prefix} "
+            f"cooktop: serving {path} as {config.model_id!r} on {urls(host, port, api_prefix)} "
             f"({n_replicas} replica(s) behind Ray Serve, {n_parallel} slot(s) each"
             f"{', API key required' if api_key else ''})", err=True))
         return
@@ -233,11 +239,11 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
         click.echo(f"cooktop: AIP_MODE=PREDICTION: serving on AIP_HTTP_PORT {gcp.port} instead of port {port}",
                    err=True)
         port = gcp.port
-    sock = listen_socket(host, port)  # a port in use is one error line, exit 1
+    socks = listen_sockets(host, port)  # a port in use is one error line, exit 1
     failed: list[str] = []
 
     def loaded() -> None:  # once the model has loaded, as llama-server prints "listening on"
-        click.echo(f"cooktop: serving {path} as {config.model_id!r} on http://{host}:{port}{api_prefix} "
+        click.echo(f"cooktop: serving {path} as {config.model_id!r} on {urls(host, port, api_prefix)} "
                    f"({n_parallel} slot(s){', API key required' if api_key else ''})", err=True)
 
     def load_failed(message: str) -> None:  # llama-server: "failed to load model", exit 1
@@ -246,7 +252,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
 
     app = create_app(config, on_load_error=load_failed, on_loaded=loaded)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    server.run(sockets=[sock])
+    server.run(sockets=socks)
     if failed:
         if failed[0].startswith("cannot load the draft model"):  # the draft's own message, named
             raise CooktopError(failed[0])
@@ -266,12 +272,39 @@ def _serve_router(config, models_dir: str | None, models_max: int, autoload: boo
 
     from ..server.router import create_router_app
     app = create_router_app(config, models_dir, None, models_max, autoload, split_context)
-    sock = listen_socket(host, port)
+    socks = listen_sockets(host, port)
     n = len(app.router_state.instances)
     click.echo(f"cooktop: router mode: {n} model(s) from {models_dir or 'the Hugging Face cache'}"
                f"{' and the cache' if models_dir else ''}, loaded on demand (at most "
-               f"{models_max or 'any number'} at once) on http://{host}:{port}{config.api_prefix}", err=True)
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run(sockets=[sock])
+               f"{models_max or 'any number'} at once) on {urls(host, port, config.api_prefix)}", err=True)
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run(sockets=socks)
+
+
+def listen_sockets(hosts: str, port: int) -> list[socket.socket]:
+    """One :func:`listen_socket` per address of ``hosts`` (comma-separated, llama-server's ``--host a,b``).
+
+    Raises:
+        CooktopError: no address, or one that cannot be listened on (those opened before are closed).
+    """
+    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not names:
+        raise CooktopError(f"--host {hosts!r}: no address")
+    out: list[socket.socket] = []
+    try:
+        for h in names:
+            out.append(listen_socket(h, port))
+    except CooktopError:
+        for s in out:
+            if s is not None:
+                s.close()
+        raise
+    return out
+
+
+def urls(hosts: str, port: int, prefix: str = "") -> str:
+    """``http://HOST:PORT{prefix}`` of each address of ``hosts`` (IPv6 in brackets), comma-separated."""
+    return ", ".join(f"http://[{h}]:{port}{prefix}" if ":" in h else f"http://{h}:{port}{prefix}"
+                     for h in (x.strip() for x in hosts.split(",")) if h)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:

@@ -70,7 +70,9 @@ class ServerConfig:
     """What ``cooktop serve`` was asked for.
 
     Attributes:
-        model_path: the GGUF; alias: the model name clients use (default: the file name).
+        model_path: the GGUF; alias: the model name clients use (default: the file name; ``a,b,c``:
+            several, the first in sorted order reported as the ``id``); tags: ``--tags`` (comma-separated,
+            listed in ``/v1/models``).
         llama_kwargs: arguments for :class:`cooktop.api.Llama`.
         n_parallel: slots (``-np``); max_queue: waiting requests before 503.
         api_key: Bearer key required on every endpoint but ``/health`` (None: open); several keys
@@ -100,6 +102,7 @@ class ServerConfig:
 
     model_path: str
     alias: str | None = None
+    tags: str | None = None
     llama_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     n_parallel: int = 1
     max_queue: int = 256
@@ -127,8 +130,15 @@ class ServerConfig:
         return tuple(k for k in (self.api_key or "").split(",") if k)
 
     @property
+    def aliases(self) -> list[str]:
+        """The model's names: ``--alias a,b,c`` sorted (llama-server keeps a ``std::set``), else the file name."""
+        names = sorted({a.strip() for a in (self.alias or "").split(",") if a.strip()})
+        return names or [os.path.basename(self.model_path)]
+
+    @property
     def model_id(self) -> str:
-        return self.alias or os.path.basename(self.model_path)
+        """The name the API reports: the first of :attr:`aliases` (llama-server's ``id``)."""
+        return self.aliases[0]
 
 
 class ServerState:

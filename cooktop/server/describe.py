@@ -22,7 +22,9 @@ def models_body(config: Any, llm: Any, started: float) -> dict[str, Any]:
     ``config``: the ``ServerConfig``; ``llm``: the loaded ``Llama``; ``started``: the server's start
     (Unix seconds, the model's ``created``)."""
     return {"object": "list", "data": [{
-        "id": config.model_id, "object": "model", "created": int(started), "owned_by": "cooktop",
+        "id": config.model_id, "aliases": config.aliases,
+        "tags": sorted({t.strip() for t in (config.tags or "").split(",") if t.strip()}),
+        "object": "model", "created": int(started), "owned_by": "cooktop",
         "meta": {"n_vocab": llm.n_vocab(), "n_ctx": llm.n_ctx(), "n_embd": llm.n_embd(),
                  "n_ctx_train": llm._engine.cfg.n_ctx_train, "size": os.path.getsize(config.model_path)}}]}
 
