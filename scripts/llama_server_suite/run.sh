@@ -27,12 +27,16 @@ die() { printf 'llama-server-suite: ERROR: %s\n' "$*" >&2; exit 1; }
 [ -x "$root/.venv/bin/cooktop" ] || die "no $root/.venv/bin/cooktop: run 'make setup' first"
 model="$shared/models/stories260K.gguf"
 [ -f "$model" ] || die "no $model (COOKTOP_SHARED)"
-src="$work/llama_cpp_python-$version/vendor/llama.cpp/tools/server/tests"
-if [ ! -f "$src/utils.py" ]; then
+vendor="llama_cpp_python-$version/vendor/llama.cpp"
+src="$work/$vendor/tools/server/tests"
+if [ ! -f "$src/utils.py" ] || [ ! -d "$work/$vendor/models/templates" ]; then
     mkdir -p "$work"
-    say "downloading llama-cpp-python==$version (sdist)"
-    "$root/.venv/bin/python" -m pip download -q --no-binary :all: --no-deps -d "$work" "llama-cpp-python==$version"
-    tar -xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work" "llama_cpp_python-$version/vendor/llama.cpp/tools/server"
+    if [ ! -f "$work/llama_cpp_python-$version.tar.gz" ]; then
+        say "downloading llama-cpp-python==$version (sdist)"
+        "$root/.venv/bin/python" -m pip download -q --no-binary :all: --no-deps -d "$work" "llama-cpp-python==$version"
+    fi
+    # the suite, and the chat templates its template tests read (../../../models/templates)
+    tar -xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work" "$vendor/tools/server" "$vendor/models/templates"
 fi
 venv="$work/venv"
 if [ ! -x "$venv/bin/pytest" ]; then
