@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from serverutil import RunningServer
@@ -38,7 +39,7 @@ def call(servers, tmp_path):
         r = httpx.post(servers[0].base + "/tools", json=body, headers=h, timeout=30)
         return r.status_code, (r.text if r.headers["content-type"].startswith("text/event-stream") else r.json())
 
-    go.root = root
+    go.root, go.base = root, servers[0].base
     return go
 
 
@@ -133,7 +134,10 @@ def test_confinement(call, tmp_path):
                 continue
             assert call(tool, {"path": path, **extra}) == (200, {"error": msg + path}), (tool, path)
     assert call("write_file", {"path": "linkdir/new.txt", "content": "x"})[1] == {"error": msg + "linkdir/new.txt"}
-    assert not (outside / "new.txt").exists() and (outside / "secret.txt").read_text() == "secret"
+    os.symlink(outside / "dangling.txt", root / "dangling.txt")  # a link to a file not made yet
+    assert call("write_file", {"path": "dangling.txt", "content": "x"})[1] == {"error": msg + "dangling.txt"}
+    assert not (outside / "new.txt").exists() and not (outside / "dangling.txt").exists()
+    assert (outside / "secret.txt").read_text() == "secret"
     # a link that stays inside is followed; listings and grep skip the ones leading out
     assert call("read_file", {"path": "ok_link.txt"})[1] == {"plain_text_response": "secret inside\n"}
     listed = call("file_glob_search", {"path": ".", "type": "all"})[1]
@@ -209,9 +213,29 @@ def test_shell(call):
     assert status == 200 and events[-1] == {"done": True}
     assert "".join(e["chunk"] for e in events[:-1]) == "hello\n\n[exit code: 0]"
     assert (root / "made.txt").exists()
+    # a streaming client that leaves ends the command (its process group is killed)
+    import httpx
+    with httpx.stream("POST", call.base + "/tools", json={"tool": "exec_shell_command", "stream": True,
+                                                         "params": {"command": "echo $$; sleep 30", "timeout": 60}},
+                      timeout=30) as r:
+        lines = r.iter_lines()  # kept: dropping the iterator closes the stream
+        pid = int(json.loads(next(x for x in lines if x.startswith("data: "))[len("data: "):])["chunk"])
+        assert _alive(pid)
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(pid)
     status, text = call("exec_shell_command", {}, stream=True)
     assert json.loads(text[len("data: "):]) == {
         "done": True, "error": 'missing or invalid parameter "command" (expected str)'}
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_runtimes(call):
@@ -230,6 +254,56 @@ def test_runtimes(call):
                                           "ssh is not supported by cooktop")
     status, text = call("exec_shell_command", {"command": "true"}, headers={"x-tool-runtime": "nope"}, stream=True)
     assert json.loads(text[len("data: "):]) == {"done": True, "error": "unknown tool runtime: nope"}
+
+
+def test_router_serves_tools(tmp_path, server_deps):
+    """Router mode answers /tools itself (llama-server's router does), behind its API key."""
+    import httpx
+
+    from cooktop.server.app import ServerConfig
+    from cooktop.server.router import create_router_app
+    (tmp_path / "models").mkdir()
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "w.txt").write_text("from the router\n")
+    app = create_router_app(ServerConfig("", tools="read_file", api_key="k"), str(tmp_path / "models"),
+                            tmp_path / "hub")
+    s = RunningServer(app=app)
+    try:
+        h = {"Authorization": "Bearer k", "x-tool-cwd": str(tmp_path)}
+        assert httpx.post(s.base + "/tools", json={"tool": "read_file", "params": {"path": "w.txt"}}).status_code == 401
+        r = httpx.post(s.base + "/tools", json={"tool": "read_file", "params": {"path": "w.txt"}}, headers=h)
+        assert r.json() == {"plain_text_response": "from the router\n"}
+        assert [t["tool"] for t in httpx.get(s.base + "/tools", headers=h).json()] == ["read_file"]
+    finally:
+        s.stop()
+
+
+def test_cli_tools_flags(stories, monkeypatch, server_deps):
+    """cooktop serve --tools: its startup checks, and --cors-origins defaulting to localhost with it."""
+    from click.testing import CliRunner
+
+    import cooktop.cli.serve as serve_mod  # registers the command
+    import cooktop.server.app as app_mod
+    from cooktop.cli.group import cli
+    from cooktop.errors import CooktopError
+    seen = []
+
+    def fake_create_app(config, **kw):
+        seen.append(config)
+        raise CooktopError("stop here")
+
+    monkeypatch.setattr(app_mod, "create_app", fake_create_app)
+    monkeypatch.setattr(serve_mod, "listen_socket", lambda host, port: None)
+    base = ["serve", "-m", str(stories), "--device", "cpu"]
+    for extra, origins, tools in (([], "*", ""), (["--tools", "all"], "localhost", "all"),
+                                  (["--tools", "read_file", "--cors-origins", "*"], "*", "read_file")):
+        res = CliRunner().invoke(cli, base + extra)
+        assert "stop here" in str(res.exception) or "stop here" in res.output, res.output
+        assert (seen[-1].cors_origins, seen[-1].tools) == (origins, tools)
+    res = CliRunner().invoke(cli, base + ["--tools", "nope"])
+    assert res.exit_code != 0 and 'unknown tool "nope"' in (res.output + str(res.exception))
+    res = CliRunner().invoke(cli, base + ["--tools", "all"], env={"LLAMA_ARG_TOOLS_RUNTIME": "docker-container:-x"})
+    assert res.exit_code != 0 and "invalid container id: -x" in (res.output + str(res.exception))
 
 
 def test_startup_checks():

@@ -381,6 +381,20 @@ def _check_runtime(params: dict[str, Any]) -> None:
                                "supported by cooktop")
 
 
+def tools_app(config: Any) -> FastAPI:
+    """A FastAPI app with only ``GET`` / ``POST /tools`` for ``config`` (a ``ServerConfig``): router mode's
+    (llama-server's router serves ``/tools`` itself, no model named).
+
+    Raises:
+        ValueError: as :func:`register`.
+    """
+    import types
+
+    app = FastAPI()
+    register(app, types.SimpleNamespace(config=config))
+    return app
+
+
 def register(app: FastAPI, bridge: Any) -> None:
     """Add ``GET`` / ``POST /tools`` to ``app`` (403 unless ``bridge.config.tools`` names some).
 
