@@ -176,6 +176,9 @@ def test_glob_search(call):
     assert [e["path"] for e in res["entries"]] == ["a/b/deep.txt"]
     res = call("file_glob_search", {"path": "a", "include": "*.txt", "exclude": "deep*"})[1]
     assert [e["path"] for e in res["entries"]] == ["mid.txt"]
+    os.close(os.open(os.path.join(os.fsencode(root), b"bad\xff.txt"), os.O_CREAT | os.O_WRONLY))
+    res = call("file_glob_search", {"path": ".", "include": "bad*"})[1]
+    assert res["plain_text_response"] == "bad\ufffd.txt\n\n---\nTotal matches: 1\n"
     assert call("file_glob_search", {"path": ".", "type": "x"})[1] == {
         "error": 'invalid type: x (expected "file", "dir" or "all")'}
     assert call("file_glob_search", {"path": ".", "limit": 0})[1] == {"error": "invalid limit: 0 (expected 1 or more)"}

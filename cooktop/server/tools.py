@@ -34,7 +34,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from .tools_edit import apply_edits
-from .tools_io import RuntimeSpecError, ToolError, ToolRoot, check_runtime, list_entries, path_glob_match, run_shell
+from .tools_io import (
+    RuntimeSpecError,
+    ToolError,
+    ToolRoot,
+    check_runtime,
+    list_entries,
+    path_glob_match,
+    run_shell,
+    shown,
+)
 
 READ_FILE_MAX_SIZE = 16 * 1024  # SERVER_TOOL_READ_FILE_MAX_SIZE (bytes)
 READ_FILE_MAX_SIZE_BASE64 = 32 * 1024 * 1024
@@ -232,16 +241,16 @@ def file_glob_search(p: dict[str, Any], root: ToolRoot) -> dict[str, Any]:
         raise ToolError(f"{e}: {path}") from None
     matches = [(r, d) for r, d in entries
                if path_glob_match(include, r) and not (exclude and path_glob_match(exclude, r))]
-    shown = matches[:min(limit_req, FILE_SEARCH_MAX_RESULTS)]
-    text = "".join(r + ("/" if d else "") + "\n" for r, d in shown)
+    top = [(shown(r), d) for r, d in matches[:min(limit_req, FILE_SEARCH_MAX_RESULTS)]]
+    text = "".join(r + ("/" if d else "") + "\n" for r, d in top)
     text += f"\n---\nTotal matches: {len(matches)}\n"
-    if len(matches) > len(shown):
-        text += (f"[{len(shown)} results limit reached ({len(matches)} total matches). Refine the glob pattern "
+    if len(matches) > len(top):
+        text += (f"[{len(top)} results limit reached ({len(matches)} total matches). Refine the glob pattern "
                  "to narrow the search.]\n")
     if truncated:
         text += "[results truncated: time budget or unreadable directory]\n"
-    return {"plain_text_response": text, "entries": [{"path": r, "type": "dir" if d else "file"} for r, d in shown],
-            "base": base}
+    return {"plain_text_response": text, "entries": [{"path": r, "type": "dir" if d else "file"} for r, d in top],
+            "base": shown(base)}
 
 
 def grep_search(p: dict[str, Any], root: ToolRoot) -> dict[str, Any]:
@@ -269,7 +278,7 @@ def grep_search(p: dict[str, Any], root: ToolRoot) -> dict[str, Any]:
         raise ToolError(f"path does not exist: {path}")
     out: list[str] = []
     total, full = 0, False
-    for fpath, shown in files:
+    for fpath, name in files:
         if full:
             break
         try:
@@ -285,7 +294,7 @@ def grep_search(p: dict[str, Any], root: ToolRoot) -> dict[str, Any]:
                 continue
             for j in range(max(0, i - ctx), min(len(lines) - 1, i + ctx) + 1):
                 sep = ":" if j == i else "-"
-                out.append(f"{shown}{sep}{f'{j + 1}{sep}' if show_num else ''}{lines[j]}\n")
+                out.append(f"{shown(name)}{sep}{f'{j + 1}{sep}' if show_num else ''}{lines[j]}\n")
             if ctx > 0:
                 out.append("--\n")
             total += 1
@@ -336,7 +345,7 @@ def get_info(p: dict[str, Any], root: ToolRoot) -> dict[str, Any]:
         os_info = r.stdout.decode("utf-8", "replace").strip() if r.returncode == 0 else "unknown"
     except (OSError, subprocess.TimeoutExpired):
         os_info = "unknown"
-    return {"os": os_info, "cwd": root.root}
+    return {"os": os_info, "cwd": shown(root.root)}
 
 
 FILE_TOOLS: dict[str, Callable[[dict[str, Any], ToolRoot], dict[str, Any]]] = {

@@ -99,7 +99,7 @@ class ToolRoot:
     """
 
     def __init__(self, cwd: str = ""):
-        base = os.path.expanduser(cwd) if cwd else os.getcwd()
+        base = cwd or os.getcwd()
         if not os.path.isabs(base):
             base = os.path.join(os.getcwd(), base)
         self.root = os.path.realpath(base)
@@ -107,9 +107,9 @@ class ToolRoot:
             raise ToolError(f"x-tool-cwd is not a directory: {cwd}")
 
     def lexical(self, path: str) -> str:
-        """``path`` as llama-server's ``tools_io_basic::resolve`` makes it: ``~`` expanded, joined to the
+        """``path`` as llama-server's ``tools_io_basic::resolve`` makes it: ``~`` / ``~/`` expanded, joined to the
         root when relative, normalized (no symlink followed). The absolute path, a str."""
-        p = os.path.expanduser(path) if path.startswith("~") else path
+        p = os.path.expanduser(path) if path == "~" or path.startswith("~/") else path  # not ~user
         return os.path.normpath(os.path.join(self.root, p))
 
     def inside(self, real: str) -> bool:
@@ -124,8 +124,13 @@ class ToolRoot:
         """
         real = os.path.realpath(self.lexical(path))
         if not self.inside(real):
-            raise ToolError(f"path is outside the tools root ({self.root}): {path}")
+            raise ToolError(f"path is outside the tools root ({shown(self.root)}): {path}")
         return real
+
+
+def shown(name: str) -> str:
+    """A file name as it goes into JSON: bytes that are not UTF-8 (``os`` keeps them as surrogates) as U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def glob_match(pattern: str, s: str) -> bool:
