@@ -459,6 +459,8 @@ def register(app: FastAPI, bridge: Any) -> None:
             return fail(400, str(e), "invalid_request_error")
         except RuntimeSpecError as e:
             return fail(500, str(e), "server_error")
+        except OSError as e:  # the shell could not be spawned (llama-server: "failed to spawn process")
+            return fail(500, f"failed to spawn process: {e}", "server_error")
 
     async def _stream(params: dict[str, Any]):
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
