@@ -76,8 +76,9 @@ from .spec_options import speculative_options
               help="(Accepted: /v1/embeddings is always on in cooktop.)")
 @click.option("--slots/--no-slots", "endpoint_slots", default=True, show_default=True,
               envvar="LLAMA_ARG_ENDPOINT_SLOTS", help="Serve GET /slots (each slot's state), as llama-server.")
-@click.option("--cors-origins", "cors_origins", default="*", show_default=True, envvar="LLAMA_ARG_CORS_ORIGINS",
-              help="Allowed CORS origins, comma-separated; 'localhost': only local origins.")
+@click.option("--cors-origins", "cors_origins", default=None, envvar="LLAMA_ARG_CORS_ORIGINS",
+              help="Allowed CORS origins, comma-separated; 'localhost': only local origins "
+                   "(default: '*', 'localhost' with --tools, as llama-server).")
 @click.option("--cors-methods", "cors_methods", default="GET, POST, DELETE, OPTIONS", show_default=True,
               envvar="LLAMA_ARG_CORS_METHODS", help="Allowed CORS methods, comma-separated.")
 @click.option("--cors-headers", "cors_headers", default="*", show_default=True, envvar="LLAMA_ARG_CORS_HEADERS",
@@ -107,6 +108,14 @@ from .spec_options import speculative_options
 @click.option("--ui-mcp-proxy/--no-ui-mcp-proxy", "--webui-mcp-proxy/--no-webui-mcp-proxy", "ui_mcp_proxy",
               default=False, envvar="LLAMA_ARG_UI_MCP_PROXY",
               help="Serve /cors-proxy?url=... for the web page's MCP servers (llama-server's, experimental; off: 403).")
+@click.option("--tools", "tools", default="", metavar="TOOL1,TOOL2,...", envvar="LLAMA_ARG_TOOLS",
+              help="Experimental: built-in agent tools at GET/POST /tools ('all' or names: read_file, "
+                   "file_glob_search, grep_search, exec_shell_command, write_file, edit_file, get_info; default "
+                   "none). File tools are confined to the working folder (or x-tool-cwd); the shell tool is not. "
+                   "Do not enable in untrusted environments.")
+@click.option("--tools-runtime", "tools_runtime", default="", metavar="OPTION", envvar="LLAMA_ARG_TOOLS_RUNTIME",
+              help="llama-server's tools isolate (docker:<image>, docker-container:<id>, podman..., ssh:<target>): "
+                   "validated, then refused (cooktop runs the tools on the host only).")
 @click.option("--sleep-idle-seconds", "sleep_idle_seconds", type=int, default=-1, show_default=True,
               metavar="SECONDS",
               help="Free the model after SECONDS without a request; the next request loads it again (-1: never).")
@@ -124,7 +133,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
               chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
               api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, models_dir, models_max,
-              models_autoload, ui_mcp_proxy, sleep_idle_seconds,
+              models_autoload, ui_mcp_proxy, tools, tools_runtime, sleep_idle_seconds,
               threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv,
               lora, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
@@ -167,6 +176,14 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
     from ..server.prefix import check_api_prefix
     if why := check_api_prefix(api_prefix):
         raise CooktopError(why)
+    from ..server.tools import check_tools_runtime, enabled_tools
+    try:  # llama-server's startup checks, before anything loads
+        enabled_tools(tools)
+        check_tools_runtime(tools_runtime)
+    except ValueError as e:
+        raise CooktopError(str(e)) from None
+    if cors_origins is None:  # llama-server: --tools limits the default origins to localhost
+        cors_origins = "localhost" if tools else "*"
     if n_ctx < 0:  # the loader's own check, before anything listens
         raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = from the model), got {n_ctx}")
     if slot_save_path is not None:  # made now (as llama-server does), so a bad path ends before anything listens
@@ -216,7 +233,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
                           slot_save_path=slot_save_path, endpoint_props=endpoint_props, cors_origins=cors_origins,
                           cors_methods=cors_methods, cors_headers=cors_headers, cors_credentials=cors_credentials,
                           api_prefix=api_prefix, sleep_idle_seconds=sleep_idle_seconds,
-                          ui_mcp_proxy=ui_mcp_proxy, endpoint_metrics=metrics,
+                          ui_mcp_proxy=ui_mcp_proxy, endpoint_metrics=metrics, tools=tools,
+                          tools_runtime=tools_runtime,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if router_mode:

@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
-from . import anthropic, cors_proxy, describe, gcp, lora_api, native, rerank, responses_api, slots_api, webui
+from . import anthropic, cors_proxy, describe, gcp, lora_api, native, rerank, responses_api, slots_api, tools, webui
 from . import protocol as P
 from .bridge import DISCONNECT_CHECK_S, Bridge, ClientGone
 from .gcp import GcpParams
@@ -96,6 +96,10 @@ class ServerConfig:
             ``/`` or a trailing one (``prefix.check_api_prefix``).
         endpoint_metrics: serve ``GET /metrics`` (llama-server's ``--metrics``; off: 501).
         ui_mcp_proxy: serve ``/cors-proxy`` (llama-server's ``--ui-mcp-proxy``, :mod:`.cors_proxy`; off: 403).
+        tools: llama-server's ``--tools``: ``all`` or comma-separated built-in agent tools served at
+            ``GET`` / ``POST /tools`` (:mod:`.tools`; "" off: 403); a ValueError from :func:`create_app` for
+            an unknown name. tools_runtime: ``--tools-runtime`` (validated as llama-server, then refused:
+            the tools run on the host only).
         sleep_idle_seconds: free the model after this many seconds without a request and load it again
             on the next one (llama-server's ``--sleep-idle-seconds``, :mod:`.sleep`); -1 never.
     """
@@ -123,6 +127,8 @@ class ServerConfig:
     sleep_idle_seconds: float = -1
     ui_mcp_proxy: bool = False
     endpoint_metrics: bool = False
+    tools: str = ""
+    tools_runtime: str = ""
 
     @property
     def api_keys(self) -> tuple[str, ...]:
@@ -658,7 +664,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         return {"prompt": state.llm.apply_chat_template(args["messages"], tools=args["tools"])}
 
     ctx = Bridge(state, config, body_of, check_model, _error)
-    for module in (native, responses_api, anthropic, rerank, slots_api, lora_api, webui, cors_proxy):
+    for module in (native, responses_api, anthropic, rerank, slots_api, lora_api, webui, cors_proxy, tools):
         module.register(app, ctx)
     if gcp_params.enabled:  # last: its aliases name the routes above
         gcp.register(app, gcp_params, config.api_prefix)

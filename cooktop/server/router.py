@@ -12,7 +12,8 @@ app (:func:`~cooktop.server.app.create_app`) in this process, with the router's 
   ``POST /models/load`` and ``/models/unload`` (``{"model": ID}``) answer ``{"success": true}`` at once
   (the load goes on behind it; "model is not found", "model is already running", "model is not
   running" otherwise). ``GET /props`` without ``?model`` is the router's own (``role: router``,
-  ``max_instances``, ``models_autoload``).
+  ``max_instances``, ``models_autoload``). ``GET`` / ``POST /tools`` (``--tools``, :mod:`.tools`) are the
+  router's own too, no model named.
 - At most ``--models-max`` instances (default 4, 0 no limit): loading one more first unloads the least
   recently used instance that has no request in flight (503 when every one has).
 - The router answers the API key (instances have none), CORS and ``--api-prefix``; an unloaded
@@ -280,7 +281,10 @@ class RouterApp:
     """
 
     def __init__(self, router: Router, api_keys: tuple[str, ...] = ()):
+        from .tools import tools_app
+
         self.router, self.api_keys = router, api_keys
+        self.tools = tools_app(router.template)  # /tools is the router's own, as llama-server's
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:
         if not self.api_keys:
@@ -319,6 +323,8 @@ class RouterApp:
             return await answer({"status": "ok"})
         if not self._authorized(headers):
             raise P.HTTPError(401, "invalid or missing API key (Authorization: Bearer KEY)", "authentication_error")
+        if path == "/tools":
+            return await self.tools(scope, receive, send)
         if (method, path) in (("GET", "/models"), ("GET", "/v1/models")):
             if query.get("reload", ["0"])[0] in ("1", "true"):
                 self.router.reload()
