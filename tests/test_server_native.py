@@ -480,3 +480,41 @@ def test_collect_cancels_when_the_client_leaves():
     with pytest.raises(ClientGone):
         asyncio.run(bridge.collect(Gone(), slow()))
     assert closed == [True]
+
+
+TEMPLATE = ("{{ bos_token }}[{{ date_string }}|{{ datetime }}|{{ enable_thinking | default('unset') }}]"
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_apply_template_context_and_reasoning_flag(stories, tmp_path, server_deps):
+    """llama-server's template context: today's ``date_string`` / ``datetime``, ``--reasoning off`` as
+    ``enable_thinking`` (a request's ``chat_template_kwargs`` over it), ``add_generation_prompt`` honoured."""
+    import datetime
+
+    import httpx
+
+    from cooktop.cli.serve import _template_kwargs
+    from cooktop.errors import CooktopError
+    from cooktop.server.app import ServerConfig
+    path = tmp_path / "t.jinja"
+    path.write_text(TEMPLATE)
+    kw = dict(n_ctx=64, device="cpu", chat_template_file=str(path))
+    s = RunningServer(ServerConfig(str(stories), llama_kwargs=kw, template_kwargs=_template_kwargs("off", None)))
+    try:
+        now = datetime.datetime.now()
+        day = f"{now:%d %b %Y}|{now:%b %d %Y}"
+        msgs = [{"role": "user", "content": "hi"}]
+        r = httpx.post(s.base + "/apply-template", json={"messages": msgs}).json()
+        assert r["prompt"].endswith(f"[{day}|False]<user>hi<assistant>")
+        r = httpx.post(s.base + "/apply-template", json={"messages": msgs, "add_generation_prompt": False,
+                                                         "chat_template_kwargs": {"enable_thinking": True}}).json()
+        assert r["prompt"].endswith(f"[{day}|True]<user>hi")
+    finally:
+        s.stop()
+    assert _template_kwargs("on", '{"x": 1}') == {"x": 1, "enable_thinking": True}
+    assert _template_kwargs("auto", None) == {}
+    for bad, why in ((("maybe", None), "unknown value for --reasoning"), (("auto", "[1]"), "a JSON object"),
+                     (("auto", "{"), "not JSON")):
+        with pytest.raises(CooktopError, match=why):
+            _template_kwargs(*bad)

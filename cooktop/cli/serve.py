@@ -66,6 +66,13 @@ from .spec_options import speculative_options
                    "message.reasoning_content, deepseek-legacy = both.")
 @click.option("--reasoning-budget", default=-1, show_default=True, type=click.IntRange(min=-1),
               help="Thinking tokens: -1 unlimited, 0 no thinking, N > 0 at most N (then </think> is forced).")
+@click.option("-rea", "--reasoning", "reasoning", default="auto", show_default=True, envvar="LLAMA_ARG_REASONING",
+              metavar="[on|off|auto]",
+              help="Thinking in chats: on / off set the template's enable_thinking by default, auto leaves it to "
+                   "the template (llama-server's).")
+@click.option("--chat-template-kwargs", "chat_template_kwargs", default=None, metavar="JSON",
+              envvar="LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
+              help='Default template variables of every chat, a JSON object (e.g. \'{"enable_thinking": false}\').')
 @click.option("--no-webui", "--no-ui", "no_webui", is_flag=True, help="Do not serve the web chat page at /.")
 @click.option("--rerank", "--reranking", "rerank", is_flag=True,
               help="Pooling rank for /v1/rerank (a reranker GGUF with a classification head).")
@@ -130,7 +137,8 @@ from .spec_options import speculative_options
 def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, kv_unified, max_queue, alias, tags,
               api_key,
               api_key_file,
-              chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, no_webui, rerank,
+              chat_template, chat_template_file, seed, n_predict, reasoning_format, reasoning_budget, reasoning,
+              chat_template_kwargs, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
               api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, models_dir, models_max,
               models_autoload, ui_mcp_proxy, tools, tools_runtime, sleep_idle_seconds,
@@ -192,6 +200,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
         except OSError as e:
             raise CooktopError(f"--slot-save-path {slot_save_path}: cannot create the folder ({e.strerror})") from None
     api_key = _api_keys(api_key, api_key_file)
+    template_kwargs = _template_kwargs(reasoning, chat_template_kwargs)
     router_mode = not model and not hf_repo  # llama-server without a model: the router of several
     split_context = n_parallel > 1 and not kv_unified  # -c is the total, each slot gets its share
     if ray_address and "," in host:
@@ -229,6 +238,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
         kwargs["pooling_type"] = 4  # llama.cpp LLAMA_POOLING_TYPE_RANK
     config = ServerConfig(path, alias=alias, tags=tags, llama_kwargs=kwargs, n_parallel=n_parallel, max_queue=max_queue,
                           api_key=api_key, reasoning_format=reasoning_format, reasoning_budget=reasoning_budget,
+                          template_kwargs=template_kwargs,
                           webui=not no_webui, defaults=defaults, endpoint_slots=endpoint_slots,
                           slot_save_path=slot_save_path, endpoint_props=endpoint_props, cors_origins=cors_origins,
                           cors_methods=cors_methods, cors_headers=cors_headers, cors_credentials=cors_credentials,
@@ -296,6 +306,31 @@ def _serve_router(config, models_dir: str | None, models_max: int, autoload: boo
                f"{' and the cache' if models_dir else ''}, loaded on demand (at most "
                f"{models_max or 'any number'} at once) on {urls(host, port, config.api_prefix)}", err=True)
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run(sockets=socks)
+
+
+def _template_kwargs(reasoning: str, raw: str | None) -> dict:
+    """The server's default template variables: ``--chat-template-kwargs`` (a JSON object), then
+    ``--reasoning on|off`` as ``enable_thinking`` (llama.cpp common/arg.cpp: truthy / falsey / auto).
+
+    Raises:
+        CooktopError: JSON that is not an object, or a ``--reasoning`` value other than those.
+    """
+    out: dict = {}
+    if raw:
+        try:
+            out = json.loads(raw)
+        except ValueError as e:
+            raise CooktopError(f"--chat-template-kwargs: not JSON ({e})") from None
+        if not isinstance(out, dict):
+            raise CooktopError(f"--chat-template-kwargs: expected a JSON object, got {raw!r}")
+    value = reasoning.strip().lower()
+    if value in ("on", "true", "1", "enabled"):
+        out["enable_thinking"] = True
+    elif value in ("off", "false", "0", "disabled"):
+        out["enable_thinking"] = False
+    elif value != "auto":
+        raise CooktopError(f"unknown value for --reasoning: {reasoning!r} (on, off or auto)")
+    return out
 
 
 def listen_sockets(hosts: str, port: int) -> list[socket.socket]:

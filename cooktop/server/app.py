@@ -79,7 +79,9 @@ class ServerConfig:
             separated by commas, any of them accepted (llama-server's ``--api-key a,b``, and the lines of
             ``--api-key-file`` joined so by ``cooktop serve``).
         reasoning_format, reasoning_budget: defaults for chat requests (``--reasoning-format``,
-            ``--reasoning-budget``); webui: serve the chat page at ``/`` (``--no-webui``: False).
+            ``--reasoning-budget``); template_kwargs: default template variables of every chat
+            (``--chat-template-kwargs``, ``--reasoning on|off`` as ``enable_thinking``), under a request's own
+            ``chat_template_kwargs``; webui: serve the chat page at ``/`` (``--no-webui``: False).
         defaults: request fields' defaults from the command line (``protocol.sampling_args``).
         speculative: a :class:`~cooktop.engine.spec_config.SpecOptions` (``-md``, ``--spec-type``)
             or None: every slot decodes speculatively with its own drafter.
@@ -113,6 +115,7 @@ class ServerConfig:
     api_key: str | None = None
     reasoning_format: str = "auto"
     reasoning_budget: int = -1
+    template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     webui: bool = True
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
     speculative: Any = None
@@ -661,7 +664,10 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
     async def apply_template(request: Request):
         body = await body_of(request)
         args = P.chat_args(body, config)
-        return {"prompt": state.llm.apply_chat_template(args["messages"], tools=args["tools"])}
+        gen = P.field(body, "add_generation_prompt", bool, True)
+        prompt = state.llm.apply_chat_template(args["messages"], tools=args["tools"], add_generation_prompt=gen,
+                                               **(args["chat_template_kwargs"] or {}))
+        return {"prompt": prompt}
 
     ctx = Bridge(state, config, body_of, check_model, _error)
     for module in (native, responses_api, anthropic, rerank, slots_api, lora_api, webui, cors_proxy, tools):

@@ -10,6 +10,7 @@ defaults are llama-server's (temperature 0.8, top_k 40, top_p 0.95, min_p
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 from typing import Any
 
@@ -201,9 +202,17 @@ def n_choices(body: dict[str, Any]) -> int:
     return field(body, "n", int, 1, minimum=1, maximum=MAX_N)
 
 
+def template_context(now: _dt.datetime | None = None) -> dict[str, str]:
+    """The variables llama-server gives every chat template (common/chat.cpp ``common_chat_extra_context``):
+    ``date_string`` (``"07 Dec 2026"``) and ``datetime`` (``"Dec 07 2026"``) of today (``now``)."""
+    now = now or _dt.datetime.now()
+    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y")}
+
+
 def agent_args(body: dict[str, Any], config: Any = None) -> dict[str, Any]:
     """Tool and reasoning arguments of a chat body: ``tool_choice``, ``parallel_tool_calls``,
-    ``chat_template_kwargs``, ``reasoning_format`` / ``reasoning_budget`` (defaults: the server's flags).
+    ``chat_template_kwargs`` (over :func:`template_context` and the server's ``template_kwargs``),
+    ``reasoning_format`` / ``reasoning_budget`` (defaults: the server's flags).
 
     Raises:
         HTTPError: a field of the wrong type.
@@ -211,6 +220,7 @@ def agent_args(body: dict[str, Any], config: Any = None) -> dict[str, Any]:
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise bad("chat_template_kwargs", "expected an object of template variables")
+    kwargs = {**template_context(), **(getattr(config, "template_kwargs", None) or {}), **(kwargs or {})}
     return dict(tool_choice=body.get("tool_choice"),
                 parallel_tool_calls=field(body, "parallel_tool_calls", bool, None),
                 chat_template_kwargs=kwargs,
