@@ -513,7 +513,8 @@ def test_apply_template_context_and_reasoning_flag(stories, tmp_path, server_dep
     finally:
         s.stop()
     assert _template_kwargs("on", '{"x": 1}') == {"x": 1, "enable_thinking": True}
-    assert _template_kwargs("auto", None) == {}
+    assert _template_kwargs("auto", None) == {"enable_thinking": True}  # llama-server passes it to every template
+    assert _template_kwargs("auto", '{"enable_thinking": false}') == {"enable_thinking": False}
     for bad, why in ((("maybe", None), "unknown value for --reasoning"), (("auto", "[1]"), "a JSON object"),
                      (("auto", "{"), "not JSON")):
         with pytest.raises(CooktopError, match=why):

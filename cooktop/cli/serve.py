@@ -68,8 +68,8 @@ from .spec_options import speculative_options
               help="Thinking tokens: -1 unlimited, 0 no thinking, N > 0 at most N (then </think> is forced).")
 @click.option("-rea", "--reasoning", "reasoning", default="auto", show_default=True, envvar="LLAMA_ARG_REASONING",
               metavar="[on|off|auto]",
-              help="Thinking in chats: on / off set the template's enable_thinking by default, auto leaves it to "
-                   "the template (llama-server's).")
+              help="Thinking in chats: the templates' enable_thinking, false with off, true with on and auto "
+                   "(llama-server's).")
 @click.option("--chat-template-kwargs", "chat_template_kwargs", default=None, metavar="JSON",
               envvar="LLAMA_ARG_CHAT_TEMPLATE_KWARGS",
               help='Default template variables of every chat, a JSON object (e.g. \'{"enable_thinking": false}\').')
@@ -310,7 +310,9 @@ def _serve_router(config, models_dir: str | None, models_max: int, autoload: boo
 
 def _template_kwargs(reasoning: str, raw: str | None) -> dict:
     """The server's default template variables: ``--chat-template-kwargs`` (a JSON object), then
-    ``--reasoning on|off`` as ``enable_thinking`` (llama.cpp common/arg.cpp: truthy / falsey / auto).
+    ``--reasoning`` as ``enable_thinking``: false for ``off``, else true (llama-server passes
+    ``enable_thinking`` to every template, true unless ``--reasoning off``: tools/server/server-context.cpp,
+    common/arg.cpp's truthy / falsey / auto); a ``--chat-template-kwargs`` ``enable_thinking`` wins over ``auto``.
 
     Raises:
         CooktopError: JSON that is not an object, or a ``--reasoning`` value other than those.
@@ -328,7 +330,9 @@ def _template_kwargs(reasoning: str, raw: str | None) -> dict:
         out["enable_thinking"] = True
     elif value in ("off", "false", "0", "disabled"):
         out["enable_thinking"] = False
-    elif value != "auto":
+    elif value == "auto":
+        out.setdefault("enable_thinking", True)
+    else:
         raise CooktopError(f"unknown value for --reasoning: {reasoning!r} (on, off or auto)")
     return out
 
