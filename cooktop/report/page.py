@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..errors import CooktopError
 from . import charts
 
 
@@ -23,6 +24,16 @@ def anchor(selector: str) -> str:
     return "device-" + "".join(c if c.isalnum() else "-" for c in selector)
 
 
+def _plot(fn: Any, *args: Any) -> Any:
+    """A chart's inline SVG, or one line saying why there is none (matplotlib missing)."""
+    from markupsafe import Markup, escape
+
+    try:
+        return Markup(fn(*args))
+    except CooktopError as e:
+        return Markup(f'<p class="err">no plot: {escape(str(e))}</p>')
+
+
 def _env() -> Any:
     import jinja2
 
@@ -37,8 +48,6 @@ def _env() -> Any:
 def render(doc: dict) -> str:
     """The report page of one report dict (``schema.py``): a summary, the plots, one section per
     device (its capability, roofline rows, bench figures, KLD, plans and any failed step's reason)."""
-    from markupsafe import Markup
-
     measured = [d for d in doc["devices"] if d.get("measured")]
     sections = []
     for d in measured:
@@ -50,11 +59,11 @@ def render(doc: dict) -> str:
             "kld": [k for k in doc["kld"] if k["device"] == sel],
             "plans": [p for p in doc["plans"] if p["device"] == sel],
             "failed": [s for s in doc["steps"] if s["device"] == sel and not s["ok"]],
-            "plot_ts": Markup(charts.throughput(doc, sel)),
-            "plot_roof": Markup(charts.roofline(doc, sel)),
+            "plot_ts": _plot(charts.throughput, doc, sel),
+            "plot_roof": _plot(charts.roofline, doc, sel),
         })
-    plots = {"throughput": Markup(charts.throughput(doc)), "roofline": Markup(charts.roofline(doc)),
-             "kld": Markup(charts.kld(doc))}
+    plots = {"throughput": _plot(charts.throughput, doc), "roofline": _plot(charts.roofline, doc),
+             "kld": _plot(charts.kld, doc)}
     return _env().get_template("report.html").render(doc=doc, sections=sections, plots=plots,
                                                      failed=[s for s in doc["steps"] if not s["ok"]])
 
