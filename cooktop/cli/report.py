@@ -41,11 +41,13 @@ def write_report(doc: dict, out_dir: str) -> tuple[str, str]:
 @click.option("--full", "level", flag_value="full", default=True, help="The full suite (default).")
 @click.option("-o", "--output", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Folder of report.json and index.html (and, with --compare, of the comparison page).")
+@click.option("--work-dir", default=None, type=click.Path(file_okay=False),
+              help="Folder of the synthetic models (reused when there) and the KLD bases (default: -o DIR).")
 @click.option("--compare", "compare_mode", is_flag=True,
               help="Compare the REPORTS (report.json files of one suite) instead of measuring.")
 @click.option("--no-progress", is_flag=True, help="No progress line on stderr.")
 @click.argument("reports", nargs=-1, type=click.Path(dir_okay=False))
-def report_cmd(models, device, level, out_dir, compare_mode, no_progress, reports):
+def report_cmd(models, device, level, out_dir, work_dir, compare_mode, no_progress, reports):
     """What this machine's devices can do: smoke test, per-op roofline, pp / tg / depth speed per weight
     type, KLD against numpy and the -ngl auto plan, in DIR/report.json and a self-contained DIR/index.html.
 
@@ -75,7 +77,8 @@ def report_cmd(models, device, level, out_dir, compare_mode, no_progress, report
     missing = [m for m in models if not os.path.exists(m)]
     if missing:
         raise CooktopError(f"-m {missing[0]}: no such file")
-    doc = run_report(SUITES[level], out_dir, list(models) or None, device, progress=not no_progress)
+    doc = run_report(SUITES[level], out_dir, list(models) or None, device, progress=not no_progress,
+                     work_dir=work_dir)
     js, html = write_report(doc, out_dir)
     failed = [s for s in doc["steps"] if not s["ok"]]
     for s in failed:

@@ -152,14 +152,14 @@ def pick_devices(spec: str, probed: list[dict]) -> tuple[list[str], dict[str, st
 
 
 def make_models(suite: Suite, folder: str) -> list[str]:
-    """Write the suite's synthetic models into ``folder`` (``synth-<TYPE>.gguf``, seeded); a file
+    """Write the suite's synthetic models into ``folder`` (``synth-v<VERSION>-<LEVEL>-<TYPE>.gguf``, seeded); a file
     already there with the same name is reused. Returns their paths."""
     from ..tools import synth
 
     os.makedirs(folder, exist_ok=True)
     out = []
     for ty in suite.weight_types:
-        path = os.path.join(folder, f"synth-{suite.level}-{ty}.gguf")
+        path = os.path.join(folder, f"synth-v{suite.version}-{suite.level}-{ty}.gguf")
         if not os.path.exists(path):
             synth.write(path, suite.shape, ty, seed=suite.seed, name=f"report-{suite.level}")
         out.append(path)
@@ -167,22 +167,25 @@ def make_models(suite: Suite, folder: str) -> list[str]:
 
 
 def run_report(suite: Suite, out_dir: str, models: list[str] | None = None, device: str = "all",
-               progress: bool = True) -> dict[str, Any]:
+               progress: bool = True, work_dir: str | None = None) -> dict[str, Any]:
     """Measure the suite on this machine (module doc); returns the report dict (``schema.py``).
 
     Args:
-        suite: the suite level; out_dir: folder of the models, the KLD bases and the text;
+        suite: the suite level; out_dir: the report's folder; work_dir: folder of the synthetic
+        models (reused when there), the KLD bases and the text (default ``out_dir``);
         models: GGUF paths (None: the suite's synthetic models); device: ``all`` or a comma list.
     Raises:
-        CooktopError: only when ``out_dir`` cannot be made; everything else becomes step errors.
+        CooktopError: only when a folder cannot be made; everything else becomes step errors.
     """
     from ..bench.machine import machine_info
     from ..cli.devices import devices_report
 
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as e:
-        raise CooktopError(f"-o {out_dir}: cannot make the folder: {e.strerror or e}") from None
+    work_dir = work_dir or out_dir
+    for flag, folder in (("-o", out_dir), ("--work-dir", work_dir)):
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise CooktopError(f"{flag} {folder}: cannot make the folder: {e.strerror or e}") from None
     t_start = time.perf_counter()
     doc: dict[str, Any] = {
         "schema": REPORT_SCHEMA, "suite": suite.to_dict(), "cooktop_version": __version__,
@@ -207,7 +210,7 @@ def run_report(suite: Suite, out_dir: str, models: list[str] | None = None, devi
             paths = [os.path.abspath(m) for m in models]
             run.progress.done()
         else:
-            paths = run.step("synth", "", lambda: make_models(suite, os.path.join(out_dir, "models")),
+            paths = run.step("synth", "", lambda: make_models(suite, os.path.join(work_dir, "models")),
                              _cmd("cooktop", "synth", "--type", ",".join(suite.weight_types), "..."))
             paths = paths or []
         doc["models"] = [_model_entry(p) for p in paths]
@@ -218,7 +221,7 @@ def run_report(suite: Suite, out_dir: str, models: list[str] | None = None, devi
         for sel in sels:
             run.step("bench", sel, functools.partial(_bench, doc, suite, sel, ok_models),
                      "; ".join(bench_command(suite, m, sel, t) for m in ok_models for t in bench_tests(suite)))
-        _kld(run, suite, sels, ok_models, out_dir)
+        _kld(run, suite, sels, ok_models, work_dir)
         for sel in sels:
             run.step("plan", sel, functools.partial(_plans, doc, suite, sel, ok_models),
                      "; ".join(plan_command(suite, m, sel) for m in ok_models))
