@@ -9,6 +9,7 @@ import os
 import click
 
 from ..errors import CooktopError
+from .common import ray_option
 from .group import cli
 
 
@@ -46,12 +47,15 @@ def write_report(doc: dict, out_dir: str) -> tuple[str, str]:
 @click.option("--compare", "compare_mode", is_flag=True,
               help="Compare the REPORTS (report.json files of one suite) instead of measuring.")
 @click.option("--no-progress", is_flag=True, help="No progress line on stderr.")
+@ray_option
 @click.argument("reports", nargs=-1, type=click.Path(dir_okay=False))
-def report_cmd(models, device, level, out_dir, work_dir, compare_mode, no_progress, reports):
+def report_cmd(models, device, level, out_dir, work_dir, compare_mode, no_progress, ray_address, reports):
     """What this machine's devices can do: smoke test, per-op roofline, pp / tg / depth speed per weight
     type, KLD against numpy and the -ngl auto plan, in DIR/report.json and a self-contained DIR/index.html.
 
-    With --compare A/report.json B/report.json ..., one table of ratios against the first (same suite only).
+    With --ray ADDRESS, every live node runs the suite on its own devices (--device all, or NODE/DEVICE
+    items) and one page covers them all. With --compare A/report.json B/report.json ..., one table of
+    ratios against the first (same suite only).
     """
     from ..report import compare as cmp_mod
     from ..report import page
@@ -74,6 +78,13 @@ def report_cmd(models, device, level, out_dir, work_dir, compare_mode, no_progre
         raise CooktopError(f"unexpected argument {reports[0]!r} (report files go with --compare)")
     if not out_dir:
         raise CooktopError("cooktop report needs -o DIR (the folder of report.json and index.html)")
+    if ray_address:  # every node: its own devices, -m paths as that node sees them
+        from ..report.cluster import cluster_report
+
+        doc = cluster_report(level, ray_address, device, list(models) or None)
+        js, html = write_report(doc, out_dir)
+        click.echo(f"cooktop: wrote {js} and {html} ({len(doc['nodes'])} node(s))", err=True)
+        return
     missing = [m for m in models if not os.path.exists(m)]
     if missing:
         raise CooktopError(f"-m {missing[0]}: no such file")

@@ -37,6 +37,8 @@ SCHEMA: dict[str, Any] = {
         "machine": {"type": "object", "required": ["cpu", "cores_logical", "memory_bytes", "os", "python", "packages",
                                                    "devices"]},
         "environment": {"type": "object", "additionalProperties": _STR},
+        "nodes": _rows({"node": _STR, "node_id": _STR, "address": _STR, "machine": {"type": "object"},
+                        "environment": {"type": "object"}, "seconds": {"type": "number"}}),
         "steps": _rows({"step": _STR, "device": _STR, "command": _STR, "ok": {"type": "boolean"}, "error": _STR,
                         "seconds": {"type": "number"}}),
         "devices": _rows({"family": _STR, "selector": _STR, "usable": {"type": "boolean"}, "name": _STR,
