@@ -4,6 +4,7 @@ no network, pasted into ``index.html`` as ``<svg>`` elements."""
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 from ..errors import CooktopError
@@ -22,12 +23,14 @@ def _plt() -> Any:
 
 
 def to_svg(fig: Any) -> str:
-    """A matplotlib figure as one ``<svg ...>...</svg>`` element (the XML prolog and DOCTYPE dropped)."""
+    """A matplotlib figure as one ``<svg ...>...</svg>`` element (the XML prolog, DOCTYPE and RDF
+    metadata dropped)."""
     plt = _plt()
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight")
     plt.close(fig)
     text = buf.getvalue()
+    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)  # RDF: creator, date
     return text[text.index("<svg"):]
 
 
