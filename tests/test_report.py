@@ -66,7 +66,7 @@ def test_quick_report_matches_its_schema_and_time(quick):
         {d["selector"] for d in doc["devices"] if d.get("measured")} == {sel, "cpu"}
     assert {b["weight_type"] for b in doc["bench"]} == {"Q4_0", "Q8_0"}
     assert all(b["avg_ts"] > 0 for b in doc["bench"]), [b for b in doc["bench"] if not b["avg_ts"]]
-    assert {b["test"] for b in doc["bench"]} == {"pp128", "tg32", "tg32 @ d128"}
+    assert {b["test"] for b in doc["bench"]} == {"pp64", "tg16", "tg16 @ d64"}
     assert {r["device"] for r in doc["ops"]} == {sel}
     assert any(r["roofline_pct"] for r in doc["ops"] if r["op"] == "matmul")
     assert len(doc["recommendations"]) == 2 and all(r["device"] for r in doc["recommendations"])
@@ -100,12 +100,12 @@ def test_figures_equal_the_single_commands(quick):
     for key in ("name", "global_mem_bytes", "compute_units", "types", "largest_buffer_bytes"):
         assert d[key] == probed[sel][key], key
     # bench: the recorded command measures the same test (timings: within a factor 3)
-    b = next(b for b in doc["bench"] if b["device"] == "cpu" and b["test"] == "tg32")
+    b = next(b for b in doc["bench"] if b["device"] == "cpu" and b["test"] == "tg16")
     res = _cli(b["command"])
     rec = json.loads(res.stdout)[0]
-    assert (rec["n_prompt"], rec["n_gen"], rec["n_depth"], rec["reps"]) == (0, 32, 0, 2)
+    assert (rec["n_prompt"], rec["n_gen"], rec["n_depth"], rec["reps"]) == (0, 16, 0, 2)
     assert 1 / 3 < rec["avg_ts"] / b["avg_ts"] < 3
-    assert re.search(r'data-figure="bench"[^>]*data-test="tg32">' + re.escape(f"{b['avg_ts']:.4g}") + "<", page)
+    assert re.search(r'data-figure="bench"[^>]*data-test="tg16">' + re.escape(f"{b['avg_ts']:.4g}") + "<", page)
 
 
 def test_failing_step_is_in_the_page(quick):

@@ -21,8 +21,8 @@ SUITE_VERSION = 1
 #: Blocks of the full suite's 1.1B-wide synthetic model.
 FULL_LAYERS = 2
 
-#: The quick suite's model shape: a small llama (n_embd 512, 4 blocks, 4096-token vocabulary).
-QUICK_SHAPE = Shape(512, 4, 8, 4, 1024, 4096, 1024)
+#: The quick suite's model shape: a small llama (n_embd 256, 2 blocks, 4096-token vocabulary).
+QUICK_SHAPE = Shape(256, 2, 4, 2, 768, 4096, 512)
 
 #: The fixed text of the KLD step (English prose; tokenized by each model's own vocabulary).
 KLD_TEXT = (
@@ -83,8 +83,8 @@ def _full_shape() -> Shape:
 
 
 SUITES = {
-    "quick": Suite("quick", QUICK_SHAPE, ("Q4_0", "Q8_0"), n_prompt=128, n_gen=32, n_depth=128, reps=2, n_batch=128,
-                   ops_shape="stories15m", ops_quick=True, ops_types=("Q4_0", "Q8_0"), kld_ctx=128, kld_chunks=2),
+    "quick": Suite("quick", QUICK_SHAPE, ("Q4_0", "Q8_0"), n_prompt=64, n_gen=16, n_depth=64, reps=2, n_batch=64,
+                   ops_shape="stories15m", ops_quick=True, ops_types=("Q4_0", "Q8_0"), kld_ctx=64, kld_chunks=2),
     "full": Suite("full", _full_shape(), ("Q4_0", "Q4_K_M", "Q8_0"), n_prompt=512, n_gen=128, n_depth=512, reps=3,
                   n_batch=512, ops_shape="tinyllama-1.1b", ops_quick=False, ops_types=("Q4_0", "Q4_K", "Q8_0"),
                   kld_ctx=128, kld_chunks=4),

@@ -81,8 +81,8 @@ def test_report_covers_both_nodes(address, tmp_path):
     assert "beta/opencl" in {d["selector"] for d in doc["devices"] if not d["usable"]}  # COOKTOP_DISABLE there
     assert [s for s in doc["steps"] if not s["ok"]] == []
     for dev in ("alpha/cpu", "beta/cpu"):
-        assert {b["test"] for b in doc["bench"] if b["device"] == dev and b["avg_ts"]} == {"pp128", "tg32",
-                                                                                          "tg32 @ d128"}
+        assert {b["test"] for b in doc["bench"] if b["device"] == dev and b["avg_ts"]} == {"pp64", "tg16",
+                                                                                          "tg16 @ d64"}
         assert len([k for k in doc["kld"] if k["device"] == dev and k["summary"]]) == 2
         assert [r["device"] for r in doc["recommendations"]].count(dev) == 2
     page = (out / "index.html").read_text()
