@@ -24,6 +24,7 @@ def write_report(doc: dict, out_dir: str) -> tuple[str, str]:
     schema.validate(doc)
     js, html = os.path.join(out_dir, "report.json"), os.path.join(out_dir, "index.html")
     try:
+        os.makedirs(out_dir, exist_ok=True)
         with open(js, "w") as f:
             json.dump(doc, f, indent=1, default=str)
         with open(html, "w") as f:
