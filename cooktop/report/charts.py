@@ -58,7 +58,7 @@ def grouped_bars(groups: list[str], series: dict[str, list[float | None]], ylabe
     if log:
         ax.set_yscale("log")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, never over a bar
     ax.set_title(title, fontsize=10)
     return to_svg(fig)
 
