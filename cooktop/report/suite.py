@@ -85,7 +85,7 @@ def _full_shape() -> Shape:
 SUITES = {
     "quick": Suite("quick", QUICK_SHAPE, ("Q4_0", "Q8_0"), n_prompt=64, n_gen=16, n_depth=64, reps=2, n_batch=64,
                    ops_shape="stories15m", ops_quick=True, ops_types=("Q4_0", "Q8_0"), kld_ctx=64, kld_chunks=2),
-    "full": Suite("full", _full_shape(), ("Q4_0", "Q4_K_M", "Q8_0"), n_prompt=512, n_gen=128, n_depth=512, reps=3,
+    "full": Suite("full", _full_shape(), ("Q4_0", "Q4_K_M", "Q8_0"), n_prompt=512, n_gen=128, n_depth=512, reps=2,
                   n_batch=512, ops_shape="tinyllama-1.1b", ops_quick=False, ops_types=("Q4_0", "Q4_K", "Q8_0"),
                   kld_ctx=128, kld_chunks=4),
 }
