@@ -25,12 +25,14 @@
 #
 # Results (8 files at most, the device tool's limit): summary.md (each step, its
 # status and time), env.txt, steps.log (every step's output), devices.json
-# (cooktop devices --json), tests.log, validation.log, bench.json, bench.md.
+# (cooktop devices --json), tests.log, validation.log, bench.json, bench.md,
+# report/report.json and report/index.html (cooktop report --full, last: it gets what is left
+# of the budget; raise GPU_CHECK_BUDGET for all of it).
 #
 # Environment: GPU_DIR (default .gpu), GPU_WORK (default /tmp/cooktop-gpu),
 # GPU_CHECK_BUDGET (seconds, default 450), GPU_CHECK_ROOT (prefix for the ICD
 # search, for testing the search on a fake tree), GPU_CHECK_SKIP (comma list of
-# tests,validation,bench: leave those steps out, e.g. to try the rest on a machine
+# tests,validation,bench,report: leave those steps out, e.g. to try the rest on a machine
 # without a GPU), PYTHON (default python3).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -261,12 +263,18 @@ if [ -f "$model" ] && command -v llama-bench >/dev/null; then
     step "bench: llama-bench -p 512 -n 128 -r 2" 120 sh -c "llama-bench -m '$model' -p 512 -n 128 -r 2 -o md | tee -a '$res/bench.md'"
 fi
 
+# ------------------------------------------------------------------ 9. cooktop report --full
+# (the models and KLD bases in $work, not in the results: only report.json and index.html come back)
+step "report: cooktop report --full (every device)" 400 \
+    "$py" -m cooktop report --full --no-progress --work-dir "$work/report" -o "$res/report"
+
 {
     printf '\nTotal: %ss (budget %ss).\n\n' "$(elapsed)" "$budget"
     [ -f "$res/devices.md" ] && { printf 'Devices (cooktop devices --json):\n\n'; cat "$res/devices.md"; printf '\n'; }
     for n in "${notes[@]}"; do printf -- '- %s\n' "$n"; done
     [ -f "$res/tests.log" ] && { printf '\nTests: '; tail -1 "$res/tests.log"; }
     [ -f "$res/bench.md" ] && { printf '\n'; cat "$res/bench.md"; }
+    [ -f "$res/report/report.json" ] && printf '\nReport: report/index.html, report/report.json (cooktop report --full).\n'
 } >> "$res/summary.md"
 echo "gpu-check: results in $res ($(elapsed)s)"
 cat "$res/summary.md"

@@ -33,7 +33,8 @@ die() { printf 'gpu-prepare: ERROR: %s\n' "$*" >&2; exit 1; }
 mkdir -p "$dir/wheels" "$dir/debs" "$dir/src" "$dir/shared/models/tiny" "$dir/shared/reference"
 
 # ---- wheels for the GPU machine's Python (no deps resolved: the list is complete)
-wheels=(pyopencl pytools platformdirs siphash24 typing_extensions gguf "pybind11>=2.12,<3" setuptools wheel)
+wheels=(pyopencl pytools platformdirs siphash24 typing_extensions gguf "pybind11>=2.12,<3" setuptools wheel
+        jsonschema jsonschema-specifications referencing rpds-py)  # jsonschema: cooktop report's report.json check
 plat=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do
     plat+=(--platform "$p")
@@ -41,7 +42,8 @@ done
 say "wheels for CPython $gpu_py: ${wheels[*]}"
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "$gpu_py" --implementation cp \
     "${plat[@]}" -d "$dir/wheels" "${wheels[@]}" 2>&1 | grep -v '^WARNING: Location' || true
-for w in pyopencl pytools platformdirs siphash24 typing_extensions gguf pybind11 setuptools wheel; do
+for w in pyopencl pytools platformdirs siphash24 typing_extensions gguf pybind11 setuptools wheel \
+         jsonschema jsonschema_specifications referencing rpds_py; do
     ls "$dir/wheels/$w"-*.whl >/dev/null 2>&1 || die "no wheel for $w in $dir/wheels"
 done
 

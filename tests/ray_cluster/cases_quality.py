@@ -63,3 +63,27 @@ def test_kld_table_covers_every_device_of_every_node(address, tmp_path):
     for node in ("alpha", "beta"):  # numpy on a node gives this machine's numpy figures
         assert by[f"{node}/cpu"]["kld"] == here["kld"] and by[f"{node}/cpu"]["ppl"] == here["ppl"]
     assert by["alpha/opencl:0"]["kld"] > 1.2 * here["kld"]  # its 8-bit activations: above numpy's
+
+
+def test_report_covers_both_nodes(address, tmp_path):
+    """``cooktop report --quick --ray``: one page and one report.json with each node's numpy, run on that
+    node (its own machine facts), every figure measured, the schema kept."""
+    from cooktop.report import schema
+
+    out = tmp_path / "report"
+    r = cli("report", "--quick", "--no-progress", "--ray", address, "--device", "alpha/cpu,beta/cpu", "-o", str(out),
+            timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((out / "report.json").read_text())
+    schema.validate(doc)
+    assert [n["node"] for n in doc["nodes"]] == ["alpha", "beta"]
+    assert {d["selector"] for d in doc["devices"] if d["measured"]} == {"alpha/cpu", "beta/cpu"}
+    assert "beta/opencl" in {d["selector"] for d in doc["devices"] if not d["usable"]}  # COOKTOP_DISABLE there
+    assert [s for s in doc["steps"] if not s["ok"]] == []
+    for dev in ("alpha/cpu", "beta/cpu"):
+        assert {b["test"] for b in doc["bench"] if b["device"] == dev and b["avg_ts"]} == {"pp64", "tg16",
+                                                                                          "tg16 @ d64"}
+        assert len([k for k in doc["kld"] if k["device"] == dev and k["summary"]]) == 2
+        assert [r["device"] for r in doc["recommendations"]].count(dev) == 2
+    page = (out / "index.html").read_text()
+    assert 'id="device-alpha-cpu"' in page and 'id="device-beta-cpu"' in page and 'id="nodes"' in page

@@ -1,0 +1,101 @@
+"""``cooktop report``: measure the report suite on this machine's devices into DIR/report.json and
+DIR/index.html, or ``--compare`` several reports (``cooktop.report``)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from ..errors import CooktopError
+from .common import ray_option
+from .group import cli
+
+
+def write_report(doc: dict, out_dir: str) -> tuple[str, str]:
+    """Check ``doc`` against the schema and write ``report.json`` and ``index.html`` into ``out_dir``.
+
+    Raises:
+        CooktopError: the document does not match its schema, or a file cannot be written.
+    """
+    from ..report import page, schema
+
+    schema.validate(doc)
+    js, html = os.path.join(out_dir, "report.json"), os.path.join(out_dir, "index.html")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(js, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+        with open(html, "w") as f:
+            f.write(page.render(doc))
+    except OSError as e:
+        raise CooktopError(f"-o {out_dir}: {e.strerror or e}") from None
+    return js, html
+
+
+@cli.command("report")
+@click.option("-m", "--model", "models", multiple=True, type=click.Path(dir_okay=False),
+              help="A model to measure (repeat; default: the suite's synthetic Q4_0 / Q4_K_M / Q8_0 models).")
+@click.option("--device", "-dev", "device", default="all", show_default=True,
+              help="all (every usable device here, numpy included) or a comma list of selectors.")
+@click.option("--quick", "level", flag_value="quick", help="The quick suite (tiny models, few runs: ~1 minute).")
+@click.option("--full", "level", flag_value="full", default=True, help="The full suite (default).")
+@click.option("-o", "--output", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Folder of report.json and index.html (and, with --compare, of the comparison page).")
+@click.option("--work-dir", default=None, type=click.Path(file_okay=False),
+              help="Folder of the synthetic models (reused when there) and the KLD bases (default: -o DIR).")
+@click.option("--compare", "compare_mode", is_flag=True,
+              help="Compare the REPORTS (report.json files of one suite) instead of measuring.")
+@click.option("--no-progress", is_flag=True, help="No progress line on stderr.")
+@ray_option
+@click.argument("reports", nargs=-1, type=click.Path(dir_okay=False))
+def report_cmd(models, device, level, out_dir, work_dir, compare_mode, no_progress, ray_address, reports):
+    """What this machine's devices can do: smoke test, per-op roofline, pp / tg / depth speed per weight
+    type, KLD against numpy and the -ngl auto plan, in DIR/report.json and a self-contained DIR/index.html.
+
+    With --ray ADDRESS, every live node runs the suite on its own devices (--device all, or NODE/DEVICE
+    items) and one page covers them all. With --compare A/report.json B/report.json ..., one table of
+    ratios against the first (same suite only).
+    """
+    from ..report import compare as cmp_mod
+    from ..report import page
+    from ..report.runner import run_report
+    from ..report.suite import SUITES
+
+    if compare_mode:
+        cmp = cmp_mod.compare(list(reports))
+        click.echo(cmp_mod.table(cmp))
+        for d in cmp["differences"]:
+            click.echo(f"differs: {d['what']}: " + " | ".join("-" if v is None else str(v) for v in d["values"]))
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            path = os.path.join(out_dir, "index.html")
+            with open(path, "w") as f:
+                f.write(page.render_compare(cmp))
+            click.echo(f"cooktop: wrote {path}", err=True)
+        return
+    if reports:
+        raise CooktopError(f"unexpected argument {reports[0]!r} (report files go with --compare)")
+    if not out_dir:
+        raise CooktopError("cooktop report needs -o DIR (the folder of report.json and index.html)")
+    if ray_address:  # every node: its own devices, -m paths as that node sees them
+        from ..report.cluster import cluster_report
+
+        doc = cluster_report(level, ray_address, device, list(models) or None)
+        js, html = write_report(doc, out_dir)
+        click.echo(f"cooktop: wrote {js} and {html} ({len(doc['nodes'])} node(s))", err=True)
+        return
+    missing = [m for m in models if not os.path.exists(m)]
+    if missing:
+        raise CooktopError(f"-m {missing[0]}: no such file")
+    doc = run_report(SUITES[level], out_dir, list(models) or None, device, progress=not no_progress,
+                     work_dir=work_dir)
+    js, html = write_report(doc, out_dir)
+    failed = [s for s in doc["steps"] if not s["ok"]]
+    for s in failed:
+        click.echo(f"cooktop: step {s['step']} {s['device']} failed: {s['error']}", err=True)
+    for r in doc["recommendations"]:
+        click.echo(f"{os.path.basename(r['model'])}: --device {r['device'] or '-'} -ngl "
+                   f"{r['n_gpu_layers'] if r['n_gpu_layers'] is not None else '-'} ({r['reason']})")
+    click.echo(f"cooktop: wrote {js} and {html} in {doc['seconds']} s ({len(failed)} failed step(s))", err=True)
