@@ -29,6 +29,7 @@ RANK = {
     "api": 7,
     "server": 8, "bench": 8, "quality": 8,
     "cli": 9,
+    "report": 9,  # `cooktop report` composes the commands' own reports (devices, plan) with bench and quality
 }
 
 
