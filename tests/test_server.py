@@ -146,6 +146,7 @@ def test_health_props_metrics_tokenize(http):
     assert http.get("/health").json() == {"status": "ok"}
     props = http.get("/props").json()
     assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 256
+    assert props["default_generation_settings"]["params"]["seed"] == 0xFFFFFFFF  # -1, random: llama.cpp's value
     assert "<|im_start|>" in props["chat_template"]
     toks = http.post("/tokenize", json={"content": PROMPT}).json()["tokens"]
     assert http.post("/detokenize", json={"tokens": toks}).json()["content"].strip() == PROMPT

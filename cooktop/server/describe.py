@@ -39,7 +39,9 @@ def props_body(config: Any, llm: Any, n_slots: int, is_sleeping: bool = False) -
     d = {**P.DEFAULTS, **config.defaults}
     params = {k: d[k] for k in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
                                 "presence_penalty", "frequency_penalty", "ignore_eos")}
-    return {"default_generation_settings": {"n_ctx": llm.n_ctx(), "params": {**params, "n_predict": d["max_tokens"]}},
+    seed = config.llama_kwargs.get("seed", -1)  # -1 random: llama.cpp's LLAMA_DEFAULT_SEED, 0xFFFFFFFF
+    params.update(n_predict=d["max_tokens"], seed=0xFFFFFFFF if seed is None or seed < 0 else seed)
+    return {"default_generation_settings": {"n_ctx": llm.n_ctx(), "params": params},
             "total_slots": n_slots, "model_path": config.model_path,
             "model_alias": config.model_id, "chat_template": tmpl.source, "bos_token": tmpl.bos_token,
             "eos_token": tmpl.eos_token, "modalities": {"vision": False, "audio": False},
