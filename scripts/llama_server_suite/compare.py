@@ -23,10 +23,20 @@ def outcomes(path: str) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    """Print the summary; returns 0 (a comparison, not a verdict), 2 on bad arguments."""
+    """Print the summary; returns 0 (a comparison, not a verdict; also for -h/--help), 2 on bad arguments
+    (a missing or unreadable report is named)."""
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
     if not 1 <= len(argv) <= 2:
         print(__doc__, file=sys.stderr)
         return 2
+    for p in argv:
+        try:
+            ET.parse(p)
+        except (OSError, ET.ParseError) as e:
+            print(f"compare.py: {p}: not a readable JUnit XML report ({e})", file=sys.stderr)
+            return 2
     runs = [outcomes(p) for p in argv]
     for label, run in zip(("cooktop", "llama-server"), runs):
         n = collections.Counter(run.values())
