@@ -28,7 +28,17 @@ class UnsupportedModelError(CooktopError, ValueError):
 
 
 class ContextOverflowError(CooktopError, ValueError):
-    """A prompt (or an eval) does not fit in the context window ``n_ctx``."""
+    """A prompt (or an eval) does not fit in the context window ``n_ctx``.
+
+    Attributes:
+        n_prompt_tokens: the tokens that were to be in the context (0: not known).
+        n_ctx: the context they did not fit in, in tokens (0: not known); llama-server's
+            ``exceed_context_size_error`` carries both.
+    """
+
+    def __init__(self, message: str, n_prompt_tokens: int = 0, n_ctx: int = 0):
+        super().__init__(message)
+        self.n_prompt_tokens, self.n_ctx = int(n_prompt_tokens), int(n_ctx)
 
 
 class DeviceError(CooktopError):

@@ -191,3 +191,62 @@ def test_serve_flags_are_request_defaults(concat_model, server_deps, openai_clie
         c.close()
     finally:
         s.stop()
+
+
+# -- llama-server's chat fields: assistant prefill, __verbose, token counts, error details ----------
+def test_assistant_prefill_and_continue_final_message(srv, llm):
+    import httpx
+    turns = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "Once upon"}]
+    head = "<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\n"
+
+    def post(path, **body):
+        return httpx.post(srv.base + path, json={"messages": turns, **body}, timeout=120)
+
+    # an assistant message last is continued (llama-server's prefill), as continue_final_message asks
+    assert post("/apply-template").json()["prompt"] == head + "Once upon"
+    assert post("/apply-template", add_generation_prompt=False,
+                continue_final_message=True).json()["prompt"] == head + "Once upon"
+    parts = [turns[0], {"role": "assistant", "content": [{"type": "text", "text": "Once"},
+                                                         {"type": "text", "text": "upon"}]}]
+    r = httpx.post(srv.base + "/apply-template", json={"messages": parts}, timeout=60)
+    assert r.json()["prompt"] == head + "Once\n\nupon"  # text parts joined as llama.cpp's render_content
+    both = post("/v1/chat/completions", add_generation_prompt=True, continue_final_message=True)
+    assert both.status_code == 400 and "Cannot set both" in both.json()["error"]["message"]
+    two = httpx.post(srv.base + "/v1/chat/completions", json={"messages": turns + [turns[1]]}, timeout=60)
+    assert two.status_code == 400 and "2 or more assistant messages" in two.json()["error"]["message"]
+    # the continuation itself: the server's greedy answer is the API's with continue_final_message
+    r = post("/v1/chat/completions", max_tokens=6, temperature=0, verbose=True).json()
+    api = llm.create_chat_completion(turns, max_tokens=6, temperature=0, continue_final_message=True)
+    assert r["choices"][0]["message"]["content"] == api["choices"][0]["message"]["content"]
+    v = r["__verbose"]
+    assert v["prompt"].endswith(head + "Once upon") and v["tokens_predicted"] == 6
+    assert v["tokens_evaluated"] == r["usage"]["prompt_tokens"] and v["stop_type"] == "limit"
+    assert "__verbose" not in post("/v1/chat/completions", max_tokens=1, verbose=False).json()
+
+
+def test_input_tokens_context_errors_and_first_stream_chunk(srv):
+    import json
+
+    import httpx
+    msgs = [{"role": "user", "content": "Tell me a story."}]
+    n = httpx.post(srv.base + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 0},
+                   timeout=60).json()["usage"]["prompt_tokens"]
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+        assert httpx.post(srv.base + path, json={"messages": msgs}, timeout=60).json() == {"input_tokens": n}
+    r = httpx.post(srv.base + "/v1/responses/input_tokens", json={"input": "Tell me a story."}, timeout=60)
+    assert r.json() == {"input_tokens": n}
+    # too long: llama-server's error with the prompt's size and the slot's context
+    r = httpx.post(srv.base + "/v1/chat/completions", json={"messages": msgs * 60}, timeout=60)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
+    assert err["n_ctx"] == 256 and err["n_prompt_tokens"] > 256
+    # a response_format it cannot serve is refused even when no token is asked for
+    for rf in ({"type": "sound"}, {"type": "json_object", "schema": {"type": "hiccup"}}):
+        r = httpx.post(srv.base + "/v1/chat/completions",
+                       json={"messages": msgs, "max_tokens": 0, "response_format": rf}, timeout=60)
+        assert r.status_code == 400, rf
+    # the stream's first chunk: the role with content null, as llama-server sends it
+    with httpx.stream("POST", srv.base + "/v1/chat/completions",
+                      json={"messages": msgs, "max_tokens": 2, "stream": True}, timeout=60) as s:
+        first = json.loads(next(line for line in s.iter_lines() if line.startswith("data: "))[6:])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": None}

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from ..engine.generate import Generation, Step
-from ..errors import CooktopError
+from ..errors import ChatTemplateError, CooktopError
 from ..text import gemma4_calls
-from ..text.chat_messages import check_roles
+from ..text.chat_messages import check_roles, continued_content
 from ..text.chat_template import TemplateChoice, resolve_template, strip_added_specials
 from ..text.reasoning import prompt_opens_thinking
 from ..text.tool_calls import MessageStream, detect_format
@@ -75,15 +75,35 @@ class ChatMixin(LlamaBase):
         return self._chat
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
-        """The prompt text a conversation renders to (llama-server's ``/apply-template``).
+                            add_generation_prompt: bool = True, continue_final_message: bool = False,
+                            **kwargs: Any) -> str:
+        """The prompt text a conversation renders to (llama-server's ``/apply-template``);
+        ``continue_final_message``: see :meth:`create_chat_completion`.
 
         Raises:
-            ChatTemplateError: the template refused the conversation or failed on it.
+            ChatTemplateError: the template refused the conversation or failed on it, or
+                ``continue_final_message`` without an assistant message last.
         """
         tmpl = self.chat_template_choice().for_request(tools)
-        return tmpl.render(check_roles(messages), add_generation_prompt=add_generation_prompt,
-                           tools=tools or None, **kwargs)
+        messages = check_roles(messages)
+        if continue_final_message:
+            last = self._continued(messages)
+            return tmpl.render(messages[:-1], add_generation_prompt=True, tools=tools or None,
+                               **kwargs) + continued_content(last)
+        return tmpl.render(messages, add_generation_prompt=add_generation_prompt, tools=tools or None, **kwargs)
+
+    @staticmethod
+    def _continued(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The final assistant message ``continue_final_message`` continues.
+
+        Raises:
+            ChatTemplateError: the last message is not the assistant's, or it calls tools.
+        """
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ChatTemplateError("continue_final_message needs the assistant's message last")
+        if messages[-1].get("tool_calls"):
+            raise ChatTemplateError("Cannot continue an assistant message that contains tool calls.")
+        return messages[-1]
 
     def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                     **kwargs: Any) -> tuple[list[int], list[str]]:
@@ -96,12 +116,21 @@ class ChatMixin(LlamaBase):
         return tokens, stops
 
     def _chat_render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                     continue_final_message: bool = False, add_generation_prompt: bool = True,
                      **kwargs: Any) -> tuple[str, list[int], list[str]]:
-        """(prompt text, its token ids, the template's stop strings); see :meth:`chat_prompt`."""
+        """(prompt text, its token ids, the template's stop strings); see :meth:`chat_prompt`.
+        ``continue_final_message``: the conversation but its last (assistant) message, the generation
+        prompt, then that message's text left open (llama.cpp common/chat.cpp: ``messages[:-1]``
+        rendered, ``generation_prompt + render_content()`` appended)."""
         tmpl = self.chat_template_choice().for_request(tools)
-        text = tmpl.render(messages, add_generation_prompt=True, tools=tools or None, **kwargs)
-        if text.endswith("<turn|>\n") and detect_format(tmpl.source) == "gemma4":
+        tail = ""
+        if continue_final_message:
+            tail = continued_content(self._continued(messages))
+            messages, add_generation_prompt = messages[:-1], True
+        text = tmpl.render(messages, add_generation_prompt=add_generation_prompt, tools=tools or None, **kwargs)
+        if add_generation_prompt and text.endswith("<turn|>\n") and detect_format(tmpl.source) == "gemma4":
             text += "<|turn>model\n"  # llama.cpp common_chat_params_init_gemma4: a turn left closed is reopened
+        text += tail
         text = strip_added_specials(text, tmpl.bos_token, tmpl.eos_token, add_bos=self._tokenizer.vocab.add_bos)
         return text, self.tokenize(text, add_bos=True, special=True), list(tmpl.stop)
 
@@ -120,6 +149,7 @@ class ChatMixin(LlamaBase):
                                parallel_tool_calls: bool | None = None, reasoning_format: str | None = None,
                                chat_template_kwargs: dict[str, Any] | None = None,
                                reasoning_budget: int | None = None, post_sampling_probs: bool = False,
+                               add_generation_prompt: bool = True, continue_final_message: bool = False,
                                ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """Answer a conversation (OpenAI ``chat.completion``), llama-cpp-python's arguments.
 
@@ -142,6 +172,11 @@ class ChatMixin(LlamaBase):
                 ``probs_vector_to_json``): with ``logprobs``, each entry has ``prob`` (0..1, not a log)
                 and ``top_probs`` (at most ``top_logprobs``, probability 0 left out) from the
                 distribution after the sampler chain, instead of ``logprob`` / ``top_logprobs``.
+            add_generation_prompt: end the prompt with the assistant's header (default; False: the
+                conversation as it is, llama-server's field).
+            continue_final_message: the last message is the assistant's and the answer continues it (its
+                text left open after the generation prompt, no end of turn; llama-server's and vLLM's field,
+                the server's assistant prefill); the answer holds only the continuation.
             Others as :meth:`create_completion` (temperature defaults to 0.2 here, as in llama-cpp-python).
         Returns:
             a ``chat.completion`` dict, or an iterator of ``chat.completion.chunk`` s when ``stream``
@@ -172,7 +207,8 @@ class ChatMixin(LlamaBase):
                          grammar=rf if rf is not None else grammar, parallel_tool_calls=parallel_tool_calls,
                          reasoning_format=reasoning_format, chat_template_kwargs=chat_template_kwargs,
                          reasoning_budget=reasoning_budget)
-        text, tokens, template_stops = self._chat_render(plan.messages, plan.tools, **plan.template_kwargs)
+        text, tokens, template_stops = self._chat_render(plan.messages, plan.tools, bool(continue_final_message),
+                                                         bool(add_generation_prompt), **plan.template_kwargs)
         opened = prompt_opens_thinking(text)
         procs = list(logits_processor) if logits_processor is not None else []
         if plan.budget > 0:

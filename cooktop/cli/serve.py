@@ -126,6 +126,11 @@ from .spec_options import speculative_options
 @click.option("--sleep-idle-seconds", "sleep_idle_seconds", type=int, default=-1, show_default=True,
               metavar="SECONDS",
               help="Free the model after SECONDS without a request; the next request loads it again (-1: never).")
+@click.option("--prefill-assistant/--no-prefill-assistant", "prefill_assistant", default=True, show_default=True,
+              envvar="LLAMA_ARG_PREFILL_ASSISTANT",
+              help="Continue an assistant message that ends a chat (off: render it as a finished turn).")
+@click.option("-v", "--verbose", "verbose", is_flag=True,
+              help="Log at INFO, and add llama-server's __verbose debug object to every completion answer.")
 @speculative_options
 @threads_option
 @kv_options
@@ -141,7 +146,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
               chat_template_kwargs, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
               api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, models_dir, models_max,
-              models_autoload, ui_mcp_proxy, tools, tools_runtime, sleep_idle_seconds,
+              models_autoload, ui_mcp_proxy, tools, tools_runtime, sleep_idle_seconds, prefill_assistant, verbose,
               threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv,
               lora, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
@@ -244,9 +249,11 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
                           cors_methods=cors_methods, cors_headers=cors_headers, cors_credentials=cors_credentials,
                           api_prefix=api_prefix, sleep_idle_seconds=sleep_idle_seconds,
                           ui_mcp_proxy=ui_mcp_proxy, endpoint_metrics=metrics, tools=tools,
-                          tools_runtime=tools_runtime,
+                          tools_runtime=tools_runtime, prefill_assistant=prefill_assistant, verbose=verbose,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
+    if verbose:  # llama-server's -v: everything at INFO (cooktop has no lower level of its own)
+        logging.getLogger().setLevel(logging.INFO)
     if router_mode:
         _serve_router(config, models_dir, models_max, models_autoload, split_context, host, port)
         return

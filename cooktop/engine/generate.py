@@ -99,6 +99,7 @@ class GenerationResult:
     finish_reason: str  # "stop" or "length"
     timings: Timings
     seed: int = -1  # the seed the sampler used (drawn when -1 was asked)
+    prompt: list[int] = dataclasses.field(default_factory=list)  # the prompt's ids (llama-server's __verbose)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +266,8 @@ class Engine:
         if len(prompt_tokens) > self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt_tokens)} tokens but the context holds n_ctx = {self.n_ctx}; "
-                f"raise -c / n_ctx (the model was trained with {self.cfg.n_ctx_train}) or shorten the prompt")
+                f"raise -c / n_ctx (the model was trained with {self.cfg.n_ctx_train}) or shorten the prompt",
+                len(prompt_tokens), self.n_ctx)
 
     def generate(self, prompt_tokens: list[int], n_predict: int, params: SamplingParams | Sampler,
                  stop: list[str] | None = None, seq: Sequence | Callable[[list[int]], Sequence] | None = None,
@@ -438,7 +440,7 @@ class Engine:
         if tail:
             text_out.append(tail)
         yield Step(None, tail, finish, stop_word=hit)
-        return GenerationResult(generated, "".join(text_out), finish, timings, sampler.seed)
+        return GenerationResult(generated, "".join(text_out), finish, timings, sampler.seed, list(prompt))
 
     def close(self) -> None:
         """Release the default sequence's cache and the model's device buffers (idempotent)."""

@@ -148,8 +148,16 @@ def grammar_text(kind: str, source: Any) -> str:
             schema = json.loads(source) if isinstance(source, (str, bytes)) else source
             if not isinstance(schema, dict):
                 raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
-            return llg.LLMatcher.grammar_from_json_schema(closed_objects(schema),
+            text = llg.LLMatcher.grammar_from_json_schema(closed_objects(schema),
                                                           defaults={"whitespace_flexible": False})
+            # the schema itself is compiled lazily: check it now (llama.cpp refuses an unknown
+            # "type" in json-schema-to-grammar too), without a vocabulary
+            err = llg.LLMatcher.validate_grammar(text)
+            if isinstance(err, tuple):  # newer llguidance: (is_error, messages)
+                err = "; ".join(err[1]) if err[0] else ""
+            if err:
+                raise GrammarError(f"the JSON schema is not valid: {str(err).strip().splitlines()[0]}")
+            return text
         if not isinstance(source, str) or not source.strip():
             raise GrammarError(f"the {kind} grammar is empty")
         return llg.grammar_from(kind, source)

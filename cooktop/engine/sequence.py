@@ -122,7 +122,8 @@ class Sequence:
         if n_past + len(tokens) > model.n_ctx:
             raise ContextOverflowError(
                 f"{n_past + len(tokens)} tokens do not fit in the context of n_ctx = {model.n_ctx} "
-                f"tokens ({n_past} already in it); raise n_ctx (-c) or shorten the prompt")
+                f"tokens ({n_past} already in it); raise n_ctx (-c) or shorten the prompt",
+                n_past + len(tokens), model.n_ctx)
         n_vocab = model.cfg.n_vocab
         bad = [t for t in tokens if not 0 <= t < n_vocab]
         if bad:
@@ -160,7 +161,7 @@ class Sequence:
             raise InvalidTokenError("an embedding needs at least one token")
         if len(tokens) > model.n_ctx:
             raise ContextOverflowError(f"{len(tokens)} tokens do not fit in the context of n_ctx = {model.n_ctx} "
-                                       "tokens; raise n_ctx (-c) or shorten the input")
+                                       "tokens; raise n_ctx (-c) or shorten the input", len(tokens), model.n_ctx)
         n_vocab = model.cfg.n_vocab
         bad = [t for t in tokens if not 0 <= t < n_vocab]
         if bad:

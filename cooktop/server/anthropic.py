@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from . import protocol as P
 from .bridge import Blocks, Bridge, sse_event
+from .responses import prompt_options
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 413: "request_too_large", 503: "overloaded_error"}
@@ -297,7 +298,7 @@ def register(app: FastAPI, bridge: Bridge) -> None:
                 body = {**body, "max_tokens": 1}
             args = P.chat_args(chat_body(body), bridge.config)
             llm = bridge.state.llm
-            tokens, _ = llm.chat_prompt(args["messages"], args.get("tools"))
+            tokens, _ = llm.chat_prompt(args["messages"], args.get("tools"), **prompt_options(args))
         except Exception as e:  # noqa: BLE001 - an Anthropic-shaped error
             return error_response(e)
         return {"input_tokens": len(tokens)}

@@ -43,7 +43,20 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..version import __version__
-from . import anthropic, cors_proxy, describe, gcp, lora_api, native, rerank, responses_api, slots_api, tools, webui
+from . import (
+    anthropic,
+    cors_proxy,
+    describe,
+    gcp,
+    lora_api,
+    native,
+    rerank,
+    responses_api,
+    slots_api,
+    token_count,
+    tools,
+    webui,
+)
 from . import protocol as P
 from .bridge import DISCONNECT_CHECK_S, Bridge, ClientGone
 from .gcp import GcpParams
@@ -104,6 +117,10 @@ class ServerConfig:
             the tools run on the host only).
         sleep_idle_seconds: free the model after this many seconds without a request and load it again
             on the next one (llama-server's ``--sleep-idle-seconds``, :mod:`.sleep`); -1 never.
+        prefill_assistant: an assistant message last is continued (llama-server's default;
+            ``--no-prefill-assistant``: False, it is rendered as a finished turn).
+        verbose: every completion answer carries llama-server's ``__verbose`` debug object (``-v`` /
+            ``--verbose``; a request's ``verbose`` field overrides it).
     """
 
     model_path: str
@@ -132,6 +149,8 @@ class ServerConfig:
     endpoint_metrics: bool = False
     tools: str = ""
     tools_runtime: str = ""
+    prefill_assistant: bool = True
+    verbose: bool = False
 
     @property
     def api_keys(self) -> tuple[str, ...]:
@@ -289,7 +308,7 @@ def _error(exc: BaseException) -> JSONResponse:
         msg = f"internal error ({type(exc).__name__}: {exc}); this is a cooktop bug"
     else:
         msg = str(exc)
-    return JSONResponse(P.error_body(status, msg, kind, getattr(exc, "param", None)), status_code=status)
+    return JSONResponse(P.error_body(status, msg, kind, getattr(exc, "param", None), exc), status_code=status)
 
 
 def _sse(obj: Any) -> str:
@@ -472,12 +491,15 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
                         timings = chunk.pop("timings")
                     if usage:
                         total = add_usage(total, usage)
+                    delta = chunk["choices"][0].get("delta") if chunk.get("choices") else None
+                    if delta is not None and delta.get("role") == "assistant" and delta.get("content") == "":
+                        delta["content"] = None  # llama-server's first chunk: the role, content null
                     chunk["id"] = cid
                     yield _sse(chunk)
                     kind, chunk = await job.queue.get()
                     if kind == ERROR:
                         status, type_ = P.classify(chunk)
-                        yield _sse(P.error_body(status, str(chunk), type_))
+                        yield _sse(P.error_body(status, str(chunk), type_, exc=chunk))
                         return
                 if include_usage:
                     yield _sse({"id": cid, "object": obj, "created": int(time.time()), "model": config.model_id,
@@ -530,10 +552,11 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         body = await body_of(request)
         model = check_model(body)
         args, n = vocab_bias(P.chat_args(body, config)), P.n_choices(body)
+        verbose = P.field(body, "verbose", bool, config.verbose)
         if args["max_tokens"] == 0:  # llama-server: nothing is generated (the prompt is still read)
             make = choices_job(n, args, lambda llm, kw: empty_chat(llm, kw), model)
         else:
-            make = choices_job(n, args, lambda llm, kw: llm.create_chat_completion(**kw), model)
+            make = choices_job(n, args, lambda llm, kw: llm.create_chat_completion(**kw), model, verbose)
         return await run(request, "chat", make, "chat.completion.chunk", body, assemble_chat)
 
     @app.post("/v1/completions")
@@ -546,7 +569,7 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         n = P.n_choices(body)
         if len(prompts) * n > P.MAX_N:
             raise P.bad("n", f"{len(prompts)} prompts x n = {n} is more than {P.MAX_N} choices")
-        make = prompt_choices_job(prompts, n, args, model)
+        make = prompt_choices_job(prompts, n, args, model, P.field(body, "verbose", bool, config.verbose))
         return await run(request, "completions", make, "text_completion", body, assemble_completion)
 
     @app.post("/v1/embeddings")
@@ -664,13 +687,15 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
     async def apply_template(request: Request):
         body = await body_of(request)
         args = P.chat_args(body, config)
-        gen = P.field(body, "add_generation_prompt", bool, True)
-        prompt = state.llm.apply_chat_template(args["messages"], tools=args["tools"], add_generation_prompt=gen,
+        prompt = state.llm.apply_chat_template(args["messages"], tools=args["tools"],
+                                               add_generation_prompt=args["add_generation_prompt"],
+                                               continue_final_message=args["continue_final_message"],
                                                **(args["chat_template_kwargs"] or {}))
         return {"prompt": prompt}
 
     ctx = Bridge(state, config, body_of, check_model, _error)
-    for module in (native, responses_api, anthropic, rerank, slots_api, lora_api, webui, cors_proxy, tools):
+    for module in (native, responses_api, anthropic, rerank, slots_api, lora_api, webui, cors_proxy, tools,
+                   token_count):
         module.register(app, ctx)
     if gcp_params.enabled:  # last: its aliases name the routes above
         gcp.register(app, gcp_params, config.api_prefix)

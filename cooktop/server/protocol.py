@@ -31,9 +31,15 @@ class HTTPError(CooktopError):
         self.status, self.type, self.param = status, type_, param
 
 
-def error_body(status: int, message: str, type_: str, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object (``code`` is the HTTP status, as llama-server sends it)."""
-    return {"error": {"code": status, "message": message, "type": type_, "param": param}}
+def error_body(status: int, message: str, type_: str, param: str | None = None,
+               exc: BaseException | None = None) -> dict[str, Any]:
+    """OpenAI's error object (``code`` is the HTTP status, as llama-server sends it); for a
+    :class:`ContextOverflowError` ``exc`` also llama-server's ``n_prompt_tokens`` and ``n_ctx`` (the
+    slot's context, tokens: tools/server/server-task.cpp ``server_task_result_error::to_json``)."""
+    err: dict[str, Any] = {"code": status, "message": message, "type": type_, "param": param}
+    if isinstance(exc, ContextOverflowError) and exc.n_ctx:
+        err.update(n_prompt_tokens=exc.n_prompt_tokens, n_ctx=exc.n_ctx)
+    return {"error": err}
 
 
 def classify(exc: BaseException) -> tuple[int, str]:
@@ -253,10 +259,35 @@ def chat_args(body: dict[str, Any], config: Any = None) -> dict[str, Any]:
     rf = body.get("response_format")
     if rf is not None and grammar is not None:
         raise bad("response_format", "give either response_format or grammar/json_schema, not both")
+    from ..api.grammar import from_response_format
+    from_response_format(rf)  # checked now, also for an answer of no tokens (GrammarError: a 400)
     args.update(messages=messages, tools=tools, logprobs=logprobs, top_logprobs=top,
                 post_sampling_probs=field(body, "post_sampling_probs", bool, False), response_format=rf,
-                grammar=grammar, **agent_args(body, config))
+                grammar=grammar, **agent_args(body, config), **continuation(body, messages, config))
     return args
+
+
+def continuation(body: dict[str, Any], messages: list[dict[str, Any]], config: Any = None) -> dict[str, bool]:
+    """``add_generation_prompt`` and ``continue_final_message`` of a chat body, as llama-server reads them
+    (tools/server/server-common.cpp ``oaicompat_chat_params_parse``): ``continue_final_message`` true (or
+    ``"content"``) continues the last (assistant) message; without it, an assistant message last is
+    continued anyway unless the server runs with ``--no-prefill-assistant`` (``config.prefill_assistant``).
+
+    Raises:
+        HTTPError: 400 for two assistant messages last (prefill), or both fields true.
+    """
+    gen = field(body, "add_generation_prompt", bool, True)
+    raw = body.get("continue_final_message")
+    if raw == "reasoning_content":
+        raise bad("continue_final_message", "continuing the reasoning is not supported; use true or \"content\"")
+    cont = raw is True or raw == "content"
+    if not cont and getattr(config, "prefill_assistant", True) and messages[-1].get("role") == "assistant":
+        if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+            raise bad("messages", "Cannot have 2 or more assistant messages at the end of the list.")
+        cont, gen = True, False
+    if cont and gen:
+        raise bad("continue_final_message", "Cannot set both add_generation_prompt and continue_final_message to true.")
+    return {"add_generation_prompt": gen, "continue_final_message": cont}
 
 
 def completion_args(body: dict[str, Any], defaults: dict[str, Any] | None = None) -> tuple[list[Any], dict[str, Any]]:

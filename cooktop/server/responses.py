@@ -38,6 +38,11 @@ def repeat_usage(chunk: dict[str, Any]) -> dict[str, Any]:
     return chunk
 
 
+def prompt_options(kw: dict[str, Any]) -> dict[str, bool]:
+    """The rendering options of chat arguments (``protocol.continuation``) for ``Llama.chat_prompt``."""
+    return {k: kw[k] for k in ("add_generation_prompt", "continue_final_message") if k in kw}
+
+
 def empty_chat(llm: Any, kw: dict[str, Any]):
     """The chunks of a chat answer of no tokens (``max_tokens: 0``, as llama-server answers it):
     the role, then ``finish_reason`` "length" with the prompt's usage.
@@ -45,7 +50,7 @@ def empty_chat(llm: Any, kw: dict[str, Any]):
     Raises:
         ChatTemplateError / ContextOverflowError: as ``create_chat_completion``.
     """
-    tokens, _stops = llm.chat_prompt(kw["messages"], kw.get("tools"))
+    tokens, _stops = llm.chat_prompt(kw["messages"], kw.get("tools"), **prompt_options(kw))
     llm._engine.check_prompt(tokens)
     base = {"id": f"chatcmpl-{uuid.uuid4()}", "object": "chat.completion.chunk", "created": int(time.time()),
             "system_fingerprint": SYSTEM_FINGERPRINT,
@@ -77,10 +82,29 @@ def timings_json(t: Any, cached: int) -> dict[str, Any]:
     return out
 
 
-def with_timings(llm: Any, chunks: Any):
+def verbose_json(llm: Any, res: Any, final: dict[str, Any], model: str) -> dict[str, Any]:
+    """llama-server's ``__verbose`` object of one finished generation (tools/server/server-task.cpp
+    ``server_task_result_cmpl_final::to_json_non_oaicompat``) from its
+    :class:`~cooktop.engine.generate.GenerationResult` and ``final`` chunk: ``prompt`` is the prompt's
+    tokens as text with the special tokens (``detokenize(..., special=True)``), ``tokens_cached`` the
+    tokens the slot then holds (the last one sampled is not evaluated)."""
+    word = final.get("stopping_word") or ""
+    text = res.text
+    cached = ((final.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+    return {"index": 0, "content": text, "tokens": [], "id_slot": -1, "stop": True, "model": model,
+            "tokens_predicted": len(res.tokens), "tokens_evaluated": len(res.prompt),
+            "prompt": llm.detokenize(res.prompt, special=True).decode("utf-8", "replace"),
+            "has_new_line": "\n" in text, "truncated": False,
+            "stop_type": "limit" if res.finish_reason == "length" else "word" if word else "eos",
+            "stopping_word": word, "tokens_cached": max(len(res.prompt) + len(res.tokens) - 1, 0),
+            "timings": timings_json(res.timings, cached)}
+
+
+def with_timings(llm: Any, chunks: Any, verbose: bool = False, model: str = ""):
     """``chunks`` of one choice, the last (``finish_reason`` set) held back until the generation has
-    finished and then sent with its ``timings`` (llama-server's last chunk carries them). Reads the
-    result this thread's completion left (``Llama._last_here``); none (``max_tokens: 0``): no timings."""
+    finished and then sent with its ``timings`` (llama-server's last chunk carries them), and with
+    ``verbose`` its ``__verbose`` (:func:`verbose_json`). Reads the result this thread's completion left
+    (``Llama._last_here``); none (``max_tokens: 0``): neither."""
     before = llm._last_here()
     held = None
     for chunk in chunks:
@@ -96,6 +120,8 @@ def with_timings(llm: Any, chunks: Any):
         if res is not None and res is not before:
             cached = ((held.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             held["timings"] = timings_json(res.timings, cached or 0)
+            if verbose:
+                held["__verbose"] = verbose_json(llm, res, held, model)
         yield held
 
 
@@ -159,8 +185,9 @@ def eos_ignored(llm: Any, kw: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
-def choices_job(n: int, args: dict[str, Any], call, model: str):
-    """A job making ``n`` streamed choices one after the other (choice i: seed + i)."""
+def choices_job(n: int, args: dict[str, Any], call, model: str, verbose: bool = False):
+    """A job making ``n`` streamed choices one after the other (choice i: seed + i); ``verbose``: each
+    choice's last chunk carries llama-server's ``__verbose`` (:func:`verbose_json`)."""
     def make(llm):
         def gen():
             acc = TimingsSum()
@@ -168,7 +195,10 @@ def choices_job(n: int, args: dict[str, Any], call, model: str):
                 kw = eos_ignored(llm, dict(args, stream=True, model=model))
                 if n > 1 and kw.get("seed") is not None:
                     kw["seed"] = kw["seed"] + i
-                for chunk in summed_timings(with_timings(llm, call(llm, kw)), acc, i > 0, i == n - 1):
+                chunks = with_timings(llm, call(llm, kw), verbose, model)
+                for chunk in summed_timings(chunks, acc, i > 0, i == n - 1):
+                    if "__verbose" in chunk:
+                        chunk["__verbose"]["index"] = i
                     chunk["choices"][0]["index"] = i
                     chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
                     yield repeat_usage(chunk) if i else chunk
@@ -176,8 +206,9 @@ def choices_job(n: int, args: dict[str, Any], call, model: str):
     return make
 
 
-def prompt_choices_job(prompts: list[Any], n: int, args: dict[str, Any], model: str):
-    """A job for ``/v1/completions``: ``n`` choices per prompt, indexed prompt-major as OpenAI does."""
+def prompt_choices_job(prompts: list[Any], n: int, args: dict[str, Any], model: str, verbose: bool = False):
+    """A job for ``/v1/completions``: ``n`` choices per prompt, indexed prompt-major as OpenAI does
+    (``verbose``: as :func:`choices_job`)."""
     def make(llm):
         def gen():
             idx, acc = 0, TimingsSum()
@@ -186,8 +217,10 @@ def prompt_choices_job(prompts: list[Any], n: int, args: dict[str, Any], model: 
                     kw = eos_ignored(llm, dict(args, stream=True, model=model))
                     if n > 1 and kw.get("seed") is not None:
                         kw["seed"] = kw["seed"] + i
-                    chunks = with_timings(llm, llm.create_completion(prompt, **kw))
+                    chunks = with_timings(llm, llm.create_completion(prompt, **kw), verbose, model)
                     for chunk in summed_timings(chunks, acc, i > 0, idx == len(prompts) * n - 1):
+                        if "__verbose" in chunk:
+                            chunk["__verbose"]["index"] = idx
                         chunk["choices"][0]["index"] = idx
                         chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
                         yield repeat_usage(chunk) if i else chunk
@@ -248,11 +281,13 @@ def assemble_completion(chunks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def with_last_timings(chunks: list[dict[str, Any]], answer: dict[str, Any]) -> dict[str, Any]:
-    """``answer`` with the ``timings`` of the last chunk that has them (the request's sums), if any."""
-    for c in reversed(chunks):
-        if "timings" in c:
-            answer["timings"] = c["timings"]
-            break
+    """``answer`` with the ``timings`` of the last chunk that has them (the request's sums), if any,
+    and likewise its ``__verbose``."""
+    for key in ("timings", "__verbose"):
+        for c in reversed(chunks):
+            if key in c:
+                answer[key] = c[key]
+                break
     return answer
 
 

@@ -99,6 +99,19 @@ def check_roles(messages: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def continued_content(message: Mapping[str, Any]) -> str:
+    """The text an assistant message left to be continued (``continue_final_message``, llama-server's
+    assistant prefill): its ``content`` string, or its text parts joined by a blank line (llama.cpp
+    common/chat.cpp ``common_chat_msg::render_content``, delimiter ``"\\n\\n"``); "" for none."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n\n".join(p["text"] for p in content
+                            if isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str))
+    return ""
+
+
 def probe_capabilities(render: Callable[[list[dict[str, Any]]], str]) -> tuple[bool, bool]:
     """(typed content works, null content works) for a template's ``render(messages)``."""
     def attempt(messages: list[dict[str, Any]]) -> str | None:
