@@ -105,7 +105,7 @@ def tune_cmd(model: str | None, device: str | None, budget: float, runs: int, pr
             rec["model"] = path
             where = cache.store(dev.info, rec)
         finally:
-            dev.close()
+            dev.synchronize()  # the registry's device: it stays open, running the chosen parameters
         records[sel] = dict(rec, cache=where)
         if not as_json:
             _print(sel, dev.info.name, rec, where)
