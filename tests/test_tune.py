@@ -212,3 +212,22 @@ def test_tuned_model_prompt_equals_tokens_one_at_a_time():
     assert np.isfinite(batch).all()
     assert np.abs(batch - one).max() <= 1e-4 * max(1.0, float(np.abs(one).max()))
     assert np.array_equal(batch, base_batch)
+
+
+def test_cli_space_and_merge(tmp_path):
+    from click.testing import CliRunner
+
+    from cooktop.cli.main import _register
+    from cooktop.cli.group import cli
+    from cooktop.cli.tune import merge
+
+    _register()
+    out = CliRunner().invoke(cli, ["tune", "--space"])
+    assert out.exit_code == 0 and "mv_r=4/8/16" in out.output and "q8_pf=0/768/1536/3072" in out.output
+    out = CliRunner().invoke(cli, ["tune", "--device", "cpu"])
+    assert out.exit_code != 0 and "numpy backend has no launch parameters" in out.output
+    old = {"choice": {"mat_vec:Q4_0": {"mv_r": 16}, "mat_vec:Q8_0": {"mv_r": 4}},
+           "report": [{"kernel": "mat_vec:Q4_0"}, {"kernel": "mat_vec:Q8_0"}]}
+    new = {"choice": {}, "report": [{"kernel": "mat_vec:Q4_0"}], "tuning_s": 1.0}
+    m = merge(old, new)
+    assert m["choice"] == {"mat_vec:Q8_0": {"mv_r": 4}} and len(m["report"]) == 2 and m["tuning_s"] == 1.0

@@ -103,7 +103,7 @@ def tune_cmd(model: str | None, device: str | None, budget: float, runs: int, pr
             if bar is not None:
                 bar.close()
             rec["model"] = path
-            where = cache.store(dev.info, rec)
+            where = cache.store(dev.info, merge(cache.load(dev.info), rec))
         finally:
             dev.synchronize()  # the registry's device: it stays open, running the chosen parameters
         records[sel] = dict(rec, cache=where)
@@ -111,6 +111,18 @@ def tune_cmd(model: str | None, device: str | None, budget: float, runs: int, pr
             _print(sel, dev.info.name, rec, where)
     if as_json:
         click.echo(json.dumps(records, indent=2, default=str))
+
+
+def merge(old: dict | None, new: dict) -> dict:
+    """The record to cache after tuning ``new``'s kernels: ``old``'s choice and report for the kernels
+    ``new`` did not tune (another model's weight types) kept, ``new``'s for the ones it did."""
+    if not old:
+        return new
+    tuned = {r["kernel"] for r in new["report"]}
+    choice = {k: v for k, v in old.get("choice", {}).items() if k not in tuned}
+    choice.update(new["choice"])
+    report = [r for r in old.get("report", []) if r.get("kernel") not in tuned] + new["report"]
+    return dict(new, choice=choice, report=report)
 
 
 def _types(path: str) -> list[Any]:
