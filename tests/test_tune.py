@@ -217,8 +217,8 @@ def test_tuned_model_prompt_equals_tokens_one_at_a_time():
 def test_cli_space_and_merge(tmp_path):
     from click.testing import CliRunner
 
-    from cooktop.cli.main import _register
     from cooktop.cli.group import cli
+    from cooktop.cli.main import _register
     from cooktop.cli.tune import merge
 
     _register()
