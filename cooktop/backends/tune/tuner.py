@@ -67,9 +67,10 @@ class KernelResult:
 
 
 def model_shapes(path: str, types: Any = None) -> list[tuple[T, int, int, np.ndarray]]:
-    """``(type, n_out, n_in, raw rows uint8 [n_out, row_bytes])`` of the largest 2-D weight of each
-    quantized or float type in the GGUF at ``path`` (the model's real shapes and data), for the
-    ``types`` given (default: all).
+    """``(type, n_out, n_in, raw rows uint8 [n_out, row_bytes])`` per quantized or float weight type of
+    the GGUF at ``path``: the shape of that type holding the most weight values in the model (e.g. a
+    layer's FFN matrices rather than a lone output matrix), with one such tensor's own bytes, for the
+    ``types`` given (default: all). ``token_embd`` (rows looked up, not multiplied) is left out.
 
     Raises:
         CooktopError: the file cannot be read as GGUF.
@@ -80,20 +81,22 @@ def model_shapes(path: str, types: Any = None) -> list[tuple[T, int, int, np.nda
         reader = GGUFReader(path)
     except Exception as e:  # noqa: BLE001 - any parse error of the file
         raise CooktopError(f"cannot read {path} as a GGUF model: {type(e).__name__}: {e}") from e
-    best: dict[T, Any] = {}
+    weight: dict[tuple[T, int, int], int] = {}
+    first: dict[tuple[T, int, int], Any] = {}
     for t in reader.tensors:
-        if len(t.shape) != 2 or t.name.startswith(("token_embd", "output.")) and t.name != "output.weight":
+        if len(t.shape) != 2 or t.name.startswith("token_embd"):
             continue
         gt = T(int(t.tensor_type))
         if types is not None and gt not in types:
             continue
-        if gt not in best or int(t.n_elements) > int(best[gt].n_elements):
-            best[gt] = t
-    out = []
-    for gt, t in best.items():
-        n_in, n_out = int(t.shape[0]), int(t.shape[1])  # gguf lists ne (innermost first)
-        out.append((gt, n_out, n_in, np.asarray(t.data)))
-    return out
+        key = (gt, int(t.shape[1]), int(t.shape[0]))  # gguf lists ne (innermost first): (n_in, n_out)
+        weight[key] = weight.get(key, 0) + int(t.n_elements)
+        first.setdefault(key, t)
+    best: dict[T, tuple[T, int, int]] = {}
+    for key, n in weight.items():
+        if key[0] not in best or n > weight[best[key[0]]]:
+            best[key[0]] = key
+    return [(gt, n_out, n_in, np.asarray(first[(gt, n_out, n_in)].data)) for gt, n_out, n_in in best.values()]
 
 
 def synthetic_shapes(shapes: Any = DEFAULT_SHAPES, seed: int = 0) -> list[tuple[T, int, int, np.ndarray]]:
