@@ -131,8 +131,9 @@ def test_tune_respects_budget_and_caches(tdev, weights):
     r = rec["report"][0]
     assert r["tried"] + r["skipped"] == len(space.candidates(tdev.info, "mat_vec")) and not r["rejected"]
     assert rec["complete"] == (r["skipped"] == 0)
-    # the budget stops new candidates: at most one (a cold pipeline, ~7 s on lavapipe) runs past it
-    assert r["speedup"] >= 1.0 and rec["tuning_s"] < 6.0 + 10.0
+    # the budget stops new candidates and confirmation pairs: at most one (a cold pipeline, ~7 s on
+    # lavapipe, on a loaded machine more) runs past it
+    assert r["speedup"] >= 1.0 and rec["tuning_s"] < 6.0 + 12.0
     path = cache.store(tdev.info, rec)
     assert cache.load(tdev.info)["choice"] == rec["choice"]
     assert path.startswith(str(cache.cache_dir("tune")))
