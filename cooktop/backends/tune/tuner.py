@@ -11,14 +11,15 @@ For each kernel family key (``mat_vec:Q4_K``, ``prompt_matmul:Q4_K``, ``rmsnorm`
    timed the same way;
 3. the fastest is confirmed: it and the default are timed in :data:`CONFIRM_PAIRS` alternating
    pairs (each the fastest of ``runs`` timings), and it is kept only if it is at least ``min_gain``
-   (3%) faster in :data:`CONFIRM_WINS` of them and in their medians (the times reported); otherwise the default stays (tuned must never be
-   slower than untuned by more than noise).
+   (3%) faster in :data:`CONFIRM_WINS` of them and in their medians (the times reported);
+   otherwise the default stays (tuned must never be slower than untuned by more than noise).
 
 Families are tuned one after another with the choices so far applied (coordinate descent); the
 budget (seconds, compile time included) is checked before every candidate and confirmation pair:
-when it runs out the remaining candidates are skipped (an unconfirmed winner is not chosen), the record says ``complete: False``, and what was chosen so far
-(each choice fully checked) is kept. The weights are the model's own tensors (the largest of each
-type), or random ones quantized with :func:`cooktop.quantize.rows.quantize_rows` without a model.
+when it runs out the remaining candidates are skipped (an unconfirmed winner is not chosen), the
+record says ``complete: False``, and what was chosen so far (each choice fully checked) is kept.
+The weights are the model's own tensors (per type, the shape holding most of its weights: see
+:func:`model_shapes`), or random ones quantized with :func:`cooktop.quantize.rows.quantize_rows` without a model.
 """
 
 from __future__ import annotations
