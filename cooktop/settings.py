@@ -128,6 +128,12 @@ def vulkan_q8k() -> bool:
     return env_bool("COOKTOP_VULKAN_Q8K", False)
 
 
+def no_tune() -> bool:
+    """``COOKTOP_NO_TUNE``: open devices with today's default launch parameters, ignoring a
+    ``cooktop tune`` choice in the cache (default off; ``cooktop --no-tune`` sets it)."""
+    return env_bool("COOKTOP_NO_TUNE", False)
+
+
 def opencl_vnni() -> bool:
     """``COOKTOP_OPENCL_VNNI``: the AVX-512 VNNI prompt kernel where the CPU has it (default on)."""
     return env_bool("COOKTOP_OPENCL_VNNI", True)
@@ -238,5 +244,6 @@ def check_environment() -> None:
     opencl_mmq_k()
     vulkan_q8k()
     opencl_exact_prompt()
+    no_tune()
     probe_timeout(1.0)
     probe_isolation()

@@ -226,7 +226,7 @@ gpu_tests() {
         tests/test_ops_parity.py tests/test_device_contract.py tests/test_reference.py tests/test_vulkan.py \
         tests/test_placement.py "tests/test_opencl.py::test_work_group_sizes_of_real_gpus" \
         tests/test_moe_ops_devices.py tests/test_arch_moe.py tests/test_prompt_paths.py \
-        tests/test_chunked.py tests/test_chunked_models.py \
+        tests/test_chunked.py tests/test_chunked_models.py tests/test_tune.py \
         -k "opencl or vulkan" -x --timeout 120 2>&1 | tee "$res/tests.log" | tail -5
 }
 step "tests: OpenCL + Vulkan parity, the op table's contract, end-to-end, GPU work-group/subgroup sizes, MoE ops and models, prompt = one token at a time, tensors in row chunks" 300 gpu_tests
@@ -234,7 +234,7 @@ step "tests: OpenCL + Vulkan parity, the op table's contract, end-to-end, GPU wo
 # ------------------------------------------------------------------ 7. validation layer on the real driver
 validate() {
     "$py" tests/vulkan_validation.py --log "$res/validation.log" -q -p no:cacheprovider \
-        tests/test_vulkan.py tests/test_vulkan_validation.py -k "vulkan and not release" --timeout 60 \
+        tests/test_vulkan.py tests/test_vulkan_validation.py tests/test_tune.py -k "vulkan and not release" --timeout 60 \
         > "$work/validation.out" 2>&1
     local rc=$?
     cat "$work/validation.out" >> "$res/validation.log"
@@ -253,12 +253,32 @@ if "$py" -c 'import llama_cpp' >/dev/null 2>&1; then
 else
     note "llama.cpp: not available here (no llama-cpp-python; llama-bench on PATH is run after cooktop if present)"
 fi
+# the tuner first (cooktop tune: its choice is cached per device and used by the tuned bench),
+# then the same bench with today's defaults (cooktop --no-tune) and tuned, side by side in bench.md
+tune() {
+    "$py" -m cooktop tune -m "$model" --device "$1" --budget 60 --runs 3 >> "$work/tune.txt" 2>&1
+}
 bench() {
+    "$py" -m cooktop --no-tune bench -m "$model" --device opencl,vulkan -p 512 -n 128 -r 2 $GPU_CHECK_VS -o json \
+        > "$work/bench-default.json" || return 1
     "$py" -m cooktop bench -m "$model" --device opencl,vulkan -p 512 -n 128 -r 2 $GPU_CHECK_VS -o json \
-        > "$res/bench.json" && "$py" -m cooktop bench --from "$res/bench.json" -o md | tee "$res/bench.md"
+        > "$res/bench.json" || return 1
+    {
+        printf '### tuned (cooktop tune, then cooktop bench)\n\n'
+        "$py" -m cooktop bench --from "$res/bench.json" -o md
+        printf '\n### default launch parameters (cooktop --no-tune bench)\n\n'
+        "$py" -m cooktop bench --from "$work/bench-default.json" -o md
+        printf '\n### cooktop tune\n\n```\n'
+        cat "$work/tune.txt" 2>/dev/null
+        printf '```\n'
+    } | tee "$res/bench.md"
 }
 export GPU_CHECK_VS="$vs"
-[ -f "$model" ] && step "bench: cooktop bench 1.1B Q4_0 -p 512 -n 128 -r 2 (opencl, vulkan)" 240 bench
+if [ -f "$model" ]; then
+    step "tune: cooktop tune -m 1.1B Q4_0 --device opencl:0 --budget 60" 90 tune opencl:0
+    step "tune: cooktop tune -m 1.1B Q4_0 --device vulkan:0 --budget 60" 90 tune vulkan:0
+    step "bench: cooktop bench 1.1B Q4_0 -p 512 -n 128 -r 2 (opencl, vulkan), default then tuned" 400 bench
+fi
 if [ -f "$model" ] && command -v llama-bench >/dev/null; then
     step "bench: llama-bench -p 512 -n 128 -r 2" 120 sh -c "llama-bench -m '$model' -p 512 -n 128 -r 2 -o md | tee -a '$res/bench.md'"
 fi

@@ -28,6 +28,11 @@ SHARED = pathlib.Path(os.environ.get("COOKTOP_SHARED", ROOT.parent / "shared"))
 # (Device.graph), so a graph key that misses something fails a test, never answers wrongly.
 os.environ.setdefault("COOKTOP_GRAPH_CHECK", "1")
 
+# Devices open with today's default launch parameters, whatever `cooktop tune` cached on this
+# machine (a tuned choice is only parity-bound where its family is not exact); tests/test_tune.py
+# turns tuning on with a cache folder of its own.
+os.environ.setdefault("COOKTOP_NO_TUNE", "1")
+
 
 def pytest_configure(config):
     # `-k vulkan` selects the Vulkan tests (tests/vulkan_validation.py runs them under the

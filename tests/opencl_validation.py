@@ -73,6 +73,7 @@ DEFAULT_ARGS = ["-q", "-p", "no:cacheprovider",
                 *[f"tests/test_kv_cache.py::test_kv_types_attention_parity[opencl-{c}]"
                   for c in ("long-fa-Q4_0", "sinks-fa-F16", "long-nofa-Q8_0", "sinks-nofa-BF16", "window-nofa-F16")],
                 "tests/test_opencl.py::test_work_group_sizes_of_real_gpus",
+                "tests/test_tune.py",  # every variant of the GPU flavour's search space (Oclgrind is a GPU)
                 "-k", "opencl and not greedy and not (tiny and not Q4_K_M) and not (q8k and (portable or gpu-shape))"
                       " and not (chunked_prefill and tiny)"
                       " and not (test_opencl_q8.py and (native or portable or q4_k_prompt_kernel_can_be_turned_off))"]

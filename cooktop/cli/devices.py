@@ -25,14 +25,22 @@ def devices_report(smoke: bool = True) -> dict:
     """JSON-ready report: per family ``available``, ``reason``, ``hint``, and per device the
     :class:`~cooktop.backends.base.DeviceInfo` fields plus ``largest_buffer_bytes`` (the largest
     buffer, ``COOKTOP_DEVICE_MEMORY`` applied: past it tensors go in row chunks), ``smoke_test``
-    (``PASS``/``FAIL``) and ``smoke_detail``; ``auto`` is what ``--device auto`` picks. Never raises.
+    (``PASS``/``FAIL``) and ``smoke_detail``, ``tuned``: the ``cooktop tune`` choice the device opens
+    with (:func:`cooktop.backends.tune.cache.summary`; None: never tuned, today's defaults);
+    ``auto`` is what ``--device auto`` picks. Never raises.
     """
+    from ..backends.tune import cache as tune_cache
+
     out: dict = {"families": {}, "auto": None}
     for fam, res in registry.probe_all().items():
         entry: dict[str, Any] = {"available": res.available, "reason": res.reason, "hint": res.hint, "devices": []}
         for info in res.devices:
             d = info.to_dict()
             d["largest_buffer_bytes"] = _largest_buffer(d)  # what an opened device cuts tensors by
+            try:
+                d["tuned"] = tune_cache.summary(info)
+            except Exception as e:  # noqa: BLE001 - the report itself never fails
+                d["tuned"] = {"error": str(e)}
             err = res.errors.get(info.index)
             if smoke and res.available:
                 st = registry.smoke_test(info.selector)
@@ -89,6 +97,11 @@ def _notes(rep: dict, prefix: str = "") -> None:
             if sim is not None:
                 click.echo(f"{prefix}{d['selector']}: COOKTOP_DEVICE_MEMORY simulates {_gib(sim[0])}"
                            + (f", largest buffer {_gib(sim[1])}" if sim[1] else ""))
+            tuned = d.get("tuned")
+            if tuned and tuned.get("choice") is not None:
+                chosen = ", ".join(f"{k} {v}" for k, v in tuned["choice"].items()) or "the defaults"
+                click.echo(f"{prefix}{d['selector']}: tuned ({'' if tuned.get('active') else 'off: COOKTOP_NO_TUNE, '}"
+                           f"cooktop tune): {chosen}")
             if d.get("smoke_test") == "FAIL":
                 click.echo(f"{prefix}{d['selector']}: smoke test FAILED: {d['smoke_detail']} (never chosen by auto)")
         if not e["available"]:

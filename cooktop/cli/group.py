@@ -7,6 +7,7 @@ Every :class:`~cooktop.errors.CooktopError` ends the command with
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import click
@@ -41,8 +42,12 @@ def normalize_token(token: str) -> str:
                                                  "token_normalize_func": normalize_token})
 @click.version_option(__version__, prog_name="cooktop")
 @click.option("-v", "--verbose", is_flag=True, help="Log placement and device details to stderr.")
-def cli(verbose: bool) -> None:
+@click.option("--no-tune", is_flag=True,
+              help="Open devices with the default launch parameters, not `cooktop tune`'s (COOKTOP_NO_TUNE=1).")
+def cli(verbose: bool, no_tune: bool) -> None:
     """cooktop: run GGUF language models on any device (OpenCL, Vulkan, numpy)."""
+    if no_tune:  # read where devices open (backends/tune/cache.py), in this process and its children
+        os.environ["COOKTOP_NO_TUNE"] = "1"
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="cooktop: %(message)s", stream=sys.stderr)
     check_settings()

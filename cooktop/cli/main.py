@@ -16,7 +16,7 @@ from .group import cli
 #: Command modules, each adding its command to ``cli`` when imported.
 
 COMMANDS = ("info", "run", "chat", "serve", "devices", "plan", "bench", "synth", "setup_vulkan", "quantize",
-            "perplexity", "report")
+            "perplexity", "report", "tune")
 
 
 def _register() -> None:

@@ -215,6 +215,9 @@ class OpenCLDevice(ReplayRecorder, Device):
         except Exception as e:  # noqa: BLE001
             raise DeviceError(f"cannot open {info.selector} ({info.name}): {type(e).__name__}: {e}") from e
         _, shape = launch_shape(info)
+        self.default_shape = shape
+        #: the tuned choice in use (cooktop.backends.tune: the cache's for this device, {} for the defaults)
+        self.tuning: dict[str, dict[str, int]] = {}
         self.shape = shape
         self.kernels = KernelCache(self.ctx, cl_device, shape, os.environ.get("COOKTOP_OPENCL_OPTIONS", ""), info)
         self._mf = cl.mem_flags
@@ -226,6 +229,32 @@ class OpenCLDevice(ReplayRecorder, Device):
         #: (n_in, weight serials) -> the launches of matmuls (:meth:`_matmuls_plan`)
         self._matmuls_plans: dict[tuple, list[tuple]] = {}
         self._init_replay(*self._replay_api())
+        from ..tune import cache as tune_cache  # the device opens with its cached tuned choice, if any
+
+        cached = tune_cache.load_choice(info)
+        if cached:
+            self.apply_tuning(cached)
+
+    def apply_tuning(self, choice: dict[str, dict[str, int]]) -> None:
+        """Run with the launch parameters of ``choice`` (:mod:`cooktop.backends.tune`; ``{}``: the
+        defaults): device-wide ones (``rmsnorm``, ``attention``: ``rn_ls``, ``at_ls``) on the ops and
+        attention programs, ``mat_vec:<TYPE>`` / ``prompt_matmul:<TYPE>`` ones on that type's
+        weight program. Kernels are rebuilt lazily (programs already built are reused); uploaded
+        weights stay valid (the repacked layout never depends on a tuned value).
+
+        Raises:
+            DeviceError: a parameter is not one of the search space (``tune.space``).
+        """
+        from ..tune.space import opencl_shapes
+
+        flavour, _ = launch_shape(self.info)
+        base, per_type = opencl_shapes(self.default_shape, f"opencl-{flavour}", choice)
+        self._drop_all_recordings()
+        self._matmuls_plans.clear()
+        self.shape = base
+        self.kernels = KernelCache(self.ctx, self.cl_device, base, os.environ.get("COOKTOP_OPENCL_OPTIONS", ""),
+                                   self.info, per_type)
+        self.tuning = {k: dict(v) for k, v in choice.items()}
 
     def _replay_api(self) -> tuple[Any, str]:
         """The command-buffer API for :mod:`.replay` (None and the reason when there is none)."""
@@ -321,7 +350,7 @@ class OpenCLDevice(ReplayRecorder, Device):
         n_out = w.shape[0]
         repacked = self.kernels.repacks(w.ggml_type, w.shape)
         k = self.kernels.weights(w.ggml_type, repacked)
-        s = self.shape
+        s = self.kernels.shape_for(w.ggml_type)  # the type's tuned launch shape, else the device's
         rows = n_out // 16 if repacked else n_out  # repacked Q4_0: a work-item per group of 16 rows (dequant.cl)
         self.q8.dirty(out.handle)
         if n_tok > 1 and k.mul_mm_q8 is not None and self.use_q8 and not (
@@ -382,9 +411,9 @@ class OpenCLDevice(ReplayRecorder, Device):
         groups: dict[T, list[int]] = {}
         for i, (_, w) in enumerate(pairs):
             groups.setdefault(w.ggml_type, []).append(i)
-        s = self.shape
         plan: list[tuple] = []
         for t, idx in groups.items():
+            s = self.kernels.shape_for(t)
             ws = [pairs[i][1] for i in idx]
             rp = {self.kernels.repacks(t, w.shape) for w in ws}  # one layout per launch
             if t in Q8_TYPES and 1 < len(idx) <= 3 and self.quantizes_activations(t, 1) and len(rp) == 1:

@@ -81,6 +81,9 @@ class LaunchShape:
     through the cache without barriers (CPUs: PoCL spills registers across barriers).
     at_serial: 1 for one work-item per (head, token) in ``attention`` (CPUs), 0 for a
     work-group of at_ls work-items sharing the keys (GPUs).
+    q8_pf: the software prefetch distance of the x86 integer-dot kernels in bytes (dotq8.cl
+    ``Q8_PF``; 0: none). ``cooktop tune`` (:mod:`cooktop.backends.tune`) may choose other
+    values per weight type; these are the defaults.
     """
 
     mv_ls: int = 1
@@ -97,13 +100,15 @@ class LaunchShape:
     ew_ls: int = 64
     mm_local: int = 0
     at_serial: int = 1
+    q8_pf: int = 1536
 
     def defines(self) -> str:
         """``-D`` options for the launch constants."""
         return (f"-DMV_LS={self.mv_ls} -DMV_R={self.mv_r} -DMM_TM={self.mm_tm} -DMM_TN={self.mm_tn} -DMM_R={self.mm_r} "
                 f"-DMMQ_R={self.mmq_r} -DMMQ_TN={self.mmq_tn} "
                 f"-DMM_UC={self.mm_uc} -DMM_LOCAL={self.mm_local} -DRN_LS={self.rn_ls} -DAT_LS={self.at_ls} "
-                f"-DAT_SERIAL={self.at_serial} -DMVT_TN={MVT_TN}")
+                f"-DAT_SERIAL={self.at_serial} -DMVT_TN={MVT_TN}"
+                + ("" if self.q8_pf == 1536 else f" -DQ8_PF={self.q8_pf}"))
 
 
 #: CPU devices (PoCL): a work-group runs on one core, and explicit float16 vectors are
@@ -450,7 +455,10 @@ class KernelCache:
     """
 
     def __init__(self, ctx: Any, device: Any, shape: LaunchShape, extra_options: str = "",
-                 info: Any = None):
+                 info: Any = None, per_type: dict[T, LaunchShape] | None = None):
+        #: weight type -> the launch shape of its weight program (a tuned choice, cooktop.backends.tune);
+        #: other types, the float ops and attention use ``shape``
+        self.per_type = dict(per_type or {})
         self.info = info  # DeviceInfo to complete (subgroup_size) once a kernel exists
         self.ctx = ctx
         self.device = device
@@ -469,6 +477,7 @@ class KernelCache:
             self.options += " -DCOOKTOP_NO_MMQ_K=1"
         if extra_options.strip():
             check_build_options(ctx, device, self.options, extra_options)
+        self._tail = self.options[len(shape.defines()):]  # the options after the launch defines
         self._weights: dict[tuple[T, bool], WeightKernels] = {}
         self._isa: dict[str, bool] | None = None
         self._ops: OpKernels | None = None
@@ -487,6 +496,10 @@ class KernelCache:
         self.info.subgroup_size = int(m)
         self.info.extra["subgroup_size_source"] = "CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE of rmsnorm (estimate)"
 
+    def shape_for(self, ggml_type: T) -> LaunchShape:
+        """The launch shape of ``ggml_type``'s weight kernels (its tuned one, else ``shape``)."""
+        return self.per_type.get(ggml_type, self.shape)
+
     @property
     def _label(self) -> str | None:
         return getattr(self.info, "selector", None)
@@ -501,14 +514,16 @@ class KernelCache:
         1 for the others. Q6_K gets twice ``mmq_tt``: 16 tiles (128 tokens a
         work-item) made its prompt matrices 1.04-1.17x faster than 8 at 100 and 128 tokens, while
         Q4_K (0.91-1.2x) and Q5_K (0.98-1.02x) gained nothing."""
+        tt = self.shape_for(ggml_type).mmq_tt
         if ggml_type in (T.Q8_0, T.Q4_0):
-            return self.shape.mmq_tt
+            return tt
         if not self.q8k(ggml_type):
             return 1
-        return 2 * self.shape.mmq_tt if ggml_type == T.Q6_K else self.shape.mmq_tt
+        return 2 * tt if ggml_type == T.Q6_K else tt
 
     def _weight_program(self, ggml_type: T, repacked: bool = False) -> tuple[str, str]:
-        opts = (f"{self.options} -DW_{ggml_type.name} -DMMQ_TT={self.mmq_tiles(ggml_type)}"
+        opts = (f"{self.shape_for(ggml_type).defines()}{self._tail} -DW_{ggml_type.name} "
+                f"-DMMQ_TT={self.mmq_tiles(ggml_type)}"
                 + (f" -DREPACK_{ggml_type.name}" if repacked else ""))
         if self.q8k(ggml_type):
             opts += " -DQ8K=1"

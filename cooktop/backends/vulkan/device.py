@@ -311,6 +311,36 @@ class VulkanDevice(SequenceRecorder, Device):
         # lavapipe), on GPUs one per 8 rows (no cap)
         self._mmv_target_wgs = 4 * (os.cpu_count() or 2) if info.device_type == "cpu" else 1 << 30
         self._q8 = Q8Inputs(self)  # 8-bit copies of activations for the integer-dot mat-vec
+        #: weight type -> (mat-vec spec constants, workgroups per token): a tuned choice's, else the above
+        self._mmv_tuned: dict[T, tuple[np.ndarray, int]] = {}
+        #: the tuned choice in use (cooktop.backends.tune: the cache's for this device, {} for the defaults)
+        self.tuning: dict[str, dict[str, int]] = {}
+        from ..tune import cache as tune_cache  # the device opens with its cached tuned choice, if any
+
+        cached = tune_cache.load_choice(info)
+        if cached:
+            self.apply_tuning(cached)
+
+    def apply_tuning(self, choice: dict[str, dict[str, int]]) -> None:
+        """Run with the launch parameters of ``choice`` (:mod:`cooktop.backends.tune`; ``{}``: the
+        defaults): ``mat_vec:<TYPE>``'s ``wg`` (mul_mat_vec's workgroup size, specialization constant
+        0) and ``wgs_per_core`` (CPU drivers: workgroups per token and core). Pipelines, graphs and
+        sequences built so far are dropped (they hold the old constants).
+
+        Raises:
+            DeviceError: a parameter is not one of the search space (``tune.space``).
+        """
+        from ..tune.space import vulkan_mat_vec
+
+        tuned = vulkan_mat_vec(self.info, choice)
+        self.flush()
+        self._drop_recordings()
+        self._algos.clear()
+        cores = os.cpu_count() or 2
+        self._mmv_tuned = {t: (np.array([wg], dtype=np.uint32),
+                               per_core * cores if self.info.device_type == "cpu" else self._mmv_target_wgs)
+                           for t, (wg, per_core) in tuned.items()}
+        self.tuning = {k: dict(v) for k, v in choice.items()}
 
     # -- memory -----------------------------------------------------------
     def _alloc_check(self, nbytes: int, what: str) -> None:
@@ -484,27 +514,30 @@ class VulkanDevice(SequenceRecorder, Device):
         return self._stride_grid(math.prod(t.shape), int(t.root.handle.size()))
 
     def _dispatch(self, variant: str, tensors: tuple[DeviceTensor, ...], grid: list[int],
-                  push: tuple[int, ...]) -> None:
+                  push: tuple[int, ...], spec: np.ndarray | None = None) -> None:
         for x in tensors:
             if x.device is not self:
                 raise DeviceError(f"{variant}: tensor {x!r} lives on another device than {self.info.selector}")
-        self._dispatch_raw(variant, tuple(x.handle for x in tensors), grid, push)
+        self._dispatch_raw(variant, tuple(x.handle for x in tensors), grid, push, spec)
 
-    def _dispatch_raw(self, variant: str, handles: tuple, grid: list[int], push: tuple[int, ...]) -> None:
+    def _dispatch_raw(self, variant: str, handles: tuple, grid: list[int], push: tuple[int, ...],
+                      spec: np.ndarray | None = None) -> None:
         """Enqueue ``variant`` (a logical name; :func:`pick_variant` chooses by device features)
-        on ``handles`` (kp tensors, in binding order).
+        on ``handles`` (kp tensors, in binding order); ``spec``: the mat-vec's specialization
+        constants (default: the device's).
 
         Raises:
             DeviceError: the variant binds a different number of buffers than given.
         """
-        key = (variant, handles, tuple(grid))  # kp tensors hash by identity
+        key = (variant, handles, tuple(grid), None if spec is None else tuple(spec))  # kp tensors hash by identity
         entry = self._algos.get(key)
         if entry is None:
             name = pick_variant(variant, self.features)
             access = binding_access(name)
             if len(access) != len(handles):
                 raise DeviceError(f"{name}: {len(handles)} buffers bound, the shader has {len(access)} bindings")
-            spec = self._mmv_spec if variant.startswith("mul_mat_vec_") else self._no_spec
+            if spec is None:
+                spec = self._mmv_spec if variant.startswith("mul_mat_vec_") else self._no_spec
             algo = self.mgr.algorithm(list(handles), load_spirv(name), grid, spec, pack_push(push))
             reads = frozenset(h for h, a in zip(handles, access) if "r" in a)
             writes = frozenset(h for h, a in zip(handles, access) if "w" in a)
@@ -559,7 +592,8 @@ class VulkanDevice(SequenceRecorder, Device):
             self._dispatch(VARIANTS["mul_mm"][w.ggml_type], (w, x, out), grid, (n_in, n_out, n, rb))
         else:
             n_groups = (n_out + MMV_NROWS - 1) // MMV_NROWS
-            gpw = max(1, n_groups // self._mmv_target_wgs)
+            spec, target = self._mmv_tuned.get(w.ggml_type, (self._mmv_spec, self._mmv_target_wgs))
+            gpw = max(1, n_groups // target)
             grid = workgroups(nb * ((n_groups + gpw - 1) // gpw))
             name = self._mmv_variant(w.ggml_type)
             fmt = input_format(name)
@@ -568,9 +602,9 @@ class VulkanDevice(SequenceRecorder, Device):
                     if t.device is not self:
                         raise DeviceError(f"{name}: tensor {t!r} lives on another device than {self.info.selector}")
                 xq = self._q8.input(x, n, n_in, self._row_cap(x), fmt)
-                self._dispatch_raw(name, (w.handle, xq, out.handle), grid, (n_in, n_out, n, rb, gpw))
+                self._dispatch_raw(name, (w.handle, xq, out.handle), grid, (n_in, n_out, n, rb, gpw), spec)
             else:
-                self._dispatch(name, (w, x, out), grid, (n_in, n_out, n, rb, gpw))
+                self._dispatch(name, (w, x, out), grid, (n_in, n_out, n, rb, gpw), spec)
 
     def _rmsnorm(self, out, x, w, eps):
         """rmsnorm.comp: one workgroup of 64 per group of g values (a row when g = the row width);
