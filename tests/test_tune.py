@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 
 from cooktop.backends.tune import cache, space, tuner
 from cooktop.errors import CooktopError, DeviceError
+from cooktop.quantize.rows import quantize_rows
 
 #: Cheap shapes: (type, n_out, n_in); n_out a multiple of 16 so Q4_0 takes the repacked layout on x86 PoCL.
 SHAPES = ((T.Q4_0, 48, 256), (T.Q4_K, 40, 512))
@@ -53,7 +54,7 @@ def tdev(request):
 
 @pytest.fixture(scope="module")
 def weights():
-    return tuner.synthetic_shapes(SHAPES, seed=3)
+    return tuner.synthetic_shapes(quantize_rows, SHAPES, seed=3)
 
 
 def _one_value_variants(dev) -> list[tuple[str, dict[str, int]]]:
@@ -170,7 +171,7 @@ def test_tuning_numpy_is_refused():
 
     dev = registry.open_device("cpu")
     with pytest.raises(CooktopError, match="no tunable kernels"):
-        tuner.tune(dev, tuner.synthetic_shapes(((T.Q4_0, 16, 32),)))
+        tuner.tune(dev, tuner.synthetic_shapes(quantize_rows, ((T.Q4_0, 16, 32),)))
 
 
 def test_tuned_model_prompt_equals_tokens_one_at_a_time():

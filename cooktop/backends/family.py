@@ -51,6 +51,7 @@ class Family:
             it raises when the device cannot be used in a process (its kernel build fails, or
             its driver crashes). A device that fails it is listed with the reason and never
             opened in the user's process (:mod:`.safeprobe`); ``""``: no check beyond opening.
+        tuning: ``"module:OBJECT"`` of the family's autotuner hooks (:meth:`tuning_hooks`); ``""``: none.
     """
 
     name: str
@@ -65,6 +66,13 @@ class Family:
     cpu_default: bool = False
     open_call: str = ""
     check_device: str = ""
+    tuning: str = ""
+
+    def tuning_hooks(self) -> Any:
+        """The object :attr:`tuning` names (``"module:OBJECT"``): the family's side of the autotuner
+        (``flavour(info)``, ``defaults(info, params)``, ``is_default(flavour, param, value)``;
+        :mod:`cooktop.backends.tune.space`), or None for a family with nothing to tune."""
+        return _resolve(self.tuning) if self.tuning else None
 
     def load_backend(self) -> Backend:
         """A new instance of the family's Backend class.

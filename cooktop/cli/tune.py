@@ -14,6 +14,7 @@ from tabulate import tabulate
 from ..backends import registry
 from ..backends.tune import cache, space, tuner
 from ..errors import CooktopError
+from ..quantize.rows import quantize_rows
 from .common import resolve_model
 from .group import cli
 
@@ -88,7 +89,7 @@ def tune_cmd(model: str | None, device: str | None, budget: float, runs: int, pr
         dev = registry.open_device(sel)
         try:
             weights = (tuner.model_shapes(path, [t for t in _types(path) if dev.info.supports("matmul", t)])
-                       if path else tuner.synthetic_shapes())
+                       if path else tuner.synthetic_shapes(quantize_rows))
             types = [w[0] for w in weights]
             bar = _bar(tuner.total_candidates(dev, types), f"tuning {sel}")
             seen: dict[str, int] = {}

@@ -25,4 +25,5 @@ FAMILY = Family("opencl", "cooktop.backends.opencl.device:OpenCLBackend", "openc
                 describe_drivers="cooktop.backends.opencl.info:describe_icds",
                 env_prefixes=("OCL_", "OPENCL_", "POCL_", "PYOPENCL_", "RUSTICL_", "COOKTOP_OPENCL"),
                 cpu_default=True, probe_modules=("cooktop.backends.opencl.info",),
-                check_device="cooktop.backends.opencl.device:check_build")
+                check_device="cooktop.backends.opencl.device:check_build",
+                tuning="cooktop.backends.opencl.tuning:TUNING")

@@ -75,6 +75,7 @@ from .programs import (
 )
 from .q8 import Q8Shadows
 from .replay import ReplayRecorder
+from .tuning import opencl_shapes
 
 _MATMUL, _ROPE, _KV_STORE = SPECS["matmul"], SPECS["rope"], SPECS["kv_store"]
 
@@ -245,8 +246,6 @@ class OpenCLDevice(ReplayRecorder, Device):
         Raises:
             DeviceError: a parameter is not one of the search space (``tune.space``).
         """
-        from ..tune.space import opencl_shapes
-
         flavour, _ = launch_shape(self.info)
         base, per_type = opencl_shapes(self.default_shape, f"opencl-{flavour}", choice)
         self._drop_all_recordings()

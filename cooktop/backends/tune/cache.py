@@ -77,7 +77,7 @@ def store(info: Any, record: dict[str, Any]) -> str:
     Raises:
         OSError: the cache folder cannot be written.
     """
-    from ... import __version__
+    from ...version import __version__
 
     path = path_for(info)
     os.makedirs(os.path.dirname(path), exist_ok=True)

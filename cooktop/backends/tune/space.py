@@ -6,24 +6,10 @@ A *choice* is ``{family key: {parameter: value}}``, a family key being ``"mat_ve
 ``"prompt_matmul:<TYPE>"`` (GGML type name, one weight program per type) or a device-wide family
 (``"rmsnorm"``, ``"attention"``). Only parameters that differ from the defaults need appear.
 
-Where the values come from (the hand-tuned constants they replace):
-
-- OpenCL (``opencl/programs.py`` ``LaunchShape``, ``CPU_SHAPE`` / ``GPU_SHAPE``; ``dotq8.cl``
-  ``Q8_PF``): rows per work-group of the mat-vecs ``mv_r`` (CPU 8, GPU 4), the x86 weight-prefetch
-  distance ``q8_pf`` (1536 bytes), token tiles per work-item of the prompt kernels ``mmq_tt`` (8),
-  the prompt kernels' group width ``mm_tm`` (CPU 8, GPU 64), the rmsnorm group ``rn_ls`` (16 / 64),
-  attention's keys per chunk ``at_ls`` (GPU 32; the CPU flavour runs one work-item per (head, token)
-  and has nothing to tune). Kept fixed because they change the layout or the flavour, not the
-  speed alone: ``mv_ls`` (1 on CPUs selects repacked Q4_0 and the x86 prompt kernels), ``mm_local``,
-  ``at_serial``, ``mmq_r`` (Q8_0's kernel pairs rows), ``mmq_tn``, ``MVT_TN``. The ``COOKTOP_OPENCL_*``
-  switches (Q8, Q8K, VNNI, MMQ_K, EXACT_PROMPT) choose between kernels of different rounding
-  (float vs 8-bit activations, block_q8_1 vs block_q8_K), so they stay the user's: a prompt's logits
-  must not change with a timing.
-- Vulkan (``vulkan/device.py``; ``glsl/mul_mat_vec*.comp``): the mat-vec workgroup size ``wg``
-  (specialization constant 0; default the subgroup size, at least ``MMV_NROWS`` = 8) and, on CPU
-  drivers, the workgroups per token and core ``wgs_per_core`` (4). rmsnorm, rope and attention
-  have their workgroup sizes compiled in (``#define WG``, ``local_size_x`` in the shipped SPIR-V):
-  nothing to tune without a rebuild.
+Where the values come from (the hand-tuned constants they replace) is each family's to say: its
+``tuning`` hook (:class:`~cooktop.backends.family.Family`; ``opencl/tuning.py``, ``vulkan/tuning.py``)
+gives the flavour of a device, today's defaults and the shapes a choice becomes; this module
+names no family's modules (the family list reaches them).
 
 Exactness: ``"exact"`` families must give the default's result bit for bit (the parameter only
 moves work between work-items or prefetches memory); ``"bound"`` ones change a reduction's order
@@ -86,16 +72,19 @@ SPACE: dict[str, tuple[Family, ...]] = {
 }
 
 
-def flavour_of(info: Any) -> str:
-    """``"opencl-cpu"``, ``"opencl-gpu"`` or ``"vulkan"`` for a DeviceInfo (None for backends with
-    nothing to tune: numpy)."""
-    if info.backend == "opencl":
-        from ..opencl.info import launch_shape
+def _hooks(backend: str) -> Any:
+    """The ``tuning`` hooks of the family named ``backend`` (None: it has nothing to tune)."""
+    from ..families import FAMILIES
 
-        return f"opencl-{launch_shape(info)[0]}"
-    if info.backend == "vulkan":
-        return "vulkan"
-    return ""
+    fam = FAMILIES.get(backend)
+    return fam.tuning_hooks() if fam is not None else None
+
+
+def flavour_of(info: Any) -> str:
+    """The flavour of a DeviceInfo's device (``"opencl-cpu"``, ``"opencl-gpu"``, ``"vulkan"``: a key of
+    :data:`SPACE`), from its family's hooks; ``""`` for families with nothing to tune (numpy)."""
+    hooks = _hooks(info.backend)
+    return hooks.flavour(info) if hooks is not None else ""
 
 
 def family(flavour: str, name: str) -> Family:
@@ -112,17 +101,8 @@ def family(flavour: str, name: str) -> Family:
 
 def defaults(info: Any, name: str) -> dict[str, int]:
     """Today's values of family ``name``'s parameters on ``info``'s device (the untuned choice)."""
-    fl = flavour_of(info)
-    fam = family(fl, name)
-    if fl.startswith("opencl"):
-        from ..opencl.info import launch_shape
-
-        shape = launch_shape(info)[1]
-        return {p: getattr(shape, p) for p in fam.params}
-    from ..vulkan.device import MMV_NROWS
-
-    out = {"wg": max(info.subgroup_size or 32, MMV_NROWS), "wgs_per_core": 4}
-    return {p: out[p] for p in fam.params}
+    fam = family(flavour_of(info), name)
+    return _hooks(info.backend).defaults(info, tuple(fam.params))
 
 
 def candidates(info: Any, name: str) -> list[dict[str, int]]:
@@ -148,7 +128,13 @@ def candidates(info: Any, name: str) -> list[dict[str, int]]:
     return out
 
 
-def _check(flavour: str, key: str, params: dict[str, int]) -> Family:
+def check(flavour: str, key: str, params: dict[str, int]) -> Family:
+    """The family of choice entry ``key`` (``"mat_vec:Q4_K"``, ``"rmsnorm"``) of ``flavour``, its
+    ``params`` checked: each in the declared values, or the flavour's default.
+
+    Raises:
+        DeviceError: a key or value outside the search space.
+    """
     name = key.split(":", 1)[0]
     fam = family(flavour, name)
     for p, v in params.items():
@@ -162,11 +148,7 @@ def _check(flavour: str, key: str, params: dict[str, int]) -> Family:
 
 
 def _is_default(flavour: str, name: str, p: str, v: int) -> bool:
-    if flavour.startswith("opencl"):
-        from ..opencl.programs import CPU_SHAPE, GPU_SHAPE
-
-        return int(v) == getattr(CPU_SHAPE if flavour == "opencl-cpu" else GPU_SHAPE, p)
-    return p == "wg" and int(v) >= 8
+    return bool(_hooks(flavour.split("-", 1)[0]).is_default(flavour, p, int(v)))
 
 
 def type_of(key: str) -> T:
@@ -181,41 +163,6 @@ def type_of(key: str) -> T:
         raise DeviceError(f"tuning: {key!r} does not name a GGML weight type") from None
 
 
-def opencl_shapes(default: Any, flavour: str, choice: dict[str, dict[str, int]]) -> tuple[Any, dict[T, Any]]:
-    """``(device-wide LaunchShape, {weight type: LaunchShape})`` of ``choice`` on an OpenCL device whose
-    default shape is ``default`` (``"opencl-cpu"`` / ``"opencl-gpu"`` flavour).
-
-    Raises:
-        DeviceError: a key or value outside the search space.
-    """
-    wide: dict[str, int] = {}
-    typed: dict[T, dict[str, int]] = {}
-    for key, params in choice.items():
-        _check(flavour, key, params)
-        if ":" in key:
-            typed.setdefault(type_of(key), {}).update({p: int(v) for p, v in params.items()})
-        else:
-            wide.update({p: int(v) for p, v in params.items()})
-    base = dataclasses.replace(default, **wide)
-    return base, {t: dataclasses.replace(base, **p) for t, p in typed.items()}
-
-
-def vulkan_mat_vec(info: Any, choice: dict[str, dict[str, int]]) -> dict[T, tuple[int, int]]:
-    """``{weight type: (workgroup size, workgroups per token and core)}`` of ``choice``'s
-    ``mat_vec:<TYPE>`` entries on a Vulkan device (the defaults fill what an entry leaves out).
-
-    Raises:
-        DeviceError: a key or value outside the search space.
-    """
-    base = defaults(info, "mat_vec") if info is not None else {"wg": 32, "wgs_per_core": 4}
-    out: dict[T, tuple[int, int]] = {}
-    for key, params in choice.items():
-        _check("vulkan", key, params)
-        p = dict(base, **{k: int(v) for k, v in params.items()})
-        out[type_of(key)] = (p["wg"], p.get("wgs_per_core", 4))
-    return out
-
-
 def table() -> list[dict[str, Any]]:
     """The search space as rows ``{"flavour", "family", "params", "exact", "per_type", "note"}``
     (``cooktop tune --space``; README and docs/DESIGN.md print it)."""
@@ -224,5 +171,5 @@ def table() -> list[dict[str, Any]]:
             for fl, fams in SPACE.items() for f in fams]
 
 
-__all__ = ["SPACE", "SPACE_VERSION", "Family", "candidates", "defaults", "flavour_of", "opencl_shapes",
-           "table", "type_of", "vulkan_mat_vec"]
+__all__ = ["SPACE", "SPACE_VERSION", "Family", "candidates", "check", "defaults", "flavour_of", "table",
+           "type_of"]

@@ -107,10 +107,11 @@ def model_shapes(path: str, types: Any = None) -> list[tuple[T, int, int, np.nda
     return [(gt, n_out, n_in, np.asarray(first[(gt, n_out, n_in)].data)) for gt, n_out, n_in in best.values()]
 
 
-def synthetic_shapes(shapes: Any = DEFAULT_SHAPES, seed: int = 0) -> list[tuple[T, int, int, np.ndarray]]:
-    """Random weights of ``shapes`` ((type, n_out, n_in)), quantized as llama.cpp would."""
-    from ...quantize.rows import quantize_rows
-
+def synthetic_shapes(quantize_rows: Callable[[np.ndarray, T], np.ndarray], shapes: Any = DEFAULT_SHAPES,
+                     seed: int = 0) -> list[tuple[T, int, int, np.ndarray]]:
+    """Random weights of ``shapes`` ((type, n_out, n_in)), quantized by ``quantize_rows(x, type)`` (the
+    caller's: :func:`cooktop.quantize.rows.quantize_rows`, llama.cpp's rounding; the quantizer sits above
+    the backends)."""
     rng = np.random.default_rng(seed)
     return [(t, n_out, n_in, quantize_rows(rng.standard_normal((n_out, n_in), dtype=np.float32) * 0.05, t))
             for t, n_out, n_in in shapes]

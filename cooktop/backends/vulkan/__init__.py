@@ -19,4 +19,5 @@ FAMILY = Family("vulkan", "cooktop.backends.vulkan.device:VulkanBackend", "vulka
                 driver_files="cooktop.backends.vulkan.icd:driver_files",
                 describe_drivers="cooktop.backends.vulkan.icd:describe_icds",
                 env_prefixes=("VK_", "MESA_", "LP_", "GALLIUM_", "COOKTOP_VULKAN"), open_call="kp.Manager",
-                probe_modules=("cooktop.backends.vulkan.info", "cooktop.backends.vulkan.icd"))
+                probe_modules=("cooktop.backends.vulkan.info", "cooktop.backends.vulkan.icd"),
+                tuning="cooktop.backends.vulkan.tuning:TUNING")

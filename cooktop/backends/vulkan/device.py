@@ -122,12 +122,11 @@ from .shaders import (  # noqa: F401
     variants,
     workgroups,
 )
+from .tuning import MMV_NROWS, vulkan_mat_vec
 
 #: Token count from which matmul uses the tiled mul_mm shader instead of mul_mat_vec.
 MM_MIN_TOKENS = 8
 
-#: Rows per workgroup of mul_mat_vec (its NROWS define).
-MMV_NROWS = 8
 
 #: Max workgroups of a grid-stride shader (copy, fill, add, silu_mul).
 MAX_STRIDE_GROUPS = 512
@@ -330,8 +329,6 @@ class VulkanDevice(SequenceRecorder, Device):
         Raises:
             DeviceError: a parameter is not one of the search space (``tune.space``).
         """
-        from ..tune.space import vulkan_mat_vec
-
         tuned = vulkan_mat_vec(self.info, choice)
         self.flush()
         self._drop_recordings()
