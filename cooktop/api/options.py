@@ -95,12 +95,14 @@ def kv_config(type_k: int | None, type_v: int | None, flash_attn: bool | str | N
     """``type_k`` / ``type_v`` (GGML type ids, None: the default cache type), ``flash_attn``
     (llama-cpp-python's bool: False is llama.cpp's ``LLAMA_FLASH_ATTN_TYPE_DISABLED``, so a
     quantized ``type_v`` needs ``flash_attn=True``; cooktop also takes ``"auto"``) and ``swa_full``
-    (llama-cpp-python's; None: False, sliding-window layers keep only their window).
+    (llama-cpp-python's: None leaves llama.cpp's context default, ``llama_context_default_params``'s
+    ``swa_full = true``, so sliding-window layers keep every position; False: only their window,
+    as llama.cpp's command line does by default).
 
     Raises:
         KVTypeError: an id that is no KV cache type, or a bad flash_attn value.
     """
-    return KVConfig.parse(type_k, type_v, flash_attn, swa_full)
+    return KVConfig.parse(type_k, type_v, flash_attn, True if swa_full is None else swa_full)
 
 
 def pooling_name(pooling_type: int) -> str:
