@@ -29,6 +29,13 @@ one attention dispatch per block whatever the batch (Vulkan and OpenCL pay per
 dispatch) and needs no sub-buffer views (Kompute has none). One sequence
 (``n_seq = 1``) runs exactly as before: cells are the positions, no ``kv_start``.
 
+Sliding-window blocks (``model/swa.py``, llama.cpp's iSWA cache) may keep only their window:
+``B = min(n_ctx, GGML_PAD(n_swa + n_batch, 256))`` cells per sequence, sequence ``s``'s position
+``p`` in cell ``s * B + p - offset_s`` (``Rows.swa_cells`` / ``swa_kv_start``, written into the
+segment's ``swa_cells`` / ``swa_start`` buffers); the offset advances when the model compacts the
+sequence (``PlacedModel._swa_room``: rows moved with ``Device.copy_rows``). Same kernels: the window
+mask and ``kv_start`` work on cell distances, which the offset keeps.
+
 Device buffers are given back by ``close()`` or, at the latest, when their
 owner (a :class:`Segment` or :class:`KVCache`) is dropped: nothing here holds
 a reference cycle, so ``del`` frees them at once (a ``weakref.finalize`` per
@@ -387,7 +394,11 @@ class KVCache(CacheTokens):
         k, v: per segment, per block of that segment: [n_seq * n_ctx, n_head_kv * head_dim] of the
             model's ``kv.type_k`` / ``kv.type_v`` (``cooktop.format.kvtypes``) on the segment's device
             (cell ``s * n_ctx + p`` holds position ``p`` of sequence ``s``; a feed-forward half's entry
-            is a 1-row f32 placeholder).
+            is a 1-row f32 placeholder); a sliding-window block's is [n_seq * n_swa_cells, ...] when
+            ``n_swa_cells`` (cell ``s * n_swa_cells + p - swa_offsets[s]``; ``model/swa.py``).
+        n_swa_cells, n_swa, swa_offsets: the sliding-window split (``CacheTokens``), decided here:
+            ``swa.swa_cells`` of the model's ``n_ctx``, ``n_batch`` and ``kv.swa_full``, where every
+            segment's device can copy rows (the compaction's moves); 0 / [] otherwise.
         seq_tokens: per sequence, the ids at positions ``0 .. n_past - 1`` (their K/V are valid).
         n_ctx: positions per sequence; n_seq: sequences.
         recurrent: the recurrent layers' states (:class:`~cooktop.model.recurrent.RecurrentState`, one

@@ -12,7 +12,8 @@ and where a cache lives (:meth:`PlacedModel._new_cache`):
 - the rows of a pass (:class:`Rows`: positions, cache cells, the first cell each row attends
   to, output rows) for one sequence (:meth:`PlacedModel.forward`) or several sequences of one
   cache (:meth:`PlacedModel.forward_batch`; llama.cpp's unified KV cache: sequence ``s`` owns
-  cells ``s * n_ctx .. (s + 1) * n_ctx - 1``, see ``model/forward.py``),
+  cells ``s * n_ctx .. (s + 1) * n_ctx - 1``, see ``model/forward.py``; the sliding-window layers'
+  own cells and their compaction, ``model/swa.py``),
 - the checks of a cache, its sequences and positions, and the token bookkeeping
   (:class:`CacheTokens`).
 """
@@ -270,7 +271,8 @@ class PlacedModel(Generic[C]):
     def new_cache(self, n_seq: int = 1) -> C:
         """A fresh (empty) KV cache for ``n_seq`` sequences, allocated where each segment runs:
         ``2 x n_layer`` buffers of [n_seq * n_ctx, n_head_kv * head_dim] (f32, or the cache types of
-        the model's ``kv``: ``cooktop.format.kvtypes.KVConfig``).
+        the model's ``kv``: ``cooktop.format.kvtypes.KVConfig``); a sliding-window block's may hold
+        ``n_seq`` windows instead (``model/swa.py``).
 
         Raises:
             CooktopError: the model is closed, or ``n_seq`` < 1.
