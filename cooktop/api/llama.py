@@ -70,7 +70,8 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     ``type_k``/``type_v`` (GGML type ids of the KV cache: 0 f32, 1 f16 (default), 30 bf16, 8 q8_0,
     2 q4_0, 3 q4_1, 6 q5_0, 7 q5_1), ``flash_attn`` (False as llama-cpp-python: then a quantized
     ``type_v`` is refused, as llama.cpp does; True or ``"auto"``), ``swa_full`` (sliding-window layers
-    keep the whole context's K/V: llama-cpp-python's default; False: only their window, ``model/swa.py``), ``vocab_only`` (tokenizer only),
+    keep the whole context's K/V: llama-cpp-python's default; False: only their window, ``model/swa.py``),
+    ``vocab_only`` (tokenizer only),
     ``verbose``, ``lora_path`` / ``lora_scale`` (a GGUF LoRA adapter applied at that scale, not merged
     into the weights: ``model/lora.py``; ``lora_base`` is accepted and unused, as in llama-cpp-python).
     cooktop's own: ``lora_adapters`` (``[(path, scale), ...]``: several adapters, ids in that order after
