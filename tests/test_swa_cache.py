@@ -11,6 +11,7 @@ the kept window works, further back is refused (``truncate``) or evaluated again
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -217,3 +218,27 @@ def test_gemma4_shared_kv_layers(family, tmp_path, small_pad):
         finally:
             eng.close()
     assert nmse(got[False], want) <= F32 and nmse(got[False], got[True]) <= F32
+
+
+def test_swa_full_on_the_command_line_and_the_api(model, small_pad):
+    """``--swa-full`` (info, plan, run, serve: ``kv_options``) and ``Llama(swa_full=...)``, whose default is
+    llama-cpp-python's (None: llama.cpp's library default, the full cache)."""
+    from click.testing import CliRunner
+
+    from cooktop import Llama
+    from cooktop.cli.group import cli
+    from cooktop.cli.info import model_info
+
+    row = 2 * 48 * 2
+    # info counts -b's default 512: window cells 8 + 512 (PAD 1 here) on 2 of the 3 blocks at -c 1024
+    for flags, want in (([], (2 * 520 + 1024) * 2 * row), (["--swa-full"], 3 * 1024 * 2 * row)):
+        r = CliRunner().invoke(cli, ["info", str(model), "-c", "1024", "--json", *flags])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["kv_cache"]["bytes"] == want
+    assert model_info(str(model), 256)["kv_cache"]["bytes"] == 3 * 256 * 2 * row  # 520 >= 256: no split
+    for kw, split in (({}, 0), ({"swa_full": False}, CELLS), ({"swa_full": True}, 0)):
+        llm = Llama(model_path=str(model), n_ctx=N_CTX, n_batch=N_BATCH, verbose=False, **kw)
+        try:
+            assert llm._engine.seq.cache.n_swa_cells == split
+        finally:
+            llm.close()
