@@ -35,7 +35,8 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
     tensor-type histogram (type -> tensor count and bytes), the largest tensor (name, bytes) and
     the ``COOKTOP_DEVICE_MEMORY`` devices it is past the largest buffer of (``largest_tensor_chunked_on``),
     KV cache bytes for ``n_ctx``: ``kv_cache`` for the cache types of ``kv`` (``-ctk``/``-ctv``,
-    default f16 as llama.cpp's) and ``kv_cache_bytes`` per cache type (K and V of one type; block
+    default f16 as llama.cpp's; ``swa_cells``: the sliding-window layers' cells at ``-b`` 512, 0 when they
+    keep n_ctx, ``model/swa.py``) and ``kv_cache_bytes`` per cache type (K and V of one type; block
     types whose block divides head_dim), and ``moe_layers``: the blocks with experts (their router,
     ``ffn_gate_inp``; [] for a dense model).
 
@@ -77,7 +78,9 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
         "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
         "n_ctx": n_ctx,
         "kv_cache": {"type_k": kv_type_name(kv.type_k), "type_v": kv_type_name(kv.type_v), "flash_attn": kv.flash_attn,
-                     "bytes": _kv_bytes(cfg, n_ctx, kv)},
+                     "bytes": _kv_bytes(cfg, n_ctx, kv),
+                     # cells per sequence of the sliding-window layers (model/swa.py; 0: n_ctx, as the others)
+                     "swa_cells": swa.swa_cells(cfg, n_ctx, 512, kv.swa_full), "swa_full": kv.swa_full},
         # one sequence's recurrent state (model/recurrent.py): f32, whatever n_ctx
         "recurrent_state_bytes": recurrent_state_bytes(cfg),
         "kv_cache_bytes": {kv_type_name(t): _kv_bytes(cfg, n_ctx, KVConfig(t, t, swa_full=kv.swa_full))
