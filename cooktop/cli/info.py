@@ -25,7 +25,7 @@ from .group import cli
 def _kv_bytes(cfg, n_ctx: int, kv: KVConfig, n_batch: int = 512) -> int:
     # recurrent blocks and blocks that read another block's cache (gemma4) hold no K/V; a sliding-window
     # block keeps its window's cells only, unless --swa-full (model/swa.py; n_batch: -b's default)
-    b = swa.swa_cells(cfg, n_ctx, n_batch, kv.swa_full)
+    b = swa.swa_cells(cfg, n_ctx, n_batch, kv.swa_full, (kv.type_k, kv.type_v))
     return sum(swa.kv_cells(cfg, i, n_ctx, b) * sum(kv.row_bytes(cfg.kv_width(i))) for i in range(cfg.n_layer)
                if cfg.has_kv(i))
 
@@ -80,7 +80,8 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
         "kv_cache": {"type_k": kv_type_name(kv.type_k), "type_v": kv_type_name(kv.type_v), "flash_attn": kv.flash_attn,
                      "bytes": _kv_bytes(cfg, n_ctx, kv),
                      # cells per sequence of the sliding-window layers (model/swa.py; 0: n_ctx, as the others)
-                     "swa_cells": swa.swa_cells(cfg, n_ctx, 512, kv.swa_full), "swa_full": kv.swa_full},
+                     "swa_cells": swa.swa_cells(cfg, n_ctx, 512, kv.swa_full, (kv.type_k, kv.type_v)),
+                     "swa_full": kv.swa_full},
         # one sequence's recurrent state (model/recurrent.py): f32, whatever n_ctx
         "recurrent_state_bytes": recurrent_state_bytes(cfg),
         "kv_cache_bytes": {kv_type_name(t): _kv_bytes(cfg, n_ctx, KVConfig(t, t, swa_full=kv.swa_full))

@@ -421,11 +421,8 @@ class KVCache(CacheTokens):
         self.recurrent: RecurrentState | None = None
         cfg, arch = model.cfg, model.arch
         kv = model.kv
-        B = swa.swa_cells(cfg, self.n_ctx, model.n_batch, kv.swa_full)
-        # compaction moves rows (model/swa.py): every device copies rows, of whole 32-bit words (Vulkan's)
-        words = all(row_bytes(t, cfg.layer(i).n_embd_kv) % 4 == 0 for t in (kv.type_k, kv.type_v)
-                    for i in range(cfg.n_layer) if swa.is_swa_block(cfg, i))
-        if B and words and all(seg.device.has_copy_rows for seg in model.segments):
+        B = swa.swa_cells(cfg, self.n_ctx, model.n_batch, kv.swa_full, (kv.type_k, kv.type_v))
+        if B and all(seg.device.has_copy_rows for seg in model.segments):  # compaction moves rows (model/swa.py)
             self.n_swa_cells, self.n_swa, self.swa_offsets = B, cfg.n_swa, [0] * n_seq
         try:
             states = []

@@ -23,6 +23,9 @@ their SWA layers too); ``swa_full`` (``--swa-full``) keeps today's whole-context
 
 from __future__ import annotations
 
+from gguf import GGMLQuantizationType
+
+from ..format.quants import row_bytes
 from .hparams import ModelConfig
 
 #: llama.cpp pads the SWA cache's cells to a multiple of 256 (``GGML_PAD(..., 256)``); tests lower it
@@ -35,12 +38,17 @@ def is_swa_block(cfg: ModelConfig, il: int) -> bool:
     return cfg.n_swa > 0 and bool(cfg.swa_layers) and bool(cfg.swa_layers[il])
 
 
-def swa_cells(cfg: ModelConfig, n_ctx: int, n_batch: int, swa_full: bool = False) -> int:
+def swa_cells(cfg: ModelConfig, n_ctx: int, n_batch: int, swa_full: bool = False,
+              types: tuple[GGMLQuantizationType, ...] = ()) -> int:
     """Cells per sequence of each sliding-window layer's K and V: ``min(n_ctx, GGML_PAD(n_swa + n_batch,
     PAD))`` (llama.cpp ``llama_kv_cache_iswa``'s ``size_swa`` for one sequence, ``n_ubatch`` =
     ``n_batch``); 0 when the SWA layers keep all ``n_ctx`` cells like the others: ``swa_full``, no
-    sliding-window layer, a model with recurrent layers, or a window cache no smaller than ``n_ctx``."""
-    if swa_full or not any(is_swa_block(cfg, i) for i in range(cfg.n_layer)) or any(cfg.recurrent_layers):
+    sliding-window layer, a model with recurrent layers, a window cache no smaller than ``n_ctx``, or
+    a row of the cache ``types`` (K's, V's) that is not whole 32-bit words (Vulkan copies words)."""
+    layers = [i for i in range(cfg.n_layer) if is_swa_block(cfg, i)]
+    if swa_full or not layers or any(cfg.recurrent_layers):
+        return 0
+    if any(row_bytes(t, cfg.layer(i).n_embd_kv) % 4 for t in types for i in layers):
         return 0
     b = -(-(cfg.n_swa + n_batch) // PAD) * PAD
     return b if b < n_ctx else 0

@@ -210,7 +210,7 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
     def kv_rows(i: int) -> tuple[int, int]:  # bytes of one K and one V row of block i (0: it keeps none)
         return kvc.row_bytes(cfg.kv_width(i)) if cfg.has_kv(i) else (0, 0)
     # cells per sequence of each block: a sliding-window block keeps its window only (model/swa.py)
-    n_swa_cells = swa.swa_cells(cfg, n_ctx, n_batch, kvc.swa_full)
+    n_swa_cells = swa.swa_cells(cfg, n_ctx, n_batch, kvc.swa_full, (kvc.type_k, kvc.type_v))
     cells = [swa.kv_cells(cfg, i, n_ctx, n_swa_cells) for i in range(cfg.n_layer)]
     units = placement.units()
     for sel in placement.devices():
