@@ -447,7 +447,8 @@ class PlacedModel(Generic[C]):
         (the model's lock); ``src_seq`` is unchanged.
 
         Returns:
-            True when copied; False when a device of the model cannot copy rows (Vulkan, a cluster),
+            True when copied; False when a device of the model cannot copy rows (a cluster; Vulkan rows of
+            other than whole 32-bit words),
             or ``src_seq`` has no recurrent state at ``n`` (``CacheTokens.copy_state``): ``dst_seq`` is
             then empty and the caller evaluates the prefix itself.
         Raises:
