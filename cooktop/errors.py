@@ -76,3 +76,8 @@ class RecurrentStateError(CooktopError, ValueError):
     """A recurrent model's state was asked to go back to a position it has no checkpoint of (a
     recurrent layer keeps one state per sequence, not one per position: ``cooktop.model.recurrent``),
     or asked for what such a model cannot do (a context shift)."""
+
+
+class SlidingWindowError(CooktopError, ValueError):
+    """A sequence was asked to go back to a position whose sliding window its sliding-window layers
+    no longer keep (they hold only their window: ``cooktop.model.swa``); evaluate it again from 0."""

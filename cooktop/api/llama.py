@@ -69,7 +69,9 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     ``last_n_tokens_size`` (penalty window), ``chat_format``, ``spm_infill``,
     ``type_k``/``type_v`` (GGML type ids of the KV cache: 0 f32, 1 f16 (default), 30 bf16, 8 q8_0,
     2 q4_0, 3 q4_1, 6 q5_0, 7 q5_1), ``flash_attn`` (False as llama-cpp-python: then a quantized
-    ``type_v`` is refused, as llama.cpp does; True or ``"auto"``), ``vocab_only`` (tokenizer only),
+    ``type_v`` is refused, as llama.cpp does; True or ``"auto"``), ``swa_full`` (sliding-window layers
+    keep the whole context's K/V: llama-cpp-python's default; False: only their window, ``model/swa.py``),
+    ``vocab_only`` (tokenizer only),
     ``verbose``, ``lora_path`` / ``lora_scale`` (a GGUF LoRA adapter applied at that scale, not merged
     into the weights: ``model/lora.py``; ``lora_base`` is accepted and unused, as in llama-cpp-python).
     cooktop's own: ``lora_adapters`` (``[(path, scale), ...]``: several adapters, ids in that order after
@@ -100,7 +102,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                  n_threads_batch: int | None = None, pooling_type: int = -1, logits_all: bool = False,
                  embedding: bool = False, last_n_tokens_size: int = 64, chat_format: str | None = None,
                  type_k: int | None = None, type_v: int | None = None, flash_attn: bool | str = False,
-                 spm_infill: bool = False,
+                 swa_full: bool | None = None, spm_infill: bool = False,
                  verbose: bool = True, device: str | None = None, split: str | list[float] | None = None,
                  chat_template: str | None = None, chat_template_file: str | None = None,
                  ray_address: str | None = None, n_cpu_moe: int = 0, cpu_moe: bool = False,
@@ -113,7 +115,7 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         self.model_path = os.fspath(model_path)
         self.verbose = verbose
         options.check_extra(kwargs)
-        kv = options.kv_config(type_k, type_v, flash_attn)
+        kv = options.kv_config(type_k, type_v, flash_attn, swa_full)
         options.pooling_name(pooling_type)
         options.set_threads(n_threads_batch or n_threads)
         self._n_batch_arg = n_batch

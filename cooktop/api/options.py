@@ -42,7 +42,6 @@ IGNORED: dict[str, tuple[Any, str]] = {
     "yarn_orig_ctx": (0, "cooktop has no YaRN"),
     "offload_kqv": (True, "the KV cache lives with its layers' device"),
     "op_offload": (None, "cooktop places whole layers"),
-    "swa_full": (None, "cooktop has no sliding-window cache"),
     "no_perf": (False, "timings are always kept"),
     "numa": (False, "cooktop does not pin memory to NUMA nodes"),
     "lora_base": (None, "the adapter applies to the loaded model (llama-cpp-python 0.3 does not read lora_base "
@@ -91,15 +90,19 @@ def check_extra(args: dict[str, Any]) -> None:
         log.warning("Llama(%s=%r): unknown argument, ignored", name, value)
 
 
-def kv_config(type_k: int | None, type_v: int | None, flash_attn: bool | str | None) -> KVConfig:
-    """``type_k`` / ``type_v`` (GGML type ids, None: the default cache type) and ``flash_attn``
+def kv_config(type_k: int | None, type_v: int | None, flash_attn: bool | str | None,
+              swa_full: bool | None = None) -> KVConfig:
+    """``type_k`` / ``type_v`` (GGML type ids, None: the default cache type), ``flash_attn``
     (llama-cpp-python's bool: False is llama.cpp's ``LLAMA_FLASH_ATTN_TYPE_DISABLED``, so a
-    quantized ``type_v`` needs ``flash_attn=True``; cooktop also takes ``"auto"``).
+    quantized ``type_v`` needs ``flash_attn=True``; cooktop also takes ``"auto"``) and ``swa_full``
+    (llama-cpp-python's: None leaves llama.cpp's context default, ``llama_context_default_params``'s
+    ``swa_full = true``, so sliding-window layers keep every position; False: only their window,
+    as llama.cpp's command line does by default).
 
     Raises:
         KVTypeError: an id that is no KV cache type, or a bad flash_attn value.
     """
-    return KVConfig.parse(type_k, type_v, flash_attn)
+    return KVConfig.parse(type_k, type_v, flash_attn, True if swa_full is None else swa_full)
 
 
 def pooling_name(pooling_type: int) -> str:

@@ -312,7 +312,8 @@ class Device(DeviceOps):
         Raises:
             DeviceError: ``t`` is of another device, released, a weight or a view; inside a graph scope.
             ShapeError: ``t`` is not 2-D, a range is outside its rows, or the ranges overlap.
-            UnsupportedOpError: the backend has no row copy (Vulkan), or ``t`` is stored in row chunks.
+            UnsupportedOpError: the backend has no row copy (:attr:`has_copy_rows`), ``t`` is stored in row
+                chunks, or (Vulkan) its rows are not whole 32-bit words.
         """
         if t.device is not self or t.is_weight or self._in_graph or t.base is not None:
             if t.base is not None and t.device is self and not self._in_graph and not t.is_weight:
@@ -331,6 +332,12 @@ class Device(DeviceOps):
         if t.chunks is not None:
             raise UnsupportedOpError(f"copy_rows: {t!r} is stored in row chunks")
         self._copy_rows(t, src_row, dst_row, n_rows)
+
+    @property
+    def has_copy_rows(self) -> bool:
+        """True when this backend implements :meth:`copy_rows` (a KV cache's sliding-window layers
+        keep only their window where it does: ``cooktop.model.swa``)."""
+        return type(self)._copy_rows is not Device._copy_rows
 
     def _copy_rows(self, t: DeviceTensor, src_row: int, dst_row: int, n_rows: int) -> None:
         """Backend part of :meth:`copy_rows` (checked). Default: UnsupportedOpError (callers fall back:

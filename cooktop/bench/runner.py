@@ -258,8 +258,9 @@ class CooktopRunner:
         self.eng.reset()
 
     def truncate(self, n: int) -> None:
-        """Keep the first ``n`` cached positions (``Sequence.truncate``)."""
-        self.eng.seq.truncate(n)
+        """Keep the first ``n`` cached positions (``Sequence.rollback``: evaluated again, untimed, where
+        the sliding-window layers no longer hold the window of position ``n``)."""
+        self.eng.seq.rollback(n)
 
     def prompt(self, tokens: list[int]) -> None:
         self.eng.eval(tokens)

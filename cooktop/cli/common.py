@@ -73,21 +73,25 @@ def device_options(f):
 
 
 def kv_options(f):
-    """llama.cpp's ``-ctk/--cache-type-k``, ``-ctv/--cache-type-v`` and ``-fa/--flash-attn [on|off|auto]``
-    (also read from ``LLAMA_ARG_CACHE_TYPE_K`` / ``_V`` / ``LLAMA_ARG_FLASH_ATTN``), reaching the command
-    as one ``kv`` argument (``cooktop.format.kvtypes.KVConfig``; bad values are a one-line error)."""
+    """llama.cpp's ``-ctk/--cache-type-k``, ``-ctv/--cache-type-v``, ``-fa/--flash-attn [on|off|auto]`` and
+    ``--swa-full`` (also read from ``LLAMA_ARG_CACHE_TYPE_K`` / ``_V`` / ``LLAMA_ARG_FLASH_ATTN`` /
+    ``LLAMA_ARG_SWA_FULL``), reaching the command as one ``kv`` argument
+    (``cooktop.format.kvtypes.KVConfig``; bad values are a one-line error)."""
     command = f
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         kwargs["kv"] = KVConfig.parse(kwargs.pop("cache_type_k"), kwargs.pop("cache_type_v"),
-                                      kwargs.pop("flash_attn"))
+                                      kwargs.pop("flash_attn"), kwargs.pop("swa_full"))
         return command(*args, **kwargs)
 
     names = ", ".join(kv_type_name(t) for t in KV_TYPES)
+    f = click.option("--swa-full", "swa_full", is_flag=True, default=False, envvar="LLAMA_ARG_SWA_FULL",
+                     help="Sliding-window layers keep the whole context's K/V (default: only their window, "
+                          "llama.cpp's iSWA cache).")(wrapper)
     f = click.option("-fa", "--flash-attn", "flash_attn", default="auto",
                      envvar="LLAMA_ARG_FLASH_ATTN", show_default=True, metavar="[on|off|auto]",
-                     help="Flash attention (a quantized V cache requires it; auto: on).")(wrapper)
+                     help="Flash attention (a quantized V cache requires it; auto: on).")(f)
     f = click.option("-ctv", "--cache-type-v", "cache_type_v", default=None, envvar="LLAMA_ARG_CACHE_TYPE_V",
                      metavar="TYPE", help=f"KV cache type of V: {names} (default {kv_type_name(KV_DEFAULT)}).")(f)
     f = click.option("-ctk", "--cache-type-k", "cache_type_k", default=None, envvar="LLAMA_ARG_CACHE_TYPE_K",
@@ -96,8 +100,10 @@ def kv_options(f):
 
 
 def kv_kwargs(kv: KVConfig) -> dict:
-    """``Llama(...)`` keyword arguments of a :class:`KVConfig` (``type_k``, ``type_v``, ``flash_attn``)."""
-    return {"type_k": int(kv.type_k), "type_v": int(kv.type_v), "flash_attn": kv.flash_attn}
+    """``Llama(...)`` keyword arguments of a :class:`KVConfig` (``type_k``, ``type_v``, ``flash_attn``,
+    ``swa_full``)."""
+    return {"type_k": int(kv.type_k), "type_v": int(kv.type_v), "flash_attn": kv.flash_attn,
+            "swa_full": kv.swa_full}
 
 
 def moe_kwargs(tensors: TensorPlacement | None) -> dict:

@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as T
 from ..errors import CooktopError, UnsupportedModelError
 from ..format.gguf import open_gguf
 from ..format.kvtypes import KV_TYPES, KVConfig, kv_type_name
+from ..model import swa
 from ..model.config import load_config
 from ..runtime.budget import recurrent_state_bytes
 from ..settings import device_memory
@@ -21,9 +22,12 @@ from .common import kv_options
 from .group import cli
 
 
-def _kv_bytes(cfg, n_ctx: int, kv: KVConfig) -> int:
-    # recurrent blocks and blocks that read another block's cache (gemma4) hold no K/V
-    return n_ctx * sum(sum(kv.row_bytes(cfg.kv_width(i))) for i in range(cfg.n_layer) if cfg.has_kv(i))
+def _kv_bytes(cfg, n_ctx: int, kv: KVConfig, n_batch: int = 512) -> int:
+    # recurrent blocks and blocks that read another block's cache (gemma4) hold no K/V; a sliding-window
+    # block keeps its window's cells only, unless --swa-full (model/swa.py; n_batch: -b's default)
+    b = swa.swa_cells(cfg, n_ctx, n_batch, kv.swa_full, (kv.type_k, kv.type_v))
+    return sum(swa.kv_cells(cfg, i, n_ctx, b) * sum(kv.row_bytes(cfg.kv_width(i))) for i in range(cfg.n_layer)
+               if cfg.has_kv(i))
 
 
 def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
@@ -31,7 +35,8 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
     tensor-type histogram (type -> tensor count and bytes), the largest tensor (name, bytes) and
     the ``COOKTOP_DEVICE_MEMORY`` devices it is past the largest buffer of (``largest_tensor_chunked_on``),
     KV cache bytes for ``n_ctx``: ``kv_cache`` for the cache types of ``kv`` (``-ctk``/``-ctv``,
-    default f16 as llama.cpp's) and ``kv_cache_bytes`` per cache type (K and V of one type; block
+    default f16 as llama.cpp's; ``swa_cells``: the sliding-window layers' cells at ``-b`` 512, 0 when they
+    keep n_ctx, ``model/swa.py``) and ``kv_cache_bytes`` per cache type (K and V of one type; block
     types whose block divides head_dim), and ``moe_layers``: the blocks with experts (their router,
     ``ffn_gate_inp``; [] for a dense model).
 
@@ -73,10 +78,14 @@ def model_info(path: str, n_ctx: int, kv: KVConfig | None = None) -> dict:
         "tokenizer": gf.metadata.get("tokenizer.ggml.model", ""),
         "n_ctx": n_ctx,
         "kv_cache": {"type_k": kv_type_name(kv.type_k), "type_v": kv_type_name(kv.type_v), "flash_attn": kv.flash_attn,
-                     "bytes": _kv_bytes(cfg, n_ctx, kv)},
+                     "bytes": _kv_bytes(cfg, n_ctx, kv),
+                     # cells per sequence of the sliding-window layers (model/swa.py; 0: n_ctx, as the others)
+                     "swa_cells": swa.swa_cells(cfg, n_ctx, 512, kv.swa_full, (kv.type_k, kv.type_v)),
+                     "swa_full": kv.swa_full},
         # one sequence's recurrent state (model/recurrent.py): f32, whatever n_ctx
         "recurrent_state_bytes": recurrent_state_bytes(cfg),
-        "kv_cache_bytes": {kv_type_name(t): _kv_bytes(cfg, n_ctx, KVConfig(t, t)) for t in KV_TYPES
+        "kv_cache_bytes": {kv_type_name(t): _kv_bytes(cfg, n_ctx, KVConfig(t, t, swa_full=kv.swa_full))
+                           for t in KV_TYPES
                            if not cfg.head_dim % GGML_QUANT_SIZES[t][0]},
         "mtp": _mtp_info(gf, cfg, n_ctx, kv),
         "moe_layers": [i for i in range(cfg.n_layer) if f"blk.{i}.ffn_gate_inp.weight" in gf.tensors]

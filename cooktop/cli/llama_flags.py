@@ -74,7 +74,6 @@ HARMLESS: dict[str, set[Any]] = {
     "--main-gpu": {"0"}, "--split-mode": {"layer"}, "--parallel": {"1"},
     "--color": {"off", "auto"}, "--context-shift": {False},
     "--display-prompt": {True}, "--warmup": {False}, "--mmap": {True},
-    "--swa-full": {True},  # sliding-window layers keep the whole context's K/V in cooktop
 }
 
 #: Accepted without a notice: what cooktop always does (the chat template is always

@@ -20,6 +20,7 @@ from typing import Any
 from ..engine.generate import Engine
 from ..errors import CooktopError, UnsupportedModelError
 from ..format.gguf import GGUFFile, open_gguf
+from ..format.kvtypes import KVConfig
 from ..model.config import ModelConfig, load_config
 from ..runtime.budget import device_limits
 from ..runtime.loader import LoadedModel, check_batch, default_n_ctx, parse_split
@@ -85,8 +86,9 @@ def plan_cluster(gf: GGUFFile, cfg: ModelConfig, device: str | None, n_gpu_layer
         i = info(sel)
         return device_limits(sel.lower(), i.usable_mem_bytes or i.global_mem_bytes, i.max_alloc_bytes)
 
+    # a cluster's caches keep every position in every layer (RemoteCache: no sliding-window split)
     p = place(gf, cfg, selectors, parse_ngl(n_gpu_layers), parse_split(split), supports, limits, n_ctx, n_batch,
-              logits_all)
+              logits_all, kv=KVConfig(swa_full=True))
     if p.experts is not None:  # a cluster segment runs whole blocks: a block split in halves stays on the host
         for i, (sel, exp) in enumerate(zip(p.blocks, p.experts)):
             if sel != exp:

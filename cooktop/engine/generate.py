@@ -363,7 +363,7 @@ class Engine:
                     if n_keep is None or n_discard <= 0:
                         break
                     te = time.perf_counter()
-                    seq.truncate(keep)
+                    seq.rollback(keep)  # the kept tokens evaluated again where a sliding window lost them
                     logits = seq.eval(ctx[keep + n_discard:])[-1]
                     version = seq.version
                     timings.eval_ms += (time.perf_counter() - te) * 1e3

@@ -94,22 +94,26 @@ class KVConfig:
     Attributes:
         type_k, type_v: GGML types of the K and V caches (:data:`KV_TYPES`).
         flash_attn: ``"auto"``, ``"off"`` or ``"on"`` as asked; :meth:`resolve` gives the choice made.
+        swa_full: sliding-window layers keep every position's K/V (llama.cpp ``--swa-full``,
+            llama-cpp-python ``swa_full``); False: only their window (``cooktop.model.swa``).
     """
 
     type_k: T = KV_DEFAULT
     type_v: T = KV_DEFAULT
     flash_attn: str = "auto"
+    swa_full: bool = False
 
     @classmethod
     def parse(cls, type_k: str | int | T | None = None, type_v: str | int | T | None = None,
-              flash_attn: str | bool | int | None = None) -> KVConfig:
-        """From CLI / API spellings (see :func:`parse_kv_type`, :func:`parse_flash_attn`).
+              flash_attn: str | bool | int | None = None, swa_full: bool | None = None) -> KVConfig:
+        """From CLI / API spellings (see :func:`parse_kv_type`, :func:`parse_flash_attn`; ``swa_full``
+        None: False, llama.cpp's default).
 
         Raises:
             KVTypeError: an unknown type or flash-attention value.
         """
         return cls(parse_kv_type(type_k, "K cache type"), parse_kv_type(type_v, "V cache type"),
-                   parse_flash_attn(flash_attn))
+                   parse_flash_attn(flash_attn), bool(swa_full))
 
     def resolve(self, head_dim: int) -> bool:
         """Whether flash attention is on, by llama.cpp's rules (src/llama-context.cpp

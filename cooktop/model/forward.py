@@ -29,6 +29,13 @@ one attention dispatch per block whatever the batch (Vulkan and OpenCL pay per
 dispatch) and needs no sub-buffer views (Kompute has none). One sequence
 (``n_seq = 1``) runs exactly as before: cells are the positions, no ``kv_start``.
 
+Sliding-window blocks (``model/swa.py``, llama.cpp's iSWA cache) may keep only their window:
+``B = min(n_ctx, GGML_PAD(n_swa + n_batch, 256))`` cells per sequence, sequence ``s``'s position
+``p`` in cell ``s * B + p - offset_s`` (``Rows.swa_cells`` / ``swa_kv_start``, written into the
+segment's ``swa_cells`` / ``swa_start`` buffers); the offset advances when the model compacts the
+sequence (``PlacedModel._swa_room``: rows moved with ``Device.copy_rows``). Same kernels: the window
+mask and ``kv_start`` work on cell distances, which the offset keeps.
+
 Device buffers are given back by ``close()`` or, at the latest, when their
 owner (a :class:`Segment` or :class:`KVCache`) is dropped: nothing here holds
 a reference cycle, so ``del`` frees them at once (a ``weakref.finalize`` per
@@ -58,6 +65,7 @@ from ..errors import CooktopError, DeviceOutOfMemoryError, UnsupportedOpError
 from ..format.gguf import GGUFFile, TensorInfo
 from ..format.kvtypes import KVConfig
 from ..format.quants import dequantize, row_bytes
+from . import swa
 from .arch import Architecture, architecture
 from .arch.base import HEAD, KV, MATRIX, Weights
 from .config import ModelConfig
@@ -207,6 +215,10 @@ class Segment:
         self.slots = d.empty((B,), T.I32)
         self.cells = d.empty((B,), T.I32)
         self.kv_start = d.empty((B,), T.I32)
+        #: the rows' cells and first cells in the sliding-window blocks' caches (a split cache: model/swa.py)
+        self.swa = {i for i in self.blocks if swa.is_swa_block(cfg, i)}
+        if self.swa:
+            self.swa_cells, self.swa_start = d.empty((B,), T.I32), d.empty((B,), T.I32)
         if self.head:
             self.head_weights = weights(HEAD)
             # the logits may be past the device's largest buffer: row chunks (backends/chunked.py)
@@ -290,6 +302,13 @@ class Segment:
         if rows.kv_start is not None:
             start = self.kv_start.head(n)
             d.write(start, rows.kv_start)
+        swa_cells = swa_start = None  # the sliding-window blocks' own cells (a split cache: model/swa.py)
+        if self.swa and rows.swa_cells is not None:
+            swa_cells = self.swa_cells.head(n)
+            d.write(swa_cells, rows.swa_cells)
+            if rows.swa_kv_start is not None:
+                swa_start = self.swa_start.head(n)
+                d.write(swa_start, rows.swa_kv_start)
         if outputs is not None:
             d.write(self.ids.head(m), outputs)
         if self.layer_in:
@@ -306,13 +325,14 @@ class Segment:
         # (the cache's; ids/xl/logits change when _grow_outputs reallocates them)
         mode = "x" if not head else "embd" if embeddings else "rows" if m else "all"
         key = (self._serial, n, mode, m, rows.n_ctx, rows.cells is not None, start is not None,
+               swa_cells is not None, swa_start is not None,
                self.ids.serial if m else 0, tuple(t.serial for t in k_cache), tuple(t.serial for t in v_cache),
                tuple(() if b is None else tuple(t.serial for t in b) for b in states or ()), hidden,
                self.lora.key() if self.lora is not None else None)  # the LoRA scales: constants of the ops
         with d.graph(key) as issue:
             if issue:
                 out = self._ops(s, n, m, pos, cells, start, rows.n_ctx, k_cache, v_cache, embeddings, states, slots,
-                                hidden)
+                                hidden, (swa_cells, swa_start) if swa_cells is not None else None)
             else:
                 out = self._result(s, n, m, embeddings)
         #: the output-normed rows of the last run with ``hidden`` (float32 [n, n_embd]), else None
@@ -335,14 +355,17 @@ class Segment:
     def _ops(self, s: SimpleNamespace, n: int, m: int, pos: DeviceTensor, cells: DeviceTensor,
              start: DeviceTensor | None, n_ctx: int, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
              embeddings: bool, states: list[tuple[DeviceTensor, ...] | None] | None = None,
-             slots: DeviceTensor | None = None, hidden: bool = False) -> DeviceTensor:
-        """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`."""
+             slots: DeviceTensor | None = None, hidden: bool = False,
+             swa_rows: tuple[DeviceTensor, DeviceTensor | None] | None = None) -> DeviceTensor:
+        """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`.
+        ``swa_rows``: the cells and first cells of the sliding-window blocks (a split cache), else None."""
         d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
             if self.layer_in:
                 s.layer_in = self.layer_in[j].head(n)  # this block's per-layer token input (gemma4)
             state = states[j] if states is not None else None
-            kv = KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0], self.flash_attn,
+            c, st = swa_rows if swa_rows is not None and self.blocks[j] in self.swa else (cells, start)
+            kv = KV(k_cache[j], v_cache[j], pos, c, st, n_ctx or k_cache[j].shape[0], self.flash_attn,
                     state, slots if state is not None else None)
             arch.run_block(d, cfg, w, s, kv, self.blocks[j], self.parts[j])
         out = self._result(s, n, m, embeddings)
@@ -371,7 +394,11 @@ class KVCache(CacheTokens):
         k, v: per segment, per block of that segment: [n_seq * n_ctx, n_head_kv * head_dim] of the
             model's ``kv.type_k`` / ``kv.type_v`` (``cooktop.format.kvtypes``) on the segment's device
             (cell ``s * n_ctx + p`` holds position ``p`` of sequence ``s``; a feed-forward half's entry
-            is a 1-row f32 placeholder).
+            is a 1-row f32 placeholder); a sliding-window block's is [n_seq * n_swa_cells, ...] when
+            ``n_swa_cells`` (cell ``s * n_swa_cells + p - swa_offsets[s]``; ``model/swa.py``).
+        n_swa_cells, n_swa, swa_offsets: the sliding-window split (``CacheTokens``), decided here:
+            ``swa.swa_cells`` of the model's ``n_ctx``, ``n_batch`` and ``kv.swa_full``, where every
+            segment's device can copy rows (the compaction's moves); 0 / [] otherwise.
         seq_tokens: per sequence, the ids at positions ``0 .. n_past - 1`` (their K/V are valid).
         n_ctx: positions per sequence; n_seq: sequences.
         recurrent: the recurrent layers' states (:class:`~cooktop.model.recurrent.RecurrentState`, one
@@ -394,13 +421,15 @@ class KVCache(CacheTokens):
         self.recurrent: RecurrentState | None = None
         cfg, arch = model.cfg, model.arch
         kv = model.kv
+        B = swa.swa_cells(cfg, self.n_ctx, model.n_batch, kv.swa_full, (kv.type_k, kv.type_v))
+        if B and all(seg.device.has_copy_rows for seg in model.segments):  # compaction moves rows (model/swa.py)
+            self.n_swa_cells, self.n_swa, self.swa_offsets = B, cfg.n_swa, [0] * n_seq
         try:
             states = []
             own: dict[int, tuple[DeviceTensor, DeviceTensor, Device]] = {}  # block -> its K, V and device
             for seg in model.segments:
                 d = seg.device.buffer("KV cache")
                 self._releases.append(_releaser(self, d))
-                rows = n_seq * self.n_ctx
                 ks, vs = [], []
                 for i, part in zip(seg.blocks, seg.parts):
                     K = cfg.layer(i).n_embd_kv
@@ -416,8 +445,9 @@ class KVCache(CacheTokens):
                         ks.append(own[src][0])
                         vs.append(own[src][1])
                     else:
-                        ks.append(d.zeros((rows, K), kv.type_k))
-                        vs.append(d.zeros((rows, K), kv.type_v))
+                        cells = n_seq * swa.kv_cells(cfg, i, self.n_ctx, self.n_swa_cells)
+                        ks.append(d.zeros((cells, K), kv.type_k))
+                        vs.append(d.zeros((cells, K), kv.type_v))
                         own[i] = (ks[-1], vs[-1], seg.device)
                 self.k.append(ks)
                 self.v.append(vs)
@@ -456,10 +486,9 @@ class KVCache(CacheTokens):
     def reusable_prefix(self, n: int, seq_id: int = 0) -> int:
         """The longest prefix ``p <= n`` of ``seq_id`` that :meth:`truncate` can keep: ``n`` without
         recurrent layers, else the sequence's whole context, a checkpoint's position, or 0."""
-        have = len(self.seq_tokens[seq_id])
         if self.recurrent is None:
-            return min(n, have)
-        return self.recurrent.reusable(seq_id, n, have)
+            return super().reusable_prefix(n, seq_id)  # the sliding-window cells' limit (CacheTokens)
+        return self.recurrent.reusable(seq_id, n, len(self.seq_tokens[seq_id]))
 
     def copy_state(self, src_seq: int, dst_seq: int, n: int) -> bool:
         """The recurrent states of ``src_seq`` after ``n`` tokens copied to ``dst_seq`` (its current
@@ -570,19 +599,22 @@ class Model(PlacedModel[KVCache]):
         """The largest ``Device.graph_uses_before_replay`` of the segments' devices."""
         return max((seg.device.graph_uses_before_replay for seg in self.segments), default=0)
 
-    def _copy_cells(self, cache: KVCache, src: int, dst: int, n: int) -> bool:
-        """Each segment's device copies the cells of every cached block (``Device.copy_rows``; a
-        feed-forward half has no cache); under the lock, so in order with the forward passes."""
+    def _copy_cells(self, cache: KVCache, moves: list[tuple[int, int, int]], swa: bool | None = None) -> bool:
+        """Each segment's device copies the cells of ``moves`` of every block keeping its own cache
+        (``Device.copy_rows``; a feed-forward half, a recurrent block and a block reading another's
+        cache have none), of the sliding-window ones only (``swa`` True) or of the others (False);
+        under the lock, so in order with the forward passes (:meth:`PlacedModel._copy_cells`)."""
         with self._lock:
             self._check_open()
             for seg, ks, vs in zip(self.segments, cache.k, cache.v):
                 for i, part, k, v in zip(seg.blocks, seg.parts, ks, vs):
-                    if part == "ffn" or self.cfg.is_recurrent(i):
+                    if part == "ffn" or not self.cfg.has_kv(i) or (swa is not None and (i in seg.swa) != swa):
                         continue
                     try:
                         with seg.device.lock:  # in order with another model's passes on the device
-                            seg.device.copy_rows(k, src, dst, n)
-                            seg.device.copy_rows(v, src, dst, n)
+                            for src, dst, n in moves:
+                                seg.device.copy_rows(k, src, dst, n)
+                                seg.device.copy_rows(v, src, dst, n)
                     except UnsupportedOpError:
                         return False
         return True

@@ -12,7 +12,8 @@ and where a cache lives (:meth:`PlacedModel._new_cache`):
 - the rows of a pass (:class:`Rows`: positions, cache cells, the first cell each row attends
   to, output rows) for one sequence (:meth:`PlacedModel.forward`) or several sequences of one
   cache (:meth:`PlacedModel.forward_batch`; llama.cpp's unified KV cache: sequence ``s`` owns
-  cells ``s * n_ctx .. (s + 1) * n_ctx - 1``, see ``model/forward.py``),
+  cells ``s * n_ctx .. (s + 1) * n_ctx - 1``, see ``model/forward.py``; the sliding-window layers'
+  own cells and their compaction, ``model/swa.py``),
 - the checks of a cache, its sequences and positions, and the token bookkeeping
   (:class:`CacheTokens`).
 """
@@ -25,9 +26,10 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from ..errors import CooktopError
+from ..errors import CooktopError, SlidingWindowError
 from ..format.gguf import GGUFFile
 from ..format.quants import dequantize
+from . import swa
 from .arch import architecture
 from .hparams import ModelConfig
 
@@ -46,6 +48,9 @@ class Rows:
             ``model/recurrent.py``); None: sequence 0.
         layer_inputs: float32 [n, n_layer, n_embd_per_layer] the per-layer token inputs of the rows
             (gemma4: ``Architecture.layer_inputs``, computed on the host beside the embedding); None: none.
+        swa_cells: int32 [n] the rows' cells in the sliding-window layers' caches when those keep only
+            their window (``model/swa.py``: ``s * B + pos - offset``); None: those layers use ``cells``.
+        swa_kv_start: int32 [n] first sliding-window cell of each row (``s * B``); None: 0 (one sequence).
     """
 
     pos: np.ndarray
@@ -55,6 +60,8 @@ class Rows:
     n_ctx: int = 0
     seqs: np.ndarray | None = None
     layer_inputs: np.ndarray | None = None
+    swa_cells: np.ndarray | None = None
+    swa_kv_start: np.ndarray | None = None
 
 
 class HiddenRows:
@@ -128,6 +135,20 @@ class CacheTokens:
     #: per sequence, the :func:`lora_key` its cached tokens were evaluated with (None: several);
     #: made on the first note (:meth:`note_lora`)
     _seq_lora: dict[int, tuple | None] | None = None
+    #: cells per sequence of the sliding-window layers' K/V when they keep only their window
+    #: (``model/swa.py``: ``swa_cells``); 0: every layer keeps ``n_ctx`` cells
+    n_swa_cells: int = 0
+    #: the sliding window (tokens) of those layers (0 when :attr:`n_swa_cells` is 0)
+    n_swa: int = 0
+    #: per sequence, the position its first sliding-window cell holds (``model/swa.py``; [] unsplit)
+    swa_offsets: list[int] = []
+
+    def swa_resumable(self, n: int, seq_id: int = 0) -> bool:
+        """True when sequence ``seq_id`` can go back to ``n`` tokens as far as its sliding-window cells
+        go (``model/swa.py``'s ``resumable``; always without a split cache)."""
+        if not self.n_swa_cells or n >= len(self.seq_tokens[seq_id]):
+            return True
+        return swa.resumable(self.n_swa, self.swa_offsets[seq_id], n)
 
     def lora_of(self, seq_id: int = 0) -> tuple | None:
         """The :func:`lora_key` the cached tokens of ``seq_id`` were evaluated with (``()``: no adapter;
@@ -159,16 +180,30 @@ class CacheTokens:
         return self._closed
 
     def truncate(self, n: int, seq_id: int = 0) -> None:
-        """Keep positions ``0 .. n - 1`` of sequence ``seq_id`` (later cells are overwritten by the next forward)."""
+        """Keep positions ``0 .. n - 1`` of sequence ``seq_id`` (later cells are overwritten by the next forward).
+
+        Raises:
+            SlidingWindowError: the sliding-window layers no longer hold the window of position ``n``
+                (:meth:`swa_resumable`; nothing is changed then: evaluate again from 0).
+        """
+        if not self.swa_resumable(n, seq_id):
+            raise SlidingWindowError(
+                f"sequence {seq_id}: cannot go back from {len(self.seq_tokens[seq_id])} to {n} tokens: the "
+                f"sliding-window layers keep positions from {self.swa_offsets[seq_id]} on, and position {n} "
+                f"needs the {self.n_swa - 1} before it (0 clears it; --swa-full keeps them all)")
+        if self.n_swa_cells and n <= 0:
+            self.swa_offsets[seq_id] = 0
         del self.seq_tokens[seq_id][max(n, 0):]
         if self.hidden is not None:
             self.hidden.truncate(seq_id, n)
 
     def reusable_prefix(self, n: int, seq_id: int = 0) -> int:
         """The longest prefix ``p <= n`` of sequence ``seq_id`` that :meth:`truncate` can keep: ``n``
-        (at most its token count) for a cache of K/V, which keeps every position; a cache with recurrent
-        states (``model.forward.KVCache``) can go back only to a checkpoint, or to 0."""
-        return min(n, len(self.seq_tokens[seq_id]))
+        (at most its token count) for a cache of K/V that keeps every position, or 0 when its
+        sliding-window layers no longer hold the window of ``n`` (:meth:`swa_resumable`); a cache with
+        recurrent states (``model.forward.KVCache``) can go back only to a checkpoint, or to 0."""
+        p = min(n, len(self.seq_tokens[seq_id]))
+        return p if self.swa_resumable(p, seq_id) else 0
 
     #: True when :meth:`truncate` can go back only to checkpoints (a cache with recurrent states):
     #: ``Sequence.prefill`` then takes one before a prompt's last token, for the next prompt to reuse.
@@ -236,7 +271,8 @@ class PlacedModel(Generic[C]):
     def new_cache(self, n_seq: int = 1) -> C:
         """A fresh (empty) KV cache for ``n_seq`` sequences, allocated where each segment runs:
         ``2 x n_layer`` buffers of [n_seq * n_ctx, n_head_kv * head_dim] (f32, or the cache types of
-        the model's ``kv``: ``cooktop.format.kvtypes.KVConfig``).
+        the model's ``kv``: ``cooktop.format.kvtypes.KVConfig``); a sliding-window block's may hold
+        ``n_seq`` windows instead (``model/swa.py``).
 
         Raises:
             CooktopError: the model is closed, or ``n_seq`` < 1.
@@ -311,6 +347,11 @@ class PlacedModel(Generic[C]):
             rows.cells = pos + np.int32(seq_id * self.n_ctx)
             rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
         cache.truncate(n_past, seq_id)  # rows from n_past on are about to be overwritten
+        if cache.n_swa_cells:  # the sliding-window layers' cells (model/swa.py)
+            self._swa_room(cache, seq_id, n_past, n)
+            rows.swa_cells = self._swa_cells(cache, seq_id, pos)
+            if seq_id:
+                rows.swa_kv_start = np.full(n, seq_id * cache.n_swa_cells, dtype=np.int32)
         key = self.lora_key()
         h = self._run(h, rows, cache, embeddings)
         cache.seq_tokens[seq_id].extend(int(t) for t in ids)
@@ -377,6 +418,13 @@ class PlacedModel(Generic[C]):
         rows = Rows(pos, pos + base, base, outputs, self.n_ctx, seqs)
         for seq_id, n_past, _, _ in items:
             cache.truncate(n_past, seq_id)
+        if cache.n_swa_cells:  # the sliding-window layers' cells (model/swa.py)
+            for seq_id, n_past, toks, _ in items:
+                self._swa_room(cache, seq_id, n_past, len(toks))
+            rows.swa_cells = np.concatenate([self._swa_cells(cache, s, np.arange(p, p + len(t), dtype=np.int32))
+                                             for s, p, t, _ in items])
+            rows.swa_kv_start = np.concatenate([np.full(len(t), s * cache.n_swa_cells, dtype=np.int32)
+                                                for s, _, t, _ in items])
         h = self.embed(ids)
         rows.layer_inputs = self.layer_inputs(ids, h)
         key = self.lora_key()
@@ -399,7 +447,8 @@ class PlacedModel(Generic[C]):
         (the model's lock); ``src_seq`` is unchanged.
 
         Returns:
-            True when copied; False when a device of the model cannot copy rows (Vulkan, a cluster),
+            True when copied; False when a device of the model cannot copy rows (a cluster; Vulkan rows of
+            other than whole 32-bit words),
             or ``src_seq`` has no recurrent state at ``n`` (``CacheTokens.copy_state``): ``dst_seq`` is
             then empty and the caller evaluates the prefix itself.
         Raises:
@@ -419,9 +468,17 @@ class PlacedModel(Generic[C]):
         cache.truncate(0, dst_seq)
         if n == 0:
             return True
-        if not cache.copy_state(src_seq, dst_seq, n):
+        if not cache.swa_resumable(n, src_seq) or not cache.copy_state(src_seq, dst_seq, n):
             return False
-        if not self._copy_cells(cache, src_seq * self.n_ctx, dst_seq * self.n_ctx, n):
+        B = cache.n_swa_cells
+        if B:  # the other layers' n cells, and the sliding-window cells of positions offset .. n - 1
+            o = cache.swa_offsets[src_seq]
+            ok = self._copy_cells(cache, [(src_seq * self.n_ctx, dst_seq * self.n_ctx, n)], swa=False) and \
+                self._copy_cells(cache, [(src_seq * B, dst_seq * B, n - o)], swa=True)
+            cache.swa_offsets[dst_seq] = o
+        else:
+            ok = self._copy_cells(cache, [(src_seq * self.n_ctx, dst_seq * self.n_ctx, n)])
+        if not ok:
             cache.truncate(0, dst_seq)
             return False
         cache.seq_tokens[dst_seq].extend(cache.seq_tokens[src_seq][:n])
@@ -430,9 +487,34 @@ class PlacedModel(Generic[C]):
             cache.hidden.copy(src_seq, dst_seq, n)
         return True
 
-    def _copy_cells(self, cache: C, src: int, dst: int, n: int) -> bool:
-        """Copy cells ``src .. src + n - 1`` of every block's K and V to ``dst ..`` (:meth:`copy_prefix`);
-        False (maybe partly copied: the destination holds no tokens) where a device cannot. Default: False."""
+    def _swa_room(self, cache: C, seq_id: int, n_past: int, n: int) -> None:
+        """Make room for ``n`` rows at ``n_past`` in the sliding-window cells of ``seq_id`` (a split
+        cache: ``model/swa.py``'s ``compaction``): the rows its window still needs move to the front of
+        its cells (:meth:`_copy_cells` of the sliding-window blocks) and its offset advances.
+
+        Raises:
+            CooktopError: a device cannot copy rows (a cache splits only where every device can).
+        """
+        B = cache.n_swa_cells
+        new, moves = swa.compaction(cache.n_swa, B, cache.swa_offsets[seq_id], n_past, n)
+        if not moves:
+            return
+        base = seq_id * B
+        if not self._copy_cells(cache, [(base + a, base + b, k) for a, b, k in moves], swa=True):
+            raise CooktopError("the sliding-window cache could not move its rows on this device; load the model "
+                               "with swa_full (--swa-full)")
+        cache.swa_offsets[seq_id] = new
+
+    @staticmethod
+    def _swa_cells(cache: C, seq_id: int, pos: np.ndarray) -> np.ndarray:
+        """int32 [n]: the sliding-window cells of positions ``pos`` of ``seq_id`` (``s * B + pos - offset``)."""
+        return (pos + np.int32(seq_id * cache.n_swa_cells - cache.swa_offsets[seq_id])).astype(np.int32)
+
+    def _copy_cells(self, cache: C, moves: list[tuple[int, int, int]], swa: bool | None = None) -> bool:
+        """Copy, for each ``(src, dst, n)`` of ``moves`` in order, cells ``src .. src + n - 1`` of the K and
+        V of the blocks that keep their own cache to ``dst ..`` (each pair of ranges disjoint): every
+        such block (``swa`` None), the sliding-window ones (True) or the others (False; a split cache,
+        ``model/swa.py``). False (maybe partly copied) where a device cannot. Default: False."""
         return False
 
     @property

@@ -6,7 +6,9 @@ Per device (bytes), for the blocks and head placed on it (the same buffers
 - weights: the tensors the architecture declares for those units (``model/arch``):
   the GGUF byte size of each matrix (raw GGML blocks, uploaded as is), 4 bytes per
   value for norm and bias weights (uploaded as float32);
-- KV cache: ``n_ctx x (row bytes of K + row bytes of V)`` per block that keeps K/V (a recurrent block
+- KV cache: ``cells x (row bytes of K + row bytes of V)`` per block that keeps K/V, ``cells`` being
+  ``n_ctx``, or for a sliding-window block its window cache's ``min(n_ctx, GGML_PAD(n_swa + n_batch, 256))``
+  (``model/swa.py``: llama.cpp's iSWA cache; all ``n_ctx`` with ``--swa-full``) (a recurrent block
   and a block reading an earlier block's cache, gemma4's shared-KV layers, keep none), a row being
   that block's ``n_head_kv x head_dim`` values in the cache's type (``-ctk``/``-ctv``: 4 bytes a value for f32,
   2 for f16, 34/32 for q8_0, 18/32 for q4_0; ``format/kvtypes.py``), for one sequence (the
@@ -47,6 +49,7 @@ from ..backends.chunked import attention_scratch_bytes
 from ..errors import DeviceError
 from ..format.gguf import GGUFFile
 from ..format.kvtypes import KVConfig
+from ..model import swa
 from ..model.arch import architecture
 from ..model.arch.base import MATRIX
 from ..model.config import ModelConfig
@@ -206,15 +209,18 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
 
     def kv_rows(i: int) -> tuple[int, int]:  # bytes of one K and one V row of block i (0: it keeps none)
         return kvc.row_bytes(cfg.kv_width(i)) if cfg.has_kv(i) else (0, 0)
+    # cells per sequence of each block: a sliding-window block keeps its window only (model/swa.py)
+    n_swa_cells = swa.swa_cells(cfg, n_ctx, n_batch, kvc.swa_full, (kvc.type_k, kvc.type_v))
+    cells = [swa.kv_cells(cfg, i, n_ctx, n_swa_cells) for i in range(cfg.n_layer)]
     units = placement.units()
     for sel in placement.devices():
         mine = [(i, part) for s, blocks, _, parts in units if s == sel for i, part in zip(blocks, parts)]
         blocks = sorted({i for i, _ in mine})
         # a feed-forward half and a recurrent block have no K/V; a recurrent block has its state (per sequence)
         # a block reading an earlier block's cache (gemma4's shared-KV layers) has none of its own either
-        kv_mine = [kv_rows(i) for i, part in mine if part != "ffn" and cfg.has_kv(i)]
+        kv_mine = [(kv_rows(i), cells[i]) for i, part in mine if part != "ffn" and cfg.has_kv(i)]
         n_kv = sum(1 for i, part in mine if part != "ffn" and not cfg.is_recurrent(i))
-        kv_bytes = sum(rk + rv for rk, rv in kv_mine) * n_ctx * n_seq  # every sequence, in the cache types
+        kv_bytes = sum((rk + rv) * c for (rk, rv), c in kv_mine) * n_seq  # every sequence, in the cache types
         state = sum(recurrent_state_bytes(cfg, [i], n_seq) for i, part in mine if part != "ffn")
         head = placement.head == sel
         sizes = weight_bytes(gf, cfg, [*mine, *(["head"] if head else [])])
@@ -230,7 +236,7 @@ def budgets(gf: GGUFFile, cfg: ModelConfig, placement, n_ctx: int, n_batch: int,
         # matrices past the max allocation go in row chunks (module doc); anything else must fit whole
         chunked = [n for n, b in sizes.items() if mx is not None and b > mx and len(gf.tensor(n).shape) in (2, 3)]
         whole = {n: b for n, b in sizes.items() if n not in chunked}
-        whole.update({"KV cache": max((max(r) for r in kv_mine), default=0) * n_ctx * n_seq,
+        whole.update({"KV cache": max((max(r) * c for r, c in kv_mine), default=0) * n_seq,
                       "scratch": largest_scratch})
         what = max(whole, key=lambda n: whole[n])
         if chunked:  # the scratch of one chunk's output (chunked.matmul / matmul_id: k slots)

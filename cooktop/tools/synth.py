@@ -269,6 +269,11 @@ SHAPES: dict[str, Shape] = {
     "glm-4.5-air": Shape(4096, 46, 96, 8, 10944, 151552, 131072, 1000000.0, head_dim=128, arch="glm4moe", n_rot=64,
                          n_expert=128, n_expert_used=8, n_ff_exp=1408, n_expert_shared=1, n_dense_lead=1,
                          expert_weights_scale=1.0, expert_weights_norm=True, qk_norm=False),
+    # Gemma 3 4B (gemma3; HF text_config: 34 blocks, 5 sliding-window (1024) then 1 full, 8 heads of 256
+    # (4 KV), rope bases 1e6 / 10000 on the sliding layers, tied embeddings; the global rope's linear
+    # scaling of 8 is left out)
+    "gemma-3-4b": Shape(2560, 34, 8, 4, 10240, 262208, 131072, 1000000.0, tied=True, head_dim=256, arch="gemma3",
+                        n_swa=1024, swa_pattern=6, rope_freq_base_swa=10000.0),
     # Gemma 4 E2B (gemma4; HF text_config: 35 blocks, 4 sliding-window (512) then 1 full, heads of 256 on
     # the sliding layers and 512 on the full ones (a quarter rotated: proportional rope), 1 KV head, the last
     # 20 blocks reading earlier blocks' K/V with a double-wide MLP (2 x 6144), per-layer inputs of 256,

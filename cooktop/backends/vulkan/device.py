@@ -794,6 +794,21 @@ class VulkanDevice(SequenceRecorder, Device):
                        (n_rows, n_cols, src_row * sw + src_col, sw, dst_row * dw + dst_col, dw))
 
     # -- mixture of experts (glsl/mul_mat_id.comp, moe_route.comp, add_id.comp, ...) ---------
+    def _copy_rows(self, t, src_row, dst_row, n_rows):
+        """copy_rect.comp on the rows' 32-bit words, ``t`` bound as source and destination (the ranges are
+        disjoint: :meth:`Device.copy_rows <cooktop.backends.base.Device.copy_rows>`); rows of any cache type
+        whose bytes are whole words (``row_bytes % 4 == 0``: every head_dim cooktop's kernels take).
+
+        Raises:
+            UnsupportedOpError: a row of ``t`` is not a whole number of words.
+        """
+        rb = row_bytes(t.ggml_type, t.shape[1])
+        if rb % 4:
+            raise UnsupportedOpError(f"copy_rows: rows of {rb} bytes are not whole 32-bit words on Vulkan")
+        w = rb // 4
+        self._dispatch("copy_rect", (t, t), self._stride_grid(n_rows * w, int(t.handle.size())),
+                       (n_rows, w, src_row * w, w, dst_row * w, w))
+
     def _moe_route(self, ids, weights, logits, gating, norm, scale, bias=None):
         """moe_route.comp: top-k experts and their weights per row (k <= 32), with the selection bias."""
         n, n_expert = logits.shape
