@@ -205,3 +205,31 @@ def test_single_model_mode(stories, tmp_path, server_deps):
     finally:
         s.stop()
     assert mcp.stopping.is_set() and mcp.transports == {}  # the lifespan closed the children
+
+
+DEAF_SERVER = r'''
+import json, sys, time
+for line in sys.stdin:
+    req = json.loads(line)
+    if req.get("method") == "initialize":
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": {"protocolVersion": "2024-11-05",
+                                     "capabilities": {}, "serverInfo": {"name": "deaf", "version": "1"}}}) + "\n")
+        sys.stdout.flush()
+    elif req.get("method") == "notifications/initialized":
+        time.sleep(60)  # reads nothing more: a big request fills the pipe
+'''
+
+
+def test_child_that_stops_reading_times_out(tmp_path):
+    """A request the child never reads (the pipe full) ends at ``timeout_ms``, not never."""
+    from cooktop.server.mcp_servers import McpServerConfig, McpServers
+
+    script = tmp_path / "deaf.py"
+    script.write_text(DEAF_SERVER)
+    m = McpServers([McpServerConfig("d", sys.executable, (str(script),), timeout_ms=500)])
+    try:
+        t0 = time.monotonic()
+        assert m.call_tool("d", "x", {"blob": "y" * (4 << 20)}) == {"error": "request timed out"}
+        assert time.monotonic() - t0 < 3
+    finally:
+        m.close()

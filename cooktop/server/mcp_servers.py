@@ -186,6 +186,8 @@ class StdioTransport:
             self.last_error = f"failed to spawn '{self.cfg.command}': {e}"
             return False
         self.running.set()
+        assert self.proc.stdin is not None
+        os.set_blocking(self.proc.stdin.fileno(), False)  # written by _send's polled loop only
         assert self.proc.stdout is not None and self.proc.stderr is not None
         for fd, sink in ((self.proc.stdout.fileno(), self.lines.put), (self.proc.stderr.fileno(), self._err)):
             t = threading.Thread(target=self._pump, args=(fd, sink, sink == self.lines.put), daemon=True,
@@ -238,14 +240,26 @@ class StdioTransport:
         tail = self.err_tail.decode("utf-8", "replace").strip()
         return "; ".join(s for s in (self.last_error, f"stderr: {tail}" if tail else "") if s) or "no details"
 
-    def _send(self, msg: dict[str, Any]) -> bool:
-        try:
-            assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
-            self.proc.stdin.flush()
-            return True
-        except (OSError, ValueError, AssertionError):
-            return False
+    def _send(self, msg: dict[str, Any], deadline: float) -> str:
+        """Write one line to the child's stdin, polled, so a child that stops reading cannot hold the
+        lock past ``deadline`` (monotonic seconds) or shutdown: "" once written, else why not
+        (``transport closed`` / ``request timed out`` / ``cancelled``)."""
+        data = json.dumps(msg).encode() + b"\n"
+        if self.proc is None or self.proc.stdin is None:
+            return "transport closed"
+        fd = self.proc.stdin.fileno()
+        while data:
+            if self.stopping.is_set():
+                return "cancelled"
+            if time.monotonic() >= deadline:
+                return "request timed out"
+            try:
+                _, ready, _ = select.select([], [fd], [], POLL_S)
+                if ready:
+                    data = data[os.write(fd, data):]
+            except (OSError, ValueError):
+                return "transport closed"
+        return ""
 
     def _rpc(self, method: str, params: Any, stop: Callable[[], bool], timeout_s: float) -> dict[str, Any]:
         """Send one request and wait for the reply of its id (the lock held): the reply, or
@@ -254,9 +268,9 @@ class StdioTransport:
         req: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
         if params is not None:
             req["params"] = params
-        if not self._send(req):
-            return {"error": {"code": -32603, "message": "transport closed"}}
         deadline = time.monotonic() + timeout_s
+        if why := self._send(req, deadline):
+            return {"error": {"code": -32603, "message": why}}
         while True:
             if stop() or self.stopping.is_set():
                 return {"error": {"code": -32603, "message": "cancelled"}}
@@ -284,7 +298,7 @@ class StdioTransport:
         if "result" not in reply:
             self.last_error = f"initialize failed: {_error_message(reply)}"
             return False
-        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"}, time.monotonic() + timeout_s)
         self.initialized = True
         return True
 
