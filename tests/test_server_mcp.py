@@ -137,7 +137,8 @@ def test_timeout_then_stale_reply_skipped(mcp_server):
 
 def test_shutdown_cancels_call_in_flight(tmp_path):
     """McpServers.shutdown (SIGTERM's) makes a call in flight answer at once; close() ends the children."""
-    from cooktop.server.mcp_servers import McpServerConfig, McpServers
+    from cooktop.server.mcp_config import McpServerConfig
+    from cooktop.server.mcp_servers import McpServers
 
     script = tmp_path / "echo_server.py"
     script.write_text(ECHO_SERVER)
@@ -159,7 +160,7 @@ def test_shutdown_cancels_call_in_flight(tmp_path):
 
 
 def test_config_errors(tmp_path):
-    from cooktop.server.mcp_servers import McpConfigError, load_servers
+    from cooktop.server.mcp_config import McpConfigError, load_servers
 
     with pytest.raises(McpConfigError, match="failed to parse MCP config JSON: Expecting value"):
         load_servers(config_json="not valid json")
@@ -222,7 +223,8 @@ for line in sys.stdin:
 
 def test_child_that_stops_reading_times_out(tmp_path):
     """A request the child never reads (the pipe full) ends at ``timeout_ms``, not never."""
-    from cooktop.server.mcp_servers import McpServerConfig, McpServers
+    from cooktop.server.mcp_config import McpServerConfig
+    from cooktop.server.mcp_servers import McpServers
 
     script = tmp_path / "deaf.py"
     script.write_text(DEAF_SERVER)

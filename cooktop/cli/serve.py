@@ -198,7 +198,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
     from ..server.prefix import check_api_prefix
     if why := check_api_prefix(api_prefix):
         raise CooktopError(why)
-    from ..server.mcp_servers import load_servers
+    from ..server.mcp_config import load_servers
     from ..server.tools import check_tools_runtime, enabled_tools
     try:  # llama-server's startup checks, before anything loads
         enabled_tools(tools)
