@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+from typing import Any
 
 import click
 
@@ -123,6 +124,13 @@ from .spec_options import speculative_options
 @click.option("--tools-runtime", "tools_runtime", default="", metavar="OPTION", envvar="LLAMA_ARG_TOOLS_RUNTIME",
               help="llama-server's tools isolate (docker:<image>, docker-container:<id>, podman..., ssh:<target>): "
                    "validated, then refused (cooktop runs the tools on the host only).")
+@click.option("--mcp-servers-config", "mcp_servers_config", default="", metavar="PATH",
+              envvar="LLAMA_ARG_MCP_SERVERS_CONFIG",
+              help="Experimental: JSON file of MCP servers ({\"mcpServers\": {NAME: {\"command\": ..., \"args\": "
+                   "[...], \"env\": {...}}}}) spawned over stdio; their tools join GET/POST /tools as "
+                   "NAME_TOOL. Do not enable in untrusted environments.")
+@click.option("--mcp-servers-json", "mcp_servers_json", default="", metavar="JSON", envvar="LLAMA_ARG_MCP_SERVERS_JSON",
+              help="Experimental: the same MCP server definitions inline.")
 @click.option("--sleep-idle-seconds", "sleep_idle_seconds", type=int, default=-1, show_default=True,
               metavar="SECONDS",
               help="Free the model after SECONDS without a request; the next request loads it again (-1: never).")
@@ -146,7 +154,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
               chat_template_kwargs, no_webui, rerank,
               pooling, embeddings, endpoint_slots, cors_origins, cors_methods, cors_headers, cors_credentials,
               api_prefix, context_shift, n_keep, endpoint_props, metrics, slot_save_path, models_dir, models_max,
-              models_autoload, ui_mcp_proxy, tools, tools_runtime, sleep_idle_seconds, prefill_assistant, verbose,
+              models_autoload, ui_mcp_proxy, tools, tools_runtime, mcp_servers_config, mcp_servers_json,
+              sleep_idle_seconds, prefill_assistant, verbose,
               threads, threads_batch, device, n_gpu_layers, split, ray_address, n_replicas, tensors, speculative, kv,
               lora, **gen_opts):
     """Serve a model over HTTP with an OpenAI-compatible API (like llama-server).
@@ -189,14 +198,16 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
     from ..server.prefix import check_api_prefix
     if why := check_api_prefix(api_prefix):
         raise CooktopError(why)
+    from ..server.mcp_config import load_servers
     from ..server.tools import check_tools_runtime, enabled_tools
     try:  # llama-server's startup checks, before anything loads
         enabled_tools(tools)
         check_tools_runtime(tools_runtime)
+        load_servers(mcp_servers_config, mcp_servers_json)  # "MCP starting failed": exit 1
     except ValueError as e:
         raise CooktopError(str(e)) from None
-    if cors_origins is None:  # llama-server: --tools limits the default origins to localhost
-        cors_origins = "localhost" if tools else "*"
+    if cors_origins is None:  # llama-server: --tools or MCP servers limit the default origins to localhost
+        cors_origins = "localhost" if tools or mcp_servers_config or mcp_servers_json else "*"
     if n_ctx < 0:  # the loader's own check, before anything listens
         raise CooktopError(f"n_ctx (-c) must be >= 0 (0 = from the model), got {n_ctx}")
     if slot_save_path is not None:  # made now (as llama-server does), so a bad path ends before anything listens
@@ -249,7 +260,8 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
                           cors_methods=cors_methods, cors_headers=cors_headers, cors_credentials=cors_credentials,
                           api_prefix=api_prefix, sleep_idle_seconds=sleep_idle_seconds,
                           ui_mcp_proxy=ui_mcp_proxy, endpoint_metrics=metrics, tools=tools,
-                          tools_runtime=tools_runtime, prefill_assistant=prefill_assistant, verbose=verbose,
+                          tools_runtime=tools_runtime, mcp_servers_config=mcp_servers_config,
+                          mcp_servers_json=mcp_servers_json, prefill_assistant=prefill_assistant, verbose=verbose,
                           speculative=speculative if speculative.types() else None)
     logging.getLogger("cooktop.server").setLevel(logging.INFO)
     if verbose:  # llama-server's -v: everything at INFO (cooktop has no lower level of its own)
@@ -286,7 +298,7 @@ def serve_cmd(model, hf_repo, hf_file, host, port, n_ctx, n_batch, n_parallel, k
         server.should_exit = True
 
     app = create_app(config, on_load_error=load_failed, on_loaded=loaded)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = _server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     server.run(sockets=socks)
     if failed:
         if failed[0].startswith("cannot load the draft model"):  # the draft's own message, named
@@ -312,7 +324,22 @@ def _serve_router(config, models_dir: str | None, models_max: int, autoload: boo
     click.echo(f"cooktop: router mode: {n} model(s) from {models_dir or 'the Hugging Face cache'}"
                f"{' and the cache' if models_dir else ''}, loaded on demand (at most "
                f"{models_max or 'any number'} at once) on {urls(host, port, config.api_prefix)}", err=True)
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run(sockets=socks)
+    _server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run(sockets=socks)
+
+
+def _server(config: Any) -> Any:
+    """A ``uvicorn.Server`` of ``config`` whose SIGTERM / SIGINT first cancels the MCP tool calls in flight
+    (``mcp_servers.shutdown_all``: a slow one must not hold the graceful shutdown up, as llama-server)."""
+    import uvicorn
+
+    from ..server.mcp_servers import shutdown_all
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            shutdown_all()
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def _template_kwargs(reasoning: str, raw: str | None) -> dict:

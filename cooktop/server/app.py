@@ -115,6 +115,10 @@ class ServerConfig:
             ``GET`` / ``POST /tools`` (:mod:`.tools`; "" off: 403); a ValueError from :func:`create_app` for
             an unknown name. tools_runtime: ``--tools-runtime`` (validated as llama-server, then refused:
             the tools run on the host only).
+        mcp_servers_config, mcp_servers_json: llama-server's ``--mcp-servers-config FILE`` /
+            ``--mcp-servers-json JSON``: MCP servers whose tools ``/tools`` serves as ``<server>_<tool>``
+            (:mod:`.mcp_servers`; "" none); a McpConfigError (a ValueError) from :func:`create_app` for a
+            config that cannot be read.
         sleep_idle_seconds: free the model after this many seconds without a request and load it again
             on the next one (llama-server's ``--sleep-idle-seconds``, :mod:`.sleep`); -1 never.
         prefill_assistant: an assistant message last is continued (llama-server's default;
@@ -149,6 +153,8 @@ class ServerConfig:
     endpoint_metrics: bool = False
     tools: str = ""
     tools_runtime: str = ""
+    mcp_servers_config: str = ""
+    mcp_servers_json: str = ""
     prefill_assistant: bool = True
     verbose: bool = False
 
@@ -337,6 +343,8 @@ def create_app(config: ServerConfig, llm: Any = None, on_load_error: Any = None,
         yield
         if idle is not None:
             idle.stop()
+        if getattr(app.state, "mcp", None) is not None:  # the MCP servers' children (tools.register)
+            app.state.mcp.close()
         state.close()
 
     app = FastAPI(title="cooktop", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -150,7 +150,7 @@ class Router:
             n_ctx, n_parallel = kw.get("n_ctx", 0), self.template.n_parallel
             kw["n_ctx"] = slot_context(n_ctx or default_context(src.path), n_parallel)
         return dataclasses.replace(self.template, model_path=src.path, alias=src.id, api_key=None, api_prefix="",
-                                   llama_kwargs=kw)
+                                   llama_kwargs=kw, mcp_servers_config="", mcp_servers_json="")  # /tools: the router's
 
     async def load(self, mid: str) -> Instance:
         """Start loading model ``mid`` (unloading the least recently used idle instance first when
@@ -301,6 +301,8 @@ class RouterApp:
                 if msg["type"] == "lifespan.startup":
                     await send({"type": "lifespan.startup.complete"})
                 elif msg["type"] == "lifespan.shutdown":
+                    if getattr(self.tools.state, "mcp", None) is not None:  # the MCP servers' children
+                        self.tools.state.mcp.close()
                     await self.router.close()
                     await send({"type": "lifespan.shutdown.complete"})
                     return

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import re
 import subprocess
@@ -33,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from .mcp_servers import from_config, tool_entry
 from .tools_edit import apply_edits
 from .tools_io import (
     RuntimeSpecError,
@@ -44,6 +46,8 @@ from .tools_io import (
     run_shell,
     shown,
 )
+
+log = logging.getLogger("cooktop.server")
 
 READ_FILE_MAX_SIZE = 16 * 1024  # SERVER_TOOL_READ_FILE_MAX_SIZE (bytes)
 READ_FILE_MAX_SIZE_BASE64 = 32 * 1024 * 1024
@@ -405,16 +409,24 @@ def tools_app(config: Any) -> FastAPI:
 
 
 def register(app: FastAPI, bridge: Any) -> None:
-    """Add ``GET`` / ``POST /tools`` to ``app`` (403 unless ``bridge.config.tools`` names some).
+    """Add ``GET`` / ``POST /tools`` to ``app`` (403 unless ``bridge.config.tools`` names some or MCP
+    servers are configured: :mod:`.mcp_servers`, warmed up here, their manager left in ``app.state.mcp``).
 
     Raises:
         ValueError: an unknown tool in ``config.tools``, or a ``config.tools_runtime`` (see
-            :func:`check_tools_runtime`).
+            :func:`check_tools_runtime`); McpConfigError (a ValueError): an unreadable MCP config.
     """
     names = enabled_tools(bridge.config.tools or "")
     runtime = bridge.config.tools_runtime or ""
     check_tools_runtime(runtime)
     specs = {s[0]: s for s in SPECS if s[0] in names}
+    app.state.mcp = mcp = from_config(bridge.config)  # closed by the app's lifespan
+    mcp_tools: dict[str, Any] = {}  # "<server>_<tool>" -> McpToolDef, a name already taken skipped
+    for d in mcp.list_tools() if mcp else []:
+        if f"{d.server}_{d.name}" in specs or f"{d.server}_{d.name}" in mcp_tools:
+            log.warning('MCP tool "%s_%s" collides with an existing tool, skipping', d.server, d.name)
+            continue
+        mcp_tools[f"{d.server}_{d.name}"] = d
 
     def disabled() -> JSONResponse:
         return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
@@ -426,13 +438,13 @@ def register(app: FastAPI, bridge: Any) -> None:
 
     @app.get("/tools")
     async def tools_get():
-        if not specs:
+        if not specs and mcp is None:
             return disabled()
-        return JSONResponse([definition(s) for s in specs.values()])
+        return JSONResponse([definition(s) for s in specs.values()] + [tool_entry(d) for d in mcp_tools.values()])
 
     @app.post("/tools")
     async def tools_post(request: Request):
-        if not specs:
+        if not specs and mcp is None:
             return disabled()
         try:
             body = json.loads(await request.body())
@@ -440,6 +452,11 @@ def register(app: FastAPI, bridge: Any) -> None:
                 raise BadRequest('missing or invalid field "tool" (expected a string)')
             name, stream = body["tool"], body.get("stream", False) is True
             params = _params(body, request, runtime)
+            if name in mcp_tools and mcp is not None and not stream:
+                d, args = mcp_tools[name], {k: v for k, v in params.items() if k not in ("cwd", "runtime", "resp_type")}
+                return JSONResponse(await run_in_threadpool(mcp.call_tool, d.server, d.name, args))
+            if name in mcp_tools:
+                return fail(404, f'tool "{name}" does not support stream = true', "invalid_request_error")
             if name not in specs:
                 return fail(404, f'unknown tool "{name}"', "invalid_request_error")
             if stream and not specs[name][3]:
