@@ -66,3 +66,8 @@ class RecurrentStateError(CooktopError, ValueError):
     """A recurrent model's state was asked to go back to a position it has no checkpoint of (a
     recurrent layer keeps one state per sequence, not one per position: ``cooktop.model.recurrent``),
     or asked for what such a model cannot do (a context shift)."""
+
+
+class ImageError(CooktopError, ValueError):
+    """An image cannot be used: not an image of a supported format, corrupt or truncated, too
+    large (a decompression bomb), or given to a model without a vision projector (mmproj)."""

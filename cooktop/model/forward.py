@@ -207,6 +207,8 @@ class Segment:
         self.slots = d.empty((B,), T.I32)
         self.cells = d.empty((B,), T.I32)
         self.kv_start = d.empty((B,), T.I32)
+        self.attend_to = d.empty((B,), T.I32)  # a non-causal pass's rows (an image): Rows.attend_to
+        self.window_start = d.empty((B,), T.I32)
         if self.head:
             self.head_weights = weights(HEAD)
             # the logits may be past the device's largest buffer: row chunks (backends/chunked.py)
@@ -290,6 +292,13 @@ class Segment:
         if rows.kv_start is not None:
             start = self.kv_start.head(n)
             d.write(start, rows.kv_start)
+        attend = wstart = None
+        if rows.attend_to is not None:
+            attend = self.attend_to.head(n)
+            d.write(attend, rows.attend_to)
+            if rows.window_start is not None:
+                wstart = self.window_start.head(n)
+                d.write(wstart, rows.window_start)
         if outputs is not None:
             d.write(self.ids.head(m), outputs)
         if self.layer_in:
@@ -308,11 +317,12 @@ class Segment:
         key = (self._serial, n, mode, m, rows.n_ctx, rows.cells is not None, start is not None,
                self.ids.serial if m else 0, tuple(t.serial for t in k_cache), tuple(t.serial for t in v_cache),
                tuple(() if b is None else tuple(t.serial for t in b) for b in states or ()), hidden,
-               self.lora.key() if self.lora is not None else None)  # the LoRA scales: constants of the ops
+               self.lora.key() if self.lora is not None else None,  # the LoRA scales: constants of the ops
+               attend is not None, wstart is not None)
         with d.graph(key) as issue:
             if issue:
                 out = self._ops(s, n, m, pos, cells, start, rows.n_ctx, k_cache, v_cache, embeddings, states, slots,
-                                hidden)
+                                hidden, attend, wstart)
             else:
                 out = self._result(s, n, m, embeddings)
         #: the output-normed rows of the last run with ``hidden`` (float32 [n, n_embd]), else None
@@ -335,7 +345,8 @@ class Segment:
     def _ops(self, s: SimpleNamespace, n: int, m: int, pos: DeviceTensor, cells: DeviceTensor,
              start: DeviceTensor | None, n_ctx: int, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
              embeddings: bool, states: list[tuple[DeviceTensor, ...] | None] | None = None,
-             slots: DeviceTensor | None = None, hidden: bool = False) -> DeviceTensor:
+             slots: DeviceTensor | None = None, hidden: bool = False, attend: DeviceTensor | None = None,
+             wstart: DeviceTensor | None = None) -> DeviceTensor:
         """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`."""
         d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
@@ -343,7 +354,7 @@ class Segment:
                 s.layer_in = self.layer_in[j].head(n)  # this block's per-layer token input (gemma4)
             state = states[j] if states is not None else None
             kv = KV(k_cache[j], v_cache[j], pos, cells, start, n_ctx or k_cache[j].shape[0], self.flash_attn,
-                    state, slots if state is not None else None)
+                    state, slots if state is not None else None, attend, wstart, cfg.n_swa)
             arch.run_block(d, cfg, w, s, kv, self.blocks[j], self.parts[j])
         out = self._result(s, n, m, embeddings)
         if not self.head:

@@ -35,8 +35,8 @@ import os
 import tempfile
 
 import numpy as np
-from gguf import GGUFWriter
 from gguf import GGMLQuantizationType as T
+from gguf import GGUFWriter
 from gguf import quants as gguf_quants
 
 from ..errors import CooktopError

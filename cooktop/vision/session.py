@@ -1,0 +1,69 @@
+"""A prompt with images on a loaded engine: open the mmproj, encode the images, evaluate the prompt.
+
+What ``cooktop run --mmproj FILE --image FILE`` does before generating (llama.cpp
+tools/mtmd/mtmd-cli.cpp: load the media, ``mtmd_tokenize``, ``mtmd_helper_eval_chunks``, then
+sample): every chunk but the last text chunk is evaluated into the engine's default sequence
+(:func:`~.prompt.eval_chunks`); the returned ids are the whole prompt as the sequence records it
+(image positions as placeholder ids), so ``Engine.generate`` reuses everything cached and
+evaluates the last text chunk itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import ImageError
+from ..notices import notice
+from . import preprocess
+from . import prompt as vprompt
+from .encoder import VisionEncoder
+from .mmproj import open_mmproj
+
+
+def encoder_device(device):
+    """The device the encoder runs on: ``device`` (the model's first segment's) when it has the vision
+    ops (:data:`~.encoder.VISION_OPS`), else the numpy CPU device, with a notice."""
+    from ..backends import registry
+    from .encoder import VISION_OPS
+
+    if all(device.supports(op) for op in VISION_OPS + ("gelu",)):
+        return device
+    notice(f"{device.info.selector} has no vision ops yet: the vision encoder runs on the CPU (numpy)",
+           once_key=f"vision-cpu-{device.info.selector}")
+    return registry.open_device("cpu")
+
+
+def prefill(eng, mmproj_path: str | os.PathLike, image_paths: list[str], text: str,
+            add_bos: bool = True) -> list[int]:
+    """Encode ``image_paths`` with ``mmproj_path``'s encoder (on the device of the model's first
+    segment, or the CPU when that device lacks the vision ops) and evaluate ``text``
+    (``<__media__>`` markers, one per image; none: all in front) up to its last text chunk on ``eng.seq``.
+
+    Returns:
+        the prompt's ids for ``eng.generate`` (negative placeholder ids at the image positions).
+    Raises:
+        GGUFError / UnsupportedModelError: a bad mmproj, one for another model (embedding width),
+            a projector cooktop lacks.
+        ImageError: an image that cannot be read (not an image, truncated, too large), no image,
+            marker count differing from the images.
+        ContextOverflowError: the prompt with its images does not fit in n_ctx.
+    """
+    mp = open_mmproj(mmproj_path)
+    mp.check_model(eng.cfg.n_embd, str(getattr(eng.gf, "path", "the model")))
+    if not image_paths:
+        raise ImageError("--mmproj without --image: give at least one image (--image FILE)")
+    images = [preprocess.decode(p) for p in image_paths]
+    chunks = vprompt.tokenize(eng.tokenizer, text, len(images), mp.hparams.projector)
+    if not add_bos and chunks and chunks[0].image is None and chunks[0].ids[:1] == [eng.tokenizer.vocab.bos_id]:
+        chunks[0].ids.pop(0)
+    enc = VisionEncoder(mp, encoder_device(eng.model.segments[0].device))
+    try:
+        embs = [enc.encode(im) for im in images]
+    finally:
+        enc.close()
+    eng.seq.truncate(0)
+    last = chunks[-1] if chunks[-1].image is None else None
+    body = chunks[:-1] if last is not None else chunks
+    if body:
+        vprompt.eval_chunks(eng.seq, body, embs, mp.hparams.projector)
+    return list(eng.seq.tokens) + (last.ids if last is not None else [])
