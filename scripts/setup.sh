@@ -15,8 +15,9 @@
 # Environment:
 #   PYTHON           interpreter used to create the venv (default python3)
 #   COOKTOP_VENV     venv folder (default <repo>/.venv)
-#   COOKTOP_EXTRAS   more extras, comma list (e.g. compare: llama-cpp-python, which
-#                    builds llama.cpp: 10-26 min on 2 busy cores, once per pip cache;
+#   COOKTOP_EXTRAS   more extras, comma list (e.g. compare: llama-cpp-python with libmtmd, which
+#                    builds llama.cpp: 10-26 min on 2 busy cores, once per set of build flags
+#                    (scripts/build-llama-cpp-python.sh keeps the wheel in ~/.cache/cooktop/wheels);
 #                    ray: Ray + Ray Serve for cooktop.cluster, an ~80 MB wheel)
 #   COOKTOP_SHARED   shared data folder (default <repo>/../shared)
 #   COOKTOP_REQUIRE  comma list (as in tests/conftest.py): a failed step that provides

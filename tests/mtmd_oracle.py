@@ -39,8 +39,12 @@ _QUIET: list = []  # the no-op log callback, kept alive while llama.cpp may call
 
 
 def reference(model_path: str, mmproj_path: str, prompt: str, images: list[np.ndarray], n_ctx: int = 256,
-              n_batch: int = 64) -> MtmdResult:
+              n_batch: int = 64, flash_attn: int = 0) -> MtmdResult:
     """Run llama.cpp's mtmd on ``prompt`` (with ``<__media__>`` markers) and ``images`` (uint8 [h, w, 3]).
+
+    ``flash_attn``: the encoder's ``mtmd_context_params.flash_attn_type`` (llama.h
+    ``llama_flash_attn_type``: -1 auto, 0 disabled, 1 enabled). Default 0: the float32 path
+    (``mul_mat`` + ``soft_max_ext``); enabled, clip.cpp casts K and V to F16 first.
 
     Raises:
         ImportError: llama-cpp-python without libmtmd.
@@ -65,6 +69,7 @@ def reference(model_path: str, mmproj_path: str, prompt: str, images: list[np.nd
     ctx = llama_cpp.llama_init_from_model(model, cp)
     mparams = M.mtmd_context_params_default()
     mparams.use_gpu, mparams.print_timings, mparams.n_threads, mparams.warmup = False, False, 2, False
+    mparams.flash_attn_type = flash_attn
     mctx = M.mtmd_init_from_file(mmproj_path.encode(), model, mparams)
     if not mctx:
         raise RuntimeError(f"mtmd could not load {mmproj_path}")
