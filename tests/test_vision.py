@@ -199,3 +199,18 @@ def test_marker_count_must_match_images():
     with pytest.raises(ImageError, match="2 <__media__> marker"):
         vprompt.with_markers("<__media__> and <__media__>", 1)
     assert vprompt.with_markers("hi", 2) == "<__media__><__media__>hi"
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
+def test_decodes_png_jpeg_webp_to_rgb(fmt, tmp_path):
+    from PIL import Image
+
+    img = np.zeros((12, 20, 3), np.uint8)
+    img[:, 10:] = (200, 40, 90)
+    p = tmp_path / f"x.{fmt.lower()}"
+    opts = {"WEBP": {"lossless": True}, "JPEG": {"quality": 95, "subsampling": 0}}.get(fmt, {})
+    Image.fromarray(img).convert("RGBA" if fmt != "JPEG" else "RGB").save(p, fmt, **opts)
+    got = preprocess.decode(p)
+    assert got.shape == (12, 20, 3) and got.dtype == np.uint8
+    tol = 8 if fmt == "JPEG" else 0  # lossy
+    assert np.abs(got.astype(int) - img).max() <= tol
