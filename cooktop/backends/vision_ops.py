@@ -15,6 +15,11 @@ default raises :class:`UnsupportedOpError`; a backend that implements them lists
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
 from ..errors import UnsupportedOpError
 from .optable import SPECS
 from .tensor import DeviceTensor
@@ -129,6 +134,19 @@ class VisionOps:
         """
         _AVG_POOL2D.check(self, out, x, width=width, height=height, k=k)
         self._avg_pool2d(out, x, int(width), int(height), int(k))
+
+    # -- for the device backends ----
+    def _full_attention_pos(self: Any, n: int) -> DeviceTensor:
+        """An I32 [n] tensor of ``n - 1`` everywhere, kept per ``n`` on this device: the ``pos`` that makes
+        the causal KV-cache attention kernels (every row attends to rows ``0 .. pos``) attend every row to
+        all ``n`` rows, which is :meth:`attention_full` with ``k`` and ``v`` as F32 caches of ``n`` cells."""
+        cache = self.__dict__.setdefault("_vision_full_pos", {})
+        t = cache.get(n)
+        if t is None:
+            t = self.empty((n,), GGMLQuantizationType.I32)
+            self.write(t, np.full(n, n - 1, dtype=np.int32))
+            cache[n] = t
+        return t
 
     # -- the backend's hooks (arguments checked; default: not supported) ----
     def _vision_unsupported(self, op: str) -> None:
