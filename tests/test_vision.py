@@ -71,6 +71,42 @@ def test_image_embeddings_match_mtmd(family, pair, image, oracle):
     assert err <= 1e-5
 
 
+#: Quantized mmproj files (the text model stays F32): 64 wide (Q8_0 rows are whole blocks of 32)
+QSHAPE = synth_mmproj.VisionShape(n_embd=64, n_ff=96)
+
+
+@pytest.fixture(scope="module")
+def quantized(pair, image, tmp_path_factory):
+    """mmproj file per type -> llama.cpp's embeddings of the image (one mtmd load each)."""
+    try:
+        import llama_cpp.mtmd_cpp  # noqa: F401
+        from mtmd_oracle import reference
+    except (ImportError, OSError, FileNotFoundError) as e:
+        skip_or_fail("llama_cpp", f"llama-cpp-python with libmtmd is not installed ({e}); make setup-compare")
+    d = tmp_path_factory.mktemp("vision-q")
+    out = {}
+    for ft in ("F16", "Q8_0"):
+        p = str(d / f"mmproj-{ft}.gguf")
+        synth_mmproj.write_gemma3(p, QSHAPE, ft, seed=5)
+        res = reference(pair[0], p, "<__media__>", [image], n_ctx=N_CTX, n_batch=N_BATCH)
+        out[ft] = (p, next(v for kind, v in res.chunks if kind == "image"))
+    return out
+
+
+@pytest.mark.parametrize("ft", ["F16", "Q8_0"])
+@pytest.mark.parametrize("family", registry.FAMILIES)
+def test_quantized_mmproj_embeddings_match_mtmd(family, ft, image, quantized):
+    path, want = quantized[ft]
+    enc = VisionEncoder(open_mmproj(path), _device(family))
+    try:
+        got = enc.encode(image)
+    finally:
+        enc.close()
+    err = nmse(got, want)
+    print(f"gemma3 {ft} mmproj embeddings on {family}: nmse {err:.3g} vs mtmd")
+    assert err <= 3e-3
+
+
 def test_chunks_match_mtmd_tokenize(pair, oracle):
     llm = Llama(model_path=pair[0], n_ctx=N_CTX, verbose=False)
     try:

@@ -182,7 +182,10 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         if mmproj:
             from ..vision.session import prefill
 
-            tokens = prefill(eng, mmproj, list(image), prompt, add_bos=not no_bos)
+            pre = prefill(eng, mmproj, list(image), prompt, add_bos=not no_bos)
+            tokens = pre.tokens
+            for line in pre.lines():
+                click.echo(line, err=True)
         else:
             tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=True)
         eng.check_prompt(tokens)

@@ -10,7 +10,9 @@ evaluates the last text chunk itself.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 
 from ..errors import ImageError
 from ..notices import notice
@@ -18,6 +20,34 @@ from . import preprocess
 from . import prompt as vprompt
 from .encoder import VisionEncoder
 from .mmproj import open_mmproj
+
+
+@dataclasses.dataclass
+class Prefilled:
+    """What :func:`prefill` did.
+
+    Attributes:
+        tokens: the prompt's ids for ``Engine.generate`` (negative placeholder ids at the image positions).
+        n_images: images encoded; n_image_tokens: positions they took in all.
+        encode_ms: time in the vision encoder (preprocessing included).
+        eval_ms, n_eval: time and positions of the chunks evaluated before the last text chunk.
+        device: the encoder's device selector.
+    """
+
+    tokens: list[int]
+    n_images: int
+    n_image_tokens: int
+    encode_ms: float
+    eval_ms: float
+    n_eval: int
+    device: str
+
+    def lines(self) -> list[str]:
+        """llama.cpp-style timing lines (mtmd-cli prints "image slice encoded in N ms")."""
+        return [f"cooktop: image encode time = {self.encode_ms:10.2f} ms / {self.n_images:5d} images "
+                f"({self.n_image_tokens} positions) on {self.device}",
+                f"cooktop: image prompt eval time = {self.eval_ms:10.2f} ms / {self.n_eval:5d} positions "
+                "(text and images before the last text chunk)"]
 
 
 def encoder_device(device):
@@ -34,13 +64,13 @@ def encoder_device(device):
 
 
 def prefill(eng, mmproj_path: str | os.PathLike, image_paths: list[str], text: str,
-            add_bos: bool = True) -> list[int]:
+            add_bos: bool = True) -> Prefilled:
     """Encode ``image_paths`` with ``mmproj_path``'s encoder (on the device of the model's first
     segment, or the CPU when that device lacks the vision ops) and evaluate ``text``
     (``<__media__>`` markers, one per image; none: all in front) up to its last text chunk on ``eng.seq``.
 
     Returns:
-        the prompt's ids for ``eng.generate`` (negative placeholder ids at the image positions).
+        :class:`Prefilled` (its ``tokens``: the prompt's ids for ``eng.generate``).
     Raises:
         GGUFError / UnsupportedModelError: a bad mmproj, one for another model (embedding width),
             a projector cooktop lacks.
@@ -56,14 +86,19 @@ def prefill(eng, mmproj_path: str | os.PathLike, image_paths: list[str], text: s
     chunks = vprompt.tokenize(eng.tokenizer, text, len(images), mp.hparams.projector)
     if not add_bos and chunks and chunks[0].image is None and chunks[0].ids[:1] == [eng.tokenizer.vocab.bos_id]:
         chunks[0].ids.pop(0)
+    t0 = time.perf_counter()
     enc = VisionEncoder(mp, encoder_device(eng.model.segments[0].device))
     try:
         embs = [enc.encode(im) for im in images]
+        dev = enc.device.info.selector
     finally:
         enc.close()
+    t1 = time.perf_counter()
     eng.seq.truncate(0)
     last = chunks[-1] if chunks[-1].image is None else None
     body = chunks[:-1] if last is not None else chunks
     if body:
         vprompt.eval_chunks(eng.seq, body, embs, mp.hparams.projector)
-    return list(eng.seq.tokens) + (last.ids if last is not None else [])
+    t2 = time.perf_counter()
+    return Prefilled(list(eng.seq.tokens) + (last.ids if last is not None else []), len(images),
+                     sum(len(e) for e in embs), (t1 - t0) * 1e3, (t2 - t1) * 1e3, eng.seq.n_past, dev)
