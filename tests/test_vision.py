@@ -258,3 +258,35 @@ def test_decodes_png_jpeg_webp_to_rgb(fmt, tmp_path):
     assert got.shape == (12, 20, 3) and got.dtype == np.uint8
     tol = 8 if fmt == "JPEG" else 0  # lossy
     assert np.abs(got.astype(int) - img).max() <= tol
+
+
+def test_cli_run_with_an_image_is_the_python_pipeline(pair, image, tmp_path):
+    """``cooktop run --mmproj --image`` prints what session.prefill + Engine.generate give (greedy)."""
+    import os
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    from cooktop.engine.sampling import SamplingParams
+    from cooktop.vision.session import prefill
+
+    png = tmp_path / "img.png"
+    Image.fromarray(image).save(png)
+    r = subprocess.run([sys.executable, "-m", "cooktop.cli", "run", "-m", pair[0], "--mmproj", pair[1], "--image",
+                        str(png), "-p", PROMPT, "-n", "6", "--temp", "0", "--device", "cpu", "-c", str(N_CTX)],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert "image encode time" in r.stderr and "(16 positions) on cpu" in r.stderr
+    llm = Llama(model_path=pair[0], n_ctx=N_CTX, verbose=False, device="cpu")
+    try:
+        eng = llm._engine
+        pre = prefill(eng, pair[1], [str(png)], PROMPT)
+        gen = eng.generate(pre.tokens, 6, SamplingParams(temperature=0.0))
+        text = "".join(step.text for step in gen)
+    finally:
+        llm.close()
+    assert r.stdout == PROMPT + text + "\n"
+    bad = subprocess.run([sys.executable, "-m", "cooktop.cli", "run", "-m", pair[0], "--image", str(png), "-p", "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "--image needs --mmproj FILE" in bad.stderr and "Traceback" not in bad.stderr
