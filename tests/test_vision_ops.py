@@ -30,7 +30,7 @@ def dev():
     return CpuBackend().open(0)
 
 
-@pytest.fixture(scope="module", params=["opencl"])
+@pytest.fixture(scope="module", params=["opencl", "vulkan"])
 def gpu(request):
     """Each device family with vision kernels (OpenCL ``kernels/vision.cl``, Vulkan ``glsl/``)."""
     from conftest import open_family_device
