@@ -30,7 +30,7 @@ def dev():
     return CpuBackend().open(0)
 
 
-@pytest.fixture(scope="module", params=["opencl"])
+@pytest.fixture(scope="module", params=["opencl", "vulkan"])
 def gpu(request):
     """Each device family with vision kernels (OpenCL ``kernels/vision.cl``, Vulkan ``glsl/``)."""
     from conftest import open_family_device
@@ -258,6 +258,20 @@ def test_device_attention_full(dev, gpu, name, n, n_head, d):
     scale = 1.0 / math.sqrt(d)
     want = run(dev, "attention_full", [q, k, v], q.shape, n_head, scale)
     _parity(run(gpu, "attention_full", [q, k, v], q.shape, n_head, scale, pad=PAD), want, "attention_full")
+
+
+def test_vulkan_attention_full_past_the_tiled_range(dev, monkeypatch):
+    """Past ``TILED_MAX_KEYS`` rows Vulkan runs attention.comp (one workgroup per (row, head)); the
+    threshold lowered so that 300 tokens take that branch (at 2100 tokens it takes 50 s on lavapipe)."""
+    from conftest import open_family_device
+
+    from cooktop.backends.vulkan import vision
+    vk = open_family_device("vulkan")
+    monkeypatch.setattr(vision, "TILED_MAX_KEYS", 64)
+    rng = np.random.default_rng(11)
+    q, k, v = (_x(rng, (300, 2 * 72), 1.0) for _ in range(3))
+    want = run(dev, "attention_full", [q, k, v], q.shape, 2, 1 / math.sqrt(72))
+    _parity(run(vk, "attention_full", [q, k, v], q.shape, 2, 1 / math.sqrt(72), pad=PAD), want, "attention.comp")
 
 
 @pytest.mark.parametrize("name,width,height,k,c", POOL_CASES, ids=[c[0] for c in POOL_CASES])
