@@ -160,6 +160,11 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         llm.draft_model, _draft = speculative.build(llm._engine, device, parse_ngl(n_gpu_layers))
         sys.exit(chat_loop(llm, chat_generation(llm, n_predict, gen_opts), system, prompt or None,
                            single_turn=single_turn))
+    vision = None
+    if mmproj:  # the mmproj and the images first: a bad file fails before the model loads
+        from ..vision.session import load_inputs
+
+        vision = load_inputs(mmproj, list(image))
     from ..api.options import set_threads
     set_threads(threads_batch or threads)
     load = _engine.load
@@ -182,7 +187,8 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         if mmproj:
             from ..vision.session import prefill
 
-            pre = prefill(eng, mmproj, list(image), prompt, add_bos=not no_bos)
+            assert vision is not None
+            pre = prefill(eng, vision[0], vision[1], prompt, add_bos=not no_bos)
             tokens = pre.tokens
             for line in pre.lines():
                 click.echo(line, err=True)

@@ -14,12 +14,14 @@ import dataclasses
 import os
 import time
 
+import numpy as np
+
 from ..errors import ImageError
 from ..notices import notice
 from . import preprocess
 from . import prompt as vprompt
 from .encoder import VisionEncoder
-from .mmproj import open_mmproj
+from .mmproj import Mmproj, open_mmproj
 
 
 @dataclasses.dataclass
@@ -63,10 +65,25 @@ def encoder_device(device):
     return registry.open_device("cpu")
 
 
-def prefill(eng, mmproj_path: str | os.PathLike, image_paths: list[str], text: str,
-            add_bos: bool = True) -> Prefilled:
-    """Encode ``image_paths`` with ``mmproj_path``'s encoder (on the device of the model's first
-    segment, or the CPU when that device lacks the vision ops) and evaluate ``text``
+def load_inputs(mmproj_path: str | os.PathLike, image_paths: list[str]) -> tuple[Mmproj, list[np.ndarray]]:
+    """Open the mmproj and decode the images (before a model loads, so a bad file fails at once).
+
+    Returns:
+        (the :class:`~.mmproj.Mmproj`, uint8 [h, w, 3] per image).
+    Raises:
+        GGUFError / UnsupportedModelError: a bad mmproj or a projector cooktop lacks.
+        ImageError: no image, or one that cannot be read (not an image, truncated, too large).
+    """
+    mp = open_mmproj(mmproj_path)
+    if not image_paths:
+        raise ImageError("--mmproj without --image: give at least one image (--image FILE)")
+    return mp, [preprocess.decode(p) for p in image_paths]
+
+
+def prefill(eng, mmproj: str | os.PathLike | Mmproj, images: list, text: str, add_bos: bool = True) -> Prefilled:
+    """Encode ``images`` (paths, or decoded uint8 [h, w, 3] arrays with an opened mmproj) with the
+    mmproj's encoder (on the device of the model's first segment, or the CPU when that device lacks
+    the vision ops) and evaluate ``text``
     (``<__media__>`` markers, one per image; none: all in front) up to its last text chunk on ``eng.seq``.
 
     Returns:
@@ -78,18 +95,24 @@ def prefill(eng, mmproj_path: str | os.PathLike, image_paths: list[str], text: s
             marker count differing from the images.
         ContextOverflowError: the prompt with its images does not fit in n_ctx.
     """
-    mp = open_mmproj(mmproj_path)
-    mp.check_model(eng.cfg.n_embd, str(getattr(eng.gf, "path", "the model")))
-    if not image_paths:
+    decoded: list[np.ndarray]
+    if isinstance(mmproj, Mmproj) and all(isinstance(im, np.ndarray) for im in images):
+        mp, decoded = mmproj, list(images)
+    else:
+        mp, decoded = load_inputs(mmproj.path if isinstance(mmproj, Mmproj) else mmproj,
+                                  [im for im in images if not isinstance(im, np.ndarray)])
+        if len(decoded) != len(images):
+            raise ImageError("prefill takes image paths or decoded images, not both")
+    if not decoded:
         raise ImageError("--mmproj without --image: give at least one image (--image FILE)")
-    images = [preprocess.decode(p) for p in image_paths]
-    chunks = vprompt.tokenize(eng.tokenizer, text, len(images), mp.hparams.projector)
+    mp.check_model(eng.cfg.n_embd, str(getattr(eng.gf, "path", "the model")))
+    chunks = vprompt.tokenize(eng.tokenizer, text, len(decoded), mp.hparams.projector)
     if not add_bos and chunks and chunks[0].image is None and chunks[0].ids[:1] == [eng.tokenizer.vocab.bos_id]:
         chunks[0].ids.pop(0)
     t0 = time.perf_counter()
     enc = VisionEncoder(mp, encoder_device(eng.model.segments[0].device))
     try:
-        embs = [enc.encode(im) for im in images]
+        embs = [enc.encode(im) for im in decoded]
         dev = enc.device.info.selector
     finally:
         enc.close()
@@ -100,5 +123,5 @@ def prefill(eng, mmproj_path: str | os.PathLike, image_paths: list[str], text: s
     if body:
         vprompt.eval_chunks(eng.seq, body, embs, mp.hparams.projector)
     t2 = time.perf_counter()
-    return Prefilled(list(eng.seq.tokens) + (last.ids if last is not None else []), len(images),
+    return Prefilled(list(eng.seq.tokens) + (last.ids if last is not None else []), len(decoded),
                      sum(len(e) for e in embs), (t1 - t0) * 1e3, (t2 - t1) * 1e3, eng.seq.n_past, dev)
