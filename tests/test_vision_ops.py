@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as T
 
 from cooktop.backends.base import nmse
 from cooktop.backends.cpu.device import CpuBackend
-from cooktop.backends.optable import VISION_OPS
+from cooktop.backends.optable import MOE_OPS, OPS, RECURRENT_OPS, VISION_OPS
 from cooktop.errors import ShapeError
 
 #: nmse bound of a device against numpy (tests/test_ops_parity.py's float bound).
@@ -256,6 +256,7 @@ def test_shape_errors_name_the_problem(dev):
 def test_vision_ops_are_claimed_by_numpy(dev):
     assert set(VISION_OPS) == {"layer_norm", "gelu", "gelu_erf", "gelu_quick", "attention_full", "avg_pool2d",
                                "rope_multi"}
+    assert not set(VISION_OPS) & (set(OPS) | set(MOE_OPS) | set(RECURRENT_OPS))  # claimed only where implemented
     assert set(VISION_OPS) <= set(dev.info.ops)
 
 
