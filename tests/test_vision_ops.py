@@ -15,10 +15,11 @@ import math
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as T
 
 from cooktop.backends.base import nmse
 from cooktop.backends.cpu.device import CpuBackend
-from cooktop.backends.optable import VISION_OPS
+from cooktop.backends.optable import MOE_OPS, OPS, RECURRENT_OPS, VISION_OPS
 from cooktop.errors import ShapeError
 
 #: nmse bound of a device against numpy (tests/test_ops_parity.py's float bound).
@@ -38,12 +39,13 @@ def gpu(request):
 
 
 def _tensor(d, buf, a, pad=0):
-    """A tensor holding ``a``; with ``pad`` and ``a`` 2-D, the head view of one ``pad`` rows taller (a batch
-    buffer's chunk)."""
-    pad = pad if a.ndim == 2 else 0
-    t = buf.empty((a.shape[0] + pad,) + a.shape[1:])
+    """A tensor holding ``a`` (I32 for int32 data); with ``pad`` and ``a`` 2-D float, the head view of one
+    ``pad`` rows taller (a batch buffer's chunk)."""
+    ty = T.I32 if a.dtype == np.int32 else T.F32
+    pad = pad if a.ndim == 2 and ty == T.F32 else 0
+    t = buf.empty((a.shape[0] + pad,) + a.shape[1:], ty)
     v = t.head(a.shape[0]) if pad else t
-    d.write(v, np.asarray(a, np.float32))
+    d.write(v, a if ty == T.I32 else np.asarray(a, np.float32))
     return v
 
 
@@ -126,6 +128,24 @@ def ref_avg_pool(x, width, height, k):
     return out
 
 
+def ref_rope_multi(x, pos, head_dim, sections, freq_base):
+    """ggml_rope_multi, GGML_ROPE_TYPE_VISION, in closed form (float64): pair i of each head, sector
+    c = i mod sum(sections), section s and index j of c there, theta = pos[s] * base^(-2 j / (head_dim / 2))."""
+    nd = head_dim // 2
+    starts = np.cumsum((0,) + tuple(sections))
+    n, width = x.shape
+    out = np.zeros((n, width))
+    for i in range(nd):
+        c = i % starts[4]
+        s = max(t for t in range(4) if starts[t] <= c)
+        theta = pos[s].astype(np.float64) * freq_base ** (-2.0 * (c - starts[s]) / nd)
+        for h in range(width // head_dim):
+            a, b = x[:, h * head_dim + i].astype(np.float64), x[:, h * head_dim + i + nd].astype(np.float64)
+            out[:, h * head_dim + i] = a * np.cos(theta) - b * np.sin(theta)
+            out[:, h * head_dim + i + nd] = a * np.sin(theta) + b * np.cos(theta)
+    return out
+
+
 def _x(rng, shape, s=3.0):
     return (rng.normal(size=shape) * s).astype(np.float32)
 
@@ -139,6 +159,9 @@ ATTN_CASES = [("one token", 1, 2, 40), ("13 tokens d40", 13, 3, 40), ("37 tokens
               ("300 tokens d64", 300, 1, 64), ("1024 tokens d80", 1024, 1, 80)]
 #: (name, width, height, k, c)
 POOL_CASES = [("12x8 k4", 12, 8, 4, 5), ("6x4 k2", 6, 4, 2, 77), ("5x3 k1", 5, 3, 1, 3), ("16x16 k4", 16, 16, 4, 33)]
+#: (name, n_tokens, n_head, head_dim, sections): Qwen2-VL's head_dim / 4 each, and sections that wrap
+ROPE_CASES = [("one token d72", 1, 2, 72, (18, 18, 18, 18)), ("13 tokens d40", 13, 3, 40, (10, 10, 10, 10)),
+              ("197 tokens d80", 197, 1, 80, (20, 20, 20, 20)), ("odd sections", 7, 2, 40, (3, 5, 2, 4))]
 GELUS = [("gelu", ref_gelu), ("gelu_erf", ref_gelu_erf), ("gelu_quick", ref_gelu_quick)]
 
 
@@ -197,6 +220,18 @@ def test_avg_pool2d_matches_the_loop(dev, name, width, height, k, c):
     np.testing.assert_allclose(got, ref_avg_pool(x, width, height, k), rtol=1e-6, atol=1e-6)
 
 
+def _rope_inputs(rng, n, n_head, d):
+    return _x(rng, (n, n_head * d), 1.0), rng.integers(0, 100, size=(4, n)).astype(np.int32)
+
+
+@pytest.mark.parametrize("name,n,n_head,d,sections", ROPE_CASES, ids=[c[0] for c in ROPE_CASES])
+def test_rope_multi_matches_the_formula(dev, name, n, n_head, d, sections):
+    x, pos = _rope_inputs(np.random.default_rng(n + d), n, n_head, d)
+    got = run(dev, "rope_multi", [x, pos], x.shape, d, sections, 10000.0)
+    np.testing.assert_allclose(got, ref_rope_multi(x, pos, d, sections, 10000.0), rtol=1e-4, atol=1e-4)
+    assert np.array_equal(run(dev, "rope_multi", [x, pos], x.shape, d, sections, 10000.0, in_place=True), got)
+
+
 def test_shape_errors_name_the_problem(dev):
     buf = dev.buffer("t")
     try:
@@ -208,6 +243,10 @@ def test_shape_errors_name_the_problem(dev):
         with pytest.raises(ShapeError, match=r"attention_full: .*n_head 5 dividing the width"):
             q = buf.empty((4, 12))
             dev.attention_full(q, q, q, q, 5, 1.0)
+        with pytest.raises(ShapeError, match=r"rope_multi: .*mode 8 24"):
+            dev.rope_multi(q, q, buf.empty((4, 4), T.I32), 4, (1, 1, 1, 1), 1e4, mode=8)
+        with pytest.raises(ShapeError, match=r"rope_multi: .*sections \(2, 0, 2, 0\) four values > 0"):
+            dev.rope_multi(q, q, buf.empty((4, 4), T.I32), 4, (2, 0, 2, 0), 1e4)
         with pytest.raises(ShapeError, match=r"layer_norm: .*b \[9\]"):
             dev.layer_norm(buf.empty((2, 8)), buf.empty((2, 8)), buf.empty((8,)), buf.empty((9,)), 1e-6)
     finally:
@@ -215,7 +254,9 @@ def test_shape_errors_name_the_problem(dev):
 
 
 def test_vision_ops_are_claimed_by_numpy(dev):
-    assert set(VISION_OPS) == {"layer_norm", "gelu", "gelu_erf", "gelu_quick", "attention_full", "avg_pool2d"}
+    assert set(VISION_OPS) == {"layer_norm", "gelu", "gelu_erf", "gelu_quick", "attention_full", "avg_pool2d",
+                               "rope_multi"}
+    assert not set(VISION_OPS) & (set(OPS) | set(MOE_OPS) | set(RECURRENT_OPS))  # claimed only where implemented
     assert set(VISION_OPS) <= set(dev.info.ops)
 
 
@@ -258,6 +299,14 @@ def test_device_attention_full(dev, gpu, name, n, n_head, d):
     scale = 1.0 / math.sqrt(d)
     want = run(dev, "attention_full", [q, k, v], q.shape, n_head, scale)
     _parity(run(gpu, "attention_full", [q, k, v], q.shape, n_head, scale, pad=PAD), want, "attention_full")
+
+
+@pytest.mark.parametrize("name,n,n_head,d,sections", ROPE_CASES, ids=[c[0] for c in ROPE_CASES])
+def test_device_rope_multi(dev, gpu, name, n, n_head, d, sections):
+    x, pos = _rope_inputs(np.random.default_rng(n * 5 + d), n, n_head, d)
+    want = run(dev, "rope_multi", [x, pos], x.shape, d, sections, 10000.0)
+    _parity(run(gpu, "rope_multi", [x, pos], x.shape, d, sections, 10000.0, pad=PAD), want, "rope_multi")
+    _parity(run(gpu, "rope_multi", [x, pos], x.shape, d, sections, 10000.0, in_place=True), want, "in place")
 
 
 def test_vulkan_attention_full_past_the_tiled_range(dev, monkeypatch):

@@ -258,6 +258,12 @@ def _avg_pool2d_fits(out: Any, x: Any, *, width: int, height: int, k: int) -> bo
             and xs[0] == width * height and out.shape == ((width // k) * (height // k), xs[1]))
 
 
+def _rope_multi_fits(out: Any, x: Any, pos: Any, *, head_dim: int, sections: Any, mode: int) -> bool:
+    xs = x.shape
+    return (len(xs) == 2 and out.shape == xs and pos.shape == (4, xs[0]) and head_dim > 0 and not head_dim % 2
+            and not xs[1] % head_dim and mode == 24 and len(sections) == 4 and all(int(v) > 0 for v in sections))
+
+
 #: Every op, in the order of the design doc's table.
 TABLE: tuple[OpSpec, ...] = (
     OpSpec("matmul", (Arg("out", F32), Arg("x", F32), Arg("w", WEIGHT)), (),
@@ -490,6 +496,19 @@ TABLE: tuple[OpSpec, ...] = (
            "ggml_pool_2d GGML_OP_POOL_AVG, stride k, no padding (llama.cpp tools/mtmd/models/siglip.cpp, "
            "Gemma 3's projector)", default=False, group="vision",
            example={"out": (2, 3), "x": (8, 3), "width": 4, "height": 2, "k": 2}),
+    OpSpec("rope_multi", (Arg("out", F32), Arg("x", F32), Arg("pos", I32)),
+           ("head_dim", "sections", "freq_base", "mode"),
+           "multi-section rope of each head, vision mode (24): pair (i, i + head_dim / 2) rotated by "
+           "pos[s, row] * freq_base^(-4 j / head_dim), s the section of i mod sum(sections) and j its index in "
+           "that section (pos i32 [4, n]: one position row per section; Qwen2-VL's 2-D patch positions)",
+           "want out and x [n, n_head * head_dim], pos [4, n], with head_dim {head_dim} even, sections {sections} "
+           "four values > 0 and mode {mode} 24 (GGML_ROPE_TYPE_VISION)",
+           _rope_multi_fits,
+           "ggml_rope_multi with GGML_ROPE_TYPE_VISION, n_dims = head_dim / 2 (ggml-cpu/ops.cpp "
+           "ggml_mrope_cache_init, rotate_pairs; llama.cpp tools/mtmd/models/qwen2vl.cpp)",
+           default=False, group="vision",
+           example={"out": (2, 8), "x": (2, 8), "pos": (4, 2), "head_dim": 8, "sections": (1, 1, 1, 1),
+                    "freq_base": 1e4, "mode": 24}),
     OpSpec("copy", (Arg("out", ACT), Arg("x", ACT)), (),
            "out = x (F32 or I32; `cooktop bench --ops` measures bandwidth with it; not in the forward pass)",
            _ONE_SHAPE.format(names="out and x"), _same2, "ggml_cpy", forward=False,

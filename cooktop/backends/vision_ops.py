@@ -2,7 +2,8 @@
 ``build_vit``, tools/mtmd/models/*.cpp) runs besides the text model's ops: ``layer_norm`` (ggml's
 ``ggml_norm`` with its weight and bias), the three GELUs (``gelu``, ``gelu_erf``, ``gelu_quick``),
 ``attention_full`` (non-causal multi-head attention over one image's patches, no KV cache) and
-``avg_pool2d`` (the patch grid's non-overlapping average pool, Gemma 3's projector).
+``avg_pool2d`` (the patch grid's non-overlapping average pool, Gemma 3's projector) and ``rope_multi``
+(ggml's multi-section rope in vision mode: Qwen2-VL's 2-D patch positions).
 
 Layout (numpy order, as the rest of the contract): activations f32 ``[n_tokens, n]``, one row per
 patch; a patch grid of ``height x width`` patches is token-major, token ``y * width + x``.
@@ -25,7 +26,10 @@ from .optable import SPECS
 from .tensor import DeviceTensor
 
 _LAYER_NORM, _GELU, _GELU_ERF, _GELU_QUICK = (SPECS[n] for n in ("layer_norm", "gelu", "gelu_erf", "gelu_quick"))
-_ATTENTION_FULL, _AVG_POOL2D = SPECS["attention_full"], SPECS["avg_pool2d"]
+_ATTENTION_FULL, _AVG_POOL2D, _ROPE_MULTI = SPECS["attention_full"], SPECS["avg_pool2d"], SPECS["rope_multi"]
+
+#: ggml's GGML_ROPE_TYPE_VISION (ggml.h): the one mode of :meth:`VisionOps.rope_multi`.
+ROPE_VISION = 24
 
 
 class VisionOps:
@@ -135,6 +139,37 @@ class VisionOps:
         _AVG_POOL2D.check(self, out, x, width=width, height=height, k=k)
         self._avg_pool2d(out, x, int(width), int(height), int(k))
 
+    def rope_multi(self, out: DeviceTensor, x: DeviceTensor, pos: DeviceTensor, head_dim: int,
+                   sections: tuple[int, int, int, int], freq_base: float, mode: int = ROPE_VISION) -> None:
+        """Multi-section rope of each head in ggml's vision mode (Qwen2-VL / Qwen2.5-VL encoders' 2-D
+        rotary positions). With ``n_dims = head_dim / 2`` pairs ``(i, i + n_dims)`` per head and
+        ``S = sum(sections)``, pair ``i`` has sector ``c = i mod S``, its section ``s`` (the first ``s``
+        with ``c < sections[0] + ... + sections[s]``) and its index ``j = c - (sections[0] + ... +
+        sections[s - 1])`` there::
+
+            theta = pos[s, row] * freq_base^(-2 j / n_dims)
+            out[i]          = x[i] cos(theta) - x[i + n_dims] sin(theta)
+            out[i + n_dims] = x[i] sin(theta) + x[i + n_dims] cos(theta)
+
+        x, out: f32 [n, n_head * head_dim] (``out`` may be ``x``); pos: I32 [4, n], row ``s`` the
+        positions of section ``s`` (ggml's flat ``[4 * n]`` positions as 4 rows; clip.cpp's Qwen2-VL
+        writes y, x, y, x); head_dim even; sections: four values > 0 (Qwen2-VL: ``head_dim / 4`` each,
+        so the ``n_dims`` pairs are the y section then the x section); mode: 24 only
+        (``GGML_ROPE_TYPE_VISION``); freq_scale 1, no YaRN, no frequency factors (what clip.cpp passes).
+
+        Formula: ggml ``ggml_rope_multi`` with ``GGML_ROPE_TYPE_VISION`` and ``n_dims = head_dim / 2``
+        (ggml-cpu/ops.cpp ``ggml_mrope_cache_init`` with ``indep_sects``: each section's theta restarts
+        at its first pair; ``rotate_pairs`` with ``n_offset = n_dims``); llama.cpp
+        tools/mtmd/models/qwen2vl.cpp.
+
+        Raises:
+            DeviceError / UnsupportedOpError / ShapeError: see ``DeviceOps`` (a mode other than 24 or a
+            section of 0: ShapeError).
+        """
+        secs = tuple(int(v) for v in sections)
+        _ROPE_MULTI.check(self, out, x, pos, head_dim=head_dim, sections=secs, freq_base=freq_base, mode=mode)
+        self._rope_multi(out, x, pos, int(head_dim), secs, float(freq_base))
+
     # -- for the device backends ----
     def _full_attention_pos(self: Any, n: int) -> DeviceTensor:
         """An I32 [n] tensor of ``n - 1`` everywhere, kept per ``n`` on this device: the ``pos`` that makes
@@ -179,3 +214,8 @@ class VisionOps:
     def _avg_pool2d(self, out: DeviceTensor, x: DeviceTensor, width: int, height: int, k: int) -> None:
         """Enqueue :meth:`avg_pool2d`."""
         self._vision_unsupported("avg_pool2d")
+
+    def _rope_multi(self, out: DeviceTensor, x: DeviceTensor, pos: DeviceTensor, head_dim: int,
+                    sections: tuple[int, ...], freq_base: float) -> None:
+        """Enqueue :meth:`rope_multi`."""
+        self._vision_unsupported("rope_multi")

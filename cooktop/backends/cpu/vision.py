@@ -1,12 +1,13 @@
 """The numpy backend's vision ops (:mod:`cooktop.backends.vision_ops`): ``layer_norm``, the GELUs
-(``gelu``, ``gelu_erf``, ``gelu_quick``), ``attention_full`` and ``avg_pool2d``, the references the
-device kernels are tested against.
+(``gelu``, ``gelu_erf``, ``gelu_quick``), ``attention_full``, ``avg_pool2d`` and ``rope_multi``, the
+references the device kernels are tested against.
 
 The GELUs follow their formulas in float32 (not ggml's CPU fp16 tables: ``VisionOps.gelu``);
-``gelu_erf``'s ``erf`` is :func:`erf` (numpy has none). ``layer_norm`` takes the mean and the biased
-variance of each row in float64, as ggml's ``ggml_norm`` sums in ``ggml_float``. ``attention_full``
-runs each head over blocks of :data:`ATTN_ROWS` query rows (a block's scores ``[rows, n_tokens]`` in
-float32, the softmax with the row's maximum subtracted), so 4096 tokens cost 16 MiB of scores at a time.
+``gelu_erf``'s ``erf`` is :func:`erf` (numpy has none). ``rope_multi`` runs ggml's theta loop in float32.
+``layer_norm`` takes the mean and the biased variance of each row in float64, as ggml's ``ggml_norm``
+sums in ``ggml_float``. ``attention_full`` runs each head over blocks of :data:`ATTN_ROWS` query rows (a
+block's scores ``[rows, n_tokens]`` in float32, the softmax with the row's maximum subtracted), so 4096
+tokens cost 16 MiB of scores at a time.
 """
 
 from __future__ import annotations
@@ -95,3 +96,28 @@ class CpuVisionOps:
         c = xa.shape[1]
         win = xa.reshape(height // k, k, width // k, k, c)
         _a(out)[...] = (win.sum(axis=(1, 3), dtype=np.float32) / np.float32(k * k)).reshape(-1, c)
+
+    def _rope_multi(self, out: DeviceTensor, x: DeviceTensor, pos: DeviceTensor, head_dim: int,
+                    sections: tuple[int, ...], freq_base: float) -> None:
+        """See :meth:`VisionOps.rope_multi <cooktop.backends.vision_ops.VisionOps.rope_multi>`: ggml's
+        cache loop (``ggml_mrope_cache_init``) in float32, each section's theta multiplied by
+        ``theta_scale`` once per pair and restarted at its section's first pair."""
+        xa, pa = _a(x), _a(pos).astype(np.float32)
+        n, width = xa.shape
+        nd = head_dim // 2
+        theta_scale = np.float32(freq_base) ** np.float32(-2.0 / nd)
+        starts = np.cumsum((0,) + tuple(sections))  # 0, s0, s0 + s1, s0 + s1 + s2, S
+        theta = pa.copy()  # theta[s]: section s's running theta per row
+        cos, sin = np.empty((nd, n), np.float32), np.empty((nd, n), np.float32)
+        for i in range(nd):
+            c = i % int(starts[4])
+            for s in range(4):
+                if c == starts[s]:
+                    theta[s] = pa[s]
+            s = int(np.searchsorted(starts[1:], c, side="right"))  # the section of sector c
+            cos[i], sin[i] = np.cos(theta[s]), np.sin(theta[s])
+            theta *= theta_scale
+        xh = xa.reshape(n, width // head_dim, head_dim)
+        x0, x1 = xh[:, :, :nd], xh[:, :, nd:]
+        ct, st = cos.T[:, None, :], sin.T[:, None, :]
+        _a(out)[...] = np.concatenate([x0 * ct - x1 * st, x0 * st + x1 * ct], axis=2).reshape(n, width)

@@ -1,5 +1,5 @@
 """The OpenCL backend's vision ops (:mod:`cooktop.backends.vision_ops`): ``layer_norm``, the GELUs and
-``avg_pool2d`` from ``kernels/vision.cl`` (a program of its own, built on first use), and
+``avg_pool2d`` from ``kernels/vision.cl`` (a program of its own, built on first use), ``rope_multi`` there too, and
 ``attention_full`` on the flash attention kernels of ``kernels/attention.cl``: ``k`` and ``v`` are F32
 caches of ``n_tokens`` cells, every row's ``pos`` is ``n_tokens - 1`` (so each query attends to all
 rows, no mask) and no KV head is shared. Those kernels run the softmax online over blocks of keys (one
@@ -32,6 +32,8 @@ class VisionKernels:
         self.gelu_quick.set_scalar_arg_dtypes([None, None, i32])
         self.avg_pool2d = prg.avg_pool2d
         self.avg_pool2d.set_scalar_arg_dtypes([None, None, i32, i32, i32, i32])
+        self.rope_multi = prg.rope_multi
+        self.rope_multi.set_scalar_arg_dtypes([None, None, None, i32, i32, i32, i32, i32, i32, f32])
 
 
 def kernels(kc: Any) -> VisionKernels:
@@ -85,6 +87,13 @@ class OpenclVisionOps:
         self.q8.dirty(out.handle)
         self._launch(kernels(self.kernels).avg_pool2d, (_ceil_to(n, ls),), (ls,), out.handle, x.handle, width, k,
                      x.shape[1], n)
+
+    def _rope_multi(self: Any, out, x, pos, head_dim, sections, freq_base):
+        """``vision.cl`` ``rope_multi``: one work-item per (pair, head, row)."""
+        n, width = x.shape
+        self.q8.dirty(out.handle)
+        self._launch(kernels(self.kernels).rope_multi, (head_dim // 2, width // head_dim, n), None, out.handle,
+                     x.handle, pos.handle, head_dim, n, *sections, math.log2(freq_base))
 
     def _attention_full(self: Any, out, q, k, v, n_head, scale):
         """The flash attention kernels with every row's pos ``n_tokens - 1`` (module doc)."""

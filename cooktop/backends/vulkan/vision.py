@@ -1,12 +1,13 @@
 """The Vulkan backend's vision ops (:mod:`cooktop.backends.vision_ops`): ``layer_norm``
 (``glsl/layer_norm.comp``), the GELUs (``glsl/gelu.comp``: variants ``gelu``, ``gelu_erf``, ``gelu_quick``),
-``avg_pool2d`` (``glsl/avg_pool2d.comp``) and ``attention_full`` on the flash attention shaders:
-``k`` and ``v`` are F32 caches of ``n_tokens`` cells, every row's ``pos`` is ``n_tokens - 1`` (each query
-attends to all rows, no mask), no KV head shared. Up to :data:`TILED_MAX_KEYS` rows it runs
-``attention_tiled.comp`` (16-query tiles sharing each key tile in shared memory, head_dim <= 128), else
-``attention.comp`` (one workgroup per (row, head), online softmax over chunks of 256 keys): no
-``[n_tokens, n_tokens]`` score matrix is stored, on CPU drivers too (where the text model's flash
-attention takes the score kernels: ``attention.scores_flash``). head_dim <= 256 (``info.OP_LIMITS``).
+``avg_pool2d`` (``glsl/avg_pool2d.comp``), ``rope_multi`` (``glsl/rope_multi.comp``) and ``attention_full``
+on the flash attention shaders: ``k`` and ``v`` are F32 caches of ``n_tokens`` cells, every row's ``pos``
+is ``n_tokens - 1`` (each query attends to all rows, no mask), no KV head shared. Up to
+:data:`TILED_MAX_KEYS` rows it runs ``attention_tiled.comp`` (16-query tiles sharing each key tile in
+shared memory, head_dim <= 128), else ``attention.comp`` (one workgroup per (row, head), online softmax
+over chunks of 256 keys): no ``[n_tokens, n_tokens]`` score matrix is stored, on CPU drivers too (where
+the text model's flash attention takes the score kernels: ``attention.scores_flash``). head_dim <= 256
+(``info.OP_LIMITS``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class VulkanVisionOps:
         """avg_pool2d.comp: one invocation per output value (grid-stride)."""
         n = math.prod(out.shape)
         self._dispatch("avg_pool2d", (x, out), self._stride_groups(out), (width, k, x.shape[1], n))
+
+    def _rope_multi(self: Any, out, x, pos, head_dim, sections, freq_base):
+        """rope_multi.comp: one invocation per (row, head, pair) (grid-stride)."""
+        n, width = x.shape
+        self._dispatch("rope_multi", (x, pos, out), self._stride_grid(n * width // 2, int(out.root.handle.size())),
+                       (head_dim, n, width // head_dim, *sections, f32_bits(math.log2(freq_base))))
 
     def _attention_full(self: Any, out, q, k, v, n_head, scale):
         """The flash attention shaders with every row's pos ``n_tokens - 1`` (module doc)."""

@@ -90,3 +90,25 @@ __kernel void avg_pool2d(global float *out, const global float *x, const int wid
     }
     out[i] = s / (float)(k * k);
 }
+
+// Multi-section rope, vision mode (ggml_rope_multi with GGML_ROPE_TYPE_VISION, n_dims = head_dim / 2:
+// ggml-cpu/ops.cpp ggml_mrope_cache_init with indep_sects, rotate_pairs with n_offset = n_dims). Pair i of a
+// head: sector c = i % (s0 + s1 + s2 + s3), its section s and index j there; theta = pos[s * n + t] *
+// freq_base^(-2 j / n_dims); (x[i], x[i + n_dims]) rotated by theta. x, out f32 [n, n_head * head_dim] (out may
+// alias x: each work-item reads and writes its own pair); pos int [4, n]. Global (n_dims, n_head, n).
+__kernel void rope_multi(global float *out, const global float *x, const global int *pos, const int head_dim,
+                         const int n, const int s0, const int s1, const int s2, const int s3,
+                         const float log2_base) {
+    const int i = get_global_id(0), h = get_global_id(1), t = get_global_id(2);
+    const int nd = head_dim / 2;
+    if (i >= nd) return;
+    const int c = i % (s0 + s1 + s2 + s3);
+    const int s = c < s0 ? 0 : c < s0 + s1 ? 1 : c < s0 + s1 + s2 ? 2 : 3;
+    const int j = c - (s > 0 ? s0 : 0) - (s > 1 ? s1 : 0) - (s > 2 ? s2 : 0);
+    const float theta = (float)pos[s * n + t] * exp2(-2.0f * (float)j / (float)nd * log2_base);
+    const float cs = cos(theta), sn = sin(theta);
+    const size_t o = ((size_t)t * get_global_size(1) + h) * head_dim + i;
+    const float a = x[o], b = x[o + nd];
+    out[o] = a * cs - b * sn;
+    out[o + nd] = a * sn + b * cs;
+}
