@@ -90,9 +90,10 @@ VALIDATION_ARGS ?= -q -k vulkan $(XDIST)
 # tests whose shaders it instruments in seconds; the dequantizing shaders (matmul, get_rows) take
 # ~4 minutes per pipeline under it on lavapipe, so they are left out by name (README "Tests"), and
 # so is test_low_bit_k_quants (Q2_K / Q3_K matmul and get_rows pipelines). The gated delta rule's
-# shaders (tests/test_gated_delta_net.py) take 20 s under it.
+# shaders (tests/test_gated_delta_net.py) take 20 s under it; the vision ops' (tests/test_vision_ops.py) a few,
+# their attention_full left out (15-20 s a case under it: test_ops_parity.py's attention runs its shaders).
 GPU_ASSISTED_ARGS ?= -q -p no:cacheprovider $(XDIST) tests/test_ops_parity.py tests/test_gated_delta_net.py \
-	-k "vulkan and not matmul and not get_rows and not low_bit"
+	tests/test_vision_ops.py -k "vulkan and not matmul and not get_rows and not low_bit and not attention_full"
 test-vulkan-validation: setup
 	$(PY) tests/vulkan_validation.py $(VALIDATION_ARGS)
 	$(PY) tests/vulkan_validation.py --gpu-assisted $(GPU_ASSISTED_ARGS)

@@ -81,3 +81,8 @@ class RecurrentStateError(CooktopError, ValueError):
 class SlidingWindowError(CooktopError, ValueError):
     """A sequence was asked to go back to a position whose sliding window its sliding-window layers
     no longer keep (they hold only their window: ``cooktop.model.swa``); evaluate it again from 0."""
+
+
+class ImageError(CooktopError, ValueError):
+    """An image cannot be used: not an image of a supported format, corrupt or truncated, too
+    large (a decompression bomb), or given to a model without a vision projector (mmproj)."""

@@ -15,8 +15,9 @@
 # Environment:
 #   PYTHON           interpreter used to create the venv (default python3)
 #   COOKTOP_VENV     venv folder (default <repo>/.venv)
-#   COOKTOP_EXTRAS   more extras, comma list (e.g. compare: llama-cpp-python, which
-#                    builds llama.cpp: 10-26 min on 2 busy cores, once per pip cache;
+#   COOKTOP_EXTRAS   more extras, comma list (e.g. compare: llama-cpp-python with libmtmd, which
+#                    builds llama.cpp: 10-26 min on 2 busy cores, once per set of build flags
+#                    (scripts/build-llama-cpp-python.sh keeps the wheel in ~/.cache/cooktop/wheels);
 #                    ray: Ray + Ray Serve for cooktop.cluster, an ~80 MB wheel)
 #   COOKTOP_SHARED   shared data folder (default <repo>/../shared)
 #   COOKTOP_REQUIRE  comma list (as in tests/conftest.py): a failed step that provides
@@ -216,22 +217,35 @@ if [ -n "$more_extras" ]; then
     if [ "$(cat "$extra_stamp_file" 2>/dev/null)" = "$extra_stamp" ]; then
         say "extras [$more_extras]: installed"
     else
+        extras_ok=1
         case ",$more_extras," in
             *,compare,*)
                 # llama-cpp-python builds llama.cpp from its sdist: CPU only, no
-                # downloads (curl, OpenSSL, multimodal and tools off).
+                # downloads (curl, OpenSSL, tools off), libmtmd on (LLAVA_BUILD: the
+                # image oracle, llama_cpp.mtmd_cpp).
                 # Not -march=native: some VMs report AMX but trap its instructions
                 # (SIGILL on any quantized model), so the ISA flags come from
                 # /proc/cpuinfo with AMX always off.
-                export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_OPENCL=OFF -DGGML_METAL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DFETCHCONTENT_FULLY_DISCONNECTED=ON $(ggml_isa_flags)}"
+                export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_OPENCL=OFF -DGGML_METAL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAVA_BUILD=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DFETCHCONTENT_FULLY_DISCONNECTED=ON $(ggml_isa_flags)}"
                 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-                say "extra compare builds llama.cpp from source unless pip has the wheel cached (10+ min on 2 cores)"
+                # The wheel lives in a folder keyed by these flags (pip's cache keys it by
+                # the sdist alone and would hand back an old build without mtmd).
+                say "extra compare builds llama.cpp from source unless a wheel built with these flags is cached (10+ min on 2 cores)"
+                t_x=$(date +%s)
+                if llama_whl="$(bash "$here/build-llama-cpp-python.sh" "$py" | tail -n1)" \
+                    && "$py" -m pip install -q --no-deps --force-reinstall "$llama_whl" \
+                    && "$py" -c 'import llama_cpp.mtmd_cpp' >/dev/null 2>&1; then
+                    say "llama-cpp-python with libmtmd installed from $llama_whl in $(( $(date +%s) - t_x )) s"
+                else
+                    extras_ok=0
+                    failed llama_cpp "llama-cpp-python with libmtmd did not build/install (import llama_cpp.mtmd_cpp fails)"
+                fi
                 ;;
         esac
         say "installing extras [$more_extras]"
         t_x=$(date +%s)
         if "$py" -m pip install -q -e "$root[$base_extras,$more_extras]" "numpy<2"; then
-            echo "$extra_stamp" > "$extra_stamp_file"
+            [ $extras_ok = 1 ] && echo "$extra_stamp" > "$extra_stamp_file"
             say "extras [$more_extras] installed in $(( $(date +%s) - t_x )) s"
         else
             for x in ${more_extras//,/ }; do

@@ -61,13 +61,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: the op table's contract), the gated delta rule and its small ops (their kernels at the GPU launch
 #: shape, several sequences' rows in one call, d = 128), attention with and without flash attention
 #: (query tiles, the score scratch in chunks, sinks) and, end to end, stories260K and a tiny quantized
-#: model against llama.cpp's logits. (The tiny model's chunked prefill, 80 s here, is left out: its
+#: model against llama.cpp's logits, and the vision ops (tests/test_vision_ops.py; attention_full up to
+#: 37 tokens, past one 16-query tile: its 197- and 300-token cases took 90 s each on Oclgrind and run the
+#: same kernels as the 37-token one). (The tiny model's chunked prefill, 80 s here, is left out: its
 #: pipelines are stories260K's chunked prefill (attention from kv_start) and the tiny model's whole
 #: prompt (its Q4_K / Q6_K prompt matmuls), both run here, and the matmuls at 1, 7 and 64 tokens.)
 DEFAULT_ARGS = ["-q", "-p", "no:cacheprovider",
                 "tests/test_ops_parity.py", "tests/test_ops_parity_ext.py", "tests/test_device_contract.py",
                 "tests/test_opencl_q8.py", "tests/test_opencl_q8k.py", "tests/test_reference.py",
-                "tests/test_rope_store.py", "tests/test_gated_delta_net.py",
+                "tests/test_rope_store.py", "tests/test_gated_delta_net.py", "tests/test_vision_ops.py",
                 "tests/test_kv_cache.py::test_kv_types_k_and_v_independent",
                 "tests/test_kv_cache.py::test_attention_without_flash_in_chunks",
                 *[f"tests/test_kv_cache.py::test_kv_types_attention_parity[opencl-{c}]"
@@ -76,6 +78,7 @@ DEFAULT_ARGS = ["-q", "-p", "no:cacheprovider",
                 "tests/test_tune.py",  # every variant of the GPU flavour's search space (Oclgrind is a GPU)
                 "-k", "opencl and not greedy and not (tiny and not Q4_K_M) and not (q8k and (portable or gpu-shape))"
                       " and not (chunked_prefill and tiny)"
+                      " and not (test_vision_ops.py and (197 or 300 or 1024))"
                       " and not (test_opencl_q8.py and (native or portable or q4_k_prompt_kernel_can_be_turned_off))"]
 
 # test_opencl_q8.py's native / portable cases (and the MMQ_K switch's) open a PoCL device by name (they test PoCL's CPU

@@ -1,7 +1,7 @@
 """The package's import graph: no cycles, and no import from a lower room into a higher one.
 
 Rooms, lowest first (a module may import its own room and any lower one):
-errors/units/version/settings/notices < format < backends < model, text < runtime < engine < cluster < tools
+errors/units/version/settings/notices < format < backends < model, text < runtime, vision < engine < cluster < tools
 < api < server, bench < cli. Inside ``backends``, each family is a folder of its own
 (``backends/<family>/``: its modules and kernel files); only that folder and the family list
 (``backends/families.py``) import its modules or name its kernel files. The graph is built with ``ast``
@@ -22,6 +22,7 @@ RANK = {
     "backends": 2,
     "model": 3, "text": 3,
     "runtime": 4,
+    "vision": 4,  # mmproj files and the vision encoder: on format, backends and model; cli calls it
     "engine": 5,
     "cluster": 5.5,  # Ray: above engine (it builds Engines), below api/server/cli (which offer it)
     "tools": 6,

@@ -65,7 +65,8 @@ def test_probe_fields_pocl(fresh_registry):
     assert info.types == tuple(t.name for t in DEVICE_WEIGHT_TYPES) + ("MXFP4", "Q2_K", "Q3_K")
     assert info.ops == OPS + ("moe_route", "matmul_id", "add_id", "moe_combine", "swiglu_oai", "attention_sinks",
                           "ssm_conv", "mul", "silu", "sigmoid_mul", "l2_norm", "gdn_gate", "gated_delta_net",
-                          "ssm_scan", "ssm_norm", "scale")
+                          "ssm_scan", "ssm_norm", "scale", "layer_norm", "gelu", "gelu_erf", "gelu_quick",
+                          "attention_full", "avg_pool2d", "rope_multi")
     # indices run across platforms without gaps
     assert [d.index for d in registry.probe("opencl").devices] == list(range(len(registry.probe("opencl").devices)))
 

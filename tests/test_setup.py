@@ -111,3 +111,35 @@ def test_numpy_below_2():
 
     major = int(numpy.__version__.split(".")[0])
     assert major < 2, f"numpy {numpy.__version__} in {sys.prefix}: kp 0.9.0 needs numpy < 2"
+
+
+def _keyed_wheel_dir(root: pathlib.Path, args: str, ver: str = "0.3.36") -> pathlib.Path:
+    """The folder scripts/build-llama-cpp-python.sh keeps the wheel of ``args`` in."""
+    import hashlib
+
+    key = hashlib.sha256(f"llama-cpp-python=={ver}\n{args}\n".encode()).hexdigest()[:16]
+    return root / f"llama-cpp-python-{ver}-{key}"
+
+
+def test_llama_cpp_python_wheel_is_keyed_by_its_build_flags(tmp_path):
+    """A wheel is reused only from the folder of the same CMAKE_ARGS (pip's cache ignores them)."""
+    script = ROOT / "scripts" / "build-llama-cpp-python.sh"
+    found = {}
+    for args in ("-DLLAVA_BUILD=ON -DGGML_AVX2=ON", "-DLLAVA_BUILD=OFF -DGGML_AVX2=ON"):
+        d = _keyed_wheel_dir(tmp_path, args)
+        d.mkdir()
+        whl = d / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+        whl.write_bytes(b"")
+        env = {**os.environ, "COOKTOP_WHEELS": str(tmp_path), "CMAKE_ARGS": args}
+        res = subprocess.run(["bash", str(script), sys.executable], capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stderr
+        assert "reusing" in res.stderr
+        found[args] = res.stdout.strip().splitlines()[-1]
+        assert found[args] == str(whl)
+    assert len(set(found.values())) == 2
+
+
+def test_setup_builds_llama_cpp_python_with_mtmd():
+    text = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "-DLLAVA_BUILD=ON" in text and "-DLLAVA_BUILD=OFF" not in text
+    assert "import llama_cpp.mtmd_cpp" in text and "build-llama-cpp-python.sh" in text

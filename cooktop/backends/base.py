@@ -42,7 +42,7 @@ from ..format.quants import row_bytes, type_name  # noqa: F401  (part of the bac
 from . import chunked
 from .info import DeviceInfo, ProbeResult  # noqa: F401  (part of the backend contract)
 from .ops import ROPE_NEOX, ROPE_NORMAL, DeviceOps  # noqa: F401  (part of the backend contract)
-from .optable import MOE_OPS, OPS, RECURRENT_OPS  # noqa: F401  (part of the backend contract)
+from .optable import MOE_OPS, OPS, RECURRENT_OPS, VISION_OPS  # noqa: F401  (part of the backend contract)
 from .tensor import DeviceBuffer, DeviceTensor  # noqa: F401  (part of the backend contract)
 
 T = GGMLQuantizationType

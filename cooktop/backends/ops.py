@@ -28,6 +28,7 @@ from .moe_ops import MoeOps
 from .optable import ACT, F32, KV, SPECS, WEIGHT, OpSpec
 from .recurrent_ops import RecurrentOps
 from .tensor import DeviceTensor
+from .vision_ops import VisionOps
 
 T = GGMLQuantizationType
 _F32, _I32 = T.F32, T.I32
@@ -41,11 +42,11 @@ ROPE_NORMAL = 0
 ROPE_NEOX = 2
 
 
-class DeviceOps(MoeOps, RecurrentOps, ABC):
+class DeviceOps(MoeOps, RecurrentOps, VisionOps, ABC):
     """The ops of a :class:`~cooktop.backends.base.Device`: public methods that check their
     arguments (errors: see ``Device``) and the abstract ``_op`` methods each backend enqueues.
     The mixture-of-experts ops come from :class:`~.moe_ops.MoeOps`, the recurrent ones from
-    :class:`~.recurrent_ops.RecurrentOps`."""
+    :class:`~.recurrent_ops.RecurrentOps`, the vision encoders' from :class:`~.vision_ops.VisionOps`."""
 
     info: DeviceInfo
     #: the KV cache types of ``info.kv_types`` (what the ``kv`` arguments' check tests)

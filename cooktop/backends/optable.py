@@ -61,9 +61,11 @@ class OpSpec:
         kv: the KV cache arguments (kind ``kv``): their type decides support (``DeviceInfo.kv_types``).
         forward: part of the forward pass (``copy`` is a bench tool, not claimed by default).
         default: claimed by every device unless it says otherwise; False for the
-            mixture-of-experts ops (:data:`MOE_OPS`) and the recurrent ops (:data:`RECURRENT_OPS`),
+            mixture-of-experts ops (:data:`MOE_OPS`), the recurrent ops (:data:`RECURRENT_OPS`) and the
+            vision ops (:data:`VISION_OPS`),
             which only the backends implementing them list in their ``DeviceInfo.ops``.
-        group: the op group of a non-default op: ``moe`` or ``recurrent`` ("" for the default ops).
+        group: the op group of a non-default op: ``moe``, ``recurrent`` or ``vision`` ("" for the default
+            ops).
         limits: dimension names a device may cap for this op (``DeviceInfo.op_limits``), and
             ``dims(*tensors, **scalars) -> {name: value}`` computing them from a call.
         example: a valid call: ``{arg: shape}`` for tensors (absent optional ones are None)
@@ -236,6 +238,30 @@ def _ssm_norm_fits(out: Any, y: Any, z: Any, w: Any) -> bool:
     ys, ws = y.shape, w.shape
     return (len(ys) == 2 and out.shape == ys and z.shape == ys and len(ws) == 2 and ws[0] > 0 and ws[1] > 0
             and ws[0] * ws[1] == ys[1])
+
+
+def _layer_norm_fits(out: Any, x: Any, w: Any, b: Any) -> bool:
+    xs = x.shape
+    return (len(xs) == 2 and out.shape == xs and xs[1] > 0 and w.shape == xs[1:]
+            and (b is None or b.shape == xs[1:]))
+
+
+def _attention_full_fits(out: Any, q: Any, k: Any, v: Any, *, n_head: int) -> bool:
+    qs = q.shape
+    return (len(qs) == 2 and out.shape == qs and k.shape == qs and v.shape == qs and n_head > 0
+            and qs[1] > 0 and not qs[1] % n_head)
+
+
+def _avg_pool2d_fits(out: Any, x: Any, *, width: int, height: int, k: int) -> bool:
+    xs = x.shape
+    return (len(xs) == 2 and k > 0 and width > 0 and height > 0 and not width % k and not height % k
+            and xs[0] == width * height and out.shape == ((width // k) * (height // k), xs[1]))
+
+
+def _rope_multi_fits(out: Any, x: Any, pos: Any, *, head_dim: int, sections: Any, mode: int) -> bool:
+    xs = x.shape
+    return (len(xs) == 2 and out.shape == xs and pos.shape == (4, xs[0]) and head_dim > 0 and not head_dim % 2
+            and not xs[1] % head_dim and mode == 24 and len(sections) == 4 and all(int(v) > 0 for v in sections))
 
 
 #: Every op, in the order of the design doc's table.
@@ -431,6 +457,58 @@ TABLE: tuple[OpSpec, ...] = (
            "out = x * s elementwise (s a float32 scalar)", _ONE_SHAPE.format(names="out and x"), _same2,
            "ggml_scale (Granite's residual and logit multipliers, llama.cpp src/models/granite-hybrid.cpp)",
            default=False, group="recurrent", example={"out": (2, 3), "x": (2, 3), "s": 0.5}),
+    # -- vision encoders (backends/vision_ops.py): claimed only where implemented -------------
+    OpSpec("layer_norm", (Arg("out", F32), Arg("x", F32), Arg("w", F32), Arg("b", F32, optional=True)), ("eps",),
+           "out = (x - mean(x)) / sqrt(var(x) + eps) * w + b over each row (var the biased variance; w, b f32 "
+           "[n]; no b: no bias)",
+           "want out and x [n_rows, n], w [n], b [n] if given", _layer_norm_fits,
+           "ggml_norm + ggml_mul + ggml_add (llama.cpp tools/mtmd/clip.cpp build_norm NORM_TYPE_NORMAL)",
+           default=False, group="vision",
+           example={"out": (2, 8), "x": (2, 8), "w": (8,), "b": (8,), "eps": 1e-6}),
+    OpSpec("gelu", (Arg("out", F32), Arg("x", F32)), (),
+           "out = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) elementwise (GELU, tanh form)",
+           _ONE_SHAPE.format(names="out and x"), _same2,
+           "ggml_gelu (ggml-cpu/vec.h ggml_gelu_f32; ggml's CPU f32 path reads an fp16 table)",
+           default=False, group="vision", example={"out": (2, 3), "x": (2, 3)}),
+    OpSpec("gelu_erf", (Arg("out", F32), Arg("x", F32)), (),
+           "out = 0.5 x (1 + erf(x / sqrt(2))) elementwise (exact GELU)", _ONE_SHAPE.format(names="out and x"),
+           _same2, "ggml_gelu_erf (ggml-cpu/vec.h ggml_vec_gelu_erf_f32)",
+           default=False, group="vision", example={"out": (2, 3), "x": (2, 3)}),
+    OpSpec("gelu_quick", (Arg("out", F32), Arg("x", F32)), (),
+           "out = x * sigmoid(1.702 x) elementwise", _ONE_SHAPE.format(names="out and x"), _same2,
+           "ggml_gelu_quick (ggml-cpu/vec.h ggml_gelu_quick_f32; ggml's CPU f32 path reads an fp16 table)",
+           default=False, group="vision", example={"out": (2, 3), "x": (2, 3)}),
+    OpSpec("attention_full", (Arg("out", F32), Arg("q", F32), Arg("k", F32), Arg("v", F32)), ("n_head", "scale"),
+           "non-causal softmax(q k^T * scale) v per head over all rows (no KV cache, no mask: a ViT's "
+           "self-attention over one image's patches); q, k, v, out f32 [n_tokens, n_head * head_dim]",
+           "want out, q, k and v [n_tokens, n_head * head_dim] with n_head {n_head} dividing the width",
+           _attention_full_fits,
+           "llama.cpp tools/mtmd/clip.cpp build_attn (ggml_flash_attn_ext or mul_mat, soft_max_ext, mul_mat; "
+           "no mask)", default=False, group="vision", limits=("head_dim",),
+           dims=lambda out, q, *t, n_head, **_: {"head_dim": q.shape[-1] // max(1, n_head)},
+           example={"out": (3, 8), "q": (3, 8), "k": (3, 8), "v": (3, 8), "n_head": 2, "scale": 0.5}),
+    OpSpec("avg_pool2d", (Arg("out", F32), Arg("x", F32)), ("width", "height", "k"),
+           "out[(Y, X)] = the mean of x over the k x k patch window at (k Y, k X) (x f32 [height * width, c] "
+           "token-major, token y * width + x; out f32 [(height / k) * (width / k), c]; stride k, no padding)",
+           "want x [height * width, c], out [(height / k) * (width / k), c] with width {width} and "
+           "height {height} divisible by k {k} > 0",
+           _avg_pool2d_fits,
+           "ggml_pool_2d GGML_OP_POOL_AVG, stride k, no padding (llama.cpp tools/mtmd/models/siglip.cpp, "
+           "Gemma 3's projector)", default=False, group="vision",
+           example={"out": (2, 3), "x": (8, 3), "width": 4, "height": 2, "k": 2}),
+    OpSpec("rope_multi", (Arg("out", F32), Arg("x", F32), Arg("pos", I32)),
+           ("head_dim", "sections", "freq_base", "mode"),
+           "multi-section rope of each head, vision mode (24): pair (i, i + head_dim / 2) rotated by "
+           "pos[s, row] * freq_base^(-4 j / head_dim), s the section of i mod sum(sections) and j its index in "
+           "that section (pos i32 [4, n]: one position row per section; Qwen2-VL's 2-D patch positions)",
+           "want out and x [n, n_head * head_dim], pos [4, n], with head_dim {head_dim} even, sections {sections} "
+           "four values > 0 and mode {mode} 24 (GGML_ROPE_TYPE_VISION)",
+           _rope_multi_fits,
+           "ggml_rope_multi with GGML_ROPE_TYPE_VISION, n_dims = head_dim / 2 (ggml-cpu/ops.cpp "
+           "ggml_mrope_cache_init, rotate_pairs; llama.cpp tools/mtmd/models/qwen2vl.cpp)",
+           default=False, group="vision",
+           example={"out": (2, 8), "x": (2, 8), "pos": (4, 2), "head_dim": 8, "sections": (1, 1, 1, 1),
+                    "freq_base": 1e4, "mode": 24}),
     OpSpec("copy", (Arg("out", ACT), Arg("x", ACT)), (),
            "out = x (F32 or I32; `cooktop bench --ops` measures bandwidth with it; not in the forward pass)",
            _ONE_SHAPE.format(names="out and x"), _same2, "ggml_cpy", forward=False,
@@ -449,6 +527,10 @@ MOE_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.group 
 #: The recurrent layers' ops (short convolution with state, the gated delta rule and the small ops around
 #: them): claimed only by the backends that implement them.
 RECURRENT_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.group == "recurrent")
+
+#: The vision encoders' ops (CLIP / SigLIP ViTs: layer norm, the GELUs, full attention, the patch
+#: average pool): claimed only by the backends that implement them.
+VISION_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.forward and s.group == "vision")
 
 #: Ops whose weight (or table) type matters to ``DeviceInfo.supports``.
 TYPED_OPS: tuple[str, ...] = tuple(s.name for s in TABLE if s.weight is not None)

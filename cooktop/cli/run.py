@@ -109,6 +109,10 @@ def process_escapes(text: str) -> str:
               help="Conversation mode through the chat template (same as cooktop chat).")
 @click.option("-no-cnv", "--no-conversation", "conversation", flag_value=False,
               help="Plain completion (the default).")
+@click.option("--mmproj", "mmproj", default=None, type=click.Path(dir_okay=False),
+              help="The model's vision projector (an mmproj GGUF), for --image.")
+@click.option("--image", "image", multiple=True, type=click.Path(dir_okay=False),
+              help="An image (PNG, JPEG, WebP) for the prompt's <__media__> marker (repeat; no marker: in front).")
 @chat_options
 @speculative_options
 @threads_option
@@ -117,7 +121,8 @@ def process_escapes(text: str) -> str:
 @device_options
 @ray_option
 def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, display_prompt,
-            verbose_prompt, context_shift, n_keep, escape, no_bos, special, conversation, single_turn, system,
+            verbose_prompt, context_shift, n_keep, escape, no_bos, special, conversation, mmproj, image, single_turn,
+            system,
             chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, ray_address,
             tensors, speculative, kv, lora, **gen_opts):
     """Generate text from a prompt (like llama.cpp's llama-cli / llama-simple).
@@ -143,12 +148,23 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     speculative.check()  # the draft options, before any model loads
     if notice := speculative.notice():
         click.echo(f"cooktop: {notice}", err=True)
+    if image and not mmproj:
+        raise CooktopError("--image needs --mmproj FILE (the model's vision projector, mmproj-*.gguf)")
+    if mmproj and (conversation or (conversation is None and system is not None)):
+        raise CooktopError("--mmproj / --image: conversation mode with images is not supported yet; use -no-cnv")
+    if mmproj and (ray_address or is_cluster_selector(device)):
+        raise CooktopError("--mmproj / --image are not supported on a Ray cluster yet")
     if conversation or (conversation is None and system is not None):
         llm = open_chat_model(path, n_ctx, n_batch, device, n_gpu_layers, split, seed, threads, threads_batch,
                               chat_template, chat_template_file, ray_address, tensors, kv, lora)
         llm.draft_model, _draft = speculative.build(llm._engine, device, parse_ngl(n_gpu_layers))
         sys.exit(chat_loop(llm, chat_generation(llm, n_predict, gen_opts), system, prompt or None,
                            single_turn=single_turn))
+    vision = None
+    if mmproj:  # the mmproj and the images first: a bad file fails before the model loads
+        from ..vision.session import load_inputs
+
+        vision = load_inputs(mmproj, list(image))
     from ..api.options import set_threads
     set_threads(threads_batch or threads)
     load = _engine.load
@@ -167,8 +183,21 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
         raise CooktopError(f"-ctk/-ctv ({kv.label()}) are not supported on a Ray cluster yet")
     eng = load(path, n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=parse_ngl(n_gpu_layers), split=split,
                **extra)
-    tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=True)
-    eng.check_prompt(tokens)
+    try:
+        if mmproj:
+            from ..vision.session import prefill
+
+            assert vision is not None
+            pre = prefill(eng, vision[0], vision[1], prompt, add_bos=not no_bos)
+            tokens = pre.tokens
+            for line in pre.lines():
+                click.echo(line, err=True)
+        else:
+            tokens = eng.tokenizer.tokenize(prompt, add_bos=not no_bos, special=True)
+        eng.check_prompt(tokens)
+    except BaseException:
+        eng.close()
+        raise
     try:
         spec, draft_engine = speculative.build(eng, device, parse_ngl(n_gpu_layers))
     except BaseException:
@@ -180,7 +209,8 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     if verbose_prompt:
         click.echo(f"cooktop: prompt: {prompt!r}\ncooktop: number of tokens in prompt = {len(tokens)}", err=True)
         for t in tokens:
-            piece = eng.tokenizer.token_to_piece(t, special=True).decode("utf-8", "replace")
+            piece = ("<image>" if t < 0 else
+                     eng.tokenizer.token_to_piece(t, special=True).decode("utf-8", "replace"))
             click.echo(f"cooktop: {t:6d} -> {piece!r}", err=True)
     sampler = run_sampler(eng.tokenizer, seed, gen_opts)
     out = sys.stdout

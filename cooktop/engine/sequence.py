@@ -144,6 +144,40 @@ class Sequence:
             outs.append(out)
         return np.concatenate(outs) if logits_all else outs[-1]
 
+    def eval_embd(self, embd: np.ndarray, ids: list[int], non_causal: bool = False) -> np.ndarray:
+        """Append input embeddings (an image's, ``cooktop.vision``) to the context, in ``n_batch``
+        chunks, each chunk non-causal when asked (llama.cpp mtmd ``mtmd_helper_decode_image_chunk``:
+        ``llama_set_causal_attn(false)`` per image batch).
+
+        Args:
+            embd: float32 [n, n_embd].
+            ids: n placeholder ids the context records for these positions (negative: no text token
+                matches them, so a prompt's cached prefix never reaches into another image).
+        Returns:
+            float32 [1, n_vocab]: the logits after the last row.
+        Raises:
+            ContextOverflowError: the context would exceed ``n_ctx``.
+            CooktopError: the model is closed; ValueError: ``embd`` of the wrong shape.
+        """
+        model = self.model
+        n = len(embd)
+        if len(ids) != n or n == 0:
+            raise ValueError(f"eval_embd: {n} embeddings need as many ids, not {len(ids)}")
+        self.version += 1
+        if self.n_past + n > model.n_ctx:
+            raise ContextOverflowError(
+                f"{self.n_past + n} positions do not fit in the context of n_ctx = {model.n_ctx} "
+                f"({self.n_past} already in it, {n} for the image); raise n_ctx (-c) or shorten the prompt")
+        out = None
+        for i in range(0, n, model.n_batch):
+            pos = self.n_past
+            model.use_lora(self.lora)
+            out = model.forward(np.array(ids[i:i + model.n_batch]), pos, self.cache, False, seq_id=self.seq_id,
+                                embd=embd[i:i + model.n_batch], non_causal=non_causal)
+            self._record(self.n_past - 1, out)
+        assert out is not None
+        return out
+
     def hidden_states(self, tokens: list[int]) -> np.ndarray:
         """Make the context ``tokens`` (from position 0) and return their output-normed hidden states.
 

@@ -155,6 +155,10 @@ def load_config(f: GGUFFile) -> ModelConfig:
         raise UnsupportedModelError(f"{f.path} is an adapter (general.type = adapter, adapter.type = "
                                     f"{f.metadata.get('adapter.type', '?')}), not a model: load its base model and "
                                     "pass this file as the LoRA adapter (--lora FILE, Llama(lora_path=...))")
+    if f.metadata.get("general.architecture") == "clip" or f.metadata.get("general.type") == "mmproj":
+        raise UnsupportedModelError(f"{f.path} is an mmproj (vision projector, general.architecture = clip), not a "
+                                    "language model: pass its language model with -m and this file with --mmproj "
+                                    "FILE (Llama(..., mmproj=FILE))")
     arch = architecture(f.architecture, f.path)
     p = f.path
     m = Metadata(f.metadata, arch.name, p)

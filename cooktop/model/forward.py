@@ -219,6 +219,9 @@ class Segment:
         self.swa = {i for i in self.blocks if swa.is_swa_block(cfg, i)}
         if self.swa:
             self.swa_cells, self.swa_start = d.empty((B,), T.I32), d.empty((B,), T.I32)
+            self.swa_attend_to, self.swa_window_start = d.empty((B,), T.I32), d.empty((B,), T.I32)
+        self.attend_to = d.empty((B,), T.I32)  # a non-causal pass's rows (an image): Rows.attend_to
+        self.window_start = d.empty((B,), T.I32)
         if self.head:
             self.head_weights = weights(HEAD)
             # the logits may be past the device's largest buffer: row chunks (backends/chunked.py)
@@ -302,13 +305,25 @@ class Segment:
         if rows.kv_start is not None:
             start = self.kv_start.head(n)
             d.write(start, rows.kv_start)
-        swa_cells = swa_start = None  # the sliding-window blocks' own cells (a split cache: model/swa.py)
+        swa_cells = swa_start = swa_attend = swa_wstart = None  # the sliding-window blocks' own (model/swa.py)
         if self.swa and rows.swa_cells is not None:
             swa_cells = self.swa_cells.head(n)
             d.write(swa_cells, rows.swa_cells)
             if rows.swa_kv_start is not None:
                 swa_start = self.swa_start.head(n)
                 d.write(swa_start, rows.swa_kv_start)
+            if rows.swa_attend_to is not None:
+                swa_attend = self.swa_attend_to.head(n)
+                d.write(swa_attend, rows.swa_attend_to)
+                swa_wstart = self.swa_window_start.head(n)
+                d.write(swa_wstart, rows.swa_window_start)
+        attend = wstart = None
+        if rows.attend_to is not None:
+            attend = self.attend_to.head(n)
+            d.write(attend, rows.attend_to)
+            if rows.window_start is not None:
+                wstart = self.window_start.head(n)
+                d.write(wstart, rows.window_start)
         if outputs is not None:
             d.write(self.ids.head(m), outputs)
         if self.layer_in:
@@ -325,14 +340,16 @@ class Segment:
         # (the cache's; ids/xl/logits change when _grow_outputs reallocates them)
         mode = "x" if not head else "embd" if embeddings else "rows" if m else "all"
         key = (self._serial, n, mode, m, rows.n_ctx, rows.cells is not None, start is not None,
-               swa_cells is not None, swa_start is not None,
+               swa_cells is not None, swa_start is not None, swa_attend is not None,
                self.ids.serial if m else 0, tuple(t.serial for t in k_cache), tuple(t.serial for t in v_cache),
                tuple(() if b is None else tuple(t.serial for t in b) for b in states or ()), hidden,
-               self.lora.key() if self.lora is not None else None)  # the LoRA scales: constants of the ops
+               self.lora.key() if self.lora is not None else None,  # the LoRA scales: constants of the ops
+               attend is not None, wstart is not None)
         with d.graph(key) as issue:
             if issue:
                 out = self._ops(s, n, m, pos, cells, start, rows.n_ctx, k_cache, v_cache, embeddings, states, slots,
-                                hidden, (swa_cells, swa_start) if swa_cells is not None else None)
+                                hidden, attend, wstart,
+                                (swa_cells, swa_start, swa_attend, swa_wstart) if swa_cells is not None else None)
             else:
                 out = self._result(s, n, m, embeddings)
         #: the output-normed rows of the last run with ``hidden`` (float32 [n, n_embd]), else None
@@ -355,18 +372,23 @@ class Segment:
     def _ops(self, s: SimpleNamespace, n: int, m: int, pos: DeviceTensor, cells: DeviceTensor,
              start: DeviceTensor | None, n_ctx: int, k_cache: list[DeviceTensor], v_cache: list[DeviceTensor],
              embeddings: bool, states: list[tuple[DeviceTensor, ...] | None] | None = None,
-             slots: DeviceTensor | None = None, hidden: bool = False,
-             swa_rows: tuple[DeviceTensor, DeviceTensor | None] | None = None) -> DeviceTensor:
+             slots: DeviceTensor | None = None, hidden: bool = False, attend: DeviceTensor | None = None,
+             wstart: DeviceTensor | None = None,
+             swa_rows: tuple[DeviceTensor, DeviceTensor | None, DeviceTensor | None, DeviceTensor | None] | None = None,
+             ) -> DeviceTensor:
         """Issue the fixed op list of :meth:`run` (the blocks, then the head); returns :meth:`_result`.
-        ``swa_rows``: the cells and first cells of the sliding-window blocks (a split cache), else None."""
+        ``attend`` / ``wstart``: a non-causal pass's last and first rows (``Rows.attend_to``,
+        ``window_start``); ``swa_rows``: the cells, first cells and those two of the sliding-window blocks
+        (a split cache), else None."""
         d, cfg, arch = self.device, self.cfg, self.arch
         for j, w in enumerate(self.weights):
             if self.layer_in:
                 s.layer_in = self.layer_in[j].head(n)  # this block's per-layer token input (gemma4)
             state = states[j] if states is not None else None
-            c, st = swa_rows if swa_rows is not None and self.blocks[j] in self.swa else (cells, start)
+            c, st, at, ws = (swa_rows if swa_rows is not None and self.blocks[j] in self.swa
+                             else (cells, start, attend, wstart))
             kv = KV(k_cache[j], v_cache[j], pos, c, st, n_ctx or k_cache[j].shape[0], self.flash_attn,
-                    state, slots if state is not None else None)
+                    state, slots if state is not None else None, at, ws, cfg.n_swa)
             arch.run_block(d, cfg, w, s, kv, self.blocks[j], self.parts[j])
         out = self._result(s, n, m, embeddings)
         if not self.head:

@@ -62,6 +62,15 @@ class Rows:
     layer_inputs: np.ndarray | None = None
     swa_cells: np.ndarray | None = None
     swa_kv_start: np.ndarray | None = None
+    #: int32 [n] the last cache row each row attends to (a non-causal pass: the batch's last cell);
+    #: None: causal, each row its own cell (``model/arch/base.py`` ``KV.attend_to``)
+    attend_to: np.ndarray | None = None
+    #: int32 [n] with ``attend_to``: the first row a sliding-window layer's row attends to (``KV.window_start``)
+    window_start: np.ndarray | None = None
+    #: int32 [n] ``attend_to`` and ``window_start`` in the sliding-window layers' cells (a split cache, a
+    #: non-causal pass); None otherwise
+    swa_attend_to: np.ndarray | None = None
+    swa_window_start: np.ndarray | None = None
 
 
 class HiddenRows:
@@ -306,7 +315,8 @@ class PlacedModel(Generic[C]):
         return self.arch.layer_inputs(self.cfg, self.gf, tokens, x, self._host_cache)
 
     def forward(self, tokens: np.ndarray, n_past: int, cache: C, logits_all: bool | None = None,
-                embeddings: bool = False, seq_id: int = 0) -> np.ndarray:
+                embeddings: bool = False, seq_id: int = 0, embd: np.ndarray | None = None,
+                non_causal: bool = False) -> np.ndarray:
         """Evaluate ``n <= n_batch`` tokens of one sequence at positions ``n_past .. n_past + n - 1``.
 
         Writes their K/V into ``cache`` and sets the sequence's ids to its first ``n_past``
@@ -321,6 +331,12 @@ class PlacedModel(Generic[C]):
                 without it returns every row's logits through the output rows (as batches do).
             embeddings: return the output-normed hidden states instead of logits.
             seq_id: the sequence of ``cache`` (0 .. n_seq - 1).
+            embd: float32 [n, n_embd] input embeddings in place of the tokens' (an image's, from
+                ``cooktop.vision``; not scaled by the architecture's ``embd_scale``, as llama.cpp's gemma3
+                graph scales token inputs only); ``tokens`` are then what the cache records for these
+                positions (placeholder ids that match no text token).
+            non_causal: every row attends to every row of this pass (and the cache before it):
+                llama.cpp ``llama_set_causal_attn(false)``, mtmd's image batch (``Rows.attend_to``).
         Returns:
             float32 [n, n_vocab] when logits_all, else float32 [1, n_vocab] (last token);
             with ``embeddings``, float32 [n, n_embd].
@@ -338,20 +354,39 @@ class PlacedModel(Generic[C]):
         self.n_decode += 1
         self.n_seq_decode += 1
         ids = np.asarray(tokens, dtype=np.int64)
-        h = self.embed(ids)
+        if embd is not None:
+            h = np.ascontiguousarray(embd, dtype=np.float32)
+            if h.shape != (n, self.cfg.n_embd):
+                raise ValueError(f"embd must be float32 [{n}, {self.cfg.n_embd}], not {list(h.shape)}")
+            if self.arch.layer_inputs is not None and self.cfg.n_embd_per_layer:
+                raise CooktopError(f"{self.cfg.arch}: input embeddings with per-layer token inputs are not supported")
+            layer_in = None
+        else:
+            h = self.embed(ids)
+            layer_in = self.layer_inputs(ids, h)
         pos = np.arange(n_past, n_past + n, dtype=np.int32)
         out_rows = np.arange(n, dtype=np.int32) if logits_all else np.array([n - 1], dtype=np.int32)
         rows = Rows(pos, outputs=None if la else out_rows, n_ctx=self.n_ctx,
-                    seqs=np.full(n, seq_id, dtype=np.int32), layer_inputs=self.layer_inputs(ids, h))
+                    seqs=np.full(n, seq_id, dtype=np.int32), layer_inputs=layer_in)
         if seq_id:
             rows.cells = pos + np.int32(seq_id * self.n_ctx)
             rows.kv_start = np.full(n, seq_id * self.n_ctx, dtype=np.int32)
+        if non_causal:
+            cells = pos + np.int32(seq_id * self.n_ctx)
+            rows.attend_to = np.full(n, cells[-1], dtype=np.int32)
+            if self.cfg.n_swa:
+                rows.window_start = np.maximum(cells - np.int32(self.cfg.n_swa - 1),
+                                               np.int32(seq_id * self.n_ctx)).astype(np.int32)
         cache.truncate(n_past, seq_id)  # rows from n_past on are about to be overwritten
         if cache.n_swa_cells:  # the sliding-window layers' cells (model/swa.py)
             self._swa_room(cache, seq_id, n_past, n)
             rows.swa_cells = self._swa_cells(cache, seq_id, pos)
             if seq_id:
                 rows.swa_kv_start = np.full(n, seq_id * cache.n_swa_cells, dtype=np.int32)
+            if non_causal:  # the same rows in the window cells (offsets keep the distances)
+                rows.swa_attend_to = np.full(n, rows.swa_cells[-1], dtype=np.int32)
+                rows.swa_window_start = np.maximum(rows.swa_cells - np.int32(self.cfg.n_swa - 1),
+                                                   np.int32(seq_id * cache.n_swa_cells)).astype(np.int32)
         key = self.lora_key()
         h = self._run(h, rows, cache, embeddings)
         cache.seq_tokens[seq_id].extend(int(t) for t in ids)

@@ -156,6 +156,9 @@ class Shape:
     expert_weights_norm: bool | None = None
     #: write the architecture's optional per-head Q/K norms (glm4moe: GLM-4.5 355B has them, the Air not)
     qk_norm: bool = True
+    #: control tokens written as the vocabulary's last entries (e.g. Gemma 3's ``<start_of_image>``
+    #: and ``<end_of_image>``, which llama.cpp's mtmd tokenizes around an image)
+    control_tokens: tuple[str, ...] = ()
 
     def swa_layers(self) -> tuple[bool, ...]:
         """Per block, True when it is a sliding-window layer (period :attr:`swa_pattern`: the last
@@ -326,8 +329,9 @@ def tensor_type(file_type: str, name: str, layer: int | None, n_layer: int) -> T
     return T.Q4_K
 
 
-def vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
-    """SPM-shaped tokens, scores and token types (llama.cpp TokenType values)."""
+def vocab(n_vocab: int, control: tuple[str, ...] = ()) -> tuple[list[str], list[float], list[int]]:
+    """SPM-shaped tokens, scores and token types (llama.cpp TokenType values); the ``control``
+    strings replace the last pieces, as CONTROL tokens (score 0)."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
     letters = string.ascii_lowercase
@@ -338,6 +342,9 @@ def vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     tokens += list(itertools.islice(pieces, need))
     types += [TokenType.NORMAL] * need
     scores = [0.0] * 259 + [-float(i) for i in range(need)]
+    for i, c in enumerate(control):
+        j = n_vocab - len(control) + i
+        tokens[j], types[j], scores[j] = c, TokenType.CONTROL, 0.0
     return tokens, scores, [int(t) for t in types]
 
 
@@ -748,7 +755,7 @@ def _write(path: str, s: Shape, file_type: str, seed: int, name: str, overrides:
         for key, value, vtype, sub_type in vocab_keys:
             w.add_key_value(key, value, vtype, sub_type)
     else:
-        tokens, scores, types = vocab(s.n_vocab)
+        tokens, scores, types = vocab(s.n_vocab, s.control_tokens)
         w.add_tokenizer_model("llama")
         w.add_token_list(tokens)
         w.add_token_scores(scores)

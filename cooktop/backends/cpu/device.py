@@ -41,6 +41,7 @@ from ..base import (
     OPS,
     RECURRENT_OPS,
     ROPE_NEOX,
+    VISION_OPS,
     Backend,
     Device,
     DeviceInfo,
@@ -53,6 +54,7 @@ from ..reference import quantize_kv
 from . import quants as cpu_quants
 from .moe import CpuMoeOps
 from .recurrent import CpuRecurrentOps
+from .vision import CpuVisionOps
 
 
 def _physical_memory() -> int:
@@ -206,9 +208,10 @@ def _attend_step(qt, kb, vb, ts, pos, jj, scale, window, sk, o):
         o[:, ts[b]:] += np.matmul(s[:, ts[b]:, b], block(vb, b))  # [hkv, nt', R, hd]
 
 
-class CpuDevice(CpuMoeOps, CpuRecurrentOps, Device):
+class CpuDevice(CpuMoeOps, CpuRecurrentOps, CpuVisionOps, Device):
     """The numpy device. Tensors are numpy arrays; ops run synchronously (the mixture-of-experts
-    ops are :class:`~.moe.CpuMoeOps`, the recurrent ones :class:`~.recurrent.CpuRecurrentOps`)."""
+    ops are :class:`~.moe.CpuMoeOps`, the recurrent ones :class:`~.recurrent.CpuRecurrentOps`, the vision
+    ones :class:`~.vision.CpuVisionOps`)."""
 
     def __init__(self, info: DeviceInfo, cache_budget: int | None = None):
         super().__init__(info)
@@ -560,7 +563,7 @@ def cpu_info() -> DeviceInfo:
         backend="cpu", index=0, name=cpu_name, vendor="numpy " + np.__version__, device_type="cpu",
         platform="numpy", driver_version=np.__version__, global_mem_bytes=mem, max_alloc_bytes=mem,
         compute_units=os.cpu_count(), fp16=True, int8=False,
-        types=tuple(type_name(t) for t in CPU_TYPES), ops=OPS + MOE_OPS + RECURRENT_OPS,
+        types=tuple(type_name(t) for t in CPU_TYPES), ops=OPS + MOE_OPS + RECURRENT_OPS + VISION_OPS,
         kv_types=tuple(type_name(t) for t in KV_TYPES))
 
 

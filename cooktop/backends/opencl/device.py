@@ -76,6 +76,7 @@ from .programs import (
 from .q8 import Q8Shadows
 from .replay import ReplayRecorder
 from .tuning import opencl_shapes
+from .vision import OpenclVisionOps
 
 _MATMUL, _ROPE, _KV_STORE = SPECS["matmul"], SPECS["rope"], SPECS["kv_store"]
 
@@ -196,7 +197,7 @@ class OpenCLBackend(Backend):
         return OpenCLDevice(info, dev)
 
 
-class OpenCLDevice(ReplayRecorder, Device):
+class OpenCLDevice(OpenclVisionOps, ReplayRecorder, Device):
     """One OpenCL device: a context, one in-order queue, lazily built kernels.
 
     Tensors' handles are ``cl.Buffer`` objects; a ``head`` view shares its root's buffer.

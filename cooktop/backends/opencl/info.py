@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from ... import settings
-from ..base import OPS, RECURRENT_OPS, DeviceInfo, type_name
+from ..base import OPS, RECURRENT_OPS, VISION_OPS, DeviceInfo, type_name
 from .programs import CPU_SHAPE, GPU_SHAPE, OPENCL_KV_TYPES, OPENCL_TYPES, host_has_vnni
 
 #: The mixture-of-experts ops with kernels here (``backends.optable.MOE_OPS``: claimed by name).
@@ -141,7 +141,7 @@ def device_info(cl: Any, platform: Any, dev: Any, index: int, p_index: int, d_in
         compute_units=_safe(lambda: int(dev.max_compute_units)),
         max_workgroup_size=_safe(lambda: int(dev.max_work_group_size)),
         subgroup_size=sg, fp16="cl_khr_fp16" in ext, int8=any(e in ext for e in _INT8_EXTENSIONS),
-        types=tuple(type_name(t) for t in OPENCL_TYPES), ops=OPS + OPENCL_MOE_OPS + RECURRENT_OPS,
+        types=tuple(type_name(t) for t in OPENCL_TYPES), ops=OPS + OPENCL_MOE_OPS + RECURRENT_OPS + VISION_OPS,
         kv_types=tuple(type_name(t) for t in OPENCL_KV_TYPES),
         integer_dot=any(e in ext for e in _INT8_EXTENSIONS[:2]),
         cooperative_matrix="cl_intel_subgroup_matrix_multiply_accumulate" in ext,

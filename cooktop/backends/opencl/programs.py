@@ -149,6 +149,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "attention_q8": ("quant.cl", "kv.cl", "kv_rows.cl", "attention.cl"),
     "kv_store": ("kv.cl", "rope.cl", "kv_store.cl"),
     "attention_kq": ("kv.cl", "kv_rows.cl", "attention_kq.cl"),
+    "vision": ("vision.cl",),
 }
 
 #: The KV cache types kv.cl reads and kv_store.cl writes (``DeviceInfo.kv_types``).

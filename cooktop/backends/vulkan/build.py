@@ -82,7 +82,9 @@ def default_variants() -> list[dict]:
     the K-quants' with ``"input": "q8_K"``), then the float ops, the two 8-bit activation
     quantizers, copy, the mixture-of-experts ops (``mul_mat_id``
     per type among the typed ones; routing, ``add_id``, the weighted sum, ``swiglu_oai``), fill,
-    attention with sinks and the rectangle copy of tensors stored in row chunks. ``access`` and
+    attention with sinks and the rectangle copy of tensors stored in row chunks, the attention variants
+    (scores, query tiles, split-K) and the vision ops (layer norm, the three GELUs, the average pool,
+    the vision rope). ``access`` and
     ``features`` are filled in by :func:`build`."""
     def typed(op: str, src: str | None = None, types: list[str] = TYPES, suffix: str = "", **extra: str) -> list[dict]:
         return [{"name": f"{op}_{t.lower()}{suffix}", "source": src or f"{op}.comp",
@@ -111,6 +113,11 @@ def default_variants() -> list[dict]:
     out.append({"name": "attention_split_reduce", "source": "attention_split_reduce.comp", "defines": {}})
     out.append({"name": "attention_split_reduce_sinks", "source": "attention_split_reduce.comp",
                 "defines": {"SINKS": "1"}})
+    # the vision encoders' ops (attention_full runs the flash attention shaders above)
+    out += [{"name": op, "source": f"{op}.comp", "defines": {}} for op in ("layer_norm", "gelu", "avg_pool2d",
+                                                                        "rope_multi")]
+    out += [{"name": f"gelu_{s.lower()}", "source": "gelu.comp", "defines": {f"GELU_{s}": "1"}}
+            for s in ("ERF", "QUICK")]
     return out
 
 

@@ -123,6 +123,7 @@ from .shaders import (  # noqa: F401
     workgroups,
 )
 from .tuning import MMV_NROWS, vulkan_mat_vec
+from .vision import VulkanVisionOps
 
 #: Token count from which matmul uses the tiled mul_mm shader instead of mul_mat_vec.
 MM_MIN_TOKENS = 8
@@ -272,7 +273,7 @@ class VulkanBackend(Backend):
             raise DeviceError(f"cannot open vulkan:{index} ({info.name}): {type(e).__name__}: {e}") from e
 
 
-class VulkanDevice(SequenceRecorder, Device):
+class VulkanDevice(VulkanVisionOps, SequenceRecorder, Device):
     """One Vulkan device driven by a ``kp.Manager`` (module docstring: design; the
     recording of sequences and graphs is :class:`~.graph.SequenceRecorder`'s).
 

@@ -39,7 +39,7 @@ import ctypes.util
 import dataclasses
 
 from ... import settings
-from ..base import OPS, RECURRENT_OPS, DeviceInfo, type_name
+from ..base import OPS, RECURRENT_OPS, VISION_OPS, DeviceInfo, type_name
 from .icd import describe_icds
 from .shaders import VULKAN_KV_TYPES, VULKAN_TYPES, pick_variant
 from .shaders import variants as shader_variants
@@ -363,8 +363,9 @@ def _facts(vk: ctypes.CDLL, index: int, pd: int | None) -> VkDeviceFacts:  # pd:
 
 
 #: What the shaders cap per op (``DeviceInfo.op_limits``): attention.comp keeps one query head
-#: (<= 256 values) in shared memory per workgroup.
-OP_LIMITS: dict[str, dict[str, int]] = {"attention": {"head_dim": 256}, "attention_sinks": {"head_dim": 256}}
+#: (<= 256 values) in shared memory per workgroup (attention_full runs it too: vision.py).
+OP_LIMITS: dict[str, dict[str, int]] = {"attention": {"head_dim": 256}, "attention_sinks": {"head_dim": 256},
+                                        "attention_full": {"head_dim": 256}}
 
 
 #: The mixture-of-experts ops with shaders here.
@@ -382,7 +383,8 @@ def facts_to_info(f: VkDeviceFacts) -> DeviceInfo:
     variants with ``COOKTOP_VULKAN_Q8K=1``).
     """
     mem = f.memory_bytes or None
-    ops = (OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")) + VULKAN_MOE_OPS + RECURRENT_OPS
+    ops = ((OPS if f.subgroup_arithmetic else tuple(o for o in OPS if o != "matmul")) + VULKAN_MOE_OPS + RECURRENT_OPS
+           + VISION_OPS)
     caps = [x for x in (f.max_storage_buffer_range, f.max_allocation, f.max_buffer_size, f.usable_bytes) if x]
     binding = min(x for x in (f.max_storage_buffer_range, f.max_buffer_size) if x) if (
         f.max_storage_buffer_range or f.max_buffer_size) else None
@@ -420,5 +422,6 @@ def kp_props_to_info(index: int, props: dict) -> DeviceInfo:
     return DeviceInfo(
         backend="vulkan", index=index, name=str(props.get("device_name", f"vulkan device {index}")),
         device_type="gpu", max_workgroup_size=props.get("max_work_group_invocations"),
-        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS + VULKAN_MOE_OPS + RECURRENT_OPS, op_limits=OP_LIMITS,
+        types=tuple(type_name(t) for t in VULKAN_TYPES), ops=OPS + VULKAN_MOE_OPS + RECURRENT_OPS + VISION_OPS,
+        op_limits=OP_LIMITS,
         kv_types=tuple(type_name(t) for t in VULKAN_KV_TYPES), extra={"info_source": "kp"})

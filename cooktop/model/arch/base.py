@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...backends.base import Device, DeviceTensor
+from ...errors import CooktopError
 from ..hparams import Metadata, ModelConfig
 
 #: Tensor kinds: a matrix is uploaded in its GGML type and used by matmul (or get_rows);
@@ -163,6 +164,14 @@ class KV:
         state: a recurrent block's state tensors, each f32 [n_seq, width] (``model/recurrent.py``: one
             row per sequence; ``Architecture.state_widths``), or None (an attention block).
         slots: I32 [n] the state row of each row's sequence (its seq id), or None (no state).
+        attend_to: I32 [n] the last cache row each row attends to, or None: its own cell (causal). A
+            non-causal pass (an image's embeddings, llama.cpp ``llama_set_causal_attn(false)``, which
+            mtmd sets for Gemma 3's image batch) sets every row's to the batch's last cell.
+        window_start: I32 [n] with ``attend_to``: the first row a sliding-window layer's row attends to,
+            ``max(first cell, cell - window + 1)`` (llama.cpp ``is_masked_swa``: key ``j`` is masked when
+            ``p_i - p_j >= n_swa``, measured from the row's own position, whatever the causality);
+            those layers then attend ``window_start[i] .. attend_to[i]`` with no window.
+        window: the window ``window_start`` was computed for (tokens).
     """
 
     k: DeviceTensor
@@ -174,6 +183,9 @@ class KV:
     flash: bool = True
     state: tuple[DeviceTensor, ...] | None = None
     slots: DeviceTensor | None = None
+    attend_to: DeviceTensor | None = None
+    window_start: DeviceTensor | None = None
+    window: int = 0
 
     def attend(self, d: Device, out: DeviceTensor, q: DeviceTensor, k: DeviceTensor, v: DeviceTensor,
                n_head: int, n_head_kv: int, scale: float, window: int = 0, sinks: DeviceTensor | None = None,
@@ -190,12 +202,20 @@ class KV:
         else:
             d.kv_store(self.k, k, self.cells)
         d.kv_store(self.v, v, self.cells)
+        last, start = self.cells, self.kv_start
+        if self.attend_to is not None:  # non-causal: up to the batch's last cell
+            last = self.attend_to
+            if window:
+                if window != self.window or self.window_start is None:
+                    raise CooktopError(f"a non-causal pass with a sliding window of {window} tokens "
+                                       f"(its rows were prepared for {self.window})")
+                start, window = self.window_start, 0
         if sinks is not None:
-            d.attention_sinks(out, q, self.k, self.v, self.cells, sinks, n_head, n_head_kv, scale, window,
-                              kv_start=self.kv_start, flash=self.flash)
+            d.attention_sinks(out, q, self.k, self.v, last, sinks, n_head, n_head_kv, scale, window,
+                              kv_start=start, flash=self.flash)
         else:
-            d.attention(out, q, self.k, self.v, self.cells, n_head, n_head_kv, scale, window,
-                        kv_start=self.kv_start, flash=self.flash)
+            d.attention(out, q, self.k, self.v, last, n_head, n_head_kv, scale, window,
+                        kv_start=start, flash=self.flash)
 
 
 def rms_eps_hparams(m: Metadata) -> dict[str, Any]:
