@@ -155,6 +155,30 @@ def test_logits_after_an_image_match_mtmd(family, pair, image, oracle):
     assert int(np.argmax(logits)) == int(np.argmax(oracle.logits))
 
 
+def test_image_in_a_window_cache_matches_mtmd(pair, image, oracle, monkeypatch):
+    """The sliding-window layers keeping only their window (``swa_full=False``, cells padded to 1 so
+    the tiny context splits: n_swa 16 + n_batch 16 cells, compacted while the prompt runs) give the
+    image prompt's logits of the full cache: the image rows attend in the window cells."""
+    from cooktop.model import swa
+    monkeypatch.setattr(swa, "PAD", 1)
+    llm = Llama(model_path=pair[0], n_ctx=N_CTX, n_batch=16, verbose=False, swa_full=False)
+    try:
+        eng = llm._engine
+        cache = eng.seq.cache
+        assert 0 < cache.n_swa_cells < N_CTX
+        enc = VisionEncoder(open_mmproj(pair[1]), encoder_device(eng.model.segments[0].device))
+        try:
+            emb = enc.encode(image)
+        finally:
+            enc.close()
+        chunks = vprompt.tokenize(eng.tokenizer, PROMPT, 1, "gemma3")
+        logits = vprompt.eval_chunks(eng.seq, chunks, [emb], "gemma3")[-1]
+        assert eng.seq.n_past == oracle.n_past > cache.n_swa_cells and cache.swa_offsets[0] > 0
+    finally:
+        llm.close()
+    assert nmse(logits, oracle.logits) <= 1e-5
+
+
 def test_image_attention_is_non_causal(pair, image):
     """The first image row sees the last: changing the last image row changes the first row's output."""
     llm = Llama(model_path=pair[0], n_ctx=N_CTX, n_batch=N_BATCH, verbose=False, logits_all=True)
