@@ -27,11 +27,12 @@ PROMPT ?= Once upon a time
 N ?= 64
 PYTEST_ARGS ?=
 # pytest-xdist workers (0: one process). Most tests use one core, so on 2 cores two workers nearly
-# halve the wall time. `make test` takes one more than the CPUs (SUITE_JOBS): its first worker runs the
-# Ray cluster's cases, scheduled first (tests/conftest.py), and mostly waits on the cluster for about
-# 5 minutes while the others compute. The validation runs take one per CPU (TEST_JOBS, `auto`).
+# halve the wall time. `make test` takes one per CPU (SUITE_JOBS): the Ray cluster's cases (about
+# 5 minutes, mostly waiting on Ray) run in the background from the end of the collection
+# (tests/ray_cluster/run_cases.py) while every worker computes, and are reported last. The
+# validation runs take one per CPU too (TEST_JOBS, `auto`).
 TEST_JOBS ?= auto
-SUITE_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n + 1)))
+SUITE_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 XDIST = -n $(TEST_JOBS)
 FUZZ_EXAMPLES ?= 100000
 comma := ,

@@ -38,17 +38,48 @@ def pytest_configure(config):
     # `-k vulkan` selects the Vulkan tests (tests/vulkan_validation.py runs them under the
     # validation layer): test_vulkan*.py, ids with a vulkan parameter, and tests marked so
     config.addinivalue_line("markers", "vulkan: uses a Vulkan device without 'vulkan' in its test id")
-    config.addinivalue_line("markers", "early: scheduled first (long, mostly waiting: pytest_collection_modifyitems)")
+    config.addinivalue_line("markers", "late: scheduled last (waits on work started in the background at "
+                                       "collection: pytest_collection_finish)")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``early`` first, in their order. Under pytest-xdist (``make test`` runs ``-n auto``,
-    whose first batches are consecutive runs of the collection), they then land on the first worker
-    together and, long and mostly waiting (the Ray cluster's cases), overlap the rest of the suite
-    instead of ending it."""
-    early = [it for it in items if it.get_closest_marker("early") is not None]
-    if early:
-        items[:] = early + [it for it in items if it.get_closest_marker("early") is None]
+    """Tests marked ``late`` last, in their order: the Ray cluster's cases, whose run
+    (tests/ray_cluster/run_cases.py) :func:`pytest_collection_finish` starts in the background, so
+    that by the time a worker reaches them their five minutes, mostly waiting on Ray, have
+    overlapped the rest of the suite instead of holding a pytest-xdist worker and the tests
+    queued behind it (xdist's first batches are consecutive runs of the collection)."""
+    late = [it for it in items if it.get_closest_marker("late") is not None]
+    if late:
+        items[:] = [it for it in items if it.get_closest_marker("late") is None] + late
+
+
+def _run_dir(config) -> pathlib.Path:
+    """The test run's temporary folder (under pytest-xdist: above each worker's own)."""
+    base = config._tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def pytest_collection_finish(session):
+    """Start the Ray cluster's cases in the background when this run will report them (once per
+    run: the first worker gets the run folder's lock; tests/test_cluster.py ``cluster_run`` waits
+    for the results, or runs the cases itself when nothing started them)."""
+    if session.config.option.collectonly or not any(
+            it.get_closest_marker("late") is not None and it.nodeid.startswith("tests/test_cluster.py::")
+            for it in session.items):
+        return
+    from ray_cluster import run_cases
+    if run_cases.missing() is None:
+        run_cases.start(_run_dir(session.config))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A background cluster run this process started and the run was interrupted: end it; else it
+    is waited for (the worker that started it may finish its tests before another reads it)."""
+    from ray_cluster import run_cases
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        run_cases.stop()
+    else:
+        run_cases.wait()
 
 
 def required() -> set[str]:

@@ -6,26 +6,25 @@ loopback: Ray binds the host's external address even when told 127.0.0.1, so
 they run in a network namespace of their own with only loopback up
 (``unshare -n``, then ``ip link set lo up``; needs root, as CI has), where it
 binds 127.0.0.1. One pytest run inside the namespace holds every case and one
-cluster; each test here reports one case module from its JUnit XML.
+cluster (tests/ray_cluster/run_cases.py, started in the background when the run's
+collection holds the cluster cases); each test here reports one case module from its JUnit XML.
 """
 
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
 from conftest import ROOT, SHARED, skip_or_fail
+from ray_cluster import run_cases
 
-CASES = ["cases_quality", "cases_pipeline", "cases_serve"]
+CASES = run_cases.CASES
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120):
@@ -139,70 +138,33 @@ def test_shipped_weights_never_land_outside_the_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def cluster_run(shared, tmp_path_factory):
-    """Run every case module once, inside ``unshare -n`` with loopback up; JUnit results by module.
+    """The outcomes of every case module, run once per test run inside ``unshare -n`` with loopback up.
 
-    Once per test run, also under pytest-xdist: the first worker to get here runs the cases (under
-    an ``flock`` in the run's shared temporary folder) and leaves the results beside it as JSON;
-    a worker that gets here later reads them (``test_cluster_cases`` is scheduled first, so one
-    worker normally gets all three)."""
+    ``tests/conftest.py`` starts them in the background when the collection holds these tests
+    (tests/ray_cluster/run_cases.py), so they overlap the suite; here the tests, collected last,
+    wait for that run's results. Without it (the hook did not start one), the first process of the
+    run to get here runs them (under the run folder's lock) and leaves the results for the others."""
     require_ray()
-    if importlib.util.find_spec("ray.serve") is None or importlib.util.find_spec("fastapi") is None:
-        skip_or_fail("ray", "ray.serve (or fastapi) is missing; pip install 'cooktop[ray,server]'")
-    for tool in ("unshare", "ip"):
-        if shutil.which(tool) is None:
-            skip_or_fail("ray", f"no `{tool}` (util-linux / iproute2) to give the cluster a loopback-only network")
-    if os.geteuid() != 0:
-        skip_or_fail("ray", "the cluster cases need root for `unshare -n` (a network namespace of their own)")
+    why = run_cases.missing()
+    if why is not None:
+        skip_or_fail(*why)
     run_dir = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         run_dir = run_dir.parent  # the run's folder, above each worker's own
-    done = run_dir / "cooktop-cluster-results.json"
-    with open(run_dir / "cooktop-cluster.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            results, tail = _run_cluster_cases(tmp_path_factory.mktemp("cluster") / "junit.xml")
-            done.write_text(json.dumps({"results": results, "tail": tail}))
-    saved = json.loads(done.read_text())
+    saved = run_cases.results(run_dir)
+    if saved is None:
+        done = run_dir / run_cases.RESULTS
+        with open(run_dir / run_cases.LOCK, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not done.exists():
+                results, tail = run_cases.run_cases(tmp_path_factory.mktemp("cluster") / "junit.xml")
+                done.write_text(json.dumps({"results": results, "tail": tail}))
+        saved = json.loads(done.read_text())
     return {m: [tuple(c) for c in cases] for m, cases in saved["results"].items()}, saved["tail"]
 
 
-def _run_cluster_cases(xml: pathlib.Path) -> tuple[dict[str, list[tuple[str, str]]], str]:
-    """Run the case modules in a network namespace; (outcomes by module, the output's tail).
-    Failing to run them at all gives ``{}`` and the reason as the tail."""
-    files = [str(ROOT / "tests" / "ray_cluster" / f"{m}.py") for m in CASES]
-    script = ('ip link set lo up && xml="$1" && shift && '
-              'exec "$0" -m pytest -q -p no:cacheprovider -o python_files="cases_*.py" --junitxml="$xml" "$@"')
-    env = {**os.environ, "COOKTOP_CLUSTER_NETNS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), os.environ.get("PYTHONPATH", "")]), "COOKTOP_RAY": "", "RAY_USAGE_STATS_ENABLED": "0",
-        # the cases share one cluster and count as this fixture's setup (150 s), not as tests of their own
-        "COOKTOP_SLOW_LIMIT": "0"}
-    for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
-        env.pop(var, None)  # the inner pytest is no xdist worker
-    try:
-        proc = subprocess.run(["unshare", "-n", "sh", "-c", script, sys.executable, str(xml), *files],
-                              capture_output=True, text=True, timeout=1500, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return {}, f"the cluster cases did not finish in 1500 s:\n{out[-3000:]}"
-    if not xml.exists():
-        return {}, (f"the cluster cases did not run (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                    f"{proc.stderr[-3000:]}")
-    results: dict[str, list[tuple[str, str]]] = {m: [] for m in CASES}
-    for case in ET.parse(xml).getroot().iter("testcase"):
-        module = case.get("classname", "").split(".")[-1]
-        failure = case.find("failure") if case.find("failure") is not None else case.find("error")
-        skipped = case.find("skipped")
-        outcome = "passed"
-        if failure is not None:
-            outcome = f"FAILED: {failure.get('message', '')}\n{(failure.text or '')[-2500:]}"
-        elif skipped is not None:
-            outcome = f"skipped: {skipped.get('message', '')}"
-        results.setdefault(module, []).append((case.get("name"), outcome))
-    return results, proc.stdout[-3000:]
-
-
 @pytest.mark.timeout(1600)
-@pytest.mark.early
+@pytest.mark.late
 @pytest.mark.parametrize("module", CASES)
 def test_cluster_cases(cluster_run, module):
     """Every case of tests/ray_cluster/<module>.py passed (skips count as failures under COOKTOP_REQUIRE)."""
