@@ -312,7 +312,7 @@ class Segment:
             if rows.swa_kv_start is not None:
                 swa_start = self.swa_start.head(n)
                 d.write(swa_start, rows.swa_kv_start)
-            if rows.swa_attend_to is not None:
+            if rows.swa_attend_to is not None and rows.swa_window_start is not None:
                 swa_attend = self.swa_attend_to.head(n)
                 d.write(swa_attend, rows.swa_attend_to)
                 swa_wstart = self.swa_window_start.head(n)
