@@ -229,11 +229,14 @@ if [ -n "$more_extras" ]; then
                 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_OPENCL=OFF -DGGML_METAL=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAVA_BUILD=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DFETCHCONTENT_FULLY_DISCONNECTED=ON $(ggml_isa_flags)}"
                 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
                 # The wheel lives in a folder keyed by these flags (pip's cache keys it by
-                # the sdist alone and would hand back an old build without mtmd).
+                # the sdist alone and would hand back an old build without mtmd). Installed
+                # over any other build (--force-reinstall, no deps), then again for its
+                # dependencies (diskcache, jinja2, ...), which a fresh venv lacks.
                 say "extra compare builds llama.cpp from source unless a wheel built with these flags is cached (10+ min on 2 cores)"
                 t_x=$(date +%s)
                 if llama_whl="$(bash "$here/build-llama-cpp-python.sh" "$py" | tail -n1)" \
                     && "$py" -m pip install -q --no-deps --force-reinstall "$llama_whl" \
+                    && "$py" -m pip install -q "$llama_whl" "numpy<2" \
                     && "$py" -c 'import llama_cpp.mtmd_cpp' >/dev/null 2>&1; then
                     say "llama-cpp-python with libmtmd installed from $llama_whl in $(( $(date +%s) - t_x )) s"
                 else
