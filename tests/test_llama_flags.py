@@ -109,12 +109,18 @@ def test_an_option_defined_elsewhere_is_never_shadowed():
     ("run", ["-nkvo"], "-nkvo (--no-kv-offload) is not supported by cooktop, ignored"),
     ("run", ["-i"], "-i (--interactive) is not supported by cooktop, ignored"),
     ("run", ["--log-disable"], "--log-disable is not supported by cooktop, ignored"),
-    ("run", ["--mmproj", "x.gguf"], "-mm x.gguf (--mmproj) is not supported by cooktop, ignored: cooktop runs text"),
+    ("run", ["--numa", "distribute"], "--numa distribute is not supported by cooktop, ignored"),
 ])
 def test_ignored_flags_say_so_and_run(stories, command, flags, said):
     r = cooktop(command, "-m", str(stories), "-p", PROMPT, "-n", "2", "--temp", "0", "--device", "cpu", *flags)
     assert r.returncode == 0, r.stderr
     assert said in r.stderr and r.stdout.startswith(PROMPT)
+
+
+def test_mmproj_is_taken_not_ignored(stories):
+    """``-mm`` / ``--mmproj`` is cooktop's own option now (images): a missing file is an error naming it."""
+    r = cooktop("run", "-m", str(stories), "-p", PROMPT, "-n", "2", "--device", "cpu", "-mm", "x.gguf")
+    assert r.returncode == 1 and "x.gguf: no such file" in r.stderr and "ignored" not in r.stderr
 
 
 def test_accepted_silently(stories):
