@@ -316,9 +316,9 @@ def test_push_constants_fit_and_match(vk, monkeypatch):
     seen: dict[str, int] = {}
     orig = vk._dispatch_raw
 
-    def spy(variant, handles, grid, push):
+    def spy(variant, handles, grid, push, spec=None):
         seen[variant] = len(push)
-        return orig(variant, handles, grid, push)
+        return orig(variant, handles, grid, push, spec)
 
     monkeypatch.setattr(vk, "_dispatch_raw", spy)
     from cooktop.backends.vulkan import attention as vk_attention
