@@ -8,7 +8,7 @@ llama.cpp's (tools/mtmd/clip-impl.h ``KEY_*`` / ``TN_*``, read by clip.cpp
 runs the projectors in :data:`SUPPORTED`; any other of llama.cpp's (:data:`LLAMA_CPP_PROJECTORS`)
 is refused by name.
 
-Per projector, as clip.cpp sets them: gemma3 (SigLIP, tools/mtmd/models/siglip.cpp) pools ``n_merge`` x ``n_merge`` patches
+Per projector, as clip.cpp sets them: gemma3 (SigLIP, models/siglip.cpp) pools ``n_merge`` x ``n_merge`` patches
 (``clip.vision.projector.scale_factor``, default 4) and resizes bilinearly
 (``RESIZE_ALGO_BILINEAR``) to the fixed ``image_size``; the feed-forward activation is
 ``clip.use_gelu`` -> GELU (tanh), ``clip.use_silu`` -> SiLU, else quick GELU. mlp (LLaVA 1.5,
