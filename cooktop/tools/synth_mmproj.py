@@ -26,6 +26,13 @@ Weights: matrices N(0, 1/n_in) (activations keep their scale through the blocks)
 weights 1 + N(0, 0.1), biases N(0, 0.1), position embeddings N(0, 0.5), the soft-embedding norm
 1 + N(0, 0.1). ``file_type`` F32 or F16 (the block matrices; patch and position embeddings stay
 F32 and the input projection F16 under F16, as the converter forces), or Q8_0 (block matrices).
+
+:func:`write_mlp` writes LLaVA 1.5's (``clip.projector_type = mlp``; conversion/llava.py): a CLIP ViT
+with ``v.class_embd`` [n_embd], ``v.patch_embd.weight`` without a bias, ``v.position_embd.weight``
+[n_patches + 1, n_embd], ``v.pre_ln`` weight and bias, the blocks as above, no ``v.post_ln`` (LLaVA
+drops it with the last layer), ``mm.0`` [n_mid, n_embd * max(1, len(feature_layers))] and ``mm.2``
+[n_embd_text, n_mid] with biases; ``clip.use_gelu`` false (quick GELU, CLIP's), image mean / std
+CLIP's, and ``clip.vision.feature_layer`` when given.
 """
 
 from __future__ import annotations
@@ -143,8 +150,9 @@ def write_gemma3(path: str | os.PathLike, v: VisionShape = VisionShape(), file_t
     return n
 
 
-def _write_gemma3(path: str, v: VisionShape, file_type: str, seed: int, name: str) -> int:
-    """Body of :func:`write_gemma3`."""
+def _write_gemma3(path: str, v: VisionShape, file_type: str, seed: int, name: str,
+                  mlp: tuple[int, tuple[int, ...]] | None = None) -> int:
+    """Body of :func:`write_gemma3` and (``mlp = (n_mid, feature_layers)``) :func:`write_mlp`."""
     rng = np.random.default_rng(seed)
     mat_ty = {"F32": T.F32, "F16": T.F16, "Q8_0": T.Q8_0}[file_type]
     w = GGUFWriter(path, "clip")
@@ -152,7 +160,7 @@ def _write_gemma3(path: str, v: VisionShape, file_type: str, seed: int, name: st
     w.add_name(name)
     w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7}[file_type])
     w.add_clip_has_vision_encoder(True)
-    w.add_clip_projector_type("gemma3")
+    w.add_clip_projector_type("gemma3" if mlp is None else "mlp")
     w.add_vision_projection_dim(v.n_embd_text)
     w.add_vision_image_size(v.image_size)
     w.add_vision_patch_size(v.patch_size)
@@ -163,8 +171,10 @@ def _write_gemma3(path: str, v: VisionShape, file_type: str, seed: int, name: st
     w.add_vision_image_mean(list(v.image_mean))
     w.add_vision_image_std(list(v.image_std))
     w.add_vision_attention_layernorm_eps(v.eps)
-    w.add_vision_use_gelu(True)
-    if v.n_merge != 4:
+    w.add_vision_use_gelu(mlp is None)
+    if mlp is not None and mlp[1]:
+        w.add_array("clip.vision.feature_layer", list(mlp[1]))
+    if mlp is None and v.n_merge != 4:
         w.add_vision_projector_scale_factor(v.n_merge)
 
     n_params = 0
@@ -182,8 +192,14 @@ def _write_gemma3(path: str, v: VisionShape, file_type: str, seed: int, name: st
     e, p = v.n_embd, v.patch_size
     patch = rng.normal(0.0, 1.0 / np.sqrt(3 * p * p), (e, 3, p, p)).astype(np.float32)
     add("v.patch_embd.weight", patch)
-    add("v.patch_embd.bias", vec(e, "bias"))
-    add("v.position_embd.weight", rng.normal(0.0, 0.5, (v.n_patches_side ** 2, e)).astype(np.float32))
+    n_pos = v.n_patches_side ** 2 + (1 if mlp is not None else 0)
+    if mlp is None:
+        add("v.patch_embd.bias", vec(e, "bias"))
+    else:
+        add("v.class_embd", rng.normal(0.0, 0.5, e).astype(np.float32))
+        add("v.pre_ln.weight", vec(e, "norm"))
+        add("v.pre_ln.bias", vec(e, "bias"))
+    add("v.position_embd.weight", rng.normal(0.0, 0.5, (n_pos, e)).astype(np.float32))
     for i in range(v.n_layer):
         b = f"v.blk.{i}"
         add(f"{b}.ln1.weight", vec(e, "norm"))
@@ -200,16 +216,78 @@ def _write_gemma3(path: str, v: VisionShape, file_type: str, seed: int, name: st
         data, raw = _matrix(rng, e, v.n_ff, mat_ty)
         add(f"{b}.ffn_down.weight", data, raw, v.n_ff * e)
         add(f"{b}.ffn_down.bias", vec(e, "bias"))
-    add("v.post_ln.weight", vec(e, "norm"))
-    add("v.post_ln.bias", vec(e, "bias"))
-    add("mm.soft_emb_norm.weight", vec(e, "norm"))
-    proj = rng.normal(0.0, 1.0 / np.sqrt(e), (e, v.n_embd_text)).astype(np.float32)
-    add("mm.input_projection.weight", proj.astype(np.float16) if file_type != "F32" else proj)
+    if mlp is None:
+        add("v.post_ln.weight", vec(e, "norm"))
+        add("v.post_ln.bias", vec(e, "bias"))
+        add("mm.soft_emb_norm.weight", vec(e, "norm"))
+        proj = rng.normal(0.0, 1.0 / np.sqrt(e), (e, v.n_embd_text)).astype(np.float32)
+        add("mm.input_projection.weight", proj.astype(np.float16) if file_type != "F32" else proj)
+    else:
+        n_mid, layers = mlp
+        n_in = e * max(1, len(set(layers)))
+        for j, (n_out, n_i) in enumerate(((n_mid, n_in), (v.n_embd_text, n_mid))):
+            data, raw = _matrix(rng, n_out, n_i, mat_ty)
+            add(f"mm.{2 * j}.weight", data, raw, n_out * n_i)
+            add(f"mm.{2 * j}.bias", vec(n_out, "bias"))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return n_params
+
+
+#: LLaVA 1.5's shapes in small: 70 px images of 14 px patches (25 patches + the class position), 3 blocks
+#: (2 run: the second-to-last layer's output), CLIP's mean / std, a 64-wide text model.
+LLAVA_SHAPE = VisionShape(image_size=70, patch_size=14, n_embd=48, n_ff=80, n_layer=3, n_head=4, n_merge=1,
+                          eps=1e-5, image_mean=(0.48145466, 0.4578275, 0.40821073),
+                          image_std=(0.26862954, 0.26130258, 0.27577711))
+
+#: A llama text model to pair with :data:`LLAVA_SHAPE`.
+LLAVA_TEXT = synth.Shape(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96, n_vocab=300, n_ctx_train=512)
+
+
+def write_mlp(path: str | os.PathLike, v: VisionShape = LLAVA_SHAPE, file_type: str = "F32", seed: int = 0,
+              name: str = "synthetic-llava-mmproj", n_mid: int = 56, feature_layers: tuple[int, ...] = ()) -> int:
+    """Write a LLaVA 1.5 mmproj GGUF (CLIP ViT + ``mlp`` projector, module doc); returns the parameter count.
+
+    ``n_mid``: mm.0's output width; ``feature_layers``: ``clip.vision.feature_layer`` (``()``: not written).
+
+    Raises:
+        CooktopError: a bad shape or file type (:func:`validate`), a feature layer past n_layer, or
+            the file cannot be written.
+    """
+    validate(v, file_type)
+    if any(not 0 <= x <= v.n_layer for x in feature_layers):
+        raise CooktopError(f"feature layers {list(feature_layers)}: each in 0..n_layer ({v.n_layer})")
+    if file_type == "Q8_0" and n_mid % 32:
+        raise CooktopError("Q8_0 needs n_mid a multiple of 32")
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    try:
+        n = _write_gemma3(tmp, v, file_type, seed, name, mlp=(n_mid, tuple(feature_layers)))
+        os.replace(tmp, path)
+    except OSError as e:
+        raise CooktopError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return n
+
+
+def write_mlp_pair(folder: str | os.PathLike, v: VisionShape = LLAVA_SHAPE, text: synth.Shape = LLAVA_TEXT,
+                   seed: int = 0, feature_layers: tuple[int, ...] = ()) -> tuple[str, str]:
+    """Write ``model.gguf`` (a llama text model, n_embd = ``v.n_embd_text``) and ``mmproj.gguf`` (LLaVA's
+    mlp projector, :func:`write_mlp`) into ``folder``; returns their paths (model, mmproj).
+
+    Raises:
+        CooktopError: as :func:`write_mlp` and :func:`cooktop.tools.synth.write`.
+    """
+    folder = os.fspath(folder)
+    model = os.path.join(folder, "model.gguf")
+    mmproj = os.path.join(folder, "mmproj.gguf")
+    synth.write(model, dataclasses.replace(text, n_embd=v.n_embd_text), "F32", seed=seed)
+    write_mlp(mmproj, v, "F32", seed=seed + 1, feature_layers=feature_layers)
+    return model, mmproj
 
 
 def write_gemma3_pair(folder: str | os.PathLike, v: VisionShape = VisionShape(), file_type: str = "F32",

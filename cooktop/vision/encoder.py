@@ -1,4 +1,4 @@
-"""The vision encoder: SigLIP ViT + Gemma 3's projector, run through the device op table.
+"""The vision encoder: a SigLIP / CLIP ViT and its projector (gemma3, mlp), run through the device op table.
 
 One image (preprocessed on the host: ``preprocess.py``) becomes ``n_image_tokens`` embeddings of
 the language model's width. The graph is llama.cpp's (tools/mtmd/models/siglip.cpp with
@@ -17,6 +17,17 @@ clip.cpp ``build_inp`` / ``build_vit`` / ``build_attn`` / ``build_ffn``), op for
    the [px, py, n_embd] view), ``rmsnorm`` with ``mm.soft_emb_norm.weight`` (the same eps), then
    ``matmul`` by ``mm.input_projection.weight`` transposed (llama.cpp ``ggml_mul_mat(
    ggml_cont(ggml_transpose(mm_input_proj_w)), cur)``; transposed once here, at upload).
+
+LLaVA's ``mlp`` (tools/mtmd/models/llava.cpp ``clip_graph_llava``) differs: llama.cpp appends the
+class embedding as the last position (``ggml_concat(inp, class_embd, 1)``), adds ``position_embd``
+rows 0..n (one more than the patches), runs ``v.pre_ln``, the first ``n_block_run`` blocks and the
+optional ``v.post_ln``, then keeps rows 1..n (``ggml_get_rows`` by ``patches``: the patches but the
+first, and the class row). Attention without a mask and the row-wise ops are equivariant under a
+permutation of the rows, so the rows are laid out here as [patches 1.., class, patch 0] (positions
+permuted with them, the class embedding and the patch bias folded into the position table at
+upload): the rows llama.cpp keeps are then the first n, a :meth:`head` view. ``clip.vision.feature_layer``
+concatenates block inputs across the width before ``mm.0``; ``mm.0`` is split into column blocks
+at upload and the stacked matmul is their sum. The projector: ``mm.0`` + bias, ``gelu``, ``mm.2`` + bias.
 
 Every op is a device op (``matmul``, ``add_bias``, ``add``, ``layer_norm``, ``attention_full``,
 ``gelu`` / ``gelu_quick``, ``silu``-free, ``avg_pool2d``, ``rmsnorm``), so the encoder runs on any
@@ -54,15 +65,19 @@ class VisionEncoder:
         self.mmproj, self.device, self.hparams = mmproj, device, mmproj.hparams
         h = self.hparams
         act = {"gelu": "gelu", "gelu_quick": "gelu_quick", "silu": "silu"}[h.ffn_op]
-        missing = [op for op in VISION_OPS + (act,) if not device.supports(op)]
+        needed = VISION_OPS + (act,) + (("gelu",) if h.projector == "mlp" else ())
+        missing = [op for op in needed if not device.supports(op)]
         if missing:
             raise UnsupportedOpError(f"{device.info.selector} lacks the vision op(s) {', '.join(missing)}: "
                                      "the vision encoder cannot run there")
         self._act = act
         self._buf = device.buffer("vision encoder")
         self._w: dict[str, DeviceTensor] = {}
+        prep = _mlp_weights(mmproj) if self.hparams.projector == "mlp" else {}
         for name, t in mmproj.tensors.items():
             data, ty, shape = t.data, t.ggml_type, tuple(t.shape)
+            if prep and (name in prep or name in _FOLDED or (name == "mm.0.weight" and h.feature_layers)):
+                continue
             if name == "v.patch_embd.weight":  # [e, 3, p, p] -> the [e, 3 p^2] matrix of the im2col matmul
                 data, shape = np.ascontiguousarray(data).reshape(shape[0], -1), (shape[0], math.prod(shape[1:]))
             elif name == "mm.input_projection.weight":  # [e, n_embd_out] -> matmul's [n_out, n_in]
@@ -75,6 +90,8 @@ class VisionEncoder:
                     from ..format.quants import dequantize
                     data, ty = dequantize(np.asarray(data), ty, shape).astype(np.float32), T.F32
             self._w[name] = self._buf.upload(np.ascontiguousarray(data), ty, shape)
+        for name, arr in prep.items():
+            self._w[name] = self._buf.upload(arr, T.F32, arr.shape)
 
     def close(self) -> None:
         """Free the device weights."""
@@ -88,6 +105,9 @@ class VisionEncoder:
         """
         h, d, w = self.hparams, self.device, self._w
         x = preprocess.patches(pixels, h.patch_size)
+        mlp = h.projector == "mlp"
+        if mlp and h.class_embd:  # rows [patches 1.., class (zero input), patch 0] (module doc)
+            x = np.concatenate([x[1:], np.zeros((1, x.shape[1]), np.float32), x[:1]])
         n, e = x.shape[0], h.n_embd
         buf = d.buffer("vision activations")
         try:
@@ -99,10 +119,32 @@ class VisionEncoder:
             q, k, v, att = (buf.empty((n, e), f32) for _ in range(4))
             ff = buf.empty((n, h.n_ff), f32)
             d.matmul(cur, xin, w["v.patch_embd.weight"])
-            d.add_bias(cur, cur, w["v.patch_embd.bias"])
+            if not mlp:
+                d.add_bias(cur, cur, w["v.patch_embd.bias"])
             d.add(cur, cur, w["v.position_embd.weight"])
+            if "v.pre_ln.weight" in w:
+                d.layer_norm(cur, cur, w["v.pre_ln.weight"], w["v.pre_ln.bias"], h.eps)
+            n_keep = h.n_patches_side ** 2
+            mid = buf.empty((n_keep, w["mm.0.bias"].shape[0]), f32) if mlp else None
+            part = buf.empty(mid.shape, f32) if mid is not None and len(h.feature_layers) > 1 else None
+            stacked = 0
+
+            def stack(t: DeviceTensor) -> None:  # one feature layer's share of mm.0 (module doc)
+                nonlocal stacked
+                assert mid is not None
+                wj = w[f"mm.0.weight.{stacked}"] if h.feature_layers else w["mm.0.weight"]
+                if stacked == 0:
+                    d.matmul(mid, t.head(n_keep), wj)
+                else:
+                    assert part is not None
+                    d.matmul(part, t.head(n_keep), wj)
+                    d.add(mid, mid, part)
+                stacked += 1
+
             scale = 1.0 / math.sqrt(h.head_dim)
-            for i in range(h.n_layer):
+            for i in range(h.n_block_run):
+                if mlp and i in h.feature_layers:
+                    stack(cur)
                 b = f"v.blk.{i}."
                 d.layer_norm(tmp, cur, w[b + "ln1.weight"], w[b + "ln1.bias"], h.eps)
                 for out, t in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")):
@@ -119,25 +161,72 @@ class VisionEncoder:
                 d.matmul(tmp, ff, w[b + "ffn_down.weight"])
                 d.add_bias(tmp, tmp, w[b + "ffn_down.bias"])
                 d.add(cur, cur, tmp)
-            d.layer_norm(cur, cur, w["v.post_ln.weight"], w["v.post_ln.bias"], h.eps)
-            side = h.n_patches_side
+            if "v.post_ln.weight" in w:
+                d.layer_norm(cur, cur, w["v.post_ln.weight"], w["v.post_ln.bias"], h.eps)
             m = h.n_image_tokens
-            pooled = buf.empty((m, e), f32)
-            d.avg_pool2d(pooled, cur, side, side, h.n_merge)
-            d.rmsnorm(pooled, pooled, w["mm.soft_emb_norm.weight"], h.eps)
             out = buf.empty((m, h.n_embd_out), f32)
-            d.matmul(out, pooled, w["mm.input_projection.weight"])
+            if mlp:
+                assert mid is not None
+                stack(cur)
+                d.add_bias(mid, mid, w["mm.0.bias"])
+                d.gelu(mid, mid)
+                d.matmul(out, mid, w["mm.2.weight"])
+                d.add_bias(out, out, w["mm.2.bias"])
+            else:
+                side = h.n_patches_side
+                pooled = buf.empty((m, e), f32)
+                d.avg_pool2d(pooled, cur, side, side, h.n_merge)
+                d.rmsnorm(pooled, pooled, w["mm.soft_emb_norm.weight"], h.eps)
+                d.matmul(out, pooled, w["mm.input_projection.weight"])
             return np.asarray(d.read(out), dtype=np.float32).reshape(m, h.n_embd_out)
         finally:
             buf.release()
 
     def preprocess_image(self, img: np.ndarray) -> np.ndarray:
         """uint8 [h, w, 3] -> the normalised float32 [image_size, image_size, 3] the encoder takes
-        (:mod:`.preprocess`: the fixed-size resize with padding, then mean / std from the file)."""
+        (:mod:`.preprocess`: the fixed-size resize with padding in the projector's colour, then mean / std
+        from the file)."""
         h = self.hparams
-        fitted = preprocess.resize_pad(img, h.image_size, h.image_size, h.resize_algo)
+        fitted = preprocess.resize_pad(img, h.image_size, h.image_size, h.resize_algo, h.pad_color)
         return preprocess.normalize(fitted, h.image_mean, h.image_std)
 
     def encode(self, img: np.ndarray) -> np.ndarray:
         """Preprocess and encode one decoded image (uint8 [h, w, 3]): float32 [n_image_tokens, n_embd_out]."""
         return self.encode_pixels(self.preprocess_image(img))
+
+
+#: The mlp tensors folded into others at upload (:func:`_mlp_weights`).
+_FOLDED = ("v.class_embd", "v.patch_embd.bias")
+
+
+def _f32(t) -> np.ndarray:
+    """A tensor's values as float32 (dequantized)."""
+    from ..format.quants import dequantize
+
+    if t.ggml_type == T.F32:
+        return np.asarray(t.data, np.float32).reshape(t.shape)
+    if t.ggml_type == T.F16:
+        return np.asarray(t.data).astype(np.float32).reshape(t.shape)
+    return dequantize(np.asarray(t.data), t.ggml_type, tuple(t.shape)).astype(np.float32).reshape(t.shape)
+
+
+def _mlp_weights(mp: Mmproj) -> dict[str, np.ndarray]:
+    """The mlp encoder's host-prepared F32 weights (module doc): the position table in the encoder's
+    row order with the patch bias and the class embedding folded in, float32 [n_patches (+ 1), n_embd];
+    with feature layers, ``mm.0.weight`` split into ``mm.0.weight.J`` column blocks, float32
+    [n_mid, n_embd] each."""
+    h = mp.hparams
+    pos = _f32(mp.tensor("v.position_embd.weight")).copy()
+    n = h.n_patches_side ** 2
+    if "v.patch_embd.bias" in mp.tensors:
+        pos[:n] += _f32(mp.tensors["v.patch_embd.bias"])
+    if h.class_embd:
+        pos[n] += _f32(mp.tensors["v.class_embd"])
+        pos = np.concatenate([pos[1:n], pos[n:n + 1], pos[:1]])
+    out = {"v.position_embd.weight": np.ascontiguousarray(pos)}
+    if h.feature_layers:
+        w0 = _f32(mp.tensor("mm.0.weight"))
+        k = len(set(h.feature_layers))
+        for j, blk in enumerate(np.split(w0, k, axis=1)):
+            out[f"mm.0.weight.{j}"] = np.ascontiguousarray(blk)
+    return out

@@ -8,10 +8,17 @@ llama.cpp's (tools/mtmd/clip-impl.h ``KEY_*`` / ``TN_*``, read by clip.cpp
 runs the projectors in :data:`SUPPORTED`; any other of llama.cpp's (:data:`LLAMA_CPP_PROJECTORS`)
 is refused by name.
 
-Per projector, as clip.cpp sets them: gemma3 pools ``n_merge`` x ``n_merge`` patches
+Per projector, as clip.cpp sets them: gemma3 (SigLIP, models/siglip.cpp) pools ``n_merge`` x ``n_merge`` patches
 (``clip.vision.projector.scale_factor``, default 4) and resizes bilinearly
 (``RESIZE_ALGO_BILINEAR``) to the fixed ``image_size``; the feed-forward activation is
-``clip.use_gelu`` -> GELU (tanh), ``clip.use_silu`` -> SiLU, else quick GELU.
+``clip.use_gelu`` -> GELU (tanh), ``clip.use_silu`` -> SiLU, else quick GELU. mlp (LLaVA 1.5,
+tools/mtmd/models/llava.cpp): a CLIP ViT with an optional class embedding (``v.class_embd``, one
+more position), an optional patch bias, ``v.pre_ln``, optional ``v.post_ln``; it runs
+``n_layer - 1`` blocks (the second-to-last layer's output) unless ``clip.vision.feature_layer``
+lists layers (then up to the deepest, their inputs concatenated across the width); the projector
+is ``mm.0`` -> GELU -> ``mm.2``; preprocessing resizes bicubically with PAD_CEIL onto a
+(122, 116, 104) canvas (``image_pad_color``). LLaVA 1.6's ``clip.vision.image_grid_pinpoints``
+(llava-uhd slicing) and Yi-type MLP_NORM files (``mm.3``) are refused by name.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from ..format.gguf import GGUFFile, TensorInfo, open_gguf
 from ..model.hparams import Metadata
 
 #: Projector types cooktop runs.
-SUPPORTED = ("gemma3",)
+SUPPORTED = ("gemma3", "mlp")
 
 #: llama.cpp's projector type names (tools/mtmd/clip-impl.h ``PROJECTOR_TYPE_NAMES``), for messages.
 LLAMA_CPP_PROJECTORS = (
@@ -53,6 +60,11 @@ class VisionHParams:
         ffn_op: ``gelu``, ``silu`` or ``gelu_quick``.
         image_mean, image_std: per-channel normalisation.
         resize_algo: ``bilinear`` or ``bicubic``.
+        pad_color: the canvas colour of the resize with padding (RGB).
+        n_block_run: blocks run (llava: the deepest feature layer; gemma3: all).
+        feature_layers: llava's ``clip.vision.feature_layer`` (the block inputs stacked; index
+            ``n_block_run`` is the last block's output after ``post_ln``), or ``()`` (the output only).
+        class_embd: the ViT has ``v.class_embd`` (one more position, at the end, as llama.cpp concatenates).
     """
 
     projector: str
@@ -69,6 +81,10 @@ class VisionHParams:
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
     resize_algo: str
+    pad_color: tuple[int, int, int] = (0, 0, 0)
+    n_block_run: int = 0
+    feature_layers: tuple[int, ...] = ()
+    class_embd: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -82,7 +98,7 @@ class VisionHParams:
 
     @property
     def n_image_tokens(self) -> int:
-        """Embeddings one image becomes (gemma3: (patches per side / n_merge)^2)."""
+        """Embeddings one image becomes (gemma3: (patches per side / n_merge)^2; mlp: one per patch)."""
         return (self.n_patches_side // self.n_merge) ** 2
 
 
@@ -171,41 +187,97 @@ def open_mmproj(path: str | os.PathLike) -> Mmproj:
         raise UnsupportedModelError(f"{p}: clip.vision.attention.head_dim other than n_embd / n_head is not supported")
     image_size = m.num("vision.image_size", required=True, minimum=1)
     patch_size = m.num("vision.patch_size", required=True, minimum=1)
-    n_merge = m.num("vision.projector.scale_factor", default=4, minimum=1)
-    t_proj = f.tensors.get("mm.input_projection.weight")
-    if t_proj is None or len(t_proj.shape) != 2:
-        raise UnsupportedModelError(f"{p}: missing tensor 'mm.input_projection.weight' (the gemma3 projector)")
-    hp = VisionHParams(
-        projector=proj, image_size=image_size, patch_size=patch_size, n_embd=n_embd,
-        n_ff=m.num("vision.feed_forward_length", required=True, minimum=1),
-        n_layer=m.num("vision.block_count", required=True, minimum=1), n_head=n_head,
-        eps=m.num("vision.attention.layer_norm_epsilon", kind=float, default=1e-6),
-        n_embd_out=t_proj.shape[1], n_merge=n_merge, ffn_op=ffn_op,
-        image_mean=tuple(float(x) for x in mean[:3]), image_std=tuple(float(x) for x in std[:3]),  # type: ignore[arg-type]
-        resize_algo="bilinear")
+    common = dict(projector=proj, image_size=image_size, patch_size=patch_size, n_embd=n_embd,
+                  n_ff=m.num("vision.feed_forward_length", required=True, minimum=1),
+                  n_layer=m.num("vision.block_count", required=True, minimum=1), n_head=n_head,
+                  ffn_op=ffn_op, image_mean=tuple(float(x) for x in mean[:3]),
+                  image_std=tuple(float(x) for x in std[:3]))
     if image_size % patch_size:
         raise UnsupportedModelError(f"{p}: image_size {image_size} is not a multiple of patch_size {patch_size}")
-    if hp.n_patches_side % n_merge:
-        raise UnsupportedModelError(f"{p}: {hp.n_patches_side} patches per side do not pool by {n_merge}")
+    if proj == "gemma3":
+        hp = _gemma3_hparams(f, m, common)
+    else:
+        hp = _mlp_hparams(f, m, common)
     mp = Mmproj(p, hp, f.tensors)
     _check_shapes(mp)
     return mp
 
 
+def _gemma3_hparams(f: GGUFFile, m: Metadata, common: dict) -> VisionHParams:
+    """gemma3's hyperparameters (clip.cpp ``load_hparams``: scale_factor 4 by default, bilinear).
+
+    Raises:
+        UnsupportedModelError: no ``mm.input_projection.weight``, or a grid that does not pool.
+    """
+    p = f.path
+    n_merge = m.num("vision.projector.scale_factor", default=4, minimum=1)
+    t_proj = f.tensors.get("mm.input_projection.weight")
+    if t_proj is None or len(t_proj.shape) != 2:
+        raise UnsupportedModelError(f"{p}: missing tensor 'mm.input_projection.weight' (the gemma3 projector)")
+    hp = VisionHParams(**common, eps=m.num("vision.attention.layer_norm_epsilon", kind=float, default=1e-6),
+                       n_embd_out=t_proj.shape[1], n_merge=n_merge, resize_algo="bilinear",
+                       n_block_run=common["n_layer"])
+    if hp.n_patches_side % n_merge:
+        raise UnsupportedModelError(f"{p}: {hp.n_patches_side} patches per side do not pool by {n_merge}")
+    return hp
+
+
+def _mlp_hparams(f: GGUFFile, m: Metadata, common: dict) -> VisionHParams:
+    """LLaVA's (``mlp``) hyperparameters (clip.cpp ``load_hparams`` / ``clip_graph_llava``).
+
+    Raises:
+        UnsupportedModelError: image_grid_pinpoints (LLaVA 1.6's slicing), a Yi-type ``mm.3``
+            projector (MLP_NORM), no ``mm.2`` (a one-layer projector), or a feature layer out of range.
+    """
+    p, md = f.path, f.metadata
+    if md.get("clip.vision.image_grid_pinpoints"):
+        raise UnsupportedModelError(f"{p}: clip.vision.image_grid_pinpoints (LLaVA 1.6's llava-uhd image slicing) "
+                                    "is not supported by cooktop; the fixed-size mlp projector (LLaVA 1.5) is")
+    if "mm.3.weight" in f.tensors:
+        raise UnsupportedModelError(f"{p}: an mlp projector with mm.3 (llama.cpp's MLP_NORM, Yi-type LLaVA) "
+                                    "is not supported by cooktop")
+    t2 = f.tensors.get("mm.2.weight")
+    if t2 is None or len(t2.shape) != 2:
+        raise UnsupportedModelError(f"{p}: missing tensor 'mm.2.weight' (the mlp projector's second layer)")
+    n_layer = common["n_layer"]
+    raw = md.get("clip.vision.feature_layer") or []
+    if not isinstance(raw, list) or not all(isinstance(v, int) for v in raw):
+        raise UnsupportedModelError(f"{p}: clip.vision.feature_layer must be an array of integers")
+    layers = tuple(sorted({int(v) for v in raw if int(v) >= 0}))  # clip.cpp: -1 marks unset values
+    if any(v > n_layer for v in layers):
+        raise UnsupportedModelError(f"{p}: clip.vision.feature_layer {list(layers)} is out of range "
+                                    f"(n_layer: {n_layer})")
+    n_run = max(layers) if layers else n_layer - 1
+    return VisionHParams(**common, eps=m.num("vision.attention.layer_norm_epsilon", kind=float, default=1e-6),
+                         n_embd_out=t2.shape[0], n_merge=1, resize_algo="bicubic", pad_color=(122, 116, 104),
+                         n_block_run=n_run, feature_layers=layers, class_embd="v.class_embd" in f.tensors)
+
+
 def _check_shapes(mp: Mmproj) -> None:
-    """Check the SigLIP + gemma3 tensors against the hyperparameters (numpy order).
+    """Check the ViT + projector tensors against the hyperparameters (numpy order).
 
     Raises:
         UnsupportedModelError: a missing tensor or a shape that contradicts the keys.
     """
     h = mp.hparams
     e, p = h.n_embd, h.patch_size
+    n_pos = h.n_patches_side ** 2 + (1 if h.class_embd else 0)
     want: dict[str, tuple[int, ...]] = {
-        "v.patch_embd.weight": (e, 3, p, p), "v.patch_embd.bias": (e,),
-        "v.position_embd.weight": (h.n_patches_side ** 2, e),
-        "v.post_ln.weight": (e,), "v.post_ln.bias": (e,),
-        "mm.soft_emb_norm.weight": (e,), "mm.input_projection.weight": (e, h.n_embd_out),
-    }
+        "v.patch_embd.weight": (e, 3, p, p), "v.position_embd.weight": (n_pos, e)}
+    optional = {"v.patch_embd.bias": (e,), "v.post_ln.weight": (e,), "v.post_ln.bias": (e,)}
+    if h.projector == "gemma3":
+        want.update(optional)
+        want.update({"mm.soft_emb_norm.weight": (e,), "mm.input_projection.weight": (e, h.n_embd_out)})
+    else:
+        want.update({n: s for n, s in optional.items() if n in mp.tensors})
+        if h.class_embd:
+            want["v.class_embd"] = (e,)
+        if "v.pre_ln.weight" in mp.tensors:
+            want["v.pre_ln.weight"] = want["v.pre_ln.bias"] = (e,)
+        n_in = e * max(1, len(h.feature_layers))
+        n_mid = mp.tensor("mm.0.weight").shape[0]
+        want.update({"mm.0.weight": (n_mid, n_in), "mm.0.bias": (n_mid,),
+                     "mm.2.weight": (h.n_embd_out, n_mid), "mm.2.bias": (h.n_embd_out,)})
     for i in range(h.n_layer):
         b = f"v.blk.{i}"
         for t in ("ln1", "ln2"):
@@ -222,4 +294,4 @@ def _check_shapes(mp: Mmproj) -> None:
     extra = sorted(set(mp.tensors) - set(want))
     if extra:
         raise UnsupportedModelError(f"{mp.path}: tensor {extra[0]!r} is not used by cooktop's {h.projector} "
-                                    "encoder (a different SigLIP variant?)")
+                                    "encoder (a different ViT variant?)")

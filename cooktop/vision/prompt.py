@@ -4,7 +4,7 @@ Tokenization (tools/mtmd/mtmd.cpp ``mtmd_tokenizer``): the prompt is split at ea
 :data:`MEDIA_MARKER` (``<__media__>``, ``mtmd_default_marker``), one marker per image in order;
 each text part is tokenized on its own (``llama_tokenize`` with add_special false, parse_special
 true) and appended to the current text chunk; an image adds the projector's begin text
-(Gemma 3: ``<start_of_image>``, tokenized with special tokens parsed) to the text before it, then
+(Gemma 3: ``<start_of_image>``, tokenized with special tokens parsed; LLaVA's mlp: none) to the text before it, then
 its own chunk of ``n_image_tokens`` positions, then the end text (``<end_of_image>``) to the next
 text chunk; BOS goes first when the vocabulary adds it (``add_bos``). A prompt without markers
 gets one per image in front (tools/mtmd/mtmd-cli.cpp).
@@ -31,7 +31,7 @@ MEDIA_MARKER = "<__media__>"
 
 #: Per projector: the text before and after an image's embeddings (mtmd.cpp ``img_beg`` / ``img_end``),
 #: and whether its image batches are non-causal (``mtmd_decode_use_non_causal``).
-PROJECTOR_TEXT = {"gemma3": ("<start_of_image>", "<end_of_image>", True)}
+PROJECTOR_TEXT = {"gemma3": ("<start_of_image>", "<end_of_image>", True), "mlp": ("", "", False)}
 
 
 @dataclasses.dataclass
