@@ -134,7 +134,7 @@ class Captured:
 
 
 @contextlib.contextmanager
-def capture_stderr(keep_python: bool = False) -> Iterator[Captured]:
+def capture_stderr(keep_python: bool = False, path: str | None = None) -> Iterator[Captured]:
     """Redirect file descriptor 2 to a temporary file while the block runs; ``.text`` holds it after.
 
     Captures are serialized (one at a time in the process; nested ones in the same thread
@@ -142,6 +142,8 @@ def capture_stderr(keep_python: bool = False) -> Iterator[Captured]:
     stderr meanwhile is captured too. If the descriptor cannot be redirected the block
     runs without capture. ``keep_python``: ``sys.stderr`` keeps writing to the real stderr
     meanwhile (a notice such as the first-compile one still shows; only C-level writes are taken).
+    ``path``: capture into this file instead (truncated first, left in place): what a process
+    killed inside the block had written stays readable there (the probe child's driver output).
     """
     global _fd_depth
     cap = Captured()
@@ -155,7 +157,7 @@ def capture_stderr(keep_python: bool = False) -> Iterator[Captured]:
             pass
         try:
             saved = os.dup(2)
-            tmp = tempfile.TemporaryFile()
+            tmp = open(path, "w+b") if path else tempfile.TemporaryFile()  # noqa: SIM115 - closed below
         except OSError:
             yield cap
             return

@@ -366,10 +366,12 @@ def test_real_second_platform_pocl_binary(tmp_path):
     """Debian's PoCL 3.1 plus PyPI's pocl-binary-distribution (PoCL 3.0-rc2) as two platforms.
 
     On some hosts 3.0-rc2 lists a CPU but fails every build ("unknown target CPU
-    'generic'") and aborts at exit; then the probe child finds it unusable (FAIL with that
-    build error, never built on in this process) while the Debian device passes. Where it
-    builds, both must pass. Either way the process exits 0 (test_probe_safety fakes the
-    failing case on every machine).
+    'generic'") and aborts at exit; on others (an AMD EPYC VM) it builds the probe's small
+    kernel, then aborts in LLVM ("Cannot select") building the smoke test's ``rmsnorm_q8``.
+    Either way the probe child finds it unusable (FAIL with that build error or the signal
+    that killed the child while it ran ``check_build``, never built on in this process) while
+    the Debian device passes. Where it builds, both must pass. Either way the process exits 0
+    (test_probe_safety fakes the failing case on every machine).
     """
     if importlib.util.find_spec("pocl_binary_distribution") is None:
         skip_or_fail("pocl-binary", "pip install pocl-binary-distribution (or 'pyopencl[pocl]')")
@@ -380,7 +382,10 @@ def test_real_second_platform_pocl_binary(tmp_path):
     vendors = tmp_path / "vendors"
     vendors.mkdir()
     (vendors / "debian-pocl.icd").write_text(DEBIAN_ICD.read_text())
-    (vendors / "pocl-binary.icd").write_text(libs[0] + "\n")
+    if not (pathlib.Path(libs[0]).parent / "pocl.icd").exists():
+        # pyopencl's own loader reads the pocl.icd beside it (2026.1 wheels): naming the library again
+        # would list it twice, the second copy a slow broken platform
+        (vendors / "pocl-binary.icd").write_text(libs[0] + "\n")
     env = dict(os.environ, OCL_ICD_VENDORS=str(vendors), POCL_CACHE_DIR=str(tmp_path / "pocl-cache"),
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("COOKTOP_DISABLE", None)
@@ -392,12 +397,14 @@ def test_real_second_platform_pocl_binary(tmp_path):
     platforms = {p for _, p, _ in out["devices"]}
     assert any("3.1" in p for p in platforms), platforms
     assert any("3.0-rc2" in p for p in platforms), platforms
+    assert len(out["devices"]) == 2, out["devices"]  # each driver once
     for sel, plat, _ in out["devices"]:
         ok, detail = out["smoke"][sel]
         if "3.1" in plat:
             assert ok, f"{sel} ({plat}): {detail}"
-        elif not ok:  # the broken-driver case: found by the probe child, never built on here
-            assert detail.startswith(f"{sel} is unusable on this machine") and "build" in detail, detail
+        elif not ok:  # the broken-driver case: found by a child, never built on here
+            assert detail.startswith(f"{sel} is unusable on this machine"), detail
+            assert any(w in detail for w in ("build", "crashed a probe process", "did not finish within")), detail
             assert sel not in out["auto"]
     # both are CPU devices: auto takes the first one that passes (PoCL beats numpy here)
     passing = [sel for sel, _, _ in out["devices"] if out["smoke"][sel][0]]

@@ -21,6 +21,7 @@ import pytest
 from conftest import ROOT, skip_or_fail
 
 from cooktop.backends import registry, safeprobe
+from cooktop.errors import DeviceError
 
 NO_ICD = "vkCreateInstance failed (VK_ERROR_INCOMPATIBLE_DRIVER): no usable Vulkan driver"
 
@@ -156,6 +157,93 @@ def test_child_crash_is_a_reason_not_a_crash(isolated, monkeypatch):
     registry.reset()
     _child(monkeypatch, "raise SystemExit('the child must not run again')")
     assert registry.probe("vulkan").reason == res.reason
+
+
+def test_child_dying_on_a_device_names_the_drivers_error_line(isolated, monkeypatch):
+    """A child killed while checking a device, whose driver wrote to fd 2 inside the check (captured
+    to ``COOKTOP_PROBE_STDERR``, which survives the abort): that device is unusable, its reason ends
+    with the driver's error line, the next child goes on, and the capture file is removed."""
+    step = ("print({m!r} + '{{\"step\": \"checking opencl:{i} (Fake CPU) with check_build\", "
+            "\"device\": {i}}}', flush=True)")
+    first = (step.format(m=safeprobe.MARK, i=0) + "\nimport os\nfd = os.open(os.environ['COOKTOP_PROBE_STDERR'], "
+             "os.O_WRONLY)\nos.dup2(fd, 2)\nos.write(2, b'noise\\nLLVM ERROR: Cannot select: i64 = fma\\n')\n"
+             "os.abort()")
+    second = f"print({safeprobe.MARK!r} + json.dumps({{'result': {{'available': False, 'reason': 'none left'}}}}))"
+    seen: list[str] = []
+    take = safeprobe._take_said
+
+    def take_said(path):
+        seen.append(path)
+        return take(path)
+
+    monkeypatch.setattr(safeprobe, "_take_said", take_said)
+    monkeypatch.setattr(safeprobe, "_child_argv", lambda family, target, start=0: [
+        sys.executable, "-c", first if start == 0 else "import json\n" + second])
+    res = safeprobe.check("opencl", "cooktop.backends.opencl.device:OpenCLBackend")
+    assert res.errors[0] == ("opencl:0 is unusable on this machine: the opencl driver crashed a probe process: it "
+                             "was killed by SIGABRT while checking opencl:0 (Fake CPU) with check_build "
+                             "(driver: LLVM ERROR: Cannot select: i64 = fma)"), res.errors
+    assert len(seen) == 2 and not [p for p in seen if os.path.exists(p)], seen
+
+
+def test_opencl_check_before_use_launches_a_real_kernel():
+    """``check_kernel`` (OpenCL's ``check_use``) launches rmsnorm: a driver whose compiler fails on
+    real kernels only is found in the child; a failure is a DeviceError naming the device."""
+    from cooktop.backends.families import FAMILIES
+    from cooktop.backends.opencl.device import check_kernel
+    from cooktop.errors import DeviceError
+
+    assert FAMILIES["opencl"].check_use == "cooktop.backends.opencl.device:check_kernel"
+
+    class Dev:
+        info = type("I", (), {"selector": "opencl:7"})()
+        calls: list[str] = []
+
+        def empty(self, shape):
+            return ("t", shape)
+
+        def write(self, t, a):
+            self.calls.append("write")
+
+        def upload(self, a, ty, shape):
+            return ("w", shape)
+
+        def rmsnorm(self, out, x, w, eps):
+            raise RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE")
+
+        def read(self, t):
+            raise AssertionError("not reached")
+
+    with pytest.raises(DeviceError, match=r"^the rmsnorm kernel does not build and run on opencl:7: RuntimeError: "
+                                          r"clBuildProgram failed"):
+        check_kernel(Dev())
+
+
+def test_device_whose_check_before_use_crashes_is_never_opened(isolated, monkeypatch):
+    """The child of ``check_use`` dies (SIGABRT) on opencl:0, its driver's error line in the
+    capture file: ``open_device`` and the smoke test refuse it with that reason, nothing is
+    opened here, and the verdict is kept (a later process runs no child)."""
+    if not registry.probe("opencl").available:
+        skip_or_fail("opencl", "no OpenCL device to check")
+    msg = json.dumps({"step": "checking opencl:0 (Fake CPU) with check_kernel before its first use", "device": 0})
+    step = f"print({safeprobe.MARK + msg!r}, flush=True)"
+    code = (step + "\nimport os\nfd = os.open(os.environ['COOKTOP_PROBE_STDERR'], os.O_WRONLY)\nos.dup2(fd, 2)\n"
+            "os.write(2, b'LLVM ERROR: Cannot select: fake\\n')\nos.abort()")
+    monkeypatch.setattr(safeprobe, "_use_argv", lambda family, target, index: [sys.executable, "-c", code])
+    opened = []
+    monkeypatch.setattr(registry._backends["opencl"], "open", lambda index: opened.append(index))
+    want = ("opencl:0 is unusable on this machine: the opencl driver crashed a probe process: it was killed by "
+            "SIGABRT while checking opencl:0 (Fake CPU) with check_kernel before its first use (driver: LLVM ERROR: "
+            "Cannot select: fake)")
+    with pytest.raises(DeviceError, match=re.escape(want)):
+        registry.open_device("opencl:0")
+    smoke = registry.smoke_test("opencl:0")
+    assert (smoke.ok, smoke.detail) == (False, want)
+    assert opened == []
+    registry.reset()
+    monkeypatch.setattr(safeprobe, "_use_argv",
+                        lambda family, target, index: [sys.executable, "-c", "raise SystemExit(9)"])
+    assert safeprobe.check_use("opencl", "cooktop.backends.opencl.device:OpenCLBackend", 0) == want
 
 
 def test_child_hang_times_out(isolated, monkeypatch):

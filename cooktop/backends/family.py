@@ -51,6 +51,10 @@ class Family:
             it raises when the device cannot be used in a process (its kernel build fails, or
             its driver crashes). A device that fails it is listed with the reason and never
             opened in the user's process (:mod:`.safeprobe`); ``""``: no check beyond opening.
+        check_use: ``"module:function"`` a child process calls with one device before a process
+            first opens it (:func:`.safeprobe.check_use`, verdict kept per driver set): a check too
+            slow to run on every device at probe time (OpenCL: launch one real kernel, whose
+            compile can abort a driver where the probe's small kernel built); ``""``: none.
         tuning: ``"module:OBJECT"`` of the family's autotuner hooks (:meth:`tuning_hooks`); ``""``: none.
     """
 
@@ -66,6 +70,7 @@ class Family:
     cpu_default: bool = False
     open_call: str = ""
     check_device: str = ""
+    check_use: str = ""
     tuning: str = ""
 
     def tuning_hooks(self) -> Any:
@@ -99,6 +104,15 @@ class Family:
         """
         if self.check_device:
             _resolve(self.check_device)(device)
+
+    def check_before_use(self, device: Any) -> None:
+        """Run :attr:`check_use` on an opened device (nothing without the hook).
+
+        Raises:
+            whatever the hook raises (a :class:`~cooktop.errors.DeviceError` for a failed build).
+        """
+        if self.check_use:
+            _resolve(self.check_use)(device)
 
     def module_files(self) -> list[str]:
         """Source files of :attr:`backend`'s module and :attr:`probe_modules` (for the verdict key)."""

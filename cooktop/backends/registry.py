@@ -14,8 +14,11 @@ found usable devices does the probe (and later ``open``) run here.
 
 The child also opens each device and runs its family's check (``Family.check_device``: OpenCL
 builds and runs one small kernel); a device that fails it, or crashes the child, is listed with
-the reason (``ProbeResult.errors``, FAIL in ``cooktop devices``) and never opened here: a driver
-whose build fails may also abort the process at exit (PyPI's PoCL 3.0-rc2 on some AMD CPUs).
+the reason (``ProbeResult.errors``, FAIL in ``cooktop devices``) and never opened here. Before
+the first open of a device here, a child runs its family's ``check_use`` on it (OpenCL: one real
+kernel launched), with the same outcome on failure: a driver
+whose build fails may also abort the process at exit, or abort inside its compiler on a real
+kernel after the small one built (PyPI's PoCL 3.0-rc2 on some AMD CPUs).
 
 Every opened device is smoke-tested once (a small matmul per supported weight
 type and an rmsnorm, against the numpy reference); a device that computes
@@ -45,6 +48,7 @@ _probes: dict[str, ProbeResult] = {}
 _devices: dict[str, Device] = {}
 _smoke: dict[str, SmokeResult] = {}
 _gates: dict[str, ProbeResult | None] = {}
+_use_checked: set[str] = set()
 
 
 def disabled_families() -> set[str]:
@@ -147,6 +151,7 @@ def reset() -> None:
         safeprobe.forget()
         _devices.clear()
         _smoke.clear()
+        _use_checked.clear()
 
 
 def valid_selectors() -> list[str]:
@@ -185,6 +190,20 @@ def parse_selector(sel: str) -> tuple[str, int]:
     return fam, index
 
 
+def _check_before_use(fam: str, index: int) -> None:
+    """Before this process first opens ``fam:index``: the family's check in a child
+    (``Family.check_use``, :func:`.safeprobe.check_use`); a device that fails it joins
+    ``probe(fam).errors`` (never opened here). Never raises."""
+    key = f"{fam}:{index}"
+    if key in _use_checked or key in _devices or index in probe(fam).errors:
+        return
+    _use_checked.add(key)
+    if fam in FAMILIES and not FAMILIES[fam].reference:
+        why = safeprobe.check_use(fam, FAMILIES[fam].backend, index)
+        if why:
+            probe(fam).errors[index] = why
+
+
 def open_device(sel: str) -> Device:
     """Open (once, cached) the device a single selector names.
 
@@ -195,6 +214,7 @@ def open_device(sel: str) -> Device:
     fam, index = parse_selector(sel)
     key = f"{fam}:{index}"
     with _lock:
+        _check_before_use(fam, index)
         if index in probe(fam).errors:
             raise DeviceError(probe(fam).errors[index])
         if key not in _devices:
@@ -289,6 +309,7 @@ def smoke_test(sel: str) -> SmokeResult:
             return _smoke[sel]
         try:
             fam, index = parse_selector(sel)
+            _check_before_use(fam, index)
             unusable = probe(fam).errors.get(index)
         except DeviceError:  # open_device below says why
             unusable = None

@@ -24,6 +24,12 @@ small kernel) and closes it, reporting each step on stdout.
   ``COOKTOP_PROBE_TIMEOUT`` seconds (default :data:`TIMEOUT_S`): the family is
   unavailable, with a reason naming the step, the signal and the drivers found.
 
+Before a process first opens a device, :func:`check_use` runs the family's slower check on that
+one device in a child (``Family.check_use``: OpenCL launches one real kernel, whose compile aborts
+PyPI's PoCL 3.0-rc2 on an AMD EPYC VM where the probe's small kernel built); a failure, a crash
+(named with the driver's first error line, captured to the file ``COOKTOP_PROBE_STDERR`` names,
+which survives the abort) or a timeout makes the device unusable, kept like a probe verdict.
+
 Verdicts are kept per *driver set* (memory, and ``<cache_dir>/probe/*.json``):
 the key holds the environment variables that steer loaders and drivers
 (``VK_*``, ``OCL_*``, ``POCL_*``, ``LD_LIBRARY_PATH``... see :func:`driver_key`),
@@ -47,6 +53,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -68,7 +75,7 @@ MARK = "@@cooktop-probe "
 #: Variables that steer every family's drivers (each family adds its own, ``Family.env_prefixes``).
 _ENV_PREFIXES = ("ZE_", "XDG_", "__GLX_", "DRI_")
 _ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-              "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "PATH")
+              "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "PATH", "COOKTOP_PROBE_TIMEOUT")
 
 _memo: dict[str, ProbeResult] = {}
 
@@ -113,8 +120,9 @@ def _digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _cache_path(digest: str) -> str:
-    return os.path.join(cache_dir("probe"), f"{digest}.json")
+def _cache_path(digest: str, folder: str = "probe") -> str:
+    """A verdict's file: ``<cache>/probe`` (families) or ``<cache>/probe-use`` (:func:`check_use`)."""
+    return os.path.join(cache_dir(folder), f"{digest}.json")
 
 
 def _result_dict(res: ProbeResult) -> dict:
@@ -131,16 +139,16 @@ def _result_from(d: dict, family: str | None = None) -> ProbeResult:
                        hint=str(d.get("hint", "")), errors=errors)
 
 
-def _load_cached(digest: str) -> ProbeResult | None:
+def _load_cached(digest: str, folder: str = "probe") -> ProbeResult | None:
     try:
-        with open(_cache_path(digest), encoding="utf-8") as f:
+        with open(_cache_path(digest, folder), encoding="utf-8") as f:
             return _result_from(json.load(f)["result"])
     except Exception:  # noqa: BLE001 - any unreadable or malformed verdict is probed again
         return None
 
 
-def _store(digest: str, key: dict, res: ProbeResult) -> None:
-    path = _cache_path(digest)
+def _store(digest: str, key: dict, res: ProbeResult, folder: str = "probe") -> None:
+    path = _cache_path(digest, folder)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -187,8 +195,11 @@ def _signal_name(rc: int) -> str:
 
 
 def _verdict(family: str, rc: int | None, out: str, err: str, waited: float | None,
-             errors: dict[int, str]) -> tuple[ProbeResult | None, bool, int | None]:
+             errors: dict[int, str], said: str = "") -> tuple[ProbeResult | None, bool, int | None]:
     """``(result, keep, resume)`` from one child's exit code and output.
+
+    ``said``: what the drivers wrote to stderr while the child checked its last device (the file of
+    ``COOKTOP_PROBE_STDERR``); a child that died there is named with its first error line.
 
     ``result`` None: run the probe in-process (``resume`` None), or start a new child at device
     ``resume``: this one died while opening or checking the device before it, now in ``errors``
@@ -237,14 +248,41 @@ def _verdict(family: str, rc: int | None, out: str, err: str, waited: float | No
     crash = f"the {family} driver crashed a probe process: it {how} while {where}" + (
         f" ({err_tail})" if err_tail else "")
     if device is not None:  # one device's open or check: that device is unusable, go on with the next
-        errors[int(device)] = f"{_family(family).name}:{int(device)} is unusable on this machine: {crash}"
+        lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
+        first = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")
+        errors[int(device)] = (f"{_family(family).name}:{int(device)} is unusable on this machine: {crash}"
+                               + (f" (driver: {first[:200]})" if first else ""))
         return None, False, int(device) + 1
     return ProbeResult(family, False, reason=f"{crash}; {found}"), True, None
 
 
-def _spawn(family: str, target: str, start: int) -> subprocess.Popen:
-    return subprocess.Popen(_child_argv(family, target, start), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, env=_child_env(), text=True, errors="replace")
+def _spawn(family: str, target: str, start: int) -> tuple[subprocess.Popen, str]:
+    """A probe child and the file it captures the drivers' stderr into while it checks a device
+    (``COOKTOP_PROBE_STDERR``; read with :func:`_take_said`)."""
+    fd, said = tempfile.mkstemp(prefix=f"cooktop-probe-{family}-", suffix=".txt")
+    os.close(fd)
+    try:
+        proc = subprocess.Popen(_child_argv(family, target, start), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, env={**_child_env(), "COOKTOP_PROBE_STDERR": said},
+                                text=True, errors="replace")
+    except OSError:
+        _take_said(said)
+        raise
+    return proc, said
+
+
+def _take_said(path: str) -> str:
+    """The text of a child's stderr capture file, which is removed; "" when unreadable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(1 << 16)
+    except OSError:
+        text = ""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return text
 
 
 def check_many(targets: dict[str, str]) -> dict[str, ProbeResult | None]:
@@ -258,7 +296,7 @@ def check_many(targets: dict[str, str]) -> dict[str, ProbeResult | None]:
         Never raises.
     """
     out: dict[str, ProbeResult | None] = {}
-    running: dict[str, tuple[str, dict, subprocess.Popen]] = {}
+    running: dict[str, tuple[str, dict, subprocess.Popen, str]] = {}
     isolate = settings.probe_isolation() and not os.environ.get("COOKTOP_PROBE_CHILD")
     for family, target in targets.items():
         if not isolate:
@@ -278,15 +316,15 @@ def check_many(targets: dict[str, str]) -> dict[str, ProbeResult | None]:
             _memo[digest] = out[family] = cached
             continue
         try:
-            proc = _spawn(family, target, 0)
+            proc, said = _spawn(family, target, 0)
         except OSError as e:
             log.warning("cannot start a %s probe process (%s); probing in-process", family, e)
             out[family] = None
             continue
-        running[family] = (digest, key, proc)
+        running[family] = (digest, key, proc, said)
     limit = _timeout()
     t0 = time.monotonic()
-    for family, (digest, key, proc) in running.items():
+    for family, (digest, key, proc, said) in running.items():
         errors: dict[int, str] = {}
         while True:
             waited = None
@@ -296,11 +334,12 @@ def check_many(targets: dict[str, str]) -> dict[str, ProbeResult | None]:
                 proc.kill()
                 o, err = proc.communicate()
                 waited = limit
-            res, keep, resume = _verdict(family, proc.returncode, o or "", err or "", waited, errors)
+            res, keep, resume = _verdict(family, proc.returncode, o or "", err or "", waited, errors,
+                                         _take_said(said))
             if resume is None:
                 break
             try:  # the child died on one device: a new one checks the devices after it
-                proc = _spawn(family, targets[family], resume)
+                proc, said = _spawn(family, targets[family], resume)
             except OSError as e:
                 log.warning("cannot start a %s probe process (%s); probing in-process", family, e)
                 res, keep = None, False
@@ -316,6 +355,72 @@ def check_many(targets: dict[str, str]) -> dict[str, ProbeResult | None]:
 def check(family: str, target: str) -> ProbeResult | None:
     """:func:`check_many` for one family."""
     return check_many({family: target})[family]
+
+
+def _use_argv(family: str, target: str, index: int) -> list[str]:
+    """The command of a child that runs ``Family.check_use`` on device ``index`` (tests replace it)."""
+    return [*_child_argv(family, target, index), "use"]
+
+
+def check_use(family: str, target: str, index: int) -> str | None:
+    """Run (or recall) ``Family.check_use`` on device ``index`` in a child process, before the
+    caller first opens that device; the verdict is kept per driver set like the probe's.
+
+    Returns:
+        None: the device may be opened here (it passed, the family has no such check, isolation
+        is off, or no child could run); else why it is unusable: the check's error, the signal
+        that killed the child (with the driver's first error line), or the timeout
+        (``COOKTOP_PROBE_TIMEOUT``, part of the key; a child killed before it reached the check
+        is not kept). Never raises.
+    """
+    fam = _family(family)
+    if not fam.check_use or not settings.probe_isolation() or os.environ.get("COOKTOP_PROBE_CHILD"):
+        return None
+    try:
+        key = {**driver_key(family, target), "use": index}
+    except Exception as e:  # noqa: BLE001 - never fail a check over its cache key
+        log.debug("no check key for %s:%d: %s", family, index, e)
+        key = {"family": family, "target": target, "use": index, "time": time.time()}
+    digest = _digest(key)
+    res = _memo.get(digest) or _load_cached(digest, "probe-use")
+    if res is None:
+        try:
+            fd, said = tempfile.mkstemp(prefix=f"cooktop-probe-{family}-", suffix=".txt")
+            os.close(fd)
+            proc = subprocess.Popen(_use_argv(family, target, index), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                    env={**_child_env(), "COOKTOP_PROBE_STDERR": said})
+        except OSError as e:
+            log.warning("cannot start a child to check %s:%d (%s); opening it unchecked", family, index, e)
+            return None
+        waited = None
+        try:
+            o, err = proc.communicate(timeout=_timeout())
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            o, err = proc.communicate()
+            waited = _timeout()
+        errors: dict[int, str] = {}
+        got, keep, resume = _verdict(family, proc.returncode, o or "", err or "", waited, errors, _take_said(said))
+        if waited is not None and MARK + '{"step": "checking' in (o or ""):
+            # a device that needs over the timeout to build one kernel is unfit: kept (a larger
+            # COOKTOP_PROBE_TIMEOUT is another key and checks again)
+            res, keep = ProbeResult(family, False, reason=(
+                f"{fam.name}:{index} is unusable on this machine: the child process checking it before its first "
+                f"use ({fam.check_use}) did not finish within {waited:g} s (a hung or very slow kernel compiler; "
+                "set COOKTOP_PROBE_TIMEOUT=<seconds> to wait longer)")), True
+        elif got is not None:
+            res = got
+        elif resume is not None:  # it died while checking the device
+            res, keep = ProbeResult(family, False, reason=errors[index]), True
+        else:  # our module never ran in the child: cannot isolate
+            return None
+        if keep:
+            _memo[digest] = res
+            _store(digest, key, res, "probe-use")
+    if res.available:
+        return None
+    return res.reason or f"{fam.name}:{index} is unusable on this machine (checked in a child process)"
 
 
 def forget() -> None:
@@ -343,6 +448,7 @@ def child_main(argv: list[str]) -> int:
     set_verbose(False)  # the child's stderr is the drivers' (the parent logs it); no notices of ours there
     family, target = argv[0], argv[1]
     start = int(argv[2]) if len(argv) > 2 else 0
+    use = len(argv) > 3 and argv[3] == "use"
     fam = _family(family)
     os.environ["COOKTOP_PROBE_CHILD"] = "1"
     _report(step=f"loading the {family} backend ({target})")
@@ -354,19 +460,56 @@ def child_main(argv: list[str]) -> int:
         return 0
     _report(step=f"probing {family} (listing platforms and devices)")
     res = backend.probe()
+    if use:
+        return _use_main(backend, fam, res, start)
     if res.available:
         for info in res.devices:
             if info.index < start:
                 continue
             _report(step=f"opening {info.selector} ({info.name})" + (f" with {fam.open_call}" if fam.open_call else ""),
                     device=info.index)
-            with capture_stderr(keep_python=True) as said:
+            with capture_stderr(keep_python=True, path=os.environ.get("COOKTOP_PROBE_STDERR")) as said:
                 error = _open_and_check(backend, fam, info)
             if error is not None:
                 first = next((ln.strip() for ln in said.text.splitlines() if ln.strip()), "")
                 _report(device_error=[info.index, error + (f" (driver: {first[:200]})" if first else "")])
     _report(result={"available": res.available and bool(res.devices), "reason": res.reason, "hint": res.hint,
                     "devices": len(res.devices)})
+    return 0
+
+
+def _use_main(backend: Any, fam: Family, res: ProbeResult, index: int) -> int:
+    """The ``use`` child: open device ``index``, run ``Family.check_use`` on it, report the result
+    (``available`` False with the reason when it failed; True when this child lists no such device:
+    the caller's listing is its own)."""
+    info = next((d for d in res.devices if d.index == index), None) if res.available else None
+    if info is None:
+        _report(result={"available": True, "reason": f"no device {index} listed in the check process"})
+        return 0
+    _report(step=f"checking {info.selector} ({info.name}) with {fam.check_use} before its first use",
+            device=index)
+    from ..notices import capture_stderr
+
+    error = None
+    with capture_stderr(keep_python=True, path=os.environ.get("COOKTOP_PROBE_STDERR")) as said:
+        try:
+            dev = backend.open(index)
+        except Exception as e:  # noqa: BLE001 - reported: the device is unusable, with the reason
+            error = _first_line(e)
+        else:
+            try:
+                fam.check_before_use(dev)
+            except Exception as e:  # noqa: BLE001
+                error = f"{info.selector} is unusable on this machine (checked in a child process): {_first_line(e)}"
+            finally:
+                try:
+                    dev.close()
+                except Exception:  # noqa: BLE001 - a close that fails is the next open's problem
+                    pass
+    if error is not None:
+        first = next((ln.strip() for ln in said.text.splitlines() if ln.strip()), "")
+        error += f" (driver: {first[:200]})" if first else ""
+    _report(result={"available": error is None, "reason": error or ""})
     return 0
 
 

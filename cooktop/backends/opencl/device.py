@@ -135,6 +135,36 @@ def check_build(dev: OpenCLDevice) -> None:
                           ) from e
 
 
+def check_kernel(dev: OpenCLDevice) -> None:
+    """Launch one real kernel, the smoke test's first (``rmsnorm`` of float32 [3, 256]): the check a
+    child process runs before a process first opens ``dev`` (``Family.check_use``).
+
+    A driver can build the probe's one-line kernel and still abort inside its compiler on a real
+    one: PyPI's PoCL 3.0-rc2 (LLVM 14) on an AMD EPYC VM aborts in LLVM's instruction selection
+    ("Cannot select: i64 = fma" in its builtin ``_cl_fma`` on float16 vectors, SIGABRT) compiling
+    the first launch of ``rmsnorm_q8``, or takes minutes there. PoCL compiles at the first launch
+    of each work-group size, so only a launch finds it; the builtin library is linked into every
+    kernel, so one real kernel finds it for all. Whether the answer is right is the smoke test's
+    to say.
+
+    Raises:
+        DeviceError: the kernel does not build or run.
+    """
+    try:
+        x = dev.empty((3, 256))
+        dev.write(x, np.linspace(-1.0, 1.0, 3 * 256, dtype=np.float32).reshape(3, 256))
+        w = dev.upload(np.ones(256, dtype=np.float32), T.F32, (256,))
+        out = dev.empty((3, 256))
+        dev.rmsnorm(out, x, w, 1e-5)
+        dev.read(out)
+    except DeviceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pyopencl raises RuntimeError/LogicError/AttributeError...
+        raise DeviceError(f"the rmsnorm kernel does not build and run on {dev.info.selector}: "
+                          f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+                          ) from e
+
+
 class OpenCLBackend(Backend):
     """The pyopencl backend family: every device of every platform, indexed across platforms."""
 
