@@ -343,3 +343,40 @@ def test_cli_run_hf_quant_from_cache(stories, tmp_path, spec, want):
                          capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr
     assert f"m-{want}.gguf" in res.stderr
+
+
+def test_pick_mmproj():
+    """The repo's projector for -hf with an image: the only one; else the model's folder, its quant
+    tag, then F16 > BF16 > F32 > Q8_0; None without one (the model pick never takes it)."""
+    assert hub.pick_mmproj(["m-Q4_K_M.gguf", "README.md"]) is None
+    assert hub.pick_mmproj(["m-Q4_K_M.gguf", "mmproj-m-Q8_0.gguf"], "m-Q4_K_M.gguf") == "mmproj-m-Q8_0.gguf"
+    two = ["m-Q8_0.gguf", "mmproj-m-F32.gguf", "mmproj-m-Q8_0.gguf", "mmproj-m-f16.gguf"]
+    assert hub.pick_mmproj(two, "m-Q8_0.gguf") == "mmproj-m-Q8_0.gguf"
+    assert hub.pick_mmproj(two, "m-Q4_K_M.gguf") == "mmproj-m-f16.gguf"
+    assert hub.pick_mmproj(["a/mmproj-F16.gguf", "b/mmproj-F16.gguf"], "b/m-Q4_0.gguf") == "b/mmproj-F16.gguf"
+    assert hub.pick_gguf(two, None) == "m-Q8_0.gguf"
+
+
+def test_cli_run_hf_fetches_the_repo_projector_for_an_image(tmp_path):
+    """-hf with --image and no --mmproj (offline, from the cache): the repo's mmproj is used and
+    named; --no-mmproj, or a repo without one, is the clear --mmproj error."""
+    from PIL import Image
+
+    from cooktop.tools import synth_mmproj
+
+    model, mmproj = synth_mmproj.write_mlp_pair(tmp_path)
+    _seed_cache(tmp_path / "hub", "owner/llava", {"llava-F32.gguf": pathlib.Path(model),
+                                                   "mmproj-llava-f32.gguf": pathlib.Path(mmproj)})
+    _seed_cache(tmp_path / "hub", "owner/text", {"text-F32.gguf": pathlib.Path(model)})
+    img = tmp_path / "img.png"
+    Image.new("RGB", (30, 20), (200, 10, 10)).save(img)
+    env = _env("http://127.0.0.1:9", tmp_path / "hub", offline=True)
+    base = ["run", "-p", "look: <__media__>", "-n", "2", "--temp", "0", "--device", "cpu", "--image", str(img)]
+    res = subprocess.run([COOKTOP, *base, "-hf", "owner/llava"], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "cooktop: vision projector mmproj-llava-f32.gguf from owner/llava" in res.stderr
+    for args in (["-hf", "owner/llava", "--no-mmproj"], ["-hf", "owner/text"]):
+        res = subprocess.run([COOKTOP, *base, *args], capture_output=True, text=True, timeout=120, env=env)
+        assert res.returncode == 1 and "--image needs --mmproj FILE" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+    assert "owner/text has no mmproj*.gguf" in res.stderr

@@ -124,3 +124,35 @@ def test_mlp_variants_cooktop_cannot_run_are_refused_by_name(plain_mlp, tmp_path
                         extra_kv=[("clip.vision.feature_layer", [1, 9], GGUFValueType.ARRAY)])
     with pytest.raises(UnsupportedModelError, match=r"feature_layer \[1, 9\] is out of range"):
         open_mmproj(deep)
+
+
+def test_prompt_ending_with_an_image_generates_from_the_image_logits(image, tmp_path):
+    """No text after the image (mlp puts none around it): ``vision.session.prefill`` evaluates it all and
+    generation starts from the logits after the image's last row, none evaluated again. (libmtmd's helper
+    asks no logits of an image batch, so llama.cpp has none to compare: these are the rows' own.)"""
+    from cooktop import Llama
+    from cooktop.vision import prompt as vprompt
+    from cooktop.vision.session import prefill
+
+    model, mmproj = synth_mmproj.write_mlp_pair(tmp_path)
+    llm = Llama(model_path=model, n_ctx=128, n_batch=32, verbose=False, device="cpu")
+    try:
+        eng = llm._engine
+        pre = prefill(eng, open_mmproj(mmproj), [image], "a picture: <__media__>")
+        assert pre.tokens == list(eng.seq.tokens) and pre.tokens[-1] < 0
+        logits, n_eval = eng.seq.prefill(pre.tokens)
+        assert n_eval == 0
+        enc = VisionEncoder(open_mmproj(mmproj), registry.open_device("cpu"))
+        try:
+            emb = enc.encode(image)
+        finally:
+            enc.close()
+        eng.seq.truncate(0)
+        chunks = vprompt.tokenize(eng.tokenizer, "a picture: <__media__>", 1, "mlp")
+        again = vprompt.eval_chunks(eng.seq, chunks, [emb], "mlp")[-1]
+        assert np.array_equal(logits, again)
+        eng.seq.truncate(len(pre.tokens) - 1)
+        with pytest.raises(Exception, match="ends with an image needs that image evaluated just before"):
+            eng.seq.prefill(pre.tokens)
+    finally:
+        llm.close()

@@ -63,7 +63,7 @@ REASONS = {
     "--ppl-output-type": "cooktop perplexity prints llama.cpp's default output",
     "--context-shift": "generation stops when the context is full (finish reason: length)",
     "--keep": "generation stops when the context is full (no context shift), so there is nothing to keep",
-    "--mmproj": "cooktop runs text models only",
+    "--mmproj": "images are taken by cooktop run (--mmproj, --image) only so far",
     "--rope-scaling": "rope scaling comes from the model's metadata",
     "--rope-freq-base": "rope scaling comes from the model's metadata",
     "--rope-freq-scale": "rope scaling comes from the model's metadata",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import click
@@ -10,6 +11,7 @@ import click
 from ..cluster import is_cluster_selector
 from ..engine import generate as _engine
 from ..errors import CooktopError
+from ..tools import hub
 from .chat import chat_loop, chat_options, open_chat_model
 from .common import (
     KVConfig,
@@ -110,7 +112,10 @@ def process_escapes(text: str) -> str:
 @click.option("-no-cnv", "--no-conversation", "conversation", flag_value=False,
               help="Plain completion (the default).")
 @click.option("--mmproj", "mmproj", default=None, type=click.Path(dir_okay=False),
-              help="The model's vision projector (an mmproj GGUF), for --image.")
+              help="The model's vision projector (an mmproj GGUF), for --image. With -hf and --image: the "
+                   "repo's mmproj*.gguf unless given.")
+@click.option("--no-mmproj", "no_mmproj", is_flag=True,
+              help="With -hf: do not fetch the repo's vision projector.")
 @click.option("--image", "image", multiple=True, type=click.Path(dir_okay=False),
               help="An image (PNG, JPEG, WebP) for the prompt's <__media__> marker (repeat; no marker: in front).")
 @chat_options
@@ -121,7 +126,8 @@ def process_escapes(text: str) -> str:
 @device_options
 @ray_option
 def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, display_prompt,
-            verbose_prompt, context_shift, n_keep, escape, no_bos, special, conversation, mmproj, image, single_turn,
+            verbose_prompt, context_shift, n_keep, escape, no_bos, special, conversation, mmproj, no_mmproj, image,
+            single_turn,
             system,
             chat_template, chat_template_file, threads, threads_batch, device, n_gpu_layers, split, ray_address,
             tensors, speculative, kv, lora, **gen_opts):
@@ -148,6 +154,12 @@ def run_cmd(model, hf_repo, hf_file, prompt, prompt_file, n_predict, n_ctx, n_ba
     speculative.check()  # the draft options, before any model loads
     if notice := speculative.notice():
         click.echo(f"cooktop: {notice}", err=True)
+    if image and not mmproj and hf_repo and not no_mmproj:  # llama.cpp's -hf fetches the repo's projector too
+        repo = hub.parse_hf_spec(hf_repo, hf_file)[0]
+        mmproj = hub.download_mmproj(repo, os.path.basename(path))
+        if mmproj is None:
+            raise CooktopError(f"--image needs --mmproj FILE: {repo} has no mmproj*.gguf (the vision projector)")
+        click.echo(f"cooktop: vision projector {os.path.basename(mmproj)} from {repo}", err=True)
     if image and not mmproj:
         raise CooktopError("--image needs --mmproj FILE (the model's vision projector, mmproj-*.gguf)")
     if mmproj and (conversation or (conversation is None and system is not None)):

@@ -48,6 +48,10 @@ class Sequence:
         self.cache: CacheTokens = model.new_cache() if cache is None else cache
         self.seq_id = seq_id
         self.version = 0
+        #: (version, float32 [n_vocab]) the logits after the last image row evaluated, while nothing
+        #: has changed the context since: a prompt ending with an image starts generating from them
+        #: (mtmd's rule), since its placeholder ids cannot be evaluated again as tokens
+        self._image_logits: tuple[int, np.ndarray] | None = None
         #: a :class:`~cooktop.engine.batch.BatchDriver` that runs this sequence's evaluations in
         #: batches with the other sequences of its cache (None: evaluated alone, at once)
         self.driver = None
@@ -176,6 +180,7 @@ class Sequence:
                                 embd=embd[i:i + model.n_batch], non_causal=non_causal)
             self._record(self.n_past - 1, out)
         assert out is not None
+        self._image_logits = (self.version, out[-1].copy())
         return out
 
     def hidden_states(self, tokens: list[int]) -> np.ndarray:
@@ -250,11 +255,22 @@ class Sequence:
         same prompt again (a regenerated answer) reuses all but that token, as llama-server's context
         checkpoints do.
 
+        A prompt that ends with an image (a placeholder id, :meth:`eval_embd`) must be the context
+        already, its image evaluated last: its logits are those after the image's last row (as
+        mtmd samples after a prompt ending with an image), 0 tokens evaluated.
+
         Returns:
             (float32 [n_vocab] logits of its last token, number of tokens evaluated)
         Raises:
-            as :meth:`eval`.
+            as :meth:`eval`; CooktopError: a prompt ending with an image that is not the context just
+            evaluated.
         """
+        if prompt and prompt[-1] < 0:
+            if (self._image_logits is not None and self._image_logits[0] == self.version
+                    and list(self.tokens) == list(prompt)):
+                return self._image_logits[1], 0
+            raise CooktopError("a prompt that ends with an image needs that image evaluated just before "
+                               "(Sequence.eval_embd): its logits are gone; put text after the image")
         common = self.common_prefix(prompt)
         if self.cache.keeps_checkpoints:
             shared = self._shared_prefix(prompt)

@@ -119,6 +119,52 @@ def pick_gguf(files: list[str], tag: str | None, repo: str = "the repo") -> str:
     return ggufs[0]
 
 
+#: Projector types preferred, in order, when no projector carries the model's quant tag.
+MMPROJ_PREFERENCE = ("F16", "BF16", "F32", "Q8_0")
+
+
+def pick_mmproj(files: list[str], model_file: str | None = None) -> str | None:
+    """The vision projector (``mmproj*.gguf``) of a repo's files, for ``-hf`` with an image, as
+    llama.cpp's ``-hf`` fetches a repo's mmproj beside its model; None when there is none.
+
+    One projector: that one. Several: the one in the folder of ``model_file`` (a repo with a
+    folder per model), then the one whose name carries the model's quant tag, then the first of
+    :data:`MMPROJ_PREFERENCE` in its name, then the first sorted.
+    """
+    found = sorted(f for f in files if f.lower().endswith(".gguf") and "mmproj" in os.path.basename(f).lower())
+    if len(found) <= 1:
+        return found[0] if found else None
+    if model_file is not None:
+        here = [f for f in found if os.path.dirname(f) == os.path.dirname(model_file)]
+        found = here or found
+        base = os.path.basename(model_file)
+        for t in (*DEFAULT_QUANTS, *MMPROJ_PREFERENCE, "Q4_0", "Q5_K_M", "Q6_K", "Q8_0"):
+            rx = re.compile(rf"(^|[-._]){re.escape(t)}([-.]|$)", re.IGNORECASE)
+            if rx.search(base):
+                hits = [f for f in found if rx.search(os.path.basename(f))]
+                if hits:
+                    return hits[0]
+                break
+    for t in MMPROJ_PREFERENCE:
+        rx = re.compile(rf"(^|[-._]){re.escape(t)}([-.]|$)", re.IGNORECASE)
+        hits = [f for f in found if rx.search(os.path.basename(f))]
+        if hits:
+            return hits[0]
+    return found[0]
+
+
+def download_mmproj(repo: str, model_file: str | None = None, *,
+                    cache_dir: str | os.PathLike | None = None) -> str | None:
+    """Local path of ``repo``'s vision projector (:func:`pick_mmproj`), downloaded into the cache;
+    None when the repo has none.
+
+    Raises:
+        CooktopError: the repo cannot be listed, or the download fails (see :func:`resolve`).
+    """
+    name = pick_mmproj(repo_files(repo, cache_dir), model_file)
+    return None if name is None else resolve(repo, name, cache_dir=cache_dir)
+
+
 def cached_files(repo: str, cache_dir: str | os.PathLike | None = None) -> list[str]:
     """File names of ``repo`` in the local Hugging Face cache (every snapshot), sorted."""
     root = pathlib.Path(cache_dir) if cache_dir else _cache_dir()
