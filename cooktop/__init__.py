@@ -6,13 +6,17 @@ Public API (llama-cpp-python names)::
     llm = Llama(model_path="model.gguf", n_ctx=512, n_gpu_layers=-1, device="opencl")
     llm.create_completion("Once upon a time", max_tokens=32)
 
+Images (an mmproj, llama-cpp-python's chat handler): ``Llama(..., chat_handler=MTMDChatHandler(clip_model_path=
+"mmproj.gguf"))`` (or ``Llava15ChatHandler`` / ``Gemma3ChatHandler``), then ``image_url`` parts in
+``create_chat_completion`` messages.
+
 ``load()`` returns the lower-level :class:`cooktop.engine.Engine`;
 ``list_devices()`` probes every backend family.
 """
 
 from __future__ import annotations
 
-from .api import Llama, LlamaGrammar
+from .api import Gemma3ChatHandler, Llama, LlamaGrammar, Llava15ChatHandler, MTMDChatHandler
 from .errors import CooktopError
 from .version import __version__
 
@@ -29,4 +33,5 @@ def list_devices(refresh: bool = False):
     return probe_all(refresh)
 
 
-__all__ = ["Llama", "LlamaGrammar", "CooktopError", "load", "list_devices", "__version__"]
+__all__ = ["Llama", "LlamaGrammar", "MTMDChatHandler", "Llava15ChatHandler", "Gemma3ChatHandler", "CooktopError",
+           "load", "list_devices", "__version__"]

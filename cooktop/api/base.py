@@ -38,6 +38,7 @@ class LlamaBase:
         spm_infill: bool
         _n_keep: int | None
         chat_format: str | None
+        chat_handler: Any  # a multimodal projector (api/multimodal.py) or None
         _gf: HasMetadata
         _chat: TemplateChoice | None
         # per-thread sequence chooser (a property of Llama)

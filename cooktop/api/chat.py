@@ -134,6 +134,49 @@ class ChatMixin(LlamaBase):
         text = strip_added_specials(text, tmpl.bos_token, tmpl.eos_token, add_bos=self._tokenizer.vocab.add_bos)
         return text, self.tokenize(text, add_bos=True, special=True), list(tmpl.stop)
 
+    def _image_messages(self, messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+        """``messages`` with their image parts as media markers, and the images decoded in order
+        (:mod:`cooktop.api.multimodal`; only with a chat handler).
+
+        Returns:
+            (the messages, uint8 [h, w, 3] per image part).
+        Raises:
+            ImageError: an image part without a URL, an http(s) URL, a malformed data URI, an
+                unreadable or undecodable image.
+        """
+        from ..text.chat_messages import images_to_markers
+        from .multimodal import IMAGE_TYPES, image_url_of, load_image
+
+        marked, parts = images_to_markers(messages, IMAGE_TYPES)
+        return marked, [load_image(image_url_of(p, i)) for i, p in parts]
+
+    def _prefill_images(self, images: list[np.ndarray], text: str) -> list[int]:
+        """Encode ``images`` with the chat handler's mmproj and evaluate the rendered prompt ``text``
+        (one ``<__media__>`` per image) but its last text chunk on the engine's default sequence
+        (:func:`cooktop.vision.session.prefill`).
+
+        Returns:
+            the prompt's ids for ``Engine.generate`` (negative placeholder ids at the image positions).
+        Raises:
+            ImageError: the prompt's marker count differs from the images (a literal ``<__media__>``
+                in a text part). ContextOverflowError: the prompt with its images does not fit.
+            CooktopError: a context shift (``context_shift=True``) or a per-thread sequence (the
+                server's slots, :meth:`create_completions`): not supported with images.
+        """
+        from ..vision.session import prefill
+
+        if self._n_keep is not None:
+            raise CooktopError("images with context_shift=True are not supported: the image positions cannot "
+                               "be evaluated again as tokens; load the Llama without context_shift")
+        if self._active_seq is not None:
+            raise CooktopError("images are supported on the Llama's own sequence only (not in the server's "
+                               "slots or batched completions)")
+        handler = self.chat_handler
+        pre = prefill(self._engine, handler.mmproj, images, text, use_gpu=handler.use_gpu)
+        for line in pre.lines():
+            log.info("%s", line)
+        return pre.tokens
+
     def create_chat_completion(self, messages: list[dict[str, Any]], functions: Any = None,
                                function_call: Any = None, tools: list[dict[str, Any]] | None = None,
                                tool_choice: Any = None, temperature: float = 0.2, top_p: float = 0.95,
@@ -181,9 +224,17 @@ class ChatMixin(LlamaBase):
         Returns:
             a ``chat.completion`` dict, or an iterator of ``chat.completion.chunk`` s when ``stream``
             (the last carries ``usage`` as an extra key).
+            With ``Llama(chat_handler=...)`` (:mod:`cooktop.api.multimodal`) a message's content parts
+            may be images: ``{"type": "image_url", "image_url": {"url": URL}}`` (or ``"image_url": URL``),
+            URL a ``data:image/...;base64,...`` URI, a local path or a ``file://`` URL. Each becomes
+            ``<__media__>`` in the rendered prompt, the images are encoded and the prompt evaluated
+            (:func:`cooktop.vision.session.prefill`), then generation goes on as for text (no draft
+            model); ``usage.prompt_tokens`` counts the image positions.
         Raises:
-            ChatTemplateError: an unknown role, a message without its content, or the template
-            refused the conversation. ContextOverflowError: the
+            ImageError: (with a chat handler) an http(s) URL (never fetched), a malformed data URI,
+            an unreadable or undecodable image.
+            ChatTemplateError: an unknown role, a message without its content, an image part without a
+            chat handler, or the template refused the conversation. ContextOverflowError: the
             prompt does not fit. GrammarError: grammar and response_format both given, or bad.
             ToolCallError: malformed tools, tool_choice, tool-call messages or reasoning options,
             or a grammar given with tools.
@@ -202,6 +253,9 @@ class ChatMixin(LlamaBase):
         if tool_choice is None and function_call is not None:
             tool_choice = ({"type": "function", "function": function_call} if isinstance(function_call, dict)
                            else function_call)
+        images: list[np.ndarray] = []
+        if self.chat_handler is not None:
+            messages, images = self._image_messages(messages)
         messages = check_roles(messages)
         plan = plan_chat(self, messages, tools=tools, tool_choice=tool_choice,
                          grammar=rf if rf is not None else grammar, parallel_tool_calls=parallel_tool_calls,
@@ -209,6 +263,9 @@ class ChatMixin(LlamaBase):
                          reasoning_budget=reasoning_budget)
         text, tokens, template_stops = self._chat_render(plan.messages, plan.tools, bool(continue_final_message),
                                                          bool(add_generation_prompt), **plan.template_kwargs)
+        draft = self._speculation()
+        if images:  # the prompt's ids become the images' prefill: their placeholder ids at the image positions
+            tokens, draft = self._prefill_images(images, text), None
         opened = prompt_opens_thinking(text)
         procs = list(logits_processor) if logits_processor is not None else []
         if plan.budget > 0:
@@ -223,7 +280,7 @@ class ChatMixin(LlamaBase):
         stops = stop_list(stop) + [s for s in template_stops if s not in stop_list(stop)]
         criteria = list(stopping_criteria) if stopping_criteria is not None else []
         steps = eng.generate(tokens, n_predict_of(max_tokens), sampler, stops, stopping_criteria=criteria,
-                             seq=self._active_seq, preserved=plan.preserved, draft=self._speculation(),
+                             seq=self._active_seq, preserved=plan.preserved, draft=draft,
                              n_keep=self._n_keep)
         k = (top_logprobs or 0) if logprobs else None
         chat = _Chat(self, steps, len(tokens), model or self.model_path, k, plan, opened)

@@ -42,6 +42,24 @@ from .embedding import EmbeddingMixin
 log = logging.getLogger("cooktop")
 
 
+def _check_handler(handler: Any) -> Any:
+    """``handler`` when it is a multimodal projector (:class:`~cooktop.api.multimodal.MTMDChatHandler`) or None.
+
+    Raises:
+        UnsupportedArgumentError: any other chat handler (a llama-cpp-python callable).
+    """
+    if handler is None:
+        return None
+    from .multimodal import MTMDChatHandler
+
+    if not isinstance(handler, MTMDChatHandler):
+        raise options.UnsupportedArgumentError(
+            f"Llama(chat_handler={type(handler).__name__}): only multimodal projectors are supported "
+            "(cooktop.api.multimodal.MTMDChatHandler, Llava15ChatHandler, Gemma3ChatHandler); for text use "
+            "chat_format= or the model's chat template")
+    return handler
+
+
 @dataclasses.dataclass
 class LlamaState:
     """What :meth:`Llama.save_state` returns: the context's tokens and logits rows.
@@ -91,9 +109,14 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
     tokens (-1: the prompt), drops the older half of the rest and goes on, instead of ending with
     finish reason ``length``; refused on a model with recurrent layers, whose state cannot drop tokens).
 
+    ``chat_handler`` (llama-cpp-python's): a :class:`~cooktop.api.multimodal.MTMDChatHandler` (or
+    ``Llava15ChatHandler`` / ``Gemma3ChatHandler``) holding an mmproj: chat messages may then carry
+    ``image_url`` parts (:meth:`create_chat_completion`); its embedding width must be the model's.
+
     Raises:
-        GGUFError, UnsupportedModelError, DeviceError, ChatTemplateError (an
-        unknown ``chat_format``), UnsupportedArgumentError (all ``CooktopError``).
+        GGUFError, UnsupportedModelError (also: a chat handler's mmproj for another model), DeviceError,
+        ChatTemplateError (an unknown ``chat_format``), UnsupportedArgumentError (also: a chat handler
+        that is not a multimodal projector) (all ``CooktopError``).
     """
 
     def __init__(self, model_path: str, *, n_gpu_layers: int | str = 0, split_mode: int = options.SPLIT_MODE_LAYER,
@@ -108,13 +131,15 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                  ray_address: str | None = None, n_cpu_moe: int = 0, cpu_moe: bool = False,
                  override_tensor: str | list[str] | None = None, draft_model: Any = None, n_seq_max: int = 1,
                  context_shift: bool = False, n_keep: int = 0, lora_path: str | None = None,
-                 lora_scale: float = 1.0, lora_adapters: list[tuple[str, float]] | None = None, **kwargs: Any):
+                 lora_scale: float = 1.0, lora_adapters: list[tuple[str, float]] | None = None,
+                 chat_handler: Any = None, **kwargs: Any):
         self._engine_or_none: _generate.Engine | None = None
         self._last = None
         notices.set_verbose(verbose)  # process-wide, like llama-cpp-python's log callback: False prints nothing
         self.model_path = os.fspath(model_path)
         self.verbose = verbose
         options.check_extra(kwargs)
+        self.chat_handler = _check_handler(chat_handler)
         kv = options.kv_config(type_k, type_v, flash_attn, swa_full)
         options.pooling_name(pooling_type)
         options.set_threads(n_threads_batch or n_threads)
@@ -182,6 +207,12 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
                 self.close()
                 raise CooktopError(f"{self.model_path}: context shift is not supported by this model: its recurrent "
                                    "layers' state cannot drop tokens (llama.cpp refuses it too); leave it off")
+            if self.chat_handler is not None:
+                try:
+                    self.chat_handler.mmproj.check_model(self._engine.cfg.n_embd, self.model_path)
+                except BaseException:
+                    self.close()
+                    raise
         self._chat = None  # resolved chat template (TemplateChoice), on first use
         if chat_format is not None or chat_template is not None or chat_template_file is not None:
             self.chat_template_choice()  # an unknown name fails now

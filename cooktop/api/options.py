@@ -6,7 +6,8 @@ and, when given a value other than llama-cpp-python's default, logged as one
 warning line each ("accepted, has no effect in cooktop"), the way
 llama-cpp-python's own ``**kwargs`` swallows unknown names. An argument whose
 silent omission would change the answers (metadata overrides,
-a custom chat handler or tokenizer) is refused with :class:`UnsupportedArgumentError`.
+a tokenizer) is refused with :class:`UnsupportedArgumentError`. ``chat_handler`` is a named argument of
+``Llama``: a multimodal projector (:mod:`cooktop.api.multimodal`); any other handler is refused there.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ IGNORED: dict[str, tuple[Any, str]] = {
 #: Refused: giving them would silently change the answers.
 REFUSED: dict[str, str] = {
     "kv_overrides": "metadata overrides (kv_overrides) are not supported by cooktop",
-    "chat_handler": "custom chat handlers are not supported; use chat_format= or the model's chat template",
     "tokenizer": "a tokenizer override is not supported; cooktop uses the GGUF's vocabulary",
 }
 

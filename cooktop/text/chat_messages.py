@@ -11,9 +11,13 @@ or ``None`` breaks them (or, through jinja's ``~``, renders a Python repr). As l
   they are; any other gets the text parts joined with a newline;
 - a template that fails on, or prints ``None`` for, a null content gets ``""``.
 
-Parts other than text (``image_url``, ``input_audio``, ``file``) are refused with a
-:class:`~cooktop.errors.ChatTemplateError` naming the message: cooktop runs text models only
-(llama-server refuses them likewise without a multimodal projector).
+With a multimodal projector (``Llama(chat_handler=...)``, :mod:`cooktop.api.multimodal`),
+:func:`images_to_markers` first turns each ``image_url`` part into a text part holding the media
+marker ``<__media__>`` (llama-server's ``oaicompat_chat_params_parse`` does the same), so the
+marker lands where the image was, joined to the text around it like any text part. Without one,
+and always for ``input_audio`` and ``file`` parts, parts other than text are refused with a
+:class:`~cooktop.errors.ChatTemplateError` naming the message (llama-server refuses them likewise
+without a multimodal projector).
 """
 
 from __future__ import annotations
@@ -39,7 +43,41 @@ def part_text(part: Any, index: int) -> str | None:
     if kind in _TEXT_TYPES:
         return str(part.get("text", ""))
     raise ChatTemplateError(f"messages[{index}]['content'] has a {kind!r} part: this model reads text only "
-                            "(cooktop runs no vision or audio models); send text parts")
+                            "(no multimodal projector: images need Llama(chat_handler=MTMDChatHandler(...)) in "
+                            "the Python API; cooktop reads no audio or files); send text parts")
+
+
+#: llama.cpp's media marker (``mtmd_default_marker``; :data:`cooktop.vision.prompt.MEDIA_MARKER`).
+MEDIA_MARKER = "<__media__>"
+
+
+def images_to_markers(messages: Sequence[Any], image_types: Sequence[str] = ("image_url",)
+                      ) -> tuple[list[Any], list[tuple[int, Mapping[str, Any]]]]:
+    """``messages`` with each image part (a part whose ``type`` is in ``image_types``) replaced by
+    ``{"type": "text", "text": MEDIA_MARKER}``, and the image parts in prompt order.
+
+    Returns:
+        (the messages, copied where a part changed; ``[(message index, image part), ...]``).
+        A message that is not a dict, or whose content is not a list, is left as it is (for
+        :func:`check_roles` to judge).
+    """
+    out: list[Any] = []
+    found: list[tuple[int, Mapping[str, Any]]] = []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if not isinstance(content, list) or not any(isinstance(p, Mapping) and p.get("type") in image_types
+                                                    for p in content):
+            out.append(m)
+            continue
+        parts = []
+        for p in content:
+            if isinstance(p, Mapping) and p.get("type") in image_types:
+                found.append((i, p))
+                parts.append({"type": "text", "text": MEDIA_MARKER})
+            else:
+                parts.append(p)
+        out.append({**m, "content": parts})
+    return out, found
 
 
 def flatten_content(content: Any, index: int) -> str:

@@ -80,10 +80,11 @@ def load_inputs(mmproj_path: str | os.PathLike, image_paths: list[str]) -> tuple
     return mp, [preprocess.decode(p) for p in image_paths]
 
 
-def prefill(eng, mmproj: str | os.PathLike | Mmproj, images: list, text: str, add_bos: bool = True) -> Prefilled:
+def prefill(eng, mmproj: str | os.PathLike | Mmproj, images: list, text: str, add_bos: bool = True,
+            use_gpu: bool = True) -> Prefilled:
     """Encode ``images`` (paths, or decoded uint8 [h, w, 3] arrays with an opened mmproj) with the
     mmproj's encoder (on the device of the model's first segment, or the CPU when that device lacks
-    the vision ops) and evaluate ``text``
+    the vision ops or ``use_gpu`` is False) and evaluate ``text``
     (``<__media__>`` markers, one per image; none: all in front) up to its last text chunk on ``eng.seq``.
 
     Returns:
@@ -110,7 +111,13 @@ def prefill(eng, mmproj: str | os.PathLike | Mmproj, images: list, text: str, ad
     if not add_bos and chunks and chunks[0].image is None and chunks[0].ids[:1] == [eng.tokenizer.vocab.bos_id]:
         chunks[0].ids.pop(0)
     t0 = time.perf_counter()
-    enc = VisionEncoder(mp, encoder_device(eng.model.segments[0].device))
+    if use_gpu:
+        enc_dev = encoder_device(eng.model.segments[0].device)
+    else:
+        from ..backends import registry
+
+        enc_dev = registry.open_device("cpu")
+    enc = VisionEncoder(mp, enc_dev)
     try:
         embs = [enc.encode(im) for im in decoded]
         dev = enc.device.info.selector
