@@ -124,9 +124,31 @@ def test_stream_concatenates_to_the_answer(llm, uri, answer):
     assert chunks[-1]["usage"]["prompt_tokens"] == answer["usage"]["prompt_tokens"]
 
 
-def test_text_only_chat_still_works_with_a_handler(llm):
-    r = llm.create_chat_completion(messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=2)
-    assert r["usage"]["prompt_tokens"] == len(llm.chat_prompt([{"role": "user", "content": "hi"}])[0])
+def test_text_after_an_image_answers_as_a_text_only_llama(pair, llm, uri):
+    _ask(llm, uri)  # the cache now holds an image's placeholder positions
+    msgs = [{"role": "user", "content": "hi"}]
+    r = llm.create_chat_completion(messages=msgs, temperature=0, max_tokens=4)
+    with Llama(pair[0], **OPTS) as plain:
+        want = plain.create_chat_completion(messages=msgs, temperature=0, max_tokens=4)
+    assert r["choices"][0]["message"] == want["choices"][0]["message"]
+    assert r["usage"]["prompt_tokens"] == want["usage"]["prompt_tokens"]
+    _ask(llm, uri)
+    state = llm.save_state()
+    with pytest.raises(CooktopError, match="this state holds image positions"):
+        llm.load_state(state)
+
+
+def test_apply_chat_template_shows_the_marker(llm, uri):
+    text = llm.apply_chat_template(_messages(uri))
+    assert "a picture:\n<__media__>\nsays what?" in text and "base64" not in text
+
+
+def test_a_repeated_image_call_answers_the_same(llm, uri, answer):
+    # each image call encodes and evaluates its prompt again (prefill); "cached" counts what prefill evaluated
+    again = _ask(llm, uri)
+    assert again["choices"][0]["message"] == answer["choices"][0]["message"]
+    assert again["usage"] == answer["usage"]
+    assert 0 < again["usage"]["prompt_tokens_details"]["cached_tokens"] < again["usage"]["prompt_tokens"]
 
 
 def test_handler_names_and_exports(pair):

@@ -78,13 +78,19 @@ class ChatMixin(LlamaBase):
                             add_generation_prompt: bool = True, continue_final_message: bool = False,
                             **kwargs: Any) -> str:
         """The prompt text a conversation renders to (llama-server's ``/apply-template``);
-        ``continue_final_message``: see :meth:`create_chat_completion`.
+        ``continue_final_message``: see :meth:`create_chat_completion`. With a chat handler, image
+        parts render as ``<__media__>`` (not decoded here).
 
         Raises:
             ChatTemplateError: the template refused the conversation or failed on it, or
                 ``continue_final_message`` without an assistant message last.
         """
         tmpl = self.chat_template_choice().for_request(tools)
+        if self.chat_handler is not None:  # image parts shown as their media markers
+            from ..text.chat_messages import images_to_markers
+            from .multimodal import IMAGE_TYPES
+
+            messages = images_to_markers(messages, IMAGE_TYPES)[0]
         messages = check_roles(messages)
         if continue_final_message:
             last = self._continued(messages)

@@ -458,10 +458,14 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin, BatchMixin):
         """Restore a context saved by :meth:`save_state` (its KV cache is evaluated again).
 
         Raises:
-            CooktopError: ``state`` is not a :class:`LlamaState`, or its scores do not match this model.
+            CooktopError: ``state`` is not a :class:`LlamaState`, its scores do not match this model, or
+                it holds image positions (negative placeholder ids: they cannot be evaluated again as tokens).
         """
         if not isinstance(state, LlamaState):
             raise CooktopError(f"load_state takes what save_state returned, not {type(state).__name__}")
+        if state.n_tokens and bool((np.asarray(state.input_ids[: state.n_tokens]) < 0).any()):
+            raise CooktopError("this state holds image positions (a chat with images): cooktop cannot restore "
+                               "them by evaluating tokens again")
         eng = self._engine
         eng.reset()
         if state.n_tokens:
