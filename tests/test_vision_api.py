@@ -1,7 +1,8 @@
 """Images in the Python API: ``Llama(chat_handler=MTMDChatHandler(...))`` and ``image_url`` parts.
 
 One synthetic Gemma 3 pair (``tools/synth_mmproj.py``: 16 image positions into a 64-wide gemma3
-text model without a chat template, so ``chat_format="gemma"``) on the CPU, one 150 x 90 PNG. The
+text model without a chat template, so ``chat_format="gemma"``) on the CPU, one 150 x 90 PNG; one
+LLaVA 1.5 (mlp) pair through ``Llava15ChatHandler`` (``chat_format="chatml"``). The
 chat answer (greedy) must be the hand-run pipeline's on the same rendered prompt: the conversation
 rendered with the image part as ``<__media__>``, :func:`cooktop.vision.session.prefill` on a
 separately loaded engine, then ``Engine.generate``; the image as a data URI, a path and a
@@ -196,6 +197,22 @@ def test_image_parts_without_a_handler_keep_the_refusal(pair, uri):
     with Llama(pair[0], **OPTS) as plain:
         with pytest.raises(ChatTemplateError, match=r"has a 'image_url' part: this model reads text only"):
             _ask(plain, uri)
+
+
+def test_llava_pair_through_llava15_handler(tmp_path, png, uri):
+    model, mmproj = synth_mmproj.write_mlp_pair(tmp_path)
+    opts = {**OPTS, "chat_format": "chatml", "n_ctx": 256}  # its byte-level vocabulary: ~150 prompt tokens
+    with Llama(model, chat_handler=Llava15ChatHandler(clip_model_path=mmproj), **opts) as llava:
+        got = _ask(llava, uri)
+        text, _, stops = llava._chat_render(images_to_markers(_messages(uri))[0])
+    eng = cooktop.load(model, n_ctx=256, n_batch=N_BATCH, device="cpu")
+    try:
+        pre = prefill(eng, mmproj, [str(png)], text)
+        steps = list(eng.generate(pre.tokens, 4, SamplingParams(temperature=0.0), stops))
+    finally:
+        eng.close()
+    assert got["choices"][0]["message"]["content"] == "".join(s.text for s in steps)
+    assert got["usage"]["prompt_tokens"] == len(pre.tokens) and pre.n_image_tokens == 25
 
 
 def test_bad_handlers_are_clear_errors(pair, tmp_path):
