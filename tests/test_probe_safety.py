@@ -244,6 +244,9 @@ def test_device_whose_check_before_use_crashes_is_never_opened(isolated, monkeyp
     monkeypatch.setattr(safeprobe, "_use_argv",
                         lambda family, target, index: [sys.executable, "-c", "raise SystemExit(9)"])
     assert safeprobe.check_use("opencl", "cooktop.backends.opencl.device:OpenCLBackend", 0) == want
+    registry.reset()  # what `cooktop devices --no-smoke` shows: the kept verdict, no child run
+    assert registry.known_unusable("opencl", 0) == want
+    assert registry.known_unusable("opencl", 99) is None
 
 
 def test_child_hang_times_out(isolated, monkeypatch):

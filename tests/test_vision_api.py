@@ -145,11 +145,11 @@ def test_apply_chat_template_shows_the_marker(llm, uri):
 
 
 def test_a_repeated_image_call_answers_the_same(llm, uri, answer):
-    # each image call encodes and evaluates its prompt again (prefill); "cached" counts what prefill evaluated
+    # each image call encodes and evaluates its whole prompt again (prefill): nothing counts as cached
     again = _ask(llm, uri)
     assert again["choices"][0]["message"] == answer["choices"][0]["message"]
     assert again["usage"] == answer["usage"]
-    assert 0 < again["usage"]["prompt_tokens_details"]["cached_tokens"] < again["usage"]["prompt_tokens"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 < again["usage"]["prompt_tokens"]
 
 
 def test_handler_names_and_exports(pair):
@@ -234,3 +234,34 @@ def test_bad_handlers_are_clear_errors(pair, tmp_path):
     for err in (GGUFError, UnsupportedModelError, UnsupportedArgumentError, ImageError, ChatTemplateError):
         assert issubclass(err, CooktopError)
 
+
+
+def test_handler_path_and_normalisation_are_checked(pair, tmp_path):
+    """``clip_model_path=None`` and an mmproj whose image_std holds a 0 (every pixel would divide by
+    it, NaN logits later) are refused when the handler is built, naming the fault."""
+    from conftest import rewrite_gguf
+    from gguf import GGUFValueType
+
+    from cooktop.errors import CooktopError, UnsupportedModelError
+
+    with pytest.raises(CooktopError, match="clip_model_path must be the path of an mmproj GGUF, not None"):
+        MTMDChatHandler(clip_model_path=None)
+    bad = rewrite_gguf(pair[1], tmp_path / "std0.gguf", drop=("clip.vision.image_std",),
+                       extra_kv=[("clip.vision.image_std", [0.5, 0.0, 0.5], GGUFValueType.ARRAY)])
+    with pytest.raises(UnsupportedModelError, match=r"image_std must be 3 positive numbers"):
+        MTMDChatHandler(clip_model_path=str(bad))
+
+
+def test_image_split_over_batches_is_said(pair, uri, caplog):
+    """A non-causal (gemma3) image longer than n_batch: evaluated in batches as mtmd's helper does, with
+    a warning naming the n_batch that would keep it whole."""
+    import logging
+
+    m = Llama(pair[0], chat_handler=MTMDChatHandler(clip_model_path=pair[1]), **{**OPTS, "n_batch": 8})
+    try:
+        with caplog.at_level(logging.WARNING, logger="cooktop"):
+            _ask(m, uri)
+    finally:
+        m.close()
+    assert any("an image of 16 positions in batches of n_batch = 8" in r.getMessage() and "-b) to 16" in
+               r.getMessage() for r in caplog.records if r.levelname == "WARNING")

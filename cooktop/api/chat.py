@@ -156,13 +156,14 @@ class ChatMixin(LlamaBase):
         marked, parts = images_to_markers(messages, IMAGE_TYPES)
         return marked, [load_image(image_url_of(p, i)) for i, p in parts]
 
-    def _prefill_images(self, images: list[np.ndarray], text: str) -> list[int]:
+    def _prefill_images(self, images: list[np.ndarray], text: str) -> Any:
         """Encode ``images`` with the chat handler's mmproj and evaluate the rendered prompt ``text``
         (one ``<__media__>`` per image) but its last text chunk on the engine's default sequence
         (:func:`cooktop.vision.session.prefill`).
 
         Returns:
-            the prompt's ids for ``Engine.generate`` (negative placeholder ids at the image positions).
+            the :class:`~cooktop.vision.session.Prefilled` (its ``tokens``: the prompt's ids for
+            ``Engine.generate``, negative placeholder ids at the image positions).
         Raises:
             ImageError: the prompt's marker count differs from the images (a literal ``<__media__>``
                 in a text part). ContextOverflowError: the prompt with its images does not fit.
@@ -181,7 +182,7 @@ class ChatMixin(LlamaBase):
         pre = prefill(self._engine, handler.mmproj, images, text, use_gpu=handler.use_gpu)
         for line in pre.lines():
             log.info("%s", line)
-        return pre.tokens
+        return pre
 
     def create_chat_completion(self, messages: list[dict[str, Any]], functions: Any = None,
                                function_call: Any = None, tools: list[dict[str, Any]] | None = None,
@@ -269,9 +270,10 @@ class ChatMixin(LlamaBase):
                          reasoning_budget=reasoning_budget)
         text, tokens, template_stops = self._chat_render(plan.messages, plan.tools, bool(continue_final_message),
                                                          bool(add_generation_prompt), **plan.template_kwargs)
-        draft = self._speculation()
+        draft, pre = self._speculation(), None
         if images:  # the prompt's ids become the images' prefill: their placeholder ids at the image positions
-            tokens, draft = self._prefill_images(images, text), None
+            pre = self._prefill_images(images, text)
+            tokens, draft = pre.tokens, None
         opened = prompt_opens_thinking(text)
         procs = list(logits_processor) if logits_processor is not None else []
         if plan.budget > 0:
@@ -288,6 +290,8 @@ class ChatMixin(LlamaBase):
         steps = eng.generate(tokens, n_predict_of(max_tokens), sampler, stops, stopping_criteria=criteria,
                              seq=self._active_seq, preserved=plan.preserved, draft=draft,
                              n_keep=self._n_keep)
+        if pre is not None:  # evaluated in this call on the emptied sequence: read, not cached
+            steps.count_prompt_scoring(len(tokens), pre.encode_ms + pre.eval_ms)
         k = (top_logprobs or 0) if logprobs else None
         chat = _Chat(self, steps, len(tokens), model or self.model_path, k, plan, opened)
         chat.post_sampling = bool(post_sampling_probs)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ImageError
+from ..errors import CooktopError, ImageError
 from ..vision import preprocess
 from ..vision.mmproj import Mmproj, open_mmproj
 
@@ -58,6 +58,8 @@ class MTMDChatHandler:
     """
 
     def __init__(self, clip_model_path: str, verbose: bool = True, use_gpu: bool = True):
+        if not isinstance(clip_model_path, (str, os.PathLike)):
+            raise CooktopError(f"clip_model_path must be the path of an mmproj GGUF, not {clip_model_path!r}")
         self.clip_model_path = os.fspath(clip_model_path)
         self.verbose = bool(verbose)
         self.use_gpu = bool(use_gpu)

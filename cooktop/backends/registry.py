@@ -204,6 +204,19 @@ def _check_before_use(fam: str, index: int) -> None:
             probe(fam).errors[index] = why
 
 
+def known_unusable(fam: str, index: int) -> str | None:
+    """Why ``fam:index`` is unusable, from what is known without running anything: the probe's
+    ``errors`` or a kept verdict of its check before use (:func:`.safeprobe.check_use`); None if
+    nothing says so. Never raises."""
+    try:
+        err = probe(fam).errors.get(index)
+        if err or fam not in FAMILIES or FAMILIES[fam].reference:
+            return err
+        return safeprobe.check_use(fam, FAMILIES[fam].backend, index, spawn=False)
+    except Exception:  # noqa: BLE001 - a report never fails over this
+        return None
+
+
 def open_device(sel: str) -> Device:
     """Open (once, cached) the device a single selector names.
 

@@ -362,7 +362,7 @@ def _use_argv(family: str, target: str, index: int) -> list[str]:
     return [*_child_argv(family, target, index), "use"]
 
 
-def check_use(family: str, target: str, index: int) -> str | None:
+def check_use(family: str, target: str, index: int, spawn: bool = True) -> str | None:
     """Run (or recall) ``Family.check_use`` on device ``index`` in a child process, before the
     caller first opens that device; the verdict is kept per driver set like the probe's.
 
@@ -371,7 +371,8 @@ def check_use(family: str, target: str, index: int) -> str | None:
         is off, or no child could run); else why it is unusable: the check's error, the signal
         that killed the child (with the driver's first error line), or the timeout
         (``COOKTOP_PROBE_TIMEOUT``, part of the key; a child killed before it reached the check
-        is not kept). Never raises.
+        is not kept). ``spawn`` False: only a verdict already kept (no child; None when there is none).
+        Never raises.
     """
     fam = _family(family)
     if not fam.check_use or not settings.probe_isolation() or os.environ.get("COOKTOP_PROBE_CHILD"):
@@ -383,6 +384,8 @@ def check_use(family: str, target: str, index: int) -> str | None:
         key = {"family": family, "target": target, "use": index, "time": time.time()}
     digest = _digest(key)
     res = _memo.get(digest) or _load_cached(digest, "probe-use")
+    if res is None and not spawn:
+        return None
     if res is None:
         try:
             fd, said = tempfile.mkstemp(prefix=f"cooktop-probe-{family}-", suffix=".txt")

@@ -41,7 +41,7 @@ def devices_report(smoke: bool = True) -> dict:
                 d["tuned"] = tune_cache.summary(info)
             except Exception as e:  # noqa: BLE001 - the report itself never fails
                 d["tuned"] = {"error": str(e)}
-            err = res.errors.get(info.index)
+            err = res.errors.get(info.index) or registry.known_unusable(fam, info.index)
             if smoke and res.available:
                 st = registry.smoke_test(info.selector)
                 d["smoke_test"] = "PASS" if st.ok else "FAIL"

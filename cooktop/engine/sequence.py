@@ -172,6 +172,10 @@ class Sequence:
             raise ContextOverflowError(
                 f"{self.n_past + n} positions do not fit in the context of n_ctx = {model.n_ctx} "
                 f"({self.n_past} already in it, {n} for the image); raise n_ctx (-c) or shorten the prompt")
+        if non_causal and n > model.n_batch:
+            log.warning("an image of %d positions in batches of n_batch = %d: its rows attend to each other "
+                        "within a batch only (as llama.cpp's mtmd helper splits it); raise n_batch (-b) to %d "
+                        "for the model's own attention over the whole image", n, model.n_batch, n)
         out = None
         for i in range(0, n, model.n_batch):
             pos = self.n_past

@@ -158,7 +158,7 @@ def load_config(f: GGUFFile) -> ModelConfig:
     if f.metadata.get("general.architecture") == "clip" or f.metadata.get("general.type") == "mmproj":
         raise UnsupportedModelError(f"{f.path} is an mmproj (vision projector, general.architecture = clip), not a "
                                     "language model: pass its language model with -m and this file with --mmproj "
-                                    "FILE (Llama(..., mmproj=FILE))")
+                                    "FILE (in Python: Llama(..., chat_handler=MTMDChatHandler(clip_model_path=FILE)))")
     arch = architecture(f.architecture, f.path)
     p = f.path
     m = Metadata(f.metadata, arch.name, p)

@@ -42,7 +42,8 @@ def part_text(part: Any, index: int) -> str | None:
     kind = part.get("type")
     if kind in _TEXT_TYPES:
         return str(part.get("text", ""))
-    raise ChatTemplateError(f"messages[{index}]['content'] has a {kind!r} part: this model reads text only "
+    what = f"a {kind!r} part" if kind is not None else "a part without a 'type'"
+    raise ChatTemplateError(f"messages[{index}]['content'] has {what}: this model reads text only "
                             "(no multimodal projector: images need Llama(chat_handler=MTMDChatHandler(...)) in "
                             "the Python API; cooktop reads no audio or files); send text parts")
 

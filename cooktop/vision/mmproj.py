@@ -24,6 +24,7 @@ is ``mm.0`` -> GELU -> ``mm.2``; preprocessing resizes bicubically with PAD_CEIL
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from ..errors import UnsupportedModelError
@@ -175,6 +176,10 @@ def open_mmproj(path: str | os.PathLike) -> Mmproj:
     mean, std = md.get("clip.vision.image_mean"), md.get("clip.vision.image_std")
     if not isinstance(mean, list) or not isinstance(std, list) or len(mean) < 3 or len(std) < 3:
         raise UnsupportedModelError(f"{p}: clip.vision.image_mean / image_std must be arrays of 3 values")
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in [*mean[:3], *std[:3]]) or not all(
+            x > 0 for x in std[:3]):
+        raise UnsupportedModelError(f"{p}: clip.vision.image_std must be 3 positive numbers and image_mean 3 finite "
+                                    f"ones (got mean {mean[:3]}, std {std[:3]})")
     if md.get("clip.use_gelu") and md.get("clip.use_silu"):
         raise UnsupportedModelError(f"{p}: both clip.use_gelu and clip.use_silu are set")
     ffn_op = "gelu" if md.get("clip.use_gelu") else "silu" if md.get("clip.use_silu") else "gelu_quick"
