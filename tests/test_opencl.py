@@ -389,6 +389,9 @@ def test_real_second_platform_pocl_binary(tmp_path):
     env = dict(os.environ, OCL_ICD_VENDORS=str(vendors), POCL_CACHE_DIR=str(tmp_path / "pocl-cache"),
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("COOKTOP_DISABLE", None)
+    # PyPI's PoCL can take minutes on its first real kernel here (then unusable, "did not finish within"):
+    # the check before use waits 25 s, not the default 60
+    env["COOKTOP_PROBE_TIMEOUT"] = "25"
     proc = subprocess.run([sys.executable, "-c", _SUBPROCESS], env=env, capture_output=True, text=True,
                           timeout=540, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
