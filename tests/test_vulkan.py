@@ -658,3 +658,29 @@ def test_mat_vec_at_the_subgroup_sizes_of_real_gpus(vk, subgroup):
             assert nmse(dev.read(y), ref) < 1e-10, ty.name
     finally:
         dev.close()
+
+
+def test_lavapipe_caps_n_ctx_at_its_attention_limit(vk, caplog):
+    """lavapipe stops a shader invocation's loops after 65535 iterations, so the score kernels are right
+    up to ``lavapipe_max_keys(head_dim)`` keys only: the device says so and the loader caps n_ctx there,
+    with a warning naming both figures, instead of computing a longer context's attention wrong."""
+    import logging
+
+    from conftest import SHARED
+
+    from cooktop.runtime.loader import load_model
+
+    if "llvmpipe" not in vk.info.name.lower():
+        pytest.skip(f"{vk.info.name} is not lavapipe: no such limit")
+    assert vk.max_attention_keys(128) == 65535 // 129 * 64 == 32512
+    assert vk.max_attention_keys(64) == 64512 and vk.max_attention_keys(16) == 65472
+    assert registry.open_device("cpu").max_attention_keys(128) is None
+    with caplog.at_level(logging.WARNING, logger="cooktop"):
+        m = load_model(SHARED / "models" / "tiny" / "tiny-F32.gguf", n_ctx=70000, n_batch=64, device=vk.info.selector)
+    try:
+        cap = vk.max_attention_keys(m.cfg.head_dim)
+        assert m.n_ctx == m.model.n_ctx == cap < 70000
+    finally:
+        m.model.close()
+    assert any(f"at most {cap} keys at head_dim {m.cfg.head_dim}" in r.getMessage() and f"n_ctx 70000 -> {cap}"
+               in r.getMessage() for r in caplog.records)

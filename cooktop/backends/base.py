@@ -473,6 +473,12 @@ class Device(DeviceOps):
             DeviceError: a build failed.
         """
 
+    def max_attention_keys(self, head_dim: int) -> int | None:
+        """Most keys (cache cells) one attention row may read on this device and still be computed
+        right, for heads of ``head_dim``; None (the default): no limit below the cache. The loader
+        caps ``n_ctx`` at it (with a warning) rather than let a long context go silently wrong."""
+        return None
+
     def quantizes_activations(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> bool:
         """True when ``matmul`` of ``n_tokens`` rows with weights of ``ggml_type`` (and ``shape``
         [n_out, n_in]; needed for n_tokens > 1) multiplies 8-bit copies of the activations

@@ -178,6 +178,14 @@ def load_model(model_path: str | os.PathLike, *, n_ctx: int = 0, n_batch: int = 
     for note in placement.notes:
         log.info(note)
     devices = {sel: registry.open_device(sel) for sel in placement.devices()}
+    caps = [(c, sel) for sel, d in devices.items() if (c := d.max_attention_keys(cfg.head_dim)) is not None]
+    if caps and min(caps)[0] < n_ctx:
+        cap, sel = min(caps)
+        log.warning("%s computes attention right over at most %d keys at head_dim %d (its driver stops a "
+                    "shader's loops early past that): n_ctx %d -> %d; use another device for a longer context",
+                    sel, cap, cfg.head_dim, n_ctx, cap)
+        n_ctx = cap
+        n_batch = min(n_batch, n_ctx)
     for sel in devices:
         if sel != "cpu":
             res = registry.smoke_test(sel)

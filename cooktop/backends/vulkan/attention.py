@@ -95,6 +95,20 @@ def attention_tiled(dev: Any, out, q, k_cache, v_cache, pos, n_head: int, n_head
 SCORES_FLASH_ON_CPU = True
 
 
+#: Loop iterations Mesa's llvmpipe runs per shader invocation, all loops counted together
+#: (gallivm's ``LP_MAX_TGSI_LOOP_ITERATIONS``); past it the loops stop early and the result is wrong.
+LAVAPIPE_LOOP_BUDGET = 65535
+
+
+def lavapipe_max_keys(head_dim: int) -> int:
+    """Most keys :func:`attention_kq` computes right on lavapipe for heads of ``head_dim``: an
+    ``attention_kq`` invocation loops ``ceil(n_kv / WG)`` times over its keys and ``head_dim`` times
+    inside each (``ceil(n_kv / WG) * (head_dim + 1)`` iterations), an ``attention_kqv`` one ``n_kv``
+    times, both under :data:`LAVAPIPE_LOOP_BUDGET` (32512 keys at head_dim 128, 64512 at 64).
+    lavapipe runs flash attention through these kernels too (:func:`scores_flash`)."""
+    return min(LAVAPIPE_LOOP_BUDGET // (head_dim + 1) * WG, LAVAPIPE_LOOP_BUDGET // WG * WG)
+
+
 def scores_flash(dev: Any) -> bool:
     """Whether flash attention on ``dev`` runs :func:`attention_kq` (the kernels of ``-fa off``): on a CPU
     driver, while :data:`SCORES_FLASH_ON_CPU`."""

@@ -84,7 +84,7 @@ from ... import settings
 from ...errors import DeviceError, DeviceOutOfMemoryError, UnsupportedOpError
 from ..base import Backend, Device, DeviceInfo, DeviceTensor, ProbeResult, rope_yarn_params, row_bytes, type_name
 from . import INSTALL_HINT
-from .attention import attention_kq, attention_split, attention_tiled, scores_flash
+from .attention import attention_kq, attention_split, attention_tiled, lavapipe_max_keys, scores_flash
 from .graph import (  # noqa: F401  (ACCESS_* / STAGE_* / MAX_* are part of this module's interface)
     ACCESS_HOST_READ,
     ACCESS_SHADER_READ,
@@ -552,6 +552,10 @@ class VulkanDevice(VulkanVisionOps, SequenceRecorder, Device):
         if name is None:
             return None
         return pick_variant(name, self.features, "q8_K" if settings.vulkan_q8k() else "q8_1")
+
+    def max_attention_keys(self, head_dim: int) -> int | None:
+        """On lavapipe (llvmpipe), :func:`.attention.lavapipe_max_keys`; None elsewhere."""
+        return lavapipe_max_keys(head_dim) if "llvmpipe" in self.info.name.lower() else None
 
     def quantizes_activations(self, ggml_type: T, n_tokens: int, shape: tuple[int, ...] | None = None) -> bool:
         """True when ``matmul`` of ``n_tokens`` rows with ``ggml_type`` weights runs the integer-dot
