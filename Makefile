@@ -15,6 +15,7 @@
 #   make llamacpp-cpu               build llama.cpp's CPU llama-server + llama-bench (in /tmp/llama-build)
 #   make test-llama-server-suite    llama.cpp's server test suite against `cooktop serve` (and llama-server)
 #   make lint                       ruff (style, imports) and mypy on the package
+#   make coverage                   the whole suite under coverage: lines and branches of cooktop/
 #   make fuzz [FUZZ_EXAMPLES=100000] the long fuzz run (GGUF reader, tokenizer; tests/test_fuzz.py)
 # Variables passed on the command line (COOKTOP_EXTRAS=compare, PYTHON=python3.11,
 # COOKTOP_SHARED=/path) reach scripts/setup.sh through the environment.
@@ -39,10 +40,10 @@ comma := ,
 
 .DEFAULT_GOAL := help
 .PHONY: help setup setup-compare run test test-quick test-vulkan-validation test-vulkan-gpu-assisted test-opencl-validation shaders bench llamacpp-vulkan bench-vs-vulkan \
-	lint fuzz llamacpp-cpu test-llama-server-suite
+	lint fuzz llamacpp-cpu test-llama-server-suite coverage
 
 help:
-	@sed -n '1,19s/^# \{0,1\}//p' Makefile
+	@sed -n '1,20s/^# \{0,1\}//p' Makefile
 
 setup:
 	bash scripts/setup.sh
@@ -79,6 +80,17 @@ endif
 QUICK_TESTS ?= tests/test_ops_parity.py tests/test_ops_parity_ext.py tests/test_moe_ops.py \
 	tests/test_device_contract.py tests/test_reference.py tests/test_arch.py tests/test_arch_moe.py \
 	tests/test_gemma3_phi3.py tests/test_server.py tests/test_layout.py tests/test_slowguard.py
+# The whole suite (as `make test`, PYTEST_ARGS too) under coverage, lines and branches of cooktop/ in
+# every Python process it starts (pyproject's [tool.coverage.run] patch = subprocess: xdist workers,
+# `cooktop` subprocesses, the Ray cluster's nodes; one data file each under COVERAGE_FILE's folder),
+# then one combined report; the total line is the README's coverage figure.
+COVERAGE_FILE ?= $(CURDIR)/.coverage-data/cov
+coverage: setup
+	rm -rf $(dir $(COVERAGE_FILE)) && mkdir -p $(dir $(COVERAGE_FILE))
+	COVERAGE_FILE=$(COVERAGE_FILE) $(PY) -m coverage run -m pytest -q -n $(SUITE_JOBS) $(PYTEST_ARGS); rc=$$?; \
+	COVERAGE_FILE=$(COVERAGE_FILE) $(PY) -m coverage combine -q $(dir $(COVERAGE_FILE)) && \
+	COVERAGE_FILE=$(COVERAGE_FILE) $(PY) -m coverage report --precision=2 --skip-covered | tail -3; exit $$rc
+
 test-quick: setup
 	$(PY) -m pytest -q $(XDIST) -m "not slow" -k "not vulkan" $(QUICK_TESTS)
 

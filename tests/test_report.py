@@ -149,6 +149,48 @@ def test_compare_ratios_and_refusal(quick, tmp_path):
     assert res.exit_code == 1 and "error: cannot compare: the suites differ (a vs b): reps 2 vs 5" in res.output
 
 
+def test_compare_of_a_second_report_made_with_other_settings(quick, tmp_path):
+    """A second quick report, made in its own process on numpy alone with a simulated small device
+    (``COOKTOP_DEVICE_MEMORY``) and one BLAS thread, lines up with the fixture's: the differences name
+    both settings, numpy's figures get ratios, the OpenCL device's (absent from the second) none."""
+    import os
+    import subprocess
+    import sys
+
+    doc, out, sel, _ = quick
+    b_dir = tmp_path / "one-thread"
+    env = {**os.environ, "COOKTOP_DEVICE_MEMORY": "cpu=64MiB/16MiB", "OPENBLAS_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "cooktop", "report", "--quick", "--no-progress", "--device", "cpu",
+                           "--work-dir", str(out), "-o", str(b_dir)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    other = json.loads((b_dir / "report.json").read_text())
+    assert other["environment"]["COOKTOP_DEVICE_MEMORY"] == "cpu=64MiB/16MiB"
+    assert all(s["ok"] for s in other["steps"]), [s for s in other["steps"] if not s["ok"]]
+    a_dir = tmp_path / "fixture"
+    a_dir.mkdir()
+    (a_dir / "report.json").write_text(json.dumps(doc))
+    res = _cli(f"cooktop report --compare {a_dir}/report.json {b_dir}/report.json -o {tmp_path}/cmp")
+    assert res.exit_code == 0, res.output
+    from cooktop.report.compare import compare
+    cmp = compare([f"{a_dir}/report.json", f"{b_dir}/report.json"])
+    diffs = {d["what"]: d["values"] for d in cmp["differences"]}
+    assert diffs["env COOKTOP_DEVICE_MEMORY"][1] == "cpu=64MiB/16MiB", diffs
+    assert diffs["env OPENBLAS_NUM_THREADS"][1] == "1", diffs
+    for what in ("env COOKTOP_DEVICE_MEMORY", "env OPENBLAS_NUM_THREADS"):
+        assert f"differs: {what}: " in res.output
+    cpu_rows = [r for r in cmp["rows"] if r["device"] == "cpu" and r["figure"] == "bench t/s"]
+    assert len(cpu_rows) == 6 and all(r["ratios"][1] and r["ratios"][1] > 0 for r in cpu_rows), cpu_rows
+    for r in cpu_rows:  # each ratio is the two reports' own figures
+        mine = next(b["avg_ts"] for b in other["bench"] if b["device"] == "cpu" and b["test"] == r["test"]
+                    and b["weight_type"] == r["item"])
+        assert r["ratios"][1] == pytest.approx(mine / r["values"][0])
+    gone = [r for r in cmp["rows"] if r["device"] == sel]
+    assert gone and all(r["ratios"][1] is None for r in gone)
+    assert "OPENBLAS_NUM_THREADS" in (tmp_path / "cmp" / "index.html").read_text()
+
+
 def test_page_in_a_browser(quick):
     doc, out, sel, _ = quick
     require_modules("browser", "selenium")
