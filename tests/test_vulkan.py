@@ -164,6 +164,39 @@ def test_kp_is_patched(vk):
         assert vk.features == set(vulkan.KP_FEATURES)
 
 
+def test_pipelines_are_shared_across_buffers(vk):
+    """kp's patch shares one compute pipeline per (shader, specialization constants, push size, binding
+    count): a second set of buffers on the same op adds no pipeline and computes its own values, also
+    after the first set's buffers (and their kp algorithms) are released; another shape of the same op
+    that needs no new specialization keeps using it."""
+    kp = sys.modules["kp"]
+    rng = np.random.default_rng(7)
+    n = 389  # an odd width
+
+    def add(a, b):
+        ta, tb, out = vk.empty(a.shape), vk.empty(a.shape), vk.empty(a.shape)
+        vk.write(ta, a)
+        vk.write(tb, b)
+        vk.add(out, ta, tb)
+        return out, [ta, tb, out]
+
+    a1, b1, a2, b2 = (rng.standard_normal((3, n)).astype(np.float32) for _ in range(4))
+    out1, held1 = add(a1, b1)
+    np.testing.assert_array_equal(vk.read(out1), a1 + b1)
+    shared = kp.shared_pipelines()
+    assert shared >= 1
+    out2, held2 = add(a2, b2)
+    assert kp.shared_pipelines() == shared  # new buffers, the same pipeline
+    np.testing.assert_array_equal(vk.read(out2), a2 + b2)
+    vk.release(held1)
+    a3, b3 = a2[:, ::-1].copy(), b2[:, ::-1].copy()
+    vk.write(held2[0], a3)
+    vk.write(held2[1], b3)
+    vk.add(out2, held2[0], held2[1])
+    np.testing.assert_array_equal(vk.read(out2), a3 + b3)
+    vk.release(held2)
+
+
 def test_smoke_test_passes(vk):
     result = registry.smoke_test(vk.info.selector)
     assert result.ok, result.detail

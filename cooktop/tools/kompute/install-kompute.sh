@@ -29,7 +29,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 py="${1:-$(command -v python3 || true)}"
 patch_file="$here/kp-0.9.0-cooktop.patch"
-patch_level=2   # python/src/main.cpp of the patch: m.attr("cooktop_patch")
+patch_level=3   # python/src/main.cpp of the patch: m.attr("cooktop_patch")
 sdist_sha256=98e583dc6e9731ff6d7a3e3317817e4d93f7b2945929619e29a56325db279949
 
 say() { printf 'install-kompute: %s\n' "$*"; }
