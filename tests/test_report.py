@@ -161,9 +161,10 @@ def test_compare_of_a_second_report_made_with_other_settings(quick, tmp_path):
     b_dir = tmp_path / "one-thread"
     env = {**os.environ, "COOKTOP_DEVICE_MEMORY": "cpu=64MiB/16MiB", "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT)}
+    # relative -o and --work-dir, as the README's example gives them
     proc = subprocess.run([sys.executable, "-m", "cooktop", "report", "--quick", "--no-progress", "--device", "cpu",
-                           "--work-dir", str(out), "-o", str(b_dir)], env=env, capture_output=True, text=True,
-                          timeout=300)
+                           "--work-dir", os.path.relpath(out, tmp_path), "-o", b_dir.name], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     other = json.loads((b_dir / "report.json").read_text())
     assert other["environment"]["COOKTOP_DEVICE_MEMORY"] == "cpu=64MiB/16MiB"
@@ -189,6 +190,42 @@ def test_compare_of_a_second_report_made_with_other_settings(quick, tmp_path):
     gone = [r for r in cmp["rows"] if r["device"] == sel]
     assert gone and all(r["ratios"][1] is None for r in gone)
     assert "OPENBLAS_NUM_THREADS" in (tmp_path / "cmp" / "index.html").read_text()
+
+
+def test_bad_invocations_are_refused_before_measuring(quick, tmp_path, monkeypatch):
+    """Each gives one clear error and measures nothing: --quick with --full, --compare with measuring
+    flags or into a compared report's folder, an empty --device, a -m file that is no GGUF, an -o
+    folder that cannot be written; a write that fails leaves the earlier report whole."""
+    doc, out, sel, _ = quick
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, not a model")
+    cases = [
+        (f"report --quick --full -o {tmp_path}/x", "--quick and --full exclude each other"),
+        (f"report --compare {out}/report.json {out}/report.json --device cpu", "--device does not apply"),
+        (f"report --compare {out}/report.json {out}/report.json -o {out}", "holds"),
+        (f"report --quick --device , -o {tmp_path}/x", "--device is empty"),
+        (f"report --quick -m {text} -o {tmp_path}/x", f"-m {text}: "),
+        ("report --quick --device cpu -o /proc/self", "-o /proc/self: cannot make or write the folder"),
+    ]
+    for args, msg in cases:
+        res = CliRunner().invoke(cli, args.split())
+        assert res.exit_code in (1, 2) and msg in res.output, (args, res.output)
+        assert "Traceback" not in res.output
+    assert not (tmp_path / "x").exists()
+    # a page that fails to render leaves the folder's earlier report.json and index.html as they were
+    from cooktop.cli import report as report_cli
+    from cooktop.report import page
+    keep = tmp_path / "keep"
+    shutil.copytree(out, keep, ignore=shutil.ignore_patterns("models", "kld"))
+    before = {n: (keep / n).read_bytes() for n in ("report.json", "index.html")}
+
+    def broken(d):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(page, "render", broken)
+    with pytest.raises(CooktopError, match="cannot write the report: No space left"):
+        report_cli.write_report(doc, str(keep))
+    assert {n: (keep / n).read_bytes() for n in before} == before
+    assert sorted(p.name for p in keep.iterdir()) == sorted(before)
 
 
 def test_page_in_a_browser(quick):

@@ -24,6 +24,7 @@ import functools
 import os
 import shlex
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -160,6 +161,8 @@ def make_models(suite: Suite, folder: str) -> list[str]:
     out = []
     for ty in suite.weight_types:
         path = os.path.join(folder, f"synth-v{suite.version}-{suite.level}-{ty}.gguf")
+        if os.path.exists(path) and model_entry(path)["error"]:
+            os.unlink(path)  # a damaged or partly written earlier file is made again
         if not os.path.exists(path):
             synth.write(path, suite.shape, ty, seed=suite.seed, name=f"report-{suite.level}")
         out.append(path)
@@ -180,12 +183,14 @@ def run_report(suite: Suite, out_dir: str, models: list[str] | None = None, devi
     from ..bench.machine import machine_info
     from ..cli.devices import devices_report
 
-    work_dir = work_dir or out_dir
+    out_dir = os.path.abspath(out_dir)
+    work_dir = os.path.abspath(work_dir or out_dir)
     for flag, folder in (("-o", out_dir), ("--work-dir", work_dir)):
         try:
             os.makedirs(folder, exist_ok=True)
+            tempfile.TemporaryFile(dir=folder).close()  # writable, before minutes of measuring
         except OSError as e:
-            raise CooktopError(f"{flag} {folder}: cannot make the folder: {e.strerror or e}") from None
+            raise CooktopError(f"{flag} {folder}: cannot make or write the folder: {e.strerror or e}") from None
     t_start = time.perf_counter()
     doc: dict[str, Any] = {
         "schema": REPORT_SCHEMA, "suite": suite.to_dict(), "cooktop_version": __version__,
@@ -213,7 +218,7 @@ def run_report(suite: Suite, out_dir: str, models: list[str] | None = None, devi
             paths = run.step("synth", "", lambda: make_models(suite, os.path.join(work_dir, "models")),
                              _cmd("cooktop", "synth", "--type", ",".join(suite.weight_types), "..."))
             paths = paths or []
-        doc["models"] = [_model_entry(p) for p in paths]
+        doc["models"] = [model_entry(p) for p in paths]
         ok_models = [m["path"] for m in doc["models"] if not m["error"]]
         run.progress.add(len(sels) * 3 + len(ok_models) * (1 + len(sels)))
         for sel in sels:
@@ -233,7 +238,9 @@ def run_report(suite: Suite, out_dir: str, models: list[str] | None = None, devi
     return doc
 
 
-def _model_entry(path: str) -> dict[str, Any]:
+def model_entry(path: str) -> dict[str, Any]:
+    """The report's row of one model file: ``{"path", "name", "desc", "weight_type", "size_bytes",
+    "n_params", "error"}``; a file that cannot be read keeps its reason in ``error`` (never raises)."""
     from ..bench.runner import model_facts
     from ..quality.table import weight_type
 
@@ -336,8 +343,8 @@ def _kld(run: Run, suite: Suite, sels: list[str], models: list[str], out_dir: st
     with open(text, "w") as f:
         f.write(KLD_TEXT)
     wt = {m["path"]: m["weight_type"] for m in run.doc["models"]}
-    for model in models:
-        base_path = os.path.join(out_dir, "kld", os.path.basename(model) + ".kld")
+    for i, model in enumerate(models):  # numbered: two models of one file name keep their own bases
+        base_path = os.path.join(out_dir, "kld", f"{i}-{os.path.basename(model)}.kld")
         if os.path.exists(base_path):
             os.unlink(base_path)
         made = run.step("kld-base", "cpu", functools.partial(make_base, suite, model, base_path),
@@ -408,7 +415,7 @@ def recommend(doc: dict) -> list[dict[str, Any]]:
                 cands.append((speed, sel, plan, kld))
         if not cands:
             out.append({"model": path, "device": None, "backend": None, "n_gpu_layers": None,
-                        "reason": "no device qualifies: " + "; ".join(why_not)})
+                        "reason": "no device qualifies: " + ("; ".join(why_not) or "no device was measured")})
             continue
         cands.sort(key=lambda c: -c[0])
         speed, sel, plan, kld = cands[0]
