@@ -123,6 +123,8 @@ def test_compare_ratios_and_refusal(quick, tmp_path):
     doc, out, sel, _ = quick
     other = copy.deepcopy(doc)
     other["environment"]["COOKTOP_DEVICE_MEMORY"] = f"{sel}=512M"
+    q8 = next(m for m in other["models"] if m["weight_type"] == "Q8_0")
+    q8["name"] = "another-Q8_0.gguf"  # another file of that type: a difference, not a silent match
     for b in other["bench"]:
         b["avg_ts"] = b["avg_ts"] / 2
     a, b_ = tmp_path / "a", tmp_path / "b"
@@ -136,6 +138,18 @@ def test_compare_ratios_and_refusal(quick, tmp_path):
     rows = [r for r in compare([f"{a}/report.json", f"{b_}/report.json"])["rows"] if r["figure"] == "bench t/s"]
     assert rows and all(r["ratios"][1] == pytest.approx(0.5) for r in rows)
     assert "COOKTOP_DEVICE_MEMORY" in (tmp_path / "cmp" / "index.html").read_text()
+    assert "differs: model Q8_0: synth-v1-quick-Q8_0.gguf (" in res.output
+    assert "another-Q8_0.gguf (" in res.output and "differs: model Q4_0" not in res.output
+    # two models of one weight type in a report stay two rows, labelled by file name
+    two = copy.deepcopy(doc)
+    q4 = next(m for m in two["models"] if m["weight_type"] == "Q4_0")
+    twin = {**q4, "path": q4["path"] + ".twin", "name": "twin.gguf"}
+    two["models"].append(twin)
+    two["bench"] += [{**b, "model": twin["path"], "avg_ts": 1.0} for b in doc["bench"] if b["model"] == q4["path"]]
+    from cooktop.report.compare import _figures
+    figs = _figures(two)
+    assert figs[("bench t/s", "cpu", "twin.gguf Q4_0", "tg16")] == 1.0
+    assert figs[("bench t/s", "cpu", f"{q4['name']} Q4_0", "tg16")] > 1.0
     other["suite"]["version"] += 1
     (b_ / "report.json").write_text(json.dumps(other))
     res = CliRunner().invoke(cli, ["report", "--compare", f"{a}/report.json", f"{b_}/report.json"])

@@ -60,15 +60,25 @@ def check_suites(docs: list[dict], names: list[str]) -> None:
             raise CooktopError(f"cannot compare: the suites differ ({names[0]} vs {name}): {what}")
 
 
+def _model_items(doc: dict) -> dict[str, str]:
+    """Each model path's row label: its weight type, or ``file name weight type`` where two models of
+    the report share a weight type (so their figures stay two rows)."""
+    types = [m["weight_type"] for m in doc["models"]]
+    return {m["path"]: m["weight_type"] if types.count(m["weight_type"]) == 1 else f"{m['name']} {m['weight_type']}"
+            for m in doc["models"]}
+
+
 def _figures(doc: dict) -> dict[tuple[str, ...], float | None]:
     out: dict[tuple[str, ...], float | None] = {}
+    item = _model_items(doc)
     for b in doc["bench"]:
-        out[("bench t/s", b["device"], b["weight_type"], b["test"])] = b["avg_ts"]
+        out[("bench t/s", b["device"], item.get(b["model"], b["weight_type"]), b["test"])] = b["avg_ts"]
     for r in doc["ops"]:
         if r["op"] != "copy" or r["gbps"]:
             out[("ops GB/s", r["device"], f"{r['op']} {r['ggml_type']}", f"{r['shape']} n={r['n_tokens']}")] = r["gbps"]
     for k in doc["kld"]:
-        out[("mean KLD", k["device"], k["weight_type"], "")] = k["summary"]["kld"] if k["summary"] else None
+        kld = k["summary"]["kld"] if k["summary"] else None
+        out[("mean KLD", k["device"], item.get(k["model"], k["weight_type"]), "")] = kld
     return out
 
 
@@ -81,6 +91,9 @@ def differences(docs: list[dict], names: list[str]) -> list[dict[str, Any]]:
         out.update({"cpu": m["cpu"], "threads": m["cores_logical"], "memory_bytes": m["memory_bytes"],
                     "os": m["os"], "python": m["python"], "cooktop": doc["cooktop_version"]})
         out.update({f"package {k}": v for k, v in m["packages"].items()})
+        for path, label in _model_items(doc).items():  # which file each row measured
+            e = next(x for x in doc["models"] if x["path"] == path)
+            out[f"model {label}"] = f"{e['name']} ({e['n_params']} parameters, {e['size_bytes']} bytes)"
         for sel, d in m["devices"].items():
             out[f"device {sel}"] = d.get("name", "") + (f" {d.get('driver_version', '')}".rstrip())
         return out
