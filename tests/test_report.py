@@ -24,6 +24,13 @@ from cooktop.errors import CooktopError
 _register()
 
 
+def _umask() -> int:
+    import os
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _cli(command: str):
     """Run a recorded ``cooktop ...`` line in-process; returns click's result (exit code, output)."""
     args = shlex.split(command)
@@ -211,12 +218,17 @@ def test_bad_invocations_are_refused_before_measuring(quick, tmp_path, monkeypat
     flags or into a compared report's folder, an empty --device, a -m file that is no GGUF, an -o
     folder that cannot be written; a write that fails leaves the earlier report whole."""
     doc, out, sel, _ = quick
+    (tmp_path / "link").symlink_to(out)
+    page_before = (out / "index.html").read_bytes()
+    assert (out / "index.html").stat().st_mode & 0o777 == 0o666 & ~_umask()
     text = tmp_path / "notes.txt"
     text.write_text("hello, not a model")
     cases = [
         (f"report --quick --full -o {tmp_path}/x", "--quick and --full exclude each other"),
         (f"report --compare {out}/report.json {out}/report.json --device cpu", "--device does not apply"),
         (f"report --compare {out}/report.json {out}/report.json -o {out}", "holds"),
+        (f"report --compare {tmp_path}/link/report.json {out}/report.json -o {out}", "holds"),
+        (f"report --quick --device nosuch:0 -o {out}", "nothing written to"),
         (f"report --quick --device , -o {tmp_path}/x", "--device is empty"),
         (f"report --quick -m {text} -o {tmp_path}/x", f"-m {text}: "),
         ("report --quick --device cpu -o /proc/self", "-o /proc/self: cannot make or write the folder"),
@@ -226,6 +238,7 @@ def test_bad_invocations_are_refused_before_measuring(quick, tmp_path, monkeypat
         assert res.exit_code in (1, 2) and msg in res.output, (args, res.output)
         assert "Traceback" not in res.output
     assert not (tmp_path / "x").exists()
+    assert (out / "index.html").read_bytes() == page_before
     # a page that fails to render leaves the folder's earlier report.json and index.html as they were
     from cooktop.cli import report as report_cli
     from cooktop.report import page

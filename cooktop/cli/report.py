@@ -22,6 +22,9 @@ def _write_atomic(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide a page meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -92,8 +95,8 @@ def report_cmd(models, device, quick, full, out_dir, work_dir, compare_mode, no_
         for d in cmp["differences"]:
             click.echo(f"differs: {d['what']}: " + " | ".join("-" if v is None else str(v) for v in d["values"]))
         if out_dir:
-            here = os.path.abspath(out_dir)
-            ins = [r for r in reports if os.path.dirname(os.path.abspath(r)) == here]
+            here = os.path.realpath(out_dir)  # links resolved: no way around it through a symlink
+            ins = [r for r in reports if os.path.dirname(os.path.realpath(r)) == here]
             if ins:
                 raise CooktopError(f"-o {out_dir} holds {ins[0]}, whose index.html the comparison would replace; "
                                    f"give another folder")
@@ -129,11 +132,14 @@ def report_cmd(models, device, quick, full, out_dir, work_dir, compare_mode, no_
             raise CooktopError(f"-m {m}: {err}")
     doc = run_report(SUITES[level], out_dir, list(models) or None, device, progress=not no_progress,
                      work_dir=work_dir)
-    js, html = write_report(doc, out_dir)
     asked = {p.strip().lower() for p in device.split(",")}
     for d in doc["devices"]:  # the asked devices that could not be measured, and why
         if not d.get("measured") and d.get("reason") and (d["selector"] in asked or not d.get("family")):
             click.echo(f"cooktop: {d['selector']} not measured: {d['reason']}", err=True)
+    if not any(d.get("measured") for d in doc["devices"]):  # nothing written: an earlier report stays
+        raise CooktopError(f"no device of --device {device} could be measured (each one's reason is above); "
+                           f"nothing written to {out_dir}")
+    js, html = write_report(doc, out_dir)
     failed = [s for s in doc["steps"] if not s["ok"]]
     for s in failed:
         click.echo(f"cooktop: step {s['step']} {s['device']} failed: {s['error']}", err=True)
@@ -141,6 +147,3 @@ def report_cmd(models, device, quick, full, out_dir, work_dir, compare_mode, no_
         click.echo(f"{os.path.basename(r['model'])}: --device {r['device'] or '-'} -ngl "
                    f"{r['n_gpu_layers'] if r['n_gpu_layers'] is not None else '-'} ({r['reason']})")
     click.echo(f"cooktop: wrote {js} and {html} in {doc['seconds']} s ({len(failed)} failed step(s))", err=True)
-    if not any(d.get("measured") for d in doc["devices"]):
-        raise CooktopError(f"no device of --device {device} could be measured (each one's reason is above and "
-                           f"in {html})")
